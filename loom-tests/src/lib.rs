@@ -1,0 +1,1 @@
+//! Loom model checks for kvslots.

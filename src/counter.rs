@@ -1,0 +1,504 @@
+//! [`SlotCounter`]: the lock-free, all-or-nothing used-counter.
+//!
+//! A counter of `capacity` slots, of which `used` are taken. Admission
+//! follows the rule of [`admit`](crate::admit): a request of `n` is admitted
+//! whole when `0 < n <= capacity - used`, and otherwise not at all.
+//!
+//! # Implementation
+//!
+//! The whole state is one word, `state = used << 1 | CLOSED`, in its own
+//! cache line. Admission is a single compare-and-swap loop on that word, in
+//! the shape of tokio's `batch_semaphore::try_acquire`: read the word, ask
+//! "Closed?" and "Enough free?", and try to publish `used + n` in one CAS.
+//! The CAS either commits the whole request or fails and retries against the
+//! fresh value, so no thread ever observes a partial admission, and two
+//! appenders can never both pass a check that only one of them fits (the
+//! check and the add are the same atomic step). On contention the loop backs
+//! off exponentially ([`Backoff`]), which keeps the cache line from
+//! ping-ponging between cores on every failed attempt.
+//!
+//! Giving back slots held by a guard is a single `fetch_sub`: the guard
+//! proves they are held, so no check is needed. [`SlotCounter::release`],
+//! which takes an untrusted count, uses a CAS loop so that an over-release
+//! is refused and changes nothing.
+//!
+//! Because the closed flag lives in the same word as the count, closing is
+//! linearizable with admission: every admission's CAS is ordered against
+//! the `fetch_or` that closes in the word's modification order, so an
+//! admission either happened before the close or sees it and fails.
+//!
+//! The high-water mark (`peak_used`) is kept in a second padded word, updated
+//! only when a new peak is reached, so that in steady state the hot path
+//! only reads it.
+//!
+//! # Orderings
+//!
+//! * **Admission is `Acquire`** (the successful CAS). It synchronises with
+//!   the `Release` of whoever gave the slots back, so everything the previous
+//!   holder wrote into those slots happens-before the new holder uses them.
+//! * **Freeing is `Release`** (the guard's `fetch_sub`, the CAS in
+//!   `release`), for the same reason, seen from the other side.
+//! * **Failed CAS and refusals are `Relaxed`**: a refusal hands out nothing,
+//!   so there is nothing to order; the value it reports was really held.
+//! * **`close` is `AcqRel`** and `is_closed` `Acquire`: the flag shares the
+//!   word with the count, so its place among admissions is fixed by the
+//!   word's modification order whatever the ordering; the stronger ordering
+//!   only lets a thread that sees the flag also see what the closer did first.
+//! * **`peak_used` and the getters are `Relaxed`**: they are statistics and
+//!   snapshots, and order nothing.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::{ReleaseError, ReserveError};
+use crate::reservation::{OwnedReservation, Reservation};
+use crate::sync::{AtomicUsize, Backoff, CachePadded, Ordering};
+
+/// The flag bit in the state word: set once the counter is closed.
+const CLOSED: usize = 1;
+/// The count is stored above the flag bit.
+const SHIFT: u32 = 1;
+
+/// A lock-free counter of KV-cache token slots with all-or-nothing
+/// admission.
+///
+/// Many threads share one counter (by reference or in an [`Arc`]) and admit
+/// multi-token appends concurrently: each request is admitted whole or not
+/// at all, `used() <= capacity()` holds at every instant, and no lock is
+/// ever taken.
+///
+/// Slots can be taken in two ways:
+///
+/// * as RAII guards: [`try_reserve`](Self::try_reserve),
+///   [`try_reserve_owned`](Self::try_reserve_owned) and
+///   [`try_reserve_with_headroom`](Self::try_reserve_with_headroom) return a
+///   [`Reservation`] / [`OwnedReservation`] that gives its slots back when
+///   dropped (also during a panic), and can be split, merged, shrunk and
+///   grown;
+/// * as plain counts: [`admit`](Self::admit) returns how many slots it took
+///   and [`release`](Self::release) gives them back.
+///
+/// # Examples
+///
+/// ```
+/// use kvslots::SlotCounter;
+///
+/// let counter = SlotCounter::new(8);
+///
+/// // A 5-token prefill chunk: all of it or nothing.
+/// let prefill = counter.try_reserve(5).unwrap();
+/// // 4 speculative draft tokens do not fit in the 3 left: nothing is taken.
+/// assert!(counter.try_reserve(4).is_err());
+/// assert_eq!(counter.used(), 5);
+///
+/// drop(prefill);
+/// assert_eq!(counter.used(), 0);
+/// assert_eq!(counter.peak_used(), 5);
+/// ```
+pub struct SlotCounter {
+    /// `used << 1 | CLOSED`: the only word admission touches.
+    state: CachePadded<AtomicUsize>,
+    /// The high-water mark of `used`, in its own line so that reading it on
+    /// the hot path does not contend with `state`.
+    peak: CachePadded<AtomicUsize>,
+    /// Immutable after construction.
+    capacity: usize,
+}
+
+impl SlotCounter {
+    /// The largest capacity a counter can have: the count shares its word
+    /// with the closed flag, so it has one bit less than `usize`.
+    pub const MAX_CAPACITY: usize = usize::MAX >> SHIFT;
+
+    /// Creates a counter of `capacity` free slots.
+    ///
+    /// A capacity of zero is valid: such a counter refuses every non-empty
+    /// request with [`ReserveError::NeverFits`].
+    ///
+    /// # Panics
+    ///
+    /// Panics if `capacity` is larger than [`SlotCounter::MAX_CAPACITY`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::SlotCounter;
+    ///
+    /// let counter = SlotCounter::new(4096);
+    /// assert_eq!(counter.capacity(), 4096);
+    /// assert_eq!(counter.available(), 4096);
+    /// ```
+    pub fn new(capacity: usize) -> SlotCounter {
+        assert!(
+            capacity <= Self::MAX_CAPACITY,
+            "SlotCounter capacity {capacity} exceeds MAX_CAPACITY"
+        );
+        SlotCounter {
+            state: CachePadded::new(AtomicUsize::new(0)),
+            peak: CachePadded::new(AtomicUsize::new(0)),
+            capacity,
+        }
+    }
+
+    /// The total number of slots.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(kvslots::SlotCounter::new(16).capacity(), 16);
+    /// ```
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// A snapshot of the number of slots in use. Other threads may change it
+    /// at any moment; it never exceeds [`capacity`](Self::capacity).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let counter = kvslots::SlotCounter::new(16);
+    /// let _held = counter.try_reserve(3).unwrap();
+    /// assert_eq!(counter.used(), 3);
+    /// ```
+    pub fn used(&self) -> usize {
+        // Relaxed: a snapshot for reporting; it hands out nothing.
+        self.state.load(Ordering::Relaxed) >> SHIFT
+    }
+
+    /// A snapshot of the number of free slots, `capacity() - used()`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let counter = kvslots::SlotCounter::new(16);
+    /// let _held = counter.try_reserve(3).unwrap();
+    /// assert_eq!(counter.available(), 13);
+    /// ```
+    pub fn available(&self) -> usize {
+        self.capacity - self.used()
+    }
+
+    /// The high-water mark of [`used`](Self::used) since the counter was
+    /// created.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let counter = kvslots::SlotCounter::new(16);
+    /// drop(counter.try_reserve(9).unwrap());
+    /// assert_eq!(counter.used(), 0);
+    /// assert_eq!(counter.peak_used(), 9);
+    /// ```
+    pub fn peak_used(&self) -> usize {
+        // Relaxed: a statistic; it orders nothing.
+        self.peak.load(Ordering::Relaxed)
+    }
+
+    /// Applies the admission rule atomically: takes `requested` slots if
+    /// `0 < requested <= available()` at the moment of the call, and returns
+    /// how many it took (`requested` or 0, never a part).
+    ///
+    /// A zero or negative request admits nothing; a closed counter admits
+    /// nothing. Give the slots back with [`release`](Self::release).
+    ///
+    /// This is [`kvslots::admit`](crate::admit) applied to the counter's
+    /// state in one compare-and-swap loop.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::SlotCounter;
+    ///
+    /// let counter = SlotCounter::new(4);
+    /// assert_eq!(counter.admit(3), 3);
+    /// assert_eq!(counter.admit(2), 0); // one free short: nothing, not 1
+    /// assert_eq!(counter.admit(-1), 0);
+    /// counter.release(3).unwrap();
+    /// ```
+    pub fn admit(&self, requested: isize) -> usize {
+        // Empty or negative? Nothing to admit, nothing to touch.
+        if requested <= 0 {
+            return 0;
+        }
+        let n = requested as usize;
+        match self.acquire(n, 0) {
+            Ok(()) => n,
+            Err(_) => 0,
+        }
+    }
+
+    /// Gives back `n` slots taken with [`admit`](Self::admit) or kept with a
+    /// guard's `forget`.
+    ///
+    /// Releasing zero is a no-op. Releasing more than is in use is refused
+    /// with [`ReleaseError::ExceedsUsed`] and changes nothing. Releases work
+    /// on a closed counter.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::SlotCounter;
+    ///
+    /// let counter = SlotCounter::new(4);
+    /// let n = counter.try_reserve(2).unwrap().forget();
+    /// assert_eq!(counter.used(), 2);
+    /// counter.release(n).unwrap();
+    /// assert_eq!(counter.used(), 0);
+    /// assert!(counter.release(1).is_err());
+    /// ```
+    pub fn release(&self, n: usize) -> Result<(), ReleaseError> {
+        if n == 0 {
+            return Ok(());
+        }
+        let backoff = Backoff::new();
+        // Relaxed: only a first guess; the CAS below validates it.
+        let mut cur = self.state.load(Ordering::Relaxed);
+        loop {
+            // Is that much in use?
+            let used = cur >> SHIFT;
+            if n > used {
+                return Err(ReleaseError::ExceedsUsed { released: n, used });
+            }
+            let next = cur - (n << SHIFT);
+            // Release on success: the caller's writes into these slots
+            // happen-before whoever admits them next (its Acquire CAS).
+            // Relaxed on failure: we only retry with the fresh value.
+            match self
+                .state
+                .compare_exchange_weak(cur, next, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => return Ok(()),
+                Err(actual) => {
+                    cur = actual;
+                    backoff.spin();
+                }
+            }
+        }
+    }
+
+    /// Reserves `n` slots, all or nothing, and returns a guard that gives
+    /// them back when dropped.
+    ///
+    /// `try_reserve(0)` succeeds with an empty guard (on an open counter).
+    ///
+    /// # Errors
+    ///
+    /// * [`ReserveError::NeverFits`] if `n > capacity()`; retrying is
+    ///   pointless.
+    /// * [`ReserveError::Closed`] once [`close`](Self::close) was called.
+    /// * [`ReserveError::Full`] if fewer than `n` slots are free; `available`
+    ///   is the count the counter held when it refused.
+    ///
+    /// On error nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::{ReserveError, SlotCounter};
+    ///
+    /// let counter = SlotCounter::new(4);
+    /// let r = counter.try_reserve(4).unwrap();
+    /// assert_eq!(r.len(), 4);
+    /// assert_eq!(
+    ///     counter.try_reserve(1).unwrap_err(),
+    ///     ReserveError::Full { requested: 1, available: 0 }
+    /// );
+    /// ```
+    pub fn try_reserve(&self, n: usize) -> Result<Reservation<'_>, ReserveError> {
+        self.acquire(n, 0)?;
+        Ok(Reservation::new(self, n))
+    }
+
+    /// Like [`try_reserve`](Self::try_reserve), but the guard holds an
+    /// [`Arc`] of the counter, so it is `'static` and can be moved into
+    /// another thread or stored in a request's state.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_reserve`](Self::try_reserve).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::SlotCounter;
+    ///
+    /// let counter = Arc::new(SlotCounter::new(4));
+    /// let r = counter.try_reserve_owned(2).unwrap();
+    /// std::thread::spawn(move || drop(r)).join().unwrap();
+    /// assert_eq!(counter.used(), 0);
+    /// ```
+    pub fn try_reserve_owned(self: &Arc<Self>, n: usize) -> Result<OwnedReservation, ReserveError> {
+        self.acquire(n, 0)?;
+        Ok(OwnedReservation::new(Arc::clone(self), n))
+    }
+
+    /// Reserves `n` slots only if `headroom` more would still be free
+    /// afterwards: `used + n + headroom <= capacity`.
+    ///
+    /// This is the watermark a scheduler applies to *new* sequences, so that
+    /// the running ones keep room to grow; plain
+    /// [`try_reserve`](Self::try_reserve) (and `try_grow`) may use the
+    /// headroom. Neither `n` nor `headroom` can overflow, up to `usize::MAX`.
+    ///
+    /// # Errors
+    ///
+    /// * [`ReserveError::NeverFits`] if `n + headroom > capacity()` (as in
+    ///   vLLM, such a request would never pass the watermark).
+    /// * [`ReserveError::Closed`] once [`close`](Self::close) was called.
+    /// * [`ReserveError::Full`] if `n + headroom` slots are not free;
+    ///   `available` is the free count the counter held when it refused
+    ///   (headroom not subtracted).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::{ReserveError, SlotCounter};
+    ///
+    /// let counter = SlotCounter::new(10);
+    /// let first = counter.try_reserve_with_headroom(6, 2).unwrap();
+    /// // 4 free, but 3 + 2 of headroom do not fit:
+    /// assert_eq!(
+    ///     counter.try_reserve_with_headroom(3, 2).unwrap_err(),
+    ///     ReserveError::Full { requested: 3, available: 4 }
+    /// );
+    /// // a running sequence may still grow into the headroom:
+    /// let grow = counter.try_reserve(3).unwrap();
+    /// assert_eq!(counter.used(), 9);
+    /// # drop((first, grow));
+    /// ```
+    pub fn try_reserve_with_headroom(
+        &self,
+        n: usize,
+        headroom: usize,
+    ) -> Result<Reservation<'_>, ReserveError> {
+        self.acquire(n, headroom)?;
+        Ok(Reservation::new(self, n))
+    }
+
+    /// Closes the counter: from now on every admission fails
+    /// ([`ReserveError::Closed`], and [`admit`](Self::admit) returns 0),
+    /// while releases and guard drops keep working, so workers can drain.
+    /// Closing twice is harmless.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::{ReserveError, SlotCounter};
+    ///
+    /// let counter = SlotCounter::new(8);
+    /// let held = counter.try_reserve(2).unwrap();
+    /// counter.close();
+    /// assert!(counter.is_closed());
+    /// assert_eq!(counter.try_reserve(1).unwrap_err(), ReserveError::Closed);
+    /// drop(held);
+    /// assert_eq!(counter.used(), 0);
+    /// ```
+    pub fn close(&self) {
+        // AcqRel: the flag's place among admissions is fixed by the word's
+        // modification order; Release also publishes what the closer did
+        // before closing to whoever observes the flag (Acquire).
+        self.state.fetch_or(CLOSED, Ordering::AcqRel);
+    }
+
+    /// Whether [`close`](Self::close) has been called.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let counter = kvslots::SlotCounter::new(8);
+    /// assert!(!counter.is_closed());
+    /// counter.close();
+    /// assert!(counter.is_closed());
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        // Acquire: pairs with the AcqRel in `close`.
+        self.state.load(Ordering::Acquire) & CLOSED != 0
+    }
+
+    /// The admission CAS loop: takes `n` slots if `n + headroom` are free,
+    /// all or nothing.
+    pub(crate) fn acquire(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
+        // Could it ever fit? (Saturating: `usize::MAX` requests and headroom
+        // must not wrap into something small.)
+        let needed = n.saturating_add(headroom);
+        if needed > self.capacity {
+            return Err(ReserveError::NeverFits {
+                requested: n,
+                capacity: self.capacity,
+            });
+        }
+        let backoff = Backoff::new();
+        // Relaxed: only a first guess; the CAS below validates it and is
+        // what orders the admission.
+        let mut cur = self.state.load(Ordering::Relaxed);
+        loop {
+            // Closed?
+            if cur & CLOSED != 0 {
+                return Err(ReserveError::Closed);
+            }
+            // Enough free? `used <= capacity` always holds, so this cannot
+            // underflow, and comparing with the free count cannot overflow.
+            let available = self.capacity - (cur >> SHIFT);
+            if needed > available {
+                return Err(ReserveError::Full {
+                    requested: n,
+                    available,
+                });
+            }
+            // Nothing to take? The read above is the linearization point.
+            if n == 0 {
+                return Ok(());
+            }
+            let next = cur + (n << SHIFT);
+            // Acquire on success: pairs with the Release of whoever gave
+            // these slots back, so their writes happen-before our use.
+            // Relaxed on failure: we only retry (or refuse) with the fresh
+            // value, and a refusal hands out nothing.
+            match self
+                .state
+                .compare_exchange_weak(cur, next, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    self.record_peak(next >> SHIFT);
+                    return Ok(());
+                }
+                Err(actual) => {
+                    cur = actual;
+                    backoff.spin();
+                }
+            }
+        }
+    }
+
+    /// Gives back `n` slots that a guard proves are held: one `fetch_sub`.
+    pub(crate) fn release_held(&self, n: usize) {
+        // Release: the holder's writes into these slots happen-before the
+        // next admission that takes them (its Acquire CAS).
+        let prev = self.state.fetch_sub(n << SHIFT, Ordering::Release);
+        debug_assert!(prev >> SHIFT >= n, "guard released more than was used");
+    }
+
+    fn record_peak(&self, used: usize) {
+        // Relaxed (both): the peak is a statistic and orders nothing. The
+        // load keeps the line shared in steady state; only a new peak
+        // writes it.
+        if used > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(used, Ordering::Relaxed);
+        }
+    }
+}
+
+impl fmt::Debug for SlotCounter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Relaxed: a snapshot for printing.
+        let state = self.state.load(Ordering::Relaxed);
+        f.debug_struct("SlotCounter")
+            .field("capacity", &self.capacity)
+            .field("used", &(state >> SHIFT))
+            .field("peak_used", &self.peak_used())
+            .field("closed", &(state & CLOSED != 0))
+            .finish()
+    }
+}

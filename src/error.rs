@@ -1,0 +1,131 @@
+//! Error types: every refusal is typed, and a refused call changes nothing.
+
+use std::fmt;
+
+/// Why a reservation (or a block allocation) was refused.
+///
+/// A refused call changes nothing: no slot is taken and no output is
+/// written. Counts are in the unit of the allocator that refused: token
+/// slots for a [`SlotCounter`](crate::SlotCounter), blocks for a
+/// [`BlockPool`](crate::BlockPool).
+///
+/// # Examples
+///
+/// ```
+/// use kvslots::{ReserveError, SlotCounter};
+///
+/// let counter = SlotCounter::new(4);
+/// let _held = counter.try_reserve(3).unwrap();
+/// assert_eq!(
+///     counter.try_reserve(2).unwrap_err(),
+///     ReserveError::Full { requested: 2, available: 1 }
+/// );
+/// assert_eq!(
+///     counter.try_reserve(5).unwrap_err(),
+///     ReserveError::NeverFits { requested: 5, capacity: 4 }
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReserveError {
+    /// Not enough free right now; it may fit once others release.
+    ///
+    /// `available` is a value the allocator really held at the moment it
+    /// refused (the linearization point of the refusal), not a later guess.
+    Full {
+        /// What the caller asked for.
+        requested: usize,
+        /// What was free when the request was refused.
+        available: usize,
+    },
+    /// The request (plus any headroom asked for) is larger than the whole
+    /// capacity: it can never be admitted, so a scheduler must reject it
+    /// outright instead of retrying it.
+    NeverFits {
+        /// What the caller asked for.
+        requested: usize,
+        /// The allocator's total capacity.
+        capacity: usize,
+    },
+    /// The allocator was closed with [`SlotCounter::close`](crate::SlotCounter::close):
+    /// it admits nothing more, while releases still work so workers can drain.
+    Closed,
+}
+
+impl ReserveError {
+    /// Whether retrying the same request later can succeed (only
+    /// [`ReserveError::Full`] is transient).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::ReserveError;
+    ///
+    /// assert!(ReserveError::Full { requested: 2, available: 1 }.is_retryable());
+    /// assert!(!ReserveError::NeverFits { requested: 9, capacity: 8 }.is_retryable());
+    /// assert!(!ReserveError::Closed.is_retryable());
+    /// ```
+    pub const fn is_retryable(&self) -> bool {
+        matches!(self, ReserveError::Full { .. })
+    }
+}
+
+impl fmt::Display for ReserveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ReserveError::Full {
+                requested,
+                available,
+            } => write!(f, "requested {requested} but only {available} available"),
+            ReserveError::NeverFits {
+                requested,
+                capacity,
+            } => write!(
+                f,
+                "requested {requested} can never fit in a capacity of {capacity}"
+            ),
+            ReserveError::Closed => f.write_str("allocator is closed"),
+        }
+    }
+}
+
+impl std::error::Error for ReserveError {}
+
+/// Why [`SlotCounter::release`](crate::SlotCounter::release) refused to give
+/// slots back. A refused release changes nothing.
+///
+/// # Examples
+///
+/// ```
+/// use kvslots::{ReleaseError, SlotCounter};
+///
+/// let counter = SlotCounter::new(8);
+/// assert_eq!(counter.admit(2), 2);
+/// assert_eq!(
+///     counter.release(3),
+///     Err(ReleaseError::ExceedsUsed { released: 3, used: 2 })
+/// );
+/// assert_eq!(counter.used(), 2);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReleaseError {
+    /// More was released than is in use (an over-release or a double free).
+    ExceedsUsed {
+        /// What the caller tried to release.
+        released: usize,
+        /// What was in use when the release was refused.
+        used: usize,
+    },
+}
+
+impl fmt::Display for ReleaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ReleaseError::ExceedsUsed { released, used } => write!(
+                f,
+                "cannot release {released}: only {used} in use (over-release or double free)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ReleaseError {}

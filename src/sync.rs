@@ -1,0 +1,41 @@
+//! The atomics facade: the one place where `kvslots` names its atomic types.
+//!
+//! Every other module reaches atomics through here, so that the model
+//! checkers can swap in their own instrumented types without touching the
+//! algorithms:
+//!
+//! * normally, these are `std::sync::atomic`'s types;
+//! * with `RUSTFLAGS="--cfg kvslots_loom"`, they are [loom]'s, and every
+//!   access becomes a scheduling point that loom explores exhaustively;
+//! * with `RUSTFLAGS="--cfg kvslots_shuttle"`, they are [shuttle]'s, for
+//!   randomised schedules of many threads.
+//!
+//! The cfgs are crate-specific on purpose: a plain `--cfg loom` would also
+//! switch every dependency that knows about loom, and would change what is
+//! being checked.
+//!
+//! This module is public, but hidden from the docs, only so that the
+//! `loom-tests` crate can write its deliberately wrong negative controls
+//! against exactly the same types as the real code.
+//!
+//! [loom]: https://docs.rs/loom
+//! [shuttle]: https://docs.rs/shuttle
+
+#[cfg(kvslots_loom)]
+pub use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+#[cfg(all(kvslots_shuttle, not(kvslots_loom)))]
+pub use shuttle::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+#[cfg(not(any(kvslots_loom, kvslots_shuttle)))]
+pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+/// Pads and aligns a value to the length of a cache line, so that two hot
+/// atomics never share a line (false sharing).
+pub use crossbeam_utils::CachePadded;
+
+/// Exponential backoff for compare-and-swap retry loops.
+///
+/// Under the model checkers it only emits spin hints, which are not
+/// scheduling points, so it changes nothing loom or shuttle explore.
+pub use crossbeam_utils::Backoff;
