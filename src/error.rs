@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::pool::BlockId;
+
 /// Why a reservation (or a block allocation) was refused.
 ///
 /// A refused call changes nothing: no slot is taken and no output is
@@ -129,3 +131,100 @@ impl fmt::Display for ReleaseError {
 }
 
 impl std::error::Error for ReleaseError {}
+
+/// Why [`BlockPool::free`](crate::BlockPool::free) refused. A refused free
+/// changes nothing at all, for any of the listed ids; the error names the
+/// first offending one.
+///
+/// # Examples
+///
+/// ```
+/// use kvslots::{BlockId, BlockPool, FreeError};
+///
+/// let pool = BlockPool::new(2, 16);
+/// assert_eq!(
+///     pool.free(&[BlockId::new(5)]),
+///     Err(FreeError::OutOfRange { id: BlockId::new(5), num_blocks: 2 })
+/// );
+/// assert_eq!(
+///     pool.free(&[BlockId::new(1)]),
+///     Err(FreeError::NotAllocated { id: BlockId::new(1) })
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FreeError {
+    /// The id is not a block of this pool.
+    OutOfRange {
+        /// The offending id.
+        id: BlockId,
+        /// The pool's number of blocks.
+        num_blocks: usize,
+    },
+    /// The block is free: it was never allocated, or already freed (a double
+    /// free).
+    NotAllocated {
+        /// The offending id.
+        id: BlockId,
+    },
+    /// The id is listed more times than the block has references.
+    OverFreed {
+        /// The offending id.
+        id: BlockId,
+    },
+}
+
+impl fmt::Display for FreeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            FreeError::OutOfRange { id, num_blocks } => {
+                write!(f, "{id} is out of range for a pool of {num_blocks} blocks")
+            }
+            FreeError::NotAllocated { id } => {
+                write!(
+                    f,
+                    "{id} is not allocated (never allocated, or a double free)"
+                )
+            }
+            FreeError::OverFreed { id } => {
+                write!(f, "{id} is listed more times than it has references")
+            }
+        }
+    }
+}
+
+impl std::error::Error for FreeError {}
+
+/// A token position (or range end) at or past a
+/// [`Sequence`](crate::Sequence)'s length.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use kvslots::{BlockPool, PositionError, Sequence};
+///
+/// let seq = Sequence::new(Arc::new(BlockPool::new(4, 16)));
+/// assert_eq!(
+///     seq.extend_slots(0..1, &mut Vec::new()),
+///     Err(PositionError { position: 0, len: 0 })
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PositionError {
+    /// The offending position (for a range, its end).
+    pub position: usize,
+    /// The sequence's length.
+    pub len: usize,
+}
+
+impl fmt::Display for PositionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "position {} is past the sequence length {}",
+            self.position, self.len
+        )
+    }
+}
+
+impl std::error::Error for PositionError {}

@@ -82,13 +82,21 @@
 
 mod counter;
 mod error;
+mod free_list;
+mod pool;
 mod reservation;
+mod sequence;
 #[doc(hidden)]
 pub mod sync;
 
 pub use counter::SlotCounter;
-pub use error::{ReleaseError, ReserveError};
+pub use error::{FreeError, PositionError, ReleaseError, ReserveError};
+#[cfg(kvslots_loom)]
+#[doc(hidden)]
+pub use free_list::Faults;
+pub use pool::{BlockId, BlockPool};
 pub use reservation::{OwnedReservation, Reservation};
+pub use sequence::{BlockCopy, Sequence};
 
 /// The admission rule, as a pure function: how many of `requested` slots to
 /// admit when `used` of `capacity` are taken.

@@ -1,0 +1,516 @@
+//! [`BlockPool`]: a lock-free pool of KV-cache blocks with all-or-nothing
+//! allocation and per-block reference counts.
+//!
+//! Paged servers cut the KV cache into blocks of `block_size` token slots.
+//! A `BlockPool` hands out block ids: [`BlockPool::try_alloc`] takes `n` of
+//! them or none, [`BlockPool::free`] drops one reference per listed id, and a
+//! block whose last reference goes returns to the pool. Full blocks can be
+//! shared between sequences (forks for parallel sampling or beam search)
+//! through the reference counts; [`Sequence`](crate::Sequence) does that
+//! bookkeeping for you.
+//!
+//! # Implementation
+//!
+//! Allocation is two steps, neither of which can leave a partial result:
+//!
+//! 1. The count is admitted through a [`SlotCounter`] (one CAS on one
+//!    padded word, all or nothing). `Full`, `NeverFits` and `Closed` come
+//!    from here, and nothing has changed when they do.
+//! 2. Once admitted, the ids are popped from the free list in one CAS for
+//!    the whole chain (see the `free_list` module: a Treiber stack over an
+//!    index array, ABA-safe through a generation tag in the same `AtomicU64`
+//!    as the head index). The list always holds at least the admitted count,
+//!    so this step cannot fail.
+//!
+//! Freeing validates every id, drops the references with checked
+//! decrements, links the blocks whose count reached zero into a private
+//! chain, pushes the chain in one CAS and then releases the count. If any id
+//! is bad, the decrements already made are undone and nothing changes.
+//!
+//! Bookkeeping is 8 bytes per block: a 4-byte `next` link and a 4-byte
+//! reference count. The two contended words (the counter's state and the
+//! list head) sit in cache lines of their own.
+//!
+//! Why a tagged Treiber stack rather than a bitmap: taking `k` ids is one
+//! CAS on one word whatever the pool size, where a bitmap needs a search
+//! that grows with the pool and one RMW per word touched, and the stack
+//! reuses the most recently freed (cache-warm) blocks first. The pool
+//! benchmark (`benches/pool.rs`, figures in the README) checks that
+//! `try_alloc` costs the same at 1,000 and 1,000,000 blocks.
+//!
+//! # Orderings
+//!
+//! * **Freeing is `Release`**: each reference drop is an `AcqRel` RMW on the
+//!   block's count (the `Release` half orders this holder's accesses before
+//!   the last drop; the `Acquire` half lets the last dropper see every other
+//!   holder's), the push of the chain is a `Release` CAS, and the count is
+//!   given back with a `Release` `fetch_sub`.
+//! * **Allocation is `Acquire`**: the admission CAS and the pop CAS. So
+//!   everything a previous owner wrote into a block happens-before the next
+//!   owner touches it.
+//! * Setting a fresh block's count to 1 and adding a reference for a fork
+//!   are `Relaxed`: the block is exclusively ours, or we already hold a
+//!   reference, and the new reference travels to its holder through
+//!   whatever hands over the sequence (as with `Arc::clone`).
+
+use std::fmt;
+
+use crate::counter::SlotCounter;
+use crate::error::{FreeError, ReserveError};
+use crate::free_list::{FreeList, NIL};
+use crate::sync::{AtomicU32, Ordering};
+
+/// The id of one block in a [`BlockPool`].
+///
+/// # Examples
+///
+/// ```
+/// use kvslots::BlockId;
+///
+/// let id = BlockId::new(7);
+/// assert_eq!(id.index(), 7);
+/// assert!(BlockId::new(1) < id);
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId(u32);
+
+impl BlockId {
+    /// The id of block number `index`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(kvslots::BlockId::new(3).index(), 3);
+    /// ```
+    pub const fn new(index: u32) -> BlockId {
+        BlockId(index)
+    }
+
+    /// The block's number, `0..num_blocks`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(kvslots::BlockId::new(42).index(), 42);
+    /// ```
+    pub const fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for BlockId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "block {}", self.0)
+    }
+}
+
+/// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
+/// slots each. Share it as an `Arc<BlockPool>`.
+///
+/// # Examples
+///
+/// ```
+/// use kvslots::{BlockPool, ReserveError};
+///
+/// let pool = BlockPool::new(4, 16);
+/// let mut ids = Vec::new();
+/// pool.try_alloc(3, &mut ids).unwrap();
+/// assert_eq!(ids.len(), 3);
+/// // Two more do not fit in the one left: nothing is taken.
+/// assert!(matches!(pool.try_alloc(2, &mut ids), Err(ReserveError::Full { .. })));
+/// assert_eq!(ids.len(), 3);
+/// pool.free(&ids).unwrap();
+/// assert_eq!(pool.free_blocks(), 4);
+/// ```
+pub struct BlockPool {
+    /// Admits block counts; its padded state word is one of the two hot words.
+    counter: SlotCounter,
+    /// The ids not in use; its padded head is the other hot word.
+    free: FreeList,
+    /// Per-block reference counts; 0 while the block is in the free list.
+    refs: Box<[AtomicU32]>,
+    block_size: usize,
+}
+
+impl BlockPool {
+    /// The largest number of blocks a pool can have: ids are `u32`, and one
+    /// value marks the end of the free list.
+    pub const MAX_BLOCKS: usize = NIL as usize;
+
+    /// A reference count above this panics instead of wrapping.
+    const MAX_REFS: u32 = u32::MAX / 2;
+
+    /// Creates a pool of `num_blocks` free blocks of `block_size` token
+    /// slots. `num_blocks == 0` is a valid pool that refuses every
+    /// allocation.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `block_size == 0`, if `num_blocks` is larger than
+    /// [`BlockPool::MAX_BLOCKS`] (it does not fit the id type), or if
+    /// `num_blocks * block_size` (the number of flat slot indices) overflows
+    /// `usize`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = kvslots::BlockPool::new(1024, 16);
+    /// assert_eq!(pool.num_blocks(), 1024);
+    /// assert_eq!(pool.block_size(), 16);
+    /// ```
+    pub fn new(num_blocks: usize, block_size: usize) -> BlockPool {
+        assert!(block_size != 0, "block_size must be non-zero");
+        assert!(
+            num_blocks <= Self::MAX_BLOCKS,
+            "num_blocks {num_blocks} does not fit the block id type (max {})",
+            Self::MAX_BLOCKS
+        );
+        assert!(
+            num_blocks.checked_mul(block_size).is_some(),
+            "num_blocks * block_size overflows usize"
+        );
+        BlockPool {
+            counter: SlotCounter::new(num_blocks),
+            free: FreeList::new(num_blocks as u32),
+            refs: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
+            block_size,
+        }
+    }
+
+    /// A pool whose free list carries injected faults, for loom's negative
+    /// controls only.
+    #[cfg(kvslots_loom)]
+    #[doc(hidden)]
+    pub fn with_faults(
+        num_blocks: usize,
+        block_size: usize,
+        faults: crate::free_list::Faults,
+    ) -> BlockPool {
+        let mut pool = BlockPool::new(num_blocks, block_size);
+        pool.free.faults = faults;
+        pool
+    }
+
+    /// The total number of blocks.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(kvslots::BlockPool::new(8, 16).num_blocks(), 8);
+    /// ```
+    pub fn num_blocks(&self) -> usize {
+        self.counter.capacity()
+    }
+
+    /// The number of token slots per block.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(kvslots::BlockPool::new(8, 16).block_size(), 16);
+    /// ```
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// A snapshot of the number of free blocks (never above
+    /// [`num_blocks`](Self::num_blocks)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = kvslots::BlockPool::new(8, 16);
+    /// let mut ids = Vec::new();
+    /// pool.try_alloc(3, &mut ids).unwrap();
+    /// assert_eq!(pool.free_blocks(), 5);
+    /// # pool.free(&ids).unwrap();
+    /// ```
+    pub fn free_blocks(&self) -> usize {
+        self.counter.available()
+    }
+
+    /// A snapshot of the number of blocks in use.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = kvslots::BlockPool::new(8, 16);
+    /// let mut ids = Vec::new();
+    /// pool.try_alloc(3, &mut ids).unwrap();
+    /// assert_eq!(pool.used_blocks(), 3);
+    /// # pool.free(&ids).unwrap();
+    /// ```
+    pub fn used_blocks(&self) -> usize {
+        self.counter.used()
+    }
+
+    /// The high-water mark of [`used_blocks`](Self::used_blocks).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = kvslots::BlockPool::new(8, 16);
+    /// let mut ids = Vec::new();
+    /// pool.try_alloc(6, &mut ids).unwrap();
+    /// pool.free(&ids).unwrap();
+    /// assert_eq!(pool.peak_used_blocks(), 6);
+    /// ```
+    pub fn peak_used_blocks(&self) -> usize {
+        self.counter.peak_used()
+    }
+
+    /// The number of references block `id` has now (0 when it is free), or
+    /// `None` if `id` is out of range. A snapshot, for tests and metrics.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::{BlockId, BlockPool};
+    ///
+    /// let pool = BlockPool::new(2, 16);
+    /// let mut ids = Vec::new();
+    /// pool.try_alloc(1, &mut ids).unwrap();
+    /// assert_eq!(pool.ref_count(ids[0]), Some(1));
+    /// assert_eq!(pool.ref_count(BlockId::new(9)), None);
+    /// # pool.free(&ids).unwrap();
+    /// ```
+    pub fn ref_count(&self, id: BlockId) -> Option<usize> {
+        // Relaxed: a snapshot for reporting.
+        self.refs
+            .get(id.index())
+            .map(|r| r.load(Ordering::Relaxed) as usize)
+    }
+
+    /// Allocates exactly `n` blocks, all or nothing, appending their
+    /// distinct ids to `out` (each with one reference).
+    ///
+    /// `n == 0` succeeds and appends nothing. No heap allocation happens
+    /// here, except growing `out` if it lacks room for `n` more ids.
+    ///
+    /// # Errors
+    ///
+    /// * [`ReserveError::NeverFits`] if `n > num_blocks()` (`usize::MAX`
+    ///   included).
+    /// * [`ReserveError::Full`] if fewer than `n` blocks are free.
+    /// * [`ReserveError::Closed`] after [`close`](Self::close).
+    ///
+    /// On error `out` and the pool are unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = kvslots::BlockPool::new(4, 16);
+    /// let mut ids = Vec::new();
+    /// pool.try_alloc(2, &mut ids).unwrap();
+    /// assert_ne!(ids[0], ids[1]);
+    /// assert!(pool.try_alloc(usize::MAX, &mut ids).is_err());
+    /// assert_eq!(ids.len(), 2);
+    /// # pool.free(&ids).unwrap();
+    /// ```
+    pub fn try_alloc(&self, n: usize, out: &mut Vec<BlockId>) -> Result<(), ReserveError> {
+        self.try_alloc_with_headroom(n, 0, out)
+    }
+
+    /// Like [`try_alloc`](Self::try_alloc), but only if `headroom` blocks
+    /// would still be free afterwards (`used + n + headroom <= num_blocks`):
+    /// the watermark a scheduler applies to new sequences so that running
+    /// ones keep room to grow.
+    ///
+    /// # Errors
+    ///
+    /// As [`SlotCounter::try_reserve_with_headroom`]: `NeverFits` if
+    /// `n + headroom > num_blocks()`, `Closed`, or `Full`. On error `out` and
+    /// the pool are unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = kvslots::BlockPool::new(4, 16);
+    /// let mut ids = Vec::new();
+    /// assert!(pool.try_alloc_with_headroom(3, 2, &mut ids).is_err());
+    /// pool.try_alloc_with_headroom(2, 2, &mut ids).unwrap();
+    /// # pool.free(&ids).unwrap();
+    /// ```
+    pub fn try_alloc_with_headroom(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        // Room for the ids first (it could panic or allocate), and only for a
+        // request that can fit at all, so that nothing admitted can leak.
+        if n <= self.num_blocks() {
+            out.reserve(n);
+        }
+        self.counter.acquire(n, headroom)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let base = out.len();
+        self.free.pop_chain(n, out);
+        for id in &out[base..] {
+            // Relaxed: the block is exclusively ours after the Acquire pop.
+            let prev = self.refs[id.index()].swap(1, Ordering::Relaxed);
+            debug_assert_eq!(prev, 0, "{id} was handed out while referenced");
+        }
+        Ok(())
+    }
+
+    /// Drops one reference per listed id; a block whose last reference goes
+    /// returns to the pool. Freeing an empty slice is a no-op.
+    ///
+    /// The whole call or nothing: if any id is out of range, not allocated,
+    /// or listed more times than it has references, nothing changes and the
+    /// error names the first offending id. No heap allocation happens here.
+    ///
+    /// # Errors
+    ///
+    /// [`FreeError::OutOfRange`], [`FreeError::NotAllocated`],
+    /// [`FreeError::OverFreed`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::{BlockPool, FreeError};
+    ///
+    /// let pool = BlockPool::new(4, 16);
+    /// let mut ids = Vec::new();
+    /// pool.try_alloc(2, &mut ids).unwrap();
+    /// pool.free(&ids).unwrap();
+    /// assert_eq!(pool.free(&ids), Err(FreeError::NotAllocated { id: ids[0] }));
+    /// assert_eq!(pool.free_blocks(), 4);
+    /// ```
+    pub fn free(&self, ids: &[BlockId]) -> Result<(), FreeError> {
+        // Every id in range? Checked before anything changes.
+        if let Some(&id) = ids.iter().find(|id| id.index() >= self.num_blocks()) {
+            return Err(FreeError::OutOfRange {
+                id,
+                num_blocks: self.num_blocks(),
+            });
+        }
+        // Drop the references, chaining the blocks that reach zero.
+        let (mut first, mut last, mut zeroed) = (NIL, NIL, 0usize);
+        for (i, &id) in ids.iter().enumerate() {
+            match self.drop_ref(id) {
+                Ok(true) => {
+                    let raw = id.index() as u32;
+                    self.free.link(raw, first);
+                    if last == NIL {
+                        last = raw;
+                    }
+                    first = raw;
+                    zeroed += 1;
+                }
+                Ok(false) => {}
+                Err(()) => {
+                    // Undo the drops made so far: nothing changes.
+                    for &done in &ids[..i] {
+                        self.add_ref(done);
+                    }
+                    return Err(if ids[..i].contains(&id) {
+                        FreeError::OverFreed { id }
+                    } else {
+                        FreeError::NotAllocated { id }
+                    });
+                }
+            }
+        }
+        if zeroed > 0 {
+            self.free.push_chain(first, last);
+            self.counter.release_held(zeroed);
+        }
+        Ok(())
+    }
+
+    /// Closes the pool: every later allocation fails with
+    /// [`ReserveError::Closed`], while frees keep working so that workers
+    /// can drain.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::{BlockPool, ReserveError};
+    ///
+    /// let pool = BlockPool::new(4, 16);
+    /// pool.close();
+    /// assert!(pool.is_closed());
+    /// assert_eq!(pool.try_alloc(1, &mut Vec::new()), Err(ReserveError::Closed));
+    /// ```
+    pub fn close(&self) {
+        self.counter.close();
+    }
+
+    /// Whether [`close`](Self::close) has been called.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert!(!kvslots::BlockPool::new(4, 16).is_closed());
+    /// ```
+    pub fn is_closed(&self) -> bool {
+        self.counter.is_closed()
+    }
+
+    /// Adds a reference to a block the caller already holds a reference to.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the count would exceed `u32::MAX / 2` (as `Arc` aborts).
+    pub(crate) fn add_ref(&self, id: BlockId) {
+        // Relaxed: the caller holds a reference, so the block cannot be freed
+        // under us; the new reference is handed over by whatever hands over
+        // its holder (as with `Arc::clone`).
+        let prev = self.refs[id.index()].fetch_add(1, Ordering::Relaxed);
+        if prev >= Self::MAX_REFS {
+            // Relaxed: undoing our own increment.
+            self.refs[id.index()].fetch_sub(1, Ordering::Relaxed);
+            panic!("reference count overflow on {id}");
+        }
+    }
+
+    /// Whether more than one reference to `id` exists now.
+    pub(crate) fn is_shared(&self, id: BlockId) -> bool {
+        // Acquire: if another holder dropped its reference, its reads of the
+        // block happen-before we decide to write into it.
+        self.refs[id.index()].load(Ordering::Acquire) > 1
+    }
+
+    /// Drops one reference; `Ok(true)` if it was the last. `Err` if the
+    /// block has none (not allocated, or already dropped in this call).
+    fn drop_ref(&self, id: BlockId) -> Result<bool, ()> {
+        let count = &self.refs[id.index()];
+        // Relaxed: only a guess; the CAS validates it.
+        let mut cur = count.load(Ordering::Relaxed);
+        loop {
+            // Any reference left to drop?
+            if cur == 0 {
+                return Err(());
+            }
+            // AcqRel on success: Release orders this holder's accesses to
+            // the block before the last drop; Acquire lets the last dropper
+            // (who pushes the block) see every other holder's accesses.
+            // Relaxed on failure: we only retry with the fresh value.
+            match count.compare_exchange_weak(
+                cur,
+                cur - 1,
+                self.free.free_ordering(Ordering::AcqRel),
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(cur == 1),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+}
+
+impl fmt::Debug for BlockPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockPool")
+            .field("num_blocks", &self.num_blocks())
+            .field("block_size", &self.block_size)
+            .field("used_blocks", &self.used_blocks())
+            .field("peak_used_blocks", &self.peak_used_blocks())
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}

@@ -1,0 +1,486 @@
+//! [`Sequence`]: one sequence's block table over a shared
+//! [`BlockPool`], mapping its token positions to flat KV-cache slots.
+//!
+//! A sequence owns one reference to each block in its table. It grows by
+//! multi-token appends that take exactly the blocks the new tokens need, all
+//! or none; it rolls back with [`Sequence::truncate`]; it forks children for
+//! parallel sampling or beam search that share its full blocks; and dropping
+//! it returns its references.
+//!
+//! # Sharing and writes
+//!
+//! After a fork, parent and child share every *full* block (read-only from
+//! then on) and each has a private last block: the child's is a fresh block
+//! that the caller fills with the device copy described by the returned
+//! [`BlockCopy`]. Appends only ever write into the last, partly filled block
+//! or into new blocks, so neither side writes into a block the other can
+//! read. The one way to make a shared block writable again is to truncate
+//! into the shared prefix; the next append then copies that block on write
+//! (see [`Sequence::try_append_cow`]).
+//!
+//! # Orderings
+//!
+//! A sequence is a plain `Send` value used by one thread at a time; all its
+//! synchronisation is the pool's (Acquire on allocation, Release on free).
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::error::{PositionError, ReserveError};
+use crate::pool::{BlockId, BlockPool};
+
+/// A device copy the caller must make: the first `tokens` slots of block
+/// `src` into block `dst` (a fork's private tail, or a copy-on-write).
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use kvslots::{BlockPool, Sequence};
+///
+/// let mut parent = Sequence::new(Arc::new(BlockPool::new(8, 4)));
+/// parent.try_append(6).unwrap(); // one full block, one with 2 tokens
+/// let (child, copy) = parent.try_fork().unwrap();
+/// let copy = copy.unwrap();
+/// assert_eq!(copy.src, parent.blocks()[1]);
+/// assert_eq!(copy.dst, child.blocks()[1]);
+/// assert_eq!(copy.tokens, 2);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockCopy {
+    /// The block to copy from.
+    pub src: BlockId,
+    /// The block to copy into.
+    pub dst: BlockId,
+    /// How many leading token slots to copy.
+    pub tokens: usize,
+}
+
+/// One sequence's block table: its length in tokens and the blocks that
+/// hold them, in order.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use kvslots::{BlockPool, Sequence};
+///
+/// let pool = Arc::new(BlockPool::new(8, 16));
+/// let mut seq = Sequence::new(Arc::clone(&pool));
+/// // A 20-token prefill takes two blocks, all or nothing.
+/// assert_eq!(seq.try_append(20).unwrap(), 0..20);
+/// assert_eq!(seq.blocks().len(), 2);
+/// // Where token 17 goes in the flat KV cache:
+/// let slot = seq.slot(17).unwrap();
+/// assert_eq!(slot, seq.blocks()[1].index() * 16 + 1);
+/// drop(seq);
+/// assert_eq!(pool.free_blocks(), 8);
+/// ```
+pub struct Sequence {
+    pool: Arc<BlockPool>,
+    blocks: Vec<BlockId>,
+    len: usize,
+    /// The block a copy-on-write replaced: its reference is kept until the
+    /// next change to this sequence, so the caller's device copy can still
+    /// read it even if every other holder lets go.
+    retired: Option<BlockId>,
+    /// The copy a copy-on-write in [`Sequence::try_append`] asked for.
+    pending_copy: Option<BlockCopy>,
+}
+
+impl Sequence {
+    /// An empty sequence over `pool`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// let seq = kvslots::Sequence::new(Arc::new(kvslots::BlockPool::new(8, 16)));
+    /// assert!(seq.is_empty());
+    /// ```
+    pub fn new(pool: Arc<BlockPool>) -> Sequence {
+        Sequence::with_capacity(pool, 0)
+    }
+
+    /// An empty sequence whose block table has room for `tokens` tokens
+    /// without reallocating (so that appends up to that length allocate no
+    /// heap memory).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// let pool = Arc::new(kvslots::BlockPool::new(8, 16));
+    /// let seq = kvslots::Sequence::with_capacity(pool, 100);
+    /// assert!(seq.is_empty());
+    /// ```
+    pub fn with_capacity(pool: Arc<BlockPool>, tokens: usize) -> Sequence {
+        let blocks = Vec::with_capacity(tokens.div_ceil(pool.block_size()));
+        Sequence {
+            pool,
+            blocks,
+            len: 0,
+            retired: None,
+            pending_copy: None,
+        }
+    }
+
+    /// The number of tokens in the sequence.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// let mut seq = kvslots::Sequence::new(Arc::new(kvslots::BlockPool::new(8, 16)));
+    /// seq.try_append(5).unwrap();
+    /// assert_eq!(seq.len(), 5);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the sequence holds no token.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// let seq = kvslots::Sequence::new(Arc::new(kvslots::BlockPool::new(8, 16)));
+    /// assert!(seq.is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The block table: the blocks holding positions `0..len()`, in order.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// let mut seq = kvslots::Sequence::new(Arc::new(kvslots::BlockPool::new(8, 16)));
+    /// seq.try_append(17).unwrap();
+    /// assert_eq!(seq.blocks().len(), 2);
+    /// ```
+    pub fn blocks(&self) -> &[BlockId] {
+        &self.blocks
+    }
+
+    /// The pool the blocks come from.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// let pool = Arc::new(kvslots::BlockPool::new(8, 16));
+    /// let seq = kvslots::Sequence::new(Arc::clone(&pool));
+    /// assert!(Arc::ptr_eq(seq.pool(), &pool));
+    /// ```
+    pub fn pool(&self) -> &Arc<BlockPool> {
+        &self.pool
+    }
+
+    /// Appends `n` tokens: takes exactly the new blocks they need, all or
+    /// none, and returns their positions `old_len..old_len + n`. `n == 0`
+    /// returns an empty range and takes nothing.
+    ///
+    /// If the sequence was truncated into a block it shares with a fork, the
+    /// append also copies that block on write; the copy the caller must
+    /// make is then returned by [`take_pending_copy`](Self::take_pending_copy)
+    /// (or use [`try_append_cow`](Self::try_append_cow), which returns it).
+    /// No heap allocation happens here beyond growing the block table.
+    ///
+    /// # Errors
+    ///
+    /// The pool's [`ReserveError`], counted in blocks: `Full`, `NeverFits`
+    /// (more blocks than the pool has, e.g. `n == usize::MAX`) or `Closed`.
+    /// On error nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{BlockPool, Sequence};
+    ///
+    /// let mut seq = Sequence::new(Arc::new(BlockPool::new(2, 4)));
+    /// assert_eq!(seq.try_append(3).unwrap(), 0..3);
+    /// assert_eq!(seq.try_append(5).unwrap(), 3..8);
+    /// assert!(seq.try_append(1).is_err()); // would need a third block
+    /// assert_eq!(seq.len(), 8);
+    /// ```
+    pub fn try_append(&mut self, n: usize) -> Result<Range<usize>, ReserveError> {
+        let (range, copy) = self.try_append_cow(n)?;
+        if copy.is_some() {
+            self.pending_copy = copy;
+        }
+        Ok(range)
+    }
+
+    /// Like [`try_append`](Self::try_append), but returns the copy-on-write
+    /// the append needed, if any: `Some` only when the last block was partly
+    /// filled and shared with a fork (after truncating into the shared
+    /// prefix). The caller must copy `tokens` slots from `src` to `dst`
+    /// before the kernel writes the new tokens.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_append`](Self::try_append); on error nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{BlockPool, Sequence};
+    ///
+    /// let mut seq = Sequence::new(Arc::new(BlockPool::new(8, 4)));
+    /// seq.try_append(8).unwrap();
+    /// let (child, _) = seq.try_fork().unwrap(); // shares both full blocks
+    /// seq.truncate(6); // back into the shared second block
+    /// let (range, copy) = seq.try_append_cow(1).unwrap();
+    /// assert_eq!(range, 6..7);
+    /// let copy = copy.unwrap();
+    /// assert_eq!((copy.src, copy.tokens), (child.blocks()[1], 2));
+    /// assert_ne!(seq.blocks()[1], child.blocks()[1]);
+    /// ```
+    pub fn try_append_cow(
+        &mut self,
+        n: usize,
+    ) -> Result<(Range<usize>, Option<BlockCopy>), ReserveError> {
+        let old_len = self.len;
+        if n == 0 {
+            return Ok((old_len..old_len, None));
+        }
+        let bs = self.pool.block_size();
+        // Tokens that still fit in the blocks we hold.
+        let room = self.blocks.len() * bs - old_len;
+        let new_blocks = if n <= room {
+            0
+        } else {
+            (n - room).div_ceil(bs)
+        };
+        // Is the last block partly filled and shared? Then it needs a
+        // private copy before we write into it.
+        let tail = old_len % bs;
+        let cow = tail != 0 && self.pool.is_shared(self.blocks[self.blocks.len() - 1]);
+        let total = new_blocks.saturating_add(cow as usize);
+        let base = self.blocks.len();
+        self.pool.try_alloc(total, &mut self.blocks)?;
+        // The caller's previous copy (if any) is done by now.
+        self.release_retired();
+        // `total` blocks fitted in the pool, so the new length fits in its
+        // `num_blocks * block_size` slots, which fit in usize.
+        self.len = old_len + n;
+        if !cow {
+            return Ok((old_len..self.len, None));
+        }
+        // Put the last new block in place of the shared tail.
+        let dst = self.blocks.pop().expect("allocated at least one block");
+        let src = std::mem::replace(&mut self.blocks[base - 1], dst);
+        self.retired = Some(src);
+        Ok((
+            old_len..self.len,
+            Some(BlockCopy {
+                src,
+                dst,
+                tokens: tail,
+            }),
+        ))
+    }
+
+    /// Takes the copy-on-write that the last [`try_append`](Self::try_append)
+    /// asked for, if any.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// let mut seq = kvslots::Sequence::new(Arc::new(kvslots::BlockPool::new(8, 4)));
+    /// seq.try_append(3).unwrap();
+    /// assert_eq!(seq.take_pending_copy(), None);
+    /// ```
+    pub fn take_pending_copy(&mut self) -> Option<BlockCopy> {
+        self.pending_copy.take()
+    }
+
+    /// The flat slot index of token `position`:
+    /// `block.index() * block_size + position % block_size`, the slot
+    /// mapping attention kernels take. `None` at or past [`len`](Self::len).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// let mut seq = kvslots::Sequence::new(Arc::new(kvslots::BlockPool::new(8, 4)));
+    /// seq.try_append(6).unwrap();
+    /// assert_eq!(seq.slot(5), Some(seq.blocks()[1].index() * 4 + 1));
+    /// assert_eq!(seq.slot(6), None);
+    /// ```
+    pub fn slot(&self, position: usize) -> Option<usize> {
+        if position >= self.len {
+            return None;
+        }
+        let bs = self.pool.block_size();
+        Some(self.blocks[position / bs].index() * bs + position % bs)
+    }
+
+    /// Appends the flat slot indices of `positions` to `out` (the slot
+    /// mapping of a batch of new tokens), allocating nothing but `out`'s
+    /// growth. An empty range appends nothing.
+    ///
+    /// # Errors
+    ///
+    /// [`PositionError`] (naming the range's last position) if the range
+    /// reaches past [`len`](Self::len); `out` is then unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// let mut seq = kvslots::Sequence::new(Arc::new(kvslots::BlockPool::new(8, 4)));
+    /// let new = seq.try_append(6).unwrap();
+    /// let mut slots = Vec::new();
+    /// seq.extend_slots(new, &mut slots).unwrap();
+    /// assert_eq!(slots.len(), 6);
+    /// assert_eq!(slots[5], seq.slot(5).unwrap());
+    /// ```
+    pub fn extend_slots(
+        &self,
+        positions: Range<usize>,
+        out: &mut Vec<usize>,
+    ) -> Result<(), PositionError> {
+        if positions.is_empty() {
+            return Ok(());
+        }
+        if positions.end > self.len {
+            return Err(PositionError {
+                position: positions.end - 1,
+                len: self.len,
+            });
+        }
+        let bs = self.pool.block_size();
+        out.reserve(positions.len());
+        let mut pos = positions.start;
+        while pos < positions.end {
+            let base = self.blocks[pos / bs].index() * bs;
+            let block_end = (pos / bs + 1) * bs;
+            let end = block_end.min(positions.end);
+            out.extend((pos % bs..pos % bs + (end - pos)).map(|off| base + off));
+            pos = end;
+        }
+        Ok(())
+    }
+
+    /// Rolls the sequence back to `len` tokens (rejected speculative tokens,
+    /// preemption) and gives back the blocks no longer needed; returns how
+    /// many block references it gave back. A `len` at or past
+    /// [`len`](Self::len) is a no-op. No heap allocation happens here.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// let pool = Arc::new(kvslots::BlockPool::new(8, 4));
+    /// let mut seq = kvslots::Sequence::new(Arc::clone(&pool));
+    /// seq.try_append(4 + 5).unwrap(); // 1 verified block + 5 drafts
+    /// assert_eq!(seq.truncate(6), 1); // 2 drafts accepted
+    /// assert_eq!((seq.len(), seq.blocks().len()), (6, 2));
+    /// assert_eq!(seq.truncate(100), 0);
+    /// assert_eq!(pool.used_blocks(), 2);
+    /// ```
+    pub fn truncate(&mut self, len: usize) -> usize {
+        if len >= self.len {
+            return 0;
+        }
+        self.release_retired();
+        let keep = len.div_ceil(self.pool.block_size());
+        let freed = self.blocks.len() - keep;
+        self.give_back(keep);
+        self.len = len;
+        freed
+    }
+
+    /// Forks a child for parallel sampling or beam search: it shares every
+    /// full block (one more reference each) and gets a private block for a
+    /// partly filled last one, which the caller fills by making the returned
+    /// [`BlockCopy`]. A fork on a block boundary allocates nothing and
+    /// returns `None`. The child's table is a new `Vec`.
+    ///
+    /// # Errors
+    ///
+    /// The pool's [`ReserveError`] if no block is free for the private tail;
+    /// then nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{BlockPool, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::new(3, 4));
+    /// let mut parent = Sequence::new(Arc::clone(&pool));
+    /// parent.try_append(8).unwrap();
+    /// let (child, copy) = parent.try_fork().unwrap();
+    /// assert_eq!(copy, None); // on a block boundary: all shared
+    /// assert_eq!(child.blocks(), parent.blocks());
+    /// assert_eq!(pool.used_blocks(), 2);
+    /// ```
+    pub fn try_fork(&self) -> Result<(Sequence, Option<BlockCopy>), ReserveError> {
+        let bs = self.pool.block_size();
+        let full = self.len / bs;
+        let tail = self.len % bs;
+        let mut child = Sequence::with_capacity(Arc::clone(&self.pool), self.len);
+        // The fallible part first: a private block for a partly filled tail.
+        if tail != 0 {
+            self.pool.try_alloc(1, &mut child.blocks)?;
+        }
+        let private = child.blocks.pop();
+        // Share the full blocks; the child owns each reference as soon as
+        // it is taken, so a panic here leaks nothing.
+        for &id in &self.blocks[..full] {
+            self.pool.add_ref(id);
+            child.blocks.push(id);
+        }
+        child.len = self.len;
+        let copy = private.map(|dst| {
+            child.blocks.push(dst);
+            BlockCopy {
+                src: self.blocks[full],
+                dst,
+                tokens: tail,
+            }
+        });
+        Ok((child, copy))
+    }
+
+    /// Gives back the references of `blocks[keep..]`.
+    fn give_back(&mut self, keep: usize) {
+        let result = self.pool.free(&self.blocks[keep..]);
+        debug_assert!(result.is_ok(), "a sequence's references were invalid");
+        self.blocks.truncate(keep);
+    }
+
+    /// Drops the reference a copy-on-write kept for the caller's copy.
+    fn release_retired(&mut self) {
+        if let Some(id) = self.retired.take() {
+            let result = self.pool.free(&[id]);
+            debug_assert!(result.is_ok(), "a retired reference was invalid");
+        }
+    }
+}
+
+impl Drop for Sequence {
+    fn drop(&mut self) {
+        self.release_retired();
+        self.give_back(0);
+    }
+}
+
+impl fmt::Debug for Sequence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Sequence")
+            .field("len", &self.len)
+            .field("blocks", &self.blocks)
+            .finish()
+    }
+}
