@@ -1,1 +1,526 @@
-fn main() {}
+//! Contention benchmark: [`SlotCounter`] against the obvious peers.
+//!
+//! Every benchmark here times one *operation* = take a small request of
+//! slots (1..=4 tokens, varying) from a shared counter and give it back,
+//! run by 1, 2, 4 or 8 threads at once on the same counter. The peers:
+//!
+//! | id | take | give back |
+//! |---|---|---|
+//! | `kvslots_try_reserve_drop` | [`SlotCounter::try_reserve`] | drop of the guard |
+//! | `kvslots_admit_release` | [`SlotCounter::admit`] | [`SlotCounter::release`] |
+//! | `std_mutex` | lock a `std::sync::Mutex<usize>`, check it fits, add | lock, subtract |
+//! | `parking_lot_mutex` | the same on a `parking_lot::Mutex<usize>` | the same |
+//! | `tokio_semaphore` | `Semaphore::try_acquire_many` | drop of the permit |
+//! | `fetch_add_sub` | `fetch_add` on one `CachePadded<AtomicUsize>` | `fetch_sub` |
+//!
+//! `fetch_add_sub` checks nothing and can overcommit: it is not an
+//! allocator, only the ceiling of what any single shared counter can do
+//! (one locked read-modify-write to take, one to give back).
+//!
+//! # Timing
+//!
+//! Inside `iter_custom`, the threads are spawned (untimed), then they and
+//! the measuring thread meet at a [`Barrier`]; each worker runs its share of
+//! the `iters` operations and meets the others at a second barrier. The
+//! measured time is from the first barrier to the second, so it covers the
+//! slowest worker, and criterion's time per iteration is the wall time per
+//! operation of all threads together (its `Throughput::Elements(1)` turns
+//! that into aggregate operations per second).
+//!
+//! # Groups
+//!
+//! * `cap_1M`: capacity `1 << 20`, so refusals never happen and the numbers
+//!   measure only the cost of the shared word under contention.
+//! * `cap_64_refusing`: capacity 64, requests of 1..=16, and every worker
+//!   keeps its last admitted request until its next one is decided (take
+//!   the new one, then give the old one back), so several workers together
+//!   hold about the whole capacity and refusals are common. This measures
+//!   the refusal path as well as the admission path.
+//!
+//! The ratios the project tracks (issue 2) are taken between rows of the
+//! same run, on 2 threads: `kvslots_try_reserve_drop` against
+//! `fetch_add_sub` (target at least 0.75x its throughput) and against
+//! `std_mutex` (target at least 3x). Run e.g.
+//! `cargo bench --bench contention -- '/2$'`.
+//!
+//! Rows whose id starts with `proto_` are prototypes of alternative
+//! admission loops, written here only to measure them; the library does not
+//! use them.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use crossbeam_utils::{Backoff, CachePadded};
+use kvslots::SlotCounter;
+use tokio::sync::Semaphore;
+
+/// Thread counts every contended benchmark runs at.
+const THREADS: [usize; 4] = [1, 2, 4, 8];
+
+/// A shared counter of slots that workers take requests from and give back.
+///
+/// `Held` is what a worker keeps between taking and giving back: a guard
+/// for the RAII peers, a count for the others.
+trait Slots: Sync {
+    type Held<'a>
+    where
+        Self: 'a;
+
+    /// Takes `n` slots, all or nothing; `None` if refused.
+    fn take(&self, n: usize) -> Option<Self::Held<'_>>;
+
+    /// Gives back what [`take`](Slots::take) returned.
+    fn give<'a>(&'a self, held: Self::Held<'a>);
+}
+
+/// [`SlotCounter::try_reserve`] and the guard's drop.
+struct KvReserve(SlotCounter);
+
+impl Slots for KvReserve {
+    type Held<'a> = kvslots::Reservation<'a>;
+
+    #[inline]
+    fn take(&self, n: usize) -> Option<Self::Held<'_>> {
+        self.0.try_reserve(n).ok()
+    }
+
+    #[inline]
+    fn give<'a>(&'a self, held: Self::Held<'a>) {
+        drop(held);
+    }
+}
+
+/// [`SlotCounter::admit`] and [`SlotCounter::release`].
+struct KvAdmit(SlotCounter);
+
+impl Slots for KvAdmit {
+    type Held<'a> = usize;
+
+    #[inline]
+    fn take(&self, n: usize) -> Option<usize> {
+        match self.0.admit(n as isize) {
+            0 => None,
+            got => Some(got),
+        }
+    }
+
+    #[inline]
+    fn give(&self, held: usize) {
+        self.0.release(held).expect("released what admit returned");
+    }
+}
+
+/// `std::sync::Mutex<usize>` holding `used`: lock, check it fits, add; to
+/// give back, lock and subtract.
+struct StdMutex {
+    used: Mutex<usize>,
+    capacity: usize,
+}
+
+impl Slots for StdMutex {
+    type Held<'a> = usize;
+
+    #[inline]
+    fn take(&self, n: usize) -> Option<usize> {
+        let mut used = self.used.lock().unwrap();
+        if n <= self.capacity - *used {
+            *used += n;
+            Some(n)
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn give(&self, held: usize) {
+        *self.used.lock().unwrap() -= held;
+    }
+}
+
+/// The same on a `parking_lot::Mutex<usize>`.
+struct PlMutex {
+    used: parking_lot::Mutex<usize>,
+    capacity: usize,
+}
+
+impl Slots for PlMutex {
+    type Held<'a> = usize;
+
+    #[inline]
+    fn take(&self, n: usize) -> Option<usize> {
+        let mut used = self.used.lock();
+        if n <= self.capacity - *used {
+            *used += n;
+            Some(n)
+        } else {
+            None
+        }
+    }
+
+    #[inline]
+    fn give(&self, held: usize) {
+        *self.used.lock() -= held;
+    }
+}
+
+/// `tokio::sync::Semaphore::try_acquire_many` and the permit's drop.
+struct TokioSem(Semaphore);
+
+impl Slots for TokioSem {
+    type Held<'a> = tokio::sync::SemaphorePermit<'a>;
+
+    #[inline]
+    fn take(&self, n: usize) -> Option<Self::Held<'_>> {
+        self.0.try_acquire_many(n as u32).ok()
+    }
+
+    #[inline]
+    fn give<'a>(&'a self, held: Self::Held<'a>) {
+        drop(held);
+    }
+}
+
+/// A bare `fetch_add`/`fetch_sub` pair on one padded word: no check, so not
+/// an allocator, only the ceiling of a single shared counter.
+struct FetchPair(CachePadded<AtomicUsize>);
+
+impl Slots for FetchPair {
+    type Held<'a> = usize;
+
+    #[inline]
+    fn take(&self, n: usize) -> Option<usize> {
+        // Acquire: as the counter's admission, pairs with the Release below
+        // of whoever gave slots back.
+        black_box(self.0.fetch_add(n, Ordering::Acquire));
+        Some(n)
+    }
+
+    #[inline]
+    fn give(&self, held: usize) {
+        // Release: as the counter's guard drop, publishes the holder's
+        // writes to the next taker (its Acquire).
+        self.0.fetch_sub(held, Ordering::Release);
+    }
+}
+
+/// A prototype of an alternative admission loop, on the same state word as
+/// [`SlotCounter`] (`used << 1 | CLOSED`, padded), giving back with one
+/// `fetch_sub` as the guard's drop does. The switches:
+///
+/// * `BACKOFF`: exponential backoff after a failed CAS (as the library);
+/// * `STRONG`: `compare_exchange` instead of `compare_exchange_weak`;
+/// * `PEAK`: keep the high-water mark in a second padded word (as the
+///   library).
+struct ProtoCas<const BACKOFF: bool, const STRONG: bool, const PEAK: bool> {
+    state: CachePadded<AtomicUsize>,
+    peak: CachePadded<AtomicUsize>,
+    capacity: usize,
+}
+
+impl<const BACKOFF: bool, const STRONG: bool, const PEAK: bool> ProtoCas<BACKOFF, STRONG, PEAK> {
+    fn new(capacity: usize) -> Self {
+        ProtoCas {
+            state: CachePadded::new(AtomicUsize::new(0)),
+            peak: CachePadded::new(AtomicUsize::new(0)),
+            capacity,
+        }
+    }
+}
+
+impl<const BACKOFF: bool, const STRONG: bool, const PEAK: bool> Slots
+    for ProtoCas<BACKOFF, STRONG, PEAK>
+{
+    type Held<'a> = usize;
+
+    #[inline]
+    fn take(&self, n: usize) -> Option<usize> {
+        if n > self.capacity {
+            return None;
+        }
+        let backoff = Backoff::new();
+        // Relaxed: a first guess, validated by the CAS.
+        let mut cur = self.state.load(Ordering::Relaxed);
+        loop {
+            if cur & 1 != 0 || n > self.capacity - (cur >> 1) {
+                return None;
+            }
+            let next = cur + (n << 1);
+            // Acquire on success: pairs with the Release of whoever gave
+            // slots back. Relaxed on failure: only a retry with the fresh
+            // value.
+            let res = if STRONG {
+                self.state
+                    .compare_exchange(cur, next, Ordering::Acquire, Ordering::Relaxed)
+            } else {
+                self.state
+                    .compare_exchange_weak(cur, next, Ordering::Acquire, Ordering::Relaxed)
+            };
+            match res {
+                Ok(_) => {
+                    // Relaxed (both): a statistic, orders nothing.
+                    if PEAK && next >> 1 > self.peak.load(Ordering::Relaxed) {
+                        self.peak.fetch_max(next >> 1, Ordering::Relaxed);
+                    }
+                    return Some(n);
+                }
+                Err(actual) => {
+                    cur = actual;
+                    if BACKOFF {
+                        backoff.spin();
+                    }
+                }
+            }
+        }
+    }
+
+    #[inline]
+    fn give(&self, held: usize) {
+        // Release: publishes the holder's writes to the next taker.
+        self.state.fetch_sub(held << 1, Ordering::Release);
+    }
+}
+
+/// A prototype that takes with `fetch_add` first and undoes it with
+/// `fetch_sub` if that overshot the capacity. One RMW on success, but NOT a
+/// valid admission: `used` transiently exceeds the capacity, and a request
+/// that fits can be refused because of another's overshoot. Measured only
+/// to show what a single-RMW admission would gain.
+struct ProtoFetchUndo {
+    state: CachePadded<AtomicUsize>,
+    capacity: usize,
+}
+
+impl Slots for ProtoFetchUndo {
+    type Held<'a> = usize;
+
+    #[inline]
+    fn take(&self, n: usize) -> Option<usize> {
+        // Acquire: pairs with the Release of whoever gave slots back.
+        let prev = self.state.fetch_add(n, Ordering::Acquire);
+        if prev + n <= self.capacity {
+            Some(n)
+        } else {
+            // Relaxed: undoing our own overshoot hands nothing over.
+            self.state.fetch_sub(n, Ordering::Relaxed);
+            None
+        }
+    }
+
+    #[inline]
+    fn give(&self, held: usize) {
+        // Release: publishes the holder's writes to the next taker.
+        self.state.fetch_sub(held, Ordering::Release);
+    }
+}
+
+/// Runs `iters` operations of `op` spread over `threads` workers that share
+/// `slots`, and returns the time from the start barrier to the end barrier.
+///
+/// `op(slots, worker, i, held)` is one operation; `held` is the worker's
+/// own carry-over between operations (used by the refusing group).
+fn run_threads<S, F>(slots: &S, threads: usize, iters: u64, op: F) -> Duration
+where
+    S: Slots,
+    F: for<'a> Fn(&'a S, usize, u64, &mut Option<S::Held<'a>>) + Sync,
+{
+    let start = Barrier::new(threads + 1);
+    let end = Barrier::new(threads + 1);
+    let per = iters / threads as u64;
+    let extra = iters % threads as u64;
+    thread::scope(|s| {
+        for worker in 0..threads {
+            let (start, end, op) = (&start, &end, &op);
+            let mine = per + u64::from((worker as u64) < extra);
+            s.spawn(move || {
+                let mut held = None;
+                start.wait();
+                for i in 0..mine {
+                    op(slots, worker, i, &mut held);
+                }
+                end.wait();
+                // Untimed: give back what the refusing group still holds.
+                if let Some(h) = held.take() {
+                    slots.give(h);
+                }
+            });
+        }
+        start.wait();
+        let t0 = Instant::now();
+        end.wait();
+        t0.elapsed()
+    })
+}
+
+/// A small request size, 1..=4 tokens, varying with the worker and step so
+/// that the workers do not move in lockstep.
+#[inline]
+fn small(worker: usize, i: u64) -> usize {
+    ((i as usize).wrapping_add(worker) & 3) + 1
+}
+
+/// One operation of the `cap_1M` group: take a small request, give it back.
+#[inline]
+fn take_give<'a, S: Slots>(slots: &'a S, worker: usize, i: u64, _: &mut Option<S::Held<'a>>) {
+    if let Some(h) = slots.take(black_box(small(worker, i))) {
+        slots.give(h);
+    }
+}
+
+/// One operation of the `cap_64_refusing` group: take a request of 1..=16,
+/// then give back the one taken before (so each worker holds one most of
+/// the time).
+#[inline]
+fn take_then_give_previous<'a, S: Slots>(
+    slots: &'a S,
+    worker: usize,
+    i: u64,
+    held: &mut Option<S::Held<'a>>,
+) {
+    let n = ((i as usize).wrapping_mul(7).wrapping_add(worker * 5) & 15) + 1;
+    let new = slots.take(black_box(n));
+    if let Some(old) = held.take() {
+        slots.give(old);
+    }
+    *held = new;
+}
+
+/// Benchmarks one peer at every thread count in `group`.
+fn bench_peer<S, F>(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    thread_counts: &[usize],
+    make: impl Fn() -> S,
+    op: F,
+) where
+    S: Slots,
+    F: for<'a> Fn(&'a S, usize, u64, &mut Option<S::Held<'a>>) + Sync + Copy,
+{
+    for &threads in thread_counts {
+        group.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &t| {
+            b.iter_custom(|iters| {
+                let slots = make();
+                run_threads(&slots, t, iters, op)
+            });
+        });
+    }
+}
+
+/// Benchmarks every peer in `group` with capacity `cap` and operation `op`.
+macro_rules! all_peers {
+    ($group:expr, $threads:expr, $cap:expr, $op:ident) => {{
+        let cap: usize = $cap;
+        let threads: &[usize] = $threads;
+        bench_peer(
+            $group,
+            "kvslots_try_reserve_drop",
+            threads,
+            || KvReserve(SlotCounter::new(cap)),
+            $op::<KvReserve>,
+        );
+        bench_peer(
+            $group,
+            "kvslots_admit_release",
+            threads,
+            || KvAdmit(SlotCounter::new(cap)),
+            $op::<KvAdmit>,
+        );
+        bench_peer(
+            $group,
+            "std_mutex",
+            threads,
+            || StdMutex {
+                used: Mutex::new(0),
+                capacity: cap,
+            },
+            $op::<StdMutex>,
+        );
+        bench_peer(
+            $group,
+            "parking_lot_mutex",
+            threads,
+            || PlMutex {
+                used: parking_lot::Mutex::new(0),
+                capacity: cap,
+            },
+            $op::<PlMutex>,
+        );
+        bench_peer(
+            $group,
+            "tokio_semaphore",
+            threads,
+            || TokioSem(Semaphore::new(cap)),
+            $op::<TokioSem>,
+        );
+    }};
+}
+
+fn contention(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cap_1M");
+    group.throughput(Throughput::Elements(1));
+    all_peers!(&mut group, &THREADS, 1 << 20, take_give);
+    bench_peer(
+        &mut group,
+        "fetch_add_sub",
+        &THREADS,
+        || FetchPair(CachePadded::new(AtomicUsize::new(0))),
+        take_give::<FetchPair>,
+    );
+    bench_peer(
+        &mut group,
+        "proto_cas_weak_backoff_peak",
+        &THREADS,
+        || ProtoCas::<true, false, true>::new(1 << 20),
+        take_give::<ProtoCas<true, false, true>>,
+    );
+    bench_peer(
+        &mut group,
+        "proto_cas_weak_nobackoff_peak",
+        &THREADS,
+        || ProtoCas::<false, false, true>::new(1 << 20),
+        take_give::<ProtoCas<false, false, true>>,
+    );
+    bench_peer(
+        &mut group,
+        "proto_cas_strong_backoff_peak",
+        &THREADS,
+        || ProtoCas::<true, true, true>::new(1 << 20),
+        take_give::<ProtoCas<true, true, true>>,
+    );
+    bench_peer(
+        &mut group,
+        "proto_cas_weak_backoff_nopeak",
+        &THREADS,
+        || ProtoCas::<true, false, false>::new(1 << 20),
+        take_give::<ProtoCas<true, false, false>>,
+    );
+    bench_peer(
+        &mut group,
+        "proto_fetch_add_undo",
+        &THREADS,
+        || ProtoFetchUndo {
+            state: CachePadded::new(AtomicUsize::new(0)),
+            capacity: 1 << 20,
+        },
+        take_give::<ProtoFetchUndo>,
+    );
+    group.finish();
+
+    let mut group = c.benchmark_group("cap_64_refusing");
+    group.throughput(Throughput::Elements(1));
+    all_peers!(&mut group, &[2, 8], 64, take_then_give_previous);
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default()
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(20);
+    targets = contention
+}
+criterion_main!(benches);
