@@ -131,3 +131,8 @@ pub const fn admit(capacity: usize, used: usize, requested: isize) -> usize {
         0
     }
 }
+
+/// The README's code blocks, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
