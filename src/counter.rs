@@ -235,6 +235,11 @@ impl SlotCounter {
     /// with [`ReleaseError::ExceedsUsed`] and changes nothing. Releases work
     /// on a closed counter.
     ///
+    /// The counter cannot tell whose slots are released: releasing slots
+    /// that a live guard still holds is a logic error (that guard's drop
+    /// would then give back slots that are no longer in use; debug builds
+    /// catch it with an assertion).
+    ///
     /// # Examples
     ///
     /// ```
@@ -284,9 +289,10 @@ impl SlotCounter {
     ///
     /// # Errors
     ///
+    /// * [`ReserveError::Closed`] once [`close`](Self::close) was called
+    ///   (whatever `n`).
     /// * [`ReserveError::NeverFits`] if `n > capacity()`; retrying is
     ///   pointless.
-    /// * [`ReserveError::Closed`] once [`close`](Self::close) was called.
     /// * [`ReserveError::Full`] if fewer than `n` slots are free; `available`
     ///   is the count the counter held when it refused.
     ///
@@ -344,9 +350,9 @@ impl SlotCounter {
     ///
     /// # Errors
     ///
+    /// * [`ReserveError::Closed`] once [`close`](Self::close) was called.
     /// * [`ReserveError::NeverFits`] if `n + headroom > capacity()` (as in
     ///   vLLM, such a request would never pass the watermark).
-    /// * [`ReserveError::Closed`] once [`close`](Self::close) was called.
     /// * [`ReserveError::Full`] if `n + headroom` slots are not free;
     ///   `available` is the free count the counter held when it refused
     ///   (headroom not subtracted).
@@ -424,6 +430,10 @@ impl SlotCounter {
         // must not wrap into something small.)
         let needed = n.saturating_add(headroom);
         if needed > self.capacity {
+            // Closed wins: after `close` every admission fails as Closed.
+            if self.is_closed() {
+                return Err(ReserveError::Closed);
+            }
             return Err(ReserveError::NeverFits {
                 requested: n,
                 capacity: self.capacity,

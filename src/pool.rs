@@ -349,9 +349,11 @@ impl BlockPool {
         let base = out.len();
         self.free.pop_chain(n, out);
         for id in &out[base..] {
-            // Relaxed: the block is exclusively ours after the Acquire pop.
-            let prev = self.refs[id.index()].swap(1, Ordering::Relaxed);
-            debug_assert_eq!(prev, 0, "{id} was handed out while referenced");
+            let count = &self.refs[id.index()];
+            // Relaxed (both): the block is exclusively ours after the Acquire
+            // pop; a plain store is cheaper than a read-modify-write.
+            debug_assert_eq!(count.load(Ordering::Relaxed), 0, "{id} handed out twice");
+            count.store(1, Ordering::Relaxed);
         }
         Ok(())
     }
