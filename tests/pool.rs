@@ -508,17 +508,15 @@ fn closed_pool_refuses_allocation_but_frees_still_work() {
         assert_alloc_refused(&pool, n, 0, &mut out, ReserveError::Closed);
         assert_alloc_refused(&pool, n, 1, &mut out, ReserveError::Closed);
     }
-    // Requests that could never fit say so even when closed.
-    assert_alloc_refused(
-        &pool,
-        9,
-        0,
-        &mut out,
-        ReserveError::NeverFits {
-            requested: 9,
-            capacity: 8,
-        },
-    );
+    // Closed wins, even over requests that could never fit.
+    for (n, headroom) in [
+        (9, 0),
+        (usize::MAX, 0),
+        (1, usize::MAX),
+        (usize::MAX, usize::MAX),
+    ] {
+        assert_alloc_refused(&pool, n, headroom, &mut out, ReserveError::Closed);
+    }
     // Closing twice is harmless.
     pool.close();
     assert!(pool.is_closed());
@@ -572,6 +570,7 @@ fn empty_pool_refuses_everything() {
     pool.free(&[]).unwrap();
     pool.close();
     assert_alloc_refused(&pool, 0, 0, &mut out, ReserveError::Closed);
+    assert_alloc_refused(&pool, 1, 0, &mut out, ReserveError::Closed);
     assert_eq!((pool.free_blocks(), pool.used_blocks()), (0, 0));
 }
 

@@ -405,6 +405,9 @@ fn append_needing_a_block_on_a_closed_pool_is_refused() {
     pool.close();
     assert_append_refused(&mut seq, 1, ReserveError::Closed);
     assert_append_refused(&mut seq, 9, ReserveError::Closed);
+    // Closed wins over never fitting.
+    assert_append_refused(&mut seq, 100, ReserveError::Closed);
+    assert_append_refused(&mut seq, usize::MAX, ReserveError::Closed);
 }
 
 #[test]
