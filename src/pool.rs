@@ -365,6 +365,13 @@ impl BlockPool {
     /// or listed more times than it has references, nothing changes and the
     /// error names the first offending id. No heap allocation happens here.
     ///
+    /// Reference counts cannot tell holders apart: a caller that lists a
+    /// shared block more often than it holds it, while the block's other
+    /// holders still hold it, takes their references (and, if another holder
+    /// frees the same block at that moment, the refusal of an over-free may
+    /// not be exact). Free only what you hold; [`Sequence`](crate::Sequence)
+    /// does that for you.
+    ///
     /// # Errors
     ///
     /// [`FreeError::OutOfRange`], [`FreeError::NotAllocated`],
@@ -390,7 +397,15 @@ impl BlockPool {
                 num_blocks: self.num_blocks(),
             });
         }
-        // Drop the references, chaining the blocks that reach zero.
+        // Every block allocated? Checked with loads before anything changes,
+        // so that a call naming a free block (a double free, the common
+        // mistake) is refused without touching a single count.
+        if let Some(&id) = ids.iter().find(|id| self.count(**id) == 0) {
+            return Err(FreeError::NotAllocated { id });
+        }
+        // Drop the references, chaining the blocks that reach zero. A drop
+        // can still fail here only if the list names a block more times than
+        // it has references; the drops made so far are then undone.
         let (mut first, mut last, mut zeroed) = (NIL, NIL, 0usize);
         for (i, &id) in ids.iter().enumerate() {
             match self.drop_ref(id) {
@@ -475,6 +490,12 @@ impl BlockPool {
         // Acquire: if another holder dropped its reference, its reads of the
         // block happen-before we decide to write into it.
         self.refs[id.index()].load(Ordering::Acquire) > 1
+    }
+
+    /// A block's reference count now.
+    fn count(&self, id: BlockId) -> u32 {
+        // Relaxed: a validation read; the drops that follow are what order.
+        self.refs[id.index()].load(Ordering::Relaxed)
     }
 
     /// Drops one reference; `Ok(true)` if it was the last. `Err` if the

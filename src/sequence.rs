@@ -116,7 +116,9 @@ impl Sequence {
     /// assert!(seq.is_empty());
     /// ```
     pub fn with_capacity(pool: Arc<BlockPool>, tokens: usize) -> Sequence {
-        let blocks = Vec::with_capacity(tokens.div_ceil(pool.block_size()));
+        // A table never holds more entries than the pool has blocks.
+        let entries = tokens.div_ceil(pool.block_size()).min(pool.num_blocks());
+        let blocks = Vec::with_capacity(entries);
         Sequence {
             pool,
             blocks,
@@ -265,7 +267,11 @@ impl Sequence {
         let cow = tail != 0 && self.pool.is_shared(self.blocks[self.blocks.len() - 1]);
         let total = new_blocks.saturating_add(cow as usize);
         let base = self.blocks.len();
-        self.pool.try_alloc(total, &mut self.blocks)?;
+        // Nothing new needed? Then nothing to admit: the append only fills
+        // blocks we hold (also on a closed pool, so workers can drain).
+        if total > 0 {
+            self.pool.try_alloc(total, &mut self.blocks)?;
+        }
         // The caller's previous copy (if any) is done by now.
         self.release_retired();
         // `total` blocks fitted in the pool, so the new length fits in its
@@ -373,7 +379,7 @@ impl Sequence {
 
     /// Rolls the sequence back to `len` tokens (rejected speculative tokens,
     /// preemption) and gives back the blocks no longer needed; returns how
-    /// many block references it gave back. A `len` at or past
+    /// many blocks left the table. A `len` at or past
     /// [`len`](Self::len) is a no-op. No heap allocation happens here.
     ///
     /// # Examples
