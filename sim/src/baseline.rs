@@ -1,0 +1,545 @@
+//! The lock-based baseline: a block pool whose free list is a
+//! `Mutex<Vec<u32>>`, with per-block reference counts under the same lock,
+//! and a sequence type over it.
+//!
+//! It keeps the same contract as `kvslots::BlockPool` and
+//! `kvslots::Sequence` (all-or-nothing allocation, headroom admission,
+//! reference-counted sharing for forks, whole-call-or-nothing frees), the way
+//! a server that serialises allocation behind one lock would: every call
+//! takes the mutex once. `used_blocks` is mirrored in an atomic written under
+//! the lock, so that the monitor can read it without taking the lock (as it
+//! reads `kvslots`' counter).
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use kvslots::ReserveError;
+
+/// Why [`MutexPool::free`] refused; nothing changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MutexFreeError {
+    /// The id is not below `num_blocks`.
+    OutOfRange {
+        /// The offending id.
+        id: u32,
+    },
+    /// The id is listed more times than it has references (including a
+    /// block that is not allocated at all).
+    NotAllocated {
+        /// The offending id.
+        id: u32,
+    },
+}
+
+impl fmt::Display for MutexFreeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MutexFreeError::OutOfRange { id } => write!(f, "block {id} is out of range"),
+            MutexFreeError::NotAllocated { id } => {
+                write!(f, "block {id} is freed more times than it is referenced")
+            }
+        }
+    }
+}
+
+impl std::error::Error for MutexFreeError {}
+
+struct Inner {
+    /// Free block ids, used as a stack.
+    free: Vec<u32>,
+    /// References per block; 0 = free.
+    refs: Vec<u32>,
+    /// The high-water mark of used blocks.
+    peak: usize,
+}
+
+/// A block pool behind one `std::sync::Mutex`.
+pub struct MutexPool {
+    inner: Mutex<Inner>,
+    /// `num_blocks - free.len()`, written under the lock, read without it.
+    used: AtomicUsize,
+    num_blocks: usize,
+    block_size: usize,
+}
+
+impl fmt::Debug for MutexPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MutexPool")
+            .field("num_blocks", &self.num_blocks)
+            .field("block_size", &self.block_size)
+            .field("used", &self.used_blocks())
+            .finish()
+    }
+}
+
+impl MutexPool {
+    /// A pool of `num_blocks` blocks of `block_size` tokens.
+    ///
+    /// # Panics
+    ///
+    /// Panics if `block_size == 0` or `num_blocks` does not fit a `u32` id.
+    pub fn new(num_blocks: usize, block_size: usize) -> MutexPool {
+        assert!(block_size > 0, "block_size must be at least 1");
+        assert!(
+            num_blocks <= u32::MAX as usize,
+            "num_blocks {num_blocks} does not fit a u32 block id"
+        );
+        // Lowest ids on top of the stack, as kvslots hands them out first.
+        let free = (0..num_blocks as u32).rev().collect();
+        MutexPool {
+            inner: Mutex::new(Inner {
+                free,
+                refs: vec![0; num_blocks],
+                peak: 0,
+            }),
+            used: AtomicUsize::new(0),
+            num_blocks,
+            block_size,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A worker that panicked while holding the lock left the counts
+        // consistent (every mutation below is panic-free once started), so
+        // a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Total blocks.
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// A snapshot of the blocks in use.
+    pub fn used_blocks(&self) -> usize {
+        // Relaxed: a snapshot for reporting; the lock orders the real state.
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// A snapshot of the free blocks.
+    pub fn free_blocks(&self) -> usize {
+        self.num_blocks - self.used_blocks()
+    }
+
+    /// The high-water mark of used blocks.
+    pub fn peak_used_blocks(&self) -> usize {
+        self.lock().peak
+    }
+
+    fn publish(&self, inner: &mut Inner) {
+        let used = self.num_blocks - inner.free.len();
+        inner.peak = inner.peak.max(used);
+        // Relaxed: a mirror for snapshots, written under the lock.
+        self.used.store(used, Ordering::Relaxed);
+    }
+
+    /// Takes `n` blocks, all or nothing, and appends their ids to `out`.
+    pub fn try_alloc(&self, n: usize, out: &mut Vec<u32>) -> Result<(), ReserveError> {
+        self.try_alloc_with_headroom(n, 0, out)
+    }
+
+    /// Takes `n` blocks only if `headroom` more stay free afterwards.
+    pub fn try_alloc_with_headroom(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<u32>,
+    ) -> Result<(), ReserveError> {
+        if n.saturating_add(headroom) > self.num_blocks {
+            return Err(ReserveError::NeverFits {
+                requested: n,
+                capacity: self.num_blocks,
+            });
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        // Reserve outside the lock, so that the critical section does not
+        // allocate (the kvslots pool does not allocate either).
+        out.reserve(n);
+        let mut inner = self.lock();
+        let available = inner.free.len();
+        if n + headroom > available {
+            return Err(ReserveError::Full {
+                requested: n,
+                available,
+            });
+        }
+        let start = available - n;
+        for &id in &inner.free[start..] {
+            out.push(id);
+        }
+        for i in start..available {
+            let id = inner.free[i] as usize;
+            inner.refs[id] = 1;
+        }
+        inner.free.truncate(start);
+        self.publish(&mut inner);
+        Ok(())
+    }
+
+    /// Drops one reference per listed id; a block whose last reference goes
+    /// returns to the free list. All or nothing: on error nothing changes.
+    pub fn free(&self, ids: &[u32]) -> Result<(), MutexFreeError> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let mut inner = self.lock();
+        // One pass: drop each reference, pushing a block whose last
+        // reference went; on a bad id, undo what was done in reverse order
+        // (so the pushes come off the stack again) and refuse.
+        for (i, &id) in ids.iter().enumerate() {
+            let error = if id as usize >= self.num_blocks {
+                Some(MutexFreeError::OutOfRange { id })
+            } else if inner.refs[id as usize] == 0 {
+                Some(MutexFreeError::NotAllocated { id })
+            } else {
+                None
+            };
+            if let Some(error) = error {
+                for &undo in ids[..i].iter().rev() {
+                    if inner.refs[undo as usize] == 0 {
+                        let popped = inner.free.pop();
+                        debug_assert_eq!(popped, Some(undo));
+                    }
+                    inner.refs[undo as usize] += 1;
+                }
+                return Err(error);
+            }
+            inner.refs[id as usize] -= 1;
+            if inner.refs[id as usize] == 0 {
+                inner.free.push(id);
+            }
+        }
+        self.publish(&mut inner);
+        Ok(())
+    }
+
+    /// Adds one reference to each listed (allocated) block and, if `tail`,
+    /// takes one more block, all under one lock: the fork's allocation.
+    fn share_and_alloc(
+        &self,
+        shared: &[u32],
+        tail: bool,
+        out: &mut Vec<u32>,
+    ) -> Result<(), ReserveError> {
+        out.reserve(shared.len() + usize::from(tail));
+        let mut inner = self.lock();
+        if tail {
+            let available = inner.free.len();
+            if available == 0 {
+                return Err(if self.num_blocks == 0 {
+                    ReserveError::NeverFits {
+                        requested: 1,
+                        capacity: 0,
+                    }
+                } else {
+                    ReserveError::Full {
+                        requested: 1,
+                        available,
+                    }
+                });
+            }
+        }
+        for &id in shared {
+            inner.refs[id as usize] += 1;
+            out.push(id);
+        }
+        if tail {
+            // Checked above: the stack is not empty.
+            let id = inner.free.pop().unwrap_or_default();
+            inner.refs[id as usize] = 1;
+            out.push(id);
+            self.publish(&mut inner);
+        }
+        Ok(())
+    }
+
+    /// A reference count, for tests.
+    pub fn refs(&self, id: u32) -> Option<u32> {
+        self.lock().refs.get(id as usize).copied()
+    }
+}
+
+/// The device copy a fork asks for: `tokens` slots of block `src` into
+/// block `dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MutexBlockCopy {
+    /// The parent's partly filled last block.
+    pub src: u32,
+    /// The child's private block.
+    pub dst: u32,
+    /// Tokens to copy.
+    pub tokens: usize,
+}
+
+/// A sequence's block table over a [`MutexPool`], with the semantics of
+/// `kvslots::Sequence`.
+pub struct MutexSeq {
+    pool: Arc<MutexPool>,
+    blocks: Vec<u32>,
+    len: usize,
+}
+
+impl fmt::Debug for MutexSeq {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MutexSeq")
+            .field("len", &self.len)
+            .field("blocks", &self.blocks)
+            .finish()
+    }
+}
+
+impl MutexSeq {
+    /// An empty sequence.
+    pub fn new(pool: Arc<MutexPool>) -> MutexSeq {
+        MutexSeq::with_capacity(pool, 0)
+    }
+
+    /// An empty sequence whose table has room for `tokens` tokens.
+    pub fn with_capacity(pool: Arc<MutexPool>, tokens: usize) -> MutexSeq {
+        let blocks = Vec::with_capacity(tokens.div_ceil(pool.block_size));
+        MutexSeq {
+            pool,
+            blocks,
+            len: 0,
+        }
+    }
+
+    /// Tokens held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no token is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The block table.
+    pub fn blocks(&self) -> &[u32] {
+        &self.blocks
+    }
+
+    fn blocks_for(&self, len: usize) -> usize {
+        len.div_ceil(self.pool.block_size)
+    }
+
+    /// Appends `n` tokens, taking the blocks they need all or nothing.
+    pub fn try_append(&mut self, n: usize) -> Result<Range<usize>, ReserveError> {
+        let old = self.len;
+        let new_len = old.checked_add(n).ok_or(ReserveError::NeverFits {
+            requested: usize::MAX,
+            capacity: self.pool.num_blocks,
+        })?;
+        let need = self.blocks_for(new_len) - self.blocks.len();
+        if need > 0 {
+            self.pool.try_alloc(need, &mut self.blocks)?;
+        }
+        self.len = new_len;
+        Ok(old..new_len)
+    }
+
+    /// Rolls back to `len` tokens; returns how many block references went
+    /// back. A no-op at or above the current length.
+    pub fn truncate(&mut self, len: usize) -> usize {
+        if len >= self.len {
+            return 0;
+        }
+        let keep = self.blocks_for(len);
+        let gone = self.blocks.len() - keep;
+        if gone > 0 {
+            // Our own references: freeing them cannot fail.
+            self.pool
+                .free(&self.blocks[keep..])
+                .expect("a sequence frees only its own references");
+            self.blocks.truncate(keep);
+        }
+        self.len = len;
+        gone
+    }
+
+    /// A child sharing every full block and holding a private copy of a
+    /// partly filled last block; returns the copy to make, if any.
+    pub fn try_fork(&self) -> Result<(MutexSeq, Option<MutexBlockCopy>), ReserveError> {
+        let bs = self.pool.block_size;
+        let partial = self.len % bs;
+        let full = self.len / bs;
+        let mut blocks = Vec::with_capacity(self.blocks.len());
+        self.pool
+            .share_and_alloc(&self.blocks[..full], partial != 0, &mut blocks)?;
+        let copy = (partial != 0).then(|| MutexBlockCopy {
+            src: self.blocks[full],
+            dst: blocks[full],
+            tokens: partial,
+        });
+        Ok((
+            MutexSeq {
+                pool: Arc::clone(&self.pool),
+                blocks,
+                len: self.len,
+            },
+            copy,
+        ))
+    }
+
+    /// Appends the flat slot index of each position in `positions` to
+    /// `out`.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the range reaches past `len()`.
+    pub fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) {
+        assert!(
+            positions.end <= self.len,
+            "positions past the sequence's length"
+        );
+        let bs = self.pool.block_size;
+        out.extend(positions.map(|p| self.blocks[p / bs] as usize * bs + p % bs));
+    }
+}
+
+impl Drop for MutexSeq {
+    fn drop(&mut self) {
+        if !self.blocks.is_empty() {
+            // Our own references: freeing them cannot fail.
+            let _ = self.pool.free(&self.blocks);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(n: usize, bs: usize) -> Arc<MutexPool> {
+        Arc::new(MutexPool::new(n, bs))
+    }
+
+    #[test]
+    fn alloc_is_all_or_nothing_and_free_restores() {
+        let p = pool(4, 16);
+        let mut a = Vec::new();
+        p.try_alloc(3, &mut a).unwrap();
+        assert_eq!(a.len(), 3);
+        let mut b = vec![99];
+        assert_eq!(
+            p.try_alloc(2, &mut b),
+            Err(ReserveError::Full {
+                requested: 2,
+                available: 1
+            })
+        );
+        assert_eq!(b, vec![99]);
+        assert_eq!(p.used_blocks(), 3);
+        assert_eq!(
+            p.try_alloc(usize::MAX, &mut b),
+            Err(ReserveError::NeverFits {
+                requested: usize::MAX,
+                capacity: 4
+            })
+        );
+        p.free(&a).unwrap();
+        assert_eq!(p.used_blocks(), 0);
+        assert_eq!(p.peak_used_blocks(), 3);
+    }
+
+    #[test]
+    fn headroom_is_kept_free() {
+        let p = pool(10, 1);
+        let mut a = Vec::new();
+        p.try_alloc_with_headroom(6, 2, &mut a).unwrap();
+        assert!(matches!(
+            p.try_alloc_with_headroom(3, 2, &mut a),
+            Err(ReserveError::Full {
+                requested: 3,
+                available: 4
+            })
+        ));
+        assert!(matches!(
+            p.try_alloc_with_headroom(9, 2, &mut a),
+            Err(ReserveError::NeverFits { .. })
+        ));
+        assert_eq!(a.len(), 6);
+        p.try_alloc(3, &mut a).unwrap();
+        assert_eq!(p.used_blocks(), 9);
+    }
+
+    #[test]
+    fn bad_frees_are_refused_and_change_nothing() {
+        let p = pool(4, 16);
+        let mut a = Vec::new();
+        p.try_alloc(2, &mut a).unwrap();
+        let free = p.free_blocks();
+        assert_eq!(
+            p.free(&[a[0], 4]),
+            Err(MutexFreeError::OutOfRange { id: 4 })
+        );
+        assert_eq!(
+            p.free(&[a[0], a[0]]),
+            Err(MutexFreeError::NotAllocated { id: a[0] })
+        );
+        let not_allocated = (0..4).find(|i| !a.contains(i)).unwrap();
+        assert_eq!(
+            p.free(&[not_allocated]),
+            Err(MutexFreeError::NotAllocated { id: not_allocated })
+        );
+        assert_eq!(p.free_blocks(), free);
+        assert_eq!(p.refs(a[0]), Some(1));
+        p.free(&a).unwrap();
+        assert_eq!(p.free(&a), Err(MutexFreeError::NotAllocated { id: a[0] }));
+        assert_eq!(p.free_blocks(), 4);
+    }
+
+    #[test]
+    fn sequence_appends_truncates_forks_and_drops() {
+        let p = pool(4, 4);
+        let mut s = MutexSeq::new(Arc::clone(&p));
+        assert_eq!(s.try_append(6).unwrap(), 0..6);
+        assert_eq!(s.blocks().len(), 2);
+        assert!(s.try_append(11).is_err());
+        assert_eq!((s.len(), p.used_blocks()), (6, 2));
+        let (child, copy) = s.try_fork().unwrap();
+        let MutexBlockCopy { src, dst, tokens } = copy.unwrap();
+        assert_eq!((src, tokens), (s.blocks()[1], 2));
+        assert_eq!(child.blocks()[0], s.blocks()[0]);
+        assert_eq!(child.blocks()[1], dst);
+        assert_eq!(p.refs(s.blocks()[0]), Some(2));
+        assert_eq!(p.used_blocks(), 3);
+        let mut slots = Vec::new();
+        child.extend_slots(4..6, &mut slots);
+        assert_eq!(slots, vec![dst as usize * 4, dst as usize * 4 + 1]);
+        assert_eq!(s.truncate(3), 1);
+        assert_eq!(s.truncate(10), 0);
+        assert_eq!(p.used_blocks(), 2);
+        drop(child);
+        assert_eq!(p.used_blocks(), 1);
+        // A fork on a block boundary allocates nothing.
+        let (c2, copy) = s.try_fork().unwrap();
+        assert!(copy.is_some()); // len 3 is mid-block
+        drop(c2);
+        s.try_append(1).unwrap();
+        let (c3, copy) = s.try_fork().unwrap();
+        assert!(copy.is_none());
+        assert_eq!(p.used_blocks(), 1);
+        drop((s, c3));
+        assert_eq!(p.used_blocks(), 0);
+    }
+
+    #[test]
+    fn fork_without_a_free_block_fails_and_changes_nothing() {
+        let p = pool(2, 4);
+        let mut s = MutexSeq::new(Arc::clone(&p));
+        s.try_append(6).unwrap();
+        assert!(matches!(s.try_fork(), Err(ReserveError::Full { .. })));
+        assert_eq!(p.refs(s.blocks()[0]), Some(1));
+        assert_eq!(p.used_blocks(), 2);
+    }
+}

@@ -1,0 +1,316 @@
+//! The command line: flags, sizing, workload, run(s), report, exit code.
+//!
+//! Exit codes: 0 when every run's invariants hold, 1 when one does not, 2
+//! for bad input (a flag's value, a malformed trace) before any work.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::json;
+
+use crate::backend::{KvBackend, KvslotsBackend, MutexBackend};
+use crate::engine::{self, EngineConfig};
+use crate::model::{size_pool, ModelPreset, Sizing};
+use crate::report::{table, Report};
+use crate::workload::{read_trace, Request, Synthetic};
+
+/// Synthetic requests in a default run: sized so that the default run takes
+/// about 10 seconds on a 2-core machine (release build).
+pub const DEFAULT_REQUESTS: usize = 20_000;
+
+/// The default seed.
+pub const DEFAULT_SEED: u64 = 42;
+
+/// Which allocator to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Allocator {
+    /// The lock-free `kvslots::BlockPool`.
+    Kvslots,
+    /// A `Mutex<Vec<u32>>` free list behind the same interface.
+    Mutex,
+}
+
+/// Multi-threaded LLM inference workers on one shared paged KV cache.
+///
+/// Sizes a block pool from a model and a memory budget, feeds it a
+/// synthetic workload (or a trace in the Azure LLM inference format), runs
+/// iteration-level schedulers on `--workers` threads (chunked prefill,
+/// decode or speculative decode, parallel sampling, preemption), and
+/// reports what happened. Exit code 0 only if every invariant holds; 2 for
+/// bad input.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "kvslots-sim", version, about, long_about)]
+pub struct Cli {
+    /// Model preset whose KV shape sizes the pool.
+    #[arg(long, value_enum, default_value_t = ModelPreset::Llama3_8b)]
+    pub model: ModelPreset,
+    /// KV bytes per token, instead of a preset's.
+    #[arg(long)]
+    pub kv_bytes_per_token: Option<u64>,
+    /// KV-cache memory budget, in GiB.
+    #[arg(long, default_value_t = 16.0)]
+    pub memory_gib: f64,
+    /// Tokens per block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// A CSV trace (`TIMESTAMP,ContextTokens,GeneratedTokens`, header
+    /// required) instead of the synthetic workload.
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
+    /// Requests to run: synthetic ones to draw (default 20000), or the
+    /// first N of the trace (default: all of it).
+    #[arg(long)]
+    pub requests: Option<usize>,
+    /// Seed for the synthetic workload and the acceptance draws.
+    #[arg(long, default_value_t = DEFAULT_SEED)]
+    pub seed: u64,
+    /// Worker threads (default: available parallelism, at least 4).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Blocks that admission keeps free for running sequences to grow
+    /// (default: 1% of the blocks).
+    #[arg(long)]
+    pub watermark: Option<usize>,
+    /// Prefill chunk, in tokens.
+    #[arg(long, default_value_t = 512)]
+    pub chunk: usize,
+    /// Speculative decoding: K draft tokens per step (0: off).
+    #[arg(long, default_value_t = 0, value_name = "K")]
+    pub spec: usize,
+    /// Probability that a draft token is accepted.
+    #[arg(long, default_value_t = 0.7)]
+    pub accept: f64,
+    /// Samples per request: forks N-1 children after prefill.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    pub samples: usize,
+    /// Most requests one worker runs at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_running: usize,
+    /// The allocator to run.
+    #[arg(long, value_enum, default_value_t = Allocator::Kvslots)]
+    pub allocator: Allocator,
+    /// Run kvslots and then the mutex baseline on the same workload and
+    /// print them side by side.
+    #[arg(long)]
+    pub compare: bool,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A bad flag value or input file: exit code 2.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InputError(pub String);
+
+impl std::fmt::Display for InputError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InputError {}
+
+/// Everything a run needs, checked.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The pool's sizing.
+    pub sizing: Sizing,
+    /// The requests.
+    pub requests: Vec<Request>,
+    /// Where they came from, for the report.
+    pub workload: String,
+    /// The scheduler's settings.
+    pub engine: EngineConfig,
+}
+
+/// The default worker count: available parallelism, at least 4.
+pub fn default_workers() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .max(4)
+}
+
+impl Cli {
+    /// Checks the flags, sizes the pool and loads or draws the requests.
+    pub fn plan(&self) -> Result<Plan, InputError> {
+        let (model, bpt) = match self.kv_bytes_per_token {
+            Some(b) => ("custom".to_string(), b),
+            None => (
+                self.model.name().to_string(),
+                self.model.shape().kv_bytes_per_token(),
+            ),
+        };
+        let sizing = size_pool(&model, bpt, self.memory_gib, self.block_size)
+            .map_err(|e| InputError(e.to_string()))?;
+        let workers = self.workers.unwrap_or_else(default_workers);
+        if workers == 0 {
+            return Err(InputError("--workers must be at least 1".into()));
+        }
+        if self.chunk == 0 {
+            return Err(InputError("--chunk must be at least 1".into()));
+        }
+        if self.samples == 0 {
+            return Err(InputError("--samples must be at least 1".into()));
+        }
+        if self.max_running == 0 {
+            return Err(InputError("--max-running must be at least 1".into()));
+        }
+        if !(0.0..=1.0).contains(&self.accept) {
+            return Err(InputError(format!(
+                "--accept must be a probability in [0, 1], got {}",
+                self.accept
+            )));
+        }
+        let (requests, workload) = match &self.trace {
+            Some(path) => {
+                let mut all =
+                    read_trace(path).map_err(|e| InputError(format!("{}: {e}", path.display())))?;
+                if let Some(n) = self.requests {
+                    all.truncate(n);
+                }
+                let n = all.len();
+                (all, format!("trace {} ({n} requests)", path.display()))
+            }
+            None => {
+                let n = self.requests.unwrap_or(DEFAULT_REQUESTS);
+                (
+                    Synthetic::default().generate(n, self.seed),
+                    format!("synthetic log-normal, {n} requests, seed {}", self.seed),
+                )
+            }
+        };
+        let watermark_blocks = self.watermark.unwrap_or(sizing.num_blocks / 100);
+        Ok(Plan {
+            engine: EngineConfig {
+                workers,
+                watermark_blocks,
+                chunk: self.chunk,
+                spec: self.spec,
+                accept: self.accept,
+                samples: self.samples,
+                max_running: self.max_running,
+                seed: self.seed,
+                ..EngineConfig::default()
+            },
+            sizing,
+            requests,
+            workload,
+        })
+    }
+}
+
+fn progress_bar(len: usize, label: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::with_draw_target(Some(len as u64), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "{prefix:>8} [{elapsed_precise}] {bar:40} {pos}/{len} requests ({per_sec})",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    pb.set_style(style);
+    pb.set_prefix(label.to_string());
+    pb
+}
+
+fn run_one<B: KvBackend>(backend: &B, plan: &Plan) -> Report {
+    let pb = progress_bar(plan.requests.len(), backend.name());
+    let stats = engine::run(backend, &plan.requests, &plan.engine, Some(&pb));
+    pb.finish_and_clear();
+    Report::new(&stats)
+}
+
+fn sizing_line(s: &Sizing) -> String {
+    format!(
+        "pool: {} KV {} bytes/token x block {} tokens = {:.2} MiB/block; {:.2} GiB -> {} blocks",
+        s.model,
+        s.kv_bytes_per_token,
+        s.block_size,
+        s.bytes_per_block as f64 / (1u64 << 20) as f64,
+        s.memory_bytes as f64 / crate::model::GIB,
+        s.num_blocks
+    )
+}
+
+fn settings_line(plan: &Plan) -> String {
+    let e = &plan.engine;
+    let spec = if e.spec == 0 {
+        "off".to_string()
+    } else {
+        format!("{} drafts, accept {}", e.spec, e.accept)
+    };
+    format!(
+        "workload: {}; {} workers, watermark {} blocks, chunk {}, spec {}, samples {}, max running {}",
+        plan.workload, e.workers, e.watermark_blocks, e.chunk, spec, e.samples, e.max_running
+    )
+}
+
+/// Runs the command line and returns the process's exit code. Output goes
+/// to `out`, errors to stderr.
+pub fn run(cli: &Cli, out: &mut dyn Write) -> i32 {
+    let plan = match cli.plan() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("kvslots-sim: error: {e}");
+            return 2;
+        }
+    };
+    let nb = plan.sizing.num_blocks;
+    let bs = plan.sizing.block_size;
+    let reports: Vec<Report> = if cli.compare {
+        vec![
+            run_one(&KvslotsBackend::new(nb, bs), &plan),
+            run_one(&MutexBackend::new(nb, bs), &plan),
+        ]
+    } else {
+        match cli.allocator {
+            Allocator::Kvslots => vec![run_one(&KvslotsBackend::new(nb, bs), &plan)],
+            Allocator::Mutex => vec![run_one(&MutexBackend::new(nb, bs), &plan)],
+        }
+    };
+    let ok = reports.iter().all(|r| r.invariants_ok);
+    let written = if cli.json {
+        let value = match reports.as_slice() {
+            [one] => {
+                let mut v = serde_json::to_value(one).expect("a report serialises");
+                v["sizing"] = json!(plan.sizing);
+                v["workload"] = json!(plan.workload);
+                v
+            }
+            [a, b] => json!({
+                "sizing": plan.sizing,
+                "workload": plan.workload,
+                "kvslots": a,
+                "mutex": b,
+                "ratios": {
+                    "alloc_ops_per_sec": a.alloc_ops_per_sec / b.alloc_ops_per_sec.max(f64::MIN_POSITIVE),
+                    "append_p999": a.append_latency_ns.p999 as f64 / b.append_latency_ns.p999.max(1) as f64,
+                    "wall": a.wall_ms / b.wall_ms.max(f64::MIN_POSITIVE),
+                },
+                "invariants_ok": ok,
+            }),
+            _ => unreachable!("one or two runs"),
+        };
+        writeln!(out, "{value}")
+    } else {
+        writeln!(
+            out,
+            "{}\n{}\n\n{}",
+            sizing_line(&plan.sizing),
+            settings_line(&plan),
+            table(&reports)
+        )
+    };
+    if let Err(e) = written {
+        eprintln!("kvslots-sim: cannot write the report: {e}");
+        return 1;
+    }
+    if ok {
+        0
+    } else {
+        1
+    }
+}

@@ -1,0 +1,267 @@
+//! The report: a table for people, one JSON object for machines.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::engine::{Invariants, RunStats};
+
+/// `try_append` latency percentiles, in nanoseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Latency {
+    /// Median.
+    pub p50: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
+    /// Largest.
+    pub max: u64,
+    /// Calls recorded.
+    pub count: u64,
+}
+
+/// One run, as reported.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// `kvslots` or `mutex`.
+    pub allocator: String,
+    /// Worker threads.
+    pub workers: usize,
+    /// Requests in the workload.
+    pub requests: usize,
+    /// Requests completed.
+    pub requests_completed: u64,
+    /// Requests rejected as never fitting the pool.
+    pub requests_rejected: u64,
+    /// Groups dropped for lack of blocks and requeued (recompute).
+    pub preemptions: u64,
+    /// Prompt tokens appended, recomputation included.
+    pub tokens_prefilled: u64,
+    /// Output tokens kept, recomputation included.
+    pub tokens_decoded: u64,
+    /// Speculative draft tokens truncated.
+    pub tokens_rolled_back: u64,
+    /// Children forked for parallel sampling.
+    pub forks: u64,
+    /// Forks that needed a block copy.
+    pub block_copies: u64,
+    /// High-water mark of blocks in use.
+    pub peak_blocks_used: usize,
+    /// Blocks in the pool.
+    pub num_blocks: usize,
+    /// `peak_blocks_used` as a percentage of `num_blocks`.
+    pub peak_blocks_pct: f64,
+    /// Allocator calls made (all workers).
+    pub alloc_calls: u64,
+    /// Allocator calls per second of the run's wall time.
+    pub alloc_ops_per_sec: f64,
+    /// Time inside allocator calls, summed over workers, in milliseconds.
+    pub alloc_busy_ms: f64,
+    /// The run's wall time (workers only), in milliseconds.
+    pub wall_ms: f64,
+    /// `try_append` latency.
+    pub append_latency_ns: Latency,
+    /// Monitor samples of `used_blocks() <= num_blocks()`.
+    pub monitor_samples: u64,
+    /// Each invariant.
+    pub invariants: Invariants,
+    /// Whether every invariant holds.
+    pub invariants_ok: bool,
+    /// Errors that should never happen.
+    pub errors: Vec<String>,
+}
+
+impl Report {
+    /// The report of a run.
+    pub fn new(s: &RunStats) -> Report {
+        let h = &s.append_latency;
+        let invariants = s.invariants();
+        Report {
+            allocator: s.allocator.to_string(),
+            workers: s.workers,
+            requests: s.requests,
+            requests_completed: s.requests_completed,
+            requests_rejected: s.requests_rejected,
+            preemptions: s.preemptions,
+            tokens_prefilled: s.tokens_prefilled,
+            tokens_decoded: s.tokens_decoded,
+            tokens_rolled_back: s.tokens_rolled_back,
+            forks: s.forks,
+            block_copies: s.block_copies,
+            peak_blocks_used: s.peak_blocks_used,
+            num_blocks: s.num_blocks,
+            peak_blocks_pct: if s.num_blocks == 0 {
+                0.0
+            } else {
+                100.0 * s.peak_blocks_used as f64 / s.num_blocks as f64
+            },
+            alloc_calls: s.alloc_calls,
+            alloc_ops_per_sec: s.alloc_ops_per_sec(),
+            alloc_busy_ms: s.alloc_busy.as_secs_f64() * 1e3,
+            wall_ms: s.wall.as_secs_f64() * 1e3,
+            append_latency_ns: Latency {
+                p50: h.value_at_quantile(0.5),
+                p99: h.value_at_quantile(0.99),
+                p999: h.value_at_quantile(0.999),
+                max: h.max(),
+                count: h.len(),
+            },
+            monitor_samples: s.monitor_samples,
+            invariants,
+            invariants_ok: invariants.ok(),
+            errors: s.errors.clone(),
+        }
+    }
+}
+
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn ns(v: u64) -> String {
+    if v >= 10_000_000 {
+        format!("{:.1} ms", v as f64 / 1e6)
+    } else if v >= 10_000 {
+        format!("{:.1} us", v as f64 / 1e3)
+    } else {
+        format!("{v} ns")
+    }
+}
+
+/// The rows of the table: label and one cell per report, plus the number
+/// the ratio column divides (`None`: no ratio).
+fn rows(r: &Report) -> Vec<(&'static str, String, Option<f64>)> {
+    let l = &r.append_latency_ns;
+    vec![
+        ("requests completed", thousands(r.requests_completed), None),
+        (
+            "requests rejected (never fit)",
+            thousands(r.requests_rejected),
+            None,
+        ),
+        ("preemptions (recompute)", thousands(r.preemptions), None),
+        ("tokens prefilled", thousands(r.tokens_prefilled), None),
+        ("tokens decoded", thousands(r.tokens_decoded), None),
+        ("tokens rolled back", thousands(r.tokens_rolled_back), None),
+        ("forks", thousands(r.forks), None),
+        ("block copies", thousands(r.block_copies), None),
+        (
+            "peak blocks used",
+            format!(
+                "{} / {} ({:.1}%)",
+                thousands(r.peak_blocks_used as u64),
+                thousands(r.num_blocks as u64),
+                r.peak_blocks_pct
+            ),
+            None,
+        ),
+        ("allocator calls", thousands(r.alloc_calls), None),
+        (
+            "allocator calls/s (wall)",
+            thousands(r.alloc_ops_per_sec.round() as u64),
+            Some(r.alloc_ops_per_sec),
+        ),
+        (
+            "wall time",
+            format!("{:.2} s", r.wall_ms / 1e3),
+            Some(r.wall_ms),
+        ),
+        ("try_append p50", ns(l.p50), Some(l.p50 as f64)),
+        ("try_append p99", ns(l.p99), Some(l.p99 as f64)),
+        ("try_append p99.9", ns(l.p999), Some(l.p999 as f64)),
+        ("try_append max", ns(l.max), Some(l.max as f64)),
+        (
+            "invariants",
+            if r.invariants_ok {
+                "ok".to_string()
+            } else {
+                "FAILED".to_string()
+            },
+            None,
+        ),
+    ]
+}
+
+/// The table for one or more runs side by side; with two runs, a last
+/// column gives the first divided by the second.
+pub fn table(reports: &[Report]) -> String {
+    let all: Vec<_> = reports.iter().map(rows).collect();
+    let label_w = all
+        .first()
+        .map(|r| r.iter().map(|(l, _, _)| l.len()).max().unwrap_or(0))
+        .unwrap_or(0);
+    let mut col_w: Vec<usize> = reports.iter().map(|r| r.allocator.len()).collect();
+    for (i, rs) in all.iter().enumerate() {
+        for (_, cell, _) in rs {
+            col_w[i] = col_w[i].max(cell.len());
+        }
+    }
+    let ratio_title = match reports {
+        [a, b] => Some(format!("{}/{}", a.allocator, b.allocator)),
+        _ => None,
+    };
+    let mut out = String::new();
+    let _ = write!(out, "{:label_w$}", "");
+    for (r, w) in reports.iter().zip(&col_w) {
+        let _ = write!(out, "  {:>w$}", r.allocator);
+    }
+    if let Some(t) = &ratio_title {
+        let _ = write!(out, "  {t:>13}");
+    }
+    out.push('\n');
+    for row in 0..all.first().map_or(0, Vec::len) {
+        let _ = write!(out, "{:label_w$}", all[0][row].0);
+        for (rs, w) in all.iter().zip(&col_w) {
+            let _ = write!(out, "  {:>w$}", rs[row].1);
+        }
+        if ratio_title.is_some() {
+            if let (Some(a), Some(b)) = (all[0][row].2, all[1][row].2) {
+                let cell = if b > 0.0 {
+                    format!("{:.2}x", a / b)
+                } else {
+                    "-".to_string()
+                };
+                let _ = write!(out, "  {cell:>13}");
+            }
+        }
+        out.push('\n');
+    }
+    for r in reports {
+        if !r.invariants_ok {
+            let _ = writeln!(out, "{}: invariants: {:?}", r.allocator, r.invariants);
+        }
+        for e in &r.errors {
+            let _ = writeln!(out, "{}: error: {e}", r.allocator);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_separators() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1000), "1,000");
+        assert_eq!(thousands(1234567), "1,234,567");
+    }
+
+    #[test]
+    fn latencies_pick_a_readable_unit() {
+        assert_eq!(ns(950), "950 ns");
+        assert_eq!(ns(12_345), "12.3 us");
+        assert_eq!(ns(25_000_000), "25.0 ms");
+    }
+}

@@ -1,0 +1,325 @@
+//! The engine on small pools, where preemption, speculative rollback and
+//! forks all happen, on both allocators; and on the shared code trace.
+
+use kvslots_sim::backend::{KvBackend, KvslotsBackend, MutexBackend};
+use kvslots_sim::engine::{self, group_blocks, EngineConfig, RunStats};
+use kvslots_sim::workload::{read_trace, Request, Synthetic};
+
+/// Small requests (prompt ~ e^3.4 = 30 tokens, output ~ e^2.5 = 12), plus
+/// every 50th one too large for the pool, so that rejection happens too.
+fn small_workload(n: usize, seed: u64) -> Vec<Request> {
+    let shape = Synthetic {
+        prompt_mu: 3.4,
+        prompt_sigma: 0.8,
+        output_mu: 2.5,
+        output_sigma: 0.7,
+        max_prompt: 200,
+        max_output: 60,
+    };
+    let mut reqs = shape.generate(n, seed);
+    for r in reqs.iter_mut().step_by(50) {
+        r.prompt = 10_000;
+    }
+    reqs
+}
+
+fn small_config(workers: usize) -> EngineConfig {
+    EngineConfig {
+        workers,
+        watermark_blocks: 2,
+        chunk: 16,
+        spec: 3,
+        accept: 0.6,
+        samples: 3,
+        max_running: 8,
+        seed: 11,
+        ..EngineConfig::default()
+    }
+}
+
+/// 96 blocks of 4 tokens: a few groups at a time.
+const NB: usize = 96;
+const BS: usize = 4;
+
+/// The requests that can never run in a pool of `nb` blocks, counted here
+/// independently of the engine.
+fn never_runs(r: &Request, cfg: &EngineConfig, nb: usize, bs: usize) -> bool {
+    let total = (r.prompt + r.output).div_ceil(bs);
+    let private = total - r.prompt / bs;
+    r.prompt.div_ceil(bs) + cfg.watermark_blocks > nb || total + (cfg.samples - 1) * private > nb
+}
+
+fn expected_rejected(reqs: &[Request], cfg: &EngineConfig, nb: usize, bs: usize) -> u64 {
+    reqs.iter().filter(|r| never_runs(r, cfg, nb, bs)).count() as u64
+}
+
+/// Lower bounds: every request that ran prefilled its prompt and decoded
+/// its output for each sample at least once (more after recomputation).
+fn assert_tokens_at_least(s: &RunStats, reqs: &[Request], cfg: &EngineConfig) {
+    let ran = || {
+        reqs.iter()
+            .filter(|r| !never_runs(r, cfg, s.num_blocks, s.block_size))
+    };
+    let decoded: u64 = ran().map(|r| (r.output * cfg.samples) as u64).sum();
+    let prefilled: u64 = ran().map(|r| r.prompt as u64).sum();
+    assert!(
+        s.tokens_decoded >= decoded,
+        "{}: decoded {} < {decoded}",
+        s.allocator,
+        s.tokens_decoded
+    );
+    assert!(s.tokens_prefilled >= prefilled);
+}
+
+fn assert_all_happened(s: &RunStats, reqs: &[Request], cfg: &EngineConfig) {
+    let inv = s.invariants();
+    assert!(
+        inv.ok(),
+        "{}: invariants {inv:?}, errors {:?}",
+        s.allocator,
+        s.errors
+    );
+    assert_eq!(s.final_used_blocks, 0);
+    assert_eq!(s.requests, reqs.len());
+    let rejected = expected_rejected(reqs, cfg, s.num_blocks, s.block_size);
+    assert!(rejected > 0);
+    assert_eq!(s.requests_rejected, rejected, "{}", s.allocator);
+    assert_eq!(s.requests_completed, reqs.len() as u64 - rejected);
+    assert!(s.preemptions > 0, "{}: no preemption", s.allocator);
+    assert!(s.tokens_rolled_back > 0, "{}: no rollback", s.allocator);
+    assert!(s.forks > 0, "{}: no fork", s.allocator);
+    assert!(s.block_copies > 0, "{}: no block copy", s.allocator);
+    assert!(s.block_copies <= s.forks);
+    assert!(s.peak_blocks_used <= s.num_blocks);
+    assert!(
+        s.peak_blocks_used > s.num_blocks / 2,
+        "the pool was never under pressure"
+    );
+    assert!(s.monitor_samples > 0);
+    // Every completed request decoded at least its output for each sample
+    // (more with recomputation after preemption).
+    let min_decoded: u64 = reqs
+        .iter()
+        .filter(|r| r.prompt < 10_000)
+        .map(|r| (r.output * cfg.samples) as u64)
+        .sum();
+    assert!(s.tokens_decoded >= min_decoded);
+    let min_prefilled: u64 = reqs
+        .iter()
+        .filter(|r| r.prompt < 10_000)
+        .map(|r| r.prompt as u64)
+        .sum();
+    assert!(s.tokens_prefilled >= min_prefilled);
+    assert!(!s.append_latency.is_empty());
+    assert!(s.alloc_calls >= s.append_latency.len());
+}
+
+fn run<B: KvBackend>(backend: &B, reqs: &[Request], cfg: &EngineConfig) -> RunStats {
+    engine::run(backend, reqs, cfg, None)
+}
+
+#[test]
+fn kvslots_small_pool_preempts_rolls_back_forks_and_conserves() {
+    let reqs = small_workload(600, 1);
+    let cfg = small_config(4);
+    let s = run(&KvslotsBackend::new(NB, BS), &reqs, &cfg);
+    assert_all_happened(&s, &reqs, &cfg);
+}
+
+#[test]
+fn mutex_small_pool_preempts_rolls_back_forks_and_conserves() {
+    let reqs = small_workload(600, 1);
+    let cfg = small_config(4);
+    let s = run(&MutexBackend::new(NB, BS), &reqs, &cfg);
+    assert_all_happened(&s, &reqs, &cfg);
+}
+
+/// With one worker the schedule is deterministic, so both allocators must
+/// make exactly the same decisions: same preemptions, rollbacks, forks,
+/// copies, calls and peak. (Their block ids may differ; their counts may
+/// not.)
+#[test]
+fn one_worker_runs_are_identical_on_both_allocators() {
+    let reqs = small_workload(300, 2);
+    let cfg = small_config(1);
+    let a = run(&KvslotsBackend::new(NB, BS), &reqs, &cfg);
+    let b = run(&MutexBackend::new(NB, BS), &reqs, &cfg);
+    assert_all_happened(&a, &reqs, &cfg);
+    assert_all_happened(&b, &reqs, &cfg);
+    let key = |s: &RunStats| {
+        (
+            s.requests_completed,
+            s.requests_rejected,
+            s.preemptions,
+            s.tokens_prefilled,
+            s.tokens_decoded,
+            s.tokens_rolled_back,
+            s.forks,
+            s.block_copies,
+            s.alloc_calls,
+            s.peak_blocks_used,
+            s.append_latency.len(),
+        )
+    };
+    assert_eq!(key(&a), key(&b));
+    // And a second run of the same allocator repeats itself.
+    let again = run(&KvslotsBackend::new(NB, BS), &reqs, &cfg);
+    assert_eq!(key(&a), key(&again));
+}
+
+/// Plain decoding (no speculation, no fork): nothing is rolled back or
+/// forked, and the decoded count is exact when nothing was preempted.
+#[test]
+fn plain_decode_on_a_roomy_pool_is_exact() {
+    let reqs: Vec<Request> = small_workload(200, 3)
+        .into_iter()
+        .enumerate()
+        .map(|(id, r)| Request {
+            id,
+            prompt: r.prompt.min(200),
+            ..r
+        })
+        .collect();
+    let cfg = EngineConfig {
+        workers: 4,
+        watermark_blocks: 4,
+        chunk: 64,
+        ..EngineConfig::default()
+    };
+    let s = run(&KvslotsBackend::new(100_000, 16), &reqs, &cfg);
+    assert!(s.invariants().ok(), "{:?} {:?}", s.invariants(), s.errors);
+    assert_eq!(s.preemptions, 0);
+    assert_eq!((s.tokens_rolled_back, s.forks, s.block_copies), (0, 0, 0));
+    assert_eq!(s.requests_completed, 200);
+    assert_eq!(
+        s.tokens_decoded,
+        reqs.iter().map(|r| r.output as u64).sum::<u64>()
+    );
+    assert_eq!(
+        s.tokens_prefilled,
+        reqs.iter().map(|r| r.prompt as u64).sum::<u64>()
+    );
+}
+
+/// A run that stops early (here: the stall guard at its most impatient)
+/// fails its invariants instead of hanging, and still gives every block
+/// back.
+#[test]
+fn an_aborted_run_fails_its_invariants_and_frees_everything() {
+    let reqs = small_workload(200, 4);
+    let cfg = EngineConfig {
+        stall_limit: 0,
+        ..small_config(2)
+    };
+    for s in [
+        run(&KvslotsBackend::new(NB, BS), &reqs, &cfg),
+        run(&MutexBackend::new(NB, BS), &reqs, &cfg),
+    ] {
+        assert!(s.stalled, "{}", s.allocator);
+        let inv = s.invariants();
+        assert!(!inv.all_completed && !inv.ok());
+        assert!(inv.pool_full_again && inv.never_overcommitted);
+        assert!(s.requests_completed + s.requests_rejected < reqs.len() as u64);
+    }
+}
+
+#[test]
+fn group_blocks_counts_shared_prefix_once() {
+    // 10 prompt + 6 output tokens, blocks of 4: 4 blocks each; the 2 full
+    // prompt blocks are shared, so each extra sample needs 2 more.
+    assert_eq!(group_blocks(10, 6, 1, 4), 4);
+    assert_eq!(group_blocks(10, 6, 3, 4), 8);
+    // On a block boundary the whole prompt is shared.
+    assert_eq!(group_blocks(8, 4, 2, 4), 4);
+}
+
+const TRACE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../shared/traces/azure-llm-2023-code.csv"
+);
+
+/// The real code trace (first 400 requests) on a pool of 400 blocks of 16
+/// tokens (6,400 tokens: the longest prompts, up to 7,437 tokens, never
+/// fit), with speculative decoding (4 drafts) and 4 samples per request.
+fn trace_config(workers: usize) -> EngineConfig {
+    EngineConfig {
+        workers,
+        watermark_blocks: 1,
+        chunk: 512,
+        spec: 4,
+        accept: 0.7,
+        samples: 4,
+        max_running: 16,
+        seed: 5,
+        ..EngineConfig::default()
+    }
+}
+
+fn trace_sample() -> Vec<Request> {
+    let mut all = read_trace(std::path::Path::new(TRACE)).expect("the shared code trace parses");
+    assert_eq!(all.len(), 8819);
+    all.truncate(400);
+    all
+}
+
+#[test]
+fn code_trace_on_a_small_pool_on_both_allocators() {
+    let reqs = trace_sample();
+    let cfg = trace_config(4);
+    for s in [
+        run(&KvslotsBackend::new(400, 16), &reqs, &cfg),
+        run(&MutexBackend::new(400, 16), &reqs, &cfg),
+    ] {
+        assert_all_happened_trace(&s, &reqs, &cfg);
+    }
+}
+
+#[test]
+fn code_trace_with_one_worker_is_identical_on_both_allocators() {
+    let reqs = trace_sample();
+    let cfg = trace_config(1);
+    let a = run(&KvslotsBackend::new(400, 16), &reqs, &cfg);
+    let b = run(&MutexBackend::new(400, 16), &reqs, &cfg);
+    assert_all_happened_trace(&a, &reqs, &cfg);
+    assert_all_happened_trace(&b, &reqs, &cfg);
+    assert_eq!(
+        (
+            a.preemptions,
+            a.tokens_rolled_back,
+            a.forks,
+            a.block_copies,
+            a.alloc_calls
+        ),
+        (
+            b.preemptions,
+            b.tokens_rolled_back,
+            b.forks,
+            b.block_copies,
+            b.alloc_calls
+        )
+    );
+}
+
+fn assert_all_happened_trace(s: &RunStats, reqs: &[Request], cfg: &EngineConfig) {
+    let inv = s.invariants();
+    assert!(
+        inv.ok(),
+        "{}: invariants {inv:?}, errors {:?}",
+        s.allocator,
+        s.errors
+    );
+    let rejected = expected_rejected(reqs, cfg, s.num_blocks, s.block_size);
+    assert!(
+        rejected > 0,
+        "the sample has no prompt too long for the pool"
+    );
+    assert_eq!(s.requests_rejected, rejected);
+    assert_eq!(s.requests_completed, reqs.len() as u64 - rejected);
+    assert!(s.preemptions > 0, "{}: no preemption", s.allocator);
+    assert!(s.tokens_rolled_back > 0);
+    // Every completed request forked 3 children at least once.
+    assert!(s.forks >= 3 * s.requests_completed);
+    assert!(s.block_copies > 0 && s.block_copies <= s.forks);
+    assert_eq!(s.peak_blocks_used, 400, "the pool was never full");
+    assert_tokens_at_least(s, reqs, cfg);
+}

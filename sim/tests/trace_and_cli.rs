@@ -1,0 +1,290 @@
+//! Malformed traces: each kind is refused with an error naming the line and
+//! the problem, and the binary exits with code 2 before doing any work. And
+//! the binary's `--json` report on a small run.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use kvslots_sim::workload::{parse_trace, TraceError, TRACE_HEADER};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kvslots-sim");
+
+fn good_rows() -> String {
+    format!("{TRACE_HEADER}\n2023-11-16 18:17:03.97,4808,10\n2023-11-16 18:17:04.03,3180,8\n")
+}
+
+/// Each malformed file, the error it must give, and words its message
+/// must hold.
+fn malformed() -> Vec<(&'static str, String, TraceError, &'static [&'static str])> {
+    vec![
+        (
+            "missing_header",
+            "2023-11-16 18:17:03.97,4808,10\n".to_string(),
+            TraceError::MissingHeader {
+                found: "2023-11-16 18:17:03.97,4808,10".into(),
+            },
+            &[
+                "line 1",
+                "missing header",
+                "TIMESTAMP,ContextTokens,GeneratedTokens",
+            ],
+        ),
+        (
+            "empty_file",
+            String::new(),
+            TraceError::Empty,
+            &["line 1", "empty"],
+        ),
+        (
+            "bad_number",
+            format!("{}2023-11-16 18:17:05.00,12x4,9\n", good_rows()),
+            TraceError::BadNumber {
+                line: 4,
+                column: "ContextTokens",
+                value: "12x4".into(),
+            },
+            &["line 4", "bad number", "ContextTokens", "12x4"],
+        ),
+        (
+            "fractional",
+            format!("{}2023-11-16 18:17:05.00,124,9.5\n", good_rows()),
+            TraceError::BadNumber {
+                line: 4,
+                column: "GeneratedTokens",
+                value: "9.5".into(),
+            },
+            &["line 4", "bad number", "GeneratedTokens", "9.5"],
+        ),
+        (
+            "negative",
+            format!("{}2023-11-16 18:17:05.00,124,-3\n", good_rows()),
+            TraceError::Negative {
+                line: 4,
+                column: "GeneratedTokens",
+                value: "-3".into(),
+            },
+            &["line 4", "negative", "GeneratedTokens", "-3"],
+        ),
+        (
+            "negative_prompt",
+            format!("{TRACE_HEADER}\n2023-11-16 18:17:05.00,-124,3\n"),
+            TraceError::Negative {
+                line: 2,
+                column: "ContextTokens",
+                value: "-124".into(),
+            },
+            &["line 2", "negative", "ContextTokens"],
+        ),
+        (
+            "empty_field",
+            format!("{}2023-11-16 18:17:05.00,,3\n", good_rows()),
+            TraceError::EmptyField {
+                line: 4,
+                column: "ContextTokens",
+            },
+            &["line 4", "empty field", "ContextTokens"],
+        ),
+        (
+            "empty_timestamp",
+            format!("{}\n,12,3\n", good_rows()),
+            TraceError::EmptyField {
+                line: 5,
+                column: "TIMESTAMP",
+            },
+            &["line 5", "empty field", "TIMESTAMP"],
+        ),
+        (
+            "field_count",
+            format!("{}2023-11-16 18:17:05.00,12\n", good_rows()),
+            TraceError::FieldCount { line: 4, found: 2 },
+            &["line 4", "expected 3 fields, found 2"],
+        ),
+        (
+            "zero_prompt",
+            format!("{}2023-11-16 18:17:05.00,0,3\n", good_rows()),
+            TraceError::ZeroPrompt { line: 4 },
+            &["line 4", "ContextTokens", "at least 1"],
+        ),
+        (
+            "header_only",
+            format!("{TRACE_HEADER}\n"),
+            TraceError::NoRequests,
+            &["no requests"],
+        ),
+    ]
+}
+
+#[test]
+fn each_malformed_trace_is_refused_naming_line_and_problem() {
+    for (name, text, want, words) in malformed() {
+        let err = parse_trace(&text).expect_err(name);
+        assert_eq!(err, want, "{name}");
+        let msg = err.to_string();
+        for w in words {
+            assert!(msg.contains(w), "{name}: `{msg}` lacks `{w}`");
+        }
+    }
+    // The good rows alone parse.
+    assert_eq!(parse_trace(&good_rows()).unwrap().len(), 2);
+}
+
+fn write_tmp(name: &str, text: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("kvslots-sim-{name}.csv"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn the_binary_exits_2_on_each_malformed_trace_before_any_work() {
+    for (name, text, want, _) in malformed() {
+        let path = write_tmp(name, &text);
+        let out = Command::new(BIN)
+            .arg("--trace")
+            .arg(&path)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        // No report: the run never started.
+        assert!(
+            out.stdout.is_empty(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&want.to_string()), "{name}: {err}");
+        assert!(err.contains(&path.display().to_string()), "{name}: {err}");
+    }
+}
+
+#[test]
+fn the_binary_exits_2_on_a_missing_file_and_bad_flags() {
+    let out = Command::new(BIN)
+        .args(["--trace", "/nonexistent/trace.csv"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read trace"));
+    for bad in [
+        &["--chunk", "0"][..],
+        &["--samples", "0"],
+        &["--workers", "0"],
+        &["--accept", "1.5"],
+        &["--block-size", "0"],
+        &["--memory-gib", "-1"],
+        &["--model", "gpt-5"],
+        &["--requests", "-3"],
+    ] {
+        let out = Command::new(BIN).args(bad).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(out.stdout.is_empty(), "{bad:?}");
+    }
+}
+
+fn json_run(args: &[&str]) -> (i32, serde_json::Value) {
+    let out = Command::new(BIN).args(args).arg("--json").output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}", String::from_utf8_lossy(&out.stdout));
+    });
+    (out.status.code().unwrap(), v)
+}
+
+#[test]
+fn json_report_has_the_documented_keys_and_invariants_hold() {
+    // 0.25 GiB of llama-3-8b = 128 blocks: a tight pool.
+    let (code, v) = json_run(&[
+        "--requests",
+        "300",
+        "--memory-gib",
+        "0.25",
+        "--workers",
+        "4",
+        "--spec",
+        "3",
+        "--samples",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{v}");
+    for key in [
+        "requests_completed",
+        "requests_rejected",
+        "preemptions",
+        "peak_blocks_used",
+        "num_blocks",
+        "alloc_ops_per_sec",
+        "append_latency_ns",
+        "invariants_ok",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key} in {v}");
+    }
+    for key in ["p50", "p99", "p999", "max"] {
+        assert!(v["append_latency_ns"][key].is_u64(), "missing {key}");
+    }
+    assert_eq!(v["invariants_ok"], true);
+    assert_eq!(v["num_blocks"], 128);
+    assert_eq!(v["sizing"]["kv_bytes_per_token"], 131_072);
+    let done = v["requests_completed"].as_u64().unwrap() + v["requests_rejected"].as_u64().unwrap();
+    assert_eq!(done, 300);
+    assert!(v["peak_blocks_used"].as_u64().unwrap() <= 128);
+    assert!(v["alloc_ops_per_sec"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn compare_runs_both_allocators_on_the_same_workload() {
+    let (code, v) = json_run(&[
+        "--compare",
+        "--requests",
+        "200",
+        "--memory-gib",
+        "0.5",
+        "--workers",
+        "4",
+    ]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["kvslots"]["allocator"], "kvslots");
+    assert_eq!(v["mutex"]["allocator"], "mutex");
+    for side in ["kvslots", "mutex"] {
+        assert_eq!(v[side]["invariants_ok"], true);
+        assert_eq!(v[side]["requests"], 200);
+    }
+    // Same workload: the same requests complete or are rejected.
+    assert_eq!(
+        v["kvslots"]["requests_completed"],
+        v["mutex"]["requests_completed"]
+    );
+    assert_eq!(
+        v["kvslots"]["requests_rejected"],
+        v["mutex"]["requests_rejected"]
+    );
+    assert!(v["ratios"]["alloc_ops_per_sec"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["invariants_ok"], true);
+}
+
+#[test]
+fn table_report_prints_sizing_and_rows() {
+    let out = Command::new(BIN)
+        .args([
+            "--requests",
+            "50",
+            "--memory-gib",
+            "1",
+            "--model",
+            "qwen2-7b",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // 1 GiB / (57,344 bytes x 16 tokens) = 1170 blocks.
+    assert!(text.contains("qwen2-7b KV 57344 bytes/token"), "{text}");
+    assert!(text.contains("-> 1170 blocks"), "{text}");
+    for row in [
+        "requests completed",
+        "preemptions",
+        "try_append p99.9",
+        "invariants",
+    ] {
+        assert!(text.contains(row), "{row} missing: {text}");
+    }
+    assert!(text.contains("ok"));
+}
