@@ -3,8 +3,9 @@
 //!
 //! # What a worker does
 //!
-//! Requests wait in one shared queue (a crossbeam channel, filled before the
-//! run: the simulator is closed-loop). Each worker loops over iterations:
+//! Requests wait in one shared, bounded queue (a crossbeam channel that a
+//! producer thread keeps filled: the simulator is closed-loop, every request
+//! has arrived at the start). Each worker loops over iterations:
 //!
 //! 1. **Admission.** While it runs fewer than `max_running` groups, it takes
 //!    the head of its waiting list (its own preempted requests first, then
@@ -58,7 +59,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, TryRecvError};
+use crossbeam_channel::{Receiver, RecvError};
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 use kvslots::ReserveError;
@@ -580,13 +581,16 @@ impl<B: KvBackend> Worker<'_, B> {
                 let req = match waiting.front() {
                     Some(&r) => r,
                     None if source_done => break,
-                    None => match rx.try_recv() {
+                    // Closed-loop: every request has arrived, so a worker
+                    // waits for the producer rather than treating a
+                    // momentarily empty queue as "no work" (which would
+                    // also make one-worker runs depend on thread timing).
+                    None => match rx.recv() {
                         Ok(r) => {
                             waiting.push_back(r);
                             r
                         }
-                        Err(TryRecvError::Empty) => break,
-                        Err(TryRecvError::Disconnected) => {
+                        Err(RecvError) => {
                             source_done = true;
                             break;
                         }
@@ -640,7 +644,7 @@ impl<B: KvBackend> Worker<'_, B> {
                     }
                 }
             }
-            // 4. Stall guard, by count.
+            // 4. Stall guard, by count. Relaxed: a progress snapshot.
             let now = self.shared.finished.load(Ordering::Relaxed);
             if now != last_finished {
                 last_finished = now;
@@ -698,8 +702,7 @@ pub fn run<B: KvBackend>(
     let (wall, per_worker) = std::thread::scope(|scope| {
         let shared = &shared;
         let monitor = scope.spawn(move || {
-            // Relaxed: a stop flag set after every worker joined.
-            while !shared.done.load(Ordering::Relaxed) {
+            loop {
                 let used = backend.used_blocks();
                 // Relaxed (all): statistics.
                 if used > nb {
@@ -707,7 +710,12 @@ pub fn run<B: KvBackend>(
                 }
                 shared.samples.fetch_add(1, Ordering::Relaxed);
                 if let Some(pb) = progress {
+                    // Relaxed: a progress snapshot for display.
                     pb.set_position(shared.finished.load(Ordering::Relaxed) as u64);
+                }
+                // Relaxed: a stop flag set after every worker joined.
+                if shared.done.load(Ordering::Relaxed) {
+                    break;
                 }
                 std::thread::sleep(cfg.monitor_interval);
             }
@@ -744,14 +752,19 @@ pub fn run<B: KvBackend>(
             .map(|h| h.join().expect("a worker panicked"))
             .collect();
         let wall = start.elapsed();
-        // One last sample after the run, then stop the monitor.
+        // One last sample after the run, then stop the monitor. Relaxed
+        // (both): a statistic, and a stop flag whose readers are joined
+        // right after (the join orders everything the monitor did).
         if backend.used_blocks() > nb {
             shared.overcommits.fetch_add(1, Ordering::Relaxed);
         }
+        shared.samples.fetch_add(1, Ordering::Relaxed);
         shared.done.store(true, Ordering::Relaxed);
         monitor.join().expect("the monitor panicked");
         (wall, per_worker)
     });
+    // Relaxed (here and below): every thread was joined, and joins order
+    // all their writes before these reads.
     if let Some(pb) = progress {
         pb.set_position(shared.finished.load(Ordering::Relaxed) as u64);
     }
