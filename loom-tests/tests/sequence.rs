@@ -1,0 +1,474 @@
+//! Loom models of [`Sequence`] over one shared [`BlockPool`]: fork vs drop
+//! (with and without a third thread appending), and append vs truncate on
+//! different sequences, each with its negative control.
+//!
+//! Run with
+//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test sequence`.
+//!
+//! # What every model checks
+//!
+//! The same three things as `tests/pool.rs`, driven through sequences:
+//!
+//! * **No double hand-out.** A shadow holder count per block: every block a
+//!   sequence gets from the pool (the new blocks of an append, a fork's
+//!   private tail) must have had no holder ([`DOUBLE`] otherwise); a fork
+//!   adds a holder to each block it shares; a sequence about to give
+//!   references back (truncate, drop) subtracts its holders first. All
+//!   shadow RMWs are `Relaxed`, so that they add no happens-before edge that
+//!   could hide a missing one in the pool.
+//! * **Whole or nothing.** Every append returns exactly the positions asked
+//!   for with exactly the blocks they need, or is refused with `Full` and
+//!   changes nothing; every fork shares exactly the full blocks and copies
+//!   exactly the partly filled tail.
+//! * **Conservation** once every sequence is dropped: `free_blocks() ==
+//!   num_blocks()`, every `ref_count` 0, and `num_blocks` distinct ids to be
+//!   had.
+//! * **Happens-before.** Each block's payload is a
+//!   `loom::cell::UnsafeCell<usize>`: a sequence writes the blocks its new
+//!   tokens land in (and a fork's copy destination), reads the blocks it
+//!   holds (and a fork's copy source) before giving references back, and
+//!   loom reports a "Causality violation" when the previous holder's access
+//!   does not happen-before the next owner's write. Accesses are tracked by
+//!   `with`/`with_mut` themselves; the pointer is never dereferenced, so no
+//!   `unsafe` is needed.
+//!
+//! # Models and negative controls
+//!
+//! | model | threads, blocks | `relaxed_free` |
+//! |---|---|---|
+//! | [`fork_vs_drop`] | 2, 4 | caught: causality |
+//! | [`fork_vs_drop_vs_append`] | 3, 5 | caught: causality |
+//! | [`append_vs_truncate`] | 2, 4 | caught: causality |
+//!
+//! Each model also runs on a pool built with `relaxed_free` (the reference
+//! drops and the free list's push `Relaxed` instead of `Release`), which
+//! loom must catch as a causality violation, next to its fault-free twin.
+//! In each, the allocating thread can be admitted through a block that was
+//! free already, so that the pool's `SlotCounter` orders nothing between
+//! the two threads; it then pops the block the other thread has just given
+//! back (the free list is LIFO), and only the free list's orderings can
+//! order the two owners' accesses. (The ABA control lives in
+//! `tests/pool.rs`: a sequence reaches the free list only through
+//! `try_alloc` and `free`.)
+#![cfg(kvslots_loom)]
+#![forbid(unsafe_code)]
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use kvslots::sync::{AtomicUsize, Ordering};
+use kvslots::{BlockCopy, BlockId, BlockPool, Faults, ReserveError, Sequence};
+use loom::cell::UnsafeCell;
+use loom::thread;
+
+/// A block was handed out while a holder still had it.
+const DOUBLE: &str = "handed out twice";
+/// The pool did not come back whole after every sequence was dropped.
+const LOST: &str = "blocks not conserved";
+
+/// Token slots per block in every model here.
+const BS: usize = 2;
+
+/// No faults: the pool as shipped.
+const SOUND: Faults = Faults {
+    no_tag: false,
+    relaxed_free: false,
+};
+/// The ordering control: freeing with `Relaxed` instead of `Release`.
+const RELAXED_FREE: Faults = Faults {
+    no_tag: false,
+    relaxed_free: true,
+};
+
+/// Runs `f` under loom with the environment's bounds, defaulting the
+/// preemption bound to 2 when `LOOM_MAX_PREEMPTIONS` is not set. Prints how
+/// many executions loom explored (see `--nocapture`) and checks that it
+/// explored more than one, so that a model whose threads never overlap
+/// cannot pass vacuously.
+fn check<F>(f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(2);
+    }
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    builder.check(move || {
+        // Relaxed: a plain std counter of loom's executions, which loom runs
+        // one at a time; it is outside the model.
+        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f();
+    });
+    // Relaxed: as above; every execution is done.
+    let runs = runs.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("loom explored {runs} executions");
+    assert!(runs > 1, "the model explored a single execution");
+}
+
+/// A pool with the model's shadow holder counts and block payloads, and the
+/// checked sequence operations.
+struct World {
+    pool: Arc<BlockPool>,
+    /// Shadow reference count per block (see the module doc).
+    holders: Box<[AtomicUsize]>,
+    /// The happens-before witness per block (see the module doc).
+    payload: Box<[UnsafeCell<usize>]>,
+}
+
+impl World {
+    // `loom::cell::UnsafeCell` is deliberately not `Sync`, and neither is
+    // a `World`; sharing it is sound here because loom runs a model's
+    // threads one at a time (its `thread::spawn` does not ask for `Send`).
+    #[allow(clippy::arc_with_non_send_sync)]
+    fn new(num_blocks: usize, faults: Faults) -> Arc<World> {
+        Arc::new(World {
+            pool: Arc::new(BlockPool::with_faults(num_blocks, BS, faults)),
+            holders: (0..num_blocks).map(|_| AtomicUsize::new(0)).collect(),
+            payload: (0..num_blocks).map(|_| UnsafeCell::new(0)).collect(),
+        })
+    }
+
+    fn sequence(&self) -> Sequence {
+        Sequence::new(Arc::clone(&self.pool))
+    }
+
+    /// Records that `id` was just handed out to a new owner.
+    fn take(&self, id: BlockId) {
+        // Relaxed: only the swap's atomicity matters (see the module doc).
+        let before = self.holders[id.index()].swap(1, Ordering::Relaxed);
+        assert_eq!(before, 0, "{id} {DOUBLE}: it had {before} holder(s)");
+    }
+
+    /// Records one more holder of a block already held.
+    fn share(&self, id: BlockId) {
+        // Relaxed: as in `take`.
+        let before = self.holders[id.index()].fetch_add(1, Ordering::Relaxed);
+        assert!(before > 0, "{id} shared while nobody held it");
+    }
+
+    /// A holder reads `id` one last time and records that it is about to
+    /// give its reference back.
+    fn let_go(&self, id: BlockId) {
+        self.read(id);
+        // Relaxed: as in `take`.
+        let before = self.holders[id.index()].fetch_sub(1, Ordering::Relaxed);
+        assert!(
+            before > 0,
+            "{id} given back by a sequence that did not hold it"
+        );
+    }
+
+    /// The owner writes into block `id` (tracked by loom).
+    fn write(&self, id: BlockId) {
+        self.payload[id.index()].with_mut(|_| ());
+    }
+
+    /// A holder reads block `id` (tracked by loom).
+    fn read(&self, id: BlockId) {
+        self.payload[id.index()].with(|_| ());
+    }
+
+    /// `try_append(n)`, checked whole or nothing; the blocks the new tokens
+    /// land in are written.
+    fn append(&self, seq: &mut Sequence, n: usize) -> Result<Range<usize>, ReserveError> {
+        let old_len = seq.len();
+        let old_blocks = seq.blocks().to_vec();
+        let result = seq.try_append(n);
+        match &result {
+            Ok(range) => {
+                assert_eq!(
+                    *range,
+                    old_len..old_len + n,
+                    "append returned other positions"
+                );
+                assert_eq!(seq.len(), old_len + n);
+                assert_eq!(
+                    seq.blocks().len(),
+                    seq.len().div_ceil(BS),
+                    "append took other than the blocks the tokens need"
+                );
+                assert_eq!(&seq.blocks()[..old_blocks.len()], &old_blocks[..]);
+                assert_eq!(seq.take_pending_copy(), None, "no copy-on-write here");
+                for &id in &seq.blocks()[old_blocks.len()..] {
+                    self.take(id);
+                }
+                let first = old_len / BS;
+                for &id in &seq.blocks()[first..] {
+                    self.write(id);
+                }
+            }
+            Err(e) => {
+                assert!(matches!(e, ReserveError::Full { .. }), "unexpected {e:?}");
+                assert_eq!(seq.len(), old_len, "a refused append changed the length");
+                assert_eq!(
+                    seq.blocks(),
+                    &old_blocks[..],
+                    "a refused append changed the table"
+                );
+            }
+        }
+        result
+    }
+
+    /// `try_fork()`, checked: the child shares exactly the full blocks and
+    /// gets a private copy of a partly filled tail, which is read from the
+    /// source and written into the destination.
+    fn fork(&self, parent: &Sequence) -> Result<Sequence, ReserveError> {
+        let len = parent.len();
+        let (full, tail) = (len / BS, len % BS);
+        let (child, copy) = match parent.try_fork() {
+            Ok(forked) => forked,
+            Err(e) => {
+                assert!(matches!(e, ReserveError::Full { .. }), "unexpected {e:?}");
+                return Err(e);
+            }
+        };
+        assert_eq!(child.len(), len);
+        assert_eq!(child.blocks().len(), parent.blocks().len());
+        assert_eq!(
+            &child.blocks()[..full],
+            &parent.blocks()[..full],
+            "the child must share every full block"
+        );
+        for &id in &child.blocks()[..full] {
+            self.share(id);
+        }
+        if tail == 0 {
+            assert_eq!(copy, None, "a fork on a block boundary copies nothing");
+        } else {
+            let dst = child.blocks()[full];
+            assert_eq!(
+                copy,
+                Some(BlockCopy {
+                    src: parent.blocks()[full],
+                    dst,
+                    tokens: tail
+                }),
+                "the fork must copy exactly the partly filled tail"
+            );
+            assert!(
+                !parent.blocks().contains(&dst),
+                "the copy target is the parent's"
+            );
+            self.take(dst);
+            self.read(parent.blocks()[full]);
+            self.write(dst);
+        }
+        Ok(child)
+    }
+
+    /// `truncate(len)`, checked: gives back exactly the blocks past the new
+    /// length, each read one last time.
+    fn truncate(&self, seq: &mut Sequence, len: usize) {
+        let old = seq.blocks().to_vec();
+        let old_len = seq.len();
+        let keep = len.min(old_len).div_ceil(BS);
+        for &id in &old[keep..] {
+            self.let_go(id);
+        }
+        let freed = seq.truncate(len);
+        assert_eq!(freed, old.len() - keep, "truncate gave back other blocks");
+        assert_eq!(seq.blocks(), &old[..keep]);
+        assert_eq!(seq.len(), len.min(old_len));
+    }
+
+    /// Drops `seq`, each of its blocks read one last time.
+    fn drop_seq(&self, seq: Sequence) {
+        for &id in seq.blocks() {
+            self.let_go(id);
+        }
+        drop(seq);
+    }
+
+    /// The conservation check, once every sequence is dropped.
+    fn assert_conserved(&self) {
+        let n = self.pool.num_blocks();
+        assert_eq!(self.pool.free_blocks(), n, "{LOST}: free_blocks");
+        assert_eq!(self.pool.used_blocks(), 0, "{LOST}: used_blocks");
+        for i in 0..n {
+            let id = BlockId::new(i as u32);
+            assert_eq!(
+                self.pool.ref_count(id),
+                Some(0),
+                "{LOST}: {id} still referenced"
+            );
+        }
+        let mut all = Vec::new();
+        self.pool
+            .try_alloc(n, &mut all)
+            .unwrap_or_else(|e| panic!("{LOST}: allocating every block failed: {e:?}"));
+        let mut sorted = all.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        // A duplicate here is a block that sits in the free list twice.
+        assert_eq!(
+            sorted.len(),
+            n,
+            "{DOUBLE}: allocating every block gave {all:?}"
+        );
+        self.pool.free(&all).expect("freeing every block");
+        assert_eq!(self.pool.free_blocks(), n, "{LOST}: after the final free");
+    }
+}
+
+/// Fork vs drop over a pool of 4 blocks of 2 slots.
+///
+/// Before the threads: parent `p` holds 3 tokens (a full block `b0` and a
+/// tail `b1` with one token); `q` is a fork of it (sharing `b0`, with a
+/// private copy `b2` of the tail). One block is free.
+///
+/// * Thread 1 forks `c` from `p` (a private tail for it: admitted through
+///   the free block, but popping `b2` whenever `q` gave it back first), then
+///   drops `c` and `p`.
+/// * Thread 2 appends one token to `q` (into its private tail `b2`), then
+///   drops `q`.
+///
+/// `b0` has three holders at most, dropped from both threads; whichever
+/// drops last pushes it, exactly once.
+fn fork_vs_drop(faults: Faults) {
+    check(move || {
+        let world = World::new(4, faults);
+        let mut p = world.sequence();
+        world.append(&mut p, 3).expect("two of four blocks");
+        let q = world.fork(&p).expect("a private tail from the two left");
+        let dropper = {
+            let world = Arc::clone(&world);
+            let mut q = q;
+            thread::spawn(move || {
+                world
+                    .append(&mut q, 1)
+                    .expect("room left in the tail block");
+                world.drop_seq(q);
+            })
+        };
+        let c = world
+            .fork(&p)
+            .expect("a block is free for the tail whatever q does");
+        world.drop_seq(c);
+        world.drop_seq(p);
+        dropper.join().unwrap();
+        world.assert_conserved();
+    });
+}
+
+#[test]
+fn fork_vs_drop_sound() {
+    fork_vs_drop(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn fork_vs_drop_relaxed_free_is_caught() {
+    fork_vs_drop(RELAXED_FREE);
+}
+
+/// Append vs truncate on two sequences over a pool of 4 blocks of 2 slots.
+///
+/// Before the threads: `s1` holds 4 tokens (`a0`, `a1`, both full), `s2`
+/// holds 1 (`c0`). One block is free.
+///
+/// * Thread 1 rolls `s1` back to 2 tokens (giving `a1` back), then appends
+///   `again` tokens.
+/// * Thread 2 appends `grow` tokens to `s2`, then rolls it back to 1.
+///
+/// With `grow = 3` thread 2 needs one new block and is admitted through the
+/// free one, popping `a1` whenever thread 1 gave it back first. With
+/// `grow = 5` it needs two, so it is refused unless `a1` is back.
+fn append_vs_truncate(grow: usize, again: usize, faults: Faults) {
+    check(move || {
+        let world = World::new(4, faults);
+        let mut s1 = world.sequence();
+        let mut s2 = world.sequence();
+        world.append(&mut s1, 2 * BS).expect("two of four blocks");
+        world.append(&mut s2, 1).expect("one of the two left");
+        let grower = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || {
+                let grew = world.append(&mut s2, grow);
+                if grew.is_err() {
+                    assert!(grow > BS + 1, "refused {grow} tokens with a block free");
+                }
+                world.truncate(&mut s2, 1);
+                s2
+            })
+        };
+        world.truncate(&mut s1, BS);
+        if again > 0 {
+            // Refused only when thread 2 holds every other block.
+            let _ = world.append(&mut s1, again);
+        }
+        let s2 = grower.join().unwrap();
+        world.drop_seq(s1);
+        world.drop_seq(s2);
+        world.assert_conserved();
+    });
+}
+
+#[test]
+fn append_vs_truncate_sound() {
+    append_vs_truncate(3, 0, SOUND);
+}
+
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn append_vs_truncate_relaxed_free_is_caught() {
+    append_vs_truncate(3, 0, RELAXED_FREE);
+}
+
+/// Both sequences grow past the pool at once: thread 2 needs two blocks,
+/// thread 1 one after its roll-back; each append is whole or refused.
+#[test]
+fn append_vs_truncate_contended_sound() {
+    append_vs_truncate(5, BS + 1, SOUND);
+}
+
+/// Fork vs drop vs append, three threads over a pool of 5 blocks of 2
+/// slots: the fork-vs-drop setup (3 blocks held, 2 free), with a third
+/// thread that starts a sequence of its own, appends 3 tokens (two blocks,
+/// whole or refused) and drops it.
+fn fork_vs_drop_vs_append(faults: Faults) {
+    check(move || {
+        let world = World::new(5, faults);
+        let mut p = world.sequence();
+        world.append(&mut p, 3).expect("two of five blocks");
+        let q = world.fork(&p).expect("a private tail from the three left");
+        let dropper = {
+            let world = Arc::clone(&world);
+            let mut q = q;
+            thread::spawn(move || {
+                world
+                    .append(&mut q, 1)
+                    .expect("room left in the tail block");
+                world.drop_seq(q);
+            })
+        };
+        let appender = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || {
+                let mut r = world.sequence();
+                let _ = world.append(&mut r, BS + 1);
+                world.drop_seq(r);
+            })
+        };
+        if let Ok(c) = world.fork(&p) {
+            world.drop_seq(c);
+        }
+        world.drop_seq(p);
+        dropper.join().unwrap();
+        appender.join().unwrap();
+        world.assert_conserved();
+    });
+}
+
+#[test]
+fn fork_vs_drop_vs_append_sound() {
+    fork_vs_drop_vs_append(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn fork_vs_drop_vs_append_relaxed_free_is_caught() {
+    fork_vs_drop_vs_append(RELAXED_FREE);
+}
