@@ -34,7 +34,7 @@
 //!   is caught by the tag check, not by ordering.
 
 use crate::pool::BlockId;
-use crate::sync::{AtomicU32, AtomicU64, Backoff, CachePadded, Ordering};
+use crate::sync::{self, AtomicU32, AtomicU64, Backoff, CachePadded, Ordering};
 
 /// The index that ends the list.
 pub(crate) const NIL: u32 = u32::MAX;
@@ -140,14 +140,18 @@ impl FreeList {
                     Ordering::Acquire,
                 ) {
                     Ok(_) => return,
-                    Err(actual) => head = actual,
+                    Err(actual) => {
+                        head = actual;
+                        out.truncate(base);
+                        backoff.spin();
+                    }
                 }
             } else {
+                out.truncate(base);
+                sync::stale_retry(&backoff);
                 // Acquire: as the first load.
                 head = self.head.load(Ordering::Acquire);
             }
-            out.truncate(base);
-            backoff.spin();
         }
     }
 

@@ -39,3 +39,18 @@ pub use crossbeam_utils::CachePadded;
 /// Under the model checkers it only emits spin hints, which are not
 /// scheduling points, so it changes nothing loom or shuttle explore.
 pub use crossbeam_utils::Backoff;
+
+/// Backs off before retrying after a read that may have been stale (not a
+/// failed CAS, which always reads the latest value).
+///
+/// Under loom this is a yield: loom lets a plain load keep returning a stale
+/// value until the thread yields, so a retry loop that only reloads would
+/// spin forever in the model. Under shuttle it yields too; otherwise it is
+/// the usual exponential spin.
+pub(crate) fn stale_retry(backoff: &Backoff) {
+    #[cfg(kvslots_loom)]
+    loom::thread::yield_now();
+    #[cfg(all(kvslots_shuttle, not(kvslots_loom)))]
+    shuttle::thread::yield_now();
+    backoff.spin();
+}
