@@ -158,9 +158,6 @@ impl MutexPool {
                 capacity: self.num_blocks,
             });
         }
-        if n == 0 {
-            return Ok(());
-        }
         // Reserve outside the lock, so that the critical section does not
         // allocate (the kvslots pool does not allocate either).
         out.reserve(n);
@@ -171,6 +168,10 @@ impl MutexPool {
                 requested: n,
                 available,
             });
+        }
+        // Nothing to take (a pure headroom check)?
+        if n == 0 {
+            return Ok(());
         }
         let start = available - n;
         for &id in &inner.free[start..] {
@@ -401,8 +402,17 @@ impl MutexSeq {
             positions.end <= self.len,
             "positions past the sequence's length"
         );
+        // Block by block, as kvslots does, so that both allocators pay the
+        // same for the mapping (it is not an allocator call).
         let bs = self.pool.block_size;
-        out.extend(positions.map(|p| self.blocks[p / bs] as usize * bs + p % bs));
+        out.reserve(positions.len());
+        let mut pos = positions.start;
+        while pos < positions.end {
+            let base = self.blocks[pos / bs] as usize * bs;
+            let end = ((pos / bs + 1) * bs).min(positions.end);
+            out.extend((pos % bs..pos % bs + (end - pos)).map(|off| base + off));
+            pos = end;
+        }
     }
 }
 
@@ -467,7 +477,17 @@ mod tests {
             p.try_alloc_with_headroom(9, 2, &mut a),
             Err(ReserveError::NeverFits { .. })
         ));
+        // A zero-block request is a pure headroom check.
+        assert!(matches!(
+            p.try_alloc_with_headroom(0, 5, &mut a),
+            Err(ReserveError::Full {
+                requested: 0,
+                available: 4
+            })
+        ));
+        p.try_alloc_with_headroom(0, 4, &mut a).unwrap();
         assert_eq!(a.len(), 6);
+        assert_eq!(p.used_blocks(), 6);
         p.try_alloc(3, &mut a).unwrap();
         assert_eq!(p.used_blocks(), 9);
     }

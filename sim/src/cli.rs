@@ -11,14 +11,14 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::json;
 
 use crate::backend::{KvBackend, KvslotsBackend, MutexBackend};
-use crate::engine::{self, EngineConfig};
+use crate::engine::{self, Admission, EngineConfig};
 use crate::model::{size_pool, ModelPreset, Sizing};
 use crate::report::{table, Report};
 use crate::workload::{read_trace, Request, Synthetic};
 
 /// Synthetic requests in a default run: sized so that the default run takes
 /// about 10 seconds on a 2-core machine (release build).
-pub const DEFAULT_REQUESTS: usize = 20_000;
+pub const DEFAULT_REQUESTS: usize = 2_500_000;
 
 /// The default seed.
 pub const DEFAULT_SEED: u64 = 42;
@@ -59,7 +59,7 @@ pub struct Cli {
     /// required) instead of the synthetic workload.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Requests to run: synthetic ones to draw (default 20000), or the
+    /// Requests to run: synthetic ones to draw (default 2500000), or the
     /// first N of the trace (default: all of it).
     #[arg(long)]
     pub requests: Option<usize>,
@@ -85,6 +85,11 @@ pub struct Cli {
     /// Samples per request: forks N-1 children after prefill.
     #[arg(long, default_value_t = 1, value_name = "N")]
     pub samples: usize,
+    /// How a waiting request is admitted: reserve its whole prompt's blocks
+    /// (with the watermark's headroom) in one allocation, or only check
+    /// that they are free.
+    #[arg(long, value_enum, default_value_t = Admission::Reserve)]
+    pub admission: Admission,
     /// Most requests one worker runs at once.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
@@ -185,6 +190,7 @@ impl Cli {
         let watermark_blocks = self.watermark.unwrap_or(sizing.num_blocks / 100);
         Ok(Plan {
             engine: EngineConfig {
+                admission: self.admission,
                 workers,
                 watermark_blocks,
                 chunk: self.chunk,
@@ -243,9 +249,23 @@ fn settings_line(plan: &Plan) -> String {
         format!("{} drafts, accept {}", e.spec, e.accept)
     };
     format!(
-        "workload: {}; {} workers, watermark {} blocks, chunk {}, spec {}, samples {}, max running {}",
-        plan.workload, e.workers, e.watermark_blocks, e.chunk, spec, e.samples, e.max_running
+        "workload: {}; {} workers, admission {}, watermark {} blocks, chunk {}, spec {}, samples {}, max running {}",
+        plan.workload, e.workers, e.admission, e.watermark_blocks, e.chunk, spec, e.samples, e.max_running
     )
+}
+
+fn settings_json(e: &EngineConfig) -> serde_json::Value {
+    json!({
+        "admission": e.admission,
+        "workers": e.workers,
+        "watermark_blocks": e.watermark_blocks,
+        "chunk": e.chunk,
+        "spec": e.spec,
+        "accept": e.accept,
+        "samples": e.samples,
+        "max_running": e.max_running,
+        "seed": e.seed,
+    })
 }
 
 /// Runs the command line and returns the process's exit code. Output goes
@@ -278,11 +298,13 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> i32 {
                 let mut v = serde_json::to_value(one).expect("a report serialises");
                 v["sizing"] = json!(plan.sizing);
                 v["workload"] = json!(plan.workload);
+                v["settings"] = settings_json(&plan.engine);
                 v
             }
             [a, b] => json!({
                 "sizing": plan.sizing,
                 "workload": plan.workload,
+                "settings": settings_json(&plan.engine),
                 "kvslots": a,
                 "mutex": b,
                 "ratios": {

@@ -10,16 +10,18 @@
 //! 1. **Admission.** While it runs fewer than `max_running` groups, it takes
 //!    the head of its waiting list (its own preempted requests first, then
 //!    the shared queue) and admits it only if the *whole prompt* fits with
-//!    the watermark's headroom: one all-or-nothing
-//!    `try_alloc_with_headroom(prompt blocks, watermark)`. The blocks so
-//!    reserved are the request's prefill budget. If the head does not fit,
+//!    the watermark's headroom. By default ([`Admission::Reserve`]) that is
+//!    one all-or-nothing `try_alloc_with_headroom(prompt blocks, watermark)`
+//!    whose blocks are the request's prefill budget; with
+//!    [`Admission::Check`] it is only an atomic check (a zero-block
+//!    allocation with the prompt plus the watermark as headroom). If the head does not fit,
 //!    admission stops for this iteration (first come, first served). A
 //!    request whose prompt plus output (times its samples) can never fit
 //!    the pool is rejected (`NeverFits`), counted, and never retried.
 //! 2. **A step of every running group**, oldest first:
-//!    * *prefill*: one chunk of up to `chunk` tokens; the chunk's new
-//!      blocks are first given back from the reservation, then taken by one
-//!      multi-token `try_append` (so the reservation shrinks as the sequence
+//!    * *prefill*: one chunk of up to `chunk` tokens, one multi-token
+//!      `try_append`; with a reservation, the chunk's new blocks are first
+//!      given back from it (so the reservation shrinks as the sequence
 //!      grows, and the prompt never holds more than its own blocks);
 //!    * *fork*: once the prompt is in, `samples - 1` children are forked
 //!      from it (sharing its full blocks; a partly filled last block is
@@ -38,12 +40,14 @@
 //!    sequences are dropped (their blocks go back).
 //!
 //! A worker with nothing running whose waiting head does not fit (other
-//! workers hold the blocks) yields its time slice and tries again. A single
+//! workers hold the blocks) parks until another worker completes or
+//! preempts a group (which frees blocks), then tries again. A single
 //! group always fits an otherwise empty pool (anything larger was rejected),
 //! and every refusal frees blocks through preemption, so the run ends; as a
 //! guard against a livelock that should not happen, a worker that sees no
-//! request finish anywhere for `stall_limit` of its own iterations stops the
-//! run, which then fails its invariants instead of hanging.
+//! request finish anywhere for `stall_limit` of its own iterations (or
+//! `stall_limit / 1000` of its waits) stops the run, which then fails its
+//! invariants instead of hanging.
 //!
 //! # What is measured
 //!
@@ -55,7 +59,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -69,9 +73,37 @@ use rand::{Rng, SeedableRng};
 use crate::backend::KvBackend;
 use crate::workload::Request;
 
+/// How a worker admits a waiting request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Admission {
+    /// Reserve the whole prompt's blocks with the watermark's headroom in
+    /// one all-or-nothing allocation; each prefill chunk then gives back
+    /// the blocks it is about to take. Nobody can take an admitted
+    /// prompt's blocks.
+    Reserve,
+    /// Only check, atomically, that the whole prompt plus the watermark is
+    /// free (a zero-block allocation with headroom), as vLLM's
+    /// `can_allocate` does; the chunks are then appended without a
+    /// reservation, so another worker may take the blocks first (and a
+    /// chunk may then preempt).
+    Check,
+}
+
+impl std::fmt::Display for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Admission::Reserve => "reserve",
+            Admission::Check => "check",
+        })
+    }
+}
+
 /// The scheduler's settings.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
+    /// How waiting requests are admitted.
+    pub admission: Admission,
     /// Worker threads.
     pub workers: usize,
     /// Blocks that admission keeps free (the watermark).
@@ -90,7 +122,8 @@ pub struct EngineConfig {
     /// see the same draws).
     pub seed: u64,
     /// Iterations a worker may run without any request finishing anywhere
-    /// before it declares a livelock and stops the run.
+    /// (or, while it waits for blocks, a thousandth as many waits) before it
+    /// declares a livelock and stops the run.
     pub stall_limit: u64,
     /// Time between two monitor samples.
     pub monitor_interval: Duration,
@@ -99,6 +132,7 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
+            admission: Admission::Reserve,
             workers: 4,
             watermark_blocks: 0,
             chunk: 512,
@@ -160,6 +194,9 @@ pub struct RunStats {
     pub final_used_blocks: usize,
     /// Completed requests whose samples did not get exactly their output.
     pub output_mismatches: u64,
+    /// Iterations in which a worker had nothing running and its waiting
+    /// request did not fit (it yielded and tried again).
+    pub idle_waits: u64,
     /// Requests neither completed nor rejected, or finished twice.
     pub unfinished_requests: u64,
     /// A worker saw no progress for `stall_limit` iterations.
@@ -257,6 +294,8 @@ struct Shared {
     overcommits: AtomicU64,
     /// Unexpected errors.
     errors: Mutex<Vec<String>>,
+    /// Workers waiting for blocks.
+    idle: IdleWorkers,
 }
 
 impl Shared {
@@ -267,6 +306,7 @@ impl Shared {
         }
         // Relaxed: a stop request; workers poll it once an iteration.
         self.abort.store(true, Ordering::Relaxed);
+        self.idle.wake_all();
     }
 }
 
@@ -308,6 +348,7 @@ struct WorkerStats {
     calls: u64,
     busy_ns: u64,
     mismatches: u64,
+    idle_waits: u64,
     stalled: bool,
     append: Histogram<u64>,
     finished_ids: Vec<usize>,
@@ -327,6 +368,7 @@ impl WorkerStats {
             calls: 0,
             busy_ns: 0,
             mismatches: 0,
+            idle_waits: 0,
             stalled: false,
             append: new_histogram(),
             finished_ids: Vec::new(),
@@ -536,12 +578,15 @@ impl<B: KvBackend> Worker<'_, B> {
     /// if it does not fit now.
     fn admit(&mut self, req: Request) -> Result<Option<Group<B>>, String> {
         let prompt_blocks = req.prompt.div_ceil(self.block_size());
-        let mut reserved = Vec::with_capacity(prompt_blocks);
         let backend = self.backend;
         let wm = self.cfg.watermark_blocks;
+        let (n, headroom, mut reserved) = match self.cfg.admission {
+            Admission::Reserve => (prompt_blocks, wm, Vec::with_capacity(prompt_blocks)),
+            Admission::Check => (0, prompt_blocks + wm, Vec::new()),
+        };
         match self
             .stats
-            .call(|| backend.try_alloc_with_headroom(prompt_blocks, wm, &mut reserved))
+            .call(|| backend.try_alloc_with_headroom(n, headroom, &mut reserved))
         {
             Ok(()) => {}
             Err(ReserveError::Full { .. }) => return Ok(None),
@@ -563,63 +608,104 @@ impl<B: KvBackend> Worker<'_, B> {
         }))
     }
 
-    fn run(mut self, rx: &Receiver<Request>) -> WorkerStats {
+    /// Admits waiting requests, first come first served, while this worker
+    /// runs fewer than `max_running` groups and the head fits.
+    fn admit_waiting(
+        &mut self,
+        q: &mut Queue<'_>,
+        running: &mut Vec<Group<B>>,
+    ) -> Result<(), String> {
         let (nb, bs) = (self.backend.num_blocks(), self.block_size());
+        while running.len() < self.cfg.max_running {
+            let req = match q.waiting.front() {
+                Some(&r) => r,
+                None if q.source_done => break,
+                // Closed-loop: every request has arrived, so a worker waits
+                // for the producer rather than treating a momentarily empty
+                // queue as "no work" (which would also make one-worker runs
+                // depend on thread timing).
+                None => match q.rx.recv() {
+                    Ok(r) => {
+                        q.waiting.push_back(r);
+                        r
+                    }
+                    Err(RecvError) => {
+                        q.source_done = true;
+                        break;
+                    }
+                },
+            };
+            if never_fits(&req, self.cfg, nb, bs) {
+                q.waiting.pop_front();
+                self.stats.rejected += 1;
+                self.finish_one(req.id);
+                continue;
+            }
+            match self.admit(req)? {
+                Some(g) => {
+                    q.waiting.pop_front();
+                    running.push(g);
+                }
+                None => break,
+            }
+        }
+        Ok(())
+    }
+
+    fn run(mut self, rx: &Receiver<Request>) -> WorkerStats {
         let mut running: Vec<Group<B>> = Vec::new();
-        let mut waiting: VecDeque<Request> = VecDeque::new();
-        let mut source_done = false;
+        let mut q = Queue {
+            rx,
+            waiting: VecDeque::new(),
+            source_done: false,
+        };
         // Relaxed: progress snapshots for stall detection.
         let mut last_finished = self.shared.finished.load(Ordering::Relaxed);
-        let mut idle = 0u64;
+        let (mut busy_idle, mut parked_idle) = (0u64, 0u64);
+        let park_limit = self.cfg.stall_limit / 1000;
         'run: loop {
             // Relaxed: a stop request, polled once an iteration.
             if self.shared.abort.load(Ordering::Relaxed) {
                 break;
             }
-            // 1. Admission, first come first served.
-            while running.len() < self.cfg.max_running {
-                let req = match waiting.front() {
-                    Some(&r) => r,
-                    None if source_done => break,
-                    // Closed-loop: every request has arrived, so a worker
-                    // waits for the producer rather than treating a
-                    // momentarily empty queue as "no work" (which would
-                    // also make one-worker runs depend on thread timing).
-                    None => match rx.recv() {
-                        Ok(r) => {
-                            waiting.push_back(r);
-                            r
-                        }
-                        Err(RecvError) => {
-                            source_done = true;
-                            break;
-                        }
-                    },
-                };
-                if never_fits(&req, self.cfg, nb, bs) {
-                    waiting.pop_front();
-                    self.stats.rejected += 1;
-                    self.finish_one(req.id);
-                    continue;
-                }
-                match self.admit(req) {
-                    Ok(Some(g)) => {
-                        waiting.pop_front();
-                        running.push(g);
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        self.shared.fail(e);
-                        break 'run;
-                    }
-                }
+            // 1. Admission.
+            if let Err(e) = self.admit_waiting(&mut q, &mut running) {
+                self.shared.fail(e);
+                break;
             }
-            // 2. Nothing running: done, or wait for other workers' blocks.
+            // 2. Nothing running: done, or wait until another worker frees
+            // blocks. Register as idle first and try once more, so that a
+            // free that came before the registration is not missed; then
+            // park until a completion or preemption anywhere wakes us (the
+            // timeout is only a safety net).
             if running.is_empty() {
-                if waiting.is_empty() && source_done {
+                if q.waiting.is_empty() && q.source_done {
                     break;
                 }
-                std::thread::yield_now();
+                self.shared.idle.register();
+                let again = self.admit_waiting(&mut q, &mut running);
+                if again.is_ok() && running.is_empty() && !(q.waiting.is_empty() && q.source_done) {
+                    self.stats.idle_waits += 1;
+                    std::thread::park_timeout(IDLE_PARK);
+                }
+                self.shared.idle.unregister();
+                if let Err(e) = again {
+                    self.shared.fail(e);
+                    break;
+                }
+                // Stall guard for waits: parks without any request
+                // finishing anywhere.
+                let now = self.shared.finished.load(Ordering::Relaxed);
+                if now != last_finished {
+                    (last_finished, busy_idle, parked_idle) = (now, 0, 0);
+                } else if running.is_empty() {
+                    parked_idle += 1;
+                    if parked_idle > park_limit {
+                        self.stall();
+                        break;
+                    }
+                }
+                continue;
             }
             // 3. One step of every running group, oldest first.
             let mut i = 0;
@@ -628,15 +714,17 @@ impl<B: KvBackend> Worker<'_, B> {
                     Ok(true) => {
                         let g = running.remove(i);
                         self.complete(g);
+                        self.shared.idle.wake_all();
                     }
                     Ok(false) => i += 1,
                     Err(StepError::Refused) => {
                         // Preempt the most recently admitted group (maybe
                         // this one), then retry this one if it is still here.
                         let victim = running.pop().expect("running is not empty");
-                        waiting.push_front(victim.req);
+                        q.waiting.push_front(victim.req);
                         self.stats.preemptions += 1;
                         self.release(victim);
+                        self.shared.idle.wake_all();
                     }
                     Err(StepError::Fatal(e)) => {
                         self.shared.fail(e);
@@ -647,16 +735,11 @@ impl<B: KvBackend> Worker<'_, B> {
             // 4. Stall guard, by count. Relaxed: a progress snapshot.
             let now = self.shared.finished.load(Ordering::Relaxed);
             if now != last_finished {
-                last_finished = now;
-                idle = 0;
+                (last_finished, busy_idle, parked_idle) = (now, 0, 0);
             } else {
-                idle += 1;
-                if idle > self.cfg.stall_limit {
-                    self.stats.stalled = true;
-                    self.shared.fail(format!(
-                        "stalled: no request finished in {} iterations",
-                        self.cfg.stall_limit
-                    ));
+                busy_idle += 1;
+                if busy_idle > self.cfg.stall_limit {
+                    self.stall();
                     break;
                 }
             }
@@ -664,7 +747,79 @@ impl<B: KvBackend> Worker<'_, B> {
         for g in running.drain(..).rev() {
             self.release(g);
         }
+        self.shared.idle.wake_all();
         self.stats
+    }
+
+    fn stall(&mut self) {
+        self.stats.stalled = true;
+        self.shared.fail(format!(
+            "stalled: no request finished in {} iterations ({} waits)",
+            self.cfg.stall_limit,
+            self.cfg.stall_limit / 1000
+        ));
+    }
+}
+
+/// A worker's view of the queue: the shared channel and its own waiting
+/// list (preempted requests first).
+struct Queue<'a> {
+    rx: &'a Receiver<Request>,
+    waiting: VecDeque<Request>,
+    source_done: bool,
+}
+
+/// The longest an idle worker parks before it looks again on its own.
+const IDLE_PARK: Duration = Duration::from_micros(500);
+
+/// Idle workers, parked until another worker frees blocks.
+struct IdleWorkers {
+    /// How many are registered; read without the lock by whoever frees.
+    parked: AtomicUsize,
+    threads: Mutex<Vec<std::thread::Thread>>,
+}
+
+impl IdleWorkers {
+    fn new() -> Self {
+        IdleWorkers {
+            parked: AtomicUsize::new(0),
+            threads: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<std::thread::Thread>> {
+        self.threads.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn register(&self) {
+        self.lock().push(std::thread::current());
+        // SeqCst, with the fence in `wake_all`: either this registration is
+        // seen by a waker that freed blocks, or the admission attempt that
+        // follows it sees those blocks (a store-load pair on both sides).
+        self.parked.fetch_add(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+    }
+
+    fn unregister(&self) {
+        let me = std::thread::current().id();
+        let mut threads = self.lock();
+        if let Some(i) = threads.iter().position(|t| t.id() == me) {
+            threads.swap_remove(i);
+        }
+        // Relaxed: the count only gates the waker's lock; the list under
+        // the lock is the truth.
+        self.parked.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Wakes every parked worker; called after freeing blocks.
+    fn wake_all(&self) {
+        // SeqCst: pairs with the fence in `register` (see there).
+        fence(Ordering::SeqCst);
+        if self.parked.load(Ordering::SeqCst) > 0 {
+            for t in self.lock().iter() {
+                t.unpark();
+            }
+        }
     }
 }
 
@@ -696,6 +851,7 @@ pub fn run<B: KvBackend>(
         samples: AtomicU64::new(0),
         overcommits: AtomicU64::new(0),
         errors: Mutex::new(Vec::new()),
+        idle: IdleWorkers::new(),
     };
     let nb = backend.num_blocks();
 
@@ -794,6 +950,7 @@ pub fn run<B: KvBackend>(
         monitor_overcommits: shared.overcommits.load(Ordering::Relaxed),
         final_used_blocks: backend.used_blocks(),
         output_mismatches: 0,
+        idle_waits: 0,
         unfinished_requests: 0,
         stalled: false,
         errors: shared
@@ -817,6 +974,7 @@ pub fn run<B: KvBackend>(
         stats.alloc_calls += w.calls;
         busy_ns += w.busy_ns;
         stats.output_mismatches += w.mismatches;
+        stats.idle_waits += w.idle_waits;
         stats.stalled |= w.stalled;
         append_latency
             .add(&w.append)

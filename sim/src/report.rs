@@ -62,6 +62,9 @@ pub struct Report {
     pub wall_ms: f64,
     /// `try_append` latency.
     pub append_latency_ns: Latency,
+    /// Iterations in which a worker had nothing running and waited for
+    /// blocks.
+    pub idle_waits: u64,
     /// Monitor samples of `used_blocks() <= num_blocks()`.
     pub monitor_samples: u64,
     /// Each invariant.
@@ -107,6 +110,7 @@ impl Report {
                 max: h.max(),
                 count: h.len(),
             },
+            idle_waits: s.idle_waits,
             monitor_samples: s.monitor_samples,
             invariants,
             invariants_ok: invariants.ok(),
