@@ -10,6 +10,7 @@
 //! the lock, so that the monitor can read it without taking the lock (as it
 //! reads `kvslots`' counter).
 
+use std::cell::Cell;
 use std::fmt;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -223,6 +224,49 @@ impl MutexPool {
         Ok(())
     }
 
+    /// A sequence's growth under one lock: takes `new_blocks` blocks, plus
+    /// one for a copy-on-write if `cow_of` (the sequence's partly filled
+    /// last block) is shared; returns whether the copy-on-write is needed.
+    /// All or nothing, like `kvslots::Sequence::try_append`.
+    fn try_grow(
+        &self,
+        new_blocks: usize,
+        cow_of: Option<u32>,
+        out: &mut Vec<u32>,
+    ) -> Result<bool, ReserveError> {
+        // Room for the ids outside the lock (bounded: a request larger than
+        // the pool is refused below).
+        out.reserve(new_blocks.min(self.num_blocks) + 1);
+        let mut inner = self.lock();
+        let cow = cow_of.is_some_and(|id| inner.refs[id as usize] > 1);
+        let total = new_blocks.saturating_add(usize::from(cow));
+        if total == 0 {
+            return Ok(false);
+        }
+        if total > self.num_blocks {
+            return Err(ReserveError::NeverFits {
+                requested: total,
+                capacity: self.num_blocks,
+            });
+        }
+        let available = inner.free.len();
+        if total > available {
+            return Err(ReserveError::Full {
+                requested: total,
+                available,
+            });
+        }
+        let start = available - total;
+        for i in start..available {
+            let id = inner.free[i];
+            inner.refs[id as usize] = 1;
+            out.push(id);
+        }
+        inner.free.truncate(start);
+        self.publish(&mut inner);
+        Ok(cow)
+    }
+
     /// Adds one reference to each listed (allocated) block and, if `tail`,
     /// takes one more block, all under one lock: the fork's allocation.
     fn share_and_alloc(
@@ -282,11 +326,21 @@ pub struct MutexBlockCopy {
 }
 
 /// A sequence's block table over a [`MutexPool`], with the semantics of
-/// `kvslots::Sequence`.
+/// `kvslots::Sequence`: all-or-nothing appends, truncation, forks that
+/// share full blocks and copy a partly filled tail, and copy-on-write when
+/// appending into a shared partly filled block (after truncating into a
+/// prefix shared with a fork).
 pub struct MutexSeq {
     pool: Arc<MutexPool>,
     blocks: Vec<u32>,
     len: usize,
+    /// A block replaced by a copy-on-write, still referenced until the
+    /// caller's copy is done (the next append, truncate or drop).
+    retired: Option<u32>,
+    /// Blocks below this index may be shared with a fork; the others are
+    /// ours alone, so a decode append into them needs no lock. (A `Cell`
+    /// because forking, through `&self`, marks the parent's blocks.)
+    shared_upto: Cell<usize>,
 }
 
 impl fmt::Debug for MutexSeq {
@@ -306,11 +360,13 @@ impl MutexSeq {
 
     /// An empty sequence whose table has room for `tokens` tokens.
     pub fn with_capacity(pool: Arc<MutexPool>, tokens: usize) -> MutexSeq {
-        let blocks = Vec::with_capacity(tokens.div_ceil(pool.block_size));
+        let blocks = Vec::with_capacity(tokens.div_ceil(pool.block_size).min(pool.num_blocks));
         MutexSeq {
             pool,
             blocks,
             len: 0,
+            retired: None,
+            shared_upto: Cell::new(0),
         }
     }
 
@@ -329,23 +385,57 @@ impl MutexSeq {
         &self.blocks
     }
 
-    fn blocks_for(&self, len: usize) -> usize {
-        len.div_ceil(self.pool.block_size)
+    /// Appends `n` tokens, taking the blocks they need (plus a private copy
+    /// of a shared, partly filled last block) all or nothing; returns the
+    /// copy to make, if any.
+    pub fn try_append_cow(
+        &mut self,
+        n: usize,
+    ) -> Result<(Range<usize>, Option<MutexBlockCopy>), ReserveError> {
+        let old = self.len;
+        if n == 0 {
+            return Ok((old..old, None));
+        }
+        let bs = self.pool.block_size;
+        let room = self.blocks.len() * bs - old;
+        let new_blocks = if n <= room {
+            0
+        } else {
+            (n - room).div_ceil(bs)
+        };
+        let tail = old % bs;
+        let last = self.blocks.len().wrapping_sub(1);
+        let maybe_shared = tail != 0 && last < self.shared_upto.get();
+        let base = self.blocks.len();
+        let cow = if new_blocks > 0 || maybe_shared {
+            let cow_of = maybe_shared.then(|| self.blocks[last]);
+            self.pool.try_grow(new_blocks, cow_of, &mut self.blocks)?
+        } else {
+            false
+        };
+        self.release_retired();
+        // The blocks fitted in the pool, so the length fits its slots.
+        self.len = old + n;
+        if !cow {
+            return Ok((old..self.len, None));
+        }
+        let dst = self.blocks.pop().expect("allocated at least one block");
+        let src = std::mem::replace(&mut self.blocks[base - 1], dst);
+        self.retired = Some(src);
+        self.shared_upto.set(self.shared_upto.get().min(base - 1));
+        Ok((
+            old..self.len,
+            Some(MutexBlockCopy {
+                src,
+                dst,
+                tokens: tail,
+            }),
+        ))
     }
 
-    /// Appends `n` tokens, taking the blocks they need all or nothing.
+    /// Appends `n` tokens; see [`try_append_cow`](Self::try_append_cow).
     pub fn try_append(&mut self, n: usize) -> Result<Range<usize>, ReserveError> {
-        let old = self.len;
-        let new_len = old.checked_add(n).ok_or(ReserveError::NeverFits {
-            requested: usize::MAX,
-            capacity: self.pool.num_blocks,
-        })?;
-        let need = self.blocks_for(new_len) - self.blocks.len();
-        if need > 0 {
-            self.pool.try_alloc(need, &mut self.blocks)?;
-        }
-        self.len = new_len;
-        Ok(old..new_len)
+        self.try_append_cow(n).map(|(range, _)| range)
     }
 
     /// Rolls back to `len` tokens; returns how many block references went
@@ -354,7 +444,8 @@ impl MutexSeq {
         if len >= self.len {
             return 0;
         }
-        let keep = self.blocks_for(len);
+        self.release_retired();
+        let keep = len.div_ceil(self.pool.block_size);
         let gone = self.blocks.len() - keep;
         if gone > 0 {
             // Our own references: freeing them cannot fail.
@@ -363,6 +454,7 @@ impl MutexSeq {
                 .expect("a sequence frees only its own references");
             self.blocks.truncate(keep);
         }
+        self.shared_upto.set(self.shared_upto.get().min(keep));
         self.len = len;
         gone
     }
@@ -381,11 +473,14 @@ impl MutexSeq {
             dst: blocks[full],
             tokens: partial,
         });
+        self.shared_upto.set(self.shared_upto.get().max(full));
         Ok((
             MutexSeq {
                 pool: Arc::clone(&self.pool),
                 blocks,
                 len: self.len,
+                retired: None,
+                shared_upto: Cell::new(full),
             },
             copy,
         ))
@@ -414,10 +509,18 @@ impl MutexSeq {
             pos = end;
         }
     }
+
+    fn release_retired(&mut self) {
+        if let Some(id) = self.retired.take() {
+            // Our own reference: freeing it cannot fail.
+            let _ = self.pool.free(&[id]);
+        }
+    }
 }
 
 impl Drop for MutexSeq {
     fn drop(&mut self) {
+        self.release_retired();
         if !self.blocks.is_empty() {
             // Our own references: freeing them cannot fail.
             let _ = self.pool.free(&self.blocks);
@@ -550,6 +653,28 @@ mod tests {
         assert!(copy.is_none());
         assert_eq!(p.used_blocks(), 1);
         drop((s, c3));
+        assert_eq!(p.used_blocks(), 0);
+    }
+
+    #[test]
+    fn appending_into_a_shared_partial_block_copies_it_first() {
+        let p = pool(8, 4);
+        let mut s = MutexSeq::new(Arc::clone(&p));
+        s.try_append(8).unwrap();
+        let (child, copy) = s.try_fork().unwrap();
+        assert_eq!(copy, None);
+        assert_eq!(s.truncate(6), 0); // back into the shared second block
+        let (range, copy) = s.try_append_cow(1).unwrap();
+        assert_eq!(range, 6..7);
+        let copy = copy.unwrap();
+        assert_eq!((copy.src, copy.tokens), (child.blocks()[1], 2));
+        assert_ne!(s.blocks()[1], child.blocks()[1]);
+        assert_eq!(p.refs(child.blocks()[1]), Some(2)); // retired, still held
+        s.try_append(1).unwrap(); // the copy is done: the reference goes
+        assert_eq!(p.refs(child.blocks()[1]), Some(1));
+        // Its own block now: no more copies.
+        assert_eq!(s.try_append_cow(1).unwrap().1, None);
+        drop((s, child));
         assert_eq!(p.used_blocks(), 0);
     }
 

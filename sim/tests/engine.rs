@@ -2,7 +2,7 @@
 //! forks all happen, on both allocators; and on the shared code trace.
 
 use kvslots_sim::backend::{KvBackend, KvslotsBackend, MutexBackend};
-use kvslots_sim::engine::{self, group_blocks, EngineConfig, RunStats};
+use kvslots_sim::engine::{self, group_blocks, Admission, EngineConfig, RunStats};
 use kvslots_sim::workload::{read_trace, Request, Synthetic};
 
 /// Small requests (prompt ~ e^3.4 = 30 tokens, output ~ e^2.5 = 12), plus
@@ -119,6 +119,19 @@ fn mutex_small_pool_preempts_rolls_back_forks_and_conserves() {
     let cfg = small_config(4);
     let s = run(&MutexBackend::new(NB, BS), &reqs, &cfg);
     assert_all_happened(&s, &reqs, &cfg);
+}
+
+/// Check-only admission (no reservation) keeps every invariant too; the
+/// prompt's blocks are then taken chunk by chunk.
+#[test]
+fn check_admission_conserves_on_both_allocators() {
+    let reqs = small_workload(400, 6);
+    let cfg = EngineConfig {
+        admission: Admission::Check,
+        ..small_config(4)
+    };
+    assert_all_happened(&run(&KvslotsBackend::new(NB, BS), &reqs, &cfg), &reqs, &cfg);
+    assert_all_happened(&run(&MutexBackend::new(NB, BS), &reqs, &cfg), &reqs, &cfg);
 }
 
 /// With one worker the schedule is deterministic, so both allocators must
