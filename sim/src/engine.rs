@@ -195,14 +195,76 @@ pub struct RunStats {
     /// Completed requests whose samples did not get exactly their output.
     pub output_mismatches: u64,
     /// Iterations in which a worker had nothing running and its waiting
-    /// request did not fit (it yielded and tried again).
+    /// request did not fit (it parked until blocks were freed).
     pub idle_waits: u64,
+    /// Allocator calls and their time, by kind (indexed by [`OpKind`]).
+    pub ops: [OpStats; OpKind::ALL.len()],
     /// Requests neither completed nor rejected, or finished twice.
     pub unfinished_requests: u64,
     /// A worker saw no progress for `stall_limit` iterations.
     pub stalled: bool,
     /// Errors that should never happen (a closed pool, a refused free).
     pub errors: Vec<String>,
+}
+
+/// The kinds of allocator call the engine makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    /// Admission: `try_alloc_with_headroom` of the prompt's blocks (or the
+    /// zero-block headroom check), failed attempts included.
+    Admit,
+    /// Giving reserved blocks back (`free`) before a prefill chunk, or when
+    /// a preempted group still held some.
+    GiveBack,
+    /// `try_append`: prefill chunks, decode tokens, speculative drafts.
+    Append,
+    /// `truncate` of rejected draft tokens.
+    Truncate,
+    /// `try_fork` for parallel sampling.
+    Fork,
+    /// Dropping a sequence (its blocks go back).
+    Drop,
+}
+
+impl OpKind {
+    /// Every kind, in index order.
+    pub const ALL: [OpKind; 6] = [
+        OpKind::Admit,
+        OpKind::GiveBack,
+        OpKind::Append,
+        OpKind::Truncate,
+        OpKind::Fork,
+        OpKind::Drop,
+    ];
+
+    /// The kind's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpKind::Admit => "admit",
+            OpKind::GiveBack => "give_back",
+            OpKind::Append => "try_append",
+            OpKind::Truncate => "truncate",
+            OpKind::Fork => "try_fork",
+            OpKind::Drop => "drop",
+        }
+    }
+}
+
+/// Calls of one kind and the time spent in them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpStats {
+    /// Calls made.
+    pub calls: u64,
+    /// Nanoseconds inside them, summed over workers.
+    pub busy_ns: u64,
+}
+
+impl OpStats {
+    #[inline]
+    fn add(&mut self, ns: u64) {
+        self.calls += 1;
+        self.busy_ns += ns;
+    }
 }
 
 /// Each invariant checked at the end of a run.
@@ -349,6 +411,7 @@ struct WorkerStats {
     busy_ns: u64,
     mismatches: u64,
     idle_waits: u64,
+    ops: [OpStats; OpKind::ALL.len()],
     stalled: bool,
     append: Histogram<u64>,
     finished_ids: Vec<usize>,
@@ -369,6 +432,7 @@ impl WorkerStats {
             busy_ns: 0,
             mismatches: 0,
             idle_waits: 0,
+            ops: Default::default(),
             stalled: false,
             append: new_histogram(),
             finished_ids: Vec::new(),
@@ -377,11 +441,13 @@ impl WorkerStats {
 
     /// Runs one allocator call, counting and timing it.
     #[inline]
-    fn call<R>(&mut self, f: impl FnOnce() -> R) -> R {
+    fn call<R>(&mut self, kind: OpKind, f: impl FnOnce() -> R) -> R {
         let t = Instant::now();
         let r = f();
-        self.busy_ns += t.elapsed().as_nanos() as u64;
+        let ns = t.elapsed().as_nanos() as u64;
+        self.busy_ns += ns;
         self.calls += 1;
+        self.ops[kind as usize].add(ns);
         r
     }
 
@@ -397,6 +463,7 @@ impl WorkerStats {
         let ns = t.elapsed().as_nanos() as u64;
         self.busy_ns += ns;
         self.calls += 1;
+        self.ops[OpKind::Append as usize].add(ns);
         self.append.saturating_record(ns.max(1));
         r
     }
@@ -461,7 +528,7 @@ impl<B: KvBackend> Worker<'_, B> {
                     let backend = self.backend;
                     let ids = &g.reserved[target..];
                     self.stats
-                        .call(|| backend.free(ids))
+                        .call(OpKind::GiveBack, || backend.free(ids))
                         .map_err(|e| StepError::Fatal(format!("reservation free: {e}")))?;
                     g.reserved.truncate(target);
                 }
@@ -487,7 +554,7 @@ impl<B: KvBackend> Worker<'_, B> {
                 while g.seqs.len() < self.cfg.samples {
                     let (child, copy) = self
                         .stats
-                        .call(|| B::try_fork(&g.seqs[0]))
+                        .call(OpKind::Fork, || B::try_fork(&g.seqs[0]))
                         .map_err(|e| self.refused(e, "fork"))?;
                     g.seqs.push(child);
                     self.stats.forks += 1;
@@ -539,7 +606,8 @@ impl<B: KvBackend> Worker<'_, B> {
         let kept = (accepted + 1).min(k);
         if kept < k {
             let seq = &mut g.seqs[s];
-            self.stats.call(|| B::truncate(seq, start + kept));
+            self.stats
+                .call(OpKind::Truncate, || B::truncate(seq, start + kept));
             self.stats.rolled_back += (k - kept) as u64;
         }
         self.map_slots(&g.seqs[s], start..start + kept);
@@ -551,12 +619,15 @@ impl<B: KvBackend> Worker<'_, B> {
     fn release(&mut self, g: Group<B>) {
         let backend = self.backend;
         if !g.reserved.is_empty() {
-            if let Err(e) = self.stats.call(|| backend.free(&g.reserved)) {
+            if let Err(e) = self
+                .stats
+                .call(OpKind::GiveBack, || backend.free(&g.reserved))
+            {
                 self.shared.fail(format!("reservation free: {e}"));
             }
         }
         for seq in g.seqs {
-            self.stats.call(|| drop(seq));
+            self.stats.call(OpKind::Drop, || drop(seq));
         }
     }
 
@@ -584,10 +655,9 @@ impl<B: KvBackend> Worker<'_, B> {
             Admission::Reserve => (prompt_blocks, wm, Vec::with_capacity(prompt_blocks)),
             Admission::Check => (0, prompt_blocks + wm, Vec::new()),
         };
-        match self
-            .stats
-            .call(|| backend.try_alloc_with_headroom(n, headroom, &mut reserved))
-        {
+        match self.stats.call(OpKind::Admit, || {
+            backend.try_alloc_with_headroom(n, headroom, &mut reserved)
+        }) {
             Ok(()) => {}
             Err(ReserveError::Full { .. }) => return Ok(None),
             Err(e) => return Err(format!("admission: unexpected {e:?}")),
@@ -951,6 +1021,7 @@ pub fn run<B: KvBackend>(
         final_used_blocks: backend.used_blocks(),
         output_mismatches: 0,
         idle_waits: 0,
+        ops: Default::default(),
         unfinished_requests: 0,
         stalled: false,
         errors: shared
@@ -975,6 +1046,10 @@ pub fn run<B: KvBackend>(
         busy_ns += w.busy_ns;
         stats.output_mismatches += w.mismatches;
         stats.idle_waits += w.idle_waits;
+        for (total, o) in stats.ops.iter_mut().zip(&w.ops) {
+            total.calls += o.calls;
+            total.busy_ns += o.busy_ns;
+        }
         stats.stalled |= w.stalled;
         append_latency
             .add(&w.append)

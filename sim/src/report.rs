@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::engine::{Invariants, RunStats};
+use crate::engine::{Invariants, OpKind, RunStats};
 
 /// `try_append` latency percentiles, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -19,6 +19,17 @@ pub struct Latency {
     pub max: u64,
     /// Calls recorded.
     pub count: u64,
+}
+
+/// Allocator calls of one kind.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct OpReport {
+    /// Calls made.
+    pub calls: u64,
+    /// Time inside them, summed over workers, in milliseconds.
+    pub busy_ms: f64,
+    /// Mean time per call, in nanoseconds (timer overhead included).
+    pub mean_ns: f64,
 }
 
 /// One run, as reported.
@@ -62,6 +73,9 @@ pub struct Report {
     pub wall_ms: f64,
     /// `try_append` latency.
     pub append_latency_ns: Latency,
+    /// Allocator calls by kind: `admit`, `give_back`, `try_append`,
+    /// `truncate`, `try_fork`, `drop`.
+    pub alloc_ops: std::collections::BTreeMap<&'static str, OpReport>,
     /// Iterations in which a worker had nothing running and waited for
     /// blocks.
     pub idle_waits: u64,
@@ -111,6 +125,22 @@ impl Report {
                 count: h.len(),
             },
             idle_waits: s.idle_waits,
+            alloc_ops: OpKind::ALL
+                .iter()
+                .map(|&k| {
+                    let o = s.ops[k as usize];
+                    let report = OpReport {
+                        calls: o.calls,
+                        busy_ms: o.busy_ns as f64 / 1e6,
+                        mean_ns: if o.calls == 0 {
+                            0.0
+                        } else {
+                            o.busy_ns as f64 / o.calls as f64
+                        },
+                    };
+                    (k.name(), report)
+                })
+                .collect(),
             monitor_samples: s.monitor_samples,
             invariants,
             invariants_ok: invariants.ok(),
@@ -236,6 +266,29 @@ pub fn table(reports: &[Report]) -> String {
                 };
                 let _ = write!(out, "  {cell:>13}");
             }
+        }
+        out.push('\n');
+    }
+    // Calls by kind: how many, and the mean time of one.
+    let _ = write!(out, "\n{:label_w$}", "allocator calls by kind");
+    for (r, w) in reports.iter().zip(&col_w) {
+        let _ = write!(out, "  {:>w$}", r.allocator);
+    }
+    out.push('\n');
+    for k in OpKind::ALL {
+        let cells: Vec<String> = reports
+            .iter()
+            .map(|r| {
+                let o = r.alloc_ops[k.name()];
+                format!("{} x {:.0} ns", thousands(o.calls), o.mean_ns)
+            })
+            .collect();
+        if reports.iter().all(|r| r.alloc_ops[k.name()].calls == 0) {
+            continue;
+        }
+        let _ = write!(out, "{:label_w$}", format!("  {}", k.name()));
+        for (c, w) in cells.iter().zip(&col_w) {
+            let _ = write!(out, "  {c:>w$}");
         }
         out.push('\n');
     }

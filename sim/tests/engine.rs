@@ -2,7 +2,7 @@
 //! forks all happen, on both allocators; and on the shared code trace.
 
 use kvslots_sim::backend::{KvBackend, KvslotsBackend, MutexBackend};
-use kvslots_sim::engine::{self, group_blocks, Admission, EngineConfig, RunStats};
+use kvslots_sim::engine::{self, group_blocks, Admission, EngineConfig, OpKind, RunStats};
 use kvslots_sim::workload::{read_trace, Request, Synthetic};
 
 /// Small requests (prompt ~ e^3.4 = 30 tokens, output ~ e^2.5 = 12), plus
@@ -98,7 +98,12 @@ fn assert_all_happened(s: &RunStats, reqs: &[Request], cfg: &EngineConfig) {
     assert!(s.monitor_samples > 0);
     assert_tokens_at_least(s, reqs, cfg);
     assert!(!s.append_latency.is_empty());
-    assert!(s.alloc_calls >= s.append_latency.len());
+    // The calls by kind add up, and every append was recorded.
+    assert_eq!(s.ops.iter().map(|o| o.calls).sum::<u64>(), s.alloc_calls);
+    assert_eq!(s.ops[OpKind::Append as usize].calls, s.append_latency.len());
+    assert!(s.ops[OpKind::Fork as usize].calls >= s.forks);
+    assert!(s.ops[OpKind::Truncate as usize].calls > 0);
+    assert!(s.ops[OpKind::Admit as usize].calls >= s.requests_completed);
 }
 
 fn run<B: KvBackend>(backend: &B, reqs: &[Request], cfg: &EngineConfig) -> RunStats {

@@ -221,6 +221,13 @@ fn json_report_has_the_documented_keys_and_invariants_hold() {
         assert!(v["append_latency_ns"][key].is_u64(), "missing {key}");
     }
     assert_eq!(v["invariants_ok"], true);
+    let by_kind: u64 = v["alloc_ops"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|o| o["calls"].as_u64().unwrap())
+        .sum();
+    assert_eq!(by_kind, v["alloc_calls"].as_u64().unwrap());
     assert_eq!(v["num_blocks"], 128);
     assert_eq!(v["sizing"]["kv_bytes_per_token"], 131_072);
     let done = v["requests_completed"].as_u64().unwrap() + v["requests_rejected"].as_u64().unwrap();
