@@ -1,0 +1,446 @@
+//! Zero heap allocation on the hot paths, proven with a counting global
+//! allocator.
+//!
+//! Every allocation, reallocation and deallocation in this test binary goes
+//! through [`Counting`], which counts them per thread (the test harness runs
+//! tests on parallel threads, so a global count would mix them up). Each
+//! test sets its allocator-owning objects up first (counter, pool, buffers,
+//! sequences with a reserved table), warms up once, and then runs thousands
+//! of steady-state iterations, refused requests included, inside
+//! [`heap_ops`]: the count of heap operations there must be zero.
+//!
+//! The control test shows the count is real: a one-element `Vec` made in
+//! the measured region is counted.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::{Arc, Barrier};
+use std::thread::LocalKey;
+
+use kvslots::{
+    BlockId, BlockPool, FreeError, PositionError, ReleaseError, ReserveError, Sequence, SlotCounter,
+};
+
+/// Iterations of each measured loop.
+const ITERS: usize = 10_000;
+
+// ---------------------------------------------------------------------------
+// The counting allocator
+// ---------------------------------------------------------------------------
+
+/// `System`, counting each thread's heap operations.
+struct Counting;
+
+thread_local! {
+    // `const` initialisers without a destructor: reading them never
+    // allocates or registers anything, so the allocator can use them.
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+    static FREES: Cell<u64> = const { Cell::new(0) };
+}
+
+fn bump(counter: &'static LocalKey<Cell<u64>>) {
+    // `try_with`: a thread being torn down may still free memory.
+    let _ = counter.try_with(|c| c.set(c.get() + 1));
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments
+// unchanged, so `System`'s guarantees are ours; the counting touches only
+// thread-local `Cell`s and never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        bump(&ALLOCS);
+        // SAFETY: forwarded as is (see the impl).
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        bump(&ALLOCS);
+        // SAFETY: forwarded as is.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        bump(&ALLOCS);
+        // SAFETY: forwarded as is.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        bump(&FREES);
+        // SAFETY: forwarded as is.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Heap operations made by this thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct HeapOps {
+    /// Allocations and reallocations.
+    allocs: u64,
+    /// Deallocations.
+    frees: u64,
+}
+
+const NONE: HeapOps = HeapOps {
+    allocs: 0,
+    frees: 0,
+};
+
+fn now() -> HeapOps {
+    HeapOps {
+        allocs: ALLOCS.with(Cell::get),
+        frees: FREES.with(Cell::get),
+    }
+}
+
+/// The heap operations this thread makes while running `f`.
+fn heap_ops(f: impl FnOnce()) -> HeapOps {
+    let before = now();
+    f();
+    let after = now();
+    HeapOps {
+        allocs: after.allocs - before.allocs,
+        frees: after.frees - before.frees,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Control: the count is real
+// ---------------------------------------------------------------------------
+
+#[test]
+fn the_counter_counts() {
+    // One allocation and its deallocation.
+    let ops = heap_ops(|| drop(std::hint::black_box(Vec::<u64>::with_capacity(1))));
+    assert_eq!(
+        ops,
+        HeapOps {
+            allocs: 1,
+            frees: 1
+        }
+    );
+    // Growing counts too.
+    let mut v: Vec<u64> = Vec::with_capacity(1);
+    let ops = heap_ops(|| v.extend([1, 2, 3]));
+    assert!(ops.allocs >= 1, "{ops:?}");
+    // One allocation in a long loop is found.
+    let ops = heap_ops(|| {
+        for i in 0..ITERS {
+            if i == ITERS / 2 {
+                std::hint::black_box(Box::new(i));
+            }
+        }
+    });
+    assert_eq!(
+        ops,
+        HeapOps {
+            allocs: 1,
+            frees: 1
+        }
+    );
+    // An empty Vec allocates nothing.
+    assert_eq!(
+        heap_ops(|| drop(std::hint::black_box(Vec::<u64>::new()))),
+        NONE
+    );
+    // Another thread's allocations, made while we measure, are not ours (so
+    // tests running on parallel threads do not disturb each other).
+    let (allocated, measured) = (Barrier::new(2), Barrier::new(2));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            allocated.wait();
+            let ops = heap_ops(|| drop(std::hint::black_box(vec![1u8; 64])));
+            assert_eq!(ops.allocs, 1);
+            measured.wait();
+        });
+        let ops = heap_ops(|| {
+            allocated.wait();
+            measured.wait();
+        });
+        assert_eq!(ops, NONE);
+    });
+}
+
+// ---------------------------------------------------------------------------
+// SlotCounter
+// ---------------------------------------------------------------------------
+
+#[test]
+fn admit_and_release_allocate_nothing() {
+    let counter = SlotCounter::new(8);
+    let closed = SlotCounter::new(8);
+    closed.close();
+    let ops = heap_ops(|| {
+        for _ in 0..ITERS {
+            assert_eq!(counter.admit(3), 3);
+            assert_eq!(counter.admit(5), 5);
+            // Refused: full, oversized, empty, negative, extreme.
+            assert_eq!(counter.admit(1), 0);
+            assert_eq!(counter.admit(9), 0);
+            assert_eq!(counter.admit(0), 0);
+            assert_eq!(counter.admit(-1), 0);
+            assert_eq!(counter.admit(isize::MIN), 0);
+            assert_eq!(counter.admit(isize::MAX), 0);
+            assert_eq!(closed.admit(1), 0);
+            assert_eq!(counter.release(5), Ok(()));
+            // Refused: over-release.
+            assert_eq!(
+                counter.release(4),
+                Err(ReleaseError::ExceedsUsed {
+                    released: 4,
+                    used: 3
+                })
+            );
+            assert!(counter.release(usize::MAX).is_err());
+            assert_eq!(counter.release(0), Ok(()));
+            assert_eq!(counter.release(3), Ok(()));
+            assert_eq!(
+                (counter.used(), counter.available(), counter.peak_used()),
+                (0, 8, 8)
+            );
+            assert!(!counter.is_closed() && closed.is_closed());
+        }
+    });
+    assert_eq!(ops, NONE);
+}
+
+#[test]
+fn reservations_allocate_nothing() {
+    let counter = SlotCounter::new(8);
+    let closed = SlotCounter::new(8);
+    closed.close();
+    let ops = heap_ops(|| {
+        for _ in 0..ITERS {
+            let mut r = counter.try_reserve(5).unwrap();
+            // Refused: full, never fits, usize::MAX, closed.
+            assert_eq!(
+                counter.try_reserve(4).unwrap_err(),
+                ReserveError::Full {
+                    requested: 4,
+                    available: 3
+                }
+            );
+            assert_eq!(
+                counter.try_reserve(9).unwrap_err(),
+                ReserveError::NeverFits {
+                    requested: 9,
+                    capacity: 8
+                }
+            );
+            assert!(counter.try_reserve(usize::MAX).is_err());
+            assert_eq!(closed.try_reserve(1).unwrap_err(), ReserveError::Closed);
+            let empty = counter.try_reserve(0).unwrap();
+            assert!(empty.is_empty());
+            // Headroom: admitted, refused as full, refused as never fitting.
+            let h = counter.try_reserve_with_headroom(1, 2).unwrap();
+            assert_eq!(
+                counter.try_reserve_with_headroom(1, 2).unwrap_err(),
+                ReserveError::Full {
+                    requested: 1,
+                    available: 2
+                }
+            );
+            assert!(counter.try_reserve_with_headroom(1, usize::MAX).is_err());
+            drop(h);
+            // Split, merge, shrink (speculative rollback), grow.
+            let part = r.split(2).unwrap();
+            assert!(r.split(9).is_none());
+            r.merge(part);
+            r.shrink_to(2);
+            r.shrink_to(7); // no-op
+            r.try_grow(4).unwrap();
+            assert_eq!(
+                r.try_grow(3).unwrap_err(),
+                ReserveError::Full {
+                    requested: 3,
+                    available: 2
+                }
+            );
+            assert!(r.try_grow(usize::MAX).is_err());
+            assert_eq!(r.len(), 6);
+            // Forget, then release the count by hand.
+            let n = r.forget();
+            counter.release(n).unwrap();
+            drop(empty);
+            assert_eq!(counter.used(), 0);
+        }
+    });
+    assert_eq!(ops, NONE);
+}
+
+#[test]
+fn owned_reservations_allocate_nothing() {
+    let counter = Arc::new(SlotCounter::new(8));
+    let ops = heap_ops(|| {
+        for _ in 0..ITERS {
+            // The guard holds a clone of the Arc: a count, not an allocation.
+            let mut r = counter.try_reserve_owned(6).unwrap();
+            assert!(counter.try_reserve_owned(3).is_err());
+            let part = r.split(1).unwrap();
+            r.merge(part);
+            r.shrink_to(4);
+            r.try_grow(4).unwrap();
+            assert!(r.try_grow(1).is_err());
+            drop(r);
+            assert_eq!(counter.used(), 0);
+        }
+    });
+    assert_eq!(ops, NONE);
+}
+
+// ---------------------------------------------------------------------------
+// BlockPool
+// ---------------------------------------------------------------------------
+
+#[test]
+fn pool_alloc_and_free_into_a_reused_buffer_allocate_nothing() {
+    const BLOCKS: usize = 16;
+    let pool = BlockPool::new(BLOCKS, 16);
+    let closed = BlockPool::new(BLOCKS, 16);
+    closed.close();
+    // Room for what is held plus any request that can fit: `try_alloc`
+    // makes room for a request before admitting it.
+    let mut held: Vec<BlockId> = Vec::with_capacity(2 * BLOCKS);
+    let mut more: Vec<BlockId> = Vec::with_capacity(2 * BLOCKS);
+    let ops = heap_ops(|| {
+        for _ in 0..ITERS {
+            pool.try_alloc(5, &mut held).unwrap();
+            pool.try_alloc(0, &mut held).unwrap();
+            pool.try_alloc_with_headroom(3, 2, &mut held).unwrap();
+            assert_eq!(held.len(), 8);
+            // Refused: full, with headroom, never fits, usize::MAX, closed.
+            assert_eq!(
+                pool.try_alloc(9, &mut more),
+                Err(ReserveError::Full {
+                    requested: 9,
+                    available: 8
+                })
+            );
+            assert!(pool.try_alloc_with_headroom(7, 2, &mut more).is_err());
+            assert!(pool.try_alloc(BLOCKS + 1, &mut more).is_err());
+            assert!(pool.try_alloc(usize::MAX, &mut more).is_err());
+            assert_eq!(closed.try_alloc(1, &mut more), Err(ReserveError::Closed));
+            assert!(more.is_empty());
+            // Refused frees: out of range, duplicate, double free.
+            let (a, b) = (held[0], held[1]);
+            assert_eq!(
+                pool.free(&[a, BlockId::new(BLOCKS as u32)]),
+                Err(FreeError::OutOfRange {
+                    id: BlockId::new(BLOCKS as u32),
+                    num_blocks: BLOCKS
+                })
+            );
+            assert_eq!(pool.free(&[a, a]), Err(FreeError::OverFreed { id: a }));
+            assert_eq!(pool.ref_count(a), Some(1));
+            pool.free(&held[..1]).unwrap();
+            assert_eq!(pool.free(&[b, a]), Err(FreeError::NotAllocated { id: a }));
+            pool.free(&held[1..]).unwrap();
+            pool.free(&[]).unwrap();
+            held.clear();
+            assert_eq!((pool.used_blocks(), pool.free_blocks()), (0, BLOCKS));
+        }
+    });
+    assert_eq!(ops, NONE);
+}
+
+// ---------------------------------------------------------------------------
+// Sequence
+// ---------------------------------------------------------------------------
+
+#[test]
+fn sequence_appends_and_truncates_allocate_nothing() {
+    const BLOCKS: usize = 64;
+    const BS: usize = 4;
+    let pool = Arc::new(BlockPool::new(BLOCKS, BS));
+    // A table with room for the whole pool.
+    let mut seq = Sequence::with_capacity(Arc::clone(&pool), BLOCKS * BS);
+    let mut slots: Vec<usize> = Vec::with_capacity(BLOCKS * BS);
+    // Blocks held by others, to make appends refused as full.
+    let mut hog: Vec<BlockId> = Vec::with_capacity(2 * BLOCKS);
+    let ops = heap_ops(|| {
+        for _ in 0..ITERS / 10 {
+            // A prefill chunk, decode steps, speculative drafts.
+            assert_eq!(seq.try_append(13).unwrap(), 0..13);
+            for i in 0..5 {
+                assert_eq!(seq.try_append(1).unwrap(), 13 + i..14 + i);
+            }
+            assert_eq!(seq.try_append(4).unwrap(), 18..22);
+            // Two drafts rejected: roll back (one block left the table).
+            assert_eq!(seq.truncate(20), 1);
+            assert_eq!(seq.truncate(20), 0); // no-op
+            assert_eq!(seq.try_append_cow(0).unwrap(), (20..20, None));
+            assert_eq!(seq.take_pending_copy(), None);
+            // Slot lookups.
+            for p in 0..seq.len() {
+                let slot = seq.slot(p).unwrap();
+                assert_eq!(slot % BS, p % BS);
+            }
+            assert_eq!(seq.slot(seq.len()), None);
+            seq.extend_slots(3..17, &mut slots).unwrap();
+            assert_eq!(slots.len(), 14);
+            assert_eq!(
+                seq.extend_slots(19..21, &mut slots),
+                Err(PositionError {
+                    position: 20,
+                    len: 20
+                })
+            );
+            slots.clear();
+            // Refused appends: never fits, and full while others hold the
+            // rest of the pool.
+            assert!(seq.try_append(usize::MAX).is_err());
+            let rest = pool.free_blocks();
+            pool.try_alloc(rest, &mut hog).unwrap();
+            assert_eq!(
+                seq.try_append(BS + 1).unwrap_err(),
+                ReserveError::Full {
+                    requested: 2,
+                    available: 0
+                }
+            );
+            // An append into the last block, which it holds, needs no block.
+            assert_eq!(seq.truncate(19), 0);
+            assert_eq!(seq.try_append(1).unwrap(), 19..20);
+            pool.free(&hog).unwrap();
+            hog.clear();
+            // Grow to the whole reserved length, then back to nothing.
+            seq.try_append(BLOCKS * BS - seq.len()).unwrap();
+            assert_eq!(seq.blocks().len(), BLOCKS);
+            assert_eq!(seq.truncate(0), BLOCKS);
+            assert!(seq.is_empty());
+        }
+    });
+    assert_eq!(ops, NONE);
+    assert_eq!(pool.used_blocks(), 0);
+}
+
+#[test]
+fn copy_on_write_append_within_capacity_allocates_nothing() {
+    // A sequence reserved for 8 tokens (2 blocks of 4) holds 6 and forks:
+    // the child shares the first block. Truncating into it and appending
+    // again copies that block on write. The table never holds more than 2
+    // entries, so the append stays within the reserved capacity.
+    const BS: usize = 4;
+    let pool = Arc::new(BlockPool::new(8, BS));
+    let mut seq = Sequence::with_capacity(Arc::clone(&pool), 2 * BS);
+    seq.try_append(6).unwrap();
+    let (child, _copy) = seq.try_fork().unwrap();
+    assert_eq!(seq.truncate(2), 1);
+    let ops = heap_ops(|| {
+        let (range, copy) = seq.try_append_cow(6).unwrap();
+        assert_eq!(range, 2..8);
+        assert_eq!(
+            copy.map(|c| (c.src, c.tokens)),
+            Some((child.blocks()[0], 2))
+        );
+    });
+    assert_eq!(seq.blocks().len(), 2);
+    assert_eq!(
+        ops, NONE,
+        "a copy-on-write append that ends within the table's reserved capacity \
+         (2 entries) allocated"
+    );
+}
