@@ -215,7 +215,7 @@ fn progress_bar(len: usize, label: &str) -> ProgressBar {
     }
     let pb = ProgressBar::with_draw_target(Some(len as u64), ProgressDrawTarget::stderr());
     let style = ProgressStyle::with_template(
-        "{prefix:>8} [{elapsed_precise}] {bar:40} {pos}/{len} requests ({per_sec})",
+        "{prefix:>8} [{elapsed_precise}] {bar:40} {human_pos}/{human_len} requests (eta {eta})",
     )
     .unwrap_or_else(|_| ProgressStyle::default_bar());
     pb.set_style(style);
