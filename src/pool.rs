@@ -365,12 +365,12 @@ impl BlockPool {
     /// or listed more times than it has references, nothing changes and the
     /// error names the first offending id. No heap allocation happens here.
     ///
-    /// Reference counts cannot tell holders apart: a caller that lists a
-    /// shared block more often than it holds it, while the block's other
-    /// holders still hold it, takes their references (and, if another holder
-    /// frees the same block at that moment, the refusal of an over-free may
-    /// not be exact). Free only what you hold; [`Sequence`](crate::Sequence)
-    /// does that for you.
+    /// The checks are made with loads before any reference is dropped, so a
+    /// refused call changes nothing that another thread could observe.
+    /// Reference counts cannot tell holders apart, though: a caller that
+    /// lists a shared block more often than it holds it (but no more often
+    /// than it has references) takes the other holders' references. Free
+    /// only what you hold; [`Sequence`](crate::Sequence) does that for you.
     ///
     /// # Errors
     ///
@@ -397,15 +397,26 @@ impl BlockPool {
                 num_blocks: self.num_blocks(),
             });
         }
-        // Every block allocated? Checked with loads before anything changes,
-        // so that a call naming a free block (a double free, the common
-        // mistake) is refused without touching a single count.
+        // Every block allocated, and listed no more often than it has
+        // references? Checked with loads before anything changes, so that a
+        // refused call never drops (and restores) a reference that a
+        // concurrent holder could observe.
         if let Some(&id) = ids.iter().find(|id| self.count(**id) == 0) {
             return Err(FreeError::NotAllocated { id });
         }
-        // Drop the references, chaining the blocks that reach zero. A drop
-        // can still fail here only if the list names a block more times than
-        // it has references; the drops made so far are then undone.
+        if let Some(id) = self.first_over_freed(ids) {
+            return Err(FreeError::OverFreed { id });
+        }
+        self.drop_refs(ids)
+    }
+
+    /// Drops one reference per listed id, which the caller holds (checked by
+    /// [`free`](Self::free), or known by a [`Sequence`](crate::Sequence)),
+    /// chaining the blocks that reach zero and pushing them in one CAS.
+    pub(crate) fn drop_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
+        // A drop can fail here only if the caller does not hold what it
+        // lists (and another holder freed it meanwhile); the drops made so
+        // far are then undone.
         let (mut first, mut last, mut zeroed) = (NIL, NIL, 0usize);
         for (i, &id) in ids.iter().enumerate() {
             match self.drop_ref(id) {
@@ -490,6 +501,35 @@ impl BlockPool {
         // Acquire: if another holder dropped its reference, its reads of the
         // block happen-before we decide to write into it.
         self.refs[id.index()].load(Ordering::Acquire) > 1
+    }
+
+    /// The first id listed more times than it has references now, if any.
+    /// Allocates nothing: short lists are compared pairwise, longer ones
+    /// through a 4096-bit filter on the stack, and only an id whose filter
+    /// bit is already set (a possible repeat) is counted exactly.
+    fn first_over_freed(&self, ids: &[BlockId]) -> Option<BlockId> {
+        const PAIRWISE: usize = 16;
+        let over = |i: usize, id: BlockId| {
+            let listed = ids[..=i].iter().filter(|&&x| x == id).count();
+            listed > self.count(id) as usize
+        };
+        if ids.len() <= PAIRWISE {
+            return ids
+                .iter()
+                .enumerate()
+                .find(|&(i, id)| ids[..i].contains(id) && over(i, *id))
+                .map(|(_, &id)| id);
+        }
+        let mut seen = [0u64; 64];
+        for (i, &id) in ids.iter().enumerate() {
+            let bit = id.index() % (64 * 64);
+            let (word, mask) = (bit / 64, 1u64 << (bit % 64));
+            if seen[word] & mask != 0 && over(i, id) {
+                return Some(id);
+            }
+            seen[word] |= mask;
+        }
+        None
     }
 
     /// A block's reference count now.

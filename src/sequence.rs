@@ -116,8 +116,13 @@ impl Sequence {
     /// assert!(seq.is_empty());
     /// ```
     pub fn with_capacity(pool: Arc<BlockPool>, tokens: usize) -> Sequence {
-        // A table never holds more entries than the pool has blocks.
-        let entries = tokens.div_ceil(pool.block_size()).min(pool.num_blocks());
+        // A table never holds more entries than the pool has blocks; one
+        // spare entry lets a copy-on-write append pass its new block through
+        // the table without reallocating.
+        let entries = match tokens.div_ceil(pool.block_size()).min(pool.num_blocks()) {
+            0 => 0,
+            n => n + 1,
+        };
         let blocks = Vec::with_capacity(entries);
         Sequence {
             pool,
@@ -461,7 +466,7 @@ impl Sequence {
 
     /// Gives back the references of `blocks[keep..]`.
     fn give_back(&mut self, keep: usize) {
-        let result = self.pool.free(&self.blocks[keep..]);
+        let result = self.pool.drop_refs(&self.blocks[keep..]);
         debug_assert!(result.is_ok(), "a sequence's references were invalid");
         self.blocks.truncate(keep);
     }
@@ -469,7 +474,7 @@ impl Sequence {
     /// Drops the reference a copy-on-write kept for the caller's copy.
     fn release_retired(&mut self) {
         if let Some(id) = self.retired.take() {
-            let result = self.pool.free(&[id]);
+            let result = self.pool.drop_refs(&[id]);
             debug_assert!(result.is_ok(), "a retired reference was invalid");
         }
     }
