@@ -21,6 +21,9 @@ use crate::workload::{read_trace, Request, Synthetic};
 /// about 19 CPU-seconds, 9.5 us of CPU a request with 4 workers).
 pub const DEFAULT_REQUESTS: usize = 2_000_000;
 
+/// The most worker threads a run may start.
+pub const MAX_WORKERS: usize = 1024;
+
 /// The default seed.
 pub const DEFAULT_SEED: u64 = 42;
 
@@ -152,8 +155,13 @@ impl Cli {
         let sizing = size_pool(&model, bpt, self.memory_gib, self.block_size)
             .map_err(|e| InputError(e.to_string()))?;
         let workers = self.workers.unwrap_or_else(default_workers);
-        if workers == 0 {
-            return Err(InputError("--workers must be at least 1".into()));
+        if !(1..=MAX_WORKERS).contains(&workers) {
+            return Err(InputError(format!(
+                "--workers must be between 1 and {MAX_WORKERS}, got {workers}"
+            )));
+        }
+        if self.requests == Some(0) {
+            return Err(InputError("--requests must be at least 1".into()));
         }
         if self.chunk == 0 {
             return Err(InputError("--chunk must be at least 1".into()));

@@ -895,6 +895,16 @@ impl IdleWorkers {
 
 /// Runs `requests` through `cfg.workers` workers on `backend`, with a
 /// monitor thread (which also drives `progress`, if given).
+///
+/// Request ids must be their indices (`0..requests.len()`), as the
+/// workload readers make them; other ids fail the `all_completed`
+/// invariant.
+///
+/// # Panics
+///
+/// Panics if `cfg` has no worker, a zero `chunk`, `samples` or
+/// `max_running`, or an `accept` outside `[0, 1]` (the command line
+/// refuses these first), or if a thread cannot be spawned.
 pub fn run<B: KvBackend>(
     backend: &B,
     requests: &[Request],
@@ -964,7 +974,9 @@ pub fn run<B: KvBackend>(
                         cfg,
                         shared,
                         stats: WorkerStats::new(),
-                        slots: Vec::with_capacity(cfg.chunk.max(cfg.spec)),
+                        // Room for a chunk's or a draft batch's slots
+                        // (bounded: absurd flag values must not abort).
+                        slots: Vec::with_capacity(cfg.chunk.max(cfg.spec).min(1 << 16)),
                     }
                     .run(&rx)
                 })

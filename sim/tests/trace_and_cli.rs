@@ -165,6 +165,28 @@ fn the_binary_exits_2_on_a_missing_file_and_bad_flags() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read trace"));
+    // Absurd but valid values run (and reject what can never fit).
+    let out = Command::new(BIN)
+        .args([
+            "--requests",
+            "20",
+            "--memory-gib",
+            "0.1",
+            "--spec",
+            "18446744073709551615",
+        ])
+        .args([
+            "--chunk",
+            "18446744073709551615",
+            "--samples",
+            "1000000",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["requests_rejected"], 20);
     for bad in [
         &["--chunk", "0"][..],
         &["--samples", "0"],
@@ -174,6 +196,9 @@ fn the_binary_exits_2_on_a_missing_file_and_bad_flags() {
         &["--memory-gib", "-1"],
         &["--model", "gpt-5"],
         &["--requests", "-3"],
+        &["--requests", "0"],
+        &["--workers", "100000"],
+        &["--kv-bytes-per-token", "0"],
     ] {
         let out = Command::new(BIN).args(bad).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
