@@ -45,9 +45,17 @@
 //! `std_mutex` (target at least 3x). Run e.g.
 //! `cargo bench --bench contention -- '/2$'`.
 //!
-//! Rows whose id starts with `proto_` are prototypes of alternative
-//! admission loops, written here only to measure them; the library does not
-//! use them.
+//! Rows whose id starts with `proto_` (in `cap_1M`) are prototypes of
+//! alternative admission loops, written here only to measure them; the
+//! library does not use them:
+//!
+//! * `proto_cas_no_backoff`: the library's loop retrying a failed CAS at
+//!   once (a plain CAS loop);
+//! * `proto_cas_backoff_from_8`: the library's loop waiting 8 spins after
+//!   the first failed CAS instead of `Backoff`'s 1, doubling up to 64;
+//! * `proto_fetch_add_undo`: one `fetch_add`, undone when it overshot. Not
+//!   a valid admission (see [`ProtoFetchUndo`]); it shows what the load
+//!   before the CAS costs.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -56,7 +64,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use crossbeam_utils::{Backoff, CachePadded};
+use crossbeam_utils::CachePadded;
 use kvslots::SlotCounter;
 use tokio::sync::Semaphore;
 
@@ -216,21 +224,24 @@ impl Slots for FetchPair {
     }
 }
 
-/// A prototype of an alternative admission loop, on the same state word as
-/// [`SlotCounter`] (`used << 1 | CLOSED`, padded), giving back with one
-/// `fetch_sub` as the guard's drop does. The switches:
+/// The most spins one backoff step waits, as in `crossbeam_utils::Backoff`.
+const SPIN_CAP: u32 = 64;
+
+/// A prototype of the library's admission loop with another backoff
+/// schedule, on the same state word (`used << 1 | CLOSED`, padded) and with
+/// the same peak tracking; it gives back with one `fetch_sub`, as the
+/// guard's drop does.
 ///
-/// * `BACKOFF`: exponential backoff after a failed CAS (as the library);
-/// * `STRONG`: `compare_exchange` instead of `compare_exchange_weak`;
-/// * `PEAK`: keep the high-water mark in a second padded word (as the
-///   library).
-struct ProtoCas<const BACKOFF: bool, const STRONG: bool, const PEAK: bool> {
+/// After each failed CAS it spins `FIRST_SPINS` times, doubling up to
+/// [`SPIN_CAP`]; `FIRST_SPINS == 0` retries at once (a plain CAS loop). The
+/// library uses `crossbeam_utils::Backoff`, whose first wait is 1 spin.
+struct ProtoCas<const FIRST_SPINS: u32> {
     state: CachePadded<AtomicUsize>,
     peak: CachePadded<AtomicUsize>,
     capacity: usize,
 }
 
-impl<const BACKOFF: bool, const STRONG: bool, const PEAK: bool> ProtoCas<BACKOFF, STRONG, PEAK> {
+impl<const FIRST_SPINS: u32> ProtoCas<FIRST_SPINS> {
     fn new(capacity: usize) -> Self {
         ProtoCas {
             state: CachePadded::new(AtomicUsize::new(0)),
@@ -240,9 +251,7 @@ impl<const BACKOFF: bool, const STRONG: bool, const PEAK: bool> ProtoCas<BACKOFF
     }
 }
 
-impl<const BACKOFF: bool, const STRONG: bool, const PEAK: bool> Slots
-    for ProtoCas<BACKOFF, STRONG, PEAK>
-{
+impl<const FIRST_SPINS: u32> Slots for ProtoCas<FIRST_SPINS> {
     type Held<'a> = usize;
 
     #[inline]
@@ -250,7 +259,7 @@ impl<const BACKOFF: bool, const STRONG: bool, const PEAK: bool> Slots
         if n > self.capacity {
             return None;
         }
-        let backoff = Backoff::new();
+        let mut spins = FIRST_SPINS;
         // Relaxed: a first guess, validated by the CAS.
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
@@ -261,26 +270,23 @@ impl<const BACKOFF: bool, const STRONG: bool, const PEAK: bool> Slots
             // Acquire on success: pairs with the Release of whoever gave
             // slots back. Relaxed on failure: only a retry with the fresh
             // value.
-            let res = if STRONG {
-                self.state
-                    .compare_exchange(cur, next, Ordering::Acquire, Ordering::Relaxed)
-            } else {
-                self.state
-                    .compare_exchange_weak(cur, next, Ordering::Acquire, Ordering::Relaxed)
-            };
-            match res {
+            match self
+                .state
+                .compare_exchange_weak(cur, next, Ordering::Acquire, Ordering::Relaxed)
+            {
                 Ok(_) => {
                     // Relaxed (both): a statistic, orders nothing.
-                    if PEAK && next >> 1 > self.peak.load(Ordering::Relaxed) {
+                    if next >> 1 > self.peak.load(Ordering::Relaxed) {
                         self.peak.fetch_max(next >> 1, Ordering::Relaxed);
                     }
                     return Some(n);
                 }
                 Err(actual) => {
                     cur = actual;
-                    if BACKOFF {
-                        backoff.spin();
+                    for _ in 0..spins {
+                        std::hint::spin_loop();
                     }
+                    spins = (spins * 2).min(SPIN_CAP);
                 }
             }
         }
@@ -504,31 +510,17 @@ fn contention(c: &mut Criterion) {
     );
     bench_peer(
         &mut group,
-        "proto_cas_weak_backoff_peak",
+        "proto_cas_no_backoff",
         &THREADS,
-        || ProtoCas::<true, false, true>::new(1 << 20),
-        take_give::<ProtoCas<true, false, true>>,
+        || ProtoCas::<0>::new(1 << 20),
+        take_give::<ProtoCas<0>>,
     );
     bench_peer(
         &mut group,
-        "proto_cas_weak_nobackoff_peak",
+        "proto_cas_backoff_from_8",
         &THREADS,
-        || ProtoCas::<false, false, true>::new(1 << 20),
-        take_give::<ProtoCas<false, false, true>>,
-    );
-    bench_peer(
-        &mut group,
-        "proto_cas_strong_backoff_peak",
-        &THREADS,
-        || ProtoCas::<true, true, true>::new(1 << 20),
-        take_give::<ProtoCas<true, true, true>>,
-    );
-    bench_peer(
-        &mut group,
-        "proto_cas_weak_backoff_nopeak",
-        &THREADS,
-        || ProtoCas::<true, false, false>::new(1 << 20),
-        take_give::<ProtoCas<true, false, false>>,
+        || ProtoCas::<8>::new(1 << 20),
+        take_give::<ProtoCas<8>>,
     );
     bench_peer(
         &mut group,
