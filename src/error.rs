@@ -133,8 +133,9 @@ impl fmt::Display for ReleaseError {
 impl std::error::Error for ReleaseError {}
 
 /// Why [`BlockPool::free`](crate::BlockPool::free) refused. A refused free
-/// changes nothing at all, for any of the listed ids; the error names the
-/// first offending one.
+/// changes nothing at all, for any of the listed ids; the error names an
+/// offending one (see [`BlockPool::free`](crate::BlockPool::free) for the
+/// order of the checks).
 ///
 /// # Examples
 ///

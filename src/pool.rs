@@ -363,7 +363,9 @@ impl BlockPool {
     ///
     /// The whole call or nothing: if any id is out of range, not allocated,
     /// or listed more times than it has references, nothing changes and the
-    /// error names the first offending id. No heap allocation happens here.
+    /// error names the offending id (checked in this order: any id out of
+    /// range, then any block not allocated, then any block over-freed; each
+    /// the first in list order). No heap allocation happens here.
     ///
     /// The checks are made with loads before any reference is dropped, so a
     /// refused call changes nothing that another thread could observe.
@@ -407,19 +409,28 @@ impl BlockPool {
         if let Some(id) = self.first_over_freed(ids) {
             return Err(FreeError::OverFreed { id });
         }
-        self.drop_refs(ids)
+        self.drop_refs(ids, false)
     }
 
     /// Drops one reference per listed id, which the caller holds (checked by
     /// [`free`](Self::free), or known by a [`Sequence`](crate::Sequence)),
     /// chaining the blocks that reach zero and pushing them in one CAS.
-    pub(crate) fn drop_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
+    ///
+    /// `held` says the caller provably holds every listed reference once (a
+    /// sequence's own table): then a block whose count is 1 is ours alone,
+    /// and its count is cleared with a plain store instead of a CAS.
+    pub(crate) fn drop_refs(&self, ids: &[BlockId], held: bool) -> Result<(), FreeError> {
         // A drop can fail here only if the caller does not hold what it
         // lists (and another holder freed it meanwhile); the drops made so
         // far are then undone.
         let (mut first, mut last, mut zeroed) = (NIL, NIL, 0usize);
         for (i, &id) in ids.iter().enumerate() {
-            match self.drop_ref(id) {
+            let dropped = if held {
+                self.drop_held_ref(id)
+            } else {
+                self.drop_ref(id)
+            };
+            match dropped {
                 Ok(true) => {
                     let raw = id.index() as u32;
                     self.free.link(raw, first);
@@ -536,6 +547,22 @@ impl BlockPool {
     fn count(&self, id: BlockId) -> u32 {
         // Relaxed: a validation read; the drops that follow are what order.
         self.refs[id.index()].load(Ordering::Relaxed)
+    }
+
+    /// Drops a reference the caller provably holds; `Ok(true)` if it was the
+    /// last.
+    fn drop_held_ref(&self, id: BlockId) -> Result<bool, ()> {
+        let count = &self.refs[id.index()];
+        // Acquire: if other holders let go before us, their accesses to the
+        // block happen-before we push it (their drops were Release).
+        if count.load(self.free.free_ordering(Ordering::Acquire)) == 1 {
+            // Ours alone: no one else can add a reference (only a holder can
+            // fork) or drop one. Relaxed: the push CAS (Release) publishes
+            // the block, count included.
+            count.store(0, Ordering::Relaxed);
+            return Ok(true);
+        }
+        self.drop_ref(id)
     }
 
     /// Drops one reference; `Ok(true)` if it was the last. `Err` if the

@@ -160,7 +160,8 @@ impl Sequence {
         self.len == 0
     }
 
-    /// The block table: the blocks holding positions `0..len()`, in order.
+    /// The block table: the blocks holding positions `0..len()`, in order,
+    /// followed by any blocks reserved with [`try_reserve`](Self::try_reserve).
     ///
     /// # Examples
     ///
@@ -260,7 +261,7 @@ impl Sequence {
         }
         let bs = self.pool.block_size();
         // Tokens that still fit in the blocks we hold.
-        let room = self.blocks.len() * bs - old_len;
+        let room = self.capacity() - old_len;
         let new_blocks = if n <= room {
             0
         } else {
@@ -268,10 +269,9 @@ impl Sequence {
         };
         // Is the last block partly filled and shared? Then it needs a
         // private copy before we write into it.
-        let tail = old_len % bs;
-        let cow = tail != 0 && self.pool.is_shared(self.blocks[self.blocks.len() - 1]);
+        let (tail_index, tail) = (old_len / bs, old_len % bs);
+        let cow = tail != 0 && self.pool.is_shared(self.blocks[tail_index]);
         let total = new_blocks.saturating_add(cow as usize);
-        let base = self.blocks.len();
         // Nothing new needed? Then nothing to admit: the append only fills
         // blocks we hold (also on a closed pool, so workers can drain).
         if total > 0 {
@@ -287,7 +287,7 @@ impl Sequence {
         }
         // Put the last new block in place of the shared tail.
         let dst = self.blocks.pop().expect("allocated at least one block");
-        let src = std::mem::replace(&mut self.blocks[base - 1], dst);
+        let src = std::mem::replace(&mut self.blocks[tail_index], dst);
         self.retired = Some(src);
         Ok((
             old_len..self.len,
@@ -297,6 +297,68 @@ impl Sequence {
                 tokens: tail,
             }),
         ))
+    }
+
+    /// Makes sure the table holds blocks for `tokens` more tokens, taking the
+    /// missing ones all or none, without changing [`len`](Self::len): the
+    /// later appends of those tokens then allocate nothing. This is how a
+    /// scheduler admits a whole prompt and then prefills it in chunks.
+    ///
+    /// The new blocks are taken only if `headroom` blocks stay free
+    /// afterwards (the admission watermark; pass 0 for none). Reserved
+    /// blocks follow the filled ones in [`blocks`](Self::blocks), are never
+    /// shared by a fork, and are given back by [`truncate`](Self::truncate)
+    /// and drop. `tokens == 0`, or tokens that already fit, take nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`BlockPool::try_alloc_with_headroom`], counted in blocks; on
+    /// error nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{BlockPool, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::new(8, 16));
+    /// let mut seq = Sequence::new(Arc::clone(&pool));
+    /// // Admit a 40-token prompt (3 blocks) only if 2 blocks stay free.
+    /// seq.try_reserve(40, 2).unwrap();
+    /// assert_eq!((seq.len(), seq.capacity(), pool.used_blocks()), (0, 48, 3));
+    /// // Prefill it in chunks of 16: no further allocation.
+    /// for _ in 0..2 {
+    ///     seq.try_append(16).unwrap();
+    /// }
+    /// seq.try_append(8).unwrap();
+    /// assert_eq!(pool.used_blocks(), 3);
+    /// // 6 more blocks would leave fewer than 2 free:
+    /// assert!(seq.try_reserve(8 + 6 * 16, 2).is_err());
+    /// ```
+    pub fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
+        let bs = self.pool.block_size();
+        let room = self.capacity() - self.len;
+        if tokens <= room {
+            return Ok(());
+        }
+        let missing = (tokens - room).div_ceil(bs);
+        self.pool
+            .try_alloc_with_headroom(missing, headroom, &mut self.blocks)
+    }
+
+    /// How many tokens the blocks in the table can hold:
+    /// `blocks().len() * block_size`, at least [`len`](Self::len).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// let mut seq = kvslots::Sequence::new(Arc::new(kvslots::BlockPool::new(8, 16)));
+    /// seq.try_append(17).unwrap();
+    /// assert_eq!(seq.capacity(), 32);
+    /// ```
+    pub fn capacity(&self) -> usize {
+        self.blocks.len() * self.pool.block_size()
     }
 
     /// Takes the copy-on-write that the last [`try_append`](Self::try_append)
@@ -466,7 +528,7 @@ impl Sequence {
 
     /// Gives back the references of `blocks[keep..]`.
     fn give_back(&mut self, keep: usize) {
-        let result = self.pool.drop_refs(&self.blocks[keep..]);
+        let result = self.pool.drop_refs(&self.blocks[keep..], true);
         debug_assert!(result.is_ok(), "a sequence's references were invalid");
         self.blocks.truncate(keep);
     }
@@ -474,7 +536,7 @@ impl Sequence {
     /// Drops the reference a copy-on-write kept for the caller's copy.
     fn release_retired(&mut self) {
         if let Some(id) = self.retired.take() {
-            let result = self.pool.drop_refs(&[id]);
+            let result = self.pool.drop_refs(&[id], true);
             debug_assert!(result.is_ok(), "a retired reference was invalid");
         }
     }
