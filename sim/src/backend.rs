@@ -6,6 +6,7 @@
 //! measures the allocators, not the plumbing.
 
 use std::fmt;
+use std::hash::Hash;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -18,8 +19,8 @@ use crate::baseline::{MutexPool, MutexSeq};
 pub trait KvBackend: Send + Sync + 'static {
     /// A sequence's block table; dropping it gives its blocks back.
     type Seq: Send;
-    /// A block id, for prefill reservations.
-    type Id: Copy + Send + fmt::Debug;
+    /// A block id (of a raw allocation, or in a sequence's table).
+    type Id: Copy + Send + Eq + Hash + fmt::Debug;
 
     /// The name shown in reports (`kvslots` or `mutex`).
     fn name(&self) -> &'static str;
@@ -31,7 +32,8 @@ pub trait KvBackend: Send + Sync + 'static {
     fn used_blocks(&self) -> usize;
     /// The high-water mark of blocks in use.
     fn peak_used_blocks(&self) -> usize;
-    /// Takes `n` blocks, all or nothing, only if `headroom` more stay free.
+    /// Takes `n` blocks, all or nothing, only if `headroom` more stay free
+    /// (with `n == 0`, the check-only admission's atomic headroom check).
     fn try_alloc_with_headroom(
         &self,
         n: usize,
@@ -40,14 +42,28 @@ pub trait KvBackend: Send + Sync + 'static {
     ) -> Result<(), ReserveError>;
     /// Gives back blocks taken with
     /// [`try_alloc_with_headroom`](Self::try_alloc_with_headroom); an error
-    /// is a bug in the caller, reported as a string.
+    /// is a bug in the caller, reported as a string. (The engine does not
+    /// use it; the parity tests do.)
     fn free(&self, ids: &[Self::Id]) -> Result<(), String>;
     /// An empty sequence with room for `tokens` tokens in its table.
     fn new_seq(&self, tokens: usize) -> Self::Seq;
     /// Tokens in the sequence.
     fn seq_len(seq: &Self::Seq) -> usize;
-    /// Blocks in the sequence's table.
+    /// Blocks in the sequence's table (reserved ones included).
     fn seq_blocks(seq: &Self::Seq) -> usize;
+    /// The sequence's block table: the filled blocks, then the reserved
+    /// ones (not an allocator call).
+    fn seq_table(seq: &Self::Seq) -> &[Self::Id];
+    /// Tokens the blocks in the table can hold (`seq_blocks * block_size`).
+    fn seq_capacity(seq: &Self::Seq) -> usize;
+    /// Reserves blocks for `tokens` more tokens ahead of the sequence's
+    /// length, all or none, only if `headroom` blocks stay free afterwards;
+    /// the appends of those tokens then take nothing from the pool.
+    /// Reserved blocks are never shared by a fork and are given back by
+    /// `truncate` (below the length) and by dropping the sequence. Tokens
+    /// that already fit take nothing. On error nothing changes.
+    fn try_reserve(seq: &mut Self::Seq, tokens: usize, headroom: usize)
+        -> Result<(), ReserveError>;
     /// The multi-token append: all the blocks `n` more tokens need, or none.
     fn try_append(seq: &mut Self::Seq, n: usize) -> Result<Range<usize>, ReserveError>;
     /// Rolls back to `len` tokens; returns how many block references went.
@@ -118,6 +134,15 @@ impl KvBackend for KvslotsBackend {
     }
     fn seq_blocks(seq: &Sequence) -> usize {
         seq.blocks().len()
+    }
+    fn seq_table(seq: &Sequence) -> &[BlockId] {
+        seq.blocks()
+    }
+    fn seq_capacity(seq: &Sequence) -> usize {
+        seq.capacity()
+    }
+    fn try_reserve(seq: &mut Sequence, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
+        seq.try_reserve(tokens, headroom)
     }
     fn try_append(seq: &mut Sequence, n: usize) -> Result<Range<usize>, ReserveError> {
         seq.try_append(n)
@@ -194,6 +219,15 @@ impl KvBackend for MutexBackend {
     }
     fn seq_blocks(seq: &MutexSeq) -> usize {
         seq.blocks().len()
+    }
+    fn seq_table(seq: &MutexSeq) -> &[u32] {
+        seq.blocks()
+    }
+    fn seq_capacity(seq: &MutexSeq) -> usize {
+        seq.capacity()
+    }
+    fn try_reserve(seq: &mut MutexSeq, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
+        seq.try_reserve(tokens, headroom)
     }
     fn try_append(seq: &mut MutexSeq, n: usize) -> Result<Range<usize>, ReserveError> {
         seq.try_append(n)

@@ -360,7 +360,13 @@ impl MutexSeq {
 
     /// An empty sequence whose table has room for `tokens` tokens.
     pub fn with_capacity(pool: Arc<MutexPool>, tokens: usize) -> MutexSeq {
-        let blocks = Vec::with_capacity(tokens.div_ceil(pool.block_size).min(pool.num_blocks));
+        // As kvslots sizes its table: one spare entry lets a copy-on-write
+        // append pass its new block through the table without reallocating.
+        let entries = match tokens.div_ceil(pool.block_size).min(pool.num_blocks) {
+            0 => 0,
+            n => n + 1,
+        };
+        let blocks = Vec::with_capacity(entries);
         MutexSeq {
             pool,
             blocks,
@@ -380,9 +386,40 @@ impl MutexSeq {
         self.len == 0
     }
 
-    /// The block table.
+    /// The block table: the blocks holding positions `0..len()`, in order,
+    /// followed by any blocks reserved with [`try_reserve`](Self::try_reserve).
     pub fn blocks(&self) -> &[u32] {
         &self.blocks
+    }
+
+    /// How many tokens the blocks in the table can hold:
+    /// `blocks().len() * block_size`, at least [`len`](Self::len).
+    pub fn capacity(&self) -> usize {
+        self.blocks.len() * self.pool.block_size
+    }
+
+    /// Makes sure the table holds blocks for `tokens` more tokens, taking the
+    /// missing ones all or none under one lock acquisition, only if
+    /// `headroom` blocks stay free afterwards, without changing
+    /// [`len`](Self::len) (as `kvslots::Sequence::try_reserve`): the later
+    /// appends of those tokens take no lock. Reserved blocks follow the
+    /// filled ones in [`blocks`](Self::blocks), are never shared by a fork
+    /// (it shares only the full blocks below `len`), and are given back by
+    /// [`truncate`](Self::truncate) and drop. `tokens == 0`, or tokens that
+    /// already fit, take nothing.
+    ///
+    /// # Errors
+    ///
+    /// As [`MutexPool::try_alloc_with_headroom`], counted in blocks; on
+    /// error nothing changes.
+    pub fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
+        let room = self.capacity() - self.len;
+        if tokens <= room {
+            return Ok(());
+        }
+        let missing = (tokens - room).div_ceil(self.pool.block_size);
+        self.pool
+            .try_alloc_with_headroom(missing, headroom, &mut self.blocks)
     }
 
     /// Appends `n` tokens, taking the blocks they need (plus a private copy
@@ -397,18 +434,20 @@ impl MutexSeq {
             return Ok((old..old, None));
         }
         let bs = self.pool.block_size;
-        let room = self.blocks.len() * bs - old;
+        // Tokens that still fit in the blocks we hold (reserved ones too).
+        let room = self.capacity() - old;
         let new_blocks = if n <= room {
             0
         } else {
             (n - room).div_ceil(bs)
         };
-        let tail = old % bs;
-        let last = self.blocks.len().wrapping_sub(1);
-        let maybe_shared = tail != 0 && last < self.shared_upto.get();
-        let base = self.blocks.len();
+        // The partly filled block the append writes into first is the one
+        // at index `old / bs`, which is not the last one when blocks are
+        // reserved after it.
+        let (tail_index, tail) = (old / bs, old % bs);
+        let maybe_shared = tail != 0 && tail_index < self.shared_upto.get();
         let cow = if new_blocks > 0 || maybe_shared {
-            let cow_of = maybe_shared.then(|| self.blocks[last]);
+            let cow_of = maybe_shared.then(|| self.blocks[tail_index]);
             self.pool.try_grow(new_blocks, cow_of, &mut self.blocks)?
         } else {
             false
@@ -419,10 +458,11 @@ impl MutexSeq {
         if !cow {
             return Ok((old..self.len, None));
         }
+        // The last block taken replaces the shared tail, by index.
         let dst = self.blocks.pop().expect("allocated at least one block");
-        let src = std::mem::replace(&mut self.blocks[base - 1], dst);
+        let src = std::mem::replace(&mut self.blocks[tail_index], dst);
         self.retired = Some(src);
-        self.shared_upto.set(self.shared_upto.get().min(base - 1));
+        self.shared_upto.set(self.shared_upto.get().min(tail_index));
         Ok((
             old..self.len,
             Some(MutexBlockCopy {
@@ -676,6 +716,129 @@ mod tests {
         assert_eq!(s.try_append_cow(1).unwrap().1, None);
         drop((s, child));
         assert_eq!(p.used_blocks(), 0);
+    }
+
+    /// Everything observable about a sequence and its pool.
+    fn snap(s: &MutexSeq) -> (usize, usize, Vec<u32>, usize) {
+        (
+            s.len(),
+            s.capacity(),
+            s.blocks().to_vec(),
+            s.pool.used_blocks(),
+        )
+    }
+
+    #[test]
+    fn reserve_takes_exactly_the_missing_blocks_and_appends_then_take_none() {
+        let p = pool(8, 4);
+        let mut s = MutexSeq::new(Arc::clone(&p));
+        s.try_append(3).unwrap(); // 1 block, room for 1 more token
+        s.try_reserve(10, 0).unwrap(); // 1 fits, 9 more need 3 blocks
+        assert_eq!((s.len(), s.blocks().len(), s.capacity()), (3, 4, 16));
+        assert_eq!(p.used_blocks(), 4);
+        let table = s.blocks().to_vec();
+        assert_eq!(s.try_append(4).unwrap(), 3..7);
+        assert_eq!(s.try_append(6).unwrap(), 7..13);
+        assert_eq!(p.used_blocks(), 4);
+        assert_eq!(s.blocks(), &table[..]);
+        // Slots of reserved-then-filled positions follow the table.
+        let mut slots = Vec::new();
+        s.extend_slots(0..13, &mut slots);
+        let want: Vec<usize> = (0..13).map(|q| table[q / 4] as usize * 4 + q % 4).collect();
+        assert_eq!(slots, want);
+        // Nothing, or what already fits, takes nothing.
+        let before = snap(&s);
+        s.try_reserve(0, 0).unwrap();
+        s.try_reserve(3, 0).unwrap();
+        assert_eq!(snap(&s), before);
+    }
+
+    #[test]
+    fn refused_reserve_changes_nothing() {
+        let p = pool(4, 4);
+        let mut s = MutexSeq::new(Arc::clone(&p));
+        s.try_append(5).unwrap(); // 2 blocks
+        let before = snap(&s);
+        // 2 more blocks fit, but not with 1 of headroom.
+        assert_eq!(
+            s.try_reserve(11, 1),
+            Err(ReserveError::Full {
+                requested: 2,
+                available: 2
+            })
+        );
+        assert_eq!(snap(&s), before);
+        assert!(matches!(
+            s.try_reserve(usize::MAX, 0),
+            Err(ReserveError::NeverFits { .. })
+        ));
+        assert!(matches!(
+            s.try_reserve(4, usize::MAX),
+            Err(ReserveError::NeverFits { .. })
+        ));
+        assert_eq!(snap(&s), before);
+        s.try_reserve(11, 0).unwrap();
+        assert_eq!((s.capacity(), p.used_blocks()), (16, 4));
+    }
+
+    #[test]
+    fn fork_never_shares_reserved_blocks() {
+        let p = pool(8, 4);
+        let mut parent = MutexSeq::new(Arc::clone(&p));
+        parent.try_append(6).unwrap(); // 1 full block, 1 with 2 tokens
+        parent.try_reserve(10, 0).unwrap(); // + 2 reserved blocks
+        assert_eq!(parent.blocks().len(), 4);
+        let (child, copy) = parent.try_fork().unwrap();
+        let copy = copy.unwrap();
+        assert_eq!((copy.src, copy.tokens), (parent.blocks()[1], 2));
+        assert_eq!(child.blocks().len(), 2);
+        assert_eq!(child.blocks()[0], parent.blocks()[0]);
+        for reserved in &parent.blocks()[2..] {
+            assert!(!child.blocks().contains(reserved));
+            assert_eq!(p.refs(*reserved), Some(1));
+        }
+        assert_eq!(p.refs(parent.blocks()[0]), Some(2));
+    }
+
+    #[test]
+    fn copy_on_write_replaces_the_tail_not_a_reserved_block() {
+        let p = pool(8, 4);
+        let mut s = MutexSeq::new(Arc::clone(&p));
+        s.try_append(8).unwrap();
+        let (child, _) = s.try_fork().unwrap(); // both blocks shared
+        s.truncate(6); // back into the shared second block
+        s.try_reserve(6, 0).unwrap(); // 2 free in the tail + 1 reserved block
+        let (shared_tail, reserved) = (s.blocks()[1], s.blocks()[2]);
+        let (range, copy) = s.try_append_cow(1).unwrap();
+        assert_eq!(range, 6..7);
+        let copy = copy.expect("the tail is shared and partly filled");
+        assert_eq!((copy.src, copy.tokens), (shared_tail, 2));
+        assert_eq!(s.blocks(), &[child.blocks()[0], copy.dst, reserved]);
+        assert_eq!(child.blocks()[1], shared_tail);
+        // The new token lands in the private copy, never in the child's.
+        let mut slots = Vec::new();
+        s.extend_slots(6..7, &mut slots);
+        assert_eq!(slots, vec![copy.dst as usize * 4 + 2]);
+        // The reserved block is then filled without another copy.
+        assert_eq!(s.try_append_cow(5).unwrap(), (7..12, None));
+        assert_eq!(s.blocks()[2], reserved);
+    }
+
+    #[test]
+    fn truncate_and_drop_give_reserved_blocks_back() {
+        let p = pool(8, 4);
+        let mut s = MutexSeq::new(Arc::clone(&p));
+        s.try_append(2).unwrap();
+        s.try_reserve(20, 0).unwrap();
+        assert_eq!(p.used_blocks(), 6);
+        // At or past the length: a no-op, reservation kept.
+        assert_eq!(s.truncate(2), 0);
+        assert_eq!(p.used_blocks(), 6);
+        assert_eq!(s.truncate(1), 5);
+        assert_eq!((s.len(), s.capacity(), p.used_blocks()), (1, 4, 1));
+        s.try_reserve(20, 0).unwrap();
+        drop(s);
+        assert_eq!(p.free_blocks(), 8);
     }
 
     #[test]

@@ -11,18 +11,19 @@
 //!    the head of its waiting list (its own preempted requests first, then
 //!    the shared queue) and admits it only if the *whole prompt* fits with
 //!    the watermark's headroom. By default ([`Admission::Reserve`]) that is
-//!    one all-or-nothing `try_alloc_with_headroom(prompt blocks, watermark)`
-//!    whose blocks are the request's prefill budget; with
-//!    [`Admission::Check`] it is only an atomic check (a zero-block
-//!    allocation with the prompt plus the watermark as headroom). If the head does not fit,
-//!    admission stops for this iteration (first come, first served). A
+//!    one all-or-nothing `try_reserve(seq, prompt tokens, watermark)` that
+//!    puts the prompt's blocks straight into the new sequence's table,
+//!    ahead of its length; with [`Admission::Check`] it is only an atomic
+//!    check (a zero-block allocation with the prompt plus the watermark as
+//!    headroom). If the head does not fit, admission stops for this
+//!    iteration (first come, first served). A
 //!    request whose prompt plus output (times its samples) can never fit
 //!    the pool is rejected (`NeverFits`), counted, and never retried.
 //! 2. **A step of every running group**, oldest first:
 //!    * *prefill*: one chunk of up to `chunk` tokens, one multi-token
-//!      `try_append`; with a reservation, the chunk's new blocks are first
-//!      given back from it (so the reservation shrinks as the sequence
-//!      grows, and the prompt never holds more than its own blocks);
+//!      `try_append`; with a reservation it only fills blocks the sequence
+//!      already holds (it takes nothing from the pool); with check-only
+//!      admission it takes the chunk's blocks;
 //!    * *fork*: once the prompt is in, `samples - 1` children are forked
 //!      from it (sharing its full blocks; a partly filled last block is
 //!      copied, and counted);
@@ -31,8 +32,8 @@
 //!      probability `accept` until the first rejection, keeps the accepted
 //!      ones plus the target's correction, and truncates the rest.
 //! 3. **Preemption.** When an allocation is refused, the worker drops its
-//!    most recently admitted group (all its sequences and its remaining
-//!    reservation), puts its request back at the head of its waiting list
+//!    most recently admitted group (all its sequences, with the reserved
+//!    blocks its prompt has not filled yet), puts its request back at the head of its waiting list
 //!    (recompute-style: it starts again from its prompt), and retries, until
 //!    the allocation succeeds or the group being stepped was itself the one
 //!    dropped.
@@ -51,10 +52,13 @@
 //!
 //! # What is measured
 //!
-//! Every call into the allocator (the reservation, its give-backs, each
-//! `try_append`, `truncate`, `try_fork`, and each sequence drop) is counted
-//! and timed with two `Instant::now()` calls around it; nothing else is
-//! timed. `try_append` latencies go into a per-worker HDR histogram, merged
+//! Every call into the allocator (each admission attempt, each
+//! `try_append`, `truncate`, `try_fork`, and each drop of a sequence that
+//! was admitted) is counted and timed with two `Instant::now()` calls
+//! around it, in the same place for both allocators; nothing else is
+//! timed. Creating an empty sequence (no pool access) is not a call; a
+//! sequence whose admission was refused holds nothing and is kept for the
+//! next attempt, so no empty sequence is ever dropped during the run. `try_append` latencies go into a per-worker HDR histogram, merged
 //! at the end. A monitor thread samples `used_blocks() <= num_blocks()`.
 
 use std::collections::VecDeque;
@@ -78,9 +82,9 @@ use crate::workload::Request;
 #[serde(rename_all = "lowercase")]
 pub enum Admission {
     /// Reserve the whole prompt's blocks with the watermark's headroom in
-    /// one all-or-nothing allocation; each prefill chunk then gives back
-    /// the blocks it is about to take. Nobody can take an admitted
-    /// prompt's blocks.
+    /// one all-or-nothing `try_reserve` into the new sequence (ahead of its
+    /// length); the prefill chunks then fill those blocks without taking
+    /// any from the pool. Nobody can take an admitted prompt's blocks.
     Reserve,
     /// Only check, atomically, that the whole prompt plus the watermark is
     /// free (a zero-block allocation with headroom), as vLLM's
@@ -210,12 +214,10 @@ pub struct RunStats {
 /// The kinds of allocator call the engine makes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpKind {
-    /// Admission: `try_alloc_with_headroom` of the prompt's blocks (or the
-    /// zero-block headroom check), failed attempts included.
+    /// Admission: `try_reserve` of the prompt's blocks into the new
+    /// sequence (or, check-only, the zero-block headroom check), failed
+    /// attempts included.
     Admit,
-    /// Giving reserved blocks back (`free`) before a prefill chunk, or when
-    /// a preempted group still held some.
-    GiveBack,
     /// `try_append`: prefill chunks, decode tokens, speculative drafts.
     Append,
     /// `truncate` of rejected draft tokens.
@@ -228,9 +230,8 @@ pub enum OpKind {
 
 impl OpKind {
     /// Every kind, in index order.
-    pub const ALL: [OpKind; 6] = [
+    pub const ALL: [OpKind; 5] = [
         OpKind::Admit,
-        OpKind::GiveBack,
         OpKind::Append,
         OpKind::Truncate,
         OpKind::Fork,
@@ -241,7 +242,6 @@ impl OpKind {
     pub fn name(self) -> &'static str {
         match self {
             OpKind::Admit => "admit",
-            OpKind::GiveBack => "give_back",
             OpKind::Append => "try_append",
             OpKind::Truncate => "truncate",
             OpKind::Fork => "try_fork",
@@ -387,8 +387,6 @@ struct Group<B: KvBackend> {
     seqs: Vec<B::Seq>,
     /// Output tokens kept, per sample.
     generated: Vec<usize>,
-    /// Reserved prompt blocks not yet taken by the parent.
-    reserved: Vec<B::Id>,
     /// Prompt tokens appended.
     prefilled: usize,
     /// The next sample to step in this iteration (steps resume there after
@@ -484,6 +482,11 @@ struct Worker<'a, B: KvBackend> {
     stats: WorkerStats,
     /// Slot mapping scratch (what a real worker hands the kernel).
     slots: Vec<usize>,
+    /// An empty sequence whose admission was refused, and the tokens its
+    /// table was sized for: reused by the next attempt for the same size
+    /// (usually the same request), so that refused attempts neither build
+    /// nor drop a sequence each time.
+    spare: Option<(usize, B::Seq)>,
 }
 
 impl<B: KvBackend> Worker<'_, B> {
@@ -521,26 +524,23 @@ impl<B: KvBackend> Worker<'_, B> {
         match g.phase {
             Phase::Prefill => {
                 let chunk = self.cfg.chunk.min(g.req.prompt - g.prefilled);
-                // Give back from the reservation what the chunk will take,
-                // so that the prompt never holds more than its own blocks.
-                let target = g.req.prompt.div_ceil(bs) - (g.prefilled + chunk).div_ceil(bs);
-                if g.reserved.len() > target {
-                    let backend = self.backend;
-                    let ids = &g.reserved[target..];
-                    self.stats
-                        .call(OpKind::GiveBack, || backend.free(ids))
-                        .map_err(|e| StepError::Fatal(format!("reservation free: {e}")))?;
-                    g.reserved.truncate(target);
-                }
+                let held = B::seq_blocks(&g.seqs[0]);
                 let range = self
                     .stats
                     .append::<B>(&mut g.seqs[0], chunk)
                     .map_err(|e| self.refused(e, "prefill"))?;
+                // A reserved prompt is filled without taking a block.
+                if self.cfg.admission == Admission::Reserve && B::seq_blocks(&g.seqs[0]) != held {
+                    return Err(StepError::Fatal(format!(
+                        "prefill of a reserved prompt took blocks ({held} held, {} after)",
+                        B::seq_blocks(&g.seqs[0])
+                    )));
+                }
                 self.map_slots(&g.seqs[0], range);
                 g.prefilled += chunk;
                 self.stats.prefilled += chunk as u64;
                 if g.prefilled == g.req.prompt {
-                    debug_assert!(g.reserved.is_empty());
+                    debug_assert_eq!(B::seq_blocks(&g.seqs[0]), g.req.prompt.div_ceil(bs));
                     g.phase = if self.cfg.samples > 1 {
                         Phase::Fork
                     } else {
@@ -614,18 +614,9 @@ impl<B: KvBackend> Worker<'_, B> {
         Ok(kept)
     }
 
-    /// Drops a group's sequences and reservation (each drop is an
-    /// allocator call).
+    /// Drops a group's sequences, with any reserved blocks they still hold
+    /// (each drop is an allocator call).
     fn release(&mut self, g: Group<B>) {
-        let backend = self.backend;
-        if !g.reserved.is_empty() {
-            if let Err(e) = self
-                .stats
-                .call(OpKind::GiveBack, || backend.free(&g.reserved))
-            {
-                self.shared.fail(format!("reservation free: {e}"));
-            }
-        }
         for seq in g.seqs {
             self.stats.call(OpKind::Drop, || drop(seq));
         }
@@ -648,28 +639,48 @@ impl<B: KvBackend> Worker<'_, B> {
     /// Admits `req` if its whole prompt fits with the watermark; `Ok(None)`
     /// if it does not fit now.
     fn admit(&mut self, req: Request) -> Result<Option<Group<B>>, String> {
-        let prompt_blocks = req.prompt.div_ceil(self.block_size());
         let backend = self.backend;
         let wm = self.cfg.watermark_blocks;
-        let (n, headroom, mut reserved) = match self.cfg.admission {
-            Admission::Reserve => (prompt_blocks, wm, Vec::with_capacity(prompt_blocks)),
-            Admission::Check => (0, prompt_blocks + wm, Vec::new()),
+        // The sequence's table is sized for the whole run (prompt plus
+        // output), so that no append reallocates it.
+        let tokens = req.prompt + req.output;
+        let mut seq = match self.spare.take() {
+            Some((sized, seq)) if sized == tokens => seq,
+            // An empty sequence of another size: dropping it touches no
+            // block (it holds none), so it is not an allocator call.
+            _ => backend.new_seq(tokens),
         };
-        match self.stats.call(OpKind::Admit, || {
-            backend.try_alloc_with_headroom(n, headroom, &mut reserved)
-        }) {
+        debug_assert_eq!(B::seq_blocks(&seq), 0, "a spare sequence holds blocks");
+        let admitted = match self.cfg.admission {
+            Admission::Reserve => self
+                .stats
+                .call(OpKind::Admit, || B::try_reserve(&mut seq, req.prompt, wm)),
+            Admission::Check => {
+                let prompt_blocks = req.prompt.div_ceil(self.block_size());
+                // A zero-block allocation pushes nothing: `none` stays empty
+                // and never allocates.
+                let mut none = Vec::new();
+                self.stats.call(OpKind::Admit, || {
+                    backend.try_alloc_with_headroom(0, prompt_blocks + wm, &mut none)
+                })
+            }
+        };
+        match admitted {
             Ok(()) => {}
-            Err(ReserveError::Full { .. }) => return Ok(None),
+            Err(ReserveError::Full { .. }) => {
+                // Refused: nothing changed, the sequence is still empty.
+                self.spare = Some((tokens, seq));
+                return Ok(None);
+            }
             Err(e) => return Err(format!("admission: unexpected {e:?}")),
         }
         let mut seqs = Vec::with_capacity(self.cfg.samples);
-        seqs.push(self.backend.new_seq(req.prompt + req.output));
+        seqs.push(seq);
         Ok(Some(Group {
             req,
             phase: Phase::Prefill,
             seqs,
             generated: vec![0; self.cfg.samples],
-            reserved,
             prefilled: 0,
             cursor: 0,
             rng: SmallRng::seed_from_u64(
@@ -977,6 +988,7 @@ pub fn run<B: KvBackend>(
                         // Room for a chunk's or a draft batch's slots
                         // (bounded: absurd flag values must not abort).
                         slots: Vec::with_capacity(cfg.chunk.max(cfg.spec).min(1 << 16)),
+                        spare: None,
                     }
                     .run(&rx)
                 })

@@ -73,7 +73,7 @@ pub struct Report {
     pub wall_ms: f64,
     /// `try_append` latency.
     pub append_latency_ns: Latency,
-    /// Allocator calls by kind: `admit`, `give_back`, `try_append`,
+    /// Allocator calls by kind: `admit`, `try_append`,
     /// `truncate`, `try_fork`, `drop`.
     pub alloc_ops: std::collections::BTreeMap<&'static str, OpReport>,
     /// Iterations in which a worker had nothing running and waited for

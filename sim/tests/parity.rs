@@ -1,7 +1,11 @@
 //! The mutex baseline keeps the kvslots contract: the same random sequence
 //! of operations on both backends gives the same results (successes, error
-//! kinds and their numbers, lengths, block counts, pool usage), so the
-//! comparison runs one workload on two implementations of one interface.
+//! kinds and their numbers, lengths, capacities, pool usage, and which
+//! blocks the sequences' tables share, up to renaming the block ids), so
+//! the comparison runs one workload on two implementations of one
+//! interface.
+
+use std::collections::HashMap;
 
 use kvslots::ReserveError;
 use kvslots_sim::backend::{KvBackend, KvslotsBackend, MutexBackend};
@@ -13,27 +17,72 @@ use rand::{Rng, SeedableRng};
 #[derive(Debug, PartialEq)]
 enum Outcome {
     Reserve(Result<usize, ReserveError>),
+    /// `try_reserve` into a sequence; `Ok` holds its capacity after.
+    ReserveSeq(Result<usize, ReserveError>),
     Append(Result<std::ops::Range<usize>, ReserveError>),
     Truncate(usize),
     Fork(Result<Option<usize>, ReserveError>),
+    /// Fork, truncate the parent into the shared prefix, reserve, append.
+    Rewind(
+        Result<Option<usize>, ReserveError>,
+        usize,
+        Result<usize, ReserveError>,
+        Result<std::ops::Range<usize>, ReserveError>,
+    ),
     Dropped,
     Freed,
 }
 
-/// Runs `steps` seeded random operations; returns every outcome and, after
-/// each, (used blocks, per-sequence (len, blocks)).
-#[allow(clippy::type_complexity)]
-fn script<B: KvBackend>(
-    b: &B,
-    seed: u64,
-    steps: usize,
-) -> Vec<(Outcome, usize, Vec<(usize, usize)>)> {
+/// A sequence's shape: length, capacity, and its table with every block id
+/// renamed to the order of its first appearance across all the tables (so
+/// sharing between sequences, and where each block sits, are compared, but
+/// not the ids the two free lists happen to hand out).
+type Shape = (usize, usize, Vec<usize>);
+
+fn shapes<B: KvBackend>(seqs: &[B::Seq]) -> Vec<Shape> {
+    let mut names: HashMap<B::Id, usize> = HashMap::new();
+    seqs.iter()
+        .map(|s| {
+            let table = B::seq_table(s)
+                .iter()
+                .map(|&id| {
+                    let next = names.len();
+                    *names.entry(id).or_insert(next)
+                })
+                .collect();
+            (B::seq_len(s), B::seq_capacity(s), table)
+        })
+        .collect()
+}
+
+/// Whether an append to `seqs[i]` starts in a partly filled block that is
+/// shared with another sequence and is not the table's last (blocks are
+/// reserved after it): the copy-on-write that must pick the tail by index.
+fn cow_before_reserved<B: KvBackend>(seqs: &[B::Seq], i: usize, bs: usize) -> bool {
+    let (len, table) = (B::seq_len(&seqs[i]), B::seq_table(&seqs[i]));
+    let tail = len / bs;
+    len % bs != 0
+        && tail + 1 < table.len()
+        && seqs
+            .iter()
+            .enumerate()
+            .any(|(j, s)| j != i && B::seq_table(s).contains(&table[tail]))
+}
+
+/// What a script did: every outcome with (used blocks, shapes) after it,
+/// and how many appends were a copy-on-write before reserved blocks.
+type Log = (Vec<(Outcome, usize, Vec<Shape>)>, usize);
+
+/// Runs `steps` seeded random operations.
+fn script<B: KvBackend>(b: &B, seed: u64, steps: usize) -> Log {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut seqs: Vec<B::Seq> = Vec::new();
     let mut reserved: Vec<Vec<B::Id>> = Vec::new();
     let mut log = Vec::new();
+    let mut cows = 0;
+    let bs = b.block_size();
     for _ in 0..steps {
-        let op = rng.random_range(0..100);
+        let op = rng.random_range(0..120);
         let outcome = if seqs.is_empty() || op < 10 {
             seqs.push(b.new_seq(rng.random_range(0..64)));
             Outcome::Append(B::try_append(
@@ -48,6 +97,9 @@ fn script<B: KvBackend>(
                 2 => usize::MAX,
                 _ => rng.random_range(1..8),
             };
+            if cow_before_reserved::<B>(&seqs, i, bs) && n > 0 && n < 1000 {
+                cows += 1;
+            }
             Outcome::Append(B::try_append(&mut seqs[i], n))
         } else if op < 60 {
             let i = rng.random_range(0..seqs.len());
@@ -75,37 +127,77 @@ fn script<B: KvBackend>(
                 reserved.push(ids);
             }
             Outcome::Reserve(r)
-        } else {
+        } else if op < 100 {
             if let Some(ids) = reserved.pop() {
                 b.free(&ids).unwrap();
             }
             Outcome::Freed
+        } else if op >= 112 {
+            // What a beam search does: fork, then roll the parent back into
+            // the prefix it now shares (mid-block), reserve, and append, so
+            // that the append copies the shared tail with reserved blocks
+            // after it.
+            let i = rng.random_range(0..seqs.len());
+            let fork = B::try_fork(&seqs[i]).map(|(child, copy)| {
+                seqs.push(child);
+                copy
+            });
+            let len = B::seq_len(&seqs[i]);
+            let cut = if len > 1 { rng.random_range(1..len) } else { 0 };
+            let gone = B::truncate(&mut seqs[i], cut);
+            let reserve = B::try_reserve(&mut seqs[i], rng.random_range(1..12), 0)
+                .map(|()| B::seq_capacity(&seqs[i]));
+            let n = rng.random_range(1..8);
+            if cow_before_reserved::<B>(&seqs, i, bs) {
+                cows += 1;
+            }
+            Outcome::Rewind(fork, gone, reserve, B::try_append(&mut seqs[i], n))
+        } else {
+            let i = rng.random_range(0..seqs.len());
+            let tokens = match rng.random_range(0..10) {
+                0 => 0,
+                1 => 1000,
+                2 => usize::MAX,
+                _ => rng.random_range(1..12),
+            };
+            let headroom = match rng.random_range(0..10) {
+                0 => usize::MAX,
+                1..=4 => 0,
+                _ => rng.random_range(1..6),
+            };
+            let seq = &mut seqs[i];
+            let r = B::try_reserve(seq, tokens, headroom).map(|()| B::seq_capacity(seq));
+            Outcome::ReserveSeq(r)
         };
-        let shape = seqs
-            .iter()
-            .map(|s| (B::seq_len(s), B::seq_blocks(s)))
-            .collect();
-        log.push((outcome, b.used_blocks(), shape));
+        for s in &seqs {
+            assert_eq!(B::seq_capacity(s), B::seq_blocks(s) * bs);
+            assert!(B::seq_capacity(s) >= B::seq_len(s));
+        }
+        log.push((outcome, b.used_blocks(), shapes::<B>(&seqs)));
     }
     drop(seqs);
     for ids in reserved {
         b.free(&ids).unwrap();
     }
     assert_eq!(b.used_blocks(), 0, "{}: not full again", b.name());
-    log
+    (log, cows)
 }
 
 #[test]
 fn both_backends_agree_on_random_operation_sequences() {
+    let (mut cows, mut seeds_ahead) = (0, 0);
     for seed in 0..40 {
         let (nb, bs) = (12 + seed as usize % 5, 1 + seed as usize % 4);
         let a = KvslotsBackend::new(nb, bs);
         let b = MutexBackend::new(nb, bs);
-        let la = script(&a, seed, 400);
-        let lb = script(&b, seed, 400);
+        let (la, cows_a) = script(&a, seed, 400);
+        let (lb, cows_b) = script(&b, seed, 400);
         for (step, (x, y)) in la.iter().zip(&lb).enumerate() {
             assert_eq!(x, y, "seed {seed}, step {step}");
         }
+        assert_eq!(la.len(), lb.len());
+        assert_eq!(cows_a, cows_b, "seed {seed}");
+        cows += cows_a;
         assert_eq!(a.peak_used_blocks(), b.peak_used_blocks(), "seed {seed}");
         // The scripts really exercised refusals, forks and copies.
         let count = |f: &dyn Fn(&Outcome) -> bool| la.iter().filter(|(o, _, _)| f(o)).count();
@@ -113,7 +205,30 @@ fn both_backends_agree_on_random_operation_sequences() {
         assert!(count(&|o| matches!(o, Outcome::Append(Err(ReserveError::NeverFits { .. })))) > 0);
         assert!(count(&|o| matches!(o, Outcome::Fork(Ok(_)))) > 0);
         assert!(count(&|o| matches!(o, Outcome::Reserve(Err(_)))) > 0);
+        assert!(count(&|o| matches!(o, Outcome::ReserveSeq(Ok(_)))) > 0);
+        assert!(count(&|o| matches!(o, Outcome::ReserveSeq(Err(ReserveError::Full { .. })))) > 0);
+        assert!(
+            count(&|o| matches!(o, Outcome::ReserveSeq(Err(ReserveError::NeverFits { .. })))) > 0
+        );
+        // A whole empty block in a table (only a reservation makes one).
+        let ahead = la
+            .iter()
+            .filter(|(_, _, shape)| shape.iter().any(|(len, cap, _)| *cap >= len + bs))
+            .count();
+        if ahead > 0 {
+            seeds_ahead += 1;
+        }
     }
+    // Most scripts held blocks in reserve ahead of the length (a few fill
+    // their small pool with forks of one long sequence early on).
+    assert!(
+        seeds_ahead >= 30,
+        "only {seeds_ahead} scripts reserved ahead"
+    ); // Appends that copied a shared tail with reserved blocks after it.
+    assert!(
+        cows >= 20,
+        "only {cows} copies-on-write before reserved blocks"
+    );
 }
 
 #[test]
