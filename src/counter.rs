@@ -14,8 +14,8 @@
 //! fresh value, so no thread ever observes a partial admission, and two
 //! appenders can never both pass a check that only one of them fits (the
 //! check and the add are the same atomic step). On contention the loop backs
-//! off exponentially ([`Backoff`]), which keeps the cache line from
-//! ping-ponging between cores on every failed attempt.
+//! off exponentially (`sync::Backoff`, first wait 4 spins), which keeps the
+//! cache line from ping-ponging between cores on every failed attempt.
 //!
 //! Giving back slots held by a guard is a single `fetch_sub`: the guard
 //! proves they are held, so no check is needed. [`SlotCounter::release`],

@@ -34,11 +34,55 @@ pub use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize
 /// atomics never share a line (false sharing).
 pub use crossbeam_utils::CachePadded;
 
-/// Exponential backoff for compare-and-swap retry loops.
+/// Exponential backoff for compare-and-swap retry loops: after a failed CAS,
+/// wait [`Backoff::FIRST_SPINS`] spin hints, doubling on each further
+/// failure up to [`Backoff::MAX_SPINS`].
+///
+/// `crossbeam_utils::Backoff` starts at 1 spin. On two contending cores,
+/// `benches/contention.rs` measured `try_reserve`+drop at 0.74-0.78x of a
+/// bare `fetch_add`/`fetch_sub` pair with a first wait of 1 spin, 0.88x with
+/// 2 and 1.00x with 4: a failed CAS means the line just moved to another
+/// core, and retrying at once only pulls it back before that core is done
+/// with it. Longer first waits raise throughput further but let one thread
+/// keep the line for longer streaks (less fair), so 4 is the compromise.
 ///
 /// Under the model checkers it only emits spin hints, which are not
 /// scheduling points, so it changes nothing loom or shuttle explore.
-pub use crossbeam_utils::Backoff;
+#[derive(Debug)]
+pub struct Backoff {
+    spins: std::cell::Cell<u32>,
+}
+
+impl Backoff {
+    /// Spin hints of the first wait.
+    pub const FIRST_SPINS: u32 = 4;
+    /// The longest wait, in spin hints.
+    pub const MAX_SPINS: u32 = 64;
+
+    /// A backoff whose next wait is the first.
+    #[inline]
+    pub fn new() -> Backoff {
+        Backoff {
+            spins: std::cell::Cell::new(Self::FIRST_SPINS),
+        }
+    }
+
+    /// Waits, then doubles the next wait (up to the maximum).
+    #[inline]
+    pub fn spin(&self) {
+        let spins = self.spins.get();
+        for _ in 0..spins {
+            std::hint::spin_loop();
+        }
+        self.spins.set((spins * 2).min(Self::MAX_SPINS));
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Backoff {
+        Backoff::new()
+    }
+}
 
 /// Backs off before retrying after a read that may have been stale (not a
 /// failed CAS, which always reads the latest value).
