@@ -43,6 +43,8 @@ use std::sync::Arc;
 use kvslots::sync::{AtomicBool, AtomicUsize, Ordering};
 use kvslots::{OwnedReservation, ReleaseError, Reservation, ReserveError, SlotCounter};
 
+pub mod pool_world;
+
 /// The fixed assertion messages (the prefix of each panic), shared by the
 /// models and the `expected = "..."` of the negative controls.
 pub mod msg {

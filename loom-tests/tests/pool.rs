@@ -7,7 +7,7 @@
 //!
 //! # What every model checks
 //!
-//! * **No double hand-out.** A [`World`] keeps a shadow holder count per
+//! * **No double hand-out.** A [`PoolWorld`] keeps a shadow holder count per
 //!   block next to the pool. A thread that gets a block from `try_alloc`
 //!   swaps its count to 1 and panics ([`DOUBLE`]) unless it was 0; a
 //!   thread that shares one adds 1; a thread about to give a reference back
@@ -54,92 +54,38 @@
 //! count older than the freer's give-back), and then pops the block the
 //! other thread has just pushed (the free list is LIFO): only the free
 //! list's orderings could then order the two owners' accesses.
+//!
+//! [`DOUBLE`]: loom_tests::pool_world::DOUBLE
+//! [`LOST`]: loom_tests::pool_world::LOST
 #![cfg(kvslots_loom)]
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
 
-use kvslots::sync::{AtomicUsize, Ordering};
-use kvslots::{BlockId, BlockPool, Faults, ReserveError, Sequence};
-use loom::cell::UnsafeCell;
+use kvslots::{BlockId, Faults, ReserveError, Sequence};
 use loom::thread;
-
-/// A block was handed out while a holder still had it (the same words as
-/// the pool's own debug assertion, which fires first in a debug build).
-const DOUBLE: &str = "handed out twice";
-/// The pool did not come back whole after every reference was returned.
-const LOST: &str = "blocks not conserved";
+use loom_tests::pool_world::{check, PoolWorld, NO_TAG, RELAXED_FREE, SOUND};
 
 /// Block size of every pool here (the models move whole blocks).
 const BLOCK_SIZE: usize = 1;
 
-/// No faults: the pool as shipped.
-const SOUND: Faults = Faults {
-    no_tag: false,
-    relaxed_free: false,
-};
-/// The ABA control: the id stack without its generation tag.
-const NO_TAG: Faults = Faults {
-    no_tag: true,
-    relaxed_free: false,
-};
-/// The ordering control: freeing with `Relaxed` instead of `Release`.
-const RELAXED_FREE: Faults = Faults {
-    no_tag: false,
-    relaxed_free: true,
-};
-
-/// Runs `f` under loom with the environment's bounds, defaulting the
-/// preemption bound to 2 when `LOOM_MAX_PREEMPTIONS` is not set, so that
-/// the three-thread models stay tractable. Prints how many executions loom
-/// explored (see `--nocapture`) and checks that it explored more than one,
-/// so that a model whose threads never overlap cannot pass vacuously.
-fn check<F>(f: F)
-where
-    F: Fn() + Sync + Send + 'static,
-{
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
-    }
-    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = Arc::clone(&runs);
-    builder.check(move || {
-        // Relaxed: a plain std counter of loom's executions, which loom runs
-        // one at a time; it is outside the model.
-        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        f();
-    });
-    // Relaxed: as above; every execution is done.
-    let runs = runs.load(std::sync::atomic::Ordering::Relaxed);
-    eprintln!("loom explored {runs} executions");
-    assert!(runs > 1, "the model explored a single execution");
+/// A model's pool of `num_blocks` blocks, with its shadow holder counts and
+/// block payloads.
+fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
+    PoolWorld::new(num_blocks, BLOCK_SIZE, faults, "thread")
 }
 
-/// A pool with the model's shadow holder counts and block payloads.
-struct World {
-    pool: Arc<BlockPool>,
-    /// Shadow reference count per block (see the module doc).
-    holders: Box<[AtomicUsize]>,
-    /// The happens-before witness per block (see the module doc).
-    payload: Box<[UnsafeCell<usize>]>,
-}
-
-impl World {
-    // `loom::cell::UnsafeCell` is deliberately not `Sync`, and neither is
-    // a `World`; sharing it is sound here because loom runs a model's
-    // threads one at a time (its `thread::spawn` does not ask for `Send`).
-    #[allow(clippy::arc_with_non_send_sync)]
-    fn new(num_blocks: usize, faults: Faults) -> Arc<World> {
-        Arc::new(World {
-            pool: Arc::new(BlockPool::with_faults(num_blocks, BLOCK_SIZE, faults)),
-            holders: (0..num_blocks).map(|_| AtomicUsize::new(0)).collect(),
-            payload: (0..num_blocks).map(|_| UnsafeCell::new(0)).collect(),
-        })
-    }
-
+/// The checked allocations of these models.
+trait Allocs {
     /// `try_alloc(n)` into a fresh vector, checked whole or nothing; each
     /// new block is taken in the shadow and its payload written.
+    fn alloc(&self, n: usize) -> Result<Vec<BlockId>, ReserveError>;
+
+    /// The owner writes into its blocks one last time, then frees them.
+    fn give_back(&self, ids: &[BlockId]);
+}
+
+impl Allocs for PoolWorld {
     fn alloc(&self, n: usize) -> Result<Vec<BlockId>, ReserveError> {
         let mut ids = Vec::new();
         let result = self.pool.try_alloc(n, &mut ids);
@@ -160,82 +106,12 @@ impl World {
         result.map(|()| ids)
     }
 
-    /// Records that `id` was just handed out to a new owner.
-    fn take(&self, id: BlockId) {
-        // Relaxed: only the swap's atomicity matters (see the module doc).
-        let before = self.holders[id.index()].swap(1, Ordering::Relaxed);
-        assert_eq!(before, 0, "{id} {DOUBLE}: it had {before} holder(s)");
-    }
-
-    /// Records one more holder of a block already held.
-    fn share(&self, id: BlockId) {
-        // Relaxed: as in `take`.
-        let before = self.holders[id.index()].fetch_add(1, Ordering::Relaxed);
-        assert!(before > 0, "{id} shared while nobody held it");
-    }
-
-    /// Records that one holder of `id` is about to give its reference back.
-    fn drop_ref(&self, id: BlockId) {
-        // Relaxed: as in `take`.
-        let before = self.holders[id.index()].fetch_sub(1, Ordering::Relaxed);
-        assert!(
-            before > 0,
-            "{id} given back by a thread that did not hold it"
-        );
-    }
-
-    /// The owner writes into block `id` (tracked by loom).
-    fn write(&self, id: BlockId) {
-        self.payload[id.index()].with_mut(|_| ());
-    }
-
-    /// A holder reads block `id` (tracked by loom).
-    fn read(&self, id: BlockId) {
-        self.payload[id.index()].with(|_| ());
-    }
-
-    /// The owner writes into its blocks one last time, then frees them.
     fn give_back(&self, ids: &[BlockId]) {
         for &id in ids {
             self.write(id);
             self.drop_ref(id);
         }
         self.pool.free(ids).expect("a holder's free was refused");
-    }
-
-    /// The conservation check, once every reference is back.
-    fn assert_conserved(&self) {
-        let n = self.pool.num_blocks();
-        assert_eq!(self.pool.free_blocks(), n, "{LOST}: free_blocks");
-        assert_eq!(self.pool.used_blocks(), 0, "{LOST}: used_blocks");
-        for i in 0..n {
-            let id = BlockId::new(i as u32);
-            assert_eq!(
-                self.pool.ref_count(id),
-                Some(0),
-                "{LOST}: {id} still referenced"
-            );
-        }
-        let mut all = Vec::new();
-        self.pool
-            .try_alloc(n, &mut all)
-            .unwrap_or_else(|e| panic!("{LOST}: allocating every block failed: {e:?}"));
-        let mut sorted = all.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        // A duplicate here is a block that sits in the free list twice: the
-        // next two allocations would both be handed it.
-        assert_eq!(
-            sorted.len(),
-            n,
-            "{DOUBLE}: allocating every block gave {all:?}"
-        );
-        assert!(
-            self.pool.try_alloc(1, &mut Vec::new()).is_err(),
-            "{LOST}: a block beyond num_blocks was handed out"
-        );
-        self.pool.free(&all).expect("freeing every block");
-        assert_eq!(self.pool.free_blocks(), n, "{LOST}: after the final free");
     }
 }
 
@@ -253,7 +129,7 @@ impl World {
 /// is handed block 1 too. One preemption.
 fn alloc_vs_alloc(faults: Faults) {
     check(move || {
-        let world = World::new(3, faults);
+        let world = new_world(3, faults);
         let b = {
             let world = Arc::clone(&world);
             thread::spawn(move || match world.alloc(2) {
@@ -271,7 +147,7 @@ fn alloc_vs_alloc(faults: Faults) {
         let mut rest = b.join().unwrap();
         rest.extend(held);
         world.give_back(&rest);
-        world.assert_conserved();
+        world.assert_conserved_and_bounded();
     });
 }
 
@@ -296,7 +172,7 @@ fn alloc_vs_alloc_no_tag_is_caught() {
 /// blocks are out at once and the freed ones are reused.
 fn alloc_vs_alloc_full_pool(faults: Faults) {
     check(move || {
-        let world = World::new(4, faults);
+        let world = new_world(4, faults);
         let other = {
             let world = Arc::clone(&world);
             thread::spawn(move || {
@@ -309,7 +185,7 @@ fn alloc_vs_alloc_full_pool(faults: Faults) {
         let again = world.alloc(2).expect("two of four, the other holding two");
         world.give_back(&again);
         other.join().unwrap();
-        world.assert_conserved();
+        world.assert_conserved_and_bounded();
     });
 }
 
@@ -342,7 +218,7 @@ fn alloc_vs_alloc_full_pool_relaxed_free_is_caught() {
 /// write before the allocator's.
 fn alloc_vs_free(num_blocks: usize, held: usize, want: usize, faults: Faults) {
     check(move || {
-        let world = World::new(num_blocks, faults);
+        let world = new_world(num_blocks, faults);
         let ids = world.alloc(held).expect("the first allocation");
         let freer = {
             let world = Arc::clone(&world);
@@ -360,7 +236,7 @@ fn alloc_vs_free(num_blocks: usize, held: usize, want: usize, faults: Faults) {
         if let Ok(got) = got {
             world.give_back(&got);
         }
-        world.assert_conserved();
+        world.assert_conserved_and_bounded();
     });
 }
 
@@ -396,7 +272,7 @@ fn alloc_vs_free_needs_the_freed_block_sound() {
 /// already, so the counter orders none of it.
 fn free_vs_free_shared(faults: Faults) {
     check(move || {
-        let world = World::new(2, faults);
+        let world = new_world(2, faults);
         let mut parent = Sequence::new(Arc::clone(&world.pool));
         parent.try_append(BLOCK_SIZE).expect("one block");
         let s = parent.blocks()[0];
@@ -423,7 +299,7 @@ fn free_vs_free_shared(faults: Faults) {
             h.join().unwrap();
         }
         world.give_back(&got);
-        world.assert_conserved();
+        world.assert_conserved_and_bounded();
     });
 }
 
@@ -443,7 +319,7 @@ fn free_vs_free_shared_relaxed_free_is_caught() {
 #[test]
 fn free_vs_free_shared_alone_sound() {
     check(|| {
-        let world = World::new(1, SOUND);
+        let world = new_world(1, SOUND);
         let mut parent = Sequence::new(Arc::clone(&world.pool));
         parent.try_append(BLOCK_SIZE).expect("one block");
         let (child, _) = parent.try_fork().expect("a fork on a block boundary");
@@ -452,7 +328,7 @@ fn free_vs_free_shared_alone_sound() {
         drop(parent);
         other.join().unwrap();
         assert_eq!(world.pool.ref_count(s), Some(0));
-        world.assert_conserved();
+        world.assert_conserved_and_bounded();
     });
 }
 
@@ -461,7 +337,7 @@ fn free_vs_free_shared_alone_sound() {
 /// the third is refused or reuses a block another has just given back.
 fn three_way(faults: Faults) {
     check(move || {
-        let world = World::new(2, faults);
+        let world = new_world(2, faults);
         let others: Vec<_> = (0..2)
             .map(|_| {
                 let world = Arc::clone(&world);
@@ -478,7 +354,7 @@ fn three_way(faults: Faults) {
         for t in others {
             t.join().unwrap();
         }
-        world.assert_conserved();
+        world.assert_conserved_and_bounded();
     });
 }
 

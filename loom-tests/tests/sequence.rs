@@ -50,128 +50,63 @@
 //! order the two owners' accesses. (The ABA control lives in
 //! `tests/pool.rs`: a sequence reaches the free list only through
 //! `try_alloc` and `free`.)
+//!
+//! [`DOUBLE`]: loom_tests::pool_world::DOUBLE
 #![cfg(kvslots_loom)]
 #![forbid(unsafe_code)]
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use kvslots::sync::{AtomicUsize, Ordering};
-use kvslots::{BlockCopy, BlockId, BlockPool, Faults, ReserveError, Sequence};
-use loom::cell::UnsafeCell;
+use kvslots::{BlockCopy, BlockId, Faults, ReserveError, Sequence};
 use loom::thread;
-
-/// A block was handed out while a holder still had it.
-const DOUBLE: &str = "handed out twice";
-/// The pool did not come back whole after every sequence was dropped.
-const LOST: &str = "blocks not conserved";
+use loom_tests::pool_world::{check, PoolWorld, RELAXED_FREE, SOUND};
 
 /// Token slots per block in every model here.
 const BS: usize = 2;
 
-/// No faults: the pool as shipped.
-const SOUND: Faults = Faults {
-    no_tag: false,
-    relaxed_free: false,
-};
-/// The ordering control: freeing with `Relaxed` instead of `Release`.
-const RELAXED_FREE: Faults = Faults {
-    no_tag: false,
-    relaxed_free: true,
-};
-
-/// Runs `f` under loom with the environment's bounds, defaulting the
-/// preemption bound to 2 when `LOOM_MAX_PREEMPTIONS` is not set. Prints how
-/// many executions loom explored (see `--nocapture`) and checks that it
-/// explored more than one, so that a model whose threads never overlap
-/// cannot pass vacuously.
-fn check<F>(f: F)
-where
-    F: Fn() + Sync + Send + 'static,
-{
-    let mut builder = loom::model::Builder::new();
-    if builder.preemption_bound.is_none() {
-        builder.preemption_bound = Some(2);
-    }
-    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let counted = Arc::clone(&runs);
-    builder.check(move || {
-        // Relaxed: a plain std counter of loom's executions, which loom runs
-        // one at a time; it is outside the model.
-        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        f();
-    });
-    // Relaxed: as above; every execution is done.
-    let runs = runs.load(std::sync::atomic::Ordering::Relaxed);
-    eprintln!("loom explored {runs} executions");
-    assert!(runs > 1, "the model explored a single execution");
+/// A model's pool of `num_blocks` blocks of [`BS`] slots, with its shadow
+/// holder counts and block payloads.
+fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
+    PoolWorld::new(num_blocks, BS, faults, "sequence")
 }
 
-/// A pool with the model's shadow holder counts and block payloads, and the
-/// checked sequence operations.
-struct World {
-    pool: Arc<BlockPool>,
-    /// Shadow reference count per block (see the module doc).
-    holders: Box<[AtomicUsize]>,
-    /// The happens-before witness per block (see the module doc).
-    payload: Box<[UnsafeCell<usize>]>,
+/// The checked sequence operations of these models.
+trait SeqOps {
+    /// A new, empty sequence over the pool.
+    fn sequence(&self) -> Sequence;
+
+    /// A holder reads `id` one last time and records that it is about to
+    /// give its reference back.
+    fn let_go(&self, id: BlockId);
+
+    /// `try_append(n)`, checked whole or nothing; the blocks the new tokens
+    /// land in are written.
+    fn append(&self, seq: &mut Sequence, n: usize) -> Result<Range<usize>, ReserveError>;
+
+    /// `try_fork()`, checked: the child shares exactly the full blocks and
+    /// gets a private copy of a partly filled tail, which is read from the
+    /// source and written into the destination.
+    fn fork(&self, parent: &Sequence) -> Result<Sequence, ReserveError>;
+
+    /// `truncate(len)`, checked: gives back exactly the blocks past the new
+    /// length, each read one last time.
+    fn truncate(&self, seq: &mut Sequence, len: usize);
+
+    /// Drops `seq`, each of its blocks read one last time.
+    fn drop_seq(&self, seq: Sequence);
 }
 
-impl World {
-    // `loom::cell::UnsafeCell` is deliberately not `Sync`, and neither is
-    // a `World`; sharing it is sound here because loom runs a model's
-    // threads one at a time (its `thread::spawn` does not ask for `Send`).
-    #[allow(clippy::arc_with_non_send_sync)]
-    fn new(num_blocks: usize, faults: Faults) -> Arc<World> {
-        Arc::new(World {
-            pool: Arc::new(BlockPool::with_faults(num_blocks, BS, faults)),
-            holders: (0..num_blocks).map(|_| AtomicUsize::new(0)).collect(),
-            payload: (0..num_blocks).map(|_| UnsafeCell::new(0)).collect(),
-        })
-    }
-
+impl SeqOps for PoolWorld {
     fn sequence(&self) -> Sequence {
         Sequence::new(Arc::clone(&self.pool))
     }
 
-    /// Records that `id` was just handed out to a new owner.
-    fn take(&self, id: BlockId) {
-        // Relaxed: only the swap's atomicity matters (see the module doc).
-        let before = self.holders[id.index()].swap(1, Ordering::Relaxed);
-        assert_eq!(before, 0, "{id} {DOUBLE}: it had {before} holder(s)");
-    }
-
-    /// Records one more holder of a block already held.
-    fn share(&self, id: BlockId) {
-        // Relaxed: as in `take`.
-        let before = self.holders[id.index()].fetch_add(1, Ordering::Relaxed);
-        assert!(before > 0, "{id} shared while nobody held it");
-    }
-
-    /// A holder reads `id` one last time and records that it is about to
-    /// give its reference back.
     fn let_go(&self, id: BlockId) {
         self.read(id);
-        // Relaxed: as in `take`.
-        let before = self.holders[id.index()].fetch_sub(1, Ordering::Relaxed);
-        assert!(
-            before > 0,
-            "{id} given back by a sequence that did not hold it"
-        );
+        self.drop_ref(id);
     }
 
-    /// The owner writes into block `id` (tracked by loom).
-    fn write(&self, id: BlockId) {
-        self.payload[id.index()].with_mut(|_| ());
-    }
-
-    /// A holder reads block `id` (tracked by loom).
-    fn read(&self, id: BlockId) {
-        self.payload[id.index()].with(|_| ());
-    }
-
-    /// `try_append(n)`, checked whole or nothing; the blocks the new tokens
-    /// land in are written.
     fn append(&self, seq: &mut Sequence, n: usize) -> Result<Range<usize>, ReserveError> {
         let old_len = seq.len();
         let old_blocks = seq.blocks().to_vec();
@@ -212,9 +147,6 @@ impl World {
         result
     }
 
-    /// `try_fork()`, checked: the child shares exactly the full blocks and
-    /// gets a private copy of a partly filled tail, which is read from the
-    /// source and written into the destination.
     fn fork(&self, parent: &Sequence) -> Result<Sequence, ReserveError> {
         let len = parent.len();
         let (full, tail) = (len / BS, len % BS);
@@ -259,8 +191,6 @@ impl World {
         Ok(child)
     }
 
-    /// `truncate(len)`, checked: gives back exactly the blocks past the new
-    /// length, each read one last time.
     fn truncate(&self, seq: &mut Sequence, len: usize) {
         let old = seq.blocks().to_vec();
         let old_len = seq.len();
@@ -274,42 +204,11 @@ impl World {
         assert_eq!(seq.len(), len.min(old_len));
     }
 
-    /// Drops `seq`, each of its blocks read one last time.
     fn drop_seq(&self, seq: Sequence) {
         for &id in seq.blocks() {
             self.let_go(id);
         }
         drop(seq);
-    }
-
-    /// The conservation check, once every sequence is dropped.
-    fn assert_conserved(&self) {
-        let n = self.pool.num_blocks();
-        assert_eq!(self.pool.free_blocks(), n, "{LOST}: free_blocks");
-        assert_eq!(self.pool.used_blocks(), 0, "{LOST}: used_blocks");
-        for i in 0..n {
-            let id = BlockId::new(i as u32);
-            assert_eq!(
-                self.pool.ref_count(id),
-                Some(0),
-                "{LOST}: {id} still referenced"
-            );
-        }
-        let mut all = Vec::new();
-        self.pool
-            .try_alloc(n, &mut all)
-            .unwrap_or_else(|e| panic!("{LOST}: allocating every block failed: {e:?}"));
-        let mut sorted = all.clone();
-        sorted.sort_unstable();
-        sorted.dedup();
-        // A duplicate here is a block that sits in the free list twice.
-        assert_eq!(
-            sorted.len(),
-            n,
-            "{DOUBLE}: allocating every block gave {all:?}"
-        );
-        self.pool.free(&all).expect("freeing every block");
-        assert_eq!(self.pool.free_blocks(), n, "{LOST}: after the final free");
     }
 }
 
@@ -329,7 +228,7 @@ impl World {
 /// drops last pushes it, exactly once.
 fn fork_vs_drop(faults: Faults) {
     check(move || {
-        let world = World::new(4, faults);
+        let world = new_world(4, faults);
         let mut p = world.sequence();
         world.append(&mut p, 3).expect("two of four blocks");
         let q = world.fork(&p).expect("a private tail from the two left");
@@ -378,7 +277,7 @@ fn fork_vs_drop_relaxed_free_is_caught() {
 /// `grow = 5` it needs two, so it is refused unless `a1` is back.
 fn append_vs_truncate(grow: usize, again: usize, faults: Faults) {
     check(move || {
-        let world = World::new(4, faults);
+        let world = new_world(4, faults);
         let mut s1 = world.sequence();
         let mut s2 = world.sequence();
         world.append(&mut s1, 2 * BS).expect("two of four blocks");
@@ -430,7 +329,7 @@ fn append_vs_truncate_contended_sound() {
 /// whole or refused) and drops it.
 fn fork_vs_drop_vs_append(faults: Faults) {
     check(move || {
-        let world = World::new(5, faults);
+        let world = new_world(5, faults);
         let mut p = world.sequence();
         world.append(&mut p, 3).expect("two of five blocks");
         let q = world.fork(&p).expect("a private tail from the three left");

@@ -1,0 +1,231 @@
+//! The harness of the `BlockPool` and `Sequence` models (`tests/pool.rs`,
+//! `tests/sequence.rs`): a pool next to a shadow holder count and a
+//! happens-before witness per block, the conservation check, the fault sets
+//! of the negative controls, and a `check` that refuses to pass vacuously.
+//!
+//! * **Shadow holders.** A model takes a block in the shadow when the pool
+//!   hands it to a new owner (its count must have been 0, [`DOUBLE`]
+//!   otherwise), shares it when a second holder gets a reference, and drops
+//!   its reference from the shadow *before* giving it back to the pool, so
+//!   the shadow never claims a holder the pool no longer counts. The
+//!   shadow's RMWs are `Relaxed` on purpose: only their atomicity matters,
+//!   and a stronger ordering would add happens-before edges that could hide
+//!   a missing `Release`/`Acquire` in the pool.
+//! * **Payloads.** Each block has a `loom::cell::UnsafeCell<usize>`: owners
+//!   write it, holders read it, and loom reports a "Causality violation"
+//!   when the previous holder's access does not happen-before the next
+//!   owner's. Loom tracks the accesses in `with`/`with_mut` themselves, so
+//!   the pointer is never dereferenced and no `unsafe` is needed.
+//! * **Conservation** ([`PoolWorld::assert_conserved`], [`LOST`]) once
+//!   every reference is back.
+
+use std::sync::Arc;
+
+use kvslots::sync::{AtomicUsize, Ordering};
+use kvslots::{BlockId, BlockPool, Faults};
+use loom::cell::UnsafeCell;
+
+/// A block was handed out while a holder still had it (the same words as
+/// the pool's own debug assertion, which fires first in a debug build).
+pub const DOUBLE: &str = "handed out twice";
+/// The pool did not come back whole after every reference was returned.
+pub const LOST: &str = "blocks not conserved";
+
+/// No faults: the pool as shipped.
+pub const SOUND: Faults = Faults {
+    no_tag: false,
+    relaxed_free: false,
+};
+/// The ABA control: the id stack without its generation tag.
+pub const NO_TAG: Faults = Faults {
+    no_tag: true,
+    relaxed_free: false,
+};
+/// The ordering control: freeing with `Relaxed` instead of `Release`.
+pub const RELAXED_FREE: Faults = Faults {
+    no_tag: false,
+    relaxed_free: true,
+};
+
+/// Runs `f` under loom with the environment's bounds, defaulting the
+/// preemption bound to 2 when `LOOM_MAX_PREEMPTIONS` is not set, so that
+/// the three-thread models stay tractable. Prints how many executions loom
+/// explored (see `--nocapture`) and checks that it explored more than one,
+/// so that a model whose threads never overlap cannot pass vacuously.
+/// (Unlike the crate's [`check`](crate::check), which takes the
+/// environment's bounds as they are and counts nothing.)
+///
+/// # Panics
+///
+/// Panics if loom explored a single execution, besides whatever the model
+/// panics with.
+pub fn check<F>(f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(2);
+    }
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&runs);
+    builder.check(move || {
+        // Relaxed: a plain std counter of loom's executions, which loom runs
+        // one at a time; it is outside the model.
+        counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        f();
+    });
+    // Relaxed: as above; every execution is done.
+    let runs = runs.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("loom explored {runs} executions");
+    assert!(runs > 1, "the model explored a single execution");
+}
+
+/// A pool with the model's shadow holder counts and block payloads (see
+/// the module doc). A model file adds its own checked operations (through
+/// a trait of its own).
+///
+/// `loom::cell::UnsafeCell` is deliberately not `Sync`, and neither is a
+/// `PoolWorld`; sharing one between a model's threads (in an `Arc`) is
+/// sound because loom runs them one at a time (its `thread::spawn` does not
+/// ask for `Send`).
+#[derive(Debug)]
+pub struct PoolWorld {
+    /// The pool under test.
+    pub pool: Arc<BlockPool>,
+    /// Shadow reference count per block.
+    holders: Box<[AtomicUsize]>,
+    /// The happens-before witness per block.
+    payload: Box<[UnsafeCell<usize>]>,
+    /// What holds references in the models ("thread", "sequence"), as the
+    /// messages name it.
+    holder: &'static str,
+}
+
+impl PoolWorld {
+    /// A pool of `num_blocks` blocks of `block_size` slots built with
+    /// `faults`, every block free in the shadow, ready to be shared by a
+    /// model's threads; `holder` names what holds references in the models,
+    /// for the messages.
+    // Not `Send`/`Sync` (see the type's doc), yet shared through an `Arc`:
+    // loom runs a model's threads one at a time.
+    #[allow(clippy::arc_with_non_send_sync)]
+    pub fn new(
+        num_blocks: usize,
+        block_size: usize,
+        faults: Faults,
+        holder: &'static str,
+    ) -> Arc<PoolWorld> {
+        Arc::new(PoolWorld {
+            pool: Arc::new(BlockPool::with_faults(num_blocks, block_size, faults)),
+            holders: (0..num_blocks).map(|_| AtomicUsize::new(0)).collect(),
+            payload: (0..num_blocks).map(|_| UnsafeCell::new(0)).collect(),
+            holder,
+        })
+    }
+
+    /// Records that `id` was just handed out to a new owner.
+    ///
+    /// # Panics
+    ///
+    /// Panics with [`DOUBLE`] if somebody still held it.
+    pub fn take(&self, id: BlockId) {
+        // Relaxed: only the swap's atomicity matters (see the module doc).
+        let before = self.holders[id.index()].swap(1, Ordering::Relaxed);
+        assert_eq!(before, 0, "{id} {DOUBLE}: it had {before} holder(s)");
+    }
+
+    /// Records one more holder of a block already held.
+    ///
+    /// # Panics
+    ///
+    /// Panics if nobody held it.
+    pub fn share(&self, id: BlockId) {
+        // Relaxed: as in `take`.
+        let before = self.holders[id.index()].fetch_add(1, Ordering::Relaxed);
+        assert!(before > 0, "{id} shared while nobody held it");
+    }
+
+    /// Records that one holder of `id` is about to give its reference back.
+    ///
+    /// # Panics
+    ///
+    /// Panics if nobody held it.
+    pub fn drop_ref(&self, id: BlockId) {
+        // Relaxed: as in `take`.
+        let before = self.holders[id.index()].fetch_sub(1, Ordering::Relaxed);
+        assert!(
+            before > 0,
+            "{id} given back by a {} that did not hold it",
+            self.holder
+        );
+    }
+
+    /// The owner writes into block `id` (tracked by loom).
+    pub fn write(&self, id: BlockId) {
+        self.payload[id.index()].with_mut(|_| ());
+    }
+
+    /// A holder reads block `id` (tracked by loom).
+    pub fn read(&self, id: BlockId) {
+        self.payload[id.index()].with(|_| ());
+    }
+
+    /// The conservation check, once every reference is back: every block
+    /// free and unreferenced, and allocating `num_blocks` blocks yields that
+    /// many distinct ids. The pool is left as it was found.
+    ///
+    /// # Panics
+    ///
+    /// Panics with [`LOST`] or [`DOUBLE`] otherwise.
+    pub fn assert_conserved(&self) {
+        self.conserved(false);
+    }
+
+    /// [`assert_conserved`](Self::assert_conserved), and while every block
+    /// is out, one more is refused.
+    ///
+    /// # Panics
+    ///
+    /// As `assert_conserved`, and with [`LOST`] if the extra block is
+    /// handed out.
+    pub fn assert_conserved_and_bounded(&self) {
+        self.conserved(true);
+    }
+
+    fn conserved(&self, bounded: bool) {
+        let n = self.pool.num_blocks();
+        assert_eq!(self.pool.free_blocks(), n, "{LOST}: free_blocks");
+        assert_eq!(self.pool.used_blocks(), 0, "{LOST}: used_blocks");
+        for i in 0..n {
+            let id = BlockId::new(i as u32);
+            assert_eq!(
+                self.pool.ref_count(id),
+                Some(0),
+                "{LOST}: {id} still referenced"
+            );
+        }
+        let mut all = Vec::new();
+        self.pool
+            .try_alloc(n, &mut all)
+            .unwrap_or_else(|e| panic!("{LOST}: allocating every block failed: {e:?}"));
+        let mut sorted = all.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        // A duplicate here is a block that sits in the free list twice: the
+        // next two allocations would both be handed it.
+        assert_eq!(
+            sorted.len(),
+            n,
+            "{DOUBLE}: allocating every block gave {all:?}"
+        );
+        if bounded {
+            assert!(
+                self.pool.try_alloc(1, &mut Vec::new()).is_err(),
+                "{LOST}: a block beyond num_blocks was handed out"
+            );
+        }
+        self.pool.free(&all).expect("freeing every block");
+        assert_eq!(self.pool.free_blocks(), n, "{LOST}: after the final free");
+    }
+}
