@@ -32,95 +32,33 @@ use crossbeam_queue::SegQueue;
 use kvslots::{BlockId, BlockPool, FreeError, ReserveError, Sequence};
 use rayon::prelude::*;
 
-// ---------------------------------------------------------------------------
-// A tiny deterministic PRNG
-// ---------------------------------------------------------------------------
-
-/// Marsaglia's xorshift64.
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> Self {
-        // Spread small seeds over the word; the state must not be 0.
-        XorShift(seed.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    /// Uniform enough in `0..n` for a test's operation mix (`n > 0`).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+mod common;
+use common::{run_observed, XorShift};
 
 // ---------------------------------------------------------------------------
 // The observer and the thread pool
 // ---------------------------------------------------------------------------
 
-/// Sets the stop flag when dropped, so that a panicking `work` also stops
-/// the observer (instead of leaving the scope waiting for it forever).
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        // Release: pairs with the observer's Acquire load; it only ends the
-        // observer's loop.
-        self.0.store(true, Ordering::Release);
-    }
-}
-
-/// Runs `work` while a separate std thread samples the pool's invariants;
-/// returns what `work` returned and how many samples the observer took (at
-/// least one while `work` may run and one after it ended).
+/// Runs `work` while a separate std thread samples the pool's invariants
+/// (see [`run_observed`]); returns what `work` returned and how many
+/// samples the observer took (at least one while `work` may run and one
+/// after it ended).
 fn observed<R: Send>(pool: &BlockPool, work: impl FnOnce() -> R + Send) -> (R, u64) {
-    let stop = AtomicBool::new(false);
-    let started = Barrier::new(2);
-    thread::scope(|s| {
-        let observer = s.spawn(|| {
-            let num_blocks = pool.num_blocks();
-            let mut samples = 0u64;
-            started.wait();
-            loop {
-                // Acquire: pairs with the Release store in `StopOnDrop`; it
-                // orders nothing the samples depend on, it only ends the
-                // loop.
-                let stopping = stop.load(Ordering::Acquire);
-                let used = pool.used_blocks();
-                assert!(used <= num_blocks, "used {used} > num_blocks {num_blocks}");
-                let free = pool.free_blocks();
-                assert!(free <= num_blocks, "free {free} > num_blocks {num_blocks}");
-                assert!(pool.peak_used_blocks() <= num_blocks);
-                samples += 1;
-                if stopping {
-                    break;
-                }
-            }
-            samples
-        });
-        let result = {
-            let _stop = StopOnDrop(&stop);
-            started.wait();
-            work()
-        };
-        let samples = observer.join().expect("observer saw a broken invariant");
-        (result, samples)
-    })
+    let num_blocks = pool.num_blocks();
+    let sample = || {
+        let used = pool.used_blocks();
+        assert!(used <= num_blocks, "used {used} > num_blocks {num_blocks}");
+        let free = pool.free_blocks();
+        assert!(free <= num_blocks, "free {free} > num_blocks {num_blocks}");
+        assert!(pool.peak_used_blocks() <= num_blocks);
+    };
+    run_observed(sample, work)
 }
 
 /// A rayon pool of `threads` workers (at least 8, as the issue asks).
 fn rayon_pool(threads: usize) -> rayon::ThreadPool {
     assert!(threads >= 8);
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("rayon pool")
+    common::rayon_pool(threads)
 }
 
 /// Every block free, every count 0, and allocating them all yields every id

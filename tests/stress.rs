@@ -20,40 +20,15 @@
 //! operation mix of each task is reproducible (the interleaving is not).
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread;
 
 use kvslots::{OwnedReservation, ReleaseError, Reservation, ReserveError, SlotCounter};
 use rayon::prelude::*;
 
-// ---------------------------------------------------------------------------
-// A tiny deterministic PRNG
-// ---------------------------------------------------------------------------
-
-/// Marsaglia's xorshift64.
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> Self {
-        // Spread small seeds over the word; the state must not be 0.
-        XorShift(seed.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    /// Uniform enough in `0..n` for a test's operation mix (`n > 0`).
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
+mod common;
+use common::{rayon_pool, run_observed, XorShift};
 
 // ---------------------------------------------------------------------------
 // Shared state and the observer
@@ -104,60 +79,23 @@ impl Shared {
     }
 }
 
-/// Sets the stop flag when dropped, so that a panicking `work` also stops
-/// the observer (instead of leaving the scope waiting for it forever).
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        // Release: pairs with the observer's Acquire load; it only ends
-        // the observer's loop.
-        self.0.store(true, Ordering::Release);
-    }
-}
-
-/// Runs `work` while a separate std thread samples the invariants; returns
-/// what `work` returned and the number of samples the observer took (at
-/// least one while `work` may run, and one after it ended).
+/// Runs `work` while a separate std thread samples the invariants (see
+/// [`run_observed`]); returns what `work` returned and the number of
+/// samples the observer took (at least one while `work` may run, and one
+/// after it ended).
 fn observed<R: Send>(shared: &Shared, work: impl FnOnce() -> R + Send) -> (R, u64) {
-    let stop = AtomicBool::new(false);
-    let started = Barrier::new(2);
-    thread::scope(|s| {
-        let observer = s.spawn(|| {
-            let c = &*shared.counter;
-            let capacity = c.capacity();
-            let mut samples = 0u64;
-            let mut sample = || {
-                let used = c.used();
-                assert!(used <= capacity, "used {used} > capacity {capacity}");
-                // `available` would underflow (and panic) on an overcommit.
-                assert!(c.available() <= capacity);
-                assert!(c.peak_used() <= capacity);
-                let shadow = shared.shadow();
-                assert!(shadow <= capacity, "shadow {shadow} > capacity {capacity}");
-                samples += 1;
-            };
-            started.wait();
-            loop {
-                // Acquire: pairs with the Release store in `StopOnDrop`; it
-                // orders nothing the samples depend on, it only ends the
-                // loop.
-                let stopping = stop.load(Ordering::Acquire);
-                sample();
-                if stopping {
-                    break;
-                }
-            }
-            samples
-        });
-        let result = {
-            let _stop = StopOnDrop(&stop);
-            started.wait();
-            work()
-        };
-        let samples = observer.join().expect("observer saw a broken invariant");
-        (result, samples)
-    })
+    let c = &*shared.counter;
+    let capacity = c.capacity();
+    let sample = || {
+        let used = c.used();
+        assert!(used <= capacity, "used {used} > capacity {capacity}");
+        // `available` would underflow (and panic) on an overcommit.
+        assert!(c.available() <= capacity);
+        assert!(c.peak_used() <= capacity);
+        let shadow = shared.shadow();
+        assert!(shadow <= capacity, "shadow {shadow} > capacity {capacity}");
+    };
+    run_observed(sample, work)
 }
 
 // ---------------------------------------------------------------------------
@@ -676,17 +614,10 @@ struct Outcome {
     peak: usize,
 }
 
-fn pool(threads: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .expect("rayon pool")
-}
-
 fn run(cfg: &Run) -> Outcome {
     let shared = Shared::new(cfg.capacity, cfg.close_after.is_some());
     let totals = Totals::default();
-    let pool = pool(cfg.threads);
+    let pool = rayon_pool(cfg.threads);
     let ((), samples) = observed(&shared, || {
         pool.install(|| {
             (0..cfg.tasks).into_par_iter().for_each(|task| {
@@ -811,7 +742,7 @@ fn is_injected(payload: &(dyn std::any::Any + Send)) -> bool {
 fn rayon_tasks_panicking_with_guards_leak_nothing() {
     for capacity in [16, 40] {
         let shared = Shared::new(capacity, false);
-        let pool = pool(8);
+        let pool = rayon_pool(8);
         let tasks = 96;
         let panicked = AtomicUsize::new(0);
         let ((), samples) = observed(&shared, || {
