@@ -87,6 +87,11 @@ pub struct Sequence {
     retired: Option<BlockId>,
     /// The copy a copy-on-write in [`Sequence::try_append`] asked for.
     pending_copy: Option<BlockCopy>,
+    /// Whether the partly filled last block may be shared. Forks share only
+    /// full blocks, so a partly filled tail is ours alone unless `truncate`
+    /// went back into a block that was once full; only then does an append
+    /// read the block's reference count.
+    tail_may_be_shared: bool,
 }
 
 impl Sequence {
@@ -130,6 +135,7 @@ impl Sequence {
             len: 0,
             retired: None,
             pending_copy: None,
+            tail_may_be_shared: false,
         }
     }
 
@@ -270,7 +276,8 @@ impl Sequence {
         // Is the last block partly filled and shared? Then it needs a
         // private copy before we write into it.
         let (tail_index, tail) = (old_len / bs, old_len % bs);
-        let cow = tail != 0 && self.pool.is_shared(self.blocks[tail_index]);
+        let cow =
+            tail != 0 && self.tail_may_be_shared && self.pool.is_shared(self.blocks[tail_index]);
         let total = new_blocks.saturating_add(cow as usize);
         // Nothing new needed? Then nothing to admit: the append only fills
         // blocks we hold (also on a closed pool, so workers can drain).
@@ -282,6 +289,8 @@ impl Sequence {
         // `total` blocks fitted in the pool, so the new length fits in its
         // `num_blocks * block_size` slots, which fit in usize.
         self.len = old_len + n;
+        // The tail is ours alone now: checked, copied, or a new block.
+        self.tail_may_be_shared = false;
         if !cow {
             return Ok((old_len..self.len, None));
         }
@@ -469,6 +478,10 @@ impl Sequence {
         let keep = len.div_ceil(self.pool.block_size());
         let freed = self.blocks.len() - keep;
         self.give_back(keep);
+        // A partly filled tail that was once full may be shared by a fork.
+        let bs = self.pool.block_size();
+        self.tail_may_be_shared =
+            len % bs != 0 && (self.tail_may_be_shared || self.len >= (len / bs + 1) * bs);
         self.len = len;
         freed
     }
