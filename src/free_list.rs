@@ -50,21 +50,11 @@ pub struct Faults {
     pub relaxed_free: bool,
 }
 
-/// The 8 bytes of bookkeeping of one block.
-struct Slot {
-    /// The id below this block while it is in the list.
-    next: AtomicU32,
-    /// The pool's reference count of this block (0 while it is free).
-    refs: AtomicU32,
-}
-
 pub(crate) struct FreeList {
     /// `(tag << 32) | top index`; the only contended word.
     head: CachePadded<AtomicU64>,
-    /// Per-block words: the link below block `i` while it is in the list,
-    /// and the pool's reference count of `i`, side by side so that taking
-    /// or freeing a block touches one cache line, not two.
-    slots: Box<[Slot]>,
+    /// `next[i]`: the id below `i` while `i` is in the list.
+    next: Box<[AtomicU32]>,
     #[cfg(kvslots_loom)]
     pub(crate) faults: Faults,
 }
@@ -84,28 +74,15 @@ const fn tag(head: u64) -> u32 {
 impl FreeList {
     /// A list holding every id `0..len`, lowest on top.
     pub(crate) fn new(len: u32) -> FreeList {
-        let slots = (0..len)
-            .map(|i| Slot {
-                next: AtomicU32::new(if i + 1 < len { i + 1 } else { NIL }),
-                refs: AtomicU32::new(0),
-            })
+        let next = (0..len)
+            .map(|i| AtomicU32::new(if i + 1 < len { i + 1 } else { NIL }))
             .collect();
         FreeList {
             head: CachePadded::new(AtomicU64::new(pack(0, if len > 0 { 0 } else { NIL }))),
-            slots,
+            next,
             #[cfg(kvslots_loom)]
             faults: Faults::default(),
         }
-    }
-
-    /// The number of blocks the list was made for.
-    pub(crate) fn len(&self) -> usize {
-        self.slots.len()
-    }
-
-    /// The reference count of block `index`, kept by the pool.
-    pub(crate) fn refs(&self, index: usize) -> &AtomicU32 {
-        &self.slots[index].refs
     }
 
     fn next_tag(&self, head: u64) -> u32 {
@@ -149,7 +126,7 @@ impl FreeList {
                 out.push(BlockId::new(index));
                 // Relaxed: published by the push CAS we acquired; a stale
                 // value is caught by the tag check below.
-                index = self.slots[index as usize].next.load(Ordering::Relaxed);
+                index = self.next[index as usize].load(Ordering::Relaxed);
             }
             if complete {
                 let new = pack(self.next_tag(head), index);
@@ -182,7 +159,7 @@ impl FreeList {
     pub(crate) fn link(&self, id: u32, below: u32) {
         // Relaxed: the chain is private until `push_chain`'s Release CAS
         // publishes it.
-        self.slots[id as usize].next.store(below, Ordering::Relaxed);
+        self.next[id as usize].store(below, Ordering::Relaxed);
     }
 
     /// Pushes the privately linked chain `first ..= last` in one CAS.

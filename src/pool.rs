@@ -28,9 +28,8 @@
 //! is bad, the decrements already made are undone and nothing changes.
 //!
 //! Bookkeeping is 8 bytes per block: a 4-byte `next` link and a 4-byte
-//! reference count, side by side, so that taking or freeing a block touches
-//! one cache line of bookkeeping, not two. The two contended words (the
-//! counter's state and the list head) sit in cache lines of their own.
+//! reference count. The two contended words (the counter's state and the
+//! list head) sit in cache lines of their own.
 //!
 //! Why a tagged Treiber stack rather than a bitmap: taking `k` ids is one
 //! CAS on one word whatever the pool size, where a bitmap needs a search
@@ -59,7 +58,7 @@ use std::fmt;
 use crate::counter::SlotCounter;
 use crate::error::{FreeError, ReserveError};
 use crate::free_list::{FreeList, NIL};
-use crate::sync::Ordering;
+use crate::sync::{AtomicU32, Ordering};
 
 /// The id of one block in a [`BlockPool`].
 ///
@@ -126,10 +125,10 @@ impl fmt::Display for BlockId {
 pub struct BlockPool {
     /// Admits block counts; its padded state word is one of the two hot words.
     counter: SlotCounter,
-    /// The ids not in use (its padded head is the other hot word), and each
-    /// block's reference count (0 while the block is in the list), kept in
-    /// the list's per-block slots beside the block's link.
+    /// The ids not in use; its padded head is the other hot word.
     free: FreeList,
+    /// Per-block reference counts; 0 while the block is in the free list.
+    refs: Box<[AtomicU32]>,
     block_size: usize,
 }
 
@@ -173,6 +172,7 @@ impl BlockPool {
         BlockPool {
             counter: SlotCounter::new(num_blocks),
             free: FreeList::new(num_blocks as u32),
+            refs: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
             block_size,
         }
     }
@@ -276,8 +276,9 @@ impl BlockPool {
     /// ```
     pub fn ref_count(&self, id: BlockId) -> Option<usize> {
         // Relaxed: a snapshot for reporting.
-        (id.index() < self.free.len())
-            .then(|| self.free.refs(id.index()).load(Ordering::Relaxed) as usize)
+        self.refs
+            .get(id.index())
+            .map(|r| r.load(Ordering::Relaxed) as usize)
     }
 
     /// Allocates exactly `n` blocks, all or nothing, appending their
@@ -348,7 +349,7 @@ impl BlockPool {
         let base = out.len();
         self.free.pop_chain(n, out);
         for id in &out[base..] {
-            let count = self.free.refs(id.index());
+            let count = &self.refs[id.index()];
             // Relaxed (both): the block is exclusively ours after the Acquire
             // pop; a plain store is cheaper than a read-modify-write.
             debug_assert_eq!(count.load(Ordering::Relaxed), 0, "{id} handed out twice");
@@ -498,10 +499,10 @@ impl BlockPool {
         // Relaxed: the caller holds a reference, so the block cannot be freed
         // under us; the new reference is handed over by whatever hands over
         // its holder (as with `Arc::clone`).
-        let prev = self.free.refs(id.index()).fetch_add(1, Ordering::Relaxed);
+        let prev = self.refs[id.index()].fetch_add(1, Ordering::Relaxed);
         if prev >= Self::MAX_REFS {
             // Relaxed: undoing our own increment.
-            self.free.refs(id.index()).fetch_sub(1, Ordering::Relaxed);
+            self.refs[id.index()].fetch_sub(1, Ordering::Relaxed);
             panic!("reference count overflow on {id}");
         }
     }
@@ -510,7 +511,7 @@ impl BlockPool {
     pub(crate) fn is_shared(&self, id: BlockId) -> bool {
         // Acquire: if another holder dropped its reference, its reads of the
         // block happen-before we decide to write into it.
-        self.free.refs(id.index()).load(Ordering::Acquire) > 1
+        self.refs[id.index()].load(Ordering::Acquire) > 1
     }
 
     /// The first id listed more times than it has references now, if any.
@@ -545,13 +546,13 @@ impl BlockPool {
     /// A block's reference count now.
     fn count(&self, id: BlockId) -> u32 {
         // Relaxed: a validation read; the drops that follow are what order.
-        self.free.refs(id.index()).load(Ordering::Relaxed)
+        self.refs[id.index()].load(Ordering::Relaxed)
     }
 
     /// Drops a reference the caller provably holds; `Ok(true)` if it was the
     /// last.
     fn drop_held_ref(&self, id: BlockId) -> Result<bool, ()> {
-        let count = self.free.refs(id.index());
+        let count = &self.refs[id.index()];
         // Acquire: if other holders let go before us, their accesses to the
         // block happen-before we push it (their drops were Release).
         if count.load(self.free.free_ordering(Ordering::Acquire)) == 1 {
@@ -567,7 +568,7 @@ impl BlockPool {
     /// Drops one reference; `Ok(true)` if it was the last. `Err` if the
     /// block has none (not allocated, or already dropped in this call).
     fn drop_ref(&self, id: BlockId) -> Result<bool, ()> {
-        let count = self.free.refs(id.index());
+        let count = &self.refs[id.index()];
         // Relaxed: only a guess; the CAS validates it.
         let mut cur = count.load(Ordering::Relaxed);
         loop {
