@@ -11,6 +11,10 @@
 //!   alone cannot tell: a refusal found later, while dropping, undoes its
 //!   drops.) An observer thread samples the reference counts while another
 //!   thread repeats the refused call.
+//! * The free list's generation tag: a storm of small takes and single
+//!   frees on a small pool, on more threads than cores, where an untagged
+//!   head would let a stale pop hand out a held block (the loom models
+//!   prove the tag; this catches its loss in an ordinary test run too).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
@@ -200,5 +204,61 @@ fn a_refused_long_free_changes_nothing_another_thread_can_observe() {
     assert!(probes.load(Ordering::Relaxed) >= PROBES);
     assert!(refs(&pool).iter().all(|&r| r == 1));
     pool.free(&held).unwrap();
+    assert_whole(&pool);
+}
+
+/// Rounds of the free-list storm per thread.
+const STORM_ROUNDS: usize = 100_000;
+/// More threads than most CI machines have cores, so that threads are
+/// preempted in the middle of their pops and pushes.
+const STORM_THREADS: usize = 8;
+/// Blocks in the storm's pool, and the most one take asks for.
+const STORM_BLOCKS: usize = 16;
+const STORM_MAX_TAKE: usize = 4;
+
+#[test]
+fn a_storm_of_takes_and_single_frees_never_hands_a_block_out_twice() {
+    // The free list's ABA shape: while one thread has read the head `x` and
+    // walked the links below it, others take `x` and the blocks below, and
+    // give `x` back on top of something else. A pop whose compare-and-swap
+    // then still matched would install its stale link and hand out a block
+    // that is held (caught here, or by the pool's own debug assertion), or
+    // lose blocks from the list (the storm then never ends: a pop of blocks
+    // that were admitted but are missing from the list spins). The
+    // generation tag in the head word is what makes that CAS fail. Small
+    // takes of 1 to 4 blocks, each given back one at a time, last first,
+    // keep the same few ids coming back to the top of the list.
+    let pool = BlockPool::new(STORM_BLOCKS, 1);
+    let owned: Vec<AtomicBool> = (0..STORM_BLOCKS).map(|_| AtomicBool::new(false)).collect();
+    let barrier = Barrier::new(STORM_THREADS);
+    thread::scope(|s| {
+        for t in 0..STORM_THREADS {
+            let (pool, owned, barrier) = (&pool, &owned, &barrier);
+            s.spawn(move || {
+                let mut ids = Vec::with_capacity(STORM_MAX_TAKE);
+                barrier.wait();
+                for round in 0..STORM_ROUNDS {
+                    let k = 1 + (round + t) % STORM_MAX_TAKE;
+                    if pool.try_alloc(k, &mut ids).is_err() {
+                        continue;
+                    }
+                    for id in &ids {
+                        // Relaxed (test code): only the swap's atomicity
+                        // matters.
+                        assert!(
+                            !owned[id.index()].swap(true, Ordering::Relaxed),
+                            "{id} handed out twice"
+                        );
+                    }
+                    while let Some(id) = ids.pop() {
+                        // Relaxed: as above; cleared before the block can be
+                        // taken again.
+                        assert!(owned[id.index()].swap(false, Ordering::Relaxed));
+                        pool.free(&[id]).unwrap();
+                    }
+                }
+            });
+        }
+    });
     assert_whole(&pool);
 }
