@@ -18,6 +18,15 @@
 //!   split, merged, shrunk (speculative rollback), grown and forgotten.
 //! * [`SlotCounter::close`] stops admission while releases keep working, so
 //!   workers can drain on shutdown.
+//! * [`BlockPool`]: a paged KV cache of `num_blocks` blocks of `block_size`
+//!   slots; [`BlockPool::try_alloc`] takes `n` distinct block ids or none,
+//!   [`BlockPool::free`] drops references, all or nothing.
+//! * [`Sequence`]: one sequence's block table over a shared pool: the
+//!   multi-token append ([`Sequence::try_append`]), whole-prompt reservation
+//!   ([`Sequence::try_reserve`]), the slot mapping kernels take
+//!   ([`Sequence::slot`], [`Sequence::extend_slots`]), rollback
+//!   ([`Sequence::truncate`]) and forks that share full blocks
+//!   ([`Sequence::try_fork`], with the [`BlockCopy`] to make).
 //!
 //! # Examples
 //!
@@ -46,6 +55,28 @@
 //!     w.join().unwrap();
 //! }
 //! assert_eq!(counter.used(), 0);
+//! ```
+//!
+//! A paged cache, as a worker thread uses it:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use kvslots::{BlockPool, Sequence};
+//!
+//! let pool = Arc::new(BlockPool::new(64, 16));
+//! let mut seq = Sequence::new(Arc::clone(&pool));
+//! seq.try_reserve(100, 4).unwrap(); // admit a 100-token prompt, 4 blocks of headroom
+//! let mut slots = Vec::new();
+//! for chunk in [64, 36] {
+//!     let positions = seq.try_append(chunk).unwrap(); // chunked prefill
+//!     slots.clear();
+//!     seq.extend_slots(positions, &mut slots).unwrap(); // the kernel's slot mapping
+//! }
+//! let drafts = seq.try_append(4).unwrap(); // 4 speculative tokens
+//! seq.truncate(drafts.start + 1); // 1 accepted
+//! assert_eq!(seq.len(), 101);
+//! drop(seq);
+//! assert_eq!(pool.free_blocks(), 64);
 //! ```
 //!
 //! # Safety and Correctness
