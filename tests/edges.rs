@@ -132,6 +132,17 @@ fn distinct_ids_sharing_a_filter_bit_are_not_a_repeat() {
 const CALLS: usize = 20_000;
 const PROBES: usize = 20_000;
 
+/// Raises `stop` when dropped, also while its thread unwinds from a failed
+/// assertion, so that the other thread's loop ends too.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        // Relaxed (test code): only ends the other loop.
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 #[test]
 fn a_refused_long_free_changes_nothing_another_thread_can_observe() {
     // Ids 65 apart: each alone in its 64-bit word of the filter, and none at
@@ -148,10 +159,12 @@ fn a_refused_long_free_changes_nothing_another_thread_can_observe() {
     let probes = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     // Relaxed everywhere below (test code): the counters and the flag only
-    // pace and end the two loops; what is checked is each call's result and
-    // each sampled count, which order nothing.
+    // pace and end the two loops (each thread raises `stop` when it ends, by
+    // failing or not); what is checked is each call's result and each
+    // sampled count, which order nothing.
     let (refused_as_expected, observed) = thread::scope(|s| {
         let freer = s.spawn(|| {
+            let _stop = StopOnDrop(&stop);
             barrier.wait();
             // Keep calling until the observer has sampled enough too, so
             // that its probes overlap the calls.
@@ -161,7 +174,6 @@ fn a_refused_long_free_changes_nothing_another_thread_can_observe() {
             {
                 let result = pool.free(&list);
                 if result != Err(FreeError::OverFreed { id: dup }) {
-                    stop.store(true, Ordering::Relaxed);
                     return Err(format!("free(list) returned {result:?}"));
                 }
                 calls.fetch_add(1, Ordering::Relaxed);
@@ -169,6 +181,7 @@ fn a_refused_long_free_changes_nothing_another_thread_can_observe() {
             Ok(())
         });
         let observer = s.spawn(|| {
+            let _stop = StopOnDrop(&stop);
             barrier.wait();
             while !stop.load(Ordering::Relaxed)
                 && (probes.load(Ordering::Relaxed) < PROBES
@@ -179,14 +192,12 @@ fn a_refused_long_free_changes_nothing_another_thread_can_observe() {
                 for &id in &list {
                     let count = pool.ref_count(id);
                     if count != Some(1) {
-                        stop.store(true, Ordering::Relaxed);
                         return Some(format!(
                             "{id} had {count:?} references during a refused free"
                         ));
                     }
                 }
                 if pool.used_blocks() != pool.num_blocks() {
-                    stop.store(true, Ordering::Relaxed);
                     return Some(format!(
                         "{} blocks in use during a refused free",
                         pool.used_blocks()
