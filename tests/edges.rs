@@ -219,10 +219,10 @@ fn a_refused_long_free_changes_nothing_another_thread_can_observe() {
 }
 
 /// Rounds of the free-list storm per thread.
-const STORM_ROUNDS: usize = 100_000;
+const STORM_ROUNDS: usize = 50_000;
 /// More threads than most CI machines have cores, so that threads are
 /// preempted in the middle of their pops and pushes.
-const STORM_THREADS: usize = 8;
+const STORM_THREADS: usize = 16;
 /// Blocks in the storm's pool, and the most one take asks for.
 const STORM_BLOCKS: usize = 16;
 const STORM_MAX_TAKE: usize = 4;
