@@ -1,34 +1,49 @@
 //! The lock-free, ABA-safe free list of block ids behind
 //! [`BlockPool`](crate::BlockPool).
 //!
-//! A Treiber stack threaded through an index array: `next[i]` is the id
-//! below block `i` in the stack, and the head word packs
-//! `(generation tag << 32) | top index` into one `AtomicU64`. Every
-//! successful compare-and-swap on the head bumps the tag, so a thread that
-//! read the head, was preempted while the same top id was popped and pushed
-//! back, and then tries its CAS, fails instead of installing a stale `next`
-//! (the ABA problem). The tag is 32 bits: an ABA would need 2^32 successful
-//! operations on this one word between a thread's read and its CAS.
+//! A set of Treiber stacks ("shards") threaded through one shared index
+//! array: `next[i]` is the id below block `i` in whichever stack holds it,
+//! and each stack's head word packs `(generation tag << 32) | top index`
+//! into one cache-padded `AtomicU64`. Every successful compare-and-swap on a
+//! head bumps its tag, so a thread that read a head, was preempted while the
+//! same top id was popped and pushed back, and then tries its CAS, fails
+//! instead of installing a stale `next` (the ABA problem). The tag is 32
+//! bits: an ABA would need 2^32 successful operations on one head between a
+//! thread's read and its CAS.
 //!
-//! A whole request moves in one CAS: [`FreeList::pop_chain`] walks `k` links
-//! from the head and swings the head past them; [`FreeList::push_chain`]
-//! links the freed ids together privately and swings the head onto the
-//! chain. A walk over a snapshot that went stale while it was read either
-//! runs into the end of the list or fails the tag check, and retries.
+//! A whole request moves in one CAS per stack touched:
+//! [`FreeList::pop`] walks up to `k` links from the head of the calling
+//! thread's home stack and swings the head past them, and only if that stack
+//! runs short does it take the rest from the others; [`FreeList::push_chain`]
+//! links the freed ids together privately and swings the home head onto the
+//! chain. A walk over a snapshot that went stale while it was read fails the
+//! tag check and retries.
+//!
+//! # Why shards
+//!
+//! With one stack every allocation and every free moves the head's cache
+//! line (and the links and reference counts of the blocks it hands out)
+//! between cores. A thread's home stack receives the blocks that thread
+//! frees, so a worker that frees and reallocates reuses its own, cache-warm
+//! blocks and a head no other thread touches; the only word all threads
+//! share is the pool's admission counter. The home stack is chosen by a
+//! per-thread index (`sync::thread_index`), so threads need no registration.
 //!
 //! Callers admit the count through a [`SlotCounter`](crate::SlotCounter)
-//! before popping and push before releasing the count, so the stack always
-//! holds at least as many ids as have been admitted and not yet popped:
-//! `pop_chain` cannot come up short.
+//! before popping and push before releasing the count, so the stacks
+//! together always hold at least as many ids as have been admitted and not
+//! yet popped: `pop` cannot come up short, though it may have to look
+//! again when other threads moved ids between stacks while it scanned.
 //!
 //! # Orderings
 //!
 //! * Pushing is a `Release` CAS: the freer's writes into the blocks (and the
-//!   links of the chain) happen-before any later pop that reads the head.
-//! * Popping is an `Acquire` CAS (and `Acquire` head loads): every CAS on the
+//!   links of the chain) happen-before any later pop that reads that head.
+//! * Popping is an `Acquire` CAS (and `Acquire` head loads): every CAS on a
 //!   head is a read-modify-write, so each push heads a release sequence that
-//!   all later head values continue; whoever pops synchronises with every
-//!   earlier push, and so sees the links it walks and the blocks it takes.
+//!   all later values of that head continue; whoever pops synchronises with
+//!   every earlier push onto that stack, and so sees the links it walks and
+//!   the blocks it takes.
 //! * The `next` links are `Relaxed`: they are published by the push CAS and
 //!   read after an `Acquire` of the head; a link read from a stale snapshot
 //!   is caught by the tag check, not by ordering.
@@ -51,10 +66,12 @@ pub struct Faults {
 }
 
 pub(crate) struct FreeList {
-    /// `(tag << 32) | top index`; the only contended word.
-    head: CachePadded<AtomicU64>,
-    /// `next[i]`: the id below `i` while `i` is in the list.
+    /// One `(tag << 32) | top index` word per shard, each on its own line.
+    heads: Box<[CachePadded<AtomicU64>]>,
+    /// `next[i]`: the id below `i` while `i` is in a stack.
     next: Box<[AtomicU32]>,
+    /// Ids per shard: shard `s` owns ids `s * span .. (s + 1) * span`.
+    span: u32,
     #[cfg(kvslots_loom)]
     pub(crate) faults: Faults,
 }
@@ -72,17 +89,48 @@ const fn tag(head: u64) -> u32 {
 }
 
 impl FreeList {
-    /// A list holding every id `0..len`, lowest on top.
-    pub(crate) fn new(len: u32) -> FreeList {
+    /// A free list of `shards > 0` stacks holding every id `0..len`: shard
+    /// `s` gets the `s`-th contiguous slice, lowest id on top.
+    pub(crate) fn new(len: u32, shards: usize) -> FreeList {
+        debug_assert!(shards > 0);
+        // Ceiling division, at least 1 so that `owner` never divides by 0.
+        let span = len.div_ceil(shards as u32).max(1);
         let next = (0..len)
-            .map(|i| AtomicU32::new(if i + 1 < len { i + 1 } else { NIL }))
+            .map(|i| {
+                // The last id of a shard (or of the pool) ends its stack.
+                let end = i + 1 == len || (i + 1) % span == 0;
+                AtomicU32::new(if end { NIL } else { i + 1 })
+            })
+            .collect();
+        let heads = (0..shards as u32)
+            .map(|s| {
+                let lo = s.saturating_mul(span);
+                let top = if lo < len { lo } else { NIL };
+                CachePadded::new(AtomicU64::new(pack(0, top)))
+            })
             .collect();
         FreeList {
-            head: CachePadded::new(AtomicU64::new(pack(0, if len > 0 { 0 } else { NIL }))),
+            heads,
             next,
+            span,
             #[cfg(kvslots_loom)]
             faults: Faults::default(),
         }
+    }
+
+    /// The number of stacks.
+    pub(crate) fn shards(&self) -> usize {
+        self.heads.len()
+    }
+
+    /// The calling thread's home stack, where its pops start.
+    fn home(&self) -> usize {
+        sync::thread_index() % self.heads.len()
+    }
+
+    /// The stack that id `id` belongs to, where it goes back when freed.
+    fn owner(&self, id: u32) -> usize {
+        (id / self.span) as usize
     }
 
     fn next_tag(&self, head: u64) -> u32 {
@@ -103,54 +151,73 @@ impl FreeList {
         good
     }
 
-    /// Pops exactly `k > 0` ids in one CAS and appends them to `out`.
+    /// Pops exactly `k > 0` ids and appends them to `out`: from the home
+    /// stack in one CAS if it holds them, else what it has and the rest
+    /// from the other stacks in turn.
     ///
     /// The caller must have admitted `k` through the pool's counter, which
-    /// guarantees the list holds them.
-    pub(crate) fn pop_chain(&self, k: usize, out: &mut Vec<BlockId>) {
+    /// guarantees the stacks hold them, and reserved room for `k` more ids
+    /// in `out` (nothing here allocates).
+    pub(crate) fn pop(&self, k: usize, out: &mut Vec<BlockId>) {
         debug_assert!(k > 0);
+        let shards = self.heads.len();
+        let home = self.home();
+        let mut need = k;
+        let backoff = Backoff::new();
+        loop {
+            let mut shard = home;
+            for _ in 0..shards {
+                need -= self.pop_upto(shard, need, out);
+                // Got them all?
+                if need == 0 {
+                    return;
+                }
+                shard += 1;
+                if shard == shards {
+                    shard = 0;
+                }
+            }
+            // Every stack looked short: ids admitted for us were being moved
+            // between stacks (or our loads were stale). Look again.
+            sync::stale_retry(&backoff);
+        }
+    }
+
+    /// Pops up to `k` ids from stack `shard` in one CAS, appends them to
+    /// `out` and returns how many.
+    fn pop_upto(&self, shard: usize, k: usize, out: &mut Vec<BlockId>) -> usize {
+        let head_word = &self.heads[shard];
         let base = out.len();
         let backoff = Backoff::new();
-        // Acquire: synchronises with every earlier push (see # Orderings),
-        // so the links walked below are the ones the pushers wrote.
-        let mut head = self.head.load(Ordering::Acquire);
+        // Acquire: synchronises with every earlier push onto this stack (see
+        // # Orderings), so the links walked below are the ones the pushers
+        // wrote.
+        let mut head = head_word.load(Ordering::Acquire);
         loop {
             let mut index = top(head);
-            let mut complete = true;
-            for _ in 0..k {
-                // Ran off the end? The snapshot went stale under us.
-                if index == NIL {
-                    complete = false;
-                    break;
-                }
+            // Empty?
+            if index == NIL {
+                return 0;
+            }
+            let mut taken = 0;
+            while taken < k && index != NIL {
                 out.push(BlockId::new(index));
+                taken += 1;
                 // Relaxed: published by the push CAS we acquired; a stale
                 // value is caught by the tag check below.
                 index = self.next[index as usize].load(Ordering::Relaxed);
             }
-            if complete {
-                let new = pack(self.next_tag(head), index);
-                // Acquire on success: we now own the popped blocks, and the
-                // previous owners' writes into them happen-before our use.
-                // Acquire on failure: the fresh head is walked next.
-                match self.head.compare_exchange_weak(
-                    head,
-                    new,
-                    Ordering::Acquire,
-                    Ordering::Acquire,
-                ) {
-                    Ok(_) => return,
-                    Err(actual) => {
-                        head = actual;
-                        out.truncate(base);
-                        backoff.spin();
-                    }
+            let new = pack(self.next_tag(head), index);
+            // Acquire on success: we now own the popped blocks, and the
+            // previous owners' writes into them happen-before our use.
+            // Acquire on failure: the fresh head is walked next.
+            match head_word.compare_exchange_weak(head, new, Ordering::Acquire, Ordering::Acquire) {
+                Ok(_) => return taken,
+                Err(actual) => {
+                    head = actual;
+                    out.truncate(base);
+                    backoff.spin();
                 }
-            } else {
-                out.truncate(base);
-                sync::stale_retry(&backoff);
-                // Acquire: as the first load.
-                head = self.head.load(Ordering::Acquire);
             }
         }
     }
@@ -162,18 +229,44 @@ impl FreeList {
         self.next[id as usize].store(below, Ordering::Relaxed);
     }
 
-    /// Pushes the privately linked chain `first ..= last` in one CAS.
+    /// Pushes the privately linked chain `first ..= last`: each id goes back
+    /// to the stack that owns it, one CAS per run of ids with the same
+    /// owner (one CAS in all when there is one stack).
     pub(crate) fn push_chain(&self, first: u32, last: u32) {
+        if self.heads.len() == 1 {
+            self.push_run(0, first, last);
+            return;
+        }
+        let (mut run, mut shard, mut id) = (first, self.owner(first), first);
+        while id != last {
+            // Relaxed: our own private chain, linked by this thread.
+            let below = self.next[id as usize].load(Ordering::Relaxed);
+            let owner = self.owner(below);
+            // Does the run end here? Push it (which relinks `id`, read
+            // above) and start the next one.
+            if owner != shard {
+                self.push_run(shard, run, id);
+                (run, shard) = (below, owner);
+            }
+            id = below;
+        }
+        self.push_run(shard, run, last);
+    }
+
+    /// Pushes the privately linked chain `first ..= last` onto stack
+    /// `shard` in one CAS.
+    fn push_run(&self, shard: usize, first: u32, last: u32) {
+        let head_word = &self.heads[shard];
         let backoff = Backoff::new();
         // Relaxed: only a guess; the CAS validates it.
-        let mut head = self.head.load(Ordering::Relaxed);
+        let mut head = head_word.load(Ordering::Relaxed);
         loop {
             self.link(last, top(head));
             let new = pack(self.next_tag(head), first);
             // Release on success: the freers' writes into these blocks and
             // the chain's links happen-before the pop that takes them.
             // Relaxed on failure: we only relink and retry.
-            match self.head.compare_exchange_weak(
+            match head_word.compare_exchange_weak(
                 head,
                 new,
                 self.free_ordering(Ordering::Release),

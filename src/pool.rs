@@ -16,22 +16,34 @@
 //! 1. The count is admitted through a [`SlotCounter`] (one CAS on one
 //!    padded word, all or nothing). `Full`, `NeverFits` and `Closed` come
 //!    from here, and nothing has changed when they do.
-//! 2. Once admitted, the ids are popped from the free list in one CAS for
-//!    the whole chain (see the `free_list` module: a Treiber stack over an
-//!    index array, ABA-safe through a generation tag in the same `AtomicU64`
-//!    as the head index). The list always holds at least the admitted count,
-//!    so this step cannot fail.
+//! 2. Once admitted, the ids are popped from the free list, one CAS for a
+//!    whole chain (see the `free_list` module: Treiber stacks over one
+//!    index array, ABA-safe through a generation tag in the same
+//!    `AtomicU64` as each head index). The stacks together always hold at
+//!    least the admitted count, so this step cannot fail.
 //!
 //! Freeing validates every id, drops the references with checked
 //! decrements, links the blocks whose count reached zero into a private
-//! chain, pushes the chain in one CAS and then releases the count. If any id
-//! is bad, the decrements already made are undone and nothing changes.
+//! chain, pushes the chain (one CAS per stack it goes back to) and then
+//! releases the count. If any id is bad, the decrements already made are
+//! undone and nothing changes.
+//!
+//! The free list is cut into [`shards`](BlockPool::shards) stacks (16 for
+//! pools of 1,024 blocks or more; see [`BlockPool::with_shards`]). Each
+//! stack owns a contiguous range of ids and every freed block goes back to
+//! the stack that owns it; a thread's pops start at a home stack of its own
+//! and take from the others only when it is short. Threads that free and
+//! reallocate sequences of blocks thus keep to their own stack head and to
+//! their own part of the `next` array, instead of moving both between
+//! cores on every request: walking a 130-block prompt's chain was the hot
+//! spot of `kvslots-sim` with one stack (README, Performance). The only
+//! word every thread writes is the admission counter's.
 //!
 //! Bookkeeping is 8 bytes per block: a 4-byte `next` link and a 4-byte
-//! reference count. The two contended words (the counter's state and the
-//! list head) sit in cache lines of their own.
+//! reference count, plus one cache line per stack head. The counter's
+//! state and every stack head sit in cache lines of their own.
 //!
-//! Why a tagged Treiber stack rather than a bitmap: taking `k` ids is one
+//! Why tagged Treiber stacks rather than a bitmap: taking `k` ids is one
 //! CAS on one word whatever the pool size, where a bitmap needs a search
 //! that grows with the pool and one RMW per word touched, and the stack
 //! reuses the most recently freed (cache-warm) blocks first. The pool
@@ -123,9 +135,10 @@ impl fmt::Display for BlockId {
 /// assert_eq!(pool.free_blocks(), 4);
 /// ```
 pub struct BlockPool {
-    /// Admits block counts; its padded state word is one of the two hot words.
+    /// Admits block counts; its padded state word is the one word every
+    /// allocating and freeing thread writes.
     counter: SlotCounter,
-    /// The ids not in use; its padded head is the other hot word.
+    /// The ids not in use, in per-thread-home stacks with padded heads.
     free: FreeList,
     /// Per-block reference counts; 0 while the block is in the free list.
     refs: Box<[AtomicU32]>,
@@ -136,6 +149,16 @@ impl BlockPool {
     /// The largest number of blocks a pool can have: ids are `u32`, and one
     /// value marks the end of the free list.
     pub const MAX_BLOCKS: usize = NIL as usize;
+
+    /// The most free-list stacks [`new`](Self::new) gives a pool.
+    pub const DEFAULT_SHARDS: usize = 16;
+
+    /// The blocks per free-list stack below which [`new`](Self::new) uses
+    /// fewer stacks.
+    pub const BLOCKS_PER_SHARD: usize = 64;
+
+    /// The most free-list stacks [`with_shards`](Self::with_shards) accepts.
+    pub const MAX_SHARDS: usize = 1024;
 
     /// A reference count above this panics instead of wrapping.
     const MAX_REFS: u32 = u32::MAX / 2;
@@ -159,6 +182,41 @@ impl BlockPool {
     /// assert_eq!(pool.block_size(), 16);
     /// ```
     pub fn new(num_blocks: usize, block_size: usize) -> BlockPool {
+        BlockPool::with_shards(num_blocks, block_size, Self::default_shards(num_blocks))
+    }
+
+    /// Like [`new`](Self::new), with the free list cut into `shards`
+    /// stacks instead of the default (see [`shards`](Self::shards)).
+    ///
+    /// Stack `s` owns the ids `s * span .. (s + 1) * span` (`span` =
+    /// `num_blocks / shards`, rounded up) and a freed block always goes
+    /// back to the stack that owns it. Each thread takes from a home stack
+    /// first (threads are spread over the stacks in the order they first
+    /// allocate) and from the others only when its own is short, so threads
+    /// that free and reallocate do not contend on one head and walk chains
+    /// in their own part of the index array. A thread whose home stack is
+    /// short looks through the others, so very many shards over a nearly
+    /// full pool make that slow path longer. `shards == 1` is the plain
+    /// single-stack pool. Which stack an id sits in is never visible in
+    /// the API: all or nothing, `Full` and the counts are those of the
+    /// whole pool.
+    ///
+    /// # Panics
+    ///
+    /// As [`new`](Self::new), and if `shards` is 0 or above
+    /// [`BlockPool::MAX_SHARDS`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = kvslots::BlockPool::with_shards(1024, 16, 4);
+    /// assert_eq!(pool.shards(), 4);
+    /// let mut ids = Vec::new();
+    /// // Any thread can take every block, whichever stacks hold them.
+    /// pool.try_alloc(1024, &mut ids).unwrap();
+    /// pool.free(&ids).unwrap();
+    /// ```
+    pub fn with_shards(num_blocks: usize, block_size: usize, shards: usize) -> BlockPool {
         assert!(block_size != 0, "block_size must be non-zero");
         assert!(
             num_blocks <= Self::MAX_BLOCKS,
@@ -169,11 +227,30 @@ impl BlockPool {
             num_blocks.checked_mul(block_size).is_some(),
             "num_blocks * block_size overflows usize"
         );
+        assert!(
+            (1..=Self::MAX_SHARDS).contains(&shards),
+            "shards must be in 1..={}, got {shards}",
+            Self::MAX_SHARDS
+        );
         BlockPool {
             counter: SlotCounter::new(num_blocks),
-            free: FreeList::new(num_blocks as u32),
+            free: FreeList::new(num_blocks as u32, shards),
             refs: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
             block_size,
+        }
+    }
+
+    /// The shard count [`new`](Self::new) picks: one stack per
+    /// [`BLOCKS_PER_SHARD`](Self::BLOCKS_PER_SHARD) blocks, at least 1 and
+    /// at most [`DEFAULT_SHARDS`](Self::DEFAULT_SHARDS).
+    const fn default_shards(num_blocks: usize) -> usize {
+        let shards = num_blocks / Self::BLOCKS_PER_SHARD;
+        if shards == 0 {
+            1
+        } else if shards > Self::DEFAULT_SHARDS {
+            Self::DEFAULT_SHARDS
+        } else {
+            shards
         }
     }
 
@@ -184,11 +261,32 @@ impl BlockPool {
     pub fn with_faults(
         num_blocks: usize,
         block_size: usize,
+        shards: usize,
         faults: crate::free_list::Faults,
     ) -> BlockPool {
-        let mut pool = BlockPool::new(num_blocks, block_size);
+        let mut pool = BlockPool::with_shards(num_blocks, block_size, shards);
         pool.free.faults = faults;
         pool
+    }
+
+    /// How many stacks the free list is cut into.
+    ///
+    /// [`new`](Self::new) gives a pool one stack per 64 blocks, up to 16:
+    /// tiny pools keep a single stack (nothing to spread), and 16 covers
+    /// the worker threads of one inference process on most machines (more
+    /// threads than shards share stacks, which is correct, only more
+    /// contended).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::BlockPool;
+    ///
+    /// assert_eq!(BlockPool::new(16, 16).shards(), 1);
+    /// assert_eq!(BlockPool::new(8192, 16).shards(), BlockPool::DEFAULT_SHARDS);
+    /// ```
+    pub fn shards(&self) -> usize {
+        self.free.shards()
     }
 
     /// The total number of blocks.
@@ -347,7 +445,7 @@ impl BlockPool {
             return Ok(());
         }
         let base = out.len();
-        self.free.pop_chain(n, out);
+        self.free.pop(n, out);
         for id in &out[base..] {
             let count = &self.refs[id.index()];
             // Relaxed (both): the block is exclusively ours after the Acquire
@@ -598,6 +696,7 @@ impl fmt::Debug for BlockPool {
         f.debug_struct("BlockPool")
             .field("num_blocks", &self.num_blocks())
             .field("block_size", &self.block_size)
+            .field("shards", &self.shards())
             .field("used_blocks", &self.used_blocks())
             .field("peak_used_blocks", &self.peak_used_blocks())
             .field("closed", &self.is_closed())

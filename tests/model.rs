@@ -1013,8 +1013,13 @@ fn check_pool(
 /// was in `out` before.
 const SENTINEL: BlockId = BlockId::new(u32::MAX - 7);
 
-fn run_pool(num_blocks: usize, block_size: usize, ops: &[PoolOp]) -> Result<(), TestCaseError> {
-    let pool = Arc::new(BlockPool::new(num_blocks, block_size));
+fn run_pool(
+    num_blocks: usize,
+    block_size: usize,
+    shards: usize,
+    ops: &[PoolOp],
+) -> Result<(), TestCaseError> {
+    let pool = Arc::new(BlockPool::with_shards(num_blocks, block_size, shards));
     let mut m = PoolModel::new(num_blocks, block_size);
     let mut seqs: Vec<Sequence> = vec![Sequence::new(Arc::clone(&pool))];
     m.seqs.push(SeqModel::default());
@@ -1435,12 +1440,14 @@ proptest! {
 
     /// `BlockPool` (raw allocations, good and bad frees) and `Sequence`
     /// (append, copy-on-write, truncate, fork, drop, slot lookups) agree with
-    /// the sequential model after every operation.
+    /// the sequential model after every operation, whether the free list
+    /// is one stack or several (more stacks than blocks included).
     #[test]
     fn pool_and_sequences_follow_the_model(
         (num_blocks, block_size) in pool_shape(),
+        shards in prop_oneof![Just(1usize), 2usize..=9],
         ops in prop::collection::vec(pool_op(), 1..80),
     ) {
-        run_pool(num_blocks, block_size, &ops)?;
+        run_pool(num_blocks, block_size, shards, &ops)?;
     }
 }

@@ -253,8 +253,8 @@ fn ownership_task(pool: &BlockPool, own: &Ownership, tally: &Tally, seed: u64, o
     pool.free(&all).expect("freeing owned blocks");
 }
 
-fn run_ownership(num_blocks: usize, threads: usize, tasks: u64, ops: usize) {
-    let pool = BlockPool::new(num_blocks, 16);
+fn run_ownership(num_blocks: usize, shards: usize, threads: usize, tasks: u64, ops: usize) {
+    let pool = BlockPool::with_shards(num_blocks, 16, shards);
     let own = Ownership::new(num_blocks);
     let tally = Tally::default();
     let workers = rayon_pool(threads);
@@ -266,7 +266,7 @@ fn run_ownership(num_blocks: usize, threads: usize, tasks: u64, ops: usize) {
         })
     });
     eprintln!(
-        "ownership, {num_blocks} blocks: {} allocs, {} full, {} never fit, {} frees, \
+        "ownership, {num_blocks} blocks in {shards} shards: {} allocs, {} full, {} never fit, {} frees, \
          {} bad frees, {samples} observer samples, peak {}",
         Tally::get(&tally.allocs),
         Tally::get(&tally.full),
@@ -292,20 +292,31 @@ fn run_ownership(num_blocks: usize, threads: usize, tasks: u64, ops: usize) {
 #[test]
 fn alloc_free_never_hands_an_id_to_two_owners() {
     for num_blocks in [8, 16, 64] {
-        run_ownership(num_blocks, 8, 64, 6_000);
+        run_ownership(num_blocks, 1, 8, 64, 6_000);
+    }
+}
+
+/// The same over sharded free lists: threads start their pops at different
+/// stacks, steal from the others when theirs runs short, and give every
+/// block back to the stack that owns it (3 shards split 16 ids unevenly;
+/// 16 shards over 8 ids leave half the stacks without an id of their own).
+#[test]
+fn alloc_free_never_hands_an_id_to_two_owners_sharded() {
+    for (num_blocks, shards) in [(16, 3), (64, 8), (8, 16)] {
+        run_ownership(num_blocks, shards, 8, 64, 4_000);
     }
 }
 
 #[test]
 fn alloc_free_on_a_one_block_pool() {
-    run_ownership(1, 8, 32, 4_000);
+    run_ownership(1, 1, 8, 32, 4_000);
 }
 
 #[test]
 #[ignore = "heavy: run with --ignored (ideally --release)"]
 fn alloc_free_never_hands_an_id_to_two_owners_heavy() {
     for num_blocks in [2, 8, 13, 32, 64] {
-        run_ownership(num_blocks, 16, 128, 20_000);
+        run_ownership(num_blocks, 4, 16, 128, 20_000);
     }
 }
 
@@ -483,9 +494,15 @@ fn sequence_task(shared: &SeqShared, seed: u64, ops: usize) {
     }
 }
 
-fn run_sequences(num_blocks: usize, block_size: usize, threads: usize, tasks: u64, ops: usize) {
+fn run_sequences(
+    (num_blocks, shards): (usize, usize),
+    block_size: usize,
+    threads: usize,
+    tasks: u64,
+    ops: usize,
+) {
     let shared = SeqShared {
-        pool: Arc::new(BlockPool::new(num_blocks, block_size)),
+        pool: Arc::new(BlockPool::with_shards(num_blocks, block_size, shards)),
         handoff: SegQueue::new(),
         appends: AtomicU64::new(0),
         refused: AtomicU64::new(0),
@@ -501,7 +518,7 @@ fn run_sequences(num_blocks: usize, block_size: usize, threads: usize, tasks: u6
         })
     });
     eprintln!(
-        "sequences, {num_blocks} blocks of {block_size}: {} appends, {} refused, {} forks, \
+        "sequences, {num_blocks} blocks of {block_size} in {shards} shards: {} appends, {} refused, {} forks, \
          {} copies-on-write, {samples} observer samples, peak {}",
         Tally::get(&shared.appends),
         Tally::get(&shared.refused),
@@ -523,16 +540,26 @@ fn run_sequences(num_blocks: usize, block_size: usize, threads: usize, tasks: u6
 
 #[test]
 fn sequences_append_truncate_fork_and_drop_concurrently() {
-    run_sequences(32, 4, 8, 64, 6_000);
-    run_sequences(12, 1, 8, 32, 3_000);
-    run_sequences(48, 16, 8, 32, 3_000);
+    run_sequences((32, 1), 4, 8, 64, 6_000);
+    run_sequences((12, 1), 1, 8, 32, 3_000);
+    run_sequences((48, 1), 16, 8, 32, 3_000);
+}
+
+/// The same over sharded free lists (forks, copies-on-write and drops free
+/// chains whose blocks belong to several stacks).
+#[test]
+fn sequences_append_truncate_fork_and_drop_concurrently_sharded() {
+    run_sequences((32, 4), 4, 8, 48, 4_000);
+    run_sequences((48, 5), 16, 8, 32, 3_000);
 }
 
 #[test]
 #[ignore = "heavy: run with --ignored (ideally --release)"]
 fn sequences_append_truncate_fork_and_drop_concurrently_heavy() {
     for (num_blocks, bs) in [(8, 2), (32, 4), (64, 16), (16, 1)] {
-        run_sequences(num_blocks, bs, 16, 128, 20_000);
+        for shards in [1, 4] {
+            run_sequences((num_blocks, shards), bs, 16, 128, 20_000);
+        }
     }
 }
 

@@ -22,7 +22,7 @@
 use std::sync::Arc;
 
 use kvslots::sync::{AtomicUsize, Ordering};
-use kvslots::{BlockId, BlockPool, Faults};
+use kvslots::{BlockId, BlockPool, Faults, ReserveError};
 use loom::cell::UnsafeCell;
 
 /// A block was handed out while a holder still had it (the same words as
@@ -106,18 +106,31 @@ impl PoolWorld {
     /// A pool of `num_blocks` blocks of `block_size` slots built with
     /// `faults`, every block free in the shadow, ready to be shared by a
     /// model's threads; `holder` names what holds references in the models,
-    /// for the messages.
-    // Not `Send`/`Sync` (see the type's doc), yet shared through an `Arc`:
-    // loom runs a model's threads one at a time.
-    #[allow(clippy::arc_with_non_send_sync)]
+    /// for the messages. The free list is one stack.
     pub fn new(
         num_blocks: usize,
         block_size: usize,
         faults: Faults,
         holder: &'static str,
     ) -> Arc<PoolWorld> {
+        PoolWorld::with_shards(num_blocks, block_size, 1, faults, holder)
+    }
+
+    /// [`new`](Self::new) with the free list cut into `shards` stacks.
+    // Not `Send`/`Sync` (see the type's doc), yet shared through an `Arc`:
+    // loom runs a model's threads one at a time.
+    #[allow(clippy::arc_with_non_send_sync)]
+    pub fn with_shards(
+        num_blocks: usize,
+        block_size: usize,
+        shards: usize,
+        faults: Faults,
+        holder: &'static str,
+    ) -> Arc<PoolWorld> {
         Arc::new(PoolWorld {
-            pool: Arc::new(BlockPool::with_faults(num_blocks, block_size, faults)),
+            pool: Arc::new(BlockPool::with_faults(
+                num_blocks, block_size, shards, faults,
+            )),
             holders: (0..num_blocks).map(|_| AtomicUsize::new(0)).collect(),
             payload: (0..num_blocks).map(|_| UnsafeCell::new(0)).collect(),
             holder,
@@ -227,5 +240,46 @@ impl PoolWorld {
         }
         self.pool.free(&all).expect("freeing every block");
         assert_eq!(self.pool.free_blocks(), n, "{LOST}: after the final free");
+    }
+}
+
+/// The checked allocations of the pool models (`tests/pool.rs`,
+/// `tests/shards.rs`).
+pub trait Allocs {
+    /// `try_alloc(n)` into a fresh vector, checked whole or nothing; each
+    /// new block is taken in the shadow and its payload written.
+    fn alloc(&self, n: usize) -> Result<Vec<BlockId>, ReserveError>;
+
+    /// The owner writes into its blocks one last time, then frees them.
+    fn give_back(&self, ids: &[BlockId]);
+}
+
+impl Allocs for PoolWorld {
+    fn alloc(&self, n: usize) -> Result<Vec<BlockId>, ReserveError> {
+        let mut ids = Vec::new();
+        let result = self.pool.try_alloc(n, &mut ids);
+        match result {
+            Ok(()) => assert_eq!(ids.len(), n, "partial allocation"),
+            Err(e) => {
+                assert!(ids.is_empty(), "a refused allocation changed `out`");
+                assert!(
+                    matches!(e, ReserveError::Full { requested, .. } if requested == n),
+                    "unexpected {e:?}"
+                );
+            }
+        }
+        for &id in &ids {
+            self.take(id);
+            self.write(id);
+        }
+        result.map(|()| ids)
+    }
+
+    fn give_back(&self, ids: &[BlockId]) {
+        for &id in ids {
+            self.write(id);
+            self.drop_ref(id);
+        }
+        self.pool.free(ids).expect("a holder's free was refused");
     }
 }

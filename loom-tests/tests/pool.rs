@@ -62,9 +62,9 @@
 
 use std::sync::Arc;
 
-use kvslots::{BlockId, Faults, ReserveError, Sequence};
+use kvslots::{Faults, Sequence};
 use loom::thread;
-use loom_tests::pool_world::{check, PoolWorld, NO_TAG, RELAXED_FREE, SOUND};
+use loom_tests::pool_world::{check, Allocs, PoolWorld, NO_TAG, RELAXED_FREE, SOUND};
 
 /// Block size of every pool here (the models move whole blocks).
 const BLOCK_SIZE: usize = 1;
@@ -73,46 +73,6 @@ const BLOCK_SIZE: usize = 1;
 /// block payloads.
 fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
     PoolWorld::new(num_blocks, BLOCK_SIZE, faults, "thread")
-}
-
-/// The checked allocations of these models.
-trait Allocs {
-    /// `try_alloc(n)` into a fresh vector, checked whole or nothing; each
-    /// new block is taken in the shadow and its payload written.
-    fn alloc(&self, n: usize) -> Result<Vec<BlockId>, ReserveError>;
-
-    /// The owner writes into its blocks one last time, then frees them.
-    fn give_back(&self, ids: &[BlockId]);
-}
-
-impl Allocs for PoolWorld {
-    fn alloc(&self, n: usize) -> Result<Vec<BlockId>, ReserveError> {
-        let mut ids = Vec::new();
-        let result = self.pool.try_alloc(n, &mut ids);
-        match result {
-            Ok(()) => assert_eq!(ids.len(), n, "partial allocation"),
-            Err(e) => {
-                assert!(ids.is_empty(), "a refused allocation changed `out`");
-                assert!(
-                    matches!(e, ReserveError::Full { requested, .. } if requested == n),
-                    "unexpected {e:?}"
-                );
-            }
-        }
-        for &id in &ids {
-            self.take(id);
-            self.write(id);
-        }
-        result.map(|()| ids)
-    }
-
-    fn give_back(&self, ids: &[BlockId]) {
-        for &id in ids {
-            self.write(id);
-            self.drop_ref(id);
-        }
-        self.pool.free(ids).expect("a holder's free was refused");
-    }
 }
 
 /// Alloc vs alloc over a pool of 3 (ids 0, 1, 2; 0 on top of the stack).

@@ -1,0 +1,161 @@
+//! Loom models of a [`BlockPool`](kvslots::BlockPool) whose free list is
+//! cut into two stacks (`BlockPool::with_shards`): requests that take from
+//! both stacks, and frees whose blocks go back to two different stacks,
+//! racing each other. The checks are those of `tests/pool.rs` (shadow
+//! holder counts, conservation, a happens-before witness per block; see
+//! `loom_tests::pool_world`), and each model has its negative controls.
+//!
+//! Run with
+//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test shards`.
+//!
+//! With `span = ceil(num_blocks / 2)` ids per stack, stack 0 owns ids
+//! `0..span` and stack 1 the rest; a thread's pops start at its home stack
+//! (the model thread's number modulo 2: the main thread and a spawned
+//! thread start at different stacks) and take from the other one when
+//! theirs is short.
+//!
+//! | model | threads, blocks | `no_tag` (ABA) | `relaxed_free` |
+//! |---|---|---|---|
+//! | [`steal_after_free`] | 2, 3 | | caught: causality |
+//! | [`split_free_vs_alloc`] | 2, 3 | | caught: causality |
+//! | [`alloc_vs_steal`] | 2, 5 | caught: handed out twice | |
+#![cfg(kvslots_loom)]
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use kvslots::Faults;
+use loom::thread;
+use loom_tests::pool_world::{check, Allocs, PoolWorld, NO_TAG, RELAXED_FREE, SOUND};
+
+/// A pool of `num_blocks` one-slot blocks over two stacks.
+fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
+    PoolWorld::with_shards(num_blocks, 1, 2, faults, "thread")
+}
+
+/// A steal after a free, over a pool of 3 (stack 0 owns ids 0 and 1, stack
+/// 1 owns id 2). The spawned thread (home stack 1) allocates one block,
+/// which empties its stack, and then one more, which it must take from
+/// stack 0. Meanwhile the main thread (home stack 0) allocates one block,
+/// writes it and gives it back onto stack 0. The spawned thread's second
+/// request can be admitted through block 1 (a count older than the main
+/// thread's give-back) and still pop the main thread's block, on top of
+/// stack 0: only the free list's `Release`/`Acquire` orders the two
+/// owners' writes then.
+fn steal_after_free(faults: Faults) {
+    check(move || {
+        let world = new_world(3, faults);
+        let other = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || {
+                let mut ids = world.alloc(1).expect("one of three");
+                ids.extend(
+                    world
+                        .alloc(1)
+                        .expect("two of three, the main thread holding one"),
+                );
+                world.give_back(&ids);
+            })
+        };
+        let ids = world.alloc(1).expect("one of three");
+        world.give_back(&ids);
+        other.join().unwrap();
+        world.assert_conserved_and_bounded();
+    });
+}
+
+#[test]
+fn steal_after_free_sound() {
+    steal_after_free(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn steal_after_free_relaxed_free_is_caught() {
+    steal_after_free(RELAXED_FREE);
+}
+
+/// A free that splits vs an allocation, over a pool of 3 (stack 0 owns
+/// ids 0 and 1, stack 1 owns id 2). The main thread takes all three,
+/// gives block 0 back, and hands blocks 1 and 2 (one per stack) to a thread
+/// that frees them in one call: two pushes, one per owning stack. Meanwhile
+/// the main thread allocates one block, admitted through block 0, but
+/// popping whichever block is on top of the stack it looks at first (block
+/// 1, just pushed, when the push came first): only the free list's
+/// `Release`/`Acquire` orders the freer's writes before the new owner's.
+fn split_free_vs_alloc(faults: Faults) {
+    check(move || {
+        let world = new_world(3, faults);
+        let mut all = world.alloc(3).expect("a fresh pool of 3");
+        all.sort_unstable();
+        world.give_back(&all[..1]);
+        let split = all[1..].to_vec();
+        let freer = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || world.give_back(&split))
+        };
+        let got = world.alloc(1).expect("block 0 is free throughout");
+        freer.join().unwrap();
+        world.give_back(&got);
+        world.assert_conserved_and_bounded();
+    });
+}
+
+#[test]
+fn split_free_vs_alloc_sound() {
+    split_free_vs_alloc(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn split_free_vs_alloc_relaxed_free_is_caught() {
+    split_free_vs_alloc(RELAXED_FREE);
+}
+
+/// Alloc vs steal, over a pool of 5 (ids 0, 1 and 2 in stack 0; 3 and 4 in
+/// stack 1). The spawned thread (home stack 1) allocates 4: both of its
+/// own and two stolen from stack 0; it gives the first stolen one back
+/// (onto stack 0, which owns it) and keeps the rest. The main thread (home
+/// stack 0) allocates one block, then one more. Each keeps what it holds
+/// until the end.
+///
+/// The ABA schedule without the tag: the main thread reads stack 0's head
+/// (top 0, next 1) and is preempted; the spawned thread steals 0 and 1 and
+/// pushes 0 back (top 0 again, next 2); an untagged CAS still matches and
+/// installs block 1, which the spawned thread holds, as the top. One
+/// preemption.
+fn alloc_vs_steal(faults: Faults) {
+    check(move || {
+        let world = new_world(5, faults);
+        let b = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || match world.alloc(4) {
+                Ok(mut ids) => {
+                    let first_stolen = ids.remove(2);
+                    world.give_back(&[first_stolen]);
+                    ids
+                }
+                Err(_) => Vec::new(),
+            })
+        };
+        let mut held = world.alloc(1).expect("one of five, the other holding four");
+        if let Ok(more) = world.alloc(1) {
+            held.extend(more);
+        }
+        let mut rest = b.join().unwrap();
+        rest.extend(held);
+        world.give_back(&rest);
+        world.assert_conserved_and_bounded();
+    });
+}
+
+#[test]
+fn alloc_vs_steal_sound() {
+    alloc_vs_steal(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "handed out twice")]
+fn alloc_vs_steal_no_tag_is_caught() {
+    alloc_vs_steal(NO_TAG);
+}
