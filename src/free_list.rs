@@ -14,20 +14,37 @@
 //! A whole request moves in one CAS per stack touched:
 //! [`FreeList::pop`] walks up to `k` links from the head of the calling
 //! thread's home stack and swings the head past them, and only if that stack
-//! runs short does it take the rest from the others; [`FreeList::push_chain`]
-//! links the freed ids together privately and swings the home head onto the
-//! chain. A walk over a snapshot that went stale while it was read fails the
-//! tag check and retries.
+//! runs short does it take the rest from the others; [`FreeList::push`]
+//! swings a head onto a chain of freed ids linked privately beforehand
+//! ([`FreeList::prepend`]), one CAS per stack the chain's ids belong to. A
+//! walk over a snapshot that went stale while it was read fails the tag
+//! check and retries.
 //!
 //! # Why shards
 //!
-//! With one stack every allocation and every free moves the head's cache
-//! line (and the links and reference counts of the blocks it hands out)
-//! between cores. A thread's home stack receives the blocks that thread
-//! frees, so a worker that frees and reallocates reuses its own, cache-warm
-//! blocks and a head no other thread touches; the only word all threads
-//! share is the pool's admission counter. The home stack is chosen by a
-//! per-thread index (`sync::thread_index`), so threads need no registration.
+//! Each stack owns a contiguous range of ids, and a freed id always goes
+//! back to the stack that owns it; a thread's pops start at a home stack
+//! (`sync::thread_index` modulo the stack count, so threads need no
+//! registration) and take from the others only when it is short. A worker
+//! that frees and reallocates sequences thus walks links in its own part
+//! of the `next` array, which stays in its core's cache, and CASes a head
+//! that no other thread touches; the only word all threads write is the
+//! pool's admission counter.
+//!
+//! With one stack, `kvslots-sim --compare --workers 8` spent 35% of its
+//! time in the pop's dependent walk over 130-block chains whose `next`
+//! lines another core had written last, and ran at 0.76x the mutex
+//! baseline's allocator calls per second; with 16 stacks, 1.12x in the same
+//! session. (Pushing freed ids onto the freer's home stack instead of the
+//! owner's did not help: the links stayed scattered.) The price is paid by
+//! tiny requests under heavy contention: `benches/pool.rs`'s `alloc2_free`
+//! on 2 threads is slower with 16 stacks than with one, because two
+//! threads that only share the counter interleave operation by operation,
+//! while two that also contend on one head fall into bursts that keep both
+//! lines in one core for several operations. [`BlockPool::with_shards`]
+//! with 1 gives the single stack back.
+//!
+//! [`BlockPool::with_shards`]: crate::BlockPool::with_shards
 //!
 //! Callers admit the count through a [`SlotCounter`](crate::SlotCounter)
 //! before popping and push before releasing the count, so the stacks
@@ -53,6 +70,40 @@ use crate::sync::{self, AtomicU32, AtomicU64, Backoff, CachePadded, Ordering};
 
 /// The index that ends the list.
 pub(crate) const NIL: u32 = u32::MAX;
+
+/// A chain of freed ids linked privately (through `next`) before it is
+/// pushed: built by [`FreeList::prepend`], pushed by [`FreeList::push`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Chain {
+    /// The top id (the last prepended), or `NIL`.
+    first: u32,
+    /// The bottom id (the first prepended), or `NIL`.
+    last: u32,
+    /// How many ids.
+    len: usize,
+    /// The first id of the stack that owns `last`.
+    start: u32,
+    /// Whether some id belongs to another stack than `last`.
+    mixed: bool,
+}
+
+impl Chain {
+    /// An empty chain.
+    pub(crate) const fn new() -> Chain {
+        Chain {
+            first: NIL,
+            last: NIL,
+            len: 0,
+            start: 0,
+            mixed: false,
+        }
+    }
+
+    /// How many ids it holds.
+    pub(crate) const fn len(&self) -> usize {
+        self.len
+    }
+}
 
 /// Faults that the loom negative controls inject into the real free list.
 #[cfg(kvslots_loom)]
@@ -223,22 +274,39 @@ impl FreeList {
     }
 
     /// Links `id` above `below` in a chain the caller owns (not yet pushed).
-    pub(crate) fn link(&self, id: u32, below: u32) {
-        // Relaxed: the chain is private until `push_chain`'s Release CAS
+    fn link(&self, id: u32, below: u32) {
+        // Relaxed: the chain is private until `push_run`'s Release CAS
         // publishes it.
         self.next[id as usize].store(below, Ordering::Relaxed);
     }
 
-    /// Pushes the privately linked chain `first ..= last`: each id goes back
-    /// to the stack that owns it, one CAS per run of ids with the same
-    /// owner (one CAS in all when there is one stack).
-    pub(crate) fn push_chain(&self, first: u32, last: u32) {
-        if self.heads.len() == 1 {
-            self.push_run(0, first, last);
+    /// Links `id` on top of the private chain `chain` (not yet pushed).
+    pub(crate) fn prepend(&self, chain: &mut Chain, id: u32) {
+        self.link(id, chain.first);
+        if chain.len == 0 {
+            chain.last = id;
+            chain.start = id - id % self.span;
+        } else if id.wrapping_sub(chain.start) >= self.span {
+            // Another stack's id: `push` must split the chain.
+            chain.mixed = true;
+        }
+        chain.first = id;
+        chain.len += 1;
+    }
+
+    /// Pushes a private chain: each id goes back to the stack that owns it,
+    /// one CAS per run of ids with the same owner (one CAS in all when they
+    /// share one, as a sequence's blocks mostly do).
+    pub(crate) fn push(&self, chain: &Chain) {
+        if chain.len == 0 {
             return;
         }
-        let (mut run, mut shard, mut id) = (first, self.owner(first), first);
-        while id != last {
+        if !chain.mixed {
+            self.push_run(self.owner(chain.first), chain.first, chain.last);
+            return;
+        }
+        let (mut run, mut shard, mut id) = (chain.first, self.owner(chain.first), chain.first);
+        while id != chain.last {
             // Relaxed: our own private chain, linked by this thread.
             let below = self.next[id as usize].load(Ordering::Relaxed);
             let owner = self.owner(below);
@@ -250,7 +318,7 @@ impl FreeList {
             }
             id = below;
         }
-        self.push_run(shard, run, last);
+        self.push_run(shard, run, chain.last);
     }
 
     /// Pushes the privately linked chain `first ..= last` onto stack

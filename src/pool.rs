@@ -69,7 +69,7 @@ use std::fmt;
 
 use crate::counter::SlotCounter;
 use crate::error::{FreeError, ReserveError};
-use crate::free_list::{FreeList, NIL};
+use crate::free_list::{Chain, FreeList, NIL};
 use crate::sync::{AtomicU32, Ordering};
 
 /// The id of one block in a [`BlockPool`].
@@ -240,10 +240,21 @@ impl BlockPool {
         }
     }
 
-    /// The shard count [`new`](Self::new) picks: one stack per
-    /// [`BLOCKS_PER_SHARD`](Self::BLOCKS_PER_SHARD) blocks, at least 1 and
-    /// at most [`DEFAULT_SHARDS`](Self::DEFAULT_SHARDS).
-    const fn default_shards(num_blocks: usize) -> usize {
+    /// The shard count [`new`](Self::new) picks for `num_blocks` blocks:
+    /// one stack per [`BLOCKS_PER_SHARD`](Self::BLOCKS_PER_SHARD) blocks,
+    /// at least 1 and at most [`DEFAULT_SHARDS`](Self::DEFAULT_SHARDS).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::BlockPool;
+    ///
+    /// assert_eq!(BlockPool::default_shards(100), 1);
+    /// assert_eq!(BlockPool::default_shards(512), 8);
+    /// assert_eq!(BlockPool::default_shards(usize::MAX), 16);
+    /// assert_eq!(BlockPool::new(512, 16).shards(), 8);
+    /// ```
+    pub const fn default_shards(num_blocks: usize) -> usize {
         let shards = num_blocks / Self::BLOCKS_PER_SHARD;
         if shards == 0 {
             1
@@ -521,7 +532,7 @@ impl BlockPool {
         // A drop can fail here only if the caller does not hold what it
         // lists (and another holder freed it meanwhile); the drops made so
         // far are then undone.
-        let (mut first, mut last, mut zeroed) = (NIL, NIL, 0usize);
+        let mut chain = Chain::new();
         for (i, &id) in ids.iter().enumerate() {
             let dropped = if held {
                 self.drop_held_ref(id)
@@ -529,15 +540,7 @@ impl BlockPool {
                 self.drop_ref(id)
             };
             match dropped {
-                Ok(true) => {
-                    let raw = id.index() as u32;
-                    self.free.link(raw, first);
-                    if last == NIL {
-                        last = raw;
-                    }
-                    first = raw;
-                    zeroed += 1;
-                }
+                Ok(true) => self.free.prepend(&mut chain, id.index() as u32),
                 Ok(false) => {}
                 Err(()) => {
                     // Undo the drops made so far: nothing changes.
@@ -552,9 +555,9 @@ impl BlockPool {
                 }
             }
         }
-        if zeroed > 0 {
-            self.free.push_chain(first, last);
-            self.counter.release_held(zeroed);
+        if chain.len() > 0 {
+            self.free.push(&chain);
+            self.counter.release_held(chain.len());
         }
         Ok(())
     }
