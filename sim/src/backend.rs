@@ -90,6 +90,14 @@ impl KvslotsBackend {
         }
     }
 
+    /// A pool of `num_blocks` blocks of `block_size` tokens whose free list
+    /// is cut into `shards` stacks.
+    pub fn with_shards(num_blocks: usize, block_size: usize, shards: usize) -> Self {
+        KvslotsBackend {
+            pool: Arc::new(BlockPool::with_shards(num_blocks, block_size, shards)),
+        }
+    }
+
     /// The pool.
     pub fn pool(&self) -> &Arc<BlockPool> {
         &self.pool

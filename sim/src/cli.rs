@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use kvslots::BlockPool;
 use serde_json::json;
 
 use crate::backend::{KvBackend, KvslotsBackend, MutexBackend};
@@ -97,6 +98,11 @@ pub struct Cli {
     /// Most requests one worker runs at once.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
+    /// Free-list stacks of the kvslots pool (default: what
+    /// `BlockPool::new` picks, one per 64 blocks up to 16; 1 is a single
+    /// stack).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub shards: Option<u16>,
     /// The allocator to run.
     #[arg(long, value_enum, default_value_t = Allocator::Kvslots)]
     pub allocator: Allocator,
@@ -132,6 +138,8 @@ pub struct Plan {
     pub workload: String,
     /// The scheduler's settings.
     pub engine: EngineConfig,
+    /// Free-list stacks of the kvslots pool.
+    pub shards: usize,
 }
 
 /// The default worker count: available parallelism, at least 4.
@@ -210,6 +218,9 @@ impl Cli {
                 seed: self.seed,
                 ..EngineConfig::default()
             },
+            shards: self
+                .shards
+                .map_or_else(|| BlockPool::default_shards(sizing.num_blocks), usize::from),
             sizing,
             requests,
             workload,
@@ -258,13 +269,15 @@ fn settings_line(plan: &Plan) -> String {
         format!("{} drafts, accept {}", e.spec, e.accept)
     };
     format!(
-        "workload: {}; {} workers, admission {}, watermark {} blocks, chunk {}, spec {}, samples {}, max running {}",
-        plan.workload, e.workers, e.admission, e.watermark_blocks, e.chunk, spec, e.samples, e.max_running
+        "workload: {}; {} workers, admission {}, watermark {} blocks, chunk {}, spec {}, samples {}, max running {}; kvslots free list: {} stacks",
+        plan.workload, e.workers, e.admission, e.watermark_blocks, e.chunk, spec, e.samples, e.max_running, plan.shards
     )
 }
 
-fn settings_json(e: &EngineConfig) -> serde_json::Value {
+fn settings_json(plan: &Plan) -> serde_json::Value {
+    let e = &plan.engine;
     json!({
+        "shards": plan.shards,
         "admission": e.admission,
         "workers": e.workers,
         "watermark_blocks": e.watermark_blocks,
@@ -291,12 +304,15 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> i32 {
     let bs = plan.sizing.block_size;
     let reports: Vec<Report> = if cli.compare {
         vec![
-            run_one(&KvslotsBackend::new(nb, bs), &plan),
+            run_one(&KvslotsBackend::with_shards(nb, bs, plan.shards), &plan),
             run_one(&MutexBackend::new(nb, bs), &plan),
         ]
     } else {
         match cli.allocator {
-            Allocator::Kvslots => vec![run_one(&KvslotsBackend::new(nb, bs), &plan)],
+            Allocator::Kvslots => vec![run_one(
+                &KvslotsBackend::with_shards(nb, bs, plan.shards),
+                &plan,
+            )],
             Allocator::Mutex => vec![run_one(&MutexBackend::new(nb, bs), &plan)],
         }
     };
@@ -307,13 +323,13 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> i32 {
                 let mut v = serde_json::to_value(one).expect("a report serialises");
                 v["sizing"] = json!(plan.sizing);
                 v["workload"] = json!(plan.workload);
-                v["settings"] = settings_json(&plan.engine);
+                v["settings"] = settings_json(&plan);
                 v
             }
             [a, b] => json!({
                 "sizing": plan.sizing,
                 "workload": plan.workload,
-                "settings": settings_json(&plan.engine),
+                "settings": settings_json(&plan),
                 "kvslots": a,
                 "mutex": b,
                 "ratios": {

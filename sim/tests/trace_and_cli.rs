@@ -199,6 +199,9 @@ fn the_binary_exits_2_on_a_missing_file_and_bad_flags() {
         &["--requests", "0"],
         &["--workers", "100000"],
         &["--kv-bytes-per-token", "0"],
+        &["--shards", "0"],
+        &["--shards", "1025"],
+        &["--shards", "-1"],
     ] {
         let out = Command::new(BIN).args(bad).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
@@ -259,6 +262,36 @@ fn json_report_has_the_documented_keys_and_invariants_hold() {
     assert_eq!(done, 300);
     assert!(v["peak_blocks_used"].as_u64().unwrap() <= 128);
     assert!(v["alloc_ops_per_sec"].as_f64().unwrap() > 0.0);
+}
+
+/// `--shards` reaches the pool and the settings, and a tight pool gives the
+/// same results (invariants, completions) with one stack, with uneven
+/// stacks and with more stacks than a worker needs.
+#[test]
+fn shards_flag_sets_the_free_list_stacks() {
+    let (code, v) = json_run(&["--requests", "50", "--memory-gib", "0.25"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["settings"]["shards"], 2, "128 blocks: one stack per 64");
+    for shards in ["1", "3", "64"] {
+        let (code, v) = json_run(&[
+            "--requests",
+            "200",
+            "--memory-gib",
+            "0.25",
+            "--workers",
+            "4",
+            "--samples",
+            "2",
+            "--shards",
+            shards,
+        ]);
+        assert_eq!(code, 0, "{v}");
+        assert_eq!(v["settings"]["shards"].to_string(), shards);
+        assert_eq!(v["invariants_ok"], true);
+        let done =
+            v["requests_completed"].as_u64().unwrap() + v["requests_rejected"].as_u64().unwrap();
+        assert_eq!(done, 200);
+    }
 }
 
 #[test]
