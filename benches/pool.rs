@@ -4,6 +4,7 @@
 //! | group | one operation |
 //! |---|---|
 //! | `alloc2_free` | take 2 block ids, all or nothing, and free them |
+//! | `prompt` | a sequence appends a 2,048-token prompt (128 blocks, all or nothing) and truncates to 0 (frees them); throughput counts blocks |
 //! | `append_truncate` | a sequence of 8 tokens appends 24 (a 16-token block boundary is crossed: 1 or 2 new blocks) and truncates back to 8 |
 //! | `alloc2_free_by_size` | `alloc2_free` on one thread in pools of 1,000 and 1,000,000 blocks |
 //!
@@ -11,7 +12,8 @@
 //!
 //! | id | free list |
 //! |---|---|
-//! | `kvslots` | [`BlockPool`]: admission CAS, then one CAS pops the chain |
+//! | `kvslots` | [`BlockPool::new`]: admission CAS, then one CAS pops the chain from the thread's home stack (16 stacks here) |
+//! | `kvslots_1_stack` | [`BlockPool::with_shards`] with one stack, for what sharding changes |
 //! | `std_mutex` | `std::sync::Mutex<Vec<u32>>`: lock, check, pop `n` |
 //! | `parking_lot_mutex` | `parking_lot::Mutex<Vec<u32>>`, the same |
 //! | `array_queue` | `crossbeam_queue::ArrayQueue<u32>`: pop `n` one by one, pushing back on a shortfall (lock-free, but not all-or-nothing: others can see a partial take) |
@@ -41,6 +43,10 @@ const THREADS: [usize; 3] = [1, 2, 8];
 const BLOCKS: usize = 4096;
 /// Tokens per block.
 const BLOCK_SIZE: usize = 16;
+/// Tokens of the `prompt` group's prompt: 128 blocks of 16 (the sim's
+/// synthetic workload has a median prompt of about 1,100 tokens and a mean
+/// of about 2,800).
+const PROMPT: usize = 2048;
 
 /// A free list of block ids: take `n` all or nothing, give them back.
 trait FreeList: Send + Sync + 'static {
@@ -51,6 +57,7 @@ trait FreeList: Send + Sync + 'static {
     fn give(&self, ids: &[Self::Id]);
 }
 
+/// [`BlockPool::new`], sharded as it chooses (16 stacks at these sizes).
 struct Kv(BlockPool);
 
 impl FreeList for Kv {
@@ -58,6 +65,25 @@ impl FreeList for Kv {
 
     fn build(num_blocks: usize) -> Self {
         Kv(BlockPool::new(num_blocks, BLOCK_SIZE))
+    }
+
+    fn take(&self, n: usize, out: &mut Vec<BlockId>) -> bool {
+        self.0.try_alloc(n, out).is_ok()
+    }
+
+    fn give(&self, ids: &[BlockId]) {
+        self.0.free(ids).expect("benchmark frees what it took");
+    }
+}
+
+/// [`BlockPool::with_shards`] with one stack: what sharding changes.
+struct Kv1(BlockPool);
+
+impl FreeList for Kv1 {
+    type Id = BlockId;
+
+    fn build(num_blocks: usize) -> Self {
+        Kv1(BlockPool::with_shards(num_blocks, BLOCK_SIZE, 1))
     }
 
     fn take(&self, n: usize, out: &mut Vec<BlockId>) -> bool {
@@ -215,7 +241,7 @@ impl Table for Sequence {
     }
 
     fn new(pool: &Arc<BlockPool>) -> Self {
-        Sequence::with_capacity(Arc::clone(pool), 64)
+        Sequence::with_capacity(Arc::clone(pool), PROMPT)
     }
 
     fn append(&mut self, n: usize) -> bool {
@@ -224,6 +250,29 @@ impl Table for Sequence {
 
     fn truncate(&mut self, len: usize) {
         Sequence::truncate(self, len);
+    }
+}
+
+/// A [`Sequence`] over a one-stack pool, for what sharding changes.
+struct Seq1(Sequence);
+
+impl Table for Seq1 {
+    type Shared = BlockPool;
+
+    fn build(num_blocks: usize) -> BlockPool {
+        BlockPool::with_shards(num_blocks, BLOCK_SIZE, 1)
+    }
+
+    fn new(pool: &Arc<BlockPool>) -> Self {
+        Seq1(Sequence::with_capacity(Arc::clone(pool), PROMPT))
+    }
+
+    fn append(&mut self, n: usize) -> bool {
+        self.0.try_append(n).is_ok()
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.0.truncate(len);
     }
 }
 
@@ -244,7 +293,7 @@ impl<F: FreeList> Table for BaselineSeq<F> {
     fn new(list: &Arc<F>) -> Self {
         BaselineSeq {
             list: Arc::clone(list),
-            blocks: Vec::with_capacity(4),
+            blocks: Vec::with_capacity(PROMPT.div_ceil(BLOCK_SIZE)),
             len: 0,
         }
     }
@@ -283,6 +332,46 @@ fn append_truncate<T: Table>(shared: &Arc<T::Shared>, iters: u64) {
     }
 }
 
+/// `iters` times: an empty sequence appends a whole prompt and truncates
+/// back to empty.
+fn prompt<T: Table>(shared: &Arc<T::Shared>, iters: u64) {
+    let mut seq = T::new(shared);
+    for _ in 0..iters {
+        if black_box(seq.append(PROMPT)) {
+            seq.truncate(0);
+        }
+    }
+}
+
+fn bench_prompt(c: &mut Criterion) {
+    let mut group = c.benchmark_group("prompt");
+    // One element per block taken and given back.
+    group.throughput(Throughput::Elements(PROMPT.div_ceil(BLOCK_SIZE) as u64));
+    for threads in THREADS {
+        run_table::<Sequence>(&mut group, "kvslots", threads, prompt::<Sequence>);
+        run_table::<Seq1>(&mut group, "kvslots_1_stack", threads, prompt::<Seq1>);
+        run_table::<BaselineSeq<StdMutex>>(
+            &mut group,
+            "std_mutex",
+            threads,
+            prompt::<BaselineSeq<StdMutex>>,
+        );
+        run_table::<BaselineSeq<PlMutex>>(
+            &mut group,
+            "parking_lot_mutex",
+            threads,
+            prompt::<BaselineSeq<PlMutex>>,
+        );
+        run_table::<BaselineSeq<Queue>>(
+            &mut group,
+            "array_queue",
+            threads,
+            prompt::<BaselineSeq<Queue>>,
+        );
+    }
+    group.finish();
+}
+
 fn bench_append_truncate(c: &mut Criterion) {
     let mut group = c.benchmark_group("append_truncate");
     group.throughput(Throughput::Elements(1));
@@ -300,9 +389,18 @@ fn run_seq<T: Table>(
     name: &str,
     threads: usize,
 ) {
+    run_table::<T>(group, name, threads, append_truncate::<T>);
+}
+
+fn run_table<T: Table>(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    name: &str,
+    threads: usize,
+    op: fn(&Arc<T::Shared>, u64),
+) {
     let shared = Arc::new(T::build(BLOCKS));
     group.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &t| {
-        b.iter_custom(|iters| timed(&shared, t, iters, append_truncate::<T>))
+        b.iter_custom(|iters| timed(&shared, t, iters, op))
     });
 }
 
@@ -310,10 +408,16 @@ fn bench_alloc2_free(c: &mut Criterion) {
     let mut group = c.benchmark_group("alloc2_free");
     group.throughput(Throughput::Elements(1));
     for threads in THREADS {
-        run::<Kv>(&mut group, "kvslots", threads, BLOCKS);
-        run::<StdMutex>(&mut group, "std_mutex", threads, BLOCKS);
-        run::<PlMutex>(&mut group, "parking_lot_mutex", threads, BLOCKS);
-        run::<Queue>(&mut group, "array_queue", threads, BLOCKS);
+        run::<Kv>(&mut group, "kvslots", threads, alloc2_free::<Kv>);
+        run::<Kv1>(&mut group, "kvslots_1_stack", threads, alloc2_free::<Kv1>);
+        run::<StdMutex>(&mut group, "std_mutex", threads, alloc2_free::<StdMutex>);
+        run::<PlMutex>(
+            &mut group,
+            "parking_lot_mutex",
+            threads,
+            alloc2_free::<PlMutex>,
+        );
+        run::<Queue>(&mut group, "array_queue", threads, alloc2_free::<Queue>);
     }
     group.finish();
 }
@@ -334,11 +438,11 @@ fn run<F: FreeList>(
     group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
     name: &str,
     threads: usize,
-    blocks: usize,
+    op: fn(&Arc<F>, u64),
 ) {
-    let list = Arc::new(F::build(blocks));
+    let list = Arc::new(F::build(BLOCKS));
     group.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &t| {
-        b.iter_custom(|iters| timed(&list, t, iters, alloc2_free::<F>))
+        b.iter_custom(|iters| timed(&list, t, iters, op))
     });
 }
 
@@ -348,6 +452,6 @@ criterion_group! {
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2))
         .sample_size(20);
-    targets = bench_alloc2_free, bench_append_truncate, bench_by_size
+    targets = bench_alloc2_free, bench_prompt, bench_append_truncate, bench_by_size
 }
 criterion_main!(benches);
