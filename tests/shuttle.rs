@@ -16,7 +16,9 @@
 //! * raw pool allocations and frees, including refused frees (over-free,
 //!   out of range) of blocks the thread holds;
 //! * sequence appends (with copy-on-write), truncates, forks and drops,
-//!   with parent and child owned by different threads;
+//!   with parent and child owned by different threads, over a one-stack
+//!   pool and over a pool whose free list is 3 stacks (threads starting
+//!   their pops at different stacks, stealing, freeing to several);
 //! * closing while all of that runs.
 //!
 //! They check the invariants of the loom models:
@@ -47,7 +49,7 @@
 //! allocator, both written here against the same facade, run the same
 //! model shapes. shuttle must catch both (`#[should_panic]`).
 //!
-//! Schedules: the defaults below, about 90,000 in all, which take well under
+//! Schedules: the defaults below, about 110,000 in all, which take well under
 //! a minute in release. Set `KVSLOTS_SHUTTLE_ITERATIONS` to run that many of
 //! each kind per test instead (the negative controls keep their own bound).
 //! A failure prints the schedule to give to `shuttle::replay`.
@@ -915,7 +917,19 @@ fn forked_pair(
 /// across threads, two threads of raw allocations, two threads growing and
 /// forking their own sequences.
 fn pool_model() {
-    let pool = Arc::new(BlockPool::new(10, 2));
+    pool_model_over(BlockPool::new(10, 2));
+}
+
+/// [`pool_model`] over a pool of 10 blocks whose free list is 3 stacks
+/// (ids 0-3, 4-7 and 8-9): the threads start their pops at different
+/// stacks, steal when theirs runs short, and free chains that go back to
+/// several stacks.
+fn sharded_pool_model() {
+    pool_model_over(BlockPool::with_shards(10, 2, 3));
+}
+
+fn pool_model_over(pool: BlockPool) {
+    let pool = Arc::new(pool);
     let owners = Arc::new(Owners::new(10));
     // Off a block boundary: the child has a private copy of the tail.
     let (p0, c0) = forked_pair(&pool, &owners, 3, 1);
@@ -951,6 +965,16 @@ fn pool_and_sequences_8_threads_random() {
 #[test]
 fn pool_and_sequences_8_threads_pct() {
     check_pct(pool_model, iterations(20000));
+}
+
+#[test]
+fn sharded_pool_and_sequences_8_threads_random() {
+    check_random(sharded_pool_model, iterations(10000));
+}
+
+#[test]
+fn sharded_pool_and_sequences_8_threads_pct() {
+    check_pct(sharded_pool_model, iterations(10000));
 }
 
 /// The raw allocation shape alone, on any [`Blocks`].
