@@ -229,3 +229,66 @@ fn sequences_over_a_sharded_pool() {
     pool.try_alloc(12, &mut all).unwrap();
     assert_distinct(&all, 12, 12);
 }
+
+/// The stack a fresh pool of one block per stack serves the calling thread
+/// from: the id `try_alloc(1)` returns.
+fn home_stack() -> usize {
+    let pool = BlockPool::with_shards(1024, 1, 1024);
+    let mut ids = Vec::new();
+    pool.try_alloc(1, &mut ids).unwrap();
+    ids[0].index()
+}
+
+/// Threads start their pops at stacks of their own: two threads get
+/// different blocks from fresh pools of one block per stack (1,024
+/// stacks; two threads could share a home stack only if 1,024 other
+/// threads had started in between). A thread keeps its home.
+#[test]
+fn threads_start_at_different_stacks() {
+    let a = thread::spawn(|| (home_stack(), home_stack())).join().unwrap();
+    let b = thread::spawn(|| (home_stack(), home_stack())).join().unwrap();
+    assert_eq!(a.0, a.1, "a thread's home stack moved");
+    assert_eq!(b.0, b.1, "a thread's home stack moved");
+    assert_ne!(a.0, b.0, "two threads started at the same stack");
+}
+
+/// A freed block goes back to the stack that owns it, not to the freer's:
+/// with one block per stack, blocks 5 and 7 freed one at a time sit in
+/// stacks 5 and 7, and the next allocation takes whichever comes first
+/// when counting on from the thread's home stack.
+#[test]
+fn freed_blocks_go_back_to_the_stack_that_owns_them() {
+    let home = home_stack();
+    let pool = BlockPool::with_shards(1024, 1, 1024);
+    let mut all = Vec::new();
+    pool.try_alloc(1024, &mut all).unwrap();
+    let (five, seven) = (BlockId::new(5), BlockId::new(7));
+    pool.free(&[five]).unwrap();
+    pool.free(&[seven]).unwrap();
+    // Stacks are searched from home upwards, wrapping around.
+    let distance = |stack: usize| (stack + 1024 - home) % 1024;
+    let expected = if distance(5) < distance(7) { five } else { seven };
+    let mut got = Vec::new();
+    pool.try_alloc(1, &mut got).unwrap();
+    assert_eq!(got, [expected], "home stack {home}");
+}
+
+/// One free of blocks that belong to different stacks splits them: each
+/// goes back to its own stack, as if freed one at a time.
+#[test]
+fn a_free_spanning_stacks_gives_each_block_back_to_its_own() {
+    let home = home_stack();
+    let pool = BlockPool::with_shards(1024, 1, 1024);
+    let mut all = Vec::new();
+    pool.try_alloc(1024, &mut all).unwrap();
+    let (five, six, nine) = (BlockId::new(5), BlockId::new(6), BlockId::new(9));
+    pool.free(&[five, nine, six]).unwrap();
+    let distance = |id: BlockId| (id.index() + 1024 - home) % 1024;
+    let mut expected = vec![five, six, nine];
+    expected.sort_by_key(|&id| distance(id));
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        pool.try_alloc(1, &mut got).unwrap();
+    }
+    assert_eq!(got, expected, "home stack {home}");
+}
