@@ -106,27 +106,33 @@ pub(crate) fn stale_retry(backoff: &Backoff) {
 /// from a global counter), so that `n` threads spread over `n` shards.
 /// Under loom and shuttle it is the model's own thread number, which is the
 /// same in every execution of a model (a global counter would not be).
-#[cfg(not(any(kvslots_loom, kvslots_shuttle)))]
 #[inline]
 pub(crate) fn thread_index() -> usize {
-    use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
-    static NEXT: StdAtomicUsize = StdAtomicUsize::new(0);
-    thread_local! {
-        // Relaxed: only uniqueness matters, and a RMW gives that.
-        static INDEX: usize = NEXT.fetch_add(1, StdOrdering::Relaxed);
+    #[cfg(kvslots_loom)]
+    return model_thread::loom_index();
+    #[cfg(all(kvslots_shuttle, not(kvslots_loom)))]
+    return usize::from(shuttle::thread::current().id());
+    #[cfg(not(any(kvslots_loom, kvslots_shuttle)))]
+    {
+        use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
+        static NEXT: StdAtomicUsize = StdAtomicUsize::new(0);
+        thread_local! {
+            // Relaxed: only uniqueness matters, and a RMW gives that.
+            static INDEX: usize = NEXT.fetch_add(1, StdOrdering::Relaxed);
+        }
+        // During thread-local teardown: any shard is correct, only slower.
+        INDEX.try_with(|index| *index).unwrap_or(0)
     }
-    // During thread-local teardown: any shard is correct, only slower.
-    INDEX.try_with(|index| *index).unwrap_or(0)
 }
 
-/// A small number that stays the same for the calling thread (loom: the
-/// model's thread number, read from the id's `Debug` output, the one stable
-/// form loom offers).
+/// Loom's thread numbers (only under `--cfg kvslots_loom`).
 #[cfg(kvslots_loom)]
-pub(crate) fn thread_index() -> usize {
+mod model_thread {
     use std::fmt::Write;
+
     /// Keeps the decimal digits written to it, as a number.
     struct Digits(usize);
+
     impl Write for Digits {
         fn write_str(&mut self, s: &str) -> std::fmt::Result {
             for d in s.bytes().filter(u8::is_ascii_digit) {
@@ -135,14 +141,12 @@ pub(crate) fn thread_index() -> usize {
             Ok(())
         }
     }
-    let mut digits = Digits(0);
-    let _ = write!(digits, "{:?}", loom::thread::current().id());
-    digits.0
-}
 
-/// A small number that stays the same for the calling thread (shuttle: the
-/// task number).
-#[cfg(all(kvslots_shuttle, not(kvslots_loom)))]
-pub(crate) fn thread_index() -> usize {
-    usize::from(shuttle::thread::current().id())
+    /// The model's number of the calling thread, read from its id's `Debug`
+    /// output (`ThreadId(n)`), the one stable form loom offers.
+    pub(super) fn loom_index() -> usize {
+        let mut digits = Digits(0);
+        let _ = write!(digits, "{:?}", loom::thread::current().id());
+        digits.0
+    }
 }

@@ -245,8 +245,12 @@ fn home_stack() -> usize {
 /// threads had started in between). A thread keeps its home.
 #[test]
 fn threads_start_at_different_stacks() {
-    let a = thread::spawn(|| (home_stack(), home_stack())).join().unwrap();
-    let b = thread::spawn(|| (home_stack(), home_stack())).join().unwrap();
+    let a = thread::spawn(|| (home_stack(), home_stack()))
+        .join()
+        .unwrap();
+    let b = thread::spawn(|| (home_stack(), home_stack()))
+        .join()
+        .unwrap();
     assert_eq!(a.0, a.1, "a thread's home stack moved");
     assert_eq!(b.0, b.1, "a thread's home stack moved");
     assert_ne!(a.0, b.0, "two threads started at the same stack");
@@ -267,7 +271,11 @@ fn freed_blocks_go_back_to_the_stack_that_owns_them() {
     pool.free(&[seven]).unwrap();
     // Stacks are searched from home upwards, wrapping around.
     let distance = |stack: usize| (stack + 1024 - home) % 1024;
-    let expected = if distance(5) < distance(7) { five } else { seven };
+    let expected = if distance(5) < distance(7) {
+        five
+    } else {
+        seven
+    };
     let mut got = Vec::new();
     pool.try_alloc(1, &mut got).unwrap();
     assert_eq!(got, [expected], "home stack {home}");
@@ -291,4 +299,63 @@ fn a_free_spanning_stacks_gives_each_block_back_to_its_own() {
         pool.try_alloc(1, &mut got).unwrap();
     }
     assert_eq!(got, expected, "home stack {home}");
+}
+
+/// The stacks as the documentation describes them: stack `s` owns ids
+/// `s * span .. (s + 1) * span`, a freed id goes on top of its owner's
+/// stack, and an allocation of one block takes the top of the first
+/// non-empty stack counting on from the thread's home.
+struct Stacks {
+    span: usize,
+    stacks: Vec<Vec<BlockId>>,
+}
+
+impl Stacks {
+    fn free(&mut self, ids: &[BlockId]) {
+        for &id in ids {
+            self.stacks[id.index() / self.span].push(id);
+        }
+    }
+
+    fn alloc_one(&mut self, home: usize) -> Option<BlockId> {
+        let n = self.stacks.len();
+        (0..n).find_map(|k| self.stacks[(home + k) % n].pop())
+    }
+}
+
+/// Frees of chains that lie in one stack, in two, and in three, on a pool
+/// of 4 stacks of 4 ids, then single allocations: every block comes back
+/// from where the model of the stacks says, on several threads (so that
+/// several home stacks are tried).
+#[test]
+fn stacks_of_four_ids_follow_the_model() {
+    let run = || {
+        let reveal = BlockPool::with_shards(16, 1, 4);
+        let mut first = Vec::new();
+        reveal.try_alloc(1, &mut first).unwrap();
+        let home = first[0].index() / 4;
+
+        let pool = BlockPool::with_shards(16, 1, 4);
+        let mut all = Vec::new();
+        pool.try_alloc(16, &mut all).unwrap();
+        let mut model = Stacks {
+            span: 4,
+            stacks: vec![Vec::new(); 4],
+        };
+        let ids = |list: &[u32]| list.iter().map(|&i| BlockId::new(i)).collect::<Vec<_>>();
+        for chain in [&[5, 9][..], &[6, 7], &[3, 4], &[2, 13, 10], &[15, 1, 8]] {
+            let chain = ids(chain);
+            pool.free(&chain).unwrap();
+            model.free(&chain);
+        }
+        for _ in 0..12 {
+            let mut got = Vec::new();
+            pool.try_alloc(1, &mut got).unwrap();
+            assert_eq!(Some(got[0]), model.alloc_one(home), "home stack {home}");
+        }
+        assert_eq!(pool.free_blocks(), 0);
+    };
+    for _ in 0..4 {
+        thread::spawn(run).join().unwrap();
+    }
 }
