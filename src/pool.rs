@@ -523,7 +523,8 @@ impl BlockPool {
 
     /// Drops one reference per listed id, which the caller holds (checked by
     /// [`free`](Self::free), or known by a [`Sequence`](crate::Sequence)),
-    /// chaining the blocks that reach zero and pushing them in one CAS.
+    /// chaining the blocks that reach zero and pushing them (one CAS per
+    /// stack they go back to).
     ///
     /// `held` says the caller provably holds every listed reference once (a
     /// sequence's own table): then a block whose count is 1 is ours alone,
