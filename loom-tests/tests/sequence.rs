@@ -37,6 +37,7 @@
 //! | model | threads, blocks | `relaxed_free` |
 //! |---|---|---|
 //! | [`fork_vs_drop`] | 2, 4 | caught: causality |
+//! | [`fork_vs_drop`] over two free-list stacks | 2, 4 | caught: causality |
 //! | [`fork_vs_drop_vs_append`] | 3, 5 | caught: causality |
 //! | [`append_vs_truncate`] | 2, 4 | caught: causality |
 //!
@@ -69,6 +70,11 @@ const BS: usize = 2;
 /// holder counts and block payloads.
 fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
     PoolWorld::new(num_blocks, BS, faults, "sequence")
+}
+
+/// [`new_world`] with the free list cut into `shards` stacks.
+fn new_world_over(num_blocks: usize, shards: usize, faults: Faults) -> Arc<PoolWorld> {
+    PoolWorld::with_shards(num_blocks, BS, shards, faults, "sequence")
 }
 
 /// The checked sequence operations of these models.
@@ -226,9 +232,18 @@ impl SeqOps for PoolWorld {
 ///
 /// `b0` has three holders at most, dropped from both threads; whichever
 /// drops last pushes it, exactly once.
+///
+/// Over two free-list stacks (`fork_vs_drop_two_stacks_*`; stack 0 owns
+/// blocks 0 and 1, stack 1 owns 2 and 3) the main thread's home is stack
+/// 0: `p` takes both of its blocks, and every tail block the forks need is
+/// stolen from stack 1, where `q`'s tail goes back when thread 2 drops it.
 fn fork_vs_drop(faults: Faults) {
+    fork_vs_drop_over(1, faults);
+}
+
+fn fork_vs_drop_over(shards: usize, faults: Faults) {
     check(move || {
-        let world = new_world(4, faults);
+        let world = new_world_over(4, shards, faults);
         let mut p = world.sequence();
         world.append(&mut p, 3).expect("two of four blocks");
         let q = world.fork(&p).expect("a private tail from the two left");
@@ -261,6 +276,17 @@ fn fork_vs_drop_sound() {
 #[should_panic(expected = "Causality violation")]
 fn fork_vs_drop_relaxed_free_is_caught() {
     fork_vs_drop(RELAXED_FREE);
+}
+
+#[test]
+fn fork_vs_drop_two_stacks_sound() {
+    fork_vs_drop_over(2, SOUND);
+}
+
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn fork_vs_drop_two_stacks_relaxed_free_is_caught() {
+    fork_vs_drop_over(2, RELAXED_FREE);
 }
 
 /// Append vs truncate on two sequences over a pool of 4 blocks of 2 slots.
