@@ -283,3 +283,33 @@ impl Allocs for PoolWorld {
         self.pool.free(ids).expect("a holder's free was refused");
     }
 }
+
+/// The body of the alloc-vs-alloc models (`tests/pool.rs`,
+/// `tests/shards.rs`): a spawned thread allocates `takes` blocks and gives
+/// back the one at index `gives_back`, keeping the rest; meanwhile this
+/// thread allocates one block, which must succeed (`takes` leaves one), and
+/// then tries one more. Each keeps what it holds until both are done; then
+/// everything is given back and conservation is checked.
+pub fn alloc_then_more(world: &Arc<PoolWorld>, takes: usize, gives_back: usize) {
+    let other = {
+        let world = Arc::clone(world);
+        loom::thread::spawn(move || match world.alloc(takes) {
+            Ok(mut ids) => {
+                let back = ids.remove(gives_back);
+                world.give_back(&[back]);
+                ids
+            }
+            Err(_) => Vec::new(),
+        })
+    };
+    let mut held = world
+        .alloc(1)
+        .expect("one block is left whatever the other thread holds");
+    if let Ok(more) = world.alloc(1) {
+        held.extend(more);
+    }
+    let mut rest = other.join().unwrap();
+    rest.extend(held);
+    world.give_back(&rest);
+    world.assert_conserved_and_bounded();
+}

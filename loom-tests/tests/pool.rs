@@ -64,7 +64,9 @@ use std::sync::Arc;
 
 use kvslots::{Faults, Sequence};
 use loom::thread;
-use loom_tests::pool_world::{check, Allocs, PoolWorld, NO_TAG, RELAXED_FREE, SOUND};
+use loom_tests::pool_world::{
+    alloc_then_more, check, Allocs, PoolWorld, NO_TAG, RELAXED_FREE, SOUND,
+};
 
 /// Block size of every pool here (the models move whole blocks).
 const BLOCK_SIZE: usize = 1;
@@ -88,27 +90,7 @@ fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
 /// matches and installs head = 1, a block B holds, so A's second allocation
 /// is handed block 1 too. One preemption.
 fn alloc_vs_alloc(faults: Faults) {
-    check(move || {
-        let world = new_world(3, faults);
-        let b = {
-            let world = Arc::clone(&world);
-            thread::spawn(move || match world.alloc(2) {
-                Ok(ids) => {
-                    world.give_back(&ids[..1]);
-                    ids[1..].to_vec()
-                }
-                Err(_) => Vec::new(),
-            })
-        };
-        let mut held = world.alloc(1).expect("one of three with B holding two");
-        if let Ok(more) = world.alloc(1) {
-            held.extend(more);
-        }
-        let mut rest = b.join().unwrap();
-        rest.extend(held);
-        world.give_back(&rest);
-        world.assert_conserved_and_bounded();
-    });
+    check(move || alloc_then_more(&new_world(3, faults), 2, 0));
 }
 
 #[test]

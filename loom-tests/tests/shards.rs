@@ -26,7 +26,9 @@ use std::sync::Arc;
 
 use kvslots::Faults;
 use loom::thread;
-use loom_tests::pool_world::{check, Allocs, PoolWorld, NO_TAG, RELAXED_FREE, SOUND};
+use loom_tests::pool_world::{
+    alloc_then_more, check, Allocs, PoolWorld, NO_TAG, RELAXED_FREE, SOUND,
+};
 
 /// A pool of `num_blocks` one-slot blocks over two stacks.
 fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
@@ -125,28 +127,7 @@ fn split_free_vs_alloc_relaxed_free_is_caught() {
 /// installs block 1, which the spawned thread holds, as the top. One
 /// preemption.
 fn alloc_vs_steal(faults: Faults) {
-    check(move || {
-        let world = new_world(5, faults);
-        let b = {
-            let world = Arc::clone(&world);
-            thread::spawn(move || match world.alloc(4) {
-                Ok(mut ids) => {
-                    let first_stolen = ids.remove(2);
-                    world.give_back(&[first_stolen]);
-                    ids
-                }
-                Err(_) => Vec::new(),
-            })
-        };
-        let mut held = world.alloc(1).expect("one of five, the other holding four");
-        if let Ok(more) = world.alloc(1) {
-            held.extend(more);
-        }
-        let mut rest = b.join().unwrap();
-        rest.extend(held);
-        world.give_back(&rest);
-        world.assert_conserved_and_bounded();
-    });
+    check(move || alloc_then_more(&new_world(5, faults), 4, 2));
 }
 
 #[test]
