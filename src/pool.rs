@@ -191,8 +191,9 @@ impl BlockPool {
     /// Stack `s` owns the ids `s * span .. (s + 1) * span` (`span` =
     /// `num_blocks / shards`, rounded up) and a freed block always goes
     /// back to the stack that owns it. Each thread takes from a home stack
-    /// first (threads are spread over the stacks in the order they first
-    /// allocate) and from the others only when its own is short, so threads
+    /// first (threads are numbered in the order they first use any pool,
+    /// and thread `i` starts at stack `i % shards`) and from the others
+    /// only when its own is short, so threads
     /// that free and reallocate do not contend on one head and walk chains
     /// in their own part of the index array. A thread whose home stack is
     /// short looks through the others, so very many shards over a nearly
