@@ -40,10 +40,12 @@
 //!   `release`), for the same reason, seen from the other side.
 //! * **Failed CAS and refusals are `Relaxed`**: a refusal hands out nothing,
 //!   so there is nothing to order; the value it reports was really held.
-//! * **`close` is `AcqRel`** and `is_closed` `Acquire`: the flag shares the
+//! * **`close` is `Release`** and `is_closed` `Acquire`: the flag shares the
 //!   word with the count, so its place among admissions is fixed by the
-//!   word's modification order whatever the ordering; the stronger ordering
-//!   only lets a thread that sees the flag also see what the closer did first.
+//!   word's modification order whatever the ordering; the pair only lets a
+//!   thread that sees the flag through `is_closed` also see what the closer
+//!   did first. An admission refused with `Closed` promises no such thing:
+//!   it may have seen the flag through a `Relaxed` load or a failed CAS.
 //! * **`peak_used` and the getters are `Relaxed`**: they are statistics and
 //!   snapshots, and order nothing.
 
@@ -402,10 +404,12 @@ impl SlotCounter {
     /// assert_eq!(counter.used(), 0);
     /// ```
     pub fn close(&self) {
-        // AcqRel: the flag's place among admissions is fixed by the word's
-        // modification order; Release also publishes what the closer did
-        // before closing to whoever observes the flag (Acquire).
-        self.state.fetch_or(CLOSED, Ordering::AcqRel);
+        // Release: the flag's place among admissions is fixed by the word's
+        // modification order whatever the ordering; Release only publishes
+        // what the closer did before closing to a thread that then sees the
+        // flag through `is_closed` (Acquire). No Acquire half: `close` reads
+        // nothing that a later step of the closer relies on.
+        self.state.fetch_or(CLOSED, Ordering::Release);
     }
 
     /// Whether [`close`](Self::close) has been called.
@@ -419,7 +423,7 @@ impl SlotCounter {
     /// assert!(counter.is_closed());
     /// ```
     pub fn is_closed(&self) -> bool {
-        // Acquire: pairs with the AcqRel in `close`.
+        // Acquire: pairs with the Release in `close`.
         self.state.load(Ordering::Acquire) & CLOSED != 0
     }
 
