@@ -11,12 +11,13 @@
 //! bits: an ABA would need 2^32 successful operations on one head between a
 //! thread's read and its CAS.
 //!
-//! A whole request moves in one CAS per stack touched:
+//! A whole request moves in a few CASes, not one per id:
 //! [`FreeList::pop`] walks up to `k` links from the head of the calling
-//! thread's home stack and swings the head past them, and only if that stack
-//! runs short does it take the rest from the others; [`FreeList::push`]
-//! swings a head onto a chain of freed ids linked privately beforehand
-//! ([`FreeList::prepend`]), one CAS per stack the chain's ids belong to. A
+//! thread's home stack and swings the head past them in one CAS, and only
+//! if that stack runs short does it take the rest from the others (one CAS
+//! per stack touched); [`FreeList::push`] swings a head onto a chain of
+//! freed ids linked privately beforehand ([`FreeList::prepend`]), one CAS
+//! per run of ids with the same owner (one in all when they share one). A
 //! walk over a snapshot that went stale while it was read fails the tag
 //! check and retries.
 //!
@@ -31,14 +32,15 @@
 //! that no other thread touches; the only word all threads write is the
 //! pool's admission counter.
 //!
-//! With one stack, `kvslots-sim --compare --workers 8` spent 35% of its
-//! time in the pop's dependent walk over 130-block chains whose `next`
-//! lines another core had written last, and ran at 0.76x the mutex
-//! baseline's allocator calls per second; with 16 stacks, 1.12x in the same
-//! session. (Pushing freed ids onto the freer's home stack instead of the
-//! owner's did not help: the links stayed scattered.) The price is paid by
-//! tiny requests under heavy contention: `benches/pool.rs`'s `alloc2_free`
-//! on 2 threads is slower with 16 stacks than with one, because two
+//! With one stack, `kvslots-sim --compare --workers 8` spent about a third
+//! of its time in the pop's dependent walk over 130-block chains whose
+//! `next` lines another core had written last, and ran at 0.76x-0.96x the
+//! mutex baseline's allocator calls per second; with 16 stacks, 1.06x-1.10x
+//! (README's Performance section has the latest runs). (Pushing freed ids
+//! onto the freer's home stack instead of the owner's did not help: the
+//! links stayed scattered.) The price is paid by tiny requests under heavy
+//! contention: `benches/pool.rs`'s `alloc2_free` on 2 threads is slower
+//! with 16 stacks than with one, because two
 //! threads that only share the counter interleave operation by operation,
 //! while two that also contend on one head fall into bursts that keep both
 //! lines in one core for several operations. [`BlockPool::with_shards`]
