@@ -39,12 +39,14 @@ pub use crossbeam_utils::CachePadded;
 /// failure up to [`Backoff::MAX_SPINS`].
 ///
 /// `crossbeam_utils::Backoff` starts at 1 spin. On two contending cores,
-/// `benches/contention.rs` measured `try_reserve`+drop at 0.74-0.78x of a
-/// bare `fetch_add`/`fetch_sub` pair with a first wait of 1 spin, 0.88x with
-/// 2 and 1.00x with 4: a failed CAS means the line just moved to another
-/// core, and retrying at once only pulls it back before that core is done
-/// with it. Longer first waits raise throughput further but let one thread
-/// keep the line for longer streaks (less fair), so 4 is the compromise.
+/// the filtered harness `benches/overlap.rs` measured `try_reserve`+drop at
+/// 0.64x of a bare `fetch_add`/`fetch_sub` pair with a first wait of 0
+/// spins, 0.73x with 1, 0.85x with 2, 0.96x with 4 and 1.19x with 8 (see
+/// the README's Performance section): a failed CAS means the line just
+/// moved to another core, and retrying at once only pulls it back before
+/// that core is done with it. Longer first waits raise throughput further
+/// but let one thread keep the line for longer streaks (less fair), so 4 is
+/// the compromise.
 ///
 /// Under the model checkers it only emits spin hints, which are not
 /// scheduling points, so it changes nothing loom or shuttle explore.
@@ -102,7 +104,8 @@ pub(crate) fn stale_retry(backoff: &Backoff) {
 /// A small number that stays the same for the calling thread: the
 /// free-list shard it calls home.
 ///
-/// Threads are numbered in the order they first ask (a thread-local cached
+/// Threads are numbered in the order they first ask, which is when they
+/// first allocate from any pool (only a pop asks; a thread-local cached
 /// from a global counter), so that `n` threads spread over `n` shards.
 /// Under loom and shuttle it is the model's own thread number, which is the
 /// same in every execution of a model (a global counter would not be).
