@@ -52,7 +52,7 @@
 //! * `proto_cas_no_backoff`: the library's loop retrying a failed CAS at
 //!   once (a plain CAS loop);
 //! * `proto_cas_backoff_from_8`: the library's loop waiting 8 spins after
-//!   the first failed CAS instead of `Backoff`'s 1, doubling up to 64;
+//!   the first failed CAS instead of the library's 4, doubling up to 64;
 //! * `proto_fetch_add_undo`: one `fetch_add`, undone when it overshot. Not
 //!   a valid admission (see [`ProtoFetchUndo`]); it shows what the load
 //!   before the CAS costs.
@@ -234,7 +234,7 @@ const SPIN_CAP: u32 = 64;
 ///
 /// After each failed CAS it spins `FIRST_SPINS` times, doubling up to
 /// [`SPIN_CAP`]; `FIRST_SPINS == 0` retries at once (a plain CAS loop). The
-/// library uses `crossbeam_utils::Backoff`, whose first wait is 1 spin.
+/// library's own `sync::Backoff` waits 4 spins first (crossbeam's waits 1).
 struct ProtoCas<const FIRST_SPINS: u32> {
     state: CachePadded<AtomicUsize>,
     peak: CachePadded<AtomicUsize>,

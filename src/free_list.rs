@@ -105,6 +105,11 @@ impl Chain {
     pub(crate) const fn len(&self) -> usize {
         self.len
     }
+
+    /// The top id (the last prepended), or `NIL` if it is empty.
+    pub(crate) const fn first(&self) -> u32 {
+        self.first
+    }
 }
 
 /// Faults that the loom negative controls inject into the real free list.
@@ -116,6 +121,10 @@ pub struct Faults {
     pub no_tag: bool,
     /// Push and drop references with `Relaxed` instead of `Release`.
     pub relaxed_free: bool,
+    /// Undo a refused free's drops by adding the references back blindly,
+    /// even to a block that another holder has freed meanwhile (resurrects
+    /// a block that sits in the free list).
+    pub blind_undo: bool,
 }
 
 pub(crate) struct FreeList {
@@ -282,6 +291,13 @@ impl FreeList {
         self.next[id as usize].store(below, Ordering::Relaxed);
     }
 
+    /// The id below `id` in a private chain (not yet pushed), or `NIL`
+    /// below its last id.
+    pub(crate) fn below(&self, id: u32) -> u32 {
+        // Relaxed: our own private chain, linked by this thread.
+        self.next[id as usize].load(Ordering::Relaxed)
+    }
+
     /// Links `id` on top of the private chain `chain` (not yet pushed).
     pub(crate) fn prepend(&self, chain: &mut Chain, id: u32) {
         self.link(id, chain.first);
@@ -309,8 +325,7 @@ impl FreeList {
         }
         let (mut run, mut shard, mut id) = (chain.first, self.owner(chain.first), chain.first);
         while id != chain.last {
-            // Relaxed: our own private chain, linked by this thread.
-            let below = self.next[id as usize].load(Ordering::Relaxed);
+            let below = self.below(id);
             let owner = self.owner(below);
             // Does the run end here? Push it (which relinks `id`, read
             // above) and start the next one.

@@ -24,15 +24,16 @@
 //!
 //! Freeing validates every id, drops the references with checked
 //! decrements, links the blocks whose count reached zero into a private
-//! chain, pushes the chain (one CAS per stack it goes back to) and then
-//! releases the count. If any id is bad, the decrements already made are
-//! undone and nothing changes.
+//! chain, pushes the chain (one CAS per run of ids with the same owner
+//! stack: one in all when they share one) and then releases the count. If
+//! any id is bad, nothing changes (see [`BlockPool::free`] for the one
+//! refusal that can come after some decrements, and how they are undone).
 //!
 //! The free list is cut into [`shards`](BlockPool::shards) stacks (16 for
 //! pools of 1,024 blocks or more; see [`BlockPool::with_shards`]). Each
 //! stack owns a contiguous range of ids and every freed block goes back to
-//! the stack that owns it; a thread's pops start at a home stack of its own
-//! and take from the others only when it is short. Threads that free and
+//! the stack that owns it; a thread's pops start at its home stack (its
+//! number modulo the stack count) and take from the others only when it is short. Threads that free and
 //! reallocate sequences of blocks thus keep to their own stack head and to
 //! their own part of the `next` array, instead of moving both between
 //! cores on every request: walking a 130-block prompt's chain was the hot
@@ -56,7 +57,10 @@
 //!   block's count (the `Release` half orders this holder's accesses before
 //!   the last drop; the `Acquire` half lets the last dropper see every other
 //!   holder's), the push of the chain is a `Release` CAS, and the count is
-//!   given back with a `Release` `fetch_sub`.
+//!   given back with a `Release` `fetch_sub`. A sequence dropping a block
+//!   it holds alone (count 1) skips the RMW: an `Acquire` load of the count
+//!   (the other holders' drops happen-before it) and a `Relaxed` store of
+//!   0, published by the push's `Release` CAS.
 //! * **Allocation is `Acquire`**: the admission CAS and the pop CAS. So
 //!   everything a previous owner wrote into a block happens-before the next
 //!   owner touches it.
@@ -138,7 +142,7 @@ pub struct BlockPool {
     /// Admits block counts; its padded state word is the one word every
     /// allocating and freeing thread writes.
     counter: SlotCounter,
-    /// The ids not in use, in per-thread-home stacks with padded heads.
+    /// The ids not in use, in stacks (one per id range) with padded heads.
     free: FreeList,
     /// Per-block reference counts; 0 while the block is in the free list.
     refs: Box<[AtomicU32]>,
@@ -191,7 +195,7 @@ impl BlockPool {
     /// Stack `s` owns the ids `s * span .. (s + 1) * span` (`span` =
     /// `num_blocks / shards`, rounded up) and a freed block always goes
     /// back to the stack that owns it. Each thread takes from a home stack
-    /// first (threads are numbered in the order they first use any pool,
+    /// first (threads are numbered in the order they first allocate from any pool,
     /// and thread `i` starts at stack `i % shards`) and from the others
     /// only when its own is short, so threads
     /// that free and reallocate do not contend on one head and walk chains
@@ -478,11 +482,21 @@ impl BlockPool {
     /// the first in list order). No heap allocation happens here.
     ///
     /// The checks are made with loads before any reference is dropped, so a
-    /// refused call changes nothing that another thread could observe.
-    /// Reference counts cannot tell holders apart, though: a caller that
-    /// lists a shared block more often than it holds it (but no more often
-    /// than it has references) takes the other holders' references. Free
-    /// only what you hold; [`Sequence`](crate::Sequence) does that for you.
+    /// call refused by them changes nothing that another thread could
+    /// observe. Reference counts cannot tell holders apart, though: a
+    /// caller that lists a shared block more often than it holds it (but no
+    /// more often than it has references) takes the other holders'
+    /// references. Free only what you hold; [`Sequence`](crate::Sequence)
+    /// does that for you.
+    ///
+    /// One refusal comes later: when another thread frees a listed block
+    /// between those checks and this call's own drop (a double free that
+    /// races, so the caller listed a reference it did not hold). The drops
+    /// already made are then given back, except a reference to a block
+    /// whose other holders freed it in that same window: that block is
+    /// already back in the pool, and the pool never resurrects a free
+    /// block. Whatever races, no block is handed to two owners, none is
+    /// pushed twice, and `free_blocks() <= num_blocks()`.
     ///
     /// # Errors
     ///
@@ -524,8 +538,8 @@ impl BlockPool {
 
     /// Drops one reference per listed id, which the caller holds (checked by
     /// [`free`](Self::free), or known by a [`Sequence`](crate::Sequence)),
-    /// chaining the blocks that reach zero and pushing them (one CAS per
-    /// stack they go back to).
+    /// chaining the blocks that reach zero and pushing them (one CAS per run
+    /// of ids with the same owner stack).
     ///
     /// `held` says the caller provably holds every listed reference once (a
     /// sequence's own table): then a block whose count is 1 is ours alone,
@@ -533,7 +547,7 @@ impl BlockPool {
     pub(crate) fn drop_refs(&self, ids: &[BlockId], held: bool) -> Result<(), FreeError> {
         // A drop can fail here only if the caller does not hold what it
         // lists (and another holder freed it meanwhile); the drops made so
-        // far are then undone.
+        // far are then undone, as far as they can be (`undo_drops`).
         let mut chain = Chain::new();
         for (i, &id) in ids.iter().enumerate() {
             let dropped = if held {
@@ -545,10 +559,7 @@ impl BlockPool {
                 Ok(true) => self.free.prepend(&mut chain, id.index() as u32),
                 Ok(false) => {}
                 Err(()) => {
-                    // Undo the drops made so far: nothing changes.
-                    for &done in &ids[..i] {
-                        self.add_ref(done);
-                    }
+                    self.undo_drops(&ids[..i], &chain);
                     return Err(if ids[..i].contains(&id) {
                         FreeError::OverFreed { id }
                     } else {
@@ -562,6 +573,53 @@ impl BlockPool {
             self.counter.release_held(chain.len());
         }
         Ok(())
+    }
+
+    /// Gives back the references that a refused [`drop_refs`] dropped
+    /// from `done` (its ids before the one that failed), whose last drops
+    /// built the private `chain`.
+    ///
+    /// A drop that took a block's count to 0 put the block in our private
+    /// chain, where no one else can reach it: its count is set back to 1.
+    /// Any other drop left the count at 1 or more, and another holder may
+    /// have dropped the rest since and pushed the block: its reference is
+    /// added back only if the count is still above 0, so a block that is
+    /// back in the free list is never resurrected (that reference is then
+    /// spent, which only happens when the refused call raced a free of a
+    /// block it did not hold; see [`free`](Self::free)).
+    ///
+    /// `done` is walked backwards in step with the chain: a block's last
+    /// drop is its last occurrence in `done` (any later drop of it would
+    /// have failed first), and the chain lists the last drops newest
+    /// first, so the next last drop met going backwards is always the
+    /// chain's next id. No allocation, one pass.
+    ///
+    /// [`drop_refs`]: Self::drop_refs
+    fn undo_drops(&self, done: &[BlockId], chain: &Chain) {
+        let mut last_drop = chain.first();
+        for &id in done.iter().rev() {
+            let count = &self.refs[id.index()];
+            if id.index() as u32 == last_drop {
+                // Relaxed: the block never left our private chain.
+                count.store(1, Ordering::Relaxed);
+                last_drop = self.free.below(last_drop);
+                continue;
+            }
+            #[cfg(kvslots_loom)]
+            if self.free.faults.blind_undo {
+                // The negative control: add it back whatever happened since.
+                count.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            // Relaxed (both): we only put back the reference we dropped; the
+            // count's own modification order keeps every holder's release
+            // sequence intact (any RMW continues one). A count of 0 means
+            // the block was freed by its other holders meanwhile: leave it.
+            let _ = count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| {
+                (c != 0).then_some(c + 1)
+            });
+        }
+        debug_assert_eq!(last_drop, NIL, "every last drop undone");
     }
 
     /// Closes the pool: every later allocation fails with

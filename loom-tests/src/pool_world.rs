@@ -35,16 +35,26 @@ pub const LOST: &str = "blocks not conserved";
 pub const SOUND: Faults = Faults {
     no_tag: false,
     relaxed_free: false,
+    blind_undo: false,
 };
 /// The ABA control: the id stack without its generation tag.
 pub const NO_TAG: Faults = Faults {
     no_tag: true,
     relaxed_free: false,
+    blind_undo: false,
 };
 /// The ordering control: freeing with `Relaxed` instead of `Release`.
 pub const RELAXED_FREE: Faults = Faults {
     no_tag: false,
     relaxed_free: true,
+    blind_undo: false,
+};
+/// The undo control: a refused free adds its references back blindly,
+/// resurrecting a block that another holder freed meanwhile.
+pub const BLIND_UNDO: Faults = Faults {
+    no_tag: false,
+    relaxed_free: false,
+    blind_undo: true,
 };
 
 /// Runs `f` under loom with the environment's bounds, defaulting the
