@@ -266,19 +266,13 @@ impl Sequence {
             return Ok((old_len..old_len, None));
         }
         let bs = self.pool.block_size();
-        // Tokens that still fit in the blocks we hold.
-        let room = self.capacity() - old_len;
-        let new_blocks = if n <= room {
-            0
-        } else {
-            (n - room).div_ceil(bs)
-        };
+        let (new_blocks, spare) = self.blocks_for(n);
         // Is the last block partly filled and shared? Then it needs a
-        // private copy before we write into it.
+        // private copy before we write into it: into a reserved block that
+        // these tokens leave unused, if there is one, else a new one.
         let (tail_index, tail) = (old_len / bs, old_len % bs);
-        let cow =
-            tail != 0 && self.tail_may_be_shared && self.pool.is_shared(self.blocks[tail_index]);
-        let total = new_blocks.saturating_add(cow as usize);
+        let cow = self.tail_needs_copy();
+        let total = new_blocks.saturating_add(usize::from(cow && spare == 0));
         // Nothing new needed? Then nothing to admit: the append only fills
         // blocks we hold (also on a closed pool, so workers can drain).
         if total > 0 {
@@ -294,8 +288,9 @@ impl Sequence {
         if !cow {
             return Ok((old_len..self.len, None));
         }
-        // Put the last new block in place of the shared tail.
-        let dst = self.blocks.pop().expect("allocated at least one block");
+        // Put the last block (new, or reserved and unused) in place of the
+        // shared tail.
+        let dst = self.blocks.pop().expect("a new or spare block");
         let src = std::mem::replace(&mut self.blocks[tail_index], dst);
         self.retired = Some(src);
         Ok((
@@ -318,6 +313,10 @@ impl Sequence {
     /// blocks follow the filled ones in [`blocks`](Self::blocks), are never
     /// shared by a fork, and are given back by [`truncate`](Self::truncate)
     /// and drop. `tokens == 0`, or tokens that already fit, take nothing.
+    ///
+    /// If the sequence was truncated into a block it shares with a fork,
+    /// one more block is reserved for the copy-on-write that the first
+    /// append will make (see [`try_append_cow`](Self::try_append_cow)).
     ///
     /// # Errors
     ///
@@ -345,14 +344,38 @@ impl Sequence {
     /// assert!(seq.try_reserve(8 + 6 * 16, 2).is_err());
     /// ```
     pub fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
-        let bs = self.pool.block_size();
-        let room = self.capacity() - self.len;
-        if tokens <= room {
+        let (new_blocks, spare) = self.blocks_for(tokens);
+        // A shared tail will need a private copy at the first append: keep a
+        // block for it too, so that the appends allocate nothing.
+        let copy = usize::from(spare == 0 && self.tail_needs_copy());
+        let missing = new_blocks.saturating_add(copy);
+        if missing == 0 {
             return Ok(());
         }
-        let missing = (tokens - room).div_ceil(bs);
         self.pool
             .try_alloc_with_headroom(missing, headroom, &mut self.blocks)
+    }
+
+    /// For `n` more tokens: how many blocks must be added to the table, and
+    /// how many of the blocks it holds they would leave wholly unused.
+    fn blocks_for(&self, n: usize) -> (usize, usize) {
+        let bs = self.pool.block_size();
+        // Tokens that still fit in the blocks we hold.
+        let room = self.capacity() - self.len;
+        if n <= room {
+            (0, (room - n) / bs)
+        } else {
+            ((n - room).div_ceil(bs), 0)
+        }
+    }
+
+    /// Whether the last block is partly filled and shared with a fork, so
+    /// that writing into it needs a private copy first.
+    fn tail_needs_copy(&self) -> bool {
+        let bs = self.pool.block_size();
+        self.len % bs != 0
+            && self.tail_may_be_shared
+            && self.pool.is_shared(self.blocks[self.len / bs])
     }
 
     /// How many tokens the blocks in the table can hold:
@@ -372,6 +395,10 @@ impl Sequence {
 
     /// Takes the copy-on-write that the last [`try_append`](Self::try_append)
     /// asked for, if any.
+    ///
+    /// Take it before the next change of the sequence: the next append or
+    /// truncate that changes anything forgets it, and gives back the
+    /// reference that kept its source block alive for the copy.
     ///
     /// # Examples
     ///
@@ -492,6 +519,11 @@ impl Sequence {
     /// [`BlockCopy`]. A fork on a block boundary allocates nothing and
     /// returns `None`. The child's table is a new `Vec`.
     ///
+    /// # Panics
+    ///
+    /// Panics if a shared block would get more than `u32::MAX / 2`
+    /// references (as `Arc` aborts on overflow); nothing leaks then.
+    ///
     /// # Errors
     ///
     /// The pool's [`ReserveError`] if no block is free for the private tail;
@@ -520,22 +552,29 @@ impl Sequence {
         if tail != 0 {
             self.pool.try_alloc(1, &mut child.blocks)?;
         }
-        let private = child.blocks.pop();
-        // Share the full blocks; the child owns each reference as soon as
-        // it is taken, so a panic here leaks nothing.
+        // Share the full blocks; the child owns each reference (and the
+        // private block) as soon as it is taken, so a panic here leaks
+        // nothing: dropping the child gives them back.
         for &id in &self.blocks[..full] {
             self.pool.add_ref(id);
             child.blocks.push(id);
         }
+        let copy = child
+            .blocks
+            .first()
+            .copied()
+            .filter(|_| tail != 0)
+            .map(|dst| {
+                // Move the private block from the front to its place after the
+                // shared ones (in place: the table has room for all of them).
+                child.blocks.rotate_left(1);
+                BlockCopy {
+                    src: self.blocks[full],
+                    dst,
+                    tokens: tail,
+                }
+            });
         child.len = self.len;
-        let copy = private.map(|dst| {
-            child.blocks.push(dst);
-            BlockCopy {
-                src: self.blocks[full],
-                dst,
-                tokens: tail,
-            }
-        });
         Ok((child, copy))
     }
 
@@ -546,8 +585,12 @@ impl Sequence {
         self.blocks.truncate(keep);
     }
 
-    /// Drops the reference a copy-on-write kept for the caller's copy.
+    /// Drops the reference a copy-on-write kept for the caller's copy, and
+    /// forgets the copy if it was not taken: the next change of the table
+    /// (an append or a truncate) is the point by which the caller has made
+    /// it, and after which its source may be freed.
     fn release_retired(&mut self) {
+        self.pending_copy = None;
         if let Some(id) = self.retired.take() {
             let result = self.pool.drop_refs(&[id], true);
             debug_assert!(result.is_ok(), "a retired reference was invalid");

@@ -927,6 +927,8 @@ impl PoolModel {
     }
 
     fn release_retired(&mut self, i: usize) {
+        // A copy not taken by now is forgotten: its source may go.
+        self.seqs[i].pending = None;
         if let Some(id) = self.seqs[i].retired.take() {
             self.drop_ref(id);
         }

@@ -1223,3 +1223,53 @@ fn block_copy_is_plain_data() {
     let text = format!("{a:?}");
     assert!(text.contains("src") && text.contains("tokens: 3"), "{text}");
 }
+
+#[test]
+fn a_pending_copy_not_taken_is_forgotten_at_the_next_change() {
+    // After the next append: the copy's source may be freed from then on.
+    let pool = Arc::new(BlockPool::new(8, 4));
+    let mut parent = Sequence::new(Arc::clone(&pool));
+    parent.try_append(8).unwrap();
+    let (child, _) = parent.try_fork().unwrap();
+    parent.truncate(6);
+    parent.try_append(1).unwrap(); // copy-on-write, recorded
+    drop(child);
+    parent.try_append(1).unwrap(); // no copy; the retired source goes
+    assert_eq!(parent.take_pending_copy(), None);
+
+    // After a truncate that gives the copy's destination back.
+    let mut parent = Sequence::new(Arc::clone(&pool));
+    parent.try_append(8).unwrap();
+    let (_child, _) = parent.try_fork().unwrap();
+    parent.truncate(6);
+    parent.try_append(1).unwrap();
+    let dst = parent.blocks()[1];
+    parent.truncate(2);
+    assert_eq!(pool.ref_count(dst), Some(0));
+    assert_eq!(parent.take_pending_copy(), None);
+
+    // A zero append or a no-op truncate changes nothing: it is kept.
+    parent.truncate(0);
+    parent.try_append(8).unwrap();
+    let (_child2, _) = parent.try_fork().unwrap();
+    parent.truncate(6);
+    parent.try_append(1).unwrap();
+    parent.try_append(0).unwrap();
+    parent.truncate(100);
+    let copy = parent.take_pending_copy().expect("kept");
+    assert_eq!(copy.dst, parent.blocks()[1]);
+    assert_eq!(pool.ref_count(copy.src), Some(2));
+}
+
+#[test]
+fn a_fork_with_a_private_tail_lists_it_last() {
+    let pool = Arc::new(BlockPool::new(8, 4));
+    let mut parent = Sequence::new(Arc::clone(&pool));
+    parent.try_append(10).unwrap();
+    let (child, copy) = parent.try_fork().unwrap();
+    let copy = copy.expect("a partly filled tail");
+    assert_eq!(&child.blocks()[..2], &parent.blocks()[..2]);
+    assert_eq!(child.blocks()[2], copy.dst);
+    assert_eq!((copy.src, copy.tokens), (parent.blocks()[2], 2));
+    assert_eq!(child.len(), 10);
+}

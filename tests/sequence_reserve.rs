@@ -142,3 +142,80 @@ fn truncate_and_drop_give_reserved_blocks_back() {
     drop(seq);
     assert_eq!(pool.free_blocks(), 8);
 }
+
+#[test]
+fn reserve_after_truncating_into_a_shared_block_keeps_a_block_for_the_copy() {
+    let pool = pool(4, 4);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(8).unwrap();
+    let (child, _) = seq.try_fork().unwrap(); // shares both full blocks
+    seq.truncate(6); // back into the shared second block
+    assert_eq!(pool.used_blocks(), 2);
+    // 2 more tokens fit in the blocks held, but the shared tail needs a
+    // private copy first: one block is reserved for it.
+    seq.try_reserve(2, 0).unwrap();
+    assert_eq!(
+        (seq.len(), seq.blocks().len(), pool.used_blocks()),
+        (6, 3, 3)
+    );
+    // Someone takes every other block: the reserved appends still succeed.
+    let mut other = Vec::new();
+    pool.try_alloc(1, &mut other).unwrap();
+    assert_eq!(pool.free_blocks(), 0);
+    let (range, copy) = seq.try_append_cow(2).unwrap();
+    assert_eq!(range, 6..8);
+    let copy = copy.expect("the shared tail is copied");
+    assert_eq!((copy.src, copy.tokens), (child.blocks()[1], 2));
+    assert_eq!(seq.blocks(), &[child.blocks()[0], copy.dst]);
+    // The copy's source stays referenced until the next change.
+    assert_eq!(pool.ref_count(copy.src), Some(2));
+    assert_eq!(pool.used_blocks(), 4);
+    seq.truncate(0);
+    assert_eq!(pool.ref_count(copy.src), Some(1));
+    drop(child);
+    pool.free(&other).unwrap();
+    drop(seq);
+    assert_eq!(pool.free_blocks(), 4);
+}
+
+#[test]
+fn reserve_counts_the_copy_only_when_no_reserved_block_is_spare() {
+    let pool = pool(8, 4);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(8).unwrap();
+    let (_child, _) = seq.try_fork().unwrap();
+    seq.truncate(6);
+    // 6 more tokens: 2 fit in the tail, 4 need a block, and the copy one
+    // more.
+    seq.try_reserve(6, 0).unwrap();
+    assert_eq!((seq.blocks().len(), pool.used_blocks()), (4, 4));
+    // Already enough (one block spare for the copy): nothing more.
+    seq.try_reserve(2, 0).unwrap();
+    assert_eq!((seq.blocks().len(), pool.used_blocks()), (4, 4));
+    let (_, copy) = seq.try_append_cow(6).unwrap();
+    assert!(copy.is_some());
+    assert_eq!(
+        (seq.len(), seq.blocks().len(), pool.used_blocks()),
+        (12, 3, 4)
+    );
+}
+
+#[test]
+fn reserve_for_the_copy_is_refused_whole_and_changes_nothing() {
+    let pool = pool(3, 4);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(8).unwrap();
+    let (_child, _) = seq.try_fork().unwrap();
+    seq.truncate(6);
+    let mut other = Vec::new();
+    pool.try_alloc(1, &mut other).unwrap(); // the last free block
+    let before = snap(&seq);
+    assert_eq!(
+        seq.try_reserve(2, 0),
+        Err(ReserveError::Full {
+            requested: 1,
+            available: 0
+        })
+    );
+    assert_eq!(snap(&seq), before);
+}
