@@ -178,7 +178,9 @@ impl SlotCounter {
     /// assert_eq!(counter.available(), 13);
     /// ```
     pub fn available(&self) -> usize {
-        self.capacity - self.used()
+        // Saturating: `used <= capacity` unless a release misused (see
+        // `release`) wrapped it in a release build.
+        self.capacity.saturating_sub(self.used())
     }
 
     /// The high-water mark of [`used`](Self::used) since the counter was
@@ -239,8 +241,10 @@ impl SlotCounter {
     ///
     /// The counter cannot tell whose slots are released: releasing slots
     /// that a live guard still holds is a logic error (that guard's drop
-    /// would then give back slots that are no longer in use; debug builds
-    /// catch it with an assertion).
+    /// would then give back slots that are no longer in use). Debug builds
+    /// catch it with an assertion when the guard drops; release builds wrap
+    /// the used count, after which the counter refuses every admission
+    /// (`Full`) rather than admit past its capacity.
     ///
     /// # Examples
     ///
@@ -452,9 +456,12 @@ impl SlotCounter {
             if cur & CLOSED != 0 {
                 return Err(ReserveError::Closed);
             }
-            // Enough free? `used <= capacity` always holds, so this cannot
-            // underflow, and comparing with the free count cannot overflow.
-            let available = self.capacity - (cur >> SHIFT);
+            // Enough free? `used <= capacity` holds unless `release` was
+            // misused on slots a guard still holds (a logic error, caught by
+            // an assertion in debug builds; in release builds the guard's
+            // drop then wraps `used`): saturating, so that even then the
+            // counter refuses instead of admitting past capacity.
+            let available = self.capacity.saturating_sub(cur >> SHIFT);
             if needed > available {
                 return Err(ReserveError::Full {
                     requested: n,

@@ -881,3 +881,31 @@ fn only_full_is_retryable() {
     .is_retryable());
     assert!(!ReserveError::Closed.is_retryable());
 }
+
+/// `release` of slots a live guard still holds is a logic error: debug
+/// builds catch it when the guard drops.
+#[test]
+#[cfg(debug_assertions)]
+#[should_panic(expected = "guard released more than was used")]
+fn releasing_a_guards_slots_panics_at_its_drop_in_debug_builds() {
+    let counter = SlotCounter::new(4);
+    let guard = counter.try_reserve(2).unwrap();
+    counter.release(2).unwrap();
+    drop(guard);
+}
+
+/// In release builds the same misuse wraps `used`; the counter then
+/// refuses every admission rather than admitting past its capacity.
+#[test]
+#[cfg(not(debug_assertions))]
+fn releasing_a_guards_slots_never_lets_admission_past_capacity() {
+    let counter = SlotCounter::new(4);
+    let guard = counter.try_reserve(2).unwrap();
+    counter.release(2).unwrap();
+    drop(guard);
+    assert_eq!(counter.available(), 0);
+    assert!(matches!(
+        counter.try_reserve(1),
+        Err(ReserveError::Full { available: 0, .. })
+    ));
+}
