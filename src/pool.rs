@@ -408,7 +408,9 @@ impl BlockPool {
     /// * [`ReserveError::Full`] if fewer than `n` blocks are free.
     /// * [`ReserveError::Closed`] after [`close`](Self::close).
     ///
-    /// On error `out` and the pool are unchanged.
+    /// On error `out` and the pool are unchanged (only `out`'s capacity may
+    /// have grown: room for the ids is made before admission, so that
+    /// nothing can fail once blocks are admitted).
     ///
     /// # Examples
     ///
@@ -433,8 +435,8 @@ impl BlockPool {
     /// # Errors
     ///
     /// As [`SlotCounter::try_reserve_with_headroom`]: `NeverFits` if
-    /// `n + headroom > num_blocks()`, `Closed`, or `Full`. On error `out` and
-    /// the pool are unchanged.
+    /// `n + headroom > num_blocks()`, `Closed`, or `Full`. On error `out`'s
+    /// contents and the pool are unchanged (as for `try_alloc`).
     ///
     /// # Examples
     ///

@@ -311,8 +311,8 @@ impl Sequence {
     /// The new blocks are taken only if `headroom` blocks stay free
     /// afterwards (the admission watermark; pass 0 for none). Reserved
     /// blocks follow the filled ones in [`blocks`](Self::blocks), are never
-    /// shared by a fork, and are given back by [`truncate`](Self::truncate)
-    /// and drop. `tokens == 0`, or tokens that already fit, take nothing.
+    /// shared by a fork, and are given back by [`truncate`](Self::truncate),
+    /// [`shrink_to_fit`](Self::shrink_to_fit) and drop. `tokens == 0`, or tokens that already fit, take nothing.
     ///
     /// If the sequence was truncated into a block it shares with a fork,
     /// one more block is reserved for the copy-on-write that the first
@@ -510,6 +510,35 @@ impl Sequence {
         self.tail_may_be_shared =
             len % bs != 0 && (self.tail_may_be_shared || self.len >= (len / bs + 1) * bs);
         self.len = len;
+        freed
+    }
+
+    /// Gives back the reserved blocks that hold no token (those beyond
+    /// `len().div_ceil(block_size)`, taken by [`try_reserve`](Self::try_reserve)
+    /// or left by an append's copy-on-write reservation) and returns how
+    /// many. The tokens, their slots and [`len`](Self::len) are unchanged;
+    /// a scheduler calls it when it cancels a reservation, e.g. a prompt
+    /// admitted whole whose prefill it abandons part-way. No heap
+    /// allocation.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// let pool = Arc::new(kvslots::BlockPool::new(8, 16));
+    /// let mut seq = kvslots::Sequence::new(Arc::clone(&pool));
+    /// seq.try_reserve(64, 0).unwrap(); // 4 blocks
+    /// seq.try_append(20).unwrap(); // fills 2 of them
+    /// assert_eq!(seq.shrink_to_fit(), 2);
+    /// assert_eq!((seq.len(), seq.capacity(), pool.used_blocks()), (20, 32, 2));
+    /// assert_eq!(seq.shrink_to_fit(), 0);
+    /// ```
+    pub fn shrink_to_fit(&mut self) -> usize {
+        let keep = self.len.div_ceil(self.pool.block_size());
+        let freed = self.blocks.len() - keep;
+        if freed > 0 {
+            self.give_back(keep);
+        }
         freed
     }
 

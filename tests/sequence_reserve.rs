@@ -219,3 +219,46 @@ fn reserve_for_the_copy_is_refused_whole_and_changes_nothing() {
     );
     assert_eq!(snap(&seq), before);
 }
+
+#[test]
+fn shrink_to_fit_gives_back_only_blocks_without_tokens() {
+    let pool = pool(8, 4);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    // Nothing held: nothing to give back.
+    assert_eq!(seq.shrink_to_fit(), 0);
+    seq.try_reserve(20, 0).unwrap(); // 5 blocks
+    seq.try_append(5).unwrap(); // 2 of them hold tokens
+    let filled = seq.blocks()[..2].to_vec();
+    let slots: Vec<_> = (0..5).map(|p| seq.slot(p)).collect();
+    assert_eq!(seq.shrink_to_fit(), 3);
+    assert_eq!(seq.blocks(), &filled[..]);
+    assert_eq!((seq.len(), seq.capacity(), pool.used_blocks()), (5, 8, 2));
+    assert_eq!((0..5).map(|p| seq.slot(p)).collect::<Vec<_>>(), slots);
+    // Already tight: a no-op that changes nothing.
+    let before = snap(&seq);
+    assert_eq!(seq.shrink_to_fit(), 0);
+    assert_eq!(snap(&seq), before);
+    // Appends go on as usual; an empty sequence gives everything back.
+    assert_eq!(seq.try_append(4).unwrap(), 5..9);
+    seq.truncate(0);
+    seq.try_reserve(8, 0).unwrap();
+    assert_eq!(seq.shrink_to_fit(), 2);
+    assert_eq!(pool.free_blocks(), 8);
+}
+
+#[test]
+fn shrink_to_fit_gives_back_the_block_reserved_for_a_copy() {
+    let pool = pool(4, 4);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(8).unwrap();
+    let (child, _) = seq.try_fork().unwrap();
+    seq.truncate(6);
+    seq.try_reserve(2, 0).unwrap(); // one block for the copy
+    assert_eq!(pool.used_blocks(), 3);
+    assert_eq!(seq.shrink_to_fit(), 1);
+    assert_eq!(pool.used_blocks(), 2);
+    // The copy-on-write then allocates its block at the append.
+    let (_, copy) = seq.try_append_cow(1).unwrap();
+    assert_eq!(copy.expect("still shared").src, child.blocks()[1]);
+    assert_eq!(pool.used_blocks(), 3);
+}

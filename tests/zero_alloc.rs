@@ -443,6 +443,12 @@ fn sequence_appends_and_truncates_allocate_nothing() {
             assert_eq!(seq.blocks().len(), BLOCKS);
             assert_eq!(seq.truncate(0), BLOCKS);
             assert!(seq.is_empty());
+            // Reserve, fill part, give the rest back.
+            seq.try_reserve(3 * BS, 0).unwrap();
+            seq.try_append(1).unwrap();
+            assert_eq!(seq.shrink_to_fit(), 2);
+            assert_eq!(seq.shrink_to_fit(), 0);
+            assert_eq!(seq.truncate(0), 1);
         }
     });
     assert_eq!(ops, NONE);
