@@ -132,10 +132,11 @@ impl fmt::Display for ReleaseError {
 
 impl std::error::Error for ReleaseError {}
 
-/// Why [`BlockPool::free`](crate::BlockPool::free) refused. A refused free
-/// changes nothing at all, for any of the listed ids; the error names an
-/// offending one (see [`BlockPool::free`](crate::BlockPool::free) for the
-/// order of the checks).
+/// Why [`BlockPool::free`](crate::BlockPool::free) refused. A free refused
+/// with `OutOfRange`, `NotAllocated` or `OverFreed` changes nothing at all,
+/// for any of the listed ids; the error names an offending one (see
+/// [`BlockPool::free`](crate::BlockPool::free) for the order of the checks).
+/// `Raced` is the one exception, a double free caught in the act.
 ///
 /// # Examples
 ///
@@ -172,6 +173,17 @@ pub enum FreeError {
         /// The offending id.
         id: BlockId,
     },
+    /// Another thread dropped the block's last reference while this call
+    /// was dropping its own (after the checks had passed): the caller listed
+    /// a reference it did not hold, a double free racing another holder's
+    /// free. That one reference is refused; **every other listed reference
+    /// was dropped**, as by a successful free, because taking them back
+    /// could hand a reference to a block that has been freed and
+    /// reallocated to someone else meanwhile.
+    Raced {
+        /// The offending id (the first one, if several raced).
+        id: BlockId,
+    },
 }
 
 impl fmt::Display for FreeError {
@@ -189,6 +201,11 @@ impl fmt::Display for FreeError {
             FreeError::OverFreed { id } => {
                 write!(f, "{id} is listed more times than it has references")
             }
+            FreeError::Raced { id } => write!(
+                f,
+                "{id} was freed by another thread during this free (a racing \
+                 double free); the other listed references were dropped"
+            ),
         }
     }
 }

@@ -105,11 +105,6 @@ impl Chain {
     pub(crate) const fn len(&self) -> usize {
         self.len
     }
-
-    /// The top id (the last prepended), or `NIL` if it is empty.
-    pub(crate) const fn first(&self) -> u32 {
-        self.first
-    }
 }
 
 /// Faults that the loom negative controls inject into the real free list.
@@ -121,9 +116,10 @@ pub struct Faults {
     pub no_tag: bool,
     /// Push and drop references with `Relaxed` instead of `Release`.
     pub relaxed_free: bool,
-    /// Undo a refused free's drops by adding the references back blindly,
-    /// even to a block that another holder has freed meanwhile (resurrects
-    /// a block that sits in the free list).
+    /// When a free finds a listed block already freed by another thread,
+    /// add the references it dropped back blindly (an earlier version's
+    /// undo), even to a block that another holder has freed meanwhile:
+    /// resurrects a block that sits in the free list.
     pub blind_undo: bool,
 }
 
@@ -293,7 +289,7 @@ impl FreeList {
 
     /// The id below `id` in a private chain (not yet pushed), or `NIL`
     /// below its last id.
-    pub(crate) fn below(&self, id: u32) -> u32 {
+    fn below(&self, id: u32) -> u32 {
         // Relaxed: our own private chain, linked by this thread.
         self.next[id as usize].load(Ordering::Relaxed)
     }

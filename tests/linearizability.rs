@@ -806,6 +806,27 @@ impl Spec for PoolSpec {
                     ..*s
                 },
                 (Err(expected), Err(got)) if expected == *got => *s,
+                // A double free caught racing (after the checks passed):
+                // at its failing drop the block was free, and the call
+                // dropped every other listed reference.
+                (_, Err(FreeError::Raced { id })) => {
+                    let raced = id.index() as u32;
+                    if s.allocated & 1u64 << raced != 0 {
+                        return None;
+                    }
+                    let at = ids.iter().position(|&i| i == raced)?;
+                    let others: Vec<u32> = ids
+                        .iter()
+                        .enumerate()
+                        .filter(|&(k, _)| k != at)
+                        .map(|(_, &i)| i)
+                        .collect();
+                    let freed = self.free(s, &others).ok()?;
+                    PoolState {
+                        allocated: s.allocated & !freed,
+                        ..*s
+                    }
+                }
                 _ => return None,
             },
             PoolOp::GiveBack { n } => PoolState {

@@ -875,6 +875,7 @@ fn free_error_display_names_the_id() {
         FreeError::OutOfRange { id, num_blocks: 8 },
         FreeError::NotAllocated { id },
         FreeError::OverFreed { id },
+        FreeError::Raced { id },
     ];
     for e in cases {
         let text = e.to_string();
@@ -883,9 +884,12 @@ fn free_error_display_names_the_id() {
     assert!(FreeError::OutOfRange { id, num_blocks: 8 }
         .to_string()
         .contains('8'));
-    // The three are told apart.
+    assert!(FreeError::Raced { id }
+        .to_string()
+        .contains("other listed references were dropped"));
+    // The four are told apart.
     let texts: HashSet<String> = cases.iter().map(|e| e.to_string()).collect();
-    assert_eq!(texts.len(), 3);
+    assert_eq!(texts.len(), 4);
 }
 
 #[test]
