@@ -312,11 +312,12 @@ impl Sequence {
     /// afterwards (the admission watermark; pass 0 for none). Reserved
     /// blocks follow the filled ones in [`blocks`](Self::blocks), are never
     /// shared by a fork, and are given back by [`truncate`](Self::truncate),
-    /// [`shrink_to_fit`](Self::shrink_to_fit) and drop. `tokens == 0`, or tokens that already fit, take nothing.
+    /// [`shrink_to_fit`](Self::shrink_to_fit) and drop.
     ///
-    /// If the sequence was truncated into a block it shares with a fork,
-    /// one more block is reserved for the copy-on-write that the first
-    /// append will make (see [`try_append_cow`](Self::try_append_cow)).
+    /// `tokens == 0` takes nothing, and so do tokens that already fit, with
+    /// one exception: if the sequence was truncated into a block it shares
+    /// with a fork, one block is also kept for the copy-on-write that the
+    /// first append will make (see [`try_append_cow`](Self::try_append_cow)).
     ///
     /// # Errors
     ///
@@ -344,6 +345,9 @@ impl Sequence {
     /// assert!(seq.try_reserve(8 + 6 * 16, 2).is_err());
     /// ```
     pub fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
+        if tokens == 0 {
+            return Ok(());
+        }
         let (new_blocks, spare) = self.blocks_for(tokens);
         // A shared tail will need a private copy at the first append: keep a
         // block for it too, so that the appends allocate nothing.

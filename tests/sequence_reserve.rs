@@ -262,3 +262,17 @@ fn shrink_to_fit_gives_back_the_block_reserved_for_a_copy() {
     assert_eq!(copy.expect("still shared").src, child.blocks()[1]);
     assert_eq!(pool.used_blocks(), 3);
 }
+
+#[test]
+fn reserve_of_zero_takes_nothing_even_with_a_shared_tail() {
+    let pool = pool(8, 4);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(8).unwrap();
+    let (_child, _) = seq.try_fork().unwrap();
+    seq.truncate(6);
+    let before = snap(&seq);
+    seq.try_reserve(0, 0).unwrap();
+    assert_eq!(snap(&seq), before);
+    pool.close();
+    assert_eq!(seq.try_reserve(0, 0), Ok(()));
+}

@@ -232,6 +232,7 @@ impl MutexPool {
         &self,
         new_blocks: usize,
         cow_of: Option<u32>,
+        spare: bool,
         out: &mut Vec<u32>,
     ) -> Result<bool, ReserveError> {
         // Room for the ids outside the lock (bounded: a request larger than
@@ -239,9 +240,10 @@ impl MutexPool {
         out.reserve(new_blocks.min(self.num_blocks) + 1);
         let mut inner = self.lock();
         let cow = cow_of.is_some_and(|id| inner.refs[id as usize] > 1);
-        let total = new_blocks.saturating_add(usize::from(cow));
+        // A copy goes into a spare reserved block if the caller has one.
+        let total = new_blocks.saturating_add(usize::from(cow && !spare));
         if total == 0 {
-            return Ok(false);
+            return Ok(cow);
         }
         if total > self.num_blocks {
             return Err(ReserveError::NeverFits {
@@ -413,13 +415,42 @@ impl MutexSeq {
     /// As [`MutexPool::try_alloc_with_headroom`], counted in blocks; on
     /// error nothing changes.
     pub fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
-        let room = self.capacity() - self.len;
-        if tokens <= room {
+        if tokens == 0 {
             return Ok(());
         }
-        let missing = (tokens - room).div_ceil(self.pool.block_size);
+        let (new_blocks, spare) = self.blocks_for(tokens);
+        // A shared tail will need a private copy at the first append: keep a
+        // block for it too (as kvslots does).
+        let copy = usize::from(spare == 0 && self.tail_needs_copy());
+        let missing = new_blocks.saturating_add(copy);
+        if missing == 0 {
+            return Ok(());
+        }
         self.pool
             .try_alloc_with_headroom(missing, headroom, &mut self.blocks)
+    }
+
+    /// For `n` more tokens: how many blocks must be added to the table, and
+    /// how many of the blocks it holds they would leave wholly unused.
+    fn blocks_for(&self, n: usize) -> (usize, usize) {
+        let bs = self.pool.block_size;
+        // Tokens that still fit in the blocks we hold (reserved ones too).
+        let room = self.capacity() - self.len;
+        if n <= room {
+            (0, (room - n) / bs)
+        } else {
+            ((n - room).div_ceil(bs), 0)
+        }
+    }
+
+    /// Whether the partly filled block the next append writes into is
+    /// shared with a fork (one lock acquisition to read its count).
+    fn tail_needs_copy(&self) -> bool {
+        let bs = self.pool.block_size;
+        let (tail_index, tail) = (self.len / bs, self.len % bs);
+        tail != 0
+            && tail_index < self.shared_upto.get()
+            && self.pool.refs(self.blocks[tail_index]).unwrap_or(0) > 1
     }
 
     /// Appends `n` tokens, taking the blocks they need (plus a private copy
@@ -434,13 +465,7 @@ impl MutexSeq {
             return Ok((old..old, None));
         }
         let bs = self.pool.block_size;
-        // Tokens that still fit in the blocks we hold (reserved ones too).
-        let room = self.capacity() - old;
-        let new_blocks = if n <= room {
-            0
-        } else {
-            (n - room).div_ceil(bs)
-        };
+        let (new_blocks, spare) = self.blocks_for(n);
         // The partly filled block the append writes into first is the one
         // at index `old / bs`, which is not the last one when blocks are
         // reserved after it.
@@ -448,7 +473,8 @@ impl MutexSeq {
         let maybe_shared = tail != 0 && tail_index < self.shared_upto.get();
         let cow = if new_blocks > 0 || maybe_shared {
             let cow_of = maybe_shared.then(|| self.blocks[tail_index]);
-            self.pool.try_grow(new_blocks, cow_of, &mut self.blocks)?
+            self.pool
+                .try_grow(new_blocks, cow_of, spare > 0, &mut self.blocks)?
         } else {
             false
         };
@@ -458,8 +484,9 @@ impl MutexSeq {
         if !cow {
             return Ok((old..self.len, None));
         }
-        // The last block taken replaces the shared tail, by index.
-        let dst = self.blocks.pop().expect("allocated at least one block");
+        // The last block (taken now, or reserved and left unused by these
+        // tokens) replaces the shared tail, by index.
+        let dst = self.blocks.pop().expect("a new or spare block");
         let src = std::mem::replace(&mut self.blocks[tail_index], dst);
         self.retired = Some(src);
         self.shared_upto.set(self.shared_upto.get().min(tail_index));
