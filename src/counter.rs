@@ -241,10 +241,12 @@ impl SlotCounter {
     ///
     /// The counter cannot tell whose slots are released: releasing slots
     /// that a live guard still holds is a logic error (that guard's drop
-    /// would then give back slots that are no longer in use). Debug builds
-    /// catch it with an assertion when the guard drops; release builds wrap
-    /// the used count, after which the counter refuses every admission
-    /// (`Full`) rather than admit past its capacity.
+    /// would then give back slots that are no longer in use, and until it
+    /// drops, the counter admits slots that the guard's holder still
+    /// uses). Debug builds catch it with an assertion when the guard drops,
+    /// if the used count then goes below 0; release builds let it wrap,
+    /// after which the counter refuses every admission (`Full`) rather
+    /// than admit without bound.
     ///
     /// # Examples
     ///
