@@ -1,4 +1,5 @@
-//! Error types: every refusal is typed, and a refused call changes nothing.
+//! Error types: every refusal is typed, and a refused call changes nothing
+//! (the one exception is [`FreeError::Raced`]).
 
 use std::fmt;
 
