@@ -481,7 +481,10 @@ impl BlockPool {
     /// or listed more times than it has references, nothing changes and the
     /// error names the offending id (checked in this order: any id out of
     /// range, then any block not allocated, then any block over-freed; each
-    /// the first in list order). No heap allocation happens here.
+    /// the first in list order). No heap allocation happens here, and the
+    /// checks stay near linear in the list's length: one pass for a list
+    /// without repeated ids, and one more per 65,536-index range it touches
+    /// otherwise.
     ///
     /// The checks are made with loads before any reference is dropped, so a
     /// call refused by them changes nothing that another thread could
@@ -651,12 +654,26 @@ impl BlockPool {
         self.refs[id.index()].load(Ordering::Acquire) > 1
     }
 
-    /// The first id listed more times than it has references now, if any.
-    /// Allocates nothing: short lists are compared pairwise, longer ones
-    /// through a 4096-bit filter on the stack, and only an id whose filter
-    /// bit is already set (a possible repeat) is counted exactly.
+    /// The first id (in list order) listed more times than it has
+    /// references now, if any. Allocates nothing, and stays near linear for
+    /// long lists:
+    /// - up to 16 ids are compared pairwise;
+    /// - a longer list is screened once through a filter of `index % 4096`
+    ///   (512 bytes on the stack): if no two ids share a bit, none is listed
+    ///   twice;
+    /// - otherwise it is checked exactly, one pass per window of 65,536
+    ///   consecutive indices that holds a listed id, in index order, through
+    ///   a bitmap of the window (8 KiB on the stack): only an id whose bit is
+    ///   already set is a true repeat, and only repeats are counted.
+    ///
+    /// That is O(n · windows + n · repeats) for `n` ids: a pool of a million
+    /// blocks has at most 16 windows. (One filter for every list made a list
+    /// of over 4096 distinct ids quadratic: every id past the 4096th shared
+    /// a bit with an earlier one, and was counted over the whole prefix.)
     fn first_over_freed(&self, ids: &[BlockId]) -> Option<BlockId> {
         const PAIRWISE: usize = 16;
+        const SCREEN_BITS: usize = 64 * 64;
+        const WINDOW_BITS: usize = 64 * 1024;
         let over = |i: usize, id: BlockId| {
             let listed = ids[..=i].iter().filter(|&&x| x == id).count();
             listed > self.count(id) as usize
@@ -668,16 +685,45 @@ impl BlockPool {
                 .find(|&(i, id)| ids[..i].contains(id) && over(i, *id))
                 .map(|(_, &id)| id);
         }
-        let mut seen = [0u64; 64];
-        for (i, &id) in ids.iter().enumerate() {
-            let bit = id.index() % (64 * 64);
-            let (word, mask) = (bit / 64, 1u64 << (bit % 64));
-            if seen[word] & mask != 0 && over(i, id) {
-                return Some(id);
-            }
-            seen[word] |= mask;
+        // Any two ids on the same bit of the screen?
+        let mut screen = [0u64; SCREEN_BITS / 64];
+        if !ids
+            .iter()
+            .any(|id| test_and_set(&mut screen, id.index() % SCREEN_BITS))
+        {
+            return None;
         }
-        None
+        // Exactly, window by window: `lo` is the lowest listed index not yet
+        // covered, and `first` the earliest over-freed position found so far
+        // (later positions need no check).
+        let mut window = [0u64; WINDOW_BITS / 64];
+        let mut first: Option<usize> = None;
+        let mut lo = ids.iter().map(|id| id.index()).min()?;
+        loop {
+            let mut next = usize::MAX;
+            for (i, &id) in ids.iter().enumerate() {
+                let index = id.index();
+                if index < lo {
+                    continue;
+                }
+                if index - lo >= WINDOW_BITS {
+                    next = next.min(index);
+                    continue;
+                }
+                if first.map_or(true, |f| i < f)
+                    && test_and_set(&mut window, index - lo)
+                    && over(i, id)
+                {
+                    first = Some(i);
+                }
+            }
+            // Every listed index covered?
+            if next == usize::MAX {
+                return first.map(|i| ids[i]);
+            }
+            lo = next;
+            window.fill(0);
+        }
     }
 
     /// A block's reference count now.
@@ -741,4 +787,12 @@ impl fmt::Debug for BlockPool {
             .field("closed", &self.is_closed())
             .finish()
     }
+}
+
+/// Sets bit `bit` of `bits` and returns whether it was already set.
+fn test_and_set(bits: &mut [u64], bit: usize) -> bool {
+    let (word, mask) = (bit / 64, 1u64 << (bit % 64));
+    let was = bits[word] & mask != 0;
+    bits[word] |= mask;
+    was
 }

@@ -1,0 +1,185 @@
+//! `BlockPool::free` of long lists: more than 4096 distinct ids, and lists
+//! spanning several of the 65,536-index windows in which the over-free check
+//! counts repeats exactly (see `BlockPool::first_over_freed`).
+//!
+//! Every refusal is checked twice: the error names the first over-freed id in
+//! list order, and no reference count changed.
+
+use std::sync::Arc;
+
+use kvslots::{BlockId, BlockPool, FreeError, Sequence};
+
+/// Indices per exact-check window (the check's bitmap of 8 KiB).
+const WINDOW: u32 = 65_536;
+
+/// A pool of `num_blocks` one-token blocks, every one allocated once.
+fn full_pool(num_blocks: usize) -> (BlockPool, Vec<BlockId>) {
+    let pool = BlockPool::new(num_blocks, 1);
+    let mut all = Vec::new();
+    pool.try_alloc(num_blocks, &mut all).unwrap();
+    (pool, all)
+}
+
+/// The listed ids' reference counts, in list order.
+fn counts(pool: &BlockPool, ids: &[BlockId]) -> Vec<Option<usize>> {
+    ids.iter().map(|&id| pool.ref_count(id)).collect()
+}
+
+/// Checks that `free(list)` is refused as `OverFreed { id }` and changes
+/// nothing.
+fn assert_over_freed(pool: &BlockPool, list: &[BlockId], id: BlockId) {
+    let before = counts(pool, list);
+    let used = pool.used_blocks();
+    assert_eq!(pool.free(list), Err(FreeError::OverFreed { id }));
+    assert_eq!(counts(pool, list), before, "a refused free changed a count");
+    assert_eq!(pool.used_blocks(), used);
+}
+
+/// The first id in `list` listed more times than `pool` says it has
+/// references: the definition, counted the slow way.
+fn first_over_freed(pool: &BlockPool, list: &[BlockId]) -> Option<BlockId> {
+    (0..list.len())
+        .find(|&i| {
+            let listed = list[..=i].iter().filter(|&&x| x == list[i]).count();
+            listed > pool.ref_count(list[i]).unwrap()
+        })
+        .map(|i| list[i])
+}
+
+#[test]
+fn a_free_of_many_distinct_ids_is_accepted_whole() {
+    // 70,000 blocks: every id past the 4096th shares a screen bit with an
+    // earlier one, and the list spans two windows.
+    let (pool, all) = full_pool(70_000);
+    let (first, rest) = all.split_at(30_000);
+    assert_eq!(pool.free(first), Ok(()));
+    assert_eq!(pool.used_blocks(), 40_000);
+    assert!(first.iter().all(|&id| pool.ref_count(id) == Some(0)));
+    assert!(rest.iter().all(|&id| pool.ref_count(id) == Some(1)));
+    assert_eq!(pool.free(rest), Ok(()));
+    assert_eq!(pool.free_blocks(), 70_000);
+    // Everything came back once: all of it can be taken again, distinct.
+    let mut again = Vec::new();
+    pool.try_alloc(70_000, &mut again).unwrap();
+    again.sort();
+    again.dedup();
+    assert_eq!(again.len(), 70_000);
+    pool.free(&again).unwrap();
+}
+
+#[test]
+fn a_repeat_at_the_end_of_a_long_list_is_found() {
+    let (pool, all) = full_pool(70_000);
+    let mut list = all.clone();
+    let dup = all[12_345];
+    list.push(dup);
+    assert_over_freed(&pool, &list, dup);
+    pool.free(&all).unwrap();
+    assert_eq!(pool.free_blocks(), 70_000);
+}
+
+#[test]
+fn ids_a_window_or_a_screen_apart_are_not_repeats() {
+    let (pool, all) = full_pool(3 * WINDOW as usize + 8);
+    // 0 and 4096 share a screen bit; 0, 65,536 and 131,072 share a window
+    // bit; none is listed twice.
+    let mut list: Vec<BlockId> = (1..=16).map(BlockId::new).collect();
+    list.extend([0, 4096, WINDOW, 2 * WINDOW, 3 * WINDOW].map(BlockId::new));
+    assert_eq!(pool.free(&list), Ok(()));
+    assert!(list.iter().all(|&id| pool.ref_count(id) == Some(0)));
+    assert_eq!(pool.used_blocks(), pool.num_blocks() - list.len());
+    let rest: Vec<BlockId> = all.into_iter().filter(|id| !list.contains(id)).collect();
+    pool.free(&rest).unwrap();
+    assert_eq!(pool.free_blocks(), pool.num_blocks());
+}
+
+#[test]
+fn the_first_over_freed_id_in_list_order_is_named_across_windows() {
+    let (pool, all) = full_pool(3 * WINDOW as usize);
+    let (low, high) = (BlockId::new(5), BlockId::new(2 * WINDOW + 7));
+    let filler: Vec<BlockId> = (100..120).map(BlockId::new).collect();
+    // The high window is checked last, but its repeat comes first.
+    let mut list = vec![low, high];
+    list.extend_from_slice(&filler);
+    list.extend([high, low]);
+    assert_over_freed(&pool, &list, high);
+    // And the other way round.
+    let mut list = vec![high, low];
+    list.extend_from_slice(&filler);
+    list.extend([low, high]);
+    assert_over_freed(&pool, &list, low);
+    // Only the high window's id repeats, behind ids of empty windows' gaps.
+    let mut list = filler.clone();
+    list.extend([high, BlockId::new(WINDOW + 1), high]);
+    assert_over_freed(&pool, &list, high);
+    pool.free(&all).unwrap();
+    assert_eq!(pool.free_blocks(), pool.num_blocks());
+}
+
+#[test]
+fn a_shared_block_listed_once_per_reference_across_windows_is_accepted() {
+    let pool = Arc::new(BlockPool::with_shards(3 * WINDOW as usize, 1, 1));
+    // Take the low ids, so that the sequence's blocks sit in the high windows.
+    let mut low = Vec::new();
+    pool.try_alloc(WINDOW as usize + 10, &mut low).unwrap();
+    let mut parent = Sequence::new(Arc::clone(&pool));
+    parent.try_append(40).unwrap();
+    assert!(parent
+        .blocks()
+        .iter()
+        .all(|id| id.index() > WINDOW as usize));
+    let (child, copy) = parent.try_fork().unwrap();
+    assert_eq!(copy, None);
+    // Each shared block twice (its two references), and low ids once.
+    let mut list = low[..20].to_vec();
+    list.extend_from_slice(parent.blocks());
+    list.extend_from_slice(child.blocks());
+    assert_eq!(pool.free(&list), Ok(()));
+    assert!(parent
+        .blocks()
+        .iter()
+        .all(|&id| pool.ref_count(id) == Some(0)));
+    // The sequences' references were taken by the free: forget them.
+    std::mem::forget((parent, child));
+    pool.free(&low[20..]).unwrap();
+    assert_eq!(pool.free_blocks(), pool.num_blocks());
+}
+
+#[test]
+fn random_long_lists_agree_with_counting() {
+    // Blocks with one reference, and blocks shared by a fork (two), around
+    // the window boundaries; random lists of them with many repeats.
+    let pool = Arc::new(BlockPool::with_shards(3 * WINDOW as usize, 1, 1));
+    let mut all = Vec::new();
+    pool.try_alloc(pool.num_blocks() - 64, &mut all).unwrap();
+    let mut parent = Sequence::new(Arc::clone(&pool));
+    parent.try_append(64).unwrap();
+    let (child, _) = parent.try_fork().unwrap();
+    let mut candidates: Vec<BlockId> = parent.blocks().to_vec();
+    for base in [0, WINDOW - 20, 2 * WINDOW - 20] {
+        candidates.extend((base..base + 40).map(BlockId::new));
+    }
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = |bound: usize| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % bound as u64) as usize
+    };
+    let mut refused = 0;
+    for _ in 0..400 {
+        let len = 17 + next(200);
+        let list: Vec<BlockId> = (0..len)
+            .map(|_| candidates[next(candidates.len())])
+            .collect();
+        // A list the slow count accepts would really free: skip it.
+        if let Some(id) = first_over_freed(&pool, &list) {
+            assert_over_freed(&pool, &list, id);
+            refused += 1;
+        }
+    }
+    assert!(refused > 300, "only {refused} lists had an over-freed id");
+    drop((parent, child));
+    pool.free(&all).unwrap();
+    assert_eq!(pool.free_blocks(), pool.num_blocks());
+}
