@@ -694,8 +694,7 @@ impl BlockPool {
             return None;
         }
         // Exactly, window by window: `lo` is the lowest listed index not yet
-        // covered, and `first` the earliest over-freed position found so far
-        // (later positions need no check).
+        // covered, and `first` the earliest over-freed position found so far.
         let mut window = [0u64; WINDOW_BITS / 64];
         let mut first: Option<usize> = None;
         let mut lo = ids.iter().map(|id| id.index()).min()?;
@@ -710,11 +709,9 @@ impl BlockPool {
                     next = next.min(index);
                     continue;
                 }
-                if first.map_or(true, |f| i < f)
-                    && test_and_set(&mut window, index - lo)
-                    && over(i, id)
-                {
-                    first = Some(i);
+                if test_and_set(&mut window, index - lo) && over(i, id) {
+                    // The earliest in list order wins, across windows.
+                    first = Some(first.map_or(i, |f| f.min(i)));
                 }
             }
             // Every listed index covered?

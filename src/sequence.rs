@@ -540,9 +540,7 @@ impl Sequence {
     pub fn shrink_to_fit(&mut self) -> usize {
         let keep = self.len.div_ceil(self.pool.block_size());
         let freed = self.blocks.len() - keep;
-        if freed > 0 {
-            self.give_back(keep);
-        }
+        self.give_back(keep);
         freed
     }
 
