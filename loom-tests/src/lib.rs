@@ -420,7 +420,7 @@ real_guard!(OwnedReservation);
 ///
 /// Each differs from a sound allocator in one place: how it takes slots
 /// ([`Core::take`](wrong::Core::take)), or, for
-/// [`RelaxedRelease`](wrong::RelaxedRelease), how a guard gives them back.
+/// [`RelaxedRelease`](wrong::RelaxedRelease), how slots are given back.
 /// Everything else (untrusted `release`, guards, errors) is shared and
 /// sound, so that a model catches each for its own reason. The one exception is `close`: all
 /// of them keep the closed flag in a word of its own, which cannot be made
@@ -484,9 +484,9 @@ pub mod wrong {
         /// `Ok(taken)` with `taken > 0` (which the wrong ways let be less
         /// than `n`), or `Err(available)` with the free count it saw.
         fn take(&self, n: usize, headroom: usize) -> Result<usize, usize>;
-        /// The ordering with which a guard gives its slots back (`Release`,
-        /// which pairs with the admission's `Acquire`, unless that is the
-        /// bug).
+        /// The ordering with which slots are given back, by a guard's drop
+        /// and by `release` (`Release`, which pairs with the admission's
+        /// `Acquire`, unless that is the bug).
         fn give_back_ordering(&self) -> Ordering {
             Ordering::Release
         }
@@ -621,9 +621,9 @@ pub mod wrong {
         }
     }
 
-    /// Sound all-or-nothing admission (`Acquire`), but a guard gives its
-    /// slots back with a `Relaxed` `fetch_sub`: the next holder's admission
-    /// has no `Release` to synchronise with.
+    /// Sound all-or-nothing admission (`Acquire`), but slots are given back
+    /// `Relaxed` (a guard's `fetch_sub`, and `release`'s CAS): the next
+    /// holder's admission has no `Release` to synchronise with.
     #[derive(Debug)]
     pub struct RelaxedRelease(Words);
 
@@ -772,9 +772,11 @@ pub mod wrong {
                         used: cur,
                     });
                 }
-                // Release on success: the holder's writes happen-before the
-                // next admission; Relaxed on failure: retry.
-                match used.compare_exchange(cur, cur - n, Ordering::Release, Ordering::Relaxed) {
+                // The give-back ordering on success (Release when sound: the
+                // holder's writes happen-before the next admission; the
+                // `RelaxedRelease` bug otherwise); Relaxed on failure: retry.
+                let success = self.give_back_ordering();
+                match used.compare_exchange(cur, cur - n, success, Ordering::Relaxed) {
                     Ok(_) => return Ok(()),
                     Err(actual) => cur = actual,
                 }

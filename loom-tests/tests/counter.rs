@@ -589,34 +589,50 @@ caught!(forget_and_release_2_threads_token_by_token: forget_and_release_2::<Toke
 // Hand-off: the admission orderings
 // ---------------------------------------------------------------------------
 
-/// Each thread reserves the whole counter, and while it holds it does an
+/// Each thread takes the whole counter (a guard from `try_reserve`, or a
+/// count from `admit`, as `free` says), and while it holds it does an
 /// unsynchronised read-modify-write (a `Relaxed` load, then a `Relaxed`
-/// store) of a "slot content" word. Only the counter orders the holders: if
-/// an admission does not synchronise with the previous holder's release
-/// (`Acquire` / `Release`), the new holder may read a stale value and an
-/// update is lost.
-fn handoff<S: Slots>(capacity: usize, threads: usize) {
+/// store) of a "slot content" word, then gives it back (dropping the guard,
+/// or `release`). Only the counter orders the holders: if an admission does
+/// not synchronise with the previous holder's give-back (`Acquire` /
+/// `Release`), the new holder may read a stale value and an update is lost.
+fn handoff<S: Slots>(capacity: usize, threads: usize, free: Free) {
     check_threads(threads, move || {
         let slots = Arc::new(S::with_capacity(capacity));
         let shadow = Arc::new(Shadow::new(capacity));
         let content = Arc::new(AtomicUsize::new(0));
+        // Relaxed (both): on purpose; only the counter may order the
+        // holders. (Before the shadow's SeqCst updates, which would
+        // otherwise order them too and hide the bug.)
+        let write = move |sh: &Shadow, content: &AtomicUsize| {
+            let v = content.load(Ordering::Relaxed);
+            content.store(v + 1, Ordering::Relaxed);
+            sh.enter(capacity);
+            sh.exit(capacity);
+        };
         let holder = move |s: &S, sh: &Shadow, content: &AtomicUsize| -> usize {
-            match s.try_reserve(capacity) {
-                Ok(g) => {
-                    assert_len(capacity, g.len());
-                    // Relaxed (both): on purpose; only the counter may order
-                    // the holders. (Before the shadow's SeqCst updates, which
-                    // would otherwise order them too and hide the bug.)
-                    let v = content.load(Ordering::Relaxed);
-                    content.store(v + 1, Ordering::Relaxed);
-                    sh.enter(capacity);
-                    sh.exit(capacity);
-                    drop(g);
+            match free {
+                Free::GuardDrop => match s.try_reserve(capacity) {
+                    Ok(g) => {
+                        assert_len(capacity, g.len());
+                        write(sh, content);
+                        drop(g);
+                        1
+                    }
+                    Err(e) => {
+                        assert_full(e, capacity, capacity, &[capacity]);
+                        0
+                    }
+                },
+                Free::Release => {
+                    let admitted = s.admit(capacity as isize);
+                    assert_whole(capacity as isize, admitted);
+                    if admitted == 0 {
+                        return 0;
+                    }
+                    write(sh, content);
+                    s.release(admitted).expect("release of admitted slots");
                     1
-                }
-                Err(e) => {
-                    assert_full(e, capacity, capacity, &[capacity]);
-                    0
                 }
             }
         };
@@ -645,11 +661,19 @@ fn handoff<S: Slots>(capacity: usize, threads: usize) {
 }
 
 fn handoff_2<S: Slots>(c: usize) {
-    handoff::<S>(c, 2);
+    handoff::<S>(c, 2, Free::GuardDrop);
 }
 
 fn handoff_3<S: Slots>(c: usize) {
-    handoff::<S>(c, 3);
+    handoff::<S>(c, 3, Free::GuardDrop);
+}
+
+fn handoff_release_2<S: Slots>(c: usize) {
+    handoff::<S>(c, 2, Free::Release);
+}
+
+fn handoff_release_3<S: Slots>(c: usize) {
+    handoff::<S>(c, 3, Free::Release);
 }
 
 #[test]
@@ -662,6 +686,16 @@ fn handoff_3_threads() {
     CAPACITIES.for_each(handoff_3::<SlotCounter>);
 }
 
+#[test]
+fn handoff_release_2_threads() {
+    CAPACITIES.for_each(handoff_release_2::<SlotCounter>);
+}
+
+#[test]
+fn handoff_release_3_threads() {
+    CAPACITIES.for_each(handoff_release_3::<SlotCounter>);
+}
+
 caught!(handoff_2_threads_relaxed_admission: handoff_2::<RelaxedAdmission>,
     "lost update", [cap1 = 1, cap2 = 2, cap3 = 3, cap4 = 4, cap5 = 5]);
 caught!(handoff_3_threads_relaxed_admission: handoff_3::<RelaxedAdmission>,
@@ -669,4 +703,12 @@ caught!(handoff_3_threads_relaxed_admission: handoff_3::<RelaxedAdmission>,
 caught!(handoff_2_threads_relaxed_release: handoff_2::<RelaxedRelease>,
     "lost update", [cap1 = 1, cap2 = 2, cap3 = 3, cap4 = 4, cap5 = 5]);
 caught!(handoff_3_threads_relaxed_release: handoff_3::<RelaxedRelease>,
+    "lost update", [cap1 = 1, cap2 = 2, cap3 = 3, cap4 = 4, cap5 = 5]);
+caught!(handoff_release_2_threads_relaxed_admission: handoff_release_2::<RelaxedAdmission>,
+    "lost update", [cap1 = 1, cap2 = 2, cap3 = 3, cap4 = 4, cap5 = 5]);
+caught!(handoff_release_3_threads_relaxed_admission: handoff_release_3::<RelaxedAdmission>,
+    "lost update", [cap1 = 1, cap2 = 2, cap3 = 3, cap4 = 4, cap5 = 5]);
+caught!(handoff_release_2_threads_relaxed_release: handoff_release_2::<RelaxedRelease>,
+    "lost update", [cap1 = 1, cap2 = 2, cap3 = 3, cap4 = 4, cap5 = 5]);
+caught!(handoff_release_3_threads_relaxed_release: handoff_release_3::<RelaxedRelease>,
     "lost update", [cap1 = 1, cap2 = 2, cap3 = 3, cap4 = 4, cap5 = 5]);
