@@ -398,8 +398,10 @@ impl BlockPool {
     /// Allocates exactly `n` blocks, all or nothing, appending their
     /// distinct ids to `out` (each with one reference).
     ///
-    /// `n == 0` succeeds and appends nothing. No heap allocation happens
-    /// here, except growing `out` if it lacks room for `n` more ids.
+    /// `n == 0` appends nothing, and succeeds unless the pool is closed
+    /// (then it is [`ReserveError::Closed`], as for any `n`). No heap
+    /// allocation happens here, except growing `out` if it lacks room for
+    /// `n` more ids.
     ///
     /// # Errors
     ///
@@ -483,8 +485,9 @@ impl BlockPool {
     /// range, then any block not allocated, then any block over-freed; each
     /// the first in list order). No heap allocation happens here, and the
     /// checks stay near linear in the list's length: one pass for a list
-    /// without repeated ids, and one more per 65,536-index range it touches
-    /// otherwise.
+    /// without repeated ids, and one more per 8,192-index range it touches
+    /// otherwise (plus a count over the list for each listing of an id past
+    /// its 254th).
     ///
     /// The checks are made with loads before any reference is dropped, so a
     /// call refused by them changes nothing that another thread could
@@ -661,19 +664,22 @@ impl BlockPool {
     /// - a longer list is screened once through a filter of `index % 4096`
     ///   (512 bytes on the stack): if no two ids share a bit, none is listed
     ///   twice;
-    /// - otherwise it is checked exactly, one pass per window of 65,536
-    ///   consecutive indices that holds a listed id, in index order, through
-    ///   a bitmap of the window (8 KiB on the stack): only an id whose bit is
-    ///   already set is a true repeat, and only repeats are counted.
+    /// - otherwise it is checked exactly, one pass per window of 8,192
+    ///   consecutive indices that holds a listed id, in index order, with a
+    ///   tally per index of the window (8 KiB on the stack): an id whose
+    ///   tally passes its reference count is over-freed. A pass stops at the
+    ///   earliest over-freed position found so far (no later one can win).
     ///
-    /// That is O(n · windows + n · repeats) for `n` ids: a pool of a million
-    /// blocks has at most 16 windows. (One filter for every list made a list
-    /// of over 4096 distinct ids quadratic: every id past the 4096th shared
-    /// a bit with an earlier one, and was counted over the whole prefix.)
+    /// That is O(n · windows) for `n` ids: a pool of a million blocks has at
+    /// most 123 windows. Only an id listed more than 254 times in one list
+    /// (its tally saturated) is counted the slow way, over the list so far.
+    /// (One filter for every list, with every id whose bit was already set
+    /// counted over the whole prefix, made a list of over 4096 distinct ids
+    /// quadratic.)
     fn first_over_freed(&self, ids: &[BlockId]) -> Option<BlockId> {
         const PAIRWISE: usize = 16;
         const SCREEN_BITS: usize = 64 * 64;
-        const WINDOW_BITS: usize = 64 * 1024;
+        const WINDOW: usize = 8 * 1024;
         let over = |i: usize, id: BlockId| {
             let listed = ids[..=i].iter().filter(|&&x| x == id).count();
             listed > self.count(id) as usize
@@ -694,32 +700,42 @@ impl BlockPool {
             return None;
         }
         // Exactly, window by window: `lo` is the lowest listed index not yet
-        // covered, and `first` the earliest over-freed position found so far.
-        let mut window = [0u64; WINDOW_BITS / 64];
-        let mut first: Option<usize> = None;
+        // covered, and `end` the earliest over-freed position found so far
+        // (the list's length while there is none).
+        let mut tally = [0u8; WINDOW];
+        let mut end = ids.len();
         let mut lo = ids.iter().map(|id| id.index()).min()?;
         loop {
             let mut next = usize::MAX;
-            for (i, &id) in ids.iter().enumerate() {
+            for (i, &id) in ids[..end].iter().enumerate() {
                 let index = id.index();
                 if index < lo {
                     continue;
                 }
-                if index - lo >= WINDOW_BITS {
+                if index - lo >= WINDOW {
                     next = next.min(index);
                     continue;
                 }
-                if test_and_set(&mut window, index - lo) && over(i, id) {
-                    // The earliest in list order wins, across windows.
-                    first = Some(first.map_or(i, |f| f.min(i)));
+                let listed = &mut tally[index - lo];
+                *listed = listed.saturating_add(1);
+                // Listed more often than referenced? (A repeat only: the
+                // first listing was checked against zero references already.)
+                let over_freed = match *listed {
+                    1 => false,
+                    u8::MAX => over(i, id),
+                    n => usize::from(n) > self.count(id) as usize,
+                };
+                if over_freed {
+                    end = i;
+                    break;
                 }
             }
-            // Every listed index covered?
+            // Every listed index before `end` covered?
             if next == usize::MAX {
-                return first.map(|i| ids[i]);
+                return ids.get(end).copied();
             }
             lo = next;
-            window.fill(0);
+            tally.fill(0);
         }
     }
 

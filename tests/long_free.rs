@@ -1,6 +1,7 @@
-//! `BlockPool::free` of long lists: more than 4096 distinct ids, and lists
-//! spanning several of the 65,536-index windows in which the over-free check
-//! counts repeats exactly (see `BlockPool::first_over_freed`).
+//! `BlockPool::free` of long lists: more than 4096 distinct ids, lists
+//! spanning several of the 8,192-index windows in which the over-free check
+//! tallies repeats exactly, and ids listed often enough to saturate a tally
+//! (see `BlockPool::first_over_freed`).
 //!
 //! Every refusal is checked twice: the error names the first over-freed id in
 //! list order, and no reference count changed.
@@ -9,8 +10,8 @@ use std::sync::Arc;
 
 use kvslots::{BlockId, BlockPool, FreeError, Sequence};
 
-/// Indices per exact-check window (the check's bitmap of 8 KiB).
-const WINDOW: u32 = 65_536;
+/// Indices per exact-check window (the check's tallies, 8 KiB).
+const WINDOW: u32 = 8192;
 
 /// A pool of `num_blocks` one-token blocks, every one allocated once.
 fn full_pool(num_blocks: usize) -> (BlockPool, Vec<BlockId>) {
@@ -49,7 +50,7 @@ fn first_over_freed(pool: &BlockPool, list: &[BlockId]) -> Option<BlockId> {
 #[test]
 fn a_free_of_many_distinct_ids_is_accepted_whole() {
     // 70,000 blocks: every id past the 4096th shares a screen bit with an
-    // earlier one, and the list spans two windows.
+    // earlier one, and the lists span several windows.
     let (pool, all) = full_pool(70_000);
     let (first, rest) = all.split_at(30_000);
     assert_eq!(pool.free(first), Ok(()));
@@ -81,8 +82,8 @@ fn a_repeat_at_the_end_of_a_long_list_is_found() {
 #[test]
 fn ids_a_window_or_a_screen_apart_are_not_repeats() {
     let (pool, all) = full_pool(3 * WINDOW as usize + 8);
-    // 0 and 4096 share a screen bit; 0, 65,536 and 131,072 share a window
-    // bit; none is listed twice.
+    // 0, 4096 and 8192 share a screen bit; 0, 8192, 16,384 and 24,576 share
+    // a window tally; none is listed twice.
     let mut list: Vec<BlockId> = (1..=16).map(BlockId::new).collect();
     list.extend([0, 4096, WINDOW, 2 * WINDOW, 3 * WINDOW].map(BlockId::new));
     assert_eq!(pool.free(&list), Ok(()));
@@ -182,4 +183,45 @@ fn random_long_lists_agree_with_counting() {
     drop((parent, child));
     pool.free(&all).unwrap();
     assert_eq!(pool.free_blocks(), pool.num_blocks());
+}
+
+#[test]
+fn one_over_freed_id_listed_many_times_is_named() {
+    let (pool, all) = full_pool(4);
+    // A buggy caller's list: one block, held once, listed 70,000 times. The
+    // check stops at the second listing (before this fix, every repeat was
+    // counted over the whole list so far: quadratic).
+    let list = vec![all[2]; 70_000];
+    assert_over_freed(&pool, &list, all[2]);
+    pool.free(&all).unwrap();
+    assert_eq!(pool.free_blocks(), 4);
+}
+
+#[test]
+fn an_id_listed_past_its_saturated_tally_is_counted_exactly() {
+    // One full block with 300 references (a parent and 299 forks): its
+    // tally saturates at 255 listings, and the count goes on the slow way.
+    const REFS: usize = 300;
+    let pool = Arc::new(BlockPool::new(8, 1));
+    let mut parent = Sequence::new(Arc::clone(&pool));
+    parent.try_append(1).unwrap();
+    let forks: Vec<Sequence> = (1..REFS).map(|_| parent.try_fork().unwrap().0).collect();
+    let shared = parent.blocks()[0];
+    assert_eq!(pool.ref_count(shared), Some(REFS));
+    let mut single = Vec::new();
+    pool.try_alloc(1, &mut single).unwrap();
+    let other = single[0];
+    // Listed exactly as often as referenced: not over-freed, so the next
+    // offender (a block held once, listed twice) is the one named.
+    let mut list = vec![shared; REFS];
+    list.extend([other, other]);
+    assert_over_freed(&pool, &list, other);
+    // Listed once more than referenced: named at its 301st listing, before
+    // the other offender.
+    let mut list = vec![shared; REFS + 1];
+    list.extend([other, other]);
+    assert_over_freed(&pool, &list, shared);
+    drop((parent, forks));
+    pool.free(&single).unwrap();
+    assert_eq!(pool.free_blocks(), 8);
 }
