@@ -311,8 +311,9 @@ impl Sequence {
     /// The new blocks are taken only if `headroom` blocks stay free
     /// afterwards (the admission watermark; pass 0 for none). Reserved
     /// blocks follow the filled ones in [`blocks`](Self::blocks), are never
-    /// shared by a fork, and are given back by [`truncate`](Self::truncate),
-    /// [`shrink_to_fit`](Self::shrink_to_fit) and drop.
+    /// shared by a fork, and are given back by a
+    /// [`truncate`](Self::truncate) that shortens the sequence, by
+    /// [`shrink_to_fit`](Self::shrink_to_fit) and on drop.
     ///
     /// `tokens == 0` takes nothing, and so do tokens that already fit, with
     /// one exception: if the sequence was truncated into a block it shares
