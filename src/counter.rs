@@ -154,7 +154,9 @@ impl SlotCounter {
     }
 
     /// A snapshot of the number of slots in use. Other threads may change it
-    /// at any moment; it never exceeds [`capacity`](Self::capacity).
+    /// at any moment; it never exceeds [`capacity`](Self::capacity), also
+    /// after a misused [`release`](Self::release) has wrapped the count
+    /// (then it reads `capacity()`, as the counter admits nothing more).
     ///
     /// # Examples
     ///
@@ -164,8 +166,10 @@ impl SlotCounter {
     /// assert_eq!(counter.used(), 3);
     /// ```
     pub fn used(&self) -> usize {
-        // Relaxed: a snapshot for reporting; it hands out nothing.
-        self.state.load(Ordering::Relaxed) >> SHIFT
+        // Relaxed: a snapshot for reporting; it hands out nothing. Capped:
+        // `used <= capacity` unless a misused `release` wrapped the count in
+        // a release build, after which every admission is refused.
+        (self.state.load(Ordering::Relaxed) >> SHIFT).min(self.capacity)
     }
 
     /// A snapshot of the number of free slots, `capacity() - used()`.
@@ -178,9 +182,8 @@ impl SlotCounter {
     /// assert_eq!(counter.available(), 13);
     /// ```
     pub fn available(&self) -> usize {
-        // Saturating: `used <= capacity` unless a release misused (see
-        // `release`) wrapped it in a release build.
-        self.capacity.saturating_sub(self.used())
+        // `used()` is capped at the capacity, so this never wraps.
+        self.capacity - self.used()
     }
 
     /// The high-water mark of [`used`](Self::used) since the counter was
@@ -246,7 +249,8 @@ impl SlotCounter {
     /// uses). Debug builds catch it with an assertion when the guard drops,
     /// if the used count then goes below 0; release builds let it wrap,
     /// after which the counter refuses every admission (`Full`) rather
-    /// than admit without bound.
+    /// than admit without bound, and [`used`](Self::used) reads
+    /// `capacity()`.
     ///
     /// # Examples
     ///
@@ -519,7 +523,7 @@ impl fmt::Debug for SlotCounter {
         let state = self.state.load(Ordering::Relaxed);
         f.debug_struct("SlotCounter")
             .field("capacity", &self.capacity)
-            .field("used", &(state >> SHIFT))
+            .field("used", &(state >> SHIFT).min(self.capacity))
             .field("peak_used", &self.peak_used())
             .field("closed", &(state & CLOSED != 0))
             .finish()

@@ -177,7 +177,8 @@ pub enum FreeError {
     /// Another thread dropped the block's last reference while this call
     /// was dropping its own (after the checks had passed): the caller listed
     /// a reference it did not hold, a double free racing another holder's
-    /// free. That one reference is refused; **every other listed reference
+    /// free (or a [`Sequence`](crate::Sequence) giving the block back). That
+    /// one reference is refused; **every other listed reference
     /// was dropped**, as by a successful free, because taking them back
     /// could hand a reference to a block that has been freed and
     /// reallocated to someone else meanwhile.

@@ -121,6 +121,10 @@ pub struct Faults {
     /// undo), even to a block that another holder has freed meanwhile:
     /// resurrects a block that sits in the free list.
     pub blind_undo: bool,
+    /// Drop a sequence's reference to a block whose count reads 1 with a
+    /// plain store of 0 (no read-modify-write): a racing double free then
+    /// pushes the block a second time.
+    pub plain_held_drop: bool,
 }
 
 pub(crate) struct FreeList {

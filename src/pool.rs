@@ -57,10 +57,10 @@
 //!   block's count (the `Release` half orders this holder's accesses before
 //!   the last drop; the `Acquire` half lets the last dropper see every other
 //!   holder's), the push of the chain is a `Release` CAS, and the count is
-//!   given back with a `Release` `fetch_sub`. A sequence dropping a block
-//!   it holds alone (count 1) skips the RMW: an `Acquire` load of the count
-//!   (the other holders' drops happen-before it) and a `Relaxed` store of
-//!   0, published by the push's `Release` CAS.
+//!   given back with a `Release` `fetch_sub`. A sequence's drops are the
+//!   same RMWs (a racing double free through the public `free` can change
+//!   the same count, so no drop is a load followed by a store); they only
+//!   skip the first load, guessing a count of 1.
 //! * **Allocation is `Acquire`**: the admission CAS and the pop CAS. So
 //!   everything a previous owner wrote into a block happens-before the next
 //!   owner touches it.
@@ -505,7 +505,12 @@ impl BlockPool {
     /// by a successful free: taking them back could add a reference to a
     /// block that its other holders freed, and someone reallocated, in the
     /// meantime. Whatever races, no block is handed to two owners, none is
-    /// pushed twice, and `free_blocks() <= num_blocks()`.
+    /// pushed twice, the count of used blocks is given back once per block,
+    /// and `free_blocks() <= num_blocks()`. That includes a free racing the
+    /// [`Sequence`](crate::Sequence) that holds the block: whichever of the
+    /// two drops the last reference pushes it; if this call loses, it
+    /// returns `Raced`, and if the sequence loses, its drop (or truncate)
+    /// gives back nothing for that block.
     ///
     /// # Errors
     ///
@@ -543,18 +548,37 @@ impl BlockPool {
         if let Some(id) = self.first_over_freed(ids) {
             return Err(FreeError::OverFreed { id });
         }
-        self.drop_refs(ids, false)
+        self.drop_refs(ids)
     }
 
-    /// Drops one reference per listed id, which the caller holds (checked by
-    /// [`free`](Self::free), or known by a [`Sequence`](crate::Sequence)),
-    /// chaining the blocks that reach zero and pushing them (one CAS per run
-    /// of ids with the same owner stack).
+    /// Drops one reference per listed id for [`free`](Self::free), whose
+    /// checks found every listed reference present; chains the blocks that
+    /// reach zero and pushes them (one CAS per run of ids with the same
+    /// owner stack).
+    fn drop_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
+        self.drop_each(ids, |id| self.drop_ref(id))
+    }
+
+    /// Drops the references a [`Sequence`](crate::Sequence) holds in its
+    /// table (or retired), as [`drop_refs`](Self::drop_refs) does.
     ///
-    /// `held` says the caller provably holds every listed reference once (a
-    /// sequence's own table): then a block whose count is 1 is ours alone,
-    /// and its count is cleared with a plain store instead of a CAS.
-    pub(crate) fn drop_refs(&self, ids: &[BlockId], held: bool) -> Result<(), FreeError> {
+    /// The caller holds each listed reference, but a public
+    /// [`free`](Self::free) that lists the same block (a double free, which
+    /// is misuse) can take it first: so every drop is a read-modify-write,
+    /// and exactly one of the two sees the count reach 0 and pushes the
+    /// block. If `free` won, the drop here finds no reference left and is
+    /// refused with `Raced` like any drop that loses that race.
+    pub(crate) fn drop_held_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
+        self.drop_each(ids, |id| self.drop_held_ref(id))
+    }
+
+    /// The body of both drops: `drop` takes one reference and says whether
+    /// it was the last (`Err` if none was left).
+    fn drop_each(
+        &self,
+        ids: &[BlockId],
+        drop: impl Fn(BlockId) -> Result<bool, ()>,
+    ) -> Result<(), FreeError> {
         // A drop can fail here only if the caller does not hold what it
         // lists and another holder freed it meanwhile (a racing double
         // free). The other drops still go ahead: undoing them could add a
@@ -563,12 +587,7 @@ impl BlockPool {
         let mut chain = Chain::new();
         let mut raced = None;
         for (i, &id) in ids.iter().enumerate() {
-            let dropped = if held {
-                self.drop_held_ref(id)
-            } else {
-                self.drop_ref(id)
-            };
-            match dropped {
+            match drop(id) {
                 Ok(true) => self.free.prepend(&mut chain, id.index() as u32),
                 Ok(false) => {}
                 Err(()) => {
@@ -745,16 +764,32 @@ impl BlockPool {
         self.refs[id.index()].load(Ordering::Relaxed)
     }
 
-    /// Drops a reference the caller provably holds; `Ok(true)` if it was the
-    /// last.
+    /// Drops a reference the caller holds; `Ok(true)` if it was the last.
+    ///
+    /// Never a load followed by a plain store of 0, even when the count
+    /// reads 1: a racing [`free`](Self::free) of the same block (a double
+    /// free) can take that count from 1 to 0 in between, and both sides
+    /// would then push the block. The CAS decides which of the two drops
+    /// the last reference.
     fn drop_held_ref(&self, id: BlockId) -> Result<bool, ()> {
+        #[cfg(kvslots_loom)]
+        if self.free.faults.plain_held_drop {
+            return self.plain_held_drop(id);
+        }
+        // First guess 1, without a load: a sequence usually holds its blocks
+        // alone, and then the first CAS succeeds.
+        self.drop_ref_from(id, 1)
+    }
+
+    /// The negative control of `loom-tests/tests/held_drop.rs`: a count that
+    /// reads 1 is cleared with a plain store, as if nobody else could drop
+    /// that reference (a racing double free can).
+    #[cfg(kvslots_loom)]
+    fn plain_held_drop(&self, id: BlockId) -> Result<bool, ()> {
         let count = &self.refs[id.index()];
-        // Acquire: if other holders let go before us, their accesses to the
-        // block happen-before we push it (their drops were Release).
-        if count.load(self.free.free_ordering(Ordering::Acquire)) == 1 {
-            // Ours alone: no one else can add a reference (only a holder can
-            // fork) or drop one. Relaxed: the push CAS (Release) publishes
-            // the block, count included.
+        // Acquire, Relaxed: the orderings of a correct last drop; the bug
+        // under test is the store.
+        if count.load(Ordering::Acquire) == 1 {
             count.store(0, Ordering::Relaxed);
             return Ok(true);
         }
@@ -764,9 +799,15 @@ impl BlockPool {
     /// Drops one reference; `Ok(true)` if it was the last. `Err` if the
     /// block has none (not allocated, or already dropped in this call).
     fn drop_ref(&self, id: BlockId) -> Result<bool, ()> {
-        let count = &self.refs[id.index()];
         // Relaxed: only a guess; the CAS validates it.
-        let mut cur = count.load(Ordering::Relaxed);
+        let guess = self.refs[id.index()].load(Ordering::Relaxed);
+        self.drop_ref_from(id, guess)
+    }
+
+    /// [`drop_ref`](Self::drop_ref) with a first guess of the count.
+    fn drop_ref_from(&self, id: BlockId, guess: u32) -> Result<bool, ()> {
+        let count = &self.refs[id.index()];
+        let mut cur = guess;
         loop {
             // Any reference left to drop?
             if cur == 0 {

@@ -905,6 +905,8 @@ fn after_a_wrapping_misuse_the_counter_refuses_every_admission() {
     let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(guard)));
     assert_eq!(dropped.is_err(), cfg!(debug_assertions));
     assert_eq!(counter.available(), 0);
+    // `used` never exceeds the capacity, as documented, even wrapped.
+    assert_eq!(counter.used(), counter.capacity());
     assert!(matches!(
         counter.try_reserve(1),
         Err(ReserveError::Full { available: 0, .. })

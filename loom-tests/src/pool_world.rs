@@ -36,18 +36,21 @@ pub const SOUND: Faults = Faults {
     no_tag: false,
     relaxed_free: false,
     blind_undo: false,
+    plain_held_drop: false,
 };
 /// The ABA control: the id stack without its generation tag.
 pub const NO_TAG: Faults = Faults {
     no_tag: true,
     relaxed_free: false,
     blind_undo: false,
+    plain_held_drop: false,
 };
 /// The ordering control: freeing with `Relaxed` instead of `Release`.
 pub const RELAXED_FREE: Faults = Faults {
     no_tag: false,
     relaxed_free: true,
     blind_undo: false,
+    plain_held_drop: false,
 };
 /// The undo control: a refused free adds its references back blindly,
 /// resurrecting a block that another holder freed meanwhile.
@@ -55,6 +58,16 @@ pub const BLIND_UNDO: Faults = Faults {
     no_tag: false,
     relaxed_free: false,
     blind_undo: true,
+    plain_held_drop: false,
+};
+
+/// The held-drop control: a sequence clears a count that reads 1 with a
+/// plain store, so a racing double free pushes the block twice.
+pub const PLAIN_HELD_DROP: Faults = Faults {
+    no_tag: false,
+    relaxed_free: false,
+    blind_undo: false,
+    plain_held_drop: true,
 };
 
 /// Runs `f` under loom with the environment's bounds, defaulting the
