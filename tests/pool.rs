@@ -10,48 +10,21 @@ use std::sync::Arc;
 
 use kvslots::{BlockCopy, BlockId, BlockPool, FreeError, ReserveError, Sequence};
 
+mod common;
+use common::{pool_snap, PoolSnap};
+
+
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------
 
-/// Everything observable about a pool's state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Snap {
-    num_blocks: usize,
-    block_size: usize,
-    free: usize,
-    used: usize,
-    peak: usize,
-    closed: bool,
-    /// `ref_count` of every block, in id order.
-    refs: Vec<usize>,
-}
-
-fn snap(pool: &BlockPool) -> Snap {
-    let refs = (0..pool.num_blocks())
-        .map(|i| {
-            pool.ref_count(BlockId::new(i as u32))
-                .expect("in-range id has a count")
-        })
-        .collect();
-    Snap {
-        num_blocks: pool.num_blocks(),
-        block_size: pool.block_size(),
-        free: pool.free_blocks(),
-        used: pool.used_blocks(),
-        peak: pool.peak_used_blocks(),
-        closed: pool.is_closed(),
-        refs,
-    }
-}
-
 /// Asserts that `free` refuses `ids` with `expected` and that nothing at all
 /// changed.
 fn assert_free_refused(pool: &BlockPool, ids: &[BlockId], expected: FreeError) {
-    let before = snap(pool);
+    let before = pool_snap(pool);
     assert_eq!(pool.free(ids), Err(expected), "free({ids:?})");
     assert_eq!(
-        snap(pool),
+        pool_snap(pool),
         before,
         "a refused free({ids:?}) changed the pool"
     );
@@ -66,7 +39,7 @@ fn assert_alloc_refused(
     out: &mut Vec<BlockId>,
     expected: ReserveError,
 ) {
-    let before = snap(pool);
+    let before = pool_snap(pool);
     let out_before = out.clone();
     let result = if headroom == 0 {
         pool.try_alloc(n, out)
@@ -74,7 +47,7 @@ fn assert_alloc_refused(
         pool.try_alloc_with_headroom(n, headroom, out)
     };
     assert_eq!(result, Err(expected), "try_alloc({n}, headroom {headroom})");
-    assert_eq!(snap(pool), before, "a refused try_alloc changed the pool");
+    assert_eq!(pool_snap(pool), before, "a refused try_alloc changed the pool");
     assert_eq!(*out, out_before, "a refused try_alloc changed `out`");
 }
 
@@ -102,8 +75,8 @@ fn new_starts_all_free_and_open() {
     for (num_blocks, block_size) in [(0, 1), (1, 1), (3, 16), (64, 4), (1000, 256)] {
         let pool = BlockPool::new(num_blocks, block_size);
         assert_eq!(
-            snap(&pool),
-            Snap {
+            pool_snap(&pool),
+            PoolSnap {
                 num_blocks,
                 block_size,
                 free: num_blocks,
@@ -199,10 +172,10 @@ fn debug_shows_the_counts() {
 fn try_alloc_zero_appends_nothing_and_changes_nothing() {
     let pool = BlockPool::new(4, 8);
     let mut out = sentinel();
-    let before = snap(&pool);
+    let before = pool_snap(&pool);
     pool.try_alloc(0, &mut out).unwrap();
     assert_eq!(out, sentinel());
-    assert_eq!(snap(&pool), before);
+    assert_eq!(pool_snap(&pool), before);
 }
 
 #[test]
@@ -268,7 +241,7 @@ fn all_ids_come_back() {
         pool.free(chunk).unwrap();
     }
     assert_eq!((pool.free_blocks(), pool.used_blocks()), (32, 0));
-    assert!(snap(&pool).refs.iter().all(|&r| r == 0));
+    assert!(pool_snap(&pool).refs.iter().all(|&r| r == 0));
     let mut second = Vec::new();
     pool.try_alloc(32, &mut second).unwrap();
     let second_set: BTreeSet<BlockId> = second.iter().copied().collect();
@@ -523,7 +496,7 @@ fn closed_pool_refuses_allocation_but_frees_still_work() {
     // Draining works.
     pool.free(&held).unwrap();
     assert_eq!((pool.free_blocks(), pool.used_blocks()), (8, 0));
-    assert!(snap(&pool).refs.iter().all(|&r| r == 0));
+    assert!(pool_snap(&pool).refs.iter().all(|&r| r == 0));
     assert_alloc_refused(&pool, 1, 0, &mut out, ReserveError::Closed);
 }
 
@@ -532,9 +505,9 @@ fn empty_pool_refuses_everything() {
     let pool = BlockPool::new(0, 16);
     let mut out = sentinel();
     // Asking for nothing is not an allocation: it succeeds with nothing.
-    let before = snap(&pool);
+    let before = pool_snap(&pool);
     pool.try_alloc(0, &mut out).unwrap();
-    assert_eq!((out.clone(), snap(&pool)), (sentinel(), before));
+    assert_eq!((out.clone(), pool_snap(&pool)), (sentinel(), before));
     for n in [1, 2, usize::MAX] {
         assert_alloc_refused(
             &pool,
@@ -581,14 +554,14 @@ fn empty_pool_refuses_everything() {
 #[test]
 fn free_empty_slice_is_a_no_op() {
     let pool = BlockPool::new(4, 4);
-    let before = snap(&pool);
+    let before = pool_snap(&pool);
     pool.free(&[]).unwrap();
-    assert_eq!(snap(&pool), before);
+    assert_eq!(pool_snap(&pool), before);
     let mut held = Vec::new();
     pool.try_alloc(2, &mut held).unwrap();
-    let before = snap(&pool);
+    let before = pool_snap(&pool);
     pool.free(&[]).unwrap();
-    assert_eq!(snap(&pool), before);
+    assert_eq!(pool_snap(&pool), before);
     pool.free(&held).unwrap();
 }
 

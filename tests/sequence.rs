@@ -12,43 +12,13 @@ use std::sync::Arc;
 
 use kvslots::{BlockCopy, BlockId, BlockPool, PositionError, ReserveError, Sequence};
 
+mod common;
+use common::{pool_snap, seq_snap, XorShift};
+
+
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------
-
-/// Everything observable about a pool's state.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct PoolSnap {
-    free: usize,
-    used: usize,
-    closed: bool,
-    refs: Vec<usize>,
-}
-
-fn pool_snap(pool: &BlockPool) -> PoolSnap {
-    PoolSnap {
-        free: pool.free_blocks(),
-        used: pool.used_blocks(),
-        closed: pool.is_closed(),
-        refs: (0..pool.num_blocks())
-            .map(|i| pool.ref_count(BlockId::new(i as u32)).unwrap())
-            .collect(),
-    }
-}
-
-/// Everything observable about a sequence.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct SeqSnap {
-    len: usize,
-    blocks: Vec<BlockId>,
-}
-
-fn seq_snap(seq: &Sequence) -> SeqSnap {
-    SeqSnap {
-        len: seq.len(),
-        blocks: seq.blocks().to_vec(),
-    }
-}
 
 fn pool(num_blocks: usize, block_size: usize) -> Arc<BlockPool> {
     Arc::new(BlockPool::new(num_blocks, block_size))
@@ -97,28 +67,6 @@ fn assert_append_refused(seq: &mut Sequence, n: usize, expected: ReserveError) {
     assert_eq!(seq.try_append_cow(n), Err(expected), "try_append_cow({n})");
     assert_eq!(seq_snap(seq), seq_before);
     assert_eq!(pool_snap(seq.pool()), pool_before);
-}
-
-/// A tiny deterministic PRNG (xorshift64).
-struct XorShift(u64);
-
-impl XorShift {
-    fn new(seed: u64) -> Self {
-        XorShift(seed.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
 }
 
 // ---------------------------------------------------------------------------

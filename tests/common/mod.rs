@@ -1,13 +1,96 @@
-//! What the rayon stress tests (`tests/stress.rs`, `tests/pool_stress.rs`)
-//! share: a tiny deterministic PRNG, the observer thread that samples a
-//! structure's invariants while the workers run, and the worker pool.
+//! What the integration tests share: snapshots of everything observable
+//! about a counter, a pool and a sequence (what a refusal must leave
+//! unchanged), a tiny deterministic PRNG, and for the real-thread tests the
+//! observer thread that samples a structure's invariants while the workers
+//! run, and the worker pool.
 //!
-//! Included by each of them with `mod common;` (a directory module, so
-//! that cargo does not build it as a test of its own).
+//! Each test binary includes it with `mod common;` (a directory module, so
+//! that cargo does not build it as a test of its own) and uses a part of it,
+//! hence the `dead_code` allowance: what one binary leaves unused another
+//! uses.
+
+#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 use std::thread;
+
+use kvslots::{BlockId, BlockPool, Sequence, SlotCounter};
+
+// ---------------------------------------------------------------------------
+// Snapshots
+// ---------------------------------------------------------------------------
+
+/// Everything observable about a counter's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CounterSnap {
+    pub capacity: usize,
+    pub used: usize,
+    pub available: usize,
+    pub peak_used: usize,
+    pub closed: bool,
+}
+
+pub fn counter_snap(c: &SlotCounter) -> CounterSnap {
+    CounterSnap {
+        capacity: c.capacity(),
+        used: c.used(),
+        available: c.available(),
+        peak_used: c.peak_used(),
+        closed: c.is_closed(),
+    }
+}
+
+/// Everything observable about a pool's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSnap {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub free: usize,
+    pub used: usize,
+    pub peak: usize,
+    pub closed: bool,
+    /// `ref_count` of every block, in id order.
+    pub refs: Vec<usize>,
+}
+
+pub fn pool_snap(pool: &BlockPool) -> PoolSnap {
+    PoolSnap {
+        num_blocks: pool.num_blocks(),
+        block_size: pool.block_size(),
+        free: pool.free_blocks(),
+        used: pool.used_blocks(),
+        peak: pool.peak_used_blocks(),
+        closed: pool.is_closed(),
+        refs: block_refs(pool),
+    }
+}
+
+/// `ref_count` of every block of `pool`, in id order.
+pub fn block_refs(pool: &BlockPool) -> Vec<usize> {
+    (0..pool.num_blocks())
+        .map(|i| {
+            pool.ref_count(BlockId::new(i as u32))
+                .expect("in-range id has a count")
+        })
+        .collect()
+}
+
+/// Everything observable about a sequence (its pool apart).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqSnap {
+    pub len: usize,
+    pub capacity: usize,
+    pub blocks: Vec<BlockId>,
+}
+
+pub fn seq_snap(seq: &Sequence) -> SeqSnap {
+    SeqSnap {
+        len: seq.len(),
+        capacity: seq.capacity(),
+        blocks: seq.blocks().to_vec(),
+    }
+}
 
 // ---------------------------------------------------------------------------
 // A tiny deterministic PRNG
