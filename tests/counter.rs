@@ -10,7 +10,6 @@ use kvslots::{ReleaseError, ReserveError, SlotCounter};
 mod common;
 use common::{counter_snap, CounterSnap};
 
-
 /// A counter of `capacity` with `used` slots taken (by `admit`) and a peak of
 /// `peak` (reached by admitting `peak - used` more and releasing them).
 fn counter_with(capacity: usize, used: usize, peak: usize) -> SlotCounter {
@@ -124,7 +123,11 @@ fn admit_bad_inputs_return_zero_and_change_nothing() {
         let c = counter_with(8, 3, 6);
         let before = counter_snap(&c);
         assert_eq!(c.admit(request), 0, "admit({request})");
-        assert_eq!(counter_snap(&c), before, "admit({request}) changed the state");
+        assert_eq!(
+            counter_snap(&c),
+            before,
+            "admit({request}) changed the state"
+        );
     }
 }
 
@@ -328,7 +331,11 @@ fn try_reserve_above_capacity_never_fits_and_changes_nothing() {
             },
             "try_reserve({n})"
         );
-        assert_eq!(counter_snap(&c), before, "try_reserve({n}) changed the state");
+        assert_eq!(
+            counter_snap(&c),
+            before,
+            "try_reserve({n}) changed the state"
+        );
     }
 }
 

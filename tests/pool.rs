@@ -20,7 +20,6 @@ use kvslots::{BlockCopy, BlockId, BlockPool, FreeError, ReserveError, Sequence};
 mod common;
 use common::{pool_snap, PoolSnap};
 
-
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------
@@ -54,7 +53,11 @@ fn assert_alloc_refused(
         pool.try_alloc_with_headroom(n, headroom, out)
     };
     assert_eq!(result, Err(expected), "try_alloc({n}, headroom {headroom})");
-    assert_eq!(pool_snap(pool), before, "a refused try_alloc changed the pool");
+    assert_eq!(
+        pool_snap(pool),
+        before,
+        "a refused try_alloc changed the pool"
+    );
     assert_eq!(*out, out_before, "a refused try_alloc changed `out`");
 }
 

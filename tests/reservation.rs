@@ -14,7 +14,6 @@ use kvslots::{OwnedReservation, Reservation, ReserveError, SlotCounter};
 mod common;
 use common::{counter_snap, CounterSnap};
 
-
 fn counter(capacity: usize) -> Arc<SlotCounter> {
     Arc::new(SlotCounter::new(capacity))
 }
@@ -206,7 +205,11 @@ macro_rules! guard_tests {
                 for len in [3, 4, 8, 100, usize::MAX] {
                     r.shrink_to(len);
                     assert_eq!(r.len(), 3, "shrink_to({len}) grew the guard");
-                    assert_eq!(counter_snap(&c), before, "shrink_to({len}) changed the counter");
+                    assert_eq!(
+                        counter_snap(&c),
+                        before,
+                        "shrink_to({len}) changed the counter"
+                    );
                 }
                 r.shrink_to(0);
                 assert!(r.is_empty());
@@ -278,7 +281,11 @@ macro_rules! guard_tests {
                         "try_grow({n})"
                     );
                     assert_eq!(r.len(), 3, "try_grow({n}) changed the guard");
-                    assert_eq!(counter_snap(&c), before, "try_grow({n}) changed the counter");
+                    assert_eq!(
+                        counter_snap(&c),
+                        before,
+                        "try_grow({n}) changed the counter"
+                    );
                 }
             }
 

@@ -18,7 +18,6 @@ use kvslots::{BlockCopy, BlockId, BlockPool, PositionError, ReserveError, Sequen
 mod common;
 use common::{pool_snap, seq_snap, PoolSnap, SeqSnap, XorShift};
 
-
 // ---------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 use std::thread;
@@ -92,6 +93,26 @@ pub fn seq_snap(seq: &Sequence) -> SeqSnap {
     }
 }
 
+/// Checks that the pool is whole again: every block free, every count 0,
+/// and allocating them all yields every id exactly once.
+pub fn assert_pool_whole(pool: &BlockPool) {
+    let n = pool.num_blocks();
+    assert_eq!((pool.free_blocks(), pool.used_blocks()), (n, 0));
+    for i in 0..n {
+        let id = BlockId::new(i as u32);
+        assert_eq!(pool.ref_count(id), Some(0), "{id} still referenced");
+    }
+    let mut ids = Vec::new();
+    pool.try_alloc(n, &mut ids)
+        .expect("a full pool hands out all its blocks");
+    let distinct: HashSet<BlockId> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), n, "an id handed out twice");
+    assert!(ids.iter().all(|id| id.index() < n));
+    assert_eq!(pool.try_alloc(1, &mut Vec::new()).is_err(), n > 0);
+    pool.free(&ids).unwrap();
+    assert_eq!(pool.free_blocks(), n);
+}
+
 // ---------------------------------------------------------------------------
 // A tiny deterministic PRNG
 // ---------------------------------------------------------------------------
@@ -124,14 +145,16 @@ impl XorShift {
 // The observer and the thread pool
 // ---------------------------------------------------------------------------
 
-/// Sets the stop flag when dropped, so that a panicking `work` also stops
-/// the observer (instead of leaving the scope waiting for it forever).
-struct StopOnDrop<'a>(&'a AtomicBool);
+/// Sets the stop flag when dropped, also while its thread unwinds from a
+/// failed assertion, so that the other thread's loop ends too (instead of
+/// leaving the scope waiting for it forever).
+pub struct StopOnDrop<'a>(pub &'a AtomicBool);
 
 impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
-        // Release: pairs with the observer's Acquire load; it only ends the
-        // observer's loop.
+        // Release: pairs with the observer's Acquire load in
+        // `run_observed`; it orders nothing the loops check, it only ends
+        // them.
         self.0.store(true, Ordering::Release);
     }
 }
@@ -178,8 +201,9 @@ pub fn run_observed<R: Send>(
     })
 }
 
-/// A rayon pool of `threads` workers.
+/// A rayon pool of `threads` workers: at least 8, the stress tests' floor.
 pub fn rayon_pool(threads: usize) -> rayon::ThreadPool {
+    assert!(threads >= 8);
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
