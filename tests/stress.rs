@@ -432,7 +432,6 @@ impl<'a> Worker<'a> {
     fn step(&mut self) {
         self.stats.ops += 1;
         let c = self.counter();
-        let shared = self.shared;
         if self.held.len() > MAX_HELD {
             // Too many guards: give one back.
             let i = self.rng.below(self.held.len());
@@ -442,175 +441,210 @@ impl<'a> Worker<'a> {
         // Seen closed before the operation: then it must be refused.
         let was_closed = c.is_closed();
         match self.rng.below(100) {
-            // admit
-            0..=11 => {
-                let request = match self.rng.below(20) {
-                    0 => -(self.rng.below(3) as isize),
-                    1 => isize::MAX,
-                    2 => isize::MIN,
-                    _ => self.size().min(isize::MAX as usize) as isize,
-                };
-                self.stats.done[ADMIT] += 1;
-                let got = c.admit(request);
-                if got != 0 {
-                    assert_eq!(got as isize, request, "partial admission");
-                    shared.shadow_add(got);
-                    self.admitted(got, 0, was_closed);
-                    self.plain.push(got);
-                } else if request > 0 && request as usize <= self.capacity && !was_closed {
-                    self.stats.refused_full += 1;
-                }
+            0..=11 => self.admit(was_closed),
+            12..=19 => self.release(),
+            20..=33 => self.reserve(was_closed),
+            34..=41 => self.reserve_owned(was_closed),
+            42..=51 => self.reserve_with_headroom(was_closed),
+            52..=61 => self.grow(was_closed),
+            62..=70 => self.shrink(),
+            71..=78 => self.split(),
+            79..=85 => self.merge(),
+            86..=94 => self.drop_one(),
+            _ => self.forget(),
+        }
+    }
+
+    /// `admit` of a random request, negative and extreme ones included.
+    fn admit(&mut self, was_closed: bool) {
+        let c = self.counter();
+        let shared = self.shared;
+        let request = match self.rng.below(20) {
+            0 => -(self.rng.below(3) as isize),
+            1 => isize::MAX,
+            2 => isize::MIN,
+            _ => self.size().min(isize::MAX as usize) as isize,
+        };
+        self.stats.done[ADMIT] += 1;
+        let got = c.admit(request);
+        if got != 0 {
+            assert_eq!(got as isize, request, "partial admission");
+            shared.shadow_add(got);
+            self.admitted(got, 0, was_closed);
+            self.plain.push(got);
+        } else if request > 0 && request as usize <= self.capacity && !was_closed {
+            self.stats.refused_full += 1;
+        }
+    }
+
+    /// Releases a plain count, or tries an over-release when none is held.
+    fn release(&mut self) {
+        let c = self.counter();
+        let shared = self.shared;
+        match self.plain.pop() {
+            Some(n) => {
+                self.stats.done[RELEASE] += 1;
+                shared.shadow_sub(n);
+                c.release(n).expect("released a count this task holds");
             }
-            // release a plain count (or try an over-release)
-            12..=19 => match self.plain.pop() {
-                Some(n) => {
-                    self.stats.done[RELEASE] += 1;
-                    shared.shadow_sub(n);
-                    c.release(n).expect("released a count this task holds");
+            None => match c.release(usize::MAX) {
+                Err(ReleaseError::ExceedsUsed { released, used }) => {
+                    assert_eq!(released, usize::MAX);
+                    assert!(used <= self.capacity);
                 }
-                None => match c.release(usize::MAX) {
-                    Err(ReleaseError::ExceedsUsed { released, used }) => {
-                        assert_eq!(released, usize::MAX);
-                        assert!(used <= self.capacity);
-                    }
-                    Ok(()) => panic!("released usize::MAX slots"),
-                },
+                Ok(()) => panic!("released usize::MAX slots"),
             },
-            // try_reserve
-            20..=33 => {
-                self.stats.done[RESERVE] += 1;
-                let n = self.size();
-                match c.try_reserve(n) {
-                    Ok(r) => {
-                        assert_eq!(r.len(), n, "guard length differs from the request");
-                        shared.shadow_add(n);
-                        self.admitted(n, 0, was_closed);
-                        self.held.push(Held::new(Inner::Borrowed(r), shared));
-                    }
-                    Err(e) => self.refused(e, n, 0, was_closed),
+        }
+    }
+
+    /// `try_reserve` of a random size.
+    fn reserve(&mut self, was_closed: bool) {
+        let c = self.counter();
+        let shared = self.shared;
+        self.stats.done[RESERVE] += 1;
+        let n = self.size();
+        match c.try_reserve(n) {
+            Ok(r) => {
+                assert_eq!(r.len(), n, "guard length differs from the request");
+                shared.shadow_add(n);
+                self.admitted(n, 0, was_closed);
+                self.held.push(Held::new(Inner::Borrowed(r), shared));
+            }
+            Err(e) => self.refused(e, n, 0, was_closed),
+        }
+    }
+
+    /// `try_reserve_owned` of a random size.
+    fn reserve_owned(&mut self, was_closed: bool) {
+        let shared = self.shared;
+        self.stats.done[RESERVE_OWNED] += 1;
+        let n = self.size();
+        match shared.counter.try_reserve_owned(n) {
+            Ok(r) => {
+                assert_eq!(r.len(), n, "guard length differs from the request");
+                shared.shadow_add(n);
+                self.admitted(n, 0, was_closed);
+                self.held.push(Held::new(Inner::Owned(r), shared));
+            }
+            Err(e) => self.refused(e, n, 0, was_closed),
+        }
+    }
+
+    /// `try_reserve_with_headroom` of a random size and headroom.
+    fn reserve_with_headroom(&mut self, was_closed: bool) {
+        let c = self.counter();
+        let shared = self.shared;
+        self.stats.done[HEADROOM] += 1;
+        let n = self.size();
+        let headroom = match self.rng.below(10) {
+            0 => usize::MAX,
+            1 => self.capacity,
+            _ => self.rng.below(self.capacity / 4 + 1),
+        };
+        match c.try_reserve_with_headroom(n, headroom) {
+            Ok(r) => {
+                assert_eq!(r.len(), n, "guard length differs from the request");
+                shared.shadow_add(n);
+                self.admitted(n, headroom, was_closed);
+                self.held.push(Held::new(Inner::Borrowed(r), shared));
+            }
+            Err(e) => self.refused(e, n, headroom, was_closed),
+        }
+    }
+
+    /// `try_grow` of a held guard: by exactly `n` or not at all.
+    fn grow(&mut self, was_closed: bool) {
+        if let Some(i) = self.pick() {
+            self.stats.done[GROW] += 1;
+            let n = self.size();
+            let before = self.held[i].len();
+            match self.held[i].try_grow(n) {
+                Ok(()) => {
+                    assert_eq!(self.held[i].len(), before + n, "partial growth");
+                    self.admitted(n, 0, was_closed);
+                }
+                Err(e) => {
+                    assert_eq!(
+                        self.held[i].len(),
+                        before,
+                        "refused growth changed the guard"
+                    );
+                    self.refused(e, n, 0, was_closed);
                 }
             }
-            // try_reserve_owned
-            34..=41 => {
-                self.stats.done[RESERVE_OWNED] += 1;
-                let n = self.size();
-                match shared.counter.try_reserve_owned(n) {
-                    Ok(r) => {
-                        assert_eq!(r.len(), n, "guard length differs from the request");
-                        shared.shadow_add(n);
-                        self.admitted(n, 0, was_closed);
-                        self.held.push(Held::new(Inner::Owned(r), shared));
-                    }
-                    Err(e) => self.refused(e, n, 0, was_closed),
+        }
+    }
+
+    /// `shrink_to` of a held guard, to any length (never grows it).
+    fn shrink(&mut self) {
+        if let Some(i) = self.pick() {
+            let before = self.held[i].len();
+            let len = self.rng.below(before + 2);
+            self.stats.done[SHRINK] += 1;
+            self.held[i].shrink_to(len);
+            assert_eq!(self.held[i].len(), before.min(len));
+        }
+    }
+
+    /// `split` of a held guard, sometimes by more than it holds.
+    fn split(&mut self) {
+        if let Some(i) = self.pick() {
+            let before = self.held[i].len();
+            let n = self.rng.below(before + 2);
+            match self.held[i].split(n) {
+                Some(part) => {
+                    self.stats.done[SPLIT] += 1;
+                    assert!(n <= before);
+                    assert_eq!((self.held[i].len(), part.len()), (before - n, n));
+                    self.held.push(part);
+                }
+                None => {
+                    assert!(n > before);
+                    assert_eq!(self.held[i].len(), before);
                 }
             }
-            // try_reserve_with_headroom
-            42..=51 => {
-                self.stats.done[HEADROOM] += 1;
-                let n = self.size();
-                let headroom = match self.rng.below(10) {
-                    0 => usize::MAX,
-                    1 => self.capacity,
-                    _ => self.rng.below(self.capacity / 4 + 1),
-                };
-                match c.try_reserve_with_headroom(n, headroom) {
-                    Ok(r) => {
-                        assert_eq!(r.len(), n, "guard length differs from the request");
-                        shared.shadow_add(n);
-                        self.admitted(n, headroom, was_closed);
-                        self.held.push(Held::new(Inner::Borrowed(r), shared));
-                    }
-                    Err(e) => self.refused(e, n, headroom, was_closed),
+        }
+    }
+
+    /// `merge` of two held guards (of one kind only).
+    fn merge(&mut self) {
+        if self.held.len() >= 2 {
+            let other = self.held.pop().expect("two guards held");
+            let i = self.rng.below(self.held.len());
+            let (a, b) = (self.held[i].len(), other.len());
+            match self.held[i].merge(other) {
+                Ok(()) => {
+                    self.stats.done[MERGE] += 1;
+                    assert_eq!(self.held[i].len(), a + b);
                 }
+                Err(other) => self.held.push(other),
             }
-            // try_grow
-            52..=61 => {
-                if let Some(i) = self.pick() {
-                    self.stats.done[GROW] += 1;
-                    let n = self.size();
-                    let before = self.held[i].len();
-                    match self.held[i].try_grow(n) {
-                        Ok(()) => {
-                            assert_eq!(self.held[i].len(), before + n, "partial growth");
-                            self.admitted(n, 0, was_closed);
-                        }
-                        Err(e) => {
-                            assert_eq!(
-                                self.held[i].len(),
-                                before,
-                                "refused growth changed the guard"
-                            );
-                            self.refused(e, n, 0, was_closed);
-                        }
-                    }
-                }
-            }
-            // shrink_to
-            62..=70 => {
-                if let Some(i) = self.pick() {
-                    let before = self.held[i].len();
-                    let len = self.rng.below(before + 2);
-                    self.stats.done[SHRINK] += 1;
-                    self.held[i].shrink_to(len);
-                    assert_eq!(self.held[i].len(), before.min(len));
-                }
-            }
-            // split
-            71..=78 => {
-                if let Some(i) = self.pick() {
-                    let before = self.held[i].len();
-                    let n = self.rng.below(before + 2);
-                    match self.held[i].split(n) {
-                        Some(part) => {
-                            self.stats.done[SPLIT] += 1;
-                            assert!(n <= before);
-                            assert_eq!((self.held[i].len(), part.len()), (before - n, n));
-                            self.held.push(part);
-                        }
-                        None => {
-                            assert!(n > before);
-                            assert_eq!(self.held[i].len(), before);
-                        }
-                    }
-                }
-            }
-            // merge
-            79..=85 => {
-                if self.held.len() >= 2 {
-                    let other = self.held.pop().expect("two guards held");
-                    let i = self.rng.below(self.held.len());
-                    let (a, b) = (self.held[i].len(), other.len());
-                    match self.held[i].merge(other) {
-                        Ok(()) => {
-                            self.stats.done[MERGE] += 1;
-                            assert_eq!(self.held[i].len(), a + b);
-                        }
-                        Err(other) => self.held.push(other),
-                    }
-                }
-            }
-            // drop
-            86..=94 => {
-                if let Some(i) = self.pick() {
-                    self.stats.done[DROP] += 1;
-                    drop(self.held.swap_remove(i));
-                }
-            }
-            // forget, then release now or later
-            _ => {
-                if let Some(i) = self.pick() {
-                    let g = self.held.swap_remove(i);
-                    let len = g.len();
-                    let n = g.forget();
-                    assert_eq!(n, len);
-                    self.stats.done[FORGET] += 1;
-                    if self.rng.below(2) == 0 {
-                        self.plain.push(n);
-                    } else {
-                        shared.shadow_sub(n);
-                        c.release(n).expect("released a forgotten count");
-                    }
-                }
+        }
+    }
+
+    /// Drops a held guard.
+    fn drop_one(&mut self) {
+        if let Some(i) = self.pick() {
+            self.stats.done[DROP] += 1;
+            drop(self.held.swap_remove(i));
+        }
+    }
+
+    /// `forget` of a held guard, its count released now or later.
+    fn forget(&mut self) {
+        let c = self.counter();
+        let shared = self.shared;
+        if let Some(i) = self.pick() {
+            let g = self.held.swap_remove(i);
+            let len = g.len();
+            let n = g.forget();
+            assert_eq!(n, len);
+            self.stats.done[FORGET] += 1;
+            if self.rng.below(2) == 0 {
+                self.plain.push(n);
+            } else {
+                shared.shadow_sub(n);
+                c.release(n).expect("released a forgotten count");
             }
         }
     }
@@ -977,6 +1011,64 @@ impl Tally {
     }
 }
 
+/// One allocation of the ownership task, of a mixed size (mostly small,
+/// sometimes too large): every id handed out is marked as owned and kept in
+/// `held`; a refusal must leave `out` alone and be the right one.
+fn alloc_owned(
+    pool: &BlockPool,
+    own: &Ownership,
+    tally: &Tally,
+    rng: &mut XorShift,
+    held: &mut Vec<Vec<BlockId>>,
+) {
+    let n_blocks = pool.num_blocks();
+    let n = match rng.below(20) {
+        0 => usize::MAX,
+        1 => n_blocks + 1 + rng.below(4),
+        2 => n_blocks,
+        _ => rng.below(n_blocks.min(6) + 1),
+    };
+    let mut out = vec![BlockId::new(u32::MAX)];
+    match pool.try_alloc(n, &mut out) {
+        Ok(()) => {
+            assert_eq!(out.len(), 1 + n, "try_alloc({n}) appended a wrong count");
+            assert_eq!(out[0], BlockId::new(u32::MAX));
+            out.remove(0);
+            for &id in &out {
+                assert!(id.index() < n_blocks, "{id} out of range");
+                own.take(id);
+                assert_eq!(pool.ref_count(id), Some(1));
+            }
+            if !out.is_empty() {
+                held.push(out);
+            }
+            Tally::bump(&tally.allocs);
+        }
+        Err(e) => {
+            assert_eq!(out, [BlockId::new(u32::MAX)], "refused but `out` changed");
+            match e {
+                ReserveError::NeverFits {
+                    requested,
+                    capacity,
+                } => {
+                    assert_eq!((requested, capacity), (n, n_blocks));
+                    assert!(n > n_blocks);
+                    Tally::bump(&tally.never_fits);
+                }
+                ReserveError::Full {
+                    requested,
+                    available,
+                } => {
+                    assert_eq!(requested, n);
+                    assert!(n <= n_blocks && available < n, "{e}");
+                    Tally::bump(&tally.full);
+                }
+                ReserveError::Closed => panic!("the pool was never closed"),
+            }
+        }
+    }
+}
+
 /// One task of the ownership test: `ops` random operations.
 fn ownership_task(pool: &BlockPool, own: &Ownership, tally: &Tally, seed: u64, ops: usize) {
     let n_blocks = pool.num_blocks();
@@ -986,53 +1078,7 @@ fn ownership_task(pool: &BlockPool, own: &Ownership, tally: &Tally, seed: u64, o
     for _ in 0..ops {
         match rng.below(10) {
             // Allocate a mixed size: mostly small, sometimes too large.
-            0..=4 => {
-                let n = match rng.below(20) {
-                    0 => usize::MAX,
-                    1 => n_blocks + 1 + rng.below(4),
-                    2 => n_blocks,
-                    _ => rng.below(n_blocks.min(6) + 1),
-                };
-                let mut out = vec![BlockId::new(u32::MAX)];
-                match pool.try_alloc(n, &mut out) {
-                    Ok(()) => {
-                        assert_eq!(out.len(), 1 + n, "try_alloc({n}) appended a wrong count");
-                        assert_eq!(out[0], BlockId::new(u32::MAX));
-                        out.remove(0);
-                        for &id in &out {
-                            assert!(id.index() < n_blocks, "{id} out of range");
-                            own.take(id);
-                            assert_eq!(pool.ref_count(id), Some(1));
-                        }
-                        if !out.is_empty() {
-                            held.push(out);
-                        }
-                        Tally::bump(&tally.allocs);
-                    }
-                    Err(e) => {
-                        assert_eq!(out, [BlockId::new(u32::MAX)], "refused but `out` changed");
-                        match e {
-                            ReserveError::NeverFits {
-                                requested,
-                                capacity,
-                            } => {
-                                assert_eq!((requested, capacity), (n, n_blocks));
-                                assert!(n > n_blocks);
-                                Tally::bump(&tally.never_fits);
-                            }
-                            ReserveError::Full {
-                                requested,
-                                available,
-                            } => {
-                                assert_eq!(requested, n);
-                                assert!(n <= n_blocks && available < n, "{e}");
-                                Tally::bump(&tally.full);
-                            }
-                            ReserveError::Closed => panic!("the pool was never closed"),
-                        }
-                    }
-                }
-            }
+            0..=4 => alloc_owned(pool, own, tally, &mut rng, &mut held),
             // Free a whole chunk, or part of one.
             5..=7 => {
                 if held.is_empty() {
