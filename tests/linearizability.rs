@@ -430,6 +430,36 @@ impl Spec for CounterSpec {
 // SlotCounter: rounds on real threads
 // ===========================================================================
 
+/// Runs `body` on [`THREADS`] scoped threads that start together at a
+/// [`Barrier`], each with its own [`Recorder`] (all stamping from one
+/// clock) and its own [`Rng`] seeded from `rng`; returns each thread's
+/// events and what its `body` returned, in thread order.
+fn run_threads<O: Send, R: Send>(
+    rng: &mut Rng,
+    body: impl Fn(&mut Recorder<'_, O>, &mut Rng) -> R + Sync,
+) -> Vec<(Vec<Event<O>>, R)> {
+    let clock = AtomicU64::new(0);
+    let barrier = Barrier::new(THREADS);
+    let seeds: Vec<u64> = (0..THREADS).map(|_| rng.next()).collect();
+    let (clock, barrier, body) = (&clock, &barrier, &body);
+    thread::scope(|s| {
+        let handles: Vec<_> = seeds
+            .iter()
+            .enumerate()
+            .map(|(t, &seed)| {
+                s.spawn(move || {
+                    let mut rec = Recorder::new(clock, t);
+                    let mut rng = Rng(seed);
+                    barrier.wait();
+                    let out = body(&mut rec, &mut rng);
+                    (rec.events, out)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// What a thread still holds when its calls are done: guards, and a count
 /// taken with `admit`.
 type Leftovers<'c> = (Vec<Reservation<'c>>, usize);
@@ -672,26 +702,8 @@ fn counter_round(seed: u64) -> Result<(), String> {
     let cap = rng.range(2, 6) as usize;
     let may_close = rng.below(4) == 0;
     let counter = SlotCounter::new(cap);
-    let clock = AtomicU64::new(0);
-    let barrier = Barrier::new(THREADS);
-    let seeds: Vec<u64> = (0..THREADS).map(|_| rng.next()).collect();
-
-    let (counter_ref, clock_ref, barrier_ref) = (&counter, &clock, &barrier);
-    let outcomes: Vec<(Vec<Event<CounterOp>>, Leftovers<'_>)> = thread::scope(|s| {
-        let handles: Vec<_> = seeds
-            .iter()
-            .enumerate()
-            .map(|(t, &seed)| {
-                s.spawn(move || {
-                    let mut rec = Recorder::new(clock_ref, t);
-                    let mut rng = Rng(seed);
-                    barrier_ref.wait();
-                    let left = counter_thread(counter_ref, &mut rec, &mut rng, may_close);
-                    (rec.events, left)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let outcomes = run_threads(&mut rng, |rec, rng| {
+        counter_thread(&counter, rec, rng, may_close)
     });
 
     // The state after the round, read once every thread is done.
@@ -1062,26 +1074,8 @@ fn pool_round(seed: u64, mix: PoolMix) -> Result<(), String> {
     let nb = rng.range(2, 6) as usize;
     let may_close = rng.below(4) == 0;
     let pool = BlockPool::new(nb, 16);
-    let clock = AtomicU64::new(0);
-    let barrier = Barrier::new(THREADS);
-    let seeds: Vec<u64> = (0..THREADS).map(|_| rng.next()).collect();
-
-    let (pool_ref, clock_ref, barrier_ref) = (&pool, &clock, &barrier);
-    let logs: Vec<Vec<Event<PoolOp>>> = thread::scope(|s| {
-        let handles: Vec<_> = seeds
-            .iter()
-            .enumerate()
-            .map(|(t, &seed)| {
-                s.spawn(move || {
-                    let mut rec = Recorder::new(clock_ref, t);
-                    let mut rng = Rng(seed);
-                    barrier_ref.wait();
-                    pool_thread(pool_ref, &mut rec, &mut rng, mix, may_close);
-                    rec.events
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let logs = run_threads(&mut rng, |rec, rng| {
+        pool_thread(&pool, rec, rng, mix, may_close);
     });
 
     // The state after the round, from the reference counts and the count.
@@ -1100,7 +1094,7 @@ fn pool_round(seed: u64, mix: PoolMix) -> Result<(), String> {
     };
     // Each thread's events stay contiguous, so a second step directly
     // follows its first.
-    let history: Vec<Event<PoolOp>> = logs.into_iter().flatten().collect();
+    let history: Vec<Event<PoolOp>> = logs.into_iter().flat_map(|(events, ())| events).collect();
     let spec = PoolSpec { num_blocks: nb };
     let init = PoolState {
         used: 0,
@@ -1220,53 +1214,36 @@ fn check_then_add_round(seed: u64) -> bool {
         capacity: cap,
         used: AtomicUsize::new(0),
     };
-    let clock = AtomicU64::new(0);
-    let barrier = Barrier::new(THREADS);
-    let seeds: Vec<u64> = (0..THREADS).map(|_| rng.next()).collect();
-    let (bad_ref, clock_ref, barrier_ref) = (&bad, &clock, &barrier);
-    let logs: Vec<Vec<Event<CounterOp>>> = thread::scope(|s| {
-        let handles: Vec<_> = seeds
-            .iter()
-            .enumerate()
-            .map(|(t, &seed)| {
-                s.spawn(move || {
-                    let mut rec = Recorder::new(clock_ref, t);
-                    let mut rng = Rng(seed);
-                    let mut held: Vec<usize> = Vec::new();
-                    barrier_ref.wait();
-                    for _ in 0..rng.range(1, MAX_OPS) {
-                        if !held.is_empty() && rng.below(3) == 0 {
-                            let n = held.swap_remove(0);
-                            rec.record(
-                                || bad_ref.give_back(n),
-                                |_| CounterOp::GiveBack {
-                                    via: "give_back",
-                                    n,
-                                },
-                            );
-                        } else {
-                            let n = rng.range(1, cap as u64) as usize;
-                            let r = rec.record(
-                                || bad_ref.try_reserve(n),
-                                |&result| CounterOp::Reserve {
-                                    via: "check-then-add",
-                                    n,
-                                    headroom: 0,
-                                    result,
-                                },
-                            );
-                            if r.is_ok() {
-                                held.push(n);
-                            }
-                        }
-                    }
-                    rec.events
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let logs = run_threads(&mut rng, |rec, rng| {
+        let mut held: Vec<usize> = Vec::new();
+        for _ in 0..rng.range(1, MAX_OPS) {
+            if !held.is_empty() && rng.below(3) == 0 {
+                let n = held.swap_remove(0);
+                rec.record(
+                    || bad.give_back(n),
+                    |_| CounterOp::GiveBack {
+                        via: "give_back",
+                        n,
+                    },
+                );
+            } else {
+                let n = rng.range(1, cap as u64) as usize;
+                let r = rec.record(
+                    || bad.try_reserve(n),
+                    |&result| CounterOp::Reserve {
+                        via: "check-then-add",
+                        n,
+                        headroom: 0,
+                        result,
+                    },
+                );
+                if r.is_ok() {
+                    held.push(n);
+                }
+            }
+        }
     });
-    let history: Vec<Event<CounterOp>> = logs.into_iter().flatten().collect();
+    let history: Vec<Event<CounterOp>> = logs.into_iter().flat_map(|(events, ())| events).collect();
     let init = CounterState {
         used: 0,
         closed: false,
