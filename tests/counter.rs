@@ -10,6 +10,18 @@ use kvslots::{ReleaseError, ReserveError, SlotCounter};
 mod common;
 use common::{counter_snap, CounterSnap};
 
+/// Asserts that `try_reserve(n)` refuses with `expected` and that the
+/// counter's state did not change.
+fn assert_reserve_refused(c: &SlotCounter, n: usize, expected: ReserveError) {
+    let before = counter_snap(c);
+    assert_eq!(c.try_reserve(n).unwrap_err(), expected, "try_reserve({n})");
+    assert_eq!(
+        counter_snap(c),
+        before,
+        "a refused try_reserve({n}) changed the state"
+    );
+}
+
 /// A counter of `capacity` with `used` slots taken (by `admit`) and a peak of
 /// `peak` (reached by admitting `peak - used` more and releasing them).
 fn counter_with(capacity: usize, used: usize, peak: usize) -> SlotCounter {
@@ -285,37 +297,34 @@ fn try_reserve_zero_is_ok_and_empty() {
 #[test]
 fn try_reserve_full_reports_the_real_free_count() {
     let c = counter_with(8, 5, 6);
-    let before = counter_snap(&c);
-    assert_eq!(
-        c.try_reserve(4).unwrap_err(),
+    assert_reserve_refused(
+        &c,
+        4,
         ReserveError::Full {
             requested: 4,
-            available: 3
-        }
+            available: 3,
+        },
     );
-    assert_eq!(counter_snap(&c), before);
     // One free short.
     let c = counter_with(4, 2, 2);
-    let before = counter_snap(&c);
-    assert_eq!(
-        c.try_reserve(3).unwrap_err(),
+    assert_reserve_refused(
+        &c,
+        3,
         ReserveError::Full {
             requested: 3,
-            available: 2
-        }
+            available: 2,
+        },
     );
-    assert_eq!(counter_snap(&c), before);
     // Full cache.
     let c = counter_with(4, 4, 4);
-    let before = counter_snap(&c);
-    assert_eq!(
-        c.try_reserve(1).unwrap_err(),
+    assert_reserve_refused(
+        &c,
+        1,
         ReserveError::Full {
             requested: 1,
-            available: 0
-        }
+            available: 0,
+        },
     );
-    assert_eq!(counter_snap(&c), before);
 }
 
 #[test]

@@ -475,42 +475,34 @@ struct CounterThread<'c, 'r, 'e> {
 }
 
 impl CounterThread<'_, '_, '_> {
-    /// `try_reserve` of a random size.
-    fn reserve(&mut self) {
+    /// `try_reserve` of a random size, or `try_reserve_with_headroom` with a
+    /// random headroom too.
+    fn reserve(&mut self, with_headroom: bool) {
         let counter = self.counter;
-        let cap = self.counter.capacity();
+        let cap = counter.capacity();
         let CounterThread {
             rec, rng, guards, ..
         } = self;
         let n = rng.size(cap);
-        let r = rec.record(
-            || counter.try_reserve(n),
-            |r| CounterOp::Reserve {
-                via: "try_reserve",
-                n,
-                headroom: 0,
-                result: r.as_ref().map(|_| ()).map_err(|e| *e),
-            },
-        );
-        guards.extend(r.ok());
-    }
-
-    /// `try_reserve_with_headroom` of a random size and headroom.
-    fn reserve_with_headroom(&mut self) {
-        let counter = self.counter;
-        let cap = self.counter.capacity();
-        let CounterThread {
-            rec, rng, guards, ..
-        } = self;
-        let n = rng.size(cap);
-        let headroom = match rng.below(8) {
-            0 => usize::MAX,
-            _ => rng.range(0, cap as u64) as usize,
+        let (via, headroom) = if with_headroom {
+            let headroom = match rng.below(8) {
+                0 => usize::MAX,
+                _ => rng.range(0, cap as u64) as usize,
+            };
+            ("try_reserve_with_headroom", headroom)
+        } else {
+            ("try_reserve", 0)
         };
         let r = rec.record(
-            || counter.try_reserve_with_headroom(n, headroom),
+            || {
+                if with_headroom {
+                    counter.try_reserve_with_headroom(n, headroom)
+                } else {
+                    counter.try_reserve(n)
+                }
+            },
             |r| CounterOp::Reserve {
-                via: "try_reserve_with_headroom",
+                via,
                 n,
                 headroom,
                 result: r.as_ref().map(|_| ()).map_err(|e| *e),
@@ -681,8 +673,8 @@ fn counter_thread<'c>(
             roll = 0;
         }
         match roll {
-            0..=21 => t.reserve(),
-            22..=31 => t.reserve_with_headroom(),
+            0..=21 => t.reserve(false),
+            22..=31 => t.reserve(true),
             32..=45 => t.admit(),
             46..=61 => t.drop_guard(),
             62..=71 => t.release(),
