@@ -1,13 +1,19 @@
 //! What the integration tests share: snapshots of everything observable
 //! about a counter, a pool and a sequence (what a refusal must leave
-//! unchanged), a tiny deterministic PRNG, and for the real-thread tests the
-//! observer thread that samples a structure's invariants while the workers
-//! run, and the worker pool.
+//! unchanged), the check that a pool is whole again, a tiny deterministic
+//! PRNG, and for the real-thread tests the stop flag, the observer thread
+//! that samples a structure's invariants while the workers run, and the
+//! worker pool.
 //!
-//! Each test binary includes it with `mod common;` (a directory module, so
-//! that cargo does not build it as a test of its own) and uses a part of it,
-//! hence the `dead_code` allowance: what one binary leaves unused another
-//! uses.
+//! The test binaries are named for what they test: an API's unit tests by
+//! the type or call (`counter`, `reservation`, `pool`, `pool_free`,
+//! `sequence`), a whole-crate suite by its technique (`fixtures`,
+//! `linearizability`, `model`, `shuttle`, `stress`, `zero_alloc`).
+//!
+//! A binary that needs this module includes it with `mod common;` (a
+//! directory module, so that cargo does not build it as a test of its own)
+//! and uses a part of it, hence the `dead_code` allowance: what one binary
+//! leaves unused another uses.
 
 #![allow(dead_code)]
 
