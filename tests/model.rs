@@ -539,53 +539,45 @@ impl<'a> CounterRun<'a> {
         Ok(())
     }
 
-    fn reserve(&mut self, s: Size) -> Result<(), TestCaseError> {
-        let step = self.step;
-        let counter = self.counter;
+    /// A reservation of `n` slots with `headroom`, made by `reserve` on the
+    /// counter and compared with the model's verdict; `what` names the call.
+    fn reserve_with(
+        &mut self,
+        what: &str,
+        n: usize,
+        headroom: usize,
+        reserve: impl FnOnce(&'a Arc<SlotCounter>) -> Result<Guard<'a>, ReserveError>,
+    ) -> Result<(), TestCaseError> {
+        let expected = self.m.acquire(n, headroom);
+        let got = reserve(self.counter);
         let CounterRun { guards, m, .. } = self;
-        let (cap, avail) = (m.capacity, m.available());
-        let n = s.resolve(avail, cap);
-        let expected = m.acquire(n, 0);
-        let got = counter.try_reserve(n).map(Guard::Borrowed);
-        record_reservation(step, "try_reserve", got, expected, n, guards, m)?;
-        Ok(())
+        record_reservation(self.step, what, got, expected, n, guards, m)
+    }
+
+    fn reserve(&mut self, s: Size) -> Result<(), TestCaseError> {
+        let n = s.resolve(self.m.available(), self.m.capacity);
+        self.reserve_with("try_reserve", n, 0, |c| {
+            c.try_reserve(n).map(Guard::Borrowed)
+        })
     }
 
     fn reserve_owned(&mut self, s: Size) -> Result<(), TestCaseError> {
-        let step = self.step;
-        let counter = self.counter;
-        let CounterRun { guards, m, .. } = self;
-        let (cap, avail) = (m.capacity, m.available());
-        let n = s.resolve(avail, cap);
-        let expected = m.acquire(n, 0);
-        let got = counter.try_reserve_owned(n).map(Guard::Owned);
-        record_reservation(step, "try_reserve_owned", got, expected, n, guards, m)?;
-        Ok(())
+        let n = s.resolve(self.m.available(), self.m.capacity);
+        self.reserve_with("try_reserve_owned", n, 0, |c| {
+            c.try_reserve_owned(n).map(Guard::Owned)
+        })
     }
 
     fn reserve_with_headroom(&mut self, s: Size, h: Size) -> Result<(), TestCaseError> {
-        let step = self.step;
-        let counter = self.counter;
-        let CounterRun { guards, m, .. } = self;
-        let (cap, avail) = (m.capacity, m.available());
+        let (cap, avail) = (self.m.capacity, self.m.available());
         let n = s.resolve(avail, cap);
         // Relative to what is left after `n`: `Avail` fits exactly,
         // `AboveAvail` is one short.
         let headroom = h.resolve(avail.saturating_sub(n), cap);
-        let expected = m.acquire(n, headroom);
-        let got = counter
-            .try_reserve_with_headroom(n, headroom)
-            .map(Guard::Borrowed);
-        record_reservation(
-            step,
-            "try_reserve_with_headroom",
-            got,
-            expected,
-            n,
-            guards,
-            m,
-        )?;
-        Ok(())
+        self.reserve_with("try_reserve_with_headroom", n, headroom, |c| {
+            c.try_reserve_with_headroom(n, headroom)
+                .map(Guard::Borrowed)
+        })
     }
 
     fn close(&mut self) -> Result<(), TestCaseError> {

@@ -146,6 +146,15 @@ enum Inner<'a> {
     Owned(OwnedReservation),
 }
 
+impl Inner<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Inner::Borrowed(r) => r.len(),
+            Inner::Owned(r) => r.len(),
+        }
+    }
+}
+
 /// A guard of either kind that subtracts its length from the shadow just
 /// before it gives its slots back: when dropped (also while unwinding) or
 /// shrunk.
@@ -167,10 +176,7 @@ impl<'a> Held<'a> {
     }
 
     fn len(&self) -> usize {
-        match self.inner.as_ref().expect("guard already taken") {
-            Inner::Borrowed(r) => r.len(),
-            Inner::Owned(r) => r.len(),
-        }
+        self.inner.as_ref().expect("guard already taken").len()
     }
 
     fn split(&mut self, n: usize) -> Option<Held<'a>> {
@@ -497,43 +503,44 @@ impl<'a> Worker<'a> {
         }
     }
 
+    /// Checks what a reservation of `n` with `headroom` returned: a guard of
+    /// exactly `n`, counted in the shadow and kept, or a consistent refusal.
+    fn reserved(
+        &mut self,
+        got: Result<Inner<'a>, ReserveError>,
+        n: usize,
+        headroom: usize,
+        was_closed: bool,
+    ) {
+        match got {
+            Ok(inner) => {
+                assert_eq!(inner.len(), n, "guard length differs from the request");
+                self.shared.shadow_add(n);
+                self.admitted(n, headroom, was_closed);
+                self.held.push(Held::new(inner, self.shared));
+            }
+            Err(e) => self.refused(e, n, headroom, was_closed),
+        }
+    }
+
     /// `try_reserve` of a random size.
     fn reserve(&mut self, was_closed: bool) {
-        let c = self.counter();
-        let shared = self.shared;
         self.stats.done[RESERVE] += 1;
         let n = self.size();
-        match c.try_reserve(n) {
-            Ok(r) => {
-                assert_eq!(r.len(), n, "guard length differs from the request");
-                shared.shadow_add(n);
-                self.admitted(n, 0, was_closed);
-                self.held.push(Held::new(Inner::Borrowed(r), shared));
-            }
-            Err(e) => self.refused(e, n, 0, was_closed),
-        }
+        let got = self.counter().try_reserve(n).map(Inner::Borrowed);
+        self.reserved(got, n, 0, was_closed);
     }
 
     /// `try_reserve_owned` of a random size.
     fn reserve_owned(&mut self, was_closed: bool) {
-        let shared = self.shared;
         self.stats.done[RESERVE_OWNED] += 1;
         let n = self.size();
-        match shared.counter.try_reserve_owned(n) {
-            Ok(r) => {
-                assert_eq!(r.len(), n, "guard length differs from the request");
-                shared.shadow_add(n);
-                self.admitted(n, 0, was_closed);
-                self.held.push(Held::new(Inner::Owned(r), shared));
-            }
-            Err(e) => self.refused(e, n, 0, was_closed),
-        }
+        let got = self.shared.counter.try_reserve_owned(n).map(Inner::Owned);
+        self.reserved(got, n, 0, was_closed);
     }
 
     /// `try_reserve_with_headroom` of a random size and headroom.
     fn reserve_with_headroom(&mut self, was_closed: bool) {
-        let c = self.counter();
-        let shared = self.shared;
         self.stats.done[HEADROOM] += 1;
         let n = self.size();
         let headroom = match self.rng.below(10) {
@@ -541,15 +548,11 @@ impl<'a> Worker<'a> {
             1 => self.capacity,
             _ => self.rng.below(self.capacity / 4 + 1),
         };
-        match c.try_reserve_with_headroom(n, headroom) {
-            Ok(r) => {
-                assert_eq!(r.len(), n, "guard length differs from the request");
-                shared.shadow_add(n);
-                self.admitted(n, headroom, was_closed);
-                self.held.push(Held::new(Inner::Borrowed(r), shared));
-            }
-            Err(e) => self.refused(e, n, headroom, was_closed),
-        }
+        let got = self
+            .counter()
+            .try_reserve_with_headroom(n, headroom)
+            .map(Inner::Borrowed);
+        self.reserved(got, n, headroom, was_closed);
     }
 
     /// `try_grow` of a held guard: by exactly `n` or not at all.
