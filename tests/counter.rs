@@ -7,24 +7,19 @@ use std::sync::Arc;
 
 use kvslots::{ReleaseError, ReserveError, SlotCounter};
 
-/// Everything observable about a counter's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Snap {
-    capacity: usize,
-    used: usize,
-    available: usize,
-    peak_used: usize,
-    closed: bool,
-}
+mod common;
+use common::{counter_snap, CounterSnap};
 
-fn snap(c: &SlotCounter) -> Snap {
-    Snap {
-        capacity: c.capacity(),
-        used: c.used(),
-        available: c.available(),
-        peak_used: c.peak_used(),
-        closed: c.is_closed(),
-    }
+/// Asserts that `try_reserve(n)` refuses with `expected` and that the
+/// counter's state did not change.
+fn assert_reserve_refused(c: &SlotCounter, n: usize, expected: ReserveError) {
+    let before = counter_snap(c);
+    assert_eq!(c.try_reserve(n).unwrap_err(), expected, "try_reserve({n})");
+    assert_eq!(
+        counter_snap(c),
+        before,
+        "a refused try_reserve({n}) changed the state"
+    );
 }
 
 /// A counter of `capacity` with `used` slots taken (by `admit`) and a peak of
@@ -49,8 +44,8 @@ fn new_starts_empty_and_open() {
     for capacity in [0, 1, 2, 16, 4096, SlotCounter::MAX_CAPACITY] {
         let c = SlotCounter::new(capacity);
         assert_eq!(
-            snap(&c),
-            Snap {
+            counter_snap(&c),
+            CounterSnap {
                 capacity,
                 used: 0,
                 available: capacity,
@@ -97,7 +92,7 @@ fn used_available_and_peak_track_admissions_and_releases() {
     assert_eq!(c.admit(6), 6);
     assert_eq!((c.used(), c.available(), c.peak_used()), (10, 0, 10));
     c.release(10).unwrap();
-    assert_eq!(snap(&c).used, 0);
+    assert_eq!(counter_snap(&c).used, 0);
     assert_eq!(c.peak_used(), 10);
 }
 
@@ -138,18 +133,22 @@ fn admit_bad_inputs_return_zero_and_change_nothing() {
         isize::MAX,
     ] {
         let c = counter_with(8, 3, 6);
-        let before = snap(&c);
+        let before = counter_snap(&c);
         assert_eq!(c.admit(request), 0, "admit({request})");
-        assert_eq!(snap(&c), before, "admit({request}) changed the state");
+        assert_eq!(
+            counter_snap(&c),
+            before,
+            "admit({request}) changed the state"
+        );
     }
 }
 
 #[test]
 fn admit_refuses_one_short_not_partially() {
     let c = counter_with(4, 2, 2);
-    let before = snap(&c);
+    let before = counter_snap(&c);
     assert_eq!(c.admit(3), 0);
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
     assert_eq!(c.admit(2), 2);
 }
 
@@ -169,9 +168,9 @@ fn release_gives_back() {
 #[test]
 fn release_zero_is_a_no_op() {
     let c = counter_with(8, 3, 6);
-    let before = snap(&c);
+    let before = counter_snap(&c);
     assert_eq!(c.release(0), Ok(()));
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
     let empty = SlotCounter::new(0);
     assert_eq!(empty.release(0), Ok(()));
     assert_eq!(empty.used(), 0);
@@ -181,7 +180,7 @@ fn release_zero_is_a_no_op() {
 fn over_release_is_refused_and_changes_nothing() {
     for n in [4, 5, 8, 9, usize::MAX, usize::MAX >> 1] {
         let c = counter_with(8, 3, 6);
-        let before = snap(&c);
+        let before = counter_snap(&c);
         assert_eq!(
             c.release(n),
             Err(ReleaseError::ExceedsUsed {
@@ -190,14 +189,14 @@ fn over_release_is_refused_and_changes_nothing() {
             }),
             "release({n})"
         );
-        assert_eq!(snap(&c), before, "release({n}) changed the state");
+        assert_eq!(counter_snap(&c), before, "release({n}) changed the state");
     }
 }
 
 #[test]
 fn release_on_empty_counter_is_refused() {
     let c = counter_with(8, 0, 4);
-    let before = snap(&c);
+    let before = counter_snap(&c);
     assert_eq!(
         c.release(1),
         Err(ReleaseError::ExceedsUsed {
@@ -205,7 +204,7 @@ fn release_on_empty_counter_is_refused() {
             used: 0
         })
     );
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
 }
 
 #[test]
@@ -213,7 +212,7 @@ fn double_release_is_refused_and_changes_nothing() {
     let c = SlotCounter::new(8);
     let n = c.try_reserve(3).unwrap().forget();
     c.release(n).unwrap();
-    let before = snap(&c);
+    let before = counter_snap(&c);
     assert_eq!(
         c.release(n),
         Err(ReleaseError::ExceedsUsed {
@@ -221,7 +220,7 @@ fn double_release_is_refused_and_changes_nothing() {
             used: 0
         })
     );
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
 }
 
 #[test]
@@ -240,7 +239,7 @@ fn release_works_on_a_closed_counter() {
 fn over_release_on_a_closed_counter_is_refused_and_changes_nothing() {
     let c = counter_with(8, 3, 3);
     c.close();
-    let before = snap(&c);
+    let before = counter_snap(&c);
     assert_eq!(
         c.release(4),
         Err(ReleaseError::ExceedsUsed {
@@ -255,7 +254,7 @@ fn over_release_on_a_closed_counter_is_refused_and_changes_nothing() {
             used: 3
         })
     );
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
     assert!(c.is_closed());
 }
 
@@ -281,61 +280,58 @@ fn try_reserve_takes_whole_requests() {
 #[test]
 fn try_reserve_zero_is_ok_and_empty() {
     let c = counter_with(8, 3, 6);
-    let before = snap(&c);
+    let before = counter_snap(&c);
     let r = c.try_reserve(0).unwrap();
     assert!(r.is_empty());
     assert_eq!(r.len(), 0);
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
     drop(r);
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
     // Also on a full counter.
     let full = counter_with(4, 4, 4);
-    let before = snap(&full);
+    let before = counter_snap(&full);
     assert!(full.try_reserve(0).unwrap().is_empty());
-    assert_eq!(snap(&full), before);
+    assert_eq!(counter_snap(&full), before);
 }
 
 #[test]
 fn try_reserve_full_reports_the_real_free_count() {
     let c = counter_with(8, 5, 6);
-    let before = snap(&c);
-    assert_eq!(
-        c.try_reserve(4).unwrap_err(),
+    assert_reserve_refused(
+        &c,
+        4,
         ReserveError::Full {
             requested: 4,
-            available: 3
-        }
+            available: 3,
+        },
     );
-    assert_eq!(snap(&c), before);
     // One free short.
     let c = counter_with(4, 2, 2);
-    let before = snap(&c);
-    assert_eq!(
-        c.try_reserve(3).unwrap_err(),
+    assert_reserve_refused(
+        &c,
+        3,
         ReserveError::Full {
             requested: 3,
-            available: 2
-        }
+            available: 2,
+        },
     );
-    assert_eq!(snap(&c), before);
     // Full cache.
     let c = counter_with(4, 4, 4);
-    let before = snap(&c);
-    assert_eq!(
-        c.try_reserve(1).unwrap_err(),
+    assert_reserve_refused(
+        &c,
+        1,
         ReserveError::Full {
             requested: 1,
-            available: 0
-        }
+            available: 0,
+        },
     );
-    assert_eq!(snap(&c), before);
 }
 
 #[test]
 fn try_reserve_above_capacity_never_fits_and_changes_nothing() {
     for n in [9, 100, usize::MAX >> 1, usize::MAX] {
         let c = counter_with(8, 3, 6);
-        let before = snap(&c);
+        let before = counter_snap(&c);
         assert_eq!(
             c.try_reserve(n).unwrap_err(),
             ReserveError::NeverFits {
@@ -344,7 +340,11 @@ fn try_reserve_above_capacity_never_fits_and_changes_nothing() {
             },
             "try_reserve({n})"
         );
-        assert_eq!(snap(&c), before, "try_reserve({n}) changed the state");
+        assert_eq!(
+            counter_snap(&c),
+            before,
+            "try_reserve({n}) changed the state"
+        );
     }
 }
 
@@ -376,18 +376,18 @@ fn try_reserve_owned_takes_whole_requests() {
 #[test]
 fn try_reserve_owned_zero_is_ok_and_empty() {
     let c = Arc::new(counter_with(8, 3, 6));
-    let before = snap(&c);
+    let before = counter_snap(&c);
     let r = c.try_reserve_owned(0).unwrap();
     assert!(r.is_empty());
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
     drop(r);
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
 }
 
 #[test]
 fn try_reserve_owned_bad_inputs_change_nothing() {
     let c = Arc::new(counter_with(8, 5, 6));
-    let before = snap(&c);
+    let before = counter_snap(&c);
     assert_eq!(
         c.try_reserve_owned(4).unwrap_err(),
         ReserveError::Full {
@@ -409,7 +409,7 @@ fn try_reserve_owned_bad_inputs_change_nothing() {
             capacity: 8
         }
     );
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
     // A refusal creates no guard, so no extra strong reference either.
     assert_eq!(Arc::strong_count(&c), 1);
 }
@@ -434,12 +434,12 @@ fn headroom_admits_when_n_plus_headroom_fit() {
 #[test]
 fn headroom_zero_behaves_like_try_reserve() {
     let c = counter_with(8, 5, 5);
-    let before = snap(&c);
+    let before = counter_snap(&c);
     assert_eq!(
         c.try_reserve_with_headroom(4, 0).unwrap_err(),
         c.try_reserve(4).unwrap_err()
     );
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
     let r = c.try_reserve_with_headroom(3, 0).unwrap();
     assert_eq!((r.len(), c.used()), (3, 8));
 }
@@ -447,7 +447,7 @@ fn headroom_zero_behaves_like_try_reserve() {
 #[test]
 fn headroom_full_reports_free_count_without_headroom() {
     let c = counter_with(10, 6, 6);
-    let before = snap(&c);
+    let before = counter_snap(&c);
     // 4 free; 3 + 2 of headroom do not fit.
     assert_eq!(
         c.try_reserve_with_headroom(3, 2).unwrap_err(),
@@ -464,7 +464,7 @@ fn headroom_full_reports_free_count_without_headroom() {
             available: 4
         }
     );
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
     // Plain try_reserve may use the headroom.
     let grow = c.try_reserve(4).unwrap();
     assert_eq!((grow.len(), c.used()), (4, 10));
@@ -486,7 +486,7 @@ fn headroom_never_fits_when_n_plus_headroom_exceed_capacity() {
         ((usize::MAX >> 1) + 1, usize::MAX >> 1),
     ] {
         let c = counter_with(10, 2, 7);
-        let before = snap(&c);
+        let before = counter_snap(&c);
         assert_eq!(
             c.try_reserve_with_headroom(n, headroom).unwrap_err(),
             ReserveError::NeverFits {
@@ -496,7 +496,7 @@ fn headroom_never_fits_when_n_plus_headroom_exceed_capacity() {
             "try_reserve_with_headroom({n}, {headroom})"
         );
         assert_eq!(
-            snap(&c),
+            counter_snap(&c),
             before,
             "try_reserve_with_headroom({n}, {headroom}) changed the state"
         );
@@ -507,7 +507,7 @@ fn headroom_never_fits_when_n_plus_headroom_exceed_capacity() {
 fn headroom_never_fits_even_on_an_empty_counter() {
     // n + headroom == capacity + 1 on an empty counter: never admissible.
     let c = SlotCounter::new(10);
-    let before = snap(&c);
+    let before = counter_snap(&c);
     assert_eq!(
         c.try_reserve_with_headroom(6, 5).unwrap_err(),
         ReserveError::NeverFits {
@@ -515,7 +515,7 @@ fn headroom_never_fits_even_on_an_empty_counter() {
             capacity: 10
         }
     );
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
     // n + headroom == capacity exactly: admitted.
     let r = c.try_reserve_with_headroom(6, 4).unwrap();
     assert_eq!(r.len(), 6);
@@ -524,10 +524,10 @@ fn headroom_never_fits_even_on_an_empty_counter() {
 #[test]
 fn headroom_with_zero_request() {
     let c = counter_with(10, 6, 6);
-    let before = snap(&c);
+    let before = counter_snap(&c);
     // Nothing taken, but the watermark is still checked.
     assert!(c.try_reserve_with_headroom(0, 4).unwrap().is_empty());
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
     assert_eq!(
         c.try_reserve_with_headroom(0, 5).unwrap_err(),
         ReserveError::Full {
@@ -535,7 +535,7 @@ fn headroom_with_zero_request() {
             available: 4
         }
     );
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
 }
 
 // ---------------------------------------------------------------------------
@@ -548,10 +548,10 @@ fn close_sets_the_flag_and_is_idempotent() {
     assert!(!c.is_closed());
     c.close();
     assert!(c.is_closed());
-    let after_first = snap(&c);
+    let after_first = counter_snap(&c);
     assert_eq!(
         after_first,
-        Snap {
+        CounterSnap {
             capacity: 8,
             used: 3,
             available: 5,
@@ -560,25 +560,25 @@ fn close_sets_the_flag_and_is_idempotent() {
         }
     );
     c.close();
-    assert_eq!(snap(&c), after_first);
+    assert_eq!(counter_snap(&c), after_first);
 }
 
 #[test]
 fn admit_after_close_returns_zero_and_changes_nothing() {
     let c = counter_with(8, 3, 5);
     c.close();
-    let before = snap(&c);
+    let before = counter_snap(&c);
     for request in [1, 5, 0, -1, 9, isize::MAX, isize::MIN] {
         assert_eq!(c.admit(request), 0, "admit({request}) after close");
     }
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
 }
 
 #[test]
 fn reserve_after_close_is_closed_and_changes_nothing() {
     let c = Arc::new(counter_with(8, 3, 5));
     c.close();
-    let before = snap(&c);
+    let before = counter_snap(&c);
     for n in [0, 1, 5, 6] {
         assert_eq!(
             c.try_reserve(n).unwrap_err(),
@@ -596,7 +596,7 @@ fn reserve_after_close_is_closed_and_changes_nothing() {
             "try_reserve_with_headroom({n}, 1)"
         );
     }
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
     assert_eq!(Arc::strong_count(&c), 1);
 }
 
@@ -606,7 +606,7 @@ fn reserve_after_close_that_never_fits_is_refused_and_changes_nothing() {
     // never fit; it is non-retryable and changes nothing.
     let c = counter_with(8, 3, 5);
     c.close();
-    let before = snap(&c);
+    let before = counter_snap(&c);
     for (n, headroom) in [
         (9, 0),
         (usize::MAX, 0),
@@ -618,7 +618,7 @@ fn reserve_after_close_that_never_fits_is_refused_and_changes_nothing() {
         assert!(!err.is_retryable());
     }
     assert!(!c.try_reserve(usize::MAX).unwrap_err().is_retryable());
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
 }
 
 #[test]
@@ -627,12 +627,12 @@ fn guards_work_after_close_except_growing() {
     let mut a = c.try_reserve(4).unwrap();
     let b = c.try_reserve(2).unwrap();
     c.close();
-    let before = snap(&c);
+    let before = counter_snap(&c);
 
     // Growing is an admission: refused, nothing changes.
     assert_eq!(a.try_grow(1), Err(ReserveError::Closed));
     assert_eq!(a.len(), 4);
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
 
     // Split and merge only move counts.
     let mut part = a.split(1).unwrap();
@@ -673,10 +673,10 @@ fn owned_guards_drain_after_close() {
 #[test]
 fn capacity_zero_counter_refuses_everything_non_empty() {
     let c = Arc::new(SlotCounter::new(0));
-    let before = snap(&c);
+    let before = counter_snap(&c);
     assert_eq!(
         before,
-        Snap {
+        CounterSnap {
             capacity: 0,
             used: 0,
             available: 0,
@@ -710,7 +710,7 @@ fn capacity_zero_counter_refuses_everything_non_empty() {
             used: 0
         })
     );
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
 
     // Empty requests are fine.
     let mut r = c.try_reserve(0).unwrap();
@@ -726,7 +726,7 @@ fn capacity_zero_counter_refuses_everything_non_empty() {
     );
     assert_eq!(r.try_grow(0), Ok(()));
     drop(r);
-    assert_eq!(snap(&c), before);
+    assert_eq!(counter_snap(&c), before);
 }
 
 // ---------------------------------------------------------------------------

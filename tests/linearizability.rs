@@ -430,9 +430,226 @@ impl Spec for CounterSpec {
 // SlotCounter: rounds on real threads
 // ===========================================================================
 
+/// Runs `body` on [`THREADS`] scoped threads that start together at a
+/// [`Barrier`], each with its own [`Recorder`] (all stamping from one
+/// clock) and its own [`Rng`] seeded from `rng`; returns each thread's
+/// events and what its `body` returned, in thread order.
+fn run_threads<O: Send, R: Send>(
+    rng: &mut Rng,
+    body: impl Fn(&mut Recorder<'_, O>, &mut Rng) -> R + Sync,
+) -> Vec<(Vec<Event<O>>, R)> {
+    let clock = AtomicU64::new(0);
+    let barrier = Barrier::new(THREADS);
+    let seeds: Vec<u64> = (0..THREADS).map(|_| rng.next()).collect();
+    let (clock, barrier, body) = (&clock, &barrier, &body);
+    thread::scope(|s| {
+        let handles: Vec<_> = seeds
+            .iter()
+            .enumerate()
+            .map(|(t, &seed)| {
+                s.spawn(move || {
+                    let mut rec = Recorder::new(clock, t);
+                    let mut rng = Rng(seed);
+                    barrier.wait();
+                    let out = body(&mut rec, &mut rng);
+                    (rec.events, out)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// What a thread still holds when its calls are done: guards, and a count
 /// taken with `admit`.
 type Leftovers<'c> = (Vec<Reservation<'c>>, usize);
+
+/// One thread of a counter round: the counter, the thread's recorder and
+/// PRNG, and what it holds (guards, and a count taken with `admit`).
+struct CounterThread<'c, 'r, 'e> {
+    counter: &'c SlotCounter,
+    rec: &'r mut Recorder<'e, CounterOp>,
+    rng: &'r mut Rng,
+    guards: Vec<Reservation<'c>>,
+    admitted: usize,
+}
+
+impl CounterThread<'_, '_, '_> {
+    /// `try_reserve` of a random size, or `try_reserve_with_headroom` with a
+    /// random headroom too.
+    fn reserve(&mut self, with_headroom: bool) {
+        let counter = self.counter;
+        let cap = counter.capacity();
+        let CounterThread {
+            rec, rng, guards, ..
+        } = self;
+        let n = rng.size(cap);
+        let (via, headroom) = if with_headroom {
+            let headroom = match rng.below(8) {
+                0 => usize::MAX,
+                _ => rng.range(0, cap as u64) as usize,
+            };
+            ("try_reserve_with_headroom", headroom)
+        } else {
+            ("try_reserve", 0)
+        };
+        let r = rec.record(
+            || {
+                if with_headroom {
+                    counter.try_reserve_with_headroom(n, headroom)
+                } else {
+                    counter.try_reserve(n)
+                }
+            },
+            |r| CounterOp::Reserve {
+                via,
+                n,
+                headroom,
+                result: r.as_ref().map(|_| ()).map_err(|e| *e),
+            },
+        );
+        guards.extend(r.ok());
+    }
+
+    /// `admit` of a random request, negative and extreme ones included.
+    fn admit(&mut self) {
+        let counter = self.counter;
+        let cap = self.counter.capacity();
+        let CounterThread {
+            rec, rng, admitted, ..
+        } = self;
+        let requested = match rng.below(12) {
+            0 => -1,
+            1 => isize::MIN,
+            2 => isize::MAX,
+            _ => rng.range(0, cap as u64 + 1) as isize,
+        };
+        let got = rec.record(
+            || counter.admit(requested),
+            |&admitted| CounterOp::Admit {
+                requested,
+                admitted,
+            },
+        );
+        *admitted += got;
+    }
+
+    /// Drops a random guard.
+    fn drop_guard(&mut self) {
+        let CounterThread {
+            rec, rng, guards, ..
+        } = self;
+        let g = guards.swap_remove(rng.below(guards.len() as u64) as usize);
+        let n = g.len();
+        rec.record(
+            || drop(g),
+            |_| CounterOp::GiveBack {
+                via: "drop guard",
+                n,
+            },
+        );
+    }
+
+    /// `release` of what `admit` took here, or of more than is ever in use.
+    fn release(&mut self) {
+        let counter = self.counter;
+        let cap = self.counter.capacity();
+        let CounterThread {
+            rec, rng, admitted, ..
+        } = self;
+        // Only what this thread took, or more than can ever be in
+        // use: a successful over-release would take another thread's
+        // slots, which its guards would then give back a second time.
+        let n = match rng.below(4) {
+            0 => 0,
+            1 if *admitted > 0 => rng.range(1, *admitted as u64) as usize,
+            1 => cap + 1,
+            2 => *admitted,
+            _ => [cap + 1, usize::MAX][rng.below(2) as usize],
+        };
+        let r = rec.record(
+            || counter.release(n),
+            |&result| CounterOp::Release { n, result },
+        );
+        if r.is_ok() {
+            *admitted -= n;
+        }
+    }
+
+    /// `try_grow` of a random guard.
+    fn grow(&mut self) {
+        let cap = self.counter.capacity();
+        let CounterThread {
+            rec, rng, guards, ..
+        } = self;
+        let i = rng.below(guards.len() as u64) as usize;
+        let n = rng.size(cap);
+        let g = &mut guards[i];
+        // On success the guard counts the grown slots itself.
+        let _ = rec.record(
+            || g.try_grow(n),
+            |&result| CounterOp::Reserve {
+                via: "try_grow",
+                n,
+                headroom: 0,
+                result,
+            },
+        );
+    }
+
+    /// `shrink_to` of a random guard.
+    fn shrink(&mut self) {
+        let CounterThread {
+            rec, rng, guards, ..
+        } = self;
+        let i = rng.below(guards.len() as u64) as usize;
+        let g = &mut guards[i];
+        let len = rng.range(0, g.len() as u64) as usize;
+        let n = g.len() - len;
+        rec.record(
+            || g.shrink_to(len),
+            |_| CounterOp::GiveBack {
+                via: "shrink_to",
+                n,
+            },
+        );
+    }
+
+    /// Splits a random guard, and merges the part into another or keeps it.
+    fn split_or_merge(&mut self) {
+        let CounterThread { rng, guards, .. } = self;
+        // Split and merge move counts between guards and touch no
+        // shared state, so they are not calls on the counter; the
+        // drops that follow must still give back the right amounts.
+        let i = rng.below(guards.len() as u64) as usize;
+        let k = rng.range(0, guards[i].len() as u64) as usize;
+        let part = guards[i].split(k).expect("k <= len");
+        if guards.len() > 1 && rng.below(2) == 0 {
+            let j = (i + 1) % guards.len();
+            guards[j].merge(part);
+        } else {
+            guards.push(part);
+        }
+    }
+
+    /// Reads `used`.
+    fn used(&mut self) {
+        let counter = self.counter;
+        let CounterThread { rec, .. } = self;
+        rec.record(|| counter.used(), |&seen| CounterOp::Used { seen });
+    }
+
+    /// Closes the counter (in a round that may close), or reads `used`.
+    fn close_or_used(&mut self, may_close: bool) {
+        let counter = self.counter;
+        let CounterThread { rec, .. } = self;
+        if may_close {
+            rec.record(|| counter.close(), |_| CounterOp::Close);
+        } else {
+            rec.record(|| counter.used(), |&seen| CounterOp::Used { seen });
+        }
+    }
+}
 
 /// One thread's calls in a counter round.
 fn counter_thread<'c>(
@@ -441,148 +658,34 @@ fn counter_thread<'c>(
     rng: &mut Rng,
     may_close: bool,
 ) -> Leftovers<'c> {
-    let cap = counter.capacity();
-    let mut guards: Vec<Reservation<'c>> = Vec::new();
-    let mut admitted = 0usize;
-    for _ in 0..rng.range(1, MAX_OPS) {
-        let mut roll = rng.below(100);
+    let mut t = CounterThread {
+        counter,
+        rec,
+        rng,
+        guards: Vec::new(),
+        admitted: 0,
+    };
+    for _ in 0..t.rng.range(1, MAX_OPS) {
+        let mut roll = t.rng.below(100);
         // Calls on a guard need one; fall back to a plain reservation.
         let on_a_guard = (46..62).contains(&roll) || (72..94).contains(&roll);
-        if on_a_guard && guards.is_empty() {
+        if on_a_guard && t.guards.is_empty() {
             roll = 0;
         }
         match roll {
-            0..=21 => {
-                let n = rng.size(cap);
-                let r = rec.record(
-                    || counter.try_reserve(n),
-                    |r| CounterOp::Reserve {
-                        via: "try_reserve",
-                        n,
-                        headroom: 0,
-                        result: r.as_ref().map(|_| ()).map_err(|e| *e),
-                    },
-                );
-                guards.extend(r.ok());
-            }
-            22..=31 => {
-                let n = rng.size(cap);
-                let headroom = match rng.below(8) {
-                    0 => usize::MAX,
-                    _ => rng.range(0, cap as u64) as usize,
-                };
-                let r = rec.record(
-                    || counter.try_reserve_with_headroom(n, headroom),
-                    |r| CounterOp::Reserve {
-                        via: "try_reserve_with_headroom",
-                        n,
-                        headroom,
-                        result: r.as_ref().map(|_| ()).map_err(|e| *e),
-                    },
-                );
-                guards.extend(r.ok());
-            }
-            32..=45 => {
-                let requested = match rng.below(12) {
-                    0 => -1,
-                    1 => isize::MIN,
-                    2 => isize::MAX,
-                    _ => rng.range(0, cap as u64 + 1) as isize,
-                };
-                let got = rec.record(
-                    || counter.admit(requested),
-                    |&admitted| CounterOp::Admit {
-                        requested,
-                        admitted,
-                    },
-                );
-                admitted += got;
-            }
-            46..=61 => {
-                let g = guards.swap_remove(rng.below(guards.len() as u64) as usize);
-                let n = g.len();
-                rec.record(
-                    || drop(g),
-                    |_| CounterOp::GiveBack {
-                        via: "drop guard",
-                        n,
-                    },
-                );
-            }
-            62..=71 => {
-                // Only what this thread took, or more than can ever be in
-                // use: a successful over-release would take another thread's
-                // slots, which its guards would then give back a second time.
-                let n = match rng.below(4) {
-                    0 => 0,
-                    1 if admitted > 0 => rng.range(1, admitted as u64) as usize,
-                    1 => cap + 1,
-                    2 => admitted,
-                    _ => [cap + 1, usize::MAX][rng.below(2) as usize],
-                };
-                let r = rec.record(
-                    || counter.release(n),
-                    |&result| CounterOp::Release { n, result },
-                );
-                if r.is_ok() {
-                    admitted -= n;
-                }
-            }
-            72..=81 => {
-                let i = rng.below(guards.len() as u64) as usize;
-                let n = rng.size(cap);
-                let g = &mut guards[i];
-                // On success the guard counts the grown slots itself.
-                let _ = rec.record(
-                    || g.try_grow(n),
-                    |&result| CounterOp::Reserve {
-                        via: "try_grow",
-                        n,
-                        headroom: 0,
-                        result,
-                    },
-                );
-            }
-            82..=87 => {
-                let i = rng.below(guards.len() as u64) as usize;
-                let g = &mut guards[i];
-                let len = rng.range(0, g.len() as u64) as usize;
-                let n = g.len() - len;
-                rec.record(
-                    || g.shrink_to(len),
-                    |_| CounterOp::GiveBack {
-                        via: "shrink_to",
-                        n,
-                    },
-                );
-            }
-            88..=93 => {
-                // Split and merge move counts between guards and touch no
-                // shared state, so they are not calls on the counter; the
-                // drops that follow must still give back the right amounts.
-                let i = rng.below(guards.len() as u64) as usize;
-                let k = rng.range(0, guards[i].len() as u64) as usize;
-                let part = guards[i].split(k).expect("k <= len");
-                if guards.len() > 1 && rng.below(2) == 0 {
-                    let j = (i + 1) % guards.len();
-                    guards[j].merge(part);
-                } else {
-                    guards.push(part);
-                }
-            }
-            94..=96 => {
-                rec.record(|| counter.used(), |&seen| CounterOp::Used { seen });
-            }
-            _ => {
-                if may_close {
-                    rec.record(|| counter.close(), |_| CounterOp::Close);
-                } else {
-                    rec.record(|| counter.used(), |&seen| CounterOp::Used { seen });
-                }
-            }
+            0..=21 => t.reserve(false),
+            22..=31 => t.reserve(true),
+            32..=45 => t.admit(),
+            46..=61 => t.drop_guard(),
+            62..=71 => t.release(),
+            72..=81 => t.grow(),
+            82..=87 => t.shrink(),
+            88..=93 => t.split_or_merge(),
+            94..=96 => t.used(),
+            _ => t.close_or_used(may_close),
         }
     }
-    (guards, admitted)
+    (t.guards, t.admitted)
 }
 
 /// Runs one counter round from `seed`; `Err` describes a violation.
@@ -591,26 +694,8 @@ fn counter_round(seed: u64) -> Result<(), String> {
     let cap = rng.range(2, 6) as usize;
     let may_close = rng.below(4) == 0;
     let counter = SlotCounter::new(cap);
-    let clock = AtomicU64::new(0);
-    let barrier = Barrier::new(THREADS);
-    let seeds: Vec<u64> = (0..THREADS).map(|_| rng.next()).collect();
-
-    let (counter_ref, clock_ref, barrier_ref) = (&counter, &clock, &barrier);
-    let outcomes: Vec<(Vec<Event<CounterOp>>, Leftovers<'_>)> = thread::scope(|s| {
-        let handles: Vec<_> = seeds
-            .iter()
-            .enumerate()
-            .map(|(t, &seed)| {
-                s.spawn(move || {
-                    let mut rec = Recorder::new(clock_ref, t);
-                    let mut rng = Rng(seed);
-                    barrier_ref.wait();
-                    let left = counter_thread(counter_ref, &mut rec, &mut rng, may_close);
-                    (rec.events, left)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let outcomes = run_threads(&mut rng, |rec, rng| {
+        counter_thread(&counter, rec, rng, may_close)
     });
 
     // The state after the round, read once every thread is done.
@@ -981,26 +1066,8 @@ fn pool_round(seed: u64, mix: PoolMix) -> Result<(), String> {
     let nb = rng.range(2, 6) as usize;
     let may_close = rng.below(4) == 0;
     let pool = BlockPool::new(nb, 16);
-    let clock = AtomicU64::new(0);
-    let barrier = Barrier::new(THREADS);
-    let seeds: Vec<u64> = (0..THREADS).map(|_| rng.next()).collect();
-
-    let (pool_ref, clock_ref, barrier_ref) = (&pool, &clock, &barrier);
-    let logs: Vec<Vec<Event<PoolOp>>> = thread::scope(|s| {
-        let handles: Vec<_> = seeds
-            .iter()
-            .enumerate()
-            .map(|(t, &seed)| {
-                s.spawn(move || {
-                    let mut rec = Recorder::new(clock_ref, t);
-                    let mut rng = Rng(seed);
-                    barrier_ref.wait();
-                    pool_thread(pool_ref, &mut rec, &mut rng, mix, may_close);
-                    rec.events
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let logs = run_threads(&mut rng, |rec, rng| {
+        pool_thread(&pool, rec, rng, mix, may_close);
     });
 
     // The state after the round, from the reference counts and the count.
@@ -1019,7 +1086,7 @@ fn pool_round(seed: u64, mix: PoolMix) -> Result<(), String> {
     };
     // Each thread's events stay contiguous, so a second step directly
     // follows its first.
-    let history: Vec<Event<PoolOp>> = logs.into_iter().flatten().collect();
+    let history: Vec<Event<PoolOp>> = logs.into_iter().flat_map(|(events, ())| events).collect();
     let spec = PoolSpec { num_blocks: nb };
     let init = PoolState {
         used: 0,
@@ -1139,53 +1206,36 @@ fn check_then_add_round(seed: u64) -> bool {
         capacity: cap,
         used: AtomicUsize::new(0),
     };
-    let clock = AtomicU64::new(0);
-    let barrier = Barrier::new(THREADS);
-    let seeds: Vec<u64> = (0..THREADS).map(|_| rng.next()).collect();
-    let (bad_ref, clock_ref, barrier_ref) = (&bad, &clock, &barrier);
-    let logs: Vec<Vec<Event<CounterOp>>> = thread::scope(|s| {
-        let handles: Vec<_> = seeds
-            .iter()
-            .enumerate()
-            .map(|(t, &seed)| {
-                s.spawn(move || {
-                    let mut rec = Recorder::new(clock_ref, t);
-                    let mut rng = Rng(seed);
-                    let mut held: Vec<usize> = Vec::new();
-                    barrier_ref.wait();
-                    for _ in 0..rng.range(1, MAX_OPS) {
-                        if !held.is_empty() && rng.below(3) == 0 {
-                            let n = held.swap_remove(0);
-                            rec.record(
-                                || bad_ref.give_back(n),
-                                |_| CounterOp::GiveBack {
-                                    via: "give_back",
-                                    n,
-                                },
-                            );
-                        } else {
-                            let n = rng.range(1, cap as u64) as usize;
-                            let r = rec.record(
-                                || bad_ref.try_reserve(n),
-                                |&result| CounterOp::Reserve {
-                                    via: "check-then-add",
-                                    n,
-                                    headroom: 0,
-                                    result,
-                                },
-                            );
-                            if r.is_ok() {
-                                held.push(n);
-                            }
-                        }
-                    }
-                    rec.events
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    let logs = run_threads(&mut rng, |rec, rng| {
+        let mut held: Vec<usize> = Vec::new();
+        for _ in 0..rng.range(1, MAX_OPS) {
+            if !held.is_empty() && rng.below(3) == 0 {
+                let n = held.swap_remove(0);
+                rec.record(
+                    || bad.give_back(n),
+                    |_| CounterOp::GiveBack {
+                        via: "give_back",
+                        n,
+                    },
+                );
+            } else {
+                let n = rng.range(1, cap as u64) as usize;
+                let r = rec.record(
+                    || bad.try_reserve(n),
+                    |&result| CounterOp::Reserve {
+                        via: "check-then-add",
+                        n,
+                        headroom: 0,
+                        result,
+                    },
+                );
+                if r.is_ok() {
+                    held.push(n);
+                }
+            }
+        }
     });
-    let history: Vec<Event<CounterOp>> = logs.into_iter().flatten().collect();
+    let history: Vec<Event<CounterOp>> = logs.into_iter().flat_map(|(events, ())| events).collect();
     let init = CounterState {
         used: 0,
         closed: false,

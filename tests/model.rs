@@ -452,181 +452,266 @@ fn record_reservation<'a>(
     Ok(())
 }
 
-fn run_counter(capacity: usize, ops: &[CounterOp]) -> Result<(), TestCaseError> {
-    let counter = Arc::new(SlotCounter::new(capacity));
-    let mut m = CounterModel::new(capacity);
-    let mut guards: Vec<Guard<'_>> = Vec::new();
-    check_counter(0, &counter, &guards, &m)?;
-    for (step, op) in ops.iter().enumerate() {
-        let step = step + 1;
-        let (cap, avail) = (m.capacity, m.available());
+/// One run of the counter property: the real counter and the guards alive
+/// on it, the model, and the step being checked.
+struct CounterRun<'a> {
+    counter: &'a Arc<SlotCounter>,
+    guards: Vec<Guard<'a>>,
+    m: CounterModel,
+    /// The operation being checked, from 1 (0 is the state before any).
+    step: usize,
+}
+
+impl<'a> CounterRun<'a> {
+    fn new(counter: &'a Arc<SlotCounter>) -> Self {
+        CounterRun {
+            counter,
+            guards: Vec::new(),
+            m: CounterModel::new(counter.capacity()),
+            step: 0,
+        }
+    }
+
+    /// Runs `op` on the counter and on the model, and compares what they
+    /// returned.
+    fn apply(&mut self, op: &CounterOp) -> Result<(), TestCaseError> {
         match *op {
-            CounterOp::Admit(r) => {
-                let r = r.resolve(avail, cap);
-                let expected = m.admit(r);
-                prop_assert_eq!(counter.admit(r), expected, "step {}: admit({})", step, r);
+            CounterOp::Admit(r) => self.admit(r),
+            CounterOp::Release(s) => self.release(s),
+            CounterOp::Reserve(s) => self.reserve(s),
+            CounterOp::ReserveOwned(s) => self.reserve_owned(s),
+            CounterOp::ReserveWithHeadroom(s, h) => self.reserve_with_headroom(s, h),
+            CounterOp::Close => self.close(),
+            CounterOp::Split(i, s) => self.split(i, s),
+            CounterOp::Merge(i, j) => self.merge(i, j),
+            CounterOp::ShrinkTo(i, s) => self.shrink_to(i, s),
+            CounterOp::TryGrow(i, s) => self.try_grow(i, s),
+            CounterOp::Forget(i) => self.forget(i),
+            CounterOp::Drop(i) => self.drop_guard(i),
+        }
+    }
+
+    /// Every getter against the model.
+    fn check(&self) -> Result<(), TestCaseError> {
+        check_counter(self.step, self.counter, &self.guards, &self.m)
+    }
+
+    fn admit(&mut self, r: Req) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let counter = self.counter;
+        let CounterRun { m, .. } = self;
+        let (cap, avail) = (m.capacity, m.available());
+        let r = r.resolve(avail, cap);
+        let expected = m.admit(r);
+        prop_assert_eq!(counter.admit(r), expected, "step {}: admit({})", step, r);
+        Ok(())
+    }
+
+    fn release(&mut self, s: Size) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let counter = self.counter;
+        let CounterRun { m, .. } = self;
+        let cap = m.capacity;
+        let mut n = s.resolve(m.loose, cap);
+        // Giving back slots that a live guard holds is outside the
+        // contract (the guard's drop would give them back again),
+        // and the counter cannot tell. Such a draw becomes the
+        // smallest over-release instead.
+        if n > m.loose && n <= m.used {
+            n = m.used + 1;
+        }
+        if n > m.used {
+            prop_assert_eq!(
+                counter.release(n),
+                Err(ReleaseError::ExceedsUsed {
+                    released: n,
+                    used: m.used
+                }),
+                "step {}: release({})",
+                step,
+                n
+            );
+        } else {
+            prop_assert_eq!(counter.release(n), Ok(()), "step {}: release({})", step, n);
+            m.used -= n;
+            m.loose -= n;
+        }
+        Ok(())
+    }
+
+    /// A reservation of `n` slots with `headroom`, made by `reserve` on the
+    /// counter and compared with the model's verdict; `what` names the call.
+    fn reserve_with(
+        &mut self,
+        what: &str,
+        n: usize,
+        headroom: usize,
+        reserve: impl FnOnce(&'a Arc<SlotCounter>) -> Result<Guard<'a>, ReserveError>,
+    ) -> Result<(), TestCaseError> {
+        let expected = self.m.acquire(n, headroom);
+        let got = reserve(self.counter);
+        let CounterRun { guards, m, .. } = self;
+        record_reservation(self.step, what, got, expected, n, guards, m)
+    }
+
+    fn reserve(&mut self, s: Size) -> Result<(), TestCaseError> {
+        let n = s.resolve(self.m.available(), self.m.capacity);
+        self.reserve_with("try_reserve", n, 0, |c| {
+            c.try_reserve(n).map(Guard::Borrowed)
+        })
+    }
+
+    fn reserve_owned(&mut self, s: Size) -> Result<(), TestCaseError> {
+        let n = s.resolve(self.m.available(), self.m.capacity);
+        self.reserve_with("try_reserve_owned", n, 0, |c| {
+            c.try_reserve_owned(n).map(Guard::Owned)
+        })
+    }
+
+    fn reserve_with_headroom(&mut self, s: Size, h: Size) -> Result<(), TestCaseError> {
+        let (cap, avail) = (self.m.capacity, self.m.available());
+        let n = s.resolve(avail, cap);
+        // Relative to what is left after `n`: `Avail` fits exactly,
+        // `AboveAvail` is one short.
+        let headroom = h.resolve(avail.saturating_sub(n), cap);
+        self.reserve_with("try_reserve_with_headroom", n, headroom, |c| {
+            c.try_reserve_with_headroom(n, headroom)
+                .map(Guard::Borrowed)
+        })
+    }
+
+    fn close(&mut self) -> Result<(), TestCaseError> {
+        let counter = self.counter;
+        let CounterRun { m, .. } = self;
+        counter.close();
+        m.closed = true;
+        Ok(())
+    }
+
+    fn split(&mut self, i: Index, s: Size) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let CounterRun { guards, m, .. } = self;
+        let cap = m.capacity;
+        if guards.is_empty() {
+            return Ok(());
+        }
+        let i = i.index(guards.len());
+        let len = m.guards[i];
+        let n = s.resolve(len, cap);
+        match guards[i].split(n) {
+            Some(part) => {
+                prop_assert!(n <= len, "step {}: split({}) of {} succeeded", step, n, len);
+                prop_assert_eq!(part.len(), n, "step {}: split part", step);
+                m.guards[i] -= n;
+                m.guards.push(n);
+                guards.push(part);
             }
-            CounterOp::Release(s) => {
-                let mut n = s.resolve(m.loose, cap);
-                // Giving back slots that a live guard holds is outside the
-                // contract (the guard's drop would give them back again),
-                // and the counter cannot tell. Such a draw becomes the
-                // smallest over-release instead.
-                if n > m.loose && n <= m.used {
-                    n = m.used + 1;
-                }
-                if n > m.used {
-                    prop_assert_eq!(
-                        counter.release(n),
-                        Err(ReleaseError::ExceedsUsed {
-                            released: n,
-                            used: m.used
-                        }),
-                        "step {}: release({})",
-                        step,
-                        n
-                    );
-                } else {
-                    prop_assert_eq!(counter.release(n), Ok(()), "step {}: release({})", step, n);
-                    m.used -= n;
-                    m.loose -= n;
-                }
-            }
-            CounterOp::Reserve(s) => {
-                let n = s.resolve(avail, cap);
-                let expected = m.acquire(n, 0);
-                let got = counter.try_reserve(n).map(Guard::Borrowed);
-                record_reservation(step, "try_reserve", got, expected, n, &mut guards, &mut m)?;
-            }
-            CounterOp::ReserveOwned(s) => {
-                let n = s.resolve(avail, cap);
-                let expected = m.acquire(n, 0);
-                let got = counter.try_reserve_owned(n).map(Guard::Owned);
-                record_reservation(
-                    step,
-                    "try_reserve_owned",
-                    got,
-                    expected,
-                    n,
-                    &mut guards,
-                    &mut m,
-                )?;
-            }
-            CounterOp::ReserveWithHeadroom(s, h) => {
-                let n = s.resolve(avail, cap);
-                // Relative to what is left after `n`: `Avail` fits exactly,
-                // `AboveAvail` is one short.
-                let headroom = h.resolve(avail.saturating_sub(n), cap);
-                let expected = m.acquire(n, headroom);
-                let got = counter
-                    .try_reserve_with_headroom(n, headroom)
-                    .map(Guard::Borrowed);
-                record_reservation(
-                    step,
-                    "try_reserve_with_headroom",
-                    got,
-                    expected,
-                    n,
-                    &mut guards,
-                    &mut m,
-                )?;
-            }
-            CounterOp::Close => {
-                counter.close();
-                m.closed = true;
-            }
-            CounterOp::Split(i, s) => {
-                if guards.is_empty() {
-                    continue;
-                }
-                let i = i.index(guards.len());
-                let len = m.guards[i];
-                let n = s.resolve(len, cap);
-                match guards[i].split(n) {
-                    Some(part) => {
-                        prop_assert!(n <= len, "step {}: split({}) of {} succeeded", step, n, len);
-                        prop_assert_eq!(part.len(), n, "step {}: split part", step);
-                        m.guards[i] -= n;
-                        m.guards.push(n);
-                        guards.push(part);
-                    }
-                    None => prop_assert!(n > len, "step {}: split({}) of {} refused", step, n, len),
-                }
-            }
-            CounterOp::Merge(i, j) => {
-                if guards.len() < 2 {
-                    continue;
-                }
-                let mut i = i.index(guards.len());
-                let mut j = j.index(guards.len() - 1);
-                if j >= i {
-                    j += 1;
-                }
-                let other = guards.remove(j);
-                let other_len = m.guards.remove(j);
-                if j < i {
-                    i -= 1;
-                }
-                match guards[i].merge(other) {
-                    Ok(()) => m.guards[i] += other_len,
-                    // A borrowed and an owned guard: not mergeable by type.
-                    Err(other) => {
-                        guards.push(other);
-                        m.guards.push(other_len);
-                    }
-                }
-            }
-            CounterOp::ShrinkTo(i, s) => {
-                if guards.is_empty() {
-                    continue;
-                }
-                let i = i.index(guards.len());
-                let len = m.guards[i];
-                let n = s.resolve(len, cap);
-                guards[i].shrink_to(n);
-                if n < len {
-                    m.used -= len - n;
-                    m.guards[i] = n;
-                }
-            }
-            CounterOp::TryGrow(i, s) => {
-                if guards.is_empty() {
-                    continue;
-                }
-                let i = i.index(guards.len());
-                let n = s.resolve(avail, cap);
-                let expected = m.acquire(n, 0);
-                prop_assert_eq!(
-                    guards[i].try_grow(n),
-                    expected,
-                    "step {}: try_grow({})",
-                    step,
-                    n
-                );
-                if expected.is_ok() {
-                    m.guards[i] += n;
-                }
-            }
-            CounterOp::Forget(i) => {
-                if guards.is_empty() {
-                    continue;
-                }
-                let i = i.index(guards.len());
-                let len = m.guards.remove(i);
-                prop_assert_eq!(guards.remove(i).forget(), len, "step {}: forget", step);
-                m.loose += len;
-            }
-            CounterOp::Drop(i) => {
-                if guards.is_empty() {
-                    continue;
-                }
-                let i = i.index(guards.len());
-                drop(guards.remove(i));
-                m.used -= m.guards.remove(i);
+            None => prop_assert!(n > len, "step {}: split({}) of {} refused", step, n, len),
+        }
+        Ok(())
+    }
+
+    fn merge(&mut self, i: Index, j: Index) -> Result<(), TestCaseError> {
+        let CounterRun { guards, m, .. } = self;
+        if guards.len() < 2 {
+            return Ok(());
+        }
+        let mut i = i.index(guards.len());
+        let mut j = j.index(guards.len() - 1);
+        if j >= i {
+            j += 1;
+        }
+        let other = guards.remove(j);
+        let other_len = m.guards.remove(j);
+        if j < i {
+            i -= 1;
+        }
+        match guards[i].merge(other) {
+            Ok(()) => m.guards[i] += other_len,
+            // A borrowed and an owned guard: not mergeable by type.
+            Err(other) => {
+                guards.push(other);
+                m.guards.push(other_len);
             }
         }
-        check_counter(step, &counter, &guards, &m)?;
+        Ok(())
     }
+
+    fn shrink_to(&mut self, i: Index, s: Size) -> Result<(), TestCaseError> {
+        let CounterRun { guards, m, .. } = self;
+        let cap = m.capacity;
+        if guards.is_empty() {
+            return Ok(());
+        }
+        let i = i.index(guards.len());
+        let len = m.guards[i];
+        let n = s.resolve(len, cap);
+        guards[i].shrink_to(n);
+        if n < len {
+            m.used -= len - n;
+            m.guards[i] = n;
+        }
+        Ok(())
+    }
+
+    fn try_grow(&mut self, i: Index, s: Size) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let CounterRun { guards, m, .. } = self;
+        let (cap, avail) = (m.capacity, m.available());
+        if guards.is_empty() {
+            return Ok(());
+        }
+        let i = i.index(guards.len());
+        let n = s.resolve(avail, cap);
+        let expected = m.acquire(n, 0);
+        prop_assert_eq!(
+            guards[i].try_grow(n),
+            expected,
+            "step {}: try_grow({})",
+            step,
+            n
+        );
+        if expected.is_ok() {
+            m.guards[i] += n;
+        }
+        Ok(())
+    }
+
+    fn forget(&mut self, i: Index) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let CounterRun { guards, m, .. } = self;
+        if guards.is_empty() {
+            return Ok(());
+        }
+        let i = i.index(guards.len());
+        let len = m.guards.remove(i);
+        prop_assert_eq!(guards.remove(i).forget(), len, "step {}: forget", step);
+        m.loose += len;
+        Ok(())
+    }
+
+    fn drop_guard(&mut self, i: Index) -> Result<(), TestCaseError> {
+        let CounterRun { guards, m, .. } = self;
+        if guards.is_empty() {
+            return Ok(());
+        }
+        let i = i.index(guards.len());
+        drop(guards.remove(i));
+        m.used -= m.guards.remove(i);
+        Ok(())
+    }
+}
+
+fn run_counter(capacity: usize, ops: &[CounterOp]) -> Result<(), TestCaseError> {
+    let counter = Arc::new(SlotCounter::new(capacity));
+    let mut run = CounterRun::new(&counter);
+    run.check()?;
+    for (step, op) in ops.iter().enumerate() {
+        run.step = step + 1;
+        run.apply(op)?;
+        run.check()?;
+    }
+    let CounterRun { guards, m, .. } = run;
     // Conservation: every guard gone and every loose slot released, nothing
     // is left in use.
     drop(guards);
@@ -1015,400 +1100,498 @@ fn check_pool(
 /// was in `out` before.
 const SENTINEL: BlockId = BlockId::new(u32::MAX - 7);
 
+/// One run of the pool property: the real pool and the sequences alive on
+/// it, the model, and the step being checked.
+struct PoolRun {
+    pool: Arc<BlockPool>,
+    seqs: Vec<Sequence>,
+    m: PoolModel,
+    /// The sequence the previous sequence operation used.
+    last: usize,
+    /// The operation being checked, from 1 (0 is the state before any).
+    step: usize,
+}
+
+impl PoolRun {
+    /// A pool with one empty sequence on it.
+    fn new(num_blocks: usize, block_size: usize, shards: usize) -> Self {
+        let pool = Arc::new(BlockPool::with_shards(num_blocks, block_size, shards));
+        let mut m = PoolModel::new(num_blocks, block_size);
+        let seqs = vec![Sequence::new(Arc::clone(&pool))];
+        m.seqs.push(SeqModel::default());
+        PoolRun {
+            pool,
+            seqs,
+            m,
+            last: 0,
+            step: 0,
+        }
+    }
+
+    /// Runs `op` on the pool and on the model, and compares what they
+    /// returned.
+    fn apply(&mut self, op: &PoolOp) -> Result<(), TestCaseError> {
+        match op {
+            PoolOp::Alloc {
+                n,
+                headroom,
+                prefilled,
+            } => self.alloc(*n, *headroom, *prefilled),
+            PoolOp::FreeHeld { holding, count } => self.free_held(holding, count),
+            PoolOp::FreeMixed(pieces) => self.free_mixed(pieces),
+            PoolOp::Close => self.close(),
+            PoolOp::NewSeq(tokens) => self.new_seq(*tokens),
+            PoolOp::Append { seq, n, cow_api } => self.append(seq, *n, *cow_api),
+            PoolOp::Truncate { seq, len } => self.truncate(seq, len),
+            PoolOp::Fork(seq) => self.fork(seq),
+            PoolOp::DropSeq(seq) => self.drop_seq(seq),
+            PoolOp::Slot { seq, pos } => self.slot(seq, *pos),
+            PoolOp::ExtendSlots { seq, start, end } => self.extend_slots(seq, *start, *end),
+            PoolOp::TakePending(seq) => self.take_pending(seq),
+        }
+    }
+
+    /// Every getter against the model.
+    fn check(&self) -> Result<(), TestCaseError> {
+        check_pool(self.step, &self.pool, &self.seqs, &self.m)
+    }
+
+    /// The live sequence `seq` selects, which becomes the last one used;
+    /// `None` if no sequence is alive.
+    fn pick(&mut self, seq: &SeqSel) -> Option<usize> {
+        if self.seqs.is_empty() {
+            return None;
+        }
+        self.last = seq.resolve(self.seqs.len(), self.last);
+        Some(self.last)
+    }
+
+    fn alloc(
+        &mut self,
+        n: Size,
+        headroom: Option<Size>,
+        prefilled: bool,
+    ) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let PoolRun { pool, m, .. } = self;
+        let num_blocks = m.num_blocks;
+        let free = m.free();
+        let n = n.resolve(free, num_blocks);
+        let headroom = headroom.map(|h| h.resolve(free.saturating_sub(n), num_blocks));
+        let before: Vec<BlockId> = if prefilled {
+            vec![SENTINEL]
+        } else {
+            Vec::new()
+        };
+        let mut out = before.clone();
+        let (got, expected) = match headroom {
+            None => (pool.try_alloc(n, &mut out), m.admission(n, 0)),
+            Some(h) => (
+                pool.try_alloc_with_headroom(n, h, &mut out),
+                m.admission(n, h),
+            ),
+        };
+        prop_assert_eq!(
+            got,
+            expected,
+            "step {}: try_alloc({}, headroom {:?})",
+            step,
+            n,
+            headroom
+        );
+        prop_assert_eq!(
+            &out[..before.len()],
+            &before[..],
+            "step {}: out prefix",
+            step
+        );
+        if expected.is_ok() {
+            prop_assert_eq!(out.len(), before.len() + n, "step {}: ids appended", step);
+            let fresh = out[before.len()..].to_vec();
+            m.take_fresh(step, &fresh)?;
+            if !fresh.is_empty() {
+                m.raw.push(fresh);
+            }
+        } else {
+            prop_assert_eq!(&out, &before, "step {}: out changed on error", step);
+        }
+        Ok(())
+    }
+
+    fn free_held(&mut self, holding: &Index, count: &Index) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let PoolRun { pool, m, .. } = self;
+        if m.raw.is_empty() {
+            return Ok(());
+        }
+        let h = holding.index(m.raw.len());
+        let k = count.index(m.raw[h].len() + 1);
+        let ids = m.raw[h][..k].to_vec();
+        prop_assert_eq!(m.expected_free(&ids), Ok(()), "test bug");
+        prop_assert_eq!(pool.free(&ids), Ok(()), "step {}: free({:?})", step, ids);
+        for &id in &ids {
+            m.drop_ref(id);
+        }
+        m.forget_raw(&ids);
+        Ok(())
+    }
+
+    fn free_mixed(&mut self, pieces: &[Piece]) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let PoolRun { pool, m, .. } = self;
+        let num_blocks = m.num_blocks;
+        let held: Vec<BlockId> = m.raw.iter().flatten().copied().collect();
+        let allocated: Vec<BlockId> = (0..num_blocks)
+            .filter(|&b| m.refs[b] > 0)
+            .map(|b| BlockId::new(b as u32))
+            .collect();
+        let unallocated: Vec<BlockId> = (0..num_blocks)
+            .filter(|&b| m.refs[b] == 0)
+            .map(|b| BlockId::new(b as u32))
+            .collect();
+        let pick =
+            |from: &[BlockId], i: &Index| (!from.is_empty()).then(|| from[i.index(from.len())]);
+        let mut ids: Vec<BlockId> = Vec::new();
+        for p in pieces {
+            let id = match p {
+                Piece::Held(i) => pick(&held, i),
+                Piece::Allocated(i) => pick(&allocated, i),
+                Piece::Unallocated(i) => pick(&unallocated, i),
+                Piece::Again => ids.last().copied(),
+                Piece::OutOfRange(k) => Some(BlockId::new(
+                    [num_blocks as u32, num_blocks as u32 + 1, u32::MAX][*k],
+                )),
+            };
+            ids.extend(id);
+        }
+        // A list that would be accepted but takes a reference a
+        // sequence owns is outside the contract: make it a refused
+        // one by ending it with a bad id.
+        if m.expected_free(&ids).is_ok() && !m.all_raw(&ids) {
+            ids.push(BlockId::new(u32::MAX));
+        }
+        let expected = m.expected_free(&ids);
+        prop_assert_eq!(pool.free(&ids), expected, "step {}: free({:?})", step, ids);
+        if expected.is_ok() {
+            for &id in &ids {
+                m.drop_ref(id);
+            }
+            m.forget_raw(&ids);
+        }
+        Ok(())
+    }
+
+    fn close(&mut self) -> Result<(), TestCaseError> {
+        let PoolRun { pool, m, .. } = self;
+        pool.close();
+        m.closed = true;
+        Ok(())
+    }
+
+    fn new_seq(&mut self, tokens: Option<Size>) -> Result<(), TestCaseError> {
+        let PoolRun { pool, seqs, m, .. } = self;
+        let bs = m.block_size;
+        let slots = m.num_blocks * m.block_size;
+        let seq = match tokens {
+            None => Sequence::new(Arc::clone(pool)),
+            // Up to `usize::MAX`: only a hint, capped at the pool.
+            Some(t) => Sequence::with_capacity(Arc::clone(pool), t.resolve(m.free() * bs, slots)),
+        };
+        seqs.push(seq);
+        m.seqs.push(SeqModel::default());
+        Ok(())
+    }
+
+    fn append(&mut self, seq: &SeqSel, n: Size, cow_api: bool) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let Some(i) = self.pick(seq) else {
+            return Ok(());
+        };
+        let PoolRun { seqs, m, .. } = self;
+        let bs = m.block_size;
+        let slots = m.num_blocks * m.block_size;
+        let old = m.seqs[i].clone();
+        let room = old.blocks.len() * bs - old.len;
+        let n = n.resolve(room + m.free() * bs, slots);
+        let range = old.len..old.len.wrapping_add(n);
+        let (got, copy) = if cow_api {
+            match seqs[i].try_append_cow(n) {
+                Ok((r, c)) => (Ok(r), c),
+                Err(e) => (Err(e), None),
+            }
+        } else {
+            (seqs[i].try_append(n), None)
+        };
+        if n == 0 {
+            prop_assert_eq!(got, Ok(range), "step {}: append(0)", step);
+            prop_assert_eq!(copy, None);
+            return Ok(());
+        }
+        let new_blocks: u128 = if n <= room {
+            0
+        } else {
+            ((n - room) as u128).div_ceil(bs as u128)
+        };
+        let tail = old.len % bs;
+        let cow = tail != 0 && m.refs[old.blocks[old.blocks.len() - 1].index()] > 1;
+        let total = new_blocks + u128::from(cow);
+        let total = usize::try_from(total).unwrap_or(usize::MAX);
+        // Nothing new needed: nothing to admit, so it works on a
+        // closed pool too (workers can finish their blocks).
+        let expected = if total == 0 {
+            Ok(())
+        } else {
+            m.admission(total, 0)
+        };
+        match (got, expected) {
+            (Ok(r), Ok(())) => {
+                prop_assert_eq!(r, range, "step {}: append({}) range", step, n);
+                let table = seqs[i].blocks().to_vec();
+                let base = old.blocks.len();
+                let keep = if cow { base - 1 } else { base };
+                prop_assert_eq!(table.len(), base + total - usize::from(cow));
+                prop_assert_eq!(
+                    &table[..keep],
+                    &old.blocks[..keep],
+                    "step {}: kept blocks",
+                    step
+                );
+                m.take_fresh(step, &table[keep..])?;
+                m.release_retired(i);
+                let expected_copy = cow.then(|| BlockCopy {
+                    src: old.blocks[base - 1],
+                    dst: table[base - 1],
+                    tokens: tail,
+                });
+                let sm = &mut m.seqs[i];
+                if cow {
+                    sm.retired = Some(old.blocks[base - 1]);
+                }
+                if cow_api {
+                    prop_assert_eq!(copy, expected_copy, "step {}: copy-on-write", step);
+                } else if cow {
+                    sm.pending = expected_copy;
+                }
+                sm.blocks = table;
+                sm.len += n;
+            }
+            (Err(e), Err(x)) => {
+                prop_assert_eq!(e, x, "step {}: append({})", step, n);
+                prop_assert_eq!(copy, None);
+            }
+            (got, x) => prop_assert!(
+                false,
+                "step {}: append({}) returned {:?}, model says {:?}",
+                step,
+                n,
+                got,
+                x
+            ),
+        }
+        Ok(())
+    }
+
+    fn truncate(&mut self, seq: &SeqSel, len: &Cut) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let Some(i) = self.pick(seq) else {
+            return Ok(());
+        };
+        let PoolRun { seqs, m, .. } = self;
+        let bs = m.block_size;
+        let slots = m.num_blocks * m.block_size;
+        let sm = &m.seqs[i];
+        let k = match len {
+            Cut::To(size) => size.resolve(sm.len, slots),
+            Cut::IntoShared(b, t) => {
+                let shared: Vec<usize> = (0..sm.blocks.len())
+                    .filter(|&k| m.refs[sm.blocks[k].index()] > 1)
+                    .collect();
+                if shared.is_empty() || bs == 1 {
+                    sm.len.saturating_sub(1)
+                } else {
+                    shared[b.index(shared.len())] * bs + 1 + t.index(bs - 1)
+                }
+            }
+        };
+        let freed = seqs[i].truncate(k);
+        if k >= m.seqs[i].len {
+            prop_assert_eq!(freed, 0, "step {}: truncate({}) no-op", step, k);
+        } else {
+            m.release_retired(i);
+            let keep = k.div_ceil(bs);
+            let gone: Vec<BlockId> = m.seqs[i].blocks.drain(keep..).collect();
+            prop_assert_eq!(freed, gone.len(), "step {}: truncate({})", step, k);
+            for id in gone {
+                m.drop_ref(id);
+            }
+            m.seqs[i].len = k;
+        }
+        Ok(())
+    }
+
+    fn fork(&mut self, seq: &SeqSel) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let Some(i) = self.pick(seq) else {
+            return Ok(());
+        };
+        let PoolRun { seqs, m, .. } = self;
+        let bs = m.block_size;
+        let parent = m.seqs[i].clone();
+        let (full, tail) = (parent.len / bs, parent.len % bs);
+        let expected = if tail != 0 { m.admission(1, 0) } else { Ok(()) };
+        match (seqs[i].try_fork(), expected) {
+            (Ok((child, copy)), Ok(())) => {
+                prop_assert_eq!(child.len(), parent.len, "step {}: child len", step);
+                let table = child.blocks().to_vec();
+                prop_assert_eq!(
+                    table.len(),
+                    parent.blocks.len(),
+                    "step {}: child table",
+                    step
+                );
+                prop_assert_eq!(
+                    &table[..full],
+                    &parent.blocks[..full],
+                    "step {}: shared",
+                    step
+                );
+                let expected_copy = if tail != 0 {
+                    m.take_fresh(step, &table[full..])?;
+                    Some(BlockCopy {
+                        src: parent.blocks[full],
+                        dst: table[full],
+                        tokens: tail,
+                    })
+                } else {
+                    None
+                };
+                prop_assert_eq!(copy, expected_copy, "step {}: fork copy", step);
+                for &id in &table[..full] {
+                    m.refs[id.index()] += 1;
+                }
+                seqs.push(child);
+                m.seqs.push(SeqModel {
+                    len: parent.len,
+                    blocks: table,
+                    retired: None,
+                    pending: None,
+                });
+            }
+            (Err(e), Err(x)) => prop_assert_eq!(e, x, "step {}: fork", step),
+            (got, x) => prop_assert!(
+                false,
+                "step {}: fork returned {:?}, model says {:?}",
+                step,
+                got.map(|(c, copy)| (c.len(), copy)),
+                x
+            ),
+        }
+        Ok(())
+    }
+
+    fn drop_seq(&mut self, seq: &SeqSel) -> Result<(), TestCaseError> {
+        let Some(i) = self.pick(seq) else {
+            return Ok(());
+        };
+        let PoolRun { seqs, m, .. } = self;
+        drop(seqs.remove(i));
+        let sm = m.seqs.remove(i);
+        for id in sm.blocks.into_iter().chain(sm.retired) {
+            m.drop_ref(id);
+        }
+        Ok(())
+    }
+
+    fn slot(&mut self, seq: &SeqSel, pos: Size) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let Some(i) = self.pick(seq) else {
+            return Ok(());
+        };
+        let PoolRun { seqs, m, .. } = self;
+        let slots = m.num_blocks * m.block_size;
+        let p = pos.resolve(m.seqs[i].len, slots);
+        prop_assert_eq!(
+            seqs[i].slot(p),
+            m.slot(&m.seqs[i], p),
+            "step {}: slot({})",
+            step,
+            p
+        );
+        Ok(())
+    }
+
+    fn extend_slots(&mut self, seq: &SeqSel, start: Size, end: Size) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let Some(i) = self.pick(seq) else {
+            return Ok(());
+        };
+        let PoolRun { seqs, m, .. } = self;
+        let slots = m.num_blocks * m.block_size;
+        let len = m.seqs[i].len;
+        let positions: Range<usize> = start.resolve(len, slots)..end.resolve(len, slots);
+        let mut out = vec![usize::MAX];
+        let got = seqs[i].extend_slots(positions.clone(), &mut out);
+        if positions.is_empty() {
+            prop_assert_eq!(got, Ok(()), "step {}: extend_slots({:?})", step, positions);
+            prop_assert_eq!(&out, &[usize::MAX]);
+        } else if positions.end > len {
+            prop_assert_eq!(
+                got,
+                Err(PositionError {
+                    position: positions.end - 1,
+                    len
+                }),
+                "step {}: extend_slots({:?})",
+                step,
+                positions
+            );
+            prop_assert_eq!(&out, &[usize::MAX], "step {}: out changed on error", step);
+        } else {
+            prop_assert_eq!(got, Ok(()), "step {}: extend_slots({:?})", step, positions);
+            let mut expected = vec![usize::MAX];
+            expected.extend(positions.clone().map(|p| m.slot(&m.seqs[i], p).unwrap()));
+            prop_assert_eq!(
+                &out,
+                &expected,
+                "step {}: extend_slots({:?})",
+                step,
+                positions
+            );
+        }
+        Ok(())
+    }
+
+    fn take_pending(&mut self, seq: &SeqSel) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let Some(i) = self.pick(seq) else {
+            return Ok(());
+        };
+        let PoolRun { seqs, m, .. } = self;
+        let expected = m.seqs[i].pending.take();
+        prop_assert_eq!(
+            seqs[i].take_pending_copy(),
+            expected,
+            "step {}: take_pending_copy",
+            step
+        );
+        Ok(())
+    }
+}
+
 fn run_pool(
     num_blocks: usize,
     block_size: usize,
     shards: usize,
     ops: &[PoolOp],
 ) -> Result<(), TestCaseError> {
-    let pool = Arc::new(BlockPool::with_shards(num_blocks, block_size, shards));
-    let mut m = PoolModel::new(num_blocks, block_size);
-    let mut seqs: Vec<Sequence> = vec![Sequence::new(Arc::clone(&pool))];
-    m.seqs.push(SeqModel::default());
-    let bs = block_size;
-    let slots = num_blocks * block_size;
-    // The sequence the previous sequence operation used.
-    let mut last = 0;
-    check_pool(0, &pool, &seqs, &m)?;
-
+    let mut run = PoolRun::new(num_blocks, block_size, shards);
+    run.check()?;
     for (step, op) in ops.iter().enumerate() {
-        let step = step + 1;
-        match op {
-            PoolOp::Alloc {
-                n,
-                headroom,
-                prefilled,
-            } => {
-                let free = m.free();
-                let n = n.resolve(free, num_blocks);
-                let headroom = headroom.map(|h| h.resolve(free.saturating_sub(n), num_blocks));
-                let before: Vec<BlockId> = if *prefilled {
-                    vec![SENTINEL]
-                } else {
-                    Vec::new()
-                };
-                let mut out = before.clone();
-                let (got, expected) = match headroom {
-                    None => (pool.try_alloc(n, &mut out), m.admission(n, 0)),
-                    Some(h) => (
-                        pool.try_alloc_with_headroom(n, h, &mut out),
-                        m.admission(n, h),
-                    ),
-                };
-                prop_assert_eq!(
-                    got,
-                    expected,
-                    "step {}: try_alloc({}, headroom {:?})",
-                    step,
-                    n,
-                    headroom
-                );
-                prop_assert_eq!(
-                    &out[..before.len()],
-                    &before[..],
-                    "step {}: out prefix",
-                    step
-                );
-                if expected.is_ok() {
-                    prop_assert_eq!(out.len(), before.len() + n, "step {}: ids appended", step);
-                    let fresh = out[before.len()..].to_vec();
-                    m.take_fresh(step, &fresh)?;
-                    if !fresh.is_empty() {
-                        m.raw.push(fresh);
-                    }
-                } else {
-                    prop_assert_eq!(&out, &before, "step {}: out changed on error", step);
-                }
-            }
-            PoolOp::FreeHeld { holding, count } => {
-                if m.raw.is_empty() {
-                    continue;
-                }
-                let h = holding.index(m.raw.len());
-                let k = count.index(m.raw[h].len() + 1);
-                let ids = m.raw[h][..k].to_vec();
-                prop_assert_eq!(m.expected_free(&ids), Ok(()), "test bug");
-                prop_assert_eq!(pool.free(&ids), Ok(()), "step {}: free({:?})", step, ids);
-                for &id in &ids {
-                    m.drop_ref(id);
-                }
-                m.forget_raw(&ids);
-            }
-            PoolOp::FreeMixed(pieces) => {
-                let held: Vec<BlockId> = m.raw.iter().flatten().copied().collect();
-                let allocated: Vec<BlockId> = (0..num_blocks)
-                    .filter(|&b| m.refs[b] > 0)
-                    .map(|b| BlockId::new(b as u32))
-                    .collect();
-                let unallocated: Vec<BlockId> = (0..num_blocks)
-                    .filter(|&b| m.refs[b] == 0)
-                    .map(|b| BlockId::new(b as u32))
-                    .collect();
-                let pick = |from: &[BlockId], i: &Index| {
-                    (!from.is_empty()).then(|| from[i.index(from.len())])
-                };
-                let mut ids: Vec<BlockId> = Vec::new();
-                for p in pieces {
-                    let id = match p {
-                        Piece::Held(i) => pick(&held, i),
-                        Piece::Allocated(i) => pick(&allocated, i),
-                        Piece::Unallocated(i) => pick(&unallocated, i),
-                        Piece::Again => ids.last().copied(),
-                        Piece::OutOfRange(k) => Some(BlockId::new(
-                            [num_blocks as u32, num_blocks as u32 + 1, u32::MAX][*k],
-                        )),
-                    };
-                    ids.extend(id);
-                }
-                // A list that would be accepted but takes a reference a
-                // sequence owns is outside the contract: make it a refused
-                // one by ending it with a bad id.
-                if m.expected_free(&ids).is_ok() && !m.all_raw(&ids) {
-                    ids.push(BlockId::new(u32::MAX));
-                }
-                let expected = m.expected_free(&ids);
-                prop_assert_eq!(pool.free(&ids), expected, "step {}: free({:?})", step, ids);
-                if expected.is_ok() {
-                    for &id in &ids {
-                        m.drop_ref(id);
-                    }
-                    m.forget_raw(&ids);
-                }
-            }
-            PoolOp::Close => {
-                pool.close();
-                m.closed = true;
-            }
-            PoolOp::NewSeq(tokens) => {
-                let seq = match tokens {
-                    None => Sequence::new(Arc::clone(&pool)),
-                    // Up to `usize::MAX`: only a hint, capped at the pool.
-                    Some(t) => {
-                        Sequence::with_capacity(Arc::clone(&pool), t.resolve(m.free() * bs, slots))
-                    }
-                };
-                seqs.push(seq);
-                m.seqs.push(SeqModel::default());
-            }
-            PoolOp::Append { seq, n, cow_api } => {
-                if seqs.is_empty() {
-                    continue;
-                }
-                let i = seq.resolve(seqs.len(), last);
-                last = i;
-                let old = m.seqs[i].clone();
-                let room = old.blocks.len() * bs - old.len;
-                let n = n.resolve(room + m.free() * bs, slots);
-                let range = old.len..old.len.wrapping_add(n);
-                let (got, copy) = if *cow_api {
-                    match seqs[i].try_append_cow(n) {
-                        Ok((r, c)) => (Ok(r), c),
-                        Err(e) => (Err(e), None),
-                    }
-                } else {
-                    (seqs[i].try_append(n), None)
-                };
-                if n == 0 {
-                    prop_assert_eq!(got, Ok(range), "step {}: append(0)", step);
-                    prop_assert_eq!(copy, None);
-                    check_pool(step, &pool, &seqs, &m)?;
-                    continue;
-                }
-                let new_blocks: u128 = if n <= room {
-                    0
-                } else {
-                    ((n - room) as u128).div_ceil(bs as u128)
-                };
-                let tail = old.len % bs;
-                let cow = tail != 0 && m.refs[old.blocks[old.blocks.len() - 1].index()] > 1;
-                let total = new_blocks + u128::from(cow);
-                let total = usize::try_from(total).unwrap_or(usize::MAX);
-                // Nothing new needed: nothing to admit, so it works on a
-                // closed pool too (workers can finish their blocks).
-                let expected = if total == 0 {
-                    Ok(())
-                } else {
-                    m.admission(total, 0)
-                };
-                match (got, expected) {
-                    (Ok(r), Ok(())) => {
-                        prop_assert_eq!(r, range, "step {}: append({}) range", step, n);
-                        let table = seqs[i].blocks().to_vec();
-                        let base = old.blocks.len();
-                        let keep = if cow { base - 1 } else { base };
-                        prop_assert_eq!(table.len(), base + total - usize::from(cow));
-                        prop_assert_eq!(
-                            &table[..keep],
-                            &old.blocks[..keep],
-                            "step {}: kept blocks",
-                            step
-                        );
-                        m.take_fresh(step, &table[keep..])?;
-                        m.release_retired(i);
-                        let expected_copy = cow.then(|| BlockCopy {
-                            src: old.blocks[base - 1],
-                            dst: table[base - 1],
-                            tokens: tail,
-                        });
-                        let sm = &mut m.seqs[i];
-                        if cow {
-                            sm.retired = Some(old.blocks[base - 1]);
-                        }
-                        if *cow_api {
-                            prop_assert_eq!(copy, expected_copy, "step {}: copy-on-write", step);
-                        } else if cow {
-                            sm.pending = expected_copy;
-                        }
-                        sm.blocks = table;
-                        sm.len += n;
-                    }
-                    (Err(e), Err(x)) => {
-                        prop_assert_eq!(e, x, "step {}: append({})", step, n);
-                        prop_assert_eq!(copy, None);
-                    }
-                    (got, x) => prop_assert!(
-                        false,
-                        "step {}: append({}) returned {:?}, model says {:?}",
-                        step,
-                        n,
-                        got,
-                        x
-                    ),
-                }
-            }
-            PoolOp::Truncate { seq, len } => {
-                if seqs.is_empty() {
-                    continue;
-                }
-                let i = seq.resolve(seqs.len(), last);
-                last = i;
-                let sm = &m.seqs[i];
-                let k = match len {
-                    Cut::To(size) => size.resolve(sm.len, slots),
-                    Cut::IntoShared(b, t) => {
-                        let shared: Vec<usize> = (0..sm.blocks.len())
-                            .filter(|&k| m.refs[sm.blocks[k].index()] > 1)
-                            .collect();
-                        if shared.is_empty() || bs == 1 {
-                            sm.len.saturating_sub(1)
-                        } else {
-                            shared[b.index(shared.len())] * bs + 1 + t.index(bs - 1)
-                        }
-                    }
-                };
-                let freed = seqs[i].truncate(k);
-                if k >= m.seqs[i].len {
-                    prop_assert_eq!(freed, 0, "step {}: truncate({}) no-op", step, k);
-                } else {
-                    m.release_retired(i);
-                    let keep = k.div_ceil(bs);
-                    let gone: Vec<BlockId> = m.seqs[i].blocks.drain(keep..).collect();
-                    prop_assert_eq!(freed, gone.len(), "step {}: truncate({})", step, k);
-                    for id in gone {
-                        m.drop_ref(id);
-                    }
-                    m.seqs[i].len = k;
-                }
-            }
-            PoolOp::Fork(seq) => {
-                if seqs.is_empty() {
-                    continue;
-                }
-                let i = seq.resolve(seqs.len(), last);
-                last = i;
-                let parent = m.seqs[i].clone();
-                let (full, tail) = (parent.len / bs, parent.len % bs);
-                let expected = if tail != 0 { m.admission(1, 0) } else { Ok(()) };
-                match (seqs[i].try_fork(), expected) {
-                    (Ok((child, copy)), Ok(())) => {
-                        prop_assert_eq!(child.len(), parent.len, "step {}: child len", step);
-                        let table = child.blocks().to_vec();
-                        prop_assert_eq!(
-                            table.len(),
-                            parent.blocks.len(),
-                            "step {}: child table",
-                            step
-                        );
-                        prop_assert_eq!(
-                            &table[..full],
-                            &parent.blocks[..full],
-                            "step {}: shared",
-                            step
-                        );
-                        let expected_copy = if tail != 0 {
-                            m.take_fresh(step, &table[full..])?;
-                            Some(BlockCopy {
-                                src: parent.blocks[full],
-                                dst: table[full],
-                                tokens: tail,
-                            })
-                        } else {
-                            None
-                        };
-                        prop_assert_eq!(copy, expected_copy, "step {}: fork copy", step);
-                        for &id in &table[..full] {
-                            m.refs[id.index()] += 1;
-                        }
-                        seqs.push(child);
-                        m.seqs.push(SeqModel {
-                            len: parent.len,
-                            blocks: table,
-                            retired: None,
-                            pending: None,
-                        });
-                    }
-                    (Err(e), Err(x)) => prop_assert_eq!(e, x, "step {}: fork", step),
-                    (got, x) => prop_assert!(
-                        false,
-                        "step {}: fork returned {:?}, model says {:?}",
-                        step,
-                        got.map(|(c, copy)| (c.len(), copy)),
-                        x
-                    ),
-                }
-            }
-            PoolOp::DropSeq(seq) => {
-                if seqs.is_empty() {
-                    continue;
-                }
-                let i = seq.resolve(seqs.len(), last);
-                last = i;
-                drop(seqs.remove(i));
-                let sm = m.seqs.remove(i);
-                for id in sm.blocks.into_iter().chain(sm.retired) {
-                    m.drop_ref(id);
-                }
-            }
-            PoolOp::Slot { seq, pos } => {
-                if seqs.is_empty() {
-                    continue;
-                }
-                let i = seq.resolve(seqs.len(), last);
-                last = i;
-                let p = pos.resolve(m.seqs[i].len, slots);
-                prop_assert_eq!(
-                    seqs[i].slot(p),
-                    m.slot(&m.seqs[i], p),
-                    "step {}: slot({})",
-                    step,
-                    p
-                );
-            }
-            PoolOp::ExtendSlots { seq, start, end } => {
-                if seqs.is_empty() {
-                    continue;
-                }
-                let i = seq.resolve(seqs.len(), last);
-                last = i;
-                let len = m.seqs[i].len;
-                let positions: Range<usize> = start.resolve(len, slots)..end.resolve(len, slots);
-                let mut out = vec![usize::MAX];
-                let got = seqs[i].extend_slots(positions.clone(), &mut out);
-                if positions.is_empty() {
-                    prop_assert_eq!(got, Ok(()), "step {}: extend_slots({:?})", step, positions);
-                    prop_assert_eq!(&out, &[usize::MAX]);
-                } else if positions.end > len {
-                    prop_assert_eq!(
-                        got,
-                        Err(PositionError {
-                            position: positions.end - 1,
-                            len
-                        }),
-                        "step {}: extend_slots({:?})",
-                        step,
-                        positions
-                    );
-                    prop_assert_eq!(&out, &[usize::MAX], "step {}: out changed on error", step);
-                } else {
-                    prop_assert_eq!(got, Ok(()), "step {}: extend_slots({:?})", step, positions);
-                    let mut expected = vec![usize::MAX];
-                    expected.extend(positions.clone().map(|p| m.slot(&m.seqs[i], p).unwrap()));
-                    prop_assert_eq!(
-                        &out,
-                        &expected,
-                        "step {}: extend_slots({:?})",
-                        step,
-                        positions
-                    );
-                }
-            }
-            PoolOp::TakePending(seq) => {
-                if seqs.is_empty() {
-                    continue;
-                }
-                let i = seq.resolve(seqs.len(), last);
-                last = i;
-                let expected = m.seqs[i].pending.take();
-                prop_assert_eq!(
-                    seqs[i].take_pending_copy(),
-                    expected,
-                    "step {}: take_pending_copy",
-                    step
-                );
-            }
-        }
-        check_pool(step, &pool, &seqs, &m)?;
+        run.step = step + 1;
+        run.apply(op)?;
+        run.check()?;
     }
+    let PoolRun { pool, seqs, m, .. } = run;
 
     // Conservation: once every sequence is dropped and every raw allocation
     // freed, every block is free again, with no reference left.

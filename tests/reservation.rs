@@ -11,23 +11,8 @@ use std::thread;
 
 use kvslots::{OwnedReservation, Reservation, ReserveError, SlotCounter};
 
-/// Everything observable about a counter's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Snap {
-    used: usize,
-    available: usize,
-    peak_used: usize,
-    closed: bool,
-}
-
-fn snap(c: &SlotCounter) -> Snap {
-    Snap {
-        used: c.used(),
-        available: c.available(),
-        peak_used: c.peak_used(),
-        closed: c.is_closed(),
-    }
-}
+mod common;
+use common::{counter_snap, CounterSnap};
 
 fn counter(capacity: usize) -> Arc<SlotCounter> {
     Arc::new(SlotCounter::new(capacity))
@@ -74,11 +59,11 @@ macro_rules! guard_tests {
             fn split_moves_counts_only() {
                 let c = counter(8);
                 let mut r = c.$reserve(5).unwrap();
-                let before = snap(&c);
+                let before = counter_snap(&c);
                 let part = r.split(2).unwrap();
                 assert_eq!((r.len(), part.len()), (3, 2));
                 assert!(std::ptr::eq(part.counter(), &*c));
-                assert_eq!(snap(&c), before);
+                assert_eq!(counter_snap(&c), before);
                 drop(part);
                 assert_eq!(c.used(), 3);
                 drop(r);
@@ -89,33 +74,33 @@ macro_rules! guard_tests {
             fn split_more_than_len_is_none_and_changes_nothing() {
                 let c = counter(8);
                 let mut r = c.$reserve(5).unwrap();
-                let before = snap(&c);
+                let before = counter_snap(&c);
                 for n in [6, 8, 9, usize::MAX] {
                     assert!(r.split(n).is_none(), "split({n})");
                     assert_eq!(r.len(), 5, "split({n}) changed the guard");
-                    assert_eq!(snap(&c), before, "split({n}) changed the counter");
+                    assert_eq!(counter_snap(&c), before, "split({n}) changed the counter");
                 }
                 let mut empty = c.$reserve(0).unwrap();
                 assert!(empty.split(1).is_none());
                 assert!(empty.is_empty());
-                assert_eq!(snap(&c), before);
+                assert_eq!(counter_snap(&c), before);
             }
 
             #[test]
             fn split_zero_and_split_len() {
                 let c = counter(8);
                 let mut r = c.$reserve(5).unwrap();
-                let before = snap(&c);
+                let before = counter_snap(&c);
                 let none = r.split(0).unwrap();
                 assert!(none.is_empty());
                 assert_eq!(r.len(), 5);
                 drop(none);
-                assert_eq!(snap(&c), before);
+                assert_eq!(counter_snap(&c), before);
 
                 let all = r.split(5).unwrap();
                 assert_eq!((r.len(), all.len()), (0, 5));
                 assert!(r.is_empty());
-                assert_eq!(snap(&c), before);
+                assert_eq!(counter_snap(&c), before);
                 drop(r);
                 assert_eq!(c.used(), 5);
                 drop(all);
@@ -127,16 +112,16 @@ macro_rules! guard_tests {
                 let c = counter(8);
                 let mut a = c.$reserve(2).unwrap();
                 let b = c.$reserve(3).unwrap();
-                let before = snap(&c);
+                let before = counter_snap(&c);
                 a.merge(b);
                 assert_eq!(a.len(), 5);
-                assert_eq!(snap(&c), before);
+                assert_eq!(counter_snap(&c), before);
                 a.merge(c.$reserve(0).unwrap());
                 assert_eq!(a.len(), 5);
                 let mut empty = c.$reserve(0).unwrap();
                 empty.merge(a);
                 assert_eq!(empty.len(), 5);
-                assert_eq!(snap(&c), before);
+                assert_eq!(counter_snap(&c), before);
                 drop(empty);
                 assert_eq!(c.used(), 0);
             }
@@ -173,7 +158,7 @@ macro_rules! guard_tests {
                 let c2 = counter(8);
                 let mut a = c1.$reserve(2).unwrap();
                 let b = c2.$reserve(3).unwrap();
-                let (before1, before2) = (snap(&c1), snap(&c2));
+                let (before1, before2) = (counter_snap(&c1), counter_snap(&c2));
                 assert_eq!((before1.used, before2.used), (2, 3));
 
                 let result = catch_unwind(AssertUnwindSafe(|| a.merge(b)));
@@ -188,12 +173,12 @@ macro_rules! guard_tests {
                 // `self` is untouched and still holds its slots.
                 assert_eq!(a.len(), 2);
                 assert!(std::ptr::eq(a.counter(), &*c1));
-                assert_eq!(snap(&c1), before1);
+                assert_eq!(counter_snap(&c1), before1);
                 // `other` was moved into `merge`, so the unwind dropped it:
                 // its slots went back to its own counter exactly once.
                 assert_eq!(
-                    snap(&c2),
-                    Snap {
+                    counter_snap(&c2),
+                    CounterSnap {
                         used: 0,
                         available: 8,
                         ..before2
@@ -216,11 +201,15 @@ macro_rules! guard_tests {
                 let mut r = c.$reserve(5).unwrap();
                 r.shrink_to(3);
                 assert_eq!((r.len(), c.used()), (3, 3));
-                let before = snap(&c);
+                let before = counter_snap(&c);
                 for len in [3, 4, 8, 100, usize::MAX] {
                     r.shrink_to(len);
                     assert_eq!(r.len(), 3, "shrink_to({len}) grew the guard");
-                    assert_eq!(snap(&c), before, "shrink_to({len}) changed the counter");
+                    assert_eq!(
+                        counter_snap(&c),
+                        before,
+                        "shrink_to({len}) changed the counter"
+                    );
                 }
                 r.shrink_to(0);
                 assert!(r.is_empty());
@@ -261,7 +250,7 @@ macro_rules! guard_tests {
                 let c = counter(8);
                 let mut r = c.$reserve(3).unwrap();
                 let _other = c.$reserve(2).unwrap();
-                let before = snap(&c);
+                let before = counter_snap(&c);
                 // 3 free: 4 do not fit, and nothing is taken.
                 assert_eq!(
                     r.try_grow(4),
@@ -271,7 +260,7 @@ macro_rules! guard_tests {
                     })
                 );
                 assert_eq!(r.len(), 3);
-                assert_eq!(snap(&c), before);
+                assert_eq!(counter_snap(&c), before);
                 // 3 do.
                 r.try_grow(3).unwrap();
                 assert_eq!((r.len(), c.used()), (6, 8));
@@ -281,7 +270,7 @@ macro_rules! guard_tests {
             fn try_grow_never_fits_changes_nothing() {
                 let c = counter(8);
                 let mut r = c.$reserve(3).unwrap();
-                let before = snap(&c);
+                let before = counter_snap(&c);
                 for n in [9, 100, usize::MAX >> 1, usize::MAX] {
                     assert_eq!(
                         r.try_grow(n),
@@ -292,7 +281,11 @@ macro_rules! guard_tests {
                         "try_grow({n})"
                     );
                     assert_eq!(r.len(), 3, "try_grow({n}) changed the guard");
-                    assert_eq!(snap(&c), before, "try_grow({n}) changed the counter");
+                    assert_eq!(
+                        counter_snap(&c),
+                        before,
+                        "try_grow({n}) changed the counter"
+                    );
                 }
             }
 
@@ -301,11 +294,11 @@ macro_rules! guard_tests {
                 let c = counter(8);
                 let mut r = c.$reserve(3).unwrap();
                 c.close();
-                let before = snap(&c);
+                let before = counter_snap(&c);
                 for n in [0, 1, 5] {
                     assert_eq!(r.try_grow(n), Err(ReserveError::Closed), "try_grow({n})");
                     assert_eq!(r.len(), 3);
-                    assert_eq!(snap(&c), before);
+                    assert_eq!(counter_snap(&c), before);
                 }
                 drop(r);
                 assert_eq!(c.used(), 0);

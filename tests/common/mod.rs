@@ -1,13 +1,123 @@
-//! What the rayon stress tests (`tests/stress.rs`, `tests/pool_stress.rs`)
-//! share: a tiny deterministic PRNG, the observer thread that samples a
-//! structure's invariants while the workers run, and the worker pool.
+//! What the integration tests share: snapshots of everything observable
+//! about a counter, a pool and a sequence (what a refusal must leave
+//! unchanged), the check that a pool is whole again, a tiny deterministic
+//! PRNG, and for the real-thread tests the stop flag, the observer thread
+//! that samples a structure's invariants while the workers run, and the
+//! worker pool.
 //!
-//! Included by each of them with `mod common;` (a directory module, so
-//! that cargo does not build it as a test of its own).
+//! The test binaries are named for what they test: an API's unit tests by
+//! the type or call (`counter`, `reservation`, `pool`, `pool_free`,
+//! `sequence`), a whole-crate suite by its technique (`fixtures`,
+//! `linearizability`, `model`, `shuttle`, `stress`, `zero_alloc`).
+//!
+//! A binary that needs this module includes it with `mod common;` (a
+//! directory module, so that cargo does not build it as a test of its own)
+//! and uses a part of it, hence the `dead_code` allowance: what one binary
+//! leaves unused another uses.
 
+#![allow(dead_code)]
+
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 use std::thread;
+
+use kvslots::{BlockId, BlockPool, Sequence, SlotCounter};
+
+// ---------------------------------------------------------------------------
+// Snapshots
+// ---------------------------------------------------------------------------
+
+/// Everything observable about a counter's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CounterSnap {
+    pub capacity: usize,
+    pub used: usize,
+    pub available: usize,
+    pub peak_used: usize,
+    pub closed: bool,
+}
+
+pub fn counter_snap(c: &SlotCounter) -> CounterSnap {
+    CounterSnap {
+        capacity: c.capacity(),
+        used: c.used(),
+        available: c.available(),
+        peak_used: c.peak_used(),
+        closed: c.is_closed(),
+    }
+}
+
+/// Everything observable about a pool's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSnap {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    pub free: usize,
+    pub used: usize,
+    pub peak: usize,
+    pub closed: bool,
+    /// `ref_count` of every block, in id order.
+    pub refs: Vec<usize>,
+}
+
+pub fn pool_snap(pool: &BlockPool) -> PoolSnap {
+    PoolSnap {
+        num_blocks: pool.num_blocks(),
+        block_size: pool.block_size(),
+        free: pool.free_blocks(),
+        used: pool.used_blocks(),
+        peak: pool.peak_used_blocks(),
+        closed: pool.is_closed(),
+        refs: block_refs(pool),
+    }
+}
+
+/// `ref_count` of every block of `pool`, in id order.
+pub fn block_refs(pool: &BlockPool) -> Vec<usize> {
+    (0..pool.num_blocks())
+        .map(|i| {
+            pool.ref_count(BlockId::new(i as u32))
+                .expect("in-range id has a count")
+        })
+        .collect()
+}
+
+/// Everything observable about a sequence (its pool apart).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqSnap {
+    pub len: usize,
+    pub capacity: usize,
+    pub blocks: Vec<BlockId>,
+}
+
+pub fn seq_snap(seq: &Sequence) -> SeqSnap {
+    SeqSnap {
+        len: seq.len(),
+        capacity: seq.capacity(),
+        blocks: seq.blocks().to_vec(),
+    }
+}
+
+/// Checks that the pool is whole again: every block free, every count 0,
+/// and allocating them all yields every id exactly once.
+pub fn assert_pool_whole(pool: &BlockPool) {
+    let n = pool.num_blocks();
+    assert_eq!((pool.free_blocks(), pool.used_blocks()), (n, 0));
+    for i in 0..n {
+        let id = BlockId::new(i as u32);
+        assert_eq!(pool.ref_count(id), Some(0), "{id} still referenced");
+    }
+    let mut ids = Vec::new();
+    pool.try_alloc(n, &mut ids)
+        .expect("a full pool hands out all its blocks");
+    let distinct: HashSet<BlockId> = ids.iter().copied().collect();
+    assert_eq!(distinct.len(), n, "an id handed out twice");
+    assert!(ids.iter().all(|id| id.index() < n));
+    assert_eq!(pool.try_alloc(1, &mut Vec::new()).is_err(), n > 0);
+    pool.free(&ids).unwrap();
+    assert_eq!(pool.free_blocks(), n);
+}
 
 // ---------------------------------------------------------------------------
 // A tiny deterministic PRNG
@@ -41,14 +151,16 @@ impl XorShift {
 // The observer and the thread pool
 // ---------------------------------------------------------------------------
 
-/// Sets the stop flag when dropped, so that a panicking `work` also stops
-/// the observer (instead of leaving the scope waiting for it forever).
-struct StopOnDrop<'a>(&'a AtomicBool);
+/// Sets the stop flag when dropped, also while its thread unwinds from a
+/// failed assertion, so that the other thread's loop ends too (instead of
+/// leaving the scope waiting for it forever).
+pub struct StopOnDrop<'a>(pub &'a AtomicBool);
 
 impl Drop for StopOnDrop<'_> {
     fn drop(&mut self) {
-        // Release: pairs with the observer's Acquire load; it only ends the
-        // observer's loop.
+        // Release: pairs with the observer's Acquire load in
+        // `run_observed`; it orders nothing the loops check, it only ends
+        // them.
         self.0.store(true, Ordering::Release);
     }
 }
@@ -95,8 +207,9 @@ pub fn run_observed<R: Send>(
     })
 }
 
-/// A rayon pool of `threads` workers.
+/// A rayon pool of `threads` workers: at least 8, the stress tests' floor.
 pub fn rayon_pool(threads: usize) -> rayon::ThreadPool {
+    assert!(threads >= 8);
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()

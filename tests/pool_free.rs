@@ -1,14 +1,203 @@
-//! `BlockPool::free` of long lists: more than 4096 distinct ids, lists
-//! spanning several of the 8,192-index windows in which the over-free check
-//! tallies repeats exactly, and ids listed often enough to saturate a tally
-//! (see `BlockPool::first_over_freed`).
+//! `BlockPool::free` of lists beyond the short, pairwise-compared case.
+//!
+//! * Shared blocks listed exactly as many times as they have references
+//!   are accepted, in a short list (compared pairwise) and in a long one
+//!   (more than 16 ids, screened through the 4096-bit filter), and so are
+//!   two distinct ids that share a filter bit.
+//! * A refused `free` of a long list changes nothing that another thread
+//!   can observe, not even for a moment: the over-free is found by the
+//!   checks made with loads, before any reference is dropped. (The end state
+//!   alone cannot tell: a refusal found later, while dropping, undoes its
+//!   drops.) An observer thread samples the reference counts while another
+//!   thread repeats the refused call.
+//! * Long lists: more than 4096 distinct ids, lists spanning several of the
+//!   8,192-index windows in which the over-free check tallies repeats
+//!   exactly, and ids listed often enough to saturate a tally (see
+//!   `BlockPool::first_over_freed`).
 //!
 //! Every refusal is checked twice: the error names the first over-freed id in
 //! list order, and no reference count changed.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
 
 use kvslots::{BlockId, BlockPool, FreeError, Sequence};
+
+mod common;
+use common::{assert_pool_whole, block_refs, StopOnDrop};
+
+// ---------------------------------------------------------------------------
+// Shared blocks, the repeat filter, and a refusal seen from another thread
+// ---------------------------------------------------------------------------
+
+/// More ids than `BlockPool::free` compares pairwise, so that the call
+/// screens for repeats through its filter.
+const LONG: usize = 18;
+
+/// A parent sequence of `blocks` full one-token blocks and one fork of it,
+/// so that every block has exactly two references.
+fn forked_pair(pool: &Arc<BlockPool>, blocks: usize) -> (Sequence, Sequence) {
+    let mut parent = Sequence::new(Arc::clone(pool));
+    parent.try_append(blocks).unwrap();
+    let (child, copy) = parent.try_fork().unwrap();
+    assert_eq!(copy, None, "a fork on a block boundary copies nothing");
+    assert!(parent
+        .blocks()
+        .iter()
+        .all(|&id| pool.ref_count(id) == Some(2)));
+    (parent, child)
+}
+
+/// `free` took both sequences' references (as documented: reference counts
+/// cannot tell holders apart), so neither may drop them again. Forgetting
+/// them leaks only their table and their `Arc` of the pool.
+fn forget_pair(pair: (Sequence, Sequence)) {
+    std::mem::forget(pair);
+}
+
+#[test]
+fn free_accepts_a_shared_block_listed_as_often_as_it_has_references_short_list() {
+    let pool = Arc::new(BlockPool::new(4, 1));
+    let pair = forked_pair(&pool, 2);
+    let (a, b) = (pair.0.blocks()[0], pair.0.blocks()[1]);
+    // Each block twice, with two references each: every reference goes.
+    assert_eq!(pool.free(&[a, b, a, b]), Ok(()));
+    forget_pair(pair);
+    assert_pool_whole(&pool);
+}
+
+#[test]
+fn free_accepts_a_shared_block_listed_as_often_as_it_has_references_long_list() {
+    let pool = Arc::new(BlockPool::new(LONG + 2, 1));
+    let pair = forked_pair(&pool, LONG);
+    // Both tables back to back: each block twice, over 16 ids in all.
+    let mut list = pair.0.blocks().to_vec();
+    list.extend_from_slice(pair.1.blocks());
+    assert!(list.len() > 16);
+    assert_eq!(pool.free(&list), Ok(()));
+    forget_pair(pair);
+    assert_pool_whole(&pool);
+}
+
+#[test]
+fn free_of_a_block_listed_once_more_than_its_references_is_refused_in_a_long_list() {
+    let pool = Arc::new(BlockPool::new(LONG + 2, 1));
+    let (parent, child) = forked_pair(&pool, LONG);
+    let shared = parent.blocks()[3];
+    let mut list = parent.blocks().to_vec();
+    list.extend_from_slice(child.blocks());
+    list.push(shared);
+    let before = block_refs(&pool);
+    assert_eq!(pool.free(&list), Err(FreeError::OverFreed { id: shared }));
+    assert_eq!(block_refs(&pool), before, "a refused free changed a count");
+    assert_eq!(pool.used_blocks(), LONG);
+    drop((parent, child));
+    assert_pool_whole(&pool);
+}
+
+#[test]
+fn distinct_ids_sharing_a_filter_bit_are_not_a_repeat() {
+    // Ids 4096 apart fall on the same bit of the 4096-bit filter.
+    let pool = BlockPool::new(4096 + LONG, 1);
+    let mut all = Vec::new();
+    pool.try_alloc(pool.num_blocks(), &mut all).unwrap();
+    let mut list: Vec<BlockId> = (0..LONG as u32).map(BlockId::new).collect();
+    list.push(BlockId::new(4096));
+    list.push(BlockId::new(4096 + 1));
+    assert_eq!(pool.free(&list), Ok(()));
+    assert_eq!(pool.used_blocks(), pool.num_blocks() - list.len());
+    for id in &list {
+        assert_eq!(pool.ref_count(*id), Some(0));
+    }
+    // The rest, and then the pool is whole.
+    let rest: Vec<BlockId> = all.into_iter().filter(|id| !list.contains(id)).collect();
+    pool.free(&rest).unwrap();
+    assert_pool_whole(&pool);
+}
+
+/// Calls of the refused free, and probes of the observer, each at least.
+const CALLS: usize = 20_000;
+const PROBES: usize = 20_000;
+
+#[test]
+fn a_refused_long_free_changes_nothing_another_thread_can_observe() {
+    // Ids 65 apart: each alone in its 64-bit word of the filter, and none at
+    // a word's bit 0. The last one is listed twice with one reference.
+    let pool = BlockPool::new(65 * LONG + 1, 1);
+    let mut held = Vec::new();
+    pool.try_alloc(pool.num_blocks(), &mut held).unwrap();
+    let mut list: Vec<BlockId> = (0..LONG as u32).map(|k| BlockId::new(65 * k + 1)).collect();
+    let dup = list[LONG - 1];
+    list.push(dup);
+
+    let barrier = Barrier::new(2);
+    let calls = AtomicUsize::new(0);
+    let probes = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    // Relaxed loads and counts below (test code): the counters and the flag
+    // only pace and end the two loops (each thread raises `stop` when it ends, by
+    // failing or not); what is checked is each call's result and each
+    // sampled count, which order nothing.
+    let (refused_as_expected, observed) = thread::scope(|s| {
+        let freer = s.spawn(|| {
+            let _stop = StopOnDrop(&stop);
+            barrier.wait();
+            // Keep calling until the observer has sampled enough too, so
+            // that its probes overlap the calls.
+            while !stop.load(Ordering::Relaxed)
+                && (calls.load(Ordering::Relaxed) < CALLS
+                    || probes.load(Ordering::Relaxed) < PROBES)
+            {
+                let result = pool.free(&list);
+                if result != Err(FreeError::OverFreed { id: dup }) {
+                    return Err(format!("free(list) returned {result:?}"));
+                }
+                calls.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(())
+        });
+        let observer = s.spawn(|| {
+            let _stop = StopOnDrop(&stop);
+            barrier.wait();
+            while !stop.load(Ordering::Relaxed)
+                && (probes.load(Ordering::Relaxed) < PROBES
+                    || calls.load(Ordering::Relaxed) < CALLS)
+            {
+                // Every listed block is held by this test alone, and only the
+                // refused calls touch the pool: nothing may move.
+                for &id in &list {
+                    let count = pool.ref_count(id);
+                    if count != Some(1) {
+                        return Some(format!(
+                            "{id} had {count:?} references during a refused free"
+                        ));
+                    }
+                }
+                if pool.used_blocks() != pool.num_blocks() {
+                    return Some(format!(
+                        "{} blocks in use during a refused free",
+                        pool.used_blocks()
+                    ));
+                }
+                probes.fetch_add(1, Ordering::Relaxed);
+            }
+            None
+        });
+        (freer.join().unwrap(), observer.join().unwrap())
+    });
+    assert_eq!(refused_as_expected, Ok(()));
+    assert_eq!(observed, None);
+    assert!(calls.load(Ordering::Relaxed) >= CALLS);
+    assert!(probes.load(Ordering::Relaxed) >= PROBES);
+    assert!(block_refs(&pool).iter().all(|&r| r == 1));
+    pool.free(&held).unwrap();
+    assert_pool_whole(&pool);
+}
+
+// ---------------------------------------------------------------------------
+// Long lists across the exact-check windows
+// ---------------------------------------------------------------------------
 
 /// Indices per exact-check window (the check's tallies, 8 KiB).
 const WINDOW: u32 = 8192;
