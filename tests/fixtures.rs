@@ -1,5 +1,5 @@
 //! The seven seed fixtures of the admission contract
-//! (`shared/seed-contract.md`), each checked against both admission forms:
+//! (`CONTRACT.md`), each checked against both admission forms:
 //! the pure [`kvslots::admit`] and the atomic [`SlotCounter::admit`].
 //!
 //! The two known wrong ways are written here as small functions, and tests

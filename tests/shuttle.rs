@@ -276,7 +276,7 @@ impl Admit for SlotCounter {
     }
 }
 
-/// The third wrong way of the seed contract: check `capacity - used`, then
+/// The third wrong way of the admission contract (`CONTRACT.md`): check `capacity - used`, then
 /// add in a separate atomic step.
 struct CheckThenAdd {
     used: AtomicUsize,
