@@ -8,73 +8,8 @@
 //! hash over a salt and its tokens. [`hash_blocks`] computes the keys of all
 //! the full blocks of a prompt at once; [`BlockHash::first`] and
 //! [`BlockHash::next`] compute them one block at a time, for blocks that
-//! fill up during decode. Both give the same keys.
-//!
-//! # Encoding
-//!
-//! The hash is SHA-256 over one of two byte strings:
-//!
-//! | block | hashed bytes |
-//! |---|---|
-//! | first | `"kvslots first v1"` (16 bytes), `salt.len()` as a little-endian `u64`, the salt, the tokens as little-endian `u32`s |
-//! | later | `"kvslots next  v1"` (16 bytes), the parent's 32 bytes, the tokens as little-endian `u32`s |
-//!
-//! Each string decodes back to its inputs, so two different inputs reach the
-//! same key only through a SHA-256 collision:
-//!
-//! * The two tags differ and sit at the same place, so a first block's
-//!   string never equals a later block's, whatever the parent, salt and
-//!   tokens.
-//! * In a first block's string the salt's length comes before the salt, so
-//!   the boundary between salt and tokens is fixed: salt `"ab"` with tokens
-//!   `t` and salt `"a"` with tokens that start with the byte `b` are
-//!   different strings (their length fields differ). Without the length,
-//!   moving bytes across that boundary would give two tenants one key.
-//! * Everything after the salt (or after the parent, whose length is fixed)
-//!   is tokens, 4 bytes each, so the number of tokens in the block is the
-//!   remaining length divided by 4.
-//!
-//! By induction along the chain, equal keys mean equal salts, equal tokens
-//! and equal cuts into blocks. Different salts (tenants, LoRA adapters,
-//! multimodal inputs folded into a salt) therefore never share a key, and
-//! keys are the same on every platform (the byte order is fixed).
-//!
-//! The salt is not a secret: isolation comes from the server choosing it
-//! (per tenant, per adapter), never the client. Anyone who knows a salt and
-//! a prompt can compute its keys, as the server does.
-//!
-//! # Block size
-//!
-//! `block_size` is not hashed as a separate field, but it is part of the key
-//! all the same: each block's string holds its token count (its length), so
-//! the keys of one prompt cut into blocks of 16 and into blocks of 32 differ
-//! from the first block on. A key therefore names the tokens *and* their cut
-//! into blocks, which is what a pool needs (it has one block size, and a key
-//! computed for another size must not match). Keys computed with
-//! [`hash_blocks`] and with the incremental [`BlockHash::first`] /
-//! [`BlockHash::next`] chain agree whenever each block passed to the chain
-//! has `block_size` tokens.
-//!
-//! # Why SHA-256
-//!
-//! A key must resist crafted prompts: a collision would let one request read
-//! another's cache, so a fast non-cryptographic hash (FxHash, xxHash) will
-//! not do. Of the two usual cryptographic choices, SHA-256 (through the
-//! `sha2` crate) beats BLAKE3 on these inputs on CPUs with SHA extensions,
-//! which x86-64 servers have had for years (`sha_ni`: AMD since Zen, Intel
-//! since Ice Lake) and which `sha2` detects at run time. The reason is the
-//! input's size. A key's string is short: a 16-token block is 112 bytes,
-//! two 64-byte compressions in either hash. BLAKE3's speed comes from SIMD
-//! across many 1 KiB chunks at once (8 with AVX2, 16 with AVX-512), and a
-//! string under 1 KiB is a single chunk, compressed one 64-byte block after
-//! the other in 128-bit registers; SHA-256's compression runs in dedicated
-//! instructions (`sha256rnds2` does two rounds in one). `benches/hash.rs`
-//! measures both on the same strings (and `benches/vllm_block_hash.py` the
-//! chain vLLM computes in Python); BENCHMARKS.md has the figures. On a CPU
-//! without SHA extensions `sha2` falls back to portable code, where BLAKE3
-//! would be the faster; the keys are the same either way. SHA-256 also
-//! keeps the crate's dependencies small (no C or assembly build step) and
-//! its minimum Rust version.
+//! fill up during decode. Both give the same keys. [`BlockHash`]'s docs
+//! give the encoding, why it is unambiguous, and why SHA-256.
 //!
 //! # Allocation
 //!
@@ -88,8 +23,78 @@ use sha2::{Digest, Sha256};
 /// tokens, every token before them and the salt.
 ///
 /// Two blocks share a key only if they hold the same tokens after the same
-/// prefix, cut into blocks the same way, under the same salt (short of a
-/// SHA-256 collision); see the [module docs](self) for the encoding.
+/// prefix, cut into blocks the same way, under the same salt, short of a
+/// SHA-256 collision. [`hash_blocks`] computes the keys of a prompt's full
+/// blocks; [`BlockHash::first`] and [`BlockHash::next`] compute them one
+/// block at a time.
+///
+/// # Encoding
+///
+/// The hash is SHA-256 over one of two byte strings:
+///
+/// | block | hashed bytes |
+/// |---|---|
+/// | first | `"kvslots first v1"` (16 bytes), `salt.len()` as a little-endian `u64`, the salt, the tokens as little-endian `u32`s |
+/// | later | `"kvslots next  v1"` (16 bytes), the parent's 32 bytes, the tokens as little-endian `u32`s |
+///
+/// Each string decodes back to its inputs, so two different inputs reach the
+/// same key only through a SHA-256 collision:
+///
+/// * The two tags differ and sit at the same place, so a first block's
+///   string never equals a later block's, whatever the parent, salt and
+///   tokens.
+/// * In a first block's string the salt's length comes before the salt, so
+///   the boundary between salt and tokens is fixed. Salt `"abcde"` with
+///   tokens `t`, and salt `"a"` with a first token made of the bytes
+///   `"bcde"` followed by `t`, are the same bytes once salt and tokens are
+///   laid end to end; only the length fields tell them apart. Without the
+///   length, moving bytes across that boundary would give two tenants one
+///   key.
+/// * Everything after the salt (or after the parent, whose length is fixed)
+///   is tokens, 4 bytes each, so the number of tokens in the block is the
+///   remaining length divided by 4.
+///
+/// By induction along the chain, equal keys mean equal salts, equal tokens
+/// and equal cuts into blocks. Different salts (tenants, LoRA adapters,
+/// multimodal inputs folded into a salt) therefore never share a key, and
+/// keys are the same on every platform (the byte order is fixed).
+///
+/// The salt is not a secret: isolation comes from the server choosing it
+/// (per tenant, per adapter), never the client. Anyone who knows a salt and
+/// a prompt can compute its keys, as the server does.
+///
+/// # Block size
+///
+/// `block_size` is not hashed as a separate field, but it is part of the key
+/// all the same: each block's string holds its token count (its length), so
+/// the keys of one prompt cut into blocks of 16 and into blocks of 32 differ
+/// from the first block on. A key therefore names the tokens *and* their cut
+/// into blocks, which is what a pool needs (it has one block size, and a key
+/// computed for another size must not match). Keys computed with
+/// [`hash_blocks`] and with the incremental [`BlockHash::first`] /
+/// [`BlockHash::next`] chain agree whenever each block passed to the chain
+/// has `block_size` tokens.
+///
+/// # Why SHA-256
+///
+/// A key must resist crafted prompts: a collision would let one request read
+/// another's cache, so a fast non-cryptographic hash (FxHash, xxHash) will
+/// not do. Of the two usual cryptographic choices, SHA-256 (through the
+/// `sha2` crate) beats BLAKE3 on these inputs on CPUs with SHA extensions,
+/// which x86-64 servers have had for years (`sha_ni`: AMD since Zen, Intel
+/// since Ice Lake) and which `sha2` detects at run time. The reason is the
+/// input's size. A key's string is short: a 16-token block is 112 bytes,
+/// two 64-byte compressions in either hash. BLAKE3's speed comes from SIMD
+/// across many 1 KiB chunks at once (8 with AVX2, 16 with AVX-512), and a
+/// string under 1 KiB is a single chunk, compressed one 64-byte block after
+/// the other in 128-bit registers; SHA-256's compression runs in dedicated
+/// instructions (`sha256rnds2` does two rounds in one). `benches/hash.rs`
+/// measures both on the same strings (and `benches/vllm_block_hash.py` the
+/// chain vLLM computes in Python). On a CPU without SHA extensions `sha2`
+/// falls back to portable code, where BLAKE3 would likely be the faster;
+/// the keys are the same either way. SHA-256 also
+/// keeps the crate's dependencies small (no C or assembly build step) and
+/// its minimum Rust version.
 ///
 /// # Examples
 ///
@@ -304,16 +309,16 @@ mod tests {
             match keys.last() {
                 None => {
                     h.update(b"kvslots first v1");
-                    h.update(&u64::try_from(salt.len()).unwrap().to_le_bytes());
+                    h.update(u64::try_from(salt.len()).unwrap().to_le_bytes());
                     h.update(salt);
                 }
                 Some(parent) => {
                     h.update(b"kvslots next  v1");
-                    h.update(&parent.0);
+                    h.update(parent.0);
                 }
             }
             for t in *block {
-                h.update(&t.to_le_bytes());
+                h.update(t.to_le_bytes());
             }
             keys.push(BlockHash(h.finalize().into()));
         }
