@@ -140,6 +140,7 @@ impl BlockHash {
     /// hash_blocks(b"", &prompt, 16, &mut keys);
     /// assert_eq!(BlockHash::first(b"", &prompt), keys[0]);
     /// ```
+    #[must_use]
     pub fn first(salt: &[u8], tokens: &[u32]) -> BlockHash {
         let mut input = Input::new(TAG_FIRST);
         // A usize always fits a u64 on the platforms Rust supports.
