@@ -114,6 +114,7 @@
 mod counter;
 mod error;
 mod free_list;
+mod hash;
 mod pool;
 mod reservation;
 mod sequence;
@@ -125,6 +126,7 @@ pub use error::{FreeError, PositionError, ReleaseError, ReserveError};
 #[cfg(kvslots_loom)]
 #[doc(hidden)]
 pub use free_list::Faults;
+pub use hash::{hash_blocks, BlockHash};
 pub use pool::{BlockId, BlockPool};
 pub use reservation::{OwnedReservation, Reservation};
 pub use sequence::{BlockCopy, Sequence};

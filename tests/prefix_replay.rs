@@ -1,0 +1,505 @@
+//! The prefix cache's reference semantics, as a single-threaded model, and
+//! their figures on the Mooncake conversation trace.
+//!
+//! [`ReferenceCache`] is a pool of blocks with content keys, kept the
+//! simplest correct way (a hash map from key to block, an index-linked LRU
+//! list of the evictable blocks, a stack of the uncached free ones). It
+//! defines what the library's prefix cache must do when one request runs at
+//! a time:
+//!
+//! 1. **Match**: the longest prefix of a request's keys that is cached
+//!    (referenced or not) is taken, one reference per block; an unreferenced
+//!    block stops being evictable.
+//! 2. **Allocate** the rest, all or nothing: uncached free blocks first, and
+//!    only when none is left, unreferenced cached blocks, least recently
+//!    released first (the key goes with the evicted block).
+//! 3. **Publish** the keys of the new full blocks; a key another block holds
+//!    stays with that block (first wins), and the new block stays uncached.
+//! 4. **Release** the request's blocks, last block first: a block whose last
+//!    reference goes becomes the most recently released evictable block if it
+//!    holds a key, and goes back to the uncached free blocks otherwise.
+//!
+//! The replay runs the trace (`traces/mooncake-conversation.jsonl`, 512
+//! tokens a block, one key per block in `hash_ids`; see `traces/README.md`)
+//! through pools of 1,000 to 1,000,000 blocks and checks the hit counts and
+//! hit rates published with these semantics, which were computed
+//! independently of this file. A request whose blocks outnumber the pool is
+//! skipped (none is, at these sizes). The model is generic over the key, so
+//! a test can run it beside the library's cache on [`kvslots::BlockHash`]
+//! keys.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::OnceLock;
+
+/// "No block" in the LRU list's links.
+const NIL: usize = usize::MAX;
+
+/// An allocation refused for want of blocks; it changed nothing.
+#[derive(Debug, PartialEq, Eq)]
+struct Full;
+
+/// A single-threaded prefix cache with the reference semantics (see the
+/// file's docs). Blocks are numbered `0..num_blocks`; every operation is
+/// O(1) per block.
+struct ReferenceCache<K> {
+    /// References per block.
+    refs: Vec<u32>,
+    /// The key each block holds, if cached.
+    keys: Vec<Option<K>>,
+    /// Key to the block holding it.
+    index: HashMap<K, usize>,
+    /// Uncached blocks without references; allocation pops from the end.
+    free: Vec<usize>,
+    /// The LRU list of evictable blocks (cached, no references), linked
+    /// through block ids: `prev` towards the least recently released.
+    prev: Vec<usize>,
+    /// `next` towards the most recently released.
+    next: Vec<usize>,
+    /// The least recently released evictable block (evicted first).
+    lru: usize,
+    /// The most recently released evictable block.
+    mru: usize,
+    /// Evictable blocks (the LRU list's length).
+    evictable: usize,
+    /// Blocks evicted so far.
+    evictions: u64,
+}
+
+impl<K: Copy + Eq + Hash> ReferenceCache<K> {
+    /// A pool of `num_blocks` uncached free blocks.
+    fn new(num_blocks: usize) -> Self {
+        ReferenceCache {
+            refs: vec![0; num_blocks],
+            keys: vec![None; num_blocks],
+            index: HashMap::with_capacity(num_blocks),
+            free: (0..num_blocks).rev().collect(),
+            prev: vec![NIL; num_blocks],
+            next: vec![NIL; num_blocks],
+            lru: NIL,
+            mru: NIL,
+            evictable: 0,
+            evictions: 0,
+        }
+    }
+
+    /// Free blocks: uncached ones and evictable ones (an allocation may
+    /// take either).
+    fn free_blocks(&self) -> usize {
+        self.free.len() + self.evictable
+    }
+
+    /// Blocks holding a key, referenced or not.
+    fn cached_blocks(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Cached blocks without references.
+    fn evictable_blocks(&self) -> usize {
+        self.evictable
+    }
+
+    /// Blocks evicted so far.
+    fn evictions(&self) -> u64 {
+        self.evictions
+    }
+
+    /// Appends `block` to the LRU list as the most recently released.
+    fn push_mru(&mut self, block: usize) {
+        self.prev[block] = self.mru;
+        self.next[block] = NIL;
+        match self.mru {
+            NIL => self.lru = block,
+            last => self.next[last] = block,
+        }
+        self.mru = block;
+        self.evictable += 1;
+    }
+
+    /// Takes `block` out of the LRU list.
+    fn unlink(&mut self, block: usize) {
+        let (prev, next) = (self.prev[block], self.next[block]);
+        match prev {
+            NIL => self.lru = next,
+            p => self.next[p] = next,
+        }
+        match next {
+            NIL => self.mru = prev,
+            n => self.prev[n] = prev,
+        }
+        self.prev[block] = NIL;
+        self.next[block] = NIL;
+        self.evictable -= 1;
+    }
+
+    /// Takes a reference on the blocks of the longest cached prefix of
+    /// `keys`, appends them to `table` and returns how many.
+    fn match_prefix(&mut self, keys: &[K], table: &mut Vec<usize>) -> usize {
+        let mut hits = 0;
+        for key in keys {
+            let Some(&block) = self.index.get(key) else {
+                break;
+            };
+            if self.refs[block] == 0 {
+                self.unlink(block);
+            }
+            self.refs[block] += 1;
+            table.push(block);
+            hits += 1;
+        }
+        hits
+    }
+
+    /// Takes `n` blocks, all or nothing, and appends them to `table`:
+    /// uncached free blocks first, then evictable blocks, least recently
+    /// released first, dropping their keys.
+    fn allocate(&mut self, n: usize, table: &mut Vec<usize>) -> Result<(), Full> {
+        if n > self.free_blocks() {
+            return Err(Full);
+        }
+        for _ in 0..n {
+            let block = match self.free.pop() {
+                Some(block) => block,
+                None => {
+                    let block = self.lru;
+                    self.unlink(block);
+                    let key = self.keys[block]
+                        .take()
+                        .expect("an evictable block holds a key");
+                    self.index.remove(&key);
+                    self.evictions += 1;
+                    block
+                }
+            };
+            self.refs[block] = 1;
+            table.push(block);
+        }
+        Ok(())
+    }
+
+    /// Makes `keys[i]` the key of `blocks[i]` where that block holds no key
+    /// and no other block holds `keys[i]` (first wins); returns how many
+    /// became cached.
+    fn publish(&mut self, blocks: &[usize], keys: &[K]) -> usize {
+        let mut published = 0;
+        for (&block, &key) in blocks.iter().zip(keys) {
+            assert!(self.refs[block] > 0, "publishing an unreferenced block");
+            if self.keys[block].is_some() || self.index.contains_key(&key) {
+                continue;
+            }
+            self.keys[block] = Some(key);
+            self.index.insert(key, block);
+            published += 1;
+        }
+        published
+    }
+
+    /// Drops one reference on each block of `table`, last block first.
+    fn release(&mut self, table: &[usize]) {
+        for &block in table.iter().rev() {
+            self.refs[block] -= 1;
+            if self.refs[block] == 0 {
+                if self.keys[block].is_some() {
+                    self.push_mru(block);
+                } else {
+                    self.free.push(block);
+                }
+            }
+        }
+    }
+
+    /// The evictable blocks' keys, least recently released first (the
+    /// order in which they would be evicted).
+    fn eviction_order(&self) -> Vec<K> {
+        let mut order = Vec::with_capacity(self.evictable);
+        let mut block = self.lru;
+        while block != NIL {
+            order.push(self.keys[block].expect("an evictable block holds a key"));
+            block = self.next[block];
+        }
+        order
+    }
+}
+
+/// One request of a Mooncake-format trace.
+struct Request {
+    /// Prompt tokens.
+    input_length: u64,
+    /// One key per 512-token prompt block, the last one for a partial block.
+    hash_ids: Vec<u64>,
+}
+
+/// Tokens per trace block.
+const TRACE_BLOCK: u64 = 512;
+
+/// The text after `"name":` in a JSON object line, up to the end of the
+/// value's first token (`,` or `}`), or the inside of `[...]`.
+fn json_field<'a>(line: &'a str, name: &str, lineno: usize) -> &'a str {
+    let tag = format!("\"{name}\":");
+    let start = line
+        .find(&tag)
+        .unwrap_or_else(|| panic!("line {lineno}: no field {name}"))
+        + tag.len();
+    let rest = line[start..].trim_start();
+    if let Some(array) = rest.strip_prefix('[') {
+        let end = array
+            .find(']')
+            .unwrap_or_else(|| panic!("line {lineno}: {name} is not closed"));
+        &array[..end]
+    } else {
+        let end = rest
+            .find([',', '}'])
+            .unwrap_or_else(|| panic!("line {lineno}: {name} is not closed"));
+        rest[..end].trim()
+    }
+}
+
+/// Parses a non-negative integer field, or panics with the line.
+fn number(text: &str, name: &str, lineno: usize) -> u64 {
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("line {lineno}: {name} {text:?}: {e}"))
+}
+
+/// The conversation trace, parsed once per test binary.
+fn trace() -> &'static [Request] {
+    static TRACE: OnceLock<Vec<Request>> = OnceLock::new();
+    TRACE.get_or_init(|| {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/traces/mooncake-conversation.jsonl"
+        );
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let mut requests = Vec::new();
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let lineno = i + 1;
+            let input_length = number(
+                json_field(line, "input_length", lineno),
+                "input_length",
+                lineno,
+            );
+            let ids = json_field(line, "hash_ids", lineno);
+            let hash_ids: Vec<u64> = ids
+                .split(',')
+                .filter(|s| !s.trim().is_empty())
+                .map(|s| number(s, "hash_ids", lineno))
+                .collect();
+            assert_eq!(
+                hash_ids.len() as u64,
+                input_length.div_ceil(TRACE_BLOCK),
+                "line {lineno}: one hash id per 512-token block"
+            );
+            requests.push(Request {
+                input_length,
+                hash_ids,
+            });
+        }
+        requests
+    })
+}
+
+/// What a replay counted.
+#[derive(Debug, Default)]
+struct Replay {
+    /// Prompt tokens of the replayed requests.
+    prompt_tokens: u64,
+    /// Full prompt blocks of the replayed requests.
+    full_blocks: u64,
+    /// Blocks matched in the cache.
+    hit_blocks: u64,
+    /// Requests skipped because they need more blocks than the pool has.
+    skipped: u64,
+    /// Blocks evicted.
+    evictions: u64,
+}
+
+impl Replay {
+    /// Tokens served from the cache over prompt tokens, in percent, with
+    /// two decimals.
+    fn hit_rate(&self) -> String {
+        let hit_tokens = self.hit_blocks * TRACE_BLOCK;
+        format!(
+            "{:.2}",
+            100.0 * hit_tokens as f64 / self.prompt_tokens as f64
+        )
+    }
+}
+
+/// Replays `trace` one request at a time through a pool of `num_blocks`
+/// blocks of 512 tokens.
+fn replay(trace: &[Request], num_blocks: usize) -> Replay {
+    let mut cache = ReferenceCache::<u64>::new(num_blocks);
+    let mut table = Vec::new();
+    let mut out = Replay::default();
+    for request in trace {
+        let m = request.hash_ids.len();
+        if m > num_blocks {
+            out.skipped += 1;
+            continue;
+        }
+        let full = (request.input_length / TRACE_BLOCK) as usize;
+        let keys = &request.hash_ids[..full];
+        table.clear();
+        let k = cache.match_prefix(keys, &mut table);
+        cache
+            .allocate(m - k, &mut table)
+            .expect("one request at a time always fits a pool it is not larger than");
+        cache.publish(&table[k..full], &keys[k..]);
+        cache.release(&table);
+        out.prompt_tokens += request.input_length;
+        out.full_blocks += full as u64;
+        out.hit_blocks += k as u64;
+    }
+    assert_eq!(cache.free_blocks(), num_blocks, "a block leaked");
+    assert_eq!(cache.evictable_blocks(), cache.cached_blocks());
+    out.evictions = cache.evictions();
+    out
+}
+
+/// Checks a replay against the published figures for its pool size.
+fn check(num_blocks: usize, hit_blocks: u64, hit_rate: &str) -> Replay {
+    let r = replay(trace(), num_blocks);
+    assert_eq!(r.skipped, 0);
+    assert_eq!(r.prompt_tokens, 144_793_823);
+    assert_eq!(r.full_blocks, 276_491);
+    assert_eq!(
+        r.hit_blocks, hit_blocks,
+        "hit blocks at {num_blocks} blocks"
+    );
+    assert_eq!(r.hit_rate(), hit_rate, "hit rate at {num_blocks} blocks");
+    r
+}
+
+#[test]
+fn trace_is_the_published_one() {
+    let trace = trace();
+    assert_eq!(trace.len(), 12_031);
+    let mut distinct: Vec<u64> = trace
+        .iter()
+        .flat_map(|r| r.hash_ids.iter().copied())
+        .collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 182_790);
+}
+
+#[test]
+fn replay_1_000_blocks() {
+    let r = check(1_000, 12_988, "4.59");
+    assert!(r.evictions > 0);
+}
+
+#[test]
+fn replay_4_000_blocks() {
+    let r = check(4_000, 26_000, "9.19");
+    assert!(r.evictions > 0);
+}
+
+#[test]
+fn replay_16_000_blocks() {
+    let r = check(16_000, 77_276, "27.33");
+    assert!(r.evictions > 0);
+}
+
+#[test]
+fn replay_64_000_blocks() {
+    let r = check(64_000, 103_775, "36.70");
+    assert!(r.evictions > 0);
+}
+
+#[test]
+fn replay_without_eviction() {
+    let r = check(1_000_000, 105_592, "37.34");
+    assert_eq!(r.evictions, 0);
+}
+
+// The model's own rules, on small cases.
+
+#[test]
+fn eviction_takes_uncached_blocks_first_then_the_least_recently_released() {
+    let mut cache = ReferenceCache::<u32>::new(5);
+    let mut a = Vec::new();
+    cache.allocate(3, &mut a).unwrap();
+    assert_eq!(cache.publish(&a, &[10, 11, 12]), 3);
+    cache.release(&a); // 12 first, 10 last: 10 is the most recently released
+    assert_eq!(cache.eviction_order(), [12, 11, 10]);
+    assert_eq!((cache.free_blocks(), cache.evictable_blocks()), (5, 3));
+
+    let mut b = Vec::new();
+    cache.allocate(3, &mut b).unwrap(); // 2 uncached, then 12 evicted
+    assert_eq!(cache.evictions(), 1);
+    assert!(!b.contains(&a[0]) && !b.contains(&a[1]));
+    assert!(b.contains(&a[2]));
+    assert_eq!(cache.eviction_order(), [11, 10]);
+    cache.release(&b);
+
+    let mut c = Vec::new();
+    assert_eq!(cache.match_prefix(&[10, 11, 12], &mut c), 2);
+    assert_eq!(c, a[..2]);
+    assert_eq!(cache.evictable_blocks(), 0); // matched: no longer evictable
+    cache.release(&c);
+    assert_eq!(cache.eviction_order(), [11, 10]);
+}
+
+#[test]
+fn a_matched_block_is_not_evicted() {
+    let mut cache = ReferenceCache::<u32>::new(2);
+    let mut a = Vec::new();
+    cache.allocate(2, &mut a).unwrap();
+    cache.publish(&a, &[1, 2]);
+    cache.release(&a);
+    let mut b = Vec::new();
+    assert_eq!(cache.match_prefix(&[1], &mut b), 1);
+    // Block 1's key (2) goes; block 0 (key 1) is held and stays.
+    cache.allocate(1, &mut b).unwrap();
+    assert_eq!(b, a);
+    assert_eq!(cache.cached_blocks(), 1);
+    assert_eq!(cache.allocate(1, &mut b), Err(Full));
+}
+
+#[test]
+fn a_refused_allocation_changes_nothing() {
+    let mut cache = ReferenceCache::<u32>::new(3);
+    let mut a = Vec::new();
+    cache.allocate(2, &mut a).unwrap();
+    cache.publish(&a, &[1, 2]);
+    cache.release(&a[1..]);
+    let before = (
+        cache.free_blocks(),
+        cache.eviction_order(),
+        cache.evictions(),
+    );
+    let mut b = vec![99];
+    assert_eq!(cache.allocate(3, &mut b), Err(Full));
+    assert_eq!(b, [99]);
+    assert_eq!(
+        (
+            cache.free_blocks(),
+            cache.eviction_order(),
+            cache.evictions()
+        ),
+        before
+    );
+    assert_eq!(cache.cached_blocks(), 2);
+}
+
+#[test]
+fn publish_first_wins() {
+    let mut cache = ReferenceCache::<u32>::new(4);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    cache.allocate(2, &mut a).unwrap();
+    cache.allocate(2, &mut b).unwrap();
+    assert_eq!(cache.publish(&a, &[1, 2]), 2);
+    assert_eq!(cache.publish(&b, &[1, 3]), 1); // 1 stays with a's block
+    assert_eq!(cache.publish(&a, &[1, 2]), 0); // already cached
+    assert_eq!(cache.cached_blocks(), 3);
+    cache.release(&b);
+    assert_eq!(cache.eviction_order(), [3]); // b's block 0 went back uncached
+    let mut c = Vec::new();
+    assert_eq!(cache.match_prefix(&[1, 2], &mut c), 2);
+    assert_eq!(c, a);
+}
