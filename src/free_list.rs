@@ -67,8 +67,8 @@
 //!   read after an `Acquire` of the head; a link read from a stale snapshot
 //!   is caught by the tag check, not by ordering.
 
-use crate::pool::BlockId;
-use crate::sync::{self, AtomicU32, AtomicU64, Backoff, CachePadded, Ordering};
+use crate::id::BlockId;
+use crate::sync::{self, AtomicU32, AtomicU64, Backoff, CachePadded, Faults, Ordering};
 
 /// The index that ends the list.
 pub(crate) const NIL: u32 = u32::MAX;
@@ -107,26 +107,6 @@ impl Chain {
     }
 }
 
-/// Faults that the loom negative controls inject into the real free list.
-#[cfg(kvslots_loom)]
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Faults {
-    /// Never bump the generation tag (opens the ABA race).
-    pub no_tag: bool,
-    /// Push and drop references with `Relaxed` instead of `Release`.
-    pub relaxed_free: bool,
-    /// When a free finds a listed block already freed by another thread,
-    /// add the references it dropped back blindly (an earlier version's
-    /// undo), even to a block that another holder has freed meanwhile:
-    /// resurrects a block that sits in the free list.
-    pub blind_undo: bool,
-    /// Drop a sequence's reference to a block whose count reads 1 with a
-    /// plain store of 0 (no read-modify-write): a racing double free then
-    /// pushes the block a second time.
-    pub plain_held_drop: bool,
-}
-
 pub(crate) struct FreeList {
     /// One `(tag << 32) | top index` word per shard, each on its own line.
     heads: Box<[CachePadded<AtomicU64>]>,
@@ -134,8 +114,8 @@ pub(crate) struct FreeList {
     next: Box<[AtomicU32]>,
     /// Ids per shard: shard `s` owns ids `s * span .. (s + 1) * span`.
     span: u32,
-    #[cfg(kvslots_loom)]
-    pub(crate) faults: Faults,
+    /// The faults of loom's negative controls (none outside them).
+    faults: Faults,
 }
 
 const fn pack(tag: u32, index: u32) -> u64 {
@@ -153,7 +133,7 @@ const fn tag(head: u64) -> u32 {
 impl FreeList {
     /// A free list of `shards > 0` stacks holding every id `0..len`: shard
     /// `s` gets the `s`-th contiguous slice, lowest id on top.
-    pub(crate) fn new(len: u32, shards: usize) -> FreeList {
+    pub(crate) fn new(len: u32, shards: usize, faults: Faults) -> FreeList {
         debug_assert!(shards > 0);
         // Ceiling division, at least 1 so that `owner` never divides by 0.
         let span = len.div_ceil(shards as u32).max(1);
@@ -175,8 +155,7 @@ impl FreeList {
             heads,
             next,
             span,
-            #[cfg(kvslots_loom)]
-            faults: Faults::default(),
+            faults,
         }
     }
 
@@ -195,22 +174,9 @@ impl FreeList {
         (id / self.span) as usize
     }
 
+    /// The tag the next successful CAS on a head installs: one more.
     fn next_tag(&self, head: u64) -> u32 {
-        #[cfg(kvslots_loom)]
-        if self.faults.no_tag {
-            return tag(head);
-        }
-        tag(head).wrapping_add(1)
-    }
-
-    /// The ordering of a push (and of dropping a reference): `Release`,
-    /// unless a loom negative control asks for the bug.
-    pub(crate) fn free_ordering(&self, good: Ordering) -> Ordering {
-        #[cfg(kvslots_loom)]
-        if self.faults.relaxed_free {
-            return Ordering::Relaxed;
-        }
-        good
+        self.faults.next_tag(tag(head).wrapping_add(1), tag(head))
     }
 
     /// Pops exactly `k > 0` ids and appends them to `out`: from the home
@@ -354,7 +320,7 @@ impl FreeList {
             match head_word.compare_exchange_weak(
                 head,
                 new,
-                self.free_ordering(Ordering::Release),
+                self.faults.free_ordering(Ordering::Release),
                 Ordering::Relaxed,
             ) {
                 Ok(_) => return,

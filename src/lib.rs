@@ -114,20 +114,40 @@
 mod counter;
 mod error;
 mod free_list;
+mod id;
 mod pool;
-mod reservation;
 mod sequence;
-#[doc(hidden)]
-pub mod sync;
+mod sync;
 
+pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::SlotCounter;
 pub use error::{FreeError, PositionError, ReleaseError, ReserveError};
-#[cfg(kvslots_loom)]
-#[doc(hidden)]
-pub use free_list::Faults;
-pub use pool::{BlockId, BlockPool};
-pub use reservation::{OwnedReservation, Reservation};
+pub use id::BlockId;
+pub use pool::BlockPool;
 pub use sequence::{BlockCopy, Sequence};
+
+/// The seam for the model-checking suites (`loom-tests`, `tests/shuttle.rs`):
+/// not part of the API, and not covered by semver.
+///
+/// It gives the suites the atomics facade's types, so that their
+/// deliberately wrong allocators use exactly the atomics the real code
+/// uses, and a pool with the faults of loom's negative controls.
+#[doc(hidden)]
+pub mod __model {
+    pub use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Faults, Ordering};
+
+    /// A [`BlockPool`](crate::BlockPool) as
+    /// [`with_shards`](crate::BlockPool::with_shards) builds it, carrying
+    /// `faults`.
+    pub fn pool_with_faults(
+        num_blocks: usize,
+        block_size: usize,
+        shards: usize,
+        faults: Faults,
+    ) -> crate::BlockPool {
+        crate::BlockPool::with_faults(num_blocks, block_size, shards, faults)
+    }
+}
 
 /// The admission rule, as a pure function: how many of `requested` slots to
 /// admit when `used` of `capacity` are taken.

@@ -28,7 +28,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::error::{PositionError, ReserveError};
-use crate::pool::{BlockId, BlockPool};
+use crate::id::BlockId;
+use crate::pool::BlockPool;
 
 /// A device copy the caller must make: the first `tokens` slots of block
 /// `src` into block `dst` (a fork's private tail, or a copy-on-write).

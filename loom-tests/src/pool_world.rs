@@ -21,8 +21,9 @@
 
 use std::sync::Arc;
 
-use kvslots::sync::{AtomicUsize, Ordering};
-use kvslots::{BlockId, BlockPool, Faults, ReserveError};
+use kvslots::__model::{pool_with_faults, Faults};
+use kvslots::__model::{AtomicUsize, Ordering};
+use kvslots::{BlockId, BlockPool, ReserveError};
 use loom::cell::UnsafeCell;
 
 /// A block was handed out while a holder still had it (the same words as
@@ -151,9 +152,7 @@ impl PoolWorld {
         holder: &'static str,
     ) -> Arc<PoolWorld> {
         Arc::new(PoolWorld {
-            pool: Arc::new(BlockPool::with_faults(
-                num_blocks, block_size, shards, faults,
-            )),
+            pool: Arc::new(pool_with_faults(num_blocks, block_size, shards, faults)),
             holders: (0..num_blocks).map(|_| AtomicUsize::new(0)).collect(),
             payload: (0..num_blocks).map(|_| UnsafeCell::new(0)).collect(),
             holder,

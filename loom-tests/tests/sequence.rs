@@ -59,7 +59,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use kvslots::{BlockCopy, BlockId, Faults, ReserveError, Sequence};
+use kvslots::__model::Faults;
+use kvslots::{BlockCopy, BlockId, ReserveError, Sequence};
 use loom::thread;
 use loom_tests::pool_world::{check, PoolWorld, RELAXED_FREE, SOUND};
 

@@ -24,7 +24,7 @@
 
 use std::sync::Arc;
 
-use kvslots::Faults;
+use kvslots::__model::Faults;
 use loom::thread;
 use loom_tests::pool_world::{
     alloc_then_more, check, Allocs, PoolWorld, NO_TAG, RELAXED_FREE, SOUND,

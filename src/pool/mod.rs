@@ -74,51 +74,13 @@ use std::fmt;
 use crate::counter::SlotCounter;
 use crate::error::{FreeError, ReserveError};
 use crate::free_list::{Chain, FreeList, NIL};
-use crate::sync::{AtomicU32, Ordering};
+use crate::id::BlockId;
+use crate::sync::Faults;
 
-/// The id of one block in a [`BlockPool`].
-///
-/// # Examples
-///
-/// ```
-/// use kvslots::BlockId;
-///
-/// let id = BlockId::new(7);
-/// assert_eq!(id.index(), 7);
-/// assert!(BlockId::new(1) < id);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlockId(u32);
+mod over_free;
+mod refs;
 
-impl BlockId {
-    /// The id of block number `index`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(kvslots::BlockId::new(3).index(), 3);
-    /// ```
-    pub const fn new(index: u32) -> BlockId {
-        BlockId(index)
-    }
-
-    /// The block's number, `0..num_blocks`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(kvslots::BlockId::new(42).index(), 42);
-    /// ```
-    pub const fn index(self) -> usize {
-        self.0 as usize
-    }
-}
-
-impl fmt::Display for BlockId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "block {}", self.0)
-    }
-}
+use refs::Refs;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
 /// slots each. Share it as an `Arc<BlockPool>`.
@@ -145,7 +107,7 @@ pub struct BlockPool {
     /// The ids not in use, in stacks (one per id range) with padded heads.
     free: FreeList,
     /// Per-block reference counts; 0 while the block is in the free list.
-    refs: Box<[AtomicU32]>,
+    refs: Refs,
     block_size: usize,
 }
 
@@ -163,9 +125,6 @@ impl BlockPool {
 
     /// The most free-list stacks [`with_shards`](Self::with_shards) accepts.
     pub const MAX_SHARDS: usize = 1024;
-
-    /// A reference count above this panics instead of wrapping.
-    const MAX_REFS: u32 = u32::MAX / 2;
 
     /// Creates a pool of `num_blocks` free blocks of `block_size` token
     /// slots. `num_blocks == 0` is a valid pool that refuses every
@@ -222,6 +181,17 @@ impl BlockPool {
     /// pool.free(&ids).unwrap();
     /// ```
     pub fn with_shards(num_blocks: usize, block_size: usize, shards: usize) -> BlockPool {
+        BlockPool::with_faults(num_blocks, block_size, shards, Faults::default())
+    }
+
+    /// [`with_shards`](Self::with_shards) with the faults of one of loom's
+    /// negative controls (none outside them).
+    pub(crate) fn with_faults(
+        num_blocks: usize,
+        block_size: usize,
+        shards: usize,
+        faults: Faults,
+    ) -> BlockPool {
         assert!(block_size != 0, "block_size must be non-zero");
         assert!(
             num_blocks <= Self::MAX_BLOCKS,
@@ -239,8 +209,8 @@ impl BlockPool {
         );
         BlockPool {
             counter: SlotCounter::new(num_blocks),
-            free: FreeList::new(num_blocks as u32, shards),
-            refs: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
+            free: FreeList::new(num_blocks as u32, shards, faults),
+            refs: Refs::new(num_blocks, faults),
             block_size,
         }
     }
@@ -268,21 +238,6 @@ impl BlockPool {
         } else {
             shards
         }
-    }
-
-    /// A pool whose free list carries injected faults, for loom's negative
-    /// controls only.
-    #[cfg(kvslots_loom)]
-    #[doc(hidden)]
-    pub fn with_faults(
-        num_blocks: usize,
-        block_size: usize,
-        shards: usize,
-        faults: crate::free_list::Faults,
-    ) -> BlockPool {
-        let mut pool = BlockPool::with_shards(num_blocks, block_size, shards);
-        pool.free.faults = faults;
-        pool
     }
 
     /// How many stacks the free list is cut into.
@@ -389,10 +344,7 @@ impl BlockPool {
     /// # pool.free(&ids).unwrap();
     /// ```
     pub fn ref_count(&self, id: BlockId) -> Option<usize> {
-        // Relaxed: a snapshot for reporting.
-        self.refs
-            .get(id.index())
-            .map(|r| r.load(Ordering::Relaxed) as usize)
+        self.refs.get(id.index()).map(|count| count as usize)
     }
 
     /// Allocates exactly `n` blocks, all or nothing, appending their
@@ -460,18 +412,14 @@ impl BlockPool {
         if n <= self.num_blocks() {
             out.reserve(n);
         }
-        self.counter.acquire(n, headroom)?;
+        self.counter.try_reserve_raw(n, headroom)?;
         if n == 0 {
             return Ok(());
         }
         let base = out.len();
         self.free.pop(n, out);
-        for id in &out[base..] {
-            let count = &self.refs[id.index()];
-            // Relaxed (both): the block is exclusively ours after the Acquire
-            // pop; a plain store is cheaper than a read-modify-write.
-            debug_assert_eq!(count.load(Ordering::Relaxed), 0, "{id} handed out twice");
-            count.store(1, Ordering::Relaxed);
+        for &id in &out[base..] {
+            self.refs.set_first(id);
         }
         Ok(())
     }
@@ -542,10 +490,10 @@ impl BlockPool {
         // references? Checked with loads before anything changes, so that a
         // refused call never drops (and restores) a reference that a
         // concurrent holder could observe.
-        if let Some(&id) = ids.iter().find(|id| self.count(**id) == 0) {
+        if let Some(&id) = ids.iter().find(|id| self.refs.count(**id) == 0) {
             return Err(FreeError::NotAllocated { id });
         }
-        if let Some(id) = self.first_over_freed(ids) {
+        if let Some(id) = over_free::first_over_freed(ids, |id| self.refs.count(id) as usize) {
             return Err(FreeError::OverFreed { id });
         }
         self.drop_refs(ids)
@@ -556,7 +504,7 @@ impl BlockPool {
     /// reach zero and pushes them (one CAS per run of ids with the same
     /// owner stack).
     fn drop_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
-        self.drop_each(ids, |id| self.drop_ref(id))
+        self.drop_each(ids, |id| self.refs.drop(id))
     }
 
     /// Drops the references a [`Sequence`](crate::Sequence) holds in its
@@ -569,7 +517,7 @@ impl BlockPool {
     /// block. If `free` won, the drop here finds no reference left and is
     /// refused with `Raced` like any drop that loses that race.
     pub(crate) fn drop_held_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
-        self.drop_each(ids, |id| self.drop_held_ref(id))
+        self.drop_each(ids, |id| self.refs.drop_held(id))
     }
 
     /// The body of both drops: `drop` takes one reference and says whether
@@ -591,11 +539,11 @@ impl BlockPool {
                 Ok(true) => self.free.prepend(&mut chain, id.index() as u32),
                 Ok(false) => {}
                 Err(()) => {
-                    #[cfg(kvslots_loom)]
-                    if self.free.faults.blind_undo {
-                        return Err(self.blind_undo(&ids[..i], id));
+                    // (A refusal with nothing changed only under loom's
+                    // `blind_undo` control.)
+                    if self.refs.blind_undo(&ids[..i]) {
+                        return Err(FreeError::NotAllocated { id });
                     }
-                    let _ = i; // (only loom's control needs the index)
                     raced.get_or_insert(id);
                 }
             }
@@ -608,19 +556,6 @@ impl BlockPool {
             None => Ok(()),
             Some(id) => Err(FreeError::Raced { id }),
         }
-    }
-
-    /// The negative control of `loom-tests/tests/refused_free.rs`: the
-    /// undo an earlier version made, adding every dropped reference back
-    /// whatever happened to the block since (it resurrects a block that
-    /// another holder freed meanwhile).
-    #[cfg(kvslots_loom)]
-    fn blind_undo(&self, done: &[BlockId], id: BlockId) -> FreeError {
-        for &d in done {
-            // Relaxed: the bug under test is the missing check, not ordering.
-            self.refs[d.index()].fetch_add(1, Ordering::Relaxed);
-        }
-        FreeError::NotAllocated { id }
     }
 
     /// Closes the pool: every later allocation fails with
@@ -658,175 +593,12 @@ impl BlockPool {
     ///
     /// Panics if the count would exceed `u32::MAX / 2` (as `Arc` aborts).
     pub(crate) fn add_ref(&self, id: BlockId) {
-        // Relaxed: the caller holds a reference, so the block cannot be freed
-        // under us; the new reference is handed over by whatever hands over
-        // its holder (as with `Arc::clone`).
-        let prev = self.refs[id.index()].fetch_add(1, Ordering::Relaxed);
-        if prev >= Self::MAX_REFS {
-            // Relaxed: undoing our own increment.
-            self.refs[id.index()].fetch_sub(1, Ordering::Relaxed);
-            panic!("reference count overflow on {id}");
-        }
+        self.refs.add(id);
     }
 
     /// Whether more than one reference to `id` exists now.
     pub(crate) fn is_shared(&self, id: BlockId) -> bool {
-        // Acquire: if another holder dropped its reference, its reads of the
-        // block happen-before we decide to write into it.
-        self.refs[id.index()].load(Ordering::Acquire) > 1
-    }
-
-    /// The first id (in list order) listed more times than it has
-    /// references now, if any. Allocates nothing, and stays near linear for
-    /// long lists:
-    /// - up to 16 ids are compared pairwise;
-    /// - a longer list is screened once through a filter of `index % 4096`
-    ///   (512 bytes on the stack): if no two ids share a bit, none is listed
-    ///   twice;
-    /// - otherwise it is checked exactly, one pass per window of 8,192
-    ///   consecutive indices that holds a listed id, in index order, with a
-    ///   tally per index of the window (8 KiB on the stack): an id whose
-    ///   tally passes its reference count is over-freed. A pass stops at the
-    ///   earliest over-freed position found so far (no later one can win).
-    ///
-    /// That is O(n · windows) for `n` ids: a pool of a million blocks has at
-    /// most 123 windows. Only an id listed more than 254 times in one list
-    /// (its tally saturated) is counted the slow way, over the list so far.
-    /// (One filter for every list, with every id whose bit was already set
-    /// counted over the whole prefix, made a list of over 4096 distinct ids
-    /// quadratic.)
-    fn first_over_freed(&self, ids: &[BlockId]) -> Option<BlockId> {
-        const PAIRWISE: usize = 16;
-        const SCREEN_BITS: usize = 64 * 64;
-        const WINDOW: usize = 8 * 1024;
-        let over = |i: usize, id: BlockId| {
-            let listed = ids[..=i].iter().filter(|&&x| x == id).count();
-            listed > self.count(id) as usize
-        };
-        if ids.len() <= PAIRWISE {
-            return ids
-                .iter()
-                .enumerate()
-                .find(|&(i, id)| ids[..i].contains(id) && over(i, *id))
-                .map(|(_, &id)| id);
-        }
-        // Any two ids on the same bit of the screen?
-        let mut screen = [0u64; SCREEN_BITS / 64];
-        if !ids
-            .iter()
-            .any(|id| test_and_set(&mut screen, id.index() % SCREEN_BITS))
-        {
-            return None;
-        }
-        // Exactly, window by window: `lo` is the lowest listed index not yet
-        // covered, and `end` the earliest over-freed position found so far
-        // (the list's length while there is none).
-        let mut tally = [0u8; WINDOW];
-        let mut end = ids.len();
-        let mut lo = ids.iter().map(|id| id.index()).min()?;
-        loop {
-            let mut next = usize::MAX;
-            for (i, &id) in ids[..end].iter().enumerate() {
-                let index = id.index();
-                if index < lo {
-                    continue;
-                }
-                if index - lo >= WINDOW {
-                    next = next.min(index);
-                    continue;
-                }
-                let listed = &mut tally[index - lo];
-                *listed = listed.saturating_add(1);
-                // Listed more often than referenced? (A repeat only: the
-                // first listing was checked against zero references already.)
-                let over_freed = match *listed {
-                    1 => false,
-                    u8::MAX => over(i, id),
-                    n => usize::from(n) > self.count(id) as usize,
-                };
-                if over_freed {
-                    end = i;
-                    break;
-                }
-            }
-            // Every listed index before `end` covered?
-            if next == usize::MAX {
-                return ids.get(end).copied();
-            }
-            lo = next;
-            tally.fill(0);
-        }
-    }
-
-    /// A block's reference count now.
-    fn count(&self, id: BlockId) -> u32 {
-        // Relaxed: a validation read; the drops that follow are what order.
-        self.refs[id.index()].load(Ordering::Relaxed)
-    }
-
-    /// Drops a reference the caller holds; `Ok(true)` if it was the last.
-    ///
-    /// Never a load followed by a plain store of 0, even when the count
-    /// reads 1: a racing [`free`](Self::free) of the same block (a double
-    /// free) can take that count from 1 to 0 in between, and both sides
-    /// would then push the block. The CAS decides which of the two drops
-    /// the last reference.
-    fn drop_held_ref(&self, id: BlockId) -> Result<bool, ()> {
-        #[cfg(kvslots_loom)]
-        if self.free.faults.plain_held_drop {
-            return self.plain_held_drop(id);
-        }
-        // First guess 1, without a load: a sequence usually holds its blocks
-        // alone, and then the first CAS succeeds.
-        self.drop_ref_from(id, 1)
-    }
-
-    /// The negative control of `loom-tests/tests/held_drop.rs`: a count that
-    /// reads 1 is cleared with a plain store, as if nobody else could drop
-    /// that reference (a racing double free can).
-    #[cfg(kvslots_loom)]
-    fn plain_held_drop(&self, id: BlockId) -> Result<bool, ()> {
-        let count = &self.refs[id.index()];
-        // Acquire, Relaxed: the orderings of a correct last drop; the bug
-        // under test is the store.
-        if count.load(Ordering::Acquire) == 1 {
-            count.store(0, Ordering::Relaxed);
-            return Ok(true);
-        }
-        self.drop_ref(id)
-    }
-
-    /// Drops one reference; `Ok(true)` if it was the last. `Err` if the
-    /// block has none (not allocated, or already dropped in this call).
-    fn drop_ref(&self, id: BlockId) -> Result<bool, ()> {
-        // Relaxed: only a guess; the CAS validates it.
-        let guess = self.refs[id.index()].load(Ordering::Relaxed);
-        self.drop_ref_from(id, guess)
-    }
-
-    /// [`drop_ref`](Self::drop_ref) with a first guess of the count.
-    fn drop_ref_from(&self, id: BlockId, guess: u32) -> Result<bool, ()> {
-        let count = &self.refs[id.index()];
-        let mut cur = guess;
-        loop {
-            // Any reference left to drop?
-            if cur == 0 {
-                return Err(());
-            }
-            // AcqRel on success: Release orders this holder's accesses to
-            // the block before the last drop; Acquire lets the last dropper
-            // (who pushes the block) see every other holder's accesses.
-            // Relaxed on failure: we only retry with the fresh value.
-            match count.compare_exchange_weak(
-                cur,
-                cur - 1,
-                self.free.free_ordering(Ordering::AcqRel),
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Ok(cur == 1),
-                Err(actual) => cur = actual,
-            }
-        }
+        self.refs.is_shared(id)
     }
 }
 
@@ -841,12 +613,4 @@ impl fmt::Debug for BlockPool {
             .field("closed", &self.is_closed())
             .finish()
     }
-}
-
-/// Sets bit `bit` of `bits` and returns whether it was already set.
-fn test_and_set(bits: &mut [u64], bit: usize) -> bool {
-    let (word, mask) = (bit / 64, 1u64 << (bit % 64));
-    let was = bits[word] & mask != 0;
-    bits[word] |= mask;
-    was
 }
