@@ -8,11 +8,14 @@
 //! Run with
 //! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test shards`.
 //!
-//! With `span = ceil(num_blocks / 2)` ids per stack, stack 0 owns ids
-//! `0..span` and stack 1 the rest; a thread's pops start at its home stack
-//! (the model thread's number modulo 2: the main thread and a spawned
-//! thread start at different stacks) and take from the other one when
-//! theirs is short.
+//! With `span = ceil(num_blocks / 2)` ids per shard, shard 0 owns ids
+//! `0..span` and shard 1 the rest; a thread's pops start at its home shard
+//! and take from the other one when theirs is short. Threads are numbered
+//! in the order they first allocate, afresh in every execution, so the
+//! first thread to allocate starts at shard 0 and the second at shard 1;
+//! loom explores both orders. The model descriptions below follow the
+//! executions in which the main thread allocates first (its home is
+//! shard 0); in the others the two threads swap homes.
 //!
 //! | model | threads, blocks | `no_tag` (ABA) | `relaxed_free` |
 //! |---|---|---|---|
