@@ -35,15 +35,13 @@
 //! * `cap_64_refusing`: capacity 64, requests of 1..=16, and every worker
 //!   keeps its last 3 admitted requests (each operation takes a new one,
 //!   then gives back the oldest), so the workers together hold about the
-//!   whole capacity and refusals are common (about 8% of the requests at 2
-//!   threads, half at 8, when this was written). This measures the refusal
-//!   path as well as the admission path.
+//!   whole capacity and refusals are common (more of them with more
+//!   threads). This measures the refusal path as well as the admission
+//!   path.
 //!
-//! The ratios the project tracks (issue 2) are taken between rows of the
-//! same run, on 2 threads: `kvslots_try_reserve_drop` against
-//! `fetch_add_sub` (target at least 0.75x its throughput) and against
-//! `std_mutex` (target at least 3x). Run e.g.
-//! `cargo bench --bench contention -- '/2$'`.
+//! The ratios in `BENCHMARKS.md` are taken between rows of the same run,
+//! on 2 threads: `kvslots_try_reserve_drop` against `fetch_add_sub` and
+//! against `std_mutex`. Run e.g. `cargo bench --bench contention -- '/2$'`.
 //!
 //! Rows whose id starts with `proto_` (in `cap_1M`) are prototypes of
 //! alternative admission loops, written here only to measure them; the

@@ -1,4 +1,4 @@
-//! The 2-thread figures of the README, from rounds in which both threads
+//! The 2-thread figures of `BENCHMARKS.md`, from rounds in which both threads
 //! really ran at once.
 //!
 //! ```text
@@ -31,7 +31,7 @@
 //! `parking_lot::Mutex<usize>` and `tokio::sync::Semaphore`), and
 //! `try_alloc(2)` + `free` on a pool of 4,096 blocks (against
 //! `std::sync::Mutex<Vec<u32>>` and `parking_lot::Mutex<Vec<u32>>` free
-//! lists, and a one-stack `BlockPool`).
+//! lists, and a one-shard `BlockPool`).
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

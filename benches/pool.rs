@@ -12,8 +12,8 @@
 //!
 //! | id | free list |
 //! |---|---|
-//! | `kvslots` | [`BlockPool::new`]: admission CAS, then one CAS pops the chain from the thread's home stack (16 stacks here) |
-//! | `kvslots_1_stack` | [`BlockPool::with_shards`] with one stack, for what sharding changes |
+//! | `kvslots` | [`BlockPool::new`]: admission CAS, then one CAS pops the chain from the thread's home shard (16 shards here) |
+//! | `kvslots_1_stack` | [`BlockPool::with_shards`] with one shard, for what sharding changes |
 //! | `std_mutex` | `std::sync::Mutex<Vec<u32>>`: lock, check, pop `n` |
 //! | `parking_lot_mutex` | `parking_lot::Mutex<Vec<u32>>`, the same |
 //! | `array_queue` | `crossbeam_queue::ArrayQueue<u32>`: pop `n` one by one, pushing back on a shortfall (lock-free, but not all-or-nothing: others can see a partial take) |
@@ -57,7 +57,7 @@ trait FreeList: Send + Sync + 'static {
     fn give(&self, ids: &[Self::Id]);
 }
 
-/// [`BlockPool::new`], sharded as it chooses (16 stacks at these sizes).
+/// [`BlockPool::new`], sharded as it chooses (16 shards at these sizes).
 struct Kv(BlockPool);
 
 impl FreeList for Kv {
@@ -76,7 +76,7 @@ impl FreeList for Kv {
     }
 }
 
-/// [`BlockPool::with_shards`] with one stack: what sharding changes.
+/// [`BlockPool::with_shards`] with one shard: what sharding changes.
 struct Kv1(BlockPool);
 
 impl FreeList for Kv1 {
@@ -253,7 +253,7 @@ impl Table for Sequence {
     }
 }
 
-/// A [`Sequence`] over a one-stack pool, for what sharding changes.
+/// A [`Sequence`] over a one-shard pool, for what sharding changes.
 struct Seq1(Sequence);
 
 impl Table for Seq1 {

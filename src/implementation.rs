@@ -66,8 +66,9 @@
 //! retrying at once only pulls it back before that core has finished.
 //!
 //! Giving back slots that a guard holds is one `fetch_sub`: the guard proves
-//! they are held, so nothing needs checking. [`SlotCounter::release`]
-//! (crate::SlotCounter::release) takes an untrusted count, so it is a CAS
+//! they are held, so nothing needs checking.
+//! [`SlotCounter::release`](crate::SlotCounter::release) takes an
+//! untrusted count, so it is a CAS
 //! loop of the same shape ("Is that much in use?") that refuses an
 //! over-release and changes nothing.
 //!

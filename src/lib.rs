@@ -89,6 +89,9 @@
 //! Every model has a negative control: the two known wrong ways to admit
 //! (token by token, and against total capacity) and the check-then-add race
 //! are written against the same facade, and loom must catch each of them.
+//! The block pool's models do the same for allocation, frees, shards,
+//! reference counts and sequences, with a negative control per injected
+//! fault (a free list without its ABA tag, `Relaxed` frees, and others).
 //! Rayon stress tests drive millions of mixed operations on many threads
 //! while an observer samples the invariant. See the README for the commands.
 //!
@@ -97,14 +100,20 @@
 //! Admission is one compare-and-swap on one cache-padded word, with
 //! exponential backoff on contention; giving back a guard is one
 //! `fetch_sub`. No lock is taken and nothing is allocated on these paths.
-//! `benches/contention.rs` measures it against `std::sync::Mutex`,
+//! A block allocation is that admission plus one CAS on the calling
+//! thread's home shard of the free list, whatever the pool size.
+//! `benches/contention.rs` measures admission against `std::sync::Mutex`,
 //! `parking_lot::Mutex`, `tokio::sync::Semaphore` and a bare
-//! `fetch_add`/`fetch_sub` pair; the README has the figures.
+//! `fetch_add`/`fetch_sub` pair, and `benches/pool.rs` the block pool
+//! against mutex-guarded free lists; `BENCHMARKS.md` has the figures, with
+//! when a lock is cheaper.
 //!
 //! # Implementation
 //!
-//! See the [`SlotCounter`] type and its module for the state word, the CAS
-//! loop and the memory orderings.
+//! The [`implementation`] module describes the state word and its CAS
+//! loops, the free list (tagged Treiber stacks) and its shards, reference
+//! counts, sequences and copy-on-write, and the memory orderings of each
+//! type.
 //!
 //! [loom]: https://docs.rs/loom
 
@@ -115,6 +124,7 @@ mod counter;
 mod error;
 mod free_list;
 mod id;
+pub mod implementation;
 mod pool;
 mod sequence;
 mod sync;

@@ -1,28 +1,7 @@
 //! [`Sequence`]: one sequence's block table over a shared
 //! [`BlockPool`], mapping its token positions to flat KV-cache slots.
-//!
-//! A sequence owns one reference to each block in its table. It grows by
-//! multi-token appends that take exactly the blocks the new tokens need, all
-//! or none; it rolls back with [`Sequence::truncate`]; it forks children for
-//! parallel sampling or beam search that share its full blocks; and dropping
-//! it returns its references.
-//!
-//! # Sharing and writes
-//!
-//! After a fork, parent and child share every *full* block (read-only from
-//! then on) and each has a private last block: the child's is a fresh block
-//! that the caller fills with the device copy described by the returned
-//! [`BlockCopy`]. Appends only ever write into the last, partly filled block
-//! or into new blocks, so neither side writes into a block the other can
-//! read. The one way to make a shared block writable again is to truncate
-//! into the shared prefix; the next append then copies that block on write,
-//! and only [`Sequence::try_append_cow`] makes that append (plain
-//! [`Sequence::try_append`] panics rather than lose the copy).
-//!
-//! # Orderings
-//!
-//! A sequence is a plain `Send` value used by one thread at a time; all its
-//! synchronisation is the pool's (Acquire on allocation, Release on free).
+//! Forks share full blocks; an append into a shared partly filled tail
+//! copies it on write (see [`crate::implementation`], "Sequences").
 
 use std::fmt;
 use std::ops::Range;
@@ -79,6 +58,13 @@ pub struct BlockCopy {
 /// drop(seq);
 /// assert_eq!(pool.free_blocks(), 8);
 /// ```
+///
+/// # Memory ordering
+///
+/// A sequence is a plain `Send` value, used by one thread at a time; its
+/// blocks follow the pool's rule (see [`BlockPool`]): what a sequence's
+/// thread did with a block before the sequence gave it back happens-before
+/// the block's next owner gets it.
 pub struct Sequence {
     pool: Arc<BlockPool>,
     blocks: Vec<BlockId>,

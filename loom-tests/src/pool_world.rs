@@ -39,7 +39,7 @@ pub const SOUND: Faults = Faults {
     blind_undo: false,
     plain_held_drop: false,
 };
-/// The ABA control: the id stack without its generation tag.
+/// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
     no_tag: true,
     relaxed_free: false,
@@ -130,7 +130,7 @@ impl PoolWorld {
     /// A pool of `num_blocks` blocks of `block_size` slots built with
     /// `faults`, every block free in the shadow, ready to be shared by a
     /// model's threads; `holder` names what holds references in the models,
-    /// for the messages. The free list is one stack.
+    /// for the messages. The free list is one shard.
     pub fn new(
         num_blocks: usize,
         block_size: usize,
@@ -140,7 +140,7 @@ impl PoolWorld {
         PoolWorld::with_shards(num_blocks, block_size, 1, faults, holder)
     }
 
-    /// [`new`](Self::new) with the free list cut into `shards` stacks.
+    /// [`new`](Self::new) with the free list cut into `shards` shards.
     // Not `Send`/`Sync` (see the type's doc), yet shared through an `Arc`:
     // loom runs a model's threads one at a time.
     #[allow(clippy::arc_with_non_send_sync)]

@@ -24,7 +24,7 @@
 //! * once every holder has freed what it holds, the whole pool can be
 //!   taken again.
 //!
-//! | model | threads, blocks | `blind_undo` (an earlier version's undo) |
+//! | model | threads, blocks | `blind_undo` (adds the dropped references back) |
 //! |---|---|---|
 //! | [`refused_free_vs_free`] | 2, 2 | caught |
 //! | the same, A also freeing a block of its own first | 2, 3 | caught |

@@ -1,53 +1,11 @@
 //! [`SlotCounter`]: the lock-free, all-or-nothing used-counter.
 //!
-//! A counter of `capacity` slots, of which `used` are taken. Admission
-//! follows the rule of [`admit`](crate::admit): a request of `n` is admitted
-//! whole when `0 < n <= capacity - used`, and otherwise not at all.
-//!
-//! # Implementation
-//!
-//! The whole state is one word, `state = used << 1 | CLOSED`, in its own
-//! cache line. Admission is a single compare-and-swap loop on that word, in
-//! the shape of tokio's `batch_semaphore::try_acquire`: read the word, ask
-//! "Closed?" and "Enough free?", and try to publish `used + n` in one CAS.
-//! The CAS either commits the whole request or fails and retries against the
-//! fresh value, so no thread ever observes a partial admission, and two
-//! appenders can never both pass a check that only one of them fits (the
-//! check and the add are the same atomic step). On contention the loop backs
-//! off exponentially (`sync::Backoff`, first wait 4 spins), which keeps the
-//! cache line from ping-ponging between cores on every failed attempt.
-//!
-//! Giving back slots held by a guard is a single `fetch_sub`: the guard
-//! proves they are held, so no check is needed. [`SlotCounter::release`],
-//! which takes an untrusted count, uses a CAS loop so that an over-release
-//! is refused and changes nothing.
-//!
-//! Because the closed flag lives in the same word as the count, closing is
-//! linearizable with admission: every admission's CAS is ordered against
-//! the `fetch_or` that closes in the word's modification order, so an
-//! admission either happened before the close or sees it and fails.
-//!
-//! The high-water mark (`peak_used`) is kept in a second padded word, updated
-//! only when a new peak is reached, so that in steady state the hot path
-//! only reads it.
-//!
-//! # Orderings
-//!
-//! * **Admission is `Acquire`** (the successful CAS). It synchronises with
-//!   the `Release` of whoever gave the slots back, so everything the previous
-//!   holder wrote into those slots happens-before the new holder uses them.
-//! * **Freeing is `Release`** (the guard's `fetch_sub`, the CAS in
-//!   `release`), for the same reason, seen from the other side.
-//! * **Failed CAS and refusals are `Relaxed`**: a refusal hands out nothing,
-//!   so there is nothing to order; the value it reports was really held.
-//! * **`close` is `Release`** and `is_closed` `Acquire`: the flag shares the
-//!   word with the count, so its place among admissions is fixed by the
-//!   word's modification order whatever the ordering; the pair only lets a
-//!   thread that sees the flag through `is_closed` also see what the closer
-//!   did first. An admission refused with `Closed` promises no such thing:
-//!   it may have seen the flag through a `Relaxed` load or a failed CAS.
-//! * **`peak_used` and the getters are `Relaxed`**: they are statistics and
-//!   snapshots, and order nothing.
+//! A counter of `capacity` slots, of which `used` are taken, in one state
+//! word `used << 1 | CLOSED`. Admission follows the rule of
+//! [`admit`](crate::admit) in one compare-and-swap loop
+//! ([`SlotCounter::try_reserve_raw`]); the guards live in the child module
+//! `guard`. The design and the orderings are described in
+//! [`crate::implementation`] ("The admission counter", "Orderings").
 
 use std::fmt;
 
@@ -98,6 +56,16 @@ const SHIFT: u32 = 1;
 /// assert_eq!(counter.used(), 0);
 /// assert_eq!(counter.peak_used(), 5);
 /// ```
+///
+/// # Memory ordering
+///
+/// Giving slots back (a guard's drop or [`shrink_to`](crate::Reservation::shrink_to),
+/// [`release`](Self::release)) synchronises with the admission that takes
+/// them next: whatever the previous holder wrote into those slots
+/// happens-before the new holder's successful `try_reserve*`, `try_grow` or
+/// [`admit`](Self::admit) returns. A refusal orders nothing. What a thread
+/// did before [`close`](Self::close) happens-before another thread's
+/// [`is_closed`](Self::is_closed) that returns `true`.
 pub struct SlotCounter {
     /// `used << 1 | CLOSED`: the only word admission touches.
     state: CachePadded<AtomicUsize>,

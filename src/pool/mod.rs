@@ -1,73 +1,9 @@
 //! [`BlockPool`]: a lock-free pool of KV-cache blocks with all-or-nothing
-//! allocation and per-block reference counts.
-//!
-//! Paged servers cut the KV cache into blocks of `block_size` token slots.
-//! A `BlockPool` hands out block ids: [`BlockPool::try_alloc`] takes `n` of
-//! them or none, [`BlockPool::free`] drops one reference per listed id, and a
-//! block whose last reference goes returns to the pool. Full blocks can be
-//! shared between sequences (forks for parallel sampling or beam search)
-//! through the reference counts; [`Sequence`](crate::Sequence) does that
-//! bookkeeping for you.
-//!
-//! # Implementation
-//!
-//! Allocation is two steps, neither of which can leave a partial result:
-//!
-//! 1. The count is admitted through a [`SlotCounter`] (one CAS on one
-//!    padded word, all or nothing). `Full`, `NeverFits` and `Closed` come
-//!    from here, and nothing has changed when they do.
-//! 2. Once admitted, the ids are popped from the free list, one CAS for a
-//!    whole chain (see the `free_list` module: Treiber stacks over one
-//!    index array, ABA-safe through a generation tag in the same
-//!    `AtomicU64` as each head index). The stacks together always hold at
-//!    least the admitted count, so this step cannot fail.
-//!
-//! Freeing validates every id, drops the references with checked
-//! decrements, links the blocks whose count reached zero into a private
-//! chain, pushes the chain (one CAS per run of ids with the same owner
-//! stack: one in all when they share one) and then releases the count. If
-//! any id is bad, nothing changes (see [`BlockPool::free`] for the one
-//! refusal that can come after some decrements: a racing double free).
-//!
-//! The free list is cut into [`shards`](BlockPool::shards) stacks (16 for
-//! pools of 1,024 blocks or more; see [`BlockPool::with_shards`]). Each
-//! stack owns a contiguous range of ids and every freed block goes back to
-//! the stack that owns it; a thread's pops start at its home stack (its
-//! number modulo the stack count) and take from the others only when it is short. Threads that free and
-//! reallocate sequences of blocks thus keep to their own stack head and to
-//! their own part of the `next` array, instead of moving both between
-//! cores on every request: walking a 130-block prompt's chain was the hot
-//! spot of `kvslots-sim` with one stack (README, Performance). The only
-//! word every thread writes is the admission counter's.
-//!
-//! Bookkeeping is 8 bytes per block: a 4-byte `next` link and a 4-byte
-//! reference count, plus one cache line per stack head. The counter's
-//! state and every stack head sit in cache lines of their own.
-//!
-//! Why tagged Treiber stacks rather than a bitmap: taking `k` ids is one
-//! CAS on one word whatever the pool size, where a bitmap needs a search
-//! that grows with the pool and one RMW per word touched, and the stack
-//! reuses the most recently freed (cache-warm) blocks first. The pool
-//! benchmark (`benches/pool.rs`, figures in the README) checks that
-//! `try_alloc` costs the same at 1,000 and 1,000,000 blocks.
-//!
-//! # Orderings
-//!
-//! * **Freeing is `Release`**: each reference drop is an `AcqRel` RMW on the
-//!   block's count (the `Release` half orders this holder's accesses before
-//!   the last drop; the `Acquire` half lets the last dropper see every other
-//!   holder's), the push of the chain is a `Release` CAS, and the count is
-//!   given back with a `Release` `fetch_sub`. A sequence's drops are the
-//!   same RMWs (a racing double free through the public `free` can change
-//!   the same count, so no drop is a load followed by a store); they only
-//!   skip the first load, guessing a count of 1.
-//! * **Allocation is `Acquire`**: the admission CAS and the pop CAS. So
-//!   everything a previous owner wrote into a block happens-before the next
-//!   owner touches it.
-//! * Setting a fresh block's count to 1 and adding a reference for a fork
-//!   are `Relaxed`: the block is exclusively ours, or we already hold a
-//!   reference, and the new reference travels to its holder through
-//!   whatever hands over the sequence (as with `Arc::clone`).
+//! allocation and per-block reference counts: an admission counter of
+//! blocks, the free list, and the reference counts (`refs`), with the
+//! over-free check of [`BlockPool::free`] in `over_free`. The design and the
+//! orderings are described in [`crate::implementation`] ("Allocating and
+//! freeing blocks", "Reference counts", "Orderings").
 
 use std::fmt;
 
@@ -100,11 +36,21 @@ use refs::Refs;
 /// pool.free(&ids).unwrap();
 /// assert_eq!(pool.free_blocks(), 4);
 /// ```
+///
+/// # Memory ordering
+///
+/// Everything the holders of a block did with it before its last reference
+/// was dropped (by [`free`](Self::free), or by a [`Sequence`](crate::Sequence)'s
+/// truncate or drop) happens-before the allocation that hands the block to
+/// its next owner returns: a worker may write into the slots of a block it
+/// was just given without further synchronisation. Adding a reference (a
+/// fork) orders nothing by itself; the new holder gets it through whatever
+/// hands over the sequence, as with `Arc::clone`.
 pub struct BlockPool {
     /// Admits block counts; its padded state word is the one word every
     /// allocating and freeing thread writes.
     counter: SlotCounter,
-    /// The ids not in use, in stacks (one per id range) with padded heads.
+    /// The ids not in use, in shards (one per id range) with padded heads.
     free: FreeList,
     /// Per-block reference counts; 0 while the block is in the free list.
     refs: Refs,
@@ -116,14 +62,14 @@ impl BlockPool {
     /// value marks the end of the free list.
     pub const MAX_BLOCKS: usize = NIL as usize;
 
-    /// The most free-list stacks [`new`](Self::new) gives a pool.
+    /// The most free-list shards [`new`](Self::new) gives a pool.
     pub const DEFAULT_SHARDS: usize = 16;
 
-    /// The blocks per free-list stack below which [`new`](Self::new) uses
-    /// fewer stacks.
+    /// The blocks per free-list shard below which [`new`](Self::new) uses
+    /// fewer shards.
     pub const BLOCKS_PER_SHARD: usize = 64;
 
-    /// The most free-list stacks [`with_shards`](Self::with_shards) accepts.
+    /// The most free-list shards [`with_shards`](Self::with_shards) accepts.
     pub const MAX_SHARDS: usize = 1024;
 
     /// Creates a pool of `num_blocks` free blocks of `block_size` token
@@ -149,19 +95,21 @@ impl BlockPool {
     }
 
     /// Like [`new`](Self::new), with the free list cut into `shards`
-    /// stacks instead of the default (see [`shards`](Self::shards)).
+    /// shards instead of the default (see [`shards`](Self::shards)). A
+    /// shard is a lock-free stack of free block ids (a Treiber stack with
+    /// its own head word).
     ///
-    /// Stack `s` owns the ids `s * span .. (s + 1) * span` (`span` =
+    /// Shard `s` owns the ids `s * span .. (s + 1) * span` (`span` =
     /// `num_blocks / shards`, rounded up) and a freed block always goes
-    /// back to the stack that owns it. Each thread takes from a home stack
-    /// first (threads are numbered in the order they first allocate from any pool,
-    /// and thread `i` starts at stack `i % shards`) and from the others
-    /// only when its own is short, so threads
-    /// that free and reallocate do not contend on one head and walk chains
-    /// in their own part of the index array. A thread whose home stack is
+    /// back to the shard that owns it. Each thread takes from a home shard
+    /// first (threads are numbered in the order they first allocate from
+    /// any pool, and thread `i` starts at shard `i % shards`) and from the
+    /// others only when its own is short, so threads that free and
+    /// reallocate do not contend on one head and walk chains in their own
+    /// part of the index array. A thread whose home shard is
     /// short looks through the others, so very many shards over a nearly
     /// full pool make that slow path longer. `shards == 1` is the plain
-    /// single-stack pool. Which stack an id sits in is never visible in
+    /// single-shard pool. Which shard an id sits in is never visible in
     /// the API: all or nothing, `Full` and the counts are those of the
     /// whole pool.
     ///
@@ -176,7 +124,7 @@ impl BlockPool {
     /// let pool = kvslots::BlockPool::with_shards(1024, 16, 4);
     /// assert_eq!(pool.shards(), 4);
     /// let mut ids = Vec::new();
-    /// // Any thread can take every block, whichever stacks hold them.
+    /// // Any thread can take every block, whichever shards hold them.
     /// pool.try_alloc(1024, &mut ids).unwrap();
     /// pool.free(&ids).unwrap();
     /// ```
@@ -216,7 +164,7 @@ impl BlockPool {
     }
 
     /// The shard count [`new`](Self::new) picks for `num_blocks` blocks:
-    /// one stack per [`BLOCKS_PER_SHARD`](Self::BLOCKS_PER_SHARD) blocks,
+    /// one shard per [`BLOCKS_PER_SHARD`](Self::BLOCKS_PER_SHARD) blocks,
     /// at least 1 and at most [`DEFAULT_SHARDS`](Self::DEFAULT_SHARDS).
     ///
     /// # Examples
@@ -240,13 +188,13 @@ impl BlockPool {
         }
     }
 
-    /// How many stacks the free list is cut into.
+    /// How many shards the free list is cut into.
     ///
-    /// [`new`](Self::new) gives a pool one stack per 64 blocks, up to 16:
-    /// tiny pools keep a single stack (nothing to spread), and 16 covers
-    /// the worker threads of one inference process on most machines (more
-    /// threads than shards share stacks, which is correct, only more
-    /// contended).
+    /// [`new`](Self::new) gives a pool one shard per 64 blocks, up to 16:
+    /// tiny pools keep a single shard (nothing to spread), and 16 covers
+    /// the worker threads of one inference process on most machines (with
+    /// more threads than shards, some threads share a home shard, which is
+    /// correct, only more contended).
     ///
     /// # Examples
     ///
@@ -502,7 +450,7 @@ impl BlockPool {
     /// Drops one reference per listed id for [`free`](Self::free), whose
     /// checks found every listed reference present; chains the blocks that
     /// reach zero and pushes them (one CAS per run of ids with the same
-    /// owner stack).
+    /// owner shard).
     fn drop_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
         self.drop_each(ids, |id| self.refs.drop(id))
     }

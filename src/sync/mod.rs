@@ -17,7 +17,7 @@
 //!
 //! Besides the atomic types, this module holds the three things that differ
 //! under a model checker: how a retry after a stale read waits
-//! ([`stale_retry`]), how threads are numbered ([`thread_index`]), and the
+//! ([`stale_retry`]), how threads are numbered ([`thread_index()`]), and the
 //! faults that loom's negative controls inject ([`Faults`], whose hooks
 //! are the correct behaviour in every other build).
 //!
