@@ -57,7 +57,7 @@
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Barrier, Mutex};
+use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -65,6 +65,10 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use crossbeam_utils::CachePadded;
 use kvslots::SlotCounter;
 use tokio::sync::Semaphore;
+
+mod support;
+
+use support::{Lock, MutexCounter, PlMutexCounter, StdMutexCounter};
 
 /// Thread counts every contended benchmark runs at.
 const THREADS: [usize; 4] = [1, 2, 4, 8];
@@ -129,56 +133,22 @@ impl Slots for KvAdmit {
     }
 }
 
-/// `std::sync::Mutex<usize>` holding `used`: lock, check it fits, add; to
-/// give back, lock and subtract.
-struct StdMutex {
-    used: Mutex<usize>,
-    capacity: usize,
-}
-
-impl Slots for StdMutex {
-    type Held<'a> = usize;
+/// The shared mutex-guarded count (`support`): lock, check it fits, add;
+/// to give back, lock and subtract.
+impl<L: Lock<usize>> Slots for MutexCounter<L> {
+    type Held<'a>
+        = usize
+    where
+        L: 'a;
 
     #[inline]
     fn take(&self, n: usize) -> Option<usize> {
-        let mut used = self.used.lock().unwrap();
-        if n <= self.capacity - *used {
-            *used += n;
-            Some(n)
-        } else {
-            None
-        }
+        MutexCounter::take(self, n).then_some(n)
     }
 
     #[inline]
     fn give(&self, held: usize) {
-        *self.used.lock().unwrap() -= held;
-    }
-}
-
-/// The same on a `parking_lot::Mutex<usize>`.
-struct PlMutex {
-    used: parking_lot::Mutex<usize>,
-    capacity: usize,
-}
-
-impl Slots for PlMutex {
-    type Held<'a> = usize;
-
-    #[inline]
-    fn take(&self, n: usize) -> Option<usize> {
-        let mut used = self.used.lock();
-        if n <= self.capacity - *used {
-            *used += n;
-            Some(n)
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn give(&self, held: usize) {
-        *self.used.lock() -= held;
+        MutexCounter::give(self, held)
     }
 }
 
@@ -469,21 +439,15 @@ macro_rules! all_peers {
             $group,
             "std_mutex",
             threads,
-            || StdMutex {
-                used: Mutex::new(0),
-                capacity: cap,
-            },
-            $op::<StdMutex>,
+            || StdMutexCounter::new(cap),
+            $op::<StdMutexCounter>,
         );
         bench_peer(
             $group,
             "parking_lot_mutex",
             threads,
-            || PlMutex {
-                used: parking_lot::Mutex::new(0),
-                capacity: cap,
-            },
-            $op::<PlMutex>,
+            || PlMutexCounter::new(cap),
+            $op::<PlMutexCounter>,
         );
         bench_peer(
             $group,

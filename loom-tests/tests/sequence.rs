@@ -117,7 +117,10 @@ impl SeqOps for PoolWorld {
     fn append(&self, seq: &mut Sequence, n: usize) -> Result<Range<usize>, ReserveError> {
         let old_len = seq.len();
         let old_blocks = seq.blocks().to_vec();
-        let result = seq.try_append(n);
+        let result = seq.try_append_cow(n).map(|(range, copy)| {
+            assert_eq!(copy, None, "no copy-on-write here");
+            range
+        });
         match &result {
             Ok(range) => {
                 assert_eq!(
@@ -132,7 +135,6 @@ impl SeqOps for PoolWorld {
                     "append took other than the blocks the tokens need"
                 );
                 assert_eq!(&seq.blocks()[..old_blocks.len()], &old_blocks[..]);
-                assert_eq!(seq.take_pending_copy(), None, "no copy-on-write here");
                 for &id in &seq.blocks()[old_blocks.len()..] {
                     self.take(id);
                 }
