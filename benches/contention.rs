@@ -35,15 +35,13 @@
 //! * `cap_64_refusing`: capacity 64, requests of 1..=16, and every worker
 //!   keeps its last 3 admitted requests (each operation takes a new one,
 //!   then gives back the oldest), so the workers together hold about the
-//!   whole capacity and refusals are common (about 8% of the requests at 2
-//!   threads, half at 8, when this was written). This measures the refusal
-//!   path as well as the admission path.
+//!   whole capacity and refusals are common (more of them with more
+//!   threads). This measures the refusal path as well as the admission
+//!   path.
 //!
-//! The ratios the project tracks (issue 2) are taken between rows of the
-//! same run, on 2 threads: `kvslots_try_reserve_drop` against
-//! `fetch_add_sub` (target at least 0.75x its throughput) and against
-//! `std_mutex` (target at least 3x). Run e.g.
-//! `cargo bench --bench contention -- '/2$'`.
+//! The ratios in `BENCHMARKS.md` are taken between rows of the same run,
+//! on 2 threads: `kvslots_try_reserve_drop` against `fetch_add_sub` and
+//! against `std_mutex`. Run e.g. `cargo bench --bench contention -- '/2$'`.
 //!
 //! Rows whose id starts with `proto_` (in `cap_1M`) are prototypes of
 //! alternative admission loops, written here only to measure them; the
@@ -59,7 +57,7 @@
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Barrier, Mutex};
+use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -67,6 +65,10 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use crossbeam_utils::CachePadded;
 use kvslots::SlotCounter;
 use tokio::sync::Semaphore;
+
+mod support;
+
+use support::{Lock, MutexCounter, PlMutexCounter, StdMutexCounter};
 
 /// Thread counts every contended benchmark runs at.
 const THREADS: [usize; 4] = [1, 2, 4, 8];
@@ -131,56 +133,22 @@ impl Slots for KvAdmit {
     }
 }
 
-/// `std::sync::Mutex<usize>` holding `used`: lock, check it fits, add; to
-/// give back, lock and subtract.
-struct StdMutex {
-    used: Mutex<usize>,
-    capacity: usize,
-}
-
-impl Slots for StdMutex {
-    type Held<'a> = usize;
+/// The shared mutex-guarded count (`support`): lock, check it fits, add;
+/// to give back, lock and subtract.
+impl<L: Lock<usize>> Slots for MutexCounter<L> {
+    type Held<'a>
+        = usize
+    where
+        L: 'a;
 
     #[inline]
     fn take(&self, n: usize) -> Option<usize> {
-        let mut used = self.used.lock().unwrap();
-        if n <= self.capacity - *used {
-            *used += n;
-            Some(n)
-        } else {
-            None
-        }
+        MutexCounter::take(self, n).then_some(n)
     }
 
     #[inline]
     fn give(&self, held: usize) {
-        *self.used.lock().unwrap() -= held;
-    }
-}
-
-/// The same on a `parking_lot::Mutex<usize>`.
-struct PlMutex {
-    used: parking_lot::Mutex<usize>,
-    capacity: usize,
-}
-
-impl Slots for PlMutex {
-    type Held<'a> = usize;
-
-    #[inline]
-    fn take(&self, n: usize) -> Option<usize> {
-        let mut used = self.used.lock();
-        if n <= self.capacity - *used {
-            *used += n;
-            Some(n)
-        } else {
-            None
-        }
-    }
-
-    #[inline]
-    fn give(&self, held: usize) {
-        *self.used.lock() -= held;
+        MutexCounter::give(self, held)
     }
 }
 
@@ -471,21 +439,15 @@ macro_rules! all_peers {
             $group,
             "std_mutex",
             threads,
-            || StdMutex {
-                used: Mutex::new(0),
-                capacity: cap,
-            },
-            $op::<StdMutex>,
+            || StdMutexCounter::new(cap),
+            $op::<StdMutexCounter>,
         );
         bench_peer(
             $group,
             "parking_lot_mutex",
             threads,
-            || PlMutex {
-                used: parking_lot::Mutex::new(0),
-                capacity: cap,
-            },
-            $op::<PlMutex>,
+            || PlMutexCounter::new(cap),
+            $op::<PlMutexCounter>,
         );
         bench_peer(
             $group,

@@ -1,4 +1,4 @@
-//! The 2-thread figures of the README, from rounds in which both threads
+//! The 2-thread figures of `BENCHMARKS.md`, from rounds in which both threads
 //! really ran at once.
 //!
 //! ```text
@@ -31,16 +31,20 @@
 //! `parking_lot::Mutex<usize>` and `tokio::sync::Semaphore`), and
 //! `try_alloc(2)` + `free` on a pool of 4,096 blocks (against
 //! `std::sync::Mutex<Vec<u32>>` and `parking_lot::Mutex<Vec<u32>>` free
-//! lists, and a one-stack `BlockPool`).
+//! lists, and a one-shard `BlockPool`).
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Barrier, Mutex};
+use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 use kvslots::{BlockId, BlockPool, SlotCounter};
+
+mod support;
+
+use support::{PlMutexCounter, PlMutexFreeList, StdMutexCounter, StdMutexFreeList};
 
 const THREADS: usize = 2;
 const CAPACITY: usize = 1 << 20;
@@ -146,8 +150,8 @@ fn main() {
 
     let counter = SlotCounter::new(CAPACITY);
     let fetch = CachePadded::new(AtomicUsize::new(0));
-    let std_used = Mutex::new(0usize);
-    let pl_used = parking_lot::Mutex::new(0usize);
+    let std_counter = StdMutexCounter::new(CAPACITY);
+    let pl_counter = PlMutexCounter::new(CAPACITY);
     let semaphore = tokio::sync::Semaphore::new(CAPACITY);
     compare(
         "try_reserve + drop",
@@ -171,32 +175,16 @@ fn main() {
             ("std_mutex", &|t, n| {
                 for i in 0..n {
                     let k = size(t, i);
-                    let ok = {
-                        let mut used = std_used.lock().unwrap();
-                        let ok = *used + k <= CAPACITY;
-                        if ok {
-                            *used += k;
-                        }
-                        ok
-                    };
-                    if black_box(ok) {
-                        *std_used.lock().unwrap() -= k;
+                    if black_box(std_counter.take(k)) {
+                        std_counter.give(k);
                     }
                 }
             }),
             ("parking_lot_mutex", &|t, n| {
                 for i in 0..n {
                     let k = size(t, i);
-                    let ok = {
-                        let mut used = pl_used.lock();
-                        let ok = *used + k <= CAPACITY;
-                        if ok {
-                            *used += k;
-                        }
-                        ok
-                    };
-                    if black_box(ok) {
-                        *pl_used.lock() -= k;
+                    if black_box(pl_counter.take(k)) {
+                        pl_counter.give(k);
                     }
                 }
             }),
@@ -212,8 +200,8 @@ fn main() {
 
     let pool = BlockPool::new(BLOCKS, 16);
     let one_stack = BlockPool::with_shards(BLOCKS, 16, 1);
-    let std_list = Mutex::new((0..BLOCKS as u32).collect::<Vec<u32>>());
-    let pl_list = parking_lot::Mutex::new((0..BLOCKS as u32).collect::<Vec<u32>>());
+    let std_list = StdMutexFreeList::new(BLOCKS);
+    let pl_list = PlMutexFreeList::new(BLOCKS);
     let alloc_free = |pool: &BlockPool, n: u64| {
         let mut ids: Vec<BlockId> = Vec::with_capacity(2);
         for _ in 0..n {
@@ -231,24 +219,18 @@ fn main() {
             ("std_mutex", &|_, n| {
                 let mut ids: Vec<u32> = Vec::with_capacity(2);
                 for _ in 0..n {
-                    {
-                        let mut free = std_list.lock().unwrap();
-                        let at = free.len().saturating_sub(2);
-                        ids.extend(free.drain(at..));
+                    if std_list.take(2, &mut ids) {
+                        std_list.give(black_box(&ids));
                     }
-                    std_list.lock().unwrap().extend_from_slice(black_box(&ids));
                     ids.clear();
                 }
             }),
             ("parking_lot_mutex", &|_, n| {
                 let mut ids: Vec<u32> = Vec::with_capacity(2);
                 for _ in 0..n {
-                    {
-                        let mut free = pl_list.lock();
-                        let at = free.len().saturating_sub(2);
-                        ids.extend(free.drain(at..));
+                    if pl_list.take(2, &mut ids) {
+                        pl_list.give(black_box(&ids));
                     }
-                    pl_list.lock().extend_from_slice(black_box(&ids));
                     ids.clear();
                 }
             }),

@@ -12,8 +12,8 @@
 //!
 //! | id | free list |
 //! |---|---|
-//! | `kvslots` | [`BlockPool::new`]: admission CAS, then one CAS pops the chain from the thread's home stack (16 stacks here) |
-//! | `kvslots_1_stack` | [`BlockPool::with_shards`] with one stack, for what sharding changes |
+//! | `kvslots` | [`BlockPool::new`]: admission CAS, then one CAS pops the chain from the thread's home shard (16 shards here) |
+//! | `kvslots_1_stack` | [`BlockPool::with_shards`] with one shard, for what sharding changes |
 //! | `std_mutex` | `std::sync::Mutex<Vec<u32>>`: lock, check, pop `n` |
 //! | `parking_lot_mutex` | `parking_lot::Mutex<Vec<u32>>`, the same |
 //! | `array_queue` | `crossbeam_queue::ArrayQueue<u32>`: pop `n` one by one, pushing back on a shortfall (lock-free, but not all-or-nothing: others can see a partial take) |
@@ -29,13 +29,17 @@
 //! `Throughput::Elements(1)` turns it into aggregate operations per second.
 
 use std::hint::black_box;
-use std::sync::{Arc, Barrier, Mutex};
+use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use crossbeam_queue::ArrayQueue;
 use kvslots::{BlockId, BlockPool, Sequence};
+
+mod support;
+
+use support::{Lock, MutexFreeList, PlMutexFreeList, StdMutexFreeList};
 
 /// Thread counts of the contended groups.
 const THREADS: [usize; 3] = [1, 2, 8];
@@ -57,7 +61,7 @@ trait FreeList: Send + Sync + 'static {
     fn give(&self, ids: &[Self::Id]);
 }
 
-/// [`BlockPool::new`], sharded as it chooses (16 stacks at these sizes).
+/// [`BlockPool::new`], sharded as it chooses (16 shards at these sizes).
 struct Kv(BlockPool);
 
 impl FreeList for Kv {
@@ -76,7 +80,7 @@ impl FreeList for Kv {
     }
 }
 
-/// [`BlockPool::with_shards`] with one stack: what sharding changes.
+/// [`BlockPool::with_shards`] with one shard: what sharding changes.
 struct Kv1(BlockPool);
 
 impl FreeList for Kv1 {
@@ -95,53 +99,20 @@ impl FreeList for Kv1 {
     }
 }
 
-struct StdMutex(Mutex<Vec<u32>>);
-
-impl FreeList for StdMutex {
+/// The shared mutex-guarded free list (`support`), as a peer here.
+impl<L: Lock<Vec<u32>> + 'static> FreeList for MutexFreeList<L> {
     type Id = u32;
 
     fn build(num_blocks: usize) -> Self {
-        StdMutex(Mutex::new((0..num_blocks as u32).rev().collect()))
+        MutexFreeList::new(num_blocks)
     }
 
     fn take(&self, n: usize, out: &mut Vec<u32>) -> bool {
-        let mut free = self.0.lock().unwrap();
-        if free.len() < n {
-            return false;
-        }
-        let at = free.len() - n;
-        out.extend(free.drain(at..));
-        true
+        MutexFreeList::take(self, n, out)
     }
 
     fn give(&self, ids: &[u32]) {
-        self.0.lock().unwrap().extend_from_slice(ids);
-    }
-}
-
-struct PlMutex(parking_lot::Mutex<Vec<u32>>);
-
-impl FreeList for PlMutex {
-    type Id = u32;
-
-    fn build(num_blocks: usize) -> Self {
-        PlMutex(parking_lot::Mutex::new(
-            (0..num_blocks as u32).rev().collect(),
-        ))
-    }
-
-    fn take(&self, n: usize, out: &mut Vec<u32>) -> bool {
-        let mut free = self.0.lock();
-        if free.len() < n {
-            return false;
-        }
-        let at = free.len() - n;
-        out.extend(free.drain(at..));
-        true
-    }
-
-    fn give(&self, ids: &[u32]) {
-        self.0.lock().extend_from_slice(ids);
+        MutexFreeList::give(self, ids)
     }
 }
 
@@ -253,7 +224,7 @@ impl Table for Sequence {
     }
 }
 
-/// A [`Sequence`] over a one-stack pool, for what sharding changes.
+/// A [`Sequence`] over a one-shard pool, for what sharding changes.
 struct Seq1(Sequence);
 
 impl Table for Seq1 {
@@ -350,17 +321,17 @@ fn bench_prompt(c: &mut Criterion) {
     for threads in THREADS {
         run_table::<Sequence>(&mut group, "kvslots", threads, prompt::<Sequence>);
         run_table::<Seq1>(&mut group, "kvslots_1_stack", threads, prompt::<Seq1>);
-        run_table::<BaselineSeq<StdMutex>>(
+        run_table::<BaselineSeq<StdMutexFreeList>>(
             &mut group,
             "std_mutex",
             threads,
-            prompt::<BaselineSeq<StdMutex>>,
+            prompt::<BaselineSeq<StdMutexFreeList>>,
         );
-        run_table::<BaselineSeq<PlMutex>>(
+        run_table::<BaselineSeq<PlMutexFreeList>>(
             &mut group,
             "parking_lot_mutex",
             threads,
-            prompt::<BaselineSeq<PlMutex>>,
+            prompt::<BaselineSeq<PlMutexFreeList>>,
         );
         run_table::<BaselineSeq<Queue>>(
             &mut group,
@@ -377,8 +348,8 @@ fn bench_append_truncate(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     for threads in THREADS {
         run_seq::<Sequence>(&mut group, "kvslots", threads);
-        run_seq::<BaselineSeq<StdMutex>>(&mut group, "std_mutex", threads);
-        run_seq::<BaselineSeq<PlMutex>>(&mut group, "parking_lot_mutex", threads);
+        run_seq::<BaselineSeq<StdMutexFreeList>>(&mut group, "std_mutex", threads);
+        run_seq::<BaselineSeq<PlMutexFreeList>>(&mut group, "parking_lot_mutex", threads);
         run_seq::<BaselineSeq<Queue>>(&mut group, "array_queue", threads);
     }
     group.finish();
@@ -410,12 +381,17 @@ fn bench_alloc2_free(c: &mut Criterion) {
     for threads in THREADS {
         run::<Kv>(&mut group, "kvslots", threads, alloc2_free::<Kv>);
         run::<Kv1>(&mut group, "kvslots_1_stack", threads, alloc2_free::<Kv1>);
-        run::<StdMutex>(&mut group, "std_mutex", threads, alloc2_free::<StdMutex>);
-        run::<PlMutex>(
+        run::<StdMutexFreeList>(
+            &mut group,
+            "std_mutex",
+            threads,
+            alloc2_free::<StdMutexFreeList>,
+        );
+        run::<PlMutexFreeList>(
             &mut group,
             "parking_lot_mutex",
             threads,
-            alloc2_free::<PlMutex>,
+            alloc2_free::<PlMutexFreeList>,
         );
         run::<Queue>(&mut group, "array_queue", threads, alloc2_free::<Queue>);
     }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::pool::BlockId;
+use crate::id::BlockId;
 
 /// Why a reservation (or a block allocation) was refused.
 ///

@@ -1,74 +1,16 @@
 //! The lock-free, ABA-safe free list of block ids behind
-//! [`BlockPool`](crate::BlockPool).
+//! [`BlockPool`](crate::BlockPool): shards, each a Treiber stack threaded
+//! through one shared `next` array, with a generation tag beside each head
+//! index. The design and the orderings are described in
+//! [`crate::implementation`] ("The free list", "Shards", "Orderings").
 //!
-//! A set of Treiber stacks ("shards") threaded through one shared index
-//! array: `next[i]` is the id below block `i` in whichever stack holds it,
-//! and each stack's head word packs `(generation tag << 32) | top index`
-//! into one cache-padded `AtomicU64`. Every successful compare-and-swap on a
-//! head bumps its tag, so a thread that read a head, was preempted while the
-//! same top id was popped and pushed back, and then tries its CAS, fails
-//! instead of installing a stale `next` (the ABA problem). The tag is 32
-//! bits: an ABA would need 2^32 successful operations on one head between a
-//! thread's read and its CAS.
-//!
-//! A whole request moves in a few CASes, not one per id:
-//! [`FreeList::pop`] walks up to `k` links from the head of the calling
-//! thread's home stack and swings the head past them in one CAS, and only
-//! if that stack runs short does it take the rest from the others (one CAS
-//! per stack touched); [`FreeList::push`] swings a head onto a chain of
-//! freed ids linked privately beforehand ([`FreeList::prepend`]), one CAS
-//! per run of ids with the same owner (one in all when they share one). A
-//! walk over a snapshot that went stale while it was read fails the tag
-//! check and retries.
-//!
-//! # Why shards
-//!
-//! Each stack owns a contiguous range of ids, and a freed id always goes
-//! back to the stack that owns it; a thread's pops start at a home stack
-//! (`sync::thread_index` modulo the stack count, so threads need no
-//! registration) and take from the others only when it is short. A worker
-//! that frees and reallocates sequences thus walks links in its own part
-//! of the `next` array, which stays in its core's cache, and CASes a head
-//! that no other thread touches; the only word all threads write is the
-//! pool's admission counter.
-//!
-//! With one stack, `kvslots-sim --compare --workers 8` spent about a third
-//! of its time in the pop's dependent walk over 130-block chains whose
-//! `next` lines another core had written last, and ran at 0.76x-0.96x the
-//! mutex baseline's allocator calls per second; with 16 stacks, 1.06x-1.10x
-//! (README's Performance section has the latest runs). (Pushing freed ids
-//! onto the freer's home stack instead of the owner's did not help: the
-//! links stayed scattered.) The price is paid by tiny requests under heavy
-//! contention: `benches/pool.rs`'s `alloc2_free` on 2 threads is slower
-//! with 16 stacks than with one, because two
-//! threads that only share the counter interleave operation by operation,
-//! while two that also contend on one head fall into bursts that keep both
-//! lines in one core for several operations. [`BlockPool::with_shards`]
-//! with 1 gives the single stack back.
-//!
-//! [`BlockPool::with_shards`]: crate::BlockPool::with_shards
-//!
-//! Callers admit the count through a [`SlotCounter`](crate::SlotCounter)
-//! before popping and push before releasing the count, so the stacks
-//! together always hold at least as many ids as have been admitted and not
-//! yet popped: `pop` cannot come up short, though it may have to look
-//! again when other threads moved ids between stacks while it scanned.
-//!
-//! # Orderings
-//!
-//! * Pushing is a `Release` CAS: the freer's writes into the blocks (and the
-//!   links of the chain) happen-before any later pop that reads that head.
-//! * Popping is an `Acquire` CAS (and `Acquire` head loads): every CAS on a
-//!   head is a read-modify-write, so each push heads a release sequence that
-//!   all later values of that head continue; whoever pops synchronises with
-//!   every earlier push onto that stack, and so sees the links it walks and
-//!   the blocks it takes.
-//! * The `next` links are `Relaxed`: they are published by the push CAS and
-//!   read after an `Acquire` of the head; a link read from a stale snapshot
-//!   is caught by the tag check, not by ordering.
+//! Callers admit the count through a `SlotCounter` before popping and push
+//! before giving the count back, so the shards together always hold at
+//! least as many ids as have been admitted and not yet popped: [`FreeList::pop`]
+//! cannot come up short.
 
-use crate::pool::BlockId;
-use crate::sync::{self, AtomicU32, AtomicU64, Backoff, CachePadded, Ordering};
+use crate::id::BlockId;
+use crate::sync::{self, AtomicU32, AtomicU64, Backoff, CachePadded, Faults, Ordering};
 
 /// The index that ends the list.
 pub(crate) const NIL: u32 = u32::MAX;
@@ -83,9 +25,9 @@ pub(crate) struct Chain {
     last: u32,
     /// How many ids.
     len: usize,
-    /// The first id of the stack that owns `last`.
+    /// The first id of the shard that owns `last`.
     start: u32,
-    /// Whether some id belongs to another stack than `last`.
+    /// Whether some id belongs to another shard than `last`.
     mixed: bool,
 }
 
@@ -107,35 +49,15 @@ impl Chain {
     }
 }
 
-/// Faults that the loom negative controls inject into the real free list.
-#[cfg(kvslots_loom)]
-#[doc(hidden)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Faults {
-    /// Never bump the generation tag (opens the ABA race).
-    pub no_tag: bool,
-    /// Push and drop references with `Relaxed` instead of `Release`.
-    pub relaxed_free: bool,
-    /// When a free finds a listed block already freed by another thread,
-    /// add the references it dropped back blindly (an earlier version's
-    /// undo), even to a block that another holder has freed meanwhile:
-    /// resurrects a block that sits in the free list.
-    pub blind_undo: bool,
-    /// Drop a sequence's reference to a block whose count reads 1 with a
-    /// plain store of 0 (no read-modify-write): a racing double free then
-    /// pushes the block a second time.
-    pub plain_held_drop: bool,
-}
-
 pub(crate) struct FreeList {
     /// One `(tag << 32) | top index` word per shard, each on its own line.
     heads: Box<[CachePadded<AtomicU64>]>,
-    /// `next[i]`: the id below `i` while `i` is in a stack.
+    /// `next[i]`: the id below `i` while `i` is in a shard.
     next: Box<[AtomicU32]>,
     /// Ids per shard: shard `s` owns ids `s * span .. (s + 1) * span`.
     span: u32,
-    #[cfg(kvslots_loom)]
-    pub(crate) faults: Faults,
+    /// The faults of loom's negative controls (none outside them).
+    faults: Faults,
 }
 
 const fn pack(tag: u32, index: u32) -> u64 {
@@ -151,15 +73,15 @@ const fn tag(head: u64) -> u32 {
 }
 
 impl FreeList {
-    /// A free list of `shards > 0` stacks holding every id `0..len`: shard
+    /// A free list of `shards > 0` shards holding every id `0..len`: shard
     /// `s` gets the `s`-th contiguous slice, lowest id on top.
-    pub(crate) fn new(len: u32, shards: usize) -> FreeList {
+    pub(crate) fn new(len: u32, shards: usize, faults: Faults) -> FreeList {
         debug_assert!(shards > 0);
         // Ceiling division, at least 1 so that `owner` never divides by 0.
         let span = len.div_ceil(shards as u32).max(1);
         let next = (0..len)
             .map(|i| {
-                // The last id of a shard (or of the pool) ends its stack.
+                // The last id of a shard (or of the pool) ends its shard.
                 let end = i + 1 == len || (i + 1) % span == 0;
                 AtomicU32::new(if end { NIL } else { i + 1 })
             })
@@ -175,50 +97,36 @@ impl FreeList {
             heads,
             next,
             span,
-            #[cfg(kvslots_loom)]
-            faults: Faults::default(),
+            faults,
         }
     }
 
-    /// The number of stacks.
+    /// The number of shards.
     pub(crate) fn shards(&self) -> usize {
         self.heads.len()
     }
 
-    /// The calling thread's home stack, where its pops start.
+    /// The calling thread's home shard, where its pops start.
     fn home(&self) -> usize {
         sync::thread_index() % self.heads.len()
     }
 
-    /// The stack that id `id` belongs to, where it goes back when freed.
+    /// The shard that id `id` belongs to, where it goes back when freed.
     fn owner(&self, id: u32) -> usize {
         (id / self.span) as usize
     }
 
+    /// The tag the next successful CAS on a head installs: one more.
     fn next_tag(&self, head: u64) -> u32 {
-        #[cfg(kvslots_loom)]
-        if self.faults.no_tag {
-            return tag(head);
-        }
-        tag(head).wrapping_add(1)
-    }
-
-    /// The ordering of a push (and of dropping a reference): `Release`,
-    /// unless a loom negative control asks for the bug.
-    pub(crate) fn free_ordering(&self, good: Ordering) -> Ordering {
-        #[cfg(kvslots_loom)]
-        if self.faults.relaxed_free {
-            return Ordering::Relaxed;
-        }
-        good
+        self.faults.next_tag(tag(head).wrapping_add(1), tag(head))
     }
 
     /// Pops exactly `k > 0` ids and appends them to `out`: from the home
-    /// stack in one CAS if it holds them, else what it has and the rest
-    /// from the other stacks in turn.
+    /// shard in one CAS if it holds them, else what it has and the rest
+    /// from the other shards in turn.
     ///
     /// The caller must have admitted `k` through the pool's counter, which
-    /// guarantees the stacks hold them, and reserved room for `k` more ids
+    /// guarantees the shards hold them, and reserved room for `k` more ids
     /// in `out` (nothing here allocates).
     pub(crate) fn pop(&self, k: usize, out: &mut Vec<BlockId>) {
         debug_assert!(k > 0);
@@ -239,19 +147,19 @@ impl FreeList {
                     shard = 0;
                 }
             }
-            // Every stack looked short: ids admitted for us were being moved
-            // between stacks (or our loads were stale). Look again.
+            // Every shard looked short: ids admitted for us were being moved
+            // between shards (or our loads were stale). Look again.
             sync::stale_retry(&backoff);
         }
     }
 
-    /// Pops up to `k` ids from stack `shard` in one CAS, appends them to
+    /// Pops up to `k` ids from shard `shard` in one CAS, appends them to
     /// `out` and returns how many.
     fn pop_upto(&self, shard: usize, k: usize, out: &mut Vec<BlockId>) -> usize {
         let head_word = &self.heads[shard];
         let base = out.len();
         let backoff = Backoff::new();
-        // Acquire: synchronises with every earlier push onto this stack (see
+        // Acquire: synchronises with every earlier push onto this shard (see
         // # Orderings), so the links walked below are the ones the pushers
         // wrote.
         let mut head = head_word.load(Ordering::Acquire);
@@ -305,14 +213,14 @@ impl FreeList {
             chain.last = id;
             chain.start = id - id % self.span;
         } else if id.wrapping_sub(chain.start) >= self.span {
-            // Another stack's id: `push` must split the chain.
+            // Another shard's id: `push` must split the chain.
             chain.mixed = true;
         }
         chain.first = id;
         chain.len += 1;
     }
 
-    /// Pushes a private chain: each id goes back to the stack that owns it,
+    /// Pushes a private chain: each id goes back to the shard that owns it,
     /// one CAS per run of ids with the same owner (one CAS in all when they
     /// share one, as a sequence's blocks mostly do).
     pub(crate) fn push(&self, chain: &Chain) {
@@ -338,7 +246,7 @@ impl FreeList {
         self.push_run(shard, run, chain.last);
     }
 
-    /// Pushes the privately linked chain `first ..= last` onto stack
+    /// Pushes the privately linked chain `first ..= last` onto shard
     /// `shard` in one CAS.
     fn push_run(&self, shard: usize, first: u32, last: u32) {
         let head_word = &self.heads[shard];
@@ -354,7 +262,7 @@ impl FreeList {
             match head_word.compare_exchange_weak(
                 head,
                 new,
-                self.free_ordering(Ordering::Release),
+                self.faults.free_ordering(Ordering::Release),
                 Ordering::Relaxed,
             ) {
                 Ok(_) => return,

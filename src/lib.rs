@@ -89,6 +89,9 @@
 //! Every model has a negative control: the two known wrong ways to admit
 //! (token by token, and against total capacity) and the check-then-add race
 //! are written against the same facade, and loom must catch each of them.
+//! The block pool's models do the same for allocation, frees, shards,
+//! reference counts and sequences, with a negative control per injected
+//! fault (a free list without its ABA tag, `Relaxed` frees, and others).
 //! Rayon stress tests drive millions of mixed operations on many threads
 //! while an observer samples the invariant. See the README for the commands.
 //!
@@ -97,14 +100,20 @@
 //! Admission is one compare-and-swap on one cache-padded word, with
 //! exponential backoff on contention; giving back a guard is one
 //! `fetch_sub`. No lock is taken and nothing is allocated on these paths.
-//! `benches/contention.rs` measures it against `std::sync::Mutex`,
+//! A block allocation is that admission plus one CAS on the calling
+//! thread's home shard of the free list, whatever the pool size.
+//! `benches/contention.rs` measures admission against `std::sync::Mutex`,
 //! `parking_lot::Mutex`, `tokio::sync::Semaphore` and a bare
-//! `fetch_add`/`fetch_sub` pair; the README has the figures.
+//! `fetch_add`/`fetch_sub` pair, and `benches/pool.rs` the block pool
+//! against mutex-guarded free lists; `BENCHMARKS.md` has the figures, with
+//! when a lock is cheaper.
 //!
 //! # Implementation
 //!
-//! See the [`SlotCounter`] type and its module for the state word, the CAS
-//! loop and the memory orderings.
+//! The [`implementation`] module describes the state word and its CAS
+//! loops, the free list (tagged Treiber stacks) and its shards, reference
+//! counts, sequences and copy-on-write, and the memory orderings of each
+//! type.
 //!
 //! [loom]: https://docs.rs/loom
 
@@ -115,21 +124,42 @@ mod counter;
 mod error;
 mod free_list;
 mod hash;
+mod id;
+pub mod implementation;
 mod pool;
-mod reservation;
 mod sequence;
-#[doc(hidden)]
-pub mod sync;
+mod sync;
 
+pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::SlotCounter;
 pub use error::{FreeError, PositionError, ReleaseError, ReserveError};
-#[cfg(kvslots_loom)]
-#[doc(hidden)]
-pub use free_list::Faults;
 pub use hash::{hash_blocks, BlockHash};
-pub use pool::{BlockId, BlockPool};
-pub use reservation::{OwnedReservation, Reservation};
+pub use id::BlockId;
+pub use pool::BlockPool;
 pub use sequence::{BlockCopy, Sequence};
+
+/// The seam for the model-checking suites (`loom-tests`, `tests/shuttle.rs`):
+/// not part of the API, and not covered by semver.
+///
+/// It gives the suites the atomics facade's types, so that their
+/// deliberately wrong allocators use exactly the atomics the real code
+/// uses, and a pool with the faults of loom's negative controls.
+#[doc(hidden)]
+pub mod __model {
+    pub use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Faults, Ordering};
+
+    /// A [`BlockPool`](crate::BlockPool) as
+    /// [`with_shards`](crate::BlockPool::with_shards) builds it, carrying
+    /// `faults`.
+    pub fn pool_with_faults(
+        num_blocks: usize,
+        block_size: usize,
+        shards: usize,
+        faults: Faults,
+    ) -> crate::BlockPool {
+        crate::BlockPool::with_faults(num_blocks, block_size, shards, faults)
+    }
+}
 
 /// The admission rule, as a pure function: how many of `requested` slots to
 /// admit when `used` of `capacity` are taken.

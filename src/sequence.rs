@@ -1,34 +1,15 @@
 //! [`Sequence`]: one sequence's block table over a shared
 //! [`BlockPool`], mapping its token positions to flat KV-cache slots.
-//!
-//! A sequence owns one reference to each block in its table. It grows by
-//! multi-token appends that take exactly the blocks the new tokens need, all
-//! or none; it rolls back with [`Sequence::truncate`]; it forks children for
-//! parallel sampling or beam search that share its full blocks; and dropping
-//! it returns its references.
-//!
-//! # Sharing and writes
-//!
-//! After a fork, parent and child share every *full* block (read-only from
-//! then on) and each has a private last block: the child's is a fresh block
-//! that the caller fills with the device copy described by the returned
-//! [`BlockCopy`]. Appends only ever write into the last, partly filled block
-//! or into new blocks, so neither side writes into a block the other can
-//! read. The one way to make a shared block writable again is to truncate
-//! into the shared prefix; the next append then copies that block on write
-//! (see [`Sequence::try_append_cow`]).
-//!
-//! # Orderings
-//!
-//! A sequence is a plain `Send` value used by one thread at a time; all its
-//! synchronisation is the pool's (Acquire on allocation, Release on free).
+//! Forks share full blocks; an append into a shared partly filled tail
+//! copies it on write (see [`crate::implementation`], "Sequences").
 
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
 use crate::error::{PositionError, ReserveError};
-use crate::pool::{BlockId, BlockPool};
+use crate::id::BlockId;
+use crate::pool::BlockPool;
 
 /// A device copy the caller must make: the first `tokens` slots of block
 /// `src` into block `dst` (a fork's private tail, or a copy-on-write).
@@ -77,6 +58,13 @@ pub struct BlockCopy {
 /// drop(seq);
 /// assert_eq!(pool.free_blocks(), 8);
 /// ```
+///
+/// # Memory ordering
+///
+/// A sequence is a plain `Send` value, used by one thread at a time; its
+/// blocks follow the pool's rule (see [`BlockPool`]): what a sequence's
+/// thread did with a block before the sequence gave it back happens-before
+/// the block's next owner gets it.
 pub struct Sequence {
     pool: Arc<BlockPool>,
     blocks: Vec<BlockId>,
@@ -85,8 +73,6 @@ pub struct Sequence {
     /// next change to this sequence, so the caller's device copy can still
     /// read it even if every other holder lets go.
     retired: Option<BlockId>,
-    /// The copy a copy-on-write in [`Sequence::try_append`] asked for.
-    pending_copy: Option<BlockCopy>,
     /// Whether the partly filled last block may be shared. Forks share only
     /// full blocks, so a partly filled tail is ours alone unless `truncate`
     /// went back into a block that was once full; only then does an append
@@ -134,7 +120,6 @@ impl Sequence {
             blocks,
             len: 0,
             retired: None,
-            pending_copy: None,
             tail_may_be_shared: false,
         }
     }
@@ -197,13 +182,20 @@ impl Sequence {
 
     /// Appends `n` tokens: takes exactly the new blocks they need, all or
     /// none, and returns their positions `old_len..old_len + n`. `n == 0`
-    /// returns an empty range and takes nothing.
+    /// returns an empty range and takes nothing. No heap allocation happens
+    /// here beyond growing the block table.
     ///
-    /// If the sequence was truncated into a block it shares with a fork, the
-    /// append also copies that block on write; the copy the caller must
-    /// make is then returned by [`take_pending_copy`](Self::take_pending_copy)
-    /// (or use [`try_append_cow`](Self::try_append_cow), which returns it).
-    /// No heap allocation happens here beyond growing the block table.
+    /// A sequence that never truncates into a block it shares with a fork
+    /// never needs a copy-on-write, and appends with this. After such a
+    /// truncate, append with [`try_append_cow`](Self::try_append_cow),
+    /// which returns the device copy to make.
+    ///
+    /// # Panics
+    ///
+    /// Panics, before changing anything, if `n > 0` and the last block is
+    /// partly filled and shared with a fork: that append needs a device
+    /// copy, which only [`try_append_cow`](Self::try_append_cow) can hand
+    /// back.
     ///
     /// # Errors
     ///
@@ -224,18 +216,22 @@ impl Sequence {
     /// assert_eq!(seq.len(), 8);
     /// ```
     pub fn try_append(&mut self, n: usize) -> Result<Range<usize>, ReserveError> {
-        let (range, copy) = self.try_append_cow(n)?;
-        if copy.is_some() {
-            self.pending_copy = copy;
-        }
-        Ok(range)
+        assert!(
+            n == 0 || !self.tail_needs_copy(),
+            "Sequence::try_append: the last block is shared with a fork and must be \
+             copied before it is written; append with Sequence::try_append_cow, which \
+             returns the BlockCopy to make"
+        );
+        self.try_append_cow(n).map(|(range, _)| range)
     }
 
-    /// Like [`try_append`](Self::try_append), but returns the copy-on-write
-    /// the append needed, if any: `Some` only when the last block was partly
-    /// filled and shared with a fork (after truncating into the shared
-    /// prefix). The caller must copy `tokens` slots from `src` to `dst`
-    /// before the kernel writes the new tokens.
+    /// Appends `n` tokens as [`try_append`](Self::try_append) does, and
+    /// returns the copy-on-write the append needed, if any: `Some` only when
+    /// the last block was partly filled and shared with a fork (after
+    /// truncating into the shared prefix). The caller must copy `tokens`
+    /// slots from `src` to `dst` before the kernel writes the new tokens;
+    /// the sequence keeps its reference to `src` until its next change, so
+    /// the copy can still read it.
     ///
     /// # Errors
     ///
@@ -257,6 +253,7 @@ impl Sequence {
     /// assert_eq!((copy.src, copy.tokens), (child.blocks()[1], 2));
     /// assert_ne!(seq.blocks()[1], child.blocks()[1]);
     /// ```
+    #[must_use = "a returned BlockCopy is a device copy the caller must make"]
     pub fn try_append_cow(
         &mut self,
         n: usize,
@@ -396,25 +393,6 @@ impl Sequence {
     /// ```
     pub fn capacity(&self) -> usize {
         self.blocks.len() * self.pool.block_size()
-    }
-
-    /// Takes the copy-on-write that the last [`try_append`](Self::try_append)
-    /// asked for, if any.
-    ///
-    /// Take it before the next change of the sequence: the next append or
-    /// truncate that changes anything forgets it, and gives back the
-    /// reference that kept its source block alive for the copy.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// let mut seq = kvslots::Sequence::new(Arc::new(kvslots::BlockPool::new(8, 4)));
-    /// seq.try_append(3).unwrap();
-    /// assert_eq!(seq.take_pending_copy(), None);
-    /// ```
-    pub fn take_pending_copy(&mut self) -> Option<BlockCopy> {
-        self.pending_copy.take()
     }
 
     /// The flat slot index of token `position`:
@@ -620,12 +598,11 @@ impl Sequence {
         self.blocks.truncate(keep);
     }
 
-    /// Drops the reference a copy-on-write kept for the caller's copy, and
-    /// forgets the copy if it was not taken: the next change of the table
-    /// (an append or a truncate) is the point by which the caller has made
-    /// it, and after which its source may be freed.
+    /// Drops the reference a copy-on-write kept for the caller's copy: the
+    /// next change of the table (an append or a truncate) is the point by
+    /// which the caller has made it, and after which its source may be
+    /// freed.
     fn release_retired(&mut self) {
-        self.pending_copy = None;
         if let Some(id) = self.retired.take() {
             // As in `give_back`: `Err` only after a racing double free.
             let _ = self.pool.drop_held_refs(&[id]);

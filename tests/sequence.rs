@@ -59,7 +59,17 @@ fn assert_table_fits(seq: &Sequence) {
 /// sequence nor the pool changed.
 fn assert_append_refused(seq: &mut Sequence, n: usize, expected: ReserveError) {
     let (seq_before, pool_before) = (seq_snap(seq), pool_snap(seq.pool()));
-    assert_eq!(seq.try_append(n), Err(expected), "try_append({n})");
+    // A plain append into a shared tail panics (naming `try_append_cow`)
+    // before it changes anything; any other is refused.
+    let bs = seq.pool().block_size();
+    let shared_tail =
+        seq.len() % bs != 0 && seq.pool().ref_count(seq.blocks()[seq.len() / bs]) > Some(1);
+    if shared_tail {
+        let plain = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| seq.try_append(n)));
+        assert!(plain.is_err(), "try_append({n}) into a shared tail");
+    } else {
+        assert_eq!(seq.try_append(n), Err(expected), "try_append({n})");
+    }
     assert_eq!(
         seq_snap(seq),
         seq_before,
@@ -70,7 +80,6 @@ fn assert_append_refused(seq: &mut Sequence, n: usize, expected: ReserveError) {
         pool_before,
         "a refused append changed the pool"
     );
-    assert_eq!(seq.take_pending_copy(), None);
     assert_eq!(seq.try_append_cow(n), Err(expected), "try_append_cow({n})");
     assert_eq!(seq_snap(seq), seq_before);
     assert_eq!(pool_snap(seq.pool()), pool_before);
@@ -798,7 +807,7 @@ fn forks_of_forks_count_references() {
 fn append_and_check_private(seqs: &mut [Sequence], i: usize, n: usize) -> bool {
     let before = seq_snap(&seqs[i]);
     let pool = Arc::clone(seqs[i].pool());
-    let Ok(range) = seqs[i].try_append(n) else {
+    let Ok((range, copy)) = seqs[i].try_append_cow(n) else {
         assert_eq!(
             seq_snap(&seqs[i]),
             before,
@@ -829,8 +838,8 @@ fn append_and_check_private(seqs: &mut [Sequence], i: usize, n: usize) -> bool {
             "writing into shared {block}"
         );
     }
-    // The pending copy (if any) is a copy into this sequence's own block.
-    if let Some(copy) = seqs[i].take_pending_copy() {
+    // The copy-on-write (if any) is a copy into this sequence's own block.
+    if let Some(copy) = copy {
         assert!(seqs[i].blocks().contains(&copy.dst));
         assert!(!seqs[i].blocks().contains(&copy.src));
         assert!(!others.contains(&copy.dst));
@@ -957,8 +966,6 @@ fn try_append_cow_copies_a_shared_tail_before_writing() {
     // The child's view is untouched.
     assert_eq!(child.blocks(), &shared[..]);
     assert_eq!(child.len(), 8);
-    // try_append_cow hands the copy back itself: nothing is pending.
-    assert_eq!(parent.take_pending_copy(), None);
     // The replaced block keeps the parent's reference until the next change,
     // so the device copy can still read it.
     assert_eq!(pool.ref_count(shared[1]), Some(2));
@@ -979,27 +986,40 @@ fn try_append_cow_copies_a_shared_tail_before_writing() {
 }
 
 #[test]
-fn try_append_records_the_copy_for_take_pending_copy() {
+fn try_append_panics_rather_than_lose_a_copy_on_write() {
     let (pool, mut parent, child) = shared_pair(8, 8);
     let shared = child.blocks().to_vec();
     parent.truncate(5);
-    assert_eq!(parent.try_append(2).unwrap(), 5..7);
-    let copy = parent.take_pending_copy().expect("recorded");
+    let before = (seq_snap(&parent), pool_snap(&pool));
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| parent.try_append(2)))
+        .expect_err("a plain append into a shared tail must not go unnoticed");
+    let message = panic
+        .downcast_ref::<&str>()
+        .map(|m| m.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    assert!(message.contains("try_append_cow"), "{message}");
+    // Nothing changed: the copy-on-write append still works.
+    assert_eq!((seq_snap(&parent), pool_snap(&pool)), before);
+    let (range, copy) = parent.try_append_cow(2).unwrap();
+    assert_eq!(range, 5..7);
     assert_eq!(
         copy,
-        BlockCopy {
+        Some(BlockCopy {
             src: shared[1],
             dst: parent.blocks()[1],
             tokens: 1,
-        }
+        })
     );
-    // Taken once.
-    assert_eq!(parent.take_pending_copy(), None);
     assert_eq!(pool.ref_count(shared[1]), Some(2));
-    // A later plain append records nothing new and releases the old block.
+    // The tail is private now: a plain append is fine, and releases the
+    // copy's source.
     parent.try_append(1).unwrap();
-    assert_eq!(parent.take_pending_copy(), None);
     assert_eq!(pool.ref_count(shared[1]), Some(1));
+    // Empty appends never need a copy.
+    let (_, mut other, _child) = shared_pair(8, 8);
+    other.truncate(5);
+    assert_eq!(other.try_append(0).unwrap(), 5..5);
 }
 
 #[test]
@@ -1080,8 +1100,7 @@ fn a_refused_append_keeps_the_retired_block_for_the_pending_copy() {
 fn dropping_a_sequence_with_a_retired_block_returns_it() {
     let (pool, mut parent, child) = shared_pair(4, 8);
     parent.truncate(7);
-    parent.try_append(1).unwrap();
-    assert!(parent.take_pending_copy().is_some());
+    assert!(parent.try_append_cow(1).unwrap().1.is_some());
     assert_eq!(pool.used_blocks(), 3);
     drop(child);
     drop(parent);
@@ -1129,7 +1148,7 @@ fn dropping_every_sequence_fills_the_pool_again() {
     b.try_append(6).unwrap();
     let (c, _) = b.try_fork().unwrap();
     a.truncate(9);
-    a.try_append(2).unwrap();
+    assert!(a.try_append_cow(2).unwrap().1.is_some());
     assert!(pool.used_blocks() > 0);
     drop(b);
     drop(a);
@@ -1180,38 +1199,38 @@ fn block_copy_is_plain_data() {
 }
 
 #[test]
-fn a_pending_copy_not_taken_is_forgotten_at_the_next_change() {
-    // After the next append: the copy's source may be freed from then on.
+fn a_copy_source_is_kept_until_the_next_change() {
+    // Until the next append: the copy's source may be freed from then on.
     let pool = Arc::new(BlockPool::new(8, 4));
     let mut parent = Sequence::new(Arc::clone(&pool));
     parent.try_append(8).unwrap();
     let (child, _) = parent.try_fork().unwrap();
     parent.truncate(6);
-    parent.try_append(1).unwrap(); // copy-on-write, recorded
+    let copy = parent.try_append_cow(1).unwrap().1.expect("copy-on-write");
     drop(child);
-    parent.try_append(1).unwrap(); // no copy; the retired source goes
-    assert_eq!(parent.take_pending_copy(), None);
+    assert_eq!(pool.ref_count(copy.src), Some(1));
+    assert_eq!(parent.try_append_cow(1).unwrap().1, None); // no copy
+    assert_eq!(pool.ref_count(copy.src), Some(0));
 
-    // After a truncate that gives the copy's destination back.
+    // Until a truncate that gives the copy's destination back.
     let mut parent = Sequence::new(Arc::clone(&pool));
     parent.try_append(8).unwrap();
     let (_child, _) = parent.try_fork().unwrap();
     parent.truncate(6);
-    parent.try_append(1).unwrap();
-    let dst = parent.blocks()[1];
+    let copy = parent.try_append_cow(1).unwrap().1.expect("copy-on-write");
+    assert_eq!(pool.ref_count(copy.src), Some(2));
     parent.truncate(2);
-    assert_eq!(pool.ref_count(dst), Some(0));
-    assert_eq!(parent.take_pending_copy(), None);
+    assert_eq!(pool.ref_count(copy.dst), Some(0));
+    assert_eq!(pool.ref_count(copy.src), Some(1));
 
     // A zero append or a no-op truncate changes nothing: it is kept.
     parent.truncate(0);
     parent.try_append(8).unwrap();
     let (_child2, _) = parent.try_fork().unwrap();
     parent.truncate(6);
-    parent.try_append(1).unwrap();
+    let copy = parent.try_append_cow(1).unwrap().1.expect("copy-on-write");
     parent.try_append(0).unwrap();
     parent.truncate(100);
-    let copy = parent.take_pending_copy().expect("kept");
     assert_eq!(copy.dst, parent.blocks()[1]);
     assert_eq!(pool.ref_count(copy.src), Some(2));
 }

@@ -7,7 +7,7 @@
 //! ```
 //!
 //! Under `--cfg kvslots_shuttle` the crate's atomics facade
-//! (`kvslots::sync`) is shuttle's, so every atomic access of the real
+//! (`kvslots::__model`) is shuttle's, so every atomic access of the real
 //! [`SlotCounter`], [`BlockPool`] and [`Sequence`] is a scheduling point.
 //! The models below mix, on 8 threads and small capacities:
 //!
@@ -58,7 +58,7 @@
 use std::collections::HashSet;
 use std::ops::Range;
 
-use kvslots::sync::{AtomicBool, AtomicUsize, Ordering};
+use kvslots::__model::{AtomicBool, AtomicUsize, Ordering};
 use kvslots::{BlockId, BlockPool, FreeError, ReserveError, Sequence, SlotCounter};
 use shuttle::rand::{thread_rng, Rng};
 use shuttle::scheduler::{PctScheduler, RandomScheduler};

@@ -404,7 +404,6 @@ fn sequence_appends_and_truncates_allocate_nothing() {
             assert_eq!(seq.truncate(20), 1);
             assert_eq!(seq.truncate(20), 0); // no-op
             assert_eq!(seq.try_append_cow(0).unwrap(), (20..20, None));
-            assert_eq!(seq.take_pending_copy(), None);
             // Slot lookups.
             for p in 0..seq.len() {
                 let slot = seq.slot(p).unwrap();

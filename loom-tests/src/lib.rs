@@ -15,7 +15,7 @@
 //! * the real `SlotCounter` with its real guards (`Reservation`,
 //!   `OwnedReservation`), which every model must pass at every capacity;
 //! * the wrong allocators of `wrong`, written against the same atomics
-//!   facade (`kvslots::sync`), which loom must catch under the same model
+//!   facade (`kvslots::__model`), which loom must catch under the same model
 //!   shape: the two known wrong ways of the seed contract (token by token,
 //!   against total capacity), check-then-add in two atomic steps, a closed
 //!   flag kept outside the count's word, an admission that is not
@@ -40,7 +40,7 @@
 use std::ops::Deref;
 use std::sync::Arc;
 
-use kvslots::sync::{AtomicBool, AtomicUsize, Ordering};
+use kvslots::__model::{AtomicBool, AtomicUsize, Ordering};
 use kvslots::{OwnedReservation, ReleaseError, Reservation, ReserveError, SlotCounter};
 
 pub mod pool_world;
@@ -73,28 +73,52 @@ pub mod msg {
 /// The capacities every model runs at.
 pub const CAPACITIES: std::ops::RangeInclusive<usize> = 1..=5;
 
-/// Generates one `#[should_panic(expected = ...)]` test per listed
-/// capacity, in a module of its own: loom must catch the wrong allocator
-/// `$wrong` under the model shape `$shape` (a `fn(usize)` generic over
-/// [`Slots`]) at each of them.
+// `caught!` names one test per capacity of `CAPACITIES`: keep the two in
+// step.
+const _: () = assert!(*CAPACITIES.start() == 1 && *CAPACITIES.end() == 5);
+
+/// Generates one `#[should_panic(expected = ...)]` test per capacity of
+/// [`CAPACITIES`] (`cap1` ... `cap5`), in a module of its own: loom must
+/// catch the wrong allocator `$wrong` under the model shape `$shape` (a
+/// `fn(usize)` generic over [`Slots`]) at each of them. With `from 2` or
+/// `from 3`, the tests start at that capacity, for a wrong allocator that
+/// is exact below it (token by token is exact at capacity 1, for
+/// instance).
 ///
 /// ```ignore
 /// caught!(admit_token_by_token: admit_vs_admit_2::<TokenByToken>,
-///     "partial admission", [cap1 = 1, cap2 = 2]);
+///     "partial admission", from 2);
 /// ```
 #[macro_export]
 macro_rules! caught {
-    ($module:ident: $shape:ident::<$wrong:ty>, $expected:literal, [$($test:ident = $c:literal),+ $(,)?]) => {
+    ($module:ident: $shape:ident::<$wrong:ty>, $expected:literal) => {
+        $crate::caught!($module: $shape::<$wrong>, $expected, from 1);
+    };
+    ($module:ident: $shape:ident::<$wrong:ty>, $expected:literal, from $min:tt) => {
         mod $module {
             use super::*;
-            $(
-                #[test]
-                #[should_panic(expected = $expected)]
-                fn $test() {
-                    $shape::<$wrong>($c);
-                }
-            )+
+            $crate::caught!(@from $min, $shape::<$wrong>, $expected,
+                [cap1 = 1] [cap2 = 2] [cap3 = 3] [cap4 = 4] [cap5 = 5]);
         }
+    };
+    (@from 1, $shape:ident::<$wrong:ty>, $expected:literal, $($cap:tt)+) => {
+        $crate::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
+    };
+    (@from 2, $shape:ident::<$wrong:ty>, $expected:literal, $skip:tt $($cap:tt)+) => {
+        $crate::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
+    };
+    (@from 3, $shape:ident::<$wrong:ty>, $expected:literal, $a:tt $b:tt $($cap:tt)+) => {
+        $crate::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
+    };
+    (@tests $shape:ident::<$wrong:ty>, $expected:literal, $([$test:ident = $c:literal])+) => {
+        $(
+            #[test]
+            #[should_panic(expected = $expected)]
+            fn $test() {
+                assert!($crate::CAPACITIES.contains(&$c));
+                $shape::<$wrong>($c);
+            }
+        )+
     };
 }
 

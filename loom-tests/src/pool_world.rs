@@ -21,8 +21,9 @@
 
 use std::sync::Arc;
 
-use kvslots::sync::{AtomicUsize, Ordering};
-use kvslots::{BlockId, BlockPool, Faults, ReserveError};
+use kvslots::__model::{pool_with_faults, Faults};
+use kvslots::__model::{AtomicUsize, Ordering};
+use kvslots::{BlockId, BlockPool, ReserveError};
 use loom::cell::UnsafeCell;
 
 /// A block was handed out while a holder still had it (the same words as
@@ -38,7 +39,7 @@ pub const SOUND: Faults = Faults {
     blind_undo: false,
     plain_held_drop: false,
 };
-/// The ABA control: the id stack without its generation tag.
+/// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
     no_tag: true,
     relaxed_free: false,
@@ -129,7 +130,7 @@ impl PoolWorld {
     /// A pool of `num_blocks` blocks of `block_size` slots built with
     /// `faults`, every block free in the shadow, ready to be shared by a
     /// model's threads; `holder` names what holds references in the models,
-    /// for the messages. The free list is one stack.
+    /// for the messages. The free list is one shard.
     pub fn new(
         num_blocks: usize,
         block_size: usize,
@@ -139,7 +140,7 @@ impl PoolWorld {
         PoolWorld::with_shards(num_blocks, block_size, 1, faults, holder)
     }
 
-    /// [`new`](Self::new) with the free list cut into `shards` stacks.
+    /// [`new`](Self::new) with the free list cut into `shards` shards.
     // Not `Send`/`Sync` (see the type's doc), yet shared through an `Arc`:
     // loom runs a model's threads one at a time.
     #[allow(clippy::arc_with_non_send_sync)]
@@ -151,9 +152,7 @@ impl PoolWorld {
         holder: &'static str,
     ) -> Arc<PoolWorld> {
         Arc::new(PoolWorld {
-            pool: Arc::new(BlockPool::with_faults(
-                num_blocks, block_size, shards, faults,
-            )),
+            pool: Arc::new(pool_with_faults(num_blocks, block_size, shards, faults)),
             holders: (0..num_blocks).map(|_| AtomicUsize::new(0)).collect(),
             payload: (0..num_blocks).map(|_| UnsafeCell::new(0)).collect(),
             holder,

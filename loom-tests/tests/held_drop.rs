@@ -28,13 +28,14 @@
 
 use std::sync::Arc;
 
-use kvslots::{BlockId, BlockPool, Faults, FreeError, Sequence};
+use kvslots::__model::{pool_with_faults, Faults};
+use kvslots::{BlockId, BlockPool, FreeError, Sequence};
 use loom::thread;
 use loom_tests::pool_world::{check, DOUBLE, LOST, PLAIN_HELD_DROP, SOUND};
 
 /// A pool of `num_blocks` one-slot blocks, one stack, with `faults`.
 fn pool(num_blocks: usize, faults: Faults) -> Arc<BlockPool> {
-    Arc::new(BlockPool::with_faults(num_blocks, 1, 1, faults))
+    Arc::new(pool_with_faults(num_blocks, 1, 1, faults))
 }
 
 /// What a racing double free may answer: `Ok` if it dropped the reference

@@ -34,7 +34,7 @@
 //! # Models and negative controls
 //!
 //! Each model shape runs on a sound pool and on a pool built with
-//! `BlockPool::with_faults` (only under `--cfg kvslots_loom`), which loom
+//! `kvslots::__model::pool_with_faults`, which loom
 //! must catch (`#[should_panic(expected = ..)]`). The pair shows that the
 //! control is caught for the injected fault, not for the model:
 //!
@@ -62,7 +62,8 @@
 
 use std::sync::Arc;
 
-use kvslots::{Faults, Sequence};
+use kvslots::__model::Faults;
+use kvslots::Sequence;
 use loom::thread;
 use loom_tests::pool_world::{
     alloc_then_more, check, Allocs, PoolWorld, NO_TAG, RELAXED_FREE, SOUND,

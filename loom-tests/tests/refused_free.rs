@@ -24,7 +24,7 @@
 //! * once every holder has freed what it holds, the whole pool can be
 //!   taken again.
 //!
-//! | model | threads, blocks | `blind_undo` (an earlier version's undo) |
+//! | model | threads, blocks | `blind_undo` (adds the dropped references back) |
 //! |---|---|---|
 //! | [`refused_free_vs_free`] | 2, 2 | caught |
 //! | the same, A also freeing a block of its own first | 2, 3 | caught |
@@ -33,7 +33,8 @@
 
 use std::sync::Arc;
 
-use kvslots::{BlockId, BlockPool, Faults, FreeError, Sequence};
+use kvslots::__model::{pool_with_faults, Faults};
+use kvslots::{BlockId, BlockPool, FreeError, Sequence};
 use loom::thread;
 use loom_tests::pool_world::{check, BLIND_UNDO, DOUBLE, LOST, SOUND};
 
@@ -42,7 +43,7 @@ use loom_tests::pool_world::{check, BLIND_UNDO, DOUBLE, LOST, SOUND};
 /// is a last one, which a `Raced` free still pushes.
 fn refused_free_vs_free(num_blocks: usize, own: bool, faults: Faults) {
     check(move || {
-        let pool = Arc::new(BlockPool::with_faults(num_blocks, 1, 1, faults));
+        let pool = Arc::new(pool_with_faults(num_blocks, 1, 1, faults));
         let x = shared_block(&pool);
         let mut ids = Vec::new();
         pool.try_alloc(1, &mut ids).expect("a second block");

@@ -37,7 +37,7 @@
 //! | model | threads, blocks | `relaxed_free` |
 //! |---|---|---|
 //! | [`fork_vs_drop`] | 2, 4 | caught: causality |
-//! | [`fork_vs_drop`] over two free-list stacks | 2, 4 | caught: causality |
+//! | [`fork_vs_drop`] over two free-list shards | 2, 4 | caught: causality |
 //! | [`fork_vs_drop_vs_append`] | 3, 5 | caught: causality |
 //! | [`append_vs_truncate`] | 2, 4 | caught: causality |
 //!
@@ -59,7 +59,8 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use kvslots::{BlockCopy, BlockId, Faults, ReserveError, Sequence};
+use kvslots::__model::Faults;
+use kvslots::{BlockCopy, BlockId, ReserveError, Sequence};
 use loom::thread;
 use loom_tests::pool_world::{check, PoolWorld, RELAXED_FREE, SOUND};
 
@@ -72,7 +73,7 @@ fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
     PoolWorld::new(num_blocks, BS, faults, "sequence")
 }
 
-/// [`new_world`] with the free list cut into `shards` stacks.
+/// [`new_world`] with the free list cut into `shards` shards.
 fn new_world_over(num_blocks: usize, shards: usize, faults: Faults) -> Arc<PoolWorld> {
     PoolWorld::with_shards(num_blocks, BS, shards, faults, "sequence")
 }
@@ -116,7 +117,10 @@ impl SeqOps for PoolWorld {
     fn append(&self, seq: &mut Sequence, n: usize) -> Result<Range<usize>, ReserveError> {
         let old_len = seq.len();
         let old_blocks = seq.blocks().to_vec();
-        let result = seq.try_append(n);
+        let result = seq.try_append_cow(n).map(|(range, copy)| {
+            assert_eq!(copy, None, "no copy-on-write here");
+            range
+        });
         match &result {
             Ok(range) => {
                 assert_eq!(
@@ -131,7 +135,6 @@ impl SeqOps for PoolWorld {
                     "append took other than the blocks the tokens need"
                 );
                 assert_eq!(&seq.blocks()[..old_blocks.len()], &old_blocks[..]);
-                assert_eq!(seq.take_pending_copy(), None, "no copy-on-write here");
                 for &id in &seq.blocks()[old_blocks.len()..] {
                     self.take(id);
                 }
@@ -233,10 +236,10 @@ impl SeqOps for PoolWorld {
 /// `b0` has three holders at most, dropped from both threads; whichever
 /// drops last pushes it, exactly once.
 ///
-/// Over two free-list stacks (`fork_vs_drop_two_stacks_*`; stack 0 owns
-/// blocks 0 and 1, stack 1 owns 2 and 3) the main thread's home is stack
+/// Over two free-list shards (`fork_vs_drop_two_stacks_*`; shard 0 owns
+/// blocks 0 and 1, shard 1 owns 2 and 3) the main thread's home is shard
 /// 0: `p` takes both of its blocks, and every tail block the forks need is
-/// stolen from stack 1, where `q`'s tail goes back when thread 2 drops it.
+/// stolen from shard 1, where `q`'s tail goes back when thread 2 drops it.
 fn fork_vs_drop(faults: Faults) {
     fork_vs_drop_over(1, faults);
 }

@@ -1,6 +1,6 @@
 //! Loom models of a [`BlockPool`](kvslots::BlockPool) whose free list is
-//! cut into two stacks (`BlockPool::with_shards`): requests that take from
-//! both stacks, and frees whose blocks go back to two different stacks,
+//! cut into two shards (`BlockPool::with_shards`): requests that take from
+//! both shards, and frees whose blocks go back to two different shards,
 //! racing each other. The checks are those of `tests/pool.rs` (shadow
 //! holder counts, conservation, a happens-before witness per block; see
 //! `loom_tests::pool_world`), and each model has its negative controls.
@@ -8,11 +8,14 @@
 //! Run with
 //! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test shards`.
 //!
-//! With `span = ceil(num_blocks / 2)` ids per stack, stack 0 owns ids
-//! `0..span` and stack 1 the rest; a thread's pops start at its home stack
-//! (the model thread's number modulo 2: the main thread and a spawned
-//! thread start at different stacks) and take from the other one when
-//! theirs is short.
+//! With `span = ceil(num_blocks / 2)` ids per shard, shard 0 owns ids
+//! `0..span` and shard 1 the rest; a thread's pops start at its home shard
+//! and take from the other one when theirs is short. Threads are numbered
+//! in the order they first allocate, afresh in every execution, so the
+//! first thread to allocate starts at shard 0 and the second at shard 1;
+//! loom explores both orders. The model descriptions below follow the
+//! executions in which the main thread allocates first (its home is
+//! shard 0); in the others the two threads swap homes.
 //!
 //! | model | threads, blocks | `no_tag` (ABA) | `relaxed_free` |
 //! |---|---|---|---|
@@ -24,25 +27,25 @@
 
 use std::sync::Arc;
 
-use kvslots::Faults;
+use kvslots::__model::Faults;
 use loom::thread;
 use loom_tests::pool_world::{
     alloc_then_more, check, Allocs, PoolWorld, NO_TAG, RELAXED_FREE, SOUND,
 };
 
-/// A pool of `num_blocks` one-slot blocks over two stacks.
+/// A pool of `num_blocks` one-slot blocks over two shards.
 fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
     PoolWorld::with_shards(num_blocks, 1, 2, faults, "thread")
 }
 
-/// A steal after a free, over a pool of 3 (stack 0 owns ids 0 and 1, stack
-/// 1 owns id 2). The spawned thread (home stack 1) allocates one block,
-/// which empties its stack, and then one more, which it must take from
-/// stack 0. Meanwhile the main thread (home stack 0) allocates one block,
-/// writes it and gives it back onto stack 0. The spawned thread's second
+/// A steal after a free, over a pool of 3 (shard 0 owns ids 0 and 1, shard
+/// 1 owns id 2). The spawned thread (home shard 1) allocates one block,
+/// which empties its shard, and then one more, which it must take from
+/// shard 0. Meanwhile the main thread (home shard 0) allocates one block,
+/// writes it and gives it back onto shard 0. The spawned thread's second
 /// request can be admitted through block 1 (a count older than the main
 /// thread's give-back) and still pop the main thread's block, on top of
-/// stack 0: only the free list's `Release`/`Acquire` orders the two
+/// shard 0: only the free list's `Release`/`Acquire` orders the two
 /// owners' writes then.
 fn steal_after_free(faults: Faults) {
     check(move || {
@@ -77,12 +80,12 @@ fn steal_after_free_relaxed_free_is_caught() {
     steal_after_free(RELAXED_FREE);
 }
 
-/// A free that splits vs an allocation, over a pool of 3 (stack 0 owns
-/// ids 0 and 1, stack 1 owns id 2). The main thread takes all three,
-/// gives block 0 back, and hands blocks 1 and 2 (one per stack) to a thread
-/// that frees them in one call: two pushes, one per owning stack. Meanwhile
+/// A free that splits vs an allocation, over a pool of 3 (shard 0 owns
+/// ids 0 and 1, shard 1 owns id 2). The main thread takes all three,
+/// gives block 0 back, and hands blocks 1 and 2 (one per shard) to a thread
+/// that frees them in one call: two pushes, one per owning shard. Meanwhile
 /// the main thread allocates one block, admitted through block 0, but
-/// popping whichever block is on top of the stack it looks at first (block
+/// popping whichever block is on top of the shard it looks at first (block
 /// 1, just pushed, when the push came first): only the free list's
 /// `Release`/`Acquire` orders the freer's writes before the new owner's.
 fn split_free_vs_alloc(faults: Faults) {
@@ -114,14 +117,14 @@ fn split_free_vs_alloc_relaxed_free_is_caught() {
     split_free_vs_alloc(RELAXED_FREE);
 }
 
-/// Alloc vs steal, over a pool of 5 (ids 0, 1 and 2 in stack 0; 3 and 4 in
-/// stack 1). The spawned thread (home stack 1) allocates 4: both of its
-/// own and two stolen from stack 0; it gives the first stolen one back
-/// (onto stack 0, which owns it) and keeps the rest. The main thread (home
-/// stack 0) allocates one block, then one more. Each keeps what it holds
+/// Alloc vs steal, over a pool of 5 (ids 0, 1 and 2 in shard 0; 3 and 4 in
+/// shard 1). The spawned thread (home shard 1) allocates 4: both of its
+/// own and two stolen from shard 0; it gives the first stolen one back
+/// (onto shard 0, which owns it) and keeps the rest. The main thread (home
+/// shard 0) allocates one block, then one more. Each keeps what it holds
 /// until the end.
 ///
-/// The ABA schedule without the tag: the main thread reads stack 0's head
+/// The ABA schedule without the tag: the main thread reads shard 0's head
 /// (top 0, next 1) and is preempted; the spawned thread steals 0 and 1 and
 /// pushes 0 back (top 0 again, next 2); an untagged CAS still matches and
 /// installs block 1, which the spawned thread holds, as the top. One

@@ -1,124 +1,22 @@
 //! [`BlockPool`]: a lock-free pool of KV-cache blocks with all-or-nothing
-//! allocation and per-block reference counts.
-//!
-//! Paged servers cut the KV cache into blocks of `block_size` token slots.
-//! A `BlockPool` hands out block ids: [`BlockPool::try_alloc`] takes `n` of
-//! them or none, [`BlockPool::free`] drops one reference per listed id, and a
-//! block whose last reference goes returns to the pool. Full blocks can be
-//! shared between sequences (forks for parallel sampling or beam search)
-//! through the reference counts; [`Sequence`](crate::Sequence) does that
-//! bookkeeping for you.
-//!
-//! # Implementation
-//!
-//! Allocation is two steps, neither of which can leave a partial result:
-//!
-//! 1. The count is admitted through a [`SlotCounter`] (one CAS on one
-//!    padded word, all or nothing). `Full`, `NeverFits` and `Closed` come
-//!    from here, and nothing has changed when they do.
-//! 2. Once admitted, the ids are popped from the free list, one CAS for a
-//!    whole chain (see the `free_list` module: Treiber stacks over one
-//!    index array, ABA-safe through a generation tag in the same
-//!    `AtomicU64` as each head index). The stacks together always hold at
-//!    least the admitted count, so this step cannot fail.
-//!
-//! Freeing validates every id, drops the references with checked
-//! decrements, links the blocks whose count reached zero into a private
-//! chain, pushes the chain (one CAS per run of ids with the same owner
-//! stack: one in all when they share one) and then releases the count. If
-//! any id is bad, nothing changes (see [`BlockPool::free`] for the one
-//! refusal that can come after some decrements: a racing double free).
-//!
-//! The free list is cut into [`shards`](BlockPool::shards) stacks (16 for
-//! pools of 1,024 blocks or more; see [`BlockPool::with_shards`]). Each
-//! stack owns a contiguous range of ids and every freed block goes back to
-//! the stack that owns it; a thread's pops start at its home stack (its
-//! number modulo the stack count) and take from the others only when it is short. Threads that free and
-//! reallocate sequences of blocks thus keep to their own stack head and to
-//! their own part of the `next` array, instead of moving both between
-//! cores on every request: walking a 130-block prompt's chain was the hot
-//! spot of `kvslots-sim` with one stack (README, Performance). The only
-//! word every thread writes is the admission counter's.
-//!
-//! Bookkeeping is 8 bytes per block: a 4-byte `next` link and a 4-byte
-//! reference count, plus one cache line per stack head. The counter's
-//! state and every stack head sit in cache lines of their own.
-//!
-//! Why tagged Treiber stacks rather than a bitmap: taking `k` ids is one
-//! CAS on one word whatever the pool size, where a bitmap needs a search
-//! that grows with the pool and one RMW per word touched, and the stack
-//! reuses the most recently freed (cache-warm) blocks first. The pool
-//! benchmark (`benches/pool.rs`, figures in the README) checks that
-//! `try_alloc` costs the same at 1,000 and 1,000,000 blocks.
-//!
-//! # Orderings
-//!
-//! * **Freeing is `Release`**: each reference drop is an `AcqRel` RMW on the
-//!   block's count (the `Release` half orders this holder's accesses before
-//!   the last drop; the `Acquire` half lets the last dropper see every other
-//!   holder's), the push of the chain is a `Release` CAS, and the count is
-//!   given back with a `Release` `fetch_sub`. A sequence's drops are the
-//!   same RMWs (a racing double free through the public `free` can change
-//!   the same count, so no drop is a load followed by a store); they only
-//!   skip the first load, guessing a count of 1.
-//! * **Allocation is `Acquire`**: the admission CAS and the pop CAS. So
-//!   everything a previous owner wrote into a block happens-before the next
-//!   owner touches it.
-//! * Setting a fresh block's count to 1 and adding a reference for a fork
-//!   are `Relaxed`: the block is exclusively ours, or we already hold a
-//!   reference, and the new reference travels to its holder through
-//!   whatever hands over the sequence (as with `Arc::clone`).
+//! allocation and per-block reference counts: an admission counter of
+//! blocks, the free list, and the reference counts (`refs`), with the
+//! over-free check of [`BlockPool::free`] in `over_free`. The design and the
+//! orderings are described in [`crate::implementation`] ("Allocating and
+//! freeing blocks", "Reference counts", "Orderings").
 
 use std::fmt;
 
 use crate::counter::SlotCounter;
 use crate::error::{FreeError, ReserveError};
 use crate::free_list::{Chain, FreeList, NIL};
-use crate::sync::{AtomicU32, Ordering};
+use crate::id::BlockId;
+use crate::sync::Faults;
 
-/// The id of one block in a [`BlockPool`].
-///
-/// # Examples
-///
-/// ```
-/// use kvslots::BlockId;
-///
-/// let id = BlockId::new(7);
-/// assert_eq!(id.index(), 7);
-/// assert!(BlockId::new(1) < id);
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct BlockId(u32);
+mod over_free;
+mod refs;
 
-impl BlockId {
-    /// The id of block number `index`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(kvslots::BlockId::new(3).index(), 3);
-    /// ```
-    pub const fn new(index: u32) -> BlockId {
-        BlockId(index)
-    }
-
-    /// The block's number, `0..num_blocks`.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// assert_eq!(kvslots::BlockId::new(42).index(), 42);
-    /// ```
-    pub const fn index(self) -> usize {
-        self.0 as usize
-    }
-}
-
-impl fmt::Display for BlockId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "block {}", self.0)
-    }
-}
+use refs::Refs;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
 /// slots each. Share it as an `Arc<BlockPool>`.
@@ -138,14 +36,24 @@ impl fmt::Display for BlockId {
 /// pool.free(&ids).unwrap();
 /// assert_eq!(pool.free_blocks(), 4);
 /// ```
+///
+/// # Memory ordering
+///
+/// Everything the holders of a block did with it before its last reference
+/// was dropped (by [`free`](Self::free), or by a [`Sequence`](crate::Sequence)'s
+/// truncate or drop) happens-before the allocation that hands the block to
+/// its next owner returns: a worker may write into the slots of a block it
+/// was just given without further synchronisation. Adding a reference (a
+/// fork) orders nothing by itself; the new holder gets it through whatever
+/// hands over the sequence, as with `Arc::clone`.
 pub struct BlockPool {
     /// Admits block counts; its padded state word is the one word every
     /// allocating and freeing thread writes.
     counter: SlotCounter,
-    /// The ids not in use, in stacks (one per id range) with padded heads.
+    /// The ids not in use, in shards (one per id range) with padded heads.
     free: FreeList,
     /// Per-block reference counts; 0 while the block is in the free list.
-    refs: Box<[AtomicU32]>,
+    refs: Refs,
     block_size: usize,
 }
 
@@ -154,18 +62,15 @@ impl BlockPool {
     /// value marks the end of the free list.
     pub const MAX_BLOCKS: usize = NIL as usize;
 
-    /// The most free-list stacks [`new`](Self::new) gives a pool.
+    /// The most free-list shards [`new`](Self::new) gives a pool.
     pub const DEFAULT_SHARDS: usize = 16;
 
-    /// The blocks per free-list stack below which [`new`](Self::new) uses
-    /// fewer stacks.
+    /// The blocks per free-list shard below which [`new`](Self::new) uses
+    /// fewer shards.
     pub const BLOCKS_PER_SHARD: usize = 64;
 
-    /// The most free-list stacks [`with_shards`](Self::with_shards) accepts.
+    /// The most free-list shards [`with_shards`](Self::with_shards) accepts.
     pub const MAX_SHARDS: usize = 1024;
-
-    /// A reference count above this panics instead of wrapping.
-    const MAX_REFS: u32 = u32::MAX / 2;
 
     /// Creates a pool of `num_blocks` free blocks of `block_size` token
     /// slots. `num_blocks == 0` is a valid pool that refuses every
@@ -190,19 +95,21 @@ impl BlockPool {
     }
 
     /// Like [`new`](Self::new), with the free list cut into `shards`
-    /// stacks instead of the default (see [`shards`](Self::shards)).
+    /// shards instead of the default (see [`shards`](Self::shards)). A
+    /// shard is a lock-free stack of free block ids (a Treiber stack with
+    /// its own head word).
     ///
-    /// Stack `s` owns the ids `s * span .. (s + 1) * span` (`span` =
+    /// Shard `s` owns the ids `s * span .. (s + 1) * span` (`span` =
     /// `num_blocks / shards`, rounded up) and a freed block always goes
-    /// back to the stack that owns it. Each thread takes from a home stack
-    /// first (threads are numbered in the order they first allocate from any pool,
-    /// and thread `i` starts at stack `i % shards`) and from the others
-    /// only when its own is short, so threads
-    /// that free and reallocate do not contend on one head and walk chains
-    /// in their own part of the index array. A thread whose home stack is
+    /// back to the shard that owns it. Each thread takes from a home shard
+    /// first (threads are numbered in the order they first allocate from
+    /// any pool, and thread `i` starts at shard `i % shards`) and from the
+    /// others only when its own is short, so threads that free and
+    /// reallocate do not contend on one head and walk chains in their own
+    /// part of the index array. A thread whose home shard is
     /// short looks through the others, so very many shards over a nearly
     /// full pool make that slow path longer. `shards == 1` is the plain
-    /// single-stack pool. Which stack an id sits in is never visible in
+    /// single-shard pool. Which shard an id sits in is never visible in
     /// the API: all or nothing, `Full` and the counts are those of the
     /// whole pool.
     ///
@@ -217,11 +124,22 @@ impl BlockPool {
     /// let pool = kvslots::BlockPool::with_shards(1024, 16, 4);
     /// assert_eq!(pool.shards(), 4);
     /// let mut ids = Vec::new();
-    /// // Any thread can take every block, whichever stacks hold them.
+    /// // Any thread can take every block, whichever shards hold them.
     /// pool.try_alloc(1024, &mut ids).unwrap();
     /// pool.free(&ids).unwrap();
     /// ```
     pub fn with_shards(num_blocks: usize, block_size: usize, shards: usize) -> BlockPool {
+        BlockPool::with_faults(num_blocks, block_size, shards, Faults::default())
+    }
+
+    /// [`with_shards`](Self::with_shards) with the faults of one of loom's
+    /// negative controls (none outside them).
+    pub(crate) fn with_faults(
+        num_blocks: usize,
+        block_size: usize,
+        shards: usize,
+        faults: Faults,
+    ) -> BlockPool {
         assert!(block_size != 0, "block_size must be non-zero");
         assert!(
             num_blocks <= Self::MAX_BLOCKS,
@@ -239,14 +157,14 @@ impl BlockPool {
         );
         BlockPool {
             counter: SlotCounter::new(num_blocks),
-            free: FreeList::new(num_blocks as u32, shards),
-            refs: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
+            free: FreeList::new(num_blocks as u32, shards, faults),
+            refs: Refs::new(num_blocks, faults),
             block_size,
         }
     }
 
     /// The shard count [`new`](Self::new) picks for `num_blocks` blocks:
-    /// one stack per [`BLOCKS_PER_SHARD`](Self::BLOCKS_PER_SHARD) blocks,
+    /// one shard per [`BLOCKS_PER_SHARD`](Self::BLOCKS_PER_SHARD) blocks,
     /// at least 1 and at most [`DEFAULT_SHARDS`](Self::DEFAULT_SHARDS).
     ///
     /// # Examples
@@ -270,28 +188,13 @@ impl BlockPool {
         }
     }
 
-    /// A pool whose free list carries injected faults, for loom's negative
-    /// controls only.
-    #[cfg(kvslots_loom)]
-    #[doc(hidden)]
-    pub fn with_faults(
-        num_blocks: usize,
-        block_size: usize,
-        shards: usize,
-        faults: crate::free_list::Faults,
-    ) -> BlockPool {
-        let mut pool = BlockPool::with_shards(num_blocks, block_size, shards);
-        pool.free.faults = faults;
-        pool
-    }
-
-    /// How many stacks the free list is cut into.
+    /// How many shards the free list is cut into.
     ///
-    /// [`new`](Self::new) gives a pool one stack per 64 blocks, up to 16:
-    /// tiny pools keep a single stack (nothing to spread), and 16 covers
-    /// the worker threads of one inference process on most machines (more
-    /// threads than shards share stacks, which is correct, only more
-    /// contended).
+    /// [`new`](Self::new) gives a pool one shard per 64 blocks, up to 16:
+    /// tiny pools keep a single shard (nothing to spread), and 16 covers
+    /// the worker threads of one inference process on most machines (with
+    /// more threads than shards, some threads share a home shard, which is
+    /// correct, only more contended).
     ///
     /// # Examples
     ///
@@ -389,10 +292,7 @@ impl BlockPool {
     /// # pool.free(&ids).unwrap();
     /// ```
     pub fn ref_count(&self, id: BlockId) -> Option<usize> {
-        // Relaxed: a snapshot for reporting.
-        self.refs
-            .get(id.index())
-            .map(|r| r.load(Ordering::Relaxed) as usize)
+        self.refs.get(id.index()).map(|count| count as usize)
     }
 
     /// Allocates exactly `n` blocks, all or nothing, appending their
@@ -460,18 +360,14 @@ impl BlockPool {
         if n <= self.num_blocks() {
             out.reserve(n);
         }
-        self.counter.acquire(n, headroom)?;
+        self.counter.try_reserve_raw(n, headroom)?;
         if n == 0 {
             return Ok(());
         }
         let base = out.len();
         self.free.pop(n, out);
-        for id in &out[base..] {
-            let count = &self.refs[id.index()];
-            // Relaxed (both): the block is exclusively ours after the Acquire
-            // pop; a plain store is cheaper than a read-modify-write.
-            debug_assert_eq!(count.load(Ordering::Relaxed), 0, "{id} handed out twice");
-            count.store(1, Ordering::Relaxed);
+        for &id in &out[base..] {
+            self.refs.set_first(id);
         }
         Ok(())
     }
@@ -542,10 +438,10 @@ impl BlockPool {
         // references? Checked with loads before anything changes, so that a
         // refused call never drops (and restores) a reference that a
         // concurrent holder could observe.
-        if let Some(&id) = ids.iter().find(|id| self.count(**id) == 0) {
+        if let Some(&id) = ids.iter().find(|id| self.refs.count(**id) == 0) {
             return Err(FreeError::NotAllocated { id });
         }
-        if let Some(id) = self.first_over_freed(ids) {
+        if let Some(id) = over_free::first_over_freed(ids, |id| self.refs.count(id) as usize) {
             return Err(FreeError::OverFreed { id });
         }
         self.drop_refs(ids)
@@ -554,9 +450,9 @@ impl BlockPool {
     /// Drops one reference per listed id for [`free`](Self::free), whose
     /// checks found every listed reference present; chains the blocks that
     /// reach zero and pushes them (one CAS per run of ids with the same
-    /// owner stack).
+    /// owner shard).
     fn drop_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
-        self.drop_each(ids, |id| self.drop_ref(id))
+        self.drop_each(ids, |id| self.refs.drop(id))
     }
 
     /// Drops the references a [`Sequence`](crate::Sequence) holds in its
@@ -569,7 +465,7 @@ impl BlockPool {
     /// block. If `free` won, the drop here finds no reference left and is
     /// refused with `Raced` like any drop that loses that race.
     pub(crate) fn drop_held_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
-        self.drop_each(ids, |id| self.drop_held_ref(id))
+        self.drop_each(ids, |id| self.refs.drop_held(id))
     }
 
     /// The body of both drops: `drop` takes one reference and says whether
@@ -591,11 +487,11 @@ impl BlockPool {
                 Ok(true) => self.free.prepend(&mut chain, id.index() as u32),
                 Ok(false) => {}
                 Err(()) => {
-                    #[cfg(kvslots_loom)]
-                    if self.free.faults.blind_undo {
-                        return Err(self.blind_undo(&ids[..i], id));
+                    // (A refusal with nothing changed only under loom's
+                    // `blind_undo` control.)
+                    if self.refs.blind_undo(&ids[..i]) {
+                        return Err(FreeError::NotAllocated { id });
                     }
-                    let _ = i; // (only loom's control needs the index)
                     raced.get_or_insert(id);
                 }
             }
@@ -608,19 +504,6 @@ impl BlockPool {
             None => Ok(()),
             Some(id) => Err(FreeError::Raced { id }),
         }
-    }
-
-    /// The negative control of `loom-tests/tests/refused_free.rs`: the
-    /// undo an earlier version made, adding every dropped reference back
-    /// whatever happened to the block since (it resurrects a block that
-    /// another holder freed meanwhile).
-    #[cfg(kvslots_loom)]
-    fn blind_undo(&self, done: &[BlockId], id: BlockId) -> FreeError {
-        for &d in done {
-            // Relaxed: the bug under test is the missing check, not ordering.
-            self.refs[d.index()].fetch_add(1, Ordering::Relaxed);
-        }
-        FreeError::NotAllocated { id }
     }
 
     /// Closes the pool: every later allocation fails with
@@ -658,175 +541,12 @@ impl BlockPool {
     ///
     /// Panics if the count would exceed `u32::MAX / 2` (as `Arc` aborts).
     pub(crate) fn add_ref(&self, id: BlockId) {
-        // Relaxed: the caller holds a reference, so the block cannot be freed
-        // under us; the new reference is handed over by whatever hands over
-        // its holder (as with `Arc::clone`).
-        let prev = self.refs[id.index()].fetch_add(1, Ordering::Relaxed);
-        if prev >= Self::MAX_REFS {
-            // Relaxed: undoing our own increment.
-            self.refs[id.index()].fetch_sub(1, Ordering::Relaxed);
-            panic!("reference count overflow on {id}");
-        }
+        self.refs.add(id);
     }
 
     /// Whether more than one reference to `id` exists now.
     pub(crate) fn is_shared(&self, id: BlockId) -> bool {
-        // Acquire: if another holder dropped its reference, its reads of the
-        // block happen-before we decide to write into it.
-        self.refs[id.index()].load(Ordering::Acquire) > 1
-    }
-
-    /// The first id (in list order) listed more times than it has
-    /// references now, if any. Allocates nothing, and stays near linear for
-    /// long lists:
-    /// - up to 16 ids are compared pairwise;
-    /// - a longer list is screened once through a filter of `index % 4096`
-    ///   (512 bytes on the stack): if no two ids share a bit, none is listed
-    ///   twice;
-    /// - otherwise it is checked exactly, one pass per window of 8,192
-    ///   consecutive indices that holds a listed id, in index order, with a
-    ///   tally per index of the window (8 KiB on the stack): an id whose
-    ///   tally passes its reference count is over-freed. A pass stops at the
-    ///   earliest over-freed position found so far (no later one can win).
-    ///
-    /// That is O(n · windows) for `n` ids: a pool of a million blocks has at
-    /// most 123 windows. Only an id listed more than 254 times in one list
-    /// (its tally saturated) is counted the slow way, over the list so far.
-    /// (One filter for every list, with every id whose bit was already set
-    /// counted over the whole prefix, made a list of over 4096 distinct ids
-    /// quadratic.)
-    fn first_over_freed(&self, ids: &[BlockId]) -> Option<BlockId> {
-        const PAIRWISE: usize = 16;
-        const SCREEN_BITS: usize = 64 * 64;
-        const WINDOW: usize = 8 * 1024;
-        let over = |i: usize, id: BlockId| {
-            let listed = ids[..=i].iter().filter(|&&x| x == id).count();
-            listed > self.count(id) as usize
-        };
-        if ids.len() <= PAIRWISE {
-            return ids
-                .iter()
-                .enumerate()
-                .find(|&(i, id)| ids[..i].contains(id) && over(i, *id))
-                .map(|(_, &id)| id);
-        }
-        // Any two ids on the same bit of the screen?
-        let mut screen = [0u64; SCREEN_BITS / 64];
-        if !ids
-            .iter()
-            .any(|id| test_and_set(&mut screen, id.index() % SCREEN_BITS))
-        {
-            return None;
-        }
-        // Exactly, window by window: `lo` is the lowest listed index not yet
-        // covered, and `end` the earliest over-freed position found so far
-        // (the list's length while there is none).
-        let mut tally = [0u8; WINDOW];
-        let mut end = ids.len();
-        let mut lo = ids.iter().map(|id| id.index()).min()?;
-        loop {
-            let mut next = usize::MAX;
-            for (i, &id) in ids[..end].iter().enumerate() {
-                let index = id.index();
-                if index < lo {
-                    continue;
-                }
-                if index - lo >= WINDOW {
-                    next = next.min(index);
-                    continue;
-                }
-                let listed = &mut tally[index - lo];
-                *listed = listed.saturating_add(1);
-                // Listed more often than referenced? (A repeat only: the
-                // first listing was checked against zero references already.)
-                let over_freed = match *listed {
-                    1 => false,
-                    u8::MAX => over(i, id),
-                    n => usize::from(n) > self.count(id) as usize,
-                };
-                if over_freed {
-                    end = i;
-                    break;
-                }
-            }
-            // Every listed index before `end` covered?
-            if next == usize::MAX {
-                return ids.get(end).copied();
-            }
-            lo = next;
-            tally.fill(0);
-        }
-    }
-
-    /// A block's reference count now.
-    fn count(&self, id: BlockId) -> u32 {
-        // Relaxed: a validation read; the drops that follow are what order.
-        self.refs[id.index()].load(Ordering::Relaxed)
-    }
-
-    /// Drops a reference the caller holds; `Ok(true)` if it was the last.
-    ///
-    /// Never a load followed by a plain store of 0, even when the count
-    /// reads 1: a racing [`free`](Self::free) of the same block (a double
-    /// free) can take that count from 1 to 0 in between, and both sides
-    /// would then push the block. The CAS decides which of the two drops
-    /// the last reference.
-    fn drop_held_ref(&self, id: BlockId) -> Result<bool, ()> {
-        #[cfg(kvslots_loom)]
-        if self.free.faults.plain_held_drop {
-            return self.plain_held_drop(id);
-        }
-        // First guess 1, without a load: a sequence usually holds its blocks
-        // alone, and then the first CAS succeeds.
-        self.drop_ref_from(id, 1)
-    }
-
-    /// The negative control of `loom-tests/tests/held_drop.rs`: a count that
-    /// reads 1 is cleared with a plain store, as if nobody else could drop
-    /// that reference (a racing double free can).
-    #[cfg(kvslots_loom)]
-    fn plain_held_drop(&self, id: BlockId) -> Result<bool, ()> {
-        let count = &self.refs[id.index()];
-        // Acquire, Relaxed: the orderings of a correct last drop; the bug
-        // under test is the store.
-        if count.load(Ordering::Acquire) == 1 {
-            count.store(0, Ordering::Relaxed);
-            return Ok(true);
-        }
-        self.drop_ref(id)
-    }
-
-    /// Drops one reference; `Ok(true)` if it was the last. `Err` if the
-    /// block has none (not allocated, or already dropped in this call).
-    fn drop_ref(&self, id: BlockId) -> Result<bool, ()> {
-        // Relaxed: only a guess; the CAS validates it.
-        let guess = self.refs[id.index()].load(Ordering::Relaxed);
-        self.drop_ref_from(id, guess)
-    }
-
-    /// [`drop_ref`](Self::drop_ref) with a first guess of the count.
-    fn drop_ref_from(&self, id: BlockId, guess: u32) -> Result<bool, ()> {
-        let count = &self.refs[id.index()];
-        let mut cur = guess;
-        loop {
-            // Any reference left to drop?
-            if cur == 0 {
-                return Err(());
-            }
-            // AcqRel on success: Release orders this holder's accesses to
-            // the block before the last drop; Acquire lets the last dropper
-            // (who pushes the block) see every other holder's accesses.
-            // Relaxed on failure: we only retry with the fresh value.
-            match count.compare_exchange_weak(
-                cur,
-                cur - 1,
-                self.free.free_ordering(Ordering::AcqRel),
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Ok(cur == 1),
-                Err(actual) => cur = actual,
-            }
-        }
+        self.refs.is_shared(id)
     }
 }
 
@@ -841,12 +561,4 @@ impl fmt::Debug for BlockPool {
             .field("closed", &self.is_closed())
             .finish()
     }
-}
-
-/// Sets bit `bit` of `bits` and returns whether it was already set.
-fn test_and_set(bits: &mut [u64], bit: usize) -> bool {
-    let (word, mask) = (bit / 64, 1u64 << (bit % 64));
-    let was = bits[word] & mask != 0;
-    bits[word] |= mask;
-    was
 }

@@ -13,6 +13,110 @@ use std::sync::Arc;
 use crate::counter::SlotCounter;
 use crate::error::ReserveError;
 
+/// The ways to take slots as a guard.
+impl SlotCounter {
+    /// Reserves `n` slots, all or nothing, and returns a guard that gives
+    /// them back when dropped.
+    ///
+    /// `try_reserve(0)` succeeds with an empty guard (on an open counter).
+    ///
+    /// # Errors
+    ///
+    /// * [`ReserveError::Closed`] once [`close`](Self::close) was called
+    ///   (whatever `n`).
+    /// * [`ReserveError::NeverFits`] if `n > capacity()`; retrying is
+    ///   pointless.
+    /// * [`ReserveError::Full`] if fewer than `n` slots are free; `available`
+    ///   is the count the counter held when it refused.
+    ///
+    /// On error nothing changes.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::{ReserveError, SlotCounter};
+    ///
+    /// let counter = SlotCounter::new(4);
+    /// let r = counter.try_reserve(4).unwrap();
+    /// assert_eq!(r.len(), 4);
+    /// assert_eq!(
+    ///     counter.try_reserve(1).unwrap_err(),
+    ///     ReserveError::Full { requested: 1, available: 0 }
+    /// );
+    /// ```
+    pub fn try_reserve(&self, n: usize) -> Result<Reservation<'_>, ReserveError> {
+        self.try_reserve_raw(n, 0)?;
+        Ok(Reservation::new(self, n))
+    }
+
+    /// Like [`try_reserve`](Self::try_reserve), but the guard holds an
+    /// [`Arc`] of the counter, so it is `'static` and can be moved into
+    /// another thread or stored in a request's state.
+    ///
+    /// # Errors
+    ///
+    /// As [`try_reserve`](Self::try_reserve).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::SlotCounter;
+    ///
+    /// let counter = Arc::new(SlotCounter::new(4));
+    /// let r = counter.try_reserve_owned(2).unwrap();
+    /// std::thread::spawn(move || drop(r)).join().unwrap();
+    /// assert_eq!(counter.used(), 0);
+    /// ```
+    pub fn try_reserve_owned(self: &Arc<Self>, n: usize) -> Result<OwnedReservation, ReserveError> {
+        self.try_reserve_raw(n, 0)?;
+        Ok(OwnedReservation::new(Arc::clone(self), n))
+    }
+
+    /// Reserves `n` slots only if `headroom` more would still be free
+    /// afterwards: `used + n + headroom <= capacity`.
+    ///
+    /// This is the watermark a scheduler applies to *new* sequences, so that
+    /// the running ones keep room to grow; plain
+    /// [`try_reserve`](Self::try_reserve) (and `try_grow`) may use the
+    /// headroom. Neither `n` nor `headroom` can overflow, up to `usize::MAX`.
+    ///
+    /// # Errors
+    ///
+    /// * [`ReserveError::Closed`] once [`close`](Self::close) was called.
+    /// * [`ReserveError::NeverFits`] if `n + headroom > capacity()` (as in
+    ///   vLLM, such a request would never pass the watermark).
+    /// * [`ReserveError::Full`] if `n + headroom` slots are not free;
+    ///   `available` is the free count the counter held when it refused
+    ///   (headroom not subtracted).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::{ReserveError, SlotCounter};
+    ///
+    /// let counter = SlotCounter::new(10);
+    /// let first = counter.try_reserve_with_headroom(6, 2).unwrap();
+    /// // 4 free, but 3 + 2 of headroom do not fit:
+    /// assert_eq!(
+    ///     counter.try_reserve_with_headroom(3, 2).unwrap_err(),
+    ///     ReserveError::Full { requested: 3, available: 4 }
+    /// );
+    /// // a running sequence may still grow into the headroom:
+    /// let grow = counter.try_reserve(3).unwrap();
+    /// assert_eq!(counter.used(), 9);
+    /// # drop((first, grow));
+    /// ```
+    pub fn try_reserve_with_headroom(
+        &self,
+        n: usize,
+        headroom: usize,
+    ) -> Result<Reservation<'_>, ReserveError> {
+        self.try_reserve_raw(n, headroom)?;
+        Ok(Reservation::new(self, n))
+    }
+}
+
 /// Slots held from a [`SlotCounter`], given back when dropped.
 ///
 /// Returned by [`SlotCounter::try_reserve`] and
@@ -199,7 +303,7 @@ macro_rules! guard_methods {
             /// assert_eq!(r.len(), 8);
             /// ```
             pub fn try_grow(&mut self, n: usize) -> Result<(), ReserveError> {
-                self.counter.acquire(n, 0)?;
+                self.counter.try_reserve_raw(n, 0)?;
                 self.len += n;
                 Ok(())
             }

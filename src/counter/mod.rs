@@ -1,60 +1,18 @@
 //! [`SlotCounter`]: the lock-free, all-or-nothing used-counter.
 //!
-//! A counter of `capacity` slots, of which `used` are taken. Admission
-//! follows the rule of [`admit`](crate::admit): a request of `n` is admitted
-//! whole when `0 < n <= capacity - used`, and otherwise not at all.
-//!
-//! # Implementation
-//!
-//! The whole state is one word, `state = used << 1 | CLOSED`, in its own
-//! cache line. Admission is a single compare-and-swap loop on that word, in
-//! the shape of tokio's `batch_semaphore::try_acquire`: read the word, ask
-//! "Closed?" and "Enough free?", and try to publish `used + n` in one CAS.
-//! The CAS either commits the whole request or fails and retries against the
-//! fresh value, so no thread ever observes a partial admission, and two
-//! appenders can never both pass a check that only one of them fits (the
-//! check and the add are the same atomic step). On contention the loop backs
-//! off exponentially (`sync::Backoff`, first wait 4 spins), which keeps the
-//! cache line from ping-ponging between cores on every failed attempt.
-//!
-//! Giving back slots held by a guard is a single `fetch_sub`: the guard
-//! proves they are held, so no check is needed. [`SlotCounter::release`],
-//! which takes an untrusted count, uses a CAS loop so that an over-release
-//! is refused and changes nothing.
-//!
-//! Because the closed flag lives in the same word as the count, closing is
-//! linearizable with admission: every admission's CAS is ordered against
-//! the `fetch_or` that closes in the word's modification order, so an
-//! admission either happened before the close or sees it and fails.
-//!
-//! The high-water mark (`peak_used`) is kept in a second padded word, updated
-//! only when a new peak is reached, so that in steady state the hot path
-//! only reads it.
-//!
-//! # Orderings
-//!
-//! * **Admission is `Acquire`** (the successful CAS). It synchronises with
-//!   the `Release` of whoever gave the slots back, so everything the previous
-//!   holder wrote into those slots happens-before the new holder uses them.
-//! * **Freeing is `Release`** (the guard's `fetch_sub`, the CAS in
-//!   `release`), for the same reason, seen from the other side.
-//! * **Failed CAS and refusals are `Relaxed`**: a refusal hands out nothing,
-//!   so there is nothing to order; the value it reports was really held.
-//! * **`close` is `Release`** and `is_closed` `Acquire`: the flag shares the
-//!   word with the count, so its place among admissions is fixed by the
-//!   word's modification order whatever the ordering; the pair only lets a
-//!   thread that sees the flag through `is_closed` also see what the closer
-//!   did first. An admission refused with `Closed` promises no such thing:
-//!   it may have seen the flag through a `Relaxed` load or a failed CAS.
-//! * **`peak_used` and the getters are `Relaxed`**: they are statistics and
-//!   snapshots, and order nothing.
+//! A counter of `capacity` slots, of which `used` are taken, in one state
+//! word `used << 1 | CLOSED`. Admission follows the rule of
+//! [`admit`](crate::admit) in one compare-and-swap loop
+//! ([`SlotCounter::try_reserve_raw`]); the guards live in the child module
+//! `guard`. The design and the orderings are described in
+//! [`crate::implementation`] ("The admission counter", "Orderings").
 
 use std::fmt;
-use std::sync::Arc;
 
 use crate::error::{ReleaseError, ReserveError};
-use crate::reservation::{OwnedReservation, Reservation};
 use crate::sync::{AtomicUsize, Backoff, CachePadded, Ordering};
+
+pub(crate) mod guard;
 
 /// The flag bit in the state word: set once the counter is closed.
 const CLOSED: usize = 1;
@@ -64,7 +22,7 @@ const SHIFT: u32 = 1;
 /// A lock-free counter of KV-cache token slots with all-or-nothing
 /// admission.
 ///
-/// Many threads share one counter (by reference or in an [`Arc`]) and admit
+/// Many threads share one counter (by reference or in an [`Arc`](std::sync::Arc)) and admit
 /// multi-token appends concurrently: each request is admitted whole or not
 /// at all, `used() <= capacity()` holds at every instant, and no lock is
 /// ever taken.
@@ -74,7 +32,8 @@ const SHIFT: u32 = 1;
 /// * as RAII guards: [`try_reserve`](Self::try_reserve),
 ///   [`try_reserve_owned`](Self::try_reserve_owned) and
 ///   [`try_reserve_with_headroom`](Self::try_reserve_with_headroom) return a
-///   [`Reservation`] / [`OwnedReservation`] that gives its slots back when
+///   [`Reservation`](crate::Reservation) /
+///   [`OwnedReservation`](crate::OwnedReservation) that gives its slots back when
 ///   dropped (also during a panic), and can be split, merged, shrunk and
 ///   grown;
 /// * as plain counts: [`admit`](Self::admit) returns how many slots it took
@@ -97,6 +56,16 @@ const SHIFT: u32 = 1;
 /// assert_eq!(counter.used(), 0);
 /// assert_eq!(counter.peak_used(), 5);
 /// ```
+///
+/// # Memory ordering
+///
+/// Giving slots back (a guard's drop or [`shrink_to`](crate::Reservation::shrink_to),
+/// [`release`](Self::release)) synchronises with the admission that takes
+/// them next: whatever the previous holder wrote into those slots
+/// happens-before the new holder's successful `try_reserve*`, `try_grow` or
+/// [`admit`](Self::admit) returns. A refusal orders nothing. What a thread
+/// did before [`close`](Self::close) happens-before another thread's
+/// [`is_closed`](Self::is_closed) that returns `true`.
 pub struct SlotCounter {
     /// `used << 1 | CLOSED`: the only word admission touches.
     state: CachePadded<AtomicUsize>,
@@ -229,7 +198,7 @@ impl SlotCounter {
             return 0;
         }
         let n = requested as usize;
-        match self.acquire(n, 0) {
+        match self.try_reserve_raw(n, 0) {
             Ok(()) => n,
             Err(_) => 0,
         }
@@ -294,107 +263,6 @@ impl SlotCounter {
         }
     }
 
-    /// Reserves `n` slots, all or nothing, and returns a guard that gives
-    /// them back when dropped.
-    ///
-    /// `try_reserve(0)` succeeds with an empty guard (on an open counter).
-    ///
-    /// # Errors
-    ///
-    /// * [`ReserveError::Closed`] once [`close`](Self::close) was called
-    ///   (whatever `n`).
-    /// * [`ReserveError::NeverFits`] if `n > capacity()`; retrying is
-    ///   pointless.
-    /// * [`ReserveError::Full`] if fewer than `n` slots are free; `available`
-    ///   is the count the counter held when it refused.
-    ///
-    /// On error nothing changes.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use kvslots::{ReserveError, SlotCounter};
-    ///
-    /// let counter = SlotCounter::new(4);
-    /// let r = counter.try_reserve(4).unwrap();
-    /// assert_eq!(r.len(), 4);
-    /// assert_eq!(
-    ///     counter.try_reserve(1).unwrap_err(),
-    ///     ReserveError::Full { requested: 1, available: 0 }
-    /// );
-    /// ```
-    pub fn try_reserve(&self, n: usize) -> Result<Reservation<'_>, ReserveError> {
-        self.acquire(n, 0)?;
-        Ok(Reservation::new(self, n))
-    }
-
-    /// Like [`try_reserve`](Self::try_reserve), but the guard holds an
-    /// [`Arc`] of the counter, so it is `'static` and can be moved into
-    /// another thread or stored in a request's state.
-    ///
-    /// # Errors
-    ///
-    /// As [`try_reserve`](Self::try_reserve).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use kvslots::SlotCounter;
-    ///
-    /// let counter = Arc::new(SlotCounter::new(4));
-    /// let r = counter.try_reserve_owned(2).unwrap();
-    /// std::thread::spawn(move || drop(r)).join().unwrap();
-    /// assert_eq!(counter.used(), 0);
-    /// ```
-    pub fn try_reserve_owned(self: &Arc<Self>, n: usize) -> Result<OwnedReservation, ReserveError> {
-        self.acquire(n, 0)?;
-        Ok(OwnedReservation::new(Arc::clone(self), n))
-    }
-
-    /// Reserves `n` slots only if `headroom` more would still be free
-    /// afterwards: `used + n + headroom <= capacity`.
-    ///
-    /// This is the watermark a scheduler applies to *new* sequences, so that
-    /// the running ones keep room to grow; plain
-    /// [`try_reserve`](Self::try_reserve) (and `try_grow`) may use the
-    /// headroom. Neither `n` nor `headroom` can overflow, up to `usize::MAX`.
-    ///
-    /// # Errors
-    ///
-    /// * [`ReserveError::Closed`] once [`close`](Self::close) was called.
-    /// * [`ReserveError::NeverFits`] if `n + headroom > capacity()` (as in
-    ///   vLLM, such a request would never pass the watermark).
-    /// * [`ReserveError::Full`] if `n + headroom` slots are not free;
-    ///   `available` is the free count the counter held when it refused
-    ///   (headroom not subtracted).
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use kvslots::{ReserveError, SlotCounter};
-    ///
-    /// let counter = SlotCounter::new(10);
-    /// let first = counter.try_reserve_with_headroom(6, 2).unwrap();
-    /// // 4 free, but 3 + 2 of headroom do not fit:
-    /// assert_eq!(
-    ///     counter.try_reserve_with_headroom(3, 2).unwrap_err(),
-    ///     ReserveError::Full { requested: 3, available: 4 }
-    /// );
-    /// // a running sequence may still grow into the headroom:
-    /// let grow = counter.try_reserve(3).unwrap();
-    /// assert_eq!(counter.used(), 9);
-    /// # drop((first, grow));
-    /// ```
-    pub fn try_reserve_with_headroom(
-        &self,
-        n: usize,
-        headroom: usize,
-    ) -> Result<Reservation<'_>, ReserveError> {
-        self.acquire(n, headroom)?;
-        Ok(Reservation::new(self, n))
-    }
-
     /// Closes the counter: from now on every admission fails
     /// ([`ReserveError::Closed`], and [`admit`](Self::admit) returns 0),
     /// while releases and guard drops keep working, so workers can drain.
@@ -437,9 +305,9 @@ impl SlotCounter {
         self.state.load(Ordering::Acquire) & CLOSED != 0
     }
 
-    /// The admission CAS loop: takes `n` slots if `n + headroom` are free,
-    /// all or nothing.
-    pub(crate) fn acquire(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
+    /// The admission CAS loop behind every `try_reserve*`, without a guard:
+    /// takes `n` slots if `n + headroom` are free, all or nothing.
+    pub(crate) fn try_reserve_raw(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
         // Could it ever fit? (Saturating: `usize::MAX` requests and headroom
         // must not wrap into something small.)
         let needed = n.saturating_add(headroom);

@@ -1,0 +1,303 @@
+//! How `kvslots` works inside: the design notes, for reviewers and
+//! maintainers. This module holds documentation only.
+//!
+//! The guarantees a user relies on (all or nothing, `used <= capacity`,
+//! what happens-before what) are stated on the public types; this page says
+//! how the code keeps them.
+//!
+//! # Contents
+//!
+//! * [The admission counter](#the-admission-counter): the state word and
+//!   its compare-and-swap loops.
+//! * [The free list](#the-free-list): tagged Treiber stacks of block ids.
+//! * [Shards](#shards): why the free list is cut in several stacks.
+//! * [Allocating and freeing blocks](#allocating-and-freeing-blocks).
+//! * [Reference counts](#reference-counts): sharing blocks, and why every
+//!   drop is a CAS.
+//! * [Sequences](#sequences): block tables, forks and copy-on-write.
+//! * [Orderings](#orderings): what each atomic operation orders, type by
+//!   type.
+//! * [Model checking](#model-checking): the atomics facade and the one
+//!   seam for loom's negative controls.
+//!
+//! # The admission counter
+//!
+//! A [`SlotCounter`](crate::SlotCounter) of `capacity` slots keeps its whole
+//! state in one word, in a cache line of its own:
+//!
+//! ```text
+//! state = used << 1 | CLOSED
+//! ```
+//!
+//! The closed flag is the low bit, the used count the rest (so
+//! [`SlotCounter::MAX_CAPACITY`](crate::SlotCounter::MAX_CAPACITY) is
+//! `usize::MAX >> 1`). Every `try_reserve*`, [`admit`](crate::admit)-style
+//! call and guard `try_grow` goes through one compare-and-swap loop on that
+//! word, in the shape of tokio's `batch_semaphore::try_acquire`:
+//!
+//! ```text
+//! needed = n + headroom                     (saturating)
+//! // Could it ever fit?
+//! if needed > capacity: Closed if closed, else NeverFits
+//! cur = state.load(Relaxed)                 (a first guess)
+//! loop {
+//!     // Closed?
+//!     if cur & CLOSED: return Closed
+//!     // Enough free?
+//!     available = capacity - (cur >> 1)     (saturating)
+//!     if needed > available: return Full { requested: n, available }
+//!     // Nothing to take? The read above is the linearization point.
+//!     if n == 0: return Ok
+//!     match state.compare_exchange_weak(cur, cur + (n << 1), Acquire, Relaxed) {
+//!         Ok  => record the peak; return Ok
+//!         Err(actual) => cur = actual; back off
+//!     }
+//! }
+//! ```
+//!
+//! The check and the add are one atomic step, so two appenders can never
+//! both pass a check that only one of them fits, and no thread ever
+//! observes a partial admission: the CAS commits the whole request or
+//! fails and retries against the fresh value. `Full { available }` reports
+//! a value the word really held at the refusal.
+//!
+//! On contention the loop backs off exponentially, from 4 spin hints up to
+//! 64: a failed CAS means that the line just moved to another core, and
+//! retrying at once only pulls it back before that core has finished.
+//!
+//! Giving back slots that a guard holds is one `fetch_sub`: the guard proves
+//! they are held, so nothing needs checking.
+//! [`SlotCounter::release`](crate::SlotCounter::release) takes an
+//! untrusted count, so it is a CAS
+//! loop of the same shape ("Is that much in use?") that refuses an
+//! over-release and changes nothing.
+//!
+//! Because the closed flag lives in the word it guards, closing is
+//! linearizable with admission: every admission's CAS is ordered against
+//! the `fetch_or` that closes, in the word's modification order, so an
+//! admission either happened before the close or sees it and fails.
+//!
+//! The high-water mark (`peak_used`) sits in a second padded word, written
+//! only when a new peak is reached, so that in steady state the hot path
+//! only reads it.
+//!
+//! # The free list
+//!
+//! A [`BlockPool`](crate::BlockPool)'s free block ids are kept in Treiber
+//! stacks threaded through one shared index array: `next[i]` is the id
+//! below block `i` in whichever stack holds it, and each stack's head word
+//! packs a generation tag with the top index into one cache-padded
+//! `AtomicU64`:
+//!
+//! ```text
+//! head = tag << 32 | top index              (top = u32::MAX: empty)
+//! ```
+//!
+//! Every successful CAS on a head bumps its tag. A thread that read a head,
+//! was preempted while the same top id was popped and pushed back, and then
+//! tries its CAS fails instead of installing a stale `next` (the ABA
+//! problem). The tag is 32 bits: an ABA would need 2^32 successful
+//! operations on one head between a thread's read and its CAS.
+//!
+//! A whole request moves in a few CASes, not one per id. A pop walks up to
+//! `k` links from a head and swings the head past them in one CAS ("Empty?",
+//! "Got them all?"); a walk over a snapshot that went stale while it was
+//! read fails the tag check and retries. A free links the freed ids into a
+//! private chain first and then swings a head onto the whole chain in one
+//! CAS.
+//!
+//! Why tagged Treiber stacks rather than a bitmap: taking `k` ids is one
+//! CAS on one word whatever the pool size, where a bitmap needs a search
+//! that grows with the pool and one read-modify-write per word touched; and
+//! a stack reuses the most recently freed (cache-warm) blocks first.
+//! `benches/pool.rs` checks that `try_alloc` costs the same at 1,000 and
+//! 1,000,000 blocks.
+//!
+//! Bookkeeping is 8 bytes per block (a 4-byte `next` link and a 4-byte
+//! reference count), plus one cache line per shard head and two for the
+//! admission counter.
+//!
+//! # Shards
+//!
+//! A shard is one of those Treiber stacks. The free list is cut into
+//! [`BlockPool::shards`](crate::BlockPool::shards) of them
+//! ([`BlockPool::new`](crate::BlockPool::new) picks one per
+//! [`BLOCKS_PER_SHARD`](crate::BlockPool::BLOCKS_PER_SHARD) blocks, up to
+//! [`DEFAULT_SHARDS`](crate::BlockPool::DEFAULT_SHARDS);
+//! [`BlockPool::with_shards`](crate::BlockPool::with_shards) sets the count).
+//!
+//! Each shard owns a contiguous range of ids (`span = ceil(num_blocks /
+//! shards)` ids each), and a freed id always goes back to the shard that
+//! owns it. A thread's pops start at its home shard and take from the
+//! others, in turn, only when it is short. Threads are numbered in the
+//! order they first allocate (a thread-local cached from a global
+//! counter), and a thread's home is its number modulo the shard count, so
+//! threads need no registration.
+//!
+//! A worker that frees and reallocates sequences thus walks links in its
+//! own part of the `next` array, which stays in its core's cache, and CASes
+//! a head that no other thread touches: a pop's walk is a chain of
+//! dependent loads, and over a single stack every link of a long chain
+//! tends to sit in a line that another core wrote last. The only word all
+//! threads write is the pool's admission counter.
+//!
+//! The price is paid by tiny requests under heavy contention: two threads
+//! that share only the counter interleave operation by operation, while two
+//! that also contend on one head fall into bursts that keep both lines in
+//! one core for several operations. `BlockPool::with_shards(.., 1)` gives
+//! the single stack back. The measurements are in `BENCHMARKS.md`.
+//!
+//! A free's chain is pushed one CAS per run of ids with the same owner
+//! shard (one CAS in all when they share one, as a sequence's blocks mostly
+//! do). Which shard holds an id is never visible in the API: all or
+//! nothing, `Full` and the counts are those of the whole pool.
+//!
+//! # Allocating and freeing blocks
+//!
+//! [`BlockPool::try_alloc`](crate::BlockPool::try_alloc) is two steps,
+//! neither of which can leave a partial result:
+//!
+//! 1. The count is admitted through the pool's own `SlotCounter` (the loop
+//!    above, counting blocks). `Full`, `NeverFits` and `Closed` come from
+//!    here, and nothing has changed when they do.
+//! 2. The ids are popped from the shards. Frees push their ids before they
+//!    give the count back, so the shards together always hold at least the
+//!    admitted count: this step cannot fail, though it may look again when
+//!    other threads moved ids between shards while it scanned.
+//!
+//! [`BlockPool::free`](crate::BlockPool::free) checks every listed id with
+//! loads before it changes anything (in range? allocated? listed no more
+//! often than it has references?), so a refused call changes nothing that
+//! another thread could observe. The over-free check stays near linear in
+//! the list's length without allocating: short lists are compared
+//! pairwise, longer ones screened through a 4,096-bit filter, and only a
+//! list with ids on a shared bit is tallied exactly, one window of 8,192
+//! indices at a time. Then it drops one reference per id, links the blocks
+//! whose count reached zero into a private chain, pushes the chain, and
+//! gives the count back.
+//!
+//! # Reference counts
+//!
+//! Each block has a 32-bit count: 0 while it is free, its number of holders
+//! while allocated. A fork adds a reference to each shared block (panicking
+//! above `u32::MAX / 2`, as `Arc` aborts); a free or a sequence drops them.
+//!
+//! Every drop is a read-modify-write, a CAS from the count it read to one
+//! less, also when the holder knows it holds the reference (a
+//! [`Sequence`](crate::Sequence) giving its blocks back). A double free
+//! through the public `free`, listing a block that a sequence holds, can
+//! race that sequence's drop. If the sequence read a count of 1 and then
+//! stored 0, both sides could see themselves as the last holder and push
+//! the block twice, handing it to two owners later. With a CAS exactly one
+//! of the two drops takes the count from 1 to 0 and pushes the block; the
+//! other finds no reference left. If the loser is the `free`, it returns
+//! [`FreeError::Raced`](crate::FreeError::Raced); if it is the sequence,
+//! its drop gives back nothing for that block. A sequence's drop only
+//! skips the first load, guessing a count of 1 (the common case, when it
+//! holds the block alone).
+//!
+//! A free whose drop loses such a race does not undo the drops it already
+//! made: adding a reference back could resurrect a block that its other
+//! holders freed, and someone reallocated, in the meantime (an ABA on the
+//! count). So `Raced` is the one refusal that is not all or nothing.
+//!
+//! # Sequences
+//!
+//! A [`Sequence`](crate::Sequence) is a block table: its length in tokens
+//! and one reference to each block holding them, in order, followed by any
+//! reserved blocks. Appends take exactly the blocks the new tokens need,
+//! all or none; truncating gives back the blocks no longer needed.
+//!
+//! After a fork, parent and child share every *full* block (read-only from
+//! then on) and each has a private last block: the child's is a fresh block
+//! that the caller fills with the returned [`BlockCopy`](crate::BlockCopy).
+//! Appends only ever write into the last, partly filled block or into new
+//! blocks, so neither side writes into a block the other can read. The one
+//! way to make a shared block writable again is to truncate into the shared
+//! prefix; the next append must then copy that block on write, which
+//! [`Sequence::try_append_cow`](crate::Sequence::try_append_cow) does and
+//! reports, and which makes plain
+//! [`Sequence::try_append`](crate::Sequence::try_append) panic rather than
+//! lose the copy. The replaced block keeps the sequence's reference until
+//! its next change, so the device copy can still read it.
+//!
+//! A truncate into a block that was once full sets a hint that the tail
+//! may be shared; only then does an append read the block's count.
+//!
+//! # Orderings
+//!
+//! ## `SlotCounter`
+//!
+//! * **Admission is `Acquire`** (the successful CAS). It synchronises with
+//!   the `Release` of whoever gave the slots back, so everything the
+//!   previous holder wrote into those slots happens-before the new holder
+//!   uses them.
+//! * **Giving back is `Release`** (a guard's `fetch_sub`, the CAS in
+//!   `release`), for the same reason, seen from the other side.
+//! * **Failed CASes and refusals are `Relaxed`**: a refusal hands out
+//!   nothing, so there is nothing to order; the value it reports was really
+//!   held.
+//! * **`close` is `Release`** and `is_closed` `Acquire`: the flag shares the
+//!   word with the count, so its place among admissions is fixed by the
+//!   word's modification order whatever the ordering; the pair only lets a
+//!   thread that sees the flag through `is_closed` also see what the closer
+//!   did first. An admission refused with `Closed` promises no such thing:
+//!   it may have seen the flag through a `Relaxed` load or a failed CAS.
+//! * **`peak_used` and the getters are `Relaxed`**: they are statistics and
+//!   snapshots, and order nothing.
+//!
+//! ## The free list
+//!
+//! * **Pushing is a `Release` CAS**: the freer's writes into the blocks
+//!   (and the links of the chain) happen-before any later pop that reads
+//!   that head.
+//! * **Popping is an `Acquire` CAS** (and `Acquire` head loads): every CAS
+//!   on a head is a read-modify-write, so each push heads a release sequence
+//!   that all later values of that head continue; whoever pops synchronises
+//!   with every earlier push onto that shard, and so sees the links it walks
+//!   and the blocks it takes.
+//! * **The `next` links are `Relaxed`**: they are published by the push CAS
+//!   and read after an `Acquire` of the head; a link read from a stale
+//!   snapshot is caught by the tag check, not by ordering.
+//!
+//! ## `BlockPool`
+//!
+//! * **Freeing is `Release`**: each reference drop is an `AcqRel` CAS on
+//!   the block's count (the `Release` half orders this holder's accesses
+//!   before the last drop; the `Acquire` half lets the last dropper see
+//!   every other holder's), the push of the chain is a `Release` CAS, and
+//!   the count is given back with a `Release` `fetch_sub`.
+//! * **Allocation is `Acquire`**: the admission CAS and the pop CAS. So
+//!   everything a previous owner wrote into a block happens-before the next
+//!   owner touches it.
+//! * **Setting a fresh block's count to 1 and adding a reference for a fork
+//!   are `Relaxed`**: the block is exclusively ours, or we already hold a
+//!   reference, and the new reference travels to its holder through
+//!   whatever hands over the sequence (as with `Arc::clone`).
+//! * **`is_shared` is `Acquire`**: if another holder dropped its reference,
+//!   its reads of the block happen-before this sequence decides to write
+//!   into it.
+//! * **The checks of `free` and `ref_count` are `Relaxed` loads**: a
+//!   validation read or a snapshot; the drops that follow are what order.
+//!
+//! ## `Sequence`
+//!
+//! A sequence is a plain `Send` value used by one thread at a time; all its
+//! synchronisation is the pool's (`Acquire` on allocation, `Release` on
+//! free).
+//!
+//! # Model checking
+//!
+//! Every atomic goes through one private facade module, `sync`: `std`'s
+//! types normally, loom's with `RUSTFLAGS="--cfg kvslots_loom"`, shuttle's
+//! with `RUSTFLAGS="--cfg kvslots_shuttle"`. The cfgs are crate-specific on
+//! purpose: a plain `--cfg loom` would also switch every dependency that
+//! knows about loom. The facade holds the only other differences under a
+//! model checker: a retry after a possibly stale load yields (loom would
+//! otherwise let the load return the same stale value forever), threads
+//! are numbered by loom's per-execution thread-locals, and the faults of
+//! loom's negative controls (a free list without its ABA tag, `Relaxed`
+//! frees, a blind undo of a raced free, a plain store for a sequence's
+//! last drop) are switched on through hooks that are the correct behaviour
+//! in every other build. The model suites reach that seam through one
+//! hidden module, not through the API.

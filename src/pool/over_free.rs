@@ -1,0 +1,200 @@
+//! The over-free check of `BlockPool::free`: is any id listed more times
+//! than its block has references?
+//!
+//! A pure function of the list and a count lookup, so that it can be tested
+//! on its own, with counts that no pool would reach.
+
+use crate::id::BlockId;
+
+/// Lists up to this long are compared pairwise.
+const PAIRWISE: usize = 16;
+/// The bits of the screen: `index % SCREEN_BITS` picks one.
+const SCREEN_BITS: usize = 64 * 64;
+/// The indices one exact pass tallies.
+const WINDOW: usize = 8 * 1024;
+
+/// The first id (in list order) listed more times than `count(id)`, its
+/// number of references, if any. Every id must be in range for `count`,
+/// and is assumed to have at least one reference (`BlockPool::free` checks
+/// that first), so only a repeat can be over-freed.
+///
+/// Allocates nothing, and stays near linear for long lists:
+/// - up to 16 ids are compared pairwise;
+/// - a longer list is screened once through a filter of `index % 4096`
+///   (512 bytes on the stack): if no two ids share a bit, none is listed
+///   twice;
+/// - otherwise it is checked exactly, one pass per window of 8,192
+///   consecutive indices that holds a listed id, in index order, with a
+///   tally per index of the window (8 KiB on the stack): an id whose
+///   tally passes its reference count is over-freed. A pass stops at the
+///   earliest over-freed position found so far (no later one can win).
+///
+/// That is O(n · windows) for `n` ids: a pool of a million blocks has at
+/// most 123 windows. Only an id listed more than 254 times in one list
+/// (its tally saturated) is counted the slow way, over the list so far.
+pub(super) fn first_over_freed(
+    ids: &[BlockId],
+    count: impl Fn(BlockId) -> usize,
+) -> Option<BlockId> {
+    let over = |i: usize, id: BlockId| {
+        let listed = ids[..=i].iter().filter(|&&x| x == id).count();
+        listed > count(id)
+    };
+    if ids.len() <= PAIRWISE {
+        return ids
+            .iter()
+            .enumerate()
+            .find(|&(i, id)| ids[..i].contains(id) && over(i, *id))
+            .map(|(_, &id)| id);
+    }
+    // Any two ids on the same bit of the screen?
+    let mut screen = [0u64; SCREEN_BITS / 64];
+    if !ids
+        .iter()
+        .any(|id| test_and_set(&mut screen, id.index() % SCREEN_BITS))
+    {
+        return None;
+    }
+    // Exactly, window by window: `lo` is the lowest listed index not yet
+    // covered, and `end` the earliest over-freed position found so far
+    // (the list's length while there is none).
+    let mut tally = [0u8; WINDOW];
+    let mut end = ids.len();
+    let mut lo = ids.iter().map(|id| id.index()).min()?;
+    loop {
+        let mut next = usize::MAX;
+        for (i, &id) in ids[..end].iter().enumerate() {
+            let index = id.index();
+            if index < lo {
+                continue;
+            }
+            if index - lo >= WINDOW {
+                next = next.min(index);
+                continue;
+            }
+            let listed = &mut tally[index - lo];
+            *listed = listed.saturating_add(1);
+            // Listed more often than referenced? (A repeat only: the
+            // first listing was checked against zero references already.)
+            let over_freed = match *listed {
+                1 => false,
+                u8::MAX => over(i, id),
+                n => usize::from(n) > count(id),
+            };
+            if over_freed {
+                end = i;
+                break;
+            }
+        }
+        // Every listed index before `end` covered?
+        if next == usize::MAX {
+            return ids.get(end).copied();
+        }
+        lo = next;
+        tally.fill(0);
+    }
+}
+
+/// Sets bit `bit` of `bits` and returns whether it was already set.
+fn test_and_set(bits: &mut [u64], bit: usize) -> bool {
+    let (word, mask) = (bit / 64, 1u64 << (bit % 64));
+    let was = bits[word] & mask != 0;
+    bits[word] |= mask;
+    was
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids(indices: &[u32]) -> Vec<BlockId> {
+        indices.iter().map(|&i| BlockId::new(i)).collect()
+    }
+
+    /// The definition, quadratic: the first position whose id has been
+    /// listed more often so far than it has references.
+    fn naive(ids: &[BlockId], count: impl Fn(BlockId) -> usize) -> Option<BlockId> {
+        (0..ids.len())
+            .find(|&i| ids[..=i].iter().filter(|&&x| x == ids[i]).count() > count(ids[i]))
+            .map(|i| ids[i])
+    }
+
+    #[test]
+    fn a_short_list_is_compared_pairwise() {
+        let list = ids(&[3, 1, 3, 1, 1]);
+        // Two references each: the third 1 is the first over.
+        assert_eq!(first_over_freed(&list, |_| 2), Some(BlockId::new(1)));
+        assert_eq!(first_over_freed(&list, |_| 3), None);
+        // With one reference each, the second 3 comes first.
+        assert_eq!(first_over_freed(&list, |_| 1), Some(BlockId::new(3)));
+    }
+
+    #[test]
+    fn distinct_ids_pass_the_screen() {
+        let list: Vec<BlockId> = (0..5000).map(BlockId::new).collect();
+        assert_eq!(first_over_freed(&list, |_| 1), None);
+    }
+
+    #[test]
+    fn ids_sharing_a_screen_bit_are_checked_exactly() {
+        // 7 and 7 + 4096 share a bit of the screen but are different ids.
+        let mut list: Vec<BlockId> = (100..120).map(BlockId::new).collect();
+        list.extend(ids(&[7, 7 + 4096]));
+        assert_eq!(first_over_freed(&list, |_| 1), None);
+        list.push(BlockId::new(7));
+        assert_eq!(first_over_freed(&list, |_| 1), Some(BlockId::new(7)));
+        assert_eq!(first_over_freed(&list, |_| 2), None);
+    }
+
+    #[test]
+    fn the_earliest_position_wins_across_windows() {
+        // A repeat in a high window comes before one in a low window.
+        let far = 3 * 8 * 1024 + 5;
+        let mut list: Vec<BlockId> = (0..20).map(BlockId::new).collect();
+        list.extend(ids(&[far, far, 2]));
+        assert_eq!(first_over_freed(&list, |_| 1), Some(BlockId::new(far)));
+        assert_eq!(naive(&list, |_| 1), Some(BlockId::new(far)));
+    }
+
+    #[test]
+    fn an_id_listed_past_its_saturated_tally_is_counted() {
+        // 300 listings of one id: the tally saturates at 255.
+        let mut list: Vec<BlockId> = (0..20).map(BlockId::new).collect();
+        list.extend(std::iter::repeat(BlockId::new(9)).take(300));
+        assert_eq!(
+            first_over_freed(&list, |id| if id.index() == 9 { 301 } else { 1 }),
+            None
+        );
+        assert_eq!(
+            first_over_freed(&list, |id| if id.index() == 9 { 280 } else { 1 }),
+            Some(BlockId::new(9))
+        );
+    }
+
+    #[test]
+    fn agrees_with_the_definition() {
+        // A small deterministic generator: lists of 0..64 ids over a range
+        // of indices that makes repeats likely, and several windows.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..2000 {
+            let len = (next() % 64) as usize;
+            let spread = [8, 40, 5000, 40_000][(next() % 4) as usize];
+            let list: Vec<BlockId> = (0..len)
+                .map(|_| BlockId::new((next() % spread) as u32))
+                .collect();
+            let refs = 1 + (next() % 3) as usize;
+            let count = |id: BlockId| refs + id.index() % 2;
+            assert_eq!(
+                first_over_freed(&list, count),
+                naive(&list, count),
+                "{list:?}"
+            );
+        }
+    }
+}

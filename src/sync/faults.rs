@@ -1,0 +1,101 @@
+//! The faults that loom's negative controls inject into the real pool, and
+//! the hooks through which the pool consults them.
+//!
+//! Outside `--cfg kvslots_loom` a [`Faults`] has no field and every hook is
+//! the correct behaviour (an identity, or "no fault here"), which the
+//! compiler inlines away. Under loom each field switches one known bug on,
+//! and `loom-tests` checks that loom catches it.
+
+use super::atomic::{AtomicU32, Ordering};
+
+/// Faults that loom's negative controls inject into a
+/// [`BlockPool`](crate::BlockPool) (through `kvslots::__model`). The default
+/// is no fault: the pool as shipped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Never bump the free list's generation tag (opens the ABA race).
+    #[cfg(kvslots_loom)]
+    pub no_tag: bool,
+    /// Push and drop references with `Relaxed` instead of `Release`.
+    #[cfg(kvslots_loom)]
+    pub relaxed_free: bool,
+    /// When a free finds a listed block already freed by another thread,
+    /// add the references it dropped back blindly, even to a block that
+    /// another holder has freed meanwhile: resurrects a block that sits in
+    /// the free list.
+    #[cfg(kvslots_loom)]
+    pub blind_undo: bool,
+    /// Drop a sequence's reference to a block whose count reads 1 with a
+    /// plain store of 0 (no read-modify-write): a racing double free then
+    /// pushes the block a second time.
+    #[cfg(kvslots_loom)]
+    pub plain_held_drop: bool,
+}
+
+impl Faults {
+    /// The tag a successful CAS on a free-list head installs: `bumped`,
+    /// or `old` under `no_tag`.
+    #[inline]
+    pub(crate) fn next_tag(self, bumped: u32, old: u32) -> u32 {
+        #[cfg(kvslots_loom)]
+        if self.no_tag {
+            return old;
+        }
+        let _ = old;
+        bumped
+    }
+
+    /// The ordering of a push and of a reference drop: `good`, or
+    /// `Relaxed` under `relaxed_free`.
+    #[inline]
+    pub(crate) fn free_ordering(self, good: Ordering) -> Ordering {
+        #[cfg(kvslots_loom)]
+        if self.relaxed_free {
+            return Ordering::Relaxed;
+        }
+        good
+    }
+
+    /// Drops a reference that a sequence holds on `count`: `drop()`, or,
+    /// under `plain_held_drop`, a plain store of 0 when the count reads 1.
+    #[inline]
+    pub(crate) fn held_drop(
+        self,
+        count: &AtomicU32,
+        drop: impl FnOnce() -> Result<bool, ()>,
+    ) -> Result<bool, ()> {
+        #[cfg(kvslots_loom)]
+        // Acquire, Relaxed: the orderings of a correct last drop; the bug
+        // under test is the store.
+        if self.plain_held_drop && count.load(Ordering::Acquire) == 1 {
+            count.store(0, Ordering::Relaxed);
+            return Ok(true);
+        }
+        let _ = count;
+        drop()
+    }
+
+    /// What a free does when one of its drops finds no reference left: with
+    /// no fault, nothing here (the free goes on, see `BlockPool::free`), and
+    /// `false` is returned. Under `blind_undo` it adds back one reference to
+    /// each of `counts[dropped]` whatever happened to those blocks since,
+    /// and returns `true`: the free then refuses as if nothing had changed.
+    #[inline]
+    pub(crate) fn blind_undo(
+        self,
+        counts: &[AtomicU32],
+        dropped: impl Iterator<Item = usize>,
+    ) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.blind_undo {
+            for d in dropped {
+                // Relaxed: the bug under test is the missing check, not
+                // ordering.
+                counts[d].fetch_add(1, Ordering::Relaxed);
+            }
+            return true;
+        }
+        let _ = (counts, dropped);
+        false
+    }
+}

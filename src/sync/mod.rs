@@ -1,0 +1,36 @@
+//! The atomics facade: the one place where `kvslots` names its atomic types,
+//! and the one place that knows about the model checkers.
+//!
+//! Every other module reaches atomics through here, so that the model
+//! checkers can swap in their own instrumented types without touching the
+//! algorithms:
+//!
+//! * normally, these are `std::sync::atomic`'s types;
+//! * with `RUSTFLAGS="--cfg kvslots_loom"`, they are [loom]'s, and every
+//!   access becomes a scheduling point that loom explores exhaustively;
+//! * with `RUSTFLAGS="--cfg kvslots_shuttle"`, they are [shuttle]'s, for
+//!   randomised schedules of many threads.
+//!
+//! The cfgs are crate-specific on purpose: a plain `--cfg loom` would also
+//! switch every dependency that knows about loom, and would change what is
+//! being checked.
+//!
+//! Besides the atomic types, this module holds the three things that differ
+//! under a model checker: how a retry after a stale read waits
+//! ([`stale_retry`]), how threads are numbered ([`thread_index()`]), and the
+//! faults that loom's negative controls inject ([`Faults`], whose hooks
+//! are the correct behaviour in every other build).
+//!
+//! [loom]: https://docs.rs/loom
+//! [shuttle]: https://docs.rs/shuttle
+
+mod atomic;
+mod backoff;
+mod faults;
+mod thread_index;
+
+pub(crate) use atomic::CachePadded;
+pub use atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use backoff::{stale_retry, Backoff};
+pub use faults::Faults;
+pub(crate) use thread_index::thread_index;
