@@ -240,7 +240,7 @@ fn group_blocks_counts_shared_prefix_once() {
 
 const TRACE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/traces/azure-llm-2023-code.csv"
+    "/../traces/azure-llm-2023-code.csv"
 );
 
 /// The real code trace (first 400 requests) on a pool of 400 blocks of 16
