@@ -554,16 +554,18 @@ impl MutexSeq {
     }
 
     /// Appends the flat slot index of each position in `positions` to
-    /// `out`.
-    ///
-    /// # Panics
-    ///
-    /// Panics if the range reaches past `len()`.
-    pub fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) {
-        assert!(
-            positions.end <= self.len,
-            "positions past the sequence's length"
-        );
+    /// `out`; a range past `len()` is refused and `out` is unchanged.
+    pub fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) -> Result<(), String> {
+        if positions.is_empty() {
+            return Ok(());
+        }
+        if positions.end > self.len {
+            return Err(format!(
+                "position {} is past the sequence's length {}",
+                positions.end - 1,
+                self.len
+            ));
+        }
         // Block by block, as kvslots does, so that both allocators pay the
         // same for the mapping (it is not an allocator call).
         let bs = self.pool.block_size;
@@ -575,6 +577,7 @@ impl MutexSeq {
             out.extend((pos % bs..pos % bs + (end - pos)).map(|off| base + off));
             pos = end;
         }
+        Ok(())
     }
 
     fn release_retired(&mut self) {
@@ -704,7 +707,7 @@ mod tests {
         assert_eq!(p.refs(s.blocks()[0]), Some(2));
         assert_eq!(p.used_blocks(), 3);
         let mut slots = Vec::new();
-        child.extend_slots(4..6, &mut slots);
+        child.extend_slots(4..6, &mut slots).unwrap();
         assert_eq!(slots, vec![dst as usize * 4, dst as usize * 4 + 1]);
         assert_eq!(s.truncate(3), 1);
         assert_eq!(s.truncate(10), 0);
@@ -770,7 +773,7 @@ mod tests {
         assert_eq!(s.blocks(), &table[..]);
         // Slots of reserved-then-filled positions follow the table.
         let mut slots = Vec::new();
-        s.extend_slots(0..13, &mut slots);
+        s.extend_slots(0..13, &mut slots).unwrap();
         let want: Vec<usize> = (0..13).map(|q| table[q / 4] as usize * 4 + q % 4).collect();
         assert_eq!(slots, want);
         // Nothing, or what already fits, takes nothing.
@@ -844,7 +847,7 @@ mod tests {
         assert_eq!(child.blocks()[1], shared_tail);
         // The new token lands in the private copy, never in the child's.
         let mut slots = Vec::new();
-        s.extend_slots(6..7, &mut slots);
+        s.extend_slots(6..7, &mut slots).unwrap();
         assert_eq!(slots, vec![copy.dst as usize * 4 + 2]);
         // The reserved block is then filled without another copy.
         assert_eq!(s.try_append_cow(5).unwrap(), (7..12, None));
