@@ -555,7 +555,11 @@ impl MutexSeq {
 
     /// Appends the flat slot index of each position in `positions` to
     /// `out`; a range past `len()` is refused and `out` is unchanged.
-    pub fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) -> Result<(), String> {
+    pub fn extend_slots(
+        &self,
+        positions: Range<usize>,
+        out: &mut Vec<usize>,
+    ) -> Result<(), String> {
         if positions.is_empty() {
             return Ok(());
         }

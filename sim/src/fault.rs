@@ -153,11 +153,15 @@ impl<S: KvSeq> FaultySeq<S> {
     }
 
     fn seq(&self) -> &S {
-        self.inner.as_ref().expect("only a dropped sequence is leaked")
+        self.inner
+            .as_ref()
+            .expect("only a dropped sequence is leaked")
     }
 
     fn seq_mut(&mut self) -> &mut S {
-        self.inner.as_mut().expect("only a dropped sequence is leaked")
+        self.inner
+            .as_mut()
+            .expect("only a dropped sequence is leaked")
     }
 
     /// Replaces table entry `index` with `block` in what the engine sees
@@ -269,7 +273,10 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
         Ok((child, copy))
     }
     fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) -> Result<(), String> {
-        let last = positions.end.checked_sub(1).filter(|_| !positions.is_empty());
+        let last = positions
+            .end
+            .checked_sub(1)
+            .filter(|_| !positions.is_empty());
         self.seq().extend_slots(positions, out)?;
         if last.is_some() && self.state.fires(Fault::ShortAppend) {
             // The last position gets the same offset in the next block.

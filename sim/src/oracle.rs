@@ -59,6 +59,7 @@ const POSITION_BITS: u32 = 22;
 impl Stamp {
     /// The stamp as stored: a set top bit, then the fields, each cut to its
     /// width.
+    #[inline]
     pub fn pack(self) -> u64 {
         WRITTEN
             | (self.request as u64 & ((1 << REQUEST_BITS) - 1)) << 38
@@ -105,6 +106,7 @@ pub struct Writer {
 
 impl Writer {
     /// The stamp position `position` of this sequence must hold.
+    #[inline]
     pub fn stamp(&self, position: usize) -> u64 {
         Stamp {
             request: self.request,
@@ -191,6 +193,7 @@ impl Oracle {
     }
 
     fn lower(&self, block: usize) {
+        // A block past the pool was never counted (see `after_call`).
         if let Some(h) = self.holders.get(block) {
             // Relaxed: see the module's orderings.
             let _ = h.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
@@ -198,12 +201,12 @@ impl Oracle {
     }
 
     /// Takes in the table of `seq` after an allocator call that may have
-    /// added blocks (an append, a reservation, a fork): entries before
-    /// `from` must be unchanged (an append changes nothing before the block
-    /// its first token goes into, `len / block_size`), an entry the call
-    /// replaced must be the source of the copy it returned, and every block
-    /// the table gained must be counted by the pool exactly as many times
-    /// as live tables hold it.
+    /// added blocks (an append, a reservation, a fork), from entry `from`
+    /// on (an append changes nothing before the block its first token goes
+    /// into, `len / block_size`; [`same_table`](Self::same_table) checks
+    /// that): an entry the call replaced must be the source of the copy it
+    /// returned, and every block the table gained must be counted by the
+    /// pool exactly as many times as live tables hold it.
     pub fn after_call<B: KvBackend>(
         &self,
         backend: &B,
@@ -214,26 +217,30 @@ impl Oracle {
     ) -> Result<(), String> {
         let new = seq.table();
         let w = &t.writer;
+        // Entries before `from` are compared once, by `same_table`, before
+        // the sequence is dropped (comparing them at every call would cost
+        // a decode step the whole table).
         let from = from.min(t.table.len()).min(new.len());
-        if t.table[..from] != new[..from] {
-            return Err(format!(
-                "request {} sample {}: a call changed table entries before index {from}",
-                w.request, w.sample
-            ));
-        }
-        for (i, &old) in t.table.iter().enumerate().skip(from) {
+        // The shadow follows the table whatever is wrong with it, so that
+        // the blocks are counted out again when the sequence goes.
+        let mut first = Ok(());
+        for i in from..t.table.len() {
+            let old = t.table[i];
             if new.get(i) == Some(&old) {
                 continue;
             }
             match copy {
                 Some(c) if c.src == old => t.retired = Some(old),
                 _ => {
-                    return Err(format!(
-                        "request {} sample {}: table entry {i} (block {}) changed without a copy",
-                        w.request,
-                        w.sample,
-                        B::Seq::index(old)
-                    ))
+                    self.lower(B::Seq::index(old));
+                    if first.is_ok() {
+                        first = Err(format!(
+                            "request {} sample {}: table entry {i} (block {}) changed without a copy",
+                            w.request,
+                            w.sample,
+                            B::Seq::index(old)
+                        ));
+                    }
                 }
             }
         }
@@ -243,16 +250,19 @@ impl Oracle {
             }
             let block = B::Seq::index(id);
             let Some(h) = self.holders.get(block) else {
-                return Err(format!(
-                    "request {} sample {}: table entry {i} is block {block}, past the pool",
-                    w.request, w.sample
-                ));
+                if first.is_ok() {
+                    first = Err(format!(
+                        "request {} sample {}: table entry {i} is block {block}, past the pool",
+                        w.request, w.sample
+                    ));
+                }
+                continue;
             };
             // Relaxed: see the module's orderings.
             let held = h.fetch_add(1, Ordering::Relaxed) as usize + 1;
             let counted = backend.ref_count(block).unwrap_or(0);
-            if held != counted {
-                return Err(format!(
+            if held != counted && first.is_ok() {
+                first = Err(format!(
                     "request {} sample {}: block {block} (table entry {i}) is held by {held} live \
                      sequences but the pool counts {counted} references",
                     w.request, w.sample
@@ -261,11 +271,30 @@ impl Oracle {
         }
         t.table.truncate(from);
         t.table.extend_from_slice(&new[from..]);
-        Ok(())
+        first
+    }
+
+    /// Checks that the sequence's table is the one the shadow counts.
+    pub fn same_table<S: KvSeq>(&self, t: &Tracked<S::Id>, seq: &S) -> Result<(), String> {
+        if seq.table() == t.table() {
+            return Ok(());
+        }
+        Err(format!(
+            "request {} sample {}: the table holds {:?}, the calls made it {:?}",
+            t.writer.request,
+            t.writer.sample,
+            seq.table(),
+            t.table()
+        ))
     }
 
     /// Checks that the table holds exactly `want` blocks.
-    pub fn expect_blocks<Id>(&self, t: &Tracked<Id>, want: usize, what: &str) -> Result<(), String> {
+    pub fn expect_blocks<Id>(
+        &self,
+        t: &Tracked<Id>,
+        want: usize,
+        what: &str,
+    ) -> Result<(), String> {
         if t.table.len() == want {
             return Ok(());
         }
@@ -301,7 +330,6 @@ impl Oracle {
         positions: Range<usize>,
         slots: &[usize],
     ) -> Result<(), String> {
-        let bs = self.block_size;
         let w = &t.writer;
         if slots.len() != positions.len() {
             return Err(format!(
@@ -312,34 +340,34 @@ impl Oracle {
                 positions.len()
             ));
         }
-        let mut checked = usize::MAX;
-        for (pos, &slot) in positions.zip(slots) {
-            let block = t.table.get(pos / bs).map(|&id| S::index(id));
-            if block != Some(slot / bs) || slot % bs != pos % bs {
+        let start = positions.start;
+        self.by_block::<S>(t, positions, |block, base, first, run| {
+            // Relaxed: see the module's orderings.
+            let holders = self.holders[block].load(Ordering::Relaxed);
+            if holders != 1 {
                 return Err(format!(
-                    "request {} sample {} position {pos}: mapped to slot {slot} (block {}), \
-                     but its table entry is block {block:?}",
-                    w.request,
-                    w.sample,
-                    slot / bs
+                    "request {} sample {} position {first}: writes into block {block}, which \
+                     {holders} live sequences hold (a slot reachable from two writers)",
+                    w.request, w.sample
                 ));
             }
-            let block = slot / bs;
-            if block != checked {
-                // Relaxed: see the module's orderings.
-                let holders = self.holders[block].load(Ordering::Relaxed);
-                if holders != 1 {
+            let mapped = &slots[first - start..first - start + run];
+            let stamps = &self.stamps[base..base + run];
+            for (k, (&slot, stamp)) in mapped.iter().zip(stamps).enumerate() {
+                if slot != base + k {
+                    let pos = first + k;
                     return Err(format!(
-                        "request {} sample {} position {pos}: writes into block {block}, which \
-                         {holders} live sequences hold (a slot reachable from two writers)",
-                        w.request, w.sample
+                        "request {} sample {} position {pos}: mapped to slot {slot} (block {}), \
+                         but its table entry is block {block}",
+                        w.request,
+                        w.sample,
+                        slot / self.block_size
                     ));
                 }
-                checked = block;
+                stamp.store(w.stamp(first + k), Ordering::Relaxed);
             }
-            self.stamps[slot].store(w.stamp(pos), Ordering::Relaxed);
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Reads `positions` back through the table, as attention does: each
@@ -349,26 +377,54 @@ impl Oracle {
         t: &Tracked<S::Id>,
         positions: Range<usize>,
     ) -> Result<(), String> {
-        let bs = self.block_size;
         let w = &t.writer;
-        for pos in positions {
-            let Some(&id) = t.table.get(pos / bs) else {
+        self.by_block::<S>(t, positions, |block, base, first, run| {
+            for (k, stamp) in self.stamps[base..base + run].iter().enumerate() {
+                // Relaxed: see the module's orderings.
+                let found = stamp.load(Ordering::Relaxed);
+                if found != w.stamp(first + k) {
+                    return Err(format!(
+                        "request {} sample {} position {}: block {block} holds {}",
+                        w.request,
+                        w.sample,
+                        first + k,
+                        Stamp::describe(found)
+                    ));
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Calls `f(block, first slot, first position, positions)` for each
+    /// run of `positions` in one block of the table.
+    fn by_block<S: KvSeq>(
+        &self,
+        t: &Tracked<S::Id>,
+        positions: Range<usize>,
+        mut f: impl FnMut(usize, usize, usize, usize) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let bs = self.block_size;
+        let mut pos = positions.start;
+        while pos < positions.end {
+            let (entry, offset) = (pos / bs, pos % bs);
+            let Some(&id) = t.table.get(entry) else {
                 return Err(format!(
                     "request {} sample {} position {pos}: no block in the table",
-                    w.request, w.sample
+                    t.writer.request, t.writer.sample
                 ));
             };
             let block = S::index(id);
-            // Relaxed: see the module's orderings.
-            let found = self.stamps[block * bs + pos % bs].load(Ordering::Relaxed);
-            if found != w.stamp(pos) {
+            if block >= self.holders.len() {
                 return Err(format!(
-                    "request {} sample {} position {pos}: block {block} holds {}",
-                    w.request,
-                    w.sample,
-                    Stamp::describe(found)
+                    "request {} sample {} position {pos}: table entry {entry} is block {block}, \
+                     past the pool",
+                    t.writer.request, t.writer.sample
                 ));
             }
+            let run = (bs - offset).min(positions.end - pos);
+            f(block, block * bs + offset, pos, run)?;
+            pos += run;
         }
         Ok(())
     }

@@ -164,7 +164,15 @@ pub fn run<B: KvBackend>(
         // Relaxed: every worker has reported (or is stuck); a display.
         pb.set_position(shared.finished.load(Ordering::Relaxed) as u64);
     }
-    summarize(backend, requests.len(), &cfg, &shared, per_worker, stuck, wall)
+    summarize(
+        backend,
+        requests.len(),
+        &cfg,
+        &shared,
+        per_worker,
+        stuck,
+        wall,
+    )
 }
 
 /// Feeds the queue until every request is in or the run is stopped.
@@ -209,7 +217,8 @@ fn spawn_workers<B: KvBackend>(
         std::thread::Builder::new()
             .name(format!("worker-{index}"))
             .spawn(move || {
-                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run(&rx)));
+                let ran =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run(&rx)));
                 drop(rx);
                 let stats = ran.unwrap_or_else(|panic| {
                     let msg = panic
@@ -338,8 +347,9 @@ fn summarize<B: KvBackend>(
     stats.alloc_busy = Duration::from_nanos(busy_ns);
     stats.unfinished_requests = stray + finished.iter().filter(|&&n| n != 1).count() as u64;
     stats.errors = shared.errors();
-    // The sweep is only meaningful once every worker has let go.
-    if stuck.is_empty() && stats.counts.panics == 0 {
+    // The sweep names what is left once every worker has let go; after a
+    // failure it would only repeat it.
+    if stuck.is_empty() && stats.errors.is_empty() {
         let leftovers = shared.oracle.sweep(backend);
         stats.counts.kv_failures += leftovers.len() as u64;
         stats

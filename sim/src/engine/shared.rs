@@ -63,7 +63,10 @@ impl Shared {
 
     /// The failures seen so far.
     pub(super) fn errors(&self) -> Vec<String> {
-        self.errors.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.errors
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Nanoseconds since the run's start, at least 1 (0 means "not in a

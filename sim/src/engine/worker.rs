@@ -271,14 +271,20 @@ impl<B: KvBackend> Worker<B> {
             .and_then(|()| oracle.expect_blocks(&live.t, len.div_ceil(bs), "fork"));
         // The child holds its blocks whatever the oracle found: keep it in
         // the group so that they are given back with it.
-        let expected = (len % bs != 0)
-            .then(|| (parent.t.table()[len / bs], live.t.table().get(len / bs).copied()));
+        let expected = (len % bs != 0).then(|| {
+            (
+                parent.t.table()[len / bs],
+                live.t.table().get(len / bs).copied(),
+            )
+        });
         g.seqs.push(live);
         checked?;
         self.stats.counts.forks += 1;
         match (copy, expected) {
             (None, None) => Ok(()),
-            (Some(c), Some((src, Some(dst)))) if c.src == src && c.dst == dst && c.tokens == len % bs => {
+            (Some(c), Some((src, Some(dst))))
+                if c.src == src && c.dst == dst && c.tokens == len % bs =>
+            {
                 oracle.copy::<B::Seq>(c)?;
                 self.stats.counts.block_copies += 1;
                 Ok(())
@@ -328,15 +334,17 @@ impl<B: KvBackend> Worker<B> {
             .before_release::<B::Seq>(&mut live.t, keep);
         let seq = &mut live.seq;
         self.call(OpKind::Truncate, || seq.truncate(len));
-        if live.seq.table() != live.t.table() {
-            return Err(StepError::Kv(format!(
-                "request {} sample {}: truncate to {len} left {} blocks, its length needs {keep}",
-                live.t.writer.request,
-                live.t.writer.sample,
-                live.seq.table().len()
-            )));
-        }
-        Ok(())
+        self.shared
+            .oracle
+            .expect_blocks(&live.t, live.seq.table().len(), "truncate")
+            .map_err(|_| {
+                StepError::Kv(format!(
+                    "request {} sample {}: truncate to {len} left {} blocks, its length needs {keep}",
+                    live.t.writer.request,
+                    live.t.writer.sample,
+                    live.seq.table().len()
+                ))
+            })
     }
 
     /// Reads every position of the group's sequences back (attention's last
@@ -349,14 +357,14 @@ impl<B: KvBackend> Worker<B> {
         for live in &g.seqs {
             let len = live.seq.len();
             if first.is_ok() {
-                first = oracle.read::<B::Seq>(&live.t, 0..len);
+                first = oracle
+                    .same_table(&live.t, &live.seq)
+                    .and_then(|()| oracle.read::<B::Seq>(&live.t, 0..len));
                 self.stats.counts.stamps_read += len as u64;
             }
         }
         for mut live in g.seqs {
-            self.shared
-                .oracle
-                .before_release::<B::Seq>(&mut live.t, 0);
+            self.shared.oracle.before_release::<B::Seq>(&mut live.t, 0);
             self.call(OpKind::Drop, || drop(live.seq));
         }
         first
@@ -367,8 +375,7 @@ impl<B: KvBackend> Worker<B> {
         let blocks = want.div_ceil(self.block_size());
         let exact = g.seqs.len() == g.profile.samples
             && g.generated.iter().all(|&n| n == g.req.output)
-            && g
-                .seqs
+            && g.seqs
                 .iter()
                 .all(|l| l.seq.len() == want && l.seq.table().len() == blocks);
         if !exact {
@@ -383,7 +390,11 @@ impl<B: KvBackend> Worker<B> {
 
     /// Admits `req` if its whole prompt fits with the watermark; `Ok(None)`
     /// if it does not fit now.
-    fn admit(&mut self, (req, attempt): Waiting, profile: Profile) -> Result<Option<Group<B>>, StepError> {
+    fn admit(
+        &mut self,
+        (req, attempt): Waiting,
+        profile: Profile,
+    ) -> Result<Option<Group<B>>, StepError> {
         let backend = self.backend.clone();
         let wm = self.cfg.watermark_blocks;
         // The sequence's table is sized for the whole run (prompt plus
@@ -432,7 +443,9 @@ impl<B: KvBackend> Worker<B> {
         let oracle = &self.shared.oracle;
         let checked = oracle
             .after_call(&self.backend, &mut live.t, &live.seq, 0, None)
-            .and_then(|()| oracle.expect_blocks(&live.t, self.blocks_for(0, reserved), "admission"));
+            .and_then(|()| {
+                oracle.expect_blocks(&live.t, self.blocks_for(0, reserved), "admission")
+            });
         let mut seqs = Vec::with_capacity(profile.samples);
         seqs.push(live);
         let g = Group {
@@ -540,7 +553,11 @@ impl<B: KvBackend> Worker<B> {
 
     /// One step of every running group, oldest first, preempting the most
     /// recently admitted group when the pool refuses.
-    fn step_all(&mut self, q: &mut Queue<'_>, running: &mut Vec<Group<B>>) -> Result<(), StepError> {
+    fn step_all(
+        &mut self,
+        q: &mut Queue<'_>,
+        running: &mut Vec<Group<B>>,
+    ) -> Result<(), StepError> {
         let mut i = 0;
         while i < running.len() {
             match self.step(&mut running[i]) {
@@ -555,7 +572,8 @@ impl<B: KvBackend> Worker<B> {
                     // Preempt the most recently admitted group (maybe this
                     // one), then retry this one if it is still here.
                     let victim = running.pop().expect("running is not empty");
-                    q.waiting.push_front((victim.req, victim.attempt.wrapping_add(1)));
+                    q.waiting
+                        .push_front((victim.req, victim.attempt.wrapping_add(1)));
                     self.stats.counts.preemptions += 1;
                     let read = self.release(victim);
                     self.shared.idle.wake_all();
