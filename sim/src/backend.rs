@@ -29,6 +29,14 @@ pub struct BlockCopy<Id> {
     pub tokens: usize,
 }
 
+/// What an append returns: the new positions, and the device copy it needs
+/// first, if it copied a shared partly filled block on write.
+pub type Appended<Id> = (Range<usize>, Option<BlockCopy<Id>>);
+
+/// What a fork returns: the child, and the copy of the parent's partly
+/// filled last block into the child's own, if there is one.
+pub type Forked<S, Id> = (S, Option<BlockCopy<Id>>);
+
 /// One sequence's block table, as the engine uses it. The calls that take
 /// `&mut self` or fork are allocator calls; the others only read the table.
 pub trait KvSeq: Send + Sized + 'static {
@@ -55,16 +63,12 @@ pub trait KvSeq: Send + Sized + 'static {
     /// The multi-token append: all the blocks `n` more tokens need, or
     /// none; with the device copy it needs first, if it copied a shared
     /// partly filled block on write.
-    #[allow(clippy::type_complexity)]
-    fn try_append(
-        &mut self,
-        n: usize,
-    ) -> Result<(Range<usize>, Option<BlockCopy<Self::Id>>), ReserveError>;
+    fn try_append(&mut self, n: usize) -> Result<Appended<Self::Id>, ReserveError>;
     /// Rolls back to `len` tokens; returns how many blocks left the table.
     fn truncate(&mut self, len: usize) -> usize;
     /// A child sharing the full blocks, and the copy of a partly filled
     /// last block into the child's private one, if there is one.
-    fn try_fork(&self) -> Result<(Self, Option<BlockCopy<Self::Id>>), ReserveError>;
+    fn try_fork(&self) -> Result<Forked<Self, Self::Id>, ReserveError>;
     /// Appends the slot mapping of `positions` to `out`; an error (a range
     /// past the length) leaves `out` unchanged.
     fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) -> Result<(), String>;
@@ -153,10 +157,7 @@ impl KvSeq for Sequence {
     fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
         Sequence::try_reserve(self, tokens, headroom)
     }
-    fn try_append(
-        &mut self,
-        n: usize,
-    ) -> Result<(Range<usize>, Option<BlockCopy<BlockId>>), ReserveError> {
+    fn try_append(&mut self, n: usize) -> Result<Appended<BlockId>, ReserveError> {
         // The one call into the library's copy-on-write API.
         self.try_append_cow(n).map(|(range, copy)| {
             let copy = copy.map(|c| BlockCopy {
@@ -170,7 +171,7 @@ impl KvSeq for Sequence {
     fn truncate(&mut self, len: usize) -> usize {
         Sequence::truncate(self, len)
     }
-    fn try_fork(&self) -> Result<(Sequence, Option<BlockCopy<BlockId>>), ReserveError> {
+    fn try_fork(&self) -> Result<Forked<Sequence, BlockId>, ReserveError> {
         Sequence::try_fork(self).map(|(child, copy)| {
             let copy = copy.map(|c| BlockCopy {
                 src: c.src,
@@ -262,10 +263,7 @@ impl KvSeq for MutexSeq {
     fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
         MutexSeq::try_reserve(self, tokens, headroom)
     }
-    fn try_append(
-        &mut self,
-        n: usize,
-    ) -> Result<(Range<usize>, Option<BlockCopy<u32>>), ReserveError> {
+    fn try_append(&mut self, n: usize) -> Result<Appended<u32>, ReserveError> {
         self.try_append_cow(n).map(|(range, copy)| {
             let copy = copy.map(|c| BlockCopy {
                 src: c.src,
@@ -278,7 +276,7 @@ impl KvSeq for MutexSeq {
     fn truncate(&mut self, len: usize) -> usize {
         MutexSeq::truncate(self, len)
     }
-    fn try_fork(&self) -> Result<(MutexSeq, Option<BlockCopy<u32>>), ReserveError> {
+    fn try_fork(&self) -> Result<Forked<MutexSeq, u32>, ReserveError> {
         MutexSeq::try_fork(self).map(|(child, copy)| {
             let copy = copy.map(|c| BlockCopy {
                 src: c.src,

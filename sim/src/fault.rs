@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use kvslots::ReserveError;
 
-use crate::backend::{BlockCopy, KvBackend, KvSeq};
+use crate::backend::{Appended, Forked, KvBackend, KvSeq};
 
 /// The occasion (counted over the whole run) at which a fault fires.
 pub const FIRE_AT: u64 = 50;
@@ -219,10 +219,7 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
         self.refresh();
         r
     }
-    fn try_append(
-        &mut self,
-        n: usize,
-    ) -> Result<(Range<usize>, Option<BlockCopy<S::Id>>), ReserveError> {
+    fn try_append(&mut self, n: usize) -> Result<Appended<S::Id>, ReserveError> {
         let state = Arc::clone(&self.state);
         if n > 0 && state.fires(Fault::WorkerPanic) {
             panic!("planted fault: worker-panic inside try_append");
@@ -260,12 +257,12 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
         self.refresh();
         r
     }
-    fn try_fork(&self) -> Result<(Self, Option<BlockCopy<S::Id>>), ReserveError> {
+    fn try_fork(&self) -> Result<Forked<Self, S::Id>, ReserveError> {
         let (child, copy) = self.seq().try_fork()?;
         let mut child = FaultySeq::new(child, Arc::clone(&self.state));
         let bs = self.state.block_size;
         let len = self.len();
-        if len % bs != 0 && self.state.fires(Fault::SharedForkTail) {
+        if !len.is_multiple_of(bs) && self.state.fires(Fault::SharedForkTail) {
             // Share the parent's partly filled tail instead of the copy.
             child.set_alias(len / bs, self.table()[len / bs]);
             return Ok((child, None));

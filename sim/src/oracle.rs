@@ -70,7 +70,7 @@ impl Stamp {
 
     /// The fields of a stored stamp; `None` for a slot never written.
     pub fn unpack(raw: u64) -> Option<Stamp> {
-        (raw & WRITTEN != 0).then(|| Stamp {
+        (raw & WRITTEN != 0).then_some(Stamp {
             request: ((raw >> 38) & ((1 << REQUEST_BITS) - 1)) as usize,
             sample: ((raw >> 30) & 0xff) as usize,
             attempt: ((raw >> POSITION_BITS) & 0xff) as u32,
@@ -473,5 +473,62 @@ mod tests {
         };
         assert_eq!(Stamp::unpack(w.stamp(9)).unwrap().sample, 0);
         assert_eq!(Stamp::unpack(w.stamp(10)).unwrap().sample, 2);
+    }
+
+    use crate::backend::{KvBackend, KvslotsBackend};
+
+    fn writer(request: usize) -> Writer {
+        Writer {
+            request,
+            sample: 0,
+            attempt: 0,
+            fork_len: 0,
+        }
+    }
+
+    /// Two sequences written through one slot: the first one's read names
+    /// its request, position and block; a mapping off its table and a block
+    /// the pool does not count as the shadow does are refused too.
+    #[test]
+    fn a_stamp_overwritten_by_another_sequence_is_named() {
+        let b = KvslotsBackend::new(4, 4);
+        let o = Oracle::new(4, 4);
+        let mut seq = b.new_seq(8);
+        seq.try_append(6).unwrap();
+        let mut t = Tracked::new(writer(7));
+        o.after_call(&b, &mut t, &seq, 0, None).unwrap();
+        let mut slots = Vec::new();
+        seq.extend_slots(0..6, &mut slots).unwrap();
+        o.write::<kvslots::Sequence>(&t, 0..6, &slots).unwrap();
+        o.read::<kvslots::Sequence>(&t, 0..6).unwrap();
+        // Another request writes position 5's slot.
+        let other = Tracked {
+            table: t.table.clone(),
+            ..Tracked::new(writer(9))
+        };
+        o.stamps[slots[5]].store(other.writer.stamp(5), Ordering::Relaxed);
+        let block = t.table[1].index();
+        let err = o.read::<kvslots::Sequence>(&t, 0..6).unwrap_err();
+        assert!(err.contains("request 7 sample 0 position 5"), "{err}");
+        assert!(
+            err.contains(&format!("block {block} holds the stamp of request 9")),
+            "{err}"
+        );
+        // A slot of a block the table does not give the position.
+        let mut wrong = slots.clone();
+        wrong[5] = (block + 1) % 4 * 4 + 1;
+        let err = o.write::<kvslots::Sequence>(&t, 0..6, &wrong).unwrap_err();
+        assert!(err.contains("position 5: mapped to slot"), "{err}");
+        // A table holding a block twice over: the shadow says 2, the pool 1.
+        let mut twice = Tracked::new(writer(8));
+        let err = o.after_call(&b, &mut twice, &seq, 0, None).unwrap_err();
+        assert!(
+            err.contains("held by 2 live sequences but the pool counts 1"),
+            "{err}"
+        );
+        o.before_release::<kvslots::Sequence>(&mut twice, 0);
+        o.before_release::<kvslots::Sequence>(&mut t, 0);
+        drop(seq);
+        assert!(o.sweep(&b).is_empty());
     }
 }

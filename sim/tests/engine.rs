@@ -343,3 +343,38 @@ fn assert_all_happened_trace(s: &RunStats, reqs: &[Request], cfg: &EngineConfig)
     assert_eq!(s.peak_blocks_used, 400, "the pool was never full");
     assert_tokens_at_least(s, reqs, cfg);
 }
+
+/// The default mix on a small pool exercises every allocator path the
+/// engine has: appends that take two or more blocks, drafts truncated,
+/// forks that copy a partly filled tail, check-only admission, preemption;
+/// and the oracle reads back at least every stamp written.
+#[test]
+fn the_mix_exercises_every_allocator_path_on_both_allocators() {
+    let reqs = small_workload(600, 9);
+    let cfg = EngineConfig {
+        mix: true,
+        ..small_config(3)
+    };
+    for s in [
+        run(&KvslotsBackend::new(NB, BS), &reqs, &cfg),
+        run(&MutexBackend::new(NB, BS), &reqs, &cfg),
+    ] {
+        let (inv, c) = (s.invariants(), &s.counts);
+        assert!(inv.ok(), "{}: {inv:?} {:?}", s.allocator, s.errors);
+        assert!(c.multi_block_appends > 0, "{}: {c:?}", s.allocator);
+        assert!(c.tokens_rolled_back > 0, "{}: {c:?}", s.allocator);
+        assert!(c.forks > 0 && c.block_copies > 0, "{}: {c:?}", s.allocator);
+        assert!(c.preemptions > 0, "{}: {c:?}", s.allocator);
+        assert!(s.ops[OpKind::Truncate as usize].calls > 0);
+        assert!(c.stamps_read >= c.stamps_written && c.stamps_written > 0);
+    }
+    // Every class of the mix occurs.
+    let profiles: std::collections::HashSet<_> = reqs
+        .iter()
+        .map(|r| {
+            let p = cfg.profile(r.id, BS);
+            (p.admission == Admission::Check, p.spec > 0, p.samples > 1)
+        })
+        .collect();
+    assert_eq!(profiles.len(), 4, "{profiles:?}");
+}

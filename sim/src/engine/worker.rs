@@ -271,7 +271,7 @@ impl<B: KvBackend> Worker<B> {
             .and_then(|()| oracle.expect_blocks(&live.t, len.div_ceil(bs), "fork"));
         // The child holds its blocks whatever the oracle found: keep it in
         // the group so that they are given back with it.
-        let expected = (len % bs != 0).then(|| {
+        let expected = (!len.is_multiple_of(bs)).then(|| {
             (
                 parent.t.table()[len / bs],
                 live.t.table().get(len / bs).copied(),
