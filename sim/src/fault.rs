@@ -83,14 +83,25 @@ struct State<Id> {
 }
 
 impl<Id> State<Id> {
-    /// Whether `fault` fires at this occasion (counting it).
-    fn fires(&self, fault: Fault) -> bool {
+    /// Whether `fault` is due at this occasion (counting it): planted, not
+    /// fired yet, and at least the [`FIRE_AT`]th occasion.
+    fn due(&self, fault: Fault) -> bool {
         // Relaxed (both): a count and a once-flag; the fault's effect is
         // checked through the pool's and the oracle's own orderings.
         self.fault == fault
             && !self.fired.load(Ordering::Relaxed)
             && self.occasions.fetch_add(1, Ordering::Relaxed) + 1 >= FIRE_AT
-            && !self.fired.swap(true, Ordering::Relaxed)
+    }
+
+    /// Marks the fault fired; `false` if another thread fired it first.
+    fn fire(&self) -> bool {
+        // Relaxed: as in `due`.
+        !self.fired.swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether `fault` fires at this occasion: due, and fired now.
+    fn fires(&self, fault: Fault) -> bool {
+        self.due(fault) && self.fire()
     }
 }
 
@@ -244,10 +255,13 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
                 _ => *last = Some((self.id, first_new)),
             }
             drop(last);
-            if state.fires(Fault::OverAllocate) {
-                // One block beyond what the new length needs.
+            if state.due(Fault::OverAllocate) {
+                // One block beyond what the new length needs (fired only
+                // if the pool has it).
                 let room = self.seq().capacity() - self.seq().len();
-                let _ = self.seq_mut().try_reserve(room + 1, 0);
+                if self.seq_mut().try_reserve(room + 1, 0).is_ok() {
+                    state.fire();
+                }
             }
         }
         r
