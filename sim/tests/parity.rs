@@ -84,6 +84,34 @@ fn append<B: KvBackend>(
     seq.try_append(n).map(|(range, _)| range)
 }
 
+/// What a beam search does: fork `seqs[i]`, then roll it back into the
+/// prefix it now shares (mid-block), reserve, and append, so that the append
+/// copies the shared tail with reserved blocks after it. Also returns
+/// whether the append was such a copy-on-write.
+fn rewind<B: KvBackend>(
+    seqs: &mut Vec<B::Seq>,
+    i: usize,
+    bs: usize,
+    rng: &mut SmallRng,
+) -> (Outcome, bool) {
+    let fork = seqs[i].try_fork().map(|(child, copy)| {
+        seqs.push(child);
+        copy.map(|c| c.tokens)
+    });
+    let len = seqs[i].len();
+    let cut = if len > 1 { rng.random_range(1..len) } else { 0 };
+    let gone = seqs[i].truncate(cut);
+    let reserve = seqs[i]
+        .try_reserve(rng.random_range(1..12), 0)
+        .map(|()| seqs[i].capacity());
+    let n = rng.random_range(1..8);
+    let cow = cow_before_reserved::<B>(seqs, i, bs);
+    (
+        Outcome::Rewind(fork, gone, reserve, append::<B>(&mut seqs[i], n)),
+        cow,
+    )
+}
+
 fn script<B: KvBackend>(b: &B, seed: u64, steps: usize) -> Log {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut seqs: Vec<B::Seq> = Vec::new();
@@ -143,26 +171,10 @@ fn script<B: KvBackend>(b: &B, seed: u64, steps: usize) -> Log {
             }
             Outcome::Freed
         } else if op >= 112 {
-            // What a beam search does: fork, then roll the parent back into
-            // the prefix it now shares (mid-block), reserve, and append, so
-            // that the append copies the shared tail with reserved blocks
-            // after it.
             let i = rng.random_range(0..seqs.len());
-            let fork = seqs[i].try_fork().map(|(child, copy)| {
-                seqs.push(child);
-                copy.map(|c| c.tokens)
-            });
-            let len = seqs[i].len();
-            let cut = if len > 1 { rng.random_range(1..len) } else { 0 };
-            let gone = seqs[i].truncate(cut);
-            let reserve = seqs[i]
-                .try_reserve(rng.random_range(1..12), 0)
-                .map(|()| seqs[i].capacity());
-            let n = rng.random_range(1..8);
-            if cow_before_reserved::<B>(&seqs, i, bs) {
-                cows += 1;
-            }
-            Outcome::Rewind(fork, gone, reserve, append::<B>(&mut seqs[i], n))
+            let (outcome, cow) = rewind::<B>(&mut seqs, i, bs, &mut rng);
+            cows += usize::from(cow);
+            outcome
         } else {
             let i = rng.random_range(0..seqs.len());
             let tokens = match rng.random_range(0..10) {
