@@ -10,16 +10,18 @@ use kvslots_sim::cli::Fault;
 const BIN: &str = env!("CARGO_BIN_EXE_kvslots-sim");
 
 /// A small run of the default mix (forks, drafts, check-only admission) on
-/// a tight pool (1 GiB of llama-3-8b: 512 blocks), with a short watchdog.
+/// a pool of 2,048 blocks (4 GiB of llama-3-8b: roomy enough that a leaked
+/// sequence starves no request), with a short watchdog (2 s, well above
+/// the time a panic's report takes).
 const SMALL: &[&str] = &[
     "--requests",
     "1500",
     "--memory-gib",
-    "1",
+    "4",
     "--workers",
     "3",
     "--stuck-after-ms",
-    "500",
+    "2000",
     "--json",
 ];
 
@@ -29,8 +31,11 @@ const HUNG: Duration = Duration::from_secs(120);
 
 /// Runs the binary, killing it if it outlives [`HUNG`]; `None` then.
 fn run_bounded(args: &[&str]) -> Option<Output> {
+    // Without backtraces, a panic's report is quick (the watchdog counts
+    // the time the panic hook takes as time inside the call).
     let mut child = Command::new(BIN)
         .args(args)
+        .env("RUST_BACKTRACE", "0")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

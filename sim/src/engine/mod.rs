@@ -221,6 +221,8 @@ fn spawn_workers<B: KvBackend>(
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker.run(&rx)));
                 drop(rx);
                 let stats = ran.unwrap_or_else(|panic| {
+                    // The panic left its call: the watchdog must not count it.
+                    shared.watch[index].exit();
                     let msg = panic
                         .downcast_ref::<&str>()
                         .map(|s| s.to_string())
