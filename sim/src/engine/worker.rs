@@ -118,6 +118,17 @@ pub(super) struct Worker<B: KvBackend> {
     pub(super) spare: Option<(usize, B::Seq)>,
 }
 
+/// Stops the run if dropped by a panic's unwinding.
+struct StopOnPanic(Arc<Shared>, usize);
+
+impl Drop for StopOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.fail(format!("worker {} panicked", self.1));
+        }
+    }
+}
+
 /// A position among `0..end` to read back at a step: spread over the
 /// sequence by a multiplicative hash of `end`.
 fn sampled(end: usize) -> usize {
@@ -587,6 +598,12 @@ impl<B: KvBackend> Worker<B> {
 
     pub(super) fn run(mut self, rx: &Receiver<Request>) -> WorkerStats {
         let mut running: Vec<Group<B>> = Vec::new();
+        // Declared after `running`, so dropped before it when a panic
+        // unwinds: the run is stopped before the groups' blocks go back
+        // (without the oracle counting them out), so that the panic, not
+        // what other workers then find in those blocks, is the first
+        // failure.
+        let _stop_on_panic = StopOnPanic(Arc::clone(&self.shared), self.index);
         let mut q = Queue {
             rx,
             waiting: VecDeque::new(),
