@@ -406,7 +406,6 @@ impl<B: KvBackend> Worker<B> {
         (req, attempt): Waiting,
         profile: Profile,
     ) -> Result<Option<Group<B>>, StepError> {
-        let backend = self.backend.clone();
         let wm = self.cfg.watermark_blocks;
         // The sequence's table is sized for the whole run (prompt plus
         // output), so that no append reallocates it.
@@ -415,7 +414,7 @@ impl<B: KvBackend> Worker<B> {
             Some((sized, seq)) if sized == tokens => seq,
             // An empty sequence of another size: dropping it touches no
             // block (it holds none), so it is not an allocator call.
-            _ => backend.new_seq(tokens),
+            _ => self.backend.new_seq(tokens),
         };
         let admitted = match profile.admission {
             Admission::Reserve => self.call(OpKind::Admit, || seq.try_reserve(req.prompt, wm)),
@@ -424,9 +423,11 @@ impl<B: KvBackend> Worker<B> {
                 // A zero-block allocation pushes nothing: `none` stays empty
                 // and never allocates.
                 let mut none = Vec::new();
-                self.call(OpKind::Admit, || {
-                    backend.try_alloc_with_headroom(0, prompt_blocks + wm, &mut none)
-                })
+                let (backend, watch) = (&self.backend, &self.shared.watch[self.index]);
+                self.stats
+                    .call((watch, self.shared.start), OpKind::Admit, || {
+                        backend.try_alloc_with_headroom(0, prompt_blocks + wm, &mut none)
+                    })
             }
         };
         match admitted {
