@@ -58,7 +58,9 @@
 //! thread watches every allocator call: one that has run for
 //! `stuck_after` (10 s by default) is reported as stuck (a livelock), with
 //! its kind; the run then ends without waiting for it (its thread is left
-//! behind, and the process exits). As a guard against a livelock outside
+//! behind, and the process exits). Once the run is being stopped, a worker
+//! that does not stop within `stuck_after` (stuck somewhere the watchdog
+//! does not look) is left behind the same way. As a guard against a livelock outside
 //! the allocator, a worker that sees no request finish anywhere for
 //! `stall_limit` of its own iterations (or `stall_limit / 1000` of its
 //! waits) stops the run too.
@@ -154,7 +156,7 @@ pub fn run<B: KvBackend>(
         scope.spawn(move || produce(shared, requests, &tx));
         spawn_workers(backend, &cfg, shared, rx, &exit_tx);
         drop(exit_tx);
-        let result = collect_exits(cfg.workers, &exit_rx);
+        let result = collect_exits(shared, cfg.workers, cfg.stuck_after, &exit_rx);
         drop(done_tx);
         let _ = monitor.join();
         result
@@ -242,19 +244,45 @@ fn spawn_workers<B: KvBackend>(
 }
 
 /// Waits until every worker has reported or been found stuck; returns the
-/// reports and the stuck workers.
-fn collect_exits(workers: usize, exits: &Receiver<Exit>) -> (Vec<WorkerStats>, HashSet<usize>) {
+/// reports and how many workers were given up on. Once the run is being stopped, a
+/// worker that has not reported within `grace` (stuck outside an
+/// allocator call, where the watchdog does not look) is given up on too.
+fn collect_exits(
+    shared: &Shared,
+    workers: usize,
+    grace: Duration,
+    exits: &Receiver<Exit>,
+) -> (Vec<WorkerStats>, usize) {
     let (mut done, mut stuck) = (Vec::with_capacity(workers), HashSet::new());
-    while done.len() + stuck.len() < workers {
-        match exits.recv() {
-            Ok(Exit::Done(s)) => done.push(*s),
+    let mut stopping_since: Option<Instant> = None;
+    let mut left_behind = 0;
+    while done.len() + stuck.len() + left_behind < workers {
+        match exits.recv_timeout(Duration::from_millis(50)) {
+            Ok(Exit::Done(s)) => {
+                done.push(*s);
+                stopping_since = None;
+            }
             Ok(Exit::Stuck(w)) => {
                 stuck.insert(w);
             }
-            Err(_) => break,
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
+                if !shared.aborted() {
+                    continue;
+                }
+                let since = *stopping_since.get_or_insert_with(Instant::now);
+                if since.elapsed() > grace {
+                    left_behind = workers - done.len() - stuck.len();
+                    shared.fail(format!(
+                        "{left_behind} worker(s) did not stop within {} ms of the run being \
+                         stopped",
+                        grace.as_millis()
+                    ));
+                }
+            }
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
         }
     }
-    (done, stuck)
+    (done, stuck.len() + left_behind)
 }
 
 /// Drives the progress bar and the livelock watchdog until `done` closes.
@@ -301,7 +329,7 @@ fn summarize<B: KvBackend>(
     cfg: &EngineConfig,
     shared: &Shared,
     per_worker: Vec<WorkerStats>,
-    stuck: HashSet<usize>,
+    stuck: usize,
     wall: Duration,
 ) -> RunStats {
     let mut stats = RunStats {
@@ -321,7 +349,7 @@ fn summarize<B: KvBackend>(
         stalled: false,
         errors: Vec::new(),
     };
-    stats.counts.stuck_calls = stuck.len() as u64;
+    stats.counts.stuck_calls = stuck as u64;
     let mut finished = vec![0u8; requests];
     // Ids outside `0..requests`: a workload whose ids are not its indices
     // cannot be checked, and fails the invariant.
@@ -352,7 +380,7 @@ fn summarize<B: KvBackend>(
     // The sweep names what is left once every worker has let go (a leak
     // shows here, or as a stall when what it took is missing); after a
     // failure of the oracle it would only repeat it.
-    if stuck.is_empty() && stats.counts.panics == 0 && stats.counts.kv_failures == 0 {
+    if stuck == 0 && stats.counts.panics == 0 && stats.counts.kv_failures == 0 {
         let leftovers = shared.oracle.sweep(backend);
         stats.counts.kv_failures += leftovers.len() as u64;
         stats

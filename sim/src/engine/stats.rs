@@ -63,7 +63,9 @@ counts! {
     idle_waits,
     /// Allocator calls made.
     alloc_calls,
-    /// Allocator calls the watchdog found stuck.
+    /// Workers the run was given up on: stuck in an allocator call (the
+    /// watchdog), or not stopping within the watchdog's time once the run
+    /// was being stopped.
     stuck_calls,
     /// Worker threads that panicked.
     panics,
