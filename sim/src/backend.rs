@@ -1,9 +1,12 @@
-//! The allocator interface the engine drives, implemented for the real
+//! The allocator interface the engine drives: a pool ([`KvBackend`]) and
+//! its sequences' block tables ([`KvSeq`]), implemented for the real
 //! `kvslots` pool and for the mutex baseline.
 //!
 //! The engine is generic over [`KvBackend`] (static dispatch), so both
 //! allocators run exactly the same scheduler code and the comparison
-//! measures the allocators, not the plumbing.
+//! measures the allocators, not the plumbing. Every call into the
+//! library's copy-on-write API is in [`KvSeq::try_append`]'s impl for
+//! `kvslots::Sequence`.
 
 use std::fmt;
 use std::hash::Hash;
@@ -14,13 +17,70 @@ use kvslots::{BlockId, BlockPool, ReserveError, Sequence};
 
 use crate::baseline::{MutexPool, MutexSeq};
 
-/// A block pool plus its per-sequence block tables, as the engine uses
-/// them. Every method that touches the pool is one "allocator call".
-pub trait KvBackend: Send + Sync + 'static {
+/// A device copy the caller must make: the first `tokens` slots of block
+/// `src` into block `dst` (a fork's private tail, or a copy-on-write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockCopy<Id> {
+    /// The block to copy from.
+    pub src: Id,
+    /// The block to copy into.
+    pub dst: Id,
+    /// How many leading token slots to copy.
+    pub tokens: usize,
+}
+
+/// What an append returns: the new positions, and the device copy it needs
+/// first, if it copied a shared partly filled block on write.
+pub type Appended<Id> = (Range<usize>, Option<BlockCopy<Id>>);
+
+/// What a fork returns: the child, and the copy of the parent's partly
+/// filled last block into the child's own, if there is one.
+pub type Forked<S, Id> = (S, Option<BlockCopy<Id>>);
+
+/// One sequence's block table, as the engine uses it. The calls that take
+/// `&mut self` or fork are allocator calls; the others only read the table.
+pub trait KvSeq: Send + Sized + 'static {
+    /// A block id.
+    type Id: Copy + Send + Sync + Eq + Hash + fmt::Debug + 'static;
+
+    /// The block's index in the pool (`0..num_blocks`): its slots are
+    /// `index * block_size..(index + 1) * block_size`.
+    fn index(id: Self::Id) -> usize;
+    /// Tokens in the sequence.
+    fn len(&self) -> usize;
+    /// Whether the sequence holds no token.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The block table: the filled blocks, then the reserved ones.
+    fn table(&self) -> &[Self::Id];
+    /// Tokens the blocks in the table can hold.
+    fn capacity(&self) -> usize;
+    /// Reserves blocks for `tokens` more tokens ahead of the length, all or
+    /// none, only if `headroom` blocks stay free afterwards (the appends of
+    /// those tokens then take nothing). On error nothing changes.
+    fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError>;
+    /// The multi-token append: all the blocks `n` more tokens need, or
+    /// none; with the device copy it needs first, if it copied a shared
+    /// partly filled block on write.
+    fn try_append(&mut self, n: usize) -> Result<Appended<Self::Id>, ReserveError>;
+    /// Rolls back to `len` tokens; returns how many blocks left the table.
+    fn truncate(&mut self, len: usize) -> usize;
+    /// A child sharing the full blocks, and the copy of a partly filled
+    /// last block into the child's private one, if there is one.
+    fn try_fork(&self) -> Result<Forked<Self, Self::Id>, ReserveError>;
+    /// Appends the slot mapping of `positions` to `out`; an error (a range
+    /// past the length) leaves `out` unchanged.
+    fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) -> Result<(), String>;
+}
+
+/// A block pool plus its sequences, as the engine uses them. Every method
+/// that touches the pool is one "allocator call".
+pub trait KvBackend: Clone + Send + Sync + 'static {
     /// A sequence's block table; dropping it gives its blocks back.
-    type Seq: Send;
+    type Seq: KvSeq<Id = Self::Id>;
     /// A block id (of a raw allocation, or in a sequence's table).
-    type Id: Copy + Send + Eq + Hash + fmt::Debug;
+    type Id: Copy + Send + Sync + Eq + Hash + fmt::Debug + 'static;
 
     /// The name shown in reports (`kvslots` or `mutex`).
     fn name(&self) -> &'static str;
@@ -32,6 +92,9 @@ pub trait KvBackend: Send + Sync + 'static {
     fn used_blocks(&self) -> usize;
     /// The high-water mark of blocks in use.
     fn peak_used_blocks(&self) -> usize;
+    /// The references the pool counts on the block at `index`; `None` past
+    /// the pool.
+    fn ref_count(&self, index: usize) -> Option<usize>;
     /// Takes `n` blocks, all or nothing, only if `headroom` more stay free
     /// (with `n == 0`, the check-only admission's atomic headroom check).
     fn try_alloc_with_headroom(
@@ -42,38 +105,10 @@ pub trait KvBackend: Send + Sync + 'static {
     ) -> Result<(), ReserveError>;
     /// Gives back blocks taken with
     /// [`try_alloc_with_headroom`](Self::try_alloc_with_headroom); an error
-    /// is a bug in the caller, reported as a string. (The engine does not
-    /// use it; the parity tests do.)
+    /// is a bug in the caller, reported as a string.
     fn free(&self, ids: &[Self::Id]) -> Result<(), String>;
     /// An empty sequence with room for `tokens` tokens in its table.
     fn new_seq(&self, tokens: usize) -> Self::Seq;
-    /// Tokens in the sequence.
-    fn seq_len(seq: &Self::Seq) -> usize;
-    /// Blocks in the sequence's table (reserved ones included).
-    fn seq_blocks(seq: &Self::Seq) -> usize;
-    /// The sequence's block table: the filled blocks, then the reserved
-    /// ones (not an allocator call).
-    fn seq_table(seq: &Self::Seq) -> &[Self::Id];
-    /// Tokens the blocks in the table can hold (`seq_blocks * block_size`).
-    fn seq_capacity(seq: &Self::Seq) -> usize;
-    /// Reserves blocks for `tokens` more tokens ahead of the sequence's
-    /// length, all or none, only if `headroom` blocks stay free afterwards;
-    /// the appends of those tokens then take nothing from the pool.
-    /// Reserved blocks are never shared by a fork and are given back by
-    /// `truncate` (below the length) and by dropping the sequence. Tokens
-    /// that already fit take nothing. On error nothing changes.
-    fn try_reserve(seq: &mut Self::Seq, tokens: usize, headroom: usize)
-        -> Result<(), ReserveError>;
-    /// The multi-token append: all the blocks `n` more tokens need, or none.
-    fn try_append(seq: &mut Self::Seq, n: usize) -> Result<Range<usize>, ReserveError>;
-    /// Rolls back to `len` tokens; returns how many block references went.
-    fn truncate(seq: &mut Self::Seq, len: usize) -> usize;
-    /// A child sharing the full blocks; `Some(tokens)` when a partly filled
-    /// last block had to be copied.
-    fn try_fork(seq: &Self::Seq) -> Result<(Self::Seq, Option<usize>), ReserveError>;
-    /// Appends the slot mapping of `positions` to `out` (not an allocator
-    /// call: it only reads the sequence's own table).
-    fn extend_slots(seq: &Self::Seq, positions: Range<usize>, out: &mut Vec<usize>);
 }
 
 /// The real allocator: one `Arc<kvslots::BlockPool>` and `kvslots::Sequence`.
@@ -104,6 +139,53 @@ impl KvslotsBackend {
     }
 }
 
+impl KvSeq for Sequence {
+    type Id = BlockId;
+
+    fn index(id: BlockId) -> usize {
+        id.index()
+    }
+    fn len(&self) -> usize {
+        Sequence::len(self)
+    }
+    fn table(&self) -> &[BlockId] {
+        self.blocks()
+    }
+    fn capacity(&self) -> usize {
+        Sequence::capacity(self)
+    }
+    fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
+        Sequence::try_reserve(self, tokens, headroom)
+    }
+    fn try_append(&mut self, n: usize) -> Result<Appended<BlockId>, ReserveError> {
+        // The one call into the library's copy-on-write API.
+        self.try_append_cow(n).map(|(range, copy)| {
+            let copy = copy.map(|c| BlockCopy {
+                src: c.src,
+                dst: c.dst,
+                tokens: c.tokens,
+            });
+            (range, copy)
+        })
+    }
+    fn truncate(&mut self, len: usize) -> usize {
+        Sequence::truncate(self, len)
+    }
+    fn try_fork(&self) -> Result<Forked<Sequence, BlockId>, ReserveError> {
+        Sequence::try_fork(self).map(|(child, copy)| {
+            let copy = copy.map(|c| BlockCopy {
+                src: c.src,
+                dst: c.dst,
+                tokens: c.tokens,
+            });
+            (child, copy)
+        })
+    }
+    fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) -> Result<(), String> {
+        Sequence::extend_slots(self, positions, out).map_err(|e| e.to_string())
+    }
+}
+
 impl KvBackend for KvslotsBackend {
     type Seq = Sequence;
     type Id = BlockId;
@@ -123,6 +205,10 @@ impl KvBackend for KvslotsBackend {
     fn peak_used_blocks(&self) -> usize {
         self.pool.peak_used_blocks()
     }
+    fn ref_count(&self, index: usize) -> Option<usize> {
+        let id = BlockId::new(u32::try_from(index).ok()?);
+        self.pool.ref_count(id)
+    }
     fn try_alloc_with_headroom(
         &self,
         n: usize,
@@ -136,36 +222,6 @@ impl KvBackend for KvslotsBackend {
     }
     fn new_seq(&self, tokens: usize) -> Sequence {
         Sequence::with_capacity(Arc::clone(&self.pool), tokens)
-    }
-    fn seq_len(seq: &Sequence) -> usize {
-        seq.len()
-    }
-    fn seq_blocks(seq: &Sequence) -> usize {
-        seq.blocks().len()
-    }
-    fn seq_table(seq: &Sequence) -> &[BlockId] {
-        seq.blocks()
-    }
-    fn seq_capacity(seq: &Sequence) -> usize {
-        seq.capacity()
-    }
-    fn try_reserve(seq: &mut Sequence, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
-        seq.try_reserve(tokens, headroom)
-    }
-    fn try_append(seq: &mut Sequence, n: usize) -> Result<Range<usize>, ReserveError> {
-        seq.try_append(n)
-    }
-    fn truncate(seq: &mut Sequence, len: usize) -> usize {
-        seq.truncate(len)
-    }
-    fn try_fork(seq: &Sequence) -> Result<(Sequence, Option<usize>), ReserveError> {
-        seq.try_fork()
-            .map(|(child, copy)| (child, copy.map(|c| c.tokens)))
-    }
-    fn extend_slots(seq: &Sequence, positions: Range<usize>, out: &mut Vec<usize>) {
-        // The engine only maps positions it just appended.
-        let result = seq.extend_slots(positions, out);
-        debug_assert!(result.is_ok(), "mapped positions past the sequence");
     }
 }
 
@@ -189,6 +245,52 @@ impl MutexBackend {
     }
 }
 
+impl KvSeq for MutexSeq {
+    type Id = u32;
+
+    fn index(id: u32) -> usize {
+        id as usize
+    }
+    fn len(&self) -> usize {
+        MutexSeq::len(self)
+    }
+    fn table(&self) -> &[u32] {
+        self.blocks()
+    }
+    fn capacity(&self) -> usize {
+        MutexSeq::capacity(self)
+    }
+    fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
+        MutexSeq::try_reserve(self, tokens, headroom)
+    }
+    fn try_append(&mut self, n: usize) -> Result<Appended<u32>, ReserveError> {
+        self.try_append_cow(n).map(|(range, copy)| {
+            let copy = copy.map(|c| BlockCopy {
+                src: c.src,
+                dst: c.dst,
+                tokens: c.tokens,
+            });
+            (range, copy)
+        })
+    }
+    fn truncate(&mut self, len: usize) -> usize {
+        MutexSeq::truncate(self, len)
+    }
+    fn try_fork(&self) -> Result<Forked<MutexSeq, u32>, ReserveError> {
+        MutexSeq::try_fork(self).map(|(child, copy)| {
+            let copy = copy.map(|c| BlockCopy {
+                src: c.src,
+                dst: c.dst,
+                tokens: c.tokens,
+            });
+            (child, copy)
+        })
+    }
+    fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) -> Result<(), String> {
+        MutexSeq::extend_slots(self, positions, out)
+    }
+}
+
 impl KvBackend for MutexBackend {
     type Seq = MutexSeq;
     type Id = u32;
@@ -208,6 +310,11 @@ impl KvBackend for MutexBackend {
     fn peak_used_blocks(&self) -> usize {
         self.pool.peak_used_blocks()
     }
+    fn ref_count(&self, index: usize) -> Option<usize> {
+        self.pool
+            .refs(u32::try_from(index).ok()?)
+            .map(|r| r as usize)
+    }
     fn try_alloc_with_headroom(
         &self,
         n: usize,
@@ -221,33 +328,5 @@ impl KvBackend for MutexBackend {
     }
     fn new_seq(&self, tokens: usize) -> MutexSeq {
         MutexSeq::with_capacity(Arc::clone(&self.pool), tokens)
-    }
-    fn seq_len(seq: &MutexSeq) -> usize {
-        seq.len()
-    }
-    fn seq_blocks(seq: &MutexSeq) -> usize {
-        seq.blocks().len()
-    }
-    fn seq_table(seq: &MutexSeq) -> &[u32] {
-        seq.blocks()
-    }
-    fn seq_capacity(seq: &MutexSeq) -> usize {
-        seq.capacity()
-    }
-    fn try_reserve(seq: &mut MutexSeq, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
-        seq.try_reserve(tokens, headroom)
-    }
-    fn try_append(seq: &mut MutexSeq, n: usize) -> Result<Range<usize>, ReserveError> {
-        seq.try_append(n)
-    }
-    fn truncate(seq: &mut MutexSeq, len: usize) -> usize {
-        seq.truncate(len)
-    }
-    fn try_fork(seq: &MutexSeq) -> Result<(MutexSeq, Option<usize>), ReserveError> {
-        seq.try_fork()
-            .map(|(child, copy)| (child, copy.map(|c| c.tokens)))
-    }
-    fn extend_slots(seq: &MutexSeq, positions: Range<usize>, out: &mut Vec<usize>) {
-        seq.extend_slots(positions, out);
     }
 }

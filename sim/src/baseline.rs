@@ -315,6 +315,44 @@ impl MutexPool {
     }
 }
 
+/// The block-table arithmetic of `kvslots::Sequence`, which the baseline
+/// keeps (the library does not export it): every count of blocks, tails and
+/// table entries the baseline's sequence makes is here.
+mod table {
+    /// Table entries to set aside for `tokens` tokens: as many blocks as
+    /// they need (at most the pool's), plus one for a copy-on-write's new
+    /// block to pass through.
+    pub(super) fn entries(tokens: usize, block_size: usize, num_blocks: usize) -> usize {
+        match tokens.div_ceil(block_size).min(num_blocks) {
+            0 => 0,
+            n => n + 1,
+        }
+    }
+
+    /// Blocks that hold `len` tokens.
+    pub(super) fn blocks(len: usize, block_size: usize) -> usize {
+        len.div_ceil(block_size)
+    }
+
+    /// The block position `len` goes into and the tokens before it there:
+    /// `(len / block_size, len % block_size)`.
+    pub(super) fn tail(len: usize, block_size: usize) -> (usize, usize) {
+        (len / block_size, len % block_size)
+    }
+
+    /// For `n` more tokens after `len` in `held` blocks: how many blocks
+    /// must be added, and how many held blocks they would leave wholly
+    /// unused.
+    pub(super) fn growth(len: usize, held: usize, n: usize, block_size: usize) -> (usize, usize) {
+        let room = held * block_size - len;
+        if n <= room {
+            (0, (room - n) / block_size)
+        } else {
+            ((n - room).div_ceil(block_size), 0)
+        }
+    }
+}
+
 /// The device copy a fork asks for: `tokens` slots of block `src` into
 /// block `dst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -364,11 +402,7 @@ impl MutexSeq {
     pub fn with_capacity(pool: Arc<MutexPool>, tokens: usize) -> MutexSeq {
         // As kvslots sizes its table: one spare entry lets a copy-on-write
         // append pass its new block through the table without reallocating.
-        let entries = match tokens.div_ceil(pool.block_size).min(pool.num_blocks) {
-            0 => 0,
-            n => n + 1,
-        };
-        let blocks = Vec::with_capacity(entries);
+        let blocks = Vec::with_capacity(table::entries(tokens, pool.block_size, pool.num_blocks));
         MutexSeq {
             pool,
             blocks,
@@ -433,21 +467,13 @@ impl MutexSeq {
     /// For `n` more tokens: how many blocks must be added to the table, and
     /// how many of the blocks it holds they would leave wholly unused.
     fn blocks_for(&self, n: usize) -> (usize, usize) {
-        let bs = self.pool.block_size;
-        // Tokens that still fit in the blocks we hold (reserved ones too).
-        let room = self.capacity() - self.len;
-        if n <= room {
-            (0, (room - n) / bs)
-        } else {
-            ((n - room).div_ceil(bs), 0)
-        }
+        table::growth(self.len, self.blocks.len(), n, self.pool.block_size)
     }
 
     /// Whether the partly filled block the next append writes into is
     /// shared with a fork (one lock acquisition to read its count).
     fn tail_needs_copy(&self) -> bool {
-        let bs = self.pool.block_size;
-        let (tail_index, tail) = (self.len / bs, self.len % bs);
+        let (tail_index, tail) = table::tail(self.len, self.pool.block_size);
         tail != 0
             && tail_index < self.shared_upto.get()
             && self.pool.refs(self.blocks[tail_index]).unwrap_or(0) > 1
@@ -464,12 +490,11 @@ impl MutexSeq {
         if n == 0 {
             return Ok((old..old, None));
         }
-        let bs = self.pool.block_size;
         let (new_blocks, spare) = self.blocks_for(n);
         // The partly filled block the append writes into first is the one
         // at index `old / bs`, which is not the last one when blocks are
         // reserved after it.
-        let (tail_index, tail) = (old / bs, old % bs);
+        let (tail_index, tail) = table::tail(old, self.pool.block_size);
         let maybe_shared = tail != 0 && tail_index < self.shared_upto.get();
         let cow = if new_blocks > 0 || maybe_shared {
             let cow_of = maybe_shared.then(|| self.blocks[tail_index]);
@@ -512,7 +537,7 @@ impl MutexSeq {
             return 0;
         }
         self.release_retired();
-        let keep = len.div_ceil(self.pool.block_size);
+        let keep = table::blocks(len, self.pool.block_size);
         let gone = self.blocks.len() - keep;
         if gone > 0 {
             // Our own references: freeing them cannot fail.
@@ -529,9 +554,7 @@ impl MutexSeq {
     /// A child sharing every full block and holding a private copy of a
     /// partly filled last block; returns the copy to make, if any.
     pub fn try_fork(&self) -> Result<(MutexSeq, Option<MutexBlockCopy>), ReserveError> {
-        let bs = self.pool.block_size;
-        let partial = self.len % bs;
-        let full = self.len / bs;
+        let (full, partial) = table::tail(self.len, self.pool.block_size);
         let mut blocks = Vec::with_capacity(self.blocks.len());
         self.pool
             .share_and_alloc(&self.blocks[..full], partial != 0, &mut blocks)?;
@@ -554,16 +577,22 @@ impl MutexSeq {
     }
 
     /// Appends the flat slot index of each position in `positions` to
-    /// `out`.
-    ///
-    /// # Panics
-    ///
-    /// Panics if the range reaches past `len()`.
-    pub fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) {
-        assert!(
-            positions.end <= self.len,
-            "positions past the sequence's length"
-        );
+    /// `out`; a range past `len()` is refused and `out` is unchanged.
+    pub fn extend_slots(
+        &self,
+        positions: Range<usize>,
+        out: &mut Vec<usize>,
+    ) -> Result<(), String> {
+        if positions.is_empty() {
+            return Ok(());
+        }
+        if positions.end > self.len {
+            return Err(format!(
+                "position {} is past the sequence's length {}",
+                positions.end - 1,
+                self.len
+            ));
+        }
         // Block by block, as kvslots does, so that both allocators pay the
         // same for the mapping (it is not an allocator call).
         let bs = self.pool.block_size;
@@ -575,6 +604,7 @@ impl MutexSeq {
             out.extend((pos % bs..pos % bs + (end - pos)).map(|off| base + off));
             pos = end;
         }
+        Ok(())
     }
 
     fn release_retired(&mut self) {
@@ -704,7 +734,7 @@ mod tests {
         assert_eq!(p.refs(s.blocks()[0]), Some(2));
         assert_eq!(p.used_blocks(), 3);
         let mut slots = Vec::new();
-        child.extend_slots(4..6, &mut slots);
+        child.extend_slots(4..6, &mut slots).unwrap();
         assert_eq!(slots, vec![dst as usize * 4, dst as usize * 4 + 1]);
         assert_eq!(s.truncate(3), 1);
         assert_eq!(s.truncate(10), 0);
@@ -770,7 +800,7 @@ mod tests {
         assert_eq!(s.blocks(), &table[..]);
         // Slots of reserved-then-filled positions follow the table.
         let mut slots = Vec::new();
-        s.extend_slots(0..13, &mut slots);
+        s.extend_slots(0..13, &mut slots).unwrap();
         let want: Vec<usize> = (0..13).map(|q| table[q / 4] as usize * 4 + q % 4).collect();
         assert_eq!(slots, want);
         // Nothing, or what already fits, takes nothing.
@@ -844,7 +874,7 @@ mod tests {
         assert_eq!(child.blocks()[1], shared_tail);
         // The new token lands in the private copy, never in the child's.
         let mut slots = Vec::new();
-        s.extend_slots(6..7, &mut slots);
+        s.extend_slots(6..7, &mut slots).unwrap();
         assert_eq!(slots, vec![copy.dst as usize * 4 + 2]);
         // The reserved block is then filled without another copy.
         assert_eq!(s.try_append_cow(5).unwrap(), (7..12, None));

@@ -12,15 +12,18 @@ use kvslots::BlockPool;
 use serde_json::json;
 
 use crate::backend::{KvBackend, KvslotsBackend, MutexBackend};
-use crate::engine::{self, Admission, EngineConfig};
+use crate::engine::{self, Admission, EngineConfig, MIX_SAMPLES};
+pub use crate::fault::Fault;
+use crate::fault::Faulty;
 use crate::model::{size_pool, ModelPreset, Sizing};
 use crate::report::{table, Report};
 use crate::workload::{read_trace, Request, Synthetic};
 
-/// Synthetic requests in a default run: sized so that the default run takes
-/// about 10 seconds on an otherwise idle 2-core machine (release build;
-/// about 19 CPU-seconds, 9.5 us of CPU a request with 4 workers).
-pub const DEFAULT_REQUESTS: usize = 2_000_000;
+/// Synthetic requests in a default run: every token of them is written to
+/// and read back from the oracle's KV memory, which makes a request cost
+/// about three times what the allocator calls alone cost; this many keep
+/// the default run at about 15 seconds on a 2-core machine.
+pub const DEFAULT_REQUESTS: usize = 500_000;
 
 /// The most worker threads a run may start.
 pub const MAX_WORKERS: usize = 1024;
@@ -64,7 +67,7 @@ pub struct Cli {
     /// required) instead of the synthetic workload.
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
-    /// Requests to run: synthetic ones to draw (default 2000000), or the
+    /// Requests to run: synthetic ones to draw (default 500000), or the
     /// first N of the trace (default: all of it).
     #[arg(long)]
     pub requests: Option<usize>,
@@ -81,20 +84,22 @@ pub struct Cli {
     /// Prefill chunk, in tokens.
     #[arg(long, default_value_t = 512)]
     pub chunk: usize,
-    /// Speculative decoding: K draft tokens per step (0: off).
-    #[arg(long, default_value_t = 0, value_name = "K")]
-    pub spec: usize,
+    /// Speculative decoding: K draft tokens per step (0: off). Giving
+    /// `--spec`, `--samples` or `--admission` runs every request the same
+    /// way instead of the default mix.
+    #[arg(long, value_name = "K")]
+    pub spec: Option<usize>,
     /// Probability that a draft token is accepted.
     #[arg(long, default_value_t = 0.7)]
     pub accept: f64,
-    /// Samples per request: forks N-1 children after prefill.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    pub samples: usize,
+    /// Samples per request: forks N-1 children after prefill (default 1).
+    #[arg(long, value_name = "N")]
+    pub samples: Option<usize>,
     /// How a waiting request is admitted: reserve its whole prompt's blocks
     /// (with the watermark's headroom) in one allocation, or only check
-    /// that they are free.
-    #[arg(long, value_enum, default_value_t = Admission::Reserve)]
-    pub admission: Admission,
+    /// that they are free (default: reserve).
+    #[arg(long, value_enum)]
+    pub admission: Option<Admission>,
     /// Most requests one worker runs at once.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
@@ -113,6 +118,14 @@ pub struct Cli {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     pub json: bool,
+    /// Plant a fault in the backend (the check of the checker): the run
+    /// must fail, naming it.
+    #[arg(long, value_enum, value_name = "KIND")]
+    pub plant_fault: Option<Fault>,
+    /// The livelock watchdog: an allocator call running this long ends the
+    /// run as stuck.
+    #[arg(long, default_value_t = 10_000, value_name = "MS")]
+    pub stuck_after_ms: u64,
 }
 
 /// A bad flag value or input file: exit code 2.
@@ -174,7 +187,7 @@ impl Cli {
         if self.chunk == 0 {
             return Err(InputError("--chunk must be at least 1".into()));
         }
-        if self.samples == 0 {
+        if self.samples == Some(0) {
             return Err(InputError("--samples must be at least 1".into()));
         }
         if self.max_running == 0 {
@@ -205,19 +218,26 @@ impl Cli {
             }
         };
         let watermark_blocks = self.watermark.unwrap_or(sizing.num_blocks / 100);
+        if self.stuck_after_ms == 0 {
+            return Err(InputError("--stuck-after-ms must be at least 1".into()));
+        }
+        let engine = EngineConfig {
+            admission: self.admission.unwrap_or(Admission::Reserve),
+            workers,
+            watermark_blocks,
+            chunk: self.chunk,
+            spec: self.spec.unwrap_or(0),
+            accept: self.accept,
+            samples: self.samples.unwrap_or(1),
+            max_running: self.max_running,
+            seed: self.seed,
+            mix: self.spec.is_none() && self.samples.is_none() && self.admission.is_none(),
+            stuck_after: std::time::Duration::from_millis(self.stuck_after_ms),
+            ..EngineConfig::default()
+        };
+        check_runnable(&sizing, &engine, &requests)?;
         Ok(Plan {
-            engine: EngineConfig {
-                admission: self.admission,
-                workers,
-                watermark_blocks,
-                chunk: self.chunk,
-                spec: self.spec,
-                accept: self.accept,
-                samples: self.samples,
-                max_running: self.max_running,
-                seed: self.seed,
-                ..EngineConfig::default()
-            },
+            engine,
             shards: self
                 .shards
                 .map_or_else(|| BlockPool::default_shards(sizing.num_blocks), usize::from),
@@ -226,6 +246,42 @@ impl Cli {
             workload,
         })
     }
+}
+
+/// Refuses a pool in which no request of the workload can ever run: no
+/// block, a watermark that leaves no block to admit into, or every request
+/// too large for it.
+fn check_runnable(
+    sizing: &Sizing,
+    engine: &EngineConfig,
+    requests: &[Request],
+) -> Result<(), InputError> {
+    let (nb, bs) = (sizing.num_blocks, sizing.block_size);
+    if nb == 0 {
+        return Err(InputError(format!(
+            "the pool has no block ({} GiB at {} bytes a block): no request can run",
+            sizing.memory_bytes as f64 / crate::model::GIB,
+            sizing.bytes_per_block
+        )));
+    }
+    if engine.watermark_blocks >= nb {
+        return Err(InputError(format!(
+            "--watermark {} keeps every one of the pool's {nb} blocks free: no request can be admitted",
+            engine.watermark_blocks
+        )));
+    }
+    let runs = |r: &Request| {
+        let profile = engine.profile(r.id, bs);
+        !engine::never_fits(r, &profile, engine.watermark_blocks, nb, bs)
+    };
+    if !requests.iter().any(runs) {
+        return Err(InputError(format!(
+            "no request of the workload can ever run in a pool of {nb} blocks of {bs} tokens \
+             with a watermark of {} blocks",
+            engine.watermark_blocks
+        )));
+    }
+    Ok(())
 }
 
 fn progress_bar(len: usize, label: &str) -> ProgressBar {
@@ -261,16 +317,37 @@ fn sizing_line(s: &Sizing) -> String {
     )
 }
 
-fn settings_line(plan: &Plan) -> String {
-    let e = &plan.engine;
+/// How requests are run, in words.
+fn profile_words(e: &EngineConfig, block_size: usize) -> String {
+    if e.mix {
+        let spec = e.profile_spec(block_size);
+        return format!(
+            "mix: 50% plain, 20% {spec} drafts (accept {}), 15% {MIX_SAMPLES} samples, 15% check-only admission",
+            e.accept
+        );
+    }
     let spec = if e.spec == 0 {
         "off".to_string()
     } else {
         format!("{} drafts, accept {}", e.spec, e.accept)
     };
     format!(
-        "workload: {}; {} workers, admission {}, watermark {} blocks, chunk {}, spec {}, samples {}, max running {}; kvslots free list: {} stacks",
-        plan.workload, e.workers, e.admission, e.watermark_blocks, e.chunk, spec, e.samples, e.max_running, plan.shards
+        "admission {}, spec {spec}, samples {}",
+        e.admission, e.samples
+    )
+}
+
+fn settings_line(plan: &Plan) -> String {
+    let e = &plan.engine;
+    format!(
+        "workload: {}; {} workers, {}, watermark {} blocks, chunk {}, max running {}; kvslots free list: {} stacks",
+        plan.workload,
+        e.workers,
+        profile_words(e, plan.sizing.block_size),
+        e.watermark_blocks,
+        e.chunk,
+        e.max_running,
+        plan.shards
     )
 }
 
@@ -287,6 +364,9 @@ fn settings_json(plan: &Plan) -> serde_json::Value {
         "samples": e.samples,
         "max_running": e.max_running,
         "seed": e.seed,
+        "mix": e.mix,
+        "profiles": profile_words(e, plan.sizing.block_size),
+        "stuck_after_ms": e.stuck_after.as_millis() as u64,
     })
 }
 
@@ -302,20 +382,27 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> i32 {
     };
     let nb = plan.sizing.num_blocks;
     let bs = plan.sizing.block_size;
-    let reports: Vec<Report> = if cli.compare {
-        vec![
-            run_one(&KvslotsBackend::with_shards(nb, bs, plan.shards), &plan),
-            run_one(&MutexBackend::new(nb, bs), &plan),
-        ]
+    let kvslots = || KvslotsBackend::with_shards(nb, bs, plan.shards);
+    let mutex = || MutexBackend::new(nb, bs);
+    let allocators = if cli.compare {
+        vec![Allocator::Kvslots, Allocator::Mutex]
     } else {
-        match cli.allocator {
-            Allocator::Kvslots => vec![run_one(
-                &KvslotsBackend::with_shards(nb, bs, plan.shards),
-                &plan,
-            )],
-            Allocator::Mutex => vec![run_one(&MutexBackend::new(nb, bs), &plan)],
-        }
+        vec![cli.allocator]
     };
+    let reports: Vec<Report> = allocators
+        .into_iter()
+        .map(|a| match (a, cli.plant_fault) {
+            (Allocator::Kvslots, None) => run_one(&kvslots(), &plan),
+            (Allocator::Mutex, None) => run_one(&mutex(), &plan),
+            (Allocator::Kvslots, Some(f)) => run_one(&Faulty::new(kvslots(), f), &plan),
+            (Allocator::Mutex, Some(f)) => run_one(&Faulty::new(mutex(), f), &plan),
+        })
+        .collect();
+    for r in &reports {
+        for e in &r.errors {
+            eprintln!("kvslots-sim: {}: {e}", r.allocator);
+        }
+    }
     let ok = reports.iter().all(|r| r.invariants_ok);
     let written = if cli.json {
         let value = match reports.as_slice() {

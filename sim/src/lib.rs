@@ -13,6 +13,8 @@ pub mod backend;
 pub mod baseline;
 pub mod cli;
 pub mod engine;
+pub mod fault;
 pub mod model;
+pub mod oracle;
 pub mod report;
 pub mod workload;

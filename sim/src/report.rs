@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::engine::{Invariants, OpKind, RunStats};
+use crate::engine::{Counts, Invariants, OpKind, OpStats, RunStats};
 
 /// `try_append` latency percentiles, in nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -32,7 +32,8 @@ pub struct OpReport {
     pub mean_ns: f64,
 }
 
-/// One run, as reported.
+/// One run, as reported: the run's [`Counts`] under their own names, and
+/// what is derived from the rest of its [`RunStats`].
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     /// `kvslots` or `mutex`.
@@ -41,30 +42,15 @@ pub struct Report {
     pub workers: usize,
     /// Requests in the workload.
     pub requests: usize,
-    /// Requests completed.
-    pub requests_completed: u64,
-    /// Requests rejected as never fitting the pool.
-    pub requests_rejected: u64,
-    /// Groups dropped for lack of blocks and requeued (recompute).
-    pub preemptions: u64,
-    /// Prompt tokens appended, recomputation included.
-    pub tokens_prefilled: u64,
-    /// Output tokens kept, recomputation included.
-    pub tokens_decoded: u64,
-    /// Speculative draft tokens truncated.
-    pub tokens_rolled_back: u64,
-    /// Children forked for parallel sampling.
-    pub forks: u64,
-    /// Forks that needed a block copy.
-    pub block_copies: u64,
+    /// What happened (each count a key of its own).
+    #[serde(flatten)]
+    pub counts: Counts,
     /// High-water mark of blocks in use.
     pub peak_blocks_used: usize,
     /// Blocks in the pool.
     pub num_blocks: usize,
     /// `peak_blocks_used` as a percentage of `num_blocks`.
     pub peak_blocks_pct: f64,
-    /// Allocator calls made (all workers).
-    pub alloc_calls: u64,
     /// Allocator calls per second of the run's wall time.
     pub alloc_ops_per_sec: f64,
     /// Time inside allocator calls, summed over workers, in milliseconds.
@@ -76,16 +62,11 @@ pub struct Report {
     /// Allocator calls by kind: `admit`, `try_append`,
     /// `truncate`, `try_fork`, `drop`.
     pub alloc_ops: std::collections::BTreeMap<&'static str, OpReport>,
-    /// Iterations in which a worker had nothing running and waited for
-    /// blocks.
-    pub idle_waits: u64,
-    /// Monitor samples of `used_blocks() <= num_blocks()`.
-    pub monitor_samples: u64,
     /// Each invariant.
     pub invariants: Invariants,
     /// Whether every invariant holds.
     pub invariants_ok: bool,
-    /// Errors that should never happen.
+    /// Failures, the first one first.
     pub errors: Vec<String>,
 }
 
@@ -94,18 +75,20 @@ impl Report {
     pub fn new(s: &RunStats) -> Report {
         let h = &s.append_latency;
         let invariants = s.invariants();
+        let per_call = |o: OpStats| OpReport {
+            calls: o.calls,
+            busy_ms: o.busy_ns as f64 / 1e6,
+            mean_ns: if o.calls == 0 {
+                0.0
+            } else {
+                o.busy_ns as f64 / o.calls as f64
+            },
+        };
         Report {
             allocator: s.allocator.to_string(),
             workers: s.workers,
             requests: s.requests,
-            requests_completed: s.requests_completed,
-            requests_rejected: s.requests_rejected,
-            preemptions: s.preemptions,
-            tokens_prefilled: s.tokens_prefilled,
-            tokens_decoded: s.tokens_decoded,
-            tokens_rolled_back: s.tokens_rolled_back,
-            forks: s.forks,
-            block_copies: s.block_copies,
+            counts: s.counts,
             peak_blocks_used: s.peak_blocks_used,
             num_blocks: s.num_blocks,
             peak_blocks_pct: if s.num_blocks == 0 {
@@ -113,7 +96,6 @@ impl Report {
             } else {
                 100.0 * s.peak_blocks_used as f64 / s.num_blocks as f64
             },
-            alloc_calls: s.alloc_calls,
             alloc_ops_per_sec: s.alloc_ops_per_sec(),
             alloc_busy_ms: s.alloc_busy.as_secs_f64() * 1e3,
             wall_ms: s.wall.as_secs_f64() * 1e3,
@@ -124,24 +106,10 @@ impl Report {
                 max: h.max(),
                 count: h.len(),
             },
-            idle_waits: s.idle_waits,
             alloc_ops: OpKind::ALL
                 .iter()
-                .map(|&k| {
-                    let o = s.ops[k as usize];
-                    let report = OpReport {
-                        calls: o.calls,
-                        busy_ms: o.busy_ns as f64 / 1e6,
-                        mean_ns: if o.calls == 0 {
-                            0.0
-                        } else {
-                            o.busy_ns as f64 / o.calls as f64
-                        },
-                    };
-                    (k.name(), report)
-                })
+                .map(|&k| (k.name(), per_call(s.ops[k as usize])))
                 .collect(),
-            monitor_samples: s.monitor_samples,
             invariants,
             invariants_ok: invariants.ok(),
             errors: s.errors.clone(),
@@ -175,19 +143,34 @@ fn ns(v: u64) -> String {
 /// the ratio column divides (`None`: no ratio).
 fn rows(r: &Report) -> Vec<(&'static str, String, Option<f64>)> {
     let l = &r.append_latency_ns;
+    let c = &r.counts;
     vec![
-        ("requests completed", thousands(r.requests_completed), None),
+        ("requests completed", thousands(c.requests_completed), None),
         (
             "requests rejected (never fit)",
-            thousands(r.requests_rejected),
+            thousands(c.requests_rejected),
             None,
         ),
-        ("preemptions (recompute)", thousands(r.preemptions), None),
-        ("tokens prefilled", thousands(r.tokens_prefilled), None),
-        ("tokens decoded", thousands(r.tokens_decoded), None),
-        ("tokens rolled back", thousands(r.tokens_rolled_back), None),
-        ("forks", thousands(r.forks), None),
-        ("block copies", thousands(r.block_copies), None),
+        ("preemptions (recompute)", thousands(c.preemptions), None),
+        ("tokens prefilled", thousands(c.tokens_prefilled), None),
+        ("tokens decoded", thousands(c.tokens_decoded), None),
+        ("tokens rolled back", thousands(c.tokens_rolled_back), None),
+        ("forks", thousands(c.forks), None),
+        ("block copies", thousands(c.block_copies), None),
+        (
+            "appends taking 2+ blocks",
+            thousands(c.multi_block_appends),
+            None,
+        ),
+        (
+            "KV stamps written / read",
+            format!(
+                "{} / {}",
+                thousands(c.stamps_written),
+                thousands(c.stamps_read)
+            ),
+            None,
+        ),
         (
             "peak blocks used",
             format!(
@@ -198,7 +181,7 @@ fn rows(r: &Report) -> Vec<(&'static str, String, Option<f64>)> {
             ),
             None,
         ),
-        ("allocator calls", thousands(r.alloc_calls), None),
+        ("allocator calls", thousands(c.alloc_calls), None),
         (
             "allocator calls/s (wall)",
             thousands(r.alloc_ops_per_sec.round() as u64),

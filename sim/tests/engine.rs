@@ -63,12 +63,12 @@ fn assert_tokens_at_least(s: &RunStats, reqs: &[Request], cfg: &EngineConfig) {
     let decoded: u64 = ran().map(|r| (r.output * cfg.samples) as u64).sum();
     let prefilled: u64 = ran().map(|r| r.prompt as u64).sum();
     assert!(
-        s.tokens_decoded >= decoded,
+        s.counts.tokens_decoded >= decoded,
         "{}: decoded {} < {decoded}",
         s.allocator,
-        s.tokens_decoded
+        s.counts.tokens_decoded
     );
-    assert!(s.tokens_prefilled >= prefilled);
+    assert!(s.counts.tokens_prefilled >= prefilled);
 }
 
 fn assert_all_happened(s: &RunStats, reqs: &[Request], cfg: &EngineConfig) {
@@ -83,27 +83,35 @@ fn assert_all_happened(s: &RunStats, reqs: &[Request], cfg: &EngineConfig) {
     assert_eq!(s.requests, reqs.len());
     let rejected = expected_rejected(reqs, cfg, s.num_blocks, s.block_size);
     assert!(rejected > 0);
-    assert_eq!(s.requests_rejected, rejected, "{}", s.allocator);
-    assert_eq!(s.requests_completed, reqs.len() as u64 - rejected);
-    assert!(s.preemptions > 0, "{}: no preemption", s.allocator);
-    assert!(s.tokens_rolled_back > 0, "{}: no rollback", s.allocator);
-    assert!(s.forks > 0, "{}: no fork", s.allocator);
-    assert!(s.block_copies > 0, "{}: no block copy", s.allocator);
-    assert!(s.block_copies <= s.forks);
+    assert_eq!(s.counts.requests_rejected, rejected, "{}", s.allocator);
+    assert_eq!(s.counts.requests_completed, reqs.len() as u64 - rejected);
+    assert!(s.counts.preemptions > 0, "{}: no preemption", s.allocator);
+    assert!(
+        s.counts.tokens_rolled_back > 0,
+        "{}: no rollback",
+        s.allocator
+    );
+    assert!(s.counts.forks > 0, "{}: no fork", s.allocator);
+    assert!(s.counts.block_copies > 0, "{}: no block copy", s.allocator);
+    assert!(s.counts.block_copies <= s.counts.forks);
     assert!(s.peak_blocks_used <= s.num_blocks);
     assert!(
         s.peak_blocks_used > s.num_blocks / 2,
         "the pool was never under pressure"
     );
-    assert!(s.monitor_samples > 0);
+    assert!(s.counts.stamps_written > 0 && s.counts.stamps_read >= s.counts.stamps_written);
+    assert_eq!(s.counts.kv_failures, 0);
     assert_tokens_at_least(s, reqs, cfg);
     assert!(!s.append_latency.is_empty());
     // The calls by kind add up, and every append was recorded.
-    assert_eq!(s.ops.iter().map(|o| o.calls).sum::<u64>(), s.alloc_calls);
+    assert_eq!(
+        s.ops.iter().map(|o| o.calls).sum::<u64>(),
+        s.counts.alloc_calls
+    );
     assert_eq!(s.ops[OpKind::Append as usize].calls, s.append_latency.len());
-    assert!(s.ops[OpKind::Fork as usize].calls >= s.forks);
+    assert!(s.ops[OpKind::Fork as usize].calls >= s.counts.forks);
     assert!(s.ops[OpKind::Truncate as usize].calls > 0);
-    assert!(s.ops[OpKind::Admit as usize].calls >= s.requests_completed);
+    assert!(s.ops[OpKind::Admit as usize].calls >= s.counts.requests_completed);
 }
 
 fn run<B: KvBackend>(backend: &B, reqs: &[Request], cfg: &EngineConfig) -> RunStats {
@@ -153,15 +161,15 @@ fn one_worker_runs_are_identical_on_both_allocators() {
     assert_all_happened(&b, &reqs, &cfg);
     let key = |s: &RunStats| {
         (
-            s.requests_completed,
-            s.requests_rejected,
-            s.preemptions,
-            s.tokens_prefilled,
-            s.tokens_decoded,
-            s.tokens_rolled_back,
-            s.forks,
-            s.block_copies,
-            s.alloc_calls,
+            s.counts.requests_completed,
+            s.counts.requests_rejected,
+            s.counts.preemptions,
+            s.counts.tokens_prefilled,
+            s.counts.tokens_decoded,
+            s.counts.tokens_rolled_back,
+            s.counts.forks,
+            s.counts.block_copies,
+            s.counts.alloc_calls,
             s.peak_blocks_used,
             s.append_latency.len(),
         )
@@ -193,15 +201,22 @@ fn plain_decode_on_a_roomy_pool_is_exact() {
     };
     let s = run(&KvslotsBackend::new(100_000, 16), &reqs, &cfg);
     assert!(s.invariants().ok(), "{:?} {:?}", s.invariants(), s.errors);
-    assert_eq!(s.preemptions, 0);
-    assert_eq!((s.tokens_rolled_back, s.forks, s.block_copies), (0, 0, 0));
-    assert_eq!(s.requests_completed, 200);
+    assert_eq!(s.counts.preemptions, 0);
     assert_eq!(
-        s.tokens_decoded,
+        (
+            s.counts.tokens_rolled_back,
+            s.counts.forks,
+            s.counts.block_copies
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!(s.counts.requests_completed, 200);
+    assert_eq!(
+        s.counts.tokens_decoded,
         reqs.iter().map(|r| r.output as u64).sum::<u64>()
     );
     assert_eq!(
-        s.tokens_prefilled,
+        s.counts.tokens_prefilled,
         reqs.iter().map(|r| r.prompt as u64).sum::<u64>()
     );
 }
@@ -223,8 +238,8 @@ fn an_aborted_run_fails_its_invariants_and_frees_everything() {
         assert!(s.stalled, "{}", s.allocator);
         let inv = s.invariants();
         assert!(!inv.all_completed && !inv.ok());
-        assert!(inv.pool_full_again && inv.never_overcommitted);
-        assert!(s.requests_completed + s.requests_rejected < reqs.len() as u64);
+        assert!(inv.pool_full_again && inv.kv_memory_intact);
+        assert!(s.counts.requests_completed + s.counts.requests_rejected < reqs.len() as u64);
     }
 }
 
@@ -240,7 +255,7 @@ fn group_blocks_counts_shared_prefix_once() {
 
 const TRACE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/../../shared/traces/azure-llm-2023-code.csv"
+    "/../traces/azure-llm-2023-code.csv"
 );
 
 /// The real code trace (first 400 requests) on a pool of 400 blocks of 16
@@ -289,18 +304,18 @@ fn code_trace_with_one_worker_is_identical_on_both_allocators() {
     assert_all_happened_trace(&b, &reqs, &cfg);
     assert_eq!(
         (
-            a.preemptions,
-            a.tokens_rolled_back,
-            a.forks,
-            a.block_copies,
-            a.alloc_calls
+            a.counts.preemptions,
+            a.counts.tokens_rolled_back,
+            a.counts.forks,
+            a.counts.block_copies,
+            a.counts.alloc_calls
         ),
         (
-            b.preemptions,
-            b.tokens_rolled_back,
-            b.forks,
-            b.block_copies,
-            b.alloc_calls
+            b.counts.preemptions,
+            b.counts.tokens_rolled_back,
+            b.counts.forks,
+            b.counts.block_copies,
+            b.counts.alloc_calls
         )
     );
 }
@@ -318,13 +333,48 @@ fn assert_all_happened_trace(s: &RunStats, reqs: &[Request], cfg: &EngineConfig)
         rejected > 0,
         "the sample has no prompt too long for the pool"
     );
-    assert_eq!(s.requests_rejected, rejected);
-    assert_eq!(s.requests_completed, reqs.len() as u64 - rejected);
-    assert!(s.preemptions > 0, "{}: no preemption", s.allocator);
-    assert!(s.tokens_rolled_back > 0);
+    assert_eq!(s.counts.requests_rejected, rejected);
+    assert_eq!(s.counts.requests_completed, reqs.len() as u64 - rejected);
+    assert!(s.counts.preemptions > 0, "{}: no preemption", s.allocator);
+    assert!(s.counts.tokens_rolled_back > 0);
     // Every completed request forked 3 children at least once.
-    assert!(s.forks >= 3 * s.requests_completed);
-    assert!(s.block_copies > 0 && s.block_copies <= s.forks);
+    assert!(s.counts.forks >= 3 * s.counts.requests_completed);
+    assert!(s.counts.block_copies > 0 && s.counts.block_copies <= s.counts.forks);
     assert_eq!(s.peak_blocks_used, 400, "the pool was never full");
     assert_tokens_at_least(s, reqs, cfg);
+}
+
+/// The default mix on a small pool exercises every allocator path the
+/// engine has: appends that take two or more blocks, drafts truncated,
+/// forks that copy a partly filled tail, check-only admission, preemption;
+/// and the oracle reads back at least every stamp written.
+#[test]
+fn the_mix_exercises_every_allocator_path_on_both_allocators() {
+    let reqs = small_workload(600, 9);
+    let cfg = EngineConfig {
+        mix: true,
+        ..small_config(3)
+    };
+    for s in [
+        run(&KvslotsBackend::new(NB, BS), &reqs, &cfg),
+        run(&MutexBackend::new(NB, BS), &reqs, &cfg),
+    ] {
+        let (inv, c) = (s.invariants(), &s.counts);
+        assert!(inv.ok(), "{}: {inv:?} {:?}", s.allocator, s.errors);
+        assert!(c.multi_block_appends > 0, "{}: {c:?}", s.allocator);
+        assert!(c.tokens_rolled_back > 0, "{}: {c:?}", s.allocator);
+        assert!(c.forks > 0 && c.block_copies > 0, "{}: {c:?}", s.allocator);
+        assert!(c.preemptions > 0, "{}: {c:?}", s.allocator);
+        assert!(s.ops[OpKind::Truncate as usize].calls > 0);
+        assert!(c.stamps_read >= c.stamps_written && c.stamps_written > 0);
+    }
+    // Every class of the mix occurs.
+    let profiles: std::collections::HashSet<_> = reqs
+        .iter()
+        .map(|r| {
+            let p = cfg.profile(r.id, BS);
+            (p.admission == Admission::Check, p.spec > 0, p.samples > 1)
+        })
+        .collect();
+    assert_eq!(profiles.len(), 4, "{profiles:?}");
 }

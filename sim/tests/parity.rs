@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use kvslots::ReserveError;
-use kvslots_sim::backend::{KvBackend, KvslotsBackend, MutexBackend};
+use kvslots_sim::backend::{KvBackend, KvSeq, KvslotsBackend, MutexBackend};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -43,14 +43,15 @@ fn shapes<B: KvBackend>(seqs: &[B::Seq]) -> Vec<Shape> {
     let mut names: HashMap<B::Id, usize> = HashMap::new();
     seqs.iter()
         .map(|s| {
-            let table = B::seq_table(s)
+            let table = s
+                .table()
                 .iter()
                 .map(|&id| {
                     let next = names.len();
                     *names.entry(id).or_insert(next)
                 })
                 .collect();
-            (B::seq_len(s), B::seq_capacity(s), table)
+            (s.len(), s.capacity(), table)
         })
         .collect()
 }
@@ -59,14 +60,14 @@ fn shapes<B: KvBackend>(seqs: &[B::Seq]) -> Vec<Shape> {
 /// shared with another sequence and is not the table's last (blocks are
 /// reserved after it): the copy-on-write that must pick the tail by index.
 fn cow_before_reserved<B: KvBackend>(seqs: &[B::Seq], i: usize, bs: usize) -> bool {
-    let (len, table) = (B::seq_len(&seqs[i]), B::seq_table(&seqs[i]));
+    let (len, table) = (seqs[i].len(), seqs[i].table());
     let tail = len / bs;
     len % bs != 0
         && tail + 1 < table.len()
         && seqs
             .iter()
             .enumerate()
-            .any(|(j, s)| j != i && B::seq_table(s).contains(&table[tail]))
+            .any(|(j, s)| j != i && s.table().contains(&table[tail]))
 }
 
 /// What a script did: every outcome with (used blocks, shapes) after it,
@@ -74,6 +75,43 @@ fn cow_before_reserved<B: KvBackend>(seqs: &[B::Seq], i: usize, bs: usize) -> bo
 type Log = (Vec<(Outcome, usize, Vec<Shape>)>, usize);
 
 /// Runs `steps` seeded random operations.
+/// An append's positions (the copy it may ask for is compared through the
+/// tables).
+fn append<B: KvBackend>(
+    seq: &mut B::Seq,
+    n: usize,
+) -> Result<std::ops::Range<usize>, ReserveError> {
+    seq.try_append(n).map(|(range, _)| range)
+}
+
+/// What a beam search does: fork `seqs[i]`, then roll it back into the
+/// prefix it now shares (mid-block), reserve, and append, so that the append
+/// copies the shared tail with reserved blocks after it. Also returns
+/// whether the append was such a copy-on-write.
+fn rewind<B: KvBackend>(
+    seqs: &mut Vec<B::Seq>,
+    i: usize,
+    bs: usize,
+    rng: &mut SmallRng,
+) -> (Outcome, bool) {
+    let fork = seqs[i].try_fork().map(|(child, copy)| {
+        seqs.push(child);
+        copy.map(|c| c.tokens)
+    });
+    let len = seqs[i].len();
+    let cut = if len > 1 { rng.random_range(1..len) } else { 0 };
+    let gone = seqs[i].truncate(cut);
+    let reserve = seqs[i]
+        .try_reserve(rng.random_range(1..12), 0)
+        .map(|()| seqs[i].capacity());
+    let n = rng.random_range(1..8);
+    let cow = cow_before_reserved::<B>(seqs, i, bs);
+    (
+        Outcome::Rewind(fork, gone, reserve, append::<B>(&mut seqs[i], n)),
+        cow,
+    )
+}
+
 fn script<B: KvBackend>(b: &B, seed: u64, steps: usize) -> Log {
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut seqs: Vec<B::Seq> = Vec::new();
@@ -85,7 +123,7 @@ fn script<B: KvBackend>(b: &B, seed: u64, steps: usize) -> Log {
         let op = rng.random_range(0..120);
         let outcome = if seqs.is_empty() || op < 10 {
             seqs.push(b.new_seq(rng.random_range(0..64)));
-            Outcome::Append(B::try_append(
+            Outcome::Append(append::<B>(
                 seqs.last_mut().unwrap(),
                 rng.random_range(0..24),
             ))
@@ -100,16 +138,16 @@ fn script<B: KvBackend>(b: &B, seed: u64, steps: usize) -> Log {
             if cow_before_reserved::<B>(&seqs, i, bs) && n > 0 && n < 1000 {
                 cows += 1;
             }
-            Outcome::Append(B::try_append(&mut seqs[i], n))
+            Outcome::Append(append::<B>(&mut seqs[i], n))
         } else if op < 60 {
             let i = rng.random_range(0..seqs.len());
-            let len = B::seq_len(&seqs[i]);
-            Outcome::Truncate(B::truncate(&mut seqs[i], rng.random_range(0..=len + 2)))
+            let len = seqs[i].len();
+            Outcome::Truncate(seqs[i].truncate(rng.random_range(0..=len + 2)))
         } else if op < 72 {
             let i = rng.random_range(0..seqs.len());
-            let r = B::try_fork(&seqs[i]).map(|(child, copy)| {
+            let r = seqs[i].try_fork().map(|(child, copy)| {
                 seqs.push(child);
-                copy
+                copy.map(|c| c.tokens)
             });
             Outcome::Fork(r)
         } else if op < 82 {
@@ -133,25 +171,10 @@ fn script<B: KvBackend>(b: &B, seed: u64, steps: usize) -> Log {
             }
             Outcome::Freed
         } else if op >= 112 {
-            // What a beam search does: fork, then roll the parent back into
-            // the prefix it now shares (mid-block), reserve, and append, so
-            // that the append copies the shared tail with reserved blocks
-            // after it.
             let i = rng.random_range(0..seqs.len());
-            let fork = B::try_fork(&seqs[i]).map(|(child, copy)| {
-                seqs.push(child);
-                copy
-            });
-            let len = B::seq_len(&seqs[i]);
-            let cut = if len > 1 { rng.random_range(1..len) } else { 0 };
-            let gone = B::truncate(&mut seqs[i], cut);
-            let reserve = B::try_reserve(&mut seqs[i], rng.random_range(1..12), 0)
-                .map(|()| B::seq_capacity(&seqs[i]));
-            let n = rng.random_range(1..8);
-            if cow_before_reserved::<B>(&seqs, i, bs) {
-                cows += 1;
-            }
-            Outcome::Rewind(fork, gone, reserve, B::try_append(&mut seqs[i], n))
+            let (outcome, cow) = rewind::<B>(&mut seqs, i, bs, &mut rng);
+            cows += usize::from(cow);
+            outcome
         } else {
             let i = rng.random_range(0..seqs.len());
             let tokens = match rng.random_range(0..10) {
@@ -166,12 +189,12 @@ fn script<B: KvBackend>(b: &B, seed: u64, steps: usize) -> Log {
                 _ => rng.random_range(1..6),
             };
             let seq = &mut seqs[i];
-            let r = B::try_reserve(seq, tokens, headroom).map(|()| B::seq_capacity(seq));
+            let r = seq.try_reserve(tokens, headroom).map(|()| seq.capacity());
             Outcome::ReserveSeq(r)
         };
         for s in &seqs {
-            assert_eq!(B::seq_capacity(s), B::seq_blocks(s) * bs);
-            assert!(B::seq_capacity(s) >= B::seq_len(s));
+            assert_eq!(s.capacity(), s.table().len() * bs);
+            assert!(s.capacity() >= s.len());
         }
         log.push((outcome, b.used_blocks(), shapes::<B>(&seqs)));
     }

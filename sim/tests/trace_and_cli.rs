@@ -179,14 +179,18 @@ fn the_binary_exits_2_on_a_missing_file_and_bad_flags() {
             "--chunk",
             "18446744073709551615",
             "--samples",
-            "1000000",
+            "2",
             "--json",
         ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["requests_rejected"], 20);
+    assert_eq!(v["invariants_ok"], true);
+    assert_eq!(
+        v["requests_rejected"].as_u64().unwrap() + v["requests_completed"].as_u64().unwrap(),
+        20
+    );
     for bad in [
         &["--chunk", "0"][..],
         &["--samples", "0"],
@@ -352,4 +356,45 @@ fn table_report_prints_sizing_and_rows() {
         assert!(text.contains(row), "{row} missing: {text}");
     }
     assert!(text.contains("ok"));
+}
+
+/// A pool in which no request can ever run is bad input: exit 2 with the
+/// reason, before any work (nothing on stdout).
+#[test]
+fn a_pool_where_nothing_can_run_exits_2_before_any_work() {
+    for (args, reason) in [
+        (&["--memory-gib", "0"][..], "no block"),
+        (
+            &["--memory-gib", "0.25", "--watermark", "128"],
+            "--watermark 128",
+        ),
+        (
+            &["--memory-gib", "0.25", "--watermark", "500"],
+            "--watermark 500",
+        ),
+        (
+            &["--memory-gib", "0.1", "--samples", "1000000"],
+            "no request",
+        ),
+    ] {
+        let out = Command::new(BIN)
+            .args(["--requests", "20", "--json"])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert!(err.contains(reason), "{args:?}: {err}");
+    }
+    // A high watermark that leaves room for some prompts runs.
+    let (code, v) = json_run(&[
+        "--requests",
+        "20",
+        "--memory-gib",
+        "0.25",
+        "--watermark",
+        "100",
+    ]);
+    assert_eq!(code, 0, "{v}");
 }

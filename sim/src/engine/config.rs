@@ -1,4 +1,5 @@
-//! The scheduler's settings: how requests are admitted, and the rest of
+//! The scheduler's settings: how requests are admitted, the per-request
+//! [`Profile`] (uniform, or the default mix), and the rest of
 //! [`EngineConfig`].
 
 use std::time::Duration;
@@ -51,6 +52,13 @@ pub struct EngineConfig {
     /// Seed for the acceptance draws (per request, so that both allocators
     /// see the same draws).
     pub seed: u64,
+    /// Whether each request gets its own profile from the mix (see
+    /// [`EngineConfig::profile`]) instead of `admission`, `spec` and
+    /// `samples`.
+    pub mix: bool,
+    /// How long one allocator call may run before the watchdog declares it
+    /// stuck (a livelock) and ends the run.
+    pub stuck_after: Duration,
     /// Iterations a worker may run without any request finishing anywhere
     /// (or, while it waits for blocks, a thousandth as many waits) before it
     /// declares a livelock and stops the run.
@@ -71,8 +79,81 @@ impl Default for EngineConfig {
             samples: 1,
             max_running: 64,
             seed: 0,
+            mix: false,
+            stuck_after: Duration::from_secs(10),
             stall_limit: 20_000_000,
             monitor_interval: Duration::from_micros(200),
+        }
+    }
+}
+
+/// How one request is run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Profile {
+    /// How it is admitted.
+    pub admission: Admission,
+    /// Draft tokens per decode step (0: one token a step).
+    pub spec: usize,
+    /// Samples (1: no fork).
+    pub samples: usize,
+}
+
+/// The mix's classes, out of [`MIX_CLASSES`]: plain below `MIX_SPEC`,
+/// then speculative, then forked, then check-only admission.
+const MIX_SPEC: u64 = 10;
+const MIX_FORK: u64 = 14;
+const MIX_CHECK: u64 = 17;
+/// Classes in the mix (each 5% of the requests).
+pub const MIX_CLASSES: u64 = 20;
+/// Samples of a forked request in the mix.
+pub const MIX_SAMPLES: usize = 4;
+
+impl EngineConfig {
+    /// The drafts a step of the mix's speculative requests:
+    /// `block_size * 3 / 2`, at least 2, so that an append can need two new
+    /// blocks.
+    pub fn profile_spec(&self, block_size: usize) -> usize {
+        (block_size + block_size / 2).max(2)
+    }
+
+    /// How `request` is run. Without the mix, every request gets
+    /// `admission`, `spec` and `samples`. With it, by a hash of the seed and
+    /// the request's id: 50% plain (reserved prompt, one token a step, one
+    /// sample); 20% speculative with `block_size * 3 / 2` drafts a step (at
+    /// least 2; appends that need two new blocks, and truncation); 15% with
+    /// [`MIX_SAMPLES`] samples (forks that copy a partly filled tail); 15%
+    /// admitted check-only (prefill chunks that take many blocks each).
+    pub fn profile(&self, request: usize, block_size: usize) -> Profile {
+        let uniform = Profile {
+            admission: self.admission,
+            spec: self.spec,
+            samples: self.samples,
+        };
+        if !self.mix {
+            return uniform;
+        }
+        let plain = Profile {
+            admission: Admission::Reserve,
+            spec: 0,
+            samples: 1,
+        };
+        let h = (self.seed ^ (request as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .wrapping_mul(0xBF58_476D_1CE4_E5B9)
+            >> 32;
+        match h % MIX_CLASSES {
+            c if c < MIX_SPEC => plain,
+            c if c < MIX_FORK => Profile {
+                spec: self.profile_spec(block_size),
+                ..plain
+            },
+            c if c < MIX_CHECK => Profile {
+                samples: MIX_SAMPLES,
+                ..plain
+            },
+            _ => Profile {
+                admission: Admission::Check,
+                ..plain
+            },
         }
     }
 }

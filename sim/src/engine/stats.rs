@@ -1,13 +1,75 @@
-//! What a run measured: the run-wide [`RunStats`], its [`Invariants`], the
-//! allocator calls by [`OpKind`], and each worker's own counters.
+//! What a run measured: the event [`Counts`] (one list, kept per worker and
+//! summed), the run-wide [`RunStats`], its [`Invariants`], and the allocator
+//! calls by [`OpKind`].
 
-use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use kvslots::ReserveError;
+use serde::Serialize;
 
-use crate::backend::KvBackend;
+use super::shared::CallWatch;
+
+/// Declares [`Counts`] from one list of fields, with the sum of two.
+macro_rules! counts {
+    ($($(#[doc = $doc:literal])* $field:ident,)*) => {
+        /// What happened in a run (or in one worker's part of it): every
+        /// field is a count, reported under its own name.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+        pub struct Counts {
+            $($(#[doc = $doc])* pub $field: u64,)*
+        }
+
+        impl Counts {
+            /// Adds `other`'s counts to these.
+            pub fn add(&mut self, other: &Counts) {
+                $(self.$field += other.$field;)*
+            }
+        }
+    };
+}
+
+counts! {
+    /// Requests that completed.
+    requests_completed,
+    /// Requests rejected as never fitting the pool.
+    requests_rejected,
+    /// Groups dropped to free blocks (each requeued and recomputed).
+    preemptions,
+    /// Prompt tokens appended (recomputation included).
+    tokens_prefilled,
+    /// Output tokens kept (recomputation included).
+    tokens_decoded,
+    /// Draft tokens truncated.
+    tokens_rolled_back,
+    /// Children forked.
+    forks,
+    /// Device copies made: forks of a partly filled last block, and
+    /// copies on write.
+    block_copies,
+    /// Appends that took two or more new blocks from the pool.
+    multi_block_appends,
+    /// KV stamps written (one per appended token, drafts included).
+    stamps_written,
+    /// KV stamps read back and checked.
+    stamps_read,
+    /// Failures of the KV-memory oracle (wrong stamp, shadow and pool
+    /// disagreeing, a table of the wrong size, two writers on a block).
+    kv_failures,
+    /// Completed requests whose samples did not each hold exactly their
+    /// prompt and output.
+    output_mismatches,
+    /// Iterations in which a worker had nothing running and its waiting
+    /// request did not fit (it parked until blocks were freed).
+    idle_waits,
+    /// Allocator calls made.
+    alloc_calls,
+    /// Workers the run was given up on: stuck in an allocator call (the
+    /// watchdog), or not stopping within the watchdog's time once the run
+    /// was being stopped.
+    stuck_calls,
+    /// Worker threads that panicked.
+    panics,
+}
 
 /// What one run did.
 #[derive(Debug, Clone)]
@@ -22,50 +84,26 @@ pub struct RunStats {
     pub workers: usize,
     /// Requests in the workload.
     pub requests: usize,
-    /// Requests that completed.
-    pub requests_completed: u64,
-    /// Requests rejected as never fitting.
-    pub requests_rejected: u64,
-    /// Groups dropped to free blocks (each requeued).
-    pub preemptions: u64,
-    /// Prompt tokens appended (recomputation included).
-    pub tokens_prefilled: u64,
-    /// Output tokens kept (recomputation included).
-    pub tokens_decoded: u64,
-    /// Draft tokens truncated.
-    pub tokens_rolled_back: u64,
-    /// Children forked.
-    pub forks: u64,
-    /// Forks that needed a block copy (a partly filled last block).
-    pub block_copies: u64,
+    /// What happened, summed over workers.
+    pub counts: Counts,
     /// The pool's high-water mark.
     pub peak_blocks_used: usize,
-    /// Allocator calls made.
-    pub alloc_calls: u64,
     /// Time spent inside allocator calls, summed over workers.
     pub alloc_busy: Duration,
     /// From the first worker's start to the last worker's end.
     pub wall: Duration,
     /// `try_append` latencies, in nanoseconds.
     pub append_latency: Histogram<u64>,
-    /// Monitor samples taken.
-    pub monitor_samples: u64,
-    /// Samples that saw `used_blocks() > num_blocks()`.
-    pub monitor_overcommits: u64,
-    /// Blocks still in use after every worker finished.
-    pub final_used_blocks: usize,
-    /// Completed requests whose samples did not get exactly their output.
-    pub output_mismatches: u64,
-    /// Iterations in which a worker had nothing running and its waiting
-    /// request did not fit (it parked until blocks were freed).
-    pub idle_waits: u64,
     /// Allocator calls and their time, by kind (indexed by [`OpKind`]).
     pub ops: [OpStats; OpKind::ALL.len()],
+    /// Blocks still in use after every worker finished.
+    pub final_used_blocks: usize,
     /// Requests neither completed nor rejected, or finished twice.
     pub unfinished_requests: u64,
     /// A worker saw no progress for `stall_limit` iterations.
     pub stalled: bool,
-    /// Errors that should never happen (a closed pool, a refused free).
+    /// Failures, the first one first (a wrong stamp, an unexpected error,
+    /// a panic, a stuck call, what the final sweep found).
     pub errors: Vec<String>,
 }
 
@@ -117,63 +155,56 @@ pub struct OpStats {
     pub busy_ns: u64,
 }
 
-impl OpStats {
-    #[inline]
-    fn add(&mut self, ns: u64) {
-        self.calls += 1;
-        self.busy_ns += ns;
-    }
-}
-
 /// Each invariant checked at the end of a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Invariants {
-    /// Every block is free again.
+    /// Every block is free again, and no live table or pool count holds one.
     pub pool_full_again: bool,
-    /// The monitor never saw `used_blocks() > num_blocks()`, and the peak
-    /// stayed within the pool.
-    pub never_overcommitted: bool,
-    /// Every completed request's samples got exactly their output tokens.
+    /// The KV-memory oracle found nothing wrong: every stamp read back was
+    /// the one its sequence wrote, the shadow of block holders matched the
+    /// pool's reference counts, every table held exactly the blocks its
+    /// length (and reservation) needs, and no block had two writers.
+    pub kv_memory_intact: bool,
+    /// Every completed request's samples each hold its prompt and output,
+    /// in exactly the blocks that needs.
     pub exact_outputs: bool,
     /// Every request not rejected completed, exactly once, and nothing
-    /// unexpected happened.
+    /// unexpected happened (no error, panic, stuck call or stall).
     pub all_completed: bool,
 }
 
 impl Invariants {
     /// Whether all hold.
     pub fn ok(&self) -> bool {
-        self.pool_full_again && self.never_overcommitted && self.exact_outputs && self.all_completed
+        self.pool_full_again && self.kv_memory_intact && self.exact_outputs && self.all_completed
     }
 }
 
 impl RunStats {
     /// The invariants.
     pub fn invariants(&self) -> Invariants {
+        let c = &self.counts;
         Invariants {
             pool_full_again: self.final_used_blocks == 0,
-            never_overcommitted: self.monitor_overcommits == 0
-                && self.peak_blocks_used <= self.num_blocks,
-            exact_outputs: self.output_mismatches == 0,
+            kv_memory_intact: c.kv_failures == 0,
+            exact_outputs: c.output_mismatches == 0,
             all_completed: self.unfinished_requests == 0
-                && self.requests_completed + self.requests_rejected == self.requests as u64
+                && c.requests_completed + c.requests_rejected == self.requests as u64
                 && !self.stalled
+                && c.stuck_calls == 0
+                && c.panics == 0
                 && self.errors.is_empty(),
         }
     }
 
     /// Allocator calls per second of wall time (all workers together).
     pub fn alloc_ops_per_sec(&self) -> f64 {
-        per_sec(self.alloc_calls, self.wall)
-    }
-}
-
-fn per_sec(n: u64, d: Duration) -> f64 {
-    let s = d.as_secs_f64();
-    if s > 0.0 {
-        n as f64 / s
-    } else {
-        0.0
+        let s = self.wall.as_secs_f64();
+        if s > 0.0 {
+            self.counts.alloc_calls as f64 / s
+        } else {
+            0.0
+        }
     }
 }
 
@@ -182,20 +213,10 @@ pub fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid histogram bounds")
 }
 
-/// Counters and the histogram of one worker.
+/// One worker's counts, call times and histogram.
 pub(super) struct WorkerStats {
-    pub(super) completed: u64,
-    pub(super) rejected: u64,
-    pub(super) preemptions: u64,
-    pub(super) prefilled: u64,
-    pub(super) decoded: u64,
-    pub(super) rolled_back: u64,
-    pub(super) forks: u64,
-    pub(super) copies: u64,
-    pub(super) calls: u64,
+    pub(super) counts: Counts,
     pub(super) busy_ns: u64,
-    pub(super) mismatches: u64,
-    pub(super) idle_waits: u64,
     pub(super) ops: [OpStats; OpKind::ALL.len()],
     pub(super) stalled: bool,
     pub(super) append: Histogram<u64>,
@@ -205,18 +226,8 @@ pub(super) struct WorkerStats {
 impl WorkerStats {
     pub(super) fn new() -> Self {
         WorkerStats {
-            completed: 0,
-            rejected: 0,
-            preemptions: 0,
-            prefilled: 0,
-            decoded: 0,
-            rolled_back: 0,
-            forks: 0,
-            copies: 0,
-            calls: 0,
+            counts: Counts::default(),
             busy_ns: 0,
-            mismatches: 0,
-            idle_waits: 0,
             ops: Default::default(),
             stalled: false,
             append: new_histogram(),
@@ -224,32 +235,29 @@ impl WorkerStats {
         }
     }
 
-    /// Runs one allocator call, counting and timing it.
+    /// Runs one allocator call, counting and timing it, and showing it to
+    /// the watchdog while it runs.
     #[inline]
-    pub(super) fn call<R>(&mut self, kind: OpKind, f: impl FnOnce() -> R) -> R {
+    pub(super) fn call<R>(
+        &mut self,
+        watch: (&CallWatch, Instant),
+        kind: OpKind,
+        f: impl FnOnce() -> R,
+    ) -> R {
+        let (w, origin) = watch;
         let t = Instant::now();
+        w.enter(kind, (t.duration_since(origin).as_nanos() as u64).max(1));
         let r = f();
         let ns = t.elapsed().as_nanos() as u64;
+        w.exit();
         self.busy_ns += ns;
-        self.calls += 1;
-        self.ops[kind as usize].add(ns);
-        r
-    }
-
-    /// Runs one `try_append`, counting, timing and recording it.
-    #[inline]
-    pub(super) fn append<B: KvBackend>(
-        &mut self,
-        seq: &mut B::Seq,
-        n: usize,
-    ) -> Result<Range<usize>, ReserveError> {
-        let t = Instant::now();
-        let r = B::try_append(seq, n);
-        let ns = t.elapsed().as_nanos() as u64;
-        self.busy_ns += ns;
-        self.calls += 1;
-        self.ops[OpKind::Append as usize].add(ns);
-        self.append.saturating_record(ns.max(1));
+        self.counts.alloc_calls += 1;
+        let o = &mut self.ops[kind as usize];
+        o.calls += 1;
+        o.busy_ns += ns;
+        if kind == OpKind::Append {
+            self.append.saturating_record(ns.max(1));
+        }
         r
     }
 }

@@ -1,19 +1,22 @@
 //! One worker: its running groups, the step of each, admission and
-//! preemption, and the sizing checks admission uses.
+//! preemption, with every allocator call checked by the oracle; and the
+//! sizing checks admission uses.
 
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, RecvError};
 use kvslots::ReserveError;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::config::{Admission, EngineConfig};
+use super::config::{Admission, EngineConfig, Profile};
+use super::shared::Shared;
 use super::stats::{OpKind, WorkerStats};
-use super::{Queue, Shared, IDLE_PARK};
-use crate::backend::KvBackend;
+use crate::backend::{KvBackend, KvSeq};
+use crate::oracle::{Tracked, Writer};
 use crate::workload::Request;
 
 /// Blocks needed by a group of `samples` sequences that share the full
@@ -24,12 +27,19 @@ pub fn group_blocks(prompt: usize, output: usize, samples: usize, block_size: us
     total.saturating_add(samples.saturating_sub(1).saturating_mul(total - shared))
 }
 
-/// Whether a request can never be admitted and run to completion in a pool
-/// of `num_blocks` (alone, with the watermark at admission).
-pub fn never_fits(req: &Request, cfg: &EngineConfig, num_blocks: usize, block_size: usize) -> bool {
+/// Whether a request run as `profile` can never be admitted and run to
+/// completion in a pool of `num_blocks` (alone, with `watermark` blocks of
+/// headroom at admission).
+pub fn never_fits(
+    req: &Request,
+    profile: &Profile,
+    watermark: usize,
+    num_blocks: usize,
+    block_size: usize,
+) -> bool {
     let prompt_blocks = req.prompt.div_ceil(block_size);
-    prompt_blocks.saturating_add(cfg.watermark_blocks) > num_blocks
-        || group_blocks(req.prompt, req.output, cfg.samples, block_size) > num_blocks
+    prompt_blocks.saturating_add(watermark) > num_blocks
+        || group_blocks(req.prompt, req.output, profile.samples, block_size) > num_blocks
 }
 
 /// Where a group is.
@@ -40,11 +50,22 @@ enum Phase {
     Decode,
 }
 
+/// A waiting request and how many times it was preempted.
+pub(super) type Waiting = (Request, u32);
+
+/// A live sequence and the oracle's record of it.
+struct Live<B: KvBackend> {
+    seq: B::Seq,
+    t: Tracked<B::Id>,
+}
+
 /// One admitted request: its sequences (the parent first) and progress.
 struct Group<B: KvBackend> {
     req: Request,
+    attempt: u32,
+    profile: Profile,
     phase: Phase,
-    seqs: Vec<B::Seq>,
+    seqs: Vec<Live<B>>,
     /// Output tokens kept, per sample.
     generated: Vec<usize>,
     /// Prompt tokens appended.
@@ -59,14 +80,34 @@ struct Group<B: KvBackend> {
 enum StepError {
     /// The pool refused: preempt and retry.
     Refused,
-    /// Something that should never happen; the run is stopped.
+    /// The oracle found the allocator wrong; the run is stopped.
+    Kv(String),
+    /// Something else that should never happen; the run is stopped.
     Fatal(String),
 }
 
-pub(super) struct Worker<'a, B: KvBackend> {
-    pub(super) backend: &'a B,
-    pub(super) cfg: &'a EngineConfig,
-    pub(super) shared: &'a Shared,
+impl From<String> for StepError {
+    fn from(msg: String) -> Self {
+        StepError::Kv(msg)
+    }
+}
+
+/// A worker's view of the queue: the shared channel and its own waiting
+/// list (preempted requests first).
+struct Queue<'a> {
+    rx: &'a Receiver<Request>,
+    waiting: VecDeque<Waiting>,
+    source_done: bool,
+}
+
+/// The longest an idle worker parks before it looks again on its own.
+const IDLE_PARK: std::time::Duration = std::time::Duration::from_micros(500);
+
+pub(super) struct Worker<B: KvBackend> {
+    pub(super) index: usize,
+    pub(super) backend: B,
+    pub(super) cfg: Arc<EngineConfig>,
+    pub(super) shared: Arc<Shared>,
     pub(super) stats: WorkerStats,
     /// Slot mapping scratch (what a real worker hands the kernel).
     pub(super) slots: Vec<usize>,
@@ -77,7 +118,24 @@ pub(super) struct Worker<'a, B: KvBackend> {
     pub(super) spare: Option<(usize, B::Seq)>,
 }
 
-impl<B: KvBackend> Worker<'_, B> {
+/// Stops the run if dropped by a panic's unwinding.
+struct StopOnPanic(Arc<Shared>, usize);
+
+impl Drop for StopOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.fail(format!("worker {} panicked", self.1));
+        }
+    }
+}
+
+/// A position among `0..end` to read back at a step: spread over the
+/// sequence by a multiplicative hash of `end`.
+fn sampled(end: usize) -> usize {
+    ((end as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as usize % end
+}
+
+impl<B: KvBackend> Worker<B> {
     fn block_size(&self) -> usize {
         self.backend.block_size()
     }
@@ -88,65 +146,77 @@ impl<B: KvBackend> Worker<'_, B> {
         self.shared.finished.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Maps an append's new positions, as a worker building the kernel's
-    /// slot mapping would (not timed: it touches no shared state).
-    fn map_slots(&mut self, seq: &B::Seq, positions: Range<usize>) {
-        self.slots.clear();
-        B::extend_slots(seq, positions, &mut self.slots);
-        debug_assert!(self
-            .slots
-            .iter()
-            .all(|&s| s < self.backend.num_blocks() * self.block_size()));
+    /// Runs one allocator call, timed and watched.
+    fn call<R>(&mut self, kind: OpKind, f: impl FnOnce() -> R) -> R {
+        let watch = (&self.shared.watch[self.index], self.shared.start);
+        self.stats.call(watch, kind, f)
     }
 
-    fn refused(&self, e: ReserveError, what: &str) -> StepError {
+    fn refused(e: ReserveError, what: &str) -> StepError {
         match e {
             ReserveError::Full { .. } => StepError::Refused,
             other => StepError::Fatal(format!("{what}: unexpected {other:?}")),
         }
     }
 
+    /// Blocks a sequence of `len` tokens must hold, with `reserved` tokens
+    /// of reservation (a reserved prompt not yet filled).
+    fn blocks_for(&self, len: usize, reserved: usize) -> usize {
+        len.max(reserved).div_ceil(self.block_size())
+    }
+
+    /// One append of `n` tokens to `live`, as a server makes it: the call,
+    /// the device copy it asks for, the stamps of every new position
+    /// written through the returned slot mapping, and one earlier position
+    /// read back. `reserved`: the tokens the table holds blocks for ahead
+    /// of the length.
+    fn append(
+        &mut self,
+        live: &mut Live<B>,
+        n: usize,
+        reserved: usize,
+        what: &str,
+    ) -> Result<Range<usize>, StepError> {
+        let bs = self.block_size();
+        let (from, held) = (live.seq.len() / bs, live.seq.table().len());
+        let (range, copy) = self
+            .call(OpKind::Append, || live.seq.try_append(n))
+            .map_err(|e| Self::refused(e, what))?;
+        let oracle = &self.shared.oracle;
+        // The copy's source, retired by an earlier copy-on-write, went back
+        // in this call.
+        oracle.release_retired::<B::Seq>(&mut live.t);
+        oracle.after_call(&self.backend, &mut live.t, &live.seq, from, copy)?;
+        let want = self.blocks_for(range.end, reserved);
+        oracle.expect_blocks(&live.t, want, what)?;
+        if want >= held + 2 {
+            self.stats.counts.multi_block_appends += 1;
+        }
+        if let Some(c) = copy {
+            oracle.copy::<B::Seq>(c)?;
+            self.stats.counts.block_copies += 1;
+        }
+        self.slots.clear();
+        live.seq
+            .extend_slots(range.clone(), &mut self.slots)
+            .map_err(|e| StepError::Kv(format!("{what}: slot mapping refused: {e}")))?;
+        oracle.write::<B::Seq>(&live.t, range.clone(), &self.slots)?;
+        self.stats.counts.stamps_written += range.len() as u64;
+        if range.start > 0 {
+            let p = sampled(range.start);
+            oracle.read::<B::Seq>(&live.t, p..p + 1)?;
+            self.stats.counts.stamps_read += 1;
+        }
+        Ok(range)
+    }
+
     /// One step of `g`; `Ok(true)` when the group has completed.
     fn step(&mut self, g: &mut Group<B>) -> Result<bool, StepError> {
-        let bs = self.block_size();
         match g.phase {
-            Phase::Prefill => {
-                let chunk = self.cfg.chunk.min(g.req.prompt - g.prefilled);
-                let held = B::seq_blocks(&g.seqs[0]);
-                let range = self
-                    .stats
-                    .append::<B>(&mut g.seqs[0], chunk)
-                    .map_err(|e| self.refused(e, "prefill"))?;
-                // A reserved prompt is filled without taking a block.
-                if self.cfg.admission == Admission::Reserve && B::seq_blocks(&g.seqs[0]) != held {
-                    return Err(StepError::Fatal(format!(
-                        "prefill of a reserved prompt took blocks ({held} held, {} after)",
-                        B::seq_blocks(&g.seqs[0])
-                    )));
-                }
-                self.map_slots(&g.seqs[0], range);
-                g.prefilled += chunk;
-                self.stats.prefilled += chunk as u64;
-                if g.prefilled == g.req.prompt {
-                    debug_assert_eq!(B::seq_blocks(&g.seqs[0]), g.req.prompt.div_ceil(bs));
-                    g.phase = if self.cfg.samples > 1 {
-                        Phase::Fork
-                    } else {
-                        Phase::Decode
-                    };
-                    return Ok(g.req.output == 0 && self.cfg.samples == 1);
-                }
-                Ok(false)
-            }
+            Phase::Prefill => self.prefill(g),
             Phase::Fork => {
-                while g.seqs.len() < self.cfg.samples {
-                    let (child, copy) = self
-                        .stats
-                        .call(OpKind::Fork, || B::try_fork(&g.seqs[0]))
-                        .map_err(|e| self.refused(e, "fork"))?;
-                    g.seqs.push(child);
-                    self.stats.forks += 1;
-                    self.stats.copies += u64::from(copy.is_some());
+                while g.seqs.len() < g.profile.samples {
+                    self.fork(g)?;
                 }
                 g.phase = Phase::Decode;
                 Ok(g.req.output == 0)
@@ -159,7 +229,7 @@ impl<B: KvBackend> Worker<'_, B> {
                     if remaining > 0 {
                         let kept = self.decode(g, s, remaining)?;
                         g.generated[s] += kept;
-                        self.stats.decoded += kept as u64;
+                        self.stats.counts.tokens_decoded += kept as u64;
                     }
                     g.cursor += 1;
                 }
@@ -169,65 +239,173 @@ impl<B: KvBackend> Worker<'_, B> {
         }
     }
 
+    /// One prefill chunk; `Ok(true)` when the group has completed.
+    fn prefill(&mut self, g: &mut Group<B>) -> Result<bool, StepError> {
+        let chunk = self.cfg.chunk.min(g.req.prompt - g.prefilled);
+        let reserved = match g.profile.admission {
+            Admission::Reserve => g.req.prompt,
+            Admission::Check => 0,
+        };
+        self.append(&mut g.seqs[0], chunk, reserved, "prefill")?;
+        g.prefilled += chunk;
+        self.stats.counts.tokens_prefilled += chunk as u64;
+        if g.prefilled < g.req.prompt {
+            return Ok(false);
+        }
+        g.phase = if g.profile.samples > 1 {
+            Phase::Fork
+        } else {
+            Phase::Decode
+        };
+        Ok(g.req.output == 0 && g.profile.samples == 1)
+    }
+
+    /// Forks one more sample from the parent.
+    fn fork(&mut self, g: &mut Group<B>) -> Result<(), StepError> {
+        let bs = self.block_size();
+        let parent = &g.seqs[0];
+        let (child, copy) = self
+            .call(OpKind::Fork, || parent.seq.try_fork())
+            .map_err(|e| Self::refused(e, "fork"))?;
+        let len = parent.seq.len();
+        let mut live = Live {
+            seq: child,
+            t: Tracked::new(Writer {
+                sample: g.seqs.len(),
+                fork_len: len,
+                ..parent.t.writer
+            }),
+        };
+        let oracle = &self.shared.oracle;
+        let checked = oracle
+            .after_call(&self.backend, &mut live.t, &live.seq, 0, None)
+            .and_then(|()| oracle.expect_blocks(&live.t, len.div_ceil(bs), "fork"));
+        // The child holds its blocks whatever the oracle found: keep it in
+        // the group so that they are given back with it.
+        let expected = (!len.is_multiple_of(bs)).then(|| {
+            (
+                parent.t.table()[len / bs],
+                live.t.table().get(len / bs).copied(),
+            )
+        });
+        g.seqs.push(live);
+        checked?;
+        self.stats.counts.forks += 1;
+        match (copy, expected) {
+            (None, None) => Ok(()),
+            (Some(c), Some((src, Some(dst))))
+                if c.src == src && c.dst == dst && c.tokens == len % bs =>
+            {
+                oracle.copy::<B::Seq>(c)?;
+                self.stats.counts.block_copies += 1;
+                Ok(())
+            }
+            (copy, _) => Err(StepError::Kv(format!(
+                "request {}: a fork at length {len} returned the copy {copy:?}, not the partly \
+                 filled tail into the child's own block",
+                g.req.id
+            ))),
+        }
+    }
+
     /// One decode step of sample `s`; returns the tokens it kept.
     fn decode(&mut self, g: &mut Group<B>, s: usize, remaining: usize) -> Result<usize, StepError> {
-        if self.cfg.spec == 0 {
-            let range = self
-                .stats
-                .append::<B>(&mut g.seqs[s], 1)
-                .map_err(|e| self.refused(e, "decode"))?;
-            self.map_slots(&g.seqs[s], range);
+        if g.profile.spec == 0 {
+            self.append(&mut g.seqs[s], 1, 0, "decode")?;
             return Ok(1);
         }
-        // Speculative: K drafts in one append, then keep the accepted
-        // prefix plus the target's correction token, truncate the rest.
-        let k = self.cfg.spec.min(remaining);
-        let range = self
-            .stats
-            .append::<B>(&mut g.seqs[s], k)
-            .map_err(|e| self.refused(e, "speculative append"))?;
-        let start = range.start;
+        // Speculative: K drafts in one append (their stamps written), read
+        // back by the verification pass; keep the accepted prefix plus the
+        // target's correction token, truncate the rest.
+        let k = g.profile.spec.min(remaining);
+        let range = self.append(&mut g.seqs[s], k, 0, "speculative append")?;
+        self.shared
+            .oracle
+            .read::<B::Seq>(&g.seqs[s].t, range.clone())?;
+        self.stats.counts.stamps_read += k as u64;
         let mut accepted = 0;
         while accepted < k && g.rng.random_bool(self.cfg.accept) {
             accepted += 1;
         }
         let kept = (accepted + 1).min(k);
         if kept < k {
-            let seq = &mut g.seqs[s];
-            self.stats
-                .call(OpKind::Truncate, || B::truncate(seq, start + kept));
-            self.stats.rolled_back += (k - kept) as u64;
+            self.truncate(&mut g.seqs[s], range.start + kept)?;
+            self.stats.counts.tokens_rolled_back += (k - kept) as u64;
         }
-        self.map_slots(&g.seqs[s], start..start + kept);
         Ok(kept)
     }
 
-    /// Drops a group's sequences, with any reserved blocks they still hold
-    /// (each drop is an allocator call).
-    fn release(&mut self, g: Group<B>) {
-        for seq in g.seqs {
-            self.stats.call(OpKind::Drop, || drop(seq));
-        }
+    /// Truncates `live` to `len` tokens: the shadow lets go of the blocks
+    /// the truncate gives back first, and the table must then hold exactly
+    /// the blocks `len` needs.
+    fn truncate(&mut self, live: &mut Live<B>, len: usize) -> Result<(), StepError> {
+        let keep = len.div_ceil(self.block_size());
+        self.shared
+            .oracle
+            .before_release::<B::Seq>(&mut live.t, keep);
+        let seq = &mut live.seq;
+        self.call(OpKind::Truncate, || seq.truncate(len));
+        self.shared
+            .oracle
+            .expect_blocks(&live.t, live.seq.table().len(), "truncate")
+            .map_err(|_| {
+                StepError::Kv(format!(
+                    "request {} sample {}: truncate to {len} left {} blocks, its length needs {keep}",
+                    live.t.writer.request,
+                    live.t.writer.sample,
+                    live.seq.table().len()
+                ))
+            })
     }
 
-    fn complete(&mut self, g: Group<B>) {
-        let want = g.req.prompt + g.req.output;
-        let exact = g.seqs.len() == self.cfg.samples
-            && g.generated.iter().all(|&n| n == g.req.output)
-            && g.seqs.iter().all(|s| B::seq_len(s) == want);
-        if !exact {
-            self.stats.mismatches += 1;
+    /// Reads every position of the group's sequences back (attention's last
+    /// pass), then drops them, with any reserved blocks they still hold
+    /// (each drop is an allocator call). The blocks go back whatever the
+    /// reads found.
+    fn release(&mut self, g: Group<B>) -> Result<(), String> {
+        let oracle = &self.shared.oracle;
+        let mut first = Ok(());
+        for live in &g.seqs {
+            let len = live.seq.len();
+            if first.is_ok() {
+                first = oracle
+                    .same_table(&live.t, &live.seq)
+                    .and_then(|()| oracle.read::<B::Seq>(&live.t, 0..len));
+                self.stats.counts.stamps_read += len as u64;
+            }
         }
-        self.stats.completed += 1;
+        for mut live in g.seqs {
+            self.shared.oracle.before_release::<B::Seq>(&mut live.t, 0);
+            self.call(OpKind::Drop, || drop(live.seq));
+        }
+        first
+    }
+
+    fn complete(&mut self, g: Group<B>) -> Result<(), String> {
+        let want = g.req.prompt + g.req.output;
+        let blocks = want.div_ceil(self.block_size());
+        let exact = g.seqs.len() == g.profile.samples
+            && g.generated.iter().all(|&n| n == g.req.output)
+            && g.seqs
+                .iter()
+                .all(|l| l.seq.len() == want && l.seq.table().len() == blocks);
+        if !exact {
+            self.stats.counts.output_mismatches += 1;
+        }
+        self.stats.counts.requests_completed += 1;
         let id = g.req.id;
-        self.release(g);
+        let read = self.release(g);
         self.finish_one(id);
+        read
     }
 
     /// Admits `req` if its whole prompt fits with the watermark; `Ok(None)`
     /// if it does not fit now.
-    fn admit(&mut self, req: Request) -> Result<Option<Group<B>>, String> {
-        let backend = self.backend;
+    fn admit(
+        &mut self,
+        (req, attempt): Waiting,
+        profile: Profile,
+    ) -> Result<Option<Group<B>>, StepError> {
         let wm = self.cfg.watermark_blocks;
         // The sequence's table is sized for the whole run (prompt plus
         // output), so that no append reallocates it.
@@ -236,45 +414,71 @@ impl<B: KvBackend> Worker<'_, B> {
             Some((sized, seq)) if sized == tokens => seq,
             // An empty sequence of another size: dropping it touches no
             // block (it holds none), so it is not an allocator call.
-            _ => backend.new_seq(tokens),
+            _ => self.backend.new_seq(tokens),
         };
-        debug_assert_eq!(B::seq_blocks(&seq), 0, "a spare sequence holds blocks");
-        let admitted = match self.cfg.admission {
-            Admission::Reserve => self
-                .stats
-                .call(OpKind::Admit, || B::try_reserve(&mut seq, req.prompt, wm)),
+        let admitted = match profile.admission {
+            Admission::Reserve => self.call(OpKind::Admit, || seq.try_reserve(req.prompt, wm)),
             Admission::Check => {
                 let prompt_blocks = req.prompt.div_ceil(self.block_size());
                 // A zero-block allocation pushes nothing: `none` stays empty
                 // and never allocates.
                 let mut none = Vec::new();
-                self.stats.call(OpKind::Admit, || {
-                    backend.try_alloc_with_headroom(0, prompt_blocks + wm, &mut none)
-                })
+                let (backend, watch) = (&self.backend, &self.shared.watch[self.index]);
+                self.stats
+                    .call((watch, self.shared.start), OpKind::Admit, || {
+                        backend.try_alloc_with_headroom(0, prompt_blocks + wm, &mut none)
+                    })
             }
         };
         match admitted {
             Ok(()) => {}
-            Err(ReserveError::Full { .. }) => {
+            Err(ReserveError::Full { .. }) if seq.table().is_empty() => {
                 // Refused: nothing changed, the sequence is still empty.
                 self.spare = Some((tokens, seq));
                 return Ok(None);
             }
-            Err(e) => return Err(format!("admission: unexpected {e:?}")),
+            Err(e) => return Err(StepError::Fatal(format!("admission: unexpected {e:?}"))),
         }
-        let mut seqs = Vec::with_capacity(self.cfg.samples);
-        seqs.push(seq);
-        Ok(Some(Group {
+        let mut live = Live {
+            seq,
+            t: Tracked::new(Writer {
+                request: req.id,
+                sample: 0,
+                attempt,
+                fork_len: 0,
+            }),
+        };
+        let reserved = match profile.admission {
+            Admission::Reserve => req.prompt,
+            Admission::Check => 0,
+        };
+        let oracle = &self.shared.oracle;
+        let checked = oracle
+            .after_call(&self.backend, &mut live.t, &live.seq, 0, None)
+            .and_then(|()| {
+                oracle.expect_blocks(&live.t, self.blocks_for(0, reserved), "admission")
+            });
+        let mut seqs = Vec::with_capacity(profile.samples);
+        seqs.push(live);
+        let g = Group {
             req,
+            attempt,
+            profile,
             phase: Phase::Prefill,
             seqs,
-            generated: vec![0; self.cfg.samples],
+            generated: vec![0; profile.samples],
             prefilled: 0,
             cursor: 0,
             rng: SmallRng::seed_from_u64(
                 self.cfg.seed ^ (req.id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
             ),
-        }))
+        };
+        if let Err(e) = checked {
+            // Give the blocks back before stopping.
+            let _ = self.release(g);
+            return Err(StepError::Kv(e));
+        }
+        Ok(Some(g))
     }
 
     /// Admits waiting requests, first come first served, while this worker
@@ -283,11 +487,11 @@ impl<B: KvBackend> Worker<'_, B> {
         &mut self,
         q: &mut Queue<'_>,
         running: &mut Vec<Group<B>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), StepError> {
         let (nb, bs) = (self.backend.num_blocks(), self.block_size());
         while running.len() < self.cfg.max_running {
-            let req = match q.waiting.front() {
-                Some(&r) => r,
+            let head = match q.waiting.front() {
+                Some(&w) => w,
                 None if q.source_done => break,
                 // Closed-loop: every request has arrived, so a worker waits
                 // for the producer rather than treating a momentarily empty
@@ -295,8 +499,8 @@ impl<B: KvBackend> Worker<'_, B> {
                 // depend on thread timing).
                 None => match q.rx.recv() {
                     Ok(r) => {
-                        q.waiting.push_back(r);
-                        r
+                        q.waiting.push_back((r, 0));
+                        (r, 0)
                     }
                     Err(RecvError) => {
                         q.source_done = true;
@@ -304,13 +508,15 @@ impl<B: KvBackend> Worker<'_, B> {
                     }
                 },
             };
-            if never_fits(&req, self.cfg, nb, bs) {
+            let req = head.0;
+            let profile = self.cfg.profile(req.id, bs);
+            if never_fits(&req, &profile, self.cfg.watermark_blocks, nb, bs) {
                 q.waiting.pop_front();
-                self.stats.rejected += 1;
+                self.stats.counts.requests_rejected += 1;
                 self.finish_one(req.id);
                 continue;
             }
-            match self.admit(req)? {
+            match self.admit(head, profile)? {
                 Some(g) => {
                     q.waiting.pop_front();
                     running.push(g);
@@ -321,8 +527,84 @@ impl<B: KvBackend> Worker<'_, B> {
         Ok(())
     }
 
+    /// Records a failure that stops the run.
+    fn fail(&mut self, e: StepError) {
+        let msg = match e {
+            StepError::Refused => return,
+            StepError::Kv(m) => {
+                self.stats.counts.kv_failures += 1;
+                format!("kv memory: {m}")
+            }
+            StepError::Fatal(m) => m,
+        };
+        self.shared.fail(msg);
+    }
+
+    /// Admission when nothing runs: done (`false`), or wait until another
+    /// worker frees blocks. Registers as idle first and tries once more,
+    /// so that a free that came before the registration is not missed;
+    /// then parks until a completion or preemption anywhere wakes it (the
+    /// timeout is only a safety net).
+    fn wait_for_blocks(
+        &mut self,
+        q: &mut Queue<'_>,
+        running: &mut Vec<Group<B>>,
+    ) -> Result<bool, StepError> {
+        if q.waiting.is_empty() && q.source_done {
+            return Ok(false);
+        }
+        self.shared.idle.register();
+        let again = self.admit_waiting(q, running);
+        if again.is_ok() && running.is_empty() && !(q.waiting.is_empty() && q.source_done) {
+            self.stats.counts.idle_waits += 1;
+            std::thread::park_timeout(IDLE_PARK);
+        }
+        self.shared.idle.unregister();
+        again.map(|()| true)
+    }
+
+    /// One step of every running group, oldest first, preempting the most
+    /// recently admitted group when the pool refuses.
+    fn step_all(
+        &mut self,
+        q: &mut Queue<'_>,
+        running: &mut Vec<Group<B>>,
+    ) -> Result<(), StepError> {
+        let mut i = 0;
+        while i < running.len() {
+            match self.step(&mut running[i]) {
+                Ok(true) => {
+                    let g = running.remove(i);
+                    let read = self.complete(g);
+                    self.shared.idle.wake_all();
+                    read?;
+                }
+                Ok(false) => i += 1,
+                Err(StepError::Refused) => {
+                    // Preempt the most recently admitted group (maybe this
+                    // one), then retry this one if it is still here.
+                    let victim = running.pop().expect("running is not empty");
+                    q.waiting
+                        .push_front((victim.req, victim.attempt.wrapping_add(1)));
+                    self.stats.counts.preemptions += 1;
+                    let read = self.release(victim);
+                    self.shared.idle.wake_all();
+                    read?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn run(mut self, rx: &Receiver<Request>) -> WorkerStats {
         let mut running: Vec<Group<B>> = Vec::new();
+        // Declared after `running`, so dropped before it when a panic
+        // unwinds: the run is stopped before the groups' blocks go back
+        // (without the oracle counting them out), so that the panic, not
+        // what other workers then find in those blocks, is the first
+        // failure.
+        let _stop_on_panic = StopOnPanic(Arc::clone(&self.shared), self.index);
         let mut q = Queue {
             rx,
             waiting: VecDeque::new(),
@@ -332,89 +614,41 @@ impl<B: KvBackend> Worker<'_, B> {
         let mut last_finished = self.shared.finished.load(Ordering::Relaxed);
         let (mut busy_idle, mut parked_idle) = (0u64, 0u64);
         let park_limit = self.cfg.stall_limit / 1000;
-        'run: loop {
-            // Relaxed: a stop request, polled once an iteration.
-            if self.shared.abort.load(Ordering::Relaxed) {
-                break;
-            }
-            // 1. Admission.
-            if let Err(e) = self.admit_waiting(&mut q, &mut running) {
-                self.shared.fail(e);
-                break;
-            }
-            // 2. Nothing running: done, or wait until another worker frees
-            // blocks. Register as idle first and try once more, so that a
-            // free that came before the registration is not missed; then
-            // park until a completion or preemption anywhere wakes us (the
-            // timeout is only a safety net).
-            if running.is_empty() {
-                if q.waiting.is_empty() && q.source_done {
+        while !self.shared.aborted() {
+            let stepped = match self.admit_waiting(&mut q, &mut running) {
+                Ok(()) if running.is_empty() => match self.wait_for_blocks(&mut q, &mut running) {
+                    Ok(true) => Ok(false),
+                    Ok(false) => break,
+                    Err(e) => Err(e),
+                },
+                Ok(()) => self.step_all(&mut q, &mut running).map(|()| true),
+                Err(e) => Err(e),
+            };
+            let stepped = match stepped {
+                Ok(s) => s,
+                Err(e) => {
+                    self.fail(e);
                     break;
                 }
-                self.shared.idle.register();
-                let again = self.admit_waiting(&mut q, &mut running);
-                if again.is_ok() && running.is_empty() && !(q.waiting.is_empty() && q.source_done) {
-                    self.stats.idle_waits += 1;
-                    std::thread::park_timeout(IDLE_PARK);
-                }
-                self.shared.idle.unregister();
-                if let Err(e) = again {
-                    self.shared.fail(e);
-                    break;
-                }
-                // Stall guard for waits: parks without any request
-                // finishing anywhere.
-                let now = self.shared.finished.load(Ordering::Relaxed);
-                if now != last_finished {
-                    (last_finished, busy_idle, parked_idle) = (now, 0, 0);
-                } else if running.is_empty() {
-                    parked_idle += 1;
-                    if parked_idle > park_limit {
-                        self.stall();
-                        break;
-                    }
-                }
-                continue;
-            }
-            // 3. One step of every running group, oldest first.
-            let mut i = 0;
-            while i < running.len() {
-                match self.step(&mut running[i]) {
-                    Ok(true) => {
-                        let g = running.remove(i);
-                        self.complete(g);
-                        self.shared.idle.wake_all();
-                    }
-                    Ok(false) => i += 1,
-                    Err(StepError::Refused) => {
-                        // Preempt the most recently admitted group (maybe
-                        // this one), then retry this one if it is still here.
-                        let victim = running.pop().expect("running is not empty");
-                        q.waiting.push_front(victim.req);
-                        self.stats.preemptions += 1;
-                        self.release(victim);
-                        self.shared.idle.wake_all();
-                    }
-                    Err(StepError::Fatal(e)) => {
-                        self.shared.fail(e);
-                        break 'run;
-                    }
-                }
-            }
-            // 4. Stall guard, by count. Relaxed: a progress snapshot.
+            };
+            // The stall guard: iterations (or parks) without any request
+            // finishing anywhere. Relaxed: a progress snapshot.
             let now = self.shared.finished.load(Ordering::Relaxed);
             if now != last_finished {
                 (last_finished, busy_idle, parked_idle) = (now, 0, 0);
-            } else {
+            } else if stepped {
                 busy_idle += 1;
-                if busy_idle > self.cfg.stall_limit {
-                    self.stall();
-                    break;
-                }
+            } else if running.is_empty() {
+                parked_idle += 1;
+            }
+            if busy_idle > self.cfg.stall_limit || parked_idle > park_limit {
+                self.stall();
+                break;
             }
         }
         for g in running.drain(..).rev() {
-            self.release(g);
+            // The run is ending early: what the reads find is moot.
+            let _ = self.release(g);
         }
         self.shared.idle.wake_all();
         self.stats

@@ -1,0 +1,339 @@
+//! Planted faults: a backend wrapper that breaks one of the allocator's
+//! promises on purpose, so that a run shows the checks catch it (the check
+//! of the checker, `--plant-fault KIND`).
+//!
+//! The wrapper sits between the engine and a real backend and changes what
+//! the engine sees; the library itself has no hook for it. Each fault fires
+//! once, at the [`FIRE_AT`]th occasion for it, so that a small workload
+//! meets it early.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvslots::ReserveError;
+
+use crate::backend::{Appended, Forked, KvBackend, KvSeq};
+
+/// The occasion (counted over the whole run) at which a fault fires.
+pub const FIRE_AT: u64 = 50;
+
+/// A planted fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Fault {
+    /// An append's slot mapping hands its last position a slot of a block
+    /// the sequence does not own.
+    ShortAppend,
+    /// A fork shares the parent's partly filled last block instead of
+    /// copying it into a block of the child's own.
+    SharedForkTail,
+    /// A dropped sequence's blocks are never given back.
+    Leak,
+    /// An append hands out a block that another sequence holds.
+    DoubleHandOut,
+    /// An append that crosses into a new block takes one block too many.
+    OverAllocate,
+    /// A worker panics inside an append.
+    WorkerPanic,
+    /// An append never returns (a livelock).
+    StuckCall,
+}
+
+impl Fault {
+    /// Every kind.
+    pub const ALL: [Fault; 7] = [
+        Fault::ShortAppend,
+        Fault::SharedForkTail,
+        Fault::Leak,
+        Fault::DoubleHandOut,
+        Fault::OverAllocate,
+        Fault::WorkerPanic,
+        Fault::StuckCall,
+    ];
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::ShortAppend => "short-append",
+            Fault::SharedForkTail => "shared-fork-tail",
+            Fault::Leak => "leak",
+            Fault::DoubleHandOut => "double-hand-out",
+            Fault::OverAllocate => "over-allocate",
+            Fault::WorkerPanic => "worker-panic",
+            Fault::StuckCall => "stuck-call",
+        }
+    }
+}
+
+/// What the fault's sequences share.
+#[derive(Debug)]
+struct State<Id> {
+    fault: Fault,
+    /// Occasions seen so far.
+    occasions: AtomicU64,
+    /// Whether the fault has fired.
+    fired: AtomicBool,
+    /// Sequence ids, for telling sequences apart.
+    next_seq: AtomicU64,
+    /// The last block an append handed out, and to which sequence.
+    last_new: Mutex<Option<(u64, Id)>>,
+    num_blocks: usize,
+    block_size: usize,
+}
+
+impl<Id> State<Id> {
+    /// Whether `fault` is due at this occasion (counting it): planted, not
+    /// fired yet, and at least the [`FIRE_AT`]th occasion.
+    fn due(&self, fault: Fault) -> bool {
+        // Relaxed (both): a count and a once-flag; the fault's effect is
+        // checked through the pool's and the oracle's own orderings.
+        self.fault == fault
+            && !self.fired.load(Ordering::Relaxed)
+            && self.occasions.fetch_add(1, Ordering::Relaxed) + 1 >= FIRE_AT
+    }
+
+    /// Marks the fault fired; `false` if another thread fired it first.
+    fn fire(&self) -> bool {
+        // Relaxed: as in `due`.
+        !self.fired.swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether `fault` fires at this occasion: due, and fired now.
+    fn fires(&self, fault: Fault) -> bool {
+        self.due(fault) && self.fire()
+    }
+}
+
+/// A backend with a planted fault.
+#[derive(Debug)]
+pub struct Faulty<B: KvBackend> {
+    inner: B,
+    state: Arc<State<B::Id>>,
+}
+
+impl<B: KvBackend> Clone for Faulty<B> {
+    fn clone(&self) -> Self {
+        Faulty {
+            inner: self.inner.clone(),
+            state: Arc::clone(&self.state),
+        }
+    }
+}
+
+impl<B: KvBackend> Faulty<B> {
+    /// `inner` with `fault` planted.
+    pub fn new(inner: B, fault: Fault) -> Self {
+        let state = Arc::new(State {
+            fault,
+            occasions: AtomicU64::new(0),
+            fired: AtomicBool::new(false),
+            next_seq: AtomicU64::new(0),
+            last_new: Mutex::new(None),
+            num_blocks: inner.num_blocks(),
+            block_size: inner.block_size(),
+        });
+        Faulty { inner, state }
+    }
+}
+
+/// A sequence of a [`Faulty`] backend: the real one (absent once leaked),
+/// and a table that differs from the real one where a fault says so.
+#[derive(Debug)]
+pub struct FaultySeq<S: KvSeq> {
+    inner: Option<S>,
+    id: u64,
+    state: Arc<State<S::Id>>,
+    /// A table entry replaced by a fault: `(index, block)`.
+    alias: Option<(usize, S::Id)>,
+    /// The table the engine sees while an alias is in place.
+    shown: Vec<S::Id>,
+}
+
+impl<S: KvSeq> FaultySeq<S> {
+    fn new(inner: S, state: Arc<State<S::Id>>) -> Self {
+        // Relaxed: a unique id, nothing more.
+        let id = state.next_seq.fetch_add(1, Ordering::Relaxed);
+        FaultySeq {
+            inner: Some(inner),
+            id,
+            state,
+            alias: None,
+            shown: Vec::new(),
+        }
+    }
+
+    fn seq(&self) -> &S {
+        self.inner
+            .as_ref()
+            .expect("only a dropped sequence is leaked")
+    }
+
+    fn seq_mut(&mut self) -> &mut S {
+        self.inner
+            .as_mut()
+            .expect("only a dropped sequence is leaked")
+    }
+
+    /// Replaces table entry `index` with `block` in what the engine sees
+    /// (until the entry leaves the table).
+    fn set_alias(&mut self, index: usize, block: S::Id) {
+        self.alias = Some((index, block));
+        self.refresh();
+    }
+
+    fn refresh(&mut self) {
+        let Some((i, block)) = self.alias else {
+            return;
+        };
+        let real = self.inner.as_ref().map_or(&[][..], |s| s.table());
+        if i < real.len() {
+            self.shown.clear();
+            self.shown.extend_from_slice(real);
+            self.shown[i] = block;
+        } else {
+            self.alias = None;
+        }
+    }
+}
+
+impl<S: KvSeq> Drop for FaultySeq<S> {
+    fn drop(&mut self) {
+        let holds = self.inner.as_ref().is_some_and(|s| !s.table().is_empty());
+        if holds && self.state.fires(Fault::Leak) {
+            std::mem::forget(self.inner.take());
+        }
+    }
+}
+
+impl<S: KvSeq> KvSeq for FaultySeq<S> {
+    type Id = S::Id;
+
+    fn index(id: S::Id) -> usize {
+        S::index(id)
+    }
+    fn len(&self) -> usize {
+        self.seq().len()
+    }
+    fn table(&self) -> &[S::Id] {
+        if self.alias.is_some() {
+            &self.shown
+        } else {
+            self.seq().table()
+        }
+    }
+    fn capacity(&self) -> usize {
+        self.seq().capacity()
+    }
+    fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
+        let r = self.seq_mut().try_reserve(tokens, headroom);
+        self.refresh();
+        r
+    }
+    fn try_append(&mut self, n: usize) -> Result<Appended<S::Id>, ReserveError> {
+        let state = Arc::clone(&self.state);
+        if n > 0 && state.fires(Fault::WorkerPanic) {
+            panic!("planted fault: worker-panic inside try_append");
+        }
+        if n > 0 && state.fires(Fault::StuckCall) {
+            // A call that never returns: the watchdog must end the run.
+            loop {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        let held = self.seq().table().len();
+        let r = self.seq_mut().try_append(n);
+        self.refresh();
+        let grew = self.seq().table().len() > held;
+        if r.is_ok() && grew {
+            let first_new = self.seq().table()[held];
+            let mut last = state.last_new.lock().unwrap_or_else(|e| e.into_inner());
+            match *last {
+                Some((other, block)) if other != self.id && state.fires(Fault::DoubleHandOut) => {
+                    self.set_alias(held, block);
+                }
+                _ => *last = Some((self.id, first_new)),
+            }
+            drop(last);
+            if state.due(Fault::OverAllocate) {
+                // One block beyond what the new length needs (fired only
+                // if the pool has it).
+                let room = self.seq().capacity() - self.seq().len();
+                if self.seq_mut().try_reserve(room + 1, 0).is_ok() {
+                    state.fire();
+                }
+            }
+        }
+        r
+    }
+    fn truncate(&mut self, len: usize) -> usize {
+        let r = self.seq_mut().truncate(len);
+        self.refresh();
+        r
+    }
+    fn try_fork(&self) -> Result<Forked<Self, S::Id>, ReserveError> {
+        let (child, copy) = self.seq().try_fork()?;
+        let mut child = FaultySeq::new(child, Arc::clone(&self.state));
+        let bs = self.state.block_size;
+        let len = self.len();
+        if !len.is_multiple_of(bs) && self.state.fires(Fault::SharedForkTail) {
+            // Share the parent's partly filled tail instead of the copy.
+            child.set_alias(len / bs, self.table()[len / bs]);
+            return Ok((child, None));
+        }
+        Ok((child, copy))
+    }
+    fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) -> Result<(), String> {
+        let last = positions
+            .end
+            .checked_sub(1)
+            .filter(|_| !positions.is_empty());
+        self.seq().extend_slots(positions, out)?;
+        if last.is_some() && self.state.fires(Fault::ShortAppend) {
+            // The last position gets the same offset in the next block.
+            let (bs, nb) = (self.state.block_size, self.state.num_blocks);
+            if let Some(slot) = out.last_mut() {
+                *slot = ((*slot / bs + 1) % nb) * bs + *slot % bs;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<B: KvBackend> KvBackend for Faulty<B> {
+    type Seq = FaultySeq<B::Seq>;
+    type Id = B::Id;
+
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn num_blocks(&self) -> usize {
+        self.inner.num_blocks()
+    }
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+    fn used_blocks(&self) -> usize {
+        self.inner.used_blocks()
+    }
+    fn peak_used_blocks(&self) -> usize {
+        self.inner.peak_used_blocks()
+    }
+    fn ref_count(&self, index: usize) -> Option<usize> {
+        self.inner.ref_count(index)
+    }
+    fn try_alloc_with_headroom(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<B::Id>,
+    ) -> Result<(), ReserveError> {
+        self.inner.try_alloc_with_headroom(n, headroom, out)
+    }
+    fn free(&self, ids: &[B::Id]) -> Result<(), String> {
+        self.inner.free(ids)
+    }
+    fn new_seq(&self, tokens: usize) -> FaultySeq<B::Seq> {
+        FaultySeq::new(self.inner.new_seq(tokens), Arc::clone(&self.state))
+    }
+}

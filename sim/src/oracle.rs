@@ -1,0 +1,534 @@
+//! The KV-memory oracle: a simulated device memory that checks what the
+//! allocator hands out, independently of the allocator's own counters.
+//!
+//! # The memory
+//!
+//! One stamp per token slot (`num_blocks * block_size` of them) says which
+//! request, sample, attempt and position last wrote the slot. The engine
+//! behaves like a server: every append writes the stamps of all the
+//! positions it covers through the slot mapping the allocator returned
+//! (draft tokens included, before any truncate), every [`BlockCopy`] copies
+//! stamps, and attention reads earlier positions back through the block
+//! table (a sampled position at every step, the drafts before they are
+//! verified, and every position of a sequence before it is dropped). A
+//! stamp that is not the one the sequence wrote is a failure naming the
+//! request, sample, position and block.
+//!
+//! # The shadow
+//!
+//! Beside the memory, a count per block of the live sequence tables that
+//! hold it, kept from the tables the allocator returns: it must equal the
+//! pool's reference count for every block a call hands to a sequence; a
+//! slot is written only through a block exactly one table holds, at the
+//! place the table says; an append changes no entry of the table other than
+//! the shared tail it copies on write; and at the end no block is held and
+//! the pool counts no reference.
+//!
+//! # Orderings
+//!
+//! Stamps and shadow counts are `Relaxed`: the pool orders one holder's use
+//! of a block before the next holder's (Release when it frees, Acquire when
+//! it allocates), and the shadow of a block is lowered before the call that
+//! gives it back and raised after the call that took it, so with a correct
+//! allocator no two threads ever touch one block's stamps or count at once.
+//! With a broken one they may race; the values then read are still some
+//! value written, which is what makes the failure visible.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::backend::{BlockCopy, KvBackend, KvSeq};
+
+/// Who wrote a slot: the fields of a stamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// The request's id (kept modulo 2^25).
+    pub request: usize,
+    /// The sample (0 for the parent; modulo 256).
+    pub sample: usize,
+    /// How many times the request was preempted before (modulo 256).
+    pub attempt: u32,
+    /// The token position (modulo 2^22).
+    pub position: usize,
+}
+
+const WRITTEN: u64 = 1 << 63;
+const REQUEST_BITS: u32 = 25;
+const POSITION_BITS: u32 = 22;
+
+impl Stamp {
+    /// The stamp as stored: a set top bit, then the fields, each cut to its
+    /// width.
+    #[inline]
+    pub fn pack(self) -> u64 {
+        WRITTEN
+            | (self.request as u64 & ((1 << REQUEST_BITS) - 1)) << 38
+            | (self.sample as u64 & 0xff) << 30
+            | u64::from(self.attempt & 0xff) << POSITION_BITS
+            | (self.position as u64 & ((1 << POSITION_BITS) - 1))
+    }
+
+    /// The fields of a stored stamp; `None` for a slot never written.
+    pub fn unpack(raw: u64) -> Option<Stamp> {
+        (raw & WRITTEN != 0).then_some(Stamp {
+            request: ((raw >> 38) & ((1 << REQUEST_BITS) - 1)) as usize,
+            sample: ((raw >> 30) & 0xff) as usize,
+            attempt: ((raw >> POSITION_BITS) & 0xff) as u32,
+            position: (raw & ((1 << POSITION_BITS) - 1)) as usize,
+        })
+    }
+
+    fn describe(raw: u64) -> String {
+        match Stamp::unpack(raw) {
+            None => "a slot never written".to_string(),
+            Some(s) => format!(
+                "the stamp of request {} sample {} attempt {} position {}",
+                s.request, s.sample, s.attempt, s.position
+            ),
+        }
+    }
+}
+
+/// Whose positions a sequence holds: positions below `fork_len` were
+/// written by sample 0 (the parent, before the fork), the others by
+/// `sample`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Writer {
+    /// The request's id.
+    pub request: usize,
+    /// The sample.
+    pub sample: usize,
+    /// The request's attempt.
+    pub attempt: u32,
+    /// The parent's length when this sample was forked (0 for the parent).
+    pub fork_len: usize,
+}
+
+impl Writer {
+    /// The stamp position `position` of this sequence must hold.
+    #[inline]
+    pub fn stamp(&self, position: usize) -> u64 {
+        Stamp {
+            request: self.request,
+            sample: if position < self.fork_len {
+                0
+            } else {
+                self.sample
+            },
+            attempt: self.attempt,
+            position,
+        }
+        .pack()
+    }
+}
+
+/// The oracle's record of one live sequence: who it writes as, and its
+/// table as the shadow counts it.
+#[derive(Debug, Clone)]
+pub struct Tracked<Id> {
+    /// Who writes this sequence's positions.
+    pub writer: Writer,
+    /// The table as of the sequence's last allocator call.
+    table: Vec<Id>,
+    /// A block a copy-on-write replaced, which the sequence still holds
+    /// until its next call.
+    retired: Option<Id>,
+}
+
+impl<Id: Copy> Tracked<Id> {
+    /// A sequence with an empty table.
+    pub fn new(writer: Writer) -> Self {
+        Tracked {
+            writer,
+            table: Vec::new(),
+            retired: None,
+        }
+    }
+
+    /// The table as the shadow counts it.
+    pub fn table(&self) -> &[Id] {
+        &self.table
+    }
+}
+
+/// The simulated device memory and the shadow of who holds each block.
+#[derive(Debug)]
+pub struct Oracle {
+    stamps: Vec<AtomicU64>,
+    holders: Vec<AtomicU32>,
+    block_size: usize,
+}
+
+impl Oracle {
+    /// Memory for `num_blocks` blocks of `block_size` slots, none written,
+    /// no block held.
+    pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        Oracle {
+            stamps: (0..num_blocks * block_size)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            holders: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
+            block_size,
+        }
+    }
+
+    /// Lowers the shadow for the blocks a call is about to give back:
+    /// every entry from `keep` on (the blocks a truncate to a length that
+    /// needs `keep` blocks gives back, or all of them for a drop), and any
+    /// block a copy-on-write retired. Call it before the call.
+    pub fn before_release<S: KvSeq>(&self, t: &mut Tracked<S::Id>, keep: usize) {
+        self.release_retired::<S>(t);
+        for &id in t.table.get(keep..).unwrap_or(&[]) {
+            self.lower(S::index(id));
+        }
+        t.table.truncate(keep);
+    }
+
+    /// Lowers the shadow for a block a copy-on-write retired: the
+    /// sequence's next call gives it back. Call it before any call.
+    pub fn release_retired<S: KvSeq>(&self, t: &mut Tracked<S::Id>) {
+        if let Some(id) = t.retired.take() {
+            self.lower(S::index(id));
+        }
+    }
+
+    fn lower(&self, block: usize) {
+        // A block past the pool was never counted (see `after_call`).
+        if let Some(h) = self.holders.get(block) {
+            // Relaxed: see the module's orderings.
+            let _ = h.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        }
+    }
+
+    /// Takes in the table of `seq` after an allocator call that may have
+    /// added blocks (an append, a reservation, a fork), from entry `from`
+    /// on (an append changes nothing before the block its first token goes
+    /// into, `len / block_size`; [`same_table`](Self::same_table) checks
+    /// that): an entry the call replaced must be the source of the copy it
+    /// returned, and every block the table gained must be counted by the
+    /// pool exactly as many times as live tables hold it.
+    pub fn after_call<B: KvBackend>(
+        &self,
+        backend: &B,
+        t: &mut Tracked<B::Id>,
+        seq: &B::Seq,
+        from: usize,
+        copy: Option<BlockCopy<B::Id>>,
+    ) -> Result<(), String> {
+        let new = seq.table();
+        let w = &t.writer;
+        // Entries before `from` are compared once, by `same_table`, before
+        // the sequence is dropped (comparing them at every call would cost
+        // a decode step the whole table).
+        let from = from.min(t.table.len()).min(new.len());
+        // The shadow follows the table whatever is wrong with it, so that
+        // the blocks are counted out again when the sequence goes.
+        let mut first = Ok(());
+        for i in from..t.table.len() {
+            let old = t.table[i];
+            if new.get(i) == Some(&old) {
+                continue;
+            }
+            match copy {
+                Some(c) if c.src == old => t.retired = Some(old),
+                _ => {
+                    self.lower(B::Seq::index(old));
+                    if first.is_ok() {
+                        first = Err(format!(
+                            "request {} sample {}: table entry {i} (block {}) changed without a copy",
+                            w.request,
+                            w.sample,
+                            B::Seq::index(old)
+                        ));
+                    }
+                }
+            }
+        }
+        for (i, &id) in new.iter().enumerate().skip(from) {
+            if t.table.get(i) == Some(&id) {
+                continue;
+            }
+            let block = B::Seq::index(id);
+            let Some(h) = self.holders.get(block) else {
+                if first.is_ok() {
+                    first = Err(format!(
+                        "request {} sample {}: table entry {i} is block {block}, past the pool",
+                        w.request, w.sample
+                    ));
+                }
+                continue;
+            };
+            // Relaxed: see the module's orderings.
+            let held = h.fetch_add(1, Ordering::Relaxed) as usize + 1;
+            let counted = backend.ref_count(block).unwrap_or(0);
+            if held != counted && first.is_ok() {
+                first = Err(format!(
+                    "request {} sample {}: block {block} (table entry {i}) is held by {held} live \
+                     sequences but the pool counts {counted} references",
+                    w.request, w.sample
+                ));
+            }
+        }
+        t.table.truncate(from);
+        t.table.extend_from_slice(&new[from..]);
+        first
+    }
+
+    /// Checks that the sequence's table is the one the shadow counts.
+    pub fn same_table<S: KvSeq>(&self, t: &Tracked<S::Id>, seq: &S) -> Result<(), String> {
+        if seq.table() == t.table() {
+            return Ok(());
+        }
+        Err(format!(
+            "request {} sample {}: the table holds {:?}, the calls made it {:?}",
+            t.writer.request,
+            t.writer.sample,
+            seq.table(),
+            t.table()
+        ))
+    }
+
+    /// Checks that the table holds exactly `want` blocks.
+    pub fn expect_blocks<Id>(
+        &self,
+        t: &Tracked<Id>,
+        want: usize,
+        what: &str,
+    ) -> Result<(), String> {
+        if t.table.len() == want {
+            return Ok(());
+        }
+        Err(format!(
+            "request {} sample {}: after {what} the table holds {} blocks, its length needs {want}",
+            t.writer.request,
+            t.writer.sample,
+            t.table.len()
+        ))
+    }
+
+    /// Makes a device copy: the first `tokens` stamps of `src` into `dst`.
+    pub fn copy<S: KvSeq>(&self, c: BlockCopy<S::Id>) -> Result<(), String> {
+        let bs = self.block_size;
+        let (src, dst) = (S::index(c.src) * bs, S::index(c.dst) * bs);
+        if c.tokens > bs || dst + bs > self.stamps.len() || src + bs > self.stamps.len() {
+            return Err(format!("a block copy out of the pool: {c:?}"));
+        }
+        for k in 0..c.tokens {
+            // Relaxed: see the module's orderings.
+            let v = self.stamps[src + k].load(Ordering::Relaxed);
+            self.stamps[dst + k].store(v, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Writes the stamps of `positions` through `slots`, the slot mapping
+    /// the allocator returned for them: each slot must be the one the
+    /// table gives the position, in a block no other live table holds.
+    pub fn write<S: KvSeq>(
+        &self,
+        t: &Tracked<S::Id>,
+        positions: Range<usize>,
+        slots: &[usize],
+    ) -> Result<(), String> {
+        let w = &t.writer;
+        if slots.len() != positions.len() {
+            return Err(format!(
+                "request {} sample {}: {} slots mapped for {} positions",
+                w.request,
+                w.sample,
+                slots.len(),
+                positions.len()
+            ));
+        }
+        let start = positions.start;
+        self.by_block::<S>(t, positions, |block, base, first, run| {
+            // Relaxed: see the module's orderings.
+            let holders = self.holders[block].load(Ordering::Relaxed);
+            if holders != 1 {
+                return Err(format!(
+                    "request {} sample {} position {first}: writes into block {block}, which \
+                     {holders} live sequences hold (a slot reachable from two writers)",
+                    w.request, w.sample
+                ));
+            }
+            let mapped = &slots[first - start..first - start + run];
+            let stamps = &self.stamps[base..base + run];
+            for (k, (&slot, stamp)) in mapped.iter().zip(stamps).enumerate() {
+                if slot != base + k {
+                    let pos = first + k;
+                    return Err(format!(
+                        "request {} sample {} position {pos}: mapped to slot {slot} (block {}), \
+                         but its table entry is block {block}",
+                        w.request,
+                        w.sample,
+                        slot / self.block_size
+                    ));
+                }
+                stamp.store(w.stamp(first + k), Ordering::Relaxed);
+            }
+            Ok(())
+        })
+    }
+
+    /// Reads `positions` back through the table, as attention does: each
+    /// must hold the stamp this sequence wrote.
+    pub fn read<S: KvSeq>(
+        &self,
+        t: &Tracked<S::Id>,
+        positions: Range<usize>,
+    ) -> Result<(), String> {
+        let w = &t.writer;
+        self.by_block::<S>(t, positions, |block, base, first, run| {
+            for (k, stamp) in self.stamps[base..base + run].iter().enumerate() {
+                // Relaxed: see the module's orderings.
+                let found = stamp.load(Ordering::Relaxed);
+                if found != w.stamp(first + k) {
+                    return Err(format!(
+                        "request {} sample {} position {}: block {block} holds {}",
+                        w.request,
+                        w.sample,
+                        first + k,
+                        Stamp::describe(found)
+                    ));
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Calls `f(block, first slot, first position, positions)` for each
+    /// run of `positions` in one block of the table.
+    fn by_block<S: KvSeq>(
+        &self,
+        t: &Tracked<S::Id>,
+        positions: Range<usize>,
+        mut f: impl FnMut(usize, usize, usize, usize) -> Result<(), String>,
+    ) -> Result<(), String> {
+        let bs = self.block_size;
+        let mut pos = positions.start;
+        while pos < positions.end {
+            let (entry, offset) = (pos / bs, pos % bs);
+            let Some(&id) = t.table.get(entry) else {
+                return Err(format!(
+                    "request {} sample {} position {pos}: no block in the table",
+                    t.writer.request, t.writer.sample
+                ));
+            };
+            let block = S::index(id);
+            if block >= self.holders.len() {
+                return Err(format!(
+                    "request {} sample {} position {pos}: table entry {entry} is block {block}, \
+                     past the pool",
+                    t.writer.request, t.writer.sample
+                ));
+            }
+            let run = (bs - offset).min(positions.end - pos);
+            f(block, block * bs + offset, pos, run)?;
+            pos += run;
+        }
+        Ok(())
+    }
+
+    /// After the run: no block is held by a live table and the pool counts
+    /// no reference; the first few that disagree, named.
+    pub fn sweep<B: KvBackend>(&self, backend: &B) -> Vec<String> {
+        let mut out = Vec::new();
+        for (block, h) in self.holders.iter().enumerate() {
+            // Relaxed: every worker has finished.
+            let held = h.load(Ordering::Relaxed);
+            let counted = backend.ref_count(block).unwrap_or(0);
+            if held != 0 || counted != 0 {
+                out.push(format!(
+                    "after the run block {block} is held by {held} sequences, the pool counts \
+                     {counted} references"
+                ));
+                if out.len() == 4 {
+                    break;
+                }
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps_round_trip_and_zero_is_unwritten() {
+        let s = Stamp {
+            request: 12345,
+            sample: 3,
+            attempt: 2,
+            position: 4095,
+        };
+        assert_eq!(Stamp::unpack(s.pack()), Some(s));
+        assert_eq!(Stamp::unpack(0), None);
+        let w = Writer {
+            request: 7,
+            sample: 2,
+            attempt: 0,
+            fork_len: 10,
+        };
+        assert_eq!(Stamp::unpack(w.stamp(9)).unwrap().sample, 0);
+        assert_eq!(Stamp::unpack(w.stamp(10)).unwrap().sample, 2);
+    }
+
+    use crate::backend::{KvBackend, KvslotsBackend};
+
+    fn writer(request: usize) -> Writer {
+        Writer {
+            request,
+            sample: 0,
+            attempt: 0,
+            fork_len: 0,
+        }
+    }
+
+    /// Two sequences written through one slot: the first one's read names
+    /// its request, position and block; a mapping off its table and a block
+    /// the pool does not count as the shadow does are refused too.
+    #[test]
+    fn a_stamp_overwritten_by_another_sequence_is_named() {
+        let b = KvslotsBackend::new(4, 4);
+        let o = Oracle::new(4, 4);
+        let mut seq = b.new_seq(8);
+        seq.try_append(6).unwrap();
+        let mut t = Tracked::new(writer(7));
+        o.after_call(&b, &mut t, &seq, 0, None).unwrap();
+        let mut slots = Vec::new();
+        seq.extend_slots(0..6, &mut slots).unwrap();
+        o.write::<kvslots::Sequence>(&t, 0..6, &slots).unwrap();
+        o.read::<kvslots::Sequence>(&t, 0..6).unwrap();
+        // Another request writes position 5's slot.
+        let other = Tracked {
+            table: t.table.clone(),
+            ..Tracked::new(writer(9))
+        };
+        o.stamps[slots[5]].store(other.writer.stamp(5), Ordering::Relaxed);
+        let block = t.table[1].index();
+        let err = o.read::<kvslots::Sequence>(&t, 0..6).unwrap_err();
+        assert!(err.contains("request 7 sample 0 position 5"), "{err}");
+        assert!(
+            err.contains(&format!("block {block} holds the stamp of request 9")),
+            "{err}"
+        );
+        // A slot of a block the table does not give the position.
+        let mut wrong = slots.clone();
+        wrong[5] = (block + 1) % 4 * 4 + 1;
+        let err = o.write::<kvslots::Sequence>(&t, 0..6, &wrong).unwrap_err();
+        assert!(err.contains("position 5: mapped to slot"), "{err}");
+        // A table holding a block twice over: the shadow says 2, the pool 1.
+        let mut twice = Tracked::new(writer(8));
+        let err = o.after_call(&b, &mut twice, &seq, 0, None).unwrap_err();
+        assert!(
+            err.contains("held by 2 live sequences but the pool counts 1"),
+            "{err}"
+        );
+        o.before_release::<kvslots::Sequence>(&mut twice, 0);
+        o.before_release::<kvslots::Sequence>(&mut t, 0);
+        drop(seq);
+        assert!(o.sweep(&b).is_empty());
+    }
+}

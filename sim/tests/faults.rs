@@ -1,0 +1,119 @@
+//! The check of the checker: every planted fault (`--plant-fault KIND`)
+//! makes a small run fail with a non-zero exit code, promptly, naming what
+//! failed; and the same run without a fault passes.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use kvslots_sim::cli::Fault;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kvslots-sim");
+
+/// A small run of the default mix (forks, drafts, check-only admission) on
+/// a pool of 2,048 blocks (4 GiB of llama-3-8b: roomy enough that a leaked
+/// sequence starves no request), with a short watchdog (2 s, well above
+/// the time a panic's report takes).
+const SMALL: &[&str] = &[
+    "--requests",
+    "1500",
+    "--memory-gib",
+    "4",
+    "--workers",
+    "3",
+    "--stuck-after-ms",
+    "2000",
+    "--json",
+];
+
+/// The longest a small run may take before it counts as hung (far above
+/// what one takes, even on a busy debug machine).
+const HUNG: Duration = Duration::from_secs(120);
+
+/// Runs the binary, killing it if it outlives [`HUNG`]; `None` then.
+fn run_bounded(args: &[&str]) -> Option<Output> {
+    // Without backtraces, a panic's report is quick (the watchdog counts
+    // the time the panic hook takes as time inside the call).
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the simulator");
+    let start = Instant::now();
+    loop {
+        if child.try_wait().expect("poll the simulator").is_some() {
+            return Some(child.wait_with_output().expect("collect its output"));
+        }
+        if start.elapsed() > HUNG {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        // A poll interval for a deadline, not a synchronisation.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What the report must name for each fault.
+fn names(fault: Fault) -> &'static str {
+    match fault {
+        Fault::ShortAppend => "mapped to slot",
+        Fault::SharedForkTail => "held by 2 live sequences but the pool counts 1",
+        Fault::Leak => "held by 0 sequences, the pool counts 1 references",
+        Fault::DoubleHandOut => "the pool counts",
+        Fault::OverAllocate => "its length needs",
+        Fault::WorkerPanic => "panicked: planted fault: worker-panic",
+        Fault::StuckCall => "livelock: worker",
+    }
+}
+
+#[test]
+fn every_planted_fault_fails_the_run_promptly_naming_it() {
+    for allocator in ["kvslots", "mutex"] {
+        for fault in Fault::ALL {
+            let args: Vec<&str> = SMALL
+                .iter()
+                .copied()
+                .chain(["--allocator", allocator, "--plant-fault", fault.name()])
+                .collect();
+            let out = run_bounded(&args)
+                .unwrap_or_else(|| panic!("{allocator} {}: the run hung", fault.name()));
+            let err = String::from_utf8_lossy(&out.stderr);
+            // A failed invariant is exit code 1.
+            assert_eq!(
+                out.status.code(),
+                Some(1),
+                "{allocator} {}: {err}",
+                fault.name()
+            );
+            assert!(
+                err.contains(names(fault)),
+                "{allocator} {}: the failure is not named: {err}",
+                fault.name()
+            );
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("{allocator} {}: no report: {e}", fault.name()));
+            assert_eq!(v["invariants_ok"], false, "{}", fault.name());
+            assert!(!v["errors"].as_array().unwrap().is_empty());
+        }
+    }
+}
+
+#[test]
+fn the_small_run_passes_without_a_fault() {
+    let out = run_bounded(SMALL).expect("the run hung");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    assert_eq!(v["invariants_ok"], true);
+    // The small run meets every occasion a fault waits for.
+    for key in [
+        "forks",
+        "block_copies",
+        "multi_block_appends",
+        "tokens_rolled_back",
+    ] {
+        assert!(v[key].as_u64().unwrap() > 0, "{key} is 0: {v}");
+    }
+    assert!(v["stamps_read"].as_u64().unwrap() >= v["stamps_written"].as_u64().unwrap());
+}
