@@ -532,7 +532,11 @@ impl Sequence {
     /// # Panics
     ///
     /// Panics if a shared block would get more than `u32::MAX / 2`
-    /// references (as `Arc` aborts on overflow); nothing leaks then.
+    /// references (as `Arc` aborts on overflow), or if a block to share has
+    /// no reference left because a raw [`BlockPool::free`] took this
+    /// sequence's (a double free: the block may be in the free list, and
+    /// sharing it would hand it to two owners). Nothing leaks then: the
+    /// child gives back what it took.
     ///
     /// # Errors
     ///

@@ -25,12 +25,24 @@
 //!   blocks have no reference left, and taking every free block hands out
 //!   each block once and none that is held.
 //!
+//! * Raw double frees racing every other sequence operation (append with
+//!   copy-on-write, truncate, reserve, `shrink_to_fit`, fork, drop), with
+//!   real threads on an 8-block pool: `free_blocks()` and `used_blocks()`
+//!   stay within `num_blocks()` throughout, and once every sequence is gone
+//!   the pool is whole. A fork that finds a parent's reference taken by a
+//!   raw free panics instead of reviving a block in the free list. A
+//!   watchdog aborts the process if a round hangs (a block pushed twice can
+//!   make `try_alloc` spin forever).
+//!
 //! Every refusal is checked twice: the error names the first over-freed id in
 //! list order, and no reference count changed.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::mpsc;
+use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
+use std::time::Duration;
 
 use kvslots::{BlockId, BlockPool, FreeError, Sequence};
 
@@ -595,4 +607,228 @@ fn seq_drop_races_double_free_heavy() {
 #[ignore = "heavy: run with --release -- --ignored"]
 fn truncate_races_double_free_heavy() {
     race(20_000, 512, 8_192, GiveBack::Truncate);
+}
+
+// ---------------------------------------------------------------------------
+// Raw double frees racing every sequence operation
+// ---------------------------------------------------------------------------
+
+/// The panic of a fork whose parent lost a reference to a raw free.
+fn assert_stolen_reference_panic(panic: &(dyn std::any::Any + Send)) {
+    let msg = panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .unwrap_or_default();
+    assert!(msg.contains("no reference left"), "unexpected panic: {msg}");
+}
+
+/// The parent's only reference was taken by a raw free (the block is back
+/// in the pool, count 0); forking the parent then adds a reference to a
+/// free block (0 -> 1), and dropping the child pushes it a second time and
+/// gives the used count back a second time: the fork must refuse.
+#[test]
+fn fork_after_stolen_reference_does_not_revive_a_free_block() {
+    let pool = Arc::new(BlockPool::with_shards(2, 1, 1));
+    let mut parent = Sequence::new(Arc::clone(&pool));
+    parent.try_append(1).unwrap();
+    let id = parent.blocks()[0];
+    assert_eq!(pool.free(&[id]), Ok(())); // misuse: the parent holds it
+    assert_eq!(pool.ref_count(id), Some(0));
+    // The fork panics, naming the double free, rather than give a child a
+    // reference to a block in the free list.
+    let forked = catch_unwind(AssertUnwindSafe(|| parent.try_fork()));
+    match forked {
+        Err(panic) => assert_stolen_reference_panic(&*panic),
+        Ok(r) => panic!("the fork went on: {r:?}"),
+    }
+    assert_eq!(pool.ref_count(id), Some(0), "a free block got a reference");
+    drop(parent);
+    assert_pool_whole(&pool);
+}
+
+/// Threads of a round of the misuse stress.
+const THREADS: usize = 3;
+
+/// One thread's share of a round: `ops` random operations on up to three
+/// sequences; with `misuse`, it also raw-frees ids other threads published.
+fn worker(
+    pool: &Arc<BlockPool>,
+    published: &Mutex<Vec<BlockId>>,
+    seed: u64,
+    ops: usize,
+    misuse: bool,
+    forks: bool,
+) {
+    let mut rng = XorShift::new(seed);
+    let mut seqs: Vec<Sequence> = Vec::new();
+    let bs = pool.block_size();
+    for _ in 0..ops {
+        let pick = |rng: &mut XorShift, n: usize| rng.below(n.max(1));
+        match rng.below(10) {
+            0 if seqs.len() < 3 => {
+                let mut s = Sequence::new(Arc::clone(pool));
+                let _ = s.try_append(1 + rng.below(3 * bs));
+                seqs.push(s);
+            }
+            1 | 2 if !seqs.is_empty() => {
+                let i = pick(&mut rng, seqs.len());
+                let _ = seqs[i].try_append_cow(1 + rng.below(2 * bs));
+            }
+            3 if !seqs.is_empty() => {
+                let i = pick(&mut rng, seqs.len());
+                let len = seqs[i].len();
+                seqs[i].truncate(rng.below(len + 1));
+            }
+            4 if !seqs.is_empty() => {
+                let i = pick(&mut rng, seqs.len());
+                let _ = seqs[i].try_reserve(1 + rng.below(2 * bs), 0);
+            }
+            5 if !seqs.is_empty() => {
+                let i = pick(&mut rng, seqs.len());
+                seqs[i].shrink_to_fit();
+            }
+            6 if forks && !seqs.is_empty() && seqs.len() < 3 => {
+                let i = pick(&mut rng, seqs.len());
+                // A fork panics if a raw free took one of the parent's
+                // references to a full block (it must not share a block that
+                // may be back in the free list); the child gives back what
+                // it took.
+                let forked = catch_unwind(AssertUnwindSafe(|| seqs[i].try_fork()));
+                match forked {
+                    Ok(Ok((child, _))) => seqs.push(child),
+                    Ok(Err(_)) => {}
+                    Err(panic) => assert_stolen_reference_panic(&*panic),
+                }
+            }
+            7 if !seqs.is_empty() => {
+                let i = pick(&mut rng, seqs.len());
+                drop(seqs.swap_remove(i));
+            }
+            8 if misuse => {
+                let ids: Vec<BlockId> = {
+                    let p = published.lock().unwrap();
+                    if p.is_empty() {
+                        continue;
+                    }
+                    let a = p[rng.below(p.len())];
+                    if rng.below(4) == 0 {
+                        vec![a, p[rng.below(p.len())]]
+                    } else {
+                        vec![a]
+                    }
+                };
+                let _ = pool.free(&ids);
+            }
+            _ => {
+                // Publish what this thread's sequences list now.
+                let mut p = published.lock().unwrap();
+                p.clear();
+                for s in &seqs {
+                    p.extend_from_slice(s.blocks());
+                }
+            }
+        }
+        let n = pool.num_blocks();
+        assert!(pool.free_blocks() <= n, "free_blocks above num_blocks");
+        assert!(pool.used_blocks() <= n, "used_blocks above num_blocks");
+    }
+}
+
+/// The pool once every sequence is gone: whole.
+fn check_whole_after_misuse(pool: &BlockPool, round: usize) {
+    let n = pool.num_blocks();
+    let counts: Vec<_> = (0..n)
+        .map(|i| pool.ref_count(BlockId::new(i as u32)).unwrap())
+        .collect();
+    assert_eq!(
+        pool.used_blocks(),
+        0,
+        "round {round}: used blocks (counts {counts:?}, free {})",
+        pool.free_blocks()
+    );
+    for i in 0..n {
+        let id = BlockId::new(i as u32);
+        assert_eq!(pool.ref_count(id), Some(0), "round {round}: {id}'s count");
+    }
+    let mut all = Vec::new();
+    pool.try_alloc(n, &mut all).expect("the whole pool");
+    let mut distinct = all.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        n,
+        "round {round}: handed out twice: {all:?}"
+    );
+    pool.free(&all).expect("just taken");
+}
+
+/// `rounds` rounds of `ops` random operations per thread on an 8-block
+/// pool with `shards` shards; thread 0 raw-frees thread 1's blocks with
+/// `misuse`; sequences fork with `forks`.
+fn misuse_rounds(rounds: usize, ops: usize, misuse: bool, forks: bool, shards: usize) {
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let watchdog = thread::spawn(move || {
+        // A timeout, not a synchronisation: the rounds finish in well under
+        // a second each; a round that does not finish is a hang.
+        if let Err(mpsc::RecvTimeoutError::Timeout) = done_rx.recv_timeout(Duration::from_secs(120))
+        {
+            eprintln!("pool_free: a misuse round hung (a block pushed twice?)");
+            std::process::abort();
+        }
+    });
+    let pool = Arc::new(BlockPool::with_shards(8, 2, shards));
+    let published: Vec<Mutex<Vec<BlockId>>> =
+        (0..THREADS).map(|_| Mutex::new(Vec::new())).collect();
+    for round in 0..rounds {
+        let start = Barrier::new(THREADS);
+        thread::scope(|s| {
+            for t in 0..THREADS {
+                let (pool, published, start) = (&pool, &published, &start);
+                s.spawn(move || {
+                    start.wait();
+                    // Thread 0 misuses: it raw-frees what thread 1 listed.
+                    let list = if t == 0 { &published[1] } else { &published[t] };
+                    worker(
+                        pool,
+                        list,
+                        (round * THREADS + t) as u64 + 1,
+                        ops,
+                        misuse && t == 0,
+                        forks,
+                    );
+                });
+            }
+        });
+        for p in &published {
+            p.lock().unwrap().clear();
+        }
+        check_whole_after_misuse(&pool, round);
+    }
+    let _ = done_tx.send(());
+    watchdog.join().unwrap();
+}
+
+#[test]
+fn random_ops_no_misuse() {
+    misuse_rounds(300, 200, false, true, 2);
+}
+
+#[test]
+fn random_ops_raw_double_frees_without_forks() {
+    misuse_rounds(3_000, 400, true, false, 1);
+}
+
+#[test]
+fn random_ops_raw_double_frees_with_forks() {
+    misuse_rounds(300, 200, true, true, 2);
+}
+
+/// Heavier: run with `cargo test --release --test pool_free -- --ignored`.
+#[test]
+#[ignore = "heavy: run with --release -- --ignored"]
+fn random_ops_raw_double_frees_with_forks_heavy() {
+    for shards in [1, 2] {
+        misuse_rounds(5_000, 400, true, true, shards);
+    }
 }

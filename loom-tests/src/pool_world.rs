@@ -38,6 +38,7 @@ pub const SOUND: Faults = Faults {
     relaxed_free: false,
     blind_undo: false,
     plain_held_drop: false,
+    blind_add_ref: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -45,6 +46,7 @@ pub const NO_TAG: Faults = Faults {
     relaxed_free: false,
     blind_undo: false,
     plain_held_drop: false,
+    blind_add_ref: false,
 };
 /// The ordering control: freeing with `Relaxed` instead of `Release`.
 pub const RELAXED_FREE: Faults = Faults {
@@ -52,6 +54,7 @@ pub const RELAXED_FREE: Faults = Faults {
     relaxed_free: true,
     blind_undo: false,
     plain_held_drop: false,
+    blind_add_ref: false,
 };
 /// The undo control: a refused free adds its references back blindly,
 /// resurrecting a block that another holder freed meanwhile.
@@ -60,6 +63,7 @@ pub const BLIND_UNDO: Faults = Faults {
     relaxed_free: false,
     blind_undo: true,
     plain_held_drop: false,
+    blind_add_ref: false,
 };
 
 /// The held-drop control: a sequence clears a count that reads 1 with a
@@ -69,6 +73,17 @@ pub const PLAIN_HELD_DROP: Faults = Faults {
     relaxed_free: false,
     blind_undo: false,
     plain_held_drop: true,
+    blind_add_ref: false,
+};
+
+/// The fork control: adding a reference raises a count of 0 (no check),
+/// reviving a block that a raw free put back in the free list.
+pub const BLIND_ADD_REF: Faults = Faults {
+    no_tag: false,
+    relaxed_free: false,
+    blind_undo: false,
+    plain_held_drop: false,
+    blind_add_ref: true,
 };
 
 /// Runs `f` under loom with the environment's bounds, defaulting the

@@ -158,6 +158,12 @@ impl SlotCounter {
     /// The high-water mark of [`used`](Self::used) since the counter was
     /// created.
     ///
+    /// It lags admissions that are still running: a call raises the peak
+    /// just after its admission is published, so while it runs another
+    /// thread can read a `used()` above `peak_used()`. Every admission that
+    /// has returned is counted, so once no call is running the peak is
+    /// exact, and it is never above the largest `used()` there has been.
+    ///
     /// # Examples
     ///
     /// ```

@@ -263,6 +263,11 @@ impl BlockPool {
 
     /// The high-water mark of [`used_blocks`](Self::used_blocks).
     ///
+    /// It lags allocations that are still running, as
+    /// [`SlotCounter::peak_used`] does: while one runs, another thread can
+    /// read a `used_blocks()` above `peak_used_blocks()`; every allocation
+    /// that has returned is counted.
+    ///
     /// # Examples
     ///
     /// ```
@@ -400,13 +405,25 @@ impl BlockPool {
     /// [`FreeError::Raced`], and every other listed reference is dropped as
     /// by a successful free: taking them back could add a reference to a
     /// block that its other holders freed, and someone reallocated, in the
-    /// meantime. Whatever races, no block is handed to two owners, none is
-    /// pushed twice, the count of used blocks is given back once per block,
-    /// and `free_blocks() <= num_blocks()`. That includes a free racing the
+    /// meantime.
+    ///
+    /// Whatever races, the pool's own books stay exact: no block is pushed
+    /// twice, the count of used blocks is given back once per block, and
+    /// `free_blocks() <= num_blocks()`. That includes a free racing the
     /// [`Sequence`](crate::Sequence) that holds the block: whichever of the
     /// two drops the last reference pushes it; if this call loses, it
-    /// returns `Raced`, and if the sequence loses, its drop (or truncate)
-    /// gives back nothing for that block.
+    /// returns `Raced` (or `NotAllocated`, if the block was back before its
+    /// checks); if it wins, the sequence's drop (or truncate) finds no
+    /// reference left for that block and gives back nothing, and a fork of
+    /// that sequence panics rather than share a block that may be free.
+    ///
+    /// What a double free does break is the caller's own claim: once a free
+    /// takes a reference its caller did not hold, the real holder names a
+    /// block it no longer holds. If that block is handed to a new owner
+    /// before the real holder gives it back, the holder's accesses, and its
+    /// drop, act on the new owner's block (reference counts cannot tell
+    /// holders apart). So a double free can hand a block to two owners
+    /// through the holder that lost its reference; never through the pool.
     ///
     /// # Errors
     ///
@@ -535,13 +552,21 @@ impl BlockPool {
         self.counter.is_closed()
     }
 
-    /// Adds a reference to a block the caller already holds a reference to.
+    /// Adds a reference to a block the caller holds a reference to.
     ///
     /// # Panics
     ///
-    /// Panics if the count would exceed `u32::MAX / 2` (as `Arc` aborts).
+    /// Panics if the count would exceed `u32::MAX / 2` (as `Arc` aborts),
+    /// and if the block has no reference left: a raw [`free`](Self::free)
+    /// took the caller's (a double free), so the block may be in the free
+    /// list, and going on would hand it to two owners.
     pub(crate) fn add_ref(&self, id: BlockId) {
-        self.refs.add(id);
+        if self.refs.add(id).is_err() {
+            panic!(
+                "{id} has no reference left: BlockPool::free took a sequence's \
+                 reference to it (a double free)"
+            );
+        }
     }
 
     /// Whether more than one reference to `id` exists now.

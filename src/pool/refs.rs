@@ -49,20 +49,36 @@ impl Refs {
         count.store(1, Ordering::Relaxed);
     }
 
-    /// Adds a reference to a block the caller already holds a reference to.
+    /// Adds a reference to a block the caller holds a reference to.
+    ///
+    /// A CAS that never raises a count from 0, not a `fetch_add`: the
+    /// caller's reference can be gone after all, taken by a raw
+    /// `BlockPool::free` of the same block (a double free), and then the
+    /// block may sit in the free list, where a reference would let it be
+    /// handed out and pushed a second time. `Err` then, and nothing changed.
     ///
     /// # Panics
     ///
     /// Panics if the count would exceed `u32::MAX / 2` (as `Arc` aborts).
-    pub(super) fn add(&self, id: BlockId) {
-        // Relaxed: the caller holds a reference, so the block cannot be freed
-        // under us; the new reference is handed over by whatever hands over
-        // its holder (as with `Arc::clone`).
-        let prev = self.counts[id.index()].fetch_add(1, Ordering::Relaxed);
-        if prev >= MAX_REFS {
-            // Relaxed: undoing our own increment.
-            self.counts[id.index()].fetch_sub(1, Ordering::Relaxed);
-            panic!("reference count overflow on {id}");
+    pub(super) fn add(&self, id: BlockId) -> Result<(), ()> {
+        let count = &self.counts[id.index()];
+        // Relaxed: only a guess; the CAS validates it.
+        let mut cur = count.load(Ordering::Relaxed);
+        loop {
+            // Any reference left to add to?
+            if cur == 0 && !self.faults.blind_add_ref() {
+                return Err(());
+            }
+            if cur >= MAX_REFS {
+                panic!("reference count overflow on {id}");
+            }
+            // Relaxed (both): the caller holds a reference, so the block is
+            // not freed under us; the new reference is handed over by
+            // whatever hands over its holder (as with `Arc::clone`).
+            match count.compare_exchange_weak(cur, cur + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(actual) => cur = actual,
+            }
         }
     }
 

@@ -30,6 +30,11 @@ pub struct Faults {
     /// pushes the block a second time.
     #[cfg(kvslots_loom)]
     pub plain_held_drop: bool,
+    /// Add a reference to a block whose count is 0 (a `fetch_add` with no
+    /// check), as a fork does after a raw free took the parent's reference:
+    /// revives a block that sits in the free list.
+    #[cfg(kvslots_loom)]
+    pub blind_add_ref: bool,
 }
 
 impl Faults {
@@ -73,6 +78,17 @@ impl Faults {
         }
         let _ = count;
         drop()
+    }
+
+    /// Whether adding a reference may raise a count from 0: `false`, or
+    /// `true` under `blind_add_ref`.
+    #[inline]
+    pub(crate) fn blind_add_ref(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.blind_add_ref {
+            return true;
+        }
+        false
     }
 
     /// What a free does when one of its drops finds no reference left: with
