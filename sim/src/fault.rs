@@ -10,6 +10,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use kvslots::ReserveError;
@@ -30,7 +31,13 @@ pub enum Fault {
     SharedForkTail,
     /// A dropped sequence's blocks are never given back.
     Leak,
-    /// An append hands out a block that another sequence holds.
+    /// An append hands out a block that another sequence holds: the last
+    /// block an append on the same worker thread handed to another
+    /// sequence, while that sequence still holds it. (A worker drives its
+    /// sequences alone, so the holder cannot give the block back before
+    /// the oracle has seen the append; and a block the holder gave back
+    /// may be the very block the pool hands out next, which would make the
+    /// fault a no-op.)
     DoubleHandOut,
     /// An append that crosses into a new block takes one block too many.
     OverAllocate,
@@ -76,8 +83,9 @@ struct State<Id> {
     fired: AtomicBool,
     /// Sequence ids, for telling sequences apart.
     next_seq: AtomicU64,
-    /// The last block an append handed out, and to which sequence.
-    last_new: Mutex<Option<(u64, Id)>>,
+    /// Per worker thread, the last block an append on it handed out, and
+    /// to which sequence, for as long as that sequence holds it alone.
+    last_new: Mutex<Vec<(ThreadId, u64, Id)>>,
     num_blocks: usize,
     block_size: usize,
 }
@@ -102,6 +110,14 @@ impl<Id> State<Id> {
     /// Whether `fault` fires at this occasion: due, and fired now.
     fn fires(&self, fault: Fault) -> bool {
         self.due(fault) && self.fire()
+    }
+
+    /// Forgets the blocks recorded for sequence `seq` that `still_held`
+    /// says it no longer holds alone. Call it before a call that may give
+    /// them back or share them, or after one on the sequence's own thread.
+    fn forget(&self, seq: u64, still_held: impl Fn(&Id) -> bool) {
+        let mut last = self.last_new.lock().unwrap_or_else(|e| e.into_inner());
+        last.retain(|(_, s, block)| *s != seq || still_held(block));
     }
 }
 
@@ -129,7 +145,7 @@ impl<B: KvBackend> Faulty<B> {
             occasions: AtomicU64::new(0),
             fired: AtomicBool::new(false),
             next_seq: AtomicU64::new(0),
-            last_new: Mutex::new(None),
+            last_new: Mutex::new(Vec::new()),
             num_blocks: inner.num_blocks(),
             block_size: inner.block_size(),
         });
@@ -199,6 +215,7 @@ impl<S: KvSeq> FaultySeq<S> {
 
 impl<S: KvSeq> Drop for FaultySeq<S> {
     fn drop(&mut self) {
+        self.state.forget(self.id, |_| false);
         let holds = self.inner.as_ref().is_some_and(|s| !s.table().is_empty());
         if holds && self.state.fires(Fault::Leak) {
             std::mem::forget(self.inner.take());
@@ -247,12 +264,21 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
         let grew = self.seq().table().len() > held;
         if r.is_ok() && grew {
             let first_new = self.seq().table()[held];
+            let me = std::thread::current().id();
             let mut last = state.last_new.lock().unwrap_or_else(|e| e.into_inner());
-            match *last {
-                Some((other, block)) if other != self.id && state.fires(Fault::DoubleHandOut) => {
+            let mine = last.iter().position(|&(thread, _, _)| thread == me);
+            match mine.map(|i| last[i]) {
+                Some((_, other, block))
+                    if other != self.id && state.fires(Fault::DoubleHandOut) =>
+                {
                     self.set_alias(held, block);
                 }
-                _ => *last = Some((self.id, first_new)),
+                _ => {
+                    if let Some(i) = mine {
+                        last.swap_remove(i);
+                    }
+                    last.push((me, self.id, first_new));
+                }
             }
             drop(last);
             if state.due(Fault::OverAllocate) {
@@ -269,9 +295,15 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
     fn truncate(&mut self, len: usize) -> usize {
         let r = self.seq_mut().truncate(len);
         self.refresh();
+        // On the sequence's own thread, the only one that hands its
+        // recorded block to another sequence.
+        let table = self.seq().table();
+        self.state.forget(self.id, |block| table.contains(block));
         r
     }
     fn try_fork(&self) -> Result<Forked<Self, S::Id>, ReserveError> {
+        // The parent's blocks are shared from now on.
+        self.state.forget(self.id, |_| false);
         let (child, copy) = self.seq().try_fork()?;
         let mut child = FaultySeq::new(child, Arc::clone(&self.state));
         let bs = self.state.block_size;
