@@ -13,7 +13,7 @@ use std::hash::Hash;
 use std::ops::Range;
 use std::sync::Arc;
 
-use kvslots::{BlockId, BlockPool, ReserveError, Sequence};
+use kvslots::{BlockHash, BlockId, BlockPool, ReserveError, Sequence};
 
 use crate::baseline::{MutexPool, MutexSeq};
 
@@ -72,6 +72,26 @@ pub trait KvSeq: Send + Sized + 'static {
     /// Appends the slot mapping of `positions` to `out`; an error (a range
     /// past the length) leaves `out` unchanged.
     fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) -> Result<(), String>;
+    /// On an empty sequence: takes the longest prefix of `hashes` whose
+    /// blocks are cached (one reference each), puts them in the table, sets
+    /// the length to `k * block_size` and returns `k`. On a non-empty one:
+    /// 0, nothing changes.
+    fn try_match_prefix(&mut self, hashes: &[BlockHash]) -> usize;
+    /// Makes `hashes[i]` the key of full block `i` for every full block
+    /// not cached yet (a key another block holds stays with it: first
+    /// wins); returns how many became cached.
+    fn publish(&mut self, hashes: &[BlockHash]) -> usize;
+}
+
+/// The prefix cache's counts since the pool was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixCounts {
+    /// Keys looked up by matches.
+    pub queried_blocks: u64,
+    /// Of those, blocks matched.
+    pub hit_blocks: u64,
+    /// Cached blocks whose key was dropped to reuse the block.
+    pub evictions: u64,
 }
 
 /// A block pool plus its sequences, as the engine uses them. Every method
@@ -109,6 +129,12 @@ pub trait KvBackend: Clone + Send + Sync + 'static {
     fn free(&self, ids: &[Self::Id]) -> Result<(), String>;
     /// An empty sequence with room for `tokens` tokens in its table.
     fn new_seq(&self, tokens: usize) -> Self::Seq;
+    /// Blocks holding a key, referenced or not.
+    fn cached_blocks(&self) -> usize;
+    /// Blocks holding a key that no sequence holds (they count as free).
+    fn evictable_blocks(&self) -> usize;
+    /// The prefix cache's counts.
+    fn prefix_stats(&self) -> PrefixCounts;
 }
 
 /// The real allocator: one `Arc<kvslots::BlockPool>` and `kvslots::Sequence`.
@@ -184,6 +210,55 @@ impl KvSeq for Sequence {
     fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) -> Result<(), String> {
         Sequence::extend_slots(self, positions, out).map_err(|e| e.to_string())
     }
+    fn try_match_prefix(&mut self, hashes: &[BlockHash]) -> usize {
+        kvslots_prefix::try_match_prefix(self, hashes)
+    }
+    fn publish(&mut self, hashes: &[BlockHash]) -> usize {
+        kvslots_prefix::publish(self, hashes)
+    }
+}
+
+/// The `kvslots` side of prefix caching, in one place.
+///
+/// **Stand-in.** The library's prefix cache (`Sequence::try_match_prefix`,
+/// `Sequence::publish`, `BlockPool::cached_blocks`,
+/// `BlockPool::evictable_blocks`, `BlockPool::prefix_stats`) is not in this
+/// build yet, so these functions are a pool without a cache: nothing
+/// matches, nothing is published, nothing is counted. Once the library has
+/// it, each body becomes the one library call in its comment, and nothing
+/// else in the simulator changes.
+mod kvslots_prefix {
+    use kvslots::{BlockHash, BlockPool, Sequence};
+
+    use super::PrefixCounts;
+
+    /// Library: `seq.try_match_prefix(hashes)`.
+    pub(super) fn try_match_prefix(_seq: &mut Sequence, _hashes: &[BlockHash]) -> usize {
+        0
+    }
+
+    /// Library: `seq.publish(hashes)`.
+    pub(super) fn publish(_seq: &mut Sequence, _hashes: &[BlockHash]) -> usize {
+        0
+    }
+
+    /// Library: `pool.cached_blocks()`.
+    pub(super) fn cached_blocks(_pool: &BlockPool) -> usize {
+        0
+    }
+
+    /// Library: `pool.evictable_blocks()`.
+    pub(super) fn evictable_blocks(_pool: &BlockPool) -> usize {
+        0
+    }
+
+    /// Library:
+    /// `let s = pool.prefix_stats(); PrefixCounts { queried_blocks:
+    /// s.queried_blocks, hit_blocks: s.hit_blocks, evictions: s.evictions }`
+    /// (with `as u64` if the library's fields are another width).
+    pub(super) fn prefix_stats(_pool: &BlockPool) -> PrefixCounts {
+        PrefixCounts::default()
+    }
 }
 
 impl KvBackend for KvslotsBackend {
@@ -222,6 +297,15 @@ impl KvBackend for KvslotsBackend {
     }
     fn new_seq(&self, tokens: usize) -> Sequence {
         Sequence::with_capacity(Arc::clone(&self.pool), tokens)
+    }
+    fn cached_blocks(&self) -> usize {
+        kvslots_prefix::cached_blocks(&self.pool)
+    }
+    fn evictable_blocks(&self) -> usize {
+        kvslots_prefix::evictable_blocks(&self.pool)
+    }
+    fn prefix_stats(&self) -> PrefixCounts {
+        kvslots_prefix::prefix_stats(&self.pool)
     }
 }
 
@@ -289,6 +373,12 @@ impl KvSeq for MutexSeq {
     fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) -> Result<(), String> {
         MutexSeq::extend_slots(self, positions, out)
     }
+    fn try_match_prefix(&mut self, hashes: &[BlockHash]) -> usize {
+        MutexSeq::try_match_prefix(self, hashes)
+    }
+    fn publish(&mut self, hashes: &[BlockHash]) -> usize {
+        MutexSeq::publish(self, hashes)
+    }
 }
 
 impl KvBackend for MutexBackend {
@@ -328,5 +418,14 @@ impl KvBackend for MutexBackend {
     }
     fn new_seq(&self, tokens: usize) -> MutexSeq {
         MutexSeq::with_capacity(Arc::clone(&self.pool), tokens)
+    }
+    fn cached_blocks(&self) -> usize {
+        self.pool.cached_blocks()
+    }
+    fn evictable_blocks(&self) -> usize {
+        self.pool.evictable_blocks()
+    }
+    fn prefix_stats(&self) -> PrefixCounts {
+        self.pool.prefix_stats()
     }
 }

@@ -9,14 +9,43 @@
 //! takes the mutex once. `used_blocks` is mirrored in an atomic written under
 //! the lock, so that the monitor can read it without taking the lock (as it
 //! reads `kvslots`' counter).
+//!
+//! # The prefix cache
+//!
+//! Under the same lock, the pool keeps a prefix cache the way TGI's and
+//! mistral.rs's block managers do: a `HashMap` from a full block's key to
+//! the block holding it, and an LRU list of the cached blocks no sequence
+//! holds (an intrusive doubly linked list over block ids, so that a match
+//! takes a block out of it in O(1)). The policy is the reference's:
+//!
+//! * a new block comes from the uncached free blocks first; only when none
+//!   is left is the least recently released cached block evicted (its key
+//!   dropped), and an allocation that is refused evicts nothing;
+//! * a sequence gives its blocks back last block first, so a prompt's tail
+//!   is evicted before its head; a cached block whose last reference goes
+//!   becomes the most recently released;
+//! * a match takes the longest prefix of cached keys, one reference each
+//!   (an unreferenced block leaves the LRU list);
+//! * publish gives a key to each full block that has none, unless another
+//!   block holds the key already (first wins);
+//! * a cached block is never written while its key can match: an append
+//!   into a shared partly filled block copies it, and one into a cached
+//!   block the sequence holds alone first drops its key.
+//!
+//! The map is sized for every block at the start, so that no call
+//! allocates under the lock.
 
 use std::cell::Cell;
+use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use kvslots::ReserveError;
+use kvslots::{BlockHash, ReserveError};
+
+use crate::backend::PrefixCounts;
 
 /// Why [`MutexPool::free`] refused; nothing changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,13 +76,128 @@ impl fmt::Display for MutexFreeError {
 
 impl std::error::Error for MutexFreeError {}
 
+/// Hashes a [`BlockHash`] for the map by its first 8 bytes: a key is
+/// already a uniformly spread hash, so hashing it again (SipHash, the
+/// default) would only add time under the lock.
+#[derive(Default)]
+struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // `[u8; 32]` hashes as its length, then its bytes: keep the first
+        // 8 bytes of the key.
+        for &b in bytes.iter().take(8) {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+}
+
+/// The map from keys to cached blocks.
+type KeyMap = HashMap<BlockHash, u32, BuildHasherDefault<KeyHasher>>;
+
+/// "No block" in the LRU links.
+const NIL: u32 = u32::MAX;
+
 struct Inner {
-    /// Free block ids, used as a stack.
+    /// Uncached free block ids, used as a stack.
     free: Vec<u32>,
-    /// References per block; 0 = free.
+    /// References per block; 0 = free (uncached, or cached and evictable).
     refs: Vec<u32>,
+    /// The key each block holds, if cached.
+    key_of: Vec<Option<BlockHash>>,
+    /// The cached blocks by key.
+    index: KeyMap,
+    /// LRU links of the evictable blocks (cached, no reference): `prev`
+    /// and `next` per block, `NIL` at the ends.
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    /// The least recently released evictable block, and the most.
+    lru_head: u32,
+    lru_tail: u32,
+    /// Evictable blocks.
+    lru_len: usize,
     /// The high-water mark of used blocks.
     peak: usize,
+    /// The prefix cache's counts.
+    stats: PrefixCounts,
+}
+
+impl Inner {
+    /// Blocks an allocation may take: uncached free and evictable.
+    fn available(&self) -> usize {
+        self.free.len() + self.lru_len
+    }
+
+    /// Appends `id` to the LRU list (the most recently released).
+    fn lru_push(&mut self, id: u32) {
+        let i = id as usize;
+        self.prev[i] = self.lru_tail;
+        self.next[i] = NIL;
+        if self.lru_tail == NIL {
+            self.lru_head = id;
+        } else {
+            self.next[self.lru_tail as usize] = id;
+        }
+        self.lru_tail = id;
+        self.lru_len += 1;
+    }
+
+    /// Takes `id` out of the LRU list.
+    fn lru_remove(&mut self, id: u32) {
+        let i = id as usize;
+        let (p, n) = (self.prev[i], self.next[i]);
+        if p == NIL {
+            self.lru_head = n;
+        } else {
+            self.next[p as usize] = n;
+        }
+        if n == NIL {
+            self.lru_tail = p;
+        } else {
+            self.prev[n as usize] = p;
+        }
+        self.prev[i] = NIL;
+        self.next[i] = NIL;
+        self.lru_len -= 1;
+    }
+
+    /// Drops the key `id` holds, if any.
+    fn uncache(&mut self, id: u32) {
+        if let Some(key) = self.key_of[id as usize].take() {
+            self.index.remove(&key);
+        }
+    }
+
+    /// Takes one block with one reference: an uncached free one, else the
+    /// least recently released evictable one (its key dropped). The caller
+    /// has checked that one is available.
+    fn take(&mut self) -> u32 {
+        let id = match self.free.pop() {
+            Some(id) => id,
+            None => {
+                let id = self.lru_head;
+                debug_assert_ne!(id, NIL, "an allocation checked availability");
+                self.lru_remove(id);
+                self.uncache(id);
+                self.stats.evictions += 1;
+                id
+            }
+        };
+        self.refs[id as usize] = 1;
+        id
+    }
+
+    /// A block whose last reference went: evictable if cached, else free.
+    fn released(&mut self, id: u32) {
+        if self.key_of[id as usize].is_some() {
+            self.lru_push(id);
+        } else {
+            self.free.push(id);
+        }
+    }
 }
 
 /// A block pool behind one `std::sync::Mutex`.
@@ -93,7 +237,15 @@ impl MutexPool {
             inner: Mutex::new(Inner {
                 free,
                 refs: vec![0; num_blocks],
+                key_of: vec![None; num_blocks],
+                index: KeyMap::with_capacity_and_hasher(num_blocks, Default::default()),
+                prev: vec![NIL; num_blocks],
+                next: vec![NIL; num_blocks],
+                lru_head: NIL,
+                lru_tail: NIL,
+                lru_len: 0,
                 peak: 0,
+                stats: PrefixCounts::default(),
             }),
             used: AtomicUsize::new(0),
             num_blocks,
@@ -124,7 +276,7 @@ impl MutexPool {
         self.used.load(Ordering::Relaxed)
     }
 
-    /// A snapshot of the free blocks.
+    /// A snapshot of the free blocks (evictable cached ones included).
     pub fn free_blocks(&self) -> usize {
         self.num_blocks - self.used_blocks()
     }
@@ -134,8 +286,38 @@ impl MutexPool {
         self.lock().peak
     }
 
-    fn publish(&self, inner: &mut Inner) {
-        let used = self.num_blocks - inner.free.len();
+    /// Blocks holding a key, referenced or not.
+    pub fn cached_blocks(&self) -> usize {
+        self.lock().index.len()
+    }
+
+    /// Cached blocks no sequence holds.
+    pub fn evictable_blocks(&self) -> usize {
+        self.lock().lru_len
+    }
+
+    /// The prefix cache's counts.
+    pub fn prefix_stats(&self) -> PrefixCounts {
+        self.lock().stats
+    }
+
+    /// Drops every key of a block no sequence holds (those blocks become
+    /// uncached free blocks); returns how many.
+    pub fn reset_prefix_cache(&self) -> usize {
+        let mut inner = self.lock();
+        let mut dropped = 0;
+        while inner.lru_head != NIL {
+            let id = inner.lru_head;
+            inner.lru_remove(id);
+            inner.uncache(id);
+            inner.free.push(id);
+            dropped += 1;
+        }
+        dropped
+    }
+
+    fn mirror(&self, inner: &mut Inner) {
+        let used = self.num_blocks - inner.available();
         inner.peak = inner.peak.max(used);
         // Relaxed: a mirror for snapshots, written under the lock.
         self.used.store(used, Ordering::Relaxed);
@@ -163,7 +345,7 @@ impl MutexPool {
         // allocate (the kvslots pool does not allocate either).
         out.reserve(n);
         let mut inner = self.lock();
-        let available = inner.free.len();
+        let available = inner.available();
         if n + headroom > available {
             return Err(ReserveError::Full {
                 requested: n,
@@ -174,30 +356,26 @@ impl MutexPool {
         if n == 0 {
             return Ok(());
         }
-        let start = available - n;
-        for &id in &inner.free[start..] {
-            out.push(id);
-        }
-        for i in start..available {
-            let id = inner.free[i] as usize;
-            inner.refs[id] = 1;
-        }
-        inner.free.truncate(start);
-        self.publish(&mut inner);
+        Self::take_n(&mut inner, n, out);
+        self.mirror(&mut inner);
         Ok(())
     }
 
-    /// Drops one reference per listed id; a block whose last reference goes
-    /// returns to the free list. All or nothing: on error nothing changes.
+    /// Drops one reference per listed id, the last listed first (a
+    /// sequence gives its table back last block first); a block whose last
+    /// reference goes becomes evictable if it holds a key (the most
+    /// recently released), else free. All or nothing: on error nothing
+    /// changes.
     pub fn free(&self, ids: &[u32]) -> Result<(), MutexFreeError> {
         if ids.is_empty() {
             return Ok(());
         }
         let mut inner = self.lock();
-        // One pass: drop each reference, pushing a block whose last
-        // reference went; on a bad id, undo what was done in reverse order
-        // (so the pushes come off the stack again) and refuse.
-        for (i, &id) in ids.iter().enumerate() {
+        // One pass, last id first: drop each reference, listing a block
+        // whose last reference went; on a bad id, undo what was done in
+        // reverse order (so the listings come off the ends they went on)
+        // and refuse.
+        for (done, &id) in ids.iter().rev().enumerate() {
             let error = if id as usize >= self.num_blocks {
                 Some(MutexFreeError::OutOfRange { id })
             } else if inner.refs[id as usize] == 0 {
@@ -206,10 +384,15 @@ impl MutexPool {
                 None
             };
             if let Some(error) = error {
-                for &undo in ids[..i].iter().rev() {
+                for &undo in &ids[ids.len() - done..] {
                     if inner.refs[undo as usize] == 0 {
-                        let popped = inner.free.pop();
-                        debug_assert_eq!(popped, Some(undo));
+                        if inner.key_of[undo as usize].is_some() {
+                            debug_assert_eq!(inner.lru_tail, undo);
+                            inner.lru_remove(undo);
+                        } else {
+                            let popped = inner.free.pop();
+                            debug_assert_eq!(popped, Some(undo));
+                        }
                     }
                     inner.refs[undo as usize] += 1;
                 }
@@ -217,11 +400,72 @@ impl MutexPool {
             }
             inner.refs[id as usize] -= 1;
             if inner.refs[id as usize] == 0 {
-                inner.free.push(id);
+                inner.released(id);
             }
         }
-        self.publish(&mut inner);
+        self.mirror(&mut inner);
         Ok(())
+    }
+
+    /// On behalf of an empty sequence: appends to `out` the blocks of the
+    /// longest prefix of `hashes` that is cached, one reference each (an
+    /// evictable block stops being evictable), and returns how many.
+    fn match_prefix(&self, hashes: &[BlockHash], out: &mut Vec<u32>) -> usize {
+        out.reserve(hashes.len().min(self.num_blocks));
+        let mut inner = self.lock();
+        let mut k = 0;
+        for key in hashes {
+            let Some(&id) = inner.index.get(key) else {
+                break;
+            };
+            if inner.refs[id as usize] == 0 {
+                inner.lru_remove(id);
+            }
+            inner.refs[id as usize] += 1;
+            out.push(id);
+            k += 1;
+        }
+        inner.stats.queried_blocks += hashes.len() as u64;
+        inner.stats.hit_blocks += k as u64;
+        if k > 0 {
+            self.mirror(&mut inner);
+        }
+        k
+    }
+
+    /// Makes `hashes[i]` the key of `blocks[i]` for each pair whose block
+    /// holds no key and whose key no block holds (first wins); returns how
+    /// many became cached. The blocks are the caller's full blocks.
+    fn publish_blocks(&self, blocks: &[u32], hashes: &[BlockHash]) -> usize {
+        let mut inner = self.lock();
+        let mut published = 0;
+        for (&id, key) in blocks.iter().zip(hashes) {
+            if inner.key_of[id as usize].is_some() || inner.index.contains_key(key) {
+                continue;
+            }
+            inner.key_of[id as usize] = Some(*key);
+            inner.index.insert(*key, id);
+            published += 1;
+        }
+        published
+    }
+
+    /// Takes `n` blocks (the caller has checked they are available) into
+    /// `out`: the uncached free ones first, in stack order, then evictable
+    /// ones, least recently released first.
+    fn take_n(inner: &mut Inner, n: usize, out: &mut Vec<u32>) {
+        let from_free = n.min(inner.free.len());
+        let start = inner.free.len() - from_free;
+        for i in start..inner.free.len() {
+            let id = inner.free[i];
+            inner.refs[id as usize] = 1;
+            out.push(id);
+        }
+        inner.free.truncate(start);
+        for _ in from_free..n {
+            let id = inner.take();
+            out.push(id);
+        }
     }
 
     /// A sequence's growth under one lock: takes `new_blocks` blocks, plus
@@ -240,9 +484,16 @@ impl MutexPool {
         out.reserve(new_blocks.min(self.num_blocks) + 1);
         let mut inner = self.lock();
         let cow = cow_of.is_some_and(|id| inner.refs[id as usize] > 1);
+        // A partly filled block ours alone is about to be written: if it
+        // holds a key, the key must not match any more (dropped once the
+        // growth is sure to succeed).
+        let written = cow_of.filter(|_| !cow);
         // A copy goes into a spare reserved block if the caller has one.
         let total = new_blocks.saturating_add(usize::from(cow && !spare));
         if total == 0 {
+            if let Some(id) = written {
+                inner.uncache(id);
+            }
             return Ok(cow);
         }
         if total > self.num_blocks {
@@ -251,21 +502,18 @@ impl MutexPool {
                 capacity: self.num_blocks,
             });
         }
-        let available = inner.free.len();
+        let available = inner.available();
         if total > available {
             return Err(ReserveError::Full {
                 requested: total,
                 available,
             });
         }
-        let start = available - total;
-        for i in start..available {
-            let id = inner.free[i];
-            inner.refs[id as usize] = 1;
-            out.push(id);
+        if let Some(id) = written {
+            inner.uncache(id);
         }
-        inner.free.truncate(start);
-        self.publish(&mut inner);
+        Self::take_n(&mut inner, total, out);
+        self.mirror(&mut inner);
         Ok(cow)
     }
 
@@ -280,7 +528,7 @@ impl MutexPool {
         out.reserve(shared.len() + usize::from(tail));
         let mut inner = self.lock();
         if tail {
-            let available = inner.free.len();
+            let available = inner.available();
             if available == 0 {
                 return Err(if self.num_blocks == 0 {
                     ReserveError::NeverFits {
@@ -300,11 +548,9 @@ impl MutexPool {
             out.push(id);
         }
         if tail {
-            // Checked above: the stack is not empty.
-            let id = inner.free.pop().unwrap_or_default();
-            inner.refs[id as usize] = 1;
-            out.push(id);
-            self.publish(&mut inner);
+            // Checked above: a block is available.
+            Self::take_n(&mut inner, 1, out);
+            self.mirror(&mut inner);
         }
         Ok(())
     }
@@ -605,6 +851,39 @@ impl MutexSeq {
             pos = end;
         }
         Ok(())
+    }
+
+    /// On an empty sequence (no token, no reserved block): takes the
+    /// longest prefix of `hashes` whose blocks are cached, one reference
+    /// each, sets the length to `k * block_size` and returns `k`, under one
+    /// lock. On any other sequence: 0, nothing changes.
+    pub fn try_match_prefix(&mut self, hashes: &[BlockHash]) -> usize {
+        if self.len != 0 || !self.blocks.is_empty() || hashes.is_empty() {
+            return 0;
+        }
+        let k = self.pool.match_prefix(hashes, &mut self.blocks);
+        self.len = k * self.pool.block_size;
+        // Cached blocks may be shared with other sequences.
+        self.shared_upto.set(self.shared_upto.get().max(k));
+        k
+    }
+
+    /// Makes `hashes[i]` the key of full block `i` (`i < len() /
+    /// block_size`) for every such block not cached yet, unless another
+    /// block holds the key (first wins); returns how many became cached.
+    pub fn publish(&mut self, hashes: &[BlockHash]) -> usize {
+        let full = (self.len / self.pool.block_size)
+            .min(hashes.len())
+            .min(self.blocks.len());
+        if full == 0 {
+            return 0;
+        }
+        let published = self
+            .pool
+            .publish_blocks(&self.blocks[..full], &hashes[..full]);
+        // A cached block may be matched by other sequences from now on.
+        self.shared_upto.set(self.shared_upto.get().max(full));
+        published
     }
 
     fn release_retired(&mut self) {

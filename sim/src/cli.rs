@@ -16,8 +16,9 @@ use crate::engine::{self, Admission, EngineConfig, MIX_SAMPLES};
 pub use crate::fault::Fault;
 use crate::fault::Faulty;
 use crate::model::{size_pool, ModelPreset, Sizing};
+use crate::prefix::TRACE_BLOCK;
 use crate::report::{table, Report};
-use crate::workload::{read_trace, Request, Synthetic};
+use crate::workload::{read_trace, Request, SharedPrefixes};
 
 /// Synthetic requests in a default run: every token of them is written to
 /// and read back from the oracle's KV memory, which makes a request cost
@@ -63,10 +64,18 @@ pub struct Cli {
     /// Tokens per block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
-    /// A CSV trace (`TIMESTAMP,ContextTokens,GeneratedTokens`, header
-    /// required) instead of the synthetic workload.
+    /// A trace instead of the synthetic workload: an Azure CSV
+    /// (`TIMESTAMP,ContextTokens,GeneratedTokens`, header required) or a
+    /// Mooncake JSONL (`{"timestamp", "input_length", "output_length",
+    /// "hash_ids"}` a line), told apart by the extension (`.csv`; `.jsonl`
+    /// or `.json`), else by the content (JSONL starts with `{`).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<PathBuf>,
+    /// Turn prefix caching off (it is on for every workload that names its
+    /// prompts' content: a JSONL trace's `hash_ids`, the synthetic
+    /// workload's shared prefixes).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
     /// Requests to run: synthetic ones to draw (default 500000), or the
     /// first N of the trace (default: all of it).
     #[arg(long)]
@@ -212,11 +221,26 @@ impl Cli {
             None => {
                 let n = self.requests.unwrap_or(DEFAULT_REQUESTS);
                 (
-                    Synthetic::default().generate(n, self.seed),
-                    format!("synthetic log-normal, {n} requests, seed {}", self.seed),
+                    SharedPrefixes::default().generate(n, self.seed),
+                    format!(
+                        "synthetic log-normal with shared prefixes, {n} requests, seed {}",
+                        self.seed
+                    ),
                 )
             }
         };
+        let prefix_cache = !self.no_prefix_cache;
+        if prefix_cache
+            && !TRACE_BLOCK.is_multiple_of(self.block_size)
+            && requests.iter().any(|r| r.hash_ids.is_some())
+        {
+            return Err(InputError(format!(
+                "--block-size {} does not divide the {TRACE_BLOCK}-token blocks the workload's \
+                 prompt content is named by: prefix caching needs a block size that does \
+                 (or --no-prefix-cache)",
+                self.block_size
+            )));
+        }
         let watermark_blocks = self.watermark.unwrap_or(sizing.num_blocks / 100);
         if self.stuck_after_ms == 0 {
             return Err(InputError("--stuck-after-ms must be at least 1".into()));
@@ -232,6 +256,7 @@ impl Cli {
             max_running: self.max_running,
             seed: self.seed,
             mix: self.spec.is_none() && self.samples.is_none() && self.admission.is_none(),
+            prefix_cache,
             stuck_after: std::time::Duration::from_millis(self.stuck_after_ms),
             ..EngineConfig::default()
         };
@@ -340,10 +365,11 @@ fn profile_words(e: &EngineConfig, block_size: usize) -> String {
 fn settings_line(plan: &Plan) -> String {
     let e = &plan.engine;
     format!(
-        "workload: {}; {} workers, {}, watermark {} blocks, chunk {}, max running {}; kvslots free list: {} stacks",
+        "workload: {}; {} workers, {}, prefix cache {}, watermark {} blocks, chunk {}, max running {}; kvslots free list: {} stacks",
         plan.workload,
         e.workers,
         profile_words(e, plan.sizing.block_size),
+        if e.prefix_cache { "on" } else { "off" },
         e.watermark_blocks,
         e.chunk,
         e.max_running,
@@ -365,6 +391,7 @@ fn settings_json(plan: &Plan) -> serde_json::Value {
         "max_running": e.max_running,
         "seed": e.seed,
         "mix": e.mix,
+        "prefix_cache": e.prefix_cache,
         "profiles": profile_words(e, plan.sizing.block_size),
         "stuck_after_ms": e.stuck_after.as_millis() as u64,
     })
@@ -421,6 +448,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> i32 {
                 "mutex": b,
                 "ratios": {
                     "alloc_ops_per_sec": a.alloc_ops_per_sec / b.alloc_ops_per_sec.max(f64::MIN_POSITIVE),
+                    "prefix_hit_rate": a.prefix_hit_rate / b.prefix_hit_rate.max(f64::MIN_POSITIVE),
                     "append_p999": a.append_latency_ns.p999 as f64 / b.append_latency_ns.p999.max(1) as f64,
                     "wall": a.wall_ms / b.wall_ms.max(f64::MIN_POSITIVE),
                 },

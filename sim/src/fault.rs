@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use kvslots::ReserveError;
 
-use crate::backend::{Appended, Forked, KvBackend, KvSeq};
+use kvslots::BlockHash;
+
+use crate::backend::{Appended, Forked, KvBackend, KvSeq, PrefixCounts};
 
 /// The occasion (counted over the whole run) at which a fault fires.
 pub const FIRE_AT: u64 = 50;
@@ -330,6 +332,16 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
         }
         Ok(())
     }
+    fn try_match_prefix(&mut self, hashes: &[BlockHash]) -> usize {
+        let k = self.seq_mut().try_match_prefix(hashes);
+        self.refresh();
+        k
+    }
+    fn publish(&mut self, hashes: &[BlockHash]) -> usize {
+        // Published blocks may be matched by other sequences from now on.
+        self.state.forget(self.id, |_| false);
+        self.seq_mut().publish(hashes)
+    }
 }
 
 impl<B: KvBackend> KvBackend for Faulty<B> {
@@ -367,5 +379,14 @@ impl<B: KvBackend> KvBackend for Faulty<B> {
     }
     fn new_seq(&self, tokens: usize) -> FaultySeq<B::Seq> {
         FaultySeq::new(self.inner.new_seq(tokens), Arc::clone(&self.state))
+    }
+    fn cached_blocks(&self) -> usize {
+        self.inner.cached_blocks()
+    }
+    fn evictable_blocks(&self) -> usize {
+        self.inner.evictable_blocks()
+    }
+    fn prefix_stats(&self) -> PrefixCounts {
+        self.inner.prefix_stats()
     }
 }

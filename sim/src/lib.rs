@@ -15,6 +15,8 @@ pub mod cli;
 pub mod engine;
 pub mod fault;
 pub mod model;
+pub mod mooncake;
 pub mod oracle;
+pub mod prefix;
 pub mod report;
 pub mod workload;

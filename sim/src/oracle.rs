@@ -14,6 +14,25 @@
 //! stamp that is not the one the sequence wrote is a failure naming the
 //! request, sample, position and block.
 //!
+//! # Cached prompt blocks
+//!
+//! With prefix caching, a sequence may start with blocks another request
+//! wrote (the block's publisher), matched from the cache. So the positions
+//! of a prompt's full trace blocks (the cacheable ones, see
+//! [`crate::prefix`]) are stamped with a *content stamp* instead: the
+//! content id of their trace block (a chain of the request's trace hash
+//! ids up to that block, computed independently of the cache's keys) and
+//! the position. Every request whose prompt has the same ids up to a block
+//! writes, and expects, the same stamps there; a matched block that holds
+//! another prefix's content (or a stale one) reads back the wrong content
+//! id and fails the run.
+//!
+//! Cached blocks are shared across workers, so the shadow cannot compare
+//! their counts with the pool's at every call (another worker may be
+//! between its call and its shadow update): for the cacheable entries of a
+//! table it only checks that the pool counts the block as held. The final
+//! sweep, once every worker has stopped, compares every block exactly.
+//!
 //! # The shadow
 //!
 //! Beside the memory, a count per block of the live sequence tables that
@@ -36,13 +55,14 @@
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 
 use crate::backend::{BlockCopy, KvBackend, KvSeq};
 
 /// Who wrote a slot: the fields of a stamp.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stamp {
-    /// The request's id (kept modulo 2^25).
+    /// The request's id (kept modulo 2^24).
     pub request: usize,
     /// The sample (0 for the parent; modulo 256).
     pub sample: usize,
@@ -53,7 +73,11 @@ pub struct Stamp {
 }
 
 const WRITTEN: u64 = 1 << 63;
-const REQUEST_BITS: u32 = 25;
+/// Set (with `WRITTEN`) in a content stamp: a content id's low 40 bits, then
+/// the position.
+const CONTENT: u64 = 1 << 62;
+const CONTENT_BITS: u32 = 40;
+const REQUEST_BITS: u32 = 24;
 const POSITION_BITS: u32 = 22;
 
 impl Stamp {
@@ -68,9 +92,10 @@ impl Stamp {
             | (self.position as u64 & ((1 << POSITION_BITS) - 1))
     }
 
-    /// The fields of a stored stamp; `None` for a slot never written.
+    /// The fields of a stored stamp; `None` for a slot never written or a
+    /// content stamp.
     pub fn unpack(raw: u64) -> Option<Stamp> {
-        (raw & WRITTEN != 0).then_some(Stamp {
+        (raw & (WRITTEN | CONTENT) == WRITTEN).then_some(Stamp {
             request: ((raw >> 38) & ((1 << REQUEST_BITS) - 1)) as usize,
             sample: ((raw >> 30) & 0xff) as usize,
             attempt: ((raw >> POSITION_BITS) & 0xff) as u32,
@@ -78,7 +103,24 @@ impl Stamp {
         })
     }
 
+    /// The content stamp of `position` in a trace block whose content id
+    /// is `content`.
+    #[inline]
+    pub fn content(content: u64, position: usize) -> u64 {
+        WRITTEN
+            | CONTENT
+            | (content & ((1 << CONTENT_BITS) - 1)) << POSITION_BITS
+            | (position as u64 & ((1 << POSITION_BITS) - 1))
+    }
+
     fn describe(raw: u64) -> String {
+        if raw & (WRITTEN | CONTENT) == WRITTEN | CONTENT {
+            return format!(
+                "the content stamp of content {:#x} position {}",
+                (raw >> POSITION_BITS) & ((1 << CONTENT_BITS) - 1),
+                raw & ((1 << POSITION_BITS) - 1)
+            );
+        }
         match Stamp::unpack(raw) {
             None => "a slot never written".to_string(),
             Some(s) => format!(
@@ -128,6 +170,12 @@ impl Writer {
 pub struct Tracked<Id> {
     /// Who writes this sequence's positions.
     pub writer: Writer,
+    /// The content id of each cacheable (full) trace block of the prompt:
+    /// its positions get content stamps (empty without prefix caching).
+    content: Arc<[u64]>,
+    /// Table entries that may be shared with other workers' sequences
+    /// (the cacheable prompt blocks).
+    cached: usize,
     /// The table as of the sequence's last allocator call.
     table: Vec<Id>,
     /// A block a copy-on-write replaced, which the sequence still holds
@@ -138,10 +186,39 @@ pub struct Tracked<Id> {
 impl<Id: Copy> Tracked<Id> {
     /// A sequence with an empty table.
     pub fn new(writer: Writer) -> Self {
+        Tracked::with_content(writer, Arc::from([]), 1)
+    }
+
+    /// A sequence with an empty table whose prompt's cacheable trace blocks
+    /// have the `content` ids, in a pool of `block_size`-token blocks.
+    pub fn with_content(writer: Writer, content: Arc<[u64]>, block_size: usize) -> Self {
         Tracked {
             writer,
+            cached: (content.len() * crate::prefix::TRACE_BLOCK).div_ceil(block_size.max(1)),
+            content,
             table: Vec::new(),
             retired: None,
+        }
+    }
+
+    /// A fork's record: `writer`, the same content, an empty table.
+    pub fn forked(&self, writer: Writer) -> Self {
+        Tracked {
+            writer,
+            content: Arc::clone(&self.content),
+            cached: self.cached,
+            table: Vec::new(),
+            retired: None,
+        }
+    }
+
+    /// The stamp position `position` of this sequence must hold: a content
+    /// stamp in a cacheable trace block, else the writer's.
+    #[inline]
+    pub fn stamp(&self, position: usize) -> u64 {
+        match self.content.get(position / crate::prefix::TRACE_BLOCK) {
+            Some(&c) => Stamp::content(c, position),
+            None => self.writer.stamp(position),
         }
     }
 
@@ -261,7 +338,15 @@ impl Oracle {
             // Relaxed: see the module's orderings.
             let held = h.fetch_add(1, Ordering::Relaxed) as usize + 1;
             let counted = backend.ref_count(block).unwrap_or(0);
-            if held != counted && first.is_ok() {
+            // A cacheable entry may be shared with other workers, whose
+            // calls and shadow updates interleave with this one: the pool
+            // must count it as held, the exact count waits for the sweep.
+            let wrong = if i < t.cached {
+                counted == 0
+            } else {
+                held != counted
+            };
+            if wrong && first.is_ok() {
                 first = Err(format!(
                     "request {} sample {}: block {block} (table entry {i}) is held by {held} live \
                      sequences but the pool counts {counted} references",
@@ -364,7 +449,7 @@ impl Oracle {
                         slot / self.block_size
                     ));
                 }
-                stamp.store(w.stamp(first + k), Ordering::Relaxed);
+                stamp.store(t.stamp(first + k), Ordering::Relaxed);
             }
             Ok(())
         })
@@ -382,7 +467,7 @@ impl Oracle {
             for (k, stamp) in self.stamps[base..base + run].iter().enumerate() {
                 // Relaxed: see the module's orderings.
                 let found = stamp.load(Ordering::Relaxed);
-                if found != w.stamp(first + k) {
+                if found != t.stamp(first + k) {
                     return Err(format!(
                         "request {} sample {} position {}: block {block} holds {}",
                         w.request,

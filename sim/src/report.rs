@@ -45,6 +45,12 @@ pub struct Report {
     /// What happened (each count a key of its own).
     #[serde(flatten)]
     pub counts: Counts,
+    /// `prefix_hit_tokens` over `prompt_tokens` (0 without prompts).
+    pub prefix_hit_rate: f64,
+    /// Cached blocks whose key was dropped to reuse the block.
+    pub evictions: u64,
+    /// Blocks holding a key at the end of the run.
+    pub cached_blocks: usize,
     /// High-water mark of blocks in use.
     pub peak_blocks_used: usize,
     /// Blocks in the pool.
@@ -60,7 +66,7 @@ pub struct Report {
     /// `try_append` latency.
     pub append_latency_ns: Latency,
     /// Allocator calls by kind: `admit`, `try_append`,
-    /// `truncate`, `try_fork`, `drop`.
+    /// `truncate`, `try_fork`, `drop`, `try_match_prefix`, `publish`.
     pub alloc_ops: std::collections::BTreeMap<&'static str, OpReport>,
     /// Each invariant.
     pub invariants: Invariants,
@@ -89,6 +95,13 @@ impl Report {
             workers: s.workers,
             requests: s.requests,
             counts: s.counts,
+            prefix_hit_rate: if s.counts.prompt_tokens == 0 {
+                0.0
+            } else {
+                s.counts.prefix_hit_tokens as f64 / s.counts.prompt_tokens as f64
+            },
+            evictions: s.prefix.evictions,
+            cached_blocks: s.cached_blocks,
             peak_blocks_used: s.peak_blocks_used,
             num_blocks: s.num_blocks,
             peak_blocks_pct: if s.num_blocks == 0 {
@@ -152,6 +165,17 @@ fn rows(r: &Report) -> Vec<(&'static str, String, Option<f64>)> {
             None,
         ),
         ("preemptions (recompute)", thousands(c.preemptions), None),
+        ("prompt tokens", thousands(c.prompt_tokens), None),
+        (
+            "prefix hit tokens (rate)",
+            format!(
+                "{} ({:.2}%)",
+                thousands(c.prefix_hit_tokens),
+                100.0 * r.prefix_hit_rate
+            ),
+            None,
+        ),
+        ("evictions", thousands(r.evictions), None),
         ("tokens prefilled", thousands(c.tokens_prefilled), None),
         ("tokens decoded", thousands(c.tokens_decoded), None),
         ("tokens rolled back", thousands(c.tokens_rolled_back), None),

@@ -1,21 +1,28 @@
-//! Requests: read from a trace in the Azure LLM inference format, or drawn
-//! from a seeded synthetic log-normal workload.
+//! Requests: read from a trace, or drawn from a seeded synthetic workload.
 //!
-//! The trace format is a CSV file with the header
-//! `TIMESTAMP,ContextTokens,GeneratedTokens` and one request a row (prompt
-//! tokens, generated tokens). The timestamps are read but not used: the
-//! simulator is closed-loop and feeds requests as fast as the workers take
-//! them.
+//! Two trace formats are read (see [`read_trace`] for how one is told from
+//! the other):
+//!
+//! * the Azure LLM inference CSV: the header
+//!   `TIMESTAMP,ContextTokens,GeneratedTokens` and one request a row
+//!   (prompt tokens, generated tokens);
+//! * the Mooncake JSONL (see [`crate::mooncake`]): one JSON object a line,
+//!   `{"timestamp", "input_length", "output_length", "hash_ids"}`, whose
+//!   `hash_ids` name the prompt's content (see [`crate::prefix`]).
+//!
+//! The timestamps are read but not used: the simulator is closed-loop and
+//! feeds requests as fast as the workers take them.
 
 use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, LogNormal};
 
 /// One inference request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
     /// Its index in the workload, `0..len`.
     pub id: usize,
@@ -23,6 +30,22 @@ pub struct Request {
     pub prompt: usize,
     /// Tokens to generate for each sample.
     pub output: usize,
+    /// The prompt's content: one chained id per 512-token block
+    /// (`ceil(prompt / 512)` of them, see [`crate::prefix`]); `None` when
+    /// the workload does not say (its prompt is then never cached).
+    pub hash_ids: Option<Arc<[u64]>>,
+}
+
+impl Request {
+    /// A request whose content is unknown (never cached).
+    pub fn new(id: usize, prompt: usize, output: usize) -> Request {
+        Request {
+            id,
+            prompt,
+            output,
+            hash_ids: None,
+        }
+    }
 }
 
 /// The trace header, exactly.
@@ -78,8 +101,33 @@ pub enum TraceError {
         /// The 1-based line number.
         line: usize,
     },
-    /// The header is there but no request follows.
+    /// The header is there (CSV) or the file has lines (JSONL) but no
+    /// request follows.
     NoRequests,
+    /// A JSONL line is not a JSON object.
+    BadJson {
+        /// The 1-based line number.
+        line: usize,
+        /// What the JSON parser said.
+        msg: String,
+    },
+    /// A JSONL object lacks a field.
+    MissingField {
+        /// The 1-based line number.
+        line: usize,
+        /// The field's name.
+        field: &'static str,
+    },
+    /// A JSONL object's `hash_ids` does not hold one id per 512-token block
+    /// of its prompt.
+    HashIdCount {
+        /// The 1-based line number.
+        line: usize,
+        /// `ceil(input_length / 512)`.
+        expected: usize,
+        /// How many ids it holds.
+        found: usize,
+    },
 }
 
 impl TraceError {
@@ -91,7 +139,10 @@ impl TraceError {
             | TraceError::EmptyField { line, .. }
             | TraceError::Negative { line, .. }
             | TraceError::BadNumber { line, .. }
-            | TraceError::ZeroPrompt { line } => Some(line),
+            | TraceError::ZeroPrompt { line }
+            | TraceError::BadJson { line, .. }
+            | TraceError::MissingField { line, .. }
+            | TraceError::HashIdCount { line, .. } => Some(line),
             TraceError::Io(_) | TraceError::Empty | TraceError::NoRequests => None,
         }
     }
@@ -125,20 +176,69 @@ impl fmt::Display for TraceError {
                 value,
             } => write!(f, "line {line}: bad number in {column}: `{value}`"),
             TraceError::ZeroPrompt { line } => {
-                write!(f, "line {line}: ContextTokens must be at least 1, found 0")
+                write!(
+                    f,
+                    "line {line}: the prompt (ContextTokens, input_length) must be at least 1 \
+                     token, found 0"
+                )
             }
-            TraceError::NoRequests => f.write_str("trace has a header but no requests"),
+            TraceError::NoRequests => f.write_str("trace has no requests"),
+            TraceError::BadJson { line, msg } => write!(f, "line {line}: bad JSON: {msg}"),
+            TraceError::MissingField { line, field } => {
+                write!(f, "line {line}: missing field `{field}`")
+            }
+            TraceError::HashIdCount {
+                line,
+                expected,
+                found,
+            } => write!(
+                f,
+                "line {line}: hash_ids holds {found} ids, expected ceil(input_length / 512) = \
+                 {expected}"
+            ),
         }
     }
 }
 
 impl std::error::Error for TraceError {}
 
-/// Reads a trace file. See [`parse_trace`].
+/// A trace file's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TraceFormat {
+    /// The Azure CSV ([`parse_trace`]).
+    Csv,
+    /// The Mooncake JSONL ([`crate::mooncake::parse_jsonl`]).
+    Jsonl,
+}
+
+/// The format of a trace: by the file's extension (`.csv`; `.jsonl` or
+/// `.json`), otherwise by its content (a first non-blank character `{` is
+/// JSONL, anything else CSV).
+pub fn trace_format(path: &Path, text: &str) -> TraceFormat {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some(e) if e.eq_ignore_ascii_case("csv") => TraceFormat::Csv,
+        Some(e) if e.eq_ignore_ascii_case("jsonl") || e.eq_ignore_ascii_case("json") => {
+            TraceFormat::Jsonl
+        }
+        _ if text
+            .trim_start_matches('\u{feff}')
+            .trim_start()
+            .starts_with('{') =>
+        {
+            TraceFormat::Jsonl
+        }
+        _ => TraceFormat::Csv,
+    }
+}
+
+/// Reads a trace file, CSV or JSONL (see [`trace_format`]).
 pub fn read_trace(path: &Path) -> Result<Vec<Request>, TraceError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| TraceError::Io(format!("{}: {e}", path.display())))?;
-    parse_trace(&text)
+    match trace_format(path, &text) {
+        TraceFormat::Csv => parse_trace(&text),
+        TraceFormat::Jsonl => crate::mooncake::parse_jsonl(&text),
+    }
 }
 
 /// Parses a trace in the Azure LLM inference format. The header is
@@ -184,11 +284,7 @@ pub fn parse_trace(text: &str) -> Result<Vec<Request>, TraceError> {
         if prompt == 0 {
             return Err(TraceError::ZeroPrompt { line });
         }
-        requests.push(Request {
-            id: requests.len(),
-            prompt,
-            output,
-        });
+        requests.push(Request::new(requests.len(), prompt, output));
     }
     if requests.is_empty() {
         return Err(TraceError::NoRequests);
@@ -267,13 +363,159 @@ impl Synthetic {
             .map(|id| {
                 let p: f64 = prompt.sample(&mut rng);
                 let o: f64 = output.sample(&mut rng);
-                Request {
+                Request::new(
                     id,
-                    prompt: (p.round() as usize).clamp(1, self.max_prompt.max(1)),
-                    output: (o.round() as usize).clamp(1, self.max_output.max(1)),
-                }
+                    (p.round() as usize).clamp(1, self.max_prompt.max(1)),
+                    (o.round() as usize).clamp(1, self.max_output.max(1)),
+                )
             })
             .collect()
+    }
+}
+
+/// The synthetic workload with shared prompt prefixes: a few shared system
+/// prompts, and multi-turn conversations that re-send their history, on
+/// top of [`Synthetic`]'s lengths. Every request gets `hash_ids` (see
+/// [`crate::prefix`]), so prefix caching shows without a trace.
+///
+/// Each request is, by a seeded draw:
+///
+/// * with probability `1 - turns`, a *single-shot* request with
+///   [`Synthetic`]'s log-normal prompt; half of those whose prompt is
+///   longer than a system prompt start with one (picked uniformly), the
+///   rest of the prompt fresh content;
+/// * otherwise the next *turn* of one of `open` conversations (picked
+///   uniformly): a conversation's first turn is a system prompt and a user
+///   message; each later turn re-sends the previous turn's prompt and
+///   answer, then a new user message (log-normal, ln mean `user_mu`, sd
+///   `user_sigma`). A conversation ends after a turn with probability
+///   `1 / mean_turns`, or when its next prompt would pass the prompt cap;
+///   a new one then takes its place.
+///
+/// A turn's ids are the previous turn's ids for the previous prompt's
+/// full 512-token blocks, then fresh ones (its last partly filled block
+/// now holds more, so it is new content); a system prompt is a whole
+/// number of 512-token blocks with ids of its own.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SharedPrefixes {
+    /// Lengths of prompts and outputs (single-shot prompts, every output).
+    pub lengths: Synthetic,
+    /// The share of requests that are conversation turns.
+    pub turns: f64,
+    /// Conversations open at once.
+    pub open: usize,
+    /// Mean turns of a conversation.
+    pub mean_turns: f64,
+    /// Shared system prompts; the `i`th holds `(i + 1) * 512` tokens.
+    pub system_prompts: usize,
+    /// Mean of ln(user message tokens).
+    pub user_mu: f64,
+    /// Standard deviation of ln(user message tokens).
+    pub user_sigma: f64,
+}
+
+impl Default for SharedPrefixes {
+    /// Half the requests conversation turns, 32 conversations open, 4
+    /// turns on average, 4 system prompts of 512 to 2,048 tokens, user
+    /// messages of about e^5 = 150 tokens.
+    fn default() -> Self {
+        SharedPrefixes {
+            lengths: Synthetic::default(),
+            turns: 0.5,
+            open: 32,
+            mean_turns: 4.0,
+            system_prompts: 4,
+            user_mu: 5.0,
+            user_sigma: 1.0,
+        }
+    }
+}
+
+/// One open conversation: its last prompt (with ids) and answer.
+#[derive(Debug, Clone)]
+struct Conversation {
+    prompt: usize,
+    output: usize,
+    ids: Vec<u64>,
+}
+
+impl SharedPrefixes {
+    /// Draws `n` requests, reproducibly from `seed`.
+    pub fn generate(&self, n: usize, seed: u64) -> Vec<Request> {
+        use rand::Rng;
+        const B: usize = crate::prefix::TRACE_BLOCK;
+        let mut rng = StdRng::seed_from_u64(seed);
+        let l = &self.lengths;
+        let prompt_d = LogNormal::new(l.prompt_mu, l.prompt_sigma).expect("valid prompt sigma");
+        let output_d = LogNormal::new(l.output_mu, l.output_sigma).expect("valid output sigma");
+        let user_d = LogNormal::new(self.user_mu, self.user_sigma).expect("valid user sigma");
+        let max_prompt = l.max_prompt.max(1);
+        let mut next_id = 0u64;
+        let mut fresh = |k: usize, ids: &mut Vec<u64>| {
+            ids.extend(next_id..next_id + k as u64);
+            next_id += k as u64;
+        };
+        let systems: Vec<Vec<u64>> = (0..self.system_prompts)
+            .map(|i| {
+                let mut ids = Vec::new();
+                fresh(i + 1, &mut ids);
+                ids
+            })
+            .collect();
+        let mut open: Vec<Option<Conversation>> = vec![None; self.open.max(1)];
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let id = out.len();
+            let output = (output_d.sample(&mut rng).round() as usize).clamp(1, l.max_output.max(1));
+            let user = (user_d.sample(&mut rng).round() as usize).max(1);
+            let (prompt, ids) = if rng.random_bool(self.turns.clamp(0.0, 1.0)) {
+                let slot = rng.random_range(0..open.len());
+                let next = open[slot]
+                    .as_ref()
+                    .map(|c| (c.prompt + c.output + user, c))
+                    .filter(|&(p, _)| p <= max_prompt);
+                let (prompt, mut ids) = match next {
+                    Some((prompt, c)) => {
+                        let keep = c.prompt / B;
+                        (prompt, c.ids[..keep].to_vec())
+                    }
+                    None if systems.is_empty() => (user.min(max_prompt), Vec::new()),
+                    None => {
+                        let s = &systems[rng.random_range(0..systems.len())];
+                        ((s.len() * B + user).min(max_prompt), s.clone())
+                    }
+                };
+                ids.truncate(prompt / B);
+                let have = ids.len();
+                fresh(prompt.div_ceil(B) - have, &mut ids);
+                let ends = rng.random_bool((1.0 / self.mean_turns.max(1.0)).clamp(0.0, 1.0));
+                open[slot] = (!ends).then(|| Conversation {
+                    prompt,
+                    output,
+                    ids: ids.clone(),
+                });
+                (prompt, ids)
+            } else {
+                let prompt = (prompt_d.sample(&mut rng).round() as usize).clamp(1, max_prompt);
+                let mut ids = Vec::new();
+                if !systems.is_empty() && rng.random_bool(0.5) {
+                    let s = &systems[rng.random_range(0..systems.len())];
+                    if prompt > s.len() * B {
+                        ids.extend_from_slice(s);
+                    }
+                }
+                let have = ids.len();
+                fresh(prompt.div_ceil(B) - have, &mut ids);
+                (prompt, ids)
+            };
+            out.push(Request {
+                id,
+                prompt,
+                output,
+                hash_ids: Some(ids.into()),
+            });
+        }
+        out
     }
 }
 
@@ -306,23 +548,28 @@ mod tests {
     }
 
     #[test]
+    fn shared_prefixes_are_reproducible_and_well_formed() {
+        let w = SharedPrefixes::default();
+        let a = w.generate(5_000, 7);
+        assert_eq!(a, w.generate(5_000, 7));
+        let mut seen = std::collections::HashSet::new();
+        let mut repeated = 0;
+        for (i, r) in a.iter().enumerate() {
+            let ids = r.hash_ids.as_deref().unwrap();
+            assert_eq!(r.id, i);
+            assert!((1..=8192).contains(&r.prompt));
+            assert_eq!(ids.len(), r.prompt.div_ceil(512));
+            let full = &ids[..r.prompt / 512];
+            repeated += full.iter().filter(|&&h| !seen.insert(h)).count();
+        }
+        // Shared system prompts and re-sent histories repeat blocks.
+        assert!(repeated > 1_000, "{repeated}");
+    }
+
+    #[test]
     fn parses_a_good_trace_with_crlf_and_no_final_newline() {
         let t = "TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:17:03.97,4808,10\r\n\r\n2023-11-16 18:17:04.03,3180,0";
         let r = parse_trace(t).unwrap();
-        assert_eq!(
-            r,
-            vec![
-                Request {
-                    id: 0,
-                    prompt: 4808,
-                    output: 10
-                },
-                Request {
-                    id: 1,
-                    prompt: 3180,
-                    output: 0
-                },
-            ]
-        );
+        assert_eq!(r, vec![Request::new(0, 4808, 10), Request::new(1, 3180, 0)]);
     }
 }

@@ -56,6 +56,10 @@ pub struct EngineConfig {
     /// [`EngineConfig::profile`]) instead of `admission`, `spec` and
     /// `samples`.
     pub mix: bool,
+    /// Prefix caching: a request whose content the workload names
+    /// (`hash_ids`) matches its prompt's cached prefix before admission and
+    /// publishes its prompt's full blocks once prefilled.
+    pub prefix_cache: bool,
     /// How long one allocator call may run before the watchdog declares it
     /// stuck (a livelock) and ends the run.
     pub stuck_after: Duration,
@@ -80,6 +84,7 @@ impl Default for EngineConfig {
             max_running: 64,
             seed: 0,
             mix: false,
+            prefix_cache: true,
             stuck_after: Duration::from_secs(10),
             stall_limit: 20_000_000,
             monitor_interval: Duration::from_micros(200),

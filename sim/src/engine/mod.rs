@@ -179,8 +179,8 @@ pub fn run<B: KvBackend>(
 
 /// Feeds the queue until every request is in or the run is stopped.
 fn produce(shared: &Shared, requests: &[Request], tx: &Sender<Request>) {
-    for &r in requests {
-        let mut r = r;
+    for r in requests {
+        let mut r = r.clone();
         loop {
             match tx.send_timeout(r, Duration::from_millis(10)) {
                 Ok(()) => break,
@@ -214,6 +214,8 @@ fn spawn_workers<B: KvBackend>(
             // flag values must not abort).
             slots: Vec::with_capacity(cfg.chunk.max(cfg.spec).min(1 << 16)),
             spare: None,
+            keys: (None, Vec::new()),
+            key_bufs: Vec::new(),
         };
         let (rx, exits, shared) = (rx.clone(), exits.clone(), Arc::clone(shared));
         std::thread::Builder::new()
@@ -348,6 +350,8 @@ fn summarize<B: KvBackend>(
         unfinished_requests: 0,
         stalled: false,
         errors: Vec::new(),
+        prefix: backend.prefix_stats(),
+        cached_blocks: backend.cached_blocks(),
     };
     stats.counts.stuck_calls = stuck as u64;
     let mut finished = vec![0u8; requests];

@@ -35,6 +35,11 @@ counts! {
     requests_rejected,
     /// Groups dropped to free blocks (each requeued and recomputed).
     preemptions,
+    /// Prompt tokens of admitted requests (recomputation included): the
+    /// matched ones and those prefilled.
+    prompt_tokens,
+    /// Of those, tokens served from the prefix cache (matched blocks).
+    prefix_hit_tokens,
     /// Prompt tokens appended (recomputation included).
     tokens_prefilled,
     /// Output tokens kept (recomputation included).
@@ -105,6 +110,10 @@ pub struct RunStats {
     /// Failures, the first one first (a wrong stamp, an unexpected error,
     /// a panic, a stuck call, what the final sweep found).
     pub errors: Vec<String>,
+    /// The prefix cache's counts at the end.
+    pub prefix: crate::backend::PrefixCounts,
+    /// Blocks holding a key at the end.
+    pub cached_blocks: usize,
 }
 
 /// The kinds of allocator call the engine makes.
@@ -116,22 +125,29 @@ pub enum OpKind {
     Admit,
     /// `try_append`: prefill chunks, decode tokens, speculative drafts.
     Append,
-    /// `truncate` of rejected draft tokens.
+    /// `truncate` of rejected draft tokens (and of the blocks a refused
+    /// admission matched).
     Truncate,
     /// `try_fork` for parallel sampling.
     Fork,
     /// Dropping a sequence (its blocks go back).
     Drop,
+    /// `try_match_prefix` before admission.
+    Match,
+    /// `publish` of a prefilled prompt's full blocks.
+    Publish,
 }
 
 impl OpKind {
     /// Every kind, in index order.
-    pub const ALL: [OpKind; 5] = [
+    pub const ALL: [OpKind; 7] = [
         OpKind::Admit,
         OpKind::Append,
         OpKind::Truncate,
         OpKind::Fork,
         OpKind::Drop,
+        OpKind::Match,
+        OpKind::Publish,
     ];
 
     /// The kind's name in reports.
@@ -142,6 +158,8 @@ impl OpKind {
             OpKind::Truncate => "truncate",
             OpKind::Fork => "try_fork",
             OpKind::Drop => "drop",
+            OpKind::Match => "try_match_prefix",
+            OpKind::Publish => "publish",
         }
     }
 }

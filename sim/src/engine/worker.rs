@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, RecvError};
-use kvslots::ReserveError;
+use kvslots::{BlockHash, ReserveError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -17,6 +17,7 @@ use super::shared::Shared;
 use super::stats::{OpKind, WorkerStats};
 use crate::backend::{KvBackend, KvSeq};
 use crate::oracle::{Tracked, Writer};
+use crate::prefix;
 use crate::workload::Request;
 
 /// Blocks needed by a group of `samples` sequences that share the full
@@ -74,6 +75,9 @@ struct Group<B: KvBackend> {
     /// a refusal was resolved by preempting another group).
     cursor: usize,
     rng: SmallRng,
+    /// The prompt's block keys, published once it is prefilled (empty
+    /// without prefix caching).
+    keys: Vec<BlockHash>,
 }
 
 /// Why a step could not go on.
@@ -116,6 +120,11 @@ pub(super) struct Worker<B: KvBackend> {
     /// (usually the same request), so that refused attempts neither build
     /// nor drop a sequence each time.
     pub(super) spare: Option<(usize, B::Seq)>,
+    /// The block keys of the request `keys.0` (the waiting head's, usually),
+    /// kept across refused admissions so that they are hashed once.
+    pub(super) keys: (Option<usize>, Vec<BlockHash>),
+    /// Emptied key buffers of completed groups, for reuse.
+    pub(super) key_bufs: Vec<Vec<BlockHash>>,
 }
 
 /// Stops the run if dropped by a panic's unwinding.
@@ -246,11 +255,20 @@ impl<B: KvBackend> Worker<B> {
             Admission::Reserve => g.req.prompt,
             Admission::Check => 0,
         };
-        self.append(&mut g.seqs[0], chunk, reserved, "prefill")?;
+        // A prompt the cache held whole has nothing left to prefill.
+        if chunk > 0 {
+            self.append(&mut g.seqs[0], chunk, reserved, "prefill")?;
+        }
         g.prefilled += chunk;
         self.stats.counts.tokens_prefilled += chunk as u64;
         if g.prefilled < g.req.prompt {
             return Ok(false);
+        }
+        if !g.keys.is_empty() {
+            // The prompt's full trace blocks are in: publish them (before
+            // any decode, so never a draft token).
+            let (seq, keys) = (&mut g.seqs[0].seq, &g.keys);
+            self.call(OpKind::Publish, || seq.publish(keys));
         }
         g.phase = if g.profile.samples > 1 {
             Phase::Fork
@@ -270,7 +288,7 @@ impl<B: KvBackend> Worker<B> {
         let len = parent.seq.len();
         let mut live = Live {
             seq: child,
-            t: Tracked::new(Writer {
+            t: parent.t.forked(Writer {
                 sample: g.seqs.len(),
                 fork_len: len,
                 ..parent.t.writer
@@ -362,7 +380,11 @@ impl<B: KvBackend> Worker<B> {
     /// pass), then drops them, with any reserved blocks they still hold
     /// (each drop is an allocator call). The blocks go back whatever the
     /// reads found.
-    fn release(&mut self, g: Group<B>) -> Result<(), String> {
+    fn release(&mut self, mut g: Group<B>) -> Result<(), String> {
+        if g.keys.capacity() > 0 {
+            g.keys.clear();
+            self.key_bufs.push(std::mem::take(&mut g.keys));
+        }
         let oracle = &self.shared.oracle;
         let mut first = Ok(());
         for live in &g.seqs {
@@ -407,6 +429,7 @@ impl<B: KvBackend> Worker<B> {
         profile: Profile,
     ) -> Result<Option<Group<B>>, StepError> {
         let wm = self.cfg.watermark_blocks;
+        let bs = self.block_size();
         // The sequence's table is sized for the whole run (prompt plus
         // output), so that no append reallocates it.
         let tokens = req.prompt + req.output;
@@ -416,10 +439,19 @@ impl<B: KvBackend> Worker<B> {
             // block (it holds none), so it is not an allocator call.
             _ => self.backend.new_seq(tokens),
         };
+        // Prefix caching: the longest cached prefix of the prompt's full
+        // trace blocks goes in first; the rest is admitted as usual.
+        let caching = self.cfg.prefix_cache && req.hash_ids.is_some();
+        let matched = if caching {
+            self.match_prefix(&req, &mut seq)
+        } else {
+            0
+        };
+        let rest = req.prompt - matched * bs;
         let admitted = match profile.admission {
-            Admission::Reserve => self.call(OpKind::Admit, || seq.try_reserve(req.prompt, wm)),
+            Admission::Reserve => self.call(OpKind::Admit, || seq.try_reserve(rest, wm)),
             Admission::Check => {
-                let prompt_blocks = req.prompt.div_ceil(self.block_size());
+                let prompt_blocks = rest.div_ceil(bs);
                 // A zero-block allocation pushes nothing: `none` stays empty
                 // and never allocates.
                 let mut none = Vec::new();
@@ -432,22 +464,37 @@ impl<B: KvBackend> Worker<B> {
         };
         match admitted {
             Ok(()) => {}
-            Err(ReserveError::Full { .. }) if seq.table().is_empty() => {
-                // Refused: nothing changed, the sequence is still empty.
+            Err(ReserveError::Full { .. }) if seq.table().len() == matched => {
+                // Refused: the sequence holds only what it matched; it
+                // gives that back (as a server would) and is kept empty.
+                if matched > 0 {
+                    self.call(OpKind::Truncate, || seq.truncate(0));
+                }
                 self.spare = Some((tokens, seq));
                 return Ok(None);
             }
             Err(e) => return Err(StepError::Fatal(format!("admission: unexpected {e:?}"))),
         }
-        let mut live = Live {
-            seq,
-            t: Tracked::new(Writer {
-                request: req.id,
-                sample: 0,
-                attempt,
-                fork_len: 0,
-            }),
+        self.stats.counts.prompt_tokens += req.prompt as u64;
+        self.stats.counts.prefix_hit_tokens += (matched * bs) as u64;
+        let writer = Writer {
+            request: req.id,
+            sample: 0,
+            attempt,
+            fork_len: 0,
         };
+        let (t, keys) = match (&req.hash_ids, caching) {
+            (Some(ids), true) => {
+                // The keys go with the group, to be published.
+                self.keys.0 = None;
+                let spare = self.key_bufs.pop().unwrap_or_default();
+                let keys = std::mem::replace(&mut self.keys.1, spare);
+                let content = prefix::content_ids(ids, req.prompt);
+                (Tracked::with_content(writer, content.into(), bs), keys)
+            }
+            _ => (Tracked::new(writer), Vec::new()),
+        };
+        let mut live = Live { seq, t };
         let reserved = match profile.admission {
             Admission::Reserve => req.prompt,
             Admission::Check => 0,
@@ -456,10 +503,14 @@ impl<B: KvBackend> Worker<B> {
         let checked = oracle
             .after_call(&self.backend, &mut live.t, &live.seq, 0, None)
             .and_then(|()| {
-                oracle.expect_blocks(&live.t, self.blocks_for(0, reserved), "admission")
+                let want = self.blocks_for(matched * bs, reserved);
+                oracle.expect_blocks(&live.t, want, "admission")
             });
         let mut seqs = Vec::with_capacity(profile.samples);
         seqs.push(live);
+        let rng = SmallRng::seed_from_u64(
+            self.cfg.seed ^ (req.id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        );
         let g = Group {
             req,
             attempt,
@@ -467,11 +518,10 @@ impl<B: KvBackend> Worker<B> {
             phase: Phase::Prefill,
             seqs,
             generated: vec![0; profile.samples],
-            prefilled: 0,
+            prefilled: matched * bs,
             cursor: 0,
-            rng: SmallRng::seed_from_u64(
-                self.cfg.seed ^ (req.id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
-            ),
+            rng,
+            keys,
         };
         if let Err(e) = checked {
             // Give the blocks back before stopping.
@@ -479,6 +529,28 @@ impl<B: KvBackend> Worker<B> {
             return Err(StepError::Kv(e));
         }
         Ok(Some(g))
+    }
+
+    /// Matches the prompt of `req` against the prefix cache into the empty
+    /// `seq` (one allocator call); returns the blocks matched. The keys
+    /// are hashed once per request and kept for its next attempts.
+    fn match_prefix(&mut self, req: &Request, seq: &mut B::Seq) -> usize {
+        let bs = self.block_size();
+        let (for_id, keys) = &mut self.keys;
+        if *for_id != Some(req.id) {
+            keys.clear();
+            if let Some(ids) = &req.hash_ids {
+                prefix::block_keys(ids, req.prompt, bs, keys);
+            }
+            *for_id = Some(req.id);
+        }
+        if keys.is_empty() {
+            return 0;
+        }
+        let keys = std::mem::take(&mut self.keys.1);
+        let k = self.call(OpKind::Match, || seq.try_match_prefix(&keys));
+        self.keys.1 = keys;
+        k
     }
 
     /// Admits waiting requests, first come first served, while this worker
@@ -491,7 +563,7 @@ impl<B: KvBackend> Worker<B> {
         let (nb, bs) = (self.backend.num_blocks(), self.block_size());
         while running.len() < self.cfg.max_running {
             let head = match q.waiting.front() {
-                Some(&w) => w,
+                Some(w) => w.clone(),
                 None if q.source_done => break,
                 // Closed-loop: every request has arrived, so a worker waits
                 // for the producer rather than treating a momentarily empty
@@ -499,7 +571,7 @@ impl<B: KvBackend> Worker<B> {
                 // depend on thread timing).
                 None => match q.rx.recv() {
                     Ok(r) => {
-                        q.waiting.push_back((r, 0));
+                        q.waiting.push_back((r.clone(), 0));
                         (r, 0)
                     }
                     Err(RecvError) => {
@@ -508,9 +580,9 @@ impl<B: KvBackend> Worker<B> {
                     }
                 },
             };
-            let req = head.0;
+            let req = &head.0;
             let profile = self.cfg.profile(req.id, bs);
-            if never_fits(&req, &profile, self.cfg.watermark_blocks, nb, bs) {
+            if never_fits(req, &profile, self.cfg.watermark_blocks, nb, bs) {
                 q.waiting.pop_front();
                 self.stats.counts.requests_rejected += 1;
                 self.finish_one(req.id);
@@ -585,7 +657,7 @@ impl<B: KvBackend> Worker<B> {
                     // one), then retry this one if it is still here.
                     let victim = running.pop().expect("running is not empty");
                     q.waiting
-                        .push_front((victim.req, victim.attempt.wrapping_add(1)));
+                        .push_front((victim.req.clone(), victim.attempt.wrapping_add(1)));
                     self.stats.counts.preemptions += 1;
                     let read = self.release(victim);
                     self.shared.idle.wake_all();

@@ -1,0 +1,138 @@
+//! The Mooncake trace format: one JSON object a line,
+//! `{"timestamp": 0, "input_length": 6758, "output_length": 500,
+//! "hash_ids": [0, 1, ...]}`, with one chained id per 512-token block of
+//! the prompt (see [`crate::prefix`] for what the simulator makes of them).
+//!
+//! Every line is checked before any request is run: it must be a JSON
+//! object with the four fields (others are ignored), each count a
+//! non-negative whole number, `input_length` at least 1, and `hash_ids` an
+//! array of `ceil(input_length / 512)` non-negative whole numbers. Blank
+//! lines are skipped; a file with no request is refused. The first problem
+//! found is returned with its 1-based line number.
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+use crate::prefix::TRACE_BLOCK;
+use crate::workload::{Request, TraceError};
+
+/// Parses a Mooncake JSONL trace (see the module's docs).
+pub fn parse_jsonl(text: &str) -> Result<Vec<Request>, TraceError> {
+    let mut requests = Vec::new();
+    for (index, raw) in text.lines().enumerate() {
+        let line = index + 1;
+        let row = raw.trim_start_matches('\u{feff}').trim();
+        if row.is_empty() {
+            continue;
+        }
+        let value: Value = serde_json::from_str(row).map_err(|e| TraceError::BadJson {
+            line,
+            msg: e.to_string(),
+        })?;
+        let Value::Object(obj) = value else {
+            return Err(TraceError::BadJson {
+                line,
+                msg: "expected a JSON object".to_string(),
+            });
+        };
+        count(&obj, line, "timestamp")?;
+        let prompt = count(&obj, line, "input_length")? as usize;
+        let output = count(&obj, line, "output_length")? as usize;
+        if prompt == 0 {
+            return Err(TraceError::ZeroPrompt { line });
+        }
+        let ids = match obj.get("hash_ids") {
+            None => {
+                return Err(TraceError::MissingField {
+                    line,
+                    field: "hash_ids",
+                })
+            }
+            Some(Value::Array(ids)) => ids,
+            Some(other) => {
+                return Err(TraceError::BadNumber {
+                    line,
+                    column: "hash_ids",
+                    value: shown(other),
+                })
+            }
+        };
+        let expected = prompt.div_ceil(TRACE_BLOCK);
+        if ids.len() != expected {
+            return Err(TraceError::HashIdCount {
+                line,
+                expected,
+                found: ids.len(),
+            });
+        }
+        let ids = ids
+            .iter()
+            .map(|v| whole(v, line, "hash_ids"))
+            .collect::<Result<Arc<[u64]>, _>>()?;
+        requests.push(Request {
+            id: requests.len(),
+            prompt,
+            output,
+            hash_ids: Some(ids),
+        });
+    }
+    if requests.is_empty() {
+        return Err(TraceError::NoRequests);
+    }
+    Ok(requests)
+}
+
+/// A field that must be a non-negative whole number.
+fn count(obj: &Map<String, Value>, line: usize, field: &'static str) -> Result<u64, TraceError> {
+    match obj.get(field) {
+        None => Err(TraceError::MissingField { line, field }),
+        Some(v) => whole(v, line, field),
+    }
+}
+
+/// A non-negative whole number (that fits a `usize`), or a typed error
+/// naming it.
+fn whole(v: &Value, line: usize, column: &'static str) -> Result<u64, TraceError> {
+    if let Some(n) = v.as_u64() {
+        if usize::try_from(n).is_ok() {
+            return Ok(n);
+        }
+    }
+    let value = shown(v);
+    let negative = match v {
+        Value::Number(n) => n.as_f64().is_some_and(|f| f < 0.0),
+        _ => false,
+    };
+    if negative {
+        Err(TraceError::Negative {
+            line,
+            column,
+            value,
+        })
+    } else {
+        Err(TraceError::BadNumber {
+            line,
+            column,
+            value,
+        })
+    }
+}
+
+fn shown(v: &Value) -> String {
+    v.to_string().chars().take(40).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_good_lines_and_skips_blank_ones() {
+        let t = "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 5, \"hash_ids\": [0, 1]}\n\n{\"timestamp\": 3, \"input_length\": 1025, \"output_length\": 0, \"hash_ids\": [0, 1, 2], \"extra\": true}";
+        let r = parse_jsonl(t).unwrap();
+        assert_eq!(r.len(), 2);
+        assert_eq!((r[0].id, r[0].prompt, r[0].output), (0, 1024, 5));
+        assert_eq!(r[1].hash_ids.as_deref(), Some(&[0u64, 1, 2][..]));
+    }
+}
