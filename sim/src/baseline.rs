@@ -993,7 +993,8 @@ mod tests {
         assert_eq!(p.free_blocks(), free);
         assert_eq!(p.refs(a[0]), Some(1));
         p.free(&a).unwrap();
-        assert_eq!(p.free(&a), Err(MutexFreeError::NotAllocated { id: a[0] }));
+        // The last listed id goes first, so it is the one named.
+        assert_eq!(p.free(&a), Err(MutexFreeError::NotAllocated { id: a[1] }));
         assert_eq!(p.free_blocks(), 4);
     }
 
