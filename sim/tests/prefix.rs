@@ -104,7 +104,12 @@ fn prefix_caching_off_matches_nothing() {
         prefix_cache: false,
         ..one_at_a_time()
     };
-    let s = engine::run(&MutexBackend::new(roomy(&reqs, 512), 512), &reqs, &cfg, None);
+    let s = engine::run(
+        &MutexBackend::new(roomy(&reqs, 512), 512),
+        &reqs,
+        &cfg,
+        None,
+    );
     assert_ok(&s, reqs.len());
     assert_eq!(s.counts.prefix_hit_tokens, 0);
     assert_eq!(s.cached_blocks, 0);

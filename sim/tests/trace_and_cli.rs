@@ -246,6 +246,10 @@ fn json_report_has_the_documented_keys_and_invariants_hold() {
         "alloc_ops_per_sec",
         "append_latency_ns",
         "invariants_ok",
+        "prompt_tokens",
+        "prefix_hit_tokens",
+        "prefix_hit_rate",
+        "evictions",
     ] {
         assert!(v.get(key).is_some(), "missing {key} in {v}");
     }
@@ -350,6 +354,9 @@ fn table_report_prints_sizing_and_rows() {
     for row in [
         "requests completed",
         "preemptions",
+        "prompt tokens",
+        "prefix hit tokens (rate)",
+        "evictions",
         "try_append p99.9",
         "invariants",
     ] {
@@ -397,4 +404,261 @@ fn a_pool_where_nothing_can_run_exits_2_before_any_work() {
         "100",
     ]);
     assert_eq!(code, 0, "{v}");
+}
+
+const JSONL_GOOD: &str = "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 5, \"hash_ids\": [0, 1]}\n{\"timestamp\": 7, \"input_length\": 1100, \"output_length\": 3, \"hash_ids\": [0, 1, 2]}\n";
+
+/// Each malformed JSONL trace: its name, text, the line the error must
+/// name, and words its message must hold.
+fn malformed_jsonl() -> Vec<(&'static str, String, Option<usize>, &'static [&'static str])> {
+    let line3 = |l: &str| format!("{JSONL_GOOD}{l}\n");
+    vec![
+        (
+            "bad_json",
+            line3("{\"timestamp\": 0, \"input_length\": 12"),
+            Some(3),
+            &["line 3", "bad JSON"],
+        ),
+        (
+            "not_an_object",
+            line3("[0, 512, 3, [1]]"),
+            Some(3),
+            &["line 3", "expected a JSON object"],
+        ),
+        (
+            "missing_timestamp",
+            line3("{\"input_length\": 512, \"output_length\": 3, \"hash_ids\": [4]}"),
+            Some(3),
+            &["line 3", "missing field `timestamp`"],
+        ),
+        (
+            "missing_input_length",
+            line3("{\"timestamp\": 1, \"output_length\": 3, \"hash_ids\": [4]}"),
+            Some(3),
+            &["line 3", "missing field `input_length`"],
+        ),
+        (
+            "missing_output_length",
+            line3("{\"timestamp\": 1, \"input_length\": 512, \"hash_ids\": [4]}"),
+            Some(3),
+            &["line 3", "missing field `output_length`"],
+        ),
+        (
+            "missing_hash_ids",
+            line3("{\"timestamp\": 1, \"input_length\": 512, \"output_length\": 3}"),
+            Some(3),
+            &["line 3", "missing field `hash_ids`"],
+        ),
+        (
+            "negative_input_length",
+            line3("{\"timestamp\": 1, \"input_length\": -512, \"output_length\": 3, \"hash_ids\": [4]}"),
+            Some(3),
+            &["line 3", "negative input_length", "-512"],
+        ),
+        (
+            "negative_hash_id",
+            line3("{\"timestamp\": 1, \"input_length\": 512, \"output_length\": 3, \"hash_ids\": [-4]}"),
+            Some(3),
+            &["line 3", "negative hash_ids", "-4"],
+        ),
+        (
+            "fractional_output_length",
+            line3("{\"timestamp\": 1, \"input_length\": 512, \"output_length\": 2.5, \"hash_ids\": [4]}"),
+            Some(3),
+            &["line 3", "bad number in output_length", "2.5"],
+        ),
+        (
+            "fractional_timestamp",
+            line3("{\"timestamp\": 1.5, \"input_length\": 512, \"output_length\": 2, \"hash_ids\": [4]}"),
+            Some(3),
+            &["line 3", "bad number in timestamp", "1.5"],
+        ),
+        (
+            "quoted_number",
+            line3("{\"timestamp\": 1, \"input_length\": \"512\", \"output_length\": 2, \"hash_ids\": [4]}"),
+            Some(3),
+            &["line 3", "bad number in input_length"],
+        ),
+        (
+            "too_many_hash_ids",
+            line3("{\"timestamp\": 1, \"input_length\": 1024, \"output_length\": 2, \"hash_ids\": [4, 5, 6]}"),
+            Some(3),
+            &["line 3", "hash_ids holds 3 ids", "= 2"],
+        ),
+        (
+            "too_few_hash_ids",
+            line3("{\"timestamp\": 1, \"input_length\": 1025, \"output_length\": 2, \"hash_ids\": [4, 5]}"),
+            Some(3),
+            &["line 3", "hash_ids holds 2 ids", "= 3"],
+        ),
+        (
+            "hash_ids_not_a_list",
+            line3("{\"timestamp\": 1, \"input_length\": 512, \"output_length\": 2, \"hash_ids\": 4}"),
+            Some(3),
+            &["line 3", "hash_ids"],
+        ),
+        (
+            "zero_prompt",
+            line3("{\"timestamp\": 1, \"input_length\": 0, \"output_length\": 2, \"hash_ids\": []}"),
+            Some(3),
+            &["line 3", "at least 1"],
+        ),
+        ("empty", String::new(), None, &["no requests"]),
+        ("blank_lines_only", "\n \n\n".to_string(), None, &["no requests"]),
+    ]
+}
+
+fn write_tmp_as(name: &str, ext: &str, text: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kvslots-sim-jsonl");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.{ext}"));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+#[test]
+fn each_malformed_jsonl_trace_is_refused_naming_line_and_problem() {
+    use kvslots_sim::mooncake::parse_jsonl;
+    for (name, text, line, words) in malformed_jsonl() {
+        let err = parse_jsonl(&text).expect_err(name);
+        assert_eq!(err.line(), line, "{name}: {err}");
+        let msg = err.to_string();
+        for w in words {
+            assert!(msg.contains(w), "{name}: `{msg}` lacks `{w}`");
+        }
+    }
+    let good = parse_jsonl(JSONL_GOOD).unwrap();
+    assert_eq!(good.len(), 2);
+    assert_eq!(good[1].hash_ids.as_deref(), Some(&[0u64, 1, 2][..]));
+}
+
+#[test]
+fn the_binary_exits_2_on_each_malformed_jsonl_trace_before_any_work() {
+    for (name, text, line, words) in malformed_jsonl() {
+        let path = write_tmp_as(name, "jsonl", &text);
+        let out = Command::new(BIN)
+            .arg("--trace")
+            .arg(&path)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        assert!(
+            out.stdout.is_empty(),
+            "{name}: no report, the run never started"
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&path.display().to_string()), "{name}: {err}");
+        if let Some(l) = line {
+            assert!(err.contains(&format!("line {l}:")), "{name}: {err}");
+        }
+        assert!(err.contains(words[words.len() - 1]), "{name}: {err}");
+    }
+}
+
+/// The format comes from the extension, else from the content.
+#[test]
+fn trace_format_follows_the_extension_then_the_content() {
+    use kvslots_sim::workload::{trace_format, TraceFormat};
+    use std::path::Path;
+    let csv = good_rows();
+    assert_eq!(trace_format(Path::new("t.jsonl"), &csv), TraceFormat::Jsonl);
+    assert_eq!(trace_format(Path::new("t.JSON"), &csv), TraceFormat::Jsonl);
+    assert_eq!(
+        trace_format(Path::new("t.csv"), JSONL_GOOD),
+        TraceFormat::Csv
+    );
+    assert_eq!(
+        trace_format(Path::new("t.txt"), JSONL_GOOD),
+        TraceFormat::Jsonl
+    );
+    assert_eq!(trace_format(Path::new("t"), &csv), TraceFormat::Csv);
+    // Read through the binary: a JSONL trace without an extension runs, and
+    // a CSV trace named .jsonl is refused as bad JSON on line 1.
+    let path = write_tmp_as("no_extension", "txt", JSONL_GOOD);
+    let (code, v) = json_run(&["--trace", path.to_str().unwrap(), "--memory-gib", "1"]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["requests_completed"], 2);
+    let path = write_tmp_as("csv_named_jsonl", "jsonl", &csv);
+    let out = Command::new(BIN)
+        .arg("--trace")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 1: bad JSON"));
+}
+
+fn conversation_trace() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../traces/mooncake-conversation.jsonl")
+        .display()
+        .to_string()
+}
+
+/// The conversation trace under `--compare`: both allocators report the
+/// prefix-cache keys, the mutex baseline hits; `--no-prefix-cache` turns
+/// the cache off.
+#[test]
+fn the_conversation_trace_reports_prefix_hits_and_can_turn_them_off() {
+    let trace = conversation_trace();
+    let args = [
+        "--trace",
+        trace.as_str(),
+        "--requests",
+        "60",
+        "--memory-gib",
+        "2",
+        "--workers",
+        "2",
+        "--compare",
+    ];
+    let (code, v) = json_run(&args);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["settings"]["prefix_cache"], true);
+    for side in ["kvslots", "mutex"] {
+        for key in [
+            "prompt_tokens",
+            "prefix_hit_tokens",
+            "prefix_hit_rate",
+            "evictions",
+        ] {
+            assert!(v[side].get(key).is_some(), "missing {key} in {side}");
+        }
+        assert_eq!(v[side]["invariants_ok"], true);
+        let rate = v[side]["prefix_hit_rate"].as_f64().unwrap();
+        let (hit, prompt) = (
+            v[side]["prefix_hit_tokens"].as_f64().unwrap(),
+            v[side]["prompt_tokens"].as_f64().unwrap(),
+        );
+        assert!(prompt > 0.0);
+        assert!((rate - hit / prompt).abs() < 1e-12);
+    }
+    assert!(v["mutex"]["prefix_hit_tokens"].as_u64().unwrap() > 0, "{v}");
+    let (code, v) = json_run(&[&args[..], &["--no-prefix-cache"]].concat());
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["settings"]["prefix_cache"], false);
+    assert_eq!(v["mutex"]["prefix_hit_tokens"], 0);
+    assert_eq!(v["mutex"]["evictions"], 0);
+}
+
+/// Prefix caching needs blocks that cut the 512-token trace blocks evenly.
+#[test]
+fn a_block_size_that_does_not_divide_512_needs_the_cache_off() {
+    let out = Command::new(BIN)
+        .args(["--requests", "20", "--block-size", "24", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--block-size 24 does not divide"));
+    let (code, v) = json_run(&[
+        "--requests",
+        "20",
+        "--block-size",
+        "24",
+        "--no-prefix-cache",
+    ]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["prefix_hit_tokens"], 0);
 }
