@@ -1187,4 +1187,129 @@ mod tests {
         assert_eq!(p.refs(s.blocks()[0]), Some(1));
         assert_eq!(p.used_blocks(), 2);
     }
+
+    fn key(n: u8) -> BlockHash {
+        BlockHash([n; 32])
+    }
+
+    /// A sequence of `blocks` full blocks of 4 tokens, published as `keys`.
+    fn published(p: &Arc<MutexPool>, keys: &[BlockHash]) -> MutexSeq {
+        let mut s = MutexSeq::new(Arc::clone(p));
+        s.try_append(keys.len() * 4).unwrap();
+        assert_eq!(s.publish(keys), keys.len());
+        s
+    }
+
+    #[test]
+    fn match_takes_the_longest_cached_prefix_and_revives_evictable_blocks() {
+        let p = pool(6, 4);
+        let a = published(&p, &[key(1), key(2), key(3)]);
+        let table = a.blocks().to_vec();
+        drop(a);
+        assert_eq!((p.cached_blocks(), p.evictable_blocks()), (3, 3));
+        assert_eq!((p.used_blocks(), p.free_blocks()), (0, 6));
+        let mut b = MutexSeq::new(Arc::clone(&p));
+        assert_eq!(b.try_match_prefix(&[key(1), key(2), key(9), key(3)]), 2);
+        assert_eq!((b.len(), b.blocks()), (8, &table[..2]));
+        assert_eq!((p.evictable_blocks(), p.used_blocks()), (1, 2));
+        assert_eq!(p.refs(table[0]), Some(1));
+        // A non-empty sequence matches nothing and changes nothing.
+        assert_eq!(b.try_match_prefix(&[key(3)]), 0);
+        assert_eq!(b.len(), 8);
+        // A second matcher shares the blocks.
+        let mut c = MutexSeq::new(Arc::clone(&p));
+        assert_eq!(c.try_match_prefix(&[key(1)]), 1);
+        assert_eq!(p.refs(table[0]), Some(2));
+        assert_eq!(c.try_match_prefix(&[]), 0);
+        let stats = p.prefix_stats();
+        assert_eq!((stats.queried_blocks, stats.hit_blocks), (5, 3));
+        drop((b, c));
+        assert_eq!(p.evictable_blocks(), 3);
+    }
+
+    #[test]
+    fn publish_is_first_wins_and_covers_only_full_blocks() {
+        let p = pool(8, 4);
+        let a = published(&p, &[key(1), key(2)]);
+        let mut b = MutexSeq::new(Arc::clone(&p));
+        b.try_append(11).unwrap(); // 2 full blocks and a partial one
+                                   // Key 1 stays with a's block; key 7 is new; the partial block and
+                                   // the surplus key are left out.
+        assert_eq!(b.publish(&[key(1), key(7), key(8), key(9)]), 1);
+        assert_eq!(p.cached_blocks(), 3);
+        // Publishing again changes nothing.
+        assert_eq!(b.publish(&[key(1), key(7)]), 0);
+        let mut c = MutexSeq::new(Arc::clone(&p));
+        assert_eq!(c.try_match_prefix(&[key(1), key(2)]), 2);
+        assert_eq!(c.blocks(), a.blocks());
+        // An empty sequence has no full block to publish.
+        assert_eq!(MutexSeq::new(Arc::clone(&p)).publish(&[key(5)]), 0);
+        assert_eq!(p.cached_blocks(), 3);
+    }
+
+    /// The reference's order: uncached free blocks first, then the least
+    /// recently released cached block; a sequence releases its last block
+    /// first; a refused allocation evicts nothing.
+    #[test]
+    fn eviction_takes_free_blocks_first_then_the_least_recently_released() {
+        let p = pool(5, 4);
+        let a = published(&p, &[key(1), key(2)]);
+        let b = published(&p, &[key(3), key(4)]);
+        let (ta, tb) = (a.blocks().to_vec(), b.blocks().to_vec());
+        drop(a); // releases key 2's block, then key 1's
+        drop(b); // then key 4's, then key 3's
+        let mut got = Vec::new();
+        p.try_alloc(1, &mut got).unwrap();
+        assert_eq!(p.cached_blocks(), 4, "the uncached free block goes first");
+        assert_eq!(p.prefix_stats().evictions, 0);
+        // Refused: more than is available; nothing is evicted.
+        let mut none = Vec::new();
+        assert!(matches!(
+            p.try_alloc(5, &mut none),
+            Err(ReserveError::Full { .. })
+        ));
+        assert!(matches!(
+            p.try_alloc_with_headroom(1, 4, &mut none),
+            Err(ReserveError::Full { .. })
+        ));
+        assert!(none.is_empty());
+        assert_eq!((p.cached_blocks(), p.prefix_stats().evictions), (4, 0));
+        p.try_alloc(3, &mut got).unwrap();
+        assert_eq!(&got[1..], &[ta[1], ta[0], tb[1]]);
+        assert_eq!(p.prefix_stats().evictions, 3);
+        let mut left = MutexSeq::new(Arc::clone(&p));
+        assert_eq!(left.try_match_prefix(&[key(3), key(4)]), 1);
+        assert_eq!(left.blocks(), &tb[..1]);
+        p.free(&got).unwrap();
+        drop(left);
+        assert_eq!(p.reset_prefix_cache(), 1);
+        assert_eq!((p.cached_blocks(), p.free_blocks()), (0, 5));
+    }
+
+    #[test]
+    fn appending_into_a_cached_block_held_alone_drops_its_key_first() {
+        let p = pool(4, 4);
+        let mut a = published(&p, &[key(1), key(2)]);
+        let tail = a.blocks()[1];
+        a.truncate(6); // back into the cached second block, held alone
+        assert_eq!(p.cached_blocks(), 2);
+        let (_, copy) = a.try_append_cow(1).unwrap();
+        assert_eq!(copy, None);
+        assert_eq!(a.blocks()[1], tail);
+        assert_eq!(p.cached_blocks(), 1);
+        let mut b = MutexSeq::new(Arc::clone(&p));
+        assert_eq!(b.try_match_prefix(&[key(1), key(2)]), 1);
+        // Shared with a matcher: the append copies instead.
+        drop(b);
+        let mut c = MutexSeq::new(Arc::clone(&p));
+        assert_eq!(c.try_match_prefix(&[key(1)]), 1);
+        a.truncate(2);
+        let (_, copy) = a.try_append_cow(1).unwrap();
+        assert!(copy.is_some());
+        assert_eq!(p.cached_blocks(), 1);
+        assert_ne!(a.blocks()[0], c.blocks()[0]);
+        let mut d = MutexSeq::new(Arc::clone(&p));
+        assert_eq!(d.try_match_prefix(&[key(1)]), 1);
+        assert_eq!(d.blocks(), c.blocks());
+    }
 }

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use kvslots_sim::backend::{KvBackend, KvSeq, KvslotsBackend, MutexBackend};
+use kvslots_sim::backend::{KvBackend, KvslotsBackend, MutexBackend};
 use kvslots_sim::engine::{self, Admission, EngineConfig, RunStats};
 use kvslots_sim::oracle::{Oracle, Tracked, Writer};
 use kvslots_sim::prefix::{block_keys, content_ids, TRACE_BLOCK};
