@@ -44,7 +44,9 @@ pub enum Allocator {
 /// Multi-threaded LLM inference workers on one shared paged KV cache.
 ///
 /// Sizes a block pool from a model and a memory budget, feeds it a
-/// synthetic workload (or a trace in the Azure LLM inference format), runs
+/// synthetic workload with shared prompt prefixes (or a trace: Azure CSV or
+/// Mooncake JSONL), with prefix caching where the workload names its
+/// prompts' content, runs
 /// iteration-level schedulers on `--workers` threads (chunked prefill,
 /// decode or speculative decode, parallel sampling, preemption), and
 /// reports what happened. Exit code 0 only if every invariant holds; 2 for

@@ -21,7 +21,11 @@
 //!    headroom). If the head does not fit, admission stops for this
 //!    iteration (first come, first served). A request whose prompt plus
 //!    output (times its samples) can never fit the pool is rejected
-//!    (`NeverFits`), counted, and never retried.
+//!    (`NeverFits`), counted, and never retried. With prefix caching
+//!    (`prefix_cache`, for a request with `hash_ids`), the new sequence
+//!    first takes the prompt's longest cached prefix
+//!    (`try_match_prefix`), and only the rest of the prompt is admitted as
+//!    above; a refused admission gives the matched blocks back.
 //! 2. **A step of every running group**, oldest first:
 //!    * *prefill*: one chunk of up to `chunk` tokens, one multi-token
 //!      append; with a reservation it only fills blocks the sequence
@@ -42,6 +46,9 @@
 //!    being stepped was itself the one dropped.
 //! 4. A group whose every sample has its output tokens completes, and its
 //!    sequences are dropped (their blocks go back).
+//!
+//! With prefix caching, a prompt's full blocks are published (their keys
+//! made known to the cache) once it is prefilled, before any decode step.
 //!
 //! Every append writes the KV stamps of the positions it covers, every
 //! device copy copies them, attention reads them back, and the oracle
@@ -68,12 +75,12 @@
 //! # What is measured
 //!
 //! Every call into the allocator (each admission attempt, each append,
-//! truncate, fork, and each drop of a sequence that was admitted) is
-//! counted and timed with two `Instant::now()` calls around it, in the
-//! same place for both allocators; the oracle's work is outside the timed
-//! part. Creating an empty sequence (no pool access) is not a call; a
-//! sequence whose admission was refused holds nothing and is kept for the
-//! next attempt. Append latencies go into a per-worker HDR histogram,
+//! truncate, fork, prefix match and publish, and each drop of a sequence
+//! that was admitted) is counted and timed with two `Instant::now()` calls
+//! around it, in the same place for both allocators; the oracle's work is
+//! outside the timed part. Creating an empty sequence (no pool access) is
+//! not a call; a sequence whose admission was refused holds nothing (it
+//! gives back what it matched) and is kept for the next attempt. Append latencies go into a per-worker HDR histogram,
 //! merged at the end.
 
 mod config;
