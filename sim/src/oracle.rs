@@ -29,9 +29,10 @@
 //!
 //! Cached blocks are shared across workers, so the shadow cannot compare
 //! their counts with the pool's at every call (another worker may be
-//! between its call and its shadow update): for the cacheable entries of a
-//! table it only checks that the pool counts the block as held. The final
-//! sweep, once every worker has stopped, compares every block exactly.
+//! between its call and its shadow update): for the entries of a table
+//! that were matched or published ([`Tracked::share`]) it only checks that
+//! the pool counts the block as held. The final sweep, once every worker
+//! has stopped, compares every block exactly.
 //!
 //! # The shadow
 //!
@@ -173,9 +174,9 @@ pub struct Tracked<Id> {
     /// The content id of each cacheable (full) trace block of the prompt:
     /// its positions get content stamps (empty without prefix caching).
     content: Arc<[u64]>,
-    /// Table entries that may be shared with other workers' sequences
-    /// (the cacheable prompt blocks).
-    cached: usize,
+    /// Leading table entries that other workers' sequences may hold too:
+    /// blocks matched from the cache, and published ones.
+    shared: usize,
     /// The table as of the sequence's last allocator call.
     table: Vec<Id>,
     /// A block a copy-on-write replaced, which the sequence still holds
@@ -186,19 +187,25 @@ pub struct Tracked<Id> {
 impl<Id: Copy> Tracked<Id> {
     /// A sequence with an empty table.
     pub fn new(writer: Writer) -> Self {
-        Tracked::with_content(writer, Arc::from([]), 1)
+        Tracked::with_content(writer, Arc::from([]))
     }
 
     /// A sequence with an empty table whose prompt's cacheable trace blocks
-    /// have the `content` ids, in a pool of `block_size`-token blocks.
-    pub fn with_content(writer: Writer, content: Arc<[u64]>, block_size: usize) -> Self {
+    /// have the `content` ids.
+    pub fn with_content(writer: Writer, content: Arc<[u64]>) -> Self {
         Tracked {
             writer,
-            cached: (content.len() * crate::prefix::TRACE_BLOCK).div_ceil(block_size.max(1)),
             content,
+            shared: 0,
             table: Vec::new(),
             retired: None,
         }
+    }
+
+    /// Records that the first `entries` table entries may be held by other
+    /// workers' sequences too (matched from the cache, or published).
+    pub fn share(&mut self, entries: usize) {
+        self.shared = self.shared.max(entries);
     }
 
     /// A fork's record: `writer`, the same content, an empty table.
@@ -206,7 +213,7 @@ impl<Id: Copy> Tracked<Id> {
         Tracked {
             writer,
             content: Arc::clone(&self.content),
-            cached: self.cached,
+            shared: self.shared,
             table: Vec::new(),
             retired: None,
         }
@@ -338,10 +345,11 @@ impl Oracle {
             // Relaxed: see the module's orderings.
             let held = h.fetch_add(1, Ordering::Relaxed) as usize + 1;
             let counted = backend.ref_count(block).unwrap_or(0);
-            // A cacheable entry may be shared with other workers, whose
-            // calls and shadow updates interleave with this one: the pool
-            // must count it as held, the exact count waits for the sweep.
-            let wrong = if i < t.cached {
+            // An entry shared with other workers' sequences (matched or
+            // published), whose calls and shadow updates interleave with
+            // this one: the pool must count it as held, the exact count
+            // waits for the sweep.
+            let wrong = if i < t.shared {
                 counted == 0
             } else {
                 held != counted

@@ -199,7 +199,7 @@ fn a_matched_block_must_hold_the_matchers_prefix() {
     assert_eq!(keys.len(), 4);
     // The publisher writes and publishes its prompt.
     let mut a = b.new_seq(1024);
-    let mut ta = Tracked::with_content(writer(1), content_ids(&ids, 1024).into(), bs);
+    let mut ta = Tracked::with_content(writer(1), content_ids(&ids, 1024).into());
     a.try_append(1024).unwrap();
     o.after_call(&b, &mut ta, &a, 0, None).unwrap();
     let mut slots = Vec::new();
@@ -210,7 +210,8 @@ fn a_matched_block_must_hold_the_matchers_prefix() {
     // Same prefix, another request: the matched blocks read back.
     let mut c = b.new_seq(1024);
     let same: Vec<u64> = content_ids(&[10, 11, 12], 1536);
-    let mut tc = Tracked::with_content(writer(2), same.into(), bs);
+    let mut tc = Tracked::with_content(writer(2), same.into());
+    tc.share(4);
     assert_eq!(c.try_match_prefix(&keys), 4);
     o.after_call(&b, &mut tc, &c, 0, None).unwrap();
     o.read::<<MutexBackend as KvBackend>::Seq>(&tc, 0..1024)
@@ -219,7 +220,8 @@ fn a_matched_block_must_hold_the_matchers_prefix() {
     // block reads back, the second does not.
     let mut d = b.new_seq(1024);
     let other: Vec<u64> = content_ids(&[10, 99], 1024);
-    let mut td = Tracked::with_content(writer(3), other.into(), bs);
+    let mut td = Tracked::with_content(writer(3), other.into());
+    td.share(4);
     assert_eq!(d.try_match_prefix(&keys), 4);
     o.after_call(&b, &mut td, &d, 0, None).unwrap();
     o.read::<<MutexBackend as KvBackend>::Seq>(&td, 0..512)

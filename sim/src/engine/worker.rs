@@ -269,6 +269,7 @@ impl<B: KvBackend> Worker<B> {
             // any decode, so never a draft token).
             let (seq, keys) = (&mut g.seqs[0].seq, &g.keys);
             self.call(OpKind::Publish, || seq.publish(keys));
+            g.seqs[0].t.share(g.keys.len());
         }
         g.phase = if g.profile.samples > 1 {
             Phase::Fork
@@ -490,7 +491,9 @@ impl<B: KvBackend> Worker<B> {
                 let spare = self.key_bufs.pop().unwrap_or_default();
                 let keys = std::mem::replace(&mut self.keys.1, spare);
                 let content = prefix::content_ids(ids, req.prompt);
-                (Tracked::with_content(writer, content.into(), bs), keys)
+                let mut t = Tracked::with_content(writer, content.into());
+                t.share(matched);
+                (t, keys)
             }
             _ => (Tracked::new(writer), Vec::new()),
         };
