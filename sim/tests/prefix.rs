@@ -240,3 +240,123 @@ fn a_matched_block_must_hold_the_matchers_prefix() {
     assert_eq!(b.evictable_blocks(), 4);
     assert_eq!(b.used_blocks(), 0);
 }
+
+/// A cache that matches the wrong blocks: it looks the keys up from the
+/// second one on, so every matched block holds content of a later position
+/// than the table puts it at. The check of the checker for matched blocks.
+#[derive(Clone)]
+struct WrongMatch(MutexBackend);
+
+struct WrongSeq(<MutexBackend as KvBackend>::Seq);
+
+type Id = <MutexBackend as KvBackend>::Id;
+
+impl kvslots_sim::backend::KvSeq for WrongSeq {
+    type Id = Id;
+    fn index(id: Id) -> usize {
+        <<MutexBackend as KvBackend>::Seq as kvslots_sim::backend::KvSeq>::index(id)
+    }
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn table(&self) -> &[Id] {
+        self.0.blocks()
+    }
+    fn capacity(&self) -> usize {
+        self.0.capacity()
+    }
+    fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), kvslots::ReserveError> {
+        self.0.try_reserve(tokens, headroom)
+    }
+    fn try_append(
+        &mut self,
+        n: usize,
+    ) -> Result<kvslots_sim::backend::Appended<Id>, kvslots::ReserveError> {
+        kvslots_sim::backend::KvSeq::try_append(&mut self.0, n)
+    }
+    fn truncate(&mut self, len: usize) -> usize {
+        self.0.truncate(len)
+    }
+    fn try_fork(&self) -> Result<kvslots_sim::backend::Forked<Self, Id>, kvslots::ReserveError> {
+        kvslots_sim::backend::KvSeq::try_fork(&self.0).map(|(c, copy)| (WrongSeq(c), copy))
+    }
+    fn extend_slots(
+        &self,
+        positions: std::ops::Range<usize>,
+        out: &mut Vec<usize>,
+    ) -> Result<(), String> {
+        self.0.extend_slots(positions, out)
+    }
+    fn try_match_prefix(&mut self, hashes: &[kvslots::BlockHash]) -> usize {
+        self.0.try_match_prefix(hashes.get(1..).unwrap_or(&[]))
+    }
+    fn publish(&mut self, hashes: &[kvslots::BlockHash]) -> usize {
+        self.0.publish(hashes)
+    }
+}
+
+impl KvBackend for WrongMatch {
+    type Seq = WrongSeq;
+    type Id = Id;
+    fn name(&self) -> &'static str {
+        "wrong-match"
+    }
+    fn num_blocks(&self) -> usize {
+        self.0.num_blocks()
+    }
+    fn block_size(&self) -> usize {
+        self.0.block_size()
+    }
+    fn used_blocks(&self) -> usize {
+        self.0.used_blocks()
+    }
+    fn peak_used_blocks(&self) -> usize {
+        self.0.peak_used_blocks()
+    }
+    fn ref_count(&self, index: usize) -> Option<usize> {
+        self.0.ref_count(index)
+    }
+    fn try_alloc_with_headroom(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<Id>,
+    ) -> Result<(), kvslots::ReserveError> {
+        self.0.try_alloc_with_headroom(n, headroom, out)
+    }
+    fn free(&self, ids: &[Id]) -> Result<(), String> {
+        self.0.free(ids)
+    }
+    fn new_seq(&self, tokens: usize) -> WrongSeq {
+        WrongSeq(self.0.new_seq(tokens))
+    }
+    fn cached_blocks(&self) -> usize {
+        self.0.cached_blocks()
+    }
+    fn evictable_blocks(&self) -> usize {
+        self.0.evictable_blocks()
+    }
+    fn prefix_stats(&self) -> kvslots_sim::backend::PrefixCounts {
+        self.0.prefix_stats()
+    }
+}
+
+/// A run on a cache that hands out blocks of the wrong position fails the
+/// KV-memory invariant, naming the content stamp it read; the same run on
+/// the right cache passes (above).
+#[test]
+fn a_cache_that_matches_wrong_blocks_fails_the_run() {
+    let reqs = trace_prefix(60);
+    let bs = 128;
+    let backend = WrongMatch(MutexBackend::new(roomy(&reqs, bs), bs));
+    let s = engine::run(&backend, &reqs, &one_at_a_time(), None);
+    assert!(s.counts.prefix_hit_tokens > 0);
+    assert!(!s.invariants().kv_memory_intact, "{:?}", s.errors);
+    assert!(
+        s.errors
+            .iter()
+            .any(|e| e.contains("the content stamp of content")),
+        "{:?}",
+        s.errors
+    );
+}
