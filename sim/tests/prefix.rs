@@ -61,39 +61,39 @@ fn assert_ok(s: &RunStats, n: usize) {
     assert_eq!(s.counts.requests_completed, n as u64);
 }
 
-/// One worker, one request at a time, memory for everything: the mutex
-/// baseline's hits are exactly the reference's no-eviction count (on the
-/// trace's first requests; the full trace is the same command in release,
-/// see the README), at a block size that cuts each trace block in four.
-#[test]
-fn one_request_at_a_time_with_room_hits_exactly_the_no_eviction_replay() {
+/// One worker, one request at a time, memory for everything: the hits are
+/// exactly the reference's no-eviction count (on the trace's first
+/// requests; the full trace is the same command in release, see the
+/// README), at a block size that cuts each trace block in four, with both
+/// admissions. `make` builds the backend for a pool of that many blocks.
+fn hits_equal_the_no_eviction_replay<B: KvBackend>(make: impl Fn(usize, usize) -> B) {
     let reqs = trace_prefix(1000);
     let (prompt, hit_blocks) = replay_without_eviction(&reqs);
     // The excerpt repeats prefixes, or the test would prove nothing.
     assert!(hit_blocks > 2_000, "{hit_blocks}");
     let bs = 128;
-    let backend = MutexBackend::new(roomy(&reqs, bs), bs);
-    let s = engine::run(&backend, &reqs, &one_at_a_time(), None);
-    assert_ok(&s, reqs.len());
-    assert_eq!(s.prefix.evictions, 0);
-    assert_eq!(s.counts.prompt_tokens, prompt);
-    assert_eq!(s.counts.prefix_hit_tokens, hit_blocks * TRACE_BLOCK as u64);
-    // Only what missed was prefilled.
-    assert_eq!(s.counts.tokens_prefilled, prompt - hit_blocks * 512);
-    assert_eq!(s.prefix.hit_blocks, hit_blocks * (TRACE_BLOCK / bs) as u64);
-    // Check-only admission matches the same.
-    let check = EngineConfig {
-        admission: Admission::Check,
-        ..one_at_a_time()
-    };
-    let s = engine::run(
-        &MutexBackend::new(roomy(&reqs, bs), bs),
-        &reqs,
-        &check,
-        None,
-    );
-    assert_ok(&s, reqs.len());
-    assert_eq!(s.counts.prefix_hit_tokens, hit_blocks * TRACE_BLOCK as u64);
+    for admission in [Admission::Reserve, Admission::Check] {
+        let cfg = EngineConfig {
+            admission,
+            ..one_at_a_time()
+        };
+        let s = engine::run(&make(roomy(&reqs, bs), bs), &reqs, &cfg, None);
+        assert_ok(&s, reqs.len());
+        assert_eq!(s.prefix.evictions, 0);
+        assert_eq!(s.counts.prompt_tokens, prompt);
+        assert_eq!(s.counts.prefix_hit_tokens, hit_blocks * TRACE_BLOCK as u64);
+        // Only what missed was prefilled.
+        assert_eq!(
+            s.counts.tokens_prefilled,
+            prompt - hit_blocks * TRACE_BLOCK as u64
+        );
+        assert_eq!(s.prefix.hit_blocks, hit_blocks * (TRACE_BLOCK / bs) as u64);
+    }
+}
+
+#[test]
+fn one_request_at_a_time_with_room_hits_exactly_the_no_eviction_replay() {
+    hits_equal_the_no_eviction_replay(MutexBackend::new);
 }
 
 /// With prefix caching off, nothing is matched or published.
