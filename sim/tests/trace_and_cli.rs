@@ -250,6 +250,7 @@ fn json_report_has_the_documented_keys_and_invariants_hold() {
         "prefix_hit_tokens",
         "prefix_hit_rate",
         "evictions",
+        "cached_blocks",
     ] {
         assert!(v.get(key).is_some(), "missing {key} in {v}");
     }
@@ -257,6 +258,7 @@ fn json_report_has_the_documented_keys_and_invariants_hold() {
         assert!(v["append_latency_ns"][key].is_u64(), "missing {key}");
     }
     assert_eq!(v["invariants_ok"], true);
+    assert_eq!(v["settings"]["prefix_cache"], true);
     let by_kind: u64 = v["alloc_ops"]
         .as_object()
         .unwrap()
