@@ -129,6 +129,7 @@ pub mod implementation;
 mod pool;
 mod sequence;
 mod sync;
+pub mod table;
 
 pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::SlotCounter;
