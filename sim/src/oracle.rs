@@ -43,8 +43,9 @@
 //! shadow counts the block held while the pool counts it free, and when the
 //! new holder gives it back both reach 0 again, so the end-of-run sweep
 //! sees nothing. The give-back check catches that state at the new
-//! holder's give-back (or sooner, at the giver's, if the pool's count had
-//! already moved): it names the block, the request and both counts.
+//! holder's give-back (or sooner, at the giver's, if the broken hand-out
+//! had already moved the pool's count): it names the block, the request and
+//! both counts.
 //!
 //! # Orderings
 //!
