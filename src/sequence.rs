@@ -71,8 +71,9 @@ pub struct Sequence {
     blocks: Vec<BlockId>,
     len: usize,
     /// The block a copy-on-write replaced: its reference is kept until the
-    /// next change to this sequence, so the caller's device copy can still
-    /// read it even if every other holder lets go.
+    /// next successful non-empty append, shortening truncate or drop, so the
+    /// caller's device copy can still read it even if every other holder
+    /// lets go.
     retired: Option<BlockId>,
     /// Whether the partly filled last block may be shared. Forks share only
     /// full blocks, so a partly filled tail is ours alone unless `truncate`
@@ -228,8 +229,9 @@ impl Sequence {
     /// the last block was partly filled and shared with a fork (after
     /// truncating into the shared prefix). The caller must copy `tokens`
     /// slots from `src` to `dst` before the kernel writes the new tokens;
-    /// the sequence keeps its reference to `src` until its next change, so
-    /// the copy can still read it.
+    /// the sequence keeps its reference to `src` until its next append of at
+    /// least one token that succeeds, its next truncate that shortens it, or
+    /// its drop, so the copy can still read it.
     ///
     /// # Errors
     ///
@@ -594,8 +596,8 @@ impl Sequence {
     }
 
     /// Drops the reference a copy-on-write kept for the caller's copy: the
-    /// next change of the table (an append or a truncate) is the point by
-    /// which the caller has made it, and after which its source may be
+    /// next successful non-empty append or shortening truncate is the point
+    /// by which the caller has made it, and after which its source may be
     /// freed.
     fn release_retired(&mut self) {
         if let Some(id) = self.retired.take() {
