@@ -199,7 +199,7 @@ fn main() {
     );
 
     let pool = BlockPool::new(BLOCKS, 16);
-    let one_stack = BlockPool::with_shards(BLOCKS, 16, 1);
+    let one_shard = BlockPool::with_shards(BLOCKS, 16, 1);
     let std_list = StdMutexFreeList::new(BLOCKS);
     let pl_list = PlMutexFreeList::new(BLOCKS);
     let alloc_free = |pool: &BlockPool, n: u64| {
@@ -215,7 +215,7 @@ fn main() {
         "try_alloc(2) + free",
         &[
             ("kvslots", &|_, n| alloc_free(&pool, n)),
-            ("kvslots_1_stack", &|_, n| alloc_free(&one_stack, n)),
+            ("kvslots_1_shard", &|_, n| alloc_free(&one_shard, n)),
             ("std_mutex", &|_, n| {
                 let mut ids: Vec<u32> = Vec::with_capacity(2);
                 for _ in 0..n {

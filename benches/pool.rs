@@ -13,7 +13,7 @@
 //! | id | free list |
 //! |---|---|
 //! | `kvslots` | [`BlockPool::new`]: admission CAS, then one CAS pops the chain from the thread's home shard (16 shards here) |
-//! | `kvslots_1_stack` | [`BlockPool::with_shards`] with one shard, for what sharding changes |
+//! | `kvslots_1_shard` | [`BlockPool::with_shards`] with one shard, for what sharding changes |
 //! | `std_mutex` | `std::sync::Mutex<Vec<u32>>`: lock, check, pop `n` |
 //! | `parking_lot_mutex` | `parking_lot::Mutex<Vec<u32>>`, the same |
 //! | `array_queue` | `crossbeam_queue::ArrayQueue<u32>`: pop `n` one by one, pushing back on a shortfall (lock-free, but not all-or-nothing: others can see a partial take) |
@@ -320,7 +320,7 @@ fn bench_prompt(c: &mut Criterion) {
     group.throughput(Throughput::Elements(PROMPT.div_ceil(BLOCK_SIZE) as u64));
     for threads in THREADS {
         run_table::<Sequence>(&mut group, "kvslots", threads, prompt::<Sequence>);
-        run_table::<Seq1>(&mut group, "kvslots_1_stack", threads, prompt::<Seq1>);
+        run_table::<Seq1>(&mut group, "kvslots_1_shard", threads, prompt::<Seq1>);
         run_table::<BaselineSeq<StdMutexFreeList>>(
             &mut group,
             "std_mutex",
@@ -380,7 +380,7 @@ fn bench_alloc2_free(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     for threads in THREADS {
         run::<Kv>(&mut group, "kvslots", threads, alloc2_free::<Kv>);
-        run::<Kv1>(&mut group, "kvslots_1_stack", threads, alloc2_free::<Kv1>);
+        run::<Kv1>(&mut group, "kvslots_1_shard", threads, alloc2_free::<Kv1>);
         run::<StdMutexFreeList>(
             &mut group,
             "std_mutex",

@@ -49,8 +49,9 @@ pub enum ReserveError {
         /// The allocator's total capacity.
         capacity: usize,
     },
-    /// The allocator was closed with [`SlotCounter::close`](crate::SlotCounter::close):
-    /// it admits nothing more, while releases still work so workers can drain.
+    /// The allocator was closed ([`SlotCounter::close`](crate::SlotCounter::close),
+    /// [`BlockPool::close`](crate::BlockPool::close)): it admits nothing more,
+    /// while releases still work so workers can drain.
     Closed,
 }
 

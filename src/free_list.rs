@@ -160,7 +160,7 @@ impl FreeList {
         let base = out.len();
         let backoff = Backoff::new();
         // Acquire: synchronises with every earlier push onto this shard (see
-        // # Orderings), so the links walked below are the ones the pushers
+        // `crate::implementation`, "Orderings"), so the links walked below are the ones the pushers
         // wrote.
         let mut head = head_word.load(Ordering::Acquire);
         loop {

@@ -345,7 +345,7 @@ mod tests {
         let blocks: Vec<&[u32]> = tokens.chunks(16).collect();
         assert_eq!(got, reference_chain(b"tenant", &blocks));
         // The same vector, fixed, as Python's `hashlib.sha256` computes it
-        // from the encoding in the module docs (a third implementation). A
+        // from the encoding in `BlockHash`'s docs (a third implementation). A
         // change of encoding (tags, byte order, field order) changes every
         // key a deployed cache holds, so it must be deliberate.
         assert_eq!(

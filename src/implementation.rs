@@ -110,12 +110,13 @@
 //! CAS on one word whatever the pool size, where a bitmap needs a search
 //! that grows with the pool and one read-modify-write per word touched; and
 //! a stack reuses the most recently freed (cache-warm) blocks first.
-//! `benches/pool.rs` checks that `try_alloc` costs the same at 1,000 and
-//! 1,000,000 blocks.
+//! `benches/pool.rs` measures whether `try_alloc` costs the same at 1,000
+//! and 1,000,000 blocks (figures in `BENCHMARKS.md`).
 //!
 //! Bookkeeping is 8 bytes per block (a 4-byte `next` link and a 4-byte
-//! reference count), plus one cache line per shard head and two for the
-//! admission counter.
+//! reference count), plus one `CachePadded` slot (a cache line, 128 bytes
+//! on x86-64) per shard head and two for the admission counter (state and
+//! peak).
 //!
 //! # Shards
 //!
@@ -179,8 +180,14 @@
 //! # Reference counts
 //!
 //! Each block has a 32-bit count: 0 while it is free, its number of holders
-//! while allocated. A fork adds a reference to each shared block (panicking
-//! above `u32::MAX / 2`, as `Arc` aborts); a free or a sequence drops them.
+//! while allocated. A fork adds a reference to each shared block, with a CAS
+//! that never raises a count from 0 (and panics above `u32::MAX / 2`, as
+//! `Arc` aborts); a free or a sequence drops them. A count of 0 there means
+//! a raw `free` took the forking sequence's reference (a double free) and
+//! the block may sit in the free list, where a new reference would let it
+//! be handed out and pushed twice, so
+//! [`Sequence::try_fork`](crate::Sequence::try_fork) panics instead, and the
+//! child gives back what it took.
 //!
 //! Every drop is a read-modify-write, a CAS from the count it read to one
 //! less, also when the holder knows it holds the reference (a
@@ -219,7 +226,8 @@
 //! reports, and which makes plain
 //! [`Sequence::try_append`](crate::Sequence::try_append) panic rather than
 //! lose the copy. The replaced block keeps the sequence's reference until
-//! its next change, so the device copy can still read it.
+//! its next successful append or shortening truncate (or its drop), so the
+//! device copy can still read it.
 //!
 //! A truncate into a block that was once full sets a hint that the tail
 //! may be shared; only then does an append read the block's count.
@@ -298,6 +306,7 @@
 //! are numbered by loom's per-execution thread-locals, and the faults of
 //! loom's negative controls (a free list without its ABA tag, `Relaxed`
 //! frees, a blind undo of a raced free, a plain store for a sequence's
-//! last drop) are switched on through hooks that are the correct behaviour
+//! last drop, a fork's reference added to a block whose count is 0) are
+//! switched on through hooks that are the correct behaviour
 //! in every other build. The model suites reach that seam through one
 //! hidden module, not through the API.

@@ -20,13 +20,21 @@
 //!   workers can drain on shutdown.
 //! * [`BlockPool`]: a paged KV cache of `num_blocks` blocks of `block_size`
 //!   slots; [`BlockPool::try_alloc`] takes `n` distinct block ids or none,
-//!   [`BlockPool::free`] drops references, all or nothing.
+//!   [`BlockPool::free`] drops references, all or nothing (see
+//!   [`FreeError::Raced`] for the one exception).
 //! * [`Sequence`]: one sequence's block table over a shared pool: the
 //!   multi-token append ([`Sequence::try_append`]), whole-prompt reservation
 //!   ([`Sequence::try_reserve`]), the slot mapping kernels take
 //!   ([`Sequence::slot`], [`Sequence::extend_slots`]), rollback
 //!   ([`Sequence::truncate`]) and forks that share full blocks
 //!   ([`Sequence::try_fork`], with the [`BlockCopy`] to make).
+//! * [`Sequence::try_append_cow`]: the append after a truncate into a block
+//!   shared with a fork, returning the copy-on-write to make
+//!   ([`Sequence::try_append`] panics there rather than lose it).
+//! * [`table`]: the block-table arithmetic `Sequence` applies, for block
+//!   tables kept elsewhere.
+//! * [`hash_blocks`] and [`BlockHash`]: chained, salted SHA-256 keys of a
+//!   prompt's full blocks, the keys a prefix cache matches on.
 //!
 //! # Examples
 //!
@@ -83,8 +91,9 @@
 //!
 //! `kvslots` is `#![forbid(unsafe_code)]`. Its atomics go through one facade
 //! module, so the same code runs under [loom] (`--cfg kvslots_loom`), which
-//! explores every interleaving of small models (2 and 3 threads, capacities 1
-//! to 5) and checks that no admission is partial, that `used <= capacity` at
+//! explores every interleaving of two-thread models and of three-thread
+//! models up to a preemption bound (`LOOM_MAX_PREEMPTIONS`, 2 in CI), at
+//! capacities 1 to 5, and checks that no admission is partial, that `used <= capacity` at
 //! every step, and that everything is given back once every guard is gone.
 //! Every model has a negative control: the two known wrong ways to admit
 //! (token by token, and against total capacity) and the check-then-add race
@@ -93,7 +102,9 @@
 //! reference counts and sequences, with a negative control per injected
 //! fault (a free list without its ABA tag, `Relaxed` frees, and others).
 //! Rayon stress tests drive millions of mixed operations on many threads
-//! while an observer samples the invariant. See the README for the commands.
+//! while an observer samples the invariant, and the same facade runs the
+//! shuttle schedules (`--cfg kvslots_shuttle`) on 8 threads. See the README
+//! for the commands.
 //!
 //! # Performance
 //!
@@ -129,6 +140,7 @@ pub mod implementation;
 mod pool;
 mod sequence;
 mod sync;
+pub mod table;
 
 pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::SlotCounter;

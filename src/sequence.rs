@@ -10,6 +10,7 @@ use std::sync::Arc;
 use crate::error::{PositionError, ReserveError};
 use crate::id::BlockId;
 use crate::pool::BlockPool;
+use crate::table;
 
 /// A device copy the caller must make: the first `tokens` slots of block
 /// `src` into block `dst` (a fork's private tail, or a copy-on-write).
@@ -70,8 +71,9 @@ pub struct Sequence {
     blocks: Vec<BlockId>,
     len: usize,
     /// The block a copy-on-write replaced: its reference is kept until the
-    /// next change to this sequence, so the caller's device copy can still
-    /// read it even if every other holder lets go.
+    /// next successful non-empty append, shortening truncate or drop, so the
+    /// caller's device copy can still read it even if every other holder
+    /// lets go.
     retired: Option<BlockId>,
     /// Whether the partly filled last block may be shared. Forks share only
     /// full blocks, so a partly filled tail is ours alone unless `truncate`
@@ -110,11 +112,8 @@ impl Sequence {
         // A table never holds more entries than the pool has blocks; one
         // spare entry lets a copy-on-write append pass its new block through
         // the table without reallocating.
-        let entries = match tokens.div_ceil(pool.block_size()).min(pool.num_blocks()) {
-            0 => 0,
-            n => n + 1,
-        };
-        let blocks = Vec::with_capacity(entries);
+        let blocks =
+            Vec::with_capacity(table::entries(tokens, pool.block_size(), pool.num_blocks()));
         Sequence {
             pool,
             blocks,
@@ -230,8 +229,9 @@ impl Sequence {
     /// the last block was partly filled and shared with a fork (after
     /// truncating into the shared prefix). The caller must copy `tokens`
     /// slots from `src` to `dst` before the kernel writes the new tokens;
-    /// the sequence keeps its reference to `src` until its next change, so
-    /// the copy can still read it.
+    /// the sequence keeps its reference to `src` until its next append of at
+    /// least one token that succeeds, its next truncate that shortens it, or
+    /// its drop, so the copy can still read it.
     ///
     /// # Errors
     ///
@@ -267,7 +267,7 @@ impl Sequence {
         // Is the last block partly filled and shared? Then it needs a
         // private copy before we write into it: into a reserved block that
         // these tokens leave unused, if there is one, else a new one.
-        let (tail_index, tail) = (old_len / bs, old_len % bs);
+        let (tail_index, tail) = table::tail(old_len, bs);
         let cow = self.tail_needs_copy();
         let total = new_blocks.saturating_add(usize::from(cow && spare == 0));
         // Nothing new needed? Then nothing to admit: the append only fills
@@ -361,14 +361,7 @@ impl Sequence {
     /// For `n` more tokens: how many blocks must be added to the table, and
     /// how many of the blocks it holds they would leave wholly unused.
     fn blocks_for(&self, n: usize) -> (usize, usize) {
-        let bs = self.pool.block_size();
-        // Tokens that still fit in the blocks we hold.
-        let room = self.capacity() - self.len;
-        if n <= room {
-            (0, (room - n) / bs)
-        } else {
-            ((n - room).div_ceil(bs), 0)
-        }
+        table::growth(self.len, self.blocks.len(), n, self.pool.block_size())
     }
 
     /// Whether the last block is partly filled and shared with a fork, so
@@ -485,7 +478,7 @@ impl Sequence {
             return 0;
         }
         self.release_retired();
-        let keep = len.div_ceil(self.pool.block_size());
+        let keep = table::blocks_for(len, self.pool.block_size());
         let freed = self.blocks.len() - keep;
         self.give_back(keep);
         // A partly filled tail that was once full may be shared by a fork.
@@ -517,7 +510,7 @@ impl Sequence {
     /// assert_eq!(seq.shrink_to_fit(), 0);
     /// ```
     pub fn shrink_to_fit(&mut self) -> usize {
-        let keep = self.len.div_ceil(self.pool.block_size());
+        let keep = table::blocks_for(self.len, self.pool.block_size());
         let freed = self.blocks.len() - keep;
         self.give_back(keep);
         freed
@@ -603,8 +596,8 @@ impl Sequence {
     }
 
     /// Drops the reference a copy-on-write kept for the caller's copy: the
-    /// next change of the table (an append or a truncate) is the point by
-    /// which the caller has made it, and after which its source may be
+    /// next successful non-empty append or shortening truncate is the point
+    /// by which the caller has made it, and after which its source may be
     /// freed.
     fn release_retired(&mut self) {
         if let Some(id) = self.retired.take() {

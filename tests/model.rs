@@ -356,7 +356,7 @@ impl CounterModel {
         self.capacity - self.used
     }
 
-    fn acquire(&mut self, n: usize, headroom: usize) -> Result<(), ReserveError> {
+    fn reserve(&mut self, n: usize, headroom: usize) -> Result<(), ReserveError> {
         admission(n, headroom, self.available(), self.capacity, self.closed)?;
         self.used += n;
         self.peak = self.peak.max(self.used);
@@ -368,7 +368,7 @@ impl CounterModel {
             return 0;
         }
         let n = requested as usize;
-        match self.acquire(n, 0) {
+        match self.reserve(n, 0) {
             Ok(()) => {
                 self.loose += n;
                 n
@@ -548,7 +548,7 @@ impl<'a> CounterRun<'a> {
         headroom: usize,
         reserve: impl FnOnce(&'a Arc<SlotCounter>) -> Result<Guard<'a>, ReserveError>,
     ) -> Result<(), TestCaseError> {
-        let expected = self.m.acquire(n, headroom);
+        let expected = self.m.reserve(n, headroom);
         let got = reserve(self.counter);
         let CounterRun { guards, m, .. } = self;
         record_reservation(self.step, what, got, expected, n, guards, m)
@@ -663,7 +663,7 @@ impl<'a> CounterRun<'a> {
         }
         let i = i.index(guards.len());
         let n = s.resolve(avail, cap);
-        let expected = m.acquire(n, 0);
+        let expected = m.reserve(n, 0);
         prop_assert_eq!(
             guards[i].try_grow(n),
             expected,
@@ -1008,7 +1008,7 @@ impl PoolModel {
     }
 
     fn release_retired(&mut self, i: usize) {
-        // A copy not taken by now is forgotten: its source may go.
+        // The caller has made the copy by now: its source may go.
         if let Some(id) = self.seqs[i].retired.take() {
             self.drop_ref(id);
         }
@@ -1611,7 +1611,7 @@ proptest! {
     /// `BlockPool` (raw allocations, good and bad frees) and `Sequence`
     /// (append, copy-on-write, truncate, fork, drop, slot lookups) agree with
     /// the sequential model after every operation, whether the free list
-    /// is one stack or several (more stacks than blocks included).
+    /// is one shard or several (more shards than blocks included).
     #[test]
     fn pool_and_sequences_follow_the_model(
         (num_blocks, block_size) in pool_shape(),

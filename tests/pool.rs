@@ -5,8 +5,8 @@
 //!
 //! Also `BlockPool::with_shards` and the sharded free list: the
 //! constructor's checks, the default shard count, and that cutting the free
-//! list into stacks changes nothing a caller can observe (all or nothing
-//! across stacks, exact `Full`, every block back where a later allocation
+//! list into shards changes nothing a caller can observe (all or nothing
+//! across shards, exact `Full`, every block back where a later allocation
 //! finds it, from any thread).
 
 use std::collections::{BTreeSet, HashSet};
@@ -1042,7 +1042,7 @@ fn debug_shows_the_shard_count() {
 }
 
 /// Every pool size up to 10 under every shard count up to 12 (so more
-/// stacks than blocks too): one at a time and all at once, every block
+/// shards than blocks too): one at a time and all at once, every block
 /// comes out exactly once, one more is refused with the exact count and
 /// nothing changes, and freeing restores the fresh pool.
 #[test]
@@ -1084,10 +1084,10 @@ fn every_block_comes_out_once_whatever_the_shard_count() {
     }
 }
 
-/// A request larger than any one stack takes from several, all or nothing:
+/// A request larger than any one shard takes from several, all or nothing:
 /// the refused request leaves `out` and the pool as they were.
 #[test]
-fn a_request_spanning_stacks_is_all_or_nothing() {
+fn a_request_spanning_shards_is_all_or_nothing() {
     let pool = BlockPool::with_shards(8, 16, 4);
     let mut held = Vec::new();
     pool.try_alloc(3, &mut held).unwrap();
@@ -1108,8 +1108,8 @@ fn a_request_spanning_stacks_is_all_or_nothing() {
     assert_eq!(pool.free_blocks(), 8);
 }
 
-/// Blocks taken by one thread and freed by another go back to the stacks
-/// that own them, where a third thread (another home stack) finds them.
+/// Blocks taken by one thread and freed by another go back to the shards
+/// that own them, where a third thread (another home shard) finds them.
 #[test]
 fn blocks_freed_on_another_thread_are_found_from_any_thread() {
     const N: usize = 1024;
@@ -1152,7 +1152,7 @@ fn blocks_freed_on_another_thread_are_found_from_any_thread() {
     assert_eq!(pool.free_blocks(), N);
 }
 
-/// Sequences over a sharded pool: appends spanning stacks, a fork sharing
+/// Sequences over a sharded pool: appends spanning shards, a fork sharing
 /// blocks, truncation, and the pool full again once they are dropped.
 #[test]
 fn sequences_over_a_sharded_pool() {
@@ -1180,39 +1180,39 @@ fn sequences_over_a_sharded_pool() {
     assert_distinct(&all, 12, 12);
 }
 
-/// The stack a fresh pool of one block per stack serves the calling thread
+/// The shard a fresh pool of one block per shard serves the calling thread
 /// from: the id `try_alloc(1)` returns.
-fn home_stack() -> usize {
+fn home_shard() -> usize {
     let pool = BlockPool::with_shards(1024, 1, 1024);
     let mut ids = Vec::new();
     pool.try_alloc(1, &mut ids).unwrap();
     ids[0].index()
 }
 
-/// Threads start their pops at stacks of their own: two threads get
-/// different blocks from fresh pools of one block per stack (1,024
-/// stacks; two threads could share a home stack only if 1,024 other
+/// Threads start their pops at shards of their own: two threads get
+/// different blocks from fresh pools of one block per shard (1,024
+/// shards; two threads could share a home shard only if 1,024 other
 /// threads had started in between). A thread keeps its home.
 #[test]
-fn threads_start_at_different_stacks() {
-    let a = thread::spawn(|| (home_stack(), home_stack()))
+fn threads_start_at_different_shards() {
+    let a = thread::spawn(|| (home_shard(), home_shard()))
         .join()
         .unwrap();
-    let b = thread::spawn(|| (home_stack(), home_stack()))
+    let b = thread::spawn(|| (home_shard(), home_shard()))
         .join()
         .unwrap();
-    assert_eq!(a.0, a.1, "a thread's home stack moved");
-    assert_eq!(b.0, b.1, "a thread's home stack moved");
-    assert_ne!(a.0, b.0, "two threads started at the same stack");
+    assert_eq!(a.0, a.1, "a thread's home shard moved");
+    assert_eq!(b.0, b.1, "a thread's home shard moved");
+    assert_ne!(a.0, b.0, "two threads started at the same shard");
 }
 
-/// A freed block goes back to the stack that owns it, not to the freer's:
-/// with one block per stack, blocks 5 and 7 freed one at a time sit in
-/// stacks 5 and 7, and the next allocation takes whichever comes first
-/// when counting on from the thread's home stack.
+/// A freed block goes back to the shard that owns it, not to the freer's:
+/// with one block per shard, blocks 5 and 7 freed one at a time sit in
+/// shards 5 and 7, and the next allocation takes whichever comes first
+/// when counting on from the thread's home shard.
 #[test]
-fn freed_blocks_go_back_to_the_stack_that_owns_them() {
-    let home = home_stack();
+fn freed_blocks_go_back_to_the_shard_that_owns_them() {
+    let home = home_shard();
     let pool = BlockPool::with_shards(1024, 1, 1024);
     let mut all = Vec::new();
     pool.try_alloc(1024, &mut all).unwrap();
@@ -1220,7 +1220,7 @@ fn freed_blocks_go_back_to_the_stack_that_owns_them() {
     pool.free(&[five]).unwrap();
     pool.free(&[seven]).unwrap();
     // Stacks are searched from home upwards, wrapping around.
-    let distance = |stack: usize| (stack + 1024 - home) % 1024;
+    let distance = |shard: usize| (shard + 1024 - home) % 1024;
     let expected = if distance(5) < distance(7) {
         five
     } else {
@@ -1228,14 +1228,14 @@ fn freed_blocks_go_back_to_the_stack_that_owns_them() {
     };
     let mut got = Vec::new();
     pool.try_alloc(1, &mut got).unwrap();
-    assert_eq!(got, [expected], "home stack {home}");
+    assert_eq!(got, [expected], "home shard {home}");
 }
 
-/// One free of blocks that belong to different stacks splits them: each
-/// goes back to its own stack, as if freed one at a time.
+/// One free of blocks that belong to different shards splits them: each
+/// goes back to its own shard, as if freed one at a time.
 #[test]
-fn a_free_spanning_stacks_gives_each_block_back_to_its_own() {
-    let home = home_stack();
+fn a_free_spanning_shards_gives_each_block_back_to_its_own() {
+    let home = home_shard();
     let pool = BlockPool::with_shards(1024, 1, 1024);
     let mut all = Vec::new();
     pool.try_alloc(1024, &mut all).unwrap();
@@ -1248,37 +1248,37 @@ fn a_free_spanning_stacks_gives_each_block_back_to_its_own() {
     for _ in 0..3 {
         pool.try_alloc(1, &mut got).unwrap();
     }
-    assert_eq!(got, expected, "home stack {home}");
+    assert_eq!(got, expected, "home shard {home}");
 }
 
-/// The stacks as the documentation describes them: stack `s` owns ids
+/// The shards as the documentation describes them: shard `s` owns ids
 /// `s * span .. (s + 1) * span`, a freed id goes on top of its owner's
-/// stack, and an allocation of one block takes the top of the first
-/// non-empty stack counting on from the thread's home.
+/// shard, and an allocation of one block takes the top of the first
+/// non-empty shard counting on from the thread's home.
 struct Stacks {
     span: usize,
-    stacks: Vec<Vec<BlockId>>,
+    shards: Vec<Vec<BlockId>>,
 }
 
 impl Stacks {
     fn free(&mut self, ids: &[BlockId]) {
         for &id in ids {
-            self.stacks[id.index() / self.span].push(id);
+            self.shards[id.index() / self.span].push(id);
         }
     }
 
     fn alloc_one(&mut self, home: usize) -> Option<BlockId> {
-        let n = self.stacks.len();
-        (0..n).find_map(|k| self.stacks[(home + k) % n].pop())
+        let n = self.shards.len();
+        (0..n).find_map(|k| self.shards[(home + k) % n].pop())
     }
 }
 
-/// Frees of chains that lie in one stack, in two, and in three, on a pool
-/// of 4 stacks of 4 ids, then single allocations: every block comes back
-/// from where the model of the stacks says, on several threads (so that
-/// several home stacks are tried).
+/// Frees of chains that lie in one shard, in two, and in three, on a pool
+/// of 4 shards of 4 ids, then single allocations: every block comes back
+/// from where the model of the shards says, on several threads (so that
+/// several home shards are tried).
 #[test]
-fn stacks_of_four_ids_follow_the_model() {
+fn shards_of_four_ids_follow_the_model() {
     let run = || {
         let reveal = BlockPool::with_shards(16, 1, 4);
         let mut first = Vec::new();
@@ -1290,7 +1290,7 @@ fn stacks_of_four_ids_follow_the_model() {
         pool.try_alloc(16, &mut all).unwrap();
         let mut model = Stacks {
             span: 4,
-            stacks: vec![Vec::new(); 4],
+            shards: vec![Vec::new(); 4],
         };
         let ids = |list: &[u32]| list.iter().map(|&i| BlockId::new(i)).collect::<Vec<_>>();
         for chain in [&[5, 9][..], &[6, 7], &[3, 4], &[2, 13, 10], &[15, 1, 8]] {
@@ -1301,7 +1301,7 @@ fn stacks_of_four_ids_follow_the_model() {
         for _ in 0..12 {
             let mut got = Vec::new();
             pool.try_alloc(1, &mut got).unwrap();
-            assert_eq!(Some(got[0]), model.alloc_one(home), "home stack {home}");
+            assert_eq!(Some(got[0]), model.alloc_one(home), "home shard {home}");
         }
         assert_eq!(pool.free_blocks(), 0);
     };

@@ -16,9 +16,9 @@
 //! * raw pool allocations and frees, including refused frees (over-free,
 //!   out of range) of blocks the thread holds;
 //! * sequence appends (with copy-on-write), truncates, forks and drops,
-//!   with parent and child owned by different threads, over a one-stack
-//!   pool and over a pool whose free list is 3 stacks (threads starting
-//!   their pops at different stacks, stealing, freeing to several);
+//!   with parent and child owned by different threads, over a one-shard
+//!   pool and over a pool whose free list is 3 shards (threads starting
+//!   their pops at different shards, stealing, freeing to several);
 //! * closing while all of that runs.
 //!
 //! They check the invariants of the loom models:
@@ -920,10 +920,10 @@ fn pool_model() {
     pool_model_over(BlockPool::new(10, 2));
 }
 
-/// [`pool_model`] over a pool of 10 blocks whose free list is 3 stacks
+/// [`pool_model`] over a pool of 10 blocks whose free list is 3 shards
 /// (ids 0-3, 4-7 and 8-9): the threads start their pops at different
-/// stacks, steal when theirs runs short, and free chains that go back to
-/// several stacks.
+/// shards, steal when theirs runs short, and free chains that go back to
+/// several shards.
 fn sharded_pool_model() {
     pool_model_over(BlockPool::with_shards(10, 2, 3));
 }

@@ -1185,9 +1185,9 @@ fn alloc_free_never_hands_an_id_to_two_owners() {
 }
 
 /// The same over sharded free lists: threads start their pops at different
-/// stacks, steal from the others when theirs runs short, and give every
-/// block back to the stack that owns it (3 shards split 16 ids unevenly;
-/// 16 shards over 8 ids leave half the stacks without an id of their own).
+/// shards, steal from the others when theirs runs short, and give every
+/// block back to the shard that owns it (3 shards split 16 ids unevenly;
+/// 16 shards over 8 ids leave half the shards without an id of their own).
 #[test]
 fn alloc_free_never_hands_an_id_to_two_owners_sharded() {
     for (num_blocks, shards) in [(16, 3), (64, 8), (8, 16)] {
@@ -1434,7 +1434,7 @@ fn sequences_append_truncate_fork_and_drop_concurrently() {
 }
 
 /// The same over sharded free lists (forks, copies-on-write and drops free
-/// chains whose blocks belong to several stacks).
+/// chains whose blocks belong to several shards).
 #[test]
 fn sequences_append_truncate_fork_and_drop_concurrently_sharded() {
     run_sequences((32, 4), 4, 8, 48, 4_000);

@@ -346,15 +346,15 @@ fn pool_alloc_and_free_into_a_reused_buffer_allocate_nothing() {
     assert_eq!(ops, NONE);
 }
 
-/// The same over a free list of 4 stacks: requests larger than the home
-/// stack take from the others, and frees whose blocks belong to several
-/// stacks push one run per stack.
+/// The same over a free list of 4 shards: requests larger than the home
+/// shard take from the others, and frees whose blocks belong to several
+/// shards push one run per shard.
 #[test]
 fn sharded_pool_steals_and_split_frees_allocate_nothing() {
     const BLOCKS: usize = 64;
     let pool = BlockPool::with_shards(BLOCKS, 16, 4);
     let mut held: Vec<BlockId> = Vec::with_capacity(2 * BLOCKS);
-    // The first call gives this thread its home stack (a thread-local).
+    // The first call gives this thread its home shard (a thread-local).
     pool.try_alloc(1, &mut held).unwrap();
     pool.free(&held).unwrap();
     held.clear();
@@ -363,7 +363,7 @@ fn sharded_pool_steals_and_split_frees_allocate_nothing() {
             pool.try_alloc(20, &mut held).unwrap();
             pool.try_alloc(40, &mut held).unwrap();
             assert!(pool.try_alloc(5, &mut held).is_err());
-            // Every other block: runs from every stack in one call.
+            // Every other block: runs from every shard in one call.
             let odd: [BlockId; 30] = std::array::from_fn(|i| held[2 * i + 1]);
             pool.free(&odd).unwrap();
             pool.try_alloc(30, &mut held).unwrap();

@@ -236,7 +236,7 @@ impl SeqOps for PoolWorld {
 /// `b0` has three holders at most, dropped from both threads; whichever
 /// drops last pushes it, exactly once.
 ///
-/// Over two free-list shards (`fork_vs_drop_two_stacks_*`; shard 0 owns
+/// Over two free-list shards (`fork_vs_drop_two_shards_*`; shard 0 owns
 /// blocks 0 and 1, shard 1 owns 2 and 3) the main thread's home is shard
 /// 0: `p` takes both of its blocks, and every tail block the forks need is
 /// stolen from shard 1, where `q`'s tail goes back when thread 2 drops it.
@@ -282,13 +282,13 @@ fn fork_vs_drop_relaxed_free_is_caught() {
 }
 
 #[test]
-fn fork_vs_drop_two_stacks_sound() {
+fn fork_vs_drop_two_shards_sound() {
     fork_vs_drop_over(2, SOUND);
 }
 
 #[test]
 #[should_panic(expected = "Causality violation")]
-fn fork_vs_drop_two_stacks_relaxed_free_is_caught() {
+fn fork_vs_drop_two_shards_relaxed_free_is_caught() {
     fork_vs_drop_over(2, RELAXED_FREE);
 }
 

@@ -152,7 +152,7 @@ impl KvslotsBackend {
     }
 
     /// A pool of `num_blocks` blocks of `block_size` tokens whose free list
-    /// is cut into `shards` stacks.
+    /// is cut into `shards` shards.
     pub fn with_shards(num_blocks: usize, block_size: usize, shards: usize) -> Self {
         KvslotsBackend {
             pool: Arc::new(BlockPool::with_shards(num_blocks, block_size, shards)),

@@ -43,7 +43,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use kvslots::{BlockHash, ReserveError};
+use kvslots::{table, BlockHash, ReserveError};
 
 use crate::backend::PrefixCounts;
 
@@ -561,44 +561,6 @@ impl MutexPool {
     }
 }
 
-/// The block-table arithmetic of `kvslots::Sequence`, which the baseline
-/// keeps (the library does not export it): every count of blocks, tails and
-/// table entries the baseline's sequence makes is here.
-mod table {
-    /// Table entries to set aside for `tokens` tokens: as many blocks as
-    /// they need (at most the pool's), plus one for a copy-on-write's new
-    /// block to pass through.
-    pub(super) fn entries(tokens: usize, block_size: usize, num_blocks: usize) -> usize {
-        match tokens.div_ceil(block_size).min(num_blocks) {
-            0 => 0,
-            n => n + 1,
-        }
-    }
-
-    /// Blocks that hold `len` tokens.
-    pub(super) fn blocks(len: usize, block_size: usize) -> usize {
-        len.div_ceil(block_size)
-    }
-
-    /// The block position `len` goes into and the tokens before it there:
-    /// `(len / block_size, len % block_size)`.
-    pub(super) fn tail(len: usize, block_size: usize) -> (usize, usize) {
-        (len / block_size, len % block_size)
-    }
-
-    /// For `n` more tokens after `len` in `held` blocks: how many blocks
-    /// must be added, and how many held blocks they would leave wholly
-    /// unused.
-    pub(super) fn growth(len: usize, held: usize, n: usize, block_size: usize) -> (usize, usize) {
-        let room = held * block_size - len;
-        if n <= room {
-            (0, (room - n) / block_size)
-        } else {
-            ((n - room).div_ceil(block_size), 0)
-        }
-    }
-}
-
 /// The device copy a fork asks for: `tokens` slots of block `src` into
 /// block `dst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -783,7 +745,7 @@ impl MutexSeq {
             return 0;
         }
         self.release_retired();
-        let keep = table::blocks(len, self.pool.block_size);
+        let keep = table::blocks_for(len, self.pool.block_size);
         let gone = self.blocks.len() - keep;
         if gone > 0 {
             // Our own references: freeing them cannot fail.

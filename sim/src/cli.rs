@@ -114,9 +114,9 @@ pub struct Cli {
     /// Most requests one worker runs at once.
     #[arg(long, default_value_t = 64)]
     pub max_running: usize,
-    /// Free-list stacks of the kvslots pool (default: what
+    /// Free-list shards of the kvslots pool (default: what
     /// `BlockPool::new` picks, one per 64 blocks up to 16; 1 is a single
-    /// stack).
+    /// shard).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub shards: Option<u16>,
     /// The allocator to run.
@@ -162,7 +162,7 @@ pub struct Plan {
     pub workload: String,
     /// The scheduler's settings.
     pub engine: EngineConfig,
-    /// Free-list stacks of the kvslots pool.
+    /// Free-list shards of the kvslots pool.
     pub shards: usize,
 }
 
@@ -367,7 +367,7 @@ fn profile_words(e: &EngineConfig, block_size: usize) -> String {
 fn settings_line(plan: &Plan) -> String {
     let e = &plan.engine;
     format!(
-        "workload: {}; {} workers, {}, prefix cache {}, watermark {} blocks, chunk {}, max running {}; kvslots free list: {} stacks",
+        "workload: {}; {} workers, {}, prefix cache {}, watermark {} blocks, chunk {}, max running {}; kvslots free list: {} shards",
         plan.workload,
         e.workers,
         profile_words(e, plan.sizing.block_size),

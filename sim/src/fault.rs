@@ -31,7 +31,9 @@ pub enum Fault {
     /// A fork shares the parent's partly filled last block instead of
     /// copying it into a block of the child's own.
     SharedForkTail,
-    /// A dropped sequence's blocks are never given back.
+    /// A dropped sequence's blocks are never given back (caught at the end
+    /// of the run, or sooner at the give-back of a block it shared with a
+    /// sibling still live).
     Leak,
     /// An append hands out a block that another sequence holds: the last
     /// block an append on the same worker thread handed to another
@@ -43,6 +45,16 @@ pub enum Fault {
     DoubleHandOut,
     /// An append that crosses into a new block takes one block too many.
     OverAllocate,
+    /// The pool loses one reference to the block an append handed out,
+    /// once the engine has checked the hand-out and mapped the slots, while
+    /// the sequence holds the block alone: the state a hand-out racing a
+    /// give-back on another worker leaves (the shadow counts the block
+    /// held, the pool counts it free). No hand-out check sees it (the block
+    /// is handed to no one else) nor the end-of-run sweep (the count is
+    /// right again once the block goes back): only the give-back check. If
+    /// the sequence forks first (the child's hand-out check would see it),
+    /// the loss is taken back and the fault fires at a later append.
+    LostReference,
     /// A worker panics inside an append.
     WorkerPanic,
     /// An append never returns (a livelock).
@@ -51,12 +63,13 @@ pub enum Fault {
 
 impl Fault {
     /// Every kind.
-    pub const ALL: [Fault; 7] = [
+    pub const ALL: [Fault; 8] = [
         Fault::ShortAppend,
         Fault::SharedForkTail,
         Fault::Leak,
         Fault::DoubleHandOut,
         Fault::OverAllocate,
+        Fault::LostReference,
         Fault::WorkerPanic,
         Fault::StuckCall,
     ];
@@ -69,6 +82,7 @@ impl Fault {
             Fault::Leak => "leak",
             Fault::DoubleHandOut => "double-hand-out",
             Fault::OverAllocate => "over-allocate",
+            Fault::LostReference => "lost-reference",
             Fault::WorkerPanic => "worker-panic",
             Fault::StuckCall => "stuck-call",
         }
@@ -88,6 +102,8 @@ struct State<Id> {
     /// Per worker thread, the last block an append on it handed out, and
     /// to which sequence, for as long as that sequence holds it alone.
     last_new: Mutex<Vec<(ThreadId, u64, Id)>>,
+    /// The block whose reference the pool lost, and its sequence.
+    lost: Mutex<Option<Lost>>,
     num_blocks: usize,
     block_size: usize,
 }
@@ -123,6 +139,31 @@ impl<Id> State<Id> {
     }
 }
 
+/// A reference the pool lost ([`Fault::LostReference`]).
+#[derive(Debug, Clone, Copy)]
+struct Lost {
+    /// The sequence holding the block.
+    seq: u64,
+    /// The block's index.
+    block: usize,
+    /// Whether the pool's count shows the loss yet (from the slot mapping
+    /// of the append that handed the block out).
+    shown: bool,
+}
+
+impl<Id> State<Id> {
+    /// Runs `f` on the lost reference if it is sequence `seq`'s.
+    fn lost_of(&self, seq: u64, f: impl FnOnce(&mut Option<Lost>)) {
+        if self.fault != Fault::LostReference {
+            return;
+        }
+        let mut lost = self.lost.lock().unwrap_or_else(|e| e.into_inner());
+        if lost.is_some_and(|l| l.seq == seq) {
+            f(&mut lost);
+        }
+    }
+}
+
 /// A backend with a planted fault.
 #[derive(Debug)]
 pub struct Faulty<B: KvBackend> {
@@ -148,6 +189,7 @@ impl<B: KvBackend> Faulty<B> {
             fired: AtomicBool::new(false),
             next_seq: AtomicU64::new(0),
             last_new: Mutex::new(Vec::new()),
+            lost: Mutex::new(None),
             num_blocks: inner.num_blocks(),
             block_size: inner.block_size(),
         });
@@ -218,6 +260,8 @@ impl<S: KvSeq> FaultySeq<S> {
 impl<S: KvSeq> Drop for FaultySeq<S> {
     fn drop(&mut self) {
         self.state.forget(self.id, |_| false);
+        // The lost reference's block goes back (the count is right again).
+        self.state.lost_of(self.id, |lost| *lost = None);
         let holds = self.inner.as_ref().is_some_and(|s| !s.table().is_empty());
         if holds && self.state.fires(Fault::Leak) {
             std::mem::forget(self.inner.take());
@@ -283,6 +327,14 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
                 }
             }
             drop(last);
+            if state.fires(Fault::LostReference) {
+                let mut lost = state.lost.lock().unwrap_or_else(|e| e.into_inner());
+                *lost = Some(Lost {
+                    seq: self.id,
+                    block: S::index(first_new),
+                    shown: false,
+                });
+            }
             if state.due(Fault::OverAllocate) {
                 // One block beyond what the new length needs (fired only
                 // if the pool has it).
@@ -301,11 +353,21 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
         // recorded block to another sequence.
         let table = self.seq().table();
         self.state.forget(self.id, |block| table.contains(block));
+        self.state.lost_of(self.id, |lost| {
+            if lost.is_some_and(|l| !table.iter().any(|&id| S::index(id) == l.block)) {
+                *lost = None;
+            }
+        });
         r
     }
     fn try_fork(&self) -> Result<Forked<Self, S::Id>, ReserveError> {
         // The parent's blocks are shared from now on.
         self.state.forget(self.id, |_| false);
+        self.state.lost_of(self.id, |lost| {
+            *lost = None;
+            // Relaxed: as in `State::due`.
+            self.state.fired.store(false, Ordering::Relaxed);
+        });
         let (child, copy) = self.seq().try_fork()?;
         let mut child = FaultySeq::new(child, Arc::clone(&self.state));
         let bs = self.state.block_size;
@@ -323,6 +385,11 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
             .checked_sub(1)
             .filter(|_| !positions.is_empty());
         self.seq().extend_slots(positions, out)?;
+        self.state.lost_of(self.id, |lost| {
+            if let Some(l) = lost {
+                l.shown = true;
+            }
+        });
         if last.is_some() && self.state.fires(Fault::ShortAppend) {
             // The last position gets the same offset in the next block.
             let (bs, nb) = (self.state.block_size, self.state.num_blocks);
@@ -364,7 +431,13 @@ impl<B: KvBackend> KvBackend for Faulty<B> {
         self.inner.peak_used_blocks()
     }
     fn ref_count(&self, index: usize) -> Option<usize> {
-        self.inner.ref_count(index)
+        let count = self.inner.ref_count(index)?;
+        if self.state.fault != Fault::LostReference {
+            return Some(count);
+        }
+        let lost = self.state.lost.lock().unwrap_or_else(|e| e.into_inner());
+        let short = lost.is_some_and(|l| l.shown && l.block == index);
+        Some(count - usize::from(short && count > 0))
     }
     fn try_alloc_with_headroom(
         &self,

@@ -30,26 +30,52 @@
 //! Cached blocks are shared across workers, so the shadow cannot compare
 //! their counts with the pool's at every call (another worker may be
 //! between its call and its shadow update): for the entries of a table
-//! that were matched or published ([`Tracked::share`]) it only checks that
-//! the pool counts the block as held. The final sweep, once every worker
-//! has stopped, compares every block exactly.
+//! that were matched or published ([`Tracked::share`]) it only checks, at
+//! the hand-out and at the give-back, that the pool counts the block as
+//! held. The final sweep, once every worker has stopped, compares every
+//! block exactly.
 //!
 //! # The shadow
 //!
 //! Beside the memory, a count per block of the live sequence tables that
 //! hold it, kept from the tables the allocator returns: it must equal the
-//! pool's reference count for every block a call hands to a sequence; a
-//! slot is written only through a block exactly one table holds, at the
-//! place the table says; an append changes no entry of the table other than
-//! the shared tail it copies on write; and at the end no block is held and
-//! the pool counts no reference.
+//! pool's reference count for every block a call hands to a sequence, and
+//! for every block just before a call gives it back; a slot is written only
+//! through a block exactly one table holds, at the place the table says; an
+//! append changes no entry of the table other than the shared tail it
+//! copies on write; and at the end no block is held and the pool counts no
+//! reference.
+//!
+//! # Why both counts are compared at the hand-out and at the give-back
+//!
+//! Apart from cached prompt blocks (above), a block is shared only between
+//! the sequences of one group (a fork's child is pushed into its parent's
+//! group), and a group lives on one
+//! worker from admission to its drop (a preempted group is dropped and its
+//! request queued again on the same worker, to be admitted afresh), which
+//! drives its sequences one call at a time. So with a correct allocator
+//! every holder of a block a sequence holds is on that sequence's worker,
+//! no other thread moves the block's count in the pool or in the shadow,
+//! and the two are equal exactly, whenever that worker looks.
+//!
+//! The hand-out check alone has a blind spot: if a broken pool hands a
+//! block to one worker while a sequence on another is giving it back, the
+//! hand-out's comparison can land after the giver's shadow was lowered but
+//! before the pool's count was, and read 1 on both sides; afterwards the
+//! shadow counts the block held while the pool counts it free, and when the
+//! new holder gives it back both reach 0 again, so the end-of-run sweep
+//! sees nothing. The give-back check catches that state at the new
+//! holder's give-back (or sooner, at the giver's, if the broken hand-out
+//! had already moved the pool's count): it names the block, the request and
+//! both counts.
 //!
 //! # Orderings
 //!
 //! Stamps and shadow counts are `Relaxed`: the pool orders one holder's use
 //! of a block before the next holder's (Release when it frees, Acquire when
 //! it allocates), and the shadow of a block is lowered before the call that
-//! gives it back and raised after the call that took it, so with a correct
+//! gives it back (raised again after a refused call, which gives nothing
+//! back) and raised after the call that took it, so with a correct
 //! allocator no two threads ever touch one block's stamps or count at once.
 //! With a broken one they may race; the values then read are still some
 //! value written, which is what makes the failure visible.
@@ -256,24 +282,96 @@ impl Oracle {
         }
     }
 
-    /// Lowers the shadow for the blocks a call is about to give back:
-    /// every entry from `keep` on (the blocks a truncate to a length that
-    /// needs `keep` blocks gives back, or all of them for a drop), and any
-    /// block a copy-on-write retired. Call it before the call.
-    pub fn before_release<S: KvSeq>(&self, t: &mut Tracked<S::Id>, keep: usize) {
-        self.release_retired::<S>(t);
-        for &id in t.table.get(keep..).unwrap_or(&[]) {
-            self.lower(S::index(id));
+    /// Checks and lowers the shadow for the blocks a call is about to give
+    /// back: every entry from `keep` on (the blocks a truncate to a length
+    /// that needs `keep` blocks gives back, or all of them for a drop), and
+    /// any block a copy-on-write retired. Call it before the call. Each
+    /// block must be counted by the pool exactly as many times as live
+    /// tables hold it (see the module's give-back check); the shadow is
+    /// lowered whatever the check finds, and the first block that
+    /// disagrees is named.
+    pub fn before_release<B: KvBackend>(
+        &self,
+        backend: &B,
+        t: &mut Tracked<B::Id>,
+        keep: usize,
+    ) -> Result<(), String> {
+        let mut first = self.release_retired(backend, t).map(|_| ());
+        for (i, &id) in t.table.iter().enumerate().skip(keep) {
+            let shared = i < t.shared;
+            let checked = self.check_and_lower(backend, &t.writer, B::Seq::index(id), i, shared);
+            if first.is_ok() {
+                first = checked;
+            }
         }
         t.table.truncate(keep);
+        first
     }
 
-    /// Lowers the shadow for a block a copy-on-write retired: the
-    /// sequence's next call gives it back. Call it before any call.
-    pub fn release_retired<S: KvSeq>(&self, t: &mut Tracked<S::Id>) {
-        if let Some(id) = t.retired.take() {
-            self.lower(S::index(id));
+    /// Checks and lowers the shadow for a block a copy-on-write retired:
+    /// the sequence's next call that changes its table (an append of at
+    /// least one token, a truncate below its length, the drop) gives it
+    /// back. Call it before such a call; it returns the block, for
+    /// [`keep_retired`](Self::keep_retired) if the call is refused.
+    pub fn release_retired<B: KvBackend>(
+        &self,
+        backend: &B,
+        t: &mut Tracked<B::Id>,
+    ) -> Result<Option<B::Id>, String> {
+        let Some(id) = t.retired.take() else {
+            return Ok(None);
+        };
+        let block = B::Seq::index(id);
+        self.check_and_lower(backend, &t.writer, block, usize::MAX, false)
+            .map(|()| Some(id))
+    }
+
+    /// Counts a retired block in again after a call that was refused (a
+    /// refused call changes nothing, so the sequence still holds it).
+    pub fn keep_retired<S: KvSeq>(&self, t: &mut Tracked<S::Id>, retired: Option<S::Id>) {
+        if let Some(id) = retired {
+            if let Some(h) = self.holders.get(S::index(id)) {
+                // Relaxed: see the module's orderings.
+                h.fetch_add(1, Ordering::Relaxed);
+            }
+            t.retired = Some(id);
         }
+    }
+
+    /// The give-back check of `block` (table entry `entry`, or
+    /// `usize::MAX` for a retired block), then the lowering of its shadow.
+    /// A `shared` entry (matched or published, so other workers' sequences
+    /// may be between their call and their shadow update on it) must only
+    /// be counted as held; the final sweep compares it exactly.
+    fn check_and_lower<B: KvBackend>(
+        &self,
+        backend: &B,
+        w: &Writer,
+        block: usize,
+        entry: usize,
+        shared: bool,
+    ) -> Result<(), String> {
+        // A block past the pool was never counted (see `after_call`).
+        let Some(h) = self.holders.get(block) else {
+            return Ok(());
+        };
+        // Relaxed: see the module's orderings.
+        let held = h.load(Ordering::Relaxed) as usize;
+        let counted = backend.ref_count(block).unwrap_or(0);
+        self.lower(block);
+        if held == counted || (shared && counted > 0) {
+            return Ok(());
+        }
+        let which = if entry == usize::MAX {
+            "retired by a copy-on-write".to_string()
+        } else {
+            format!("table entry {entry}")
+        };
+        Err(format!(
+            "request {} sample {}: block {block} ({which}), about to be given back, is held by \
+             {held} live sequences but the pool counts {counted} references",
+            w.request, w.sample
+        ))
     }
 
     fn lower(&self, block: usize) {
@@ -619,9 +717,93 @@ mod tests {
             err.contains("held by 2 live sequences but the pool counts 1"),
             "{err}"
         );
-        o.before_release::<kvslots::Sequence>(&mut twice, 0);
-        o.before_release::<kvslots::Sequence>(&mut t, 0);
+        let err = o.before_release(&b, &mut twice, 0).unwrap_err();
+        assert!(err.contains("about to be given back"), "{err}");
+        o.before_release(&b, &mut t, 0).unwrap();
         drop(seq);
+        assert!(o.sweep(&b).is_empty());
+    }
+
+    /// A block handed to a sequence on one worker while a sequence on
+    /// another is giving it back, with the hand-out's check landing between
+    /// the giver's shadow and the pool's count going down: the hand-out
+    /// reads 1 and 1, the end-of-run sweep 0 and 0, and only the give-back
+    /// check of the new holder sees the shadow count it held while the
+    /// pool counts it free.
+    #[test]
+    fn a_block_handed_out_while_given_back_is_caught_at_its_give_back() {
+        let b = KvslotsBackend::new(4, 4);
+        let o = Oracle::new(4, 4);
+        let mut giver = b.new_seq(4);
+        giver.try_append(4).unwrap();
+        let mut t = Tracked::new(writer(3));
+        o.after_call(&b, &mut t, &giver, 0, None).unwrap();
+        let block = t.table[0].index();
+        // The giver's shadow goes down (both sides count 1, the check
+        // passes)...
+        o.before_release(&b, &mut t, 0).unwrap();
+        // ...the broken pool hands the block to another sequence before it
+        // counts the giver's reference out: the hand-out's check sees 1
+        // and 1...
+        let mut taker = Tracked::new(writer(5));
+        o.after_call(&b, &mut taker, &giver, 0, None).unwrap();
+        // ...then the giver's reference goes.
+        drop(giver);
+        assert_eq!(b.ref_count(block), Some(0));
+        let err = o.before_release(&b, &mut taker, 0).unwrap_err();
+        assert!(
+            err.contains(&format!(
+                "request 5 sample 0: block {block} (table entry 0), about to be given back, is \
+                 held by 1 live sequences but the pool counts 0 references"
+            )),
+            "{err}"
+        );
+        // Nothing else would have told.
+        assert!(o.sweep(&b).is_empty());
+    }
+
+    /// Blocks a fork shares, and the source a copy-on-write retired, pass
+    /// the give-back check on their last holder and on every earlier one;
+    /// a refused call's retired block is counted in again.
+    #[test]
+    fn shared_and_retired_blocks_pass_the_give_back_check() {
+        let b = KvslotsBackend::new(8, 4);
+        let o = Oracle::new(8, 4);
+        let mut parent = b.new_seq(16);
+        parent.try_append(8).unwrap();
+        let mut pt = Tracked::new(writer(1));
+        o.after_call(&b, &mut pt, &parent, 0, None).unwrap();
+        let (mut child, copy) = KvSeq::try_fork(&parent).unwrap();
+        assert!(copy.is_none());
+        let mut ct = Tracked {
+            writer: Writer {
+                sample: 1,
+                fork_len: 8,
+                ..writer(1)
+            },
+            ..Tracked::new(writer(1))
+        };
+        o.after_call(&b, &mut ct, &child, 0, None).unwrap();
+        // The child rolls back into the shared second block, then appends:
+        // a copy-on-write retires it.
+        o.before_release(&b, &mut ct, 2).unwrap();
+        KvSeq::truncate(&mut child, 6);
+        let shared = ct.table[1];
+        let (_, copy) = KvSeq::try_append(&mut child, 1).unwrap();
+        let c = copy.expect("a copy-on-write");
+        assert_eq!(c.src, shared);
+        o.after_call(&b, &mut ct, &child, 1, copy).unwrap();
+        assert_eq!(ct.retired, Some(shared));
+        // A refused append gives nothing back: the shadow counts it again.
+        let retired = o.release_retired(&b, &mut ct).unwrap();
+        assert_eq!(retired, Some(shared));
+        assert!(KvSeq::try_append(&mut child, 100).is_err());
+        o.keep_retired::<kvslots::Sequence>(&mut ct, retired);
+        assert_eq!(o.holders[shared.index()].load(Ordering::Relaxed), 2);
+        o.before_release(&b, &mut ct, 0).unwrap();
+        drop(child);
+        o.before_release(&b, &mut pt, 0).unwrap();
+        drop(parent);
         assert!(o.sweep(&b).is_empty());
     }
 }

@@ -232,7 +232,7 @@ fn a_matched_block_must_hold_the_matchers_prefix() {
     assert!(err.contains("request 3 sample 0 position 512"), "{err}");
     assert!(err.contains("the content stamp of content"), "{err}");
     for (mut t, s) in [(ta, a), (tc, c), (td, d)] {
-        o.before_release::<<MutexBackend as KvBackend>::Seq>(&mut t, 0);
+        o.before_release(&b, &mut t, 0).unwrap();
         drop(s);
     }
     assert!(o.sweep(&b).is_empty());

@@ -385,9 +385,9 @@ impl BlockPool {
     /// error names the offending id (checked in this order: any id out of
     /// range, then any block not allocated, then any block over-freed; each
     /// the first in list order). No heap allocation happens here, and the
-    /// checks stay near linear in the list's length: one pass for a list
-    /// without repeated ids, and one more per 8,192-index range it touches
-    /// otherwise (plus a count over the list for each listing of an id past
+    /// checks stay near linear in the list's length: pairwise for up to 16
+    /// ids; otherwise one pass when no two listed ids are equal modulo 4,096,
+    /// and one more per 8,192-index range it touches when some are (plus a count over the list for each listing of an id past
     /// its 254th).
     ///
     /// The checks are made with loads before any reference is dropped, so a

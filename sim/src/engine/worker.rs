@@ -188,13 +188,20 @@ impl<B: KvBackend> Worker<B> {
     ) -> Result<Range<usize>, StepError> {
         let bs = self.block_size();
         let (from, held) = (live.seq.len() / bs, live.seq.table().len());
-        let (range, copy) = self
-            .call(OpKind::Append, || live.seq.try_append(n))
-            .map_err(|e| Self::refused(e, what))?;
+        // The source of an earlier copy-on-write goes back in this call
+        // (if it appends anything and is not refused).
+        let retired = if n > 0 {
+            let oracle = &self.shared.oracle;
+            oracle.release_retired(&self.backend, &mut live.t)?
+        } else {
+            None
+        };
+        let appended = self.call(OpKind::Append, || live.seq.try_append(n));
         let oracle = &self.shared.oracle;
-        // The copy's source, retired by an earlier copy-on-write, went back
-        // in this call.
-        oracle.release_retired::<B::Seq>(&mut live.t);
+        let (range, copy) = appended.map_err(|e| {
+            oracle.keep_retired::<B::Seq>(&mut live.t, retired);
+            Self::refused(e, what)
+        })?;
         oracle.after_call(&self.backend, &mut live.t, &live.seq, from, copy)?;
         let want = self.blocks_for(range.end, reserved);
         oracle.expect_blocks(&live.t, want, what)?;
@@ -359,11 +366,15 @@ impl<B: KvBackend> Worker<B> {
     /// the blocks `len` needs.
     fn truncate(&mut self, live: &mut Live<B>, len: usize) -> Result<(), StepError> {
         let keep = len.div_ceil(self.block_size());
-        self.shared
+        // The blocks go back whatever the check finds (it lowered the
+        // shadow for them).
+        let checked = self
+            .shared
             .oracle
-            .before_release::<B::Seq>(&mut live.t, keep);
+            .before_release(&self.backend, &mut live.t, keep);
         let seq = &mut live.seq;
         self.call(OpKind::Truncate, || seq.truncate(len));
+        checked?;
         self.shared
             .oracle
             .expect_blocks(&live.t, live.seq.table().len(), "truncate")
@@ -379,8 +390,8 @@ impl<B: KvBackend> Worker<B> {
 
     /// Reads every position of the group's sequences back (attention's last
     /// pass), then drops them, with any reserved blocks they still hold
-    /// (each drop is an allocator call). The blocks go back whatever the
-    /// reads found.
+    /// (each drop is an allocator call), each after the oracle's give-back
+    /// check. The blocks go back whatever the reads and checks found.
     fn release(&mut self, mut g: Group<B>) -> Result<(), String> {
         if g.keys.capacity() > 0 {
             g.keys.clear();
@@ -398,7 +409,13 @@ impl<B: KvBackend> Worker<B> {
             }
         }
         for mut live in g.seqs {
-            self.shared.oracle.before_release::<B::Seq>(&mut live.t, 0);
+            let checked = self
+                .shared
+                .oracle
+                .before_release(&self.backend, &mut live.t, 0);
+            if first.is_ok() {
+                first = checked;
+            }
             self.call(OpKind::Drop, || drop(live.seq));
         }
         first
