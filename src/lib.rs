@@ -135,7 +135,7 @@ pub use counter::SlotCounter;
 pub use error::{FreeError, PositionError, ReleaseError, ReserveError};
 pub use hash::{hash_blocks, BlockHash};
 pub use id::BlockId;
-pub use pool::BlockPool;
+pub use pool::{BlockPool, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};
 
 /// The seam for the model-checking suites (`loom-tests`, `tests/shuttle.rs`):

@@ -39,6 +39,9 @@ pub const SOUND: Faults = Faults {
     blind_undo: false,
     plain_held_drop: false,
     blind_add_ref: false,
+    no_generation_check: false,
+    relaxed_publish: false,
+    evict_referenced: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -47,6 +50,9 @@ pub const NO_TAG: Faults = Faults {
     blind_undo: false,
     plain_held_drop: false,
     blind_add_ref: false,
+    no_generation_check: false,
+    relaxed_publish: false,
+    evict_referenced: false,
 };
 /// The ordering control: freeing with `Relaxed` instead of `Release`.
 pub const RELAXED_FREE: Faults = Faults {
@@ -55,6 +61,9 @@ pub const RELAXED_FREE: Faults = Faults {
     blind_undo: false,
     plain_held_drop: false,
     blind_add_ref: false,
+    no_generation_check: false,
+    relaxed_publish: false,
+    evict_referenced: false,
 };
 /// The undo control: a refused free adds its references back blindly,
 /// resurrecting a block that another holder freed meanwhile.
@@ -64,6 +73,9 @@ pub const BLIND_UNDO: Faults = Faults {
     blind_undo: true,
     plain_held_drop: false,
     blind_add_ref: false,
+    no_generation_check: false,
+    relaxed_publish: false,
+    evict_referenced: false,
 };
 
 /// The held-drop control: a sequence clears a count that reads 1 with a
@@ -74,6 +86,9 @@ pub const PLAIN_HELD_DROP: Faults = Faults {
     blind_undo: false,
     plain_held_drop: true,
     blind_add_ref: false,
+    no_generation_check: false,
+    relaxed_publish: false,
+    evict_referenced: false,
 };
 
 /// The fork control: adding a reference raises a count of 0 (no check),
@@ -84,6 +99,9 @@ pub const BLIND_ADD_REF: Faults = Faults {
     blind_undo: false,
     plain_held_drop: false,
     blind_add_ref: true,
+    no_generation_check: false,
+    relaxed_publish: false,
+    evict_referenced: false,
 };
 
 /// Runs `f` under loom with the environment's bounds, defaulting the
