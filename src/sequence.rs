@@ -186,15 +186,19 @@ impl Sequence {
     /// returns an empty range and takes nothing. No heap allocation happens
     /// here beyond growing the block table.
     ///
-    /// A sequence that never truncates into a block it shares with a fork
-    /// never needs a copy-on-write, and appends with this. After such a
-    /// truncate, append with [`try_append_cow`](Self::try_append_cow),
-    /// which returns the device copy to make.
+    /// A sequence that never truncates into a block it shares (with a
+    /// fork, or with a sequence that matched it through the prefix cache)
+    /// or that stays cached never needs a copy-on-write, and appends with
+    /// this. After such a truncate, append with
+    /// [`try_append_cow`](Self::try_append_cow), which returns the device
+    /// copy to make. (A truncate into a cached block that this sequence
+    /// holds alone drops the block's key instead, and needs no copy; see
+    /// [`truncate`](Self::truncate).)
     ///
     /// # Panics
     ///
     /// Panics, before changing anything, if `n > 0` and the last block is
-    /// partly filled and shared with a fork: that append needs a device
+    /// partly filled and shared or cached: that append needs a device
     /// copy, which only [`try_append_cow`](Self::try_append_cow) can hand
     /// back.
     ///
@@ -228,8 +232,10 @@ impl Sequence {
 
     /// Appends `n` tokens as [`try_append`](Self::try_append) does, and
     /// returns the copy-on-write the append needed, if any: `Some` only when
-    /// the last block was partly filled and shared with a fork (after
-    /// truncating into the shared prefix). The caller must copy `tokens`
+    /// the last block was partly filled and shared with a fork or a
+    /// matcher, or cached (after truncating into a shared or published
+    /// block). A cached block is never written while its key can match:
+    /// the copy gets the new tokens, and the cached block keeps its key. The caller must copy `tokens`
     /// slots from `src` to `dst` before the kernel writes the new tokens;
     /// the sequence keeps its reference to `src` until its next change, so
     /// the copy can still read it.
@@ -578,9 +584,16 @@ impl Sequence {
     }
 
     /// Rolls the sequence back to `len` tokens (rejected speculative tokens,
-    /// preemption) and gives back the blocks no longer needed; returns how
-    /// many blocks left the table. A `len` at or past
+    /// preemption) and gives back the blocks no longer needed, last block
+    /// first; returns how many blocks left the table. A `len` at or past
     /// [`len`](Self::len) is a no-op. No heap allocation happens here.
+    ///
+    /// A cached block given back stays cached (evictable once no one holds
+    /// it). If `len` ends inside a cached block that this sequence holds
+    /// alone, that block's key is dropped here, so that the tokens written
+    /// into it next never change a block that a key can match; if another
+    /// sequence holds it too, it keeps its key and the next append copies
+    /// it ([`try_append_cow`](Self::try_append_cow)).
     ///
     /// # Examples
     ///

@@ -625,3 +625,93 @@ fn library_matches_the_reference_at_64_000_blocks() {
 fn library_matches_the_reference_without_eviction() {
     check_library(1_000_000);
 }
+
+/// A small xorshift generator for the step-by-step comparison.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+/// The library and the reference side by side on small pools, with up to
+/// three live requests at a time (matched, admitted all or nothing,
+/// published, released in any order): every match hits the same number of
+/// blocks, every admission succeeds or fails alike, and after every step
+/// the counts and evictions are equal.
+#[test]
+fn library_follows_the_reference_step_by_step() {
+    let mut rng = Rng(0x2545_F491_4F6C_DD1D);
+    let (mut hits, mut evictions, mut refused) = (0, 0, 0);
+    for case in 0..300 {
+        let num_blocks = 2 + case % 9;
+        let mut reference = ReferenceCache::<u64>::new(num_blocks);
+        // One token a block: every block of a prompt is full.
+        let pool = Arc::new(BlockPool::new(num_blocks, 1));
+        let mut live: Vec<(Sequence, Vec<usize>)> = Vec::new();
+        for step in 0..60 {
+            if live.len() < 3 && rng.below(3) != 0 {
+                // A prompt of a few shared families, diverging after a
+                // shared head.
+                let family = rng.below(3);
+                let len = 1 + rng.below(5);
+                let split = rng.below(len + 1);
+                let variant = rng.below(2);
+                let ids: Vec<u64> = (0..len)
+                    .map(|i| family * 100 + i + if i >= split { 1000 * (variant + 1) } else { 0 })
+                    .collect();
+                let keys: Vec<BlockHash> = ids.iter().map(|&id| trace_key(id)).collect();
+                let mut table = Vec::new();
+                let k_ref = reference.match_prefix(&ids, &mut table);
+                let mut seq = Sequence::new(Arc::clone(&pool));
+                let k = seq.try_match_prefix(&keys);
+                assert_eq!(k, k_ref, "case {case} step {step}: hits");
+                hits += k;
+                let n = len as usize - k;
+                let fits = reference.allocate(n, &mut table).is_ok();
+                assert_eq!(
+                    seq.try_append(n).is_ok(),
+                    fits,
+                    "case {case} step {step}: admission"
+                );
+                if fits {
+                    let published = reference.publish(&table[k..], &ids[k..]);
+                    assert_eq!(seq.publish(&keys), published, "case {case} step {step}");
+                    live.push((seq, table));
+                } else {
+                    reference.release(&table);
+                    refused += 1;
+                }
+            } else if !live.is_empty() {
+                let (seq, table) = live.remove(rng.below(live.len() as u64) as usize);
+                drop(seq);
+                reference.release(&table);
+            }
+            assert_eq!(
+                (
+                    pool.free_blocks(),
+                    pool.cached_blocks(),
+                    pool.evictable_blocks(),
+                    pool.prefix_stats().evictions
+                ),
+                (
+                    reference.free_blocks(),
+                    reference.cached_blocks(),
+                    reference.evictable_blocks(),
+                    reference.evictions()
+                ),
+                "case {case} step {step}: free, cached, evictable, evictions"
+            );
+        }
+        evictions += reference.evictions();
+    }
+    // The comparison covered hits, evictions and refusals.
+    assert!(
+        hits > 0 && evictions > 0 && refused > 0,
+        "{hits} {evictions} {refused}"
+    );
+}

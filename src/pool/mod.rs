@@ -53,6 +53,36 @@ use refs::{Dropped, Refs};
 /// was just given without further synchronisation. Adding a reference (a
 /// fork) orders nothing by itself; the new holder gets it through whatever
 /// hands over the sequence, as with `Arc::clone`.
+///
+/// # Prefix cache
+///
+/// A full block can be given a content key ([`BlockHash`](crate::BlockHash))
+/// with [`Sequence::publish`](crate::Sequence::publish); a later sequence
+/// with the same prompt prefix takes the cached blocks with
+/// [`Sequence::try_match_prefix`](crate::Sequence::try_match_prefix)
+/// instead of computing them again. A cached block whose last reference
+/// goes stays cached and becomes *evictable*: it counts as free
+/// ([`free_blocks`](Self::free_blocks)), a match can revive it (which takes
+/// capacity exactly as allocating a free block does), and an allocation
+/// takes it only when no uncached free block is left, least recently
+/// released first (exactly so with one thread; see the
+/// [design notes](crate::implementation#prefix-cache) for the order under
+/// concurrency). A refused allocation evicts nothing.
+/// [`cached_blocks`](Self::cached_blocks),
+/// [`evictable_blocks`](Self::evictable_blocks),
+/// [`reset_prefix_cache`](Self::reset_prefix_cache) and
+/// [`prefix_stats`](Self::prefix_stats) report on it and clear it. Every
+/// path is lock-free, and none allocates heap memory.
+///
+/// # Orderings
+///
+/// Whatever a sequence's thread wrote into a block before publishing it
+/// happens-before any match that returns the block: the publish sets the
+/// block's cached flag (and inserts its index entry) with `Release`, and a
+/// matcher reads the flag with `Acquire` before it compares the key and
+/// takes its reference with a CAS on the same word. Reviving an evictable
+/// block also synchronises with its last holder's drop (`Release`), as an
+/// allocation does.
 pub struct BlockPool {
     /// Admits block counts; its padded state word is the one word every
     /// allocating and freeing thread writes.
@@ -248,7 +278,9 @@ impl BlockPool {
     }
 
     /// A snapshot of the number of free blocks (never above
-    /// [`num_blocks`](Self::num_blocks)).
+    /// [`num_blocks`](Self::num_blocks)): uncached free blocks and
+    /// [evictable](Self::evictable_blocks) cached ones, which an allocation
+    /// may take.
     ///
     /// # Examples
     ///
@@ -263,7 +295,9 @@ impl BlockPool {
         self.counter.available()
     }
 
-    /// A snapshot of the number of blocks in use.
+    /// A snapshot of the number of blocks in use: those with at least one
+    /// reference (cached or not), plus any an allocation or a match is
+    /// taking right now.
     ///
     /// # Examples
     ///
