@@ -432,7 +432,7 @@
 //! loom's negative controls (a free list without its ABA tag, `Relaxed`
 //! frees, a blind undo of a raced free, a plain store for a sequence's
 //! last drop, a revival without the generation check, a `Relaxed`
-//! publish, an eviction of a referenced block) are switched on through
-//! hooks that are the correct behaviour
+//! publish, an eviction of a referenced block, a publisher that does not
+//! kill a rival's claim) are switched on through hooks that are the correct behaviour
 //! in every other build. The model suites reach that seam through one
 //! hidden module, not through the API.

@@ -194,7 +194,8 @@ impl Keys {
                 // latest value of the slot, so of two publishers that
                 // inserted and then rescan, at least one sees the other;
                 // Acquire sees the rival's key words.
-                Self::block_of(probe, self.slots[slot].fetch_add(0, Ordering::AcqRel))
+                let word = self.slots[slot].fetch_add(0, Ordering::AcqRel);
+                Self::block_of(probe, word)
             })
     }
 

@@ -21,7 +21,7 @@
 use crate::id::BlockId;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Ordering};
 
-use super::refs::{is_evictable, Refs};
+use super::refs::Refs;
 
 /// The fewest candidates a buffer holds.
 const MIN_CANDIDATES: usize = 64;
@@ -129,7 +129,7 @@ impl Lru {
                 // synchronised with by the eviction CAS itself; this load
                 // only chooses.
                 let state = refs.state(id.index(), Ordering::Acquire);
-                if is_evictable(state) && self.stamped(id, stamp) && take(id, state) {
+                if refs.may_evict(state) && self.stamped(id, stamp) && take(id, state) {
                     return Some(id);
                 }
             }
@@ -161,7 +161,7 @@ impl Lru {
             let id = BlockId::new(index as u32);
             // Acquire: as in `evict`.
             let state = refs.state(index, Ordering::Acquire);
-            (is_evictable(state) && take(id, state)).then_some(id)
+            (refs.may_evict(state) && take(id, state)).then_some(id)
         })
     }
 
@@ -199,7 +199,7 @@ impl Lru {
         let mut len = 0;
         for index in 0..refs.len() {
             // Relaxed: a scan for hints; the eviction CAS re-checks.
-            if !is_evictable(refs.state(index, Ordering::Relaxed)) {
+            if !refs.may_evict(refs.state(index, Ordering::Relaxed)) {
                 continue;
             }
             let id = BlockId::new(index as u32);

@@ -283,7 +283,7 @@ impl BlockPool {
         for index in 0..self.refs.len() {
             // Acquire: as in `match_one`; the eviction CAS re-checks.
             let seen = self.refs.state(index, Ordering::Acquire);
-            if !is_evictable(seen) || self.counter.try_reserve_ignoring_close(1).is_err() {
+            if !self.refs.may_evict(seen) || self.counter.try_reserve_ignoring_close(1).is_err() {
                 continue;
             }
             let id = BlockId::new(index as u32);

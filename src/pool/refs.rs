@@ -265,10 +265,7 @@ impl Refs {
     /// dropping its key (a new generation) and giving the caller one
     /// reference, if the state is still exactly `seen`.
     pub(super) fn evict(&self, id: BlockId, seen: u64) -> bool {
-        // Evictable? (Under loom's `evict_referenced` control, any cached
-        // block will do.)
-        let referenced_ok = self.faults.evict_referenced() && seen & CACHED != 0;
-        if !is_evictable(seen) && !referenced_ok {
+        if !self.may_evict(seen) {
             return false;
         }
         let next = (seen & !(COUNT | CACHED | BUSY | KILLED)).wrapping_add(GEN) | 1;
@@ -278,6 +275,13 @@ impl Refs {
         self.words[id.index()]
             .compare_exchange(seen, next, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
+    }
+
+    /// Whether an evictor may try to take a block whose state read
+    /// `state`: an evictable one (under loom's `evict_referenced` control,
+    /// any cached one).
+    pub(super) fn may_evict(&self, state: u64) -> bool {
+        is_evictable(state) || (self.faults.evict_referenced() && state & CACHED != 0)
     }
 
     /// Drops the key of a cached block that the caller holds alone (state
@@ -367,6 +371,10 @@ impl Refs {
     /// Marks a rival's claim, whose state read `seen`, killed: its commit
     /// will fail.
     pub(super) fn kill(&self, id: BlockId, seen: u64) -> Kill {
+        if self.faults.no_kill() {
+            // loom's control: as if the claim had been killed.
+            return Kill::Killed;
+        }
         let word = &self.words[id.index()];
         let mut cur = seen;
         loop {

@@ -48,6 +48,11 @@ pub struct Faults {
     /// that a matcher still holds.
     #[cfg(kvslots_loom)]
     pub evict_referenced: bool,
+    /// A publisher that finds a rival claim of the same key with a higher
+    /// block id does not kill it (it only acts as if it had): both can
+    /// commit, and two blocks hold one key.
+    #[cfg(kvslots_loom)]
+    pub no_kill: bool,
 }
 
 impl Faults {
@@ -127,6 +132,17 @@ impl Faults {
     pub(crate) fn evict_referenced(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.evict_referenced {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a kill of a rival publisher's claim is skipped: `false`, or
+    /// `true` under `no_kill`.
+    #[inline]
+    pub(crate) fn no_kill(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.no_kill {
             return true;
         }
         false
