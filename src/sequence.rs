@@ -223,7 +223,7 @@ impl Sequence {
     pub fn try_append(&mut self, n: usize) -> Result<Range<usize>, ReserveError> {
         assert!(
             n == 0 || !self.tail_needs_copy(),
-            "Sequence::try_append: the last block is shared with a fork and must be \
+            "Sequence::try_append: the last block is shared (with a fork or a match) or cached, and must be \
              copied before it is written; append with Sequence::try_append_cow, which \
              returns the BlockCopy to make"
         );

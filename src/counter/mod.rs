@@ -318,14 +318,14 @@ impl SlotCounter {
     }
 
     /// [`try_reserve_raw`](Self::try_reserve_raw) without headroom, also on
-    /// a closed counter: for taking slots that are only moved, not used
-    /// (a pool dropping its cached keys).
+    /// a closed counter, and without raising the peak: for taking slots
+    /// that are only moved, not used (a pool dropping its cached keys).
     pub(crate) fn try_reserve_ignoring_close(&self, n: usize) -> Result<(), ReserveError> {
         self.try_reserve_inner(n, 0, false)
     }
 
     /// The loop behind both: `honor_close` says whether a closed counter
-    /// refuses.
+    /// refuses, and whether the admission counts towards the peak.
     fn try_reserve_inner(
         &self,
         n: usize,
@@ -380,7 +380,9 @@ impl SlotCounter {
                 .compare_exchange_weak(cur, next, Ordering::Acquire, Ordering::Relaxed)
             {
                 Ok(_) => {
-                    self.record_peak(next >> SHIFT);
+                    if honor_close {
+                        self.record_peak(next >> SHIFT);
+                    }
                     return Ok(());
                 }
                 Err(actual) => {
