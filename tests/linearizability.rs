@@ -1,5 +1,5 @@
-//! Linearizability of [`SlotCounter`], [`BlockPool`] and the prefix cache, checked on histories
-//! recorded from real threads.
+//! Linearizability of [`SlotCounter`], [`BlockPool`] and the prefix cache,
+//! checked on histories recorded from real threads.
 //!
 //! loom explores small models exhaustively, and the stress tests check
 //! invariants at the end of long runs. This file checks every *result* that
@@ -27,6 +27,10 @@
 //! `BlockPool` takes effect in two steps (its count, then its ids; see
 //! [`PoolOp`]); its model has one linearization point per step, both inside
 //! the call. A unit test shows why a one-step model does not fit.
+//!
+//! The prefix cache's rounds publish and match a few keys on a pool that
+//! never evicts; a publish takes effect in two steps (a claim, then a
+//! commit or a loss, see [`PrefixOp`]).
 //!
 //! The checker can fail: it is unit-tested on hand-written histories, and a
 //! check-then-add counter written below must be caught as not linearizable
