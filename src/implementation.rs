@@ -164,10 +164,14 @@
 //! 1. The count is admitted through the pool's own `SlotCounter` (the loop
 //!    above, counting blocks). `Full`, `NeverFits` and `Closed` come from
 //!    here, and nothing has changed when they do.
-//! 2. The ids are popped from the shards. Frees push their ids before they
-//!    give the count back, so the shards together always hold at least the
-//!    admitted count: this step cannot fail, though it may look again when
-//!    other threads moved ids between shards while it scanned.
+//! 2. The ids are popped from the shards, and what they lack is evicted
+//!    from the prefix cache's evictable blocks (see
+//!    [Prefix cache](#prefix-cache)). Frees push their ids (or leave a
+//!    cached block evictable) before they give the count back, and a match
+//!    admits a block before it revives one, so the shards and the
+//!    evictable blocks together always hold at least the admitted count:
+//!    this step cannot fail, though it may look again when other threads
+//!    moved blocks while it scanned.
 //!
 //! [`BlockPool::free`](crate::BlockPool::free) checks every listed id with
 //! loads before it changes anything (in range? allocated? listed no more

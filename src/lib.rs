@@ -27,6 +27,13 @@
 //!   ([`Sequence::slot`], [`Sequence::extend_slots`]), rollback
 //!   ([`Sequence::truncate`]) and forks that share full blocks
 //!   ([`Sequence::try_fork`], with the [`BlockCopy`] to make).
+//! * Prefix caching: [`hash_blocks`] computes the content keys
+//!   ([`BlockHash`]) of a prompt's full blocks;
+//!   [`Sequence::publish`] caches a sequence's full blocks under them, and
+//!   [`Sequence::try_match_prefix`] takes the cached blocks of the longest
+//!   matching prefix into a new sequence. Unreferenced cached blocks count
+//!   as free and are evicted least recently released first;
+//!   [`BlockPool::prefix_stats`] reports hits and evictions.
 //!
 //! # Examples
 //!
