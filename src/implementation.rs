@@ -279,8 +279,9 @@
 //!
 //! `publish` of key `K` on a held, uncached block `b`: claim `b` (CAS in
 //! `BUSY`), write `K`'s words, insert `(fingerprint, b)` into a bucket
-//! (a `Release` CAS), then rescan both buckets with read-modify-writes
-//! (`fetch_add(0)`, `AcqRel`) for rivals holding `K`:
+//! (a `Release` CAS), make a read-modify-write that changes nothing
+//! (`fetch_add(0)`, `AcqRel`) on the first slot of `K`'s first bucket, then
+//! rescan both buckets (`Acquire` loads) for rivals holding `K`:
 //!
 //! * a rival that committed (`CACHED`) holds `K`: `b` loses (first wins);
 //! * a rival that claimed it too: the lower block id wins; `b` loses to a
@@ -291,11 +292,13 @@
 //!
 //! Then `b` commits (CAS from `BUSY` to `CACHED`, `Release`) unless it was
 //! killed. A loser removes its entry and gives up its claim (a new
-//! generation, so that a late kill cannot hit a later claim). Every write
-//! to a slot is a read-modify-write, so of two publishers that inserted
-//! and then rescan, the later rescan's read-modify-write continues the
-//! release sequence of the other's insert: at least one sees the other,
-//! and whichever sees, exactly one commits.
+//! generation, so that a late kill cannot hit a later claim). Every
+//! publisher of `K` makes its read-modify-write on the same word, after
+//! its insert; every write to a slot is a read-modify-write, so the later
+//! of two publishers reads from the release sequence of the earlier one's
+//! and synchronises with it: its rescan sees the earlier one's entry
+//! (unless that one already lost and removed it). Whichever sees whom,
+//! exactly one commits.
 //!
 //! ## Matching
 //!
@@ -411,9 +414,9 @@
 //!   reader's CAS on the exact state catches.
 //! * **An eviction is an `Acquire` CAS** on the state word: the last
 //!   holder's accesses happen-before the evictor's.
-//! * **The rescan's reads are `AcqRel` read-modify-writes** and the kill
-//!   an `AcqRel` CAS: they order the race between two publishers (see
-//!   [Publishing](#publishing)).
+//! * **The rescan's read-modify-write is `AcqRel`**, its loads `Acquire`,
+//!   and the kill an `AcqRel` CAS: they order the race between two
+//!   publishers (see [Publishing](#publishing)).
 //! * **Stamps, candidates and statistics are `Relaxed`**: hints and
 //!   counters, re-checked by the CASes above or ordering nothing.
 //!

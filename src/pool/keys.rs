@@ -11,8 +11,9 @@
 //!
 //! Every write to a slot is a read-modify-write, so each write heads a
 //! release sequence that every later value of the slot continues; a
-//! publisher's rescan reads slots with read-modify-writes too (see
-//! `BlockPool::publish_block`).
+//! publisher's rescan starts with a read-modify-write on the first slot of
+//! the key's first bucket, which orders it after every earlier publisher
+//! of the same key (see [`Keys::rivals`]).
 
 use crate::hash::BlockHash;
 use crate::id::BlockId;
@@ -184,18 +185,26 @@ impl Keys {
     }
 
     /// The other blocks that the index lists under `probe`'s fingerprint,
-    /// read with read-modify-writes (see `BlockPool::publish_block`), with
-    /// the slot `mine` skipped.
+    /// for a publisher's rescan after its insert, with the slot `mine`
+    /// skipped.
+    ///
+    /// First a read-modify-write that changes nothing on the first slot of
+    /// the key's first bucket: every publisher of the key makes one on that
+    /// same word after its insert, so of two publishers the later one reads
+    /// from the earlier one's (or from a later read-modify-write, which
+    /// continues its release sequence) and synchronises with it. The later
+    /// one's loads then see the earlier one's entry (unless that one has
+    /// already removed it, having lost).
     pub(super) fn rivals(&self, probe: Probe, mine: usize) -> impl Iterator<Item = BlockId> + '_ {
+        // AcqRel: see above; every write to a slot is a read-modify-write,
+        // so the release sequences are never broken.
+        self.slots[probe.first * self.width].fetch_add(0, Ordering::AcqRel);
         self.slots_of(probe)
             .filter(move |&slot| slot != mine)
             .filter_map(move |slot| {
-                // AcqRel: a read-modify-write that changes nothing reads the
-                // latest value of the slot, so of two publishers that
-                // inserted and then rescan, at least one sees the other;
-                // Acquire sees the rival's key words.
-                let word = self.slots[slot].fetch_add(0, Ordering::AcqRel);
-                Self::block_of(probe, word)
+                // Acquire: sees the rival's key words (published by its
+                // insert).
+                Self::block_of(probe, self.slots[slot].load(Ordering::Acquire))
             })
     }
 

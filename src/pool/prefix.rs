@@ -156,9 +156,10 @@ impl BlockPool {
     /// wins), or the index has no room. Returns whether it did.
     ///
     /// Two publishers of one key on two blocks race like this: each claims
-    /// its block (`BUSY`), writes its key, inserts an index entry, and then
-    /// rescans the key's buckets with read-modify-writes, so at least one
-    /// of the two sees the other. One that sees a committed rival loses;
+    /// its block (`BUSY`), writes its key, inserts an index entry, makes a
+    /// read-modify-write on one word that every publisher of the key
+    /// touches, and then rescans the key's buckets, so the later of the two
+    /// sees the earlier. One that sees a committed rival loses;
     /// one that sees a claimed rival loses if the rival's id is lower, and
     /// otherwise kills the rival's claim (its commit then fails). Whoever
     /// sees whom, exactly one of them commits.
