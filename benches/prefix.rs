@@ -16,7 +16,8 @@
 //! baselines apply the same policy under one lock (a `HashMap` from key to
 //! block, an index-linked LRU list of the evictable blocks, a free stack),
 //! taking it once per call as the library is called: match, allocate,
-//! publish, release.
+//! publish, release. Each worker thread reuses one sequence (emptied with
+//! `truncate(0)`) or one block table across its requests.
 //!
 //! Run: `cargo bench --bench prefix`.
 
@@ -174,52 +175,70 @@ impl Cache {
     }
 }
 
-/// One request on a locked cache: four calls, each under the lock.
-fn locked_request<L: Lock<Cache>>(cache: &L, keys: &[BlockHash], table: &mut Vec<u32>) {
-    table.clear();
-    let k = cache.with(|c| c.match_prefix(keys, table));
-    let blocks = (PROMPT_BLOCKS * BS + EXTRA).div_ceil(BS);
-    if cache.with(|c| c.allocate(blocks - k, table)) {
-        cache.with(|c| c.publish(&table[..keys.len()], keys));
-    }
-    cache.with(|c| c.release(table));
+/// One worker thread of the mixed workload, with what it reuses from one
+/// request to the next (a sequence, or a block table).
+trait Worker: Send {
+    /// Serves one request for the prompt with these keys.
+    fn request(&mut self, keys: &[BlockHash]);
 }
 
-/// One request on the pool.
-fn pool_request(pool: &Arc<BlockPool>, keys: &[BlockHash]) {
-    let mut seq = Sequence::with_capacity(Arc::clone(pool), PROMPT_BLOCKS * BS + EXTRA);
-    let k = seq.try_match_prefix(keys);
-    if seq.try_append(PROMPT_BLOCKS * BS + EXTRA - k * BS).is_ok() {
-        seq.publish(keys);
-    }
-    drop(black_box(seq));
+/// A worker on the pool: one sequence, emptied after each request.
+struct PoolWorker {
+    seq: Sequence,
 }
 
-/// One request of the mixed workload on one of the caches: the prompt's
-/// keys, and a reusable table.
-type Request = Arc<dyn Fn(&[BlockHash], &mut Vec<u32>) + Send + Sync>;
+impl Worker for PoolWorker {
+    fn request(&mut self, keys: &[BlockHash]) {
+        let seq = &mut self.seq;
+        let k = seq.try_match_prefix(keys);
+        if seq.try_append(PROMPT_BLOCKS * BS + EXTRA - k * BS).is_ok() {
+            seq.publish(keys);
+        }
+        black_box(seq.truncate(0));
+    }
+}
 
-/// Runs `iters` requests split over `threads` threads, timed between
-/// barriers; thread `t` walks the prompts from its own offset.
+/// A worker on a locked cache: four calls, each under the lock.
+struct LockedWorker<L> {
+    cache: Arc<L>,
+    table: Vec<u32>,
+}
+
+impl<L: Lock<Cache> + 'static> Worker for LockedWorker<L> {
+    fn request(&mut self, keys: &[BlockHash]) {
+        let table = &mut self.table;
+        table.clear();
+        let k = self.cache.with(|c| c.match_prefix(keys, table));
+        let blocks = (PROMPT_BLOCKS * BS + EXTRA).div_ceil(BS);
+        if self.cache.with(|c| c.allocate(blocks - k, table)) {
+            self.cache.with(|c| c.publish(&table[..keys.len()], keys));
+        }
+        self.cache.with(|c| c.release(table));
+        black_box(&table);
+    }
+}
+
+/// Runs `iters` requests split over `threads` workers made by `worker`,
+/// timed between barriers; worker `t` walks the prompts from its own
+/// offset.
 fn timed(
     threads: usize,
     iters: u64,
     prompts: &Arc<Vec<Vec<BlockHash>>>,
-    request: Request,
+    worker: &dyn Fn() -> Box<dyn Worker>,
 ) -> Duration {
     let start = Arc::new(Barrier::new(threads + 1));
     let end = Arc::new(Barrier::new(threads + 1));
     let handles: Vec<_> = (0..threads as u64)
         .map(|t| {
-            let (start, end) = (Arc::clone(&start), Arc::clone(&end));
-            let (prompts, request) = (Arc::clone(prompts), Arc::clone(&request));
+            let (start, end, prompts) = (Arc::clone(&start), Arc::clone(&end), Arc::clone(prompts));
+            let mut worker = worker();
             let share = iters / threads as u64 + u64::from(t < iters % threads as u64);
             thread::spawn(move || {
-                let mut table = Vec::with_capacity(PROMPT_BLOCKS + 1);
                 start.wait();
                 for i in 0..share {
                     let p = ((i * 7 + t * 13) % prompts.len() as u64) as usize;
-                    request(&prompts[p], &mut table);
+                    worker.request(&prompts[p]);
                 }
                 end.wait();
             })
@@ -281,23 +300,31 @@ fn mixed(c: &mut Criterion) {
     for threads in [1, 2, 8] {
         group.bench_function(BenchmarkId::new("kvslots", threads), |b| {
             let pool = Arc::new(BlockPool::new(MIXED_POOL, BS));
-            let request: Request =
-                Arc::new(move |keys: &[BlockHash], _: &mut Vec<u32>| pool_request(&pool, keys));
-            b.iter_custom(|iters| timed(threads, iters, &prompts, Arc::clone(&request)))
+            let worker = || -> Box<dyn Worker> {
+                let seq = Sequence::with_capacity(Arc::clone(&pool), PROMPT_BLOCKS * BS + EXTRA);
+                Box::new(PoolWorker { seq })
+            };
+            b.iter_custom(|iters| timed(threads, iters, &prompts, &worker))
         });
         group.bench_function(BenchmarkId::new("std_mutex", threads), |b| {
             let cache = Arc::new(std::sync::Mutex::new(Cache::new(MIXED_POOL)));
-            let request: Request = Arc::new(move |keys: &[BlockHash], table: &mut Vec<u32>| {
-                locked_request(&*cache, keys, table)
-            });
-            b.iter_custom(|iters| timed(threads, iters, &prompts, Arc::clone(&request)))
+            let worker = || -> Box<dyn Worker> {
+                Box::new(LockedWorker {
+                    cache: Arc::clone(&cache),
+                    table: Vec::with_capacity(PROMPT_BLOCKS + 1),
+                })
+            };
+            b.iter_custom(|iters| timed(threads, iters, &prompts, &worker))
         });
         group.bench_function(BenchmarkId::new("parking_lot", threads), |b| {
             let cache = Arc::new(parking_lot::Mutex::new(Cache::new(MIXED_POOL)));
-            let request: Request = Arc::new(move |keys: &[BlockHash], table: &mut Vec<u32>| {
-                locked_request(&*cache, keys, table)
-            });
-            b.iter_custom(|iters| timed(threads, iters, &prompts, Arc::clone(&request)))
+            let worker = || -> Box<dyn Worker> {
+                Box::new(LockedWorker {
+                    cache: Arc::clone(&cache),
+                    table: Vec::with_capacity(PROMPT_BLOCKS + 1),
+                })
+            };
+            b.iter_custom(|iters| timed(threads, iters, &prompts, &worker))
         });
     }
     group.finish();

@@ -164,6 +164,11 @@ impl Keys {
         };
         for bucket in order {
             for slot in bucket * self.width..(bucket + 1) * self.width {
+                // Relaxed: only skips taken slots without a locked
+                // instruction; the CAS below decides.
+                if self.slots[slot].load(Ordering::Relaxed) != EMPTY {
+                    continue;
+                }
                 // AcqRel on success: Release publishes the block's key words
                 // to whoever reads this slot; Acquire continues the release
                 // sequences of earlier writes (the rescan's argument, see
@@ -213,11 +218,14 @@ impl Keys {
     pub(super) fn remove(&self, probe: Probe, id: BlockId, slot: Option<usize>) -> bool {
         let entry = Self::entry(probe, id);
         let remove = |s: usize| {
-            // AcqRel on success: continues the slot's release sequence (see
-            // the module doc). Relaxed on failure: another entry.
-            self.slots[s]
-                .compare_exchange(entry, EMPTY, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
+            // Relaxed: only skips other entries without a locked
+            // instruction; the CAS below decides.
+            self.slots[s].load(Ordering::Relaxed) == entry
+                // AcqRel on success: continues the slot's release sequence
+                // (see the module doc). Relaxed on failure: another entry.
+                && self.slots[s]
+                    .compare_exchange(entry, EMPTY, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
         };
         match slot {
             Some(s) => remove(s),
