@@ -115,9 +115,9 @@
 //! `benches/pool.rs` checks that `try_alloc` costs the same at 1,000 and
 //! 1,000,000 blocks.
 //!
-//! Bookkeeping is about 62.5 bytes per block: a 4-byte `next` link, an
+//! Bookkeeping is about 63 bytes per block: a 4-byte `next` link, an
 //! 8-byte state word (reference count, prefix-cache flags, generation),
-//! and the prefix cache's 50.5 bytes (see [Prefix cache](#prefix-cache)),
+//! and the prefix cache's 51 bytes (see [Prefix cache](#prefix-cache)),
 //! plus one cache line per shard head and per statistics cell, two for the
 //! admission counter, and a fixed minimum for tiny pools.
 //!
@@ -273,7 +273,7 @@
 //! hits equal the reference's at every pool size (`tests/prefix_replay.rs`).
 //!
 //! Bookkeeping per block: 8 (state) + 32 (key) + 14 (index) + 4 (release
-//! stamp) + 0.5 (eviction candidates) + 4 (free-list link) bytes.
+//! stamp) + 1 (eviction candidates) + 4 (free-list link) = 63 bytes.
 //!
 //! ## Publishing
 //!
@@ -318,7 +318,7 @@
 //! to held (count 1, not cached, next generation), then it removes the
 //! block's index entry before the block is handed out.
 //!
-//! Evictors take candidates from a buffer of the `num_blocks / 16` oldest
+//! Evictors take candidates from a buffer of the `num_blocks / 8` oldest
 //! evictable blocks, oldest first, filled by a scan of every state word
 //! (through a bounded heap, no allocation) when it runs dry. Blocks
 //! released after a scan are younger than every candidate, so with one
@@ -330,7 +330,9 @@
 //! first evictable block after a rotating hand. Every candidate is
 //! re-checked against its stamp and its state's CAS, so the order is the
 //! only thing that is approximate. The scan is `O(num_blocks)` per
-//! `num_blocks / 16` evictions.
+//! refill, and a refill yields `min(evictable, num_blocks / 8)`
+//! candidates: a few state reads per eviction while many blocks are
+//! evictable, up to `num_blocks` when only a handful are.
 //!
 //! `reset_prefix_cache` evicts every evictable block the same way (its
 //! capacity admitted first, also on a closed pool) and frees it.

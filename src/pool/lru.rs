@@ -25,8 +25,8 @@ use super::refs::Refs;
 
 /// The fewest candidates a buffer holds.
 const MIN_CANDIDATES: usize = 64;
-/// Blocks per candidate slot (the buffer holds `num_blocks / 16`).
-const BLOCKS_PER_CANDIDATE: usize = 16;
+/// Blocks per candidate slot (the buffer holds `num_blocks / 8`).
+const BLOCKS_PER_CANDIDATE: usize = 8;
 
 /// Stamps, the candidate buffer and the fallback hand.
 pub(super) struct Lru {

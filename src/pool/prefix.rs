@@ -164,8 +164,9 @@ impl BlockPool {
     /// otherwise kills the rival's claim (its commit then fails). Whoever
     /// sees whom, exactly one of them commits.
     pub(crate) fn publish_block(&self, id: BlockId, key: &BlockHash) -> bool {
-        // Already cached (this key or another)? Someone else holding it?
-        if self.refs.is_cached(id) || self.lookup(key).is_some() {
+        // Already cached (this key or another)? (A key that another block
+        // holds is found by the rescan below.)
+        if self.refs.is_cached(id) {
             return false;
         }
         if !self.refs.claim(id) {
@@ -207,15 +208,6 @@ impl BlockPool {
         self.keys.remove(probe, id, Some(slot));
         self.refs.unclaim(id);
         false
-    }
-
-    /// The block that holds `key` now, if any (a snapshot).
-    fn lookup(&self, key: &BlockHash) -> Option<BlockId> {
-        let probe = self.keys.probe(key);
-        self.keys.candidates(probe).find(|&id| {
-            // Acquire: as in `match_one`.
-            self.refs.state(id.index(), Ordering::Acquire) & CACHED != 0 && self.keys.holds(id, key)
-        })
     }
 
     /// Takes one evictable block for an allocation that admitted it: drops
