@@ -294,7 +294,8 @@ impl BlockPool {
     }
 
     /// A snapshot of the number of blocks holding a key, referenced or
-    /// not.
+    /// not. A scan of every block's state word (`O(num_blocks)`), for
+    /// metrics and tests rather than a hot path.
     ///
     /// # Examples
     ///
@@ -310,7 +311,9 @@ impl BlockPool {
 
     /// A snapshot of the number of cached blocks that no one holds: an
     /// allocation may evict them, a match may revive them. They count as
-    /// free in [`free_blocks`](Self::free_blocks).
+    /// free in [`free_blocks`](Self::free_blocks). A scan of every block's
+    /// state word (`O(num_blocks)`), as
+    /// [`cached_blocks`](Self::cached_blocks).
     ///
     /// # Examples
     ///
