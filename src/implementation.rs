@@ -339,9 +339,12 @@
 //!
 //! ## Statistics
 //!
-//! Keys queried, blocks hit and evictions are counted in one cache-padded
-//! cell per free-list shard, written with `Relaxed` adds by the threads
-//! whose home shard it is; `prefix_stats` sums the cells.
+//! Keys queried, blocks hit and evictions are counted in cache-padded
+//! cells (one per free-list shard, at least 16), written with `Relaxed`
+//! adds by the threads whose number picks them (as a thread's number picks
+//! its home shard); `prefix_stats` sums the cells. A match thus adds no
+//! write to a line that other threads write, as long as there are no more
+//! threads than cells.
 //!
 //! # Orderings
 //!

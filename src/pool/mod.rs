@@ -205,7 +205,7 @@ impl BlockPool {
             refs: Refs::new(num_blocks, faults),
             keys: Keys::new(num_blocks, faults),
             lru: Lru::new(num_blocks),
-            stats: Stats::new(shards),
+            stats: Stats::new(shards.max(Self::DEFAULT_SHARDS)),
             block_size,
         }
     }

@@ -53,8 +53,10 @@ pub(super) struct StatCell {
     evictions: AtomicU64,
 }
 
-/// The statistics: one cell per free-list shard, written by the threads
-/// whose home shard it is.
+/// The statistics: one cell per free-list shard (at least
+/// [`BlockPool::DEFAULT_SHARDS`] cells, also for pools with fewer shards),
+/// written by the threads whose number picks it, as a thread's number
+/// picks its home shard.
 pub(super) struct Stats {
     cells: Box<[CachePadded<StatCell>]>,
 }
@@ -331,11 +333,13 @@ impl BlockPool {
     /// hit by [`Sequence::try_match_prefix`](crate::Sequence::try_match_prefix),
     /// and evictions.
     ///
-    /// Readable at any time. The counters are kept per free-list shard,
-    /// each on its own cache line and written (with `Relaxed` adds) by the
-    /// threads whose home shard it is, so a match or an eviction writes no
-    /// line that other threads write; this call sums them. A call running
-    /// meanwhile may or may not be counted yet.
+    /// Readable at any time. The counters are kept in cells (one per
+    /// free-list shard, at least 16), each on its own cache line and
+    /// written (with `Relaxed` adds) by the threads whose number picks it
+    /// (thread `i` of a pool with `c` cells writes cell `i % c`, as with
+    /// home shards), so with up to `c` threads a match or an eviction
+    /// writes no line that another thread writes; this call sums them. A
+    /// call running meanwhile may or may not be counted yet.
     pub fn prefix_stats(&self) -> PrefixStats {
         self.stats.sum()
     }
