@@ -18,6 +18,8 @@
 //! during a refill, the hand's pick), and every candidate is re-checked
 //! against the block's stamp and state before it is evicted.
 
+use std::ops::Range;
+
 use crate::id::BlockId;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Ordering};
 
@@ -84,26 +86,25 @@ impl Lru {
         self.stamps[id.index()].store(stamp, Ordering::Relaxed);
     }
 
-    /// The next candidate, if the buffer has one left: a block that was
-    /// evictable at `stamp` when the buffer was filled.
-    fn pop(&self) -> Option<(BlockId, u32)> {
+    /// Takes up to `k > 0` of the next candidates with one CAS; returns
+    /// their positions in the buffer (empty when it has none left).
+    fn pop(&self, k: usize) -> Range<usize> {
         // Acquire (both): the refill's entries are visible once its
         // Release stores of `len` and `next` are seen.
         let mut i = self.next.load(Ordering::Acquire);
         loop {
-            if i >= self.len.load(Ordering::Acquire).min(self.candidates.len()) {
-                return None;
+            let len = self.len.load(Ordering::Acquire).min(self.candidates.len());
+            if i >= len {
+                return 0..0;
             }
-            // Relaxed (both): taking the index is all; the entry is a hint.
+            let end = len.min(i + k);
+            // Relaxed (both): taking the positions is all; the entries are
+            // hints.
             match self
                 .next
-                .compare_exchange_weak(i, i + 1, Ordering::Relaxed, Ordering::Acquire)
+                .compare_exchange_weak(i, end, Ordering::Relaxed, Ordering::Acquire)
             {
-                Ok(_) => {
-                    // Relaxed: a hint (see above).
-                    let word = self.candidates[i].load(Ordering::Relaxed);
-                    return Some((id_of(word), stamp_of(word)));
-                }
+                Ok(_) => return i..end,
                 Err(actual) => i = actual,
             }
         }
@@ -115,22 +116,40 @@ impl Lru {
         self.stamps[id.index()].load(Ordering::Relaxed) == stamp
     }
 
-    /// Finds a block to evict and takes it with `take` (the eviction CAS
-    /// on the state it read), least recently released first. `None` if no
-    /// evictable block was found (the caller looks again elsewhere).
+    /// Finds up to `k` blocks to evict, least recently released first,
+    /// takes each with `take` (the eviction CAS on the state it read) and
+    /// hands it to `got`; returns how many. Fewer than `k` if no more
+    /// evictable blocks were found (the caller looks again elsewhere).
+    /// Candidates are claimed `k` at a time, one CAS for all of them.
     pub(super) fn evict(
         &self,
         refs: &Refs,
+        k: usize,
         take: impl Fn(BlockId, u64) -> bool,
-    ) -> Option<BlockId> {
+        mut got: impl FnMut(BlockId),
+    ) -> usize {
+        let mut taken = 0;
         loop {
-            while let Some((id, stamp)) = self.pop() {
-                // Acquire: the state's last writer (the last drop) is
-                // synchronised with by the eviction CAS itself; this load
-                // only chooses.
-                let state = refs.state(id.index(), Ordering::Acquire);
-                if refs.may_evict(state) && self.stamped(id, stamp) && take(id, state) {
-                    return Some(id);
+            loop {
+                let range = self.pop(k - taken);
+                if range.is_empty() {
+                    break;
+                }
+                for i in range {
+                    // Relaxed: a hint (see `refill`).
+                    let word = self.candidates[i].load(Ordering::Relaxed);
+                    let (id, stamp) = (id_of(word), stamp_of(word));
+                    // Acquire: the state's last writer (the last drop) is
+                    // synchronised with by the eviction CAS itself; this
+                    // load only chooses.
+                    let state = refs.state(id.index(), Ordering::Acquire);
+                    if refs.may_evict(state) && self.stamped(id, stamp) && take(id, state) {
+                        got(id);
+                        taken += 1;
+                    }
+                }
+                if taken == k {
+                    return taken;
                 }
             }
             // Refill, unless someone else is at it.
@@ -141,13 +160,22 @@ impl Lru {
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
             {
-                return self.any(refs, &take);
+                while taken < k {
+                    match self.any(refs, &take) {
+                        Some(id) => {
+                            got(id);
+                            taken += 1;
+                        }
+                        None => break,
+                    }
+                }
+                return taken;
             }
             let found = self.refill(refs);
             // Release: the next refiller sees our entries as written.
             self.refilling.store(false, Ordering::Release);
             if found == 0 {
-                return None;
+                return taken;
             }
         }
     }

@@ -432,14 +432,8 @@ impl BlockPool {
             for &id in &out[base..] {
                 self.refs.set_first(id);
             }
-            while need > 0 {
-                match self.evict_one() {
-                    Some(id) => {
-                        out.push(id);
-                        need -= 1;
-                    }
-                    None => break,
-                }
+            if need > 0 {
+                need -= self.evict_into(need, out);
             }
             if need == 0 {
                 return Ok(());

@@ -212,16 +212,22 @@ impl BlockPool {
         false
     }
 
-    /// Takes one evictable block for an allocation that admitted it: drops
-    /// its key and index entry and returns it with one reference. `None`
-    /// if none was found (the caller looks again).
-    pub(super) fn evict_one(&self) -> Option<BlockId> {
-        let id = self
-            .lru
-            .evict(&self.refs, |id, seen| self.refs.evict(id, seen))?;
-        self.forget_key(id);
-        add(&self.stats.mine().evictions, 1);
-        Some(id)
+    /// Takes up to `k` evictable blocks for an allocation that admitted
+    /// them: drops their keys and index entries and appends them to `out`
+    /// with one reference each; returns how many. Fewer if no more were
+    /// found (the caller looks again).
+    pub(super) fn evict_into(&self, k: usize, out: &mut Vec<BlockId>) -> usize {
+        let evicted = self.lru.evict(
+            &self.refs,
+            k,
+            |id, seen| self.refs.evict(id, seen),
+            |id| {
+                self.forget_key(id);
+                out.push(id);
+            },
+        );
+        add(&self.stats.mine().evictions, evicted as u64);
+        evicted
     }
 
     /// Removes the index entry of block `id`, whose key the caller just
