@@ -5,9 +5,10 @@
 //! [`crate::implementation`] ("The free list", "Shards", "Orderings").
 //!
 //! Callers admit the count through a `SlotCounter` before popping and push
-//! before giving the count back, so the shards together always hold at
-//! least as many ids as have been admitted and not yet popped: [`FreeList::pop`]
-//! cannot come up short.
+//! before giving the count back, so the shards together with the prefix
+//! cache's evictable blocks always hold at least as many blocks as have
+//! been admitted and not yet taken: the pool pops, evicts for the rest,
+//! and looks again only when other threads moved blocks meanwhile.
 
 use crate::id::BlockId;
 use crate::sync::{self, AtomicU32, AtomicU64, Backoff, CachePadded, Faults, Ordering};
@@ -121,36 +122,32 @@ impl FreeList {
         self.faults.next_tag(tag(head).wrapping_add(1), tag(head))
     }
 
-    /// Pops exactly `k > 0` ids and appends them to `out`: from the home
-    /// shard in one CAS if it holds them, else what it has and the rest
-    /// from the other shards in turn.
+    /// Pops up to `k > 0` ids and appends them to `out`; returns how many:
+    /// from the home shard in one CAS if it holds them, else what it has
+    /// and the rest from the other shards in turn, one pass over them.
     ///
-    /// The caller must have admitted `k` through the pool's counter, which
-    /// guarantees the shards hold them, and reserved room for `k` more ids
-    /// in `out` (nothing here allocates).
-    pub(crate) fn pop(&self, k: usize, out: &mut Vec<BlockId>) {
+    /// The caller has admitted `k` through the pool's counter, which
+    /// guarantees that the shards and the prefix cache's evictable blocks
+    /// together hold them, and reserved room for `k` more ids in `out`
+    /// (nothing here allocates). When this returns fewer, the caller
+    /// evicts or looks again.
+    pub(crate) fn pop(&self, k: usize, out: &mut Vec<BlockId>) -> usize {
         debug_assert!(k > 0);
         let shards = self.heads.len();
-        let home = self.home();
+        let mut shard = self.home();
         let mut need = k;
-        let backoff = Backoff::new();
-        loop {
-            let mut shard = home;
-            for _ in 0..shards {
-                need -= self.pop_upto(shard, need, out);
-                // Got them all?
-                if need == 0 {
-                    return;
-                }
-                shard += 1;
-                if shard == shards {
-                    shard = 0;
-                }
+        for _ in 0..shards {
+            need -= self.pop_upto(shard, need, out);
+            // Got them all?
+            if need == 0 {
+                break;
             }
-            // Every shard looked short: ids admitted for us were being moved
-            // between shards (or our loads were stale). Look again.
-            sync::stale_retry(&backoff);
+            shard += 1;
+            if shard == shards {
+                shard = 0;
+            }
         }
+        k - need
     }
 
     /// Pops up to `k` ids from shard `shard` in one CAS, appends them to

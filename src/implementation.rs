@@ -15,6 +15,8 @@
 //! * [Reference counts](#reference-counts): sharing blocks, and why every
 //!   drop is a CAS.
 //! * [Sequences](#sequences): block tables, forks and copy-on-write.
+//! * [Prefix cache](#prefix-cache): the state word, keys and their index,
+//!   publishing, matching, eviction order, statistics.
 //! * [Orderings](#orderings): what each atomic operation orders, type by
 //!   type.
 //! * [Model checking](#model-checking): the atomics facade and the one
@@ -113,10 +115,12 @@
 //! `benches/pool.rs` measures whether `try_alloc` costs the same at 1,000
 //! and 1,000,000 blocks (figures in `BENCHMARKS.md`).
 //!
-//! Bookkeeping is 8 bytes per block (a 4-byte `next` link and a 4-byte
-//! reference count), plus one `CachePadded` slot (a cache line, 128 bytes
-//! on x86-64) per shard head and two for the admission counter (state and
-//! peak).
+//! Bookkeeping is about 63 bytes per block: a 4-byte `next` link, an
+//! 8-byte state word (reference count, prefix-cache flags, generation),
+//! and the prefix cache's 51 bytes (see [Prefix cache](#prefix-cache)),
+//! plus one `CachePadded` slot (a cache line, 128 bytes on x86-64) per
+//! shard head and per statistics cell, two for the admission counter, and
+//! a fixed minimum for tiny pools.
 //!
 //! # Shards
 //!
@@ -161,10 +165,14 @@
 //! 1. The count is admitted through the pool's own `SlotCounter` (the loop
 //!    above, counting blocks). `Full`, `NeverFits` and `Closed` come from
 //!    here, and nothing has changed when they do.
-//! 2. The ids are popped from the shards. Frees push their ids before they
-//!    give the count back, so the shards together always hold at least the
-//!    admitted count: this step cannot fail, though it may look again when
-//!    other threads moved ids between shards while it scanned.
+//! 2. The ids are popped from the shards, and what they lack is evicted
+//!    from the prefix cache's evictable blocks (see
+//!    [Prefix cache](#prefix-cache)). Frees push their ids (or leave a
+//!    cached block evictable) before they give the count back, and a match
+//!    admits a block before it revives one, so the shards and the
+//!    evictable blocks together always hold at least the admitted count:
+//!    this step cannot fail, though it may look again when other threads
+//!    moved blocks while it scanned.
 //!
 //! [`BlockPool::free`](crate::BlockPool::free) checks every listed id with
 //! loads before it changes anything (in range? allocated? listed no more
@@ -179,8 +187,10 @@
 //!
 //! # Reference counts
 //!
-//! Each block has a 32-bit count: 0 while it is free, its number of holders
-//! while allocated. A fork adds a reference to each shared block, with a CAS
+//! Each block has a 32-bit count, the low half of its state word (see
+//! [Prefix cache](#prefix-cache)): 0 while it is free or evictable, its
+//! number of holders while allocated. A fork adds a reference to each
+//! shared block, with a CAS
 //! that never raises a count from 0 (and panics above `u32::MAX / 2`, as
 //! `Arc` aborts); a free or a sequence drops them. A count of 0 there means
 //! a raw `free` took the forking sequence's reference (a double free) and
@@ -231,6 +241,119 @@
 //!
 //! A truncate into a block that was once full sets a hint that the tail
 //! may be shared; only then does an append read the block's count.
+//!
+//! # Prefix cache
+//!
+//! ## The state word
+//!
+//! Each block's `AtomicU64` state word is the single truth about it:
+//!
+//! ```text
+//! bits  0..32   reference count
+//! bit   32      CACHED   the block holds a key that can match
+//! bit   33      BUSY     a publisher has claimed it to give it a key
+//! bit   34      KILLED   a rival publisher of the same key won
+//! bits 35..64   generation, bumped whenever the block loses a key or a claim
+//! ```
+//!
+//! A block is *free* (count 0, not cached: in the free list), *held* (count
+//! above 0, cached or not) or *evictable* (count 0, cached: not in the free
+//! list). The admission counter counts held blocks, so free plus evictable
+//! is what an allocation may take; a match that revives an evictable block
+//! admits one block first, exactly as an allocation would. Every change of
+//! a state that another thread may act on is a CAS from the exact value
+//! read, so a generation names one incarnation of a block's key.
+//!
+//! ## Keys and the index
+//!
+//! A block's key is 32 bytes in four `AtomicU64` words per block, written
+//! only while the block is claimed (`BUSY`, by its publisher) and read
+//! after an `Acquire` of the state word or of an index slot. The index is a
+//! fixed array of `AtomicU64` slots, 1.75 per block, in buckets of 8 (one
+//! cache line; fewer slots per bucket in pools under 8 blocks): a slot is
+//! empty or holds a block id and a 32-bit fingerprint of its key. A key
+//! has two candidate buckets (two other parts of the key); an insert takes
+//! the emptier, a lookup reads both. The index is only a hint: every
+//! candidate's state is loaded (`Acquire`), its whole key compared, and the
+//! reference taken with a CAS from that exact state, which fails if the
+//! generation (and so possibly the key) changed. The two-choice buckets
+//! keep an insert from finding both full; if one ever does, the publish
+//! leaves the block uncached. On the conversation trace the library's
+//! hits equal the reference's at every pool size (`tests/prefix_replay.rs`).
+//!
+//! Bookkeeping per block: 8 (state) + 32 (key) + 14 (index) + 4 (release
+//! stamp) + 1 (eviction candidates) + 4 (free-list link) = 63 bytes.
+//!
+//! ## Publishing
+//!
+//! `publish` of key `K` on a held, uncached block `b`: claim `b` (CAS in
+//! `BUSY`), write `K`'s words, insert `(fingerprint, b)` into a bucket
+//! (a `Release` CAS), make a read-modify-write that changes nothing
+//! (`fetch_add(0)`, `AcqRel`) on the first slot of `K`'s first bucket, then
+//! rescan both buckets (`Acquire` loads) for rivals holding `K`:
+//!
+//! * a rival that committed (`CACHED`) holds `K`: `b` loses (first wins);
+//! * a rival that claimed it too: the lower block id wins; `b` loses to a
+//!   lower one, and kills a higher one (CAS in `KILLED`, which makes the
+//!   rival's commit fail), unless that rival committed first;
+//! * a killed claim, a stale entry (a block whose key is being dropped) or
+//!   another key is ignored.
+//!
+//! Then `b` commits (CAS from `BUSY` to `CACHED`, `Release`) unless it was
+//! killed. A loser removes its entry and gives up its claim (a new
+//! generation, so that a late kill cannot hit a later claim). Every
+//! publisher of `K` makes its read-modify-write on the same word, after
+//! its insert; every write to a slot is a read-modify-write, so the later
+//! of two publishers reads from the release sequence of the earlier one's
+//! and synchronises with it: its rescan sees the earlier one's entry
+//! (unless that one already lost and removed it). Whichever sees whom,
+//! exactly one commits.
+//!
+//! ## Matching
+//!
+//! For each key in turn: look the key up, `Acquire` the candidate's state,
+//! compare its key, and take a reference with a CAS from that state (on an
+//! evictable block, after admitting one block of capacity, given back if
+//! the CAS fails). A candidate whose state moved is read again; a miss ends
+//! the match.
+//!
+//! ## Eviction order
+//!
+//! When a cached block's last reference goes, it gets a release stamp from
+//! a pool-wide clock (a give-back takes one range of stamps for all its
+//! blocks, and a sequence gives its blocks back last block first, so that
+//! a prompt's tail is evicted before its head). An allocation pops the
+//! free list first; for the rest it evicts: a CAS from the evictable state
+//! to held (count 1, not cached, next generation), then it removes the
+//! block's index entry before the block is handed out.
+//!
+//! Evictors take candidates from a buffer of the `num_blocks / 8` oldest
+//! evictable blocks, oldest first, filled by a scan of every state word
+//! (through a bounded heap, no allocation) when it runs dry. Blocks
+//! released after a scan are younger than every candidate, so with one
+//! thread the order is exactly least recently released first, as in the
+//! reference. Under concurrency it is approximate: a stamp is written just
+//! after the drop that made the block evictable, a candidate read while
+//! another evictor refills may be out of order, and an evictor that finds
+//! the buffer empty while another refills does not wait but takes the
+//! first evictable block after a rotating hand. Every candidate is
+//! re-checked against its stamp and its state's CAS, so the order is the
+//! only thing that is approximate. The scan is `O(num_blocks)` per
+//! refill, and a refill yields `min(evictable, num_blocks / 8)`
+//! candidates: a few state reads per eviction while many blocks are
+//! evictable, up to `num_blocks` when only a handful are.
+//!
+//! `reset_prefix_cache` evicts every evictable block the same way (its
+//! capacity admitted first, also on a closed pool) and frees it.
+//!
+//! ## Statistics
+//!
+//! Keys queried, blocks hit and evictions are counted in cache-padded
+//! cells (one per free-list shard, at least 16), written with `Relaxed`
+//! adds by the threads whose number picks them (as a thread's number picks
+//! its home shard); `prefix_stats` sums the cells. A match thus adds no
+//! write to a line that other threads write, as long as there are no more
+//! threads than cells.
 //!
 //! # Orderings
 //!
@@ -288,11 +411,34 @@
 //! * **The checks of `free` and `ref_count` are `Relaxed` loads**: a
 //!   validation read or a snapshot; the drops that follow are what order.
 //!
+//! ## The prefix cache
+//!
+//! * **The commit is `Release`** (the CAS from `BUSY` to `CACHED`), and so
+//!   is the index insert: the publisher's writes into the block and its
+//!   key words happen-before any thread that reads that state (or a later
+//!   value of its release sequence: every later change of the word is a
+//!   read-modify-write) or that slot with `Acquire`.
+//! * **A match loads the state with `Acquire` and revives with an
+//!   `Acquire` CAS**: it sees the publisher's writes before it compares
+//!   the key, and a revival of an evictable block synchronises with the
+//!   last holder's drop (`AcqRel`), as an allocation does.
+//! * **The key words are `Relaxed`**: written while the block is claimed,
+//!   published by the insert and the commit, and read after an `Acquire`;
+//!   a key rewritten since the read implies a new generation, which the
+//!   reader's CAS on the exact state catches.
+//! * **An eviction is an `Acquire` CAS** on the state word: the last
+//!   holder's accesses happen-before the evictor's.
+//! * **The rescan's read-modify-write is `AcqRel`**, its loads `Acquire`,
+//!   and the kill an `AcqRel` CAS: they order the race between two
+//!   publishers (see [Publishing](#publishing)).
+//! * **Stamps, candidates and statistics are `Relaxed`**: hints and
+//!   counters, re-checked by the CASes above or ordering nothing.
+//!
 //! ## `Sequence`
 //!
 //! A sequence is a plain `Send` value used by one thread at a time; all its
-//! synchronisation is the pool's (`Acquire` on allocation, `Release` on
-//! free).
+//! synchronisation is the pool's (`Acquire` on allocation and match,
+//! `Release` on free and publish).
 //!
 //! # Model checking
 //!
@@ -306,7 +452,9 @@
 //! are numbered by loom's per-execution thread-locals, and the faults of
 //! loom's negative controls (a free list without its ABA tag, `Relaxed`
 //! frees, a blind undo of a raced free, a plain store for a sequence's
-//! last drop, a fork's reference added to a block whose count is 0) are
-//! switched on through hooks that are the correct behaviour
+//! last drop, a fork's reference added to a block whose count is 0, a
+//! revival without the generation check, a `Relaxed` publish, an eviction
+//! of a referenced block, a publisher that does not kill a rival's claim)
+//! are switched on through hooks that are the correct behaviour
 //! in every other build. The model suites reach that seam through one
 //! hidden module, not through the API.

@@ -33,8 +33,13 @@
 //!   ([`Sequence::try_append`] panics there rather than lose it).
 //! * [`table`]: the block-table arithmetic `Sequence` applies, for block
 //!   tables kept elsewhere.
-//! * [`hash_blocks`] and [`BlockHash`]: chained, salted SHA-256 keys of a
-//!   prompt's full blocks, the keys a prefix cache matches on.
+//! * Prefix caching: [`hash_blocks`] computes the content keys
+//!   ([`BlockHash`]) of a prompt's full blocks;
+//!   [`Sequence::publish`] caches a sequence's full blocks under them, and
+//!   [`Sequence::try_match_prefix`] takes the cached blocks of the longest
+//!   matching prefix into a new sequence. Unreferenced cached blocks count
+//!   as free and are evicted least recently released first;
+//!   [`BlockPool::prefix_stats`] reports hits and evictions.
 //!
 //! # Examples
 //!
@@ -147,7 +152,7 @@ pub use counter::SlotCounter;
 pub use error::{FreeError, PositionError, ReleaseError, ReserveError};
 pub use hash::{hash_blocks, BlockHash};
 pub use id::BlockId;
-pub use pool::BlockPool;
+pub use pool::{BlockPool, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};
 
 /// The seam for the model-checking suites (`loom-tests`, `tests/shuttle.rs`):

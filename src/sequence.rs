@@ -8,6 +8,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::error::{PositionError, ReserveError};
+use crate::hash::BlockHash;
 use crate::id::BlockId;
 use crate::pool::BlockPool;
 use crate::table;
@@ -184,15 +185,19 @@ impl Sequence {
     /// returns an empty range and takes nothing. No heap allocation happens
     /// here beyond growing the block table.
     ///
-    /// A sequence that never truncates into a block it shares with a fork
-    /// never needs a copy-on-write, and appends with this. After such a
-    /// truncate, append with [`try_append_cow`](Self::try_append_cow),
-    /// which returns the device copy to make.
+    /// A sequence that never truncates into a block it shares (with a
+    /// fork, or with a sequence that matched it through the prefix cache)
+    /// or that stays cached never needs a copy-on-write, and appends with
+    /// this. After such a truncate, append with
+    /// [`try_append_cow`](Self::try_append_cow), which returns the device
+    /// copy to make. (A truncate into a cached block that this sequence
+    /// holds alone drops the block's key instead, and needs no copy; see
+    /// [`truncate`](Self::truncate).)
     ///
     /// # Panics
     ///
     /// Panics, before changing anything, if `n > 0` and the last block is
-    /// partly filled and shared with a fork: that append needs a device
+    /// partly filled and shared or cached: that append needs a device
     /// copy, which only [`try_append_cow`](Self::try_append_cow) can hand
     /// back.
     ///
@@ -217,7 +222,7 @@ impl Sequence {
     pub fn try_append(&mut self, n: usize) -> Result<Range<usize>, ReserveError> {
         assert!(
             n == 0 || !self.tail_needs_copy(),
-            "Sequence::try_append: the last block is shared with a fork and must be \
+            "Sequence::try_append: the last block is shared (with a fork or a match) or cached, and must be \
              copied before it is written; append with Sequence::try_append_cow, which \
              returns the BlockCopy to make"
         );
@@ -226,8 +231,10 @@ impl Sequence {
 
     /// Appends `n` tokens as [`try_append`](Self::try_append) does, and
     /// returns the copy-on-write the append needed, if any: `Some` only when
-    /// the last block was partly filled and shared with a fork (after
-    /// truncating into the shared prefix). The caller must copy `tokens`
+    /// the last block was partly filled and shared with a fork or a
+    /// matcher, or cached (after truncating into a shared or published
+    /// block). A cached block is never written while its key can match:
+    /// the copy gets the new tokens, and the cached block keeps its key. The caller must copy `tokens`
     /// slots from `src` to `dst` before the kernel writes the new tokens;
     /// the sequence keeps its reference to `src` until its next append of at
     /// least one token that succeeds, its next truncate that shortens it, or
@@ -364,13 +371,126 @@ impl Sequence {
         table::growth(self.len, self.blocks.len(), n, self.pool.block_size())
     }
 
-    /// Whether the last block is partly filled and shared with a fork, so
-    /// that writing into it needs a private copy first.
+    /// Whether the last block is partly filled and shared (with a fork, or
+    /// with a matcher) or cached, so that writing into it needs a private
+    /// copy first. A cached block keeps its key while this sequence holds
+    /// it (no one else can drop it), so the answer cannot change from
+    /// cached to not cached under us.
     fn tail_needs_copy(&self) -> bool {
         let bs = self.pool.block_size();
-        self.len % bs != 0
-            && self.tail_may_be_shared
-            && self.pool.is_shared(self.blocks[self.len / bs])
+        if self.len % bs == 0 || !self.tail_may_be_shared {
+            return false;
+        }
+        let tail = self.blocks[self.len / bs];
+        self.pool.is_shared(tail) || self.pool.is_cached(tail)
+    }
+
+    /// Takes the longest prefix of `hashes` whose blocks are cached in the
+    /// pool, one reference each, into this empty sequence: appends those
+    /// `k` blocks to the table, sets [`len`](Self::len) to
+    /// `k * block_size` and returns `k`.
+    ///
+    /// `hashes[i]` is the key of the prompt's block `i`, from
+    /// [`hash_blocks`](crate::hash_blocks) with the pool's block size. A
+    /// cached block that no one holds (evictable) stops being evictable,
+    /// and taking it counts against the pool's capacity exactly as taking
+    /// a free block does: when the pool is full or
+    /// [closed](BlockPool::close), the match stops before it. A block that
+    /// another sequence holds is shared without touching the capacity.
+    ///
+    /// On a sequence that is not empty (it holds tokens or reserved
+    /// blocks) this returns 0 and changes nothing. An empty `hashes`
+    /// returns 0. Under contention it may match fewer blocks than are
+    /// cached (a block evicted meanwhile is a miss); it never returns a
+    /// block whose key is not the one asked for. The matched blocks are
+    /// full and read-only: the next tokens go into new blocks. No heap
+    /// allocation happens here beyond growing the block table.
+    ///
+    /// # Memory ordering
+    ///
+    /// Whatever the publisher of a matched block wrote into it before
+    /// [`publish`](Self::publish) happens-before this call returns.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{hash_blocks, BlockPool, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::new(8, 4));
+    /// let prompt: Vec<u32> = (0..10).collect();
+    /// let mut keys = Vec::new();
+    /// hash_blocks(b"tenant", &prompt, 4, &mut keys); // 2 full blocks
+    ///
+    /// let mut first = Sequence::new(Arc::clone(&pool));
+    /// assert_eq!(first.try_match_prefix(&keys), 0); // nothing cached yet
+    /// first.try_append(prompt.len()).unwrap(); // prefill all 10 tokens
+    /// assert_eq!(first.publish(&keys), 2);
+    ///
+    /// let mut second = Sequence::new(Arc::clone(&pool));
+    /// assert_eq!(second.try_match_prefix(&keys), 2);
+    /// assert_eq!(second.len(), 8); // prefill only the last 2 tokens
+    /// assert_eq!(second.blocks(), &first.blocks()[..2]);
+    /// ```
+    pub fn try_match_prefix(&mut self, hashes: &[BlockHash]) -> usize {
+        if self.len != 0 || !self.blocks.is_empty() || self.retired.is_some() || hashes.is_empty() {
+            return 0;
+        }
+        // Room for every block that can match, so that the pushes below
+        // cannot allocate (or panic) halfway.
+        self.blocks
+            .reserve(hashes.len().min(self.pool.num_blocks()));
+        let k = self.pool.match_prefix(hashes, &mut self.blocks);
+        self.len = k * self.pool.block_size();
+        self.tail_may_be_shared = false;
+        k
+    }
+
+    /// Publishes the keys of this sequence's full blocks: makes `hashes[i]`
+    /// the key of block `i` for every full block (`i < len() / block_size`
+    /// and `i < hashes.len()`) that is not cached yet, and returns how many
+    /// became cached. Extra hashes are ignored; an empty list publishes
+    /// nothing.
+    ///
+    /// A key that another block already holds stays with that block (first
+    /// wins) and this block stays uncached; so does a block already cached
+    /// (under any key), and, rarely, a block whose key finds no room in the
+    /// pool's index. Publish only committed tokens (never rejected draft
+    /// tokens): a matcher may take the block as soon as it is published.
+    /// A published block keeps its key until it is evicted (after its last
+    /// holder lets go), dropped by
+    /// [`BlockPool::reset_prefix_cache`], or dropped by a
+    /// [`truncate`](Self::truncate) into it. No heap allocation happens
+    /// here.
+    ///
+    /// # Memory ordering
+    ///
+    /// What this thread wrote into the blocks before publishing them
+    /// happens-before any [`try_match_prefix`](Self::try_match_prefix) that
+    /// returns them.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{hash_blocks, BlockPool, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::new(8, 4));
+    /// let mut keys = Vec::new();
+    /// hash_blocks(b"", &[7; 12], 4, &mut keys);
+    /// let mut seq = Sequence::new(Arc::clone(&pool));
+    /// seq.try_append(9).unwrap(); // 2 full blocks and 1 token
+    /// assert_eq!(seq.publish(&keys), 2); // the third key has no full block
+    /// assert_eq!(seq.publish(&keys), 0); // already cached
+    /// assert_eq!(pool.cached_blocks(), 2);
+    /// ```
+    pub fn publish(&mut self, hashes: &[BlockHash]) -> usize {
+        let full = (self.len / self.pool.block_size()).min(hashes.len());
+        self.blocks[..full]
+            .iter()
+            .zip(hashes)
+            .filter(|&(&id, key)| self.pool.publish_block(id, key))
+            .count()
     }
 
     /// How many tokens the blocks in the table can hold:
@@ -457,9 +577,16 @@ impl Sequence {
     }
 
     /// Rolls the sequence back to `len` tokens (rejected speculative tokens,
-    /// preemption) and gives back the blocks no longer needed; returns how
-    /// many blocks left the table. A `len` at or past
+    /// preemption) and gives back the blocks no longer needed, last block
+    /// first; returns how many blocks left the table. A `len` at or past
     /// [`len`](Self::len) is a no-op. No heap allocation happens here.
+    ///
+    /// A cached block given back stays cached (evictable once no one holds
+    /// it). If `len` ends inside a cached block that this sequence holds
+    /// alone, that block's key is dropped here, so that the tokens written
+    /// into it next never change a block that a key can match; if another
+    /// sequence holds it too, it keeps its key and the next append copies
+    /// it ([`try_append_cow`](Self::try_append_cow)).
     ///
     /// # Examples
     ///
@@ -481,11 +608,19 @@ impl Sequence {
         let keep = table::blocks_for(len, self.pool.block_size());
         let freed = self.blocks.len() - keep;
         self.give_back(keep);
-        // A partly filled tail that was once full may be shared by a fork.
+        // A partly filled tail that was once full may be shared by a fork
+        // or a matcher, or cached.
         let bs = self.pool.block_size();
         self.tail_may_be_shared =
             len % bs != 0 && (self.tail_may_be_shared || self.len >= (len / bs + 1) * bs);
         self.len = len;
+        // A cached tail will be written: if we hold it alone, its key goes
+        // now, so no matcher can take it while it changes (and the next
+        // append needs no copy). Shared, it keeps its key, and the next
+        // append copies it.
+        if self.tail_may_be_shared {
+            self.pool.uncache_sole(self.blocks[len / bs]);
+        }
         freed
     }
 

@@ -1,5 +1,5 @@
-//! Linearizability of [`SlotCounter`] and [`BlockPool`], checked on histories
-//! recorded from real threads.
+//! Linearizability of [`SlotCounter`], [`BlockPool`] and the prefix cache,
+//! checked on histories recorded from real threads.
 //!
 //! loom explores small models exhaustively, and the stress tests check
 //! invariants at the end of long runs. This file checks every *result* that
@@ -28,6 +28,10 @@
 //! [`PoolOp`]); its model has one linearization point per step, both inside
 //! the call. A unit test shows why a one-step model does not fit.
 //!
+//! The prefix cache's rounds publish and match a few keys on a pool that
+//! never evicts; a publish takes effect in two steps (a claim, then a
+//! commit or a loss, see [`PrefixOp`]).
+//!
 //! The checker can fail: it is unit-tested on hand-written histories, and a
 //! check-then-add counter written below must be caught as not linearizable
 //! within 2,000 rounds (in practice the first few). A passing round shows
@@ -49,7 +53,8 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 
 use kvslots::{
-    BlockId, BlockPool, FreeError, ReleaseError, Reservation, ReserveError, Sequence, SlotCounter,
+    BlockHash, BlockId, BlockPool, FreeError, ReleaseError, Reservation, ReserveError, Sequence,
+    SlotCounter,
 };
 
 /// Threads per round.
@@ -1153,6 +1158,216 @@ fn block_pool_histories_with_double_frees_are_linearizable() {
             panic!("round {round}: {e}");
         }
     }
+}
+
+// ===========================================================================
+// The prefix cache: publish and match
+// ===========================================================================
+
+/// Keys in prefix rounds.
+const PREFIX_KEYS: usize = 3;
+
+/// Key number `n` of the prefix rounds (its index buckets differ).
+fn prefix_key(n: usize) -> BlockHash {
+    let mut key = [0u8; 32];
+    key[0] = n as u8;
+    key[8] = n as u8 + 1;
+    key[16] = 0x5A ^ n as u8;
+    BlockHash(key)
+}
+
+/// The prefix cache's abstract state in rounds without eviction: which
+/// block caches each key (`0` for none, else the id + 1), and how many
+/// publishes of each key are between their two steps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PrefixState {
+    cached: [u32; PREFIX_KEYS],
+    claims: [u8; PREFIX_KEYS],
+}
+
+/// A completed call on the prefix cache.
+///
+/// A publish takes effect in two steps: it claims the key (the claim is
+/// not visible to matchers), and then commits (the key is cached on its
+/// block: `publish` returned 1) or loses (it returned 0). It may lose only
+/// to a key already cached or to another claim of the same key in flight,
+/// which then commits or loses in turn; a commit needs the key uncached,
+/// so one key is never cached twice, and of publishes that only race each
+/// other, one commits. A match of one key is one step: it hits the block
+/// that caches the key, or misses when none does.
+#[derive(Debug, Clone)]
+enum PrefixOp {
+    /// The first step of `publish` of `key`.
+    Claim { key: usize },
+    /// The second step of a `publish` that returned 1.
+    Commit { key: usize, block: u32 },
+    /// The second step of a `publish` that returned 0.
+    Lose { key: usize },
+    /// `try_match_prefix(&[key])` on an empty sequence, which matched
+    /// `hit`.
+    Match { key: usize, hit: Option<u32> },
+}
+
+struct PrefixSpec;
+
+impl Spec for PrefixSpec {
+    type State = PrefixState;
+    type Op = PrefixOp;
+
+    fn step(&self, s: &PrefixState, op: &PrefixOp) -> Option<PrefixState> {
+        let mut next = *s;
+        match *op {
+            PrefixOp::Claim { key } => next.claims[key] += 1,
+            PrefixOp::Commit { key, block } => {
+                if s.cached[key] != 0 {
+                    return None;
+                }
+                next.cached[key] = block + 1;
+                next.claims[key] -= 1;
+            }
+            PrefixOp::Lose { key } => {
+                if s.cached[key] == 0 && s.claims[key] < 2 {
+                    return None;
+                }
+                next.claims[key] -= 1;
+            }
+            PrefixOp::Match { key, hit } => {
+                if s.cached[key] != hit.map_or(0, |b| b + 1) {
+                    return None;
+                }
+            }
+        }
+        Some(next)
+    }
+}
+
+/// One thread of a prefix round: publishes (each on a block of its own)
+/// and matches of a few keys; it holds what it published until the end.
+fn prefix_thread(pool: &Arc<BlockPool>, rec: &mut Recorder<'_, PrefixOp>, rng: &mut Rng) {
+    let mut held = Vec::new();
+    for _ in 0..rng.range(1, MAX_OPS) {
+        let key = rng.below(PREFIX_KEYS as u64) as usize;
+        let keys = [prefix_key(key)];
+        if rng.below(2) == 0 {
+            let mut seq = Sequence::new(Arc::clone(pool));
+            seq.try_append(1)
+                .expect("rounds never run out of free blocks");
+            let (published, call, ret) = rec.time(|| seq.publish(&keys));
+            rec.push(call, ret, PrefixOp::Claim { key });
+            let finish = match published {
+                1 => PrefixOp::Commit {
+                    key,
+                    block: seq.blocks()[0].index() as u32,
+                },
+                _ => PrefixOp::Lose { key },
+            };
+            rec.push_then(call, ret, finish);
+            held.push(seq);
+        } else {
+            let mut seq = Sequence::new(Arc::clone(pool));
+            let (k, call, ret) = rec.time(|| seq.try_match_prefix(&keys));
+            let hit = (k == 1).then(|| seq.blocks()[0].index() as u32);
+            rec.push(call, ret, PrefixOp::Match { key, hit });
+        }
+    }
+}
+
+/// Runs one prefix round from `seed`; `Err` describes a violation. The
+/// pool has more blocks than a round can take, so nothing is evicted.
+fn prefix_round(seed: u64) -> Result<(), String> {
+    let mut rng = Rng(seed);
+    let pool = Arc::new(BlockPool::new(THREADS * MAX_OPS as usize + 4, 1));
+    let logs = run_threads(&mut rng, |rec, rng| prefix_thread(&pool, rec, rng));
+    let history: Vec<Event<PrefixOp>> = logs.into_iter().flat_map(|(events, ())| events).collect();
+    // The end state: which block each key matches now.
+    let mut end = PrefixState {
+        cached: [0; PREFIX_KEYS],
+        claims: [0; PREFIX_KEYS],
+    };
+    for (key, cached) in end.cached.iter_mut().enumerate() {
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        if seq.try_match_prefix(&[prefix_key(key)]) == 1 {
+            *cached = seq.blocks()[0].index() as u32 + 1;
+        }
+    }
+    if pool.prefix_stats().evictions != 0 {
+        return Err(format!("seed {seed:#x}: a round evicted"));
+    }
+    let init = PrefixState {
+        cached: [0; PREFIX_KEYS],
+        claims: [0; PREFIX_KEYS],
+    };
+    if linearize(&PrefixSpec, &init, &history, Some(&end)).is_none() {
+        return Err(format!(
+            "seed {seed:#x}: prefix-cache history is not linearizable (end state {end:?}):\n{}",
+            show(&history)
+        ));
+    }
+    Ok(())
+}
+
+#[test]
+fn prefix_cache_histories_are_linearizable() {
+    for round in 0..rounds() / 5 {
+        if let Err(e) = prefix_round(0xCAC_0000 + round) {
+            panic!("round {round}: {e}");
+        }
+    }
+}
+
+#[test]
+fn prefix_checker_rejects_a_key_cached_twice_and_a_stale_miss() {
+    let spec = PrefixSpec;
+    let init = PrefixState {
+        cached: [0; PREFIX_KEYS],
+        claims: [0; PREFIX_KEYS],
+    };
+    // Two overlapping publishes of key 0 that both commit.
+    let twice = vec![
+        ev(0, 0, 3, PrefixOp::Claim { key: 0 }),
+        then(0, 0, 3, PrefixOp::Commit { key: 0, block: 1 }),
+        ev(1, 1, 2, PrefixOp::Claim { key: 0 }),
+        then(1, 1, 2, PrefixOp::Commit { key: 0, block: 2 }),
+    ];
+    assert!(linearize(&spec, &init, &twice, None).is_none());
+    // Two overlapping publishes that both lose, with nothing cached.
+    let neither = vec![
+        ev(0, 0, 3, PrefixOp::Claim { key: 0 }),
+        then(0, 0, 3, PrefixOp::Lose { key: 0 }),
+        ev(1, 1, 2, PrefixOp::Claim { key: 0 }),
+        then(1, 1, 2, PrefixOp::Lose { key: 0 }),
+    ];
+    assert!(linearize(&spec, &init, &neither, None).is_none());
+    // One commits, the other loses: fine.
+    let one = vec![
+        ev(0, 0, 3, PrefixOp::Claim { key: 0 }),
+        then(0, 0, 3, PrefixOp::Commit { key: 0, block: 1 }),
+        ev(1, 1, 2, PrefixOp::Claim { key: 0 }),
+        then(1, 1, 2, PrefixOp::Lose { key: 0 }),
+    ];
+    assert!(linearize(&spec, &init, &one, None).is_some());
+    // A miss after the publish returned.
+    let stale = vec![
+        ev(0, 0, 1, PrefixOp::Claim { key: 0 }),
+        then(0, 0, 1, PrefixOp::Commit { key: 0, block: 1 }),
+        ev(1, 2, 3, PrefixOp::Match { key: 0, hit: None }),
+    ];
+    assert!(linearize(&spec, &init, &stale, None).is_none());
+    // A hit on another block than the one that cached the key.
+    let wrong = vec![
+        ev(0, 0, 1, PrefixOp::Claim { key: 0 }),
+        then(0, 0, 1, PrefixOp::Commit { key: 0, block: 1 }),
+        ev(
+            1,
+            2,
+            3,
+            PrefixOp::Match {
+                key: 0,
+                hit: Some(2),
+            },
+        ),
+    ];
+    assert!(linearize(&spec, &init, &wrong, None).is_none());
 }
 
 // ===========================================================================

@@ -29,8 +29,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use kvslots::{
-    BlockCopy, BlockId, BlockPool, FreeError, OwnedReservation, PositionError, ReleaseError,
-    Reservation, ReserveError, Sequence, SlotCounter,
+    BlockCopy, BlockHash, BlockId, BlockPool, FreeError, OwnedReservation, PositionError,
+    PrefixStats, ReleaseError, Reservation, ReserveError, Sequence, SlotCounter,
 };
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -791,6 +791,54 @@ enum PoolOp {
         start: Size,
         end: Size,
     },
+    /// `try_match_prefix` with the first `len` keys of a family, on a new
+    /// sequence or on a live one (which must be empty to match).
+    Match {
+        seq: Option<SeqSel>,
+        family: u8,
+        len: usize,
+    },
+    /// `publish` of the first `len` keys of a family.
+    Publish {
+        seq: SeqSel,
+        family: u8,
+        len: usize,
+    },
+    /// `reset_prefix_cache`.
+    Reset,
+}
+
+/// Families of keys: family `f`'s key `i` is number `FAMILY_KEYS * f + i`,
+/// except that families 0 and 1 share their first two keys (a shared
+/// prefix).
+const FAMILY_KEYS: usize = 4;
+
+/// Key number `n`: its first two words (which pick its index buckets) are
+/// `n` and `n + 1`, so that every key can go in two different buckets and
+/// the index of these small pools never fills up; the rest is `n` spread.
+fn model_key(n: usize) -> BlockHash {
+    let n = n as u64;
+    let mut key = [0u8; 32];
+    for (i, word) in [n, n + 1, n.wrapping_mul(0x9E37_79B9_7F4A_7C15), n]
+        .iter()
+        .enumerate()
+    {
+        key[i * 8..i * 8 + 8].copy_from_slice(&word.to_le_bytes());
+    }
+    BlockHash(key)
+}
+
+/// The key numbers of family `family`'s first `len` blocks.
+fn family_keys(family: u8, len: usize) -> Vec<usize> {
+    (0..len.min(FAMILY_KEYS))
+        .map(|i| {
+            if family == 1 && i < 2 {
+                i
+            } else {
+                FAMILY_KEYS * usize::from(family) + i
+            }
+        })
+        .collect()
 }
 
 /// Which sequence an operation applies to.
@@ -857,6 +905,11 @@ fn pool_op() -> impl Strategy<Value = PoolOp> {
         16 => (seq_sel(), size()).prop_map(|(seq, pos)| PoolOp::Slot { seq, pos }),
         16 => (seq_sel(), size(), size())
             .prop_map(|(seq, start, end)| PoolOp::ExtendSlots { seq, start, end }),
+        30 => (prop::option::of(seq_sel()), 0u8..3, 0usize..=FAMILY_KEYS + 1)
+            .prop_map(|(seq, family, len)| PoolOp::Match { seq, family, len }),
+        30 => (seq_sel(), 0u8..3, 0usize..=FAMILY_KEYS + 1)
+            .prop_map(|(seq, family, len)| PoolOp::Publish { seq, family, len }),
+        2 => Just(PoolOp::Reset),
     ]
 }
 
@@ -896,6 +949,14 @@ struct PoolModel {
     /// Raw allocations: each id holds one reference owned by the test.
     raw: Vec<Vec<BlockId>>,
     seqs: Vec<SeqModel>,
+    /// The key number each block holds, if cached.
+    keys: Vec<Option<usize>>,
+    /// Key number to the block holding it.
+    index: HashMap<usize, BlockId>,
+    /// The evictable blocks, least recently released first.
+    lru: Vec<BlockId>,
+    /// The prefix cache's statistics.
+    stats: PrefixStats,
 }
 
 impl PoolModel {
@@ -908,7 +969,19 @@ impl PoolModel {
             refs: vec![0; num_blocks],
             raw: Vec::new(),
             seqs: Vec::new(),
+            keys: vec![None; num_blocks],
+            index: HashMap::new(),
+            lru: Vec::new(),
+            stats: PrefixStats::default(),
         }
+    }
+
+    /// Drops block `id`'s key.
+    fn uncache(&mut self, id: BlockId) {
+        if let Some(key) = self.keys[id.index()].take() {
+            self.index.remove(&key);
+        }
+        self.lru.retain(|&b| b != id);
     }
 
     fn used(&self) -> usize {
@@ -947,15 +1020,37 @@ impl PoolModel {
                 id
             );
         }
+        // Uncached free blocks first; only then the least recently
+        // released cached ones, whose keys go.
+        let uncached = (0..self.num_blocks)
+            .filter(|&b| self.refs[b] == 0 && self.keys[b].is_none())
+            .count();
+        let evicted = ids.len().saturating_sub(uncached);
+        let mut expected: Vec<BlockId> = self.lru[..evicted].to_vec();
+        let mut got: Vec<BlockId> = ids
+            .iter()
+            .copied()
+            .filter(|id| self.keys[id.index()].is_some())
+            .collect();
+        expected.sort();
+        got.sort();
+        prop_assert_eq!(got, expected, "step {}: evicted blocks", step);
         for id in ids {
+            self.uncache(*id);
             self.refs[id.index()] = 1;
         }
+        self.stats.evictions += evicted as u64;
         self.peak = self.peak.max(self.used());
         Ok(())
     }
 
     fn drop_ref(&mut self, id: BlockId) {
         self.refs[id.index()] -= 1;
+        // A cached block whose last reference goes is the most recently
+        // released evictable block.
+        if self.refs[id.index()] == 0 && self.keys[id.index()].is_some() {
+            self.lru.push(id);
+        }
     }
 
     /// What `free(ids)` must return: the whole call or nothing. The error
@@ -1061,6 +1156,15 @@ fn check_pool(
             id
         );
     }
+    let cached = m.keys.iter().filter(|k| k.is_some()).count();
+    prop_assert_eq!(pool.cached_blocks(), cached, "step {}: cached_blocks", step);
+    prop_assert_eq!(
+        pool.evictable_blocks(),
+        m.lru.len(),
+        "step {}: evictable_blocks",
+        step
+    );
+    prop_assert_eq!(pool.prefix_stats(), m.stats, "step {}: prefix_stats", step);
     prop_assert_eq!(pool.ref_count(BlockId::new(m.num_blocks as u32)), None);
     prop_assert_eq!(pool.ref_count(BlockId::new(u32::MAX)), None);
 
@@ -1142,6 +1246,9 @@ impl PoolRun {
             PoolOp::DropSeq(seq) => self.drop_seq(seq),
             PoolOp::Slot { seq, pos } => self.slot(seq, *pos),
             PoolOp::ExtendSlots { seq, start, end } => self.extend_slots(seq, *start, *end),
+            PoolOp::Match { seq, family, len } => self.match_prefix(seq.as_ref(), *family, *len),
+            PoolOp::Publish { seq, family, len } => self.publish(seq, *family, *len),
+            PoolOp::Reset => self.reset(),
         }
     }
 
@@ -1310,8 +1417,13 @@ impl PoolRun {
         let range = old.len..old.len.wrapping_add(n);
         // A plain append that needs a copy-on-write panics (naming
         // `try_append_cow`) before changing anything.
-        let shared_tail =
-            n > 0 && old.len % bs != 0 && m.refs[old.blocks[old.blocks.len() - 1].index()] > 1;
+        // (A cached tail needs a copy too, shared or not.)
+        let tail_block = old.blocks.get(old.len / bs).copied();
+        let needs_copy = |m: &PoolModel| {
+            old.len % bs != 0
+                && tail_block.is_some_and(|b| m.refs[b.index()] > 1 || m.keys[b.index()].is_some())
+        };
+        let shared_tail = n > 0 && needs_copy(m);
         if !cow_api && shared_tail {
             let r =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| seqs[i].try_append(n)));
@@ -1337,7 +1449,7 @@ impl PoolRun {
             ((n - room) as u128).div_ceil(bs as u128)
         };
         let tail = old.len % bs;
-        let cow = tail != 0 && m.refs[old.blocks[old.blocks.len() - 1].index()] > 1;
+        let cow = needs_copy(m);
         let total = new_blocks + u128::from(cow);
         let total = usize::try_from(total).unwrap_or(usize::MAX);
         // Nothing new needed: nothing to admit, so it works on a
@@ -1423,10 +1535,18 @@ impl PoolRun {
             let keep = k.div_ceil(bs);
             let gone: Vec<BlockId> = m.seqs[i].blocks.drain(keep..).collect();
             prop_assert_eq!(freed, gone.len(), "step {}: truncate({})", step, k);
-            for id in gone {
+            // Last block first.
+            for id in gone.into_iter().rev() {
                 m.drop_ref(id);
             }
             m.seqs[i].len = k;
+            // A cached tail held alone loses its key.
+            if k % bs != 0 {
+                let tail = m.seqs[i].blocks[k / bs];
+                if m.refs[tail.index()] == 1 {
+                    m.uncache(tail);
+                }
+            }
         }
         Ok(())
     }
@@ -1497,9 +1617,102 @@ impl PoolRun {
         let PoolRun { seqs, m, .. } = self;
         drop(seqs.remove(i));
         let sm = m.seqs.remove(i);
-        for id in sm.blocks.into_iter().chain(sm.retired) {
+        // The retired block first, then the table, last block first.
+        for id in sm.retired.into_iter().chain(sm.blocks.into_iter().rev()) {
             m.drop_ref(id);
         }
+        Ok(())
+    }
+
+    fn match_prefix(
+        &mut self,
+        seq: Option<&SeqSel>,
+        family: u8,
+        len: usize,
+    ) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let i = match seq {
+            None => {
+                self.seqs.push(Sequence::new(Arc::clone(&self.pool)));
+                self.m.seqs.push(SeqModel::default());
+                self.last = self.seqs.len() - 1;
+                self.last
+            }
+            Some(sel) => match self.pick(sel) {
+                Some(i) => i,
+                None => return Ok(()),
+            },
+        };
+        let PoolRun { seqs, m, .. } = self;
+        let numbers = family_keys(family, len);
+        let keys: Vec<BlockHash> = numbers.iter().map(|&n| model_key(n)).collect();
+        let got = seqs[i].try_match_prefix(&keys);
+        let sm = &m.seqs[i];
+        let acts = sm.len == 0 && sm.blocks.is_empty() && sm.retired.is_none() && !keys.is_empty();
+        let mut expected = 0;
+        if acts {
+            for n in &numbers {
+                let Some(&b) = m.index.get(n) else {
+                    break;
+                };
+                if m.refs[b.index()] == 0 {
+                    // A revival takes capacity.
+                    if m.admission(1, 0).is_err() {
+                        break;
+                    }
+                    m.lru.retain(|&x| x != b);
+                }
+                m.refs[b.index()] += 1;
+                m.peak = m.peak.max(m.used());
+                m.seqs[i].blocks.push(b);
+                expected += 1;
+            }
+            m.seqs[i].len = expected * m.block_size;
+            m.stats.queried_blocks += keys.len() as u64;
+            m.stats.hit_blocks += expected as u64;
+        }
+        prop_assert_eq!(
+            got,
+            expected,
+            "step {}: try_match_prefix({:?})",
+            step,
+            numbers
+        );
+        Ok(())
+    }
+
+    fn publish(&mut self, seq: &SeqSel, family: u8, len: usize) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let Some(i) = self.pick(seq) else {
+            return Ok(());
+        };
+        let PoolRun { seqs, m, .. } = self;
+        let numbers = family_keys(family, len);
+        let keys: Vec<BlockHash> = numbers.iter().map(|&n| model_key(n)).collect();
+        let got = seqs[i].publish(&keys);
+        let full = (m.seqs[i].len / m.block_size).min(numbers.len());
+        let mut expected = 0;
+        for (k, &n) in numbers.iter().enumerate().take(full) {
+            let b = m.seqs[i].blocks[k];
+            if m.keys[b.index()].is_none() && !m.index.contains_key(&n) {
+                m.keys[b.index()] = Some(n);
+                m.index.insert(n, b);
+                expected += 1;
+            }
+        }
+        prop_assert_eq!(got, expected, "step {}: publish({:?})", step, numbers);
+        Ok(())
+    }
+
+    fn reset(&mut self) -> Result<(), TestCaseError> {
+        let step = self.step;
+        let PoolRun { pool, m, .. } = self;
+        let got = pool.reset_prefix_cache();
+        let gone = std::mem::take(&mut m.lru);
+        for &b in &gone {
+            m.uncache(b);
+        }
+        prop_assert_eq!(got, gone.len(), "step {}: reset_prefix_cache", step);
         Ok(())
     }
 

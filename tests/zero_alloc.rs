@@ -18,7 +18,8 @@ use std::sync::{Arc, Barrier};
 use std::thread::LocalKey;
 
 use kvslots::{
-    BlockId, BlockPool, FreeError, PositionError, ReleaseError, ReserveError, Sequence, SlotCounter,
+    hash_blocks, BlockHash, BlockId, BlockPool, FreeError, PositionError, ReleaseError,
+    ReserveError, Sequence, SlotCounter,
 };
 
 /// Iterations of each measured loop.
@@ -480,4 +481,61 @@ fn copy_on_write_append_within_capacity_allocates_nothing() {
         "a copy-on-write append that ends within the table's reserved capacity \
          (2 entries) allocated"
     );
+}
+
+#[test]
+fn prefix_match_publish_and_eviction_allocate_nothing() {
+    // A pool of 16 blocks of 4 tokens and 6 prompt families of 6 blocks
+    // each, sharing their first 2: the cache holds at most 2 families, so
+    // matches revive and share blocks, appends evict, publishes race the
+    // first-wins rule, and truncates (also into a cached block) release.
+    const BLOCKS: usize = 16;
+    const BS: usize = 4;
+    let pool = Arc::new(BlockPool::new(BLOCKS, BS));
+    let families: Vec<Vec<BlockHash>> = (0..6u32)
+        .map(|f| {
+            let tokens: Vec<u32> = (0..6 * BS as u32)
+                .map(|t| if t < 2 * BS as u32 { t } else { f * 1000 + t })
+                .collect();
+            let mut keys = Vec::new();
+            hash_blocks(b"", &tokens, BS, &mut keys);
+            keys
+        })
+        .collect();
+    let mut a = Sequence::with_capacity(Arc::clone(&pool), BLOCKS * BS);
+    let mut b = Sequence::with_capacity(Arc::clone(&pool), BLOCKS * BS);
+    let round = |i: usize, a: &mut Sequence, b: &mut Sequence| {
+        let keys = &families[i % families.len()];
+        let k = a.try_match_prefix(keys);
+        a.try_append(6 * BS - k * BS).unwrap();
+        a.publish(keys);
+        // A second sequence of the same prompt shares what is cached.
+        let other = &families[(i + 1) % families.len()];
+        let j = b.try_match_prefix(other);
+        if b.try_append(6 * BS - j * BS).is_ok() {
+            b.publish(other);
+        }
+        // Roll back into a cached block, append again, then release.
+        a.truncate(5 * BS + 1);
+        let _ = a.try_append_cow(2).unwrap();
+        assert_eq!(a.truncate(0), 6);
+        b.truncate(0);
+        if i % 7 == 0 {
+            pool.reset_prefix_cache();
+        }
+    };
+    // Warm up once.
+    round(0, &mut a, &mut b);
+    let before = pool.prefix_stats();
+    let ops = heap_ops(|| {
+        for i in 1..ITERS / 10 {
+            round(i, &mut a, &mut b);
+        }
+    });
+    assert_eq!(ops, NONE);
+    let after = pool.prefix_stats();
+    // The measured loop matched and evicted.
+    assert!(after.hit_blocks > before.hit_blocks);
+    assert!(after.evictions > before.evictions);
+    assert_eq!(pool.used_blocks(), 0);
 }

@@ -39,6 +39,10 @@ pub const SOUND: Faults = Faults {
     blind_undo: false,
     plain_held_drop: false,
     blind_add_ref: false,
+    no_generation_check: false,
+    relaxed_publish: false,
+    evict_referenced: false,
+    no_kill: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -47,6 +51,10 @@ pub const NO_TAG: Faults = Faults {
     blind_undo: false,
     plain_held_drop: false,
     blind_add_ref: false,
+    no_generation_check: false,
+    relaxed_publish: false,
+    evict_referenced: false,
+    no_kill: false,
 };
 /// The ordering control: freeing with `Relaxed` instead of `Release`.
 pub const RELAXED_FREE: Faults = Faults {
@@ -55,6 +63,10 @@ pub const RELAXED_FREE: Faults = Faults {
     blind_undo: false,
     plain_held_drop: false,
     blind_add_ref: false,
+    no_generation_check: false,
+    relaxed_publish: false,
+    evict_referenced: false,
+    no_kill: false,
 };
 /// The undo control: a refused free adds its references back blindly,
 /// resurrecting a block that another holder freed meanwhile.
@@ -64,6 +76,10 @@ pub const BLIND_UNDO: Faults = Faults {
     blind_undo: true,
     plain_held_drop: false,
     blind_add_ref: false,
+    no_generation_check: false,
+    relaxed_publish: false,
+    evict_referenced: false,
+    no_kill: false,
 };
 
 /// The held-drop control: a sequence clears a count that reads 1 with a
@@ -74,6 +90,10 @@ pub const PLAIN_HELD_DROP: Faults = Faults {
     blind_undo: false,
     plain_held_drop: true,
     blind_add_ref: false,
+    no_generation_check: false,
+    relaxed_publish: false,
+    evict_referenced: false,
+    no_kill: false,
 };
 
 /// The fork control: adding a reference raises a count of 0 (no check),
@@ -84,6 +104,35 @@ pub const BLIND_ADD_REF: Faults = Faults {
     blind_undo: false,
     plain_held_drop: false,
     blind_add_ref: true,
+    no_generation_check: false,
+    relaxed_publish: false,
+    evict_referenced: false,
+    no_kill: false,
+};
+
+/// The stale-hit control: a match revives a block without checking that
+/// its generation (and so its key) is the one it compared.
+pub const NO_GENERATION_CHECK: Faults = Faults {
+    no_generation_check: true,
+    ..SOUND
+};
+/// The causality control of the prefix cache: publishing with `Relaxed`
+/// instead of `Release`.
+pub const RELAXED_PUBLISH: Faults = Faults {
+    relaxed_publish: true,
+    ..SOUND
+};
+/// The eviction control: an allocation evicts a cached block that a
+/// matcher still holds.
+pub const EVICT_REFERENCED: Faults = Faults {
+    evict_referenced: true,
+    ..SOUND
+};
+/// The first-wins control: a publisher that finds a rival claim of its key
+/// on a higher block id does not kill it, so both can commit.
+pub const NO_KILL: Faults = Faults {
+    no_kill: true,
+    ..SOUND
 };
 
 /// Runs `f` under loom with the environment's bounds, defaulting the
@@ -194,6 +243,14 @@ impl PoolWorld {
         // Relaxed: as in `take`.
         let before = self.holders[id.index()].fetch_add(1, Ordering::Relaxed);
         assert!(before > 0, "{id} shared while nobody held it");
+    }
+
+    /// Records one more holder of `id`, which may or may not have had
+    /// holders (a match: it revives an evictable block or shares a held
+    /// one).
+    pub fn hold(&self, id: BlockId) {
+        // Relaxed: as in `take`.
+        self.holders[id.index()].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Records that one holder of `id` is about to give its reference back.

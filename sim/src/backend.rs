@@ -218,46 +218,38 @@ impl KvSeq for Sequence {
     }
 }
 
-/// The `kvslots` side of prefix caching, in one place.
-///
-/// **Stand-in.** The library's prefix cache (`Sequence::try_match_prefix`,
-/// `Sequence::publish`, `BlockPool::cached_blocks`,
-/// `BlockPool::evictable_blocks`, `BlockPool::prefix_stats`) is not in this
-/// build yet, so these functions are a pool without a cache: nothing
-/// matches, nothing is published, nothing is counted. Once the library has
-/// it, each body becomes the one library call in its comment, and nothing
-/// else in the simulator changes.
+/// The `kvslots` side of prefix caching, in one place: the library's prefix
+/// cache (`Sequence::try_match_prefix`, `Sequence::publish`,
+/// `BlockPool::cached_blocks`, `BlockPool::evictable_blocks`,
+/// `BlockPool::prefix_stats`).
 mod kvslots_prefix {
     use kvslots::{BlockHash, BlockPool, Sequence};
 
     use super::PrefixCounts;
 
-    /// Library: `seq.try_match_prefix(hashes)`.
-    pub(super) fn try_match_prefix(_seq: &mut Sequence, _hashes: &[BlockHash]) -> usize {
-        0
+    pub(super) fn try_match_prefix(seq: &mut Sequence, hashes: &[BlockHash]) -> usize {
+        seq.try_match_prefix(hashes)
     }
 
-    /// Library: `seq.publish(hashes)`.
-    pub(super) fn publish(_seq: &mut Sequence, _hashes: &[BlockHash]) -> usize {
-        0
+    pub(super) fn publish(seq: &mut Sequence, hashes: &[BlockHash]) -> usize {
+        seq.publish(hashes)
     }
 
-    /// Library: `pool.cached_blocks()`.
-    pub(super) fn cached_blocks(_pool: &BlockPool) -> usize {
-        0
+    pub(super) fn cached_blocks(pool: &BlockPool) -> usize {
+        pool.cached_blocks()
     }
 
-    /// Library: `pool.evictable_blocks()`.
-    pub(super) fn evictable_blocks(_pool: &BlockPool) -> usize {
-        0
+    pub(super) fn evictable_blocks(pool: &BlockPool) -> usize {
+        pool.evictable_blocks()
     }
 
-    /// Library:
-    /// `let s = pool.prefix_stats(); PrefixCounts { queried_blocks:
-    /// s.queried_blocks, hit_blocks: s.hit_blocks, evictions: s.evictions }`
-    /// (with `as u64` if the library's fields are another width).
-    pub(super) fn prefix_stats(_pool: &BlockPool) -> PrefixCounts {
-        PrefixCounts::default()
+    pub(super) fn prefix_stats(pool: &BlockPool) -> PrefixCounts {
+        let s = pool.prefix_stats();
+        PrefixCounts {
+            queried_blocks: s.queried_blocks,
+            hit_blocks: s.hit_blocks,
+            evictions: s.evictions,
+        }
     }
 }
 

@@ -94,6 +94,7 @@ fn hits_equal_the_no_eviction_replay<B: KvBackend>(make: impl Fn(usize, usize) -
 #[test]
 fn one_request_at_a_time_with_room_hits_exactly_the_no_eviction_replay() {
     hits_equal_the_no_eviction_replay(MutexBackend::new);
+    hits_equal_the_no_eviction_replay(KvslotsBackend::new);
 }
 
 /// With prefix caching off, nothing is matched or published.

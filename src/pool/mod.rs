@@ -11,12 +11,19 @@ use crate::counter::SlotCounter;
 use crate::error::{FreeError, ReserveError};
 use crate::free_list::{Chain, FreeList, NIL};
 use crate::id::BlockId;
-use crate::sync::Faults;
+use crate::sync::{self, Backoff, Faults};
 
+mod keys;
+mod lru;
 mod over_free;
+mod prefix;
 mod refs;
 
-use refs::Refs;
+use keys::Keys;
+use lru::Lru;
+pub use prefix::PrefixStats;
+use prefix::Stats;
+use refs::{Dropped, Refs};
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
 /// slots each. Share it as an `Arc<BlockPool>`.
@@ -46,14 +53,51 @@ use refs::Refs;
 /// was just given without further synchronisation. Adding a reference (a
 /// fork) orders nothing by itself; the new holder gets it through whatever
 /// hands over the sequence, as with `Arc::clone`.
+///
+/// # Prefix cache
+///
+/// A full block can be given a content key ([`BlockHash`](crate::BlockHash))
+/// with [`Sequence::publish`](crate::Sequence::publish); a later sequence
+/// with the same prompt prefix takes the cached blocks with
+/// [`Sequence::try_match_prefix`](crate::Sequence::try_match_prefix)
+/// instead of computing them again. A cached block whose last reference
+/// goes stays cached and becomes *evictable*: it counts as free
+/// ([`free_blocks`](Self::free_blocks)), a match can revive it (which takes
+/// capacity exactly as allocating a free block does), and an allocation
+/// takes it only when no uncached free block is left, least recently
+/// released first (exactly so with one thread; see the
+/// [design notes](crate::implementation#prefix-cache) for the order under
+/// concurrency). A refused allocation evicts nothing.
+/// [`cached_blocks`](Self::cached_blocks),
+/// [`evictable_blocks`](Self::evictable_blocks),
+/// [`reset_prefix_cache`](Self::reset_prefix_cache) and
+/// [`prefix_stats`](Self::prefix_stats) report on it and clear it. Every
+/// path is lock-free, and none allocates heap memory.
+///
+/// # Orderings
+///
+/// Whatever a sequence's thread wrote into a block before publishing it
+/// happens-before any match that returns the block: the publish sets the
+/// block's cached flag (and inserts its index entry) with `Release`, and a
+/// matcher reads the flag with `Acquire` before it compares the key and
+/// takes its reference with a CAS on the same word. Reviving an evictable
+/// block also synchronises with its last holder's drop (`Release`), as an
+/// allocation does.
 pub struct BlockPool {
     /// Admits block counts; its padded state word is the one word every
     /// allocating and freeing thread writes.
     counter: SlotCounter,
     /// The ids not in use, in shards (one per id range) with padded heads.
     free: FreeList,
-    /// Per-block reference counts; 0 while the block is in the free list.
+    /// Per-block state words (reference count, prefix-cache flags,
+    /// generation): the single truth about each block.
     refs: Refs,
+    /// The prefix cache's keys and index.
+    keys: Keys,
+    /// The prefix cache's eviction order.
+    lru: Lru,
+    /// The prefix cache's hit statistics.
+    stats: Stats,
     block_size: usize,
 }
 
@@ -159,6 +203,9 @@ impl BlockPool {
             counter: SlotCounter::new(num_blocks),
             free: FreeList::new(num_blocks as u32, shards, faults),
             refs: Refs::new(num_blocks, faults),
+            keys: Keys::new(num_blocks, faults),
+            lru: Lru::new(num_blocks),
+            stats: Stats::new(shards.max(Self::DEFAULT_SHARDS)),
             block_size,
         }
     }
@@ -231,7 +278,9 @@ impl BlockPool {
     }
 
     /// A snapshot of the number of free blocks (never above
-    /// [`num_blocks`](Self::num_blocks)).
+    /// [`num_blocks`](Self::num_blocks)): uncached free blocks and
+    /// [evictable](Self::evictable_blocks) cached ones, which an allocation
+    /// may take.
     ///
     /// # Examples
     ///
@@ -246,7 +295,9 @@ impl BlockPool {
         self.counter.available()
     }
 
-    /// A snapshot of the number of blocks in use.
+    /// A snapshot of the number of blocks in use: those with at least one
+    /// reference (cached or not), plus any an allocation or a match is
+    /// taking right now.
     ///
     /// # Examples
     ///
@@ -369,12 +420,26 @@ impl BlockPool {
         if n == 0 {
             return Ok(());
         }
-        let base = out.len();
-        self.free.pop(n, out);
-        for &id in &out[base..] {
-            self.refs.set_first(id);
+        // Uncached free blocks first; only then evict cached blocks that no
+        // one holds, least recently released first. The admission above
+        // guarantees that the two together hold `n` blocks for us; when
+        // they look short, other threads are moving blocks between them.
+        let mut need = n;
+        let backoff = Backoff::new();
+        loop {
+            let base = out.len();
+            need -= self.free.pop(need, out);
+            for &id in &out[base..] {
+                self.refs.set_first(id);
+            }
+            if need > 0 {
+                need -= self.evict_into(need, out);
+            }
+            if need == 0 {
+                return Ok(());
+            }
+            sync::stale_retry(&backoff);
         }
-        Ok(())
     }
 
     /// Drops one reference per listed id; a block whose last reference goes
@@ -469,7 +534,7 @@ impl BlockPool {
     /// reach zero and pushes them (one CAS per run of ids with the same
     /// owner shard).
     fn drop_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
-        self.drop_each(ids, |id| self.refs.drop(id))
+        self.drop_each(ids.iter().copied(), ids, |id| self.refs.drop(id))
     }
 
     /// Drops the references a [`Sequence`](crate::Sequence) holds in its
@@ -481,16 +546,22 @@ impl BlockPool {
     /// and exactly one of the two sees the count reach 0 and pushes the
     /// block. If `free` won, the drop here finds no reference left and is
     /// refused with `Raced` like any drop that loses that race.
+    ///
+    /// The references go last listed first: a sequence's last block is
+    /// released first, so that of a cached prompt the tail is evicted
+    /// before the head.
     pub(crate) fn drop_held_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
-        self.drop_each(ids, |id| self.refs.drop_held(id))
+        self.drop_each(ids.iter().rev().copied(), ids, |id| self.refs.drop_held(id))
     }
 
-    /// The body of both drops: `drop` takes one reference and says whether
-    /// it was the last (`Err` if none was left).
+    /// The body of both drops: `drop` takes one reference and says what
+    /// became of the block (`Err` if no reference was left). `order` lists
+    /// the ids of `ids` in the order of the drops.
     fn drop_each(
         &self,
+        order: impl ExactSizeIterator<Item = BlockId>,
         ids: &[BlockId],
-        drop: impl Fn(BlockId) -> Result<bool, ()>,
+        drop: impl Fn(BlockId) -> Result<Dropped, ()>,
     ) -> Result<(), FreeError> {
         // A drop can fail here only if the caller does not hold what it
         // lists and another holder freed it meanwhile (a racing double
@@ -499,13 +570,26 @@ impl BlockPool {
         // owner since (an ABA on the count).
         let mut chain = Chain::new();
         let mut raced = None;
-        for (i, &id) in ids.iter().enumerate() {
+        // Cached blocks whose last reference went: they stay cached, as the
+        // most recently released, with stamps in the order of the drops
+        // (one range taken for the rest of the list at the first of them).
+        let mut evictable = 0;
+        let mut stamps = None;
+        let total = order.len();
+        for (i, id) in order.enumerate() {
             match drop(id) {
-                Ok(true) => self.free.prepend(&mut chain, id.index() as u32),
-                Ok(false) => {}
+                Ok(Dropped::Free) => self.free.prepend(&mut chain, id.index() as u32),
+                Ok(Dropped::Evictable) => {
+                    let base = *stamps
+                        .get_or_insert_with(|| self.lru.stamps(total - i).wrapping_sub(i as u32));
+                    self.lru.stamp(id, base.wrapping_add(i as u32));
+                    evictable += 1;
+                }
+                Ok(Dropped::Kept) => {}
                 Err(()) => {
                     // (A refusal with nothing changed only under loom's
-                    // `blind_undo` control.)
+                    // `blind_undo` control, which only `free` reaches, in
+                    // list order.)
                     if self.refs.blind_undo(&ids[..i]) {
                         return Err(FreeError::NotAllocated { id });
                     }
@@ -515,7 +599,11 @@ impl BlockPool {
         }
         if chain.len() > 0 {
             self.free.push(&chain);
-            self.counter.release_held(chain.len());
+        }
+        // Released after the push, so that whoever admits these blocks
+        // finds them (in the free list, or evictable).
+        if chain.len() + evictable > 0 {
+            self.counter.release_held(chain.len() + evictable);
         }
         match raced {
             None => Ok(()),

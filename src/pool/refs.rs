@@ -1,52 +1,130 @@
-//! Per-block reference counts: 0 while a block is free, the number of its
-//! holders while it is allocated.
+//! Per-block state words: the reference count, the prefix cache's flags
+//! and a generation, in one `AtomicU64` per block, the single truth about a
+//! block.
+//!
+//! ```text
+//! bits  0..32   reference count (0 while free or evictable)
+//! bit   32      CACHED: the block holds a key that can match
+//! bit   33      BUSY: a publisher has claimed the block to give it a key
+//! bit   34      KILLED: a rival publisher of the same key won
+//! bits 35..64   generation: bumped whenever the block loses a key or a
+//!               claim, so a state value names one incarnation of its key
+//! ```
 //!
 //! Every drop is a read-modify-write (a CAS), also a drop of a reference
 //! that its holder is sure of: a racing double free through the public
 //! `BlockPool::free` can change the same count, and exactly one of the two
-//! drops must see it reach 0 and push the block.
+//! drops must see it reach 0 and give the block back.
 
 use crate::id::BlockId;
-use crate::sync::{AtomicU32, Faults, Ordering};
+use crate::sync::{AtomicU64, Faults, Ordering};
 
 /// A reference count above this panics instead of wrapping.
-const MAX_REFS: u32 = u32::MAX / 2;
+const MAX_REFS: u64 = (u32::MAX / 2) as u64;
 
-/// One count per block of a pool.
+/// The reference count's bits.
+pub(super) const COUNT: u64 = 0xFFFF_FFFF;
+/// The block holds a key that can match.
+pub(super) const CACHED: u64 = 1 << 32;
+/// A publisher has claimed the block.
+pub(super) const BUSY: u64 = 1 << 33;
+/// A rival publisher of the same key won against the claim.
+pub(super) const KILLED: u64 = 1 << 34;
+/// One step of the generation.
+pub(super) const GEN: u64 = 1 << 35;
+
+/// The reference count in a state word.
+pub(super) const fn count_of(state: u64) -> u64 {
+    state & COUNT
+}
+
+/// The generation in a state word.
+pub(super) const fn gen_of(state: u64) -> u64 {
+    state >> 35
+}
+
+/// Whether a state word is that of an evictable block: cached, not
+/// claimed, no reference.
+pub(super) const fn is_evictable(state: u64) -> bool {
+    state & (CACHED | BUSY | COUNT) == CACHED
+}
+
+/// What became of a block after one of its references was dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Dropped {
+    /// Other references remain.
+    Kept,
+    /// The last reference went and the block holds no key: back to the
+    /// free list.
+    Free,
+    /// The last reference went and the block holds a key: it stays cached
+    /// and becomes evictable.
+    Evictable,
+}
+
+/// What a kill attempt on a rival publisher's claim found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kill {
+    /// The rival's claim is marked killed (now or by someone else before).
+    Killed,
+    /// The rival committed first: it holds the key.
+    Committed,
+    /// The rival's claim is gone (it lost, or the state is another
+    /// incarnation's).
+    Gone,
+}
+
+/// One state word per block of a pool.
 pub(super) struct Refs {
-    counts: Box<[AtomicU32]>,
+    words: Box<[AtomicU64]>,
     /// The faults of loom's negative controls (none outside them).
     faults: Faults,
 }
 
 impl Refs {
-    /// `num_blocks` counts of 0 (every block free).
+    /// `num_blocks` words of 0 (every block free, no key, generation 0).
     pub(super) fn new(num_blocks: usize, faults: Faults) -> Refs {
         Refs {
-            counts: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
+            words: (0..num_blocks).map(|_| AtomicU64::new(0)).collect(),
             faults,
         }
+    }
+
+    /// How many blocks.
+    pub(super) fn len(&self) -> usize {
+        self.words.len()
     }
 
     /// Block `index`'s count now, or `None` if out of range. A snapshot.
     pub(super) fn get(&self, index: usize) -> Option<u32> {
         // Relaxed: a snapshot for reporting.
-        self.counts.get(index).map(|r| r.load(Ordering::Relaxed))
+        self.words
+            .get(index)
+            .map(|r| count_of(r.load(Ordering::Relaxed)) as u32)
     }
 
     /// A block's count now, for the checks of a free.
     pub(super) fn count(&self, id: BlockId) -> u32 {
         // Relaxed: a validation read; the drops that follow are what order.
-        self.counts[id.index()].load(Ordering::Relaxed)
+        count_of(self.words[id.index()].load(Ordering::Relaxed)) as u32
+    }
+
+    /// Block `index`'s whole state word, loaded with `order`.
+    pub(super) fn state(&self, index: usize, order: Ordering) -> u64 {
+        self.words[index].load(order)
     }
 
     /// Gives a block just popped from the free list its first reference.
     pub(super) fn set_first(&self, id: BlockId) {
-        let count = &self.counts[id.index()];
+        let word = &self.words[id.index()];
         // Relaxed (both): the block is exclusively ours after the Acquire
-        // pop; a plain store is cheaper than a read-modify-write.
-        debug_assert_eq!(count.load(Ordering::Relaxed), 0, "{id} handed out twice");
-        count.store(1, Ordering::Relaxed);
+        // pop (a free block holds no key and no claim, so no CAS of another
+        // thread can succeed on it); a plain store is cheaper than a
+        // read-modify-write.
+        let state = word.load(Ordering::Relaxed);
+        debug_assert_eq!(count_of(state), 0, "{id} handed out twice");
+        debug_assert_eq!(state & (CACHED | BUSY), 0, "{id} free but cached");
+        word.store(state | 1, Ordering::Relaxed);
     }
 
     /// Adds a reference to a block the caller holds a reference to.
@@ -61,21 +139,21 @@ impl Refs {
     ///
     /// Panics if the count would exceed `u32::MAX / 2` (as `Arc` aborts).
     pub(super) fn add(&self, id: BlockId) -> Result<(), ()> {
-        let count = &self.counts[id.index()];
+        let word = &self.words[id.index()];
         // Relaxed: only a guess; the CAS validates it.
-        let mut cur = count.load(Ordering::Relaxed);
+        let mut cur = word.load(Ordering::Relaxed);
         loop {
             // Any reference left to add to?
-            if cur == 0 && !self.faults.blind_add_ref() {
+            if count_of(cur) == 0 && !self.faults.blind_add_ref() {
                 return Err(());
             }
-            if cur >= MAX_REFS {
+            if count_of(cur) >= MAX_REFS {
                 panic!("reference count overflow on {id}");
             }
             // Relaxed (both): the caller holds a reference, so the block is
             // not freed under us; the new reference is handed over by
             // whatever hands over its holder (as with `Arc::clone`).
-            match count.compare_exchange_weak(cur, cur + 1, Ordering::Relaxed, Ordering::Relaxed) {
+            match word.compare_exchange_weak(cur, cur + 1, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return Ok(()),
                 Err(actual) => cur = actual,
             }
@@ -86,51 +164,238 @@ impl Refs {
     pub(super) fn is_shared(&self, id: BlockId) -> bool {
         // Acquire: if another holder dropped its reference, its reads of the
         // block happen-before we decide to write into it.
-        self.counts[id.index()].load(Ordering::Acquire) > 1
+        count_of(self.words[id.index()].load(Ordering::Acquire)) > 1
     }
 
-    /// Drops one reference; `Ok(true)` if it was the last. `Err` if the
-    /// block has none (not allocated, or already dropped in this call).
-    pub(super) fn drop(&self, id: BlockId) -> Result<bool, ()> {
-        // Relaxed: only a guess; the CAS validates it.
-        let guess = self.counts[id.index()].load(Ordering::Relaxed);
-        self.drop_from(id, guess)
+    /// Whether `id` holds a key now.
+    pub(super) fn is_cached(&self, id: BlockId) -> bool {
+        // Acquire: as `is_shared`.
+        self.words[id.index()].load(Ordering::Acquire) & CACHED != 0
     }
 
-    /// Drops a reference the caller holds; `Ok(true)` if it was the last.
+    /// Drops one reference. `Err` if the block has none (not allocated, or
+    /// already dropped in this call).
+    pub(super) fn drop(&self, id: BlockId) -> Result<Dropped, ()> {
+        self.drop_from(id)
+    }
+
+    /// Drops a reference the caller holds.
     ///
     /// Never a load followed by a plain store of 0, even when the count
     /// reads 1: a racing `BlockPool::free` of the same block (a double
     /// free) can take that count from 1 to 0 in between, and both sides
-    /// would then push the block. The CAS decides which of the two drops
-    /// the last reference.
-    pub(super) fn drop_held(&self, id: BlockId) -> Result<bool, ()> {
-        // First guess 1, without a load: a sequence usually holds its blocks
-        // alone, and then the first CAS succeeds.
-        self.faults
-            .held_drop(&self.counts[id.index()], || self.drop_from(id, 1))
+    /// would then give the block back. The CAS decides which of the two
+    /// drops the last reference.
+    pub(super) fn drop_held(&self, id: BlockId) -> Result<Dropped, ()> {
+        if self.faults.plain_held_drop() {
+            let word = &self.words[id.index()];
+            // Acquire, Relaxed: the orderings of a correct last drop; the
+            // bug under test (loom's control) is the store.
+            let state = word.load(Ordering::Acquire);
+            if count_of(state) == 1 {
+                word.store(state & !COUNT, Ordering::Relaxed);
+                return Ok(Self::last(state));
+            }
+        }
+        self.drop_from(id)
     }
 
-    /// [`drop`](Self::drop) with a first guess of the count.
-    fn drop_from(&self, id: BlockId, guess: u32) -> Result<bool, ()> {
-        let count = &self.counts[id.index()];
-        let mut cur = guess;
+    /// What a block whose last reference went from `state` becomes.
+    fn last(state: u64) -> Dropped {
+        if state & CACHED != 0 {
+            Dropped::Evictable
+        } else {
+            Dropped::Free
+        }
+    }
+
+    /// The body of both drops.
+    fn drop_from(&self, id: BlockId) -> Result<Dropped, ()> {
+        let word = &self.words[id.index()];
+        // Relaxed: only a guess; the CAS validates it.
+        let mut cur = word.load(Ordering::Relaxed);
         loop {
             // Any reference left to drop?
-            if cur == 0 {
+            if count_of(cur) == 0 {
                 return Err(());
             }
             // AcqRel on success: Release orders this holder's accesses to
             // the block before the last drop; Acquire lets the last dropper
-            // (who pushes the block) see every other holder's accesses.
-            // Relaxed on failure: we only retry with the fresh value.
-            match count.compare_exchange_weak(
+            // (who gives the block back) see every other holder's
+            // accesses, and the Release half is what a reviving matcher or
+            // an evictor acquires. Relaxed on failure: we only retry with
+            // the fresh value.
+            match word.compare_exchange_weak(
                 cur,
                 cur - 1,
                 self.faults.free_ordering(Ordering::AcqRel),
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return Ok(cur == 1),
+                Ok(_) if count_of(cur) == 1 => return Ok(Self::last(cur)),
+                Ok(_) => return Ok(Dropped::Kept),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// A matcher's revival: one more reference on a cached block whose
+    /// state the matcher read as `seen` (and whose key it compared since),
+    /// if the state is still exactly `seen`. A changed generation means
+    /// the key may have changed: then nothing happens and `false`.
+    pub(super) fn revive(&self, id: BlockId, seen: u64) -> bool {
+        let word = &self.words[id.index()];
+        if count_of(seen) >= MAX_REFS {
+            panic!("reference count overflow on {id}");
+        }
+        if self.faults.no_generation_check() {
+            // loom's control: whatever the block holds now.
+            // Acquire: as below.
+            return word.fetch_add(1, Ordering::Acquire) & CACHED != 0;
+        }
+        // Acquire on success: synchronises with the Release that set the
+        // cached flag (the publish) and with the last drop (a revival of an
+        // evictable block), so the publisher's writes into the block and
+        // every earlier holder's accesses happen-before our use. Relaxed on
+        // failure: the caller reloads.
+        word.compare_exchange(seen, seen + 1, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// An eviction: takes an evictable block whose state read `seen`,
+    /// dropping its key (a new generation) and giving the caller one
+    /// reference, if the state is still exactly `seen`.
+    pub(super) fn evict(&self, id: BlockId, seen: u64) -> bool {
+        if !self.may_evict(seen) {
+            return false;
+        }
+        let next = (seen & !(COUNT | CACHED | BUSY | KILLED)).wrapping_add(GEN) | 1;
+        // Acquire on success: synchronises with the last holder's drop
+        // (Release), so its accesses happen-before ours. Relaxed on
+        // failure: the caller looks elsewhere.
+        self.words[id.index()]
+            .compare_exchange(seen, next, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Whether an evictor may try to take a block whose state read
+    /// `state`: an evictable one (under loom's `evict_referenced` control,
+    /// any cached one).
+    pub(super) fn may_evict(&self, state: u64) -> bool {
+        is_evictable(state) || (self.faults.evict_referenced() && state & CACHED != 0)
+    }
+
+    /// Drops the key of a cached block that the caller holds alone (state
+    /// `CACHED` with a count of 1): `true` if it did. `false`, and nothing
+    /// changed, if the block is shared or holds no key.
+    pub(super) fn uncache_sole(&self, id: BlockId) -> bool {
+        let word = &self.words[id.index()];
+        // Acquire: if another holder dropped its reference, its reads of the
+        // block happen-before we decide to write into it.
+        let seen = word.load(Ordering::Acquire);
+        if seen & (CACHED | COUNT) != CACHED | 1 {
+            return false;
+        }
+        let next = (seen & !CACHED).wrapping_add(GEN);
+        // Acquire on success: as the load above. Relaxed on failure: a
+        // matcher took a reference meanwhile, and the block stays cached.
+        word.compare_exchange(seen, next, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Claims a referenced, uncached, unclaimed block for publishing:
+    /// sets `BUSY`. `false` if the block is cached, claimed, or has no
+    /// reference.
+    pub(super) fn claim(&self, id: BlockId) -> bool {
+        let word = &self.words[id.index()];
+        // Relaxed: only a guess; the CAS validates it.
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            if cur & (CACHED | BUSY) != 0 || count_of(cur) == 0 {
+                return false;
+            }
+            // Relaxed (both): the caller holds a reference and the claim
+            // publishes nothing; the key it writes next is published by the
+            // index insert and the commit (Release).
+            match word.compare_exchange_weak(cur, cur | BUSY, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Commits a claim: the block becomes cached, unless a rival killed the
+    /// claim (then `false`, and the claim stays for `unclaim`).
+    pub(super) fn commit(&self, id: BlockId) -> bool {
+        let word = &self.words[id.index()];
+        // Relaxed: only a guess; the CAS validates it.
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            debug_assert!(cur & BUSY != 0, "{id}: commit without a claim");
+            if cur & KILLED != 0 {
+                return false;
+            }
+            // Release on success: the publisher's writes into the block and
+            // its key words happen-before any matcher that reads this state
+            // (Acquire) or a later value of its release sequence. Relaxed
+            // on failure: we retry with the fresh value.
+            match word.compare_exchange_weak(
+                cur,
+                (cur & !BUSY) | CACHED,
+                self.faults.publish_ordering(Ordering::Release),
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Gives up a claim (a lost or refused publish): clears `BUSY` and
+    /// `KILLED` and moves to a new generation, so that a rival's kill
+    /// aimed at this claim cannot hit a later one.
+    pub(super) fn unclaim(&self, id: BlockId) {
+        let word = &self.words[id.index()];
+        // Relaxed: only a guess; the CAS validates it.
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            let next = (cur & !(BUSY | KILLED)).wrapping_add(GEN);
+            // Relaxed (both): nothing is published; the block stays ours.
+            match word.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Marks a rival's claim, whose state read `seen`, killed: its commit
+    /// will fail.
+    pub(super) fn kill(&self, id: BlockId, seen: u64) -> Kill {
+        if self.faults.no_kill() {
+            // loom's control: as if the claim had been killed.
+            return Kill::Killed;
+        }
+        let word = &self.words[id.index()];
+        let mut cur = seen;
+        loop {
+            if gen_of(cur) != gen_of(seen) {
+                return Kill::Gone;
+            }
+            if cur & CACHED != 0 {
+                return Kill::Committed;
+            }
+            if cur & BUSY == 0 {
+                return Kill::Gone;
+            }
+            if cur & KILLED != 0 {
+                return Kill::Killed;
+            }
+            // AcqRel on success: the kill is ordered with the rival's
+            // commit through this word; the Acquire half sees its key.
+            // Acquire on failure: the fresh value is judged again.
+            match word.compare_exchange_weak(cur, cur | KILLED, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Kill::Killed,
                 Err(actual) => cur = actual,
             }
         }
@@ -141,6 +406,6 @@ impl Refs {
     /// control; see `Faults::blind_undo`.
     pub(super) fn blind_undo(&self, dropped: &[BlockId]) -> bool {
         self.faults
-            .blind_undo(&self.counts, dropped.iter().map(|d| d.index()))
+            .blind_undo(&self.words, dropped.iter().map(|d| d.index()))
     }
 }

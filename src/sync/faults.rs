@@ -6,7 +6,7 @@
 //! compiler inlines away. Under loom each field switches one known bug on,
 //! and `loom-tests` checks that loom catches it.
 
-use super::atomic::{AtomicU32, Ordering};
+use super::atomic::{AtomicU64, Ordering};
 
 /// Faults that loom's negative controls inject into a
 /// [`BlockPool`](crate::BlockPool) (through `kvslots::__model`). The default
@@ -35,6 +35,24 @@ pub struct Faults {
     /// revives a block that sits in the free list.
     #[cfg(kvslots_loom)]
     pub blind_add_ref: bool,
+    /// Revive a cached block by adding a reference to whatever state it is
+    /// in now, without checking that its generation (and so its key) is
+    /// still the one the matcher compared: a stale hit.
+    #[cfg(kvslots_loom)]
+    pub no_generation_check: bool,
+    /// Publish a key with `Relaxed` instead of `Release`: the publisher's
+    /// writes into the block need not happen-before the matcher's reads.
+    #[cfg(kvslots_loom)]
+    pub relaxed_publish: bool,
+    /// Evict a cached block whatever its reference count: takes a block
+    /// that a matcher still holds.
+    #[cfg(kvslots_loom)]
+    pub evict_referenced: bool,
+    /// A publisher that finds a rival claim of the same key with a higher
+    /// block id does not kill it (it only acts as if it had): both can
+    /// commit, and two blocks hold one key.
+    #[cfg(kvslots_loom)]
+    pub no_kill: bool,
 }
 
 impl Faults {
@@ -61,23 +79,17 @@ impl Faults {
         good
     }
 
-    /// Drops a reference that a sequence holds on `count`: `drop()`, or,
-    /// under `plain_held_drop`, a plain store of 0 when the count reads 1.
+    /// Whether a sequence drops its reference to a block whose count reads
+    /// 1 with a plain store of 0 (no read-modify-write): `false`, or `true`
+    /// under `plain_held_drop` (a racing double free then pushes the block a
+    /// second time).
     #[inline]
-    pub(crate) fn held_drop(
-        self,
-        count: &AtomicU32,
-        drop: impl FnOnce() -> Result<bool, ()>,
-    ) -> Result<bool, ()> {
+    pub(crate) fn plain_held_drop(self) -> bool {
         #[cfg(kvslots_loom)]
-        // Acquire, Relaxed: the orderings of a correct last drop; the bug
-        // under test is the store.
-        if self.plain_held_drop && count.load(Ordering::Acquire) == 1 {
-            count.store(0, Ordering::Relaxed);
-            return Ok(true);
+        if self.plain_held_drop {
+            return true;
         }
-        let _ = count;
-        drop()
+        false
     }
 
     /// Whether adding a reference may raise a count from 0: `false`, or
@@ -91,6 +103,51 @@ impl Faults {
         false
     }
 
+    /// Whether a matcher may revive a block without checking its
+    /// generation: `false`, or `true` under `no_generation_check`.
+    #[inline]
+    pub(crate) fn no_generation_check(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.no_generation_check {
+            return true;
+        }
+        false
+    }
+
+    /// The ordering of a publisher's release operations (inserting the
+    /// index entry, setting the cached flag): `good`, or `Relaxed` under
+    /// `relaxed_publish`.
+    #[inline]
+    pub(crate) fn publish_ordering(self, good: Ordering) -> Ordering {
+        #[cfg(kvslots_loom)]
+        if self.relaxed_publish {
+            return Ordering::Relaxed;
+        }
+        good
+    }
+
+    /// Whether an eviction may take a block that still has references:
+    /// `false`, or `true` under `evict_referenced`.
+    #[inline]
+    pub(crate) fn evict_referenced(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.evict_referenced {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a kill of a rival publisher's claim is skipped: `false`, or
+    /// `true` under `no_kill`.
+    #[inline]
+    pub(crate) fn no_kill(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.no_kill {
+            return true;
+        }
+        false
+    }
+
     /// What a free does when one of its drops finds no reference left: with
     /// no fault, nothing here (the free goes on, see `BlockPool::free`), and
     /// `false` is returned. Under `blind_undo` it adds back one reference to
@@ -99,7 +156,7 @@ impl Faults {
     #[inline]
     pub(crate) fn blind_undo(
         self,
-        counts: &[AtomicU32],
+        counts: &[AtomicU64],
         dropped: impl Iterator<Item = usize>,
     ) -> bool {
         #[cfg(kvslots_loom)]

@@ -1,0 +1,368 @@
+//! The prefix cache: matching, publishing, a mixed workload against
+//! mutex-guarded caches, and match cost against the number of cached
+//! blocks.
+//!
+//! | id | one operation |
+//! |---|---|
+//! | `single/match_release/128` | a 128-block cached prefix matched into a sequence, then released |
+//! | `single/publish/128` | 128 full blocks of a sequence published (setup: the keys dropped, the blocks appended) |
+//! | `mixed/{kvslots,std_mutex,parking_lot}/{1,2,8}` | one request: match a prompt's cached prefix, append the rest, publish, drop; split over 1, 2 or 8 threads |
+//! | `match_cost/{1000,1000000}` | one cached block, picked across the whole cache, matched and released, in a pool whose every block is cached |
+//!
+//! The mixed workload: prompts of 24 blocks of 16 tokens (plus 5 tokens),
+//! whose first 8 blocks all prompts share (a system prompt), the next 8
+//! their family's (8 families), and the last 8 their variant's (16 per
+//! family); a pool of 512 blocks, so that keys are evicted. The mutex
+//! baselines apply the same policy under one lock (a `HashMap` from key to
+//! block, an index-linked LRU list of the evictable blocks, a free stack),
+//! taking it once per call as the library is called: match, allocate,
+//! publish, release. Each worker thread reuses one sequence (emptied with
+//! `truncate(0)`) or one block table across its requests.
+//!
+//! Run: `cargo bench --bench prefix`.
+
+mod support;
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use kvslots::{hash_blocks, BlockHash, BlockPool, Sequence};
+use support::Lock;
+
+/// Tokens per block.
+const BS: usize = 16;
+/// Blocks of a mixed-workload prompt.
+const PROMPT_BLOCKS: usize = 24;
+/// Tokens after the prompt's last full block.
+const EXTRA: usize = 5;
+/// The mixed workload's pool.
+const MIXED_POOL: usize = 512;
+
+/// The keys of the mixed workload's prompts: 8 families of 16 variants.
+fn mixed_prompts() -> Vec<Vec<BlockHash>> {
+    let mut prompts = Vec::new();
+    for family in 0..8u32 {
+        for variant in 0..16u32 {
+            let tokens: Vec<u32> = (0..(PROMPT_BLOCKS * BS) as u32)
+                .map(|t| match t as usize / BS {
+                    0..=7 => t,
+                    8..=15 => family * 1_000_000 + t,
+                    _ => family * 1_000_000 + variant * 10_000 + t,
+                })
+                .collect();
+            let mut keys = Vec::new();
+            hash_blocks(b"bench", &tokens, BS, &mut keys);
+            prompts.push(keys);
+        }
+    }
+    prompts
+}
+
+/// "No block" in the baseline's LRU links.
+const NIL: u32 = u32::MAX;
+
+/// The baseline's state: the reference policy, kept the simple way.
+struct Cache {
+    refs: Vec<u32>,
+    keys: Vec<Option<BlockHash>>,
+    index: HashMap<BlockHash, u32>,
+    free: Vec<u32>,
+    prev: Vec<u32>,
+    next: Vec<u32>,
+    lru: u32,
+    mru: u32,
+}
+
+impl Cache {
+    fn new(num_blocks: usize) -> Cache {
+        Cache {
+            refs: vec![0; num_blocks],
+            keys: vec![None; num_blocks],
+            index: HashMap::with_capacity(num_blocks),
+            free: (0..num_blocks as u32).rev().collect(),
+            prev: vec![NIL; num_blocks],
+            next: vec![NIL; num_blocks],
+            lru: NIL,
+            mru: NIL,
+        }
+    }
+
+    fn unlink(&mut self, b: u32) {
+        let (p, n) = (self.prev[b as usize], self.next[b as usize]);
+        match p {
+            NIL => self.lru = n,
+            p => self.next[p as usize] = n,
+        }
+        match n {
+            NIL => self.mru = p,
+            n => self.prev[n as usize] = p,
+        }
+    }
+
+    fn push_mru(&mut self, b: u32) {
+        self.prev[b as usize] = self.mru;
+        self.next[b as usize] = NIL;
+        match self.mru {
+            NIL => self.lru = b,
+            m => self.next[m as usize] = b,
+        }
+        self.mru = b;
+    }
+
+    fn match_prefix(&mut self, keys: &[BlockHash], table: &mut Vec<u32>) -> usize {
+        let mut k = 0;
+        for key in keys {
+            let Some(&b) = self.index.get(key) else { break };
+            if self.refs[b as usize] == 0 {
+                self.unlink(b);
+            }
+            self.refs[b as usize] += 1;
+            table.push(b);
+            k += 1;
+        }
+        k
+    }
+
+    fn allocate(&mut self, n: usize, table: &mut Vec<u32>) -> bool {
+        let evictable =
+            self.keys.len() - self.free.len() - self.refs.iter().filter(|&&r| r > 0).count();
+        if n > self.free.len() + evictable {
+            return false;
+        }
+        for _ in 0..n {
+            let b = match self.free.pop() {
+                Some(b) => b,
+                None => {
+                    let b = self.lru;
+                    self.unlink(b);
+                    let key = self.keys[b as usize]
+                        .take()
+                        .expect("evictable blocks are cached");
+                    self.index.remove(&key);
+                    b
+                }
+            };
+            self.refs[b as usize] = 1;
+            table.push(b);
+        }
+        true
+    }
+
+    fn publish(&mut self, table: &[u32], keys: &[BlockHash]) {
+        for (&b, key) in table.iter().zip(keys) {
+            if self.keys[b as usize].is_none() && !self.index.contains_key(key) {
+                self.keys[b as usize] = Some(*key);
+                self.index.insert(*key, b);
+            }
+        }
+    }
+
+    fn release(&mut self, table: &[u32]) {
+        for &b in table.iter().rev() {
+            self.refs[b as usize] -= 1;
+            if self.refs[b as usize] == 0 {
+                if self.keys[b as usize].is_some() {
+                    self.push_mru(b);
+                } else {
+                    self.free.push(b);
+                }
+            }
+        }
+    }
+}
+
+/// One worker thread of the mixed workload, with what it reuses from one
+/// request to the next (a sequence, or a block table).
+trait Worker: Send {
+    /// Serves one request for the prompt with these keys.
+    fn request(&mut self, keys: &[BlockHash]);
+}
+
+/// A worker on the pool: one sequence, emptied after each request.
+struct PoolWorker {
+    seq: Sequence,
+}
+
+impl Worker for PoolWorker {
+    fn request(&mut self, keys: &[BlockHash]) {
+        let seq = &mut self.seq;
+        let k = seq.try_match_prefix(keys);
+        if seq.try_append(PROMPT_BLOCKS * BS + EXTRA - k * BS).is_ok() {
+            seq.publish(keys);
+        }
+        black_box(seq.truncate(0));
+    }
+}
+
+/// A worker on a locked cache: four calls, each under the lock.
+struct LockedWorker<L> {
+    cache: Arc<L>,
+    table: Vec<u32>,
+}
+
+impl<L: Lock<Cache> + 'static> Worker for LockedWorker<L> {
+    fn request(&mut self, keys: &[BlockHash]) {
+        let table = &mut self.table;
+        table.clear();
+        let k = self.cache.with(|c| c.match_prefix(keys, table));
+        let blocks = (PROMPT_BLOCKS * BS + EXTRA).div_ceil(BS);
+        if self.cache.with(|c| c.allocate(blocks - k, table)) {
+            self.cache.with(|c| c.publish(&table[..keys.len()], keys));
+        }
+        self.cache.with(|c| c.release(table));
+        black_box(&table);
+    }
+}
+
+/// Runs `iters` requests split over `threads` workers made by `worker`,
+/// timed between barriers; worker `t` walks the prompts from its own
+/// offset.
+fn timed(
+    threads: usize,
+    iters: u64,
+    prompts: &Arc<Vec<Vec<BlockHash>>>,
+    worker: &dyn Fn() -> Box<dyn Worker>,
+) -> Duration {
+    let start = Arc::new(Barrier::new(threads + 1));
+    let end = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads as u64)
+        .map(|t| {
+            let (start, end, prompts) = (Arc::clone(&start), Arc::clone(&end), Arc::clone(prompts));
+            let mut worker = worker();
+            let share = iters / threads as u64 + u64::from(t < iters % threads as u64);
+            thread::spawn(move || {
+                start.wait();
+                for i in 0..share {
+                    let p = ((i * 7 + t * 13) % prompts.len() as u64) as usize;
+                    worker.request(&prompts[p]);
+                }
+                end.wait();
+            })
+        })
+        .collect();
+    start.wait();
+    let began = Instant::now();
+    end.wait();
+    let took = began.elapsed();
+    for h in handles {
+        h.join().expect("bench worker panicked");
+    }
+    took
+}
+
+fn single(c: &mut Criterion) {
+    let pool = Arc::new(BlockPool::new(4096, BS));
+    let tokens: Vec<u32> = (0..128 * BS as u32).collect();
+    let mut keys = Vec::new();
+    hash_blocks(b"bench", &tokens, BS, &mut keys);
+    let mut group = c.benchmark_group("single");
+    group.throughput(Throughput::Elements(128));
+    {
+        let mut owner = Sequence::new(Arc::clone(&pool));
+        owner.try_append(tokens.len()).unwrap();
+        assert_eq!(owner.publish(&keys), 128);
+    }
+    group.bench_function(BenchmarkId::new("match_release", 128), |b| {
+        let mut seq = Sequence::with_capacity(Arc::clone(&pool), tokens.len());
+        b.iter(|| {
+            assert_eq!(seq.try_match_prefix(black_box(&keys)), 128);
+            seq.truncate(0);
+        })
+    });
+    group.bench_function(BenchmarkId::new("publish", 128), |b| {
+        b.iter_batched(
+            || {
+                pool.reset_prefix_cache();
+                let mut seq = Sequence::new(Arc::clone(&pool));
+                seq.try_append(tokens.len()).unwrap();
+                seq
+            },
+            |mut seq| {
+                assert_eq!(seq.publish(black_box(&keys)), 128);
+                seq
+            },
+            // One at a time: a live input holds its keys, and the next
+            // setup must find none cached.
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+}
+
+fn mixed(c: &mut Criterion) {
+    let prompts = Arc::new(mixed_prompts());
+    let mut group = c.benchmark_group("mixed");
+    group.throughput(Throughput::Elements(1));
+    for threads in [1, 2, 8] {
+        group.bench_function(BenchmarkId::new("kvslots", threads), |b| {
+            let pool = Arc::new(BlockPool::new(MIXED_POOL, BS));
+            let worker = || -> Box<dyn Worker> {
+                let seq = Sequence::with_capacity(Arc::clone(&pool), PROMPT_BLOCKS * BS + EXTRA);
+                Box::new(PoolWorker { seq })
+            };
+            b.iter_custom(|iters| timed(threads, iters, &prompts, &worker))
+        });
+        group.bench_function(BenchmarkId::new("std_mutex", threads), |b| {
+            let cache = Arc::new(std::sync::Mutex::new(Cache::new(MIXED_POOL)));
+            let worker = || -> Box<dyn Worker> {
+                Box::new(LockedWorker {
+                    cache: Arc::clone(&cache),
+                    table: Vec::with_capacity(PROMPT_BLOCKS + 1),
+                })
+            };
+            b.iter_custom(|iters| timed(threads, iters, &prompts, &worker))
+        });
+        group.bench_function(BenchmarkId::new("parking_lot", threads), |b| {
+            let cache = Arc::new(parking_lot::Mutex::new(Cache::new(MIXED_POOL)));
+            let worker = || -> Box<dyn Worker> {
+                Box::new(LockedWorker {
+                    cache: Arc::clone(&cache),
+                    table: Vec::with_capacity(PROMPT_BLOCKS + 1),
+                })
+            };
+            b.iter_custom(|iters| timed(threads, iters, &prompts, &worker))
+        });
+    }
+    group.finish();
+}
+
+fn match_cost(c: &mut Criterion) {
+    let mut group = c.benchmark_group("match_cost");
+    group.throughput(Throughput::Elements(1));
+    for cached in [1_000usize, 1_000_000] {
+        // Every block cached (and evictable): sequences of up to 1,000
+        // blocks with distinct keys, published and dropped.
+        let pool = Arc::new(BlockPool::new(cached, BS));
+        let mut keys: Vec<BlockHash> = Vec::with_capacity(cached);
+        for chunk in 0..cached.div_ceil(1000) {
+            let blocks = (cached - chunk * 1000).min(1000);
+            let tokens: Vec<u32> = (0..(blocks * BS) as u32).collect();
+            let salt = (chunk as u64).to_le_bytes();
+            let start = keys.len();
+            hash_blocks(&salt, &tokens, BS, &mut keys);
+            let mut seq = Sequence::new(Arc::clone(&pool));
+            seq.try_append(tokens.len()).unwrap();
+            assert_eq!(seq.publish(&keys[start..]), blocks);
+        }
+        assert_eq!(pool.cached_blocks(), cached);
+        group.bench_function(BenchmarkId::from_parameter(cached), |b| {
+            let mut seq = Sequence::with_capacity(Arc::clone(&pool), BS);
+            // A stride through the keys, so that the lookups spread over
+            // the whole cache (and its memory).
+            let mut i = 0usize;
+            b.iter(|| {
+                i = (i + 7_919) % keys.len();
+                assert_eq!(seq.try_match_prefix(black_box(&keys[i..=i])), 1);
+                seq.truncate(0);
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, single, mixed, match_cost);
+criterion_main!(benches);

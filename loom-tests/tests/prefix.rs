@@ -1,0 +1,402 @@
+//! Loom models of the prefix cache: `Sequence::try_match_prefix` and
+//! `Sequence::publish` against evictions, releases, resets and each other,
+//! each with a negative control that loom must catch.
+//!
+//! Run with `scripts/loom --test prefix`.
+//!
+//! # What every model checks
+//!
+//! * **No double hand-out.** The shadow holder counts of
+//!   [`PoolWorld`](loom_tests::pool_world::PoolWorld): a block an
+//!   allocation gets (a free one, or an evicted one) must have had no
+//!   holder ([`DOUBLE`] otherwise); a match adds a holder.
+//! * **The right content.** Each block has a content tag (a loom atomic,
+//!   `Relaxed`): a writer sets it to the key it publishes, and every
+//!   matched block's tag must be the key asked for ("stale hit"
+//!   otherwise).
+//! * **Happens-before.** The payload witness (`UnsafeCell`): a writer
+//!   writes its blocks, a matcher reads what it matched, everyone reads
+//!   before letting go; loom reports a "Causality violation" when the
+//!   publisher's write does not happen-before the matcher's read, or a
+//!   holder's read before the next owner's write.
+//! * **First wins.** Two publishers of one key: exactly one block caches it.
+//! * **Conservation** once every sequence is dropped.
+//!
+//! # Models and negative controls
+//!
+//! | model | threads, blocks | control (caught by) |
+//! |---|---|---|
+//! | [`match_vs_evicting_append`] | 2, 2 | `evict_referenced` (causality: the new owner writes what the matcher reads) |
+//! | [`two_matches_revive_one_block`] | 3, 2 | `evict_referenced` (causality, as above) |
+//! | [`two_publishes_of_one_key`] | 2, 2 | `no_kill` (first wins) |
+//! | [`match_vs_republish`] | 2, 1 | `no_generation_check` (stale hit) |
+//! | [`release_vs_match`] | 3, 1 | `no_generation_check` (conservation: the revival missed the release, and took a block without its capacity) |
+//! | [`reset_vs_match`] | 3, 2 | `evict_referenced` (conservation: the reset freed a block the matcher held) |
+//! | [`publish_then_match`] | 2, 1 | `relaxed_publish` (causality) |
+//!
+//! Blocks hold one token each, so every block is full.
+//!
+//! [`DOUBLE`]: loom_tests::pool_world::DOUBLE
+#![cfg(kvslots_loom)]
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use kvslots::__model::{AtomicUsize, Faults, Ordering};
+use kvslots::{BlockHash, Sequence};
+use loom::thread;
+use loom_tests::pool_world::{
+    check, PoolWorld, EVICT_REFERENCED, NO_GENERATION_CHECK, NO_KILL, RELAXED_PUBLISH, SOUND,
+};
+
+/// A matched block whose content is another key's.
+const STALE: &str = "stale hit";
+
+/// Key number `n` (the tag its blocks carry).
+fn key(n: u8) -> BlockHash {
+    BlockHash([n; 32])
+}
+
+/// A pool world with a content tag per block.
+struct Cache {
+    world: Arc<PoolWorld>,
+    tags: Box<[AtomicUsize]>,
+}
+
+impl Cache {
+    // Not `Send`/`Sync` (a `PoolWorld` is not), yet shared through an
+    // `Arc`: loom runs a model's threads one at a time.
+    #[allow(clippy::arc_with_non_send_sync)]
+    fn new(num_blocks: usize, faults: Faults) -> Arc<Cache> {
+        Arc::new(Cache {
+            world: PoolWorld::new(num_blocks, 1, faults, "sequence"),
+            tags: (0..num_blocks).map(|_| AtomicUsize::new(0)).collect(),
+        })
+    }
+
+    /// `try_append(n)` on `seq`, checked whole or nothing: each new block
+    /// is taken in the shadow, written, and tagged 0.
+    fn append(&self, seq: &mut Sequence, n: usize) -> bool {
+        let old = seq.blocks().len();
+        let ok = seq.try_append(n).is_ok();
+        assert_eq!(seq.blocks().len(), if ok { old + n } else { old });
+        for &id in &seq.blocks()[old..] {
+            self.world.take(id);
+            self.world.write(id);
+            // Relaxed: the tag is checked against the pool's own ordering.
+            self.tags[id.index()].store(0, Ordering::Relaxed);
+        }
+        ok
+    }
+
+    /// A new sequence holding one block with key `n`'s content, published
+    /// (`None` if the pool had no room); returns it and whether the publish
+    /// cached it.
+    fn filled(&self, n: u8) -> Option<(Sequence, usize)> {
+        let mut seq = Sequence::new(Arc::clone(&self.world.pool));
+        if !self.append(&mut seq, 1) {
+            return None;
+        }
+        let published = self.publish(&mut seq, n);
+        Some((seq, published))
+    }
+
+    /// Tags `seq`'s block with key `n` and publishes it.
+    fn publish(&self, seq: &mut Sequence, n: u8) -> usize {
+        let id = seq.blocks()[0];
+        // Relaxed: see `append`.
+        self.tags[id.index()].store(usize::from(n), Ordering::Relaxed);
+        seq.publish(&[key(n)])
+    }
+
+    /// A new sequence matching key `n`: each matched block is held in the
+    /// shadow, its tag checked and its payload read.
+    fn matched(&self, n: u8) -> Sequence {
+        let mut seq = Sequence::new(Arc::clone(&self.world.pool));
+        let k = seq.try_match_prefix(&[key(n)]);
+        assert_eq!(seq.blocks().len(), k);
+        for &id in seq.blocks() {
+            self.world.hold(id);
+            self.world.read(id);
+            // Relaxed: see `append`.
+            let tag = self.tags[id.index()].load(Ordering::Relaxed);
+            assert_eq!(tag, usize::from(n), "{STALE}: {id} holds key {tag}");
+        }
+        seq
+    }
+
+    /// Drops `seq`, each of its blocks read one last time.
+    fn let_go(&self, seq: Sequence) {
+        for &id in seq.blocks() {
+            self.world.read(id);
+            self.world.drop_ref(id);
+        }
+        drop(seq);
+    }
+}
+
+/// Two blocks cached and evictable: key 1's released first (the older),
+/// then key 2's.
+fn two_cached(cache: &Cache) {
+    let (a, _) = cache.filled(1).expect("two free blocks");
+    let (b, _) = cache.filled(2).expect("one free block");
+    cache.let_go(a);
+    cache.let_go(b);
+}
+
+/// A match against an allocation that evicts: key 1's block is the least
+/// recently released, so the allocation evicts it unless the match revived
+/// it first (then key 2's goes). Whoever gets the block holds it alone.
+fn match_vs_evicting_append(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(2, faults);
+        two_cached(&cache);
+        let matcher = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || {
+                let m = cache.matched(1);
+                let hit = !m.blocks().is_empty();
+                cache.let_go(m);
+                hit
+            })
+        };
+        let mut s = Sequence::new(Arc::clone(&cache.world.pool));
+        assert!(cache.append(&mut s, 1), "two blocks free");
+        cache.let_go(s);
+        matcher.join().unwrap();
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn match_vs_evicting_append_sound() {
+    match_vs_evicting_append(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn match_vs_evicting_append_evict_referenced_is_caught() {
+    match_vs_evicting_append(EVICT_REFERENCED);
+}
+
+/// Two matches revive the same evictable block while a third thread
+/// allocates one block (evicting the older cached block unless it is
+/// held).
+fn two_matches_revive_one_block(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(2, faults);
+        two_cached(&cache);
+        let matchers: Vec<_> = (0..2)
+            .map(|_| {
+                let cache = Arc::clone(&cache);
+                thread::spawn(move || {
+                    let m = cache.matched(1);
+                    let hit = m.blocks().len();
+                    cache.let_go(m);
+                    hit
+                })
+            })
+            .collect();
+        let mut s = Sequence::new(Arc::clone(&cache.world.pool));
+        assert!(cache.append(&mut s, 1), "two blocks free");
+        cache.let_go(s);
+        for m in matchers {
+            m.join().unwrap();
+        }
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn two_matches_revive_one_block_sound() {
+    two_matches_revive_one_block(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn two_matches_revive_one_block_evict_referenced_is_caught() {
+    two_matches_revive_one_block(EVICT_REFERENCED);
+}
+
+/// Two sequences publish the same key on their own blocks at once:
+/// exactly one block caches it, and a match finds that block.
+fn two_publishes_of_one_key(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(2, faults);
+        let publishers: Vec<_> = (0..2)
+            .map(|_| {
+                let cache = Arc::clone(&cache);
+                thread::spawn(move || cache.filled(7).expect("a block each"))
+            })
+            .collect();
+        let done: Vec<(Sequence, usize)> =
+            publishers.into_iter().map(|p| p.join().unwrap()).collect();
+        let cached: usize = done.iter().map(|(_, n)| n).sum();
+        assert_eq!(cached, 1, "first wins: {cached} blocks cached one key");
+        assert_eq!(cache.world.pool.cached_blocks(), 1);
+        let winner = done.iter().find(|(_, n)| *n == 1).unwrap().0.blocks()[0];
+        let m = cache.matched(7);
+        assert_eq!(m.blocks(), [winner]);
+        cache.let_go(m);
+        for (seq, _) in done {
+            cache.let_go(seq);
+        }
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn two_publishes_of_one_key_sound() {
+    two_publishes_of_one_key(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "first wins")]
+fn two_publishes_of_one_key_no_kill_is_caught() {
+    two_publishes_of_one_key(NO_KILL);
+}
+
+/// A match of key 1 against an allocation that evicts key 1's block and
+/// publishes key 2 on it: the match gets key 1's content or misses.
+fn match_vs_republish(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(1, faults);
+        let (a, _) = cache.filled(1).expect("one free block");
+        cache.let_go(a);
+        let matcher = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || {
+                let m = cache.matched(1);
+                cache.let_go(m);
+            })
+        };
+        if let Some((b, _)) = cache.filled(2) {
+            cache.let_go(b);
+        }
+        matcher.join().unwrap();
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn match_vs_republish_sound() {
+    match_vs_republish(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "stale hit")]
+fn match_vs_republish_no_generation_check_is_caught() {
+    match_vs_republish(NO_GENERATION_CHECK);
+}
+
+/// The holder of key 1's block releases it while a match takes it (a
+/// share, or a revival after the release) and an allocation waits to
+/// evict it and publish key 2 there.
+fn release_vs_match(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(1, faults);
+        let (a, _) = cache.filled(1).expect("one free block");
+        let releaser = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || cache.let_go(a))
+        };
+        let matcher = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || {
+                let m = cache.matched(1);
+                cache.let_go(m);
+            })
+        };
+        if let Some((b, _)) = cache.filled(2) {
+            cache.let_go(b);
+        }
+        releaser.join().unwrap();
+        matcher.join().unwrap();
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn release_vs_match_sound() {
+    release_vs_match(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn release_vs_match_no_generation_check_is_caught() {
+    release_vs_match(NO_GENERATION_CHECK);
+}
+
+/// Dropping every key against a match of one of them, with a third thread
+/// allocating: a block the match holds keeps its key and is never freed.
+fn reset_vs_match(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(2, faults);
+        let (a, _) = cache.filled(1).expect("two free blocks");
+        cache.let_go(a);
+        let resetter = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || cache.world.pool.reset_prefix_cache())
+        };
+        let matcher = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || {
+                let m = cache.matched(1);
+                cache.let_go(m);
+            })
+        };
+        let mut s = Sequence::new(Arc::clone(&cache.world.pool));
+        assert!(cache.append(&mut s, 1), "a free block and an evictable one");
+        cache.let_go(s);
+        resetter.join().unwrap();
+        matcher.join().unwrap();
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn reset_vs_match_sound() {
+    reset_vs_match(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn reset_vs_match_evict_referenced_is_caught() {
+    reset_vs_match(EVICT_REFERENCED);
+}
+
+/// The `UnsafeCell` witness: one thread fills a block, publishes it and
+/// keeps it; another matches it and reads it. The publisher's write must
+/// happen-before the matcher's read through the publish alone (the
+/// matcher shares a held block, so no admission orders anything).
+fn publish_then_match(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(1, faults);
+        let publisher = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || cache.filled(3).expect("one free block").0)
+        };
+        let matcher = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || {
+                let m = cache.matched(3);
+                cache.let_go(m);
+            })
+        };
+        matcher.join().unwrap();
+        let a = publisher.join().unwrap();
+        cache.let_go(a);
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn publish_then_match_sound() {
+    publish_then_match(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn publish_then_match_relaxed_publish_is_caught() {
+    publish_then_match(RELAXED_PUBLISH);
+}

@@ -1,0 +1,352 @@
+//! The prefix cache of a [`BlockPool`]: matching keys to cached blocks,
+//! publishing keys, evicting, dropping every key, and the hit statistics.
+//! The design and the orderings are described in
+//! [`crate::implementation`] ("Prefix cache").
+
+use crate::hash::BlockHash;
+use crate::id::BlockId;
+use crate::sync::{self, AtomicU64, Backoff, CachePadded, Ordering};
+
+use super::refs::{count_of, is_evictable, Kill, BUSY, CACHED, KILLED};
+use super::BlockPool;
+
+/// The prefix cache's hit statistics, as [`BlockPool::prefix_stats`]
+/// returns them.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use kvslots::{hash_blocks, BlockPool, PrefixStats, Sequence};
+///
+/// let pool = Arc::new(BlockPool::new(8, 4));
+/// let mut keys = Vec::new();
+/// hash_blocks(b"", &[1, 2, 3, 4, 5, 6, 7, 8], 4, &mut keys);
+/// let mut seq = Sequence::new(Arc::clone(&pool));
+/// assert_eq!(seq.try_match_prefix(&keys), 0);
+/// seq.try_append(8).unwrap();
+/// seq.publish(&keys);
+/// drop(seq);
+/// let mut again = Sequence::new(Arc::clone(&pool));
+/// assert_eq!(again.try_match_prefix(&keys), 2);
+/// assert_eq!(
+///     pool.prefix_stats(),
+///     PrefixStats { queried_blocks: 4, hit_blocks: 2, evictions: 0 }
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrefixStats {
+    /// Keys passed to [`Sequence::try_match_prefix`](crate::Sequence::try_match_prefix)
+    /// on empty sequences.
+    pub queried_blocks: u64,
+    /// Blocks those calls matched.
+    pub hit_blocks: u64,
+    /// Cached blocks whose key an allocation dropped to reuse the block.
+    pub evictions: u64,
+}
+
+/// One thread's share of the statistics, on a cache line of its own.
+#[derive(Default)]
+pub(super) struct StatCell {
+    queried: AtomicU64,
+    hit: AtomicU64,
+    evictions: AtomicU64,
+}
+
+/// The statistics: one cell per free-list shard (at least
+/// [`BlockPool::DEFAULT_SHARDS`] cells, also for pools with fewer shards),
+/// written by the threads whose number picks it, as a thread's number
+/// picks its home shard.
+pub(super) struct Stats {
+    cells: Box<[CachePadded<StatCell>]>,
+}
+
+impl Stats {
+    /// `cells` cells of zeros.
+    pub(super) fn new(cells: usize) -> Stats {
+        Stats {
+            cells: (0..cells.max(1))
+                .map(|_| CachePadded::new(StatCell::default()))
+                .collect(),
+        }
+    }
+
+    /// The calling thread's cell.
+    fn mine(&self) -> &StatCell {
+        &self.cells[sync::thread_index() % self.cells.len()]
+    }
+
+    /// The sums over every cell.
+    fn sum(&self) -> PrefixStats {
+        let mut out = PrefixStats::default();
+        for cell in self.cells.iter() {
+            // Relaxed: statistics, they order nothing.
+            out.queried_blocks += cell.queried.load(Ordering::Relaxed);
+            out.hit_blocks += cell.hit.load(Ordering::Relaxed);
+            out.evictions += cell.evictions.load(Ordering::Relaxed);
+        }
+        out
+    }
+}
+
+/// Adds `n` to a statistic of the calling thread's cell.
+fn add(counter: &AtomicU64, n: u64) {
+    if n != 0 {
+        // Relaxed: a statistic; the cell is (nearly always) written by
+        // this thread alone, so the line stays in its core.
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl BlockPool {
+    /// Takes one reference on each block of the longest cached prefix of
+    /// `hashes`, appends them to `out` and returns how many. The caller has
+    /// reserved room in `out`.
+    pub(crate) fn match_prefix(&self, hashes: &[BlockHash], out: &mut Vec<BlockId>) -> usize {
+        let mut hits = 0;
+        for key in hashes {
+            match self.match_one(key) {
+                Some(id) => {
+                    out.push(id);
+                    hits += 1;
+                }
+                None => break,
+            }
+        }
+        let cell = self.stats.mine();
+        add(&cell.queried, hashes.len() as u64);
+        add(&cell.hit, hits as u64);
+        hits
+    }
+
+    /// One reference on the block holding `key`, if one does now.
+    fn match_one(&self, key: &BlockHash) -> Option<BlockId> {
+        let probe = self.keys.probe(key);
+        for id in self.keys.candidates(probe) {
+            let backoff = Backoff::new();
+            loop {
+                // Acquire: synchronises with the publisher's commit
+                // (Release), so the key words read next, and the block's
+                // contents, are the publisher's.
+                let seen = self.refs.state(id.index(), Ordering::Acquire);
+                if seen & CACHED == 0 || !self.keys.holds(id, key) {
+                    break;
+                }
+                if count_of(seen) == 0 {
+                    // An evictable block: reviving it takes a block of the
+                    // pool's capacity, exactly as allocating a free one.
+                    if self.counter.try_reserve_raw(1, 0).is_err() {
+                        return None;
+                    }
+                    if self.refs.revive(id, seen) {
+                        return Some(id);
+                    }
+                    self.counter.release_held(1);
+                } else if self.refs.revive(id, seen) {
+                    return Some(id);
+                }
+                // The state moved (a reference came or went, or the key
+                // went): look again.
+                sync::stale_retry(&backoff);
+            }
+        }
+        None
+    }
+
+    /// Makes `key` the key of block `id`, which the caller holds, unless
+    /// the block is cached already, or another block holds `key` (first
+    /// wins), or the index has no room. Returns whether it did.
+    ///
+    /// Two publishers of one key on two blocks race like this: each claims
+    /// its block (`BUSY`), writes its key, inserts an index entry, makes a
+    /// read-modify-write on one word that every publisher of the key
+    /// touches, and then rescans the key's buckets, so the later of the two
+    /// sees the earlier. One that sees a committed rival loses;
+    /// one that sees a claimed rival loses if the rival's id is lower, and
+    /// otherwise kills the rival's claim (its commit then fails). Whoever
+    /// sees whom, exactly one of them commits.
+    pub(crate) fn publish_block(&self, id: BlockId, key: &BlockHash) -> bool {
+        // Already cached (this key or another)? (A key that another block
+        // holds is found by the rescan below.)
+        if self.refs.is_cached(id) {
+            return false;
+        }
+        if !self.refs.claim(id) {
+            return false;
+        }
+        self.keys.write(id, key);
+        let probe = self.keys.probe(key);
+        let Some(slot) = self.keys.insert(probe, id) else {
+            self.refs.unclaim(id);
+            return false;
+        };
+        let mut lost = false;
+        for rival in self.keys.rivals(probe, slot) {
+            if rival == id {
+                continue;
+            }
+            // Acquire: the rival's claim or commit, with its key.
+            let seen = self.refs.state(rival.index(), Ordering::Acquire);
+            if seen & (CACHED | BUSY) == 0
+                || seen & (CACHED | KILLED) == KILLED
+                || !self.keys.holds(rival, key)
+            {
+                // A stale entry (being removed), a claim that cannot commit
+                // any more, or another key.
+                continue;
+            }
+            // A committed rival holds the key; of two claims the lower id
+            // wins; a higher rival's claim is killed, unless it committed
+            // first.
+            lost =
+                seen & CACHED != 0 || rival < id || self.refs.kill(rival, seen) == Kill::Committed;
+            if lost {
+                break;
+            }
+        }
+        if !lost && self.refs.commit(id) {
+            return true;
+        }
+        self.keys.remove(probe, id, Some(slot));
+        self.refs.unclaim(id);
+        false
+    }
+
+    /// Takes up to `k` evictable blocks for an allocation that admitted
+    /// them: drops their keys and index entries and appends them to `out`
+    /// with one reference each; returns how many. Fewer if no more were
+    /// found (the caller looks again).
+    pub(super) fn evict_into(&self, k: usize, out: &mut Vec<BlockId>) -> usize {
+        let evicted = self.lru.evict(
+            &self.refs,
+            k,
+            |id, seen| self.refs.evict(id, seen),
+            |id| {
+                self.forget_key(id);
+                out.push(id);
+            },
+        );
+        add(&self.stats.mine().evictions, evicted as u64);
+        evicted
+    }
+
+    /// Removes the index entry of block `id`, whose key the caller just
+    /// dropped and which it holds alone.
+    fn forget_key(&self, id: BlockId) {
+        let key = self.keys.read(id);
+        let removed = self.keys.remove(self.keys.probe(&key), id, None);
+        debug_assert!(removed, "{id} was cached without an index entry");
+    }
+
+    /// Drops the key of block `id` if the caller is its only holder; see
+    /// [`Sequence::truncate`](crate::Sequence::truncate).
+    pub(crate) fn uncache_sole(&self, id: BlockId) -> bool {
+        if !self.refs.uncache_sole(id) {
+            return false;
+        }
+        self.forget_key(id);
+        true
+    }
+
+    /// Whether block `id` holds a key now.
+    pub(crate) fn is_cached(&self, id: BlockId) -> bool {
+        self.refs.is_cached(id)
+    }
+
+    /// Drops the key of every cached block without a holder (vLLM's
+    /// `reset_prefix_cache`): they become plain free blocks. Returns how
+    /// many keys went. Blocks that sequences hold keep their keys.
+    ///
+    /// Lock-free, and safe against concurrent matches: each block is taken
+    /// as an allocation would evict it (its capacity admitted first, also
+    /// on a closed pool), and then freed. A block that a matcher revives
+    /// meanwhile keeps its key.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{hash_blocks, BlockPool, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::new(4, 4));
+    /// let mut keys = Vec::new();
+    /// hash_blocks(b"", &[1, 2, 3, 4, 5, 6, 7, 8], 4, &mut keys);
+    /// let mut seq = Sequence::new(Arc::clone(&pool));
+    /// seq.try_append(8).unwrap();
+    /// assert_eq!(seq.publish(&keys), 2);
+    /// drop(seq);
+    /// assert_eq!((pool.cached_blocks(), pool.evictable_blocks()), (2, 2));
+    /// assert_eq!(pool.reset_prefix_cache(), 2);
+    /// assert_eq!((pool.cached_blocks(), pool.free_blocks()), (0, 4));
+    /// ```
+    pub fn reset_prefix_cache(&self) -> usize {
+        let mut dropped = 0;
+        for index in 0..self.refs.len() {
+            // Acquire: as in `match_one`; the eviction CAS re-checks.
+            let seen = self.refs.state(index, Ordering::Acquire);
+            if !self.refs.may_evict(seen) || self.counter.try_reserve_ignoring_close(1).is_err() {
+                continue;
+            }
+            let id = BlockId::new(index as u32);
+            if !self.refs.evict(id, seen) {
+                self.counter.release_held(1);
+                continue;
+            }
+            self.forget_key(id);
+            // Our one reference goes, and with no key the block goes back
+            // to the free list with its capacity.
+            let _ = self.drop_held_refs(&[id]);
+            dropped += 1;
+        }
+        dropped
+    }
+
+    /// A snapshot of the number of blocks holding a key, referenced or
+    /// not. A scan of every block's state word (`O(num_blocks)`), for
+    /// metrics and tests rather than a hot path.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(kvslots::BlockPool::new(4, 16).cached_blocks(), 0);
+    /// ```
+    pub fn cached_blocks(&self) -> usize {
+        (0..self.refs.len())
+            // Relaxed: a snapshot.
+            .filter(|&i| self.refs.state(i, Ordering::Relaxed) & CACHED != 0)
+            .count()
+    }
+
+    /// A snapshot of the number of cached blocks that no one holds: an
+    /// allocation may evict them, a match may revive them. They count as
+    /// free in [`free_blocks`](Self::free_blocks). A scan of every block's
+    /// state word (`O(num_blocks)`), as
+    /// [`cached_blocks`](Self::cached_blocks).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// assert_eq!(kvslots::BlockPool::new(4, 16).evictable_blocks(), 0);
+    /// ```
+    pub fn evictable_blocks(&self) -> usize {
+        (0..self.refs.len())
+            // Relaxed: a snapshot.
+            .filter(|&i| is_evictable(self.refs.state(i, Ordering::Relaxed)))
+            .count()
+    }
+
+    /// The prefix cache's hit statistics so far: keys queried and blocks
+    /// hit by [`Sequence::try_match_prefix`](crate::Sequence::try_match_prefix),
+    /// and evictions.
+    ///
+    /// Readable at any time. The counters are kept in cells (one per
+    /// free-list shard, at least 16), each on its own cache line and
+    /// written (with `Relaxed` adds) by the threads whose number picks it
+    /// (thread `i` of a pool with `c` cells writes cell `i % c`, as with
+    /// home shards), so with up to `c` threads a match or an eviction
+    /// writes no line that another thread writes; this call sums them. A
+    /// call running meanwhile may or may not be counted yet.
+    pub fn prefix_stats(&self) -> PrefixStats {
+        self.stats.sum()
+    }
+}

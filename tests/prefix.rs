@@ -1,0 +1,502 @@
+//! The prefix cache's API, one method and one bad input at a time:
+//! `Sequence::try_match_prefix`, `Sequence::publish`, the pool's counts
+//! (`cached_blocks`, `evictable_blocks`, `free_blocks`, `used_blocks`),
+//! `reset_prefix_cache`, `prefix_stats`, eviction order on small cases, and
+//! what truncating into a cached block does to the next append.
+
+use std::sync::Arc;
+
+use kvslots::{hash_blocks, BlockHash, BlockPool, PrefixStats, ReserveError, Sequence};
+
+/// Tokens per block in these tests.
+const BS: usize = 4;
+
+/// The keys of `tokens`' full blocks under `salt`.
+fn keys(salt: &[u8], tokens: &[u32]) -> Vec<BlockHash> {
+    let mut out = Vec::new();
+    hash_blocks(salt, tokens, BS, &mut out);
+    out
+}
+
+/// A prompt of `blocks` full blocks, different for each `seed`.
+fn prompt(seed: u32, blocks: usize) -> Vec<u32> {
+    (0..(blocks * BS) as u32).map(|t| seed * 1000 + t).collect()
+}
+
+/// A pool of `n` blocks of `BS` tokens.
+fn pool(n: usize) -> Arc<BlockPool> {
+    Arc::new(BlockPool::new(n, BS))
+}
+
+/// A sequence holding `tokens` and publishing their full blocks' keys;
+/// returns it and how many blocks it published.
+fn published(pool: &Arc<BlockPool>, salt: &[u8], tokens: &[u32]) -> (Sequence, usize) {
+    let mut seq = Sequence::new(Arc::clone(pool));
+    seq.try_append(tokens.len()).unwrap();
+    let n = seq.publish(&keys(salt, tokens));
+    (seq, n)
+}
+
+/// The pool's counts: (free, used, cached, evictable).
+fn counts(pool: &BlockPool) -> (usize, usize, usize, usize) {
+    (
+        pool.free_blocks(),
+        pool.used_blocks(),
+        pool.cached_blocks(),
+        pool.evictable_blocks(),
+    )
+}
+
+#[test]
+fn a_published_prefix_is_matched_by_the_next_sequence() {
+    let pool = pool(8);
+    let tokens = prompt(1, 3);
+    let (first, n) = published(&pool, b"", &tokens);
+    assert_eq!(n, 3);
+    let mut second = Sequence::new(Arc::clone(&pool));
+    assert_eq!(second.try_match_prefix(&keys(b"", &tokens)), 3);
+    assert_eq!(second.len(), 3 * BS);
+    assert_eq!(second.blocks(), first.blocks());
+    for &id in first.blocks() {
+        assert_eq!(pool.ref_count(id), Some(2));
+    }
+    // Shared, referenced: no new capacity taken.
+    assert_eq!(counts(&pool), (5, 3, 3, 0));
+}
+
+#[test]
+fn a_released_prefix_stays_cached_and_counts_as_free() {
+    let pool = pool(8);
+    let tokens = prompt(1, 2);
+    let (seq, _) = published(&pool, b"", &tokens);
+    let blocks = seq.blocks().to_vec();
+    drop(seq);
+    assert_eq!(counts(&pool), (8, 0, 2, 2));
+    let mut again = Sequence::new(Arc::clone(&pool));
+    assert_eq!(again.try_match_prefix(&keys(b"", &tokens)), 2);
+    assert_eq!(again.blocks(), blocks);
+    // Revived: no longer evictable, and counted as used.
+    assert_eq!(counts(&pool), (6, 2, 2, 0));
+    drop(again);
+    assert_eq!(counts(&pool), (8, 0, 2, 2));
+}
+
+#[test]
+fn the_match_stops_at_the_first_miss() {
+    let pool = pool(8);
+    let tokens = prompt(1, 3);
+    let (_seq, _) = published(&pool, b"", &tokens[..2 * BS]);
+    let mut all = keys(b"", &tokens);
+    let mut m = Sequence::new(Arc::clone(&pool));
+    assert_eq!(m.try_match_prefix(&all), 2);
+    // A miss in the middle: nothing after it is taken.
+    all.swap(0, 2);
+    let mut n = Sequence::new(Arc::clone(&pool));
+    assert_eq!(n.try_match_prefix(&all), 0);
+    assert!(n.is_empty() && n.blocks().is_empty());
+}
+
+#[test]
+fn an_empty_hash_list_matches_and_publishes_nothing() {
+    let pool = pool(4);
+    let (mut seq, _) = published(&pool, b"", &prompt(1, 2));
+    let before = (counts(&pool), pool.prefix_stats());
+    assert_eq!(seq.publish(&[]), 0);
+    let mut empty = Sequence::new(Arc::clone(&pool));
+    assert_eq!(empty.try_match_prefix(&[]), 0);
+    assert!(empty.is_empty() && empty.blocks().is_empty());
+    assert_eq!((counts(&pool), pool.prefix_stats()), before);
+}
+
+#[test]
+fn a_sequence_that_is_not_empty_matches_nothing_and_changes_nothing() {
+    let pool = pool(8);
+    let tokens = prompt(1, 2);
+    let (_owner, _) = published(&pool, b"", &tokens);
+    let keys = keys(b"", &tokens);
+    // Holding tokens.
+    let mut busy = Sequence::new(Arc::clone(&pool));
+    busy.try_append(1).unwrap();
+    let table = busy.blocks().to_vec();
+    let before = (counts(&pool), pool.prefix_stats());
+    assert_eq!(busy.try_match_prefix(&keys), 0);
+    assert_eq!((busy.len(), busy.blocks()), (1, &table[..]));
+    // Holding only reserved blocks.
+    let mut reserved = Sequence::new(Arc::clone(&pool));
+    reserved.try_reserve(BS, 0).unwrap();
+    let before_reserved = (counts(&pool), pool.prefix_stats());
+    assert_eq!(reserved.try_match_prefix(&keys), 0);
+    assert_eq!((reserved.len(), reserved.blocks().len()), (0, 1));
+    assert_eq!((counts(&pool), pool.prefix_stats()), before_reserved);
+    assert_eq!(before.1, pool.prefix_stats());
+    // A sequence that matched once is not empty either.
+    let mut matched = Sequence::new(Arc::clone(&pool));
+    assert_eq!(matched.try_match_prefix(&keys[..1]), 1);
+    assert_eq!(matched.try_match_prefix(&keys), 0);
+    assert_eq!(matched.blocks().len(), 1);
+}
+
+#[test]
+fn publish_covers_only_full_blocks() {
+    let pool = pool(8);
+    let tokens = prompt(1, 4);
+    let keys = keys(b"", &tokens);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(2 * BS + 1).unwrap(); // 2 full blocks and 1 token
+                                         // More hashes than full blocks: the extra ones are ignored.
+    assert_eq!(seq.publish(&keys), 2);
+    assert_eq!(pool.cached_blocks(), 2);
+    // Fewer hashes than full blocks: only those.
+    seq.try_append(2 * BS - 1).unwrap(); // now 4 full blocks
+    assert_eq!(seq.publish(&keys[..3]), 1);
+    assert_eq!(seq.publish(&keys), 1);
+    assert_eq!(pool.cached_blocks(), 4);
+}
+
+#[test]
+fn a_duplicate_publish_changes_nothing_and_the_first_wins() {
+    let pool = pool(8);
+    let tokens = prompt(1, 2);
+    let keys = keys(b"", &tokens);
+    let (mut first, n) = published(&pool, b"", &tokens);
+    assert_eq!(n, 2);
+    // The same sequence again: already cached.
+    assert_eq!(first.publish(&keys), 0);
+    // Another sequence with the same tokens in its own blocks: the keys
+    // stay with the first one's blocks, and its blocks stay uncached.
+    let (second, n) = published(&pool, b"", &tokens);
+    assert_eq!(n, 0);
+    assert_eq!(pool.cached_blocks(), 2);
+    let second_blocks = second.blocks().to_vec();
+    drop(second);
+    // Its blocks went back to the free list, not to the cache.
+    assert_eq!(counts(&pool), (6, 2, 2, 0));
+    let mut m = Sequence::new(Arc::clone(&pool));
+    assert_eq!(m.try_match_prefix(&keys), 2);
+    assert_eq!(m.blocks(), first.blocks());
+    assert!(m.blocks().iter().all(|b| !second_blocks.contains(b)));
+    // The same key twice in one list: the second block stays uncached.
+    let twice = [keys[0], keys[0]];
+    let mut third = Sequence::new(Arc::clone(&pool));
+    third.try_append(2 * BS).unwrap();
+    assert_eq!(third.publish(&twice), 0);
+    let other = self::keys(b"x", &tokens);
+    assert_eq!(third.publish(&[other[0], other[0]]), 1);
+}
+
+#[test]
+fn salts_never_share_a_key() {
+    let pool = pool(8);
+    let tokens = prompt(1, 2);
+    let (_a, n) = published(&pool, b"tenant-a", &tokens);
+    assert_eq!(n, 2);
+    let mut b = Sequence::new(Arc::clone(&pool));
+    assert_eq!(b.try_match_prefix(&keys(b"tenant-b", &tokens)), 0);
+    assert_eq!(b.try_match_prefix(&keys(b"tenant-a", &tokens)), 2);
+    // The other tenant can publish the same tokens under its own keys.
+    let (_c, n) = published(&pool, b"tenant-b", &tokens);
+    assert_eq!(n, 2);
+    assert_eq!(pool.cached_blocks(), 4);
+}
+
+#[test]
+fn eviction_takes_uncached_blocks_first_then_the_least_recently_released() {
+    // The reference's own small case (tests/prefix_replay.rs), on the pool.
+    let pool = pool(5);
+    let tokens = prompt(1, 3);
+    let keys = keys(b"", &tokens);
+    let (a, _) = published(&pool, b"", &tokens);
+    let a_blocks = a.blocks().to_vec();
+    drop(a); // last block first: a[2] is the least recently released
+    assert_eq!(counts(&pool), (5, 0, 3, 3));
+
+    let mut b = Sequence::new(Arc::clone(&pool));
+    b.try_append(3 * BS).unwrap(); // 2 uncached, then a[2] evicted
+    assert_eq!(pool.prefix_stats().evictions, 1);
+    assert!(!b.blocks().contains(&a_blocks[0]) && !b.blocks().contains(&a_blocks[1]));
+    assert!(b.blocks().contains(&a_blocks[2]));
+    assert_eq!(counts(&pool), (2, 3, 2, 2));
+    drop(b);
+
+    let mut c = Sequence::new(Arc::clone(&pool));
+    assert_eq!(c.try_match_prefix(&keys), 2);
+    assert_eq!(c.blocks(), &a_blocks[..2]);
+    assert_eq!(pool.evictable_blocks(), 0);
+    drop(c); // a[1] then a[0]: a[1] is evicted first
+    let mut d = Sequence::new(Arc::clone(&pool));
+    d.try_append(4 * BS).unwrap(); // the 3 uncached blocks, then a[1]
+    assert!(d.blocks().contains(&a_blocks[1]) && !d.blocks().contains(&a_blocks[0]));
+    assert_eq!(pool.prefix_stats().evictions, 2);
+    d.try_append(BS).unwrap(); // and a[0]
+    assert!(d.blocks().contains(&a_blocks[0]));
+    assert_eq!(counts(&pool), (0, 5, 0, 0));
+}
+
+#[test]
+fn a_matched_block_is_not_evicted() {
+    let pool = pool(2);
+    let tokens = prompt(1, 2);
+    let keys = keys(b"", &tokens);
+    let (a, _) = published(&pool, b"", &tokens);
+    let a_blocks = a.blocks().to_vec();
+    drop(a);
+    let mut b = Sequence::new(Arc::clone(&pool));
+    assert_eq!(b.try_match_prefix(&keys[..1]), 1);
+    // Block 1's key goes; block 0 is held and stays.
+    b.try_append(BS).unwrap();
+    assert_eq!(b.blocks(), a_blocks);
+    assert_eq!(pool.cached_blocks(), 1);
+    assert!(matches!(b.try_append(BS), Err(ReserveError::Full { .. })));
+}
+
+#[test]
+fn refused_allocations_evict_nothing_and_change_nothing() {
+    let pool = pool(3);
+    let tokens = prompt(1, 2);
+    let keys = keys(b"", &tokens);
+    let (a, _) = published(&pool, b"", &tokens);
+    drop(a);
+    let mut held = Sequence::new(Arc::clone(&pool));
+    held.try_append(1).unwrap(); // the one uncached block
+    let before = (counts(&pool), pool.prefix_stats());
+    assert_eq!(before.0, (2, 1, 2, 2));
+    let mut ids = Vec::new();
+    // Full: 3 wanted, 2 free (both evictable).
+    assert!(matches!(
+        pool.try_alloc(3, &mut ids),
+        Err(ReserveError::Full {
+            requested: 3,
+            available: 2
+        })
+    ));
+    // Full through the headroom.
+    assert!(matches!(
+        pool.try_alloc_with_headroom(1, 2, &mut ids),
+        Err(ReserveError::Full { .. })
+    ));
+    // NeverFits.
+    assert!(matches!(
+        pool.try_alloc(4, &mut ids),
+        Err(ReserveError::NeverFits { .. })
+    ));
+    // A sequence's append that does not fit.
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    assert!(seq.try_append(3 * BS).is_err());
+    assert!(seq.is_empty() && ids.is_empty());
+    assert_eq!((counts(&pool), pool.prefix_stats()), before);
+    // Closed.
+    pool.close();
+    assert_eq!(pool.try_alloc(1, &mut ids), Err(ReserveError::Closed));
+    assert_eq!((counts(&pool), pool.prefix_stats()), before);
+    // Everything is still cached: a referenced block would still match,
+    // but reviving an evictable one needs capacity, which a closed pool
+    // refuses.
+    let mut m = Sequence::new(Arc::clone(&pool));
+    assert_eq!(m.try_match_prefix(&keys), 0);
+    assert_eq!(pool.cached_blocks(), 2);
+}
+
+#[test]
+fn reviving_counts_against_capacity() {
+    let pool = pool(2);
+    let tokens = prompt(1, 1);
+    let keys = keys(b"", &tokens);
+    let (a, _) = published(&pool, b"", &tokens);
+    drop(a);
+    let mut other = Sequence::new(Arc::clone(&pool));
+    other.try_append(1).unwrap(); // the uncached block
+    assert_eq!(counts(&pool), (1, 1, 1, 1));
+    let mut m = Sequence::new(Arc::clone(&pool));
+    assert_eq!(m.try_match_prefix(&keys), 1);
+    assert_eq!(counts(&pool), (0, 2, 1, 0));
+    let mut ids = Vec::new();
+    assert!(matches!(
+        pool.try_alloc(1, &mut ids),
+        Err(ReserveError::Full { available: 0, .. })
+    ));
+    // A full pool refuses a revival too, and the match stops there.
+    drop(m);
+    let mut filler = Vec::new();
+    pool.try_alloc(1, &mut filler).unwrap(); // evicts the cached block
+    assert_eq!(counts(&pool), (0, 2, 0, 0));
+    assert_eq!(pool.prefix_stats().evictions, 1);
+    let mut n = Sequence::new(Arc::clone(&pool));
+    assert_eq!(n.try_match_prefix(&keys), 0);
+    pool.free(&filler).unwrap();
+}
+
+#[test]
+fn a_referenced_block_matches_on_a_closed_pool() {
+    let pool = pool(4);
+    let tokens = prompt(1, 2);
+    let (owner, _) = published(&pool, b"", &tokens);
+    pool.close();
+    let mut m = Sequence::new(Arc::clone(&pool));
+    assert_eq!(m.try_match_prefix(&keys(b"", &tokens)), 2);
+    assert_eq!(m.blocks(), owner.blocks());
+}
+
+#[test]
+fn reset_drops_every_unreferenced_key() {
+    let pool = pool(8);
+    let (a, _) = published(&pool, b"", &prompt(1, 2));
+    let (b, _) = published(&pool, b"", &prompt(2, 3));
+    drop(a);
+    assert_eq!(counts(&pool), (5, 3, 5, 2));
+    // b's blocks are held: they keep their keys.
+    assert_eq!(pool.reset_prefix_cache(), 2);
+    assert_eq!(counts(&pool), (5, 3, 3, 0));
+    assert_eq!(pool.reset_prefix_cache(), 0);
+    let mut m = Sequence::new(Arc::clone(&pool));
+    assert_eq!(m.try_match_prefix(&keys(b"", &prompt(1, 2))), 0);
+    assert_eq!(m.try_match_prefix(&keys(b"", &prompt(2, 3))), 3);
+    drop(m);
+    drop(b);
+    // Also on a closed pool, so that a draining server can drop them.
+    pool.close();
+    assert_eq!(pool.reset_prefix_cache(), 3);
+    assert_eq!(counts(&pool), (8, 0, 0, 0));
+    // Resetting is not an eviction.
+    assert_eq!(pool.prefix_stats().evictions, 0);
+}
+
+#[test]
+fn stats_count_queries_hits_and_evictions() {
+    let pool = pool(3);
+    assert_eq!(pool.prefix_stats(), PrefixStats::default());
+    let tokens = prompt(1, 2);
+    let keys = keys(b"", &tokens);
+    let mut s = Sequence::new(Arc::clone(&pool));
+    assert_eq!(s.try_match_prefix(&keys), 0);
+    s.try_append(2 * BS).unwrap();
+    s.publish(&keys);
+    drop(s);
+    let mut t = Sequence::new(Arc::clone(&pool));
+    assert_eq!(t.try_match_prefix(&keys[..1]), 1);
+    t.try_append(2 * BS).unwrap(); // 1 uncached + 1 evicted
+    assert_eq!(
+        pool.prefix_stats(),
+        PrefixStats {
+            queried_blocks: 3,
+            hit_blocks: 1,
+            evictions: 1
+        }
+    );
+}
+
+#[test]
+fn truncating_into_a_cached_block_held_alone_drops_its_key() {
+    let pool = pool(4);
+    let tokens = prompt(1, 2);
+    let keys = keys(b"", &tokens);
+    let (mut seq, _) = published(&pool, b"", &tokens);
+    let blocks = seq.blocks().to_vec();
+    seq.truncate(2 * BS - 1); // into the second, cached block
+    assert_eq!(pool.cached_blocks(), 1);
+    // No copy needed: the block is ours alone and no key can match it.
+    assert_eq!(seq.try_append(1).unwrap(), 2 * BS - 1..2 * BS);
+    assert_eq!(seq.blocks(), blocks);
+    let mut m = Sequence::new(Arc::clone(&pool));
+    assert_eq!(m.try_match_prefix(&keys), 1);
+}
+
+#[test]
+fn truncating_into_a_shared_cached_block_copies_on_write() {
+    let pool = pool(4);
+    let tokens = prompt(1, 2);
+    let keys = keys(b"", &tokens);
+    let (mut seq, _) = published(&pool, b"", &tokens);
+    let mut reader = Sequence::new(Arc::clone(&pool));
+    assert_eq!(reader.try_match_prefix(&keys), 2);
+    seq.truncate(2 * BS - 1);
+    // Shared: it keeps its key, and the append copies it.
+    assert_eq!(pool.cached_blocks(), 2);
+    let (range, copy) = seq.try_append_cow(1).unwrap();
+    assert_eq!(range, 2 * BS - 1..2 * BS);
+    let copy = copy.expect("a shared cached tail is copied");
+    assert_eq!((copy.src, copy.tokens), (reader.blocks()[1], BS - 1));
+    assert_ne!(seq.blocks()[1], reader.blocks()[1]);
+    // The matcher's block still holds the key.
+    drop(reader);
+    let mut again = Sequence::new(Arc::clone(&pool));
+    assert_eq!(again.try_match_prefix(&keys), 2);
+}
+
+#[test]
+fn a_cached_tail_still_needs_a_copy_after_the_other_holder_left() {
+    let pool = pool(4);
+    let tokens = prompt(1, 1);
+    let keys = keys(b"", &tokens);
+    let (mut seq, _) = published(&pool, b"", &tokens);
+    let reader = {
+        let mut r = Sequence::new(Arc::clone(&pool));
+        assert_eq!(r.try_match_prefix(&keys), 1);
+        r
+    };
+    seq.truncate(BS - 1);
+    drop(reader);
+    // Still cached (so a matcher could take it any moment): copy.
+    let (_, copy) = seq.try_append_cow(1).unwrap();
+    assert!(copy.is_some());
+}
+
+#[test]
+#[should_panic(expected = "try_append_cow")]
+fn a_plain_append_into_a_shared_cached_tail_panics() {
+    let pool = pool(4);
+    let tokens = prompt(1, 1);
+    let keys = keys(b"", &tokens);
+    let (mut seq, _) = published(&pool, b"", &tokens);
+    let mut reader = Sequence::new(Arc::clone(&pool));
+    assert_eq!(reader.try_match_prefix(&keys), 1);
+    seq.truncate(BS - 1);
+    let _ = seq.try_append(1);
+}
+
+#[test]
+fn a_fork_shares_cached_blocks_and_either_side_can_publish() {
+    let pool = pool(8);
+    let tokens = prompt(1, 2);
+    let keys = keys(b"", &tokens);
+    let mut parent = Sequence::new(Arc::clone(&pool));
+    parent.try_append(2 * BS).unwrap();
+    let (mut child, copy) = parent.try_fork().unwrap();
+    assert!(copy.is_none());
+    assert_eq!(child.publish(&keys), 2);
+    // The parent's blocks are the same blocks: already cached.
+    assert_eq!(parent.publish(&keys), 0);
+    drop(parent);
+    drop(child);
+    assert_eq!(counts(&pool), (8, 0, 2, 2));
+}
+
+#[test]
+fn the_pool_is_whole_after_mixed_use() {
+    let pool = pool(6);
+    let mut live = Vec::new();
+    for round in 0..50u32 {
+        let tokens = prompt(round % 4, 1 + (round % 3) as usize);
+        let keys = keys(b"", &tokens);
+        let mut s = Sequence::new(Arc::clone(&pool));
+        let k = s.try_match_prefix(&keys);
+        if s.try_append(tokens.len() - k * BS).is_ok() {
+            s.publish(&keys);
+            live.push(s);
+        }
+        if live.len() > 2 || round % 5 == 0 {
+            live.remove(0);
+        }
+        let (free, used, cached, evictable) = counts(&pool);
+        assert_eq!(free + used, 6);
+        assert!(evictable <= cached && evictable <= free);
+    }
+    live.clear();
+    let (free, used, cached, evictable) = counts(&pool);
+    assert_eq!((free, used, cached), (6, 0, evictable));
+    pool.reset_prefix_cache();
+    let mut ids = Vec::new();
+    pool.try_alloc(6, &mut ids).unwrap();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 6);
+}
