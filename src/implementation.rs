@@ -327,21 +327,27 @@
 //! to held (count 1, not cached, next generation), then it removes the
 //! block's index entry before the block is handed out.
 //!
-//! Evictors take candidates from a buffer of the `num_blocks / 8` oldest
-//! evictable blocks, oldest first, filled by a scan of every state word
-//! (through a bounded heap, no allocation) when it runs dry. Blocks
-//! released after a scan are younger than every candidate, so with one
-//! thread the order is exactly least recently released first, as in the
-//! reference. Under concurrency it is approximate: a stamp is written just
-//! after the drop that made the block evictable, a candidate read while
-//! another evictor refills may be out of order, and an evictor that finds
-//! the buffer empty while another refills does not wait but takes the
-//! first evictable block after a rotating hand. Every candidate is
-//! re-checked against its stamp and its state's CAS, so the order is the
-//! only thing that is approximate. The scan is `O(num_blocks)` per
-//! refill, and a refill yields `min(evictable, num_blocks / 8)`
-//! candidates: a few state reads per eviction while many blocks are
-//! evictable, up to `num_blocks` when only a handful are.
+//! Evictors take candidates from a ring of `num_blocks / 8` (at least 64)
+//! `(stamp, id)` words, oldest first. A block that becomes evictable is
+//! appended as the youngest, unless the ring is full or *overflowed* (an
+//! older evictable block is missing from it; appends then stop). When the
+//! ring runs dry, one evictor refills it by a scan of every state word
+//! (through a bounded heap, no allocation): the oldest evictable blocks,
+//! sorted, and the ring is overflowed if more were found than fit. So with
+//! one thread the order is exactly least recently released first, as in
+//! the reference; while few blocks are evictable, releases keep the ring
+//! filled and evictions need no scan, and while many are, a scan serves
+//! `num_blocks / 8` evictions. An allocation claims as many candidates as
+//! it needs with one CAS.
+//!
+//! Under concurrency the order is approximate: a stamp is written just
+//! after the drop that made the block evictable, an append can be lost to
+//! a racing append or to a refill (the block waits for the next scan), a
+//! candidate read while another evictor refills may be out of order, and
+//! an evictor that finds the ring empty while another refills does not
+//! wait but takes the first evictable block after a rotating hand. Every
+//! candidate is re-checked against its stamp and its state's CAS, so the
+//! order is the only thing that is approximate.
 //!
 //! `reset_prefix_cache` evicts every evictable block the same way (its
 //! capacity admitted first, also on a closed pool) and frees it.

@@ -6,17 +6,26 @@
 //! are 32 bits and compared by age (`clock - stamp`, wrapping), so a block
 //! released more than 2^32 stamps ago looks young again.
 //!
-//! Evictors take blocks from a buffer of candidates: the oldest evictable
-//! blocks of the pool, oldest first, as `(stamp << 32) | id` words. When it
-//! runs dry, one evictor refills it with a scan of every block (a bounded
-//! heap keeps the `capacity` oldest), claimed with a flag that nobody waits
-//! for: an evictor that finds the buffer empty while another refills it
-//! takes the first evictable block from a rotating hand instead. Blocks
-//! released after a refill are younger than every candidate, so with one
-//! thread the order is exactly least recently released first; under
-//! concurrency it is approximate (a stamp taken late, a candidate read
-//! during a refill, the hand's pick), and every candidate is re-checked
-//! against the block's stamp and state before it is evicted.
+//! Evictors take blocks from a ring of candidates, oldest first, as
+//! `(stamp << 32) | id` words. A block that becomes evictable is appended
+//! (it is the youngest), unless the ring is full or *overflowed*: some
+//! evictable block older than the new one is missing from it. When the
+//! ring runs dry, one evictor refills it with a scan of every block (a
+//! bounded heap keeps the `capacity` oldest, sorted); the ring is marked
+//! overflowed if the scan found more evictable blocks than fit. The
+//! refill is claimed with a flag that nobody waits for: an evictor that
+//! finds the ring empty while another refills it takes the first
+//! evictable block from a rotating hand instead.
+//!
+//! So with one thread the order is exactly least recently released first:
+//! the ring holds the oldest evictable blocks in order, and a block is
+//! appended only while every older evictable block is in the ring. While
+//! few blocks are evictable, releases keep the ring filled and evictions
+//! need no scan. Under concurrency the order is approximate (a stamp taken
+//! late, an append lost to a racing one or to a refill, a candidate read
+//! during a refill, the hand's pick); every candidate is re-checked against
+//! the block's stamp and state before it is evicted, and a block missing
+//! from the ring is found by the next scan.
 
 use std::ops::Range;
 
@@ -36,14 +45,19 @@ pub(super) struct Lru {
     stamps: Box<[AtomicU32]>,
     /// The release clock.
     clock: CachePadded<AtomicU32>,
-    /// `(stamp << 32) | id`, oldest first, `len` of them valid.
+    /// The ring: `(stamp << 32) | id` at position `p % capacity`, oldest
+    /// first.
     candidates: Box<[AtomicU64]>,
-    /// How many candidates the last refill found.
+    /// The position after the youngest candidate.
     len: AtomicUsize,
-    /// The next candidate to try.
+    /// The position of the next candidate to try (`next <= len`, and
+    /// `len - next <= capacity`).
     next: CachePadded<AtomicUsize>,
-    /// Set while one evictor refills the buffer.
+    /// Set while one evictor refills the ring.
     refilling: AtomicBool,
+    /// Set when an evictable block is missing from the ring that is older
+    /// than blocks released since: appends stop until the next refill.
+    overflowed: AtomicBool,
     /// Where the fallback scan starts.
     hand: AtomicUsize,
 }
@@ -69,6 +83,7 @@ impl Lru {
             len: AtomicUsize::new(0),
             next: CachePadded::new(AtomicUsize::new(0)),
             refilling: AtomicBool::new(false),
+            overflowed: AtomicBool::new(false),
             hand: AtomicUsize::new(0),
         }
     }
@@ -80,10 +95,40 @@ impl Lru {
         self.clock.fetch_add(n as u32, Ordering::Relaxed)
     }
 
-    /// Records that `id` became evictable at `stamp`.
+    /// Records that `id` became evictable at `stamp`, and appends it to
+    /// the ring as the youngest candidate when it may.
     pub(super) fn stamp(&self, id: BlockId, stamp: u32) {
         // Relaxed: a hint, re-checked by the evictor's CAS on the state.
         self.stamps[id.index()].store(stamp, Ordering::Relaxed);
+        let cap = self.candidates.len();
+        // Relaxed: a hint; an append lost to a race leaves the block for
+        // the next scan.
+        if cap == 0 || self.overflowed.load(Ordering::Relaxed) {
+            return;
+        }
+        let word = (u64::from(stamp) << 32) | id.index() as u64;
+        // Acquire: as in `pop`.
+        let mut len = self.len.load(Ordering::Acquire);
+        loop {
+            // Full? Then the block (and every later one) waits for a scan.
+            if len - self.next.load(Ordering::Acquire).min(len) >= cap {
+                // Relaxed: a hint.
+                self.overflowed.store(true, Ordering::Relaxed);
+                return;
+            }
+            // Relaxed: published by the Release CAS below.
+            self.candidates[len % cap].store(word, Ordering::Relaxed);
+            // Release on success: the entry written above is visible to an
+            // evictor that sees the new length. Acquire on failure: retry
+            // at the fresh length.
+            match self
+                .len
+                .compare_exchange_weak(len, len + 1, Ordering::Release, Ordering::Acquire)
+            {
+                Ok(_) => return,
+                Err(actual) => len = actual,
+            }
+        }
     }
 
     /// Takes up to `k > 0` of the next candidates with one CAS; returns
@@ -93,7 +138,7 @@ impl Lru {
         // Release stores of `len` and `next` are seen.
         let mut i = self.next.load(Ordering::Acquire);
         loop {
-            let len = self.len.load(Ordering::Acquire).min(self.candidates.len());
+            let len = self.len.load(Ordering::Acquire);
             if i >= len {
                 return 0..0;
             }
@@ -135,9 +180,9 @@ impl Lru {
                 if range.is_empty() {
                     break;
                 }
-                for i in range {
+                for p in range {
                     // Relaxed: a hint (see `refill`).
-                    let word = self.candidates[i].load(Ordering::Relaxed);
+                    let word = self.candidates[p % self.candidates.len()].load(Ordering::Relaxed);
                     let (id, stamp) = (id_of(word), stamp_of(word));
                     // Acquire: the state's last writer (the last drop) is
                     // synchronised with by the eviction CAS itself; this
@@ -197,9 +242,13 @@ impl Lru {
     /// returns how many. The caller holds the `refilling` flag.
     fn refill(&self, refs: &Refs) -> usize {
         let cap = self.candidates.len();
-        // Empty the buffer first, so that evictors stop popping from it.
-        // Relaxed: the entries are hints; `len` is published below.
+        // Empty the ring first, so that evictors stop popping from it, and
+        // stop appends (a release during the scan may or may not be seen
+        // by it). Relaxed: the entries are hints; `len` is published below.
+        self.overflowed.store(true, Ordering::Relaxed);
+        self.next.store(0, Ordering::Relaxed);
         self.len.store(0, Ordering::Relaxed);
+        let mut seen = 0usize;
         // Relaxed: a snapshot; ages are measured from it.
         let now = self.clock.load(Ordering::Relaxed);
         let age = |word: u64| now.wrapping_sub(stamp_of(word));
@@ -230,6 +279,7 @@ impl Lru {
             if !refs.may_evict(refs.state(index, Ordering::Relaxed)) {
                 continue;
             }
+            seen += 1;
             let id = BlockId::new(index as u32);
             // Relaxed: a hint.
             let stamp = self.stamps[index].load(Ordering::Relaxed);
@@ -258,9 +308,12 @@ impl Lru {
             sift_down(0, end);
         }
         // Release (both): an evictor that sees these values sees the
-        // entries written above.
+        // entries written above. Appends resume if every evictable block
+        // seen is in the ring.
         self.next.store(0, Ordering::Release);
         self.len.store(len, Ordering::Release);
+        // Relaxed: a hint.
+        self.overflowed.store(seen > cap, Ordering::Relaxed);
         len
     }
 }
