@@ -80,9 +80,14 @@ impl Stats {
     fn sum(&self) -> PrefixStats {
         let mut out = PrefixStats::default();
         for cell in self.cells.iter() {
-            // Relaxed: statistics, they order nothing.
+            // Acquire: pairs with the Release add of `hit` in
+            // `match_prefix`, which comes after its add of `queried`; so the
+            // `queried` load below sees every query whose hits this load
+            // saw, and no snapshot shows more hits than queries.
+            let hit = cell.hit.load(Ordering::Acquire);
+            // Relaxed (both): statistics; they order nothing else.
             out.queried_blocks += cell.queried.load(Ordering::Relaxed);
-            out.hit_blocks += cell.hit.load(Ordering::Relaxed);
+            out.hit_blocks += hit;
             out.evictions += cell.evictions.load(Ordering::Relaxed);
         }
         out
@@ -115,7 +120,11 @@ impl BlockPool {
         }
         let cell = self.stats.mine();
         add(&cell.queried, hashes.len() as u64);
-        add(&cell.hit, hits as u64);
+        if hits != 0 {
+            // Release: a snapshot that sees these hits sees the queries
+            // added above (see `Stats::sum`).
+            cell.hit.fetch_add(hits as u64, Ordering::Release);
+        }
         hits
     }
 
