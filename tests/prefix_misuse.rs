@@ -17,23 +17,8 @@ use std::time::Duration;
 
 use kvslots::{hash_blocks, BlockHash, BlockId, BlockPool, Sequence};
 
-/// What a block holding `key`'s tokens contains (never 0).
-fn stamp(key: &BlockHash) -> u64 {
-    let mut bytes = [0u8; 8];
-    bytes.copy_from_slice(&key.0[..8]);
-    u64::from_le_bytes(bytes) | 1
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
+mod common;
+use common::{key_stamp, XorShift};
 
 struct World {
     pool: Arc<BlockPool>,
@@ -64,7 +49,7 @@ impl World {
             let seen = self.content[block.index()].load(Ordering::Relaxed);
             assert_eq!(
                 seen,
-                stamp(key),
+                key_stamp(key),
                 "{what}: {block} (index {i}) holds other content"
             );
         }
@@ -82,7 +67,7 @@ impl World {
                 Some(1),
                 "{block} written while shared"
             );
-            let value = keys.get(i).map_or(0, stamp);
+            let value = keys.get(i).map_or(0, key_stamp);
             // Relaxed: see `check`.
             self.content[block.index()].store(value, Ordering::Relaxed);
         }
@@ -110,7 +95,7 @@ impl World {
 }
 
 fn task(world: &World, seed: u64, ops: usize) -> u64 {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = XorShift::new(seed);
     let mut live: Vec<Live> = Vec::new();
     let bs = world.bs;
     let mut hits = 0;
@@ -120,7 +105,7 @@ fn task(world: &World, seed: u64, ops: usize) -> u64 {
             0..=3 => {
                 let salt: &'static [u8] = if rng.below(2) == 0 { b"a" } else { b"b" };
                 let family = rng.below(2) as u32;
-                let n = 1 + rng.below(3 * bs as u64) as usize;
+                let n = 1 + rng.below(3 * bs);
                 let tokens: Vec<u32> = (0..n)
                     .map(|t| if t < bs { family } else { rng.below(2) as u32 })
                     .collect();
@@ -145,7 +130,7 @@ fn task(world: &World, seed: u64, ops: usize) -> u64 {
             }
             // Fork one.
             4 if !live.is_empty() => {
-                let i = rng.below(live.len() as u64) as usize;
+                let i = rng.below(live.len());
                 if let Ok((child, copy)) = live[i].seq.try_fork() {
                     let mut c = Live {
                         seq: child,
@@ -166,13 +151,13 @@ fn task(world: &World, seed: u64, ops: usize) -> u64 {
             }
             // Truncate anywhere, then append other tokens, then publish.
             5..=7 if !live.is_empty() => {
-                let i = rng.below(live.len() as u64) as usize;
+                let i = rng.below(live.len());
                 let l = &mut live[i];
-                let to = rng.below(l.tokens.len() as u64) as usize;
+                let to = rng.below(l.tokens.len().max(1));
                 l.seq.truncate(to);
                 l.tokens.truncate(to);
                 world.check(l, "truncate");
-                let n = 1 + rng.below(2 * bs as u64) as usize;
+                let n = 1 + rng.below(2 * bs);
                 let extra: Vec<u32> = (0..n).map(|_| 2 + rng.below(2) as u32).collect();
                 if world.append(l, &extra) {
                     world.check(l, "append after truncate");
@@ -186,7 +171,7 @@ fn task(world: &World, seed: u64, ops: usize) -> u64 {
             }
             _ => {
                 if !live.is_empty() {
-                    let i = rng.below(live.len() as u64) as usize;
+                    let i = rng.below(live.len());
                     let l = live.swap_remove(i);
                     world.check(&l, "drop");
                     drop(l);

@@ -18,29 +18,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use kvslots::{hash_blocks, BlockHash, BlockPool, Sequence};
+
+mod common;
+use common::{key_stamp, XorShift};
 use rayon::prelude::*;
 
 /// Tokens per block.
 const BS: usize = 4;
-
-/// What a block holding `key`'s tokens contains, as a stamp (never 0).
-fn stamp(key: &BlockHash) -> u64 {
-    let mut bytes = [0u8; 8];
-    bytes.copy_from_slice(&key.0[..8]);
-    u64::from_le_bytes(bytes) | 1
-}
-
-/// A small xorshift generator per task.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
-}
 
 /// The shared world: the pool and the blocks' content stamps.
 struct World {
@@ -58,7 +42,11 @@ impl World {
         for (i, &block) in seq.blocks()[..k].iter().enumerate() {
             // Relaxed: only the pool may order the writer before us.
             let seen = self.content(block).load(Ordering::Relaxed);
-            assert_eq!(seen, stamp(&keys[i]), "{block} matched with other content");
+            assert_eq!(
+                seen,
+                key_stamp(&keys[i]),
+                "{block} matched with other content"
+            );
         }
     }
 
@@ -71,7 +59,7 @@ impl World {
                 Some(1),
                 "{block} written while shared"
             );
-            let value = keys.get(i).map_or(0, stamp);
+            let value = keys.get(i).map_or(0, key_stamp);
             // Relaxed: see `check_matched`.
             self.content(block).store(value, Ordering::Relaxed);
         }
@@ -80,17 +68,17 @@ impl World {
 
 /// One task's operations.
 fn task(world: &World, seed: u64, ops: usize) -> (u64, u64) {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = XorShift::new(seed);
     let mut live: Vec<Sequence> = Vec::new();
     let mut keys = Vec::new();
     let (mut hits, mut published) = (0, 0);
     for _ in 0..ops {
         // A prompt of family f: a shared head, then a tail that varies.
         let family = rng.below(4) as u32;
-        let blocks = 1 + rng.below(5) as usize;
-        let split = rng.below(blocks as u64 + 1) as usize;
+        let blocks = 1 + rng.below(5);
+        let split = rng.below(blocks + 1);
         let variant = rng.below(3) as u32;
-        let extra = rng.below(BS as u64) as usize;
+        let extra = rng.below(BS);
         let tokens: Vec<u32> = (0..blocks * BS + extra)
             .map(|t| {
                 let tail = if t >= split * BS { variant * 7919 } else { 0 };
@@ -138,7 +126,7 @@ fn task(world: &World, seed: u64, ops: usize) -> (u64, u64) {
         }
         live.push(seq);
         if live.len() > 2 {
-            live.remove(rng.below(live.len() as u64) as usize);
+            live.remove(rng.below(live.len()));
         }
     }
     (hits, published)

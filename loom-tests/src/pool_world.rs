@@ -47,67 +47,32 @@ pub const SOUND: Faults = Faults {
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
     no_tag: true,
-    relaxed_free: false,
-    blind_undo: false,
-    plain_held_drop: false,
-    blind_add_ref: false,
-    no_generation_check: false,
-    relaxed_publish: false,
-    evict_referenced: false,
-    no_kill: false,
+    ..SOUND
 };
 /// The ordering control: freeing with `Relaxed` instead of `Release`.
 pub const RELAXED_FREE: Faults = Faults {
-    no_tag: false,
     relaxed_free: true,
-    blind_undo: false,
-    plain_held_drop: false,
-    blind_add_ref: false,
-    no_generation_check: false,
-    relaxed_publish: false,
-    evict_referenced: false,
-    no_kill: false,
+    ..SOUND
 };
 /// The undo control: a refused free adds its references back blindly,
 /// resurrecting a block that another holder freed meanwhile.
 pub const BLIND_UNDO: Faults = Faults {
-    no_tag: false,
-    relaxed_free: false,
     blind_undo: true,
-    plain_held_drop: false,
-    blind_add_ref: false,
-    no_generation_check: false,
-    relaxed_publish: false,
-    evict_referenced: false,
-    no_kill: false,
+    ..SOUND
 };
 
 /// The held-drop control: a sequence clears a count that reads 1 with a
 /// plain store, so a racing double free pushes the block twice.
 pub const PLAIN_HELD_DROP: Faults = Faults {
-    no_tag: false,
-    relaxed_free: false,
-    blind_undo: false,
     plain_held_drop: true,
-    blind_add_ref: false,
-    no_generation_check: false,
-    relaxed_publish: false,
-    evict_referenced: false,
-    no_kill: false,
+    ..SOUND
 };
 
 /// The fork control: adding a reference raises a count of 0 (no check),
 /// reviving a block that a raw free put back in the free list.
 pub const BLIND_ADD_REF: Faults = Faults {
-    no_tag: false,
-    relaxed_free: false,
-    blind_undo: false,
-    plain_held_drop: false,
     blind_add_ref: true,
-    no_generation_check: false,
-    relaxed_publish: false,
-    evict_referenced: false,
-    no_kill: false,
+    ..SOUND
 };
 
 /// The stale-hit control: a match revives a block without checking that

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use kvslots::{BlockHash, BlockId, BlockPool, ReserveError, Sequence};
 
-use crate::baseline::{MutexPool, MutexSeq};
+use crate::baseline::{MutexBlockCopy, MutexPool, MutexSeq};
 
 /// A device copy the caller must make: the first `tokens` slots of block
 /// `src` into block `dst` (a fork's private tail, or a copy-on-write).
@@ -27,6 +27,26 @@ pub struct BlockCopy<Id> {
     pub dst: Id,
     /// How many leading token slots to copy.
     pub tokens: usize,
+}
+
+impl From<kvslots::BlockCopy> for BlockCopy<BlockId> {
+    fn from(c: kvslots::BlockCopy) -> Self {
+        BlockCopy {
+            src: c.src,
+            dst: c.dst,
+            tokens: c.tokens,
+        }
+    }
+}
+
+impl From<MutexBlockCopy> for BlockCopy<u32> {
+    fn from(c: MutexBlockCopy) -> Self {
+        BlockCopy {
+            src: c.src,
+            dst: c.dst,
+            tokens: c.tokens,
+        }
+    }
 }
 
 /// What an append returns: the new positions, and the device copy it needs
@@ -186,11 +206,7 @@ impl KvSeq for Sequence {
     fn try_append(&mut self, n: usize) -> Result<Appended<BlockId>, ReserveError> {
         // The one call into the library's copy-on-write API.
         self.try_append_cow(n).map(|(range, copy)| {
-            let copy = copy.map(|c| BlockCopy {
-                src: c.src,
-                dst: c.dst,
-                tokens: c.tokens,
-            });
+            let copy = copy.map(BlockCopy::from);
             (range, copy)
         })
     }
@@ -199,11 +215,7 @@ impl KvSeq for Sequence {
     }
     fn try_fork(&self) -> Result<Forked<Sequence, BlockId>, ReserveError> {
         Sequence::try_fork(self).map(|(child, copy)| {
-            let copy = copy.map(|c| BlockCopy {
-                src: c.src,
-                dst: c.dst,
-                tokens: c.tokens,
-            });
+            let copy = copy.map(BlockCopy::from);
             (child, copy)
         })
     }
@@ -341,11 +353,7 @@ impl KvSeq for MutexSeq {
     }
     fn try_append(&mut self, n: usize) -> Result<Appended<u32>, ReserveError> {
         self.try_append_cow(n).map(|(range, copy)| {
-            let copy = copy.map(|c| BlockCopy {
-                src: c.src,
-                dst: c.dst,
-                tokens: c.tokens,
-            });
+            let copy = copy.map(BlockCopy::from);
             (range, copy)
         })
     }
@@ -354,11 +362,7 @@ impl KvSeq for MutexSeq {
     }
     fn try_fork(&self) -> Result<Forked<MutexSeq, u32>, ReserveError> {
         MutexSeq::try_fork(self).map(|(child, copy)| {
-            let copy = copy.map(|c| BlockCopy {
-                src: c.src,
-                dst: c.dst,
-                tokens: c.tokens,
-            });
+            let copy = copy.map(BlockCopy::from);
             (child, copy)
         })
     }

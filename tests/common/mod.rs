@@ -215,3 +215,15 @@ pub fn rayon_pool(threads: usize) -> rayon::ThreadPool {
         .build()
         .expect("rayon pool")
 }
+
+// ---------------------------------------------------------------------------
+// Prefix-cache content
+// ---------------------------------------------------------------------------
+
+/// What a block holding `key`'s tokens contains, as a stamp standing for
+/// its KV data (never 0, so an unwritten block never looks like one).
+pub fn key_stamp(key: &kvslots::BlockHash) -> u64 {
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&key.0[..8]);
+    u64::from_le_bytes(bytes) | 1
+}
