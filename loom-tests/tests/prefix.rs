@@ -135,6 +135,15 @@ impl Cache {
     }
 }
 
+/// A thread that matches key `n`'s prefix and lets go of what it got.
+fn spawn_matcher(cache: &Arc<Cache>, n: u8) -> thread::JoinHandle<()> {
+    let cache = Arc::clone(cache);
+    thread::spawn(move || {
+        let m = cache.matched(n);
+        cache.let_go(m);
+    })
+}
+
 /// Two blocks cached and evictable: key 1's released first (the older),
 /// then key 2's.
 fn two_cached(cache: &Cache) {
@@ -263,13 +272,7 @@ fn match_vs_republish(faults: Faults) {
         let cache = Cache::new(1, faults);
         let (a, _) = cache.filled(1).expect("one free block");
         cache.let_go(a);
-        let matcher = {
-            let cache = Arc::clone(&cache);
-            thread::spawn(move || {
-                let m = cache.matched(1);
-                cache.let_go(m);
-            })
-        };
+        let matcher = spawn_matcher(&cache, 1);
         if let Some((b, _)) = cache.filled(2) {
             cache.let_go(b);
         }
@@ -300,13 +303,7 @@ fn release_vs_match(faults: Faults) {
             let cache = Arc::clone(&cache);
             thread::spawn(move || cache.let_go(a))
         };
-        let matcher = {
-            let cache = Arc::clone(&cache);
-            thread::spawn(move || {
-                let m = cache.matched(1);
-                cache.let_go(m);
-            })
-        };
+        let matcher = spawn_matcher(&cache, 1);
         if let Some((b, _)) = cache.filled(2) {
             cache.let_go(b);
         }
@@ -338,13 +335,7 @@ fn reset_vs_match(faults: Faults) {
             let cache = Arc::clone(&cache);
             thread::spawn(move || cache.world.pool.reset_prefix_cache())
         };
-        let matcher = {
-            let cache = Arc::clone(&cache);
-            thread::spawn(move || {
-                let m = cache.matched(1);
-                cache.let_go(m);
-            })
-        };
+        let matcher = spawn_matcher(&cache, 1);
         let mut s = Sequence::new(Arc::clone(&cache.world.pool));
         assert!(cache.append(&mut s, 1), "a free block and an evictable one");
         cache.let_go(s);
@@ -376,13 +367,7 @@ fn publish_then_match(faults: Faults) {
             let cache = Arc::clone(&cache);
             thread::spawn(move || cache.filled(3).expect("one free block").0)
         };
-        let matcher = {
-            let cache = Arc::clone(&cache);
-            thread::spawn(move || {
-                let m = cache.matched(3);
-                cache.let_go(m);
-            })
-        };
+        let matcher = spawn_matcher(&cache, 3);
         matcher.join().unwrap();
         let a = publisher.join().unwrap();
         cache.let_go(a);

@@ -104,19 +104,7 @@ fn whole(v: &Value, line: usize, column: &'static str) -> Result<u64, TraceError
         Value::Number(n) => n.as_f64().is_some_and(|f| f < 0.0),
         _ => false,
     };
-    if negative {
-        Err(TraceError::Negative {
-            line,
-            column,
-            value,
-        })
-    } else {
-        Err(TraceError::BadNumber {
-            line,
-            column,
-            value,
-        })
-    }
+    Err(TraceError::number(negative, line, column, value))
 }
 
 fn shown(v: &Value) -> String {

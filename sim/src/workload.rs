@@ -131,6 +131,24 @@ pub enum TraceError {
 }
 
 impl TraceError {
+    /// A number that did not parse: `Negative` if it is a negative number,
+    /// else `BadNumber`.
+    pub(crate) fn number(negative: bool, line: usize, column: &'static str, value: String) -> Self {
+        if negative {
+            TraceError::Negative {
+                line,
+                column,
+                value,
+            }
+        } else {
+            TraceError::BadNumber {
+                line,
+                column,
+                value,
+            }
+        }
+    }
+
     /// The 1-based line the error is on, if it concerns one line.
     pub fn line(&self) -> Option<usize> {
         match *self {
@@ -301,19 +319,8 @@ fn parse_count(field: &str, line: usize, column: &'static str) -> Result<usize, 
         Err(_) => {
             let value = field.chars().take(40).collect();
             // A negative whole number is its own error; "-x" is a bad number.
-            if field.starts_with('-') && field[1..].parse::<u128>().is_ok() {
-                Err(TraceError::Negative {
-                    line,
-                    column,
-                    value,
-                })
-            } else {
-                Err(TraceError::BadNumber {
-                    line,
-                    column,
-                    value,
-                })
-            }
+            let negative = field.starts_with('-') && field[1..].parse::<u128>().is_ok();
+            Err(TraceError::number(negative, line, column, value))
         }
     }
 }
