@@ -53,6 +53,11 @@ pub struct Faults {
     /// commit, and two blocks hold one key.
     #[cfg(kvslots_loom)]
     pub no_kill: bool,
+    /// Give a retired sequence's references back at once, at the retire,
+    /// instead of when its fence completes: a block can be handed out again
+    /// while a step that reads it is still in flight.
+    #[cfg(kvslots_loom)]
+    pub early_release: bool,
 }
 
 impl Faults {
@@ -143,6 +148,17 @@ impl Faults {
     pub(crate) fn no_kill(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.no_kill {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a fenced retirement gives its references back at once:
+    /// `false`, or `true` under `early_release`.
+    #[inline]
+    pub(crate) fn early_release(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.early_release {
             return true;
         }
         false
