@@ -43,6 +43,7 @@ pub const SOUND: Faults = Faults {
     relaxed_publish: false,
     evict_referenced: false,
     no_kill: false,
+    early_release: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -97,6 +98,13 @@ pub const EVICT_REFERENCED: Faults = Faults {
 /// on a higher block id does not kill it, so both can commit.
 pub const NO_KILL: Faults = Faults {
     no_kill: true,
+    ..SOUND
+};
+
+/// The fenced-release control: a retirement gives its references back at
+/// once instead of when its fence completes.
+pub const EARLY_RELEASE: Faults = Faults {
+    early_release: true,
     ..SOUND
 };
 
