@@ -680,6 +680,40 @@ impl Sequence {
         freed
     }
 
+    /// Hands the source of the last copy-on-write, which the sequence keeps
+    /// for the caller's device copy (see
+    /// [`try_append_cow`](Self::try_append_cow)), to `fence`: its reference
+    /// is given back when [`BlockPool::complete(fence)`](BlockPool::complete)
+    /// declares the step that makes the copy done, instead of at the
+    /// sequence's next append. Returns 1 if there was such a block, else 0
+    /// (and nothing changes). Call it after an append that returned a
+    /// [`BlockCopy`], with the fence of the step that makes the copy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{BlockPool, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::new(4, 4));
+    /// let mut seq = Sequence::new(Arc::clone(&pool));
+    /// seq.try_append(4).unwrap();
+    /// let (child, _) = seq.try_fork().unwrap();
+    /// seq.truncate(2); // into the block shared with the child
+    /// let (_, copy) = seq.try_append_cow(1).unwrap();
+    /// let src = copy.unwrap().src;
+    /// assert_eq!(seq.retire_copy_source(6), 1);
+    /// drop(child);
+    /// assert_eq!(pool.ref_count(src), Some(1)); // step 6 still copies from it
+    /// pool.complete(6);
+    /// assert_eq!(pool.ref_count(src), Some(0));
+    /// assert_eq!(seq.retire_copy_source(7), 0);
+    /// ```
+    pub fn retire_copy_source(&mut self, fence: u64) -> usize {
+        let cow = self.retired.take();
+        self.pool.retire_slice(fence, &[], cow)
+    }
+
     /// Gives the sequence up while a device step may still read its blocks
     /// (a completed or preempted request under asynchronous scheduling):
     /// its references (every block in its table, and a copy-on-write's

@@ -84,6 +84,7 @@
 //! merged at the end.
 
 mod config;
+mod device;
 mod shared;
 mod stats;
 mod worker;
@@ -104,6 +105,7 @@ pub use config::{Admission, EngineConfig, Profile, MIX_CLASSES, MIX_SAMPLES};
 pub use stats::{new_histogram, Counts, Invariants, OpKind, OpStats, RunStats};
 pub use worker::{group_blocks, never_fits};
 
+use device::Device;
 use shared::Shared;
 use stats::WorkerStats;
 use worker::Worker;
@@ -223,6 +225,7 @@ fn spawn_workers<B: KvBackend>(
             spare: None,
             keys: (None, Vec::new()),
             key_bufs: Vec::new(),
+            device: Device::new(index, cfg.workers, cfg.async_depth),
         };
         let (rx, exits, shared) = (rx.clone(), exits.clone(), Arc::clone(shared));
         std::thread::Builder::new()
@@ -359,6 +362,7 @@ fn summarize<B: KvBackend>(
         errors: Vec::new(),
         prefix: backend.prefix_stats(),
         cached_blocks: backend.cached_blocks(),
+        pending_release_peak: backend.peak_pending_release_blocks(),
     };
     stats.counts.stuck_calls = stuck as u64;
     let mut finished = vec![0u8; requests];
