@@ -977,4 +977,51 @@ mod tests {
         drop(parent);
         assert!(o.sweep(&b).is_empty());
     }
+    /// Fenced give-backs: blocks retired under a fence stay counted in
+    /// flight; the pool's count passes every check while the fence is
+    /// pending; a block released early is caught before its fence
+    /// completes, and so is a hand-out of it while the step is in flight.
+    #[test]
+    fn a_block_released_before_its_fence_completes_is_caught() {
+        let b = KvslotsBackend::new(4, 4);
+        let o = Oracle::new(4, 4);
+        // A correct fenced truncate: two blocks retired under fence 7.
+        let mut seq = b.new_seq(12);
+        seq.try_append(12).unwrap();
+        let mut t = Tracked::new(writer(1));
+        o.after_call(&b, &mut t, &seq, 0, None).unwrap();
+        let mut fenced = Vec::new();
+        o.give_back_fenced(&b, &mut t, 1, &mut fenced).unwrap();
+        KvSeq::truncate_fenced(&mut seq, 4, 7);
+        assert_eq!(fenced.len(), 2);
+        assert!(fenced.iter().all(|r| !r.shared));
+        o.before_complete(&b, 7, &fenced).unwrap();
+        assert_eq!(b.complete(7), 2);
+        // Released early: the same truncate given back at once.
+        seq.try_append(8).unwrap();
+        o.after_call(&b, &mut t, &seq, 1, None).unwrap();
+        let mut fenced = Vec::new();
+        o.give_back_fenced(&b, &mut t, 1, &mut fenced).unwrap();
+        KvSeq::truncate(&mut seq, 4);
+        // Another sequence is handed one of them while the step reads it.
+        let mut other = b.new_seq(4);
+        other.try_append(4).unwrap();
+        let mut ot = Tracked::new(writer(2));
+        let err = o.after_call(&b, &mut ot, &other, 0, None).unwrap_err();
+        assert!(err.contains("steps in flight still read it"), "{err}");
+        let mut slots = Vec::new();
+        other.extend_slots(0..4, &mut slots).unwrap();
+        let err = o.write::<kvslots::Sequence>(&ot, 0..4, &slots).unwrap_err();
+        assert!(err.contains("which 1 steps in flight still read"), "{err}");
+        let err = o.before_complete(&b, 8, &fenced).unwrap_err();
+        assert!(
+            err.contains("was given back before the step completed"),
+            "{err}"
+        );
+        o.before_release(&b, &mut ot, 0).unwrap();
+        drop(other);
+        o.before_release(&b, &mut t, 0).unwrap();
+        drop(seq);
+        assert!(o.sweep(&b).is_empty());
+    }
 }
