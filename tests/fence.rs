@@ -262,6 +262,9 @@ fn dropping_the_pool_with_retirements_pending_frees_them() {
     );
 }
 
+/// A fence in flight and the ids retired under it.
+type InFlight = (u64, Vec<BlockId>);
+
 /// Threads append, truncate fenced and retire sequences under fences of
 /// their own "steps", and complete them some steps later, in shuffled
 /// order, with other threads completing fences too; an ownership table
@@ -276,8 +279,8 @@ fn stress_threads_retire_and_complete_concurrently() {
     // Per block: references the test knows of (live tables plus pending
     // retirements); a hand-out must find 0.
     let refs: Arc<Vec<AtomicU64>> = Arc::new((0..64).map(|_| AtomicU64::new(0)).collect());
-    // Fences a thread asks any thread to complete.
-    let handoff: Arc<Mutex<Vec<(u64, Vec<BlockId>)>>> = Arc::new(Mutex::new(Vec::new()));
+    // Fences a thread asks any thread to complete, with what they hold.
+    let handoff: Arc<Mutex<Vec<InFlight>>> = Arc::new(Mutex::new(Vec::new()));
     let failed = Arc::new(AtomicBool::new(false));
     let workers: Vec<_> = (0..THREADS)
         .map(|t| {
@@ -290,7 +293,7 @@ fn stress_threads_retire_and_complete_concurrently() {
             thread::spawn(move || {
                 let mut rng = XorShift::new(t + 1);
                 // Retired ids per own in-flight fence, oldest first.
-                let mut in_flight: Vec<(u64, Vec<BlockId>)> = Vec::new();
+                let mut in_flight: Vec<InFlight> = Vec::new();
                 let mut seqs: Vec<Sequence> = Vec::new();
                 for step in 0..STEPS {
                     let fence = step * THREADS + t;

@@ -25,11 +25,14 @@ use crate::sync::{AtomicUsize, CachePadded, Faults, Mutex, Ordering};
 /// on different worker threads at once rarely meet on one lock.
 const FENCE_SHARDS: usize = 8;
 
+/// Per fence, the ids whose references wait for it (an id listed as often
+/// as references to it were retired under the fence).
+type Lists = HashMap<u64, Vec<BlockId>>;
+
 /// The retirements waiting for their fences, and the gauge of them.
 pub(super) struct Fences {
-    /// Per map, per fence, the ids whose references wait for it (an id
-    /// listed as often as references to it were retired under the fence).
-    maps: Box<[CachePadded<Mutex<HashMap<u64, Vec<BlockId>>>>]>,
+    /// The fences' lists, in `FENCE_SHARDS` maps.
+    maps: Box<[CachePadded<Mutex<Lists>>]>,
     /// References retired and not yet given back.
     pending: AtomicUsize,
     /// The high-water mark of `pending`.
@@ -52,7 +55,7 @@ impl Fences {
     /// Runs `f` on the map of `fence`, under its lock. Nothing in `f`
     /// panics (short of an allocation failure, which aborts), so a
     /// poisoned lock holds a consistent map and is used as it is.
-    fn with_map<R>(&self, fence: u64, f: impl FnOnce(&mut HashMap<u64, Vec<BlockId>>) -> R) -> R {
+    fn with_map<R>(&self, fence: u64, f: impl FnOnce(&mut Lists) -> R) -> R {
         let map = &self.maps[(fence % FENCE_SHARDS as u64) as usize];
         let mut guard = map.lock().unwrap_or_else(PoisonError::into_inner);
         f(&mut guard)
