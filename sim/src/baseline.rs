@@ -1057,6 +1057,26 @@ mod tests {
     }
 
     #[test]
+    fn fenced_give_backs_wait_for_their_fence_in_any_order() {
+        let p = pool(4, 4);
+        let mut a = MutexSeq::new(Arc::clone(&p));
+        a.try_append(12).unwrap(); // 3 blocks
+        assert_eq!(a.truncate_fenced(4, 2), 2);
+        assert_eq!(a.truncate_fenced(4, 2), 0, "a no-op at the length");
+        assert_eq!((p.used_blocks(), p.pending_release_blocks()), (3, 2));
+        assert!(a.try_append(8).is_err(), "the fenced blocks are in use");
+        assert_eq!(a.retire(1), 1);
+        assert_eq!(p.complete(3), 0);
+        // Out of order: fence 1 first.
+        assert_eq!(p.complete(1), 1);
+        assert_eq!((p.used_blocks(), p.pending_release_blocks()), (2, 2));
+        assert_eq!(p.complete(2), 2);
+        assert_eq!(p.complete(2), 0);
+        assert_eq!(p.used_blocks(), 0);
+        assert_eq!(p.peak_pending_release_blocks(), 3);
+    }
+
+    #[test]
     fn sequence_appends_truncates_forks_and_drops() {
         let p = pool(4, 4);
         let mut s = MutexSeq::new(Arc::clone(&p));

@@ -50,6 +50,17 @@
 //! With prefix caching, a prompt's full blocks are published (their keys
 //! made known to the cache) once it is prefilled, before any decode step.
 //!
+//! With `async_depth = K > 0` (asynchronous scheduling), each iteration is
+//! a step with a fence of its own, and the device runs `K` steps behind:
+//! every give-back of the step (the rollback of rejected drafts, the drop
+//! of a completed or preempted group's sequences, the source of a
+//! copy-on-write) is retired under the step's fence, and the step is
+//! completed (its references given back) when the worker starts the step
+//! `K` later. A refused allocation first waits for the device (completes
+//! the oldest step in flight, and retries) and preempts only when nothing
+//! is in flight; a worker with nothing running, or ending, completes every
+//! step in flight.
+//!
 //! Every append writes the KV stamps of the positions it covers, every
 //! device copy copies them, attention reads them back, and the oracle
 //! checks every table against the pool (see [`crate::oracle`]).
