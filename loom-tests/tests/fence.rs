@@ -29,6 +29,7 @@
 //! |---|---|---|
 //! | [`retire_vs_complete_vs_alloc`] | 3, 1 | caught: handed out before its fence |
 //! | [`truncate_fenced_vs_complete_vs_alloc`] | 3, 2 | caught: handed out before its fence |
+//! | [`two_fences_complete_in_either_order`] | 3, 2 | caught: handed out before its fence |
 #![cfg(kvslots_loom)]
 #![forbid(unsafe_code)]
 
@@ -148,4 +149,72 @@ fn truncate_fenced_vs_complete_vs_alloc_sound() {
 #[should_panic(expected = "handed out before its fence completed")]
 fn truncate_fenced_vs_complete_vs_alloc_early_release_is_caught() {
     truncate_fenced_vs_complete_vs_alloc(EARLY_RELEASE);
+}
+
+/// Two fences that share a map (1 and 9; there are 8 maps), each holding
+/// one retired block, completed by two device threads in either order
+/// while the main thread allocates one block: whichever block it gets, that
+/// block's fence must have been declared complete. Each complete gives back exactly its own
+/// retirement; conservation once both fences are done.
+fn two_fences_complete_in_either_order(faults: Faults) {
+    check(move || {
+        let world = PoolWorld::new(2, 1, faults, "sequence");
+        let fences = [1u64, 9];
+        let seqs: Vec<Sequence> = fences
+            .iter()
+            .map(|_| {
+                let mut seq = Sequence::new(Arc::clone(&world.pool));
+                seq.try_append(1).expect("a fresh pool of 2");
+                world.take(seq.blocks()[0]);
+                world.write(seq.blocks()[0]);
+                seq
+            })
+            .collect();
+        let blocks: Vec<BlockId> = seqs.iter().map(|s| s.blocks()[0]).collect();
+        for (seq, fence) in seqs.into_iter().zip(fences) {
+            seq.retire(fence);
+        }
+        let declared: Arc<[AtomicBool; 2]> =
+            Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
+        let devices: Vec<_> = (0..2)
+            .map(|i| {
+                let (world, declared, id) = (Arc::clone(&world), Arc::clone(&declared), blocks[i]);
+                thread::spawn(move || {
+                    world.read(id);
+                    // Relaxed: as in `fenced_vs_complete_vs_alloc`.
+                    declared[i].store(true, Ordering::Relaxed);
+                    world.drop_ref(id);
+                    world.pool.complete(fences[i])
+                })
+            })
+            .collect();
+        let mut got = Vec::new();
+        if world.pool.try_alloc(1, &mut got).is_ok() {
+            let i = blocks
+                .iter()
+                .position(|&b| b == got[0])
+                .expect("a retired block");
+            // Relaxed: see the store.
+            assert!(declared[i].load(Ordering::Relaxed), "{} {EARLY}", got[0]);
+            world.take(got[0]);
+            world.write(got[0]);
+        }
+        for d in devices {
+            assert_eq!(d.join().unwrap(), 1, "each complete gives back its own");
+        }
+        world.give_back(&got);
+        assert_eq!(world.pool.pending_release_blocks(), 0);
+        world.assert_conserved();
+    });
+}
+
+#[test]
+fn two_fences_complete_in_either_order_sound() {
+    two_fences_complete_in_either_order(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "handed out before its fence completed")]
+fn two_fences_complete_in_either_order_early_release_is_caught() {
+    two_fences_complete_in_either_order(EARLY_RELEASE);
 }
