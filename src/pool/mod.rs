@@ -1,24 +1,26 @@
 //! [`BlockPool`]: a lock-free pool of KV-cache blocks with all-or-nothing
-//! allocation and per-block reference counts: an admission counter of
-//! blocks, the free list, and the reference counts (`refs`), with the
-//! over-free check of [`BlockPool::free`] in `over_free`. The design and the
+//! allocation and per-block reference counts: per-shard admission counts
+//! of blocks (`admission`), the free list, and the reference counts
+//! (`refs`), with the over-free check of [`BlockPool::free`] in
+//! `over_free`. The design and the
 //! orderings are described in [`crate::implementation`] ("Allocating and
 //! freeing blocks", "Reference counts", "Orderings").
 
 use std::fmt;
 
-use crate::counter::SlotCounter;
 use crate::error::{FreeError, ReserveError};
 use crate::free_list::{Chain, FreeList, NIL};
 use crate::id::BlockId;
 use crate::sync::{self, Backoff, Faults};
 
+mod admission;
 mod keys;
 mod lru;
 mod over_free;
 mod prefix;
 mod refs;
 
+use admission::Admission;
 use keys::Keys;
 use lru::Lru;
 pub use prefix::PrefixStats;
@@ -84,9 +86,10 @@ use refs::{Dropped, Refs};
 /// block also synchronises with its last holder's drop (`Release`), as an
 /// allocation does.
 pub struct BlockPool {
-    /// Admits block counts; its padded state word is the one word every
-    /// allocating and freeing thread writes.
-    counter: SlotCounter,
+    /// Admits block counts: a free count per shard, each on its own line,
+    /// so that a thread allocating from and freeing to its home shard
+    /// writes no line that other threads write; and the closed flag.
+    counter: Admission,
     /// The ids not in use, in shards (one per id range) with padded heads.
     free: FreeList,
     /// Per-block state words (reference count, prefix-cache flags,
@@ -200,7 +203,7 @@ impl BlockPool {
             Self::MAX_SHARDS
         );
         BlockPool {
-            counter: SlotCounter::new(num_blocks),
+            counter: Admission::new(num_blocks, shards, faults),
             free: FreeList::new(num_blocks as u32, shards, faults),
             refs: Refs::new(num_blocks, faults),
             keys: Keys::new(num_blocks, faults),
@@ -310,6 +313,12 @@ impl BlockPool {
     /// ```
     pub fn used_blocks(&self) -> usize {
         self.counter.used()
+    }
+
+    /// The shards' free counts summed without the cap at `num_blocks`, for
+    /// the model checks' conservation (`kvslots::__model`).
+    pub(crate) fn admission_free_uncapped(&self) -> usize {
+        self.counter.free_uncapped()
     }
 
     /// The high-water mark of [`used_blocks`](Self::used_blocks).

@@ -53,6 +53,21 @@ pub struct Faults {
     /// commit, and two blocks hold one key.
     #[cfg(kvslots_loom)]
     pub no_kill: bool,
+    /// Take from the home shard's admission count with a load and a plain
+    /// store (no read-modify-write): a concurrent take or release on that
+    /// shard is lost, and more blocks are admitted than are free.
+    #[cfg(kvslots_loom)]
+    pub racy_take: bool,
+    /// A refused slow-path admission keeps the counts it took instead of
+    /// giving them back: blocks stay in transit after the call returns
+    /// (lost to every later admission).
+    #[cfg(kvslots_loom)]
+    pub keep_refused: bool,
+    /// The slow-path admission refuses after the first pass that takes
+    /// nothing, without checking that no shard changed since the pass
+    /// before: counts that moved behind its scan are missed.
+    #[cfg(kvslots_loom)]
+    pub one_pass: bool,
 }
 
 impl Faults {
@@ -143,6 +158,39 @@ impl Faults {
     pub(crate) fn no_kill(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.no_kill {
+            return true;
+        }
+        false
+    }
+
+    /// Whether the admission fast path takes with a load and a plain
+    /// store: `false`, or `true` under `racy_take`.
+    #[inline]
+    pub(crate) fn racy_take(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.racy_take {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a refused slow-path admission keeps what it took: `false`,
+    /// or `true` under `keep_refused`.
+    #[inline]
+    pub(crate) fn keep_refused(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.keep_refused {
+            return true;
+        }
+        false
+    }
+
+    /// Whether the slow-path admission refuses after one empty pass
+    /// without its version check: `false`, or `true` under `one_pass`.
+    #[inline]
+    pub(crate) fn one_pass(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.one_pass {
             return true;
         }
         false
