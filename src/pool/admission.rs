@@ -288,7 +288,7 @@ impl Admission {
                     s = 0;
                 }
             }
-            if !took && (last_versions == Some(versions) || self.faults.one_pass()) {
+            if !took && last_versions == Some(versions) {
                 if held > 0 && !self.faults.keep_refused() {
                     self.release_to(home, held);
                 }

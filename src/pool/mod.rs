@@ -150,15 +150,25 @@ impl BlockPool {
     /// `num_blocks / shards`, rounded up) and a freed block always goes
     /// back to the shard that owns it. Each thread takes from a home shard
     /// first (threads are numbered in the order they first allocate from
-    /// any pool, and thread `i` starts at shard `i % shards`) and from the
+    /// or free to any pool, and thread `i` starts at shard `i % shards`) and from the
     /// others only when its own is short, so threads that free and
     /// reallocate do not contend on one head and walk chains in their own
     /// part of the index array. A thread whose home shard is
     /// short looks through the others, so very many shards over a nearly
     /// full pool make that slow path longer. `shards == 1` is the plain
-    /// single-shard pool. Which shard an id sits in is never visible in
-    /// the API: all or nothing, `Full` and the counts are those of the
-    /// whole pool.
+    /// single-shard pool.
+    ///
+    /// Admission is counted per shard too: each shard keeps a count of
+    /// free blocks on its own cache line, an allocation takes from its
+    /// home shard's count and a free gives back to the freeing thread's,
+    /// so a thread that allocates and frees on its own shard writes no
+    /// line that other threads write. When the home count is short the
+    /// allocation gathers from the other shards' counts, all or nothing
+    /// (see [`try_alloc`](Self::try_alloc) for what a concurrent `Full`
+    /// means then, and [`free_blocks`](Self::free_blocks) for the counts).
+    /// Which shard an id or a count sits in is never visible in a
+    /// single-threaded run: all or nothing, `Full` and the counts are
+    /// those of the whole pool.
     ///
     /// # Panics
     ///
@@ -285,6 +295,14 @@ impl BlockPool {
     /// [evictable](Self::evictable_blocks) cached ones, which an allocation
     /// may take.
     ///
+    /// It is the sum of the shards' free counts, read one after another:
+    /// exact whenever no allocation or free is running. While some run,
+    /// each shard's count is exact at the moment it is read, but blocks
+    /// that an allocation holds in transit between shards count as used,
+    /// and blocks that other calls move between shards while the sum is
+    /// taken can be missed or counted twice; the sum is capped at
+    /// `num_blocks()`.
+    ///
     /// # Examples
     ///
     /// ```
@@ -300,7 +318,9 @@ impl BlockPool {
 
     /// A snapshot of the number of blocks in use: those with at least one
     /// reference (cached or not), plus any an allocation or a match is
-    /// taking right now.
+    /// taking right now. It is `num_blocks() - free_blocks()`, with the
+    /// same bounds: exact whenever no call is running, never above
+    /// `num_blocks()`.
     ///
     /// # Examples
     ///
@@ -321,12 +341,17 @@ impl BlockPool {
         self.counter.free_uncapped()
     }
 
-    /// The high-water mark of [`used_blocks`](Self::used_blocks).
+    /// The high-water mark of [`used_blocks`](Self::used_blocks), never
+    /// above [`num_blocks`](Self::num_blocks).
     ///
-    /// It lags allocations that are still running, as
-    /// [`SlotCounter::peak_used`] does: while one runs, another thread can
-    /// read a `used_blocks()` above `peak_used_blocks()`; every allocation
-    /// that has returned is counted.
+    /// Exact when one thread uses the pool. Each allocation raises it
+    /// from its home shard's free count after the allocation plus the
+    /// other shards' counts as its home shard last saw them (each
+    /// allocation that had to gather from other shards sums them afresh),
+    /// so that the fast path reads no line that other threads write. With
+    /// several threads it is therefore an estimate: blocks that other
+    /// threads took from or gave to other shards since that shard's last
+    /// gather make it lag or lead the true high-water mark by that many.
     ///
     /// # Examples
     ///
@@ -372,7 +397,15 @@ impl BlockPool {
     ///
     /// * [`ReserveError::NeverFits`] if `n > num_blocks()` (`usize::MAX`
     ///   included).
-    /// * [`ReserveError::Full`] if fewer than `n` blocks are free.
+    /// * [`ReserveError::Full`] if fewer than `n` blocks are free. In a
+    ///   single-threaded run, `available` is exactly the free blocks.
+    ///   Under concurrency a refusal may also come while blocks are in
+    ///   transit inside other calls that are still running (an allocation
+    ///   that its home shard cannot serve holds what it takes from the
+    ///   shards until it has enough, or gives it all back): a `Full` is
+    ///   always justified in that, at some instant during the call, the
+    ///   free blocks outside other running calls were `available`, fewer
+    ///   than requested.
     /// * [`ReserveError::Closed`] after [`close`](Self::close).
     ///
     /// On error `out` and the pool are unchanged (only `out`'s capacity may
@@ -402,8 +435,12 @@ impl BlockPool {
     /// # Errors
     ///
     /// As [`SlotCounter::try_reserve_with_headroom`]: `NeverFits` if
-    /// `n + headroom > num_blocks()`, `Closed`, or `Full`. On error `out`'s
-    /// contents and the pool are unchanged (as for `try_alloc`).
+    /// `n + headroom > num_blocks()`, `Closed`, or `Full` (which, under
+    /// concurrency, may count blocks in transit as
+    /// [`try_alloc`](Self::try_alloc) says; an allocation that gathers
+    /// holds `n + headroom` for an instant before it gives the headroom
+    /// back). On error `out`'s contents and the pool are unchanged (as for
+    /// `try_alloc`).
     ///
     /// # Examples
     ///

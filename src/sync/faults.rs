@@ -63,11 +63,6 @@ pub struct Faults {
     /// (lost to every later admission).
     #[cfg(kvslots_loom)]
     pub keep_refused: bool,
-    /// The slow-path admission refuses after the first pass that takes
-    /// nothing, without checking that no shard changed since the pass
-    /// before: counts that moved behind its scan are missed.
-    #[cfg(kvslots_loom)]
-    pub one_pass: bool,
 }
 
 impl Faults {
@@ -180,17 +175,6 @@ impl Faults {
     pub(crate) fn keep_refused(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.keep_refused {
-            return true;
-        }
-        false
-    }
-
-    /// Whether the slow-path admission refuses after one empty pass
-    /// without its version check: `false`, or `true` under `one_pass`.
-    #[inline]
-    pub(crate) fn one_pass(self) -> bool {
-        #[cfg(kvslots_loom)]
-        if self.one_pass {
             return true;
         }
         false
