@@ -434,9 +434,9 @@ impl BlockPool {
     ///
     /// # Errors
     ///
-    /// As [`SlotCounter::try_reserve_with_headroom`]: `NeverFits` if
-    /// `n + headroom > num_blocks()`, `Closed`, or `Full` (which, under
-    /// concurrency, may count blocks in transit as
+    /// As [`SlotCounter::try_reserve_with_headroom`](crate::SlotCounter::try_reserve_with_headroom):
+    /// `NeverFits` if `n + headroom > num_blocks()`, `Closed`, or `Full`
+    /// (which, under concurrency, may count blocks in transit as
     /// [`try_alloc`](Self::try_alloc) says; an allocation that gathers
     /// holds `n + headroom` for an instant before it gives the headroom
     /// back). On error `out`'s contents and the pool are unchanged (as for
