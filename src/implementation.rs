@@ -210,7 +210,9 @@
 //! fewer than needed. A single pass would not do: blocks can move from a
 //! shard not yet visited to one already visited (taken there by one
 //! thread, freed by another whose home the visited shard is) and be
-//! missed, though they were never all in use at once. A version wraps
+//! missed, though they were never all in use at once (a unit test in
+//! `pool/admission.rs` moves counts behind a gather's scan for two passes
+//! and fails if the gather refuses without the version check). A version wraps
 //! after 2^32 changes of one shard during one gather, as the free list's
 //! tag would.
 //!

@@ -263,6 +263,20 @@ impl Admission {
     /// to take and no shard changed between them (see the module doc),
     /// having given it all back.
     fn gather(&self, home: usize, n: usize, needed: usize, honor_close: bool) -> Result<(), usize> {
+        self.gather_watched(home, n, needed, honor_close, |_| {})
+    }
+
+    /// [`gather`](Self::gather), calling `visited(s)` after each visit of
+    /// shard `s`: the unit tests move counts behind the scan there, as
+    /// other threads can.
+    fn gather_watched(
+        &self,
+        home: usize,
+        n: usize,
+        needed: usize,
+        honor_close: bool,
+        mut visited: impl FnMut(usize),
+    ) -> Result<(), usize> {
         let count = self.shards.len();
         let backoff = Backoff::new();
         let mut held = 0;
@@ -283,6 +297,7 @@ impl Admission {
                     self.refresh(home, honor_close);
                     return Ok(());
                 }
+                visited(s);
                 s += 1;
                 if s == count {
                     s = 0;
@@ -385,5 +400,59 @@ impl Admission {
         if used > self.peak.load(Ordering::Relaxed) {
             self.peak.fetch_max(used, Ordering::Relaxed);
         }
+    }
+}
+
+#[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
+mod tests {
+    use super::*;
+
+    /// Moves one count at a time from shard `from` to shard `to`, as an
+    /// allocation from `from` whose block another thread then frees to its
+    /// home `to` would: the pool's free count dips by one during each move.
+    fn move_all(admission: &Admission, from: usize, to: usize) {
+        while admission.take_upto(from, 1).0 == 1 {
+            admission.release_to(to, 1);
+        }
+    }
+
+    /// The version check: a pass that takes nothing refuses only if no
+    /// shard changed since the pass before. Here 3 counts (4 blocks, 1 held
+    /// elsewhere) keep moving from the shard the gather visits next to the
+    /// one it just visited, for two whole passes, so each of those passes
+    /// sees only empty shards, while at every instant at least 2 counts
+    /// sit in the shards: a refusal of 2 would not be justified. The gather
+    /// must look again and take 2 once the counts stop moving.
+    #[test]
+    fn a_gather_does_not_refuse_while_counts_move_behind_its_scan() {
+        let admission = Admission::new(4, 4, Faults::default());
+        assert_eq!(admission.take_upto(0, 1).0, 1);
+        let mut visits = 0;
+        let result = admission.gather_watched(0, 2, 2, true, |s| {
+            visits += 1;
+            if visits <= 8 {
+                move_all(&admission, (s + 1) % 4, s);
+            }
+        });
+        assert_eq!(result, Ok(()));
+        assert!(
+            visits > 8,
+            "the gather refused or stopped after {visits} visits"
+        );
+        assert_eq!(admission.free_uncapped(), 1);
+    }
+
+    /// Single-threaded, a gather's refusal reports exactly the free count
+    /// and gives it all back (to its home shard).
+    #[test]
+    fn a_refused_gather_reports_the_free_count_and_gives_it_back() {
+        let admission = Admission::new(8, 4, Faults::default());
+        assert_eq!(admission.take_upto(1, 2).0, 2);
+        assert_eq!(admission.gather(3, 7, 7, true), Err(6));
+        assert_eq!(admission.free_uncapped(), 6);
+        assert_eq!(free_of(admission.shards[3].word.load(Ordering::Relaxed)), 6);
+        assert_eq!(admission.gather(3, 6, 6, true), Ok(()));
+        assert_eq!(admission.free_uncapped(), 0);
+        assert_eq!(admission.peak_used(), 8);
     }
 }
