@@ -26,7 +26,12 @@
 //!
 //! `BlockPool` takes effect in two steps (its count, then its ids; see
 //! [`PoolOp`]); its model has one linearization point per step, both inside
-//! the call. A unit test shows why a one-step model does not fit.
+//! the call. A unit test shows why a one-step model does not fit. The
+//! pool admits through per-shard counts, and an allocation that gathers
+//! from several shards holds blocks in transit, so its model accepts a
+//! `Full` that counts blocks other overlapping allocations may hold (see
+//! [`PoolOp`]); a unit test checks that an unjustified refusal is still
+//! caught. Pool rounds run on one shard and on 2 or 3.
 //!
 //! The prefix cache's rounds publish and match a few keys on a pool that
 //! never evicts; a publish takes effect in two steps (a claim, then a
