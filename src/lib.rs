@@ -181,6 +181,13 @@ pub mod __model {
     ) -> crate::BlockPool {
         crate::BlockPool::with_faults(num_blocks, block_size, shards, faults)
     }
+
+    /// The sum of `pool`'s per-shard admission counts, without the cap at
+    /// `num_blocks` that [`free_blocks`](crate::BlockPool::free_blocks)
+    /// applies: once no call is running it must equal `free_blocks()`.
+    pub fn admission_free(pool: &crate::BlockPool) -> usize {
+        pool.admission_free_uncapped()
+    }
 }
 
 /// The admission rule, as a pure function: how many of `requested` slots to

@@ -21,7 +21,7 @@
 
 use std::sync::Arc;
 
-use kvslots::__model::{pool_with_faults, Faults};
+use kvslots::__model::{admission_free, pool_with_faults, Faults};
 use kvslots::__model::{AtomicUsize, Ordering};
 use kvslots::{BlockId, BlockPool, ReserveError};
 use loom::cell::UnsafeCell;
@@ -44,6 +44,8 @@ pub const SOUND: Faults = Faults {
     evict_referenced: false,
     no_kill: false,
     early_release: false,
+    racy_take: false,
+    keep_refused: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -105,6 +107,19 @@ pub const NO_KILL: Faults = Faults {
 /// once instead of when its fence completes.
 pub const EARLY_RELEASE: Faults = Faults {
     early_release: true,
+    ..SOUND
+};
+/// The admission fast-path control: the home shard's count is taken with
+/// a load and a plain store, so a concurrent take from that shard is lost.
+pub const RACY_TAKE: Faults = Faults {
+    racy_take: true,
+    ..SOUND
+};
+/// The all-or-nothing control of the admission slow path: a refused
+/// gather keeps the counts it took, which stay in transit after it
+/// returned.
+pub const KEEP_REFUSED: Faults = Faults {
+    keep_refused: true,
     ..SOUND
 };
 
@@ -276,6 +291,13 @@ impl PoolWorld {
     fn conserved(&self, bounded: bool) {
         let n = self.pool.num_blocks();
         assert_eq!(self.pool.free_blocks(), n, "{LOST}: free_blocks");
+        // The shards' admission counts, without the cap that `free_blocks`
+        // applies: a count admitted twice shows here.
+        assert_eq!(
+            admission_free(&self.pool),
+            n,
+            "{LOST}: the admission counts"
+        );
         assert_eq!(self.pool.used_blocks(), 0, "{LOST}: used_blocks");
         for i in 0..n {
             let id = BlockId::new(i as u32);

@@ -314,30 +314,12 @@ impl SlotCounter {
     /// The admission CAS loop behind every `try_reserve*`, without a guard:
     /// takes `n` slots if `n + headroom` are free, all or nothing.
     pub(crate) fn try_reserve_raw(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
-        self.try_reserve_inner(n, headroom, true)
-    }
-
-    /// [`try_reserve_raw`](Self::try_reserve_raw) without headroom, also on
-    /// a closed counter, and without raising the peak: for taking slots
-    /// that are only moved, not used (a pool dropping its cached keys).
-    pub(crate) fn try_reserve_ignoring_close(&self, n: usize) -> Result<(), ReserveError> {
-        self.try_reserve_inner(n, 0, false)
-    }
-
-    /// The loop behind both: `honor_close` says whether a closed counter
-    /// refuses, and whether the admission counts towards the peak.
-    fn try_reserve_inner(
-        &self,
-        n: usize,
-        headroom: usize,
-        honor_close: bool,
-    ) -> Result<(), ReserveError> {
         // Could it ever fit? (Saturating: `usize::MAX` requests and headroom
         // must not wrap into something small.)
         let needed = n.saturating_add(headroom);
         if needed > self.capacity {
             // Closed wins: after `close` every admission fails as Closed.
-            if honor_close && self.is_closed() {
+            if self.is_closed() {
                 return Err(ReserveError::Closed);
             }
             return Err(ReserveError::NeverFits {
@@ -351,7 +333,7 @@ impl SlotCounter {
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
             // Closed?
-            if honor_close && cur & CLOSED != 0 {
+            if cur & CLOSED != 0 {
                 return Err(ReserveError::Closed);
             }
             // Enough free? `used <= capacity` holds unless `release` was
@@ -380,9 +362,7 @@ impl SlotCounter {
                 .compare_exchange_weak(cur, next, Ordering::Acquire, Ordering::Relaxed)
             {
                 Ok(_) => {
-                    if honor_close {
-                        self.record_peak(next >> SHIFT);
-                    }
+                    self.record_peak(next >> SHIFT);
                     return Ok(());
                 }
                 Err(actual) => {

@@ -58,6 +58,16 @@ pub struct Faults {
     /// while a step that reads it is still in flight.
     #[cfg(kvslots_loom)]
     pub early_release: bool,
+    /// Take from the home shard's admission count with a load and a plain
+    /// store (no read-modify-write): a concurrent take or release on that
+    /// shard is lost, and more blocks are admitted than are free.
+    #[cfg(kvslots_loom)]
+    pub racy_take: bool,
+    /// A refused slow-path admission keeps the counts it took instead of
+    /// giving them back: blocks stay in transit after the call returns
+    /// (lost to every later admission).
+    #[cfg(kvslots_loom)]
+    pub keep_refused: bool,
 }
 
 impl Faults {
@@ -159,6 +169,28 @@ impl Faults {
     pub(crate) fn early_release(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.early_release {
+            return true;
+        }
+        false
+    }
+
+    /// Whether the admission fast path takes with a load and a plain
+    /// store: `false`, or `true` under `racy_take`.
+    #[inline]
+    pub(crate) fn racy_take(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.racy_take {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a refused slow-path admission keeps what it took: `false`,
+    /// or `true` under `keep_refused`.
+    #[inline]
+    pub(crate) fn keep_refused(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.keep_refused {
             return true;
         }
         false
