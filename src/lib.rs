@@ -146,13 +146,15 @@ mod pool;
 mod sequence;
 mod sync;
 pub mod table;
+mod wait;
 
 pub use counter::guard::{OwnedReservation, Reservation};
+pub use counter::wait::{Reserve, ReserveOwned};
 pub use counter::SlotCounter;
 pub use error::{FreeError, PositionError, ReleaseError, ReserveError};
 pub use hash::{hash_blocks, BlockHash};
 pub use id::BlockId;
-pub use pool::{BlockPool, PrefixStats};
+pub use pool::{Alloc, BlockPool, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};
 
 /// The seam for the model-checking suites (`loom-tests`, `tests/shuttle.rs`):

@@ -43,6 +43,10 @@ pub const SOUND: Faults = Faults {
     relaxed_publish: false,
     evict_referenced: false,
     no_kill: false,
+    late_enqueue: false,
+    cancel_keeps_grant: false,
+    cancel_no_recheck: false,
+    silent_close: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {

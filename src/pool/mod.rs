@@ -18,10 +18,12 @@ mod lru;
 mod over_free;
 mod prefix;
 mod refs;
+mod wait;
 
 use keys::Keys;
 use lru::Lru;
 pub use prefix::PrefixStats;
+pub use wait::Alloc;
 use prefix::Stats;
 use refs::{Dropped, Refs};
 
@@ -200,7 +202,7 @@ impl BlockPool {
             Self::MAX_SHARDS
         );
         BlockPool {
-            counter: SlotCounter::new(num_blocks),
+            counter: SlotCounter::with_faults(num_blocks, faults),
             free: FreeList::new(num_blocks as u32, shards, faults),
             refs: Refs::new(num_blocks, faults),
             keys: Keys::new(num_blocks, faults),
@@ -417,8 +419,16 @@ impl BlockPool {
             out.reserve(n);
         }
         self.counter.try_reserve_raw(n, headroom)?;
+        self.take_admitted(n, out);
+        Ok(())
+    }
+
+    /// Appends to `out` the ids of `n` blocks whose admission the caller
+    /// has made (a `try_*` call, or a grant of the wait queue), each with
+    /// one reference. `out` has room for them.
+    fn take_admitted(&self, n: usize, out: &mut Vec<BlockId>) {
         if n == 0 {
-            return Ok(());
+            return;
         }
         // Uncached free blocks first; only then evict cached blocks that no
         // one holds, least recently released first. The admission above
@@ -436,7 +446,7 @@ impl BlockPool {
                 need -= self.evict_into(need, out);
             }
             if need == 0 {
-                return Ok(());
+                return;
             }
             sync::stale_retry(&backoff);
         }
