@@ -178,6 +178,12 @@ pub mod __model {
     ) -> crate::BlockPool {
         crate::BlockPool::with_faults(num_blocks, block_size, shards, faults)
     }
+
+    /// A [`SlotCounter`](crate::SlotCounter) of `capacity` slots whose wait
+    /// queue carries `faults`.
+    pub fn counter_with_faults(capacity: usize, faults: Faults) -> crate::SlotCounter {
+        crate::SlotCounter::with_faults(capacity, faults)
+    }
 }
 
 /// The admission rule, as a pure function: how many of `requested` slots to

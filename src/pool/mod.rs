@@ -23,9 +23,9 @@ mod wait;
 use keys::Keys;
 use lru::Lru;
 pub use prefix::PrefixStats;
-pub use wait::Alloc;
 use prefix::Stats;
 use refs::{Dropped, Refs};
+pub use wait::Alloc;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
 /// slots each. Share it as an `Arc<BlockPool>`.

@@ -14,7 +14,7 @@ mod queue;
 
 pub(crate) use blocking::wait_blocking;
 pub(crate) use future::Waiter;
-pub(crate) use queue::{Status, Wake, WaitQueue};
+pub(crate) use queue::{Status, WaitQueue, Wake};
 
 use crate::error::ReserveError;
 

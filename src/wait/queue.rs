@@ -133,7 +133,9 @@ impl WaitQueue {
     /// queue consistent: every step keeps its invariants before it wakes
     /// anyone, so a poisoned lock is taken as it is.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Sleeps on the queue's condition variable (blocking waiters only).
