@@ -261,9 +261,10 @@ fn cancellation_model() {
                             .forget(),
                         3 => {
                             let mut ids = Vec::new();
-                            let mut fut = pin!(pool.alloc(n, &mut ids));
-                            let _ = fut.as_mut().poll(&mut Context::from_waker(&waker));
-                            drop(fut);
+                            {
+                                let mut fut = pin!(pool.alloc(n, &mut ids));
+                                let _ = fut.as_mut().poll(&mut Context::from_waker(&waker));
+                            }
                             pool.free(&ids).unwrap();
                             0
                         }
