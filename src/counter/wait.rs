@@ -40,19 +40,18 @@ impl SlotCounter {
     /// # Examples
     ///
     /// ```
-    /// # futures_lite_block_on::run(async {
-    /// use kvslots::SlotCounter;
+    /// use kvslots::{ReserveError, SlotCounter};
     ///
     /// let counter = SlotCounter::new(4);
-    /// let held = counter.reserve(3).await.unwrap();
-    /// assert_eq!(held.len(), 3);
-    /// assert!(counter.reserve(5).await.is_err()); // NeverFits, at once
-    /// # });
-    /// # mod futures_lite_block_on {
-    /// #     pub fn run<F: std::future::Future>(f: F) -> F::Output {
-    /// #         tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
-    /// #     }
-    /// # }
+    /// let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// runtime.block_on(async {
+    ///     let held = counter.reserve(3).await.unwrap();
+    ///     assert_eq!(held.len(), 3);
+    ///     assert!(matches!(
+    ///         counter.reserve(5).await, // at once
+    ///         Err(ReserveError::NeverFits { requested: 5, capacity: 4 })
+    ///     ));
+    /// });
     /// ```
     pub fn reserve(&self, n: usize) -> Reserve<'_> {
         Reserve {
