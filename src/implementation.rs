@@ -423,7 +423,10 @@
 //! not 0. A waiting call takes the lock to queue, at each later poll, and
 //! to leave. Wakers are woken under the lock (no allocation for a list of
 //! them): a waker must not poll inline a future that releases to the same
-//! allocator (executors' wakers schedule, they do not poll).
+//! allocator (executors' wakers schedule, they do not poll). A waker that
+//! the queue lets go of (its entry removed, or replaced by a new poll's)
+//! is dropped after the lock, since dropping a waker can drop a task and
+//! the futures in it.
 //!
 //! **No lost wake-up.** A waiter that finds the allocator `Full` queues
 //! (writing `owed` under the lock), issues a `SeqCst` fence, and runs the

@@ -568,3 +568,35 @@ fn sequence_reserve_bad_input_and_drop_leave_it_unchanged() {
     assert!(late.blocks().is_empty());
     assert_eq!((pool.used_blocks(), pool.waiters()), (0, 0));
 }
+
+/// A waker whose last drop drops a pending wait on the same counter (as a
+/// task that owns such a future would).
+struct OwnsAWait {
+    /// Held only to be dropped with the waker.
+    _wait: std::sync::Mutex<Pin<Box<kvslots::ReserveOwned>>>,
+}
+
+impl Wake for OwnsAWait {
+    fn wake(self: Arc<Self>) {}
+}
+
+#[test]
+fn a_replaced_waker_is_dropped_after_the_lock() {
+    let counter = Arc::new(SlotCounter::new(1));
+    let _held = counter.try_reserve_owned(1).unwrap();
+    let (noop, _) = waker();
+    let mut inner_wait = Box::pin(counter.reserve_owned(1));
+    assert!(poll_once(inner_wait.as_mut(), &noop).is_pending());
+    let owning = Waker::from(Arc::new(OwnsAWait {
+        _wait: std::sync::Mutex::new(inner_wait),
+    }));
+    let mut fut = pin!(counter.reserve(1));
+    assert!(poll_once(fut.as_mut(), &owning).is_pending());
+    drop(owning); // the queue's clone is now the last one
+    assert_eq!(counter.waiters(), 2);
+    // A poll with another waker replaces it: its drop cancels the inner
+    // wait, which takes the queue's lock (a deadlock if it were dropped
+    // under it).
+    assert!(poll_once(fut.as_mut(), &noop).is_pending());
+    assert_eq!(counter.waiters(), 1);
+}

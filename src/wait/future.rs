@@ -77,7 +77,12 @@ impl Waiter {
                     let queue = units.queue();
                     let mut inner = queue.lock();
                     let wake = Wake::Task(cx.waker().clone());
-                    match queue.enqueue(&mut inner, units, self.n, self.headroom, wake) {
+                    let queued = queue.enqueue(&mut inner, units, self.n, self.headroom, wake);
+                    // Any waker removed under the lock is dropped after it.
+                    let retired = inner.retired();
+                    drop(inner);
+                    drop(retired);
+                    match queued {
                         Ok(Some(ticket)) => {
                             self.state = State::Queued(ticket);
                             return Poll::Pending;
@@ -91,13 +96,19 @@ impl Waiter {
             State::Queued(ticket) => {
                 let queue = units.queue();
                 let mut inner = queue.lock();
-                match queue.status(&mut inner, ticket) {
+                let status = queue.status(&mut inner, ticket);
+                if status == Status::Waiting {
+                    queue.set_waker(&mut inner, ticket, cx.waker());
+                }
+                // Any waker removed or replaced under the lock is dropped
+                // after it.
+                let retired = inner.retired();
+                drop(inner);
+                drop(retired);
+                match status {
                     Status::Granted => Ok(()),
                     Status::Closed => Err(ReserveError::Closed),
-                    Status::Waiting => {
-                        queue.set_waker(&mut inner, ticket, cx.waker());
-                        return Poll::Pending;
-                    }
+                    Status::Waiting => return Poll::Pending,
                 }
             }
         };
@@ -114,6 +125,10 @@ impl Waiter {
             let queue = units.queue();
             let mut inner = queue.lock();
             queue.cancel(&mut inner, units, ticket);
+            // The entry's waker is dropped after the lock.
+            let retired = inner.retired();
+            drop(inner);
+            drop(retired);
         }
     }
 }

@@ -53,6 +53,26 @@ pub(crate) struct Inner {
     /// Set by `close`: no entry is granted any more, and pending ones end
     /// with `Closed`.
     closed: bool,
+    /// The waker of the entry last removed or re-registered, kept for the
+    /// caller to drop once it has released the lock ([`Inner::retired`]):
+    /// dropping a waker can drop a task, and with it other futures of this
+    /// allocator, whose drop takes the lock.
+    retired: Option<Waker>,
+}
+
+impl Inner {
+    /// Takes the waker that the last removal or re-registration retired;
+    /// drop it after the lock.
+    pub(crate) fn retired(&mut self) -> Option<Waker> {
+        self.retired.take()
+    }
+
+    /// Keeps a removed or replaced `wake` for [`retired`](Self::retired).
+    fn retire(&mut self, wake: Wake) {
+        if let Wake::Task(waker) = wake {
+            self.retired = Some(waker);
+        }
+    }
 }
 
 /// One waiter.
@@ -104,6 +124,7 @@ impl WaitQueue {
                 granted: 0,
                 next: 0,
                 closed: false,
+                retired: None,
             }),
             sleepers: Condvar::new(),
             faults,
@@ -212,12 +233,14 @@ impl WaitQueue {
     pub(crate) fn status(&self, inner: &mut Inner, ticket: u64) -> Status {
         let index = Self::index(inner, ticket);
         if index < inner.granted {
-            inner.entries.remove(index);
+            let entry = inner.entries.remove(index).expect("indexed entry");
+            inner.retire(entry.wake);
             inner.granted -= 1;
             self.publish(inner);
             Status::Granted
         } else if inner.closed {
-            inner.entries.remove(index);
+            let entry = inner.entries.remove(index).expect("indexed entry");
+            inner.retire(entry.wake);
             self.publish(inner);
             Status::Closed
         } else {
@@ -229,10 +252,11 @@ impl WaitQueue {
     /// stored one would wake the same task.
     pub(crate) fn set_waker(&self, inner: &mut Inner, ticket: u64, waker: &Waker) {
         let index = Self::index(inner, ticket);
-        match &mut inner.entries[index].wake {
-            Wake::Task(stored) if stored.will_wake(waker) => {}
-            wake => *wake = Wake::Task(waker.clone()),
-        }
+        let old = match &mut inner.entries[index].wake {
+            Wake::Task(stored) if stored.will_wake(waker) => return,
+            wake => std::mem::replace(wake, Wake::Task(waker.clone())),
+        };
+        inner.retire(old);
     }
 
     /// Removes the waiter with `ticket` (a dropped future, a timed-out
@@ -242,6 +266,7 @@ impl WaitQueue {
     pub(crate) fn cancel<U: Units + ?Sized>(&self, inner: &mut Inner, units: &U, ticket: u64) {
         let index = Self::index(inner, ticket);
         let entry = inner.entries.remove(index).expect("indexed entry");
+        inner.retire(entry.wake);
         if index < inner.granted {
             inner.granted -= 1;
             // Given back under the lock, without `notify` (which would take
