@@ -44,6 +44,11 @@
 //!   [`SlotCounter::reserve_owned`], [`BlockPool::alloc`] and
 //!   [`Sequence::reserve`] are futures, and each has a `*_blocking` form
 //!   for thread-based workers (see [Waiting](#waiting)).
+//! * Fenced release, for asynchronous scheduling: [`Sequence::retire`] and
+//!   [`Sequence::truncate_fenced`] keep the blocks a device step may still
+//!   read in use until [`BlockPool::complete`] declares the step's fence
+//!   done (fences complete in any order);
+//!   [`BlockPool::pending_release_blocks`] counts them.
 //!
 //! # Examples
 //!

@@ -47,6 +47,7 @@ pub const SOUND: Faults = Faults {
     cancel_keeps_grant: false,
     cancel_no_recheck: false,
     silent_close: false,
+    early_release: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -101,6 +102,13 @@ pub const EVICT_REFERENCED: Faults = Faults {
 /// on a higher block id does not kill it, so both can commit.
 pub const NO_KILL: Faults = Faults {
     no_kill: true,
+    ..SOUND
+};
+
+/// The fenced-release control: a retirement gives its references back at
+/// once instead of when its fence completes.
+pub const EARLY_RELEASE: Faults = Faults {
+    early_release: true,
     ..SOUND
 };
 

@@ -69,6 +69,11 @@ pub struct Faults {
     /// `close` sets the closed flag but does not wake the queued waiters.
     #[cfg(kvslots_loom)]
     pub silent_close: bool,
+    /// Give a retired sequence's references back at once, at the retire,
+    /// instead of when its fence completes: a block can be handed out again
+    /// while a step that reads it is still in flight.
+    #[cfg(kvslots_loom)]
+    pub early_release: bool,
 }
 
 impl Faults {
@@ -203,6 +208,17 @@ impl Faults {
     pub(crate) fn silent_close(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.silent_close {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a fenced retirement gives its references back at once:
+    /// `false`, or `true` under `early_release`.
+    #[inline]
+    pub(crate) fn early_release(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.early_release {
             return true;
         }
         false

@@ -1,10 +1,10 @@
-//! The blocking primitives of the waiting paths (a mutex, a condition
-//! variable, and `fence`): `std`'s, loom's or shuttle's, by cfg, so that
-//! the model checkers see every lock, wait and notification of the wait
-//! queue.
+//! The locks and fences: a mutex, a condition variable and `fence`,
+//! `std`'s, loom's or shuttle's, by cfg, so that the model checkers see
+//! every lock, wait and notification.
 //!
-//! Only the waiting paths use them (`crate::wait`); no `try_*` path takes
-//! a lock.
+//! The mutex guards the wait queue (`crate::wait`) and the fenced-release
+//! buckets (`crate::pool`'s fence lists); the condition variable and the
+//! fence serve the wait queue. No `try_*` path takes a lock.
 
 #[cfg(kvslots_loom)]
 pub(crate) use loom::sync::{atomic::fence, Condvar, Mutex, MutexGuard};
