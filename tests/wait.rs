@@ -600,3 +600,21 @@ fn a_replaced_waker_is_dropped_after_the_lock() {
     assert!(poll_once(fut.as_mut(), &noop).is_pending());
     assert_eq!(counter.waiters(), 1);
 }
+
+#[test]
+fn a_fenced_release_wakes_the_waiters_when_its_fence_completes() {
+    let pool = Arc::new(BlockPool::new(2, 16));
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(32).unwrap();
+    let (w, count) = waker();
+    let mut ids = Vec::new();
+    let mut fut = pin!(pool.alloc(2, &mut ids));
+    assert!(poll_once(fut.as_mut(), &w).is_pending());
+    seq.retire(7); // still read by step 7: still in use
+    assert_eq!((wakes(&count), pool.used_blocks()), (0, 2));
+    assert!(poll_once(fut.as_mut(), &w).is_pending());
+    pool.complete(7);
+    assert_eq!((wakes(&count), pool.used_blocks()), (1, 2));
+    assert!(matches!(poll_once(fut.as_mut(), &w), Poll::Ready(Ok(()))));
+    assert_eq!(pool.waiters(), 0);
+}
