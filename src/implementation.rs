@@ -436,9 +436,9 @@
 //! fence, and loads `owed`. The two fences are ordered in their total
 //! order: if the waiter's comes first, the releaser's load sees it queued
 //! and runs the loop; if the releaser's comes first, the waiter's loop
-//! sees the released units. The loom models remove either half
-//! (`late_enqueue`) and catch the lost wake-up; without the fences loom
-//! catches it too.
+//! sees the released units. The loom models' controls remove the
+//! waiter's second attempt (`late_enqueue`) or the two fences
+//! (`unfenced_wait`), and loom catches the lost wake-up.
 //!
 //! **Cancellation.** Dropping a future (or a blocking call timing out)
 //! takes the lock and removes its entry: a granted one gives its units
@@ -595,7 +595,7 @@
 //! of a referenced block, a publisher that does not kill a rival's claim,
 //! a waiter that queues without trying again, a cancelled waiter that
 //! keeps its grant or does not re-check the waiters behind it, a close
-//! that wakes no one)
+//! that wakes no one, a wait queue without its fences)
 //! are switched on through hooks that are the correct behaviour
 //! in every other build. The model suites reach that seam through one
 //! hidden module, not through the API.

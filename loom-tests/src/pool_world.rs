@@ -47,6 +47,7 @@ pub const SOUND: Faults = Faults {
     cancel_keeps_grant: false,
     cancel_no_recheck: false,
     silent_close: false,
+    unfenced_wait: false,
     early_release: false,
 };
 /// The ABA control: the id shard without its generation tag.

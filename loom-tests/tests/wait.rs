@@ -20,7 +20,7 @@
 //!
 //! | model | threads | fault caught |
 //! |---|---|---|
-//! | [`waiter_releaser_canceller`] | 3 | `late_enqueue` (lost wakeup), `cancel_keeps_grant` |
+//! | [`waiter_releaser_canceller`] | 3 | `late_enqueue` (lost wakeup), `cancel_keeps_grant`, `unfenced_wait` (lost wakeup) |
 //! | [`close_against_waiters`] | 3 | `silent_close` (deadlock) |
 //! | [`timeout_against_grant`] | 3 | `late_enqueue` (lost wakeup) |
 //! | [`head_cancelled_against_grant`] | 3 | `cancel_no_recheck` (lost wakeup) |
@@ -178,6 +178,15 @@ fn waiter_releaser_canceller_sound() {
 fn waiter_releaser_canceller_late_enqueue_is_caught() {
     waiter_releaser_canceller(Faults {
         late_enqueue: true,
+        ..SOUND
+    });
+}
+
+#[test]
+#[should_panic(expected = "lost wakeup")]
+fn waiter_releaser_canceller_unfenced_wait_is_caught() {
+    waiter_releaser_canceller(Faults {
+        unfenced_wait: true,
         ..SOUND
     });
 }

@@ -69,6 +69,11 @@ pub struct Faults {
     /// `close` sets the closed flag but does not wake the queued waiters.
     #[cfg(kvslots_loom)]
     pub silent_close: bool,
+    /// The wait queue's two `SeqCst` fences (a waiter's after it queues, a
+    /// releaser's before it checks for waiters) are left out: each side
+    /// can miss the other's write (a lost wakeup).
+    #[cfg(kvslots_loom)]
+    pub unfenced_wait: bool,
     /// Give a retired sequence's references back at once, at the retire,
     /// instead of when its fence completes: a block can be handed out again
     /// while a step that reads it is still in flight.
@@ -197,6 +202,17 @@ impl Faults {
     pub(crate) fn cancel_no_recheck(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.cancel_no_recheck {
+            return true;
+        }
+        false
+    }
+
+    /// Whether the wait queue skips its `SeqCst` fences: `false`, or `true`
+    /// under `unfenced_wait`.
+    #[inline]
+    pub(crate) fn unfenced_wait(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.unfenced_wait {
             return true;
         }
         false

@@ -219,7 +219,9 @@ impl WaitQueue {
         // the waiter (and runs the grant loop), or the releaser's fence
         // comes first, and the grant loop's reads of the allocator see its
         // release. So no release is missed by both.
-        fence(Ordering::SeqCst);
+        if !self.faults.unfenced_wait() {
+            fence(Ordering::SeqCst);
+        }
         self.grant(inner, units);
         match self.status(inner, ticket) {
             Status::Granted => Ok(None),
@@ -290,7 +292,9 @@ impl WaitQueue {
         // SeqCst fence (the releaser's half of the Dekker pair with
         // `enqueue`): the caller's release of units comes before the load of
         // `owed` below in the fences' total order; see `enqueue`.
-        fence(Ordering::SeqCst);
+        if !self.faults.unfenced_wait() {
+            fence(Ordering::SeqCst);
+        }
         // Relaxed: ordered by the fence above, which is what the pairing
         // needs; a 0 read means that every waiter queued since has tried
         // after this release (its fence came after ours).
