@@ -19,6 +19,8 @@
 //! * [Sequences](#sequences): block tables, forks and copy-on-write.
 //! * [Prefix cache](#prefix-cache): the state word, keys and their index,
 //!   publishing, matching, eviction order, statistics.
+//! * [Waiting](#waiting): the FIFO wait queue, grants on the waiter's
+//!   behalf, who gets what, cancellation, and the lost-wakeup argument.
 //! * [Fenced release](#fenced-release): references kept until a device
 //!   step completes.
 //! * [Orderings](#orderings): what each atomic operation orders, type by
@@ -452,6 +454,97 @@
 //! write to a line that other threads write, as long as there are no more
 //! threads than cells.
 //!
+//! # Waiting
+//!
+//! [`SlotCounter::reserve`](crate::SlotCounter::reserve),
+//! [`reserve_owned`](crate::SlotCounter::reserve_owned),
+//! [`reserve_blocking`](crate::SlotCounter::reserve_blocking),
+//! [`BlockPool::alloc`](crate::BlockPool::alloc),
+//! [`alloc_blocking`](crate::BlockPool::alloc_blocking) and
+//! [`Sequence::reserve`](crate::Sequence::reserve) /
+//! [`reserve_blocking`](crate::Sequence::reserve_blocking) wait in one
+//! FIFO queue per allocator (the pool waits on its admission counter's).
+//! The queue (module `wait`) knows nothing about slots or blocks: it takes
+//! units for its head through a trait (`Units::take`: all or nothing,
+//! ignoring the waiters), and the allocator pokes it after every release.
+//!
+//! **The queue.** A `std::sync::Mutex` (loom's and shuttle's under the
+//! model checkers) over a `VecDeque` of entries in ticket order: the
+//! granted ones first (grants go in order), then the pending ones, whose
+//! first is the *head*. An entry holds its request, its headroom and how
+//! to wake it (a task's `Waker`, or the condition variable that blocking
+//! waiters sleep on). The deque's buffer is the one allocation of waiting,
+//! and it is reused: a wait allocates only when the queue grows past its
+//! largest size so far (and clones its task's waker). Two words beside the
+//! lock, in a cache line of their own, are read without it: `owed`, what
+//! the head asks for (0 when no one is pending), and the entry count that
+//! [`waiters`](crate::SlotCounter::waiters) returns. Only the waiting
+//! paths write them, under the lock.
+//!
+//! **Grants on the waiter's behalf.** The grant loop (under the lock)
+//! takes the head's `n` units if `n + headroom` are free, marks the entry
+//! granted, wakes it, and goes on with the next head; it stops at the
+//! first head that does not fit, so no waiter passes an earlier one. The
+//! units are the waiter's from that moment ([`used`](crate::SlotCounter::used)
+//! shows them): its next poll only collects them. The loop runs when a
+//! waiter queues, after every release that finds someone pending, and when
+//! a waiter leaves.
+//!
+//! **Who gets what.** The head of the queue is owed its `n`; its headroom
+//! (a [`Sequence::reserve`](crate::Sequence::reserve) admission's
+//! watermark) is capacity that only `try_*` callers may use. So a running
+//! sequence's growth ([`Sequence::try_append`](crate::Sequence::try_append),
+//! `try_grow`) is never starved by waiting admissions, and a large waiting
+//! request is never starved by a stream of small `try_*` requests:
+//!
+//! | situation | a `try_*` call for `k` (headroom `h`) | the head (`n`, headroom `H`) | a waiter behind the head |
+//! |---|---|---|---|
+//! | nobody waits | takes `k` if `k + h` are free | — | — |
+//! | someone waits | takes `k` only if `k + h + n` are free (it may use `H`) | granted as soon as `n + H` are free, by the release that frees them | waits its turn, even if it would fit now |
+//! | the head leaves (dropped, timed out) | as above, with the new head | a granted head's units go back and are handed on | re-checked at once |
+//! | after `close` | `Closed` | woken with `Closed` (a grant made before stays) | woken with `Closed` |
+//!
+//! A `try_*` refusal because of the waiters is a `Full` whose `available`
+//! may be at least the request: those units are owed to the head.
+//!
+//! **Where locks are taken.** Never on a `try_*` path, which adds one
+//! `Relaxed` load of `owed` (skipped for an empty request). A release
+//! (guard drop, `release`, a pool free, a sequence's truncate or drop) adds
+//! a `SeqCst` fence and that load, and takes the lock only when `owed` is
+//! not 0. A waiting call takes the lock to queue, at each later poll, and
+//! to leave. Wakers are woken under the lock (no allocation for a list of
+//! them): a waker must not poll inline a future that releases to the same
+//! allocator (executors' wakers schedule, they do not poll). A waker that
+//! the queue lets go of (its entry removed, or replaced by a new poll's)
+//! is dropped after the lock, since dropping a waker can drop a task and
+//! the futures in it.
+//!
+//! **No lost wake-up.** A waiter that finds the allocator `Full` queues
+//! (writing `owed` under the lock), issues a `SeqCst` fence, and runs the
+//! grant loop itself; a releaser gives its units back, issues a `SeqCst`
+//! fence, and loads `owed`. The two fences are ordered in their total
+//! order: if the waiter's comes first, the releaser's load sees it queued
+//! and runs the loop; if the releaser's comes first, the waiter's loop
+//! sees the released units. The loom models' controls remove the
+//! waiter's second attempt (`late_enqueue`) or the two fences
+//! (`unfenced_wait`), and loom catches the lost wake-up.
+//!
+//! **Cancellation.** Dropping a future (or a blocking call timing out)
+//! takes the lock and removes its entry: a granted one gives its units
+//! back and the grant loop hands them on; a pending head lets the loop
+//! re-check the waiters behind it (they may fit where it did not). A
+//! future that resolved has no entry, and its guard is an ordinary guard.
+//!
+//! **Close.** `close` sets the allocator's closed flag first (so no grant
+//! can succeed), then wakes every pending entry under the lock; a waiter
+//! finds `Closed` at its next poll. A waiter that queues after the flag is
+//! set fails at its first grant attempt.
+//!
+//! **The pool.** A grant admits blocks on the pool's counter; the waiter
+//! then takes their ids from the free list exactly as `try_alloc` does
+//! after its admission, so the ids are written to the caller's vector only
+//! when the future resolves.
+//!
 //! # Fenced release
 //!
 //! A fenced give-back ([`Sequence::retire`](crate::Sequence::retire),
@@ -503,6 +596,12 @@
 //!   it may have seen the flag through a `Relaxed` load or a failed CAS.
 //! * **`peak_used` and the getters are `Relaxed`**: they are statistics and
 //!   snapshots, and order nothing.
+//! * **The wait queue's `owed` and count words are `Relaxed`**: written
+//!   under the queue's lock; a releaser's read of `owed` is ordered by the
+//!   `SeqCst` fences described in [Waiting](#waiting), and a `try_*`
+//!   call's read needs no order (a stale 0 puts the call before the
+//!   enqueue it missed). A grant is an admission (`Acquire`), and a
+//!   cancelled grant goes back as a release (`Release`).
 //!
 //! ## The pool's admission
 //!
@@ -590,7 +689,8 @@
 //!
 //! # Model checking
 //!
-//! Every atomic goes through one private facade module, `sync`: `std`'s
+//! Every atomic (and the wait queue's mutex, condition variable and
+//! fence) goes through one private facade module, `sync`: `std`'s
 //! types normally, loom's with `RUSTFLAGS="--cfg kvslots_loom"`, shuttle's
 //! with `RUSTFLAGS="--cfg kvslots_shuttle"`. The cfgs are crate-specific on
 //! purpose: a plain `--cfg loom` would also switch every dependency that
@@ -604,7 +704,9 @@
 //! revival without the generation check, a `Relaxed` publish, an eviction
 //! of a referenced block, a publisher that does not kill a rival's claim,
 //! an admission fast path that takes with a plain store, a refused gather
-//! that keeps what it took)
+//! that keeps what it took, a waiter that queues without trying again, a cancelled waiter that
+//! keeps its grant or does not re-check the waiters behind it, a close
+//! that wakes no one, a wait queue without its fences)
 //! are switched on through hooks that are the correct behaviour
 //! in every other build. The model suites reach that seam through one
 //! hidden module, not through the API.

@@ -32,6 +32,7 @@ use crate::error::ReserveError;
 use crate::sync::{
     self, AtomicBool, AtomicU64, AtomicUsize, Backoff, CachePadded, Faults, Ordering,
 };
+use crate::wait::{Units, WaitQueue};
 
 /// The low half of a shard's word: its free count.
 const FREE_MASK: u64 = u32::MAX as u64;
@@ -71,6 +72,11 @@ pub(super) struct Admission {
     capacity: usize,
     /// The faults of loom's negative controls (none outside them).
     faults: Faults,
+    /// The waiters of [`BlockPool::alloc`](super::BlockPool::alloc) and its
+    /// kin, in arrival order (`crate::wait`). Its published words (what the
+    /// head is owed, the waiter count) sit on their own padded line, written
+    /// only by the waiting paths.
+    queue: WaitQueue,
 }
 
 impl Admission {
@@ -94,6 +100,7 @@ impl Admission {
             peak: CachePadded::new(AtomicUsize::new(0)),
             capacity,
             faults,
+            queue: WaitQueue::new(faults),
         }
     }
 
@@ -148,6 +155,9 @@ impl Admission {
         // fails `Closed`). Its Release half publishes what the closer did
         // before to a thread that sees the flag through `is_closed`.
         self.closed.store(true, Ordering::SeqCst);
+        // Then the waiters: from here on no grant can succeed (the grant
+        // loop's admission sees the flag), so those woken end with Closed.
+        self.queue.close();
     }
 
     /// Whether [`close`](Self::close) has been called.
@@ -157,25 +167,31 @@ impl Admission {
         self.closed.load(Ordering::SeqCst)
     }
 
-    /// Takes `n` blocks if `n + headroom` are free, all or nothing.
+    /// Takes `n` blocks if `n + headroom` are free beyond what the head of
+    /// the wait queue is owed, all or nothing.
     pub(super) fn try_reserve_raw(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
-        self.try_reserve_inner(n, headroom, true)
+        self.try_reserve_inner(n, headroom, true, true)
     }
 
     /// [`try_reserve_raw`](Self::try_reserve_raw) without headroom, also
     /// when closed, and without raising the peak: for blocks that are only
     /// moved, not used (a pool dropping its cached keys).
     pub(super) fn try_reserve_ignoring_close(&self, n: usize) -> Result<(), ReserveError> {
-        self.try_reserve_inner(n, 0, false)
+        self.try_reserve_inner(n, 0, false, false)
     }
 
-    /// The body of both: `honor_close` says whether a closed pool refuses,
-    /// and whether the admission counts towards the peak.
+    /// The body of all three (with [`Units::take`]): `honor_close` says
+    /// whether a closed pool refuses, and whether the admission counts
+    /// towards the peak; `honor_waiters` whether the blocks the head of the
+    /// wait queue asks for must stay free, and whether what a slow path
+    /// gives back runs the queue's grant loop (not when that loop itself
+    /// takes for the head: it holds the queue's lock).
     fn try_reserve_inner(
         &self,
         n: usize,
         headroom: usize,
         honor_close: bool,
+        honor_waiters: bool,
     ) -> Result<(), ReserveError> {
         // Could it ever fit? (Saturating: `usize::MAX` requests and headroom
         // must not wrap into something small.)
@@ -194,7 +210,17 @@ impl Admission {
         if honor_close && self.is_closed() {
             return Err(ReserveError::Closed);
         }
+        // While anyone waits, leave what the head asks for: the one load the
+        // waiting machinery adds to this path (0 when nobody waits). An
+        // empty request takes nothing, so it owes nothing.
+        let owed = if honor_waiters && n > 0 {
+            self.queue.owed()
+        } else {
+            0
+        };
+        let needed = needed.saturating_add(owed);
         let home = self.home();
+        let mut gathered = false;
         let result = match self.take_home(home, n, needed) {
             Some(free_after) => {
                 if honor_close {
@@ -204,15 +230,27 @@ impl Admission {
                 }
                 Ok(())
             }
-            None => self.gather(home, n, needed, honor_close),
+            None => {
+                gathered = true;
+                self.gather(home, n, needed, honor_close)
+            }
         };
         // Closed meanwhile? Read after the take (see `close`); a refusal is
         // then reported as Closed too, as it would have been before.
         if honor_close && self.is_closed() {
             if result.is_ok() && n > 0 {
-                self.release_held(n);
+                self.release_to(home, n);
+            }
+            if honor_waiters {
+                self.queue.notify(self);
             }
             return Err(ReserveError::Closed);
+        }
+        // A slow path may have given blocks back (the excess over `n`, or
+        // all it held when refused) that a waiter failed to find while they
+        // were in transit here: the waiters look again.
+        if gathered && honor_waiters {
+            self.queue.notify(self);
         }
         result.map_err(|available| ReserveError::Full {
             requested: n,
@@ -374,6 +412,12 @@ impl Admission {
     /// evictable, or admitted and not handed out) to its home shard.
     pub(super) fn release_held(&self, n: usize) {
         self.release_to(self.home(), n);
+        self.queue.notify(self);
+    }
+
+    /// How many waiters are queued.
+    pub(super) fn queued(&self) -> usize {
+        self.queue.waiters()
     }
 
     /// Gives `n > 0` blocks to shard `s`: one `fetch_add`.
@@ -400,6 +444,29 @@ impl Admission {
         if used > self.peak.load(Ordering::Relaxed) {
             self.peak.fetch_max(used, Ordering::Relaxed);
         }
+    }
+}
+
+/// The pool's admission as the wait queue sees it: blocks are its units.
+impl Units for Admission {
+    fn try_take(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
+        self.try_reserve_raw(n, headroom)
+    }
+
+    fn take(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
+        self.try_reserve_inner(n, headroom, true, false)
+    }
+
+    fn give_back(&self, n: usize) {
+        self.release_to(self.home(), n);
+    }
+
+    fn available(&self) -> usize {
+        Admission::available(self)
+    }
+
+    fn queue(&self) -> &WaitQueue {
+        &self.queue
     }
 }
 

@@ -20,6 +20,7 @@ mod lru;
 mod over_free;
 mod prefix;
 mod refs;
+mod wait;
 
 use admission::Admission;
 use fence::Fences;
@@ -28,6 +29,7 @@ use lru::Lru;
 pub use prefix::PrefixStats;
 use prefix::Stats;
 use refs::{Dropped, Refs};
+pub use wait::Alloc;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
 /// slots each. Share it as an `Arc<BlockPool>`.
@@ -480,8 +482,16 @@ impl BlockPool {
             out.reserve(n);
         }
         self.counter.try_reserve_raw(n, headroom)?;
+        self.take_admitted(n, out);
+        Ok(())
+    }
+
+    /// Appends to `out` the ids of `n` blocks whose admission the caller
+    /// has made (a `try_*` call, or a grant of the wait queue), each with
+    /// one reference. `out` has room for them.
+    fn take_admitted(&self, n: usize, out: &mut Vec<BlockId>) {
         if n == 0 {
-            return Ok(());
+            return;
         }
         // Uncached free blocks first; only then evict cached blocks that no
         // one holds, least recently released first. The admission above
@@ -499,7 +509,7 @@ impl BlockPool {
                 need -= self.evict_into(need, out);
             }
             if need == 0 {
-                return Ok(());
+                return;
             }
             sync::stale_retry(&backoff);
         }
