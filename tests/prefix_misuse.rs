@@ -284,15 +284,16 @@ fn forks_truncates_and_cow_larger_pool() {
 }
 
 /// Misuse, real threads: a raw `BlockPool::free` (a double free) racing
-/// the holder's `publish` of the block. If the free takes the last
-/// reference while the publisher has claimed the block, the block goes to
-/// the free list, and the publisher's commit then sets its key there: a
-/// later fresh `try_alloc` hands out a block that holds a key, and a
-/// matcher shares it with its new owner. Reproduces the loom model
+/// the holder's `publish` of the block. The publisher's claim holds a
+/// reference of its own, so the free cannot take the block's last
+/// reference while it is claimed: whichever of the free and the commit
+/// drops last gives the block back (evictable, with its key, if the
+/// publish committed). Once everything is dropped, a fresh `try_alloc` of
+/// the whole pool must hand out no block that holds a key, and a matcher
+/// must share none of them. The real-thread twin of the loom model
 /// `raw_free_racing_publish_leaves_no_key_on_a_fresh_block`
-/// (loom-tests/tests/prefix_misuse.rs). Ignored while the bug is open.
+/// (loom-tests/tests/prefix_misuse.rs).
 #[test]
-#[ignore = "reproduces an open bug: a raw free racing a publish leaves CACHED on a free block"]
 fn raw_free_racing_publish_never_hands_out_a_cached_block() {
     with_watchdog(Duration::from_secs(120), || {
         let key = BlockHash([5; 32]);
@@ -427,33 +428,63 @@ fn everything_cached_and_held_gives_full_not_a_spin() {
     });
 }
 
-/// Misuse: a repeated key in the list (not a hash chain). The match takes
-/// one block once per repetition, so the table can outgrow the pool:
-/// `len()` reaches past `num_blocks * block_size`.
+/// Misuse: a repeated key in the list (not a hash chain). The match stops
+/// at the first key equal to an earlier one: it takes the block once, and
+/// the table cannot outgrow the pool.
 #[test]
-#[ignore = "reproduces an open misuse gap: a repeated key outgrows the pool"]
-fn a_repeated_key_matches_one_block_many_times() {
+fn a_repeated_key_matches_up_to_its_first_repetition() {
     let pool = Arc::new(BlockPool::new(2, 4));
     let mut keys = Vec::new();
-    hash_blocks(b"", &[1, 2, 3, 4], 4, &mut keys);
+    hash_blocks(b"", &[1, 2, 3, 4, 5, 6, 7, 8], 4, &mut keys);
     let mut a = Sequence::new(Arc::clone(&pool));
-    a.try_append(4).unwrap();
-    assert_eq!(a.publish(&keys), 1);
-    let repeated = vec![keys[0]; 5];
+    a.try_append(8).unwrap();
+    assert_eq!(a.publish(&keys), 2);
+    let (first, second) = (a.blocks()[0], a.blocks()[1]);
     let mut b = Sequence::new(Arc::clone(&pool));
-    let k = b.try_match_prefix(&repeated);
-    eprintln!(
-        "repeated key: matched {k}, len {} in a pool of {} slots, ref_count {:?}",
-        b.len(),
-        pool.num_blocks() * pool.block_size(),
-        pool.ref_count(a.blocks()[0])
-    );
-    assert!(
-        b.len() <= pool.num_blocks() * pool.block_size(),
-        "a sequence of {} tokens in a pool of {} slots",
-        b.len(),
-        pool.num_blocks() * pool.block_size()
-    );
+    assert_eq!(b.try_match_prefix(&[keys[0]; 5]), 1);
+    assert_eq!((b.len(), b.blocks()), (4, &[first][..]));
+    assert_eq!(pool.ref_count(first), Some(2), "one reference per match");
+    // A repetition later in the list: the blocks before it match.
+    let mut c = Sequence::new(Arc::clone(&pool));
+    assert_eq!(c.try_match_prefix(&[keys[0], keys[1], keys[0], keys[1]]), 2);
+    assert_eq!(c.blocks(), &[first, second][..]);
+    assert_eq!(pool.ref_count(first), Some(3));
+    assert_eq!(pool.ref_count(second), Some(2));
+    assert_eq!(pool.used_blocks(), 2);
+    drop((a, b, c));
+    assert_eq!((pool.used_blocks(), pool.evictable_blocks()), (0, 2));
+    // Statistics count every key queried and each block taken.
+    assert_eq!(pool.prefix_stats().queried_blocks, 9);
+    assert_eq!(pool.prefix_stats().hit_blocks, 3);
+}
+
+/// A repeated key in a pool larger than the filter of taken ids (4,096
+/// blocks): two blocks whose ids share a filter bit are both matched, and a
+/// real repetition is still caught.
+#[test]
+fn a_repeated_key_is_caught_past_the_filter_of_taken_ids() {
+    let pool = Arc::new(BlockPool::new(4096 + 8, 1));
+    // Take every block, and publish blocks 3 and 4099 (one filter bit).
+    let mut all = Vec::new();
+    pool.try_alloc(pool.num_blocks(), &mut all).unwrap();
+    let mut keys = Vec::new();
+    hash_blocks(b"", &[1, 2], 1, &mut keys);
+    let mut seqs = Vec::new();
+    let (low, high) = (BlockId::new(3), BlockId::new(4099));
+    for (i, id) in [low, high].into_iter().enumerate() {
+        let mut s = Sequence::new(Arc::clone(&pool));
+        // Free the block and have the sequence allocate it again.
+        pool.free(&[id]).unwrap();
+        s.try_append(1).unwrap();
+        assert_eq!(s.blocks(), &[id][..]);
+        assert_eq!(s.publish(&keys[i..=i]), 1);
+        seqs.push(s);
+    }
+    let mut m = Sequence::new(Arc::clone(&pool));
+    assert_eq!(m.try_match_prefix(&[keys[0], keys[1], keys[1], keys[0]]), 2);
+    assert_eq!(m.blocks(), &[low, high][..]);
+    assert_eq!(pool.ref_count(high), Some(2));
+    assert_eq!(pool.ref_count(low), Some(2));
 }
 
 #[test]

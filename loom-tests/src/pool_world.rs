@@ -43,6 +43,7 @@ pub const SOUND: Faults = Faults {
     relaxed_publish: false,
     evict_referenced: false,
     no_kill: false,
+    unreferenced_claim: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -97,6 +98,14 @@ pub const EVICT_REFERENCED: Faults = Faults {
 /// on a higher block id does not kill it, so both can commit.
 pub const NO_KILL: Faults = Faults {
     no_kill: true,
+    ..SOUND
+};
+
+/// The claim control: a publisher's claim takes no reference of its own,
+/// so a raw free (a double free) racing the publish can push the claimed
+/// block to the free list, where the commit then sets its key.
+pub const UNREFERENCED_CLAIM: Faults = Faults {
+    unreferenced_claim: true,
     ..SOUND
 };
 

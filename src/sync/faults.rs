@@ -53,6 +53,12 @@ pub struct Faults {
     /// commit, and two blocks hold one key.
     #[cfg(kvslots_loom)]
     pub no_kill: bool,
+    /// A publisher's claim sets `BUSY` without a reference of its own: a
+    /// raw free (a double free) can then take the block's last reference
+    /// while it is claimed and push it to the free list, and the commit
+    /// sets its key on a free block.
+    #[cfg(kvslots_loom)]
+    pub unreferenced_claim: bool,
 }
 
 impl Faults {
@@ -143,6 +149,17 @@ impl Faults {
     pub(crate) fn no_kill(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.no_kill {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a publisher's claim goes without a reference of its own:
+    /// `false`, or `true` under `unreferenced_claim`.
+    #[inline]
+    pub(crate) fn unreferenced_claim(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.unreferenced_claim {
             return true;
         }
         false
