@@ -4,16 +4,20 @@
 //!
 //! Run with `scripts/loom --test prefix_misuse`.
 //!
-//! The models marked `#[ignore]` reproduce open bugs and must pass once
-//! they are fixed. `BlockPool::free` promises that whatever races, the
-//! pool's own books stay exact, and that a double free hands a block to
-//! two owners only through the holder that lost its reference, never
-//! through the pool. In the open bug the free takes the publisher's only reference while the block is
-//! claimed (`BUSY`): the last drop sees no `CACHED` bit and pushes the
-//! block to the free list; the publisher's commit then sets `CACHED` on a
-//! block that sits in the free list (state `CACHED`, count 0: evictable
-//! *and* free). A fresh `try_alloc` then hands out a block that holds a
-//! key, and a matcher of that key shares the new owner's block.
+//! `BlockPool::free` promises that whatever races, the pool's own books
+//! stay exact, and that a double free hands a block to two owners only
+//! through the holder that lost its reference, never through the pool.
+//! A publisher's claim holds a reference of its own, so the free cannot
+//! take a claimed block's last reference. The negative control
+//! (`UNREFERENCED_CLAIM`) claims without one: the free then takes the
+//! publisher's only reference while the block is claimed (`BUSY`), the
+//! last drop sees no `CACHED` bit and pushes the block to the free list,
+//! and the commit sets `CACHED` on a block that sits in the free list
+//! (evictable *and* free). A fresh `try_alloc` then hands out a block that
+//! holds a key, and a matcher of that key shares the new owner's block.
+//!
+//! The model marked `#[ignore]` reproduces an open gap (a publish lost to
+//! a doomed rival; see its doc).
 #![cfg(kvslots_loom)]
 #![forbid(unsafe_code)]
 
@@ -28,11 +32,9 @@ use loom_tests::pool_world::{check, PoolWorld, SOUND};
 /// Afterwards (quiescent, the sequence dropped), every block is allocated
 /// fresh: none may hold a key, and a match of the published key must not
 /// return any of them.
-#[test]
-#[ignore = "reproduces an open bug: a raw free racing a publish leaves CACHED on a free block"]
-fn raw_free_racing_publish_leaves_no_key_on_a_fresh_block() {
-    check(|| {
-        let world = PoolWorld::new(2, 1, SOUND, "sequence");
+fn raw_free_racing_publish(faults: Faults) {
+    check(move || {
+        let world = PoolWorld::new(2, 1, faults, "sequence");
         let pool = Arc::clone(&world.pool);
         let key = BlockHash([9; 32]);
         let mut seq = Sequence::new(Arc::clone(&pool));
@@ -65,8 +67,21 @@ fn raw_free_racing_publish_leaves_no_key_on_a_fresh_block() {
     });
 }
 
+#[test]
+fn raw_free_racing_publish_leaves_no_key_on_a_fresh_block() {
+    raw_free_racing_publish(SOUND);
+}
+
+/// A claim without its own reference: the free pushes the claimed block,
+/// and the commit leaves its key on a block in the free list.
+#[test]
+#[should_panic(expected = "holds a key")]
+fn raw_free_racing_publish_unreferenced_claim_is_caught() {
+    raw_free_racing_publish(UNREFERENCED_CLAIM);
+}
+
 use kvslots::__model::{AtomicUsize, Faults, Ordering};
-use loom_tests::pool_world::NO_GENERATION_CHECK;
+use loom_tests::pool_world::{NO_GENERATION_CHECK, UNREFERENCED_CLAIM};
 
 /// A pool world with a content tag per block (as in `prefix.rs`).
 struct Tagged {
@@ -170,17 +185,15 @@ fn truncate_sole_vs_match_no_generation_check_is_caught() {
 // evictable block first), and the other controls touch paths the model
 // orders by joins.
 
-/// The same misuse, followed by two allocations at once: after a raw free
-/// racing a publish leaves block `b` in the free list with its key
-/// (evictable as well as free), one allocation pops `b` while the other,
-/// finding the free list empty, may evict `b` too: the pool itself hands
-/// one block to two owners (`DOUBLE`), and the evictable block whose
-/// capacity those two admissions counted stays behind, lost.
-#[test]
-#[ignore = "reproduces an open bug: a raw free racing a publish leaves CACHED on a free block"]
-fn raw_free_racing_publish_then_two_allocations_never_share_a_block() {
-    check(|| {
-        let world = PoolWorld::new(3, 1, SOUND, "sequence");
+/// The same misuse, followed by two allocations at once. Were a raw free
+/// racing a publish to leave block `b` in the free list with its key
+/// (evictable as well as free, as under the control), one allocation
+/// could pop `b` while the other, finding the free list empty, evicts `b`
+/// too: the pool itself would hand one block to two owners (`DOUBLE`);
+/// or one allocation pops `b` with its key still set. Either is caught.
+fn raw_free_racing_publish_then_two_allocations(faults: Faults) {
+    check(move || {
+        let world = PoolWorld::new(3, 1, faults, "sequence");
         let pool = Arc::clone(&world.pool);
         // Block e: cached and evictable under another key.
         let mut e = Sequence::new(Arc::clone(&pool));
@@ -219,7 +232,27 @@ fn raw_free_racing_publish_then_two_allocations_never_share_a_block() {
         world.take(mine[0]);
         let theirs = other.join().unwrap();
         assert_ne!(mine, theirs, "{}", loom_tests::pool_world::DOUBLE);
+        // Every block is held now, o uncached and the two fresh ones
+        // allocated: none may hold a key.
+        assert_eq!(
+            pool.cached_blocks(),
+            0,
+            "a freshly allocated block holds a key ({mine:?}, {theirs:?})"
+        );
     });
+}
+
+#[test]
+fn raw_free_racing_publish_then_two_allocations_never_share_a_block() {
+    raw_free_racing_publish_then_two_allocations(SOUND);
+}
+
+/// A claim without its own reference: the block left in the free list
+/// with its key is handed out with it.
+#[test]
+#[should_panic(expected = "holds a key")]
+fn raw_free_racing_publish_then_two_allocations_unreferenced_claim_is_caught() {
+    raw_free_racing_publish_then_two_allocations(UNREFERENCED_CLAIM);
 }
 
 /// A publish that starts after every holder of its key is gone can still
