@@ -328,6 +328,78 @@ fn raw_free_racing_publish_never_hands_out_a_cached_block() {
     });
 }
 
+/// An attack on the claim's reference, real threads: two sequences
+/// publish one key on their blocks (rivals) while raw frees take both
+/// blocks (double frees), a matcher matches the key, and a fourth thread
+/// resets the prefix cache and allocates half the pool (evicting if it
+/// must). Through the double frees a sequence may name, publish and drop a
+/// block that the allocator now holds (the misuse's own consequence), so
+/// only the pool's promises are checked: each allocation's blocks are
+/// distinct, and once everything is back the books are exact, every
+/// cached block is evictable, and allocating the whole pool hands out
+/// distinct blocks none of which holds a key.
+#[test]
+fn raw_frees_racing_rival_publishes_matches_and_resets_keep_the_books() {
+    with_watchdog(Duration::from_secs(300), || {
+        let n = 4;
+        let key = BlockHash([8; 32]);
+        for round in 0..10_000u32 {
+            let pool = Arc::new(BlockPool::new(n, 1));
+            let mut a = Sequence::new(Arc::clone(&pool));
+            a.try_append(1).unwrap();
+            let mut b = Sequence::new(Arc::clone(&pool));
+            b.try_append(1).unwrap();
+            let (ida, idb) = (a.blocks()[0], b.blocks()[0]);
+            let barrier = std::sync::Barrier::new(4);
+            std::thread::scope(|s| {
+                for mut seq in [a, b] {
+                    let barrier = &barrier;
+                    s.spawn(move || {
+                        barrier.wait();
+                        seq.publish(&[key]);
+                    });
+                }
+                s.spawn(|| {
+                    barrier.wait();
+                    let _ = pool.free(&[ida]); // misuse: `a` holds it
+                    let mut m = Sequence::new(Arc::clone(&pool));
+                    m.try_match_prefix(&[key]);
+                });
+                barrier.wait();
+                let _ = pool.free(&[idb]); // misuse: `b` holds it
+                pool.reset_prefix_cache();
+                let mut out = Vec::new();
+                if pool.try_alloc(n / 2, &mut out).is_ok() {
+                    assert_ne!(out[0], out[1], "round {round}: one block handed out twice");
+                    // One at a time: a sequence that lost its reference
+                    // may have dropped ours of either block (and a free
+                    // that finds a block unallocated refuses the call).
+                    for id in out {
+                        let _ = pool.free(&[id]);
+                    }
+                }
+            });
+            assert_eq!(pool.used_blocks(), 0, "round {round}: used blocks");
+            assert_eq!(pool.free_blocks(), n, "round {round}: free blocks");
+            assert_eq!(pool.cached_blocks(), pool.evictable_blocks());
+            let mut all = Vec::new();
+            pool.try_alloc(n, &mut all).unwrap();
+            let mut sorted = all.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), n, "round {round}: {all:?}");
+            assert_eq!(
+                pool.cached_blocks(),
+                0,
+                "round {round}: a fresh block holds a key"
+            );
+            assert!(pool.try_alloc(1, &mut Vec::new()).is_err());
+            pool.free(&all).unwrap();
+            assert_eq!(pool.free_blocks(), n);
+        }
+    });
+}
+
 /// Misuse, real threads: a raw free racing the drop of a sequence that
 /// holds a cached block. Exactly one of the two gives it back; the books
 /// stay exact and the block stays cached and evictable.

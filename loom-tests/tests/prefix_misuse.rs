@@ -299,3 +299,74 @@ fn a_publish_after_the_holder_is_gone_is_not_lost_to_a_doomed_rival() {
         );
     });
 }
+
+/// An attack on the claim's reference, three threads on a pool of 2
+/// one-token blocks. A sequence holds block `b` and publishes it; a raw
+/// free of `b` (a double free) races it, followed on the same thread by a
+/// match of the key; the main thread resets the prefix cache and then
+/// allocates a block (evicting if it must) and frees it. Once everything
+/// is back the books must be exact: nothing used, every block free, every
+/// cached block evictable, and allocating the whole pool hands out
+/// distinct blocks none of which holds a key. (No shadow holders: through
+/// the double free the sequence may name, and publish, a block that the
+/// main thread's allocation holds, which is the misuse's own consequence,
+/// not the pool's.)
+fn claim_attack(faults: Faults) {
+    check(move || {
+        let world = PoolWorld::new(2, 1, faults, "sequence");
+        let pool = Arc::clone(&world.pool);
+        let key = BlockHash([3; 32]);
+        let mut a = Sequence::new(Arc::clone(&pool));
+        a.try_append(1).unwrap();
+        let id = a.blocks()[0];
+        let publisher = thread::spawn(move || {
+            a.publish(&[key]);
+            drop(a);
+        });
+        let freer = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || {
+                let _ = pool.free(&[id]); // misuse: the sequence holds it
+                let mut m = Sequence::new(Arc::clone(&pool));
+                m.try_match_prefix(&[key]);
+            })
+        };
+        pool.reset_prefix_cache();
+        let mut mine = Vec::new();
+        if pool.try_alloc(1, &mut mine).is_ok() {
+            let _ = pool.free(&mine);
+        }
+        publisher.join().unwrap();
+        freer.join().unwrap();
+        assert_eq!(pool.used_blocks(), 0, "used after everything dropped");
+        assert_eq!(
+            pool.free_blocks(),
+            2,
+            "free blocks after everything dropped"
+        );
+        assert_eq!(pool.cached_blocks(), pool.evictable_blocks());
+        let mut all = Vec::new();
+        pool.try_alloc(2, &mut all).unwrap();
+        assert_ne!(all[0], all[1], "{}", loom_tests::pool_world::DOUBLE);
+        assert_eq!(
+            pool.cached_blocks(),
+            0,
+            "a freshly allocated block holds a key"
+        );
+        pool.free(&all).unwrap();
+        assert_eq!(pool.free_blocks(), 2);
+    });
+}
+
+#[test]
+fn claim_attack_sound() {
+    claim_attack(SOUND);
+}
+
+/// A claim without its own reference: the raw free pushes the claimed
+/// block, the commit keys it in the free list, and the books break.
+#[test]
+#[should_panic(expected = "holds a key")]
+fn claim_attack_unreferenced_claim_is_caught() {
+    claim_attack(UNREFERENCED_CLAIM);
+}
