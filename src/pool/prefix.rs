@@ -196,7 +196,17 @@ impl BlockPool {
     /// sees the earlier. One that sees a committed rival loses;
     /// one that sees a claimed rival loses if the rival's id is lower, and
     /// otherwise kills the rival's claim (its commit then fails). Whoever
-    /// sees whom, exactly one of them commits.
+    /// sees whom, at most one of them commits, and exactly one if neither
+    /// loses to a third.
+    ///
+    /// Losing to a claim trusts that claim to commit, and it may not: a
+    /// rival on a lower id that loses to a block holding the key when it
+    /// rescanned (or to a still lower claim) leaves the key on no block,
+    /// even if that block lost its key before this publish began. So a
+    /// publish leaves its key uncached only if, during its rescan, another
+    /// publish of the key is between its claim and the removal of its index
+    /// entry and loses: a miss for later matchers until the key is
+    /// published again, never a wrong hit.
     pub(crate) fn publish_block(&self, id: BlockId, key: &BlockHash) -> bool {
         // Already cached (this key or another)? (A key that another block
         // holds is found by the rescan below.)
