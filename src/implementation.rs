@@ -268,10 +268,12 @@
 //! (a match's revival, an eviction, a kill) is fooled only if, while the
 //! thread that read it stalls between its read and its CAS, the same block
 //! loses a key or a claim a multiple of 2^30 (about 1.07e9) times and comes
-//! back to the same count and flags. Each loss takes at least an
-//! allocation or a publish of that block (an eviction, a reset, a truncate
-//! that drops the key, a lost or refused publish): at a million recycles of
-//! one block a second, a stall of about 18 minutes. The count has 31 bits
+//! back to the same count and flags. A loss is an eviction, a reset or a
+//! truncate that drops the key (each needing a new allocation and publish
+//! of the block before the next), or a publish of the block that loses or
+//! is refused (a claim and an unclaim, the cheapest, with no allocation):
+//! even at ten million losses a second on that one block, a stall of over
+//! 100 seconds between the thread's read and its CAS. The count has 31 bits
 //! (a count past `u32::MAX / 2` panics, as `Arc`'s aborts), which leaves
 //! the generation its 30.
 //!

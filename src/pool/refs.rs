@@ -40,11 +40,12 @@
 //! current one; the comparison is fooled only if, between the read and the
 //! CAS of one stalled thread, the same block lost a key or a claim exactly
 //! a multiple of 2^30 (about 1.07e9) times and is back in the same count
-//! and flags. Every such loss is an eviction, a reset, a truncate that
-//! drops the key, or a failed publish of that one block, each of which
-//! needs at least an allocation and a publish of it: at a million recycles
-//! of one block per second, a stall of about 18 minutes between two
-//! adjacent instructions.
+//! and flags. Such a loss is an eviction, a reset or a truncate that drops
+//! the key (each followed by a new allocation and publish of the block
+//! before the next), or a publish of the block that loses or is refused (a
+//! claim and an unclaim, the cheapest: no allocation). Even at ten million
+//! losses a second on that one block, the stalled thread would have to
+//! stall for over 100 seconds between its read and its CAS.
 
 use crate::id::BlockId;
 use crate::sync::{AtomicU64, Faults, Ordering};
