@@ -512,7 +512,8 @@
 //! last drop, a fork's reference added to a block whose count is 0, a
 //! revival without the generation check, a `Relaxed` publish, an eviction
 //! of a referenced block, a publisher that does not kill a rival's claim,
-//! a claim without a reference of its own)
+//! a claim without a reference of its own, a claim's last drop not given
+//! back)
 //! are switched on through hooks that are the correct behaviour
 //! in every other build. The model suites reach that seam through one
 //! hidden module, not through the API.

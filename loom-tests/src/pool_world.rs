@@ -44,6 +44,7 @@ pub const SOUND: Faults = Faults {
     evict_referenced: false,
     no_kill: false,
     unreferenced_claim: false,
+    claim_drop_kept: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -106,6 +107,13 @@ pub const NO_KILL: Faults = Faults {
 /// block to the free list, where the commit then sets its key.
 pub const UNREFERENCED_CLAIM: Faults = Faults {
     unreferenced_claim: true,
+    ..SOUND
+};
+
+/// The claim's give-back control: a commit or unclaim that drops a claimed
+/// block's last reference does not give the block back (a leak).
+pub const CLAIM_DROP_KEPT: Faults = Faults {
+    claim_drop_kept: true,
     ..SOUND
 };
 

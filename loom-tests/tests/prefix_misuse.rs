@@ -81,7 +81,7 @@ fn raw_free_racing_publish_unreferenced_claim_is_caught() {
 }
 
 use kvslots::__model::{AtomicUsize, Faults, Ordering};
-use loom_tests::pool_world::{NO_GENERATION_CHECK, UNREFERENCED_CLAIM};
+use loom_tests::pool_world::{CLAIM_DROP_KEPT, NO_GENERATION_CHECK, UNREFERENCED_CLAIM};
 
 /// A pool world with a content tag per block (as in `prefix.rs`).
 struct Tagged {
@@ -378,4 +378,69 @@ fn claim_attack_sound() {
 #[should_panic(expected = "holds a key")]
 fn claim_attack_unreferenced_claim_is_caught() {
     claim_attack(UNREFERENCED_CLAIM);
+}
+
+/// A claim whose last drop is not given back leaks the block when the
+/// raw free takes the sequence's reference before the commit.
+#[test]
+#[should_panic(expected = "used after everything dropped")]
+fn claim_attack_claim_drop_kept_is_caught() {
+    claim_attack(CLAIM_DROP_KEPT);
+}
+
+/// A publish that loses (another block holds its key) racing a raw free
+/// of its block (a double free): the unclaim may drop the block's last
+/// reference, and must then give it back to the free list. Afterwards the
+/// books are exact, the holder's block alone is cached, and allocating
+/// the whole pool hands out distinct blocks without keys.
+fn raw_free_racing_a_losing_publish(faults: Faults) {
+    check(move || {
+        let world = PoolWorld::new(2, 1, faults, "sequence");
+        let pool = Arc::clone(&world.pool);
+        let key = [BlockHash([4; 32])];
+        let mut holder = Sequence::new(Arc::clone(&pool));
+        holder.try_append(1).unwrap();
+        assert_eq!(holder.publish(&key), 1);
+        let mut a = Sequence::new(Arc::clone(&pool));
+        a.try_append(1).unwrap();
+        let id = a.blocks()[0];
+        let freer = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || {
+                let _ = pool.free(&[id]); // misuse: the sequence holds it
+            })
+        };
+        assert_eq!(a.publish(&key), 0, "the holder's block keeps the key");
+        freer.join().unwrap();
+        drop(a);
+        drop(holder);
+        assert_eq!(pool.used_blocks(), 0, "used after everything dropped");
+        assert_eq!(
+            pool.free_blocks(),
+            2,
+            "free blocks after everything dropped"
+        );
+        assert_eq!((pool.cached_blocks(), pool.evictable_blocks()), (1, 1));
+        let mut all = Vec::new();
+        pool.try_alloc(2, &mut all).unwrap();
+        assert_ne!(all[0], all[1], "{}", loom_tests::pool_world::DOUBLE);
+        assert_eq!(
+            pool.cached_blocks(),
+            0,
+            "a freshly allocated block holds a key"
+        );
+        pool.free(&all).unwrap();
+    });
+}
+
+#[test]
+fn raw_free_racing_a_losing_publish_sound() {
+    raw_free_racing_a_losing_publish(SOUND);
+}
+
+/// The unclaim that drops the last reference keeps the block: a leak.
+#[test]
+#[should_panic(expected = "used after everything dropped")]
+fn raw_free_racing_a_losing_publish_claim_drop_kept_is_caught() {
+    raw_free_racing_a_losing_publish(CLAIM_DROP_KEPT);
 }

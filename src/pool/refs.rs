@@ -398,7 +398,7 @@ impl Refs {
 
     /// What the drop of the claim's own reference from `cur` did.
     fn claim_dropped(&self, cur: u64, cached: bool) -> Dropped {
-        if self.claim_ref() == 0 || count_of(cur) != 1 {
+        if self.claim_ref() == 0 || count_of(cur) != 1 || self.faults.claim_drop_kept() {
             Dropped::Kept
         } else if cached {
             Dropped::Evictable

@@ -59,6 +59,10 @@ pub struct Faults {
     /// sets its key on a free block.
     #[cfg(kvslots_loom)]
     pub unreferenced_claim: bool,
+    /// A commit or unclaim that drops a claimed block's last reference
+    /// reports that references remain: nobody gives the block back.
+    #[cfg(kvslots_loom)]
+    pub claim_drop_kept: bool,
 }
 
 impl Faults {
@@ -160,6 +164,17 @@ impl Faults {
     pub(crate) fn unreferenced_claim(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.unreferenced_claim {
+            return true;
+        }
+        false
+    }
+
+    /// Whether the drop of a claim's last reference is reported as
+    /// leaving references: `false`, or `true` under `claim_drop_kept`.
+    #[inline]
+    pub(crate) fn claim_drop_kept(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.claim_drop_kept {
             return true;
         }
         false
