@@ -15,6 +15,16 @@
 //! and the commit sets `CACHED` on a block that sits in the free list
 //! (evictable *and* free). A fresh `try_alloc` then hands out a block that
 //! holds a key, and a matcher of that key shares the new owner's block.
+//! The second control (`CLAIM_DROP_KEPT`) does not give back a block whose
+//! last reference the commit or the unclaim dropped: a leak.
+//!
+//! | model | threads | controls |
+//! |---|---|---|
+//! | [`raw_free_racing_publish`] | 2 | `unreferenced_claim` |
+//! | [`raw_free_racing_publish_then_two_allocations`] | 2, then 2 | `unreferenced_claim` |
+//! | [`claim_attack`] (publish, raw free and match, reset and evicting allocation) | 3 | `unreferenced_claim`, `claim_drop_kept` |
+//! | [`raw_free_racing_a_losing_publish`] | 2 | `claim_drop_kept` |
+//! | [`truncate_sole_vs_match`] | 2 | `no_generation_check` |
 //!
 //! The model marked `#[ignore]` reproduces an open, bounded gap (a
 //! publish lost to a doomed rival: a miss, never a wrong hit; see its doc).
