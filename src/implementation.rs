@@ -314,8 +314,10 @@
 //!
 //! ## Publishing
 //!
-//! `publish` of key `K` on a held, uncached block `b`: claim `b` (CAS in
-//! `BUSY` and the claim's reference), write `K`'s words, insert `(fingerprint, b)` into a bucket
+//! `publish` of key `K` on a held, uncached block `b`: first look `K` up as
+//! a match would (without taking a reference); if a committed block holds
+//! it, `b` loses at once, having claimed nothing. Otherwise claim `b` (CAS
+//! in `BUSY` and the claim's reference), write `K`'s words, insert `(fingerprint, b)` into a bucket
 //! (a `Release` CAS), make a read-modify-write that changes nothing
 //! (`fetch_add(0)`, `AcqRel`) on the first slot of `K`'s first bucket, then
 //! rescan both buckets (`Acquire` loads) for rivals holding `K`:
@@ -338,16 +340,17 @@
 //! removed it). Whichever sees whom, at most one commits, and of two
 //! publishers that see each other's claims exactly one does.
 //!
-//! A publish can still end with `K` on no block: when its rescan finds a
-//! live claim of `K` on a lower block id that itself loses. That rival
-//! lost to a block that held `K` when *it* rescanned (or to a still lower
-//! claim, down to one that did), a block that may have been evicted (or
-//! reset, or truncated) since, even before the later publish began. So
-//! `K` stays uncached only if, during this publish's rescan, another
-//! publish of `K` is between its claim and the removal of its entry, and
-//! that one loses: a miss for later matchers of `K` until it is published
-//! again, never a wrong hit (`loom-tests/tests/prefix_misuse.rs` keeps the
-//! reproducer, ignored).
+//! The first lookup keeps a publish that starts while `K` is held from
+//! leaving a claim that is bound to lose. A publish can still end with `K`
+//! on no block: when its rescan finds a live claim of `K` on a lower block
+//! id that itself loses. That rival passed its first lookup, so it lost to
+//! a block that committed `K` after that lookup and before its rescan (or
+//! to a still lower claim, down to one that did), a block that may have
+//! been evicted (or reset, or truncated) since, even before the later
+//! publish began. So `K` stays uncached only if three publishes of `K`
+//! overlap like that: a miss for later matchers of `K` until it is
+//! published again, never a wrong hit (`loom-tests/tests/prefix_misuse.rs`
+//! keeps the reproducer, ignored).
 //!
 //! ## Matching
 //!
@@ -513,7 +516,7 @@
 //! revival without the generation check, a `Relaxed` publish, an eviction
 //! of a referenced block, a publisher that does not kill a rival's claim,
 //! a claim without a reference of its own, a claim's last drop not given
-//! back)
+//! back, a publish that claims without looking its key up first)
 //! are switched on through hooks that are the correct behaviour
 //! in every other build. The model suites reach that seam through one
 //! hidden module, not through the API.

@@ -45,6 +45,7 @@ pub const SOUND: Faults = Faults {
     no_kill: false,
     unreferenced_claim: false,
     claim_drop_kept: false,
+    no_held_key_check: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -114,6 +115,14 @@ pub const UNREFERENCED_CLAIM: Faults = Faults {
 /// block's last reference does not give the block back (a leak).
 pub const CLAIM_DROP_KEPT: Faults = Faults {
     claim_drop_kept: true,
+    ..SOUND
+};
+
+/// The first-lookup control: a publish claims its block without looking
+/// its key up first, so it can beat a later publish while it is bound to
+/// lose to a block that holds the key.
+pub const NO_HELD_KEY_CHECK: Faults = Faults {
+    no_held_key_check: true,
     ..SOUND
 };
 

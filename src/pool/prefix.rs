@@ -189,7 +189,10 @@ impl BlockPool {
     /// the block is cached already, or another block holds `key` (first
     /// wins), or the index has no room. Returns whether it did.
     ///
-    /// Two publishers of one key on two blocks race like this: each claims
+    /// A key that a committed block holds when the publish begins loses at
+    /// once: nothing is claimed and no index entry is made (the lookup of
+    /// a match, without its reference). Otherwise, two publishers of one
+    /// key on two blocks race like this: each claims
     /// its block (`BUSY`), writes its key, inserts an index entry, makes a
     /// read-modify-write on one word that every publisher of the key
     /// touches, and then rescans the key's buckets, so the later of the two
@@ -200,17 +203,18 @@ impl BlockPool {
     /// loses to a third.
     ///
     /// Losing to a claim trusts that claim to commit, and it may not: a
-    /// rival on a lower id that loses to a block holding the key when it
-    /// rescanned (or to a still lower claim) leaves the key on no block,
-    /// even if that block lost its key before this publish began. So a
-    /// publish leaves its key uncached only if, during its rescan, another
-    /// publish of the key is between its claim and the removal of its index
-    /// entry and loses: a miss for later matchers until the key is
-    /// published again, never a wrong hit.
+    /// rival on a lower id that loses to a block that committed the key
+    /// after the rival's first lookup and before its rescan (or to a still
+    /// lower claim that did) leaves the key on no block, even if that
+    /// block lost its key before this publish began. So a publish leaves
+    /// its key uncached only if, during its rescan, another publish of the
+    /// key is between its claim and the removal of its index entry and
+    /// loses to a third, concurrent one: a miss for later matchers until
+    /// the key is published again, never a wrong hit.
     pub(crate) fn publish_block(&self, id: BlockId, key: &BlockHash) -> bool {
         // Already cached (this key or another)? (A key that another block
         // holds is found by the rescan below.)
-        if self.refs.is_cached(id) {
+        if self.refs.is_cached(id) || self.is_held_key(key) {
             return false;
         }
         if !self.refs.claim(id) {
@@ -255,6 +259,18 @@ impl BlockPool {
         self.keys.remove(probe, id, Some(slot));
         self.give_back_claim(id, self.refs.unclaim(id));
         false
+    }
+
+    /// Whether a committed block holds `key` now: a publish of it loses
+    /// without claiming anything (first wins).
+    fn is_held_key(&self, key: &BlockHash) -> bool {
+        !self.keys.skip_held_key_check()
+            && self.keys.candidates(self.keys.probe(key)).any(|id| {
+                // Acquire: as in `match_one`, the key words read next are the
+                // publisher's.
+                self.refs.state(id.index(), Ordering::Acquire) & CACHED != 0
+                    && self.keys.holds(id, key)
+            })
     }
 
     /// Gives block `id` back to the pool if the drop of a claim's own

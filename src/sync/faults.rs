@@ -63,6 +63,11 @@ pub struct Faults {
     /// reports that references remain: nobody gives the block back.
     #[cfg(kvslots_loom)]
     pub claim_drop_kept: bool,
+    /// A publish claims its block without first looking its key up: a
+    /// publish of a key that a committed block holds then claims and
+    /// loses only in its rescan, and meanwhile beats a later publish.
+    #[cfg(kvslots_loom)]
+    pub no_held_key_check: bool,
 }
 
 impl Faults {
@@ -175,6 +180,17 @@ impl Faults {
     pub(crate) fn claim_drop_kept(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.claim_drop_kept {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a publish skips its first lookup of the key: `false`, or
+    /// `true` under `no_held_key_check`.
+    #[inline]
+    pub(crate) fn no_held_key_check(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.no_held_key_check {
             return true;
         }
         false
