@@ -212,8 +212,9 @@ impl BlockPool {
     /// loses to a third, concurrent one: a miss for later matchers until
     /// the key is published again, never a wrong hit.
     pub(crate) fn publish_block(&self, id: BlockId, key: &BlockHash) -> bool {
-        // Already cached (this key or another)? (A key that another block
-        // holds is found by the rescan below.)
+        // Already cached (this key or another), or the key held by another
+        // block? (A key that another block commits after this lookup is
+        // found by the rescan below.)
         if self.refs.is_cached(id) || self.is_held_key(key) {
             return false;
         }
