@@ -488,6 +488,12 @@
 //!   reader's CAS on the exact state catches.
 //! * **An eviction is an `Acquire` CAS** on the state word: the last
 //!   holder's accesses happen-before the evictor's.
+//! * **Every CAS from a state read earlier relies on the generation**
+//!   (a revival, an eviction, a kill): orderings cannot tell two
+//!   incarnations of a block apart, the 30-bit generation does, unless the
+//!   block loses a key or a claim a multiple of 2^30 times while the
+//!   thread stalls between its read and its CAS (see
+//!   [The state word](#the-state-word) for what that takes).
 //! * **The rescan's read-modify-write is `AcqRel`**, its loads `Acquire`,
 //!   and the kill an `AcqRel` CAS: they order the race between two
 //!   publishers (see [Publishing](#publishing)).
