@@ -17,6 +17,8 @@
 //! * [Sequences](#sequences): block tables, forks and copy-on-write.
 //! * [Prefix cache](#prefix-cache): the state word, keys and their index,
 //!   publishing, matching, eviction order, statistics.
+//! * [Fenced release](#fenced-release): references kept until a device
+//!   step completes.
 //! * [Orderings](#orderings): what each atomic operation orders, type by
 //!   type.
 //! * [Model checking](#model-checking): the atomics facade and the one
@@ -409,6 +411,36 @@
 //! write to a line that other threads write, as long as there are no more
 //! threads than cells.
 //!
+//! # Fenced release
+//!
+//! A fenced give-back ([`Sequence::retire`](crate::Sequence::retire),
+//! [`Sequence::truncate_fenced`](crate::Sequence::truncate_fenced),
+//! [`Sequence::retire_copy_source`](crate::Sequence::retire_copy_source))
+//! does not drop its references: it lists the block ids under the fence in
+//! one of 8 cache-padded `Mutex<HashMap<u64, Vec<BlockId>>>` (the map
+//! `fence % 8`), and [`BlockPool::complete`](crate::BlockPool::complete)
+//! takes the fence's list out and drops the references through the same
+//! path a sequence's drop takes (`drop_held_refs`: a CAS per reference,
+//! one push per shard, the admission count given back after the push). So
+//! a fenced block stays counted as used until then, and a cached one
+//! becomes evictable only then. A retire moves the sequence's own table in
+//! as the fence's list when the fence has none yet (no allocation), and
+//! appends it otherwise; a truncate appends the ids it drops (the list's
+//! growth is the only allocation).
+//!
+//! The lock is there because a lock-free list of heap nodes needs `unsafe`
+//! (a Treiber stack of boxed nodes reclaims them with raw pointers), and
+//! because a "take all, push back the unfinished" stack loses completions
+//! that race (a complete that runs while another thread holds a fence's
+//! list finds nothing). Retire and complete happen once per sequence or
+//! truncate and once per step, not per block or token, and each holds the
+//! lock only to move a list in or out; nothing else takes it, so the
+//! allocation and free paths stay lock-free. Fences are names, not a
+//! clock: each completes exactly its own retirements, found by a lookup,
+//! so completing out of order costs nothing. `pending_release_blocks` is
+//! a `Relaxed` gauge, raised before a retirement is listed (so a racing
+//! complete never takes it below 0) and lowered after the references go.
+//!
 //! # Orderings
 //!
 //! ## `SlotCounter`
@@ -522,7 +554,8 @@
 //! revival without the generation check, a `Relaxed` publish, an eviction
 //! of a referenced block, a publisher that does not kill a rival's claim,
 //! a claim without a reference of its own, a claim's last drop not given
-//! back, a publish that claims without looking its key up first)
+//! back, a publish that claims without looking its key up first, a fenced
+//! retirement that gives its references back at once)
 //! are switched on through hooks that are the correct behaviour
 //! in every other build. The model suites reach that seam through one
 //! hidden module, not through the API.

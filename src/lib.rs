@@ -40,6 +40,11 @@
 //!   matching prefix into a new sequence. Unreferenced cached blocks count
 //!   as free and are evicted least recently released first;
 //!   [`BlockPool::prefix_stats`] reports hits and evictions.
+//! * Fenced release, for asynchronous scheduling: [`Sequence::retire`] and
+//!   [`Sequence::truncate_fenced`] keep the blocks a device step may still
+//!   read in use until [`BlockPool::complete`] declares the step's fence
+//!   done (fences complete in any order);
+//!   [`BlockPool::pending_release_blocks`] counts them.
 //!
 //! # Examples
 //!

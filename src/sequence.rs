@@ -607,13 +607,69 @@ impl Sequence {
     /// assert_eq!(pool.used_blocks(), 2);
     /// ```
     pub fn truncate(&mut self, len: usize) -> usize {
+        self.truncate_with(len, None)
+    }
+
+    /// [`truncate`](Self::truncate) for a device step that may still read
+    /// the blocks given back (asynchronous scheduling: the rollback of
+    /// drafts that a step still in flight reads): the references of the
+    /// blocks that leave the table, and that of a copy-on-write's source
+    /// still kept, are given back only when
+    /// [`BlockPool::complete(fence)`](BlockPool::complete) declares the
+    /// step done. Until then those blocks count as used and are never
+    /// handed out; [`BlockPool::pending_release_blocks`] counts them.
+    /// Returns how many blocks left the table; a `len` at or past
+    /// [`len`](Self::len) is a no-op. Every other rule of `truncate`
+    /// holds: a cached block that leaves stays cached (evictable once its
+    /// fence completes, if no one else holds it), and a cached tail this
+    /// sequence holds alone loses its key.
+    ///
+    /// The blocks that stay in the table are not fenced: the next append
+    /// writes into the tail's free slots, which the caller's next step
+    /// does after the one in flight on the same device stream. No heap
+    /// allocation happens here beyond the fence's list (one per fence,
+    /// not per block).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{BlockPool, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::new(4, 4));
+    /// let mut seq = Sequence::new(Arc::clone(&pool));
+    /// let drafts = seq.try_append(4 + 8).unwrap(); // 1 block + 8 drafts
+    /// // Step 3 verifies the drafts; none is accepted.
+    /// assert_eq!(seq.truncate_fenced(4, 3), 2);
+    /// assert_eq!((seq.len(), pool.used_blocks(), pool.free_blocks()), (4, 3, 1));
+    /// assert!(seq.try_append(8).is_err()); // the 2 drafts' blocks wait for step 3
+    /// assert_eq!(pool.complete(3), 2);
+    /// assert_eq!(seq.try_append(8).unwrap(), 4..12);
+    /// # let _ = drafts;
+    /// ```
+    pub fn truncate_fenced(&mut self, len: usize, fence: u64) -> usize {
+        self.truncate_with(len, Some(fence))
+    }
+
+    /// The body of both truncates: the references given back go at once
+    /// (`fence == None`) or when `fence` completes.
+    fn truncate_with(&mut self, len: usize, fence: Option<u64>) -> usize {
         if len >= self.len {
             return 0;
         }
-        self.release_retired();
         let keep = table::blocks_for(len, self.pool.block_size());
         let freed = self.blocks.len() - keep;
-        self.give_back(keep);
+        match fence {
+            None => {
+                self.release_retired();
+                self.give_back(keep);
+            }
+            Some(fence) => {
+                let cow = self.retired.take();
+                self.pool.retire_slice(fence, &self.blocks[keep..], cow);
+                self.blocks.truncate(keep);
+            }
+        }
         // A partly filled tail that was once full may be shared by a fork
         // or a matcher, or cached.
         let bs = self.pool.block_size();
@@ -628,6 +684,79 @@ impl Sequence {
             self.pool.uncache_sole(self.blocks[len / bs]);
         }
         freed
+    }
+
+    /// Hands the source of the last copy-on-write, which the sequence keeps
+    /// for the caller's device copy (see
+    /// [`try_append_cow`](Self::try_append_cow)), to `fence`: its reference
+    /// is given back when [`BlockPool::complete(fence)`](BlockPool::complete)
+    /// declares the step that makes the copy done, instead of at the
+    /// sequence's next append. Returns 1 if there was such a block, else 0
+    /// (and nothing changes). Call it after an append that returned a
+    /// [`BlockCopy`], with the fence of the step that makes the copy.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{BlockPool, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::new(4, 4));
+    /// let mut seq = Sequence::new(Arc::clone(&pool));
+    /// seq.try_append(4).unwrap();
+    /// let (child, _) = seq.try_fork().unwrap();
+    /// seq.truncate(2); // into the block shared with the child
+    /// let (_, copy) = seq.try_append_cow(1).unwrap();
+    /// let src = copy.unwrap().src;
+    /// assert_eq!(seq.retire_copy_source(6), 1);
+    /// drop(child);
+    /// assert_eq!(pool.ref_count(src), Some(1)); // step 6 still copies from it
+    /// pool.complete(6);
+    /// assert_eq!(pool.ref_count(src), Some(0));
+    /// assert_eq!(seq.retire_copy_source(7), 0);
+    /// ```
+    pub fn retire_copy_source(&mut self, fence: u64) -> usize {
+        let cow = self.retired.take();
+        self.pool.retire_slice(fence, &[], cow)
+    }
+
+    /// Gives the sequence up while a device step may still read its blocks
+    /// (a completed or preempted request under asynchronous scheduling):
+    /// its references (every block in its table, and a copy-on-write's
+    /// source it still keeps) are given back only when
+    /// [`BlockPool::complete(fence)`](BlockPool::complete) declares the
+    /// step done, and returns how many references that is. Until then the
+    /// blocks count as used and are never handed out; a cached block
+    /// becomes evictable at the complete, as at a drop.
+    ///
+    /// The sequence's own block table is moved into the fence's list (or
+    /// appended to it, if the fence has one already): no heap allocation
+    /// per block. Works on a [closed](BlockPool::close) pool too.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{BlockPool, ReserveError, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::new(2, 16));
+    /// let mut seq = Sequence::new(Arc::clone(&pool));
+    /// seq.try_append(32).unwrap();
+    /// assert_eq!(seq.retire(11), 2);
+    /// // Still in use while step 11 is in flight, and `Full` says so.
+    /// assert_eq!(
+    ///     pool.try_alloc(1, &mut Vec::new()),
+    ///     Err(ReserveError::Full { requested: 1, available: 0 })
+    /// );
+    /// assert_eq!(pool.complete(11), 2);
+    /// assert_eq!(pool.free_blocks(), 2);
+    /// ```
+    pub fn retire(mut self, fence: u64) -> usize {
+        let blocks = std::mem::take(&mut self.blocks);
+        let cow = self.retired.take();
+        self.len = 0;
+        // `self` now holds nothing, and its drop gives back nothing.
+        self.pool.retire_owned(fence, blocks, cow)
     }
 
     /// Gives back the reserved blocks that hold no token (those beyond

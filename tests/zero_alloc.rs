@@ -539,3 +539,44 @@ fn prefix_match_publish_and_eviction_allocate_nothing() {
     assert!(after.evictions > before.evictions);
     assert_eq!(pool.used_blocks(), 0);
 }
+
+// ---------------------------------------------------------------------------
+// Fenced release
+// ---------------------------------------------------------------------------
+
+/// A retire moves the sequence's own table in as its fence's list and a
+/// complete only frees that list: nothing is allocated per block. A fenced
+/// truncate allocates its fence's list once, whatever the number of blocks
+/// it drops.
+#[test]
+fn retire_and_complete_allocate_nothing_per_block() {
+    let pool = Arc::new(BlockPool::new(512, 4));
+    // Warm up the map of fences 0, 8, 16, ... (the same one of 8 maps).
+    let mut warm = Sequence::new(Arc::clone(&pool));
+    warm.try_append(4).unwrap();
+    warm.retire(0);
+    pool.complete(0);
+    for _ in 0..ITERS / 1000 {
+        let mut seq = Sequence::with_capacity(Arc::clone(&pool), 400);
+        seq.try_append(400).unwrap(); // 100 blocks
+        let ops = heap_ops(|| assert_eq!(seq.retire(8), 100));
+        assert_eq!(ops, NONE, "retire");
+        let ops = heap_ops(|| assert_eq!(pool.complete(8), 100));
+        assert_eq!(
+            ops,
+            HeapOps {
+                allocs: 0,
+                frees: 1
+            },
+            "complete frees the moved table"
+        );
+        let mut seq = Sequence::with_capacity(Arc::clone(&pool), 400);
+        seq.try_append(400).unwrap();
+        let ops = heap_ops(|| assert_eq!(seq.truncate_fenced(4, 16), 99));
+        assert_eq!(ops.allocs, 1, "one list for the fence: {ops:?}");
+        assert_eq!(ops.frees, 0);
+        pool.complete(16);
+        drop(seq);
+    }
+    assert_eq!(pool.free_blocks(), 512);
+}

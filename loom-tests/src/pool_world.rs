@@ -46,6 +46,7 @@ pub const SOUND: Faults = Faults {
     unreferenced_claim: false,
     claim_drop_kept: false,
     no_held_key_check: false,
+    early_release: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -123,6 +124,13 @@ pub const CLAIM_DROP_KEPT: Faults = Faults {
 /// lose to a block that holds the key.
 pub const NO_HELD_KEY_CHECK: Faults = Faults {
     no_held_key_check: true,
+    ..SOUND
+};
+
+/// The fenced-release control: a retirement gives its references back at
+/// once instead of when its fence completes.
+pub const EARLY_RELEASE: Faults = Faults {
+    early_release: true,
     ..SOUND
 };
 

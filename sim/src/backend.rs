@@ -86,6 +86,16 @@ pub trait KvSeq: Send + Sized + 'static {
     fn try_append(&mut self, n: usize) -> Result<Appended<Self::Id>, ReserveError>;
     /// Rolls back to `len` tokens; returns how many blocks left the table.
     fn truncate(&mut self, len: usize) -> usize;
+    /// [`truncate`](Self::truncate) with the references that go back (and
+    /// a copy-on-write's source still kept) kept until `fence` completes
+    /// ([`KvBackend::complete`]).
+    fn truncate_fenced(&mut self, len: usize, fence: u64) -> usize;
+    /// Gives the sequence up with its references kept until `fence`
+    /// completes; returns how many references.
+    fn retire(self, fence: u64) -> usize;
+    /// Hands the source of the last copy-on-write, still kept, to `fence`;
+    /// returns 1 if there was one.
+    fn retire_copy_source(&mut self, fence: u64) -> usize;
     /// A child sharing the full blocks, and the copy of a partly filled
     /// last block into the child's private one, if there is one.
     fn try_fork(&self) -> Result<Forked<Self, Self::Id>, ReserveError>;
@@ -149,6 +159,11 @@ pub trait KvBackend: Clone + Send + Sync + 'static {
     fn free(&self, ids: &[Self::Id]) -> Result<(), String>;
     /// An empty sequence with room for `tokens` tokens in its table.
     fn new_seq(&self, tokens: usize) -> Self::Seq;
+    /// Gives back every reference retired under `fence` so far; returns
+    /// how many.
+    fn complete(&self, fence: u64) -> usize;
+    /// The high-water mark of references retired and not yet given back.
+    fn peak_pending_release_blocks(&self) -> usize;
     /// Blocks holding a key, referenced or not.
     fn cached_blocks(&self) -> usize;
     /// Blocks holding a key that no sequence holds (they count as free).
@@ -212,6 +227,15 @@ impl KvSeq for Sequence {
     }
     fn truncate(&mut self, len: usize) -> usize {
         Sequence::truncate(self, len)
+    }
+    fn truncate_fenced(&mut self, len: usize, fence: u64) -> usize {
+        Sequence::truncate_fenced(self, len, fence)
+    }
+    fn retire(self, fence: u64) -> usize {
+        Sequence::retire(self, fence)
+    }
+    fn retire_copy_source(&mut self, fence: u64) -> usize {
+        Sequence::retire_copy_source(self, fence)
     }
     fn try_fork(&self) -> Result<Forked<Sequence, BlockId>, ReserveError> {
         Sequence::try_fork(self).map(|(child, copy)| {
@@ -302,6 +326,12 @@ impl KvBackend for KvslotsBackend {
     fn new_seq(&self, tokens: usize) -> Sequence {
         Sequence::with_capacity(Arc::clone(&self.pool), tokens)
     }
+    fn complete(&self, fence: u64) -> usize {
+        self.pool.complete(fence)
+    }
+    fn peak_pending_release_blocks(&self) -> usize {
+        self.pool.peak_pending_release_blocks()
+    }
     fn cached_blocks(&self) -> usize {
         kvslots_prefix::cached_blocks(&self.pool)
     }
@@ -360,6 +390,15 @@ impl KvSeq for MutexSeq {
     fn truncate(&mut self, len: usize) -> usize {
         MutexSeq::truncate(self, len)
     }
+    fn truncate_fenced(&mut self, len: usize, fence: u64) -> usize {
+        MutexSeq::truncate_fenced(self, len, fence)
+    }
+    fn retire(self, fence: u64) -> usize {
+        MutexSeq::retire(self, fence)
+    }
+    fn retire_copy_source(&mut self, fence: u64) -> usize {
+        MutexSeq::retire_copy_source(self, fence)
+    }
     fn try_fork(&self) -> Result<Forked<MutexSeq, u32>, ReserveError> {
         MutexSeq::try_fork(self).map(|(child, copy)| {
             let copy = copy.map(BlockCopy::from);
@@ -414,6 +453,12 @@ impl KvBackend for MutexBackend {
     }
     fn new_seq(&self, tokens: usize) -> MutexSeq {
         MutexSeq::with_capacity(Arc::clone(&self.pool), tokens)
+    }
+    fn complete(&self, fence: u64) -> usize {
+        self.pool.complete(fence)
+    }
+    fn peak_pending_release_blocks(&self) -> usize {
+        self.pool.peak_pending_release_blocks()
     }
     fn cached_blocks(&self) -> usize {
         self.pool.cached_blocks()

@@ -34,6 +34,13 @@
 //!
 //! The map is sized for every block at the start, so that no call
 //! allocates under the lock.
+//!
+//! # Fenced release
+//!
+//! As `kvslots`' `Sequence::retire`, `Sequence::truncate_fenced` and
+//! `BlockPool::complete`: a retired sequence's references wait, under the
+//! same lock, in a list per fence, and the complete of the fence drops
+//! them (a list per fence allocates, as `kvslots`' does).
 
 use std::cell::Cell;
 use std::collections::HashMap;
@@ -123,6 +130,11 @@ struct Inner {
     peak: usize,
     /// The prefix cache's counts.
     stats: PrefixCounts,
+    /// References retired under each fence not completed yet.
+    fenced: HashMap<u64, Vec<u32>>,
+    /// References retired and not given back, and their high-water mark.
+    pending: usize,
+    pending_peak: usize,
 }
 
 impl Inner {
@@ -246,6 +258,9 @@ impl MutexPool {
                 lru_len: 0,
                 peak: 0,
                 stats: PrefixCounts::default(),
+                fenced: HashMap::new(),
+                pending: 0,
+                pending_peak: 0,
             }),
             used: AtomicUsize::new(0),
             num_blocks,
@@ -405,6 +420,54 @@ impl MutexPool {
         }
         self.mirror(&mut inner);
         Ok(())
+    }
+
+    /// Keeps the references to `ids` and `extra` (a sequence's own) until
+    /// `fence` completes; returns how many.
+    fn retire(&self, fence: u64, ids: &[u32], extra: Option<u32>) -> usize {
+        let n = ids.len() + usize::from(extra.is_some());
+        if n == 0 {
+            return 0;
+        }
+        let mut inner = self.lock();
+        let list = inner.fenced.entry(fence).or_default();
+        list.extend_from_slice(ids);
+        list.extend(extra);
+        inner.pending += n;
+        inner.pending_peak = inner.pending_peak.max(inner.pending);
+        n
+    }
+
+    /// Gives back every reference retired under `fence` so far (last
+    /// retired first, as a sequence gives its table back) and returns how
+    /// many, as `kvslots::BlockPool::complete`.
+    pub fn complete(&self, fence: u64) -> usize {
+        let mut inner = self.lock();
+        let Some(list) = inner.fenced.remove(&fence) else {
+            return 0;
+        };
+        for &id in list.iter().rev() {
+            let refs = &mut inner.refs[id as usize];
+            // A retired reference is the sequence's own: it is there.
+            *refs = refs.saturating_sub(1);
+            if *refs == 0 {
+                inner.released(id);
+            }
+        }
+        inner.pending -= list.len();
+        self.mirror(&mut inner);
+        list.len()
+    }
+
+    /// References retired and not given back yet.
+    pub fn pending_release_blocks(&self) -> usize {
+        self.lock().pending
+    }
+
+    /// The high-water mark of
+    /// [`pending_release_blocks`](Self::pending_release_blocks).
+    pub fn peak_pending_release_blocks(&self) -> usize {
+        self.lock().pending_peak
     }
 
     /// On behalf of an empty sequence: appends to `out` the blocks of the
@@ -759,6 +822,39 @@ impl MutexSeq {
         gone
     }
 
+    /// [`truncate`](Self::truncate), with the references that go back
+    /// (and a copy-on-write's source still kept) kept until `fence`
+    /// completes, as `kvslots::Sequence::truncate_fenced`.
+    pub fn truncate_fenced(&mut self, len: usize, fence: u64) -> usize {
+        if len >= self.len {
+            return 0;
+        }
+        let keep = table::blocks_for(len, self.pool.block_size);
+        let gone = self.blocks.len() - keep;
+        let cow = self.retired.take();
+        self.pool.retire(fence, &self.blocks[keep..], cow);
+        self.blocks.truncate(keep);
+        self.shared_upto.set(self.shared_upto.get().min(keep));
+        self.len = len;
+        gone
+    }
+
+    /// Gives the sequence up with its references kept until `fence`
+    /// completes, as `kvslots::Sequence::retire`; returns how many.
+    pub fn retire(mut self, fence: u64) -> usize {
+        let cow = self.retired.take();
+        let n = self.pool.retire(fence, &self.blocks, cow);
+        self.blocks.clear();
+        n
+    }
+
+    /// Hands a copy-on-write's source, still kept, to `fence`, as
+    /// `kvslots::Sequence::retire_copy_source`; returns 1 if there was one.
+    pub fn retire_copy_source(&mut self, fence: u64) -> usize {
+        let cow = self.retired.take();
+        self.pool.retire(fence, &[], cow)
+    }
+
     /// A child sharing every full block and holding a private copy of a
     /// partly filled last block; returns the copy to make, if any.
     pub fn try_fork(&self) -> Result<(MutexSeq, Option<MutexBlockCopy>), ReserveError> {
@@ -958,6 +1054,26 @@ mod tests {
         // The last listed id goes first, so it is the one named.
         assert_eq!(p.free(&a), Err(MutexFreeError::NotAllocated { id: a[1] }));
         assert_eq!(p.free_blocks(), 4);
+    }
+
+    #[test]
+    fn fenced_give_backs_wait_for_their_fence_in_any_order() {
+        let p = pool(4, 4);
+        let mut a = MutexSeq::new(Arc::clone(&p));
+        a.try_append(12).unwrap(); // 3 blocks
+        assert_eq!(a.truncate_fenced(4, 2), 2);
+        assert_eq!(a.truncate_fenced(4, 2), 0, "a no-op at the length");
+        assert_eq!((p.used_blocks(), p.pending_release_blocks()), (3, 2));
+        assert!(a.try_append(8).is_err(), "the fenced blocks are in use");
+        assert_eq!(a.retire(1), 1);
+        assert_eq!(p.complete(3), 0);
+        // Out of order: fence 1 first.
+        assert_eq!(p.complete(1), 1);
+        assert_eq!((p.used_blocks(), p.pending_release_blocks()), (2, 2));
+        assert_eq!(p.complete(2), 2);
+        assert_eq!(p.complete(2), 0);
+        assert_eq!(p.used_blocks(), 0);
+        assert_eq!(p.peak_pending_release_blocks(), 3);
     }
 
     #[test]

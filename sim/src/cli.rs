@@ -29,6 +29,9 @@ pub const DEFAULT_REQUESTS: usize = 500_000;
 /// The most worker threads a run may start.
 pub const MAX_WORKERS: usize = 1024;
 
+/// The most steps `--async-depth` lets the device run behind.
+pub const MAX_ASYNC_DEPTH: usize = 64;
+
 /// The default seed.
 pub const DEFAULT_SEED: u64 = 42;
 
@@ -133,6 +136,12 @@ pub struct Cli {
     /// must fail, naming it.
     #[arg(long, value_enum, value_name = "KIND")]
     pub plant_fault: Option<Fault>,
+    /// Asynchronous scheduling: the device runs K steps behind the
+    /// scheduler, so the blocks a step gives back (preemption, rejected
+    /// drafts, completion) are retired under the step's fence and go back
+    /// when the step completes, K steps later (0: at once).
+    #[arg(long, value_name = "K", default_value_t = 0)]
+    pub async_depth: usize,
     /// The livelock watchdog: an allocator call running this long ends the
     /// run as stuck.
     #[arg(long, default_value_t = 10_000, value_name = "MS")]
@@ -247,6 +256,20 @@ impl Cli {
         if self.stuck_after_ms == 0 {
             return Err(InputError("--stuck-after-ms must be at least 1".into()));
         }
+        if self.async_depth > MAX_ASYNC_DEPTH {
+            return Err(InputError(format!(
+                "--async-depth must be at most {MAX_ASYNC_DEPTH}, got {}",
+                self.async_depth
+            )));
+        }
+        if let Some(f) = self.plant_fault.filter(|f| f.needs_async()) {
+            if self.async_depth == 0 {
+                return Err(InputError(format!(
+                    "--plant-fault {} needs fenced release: give --async-depth 1 or more",
+                    f.name()
+                )));
+            }
+        }
         let engine = EngineConfig {
             admission: self.admission.unwrap_or(Admission::Reserve),
             workers,
@@ -259,6 +282,7 @@ impl Cli {
             seed: self.seed,
             mix: self.spec.is_none() && self.samples.is_none() && self.admission.is_none(),
             prefix_cache,
+            async_depth: self.async_depth,
             stuck_after: std::time::Duration::from_millis(self.stuck_after_ms),
             ..EngineConfig::default()
         };
@@ -367,11 +391,12 @@ fn profile_words(e: &EngineConfig, block_size: usize) -> String {
 fn settings_line(plan: &Plan) -> String {
     let e = &plan.engine;
     format!(
-        "workload: {}; {} workers, {}, prefix cache {}, watermark {} blocks, chunk {}, max running {}; kvslots free list: {} shards",
+        "workload: {}; {} workers, {}, prefix cache {}, async depth {}, watermark {} blocks, chunk {}, max running {}; kvslots free list: {} shards",
         plan.workload,
         e.workers,
         profile_words(e, plan.sizing.block_size),
         if e.prefix_cache { "on" } else { "off" },
+        e.async_depth,
         e.watermark_blocks,
         e.chunk,
         e.max_running,
@@ -394,6 +419,7 @@ fn settings_json(plan: &Plan) -> serde_json::Value {
         "seed": e.seed,
         "mix": e.mix,
         "prefix_cache": e.prefix_cache,
+        "async_depth": e.async_depth,
         "profiles": profile_words(e, plan.sizing.block_size),
         "stuck_after_ms": e.stuck_after.as_millis() as u64,
     })

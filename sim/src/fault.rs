@@ -59,11 +59,20 @@ pub enum Fault {
     WorkerPanic,
     /// An append never returns (a livelock).
     StuckCall,
+    /// With `--async-depth`, a fenced truncate (of rejected drafts) gives
+    /// the blocks it drops back at once instead of when the step that reads
+    /// them completes: a block can be handed out again while a step in
+    /// flight reads it. Caught by the oracle when the step completes (the
+    /// pool no longer counts the references the step holds), or sooner, if
+    /// the block is handed out again first. (Fired at a truncate because
+    /// drafts are never published: the blocks it drops are this worker's
+    /// alone, so the oracle compares their counts exactly.)
+    EarlyRelease,
 }
 
 impl Fault {
     /// Every kind.
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 9] = [
         Fault::ShortAppend,
         Fault::SharedForkTail,
         Fault::Leak,
@@ -72,6 +81,7 @@ impl Fault {
         Fault::LostReference,
         Fault::WorkerPanic,
         Fault::StuckCall,
+        Fault::EarlyRelease,
     ];
 
     /// The name on the command line.
@@ -85,7 +95,14 @@ impl Fault {
             Fault::LostReference => "lost-reference",
             Fault::WorkerPanic => "worker-panic",
             Fault::StuckCall => "stuck-call",
+            Fault::EarlyRelease => "early-release",
         }
+    }
+
+    /// Whether the fault has occasions only with fenced release
+    /// (`--async-depth` above 0).
+    pub fn needs_async(self) -> bool {
+        self == Fault::EarlyRelease
     }
 }
 
@@ -360,6 +377,29 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
         });
         r
     }
+    fn truncate_fenced(&mut self, len: usize, fence: u64) -> usize {
+        let gives_back =
+            len < self.len() && len.div_ceil(self.state.block_size) < self.seq().table().len();
+        if gives_back && self.state.fires(Fault::EarlyRelease) {
+            return self.truncate(len);
+        }
+        let r = self.seq_mut().truncate_fenced(len, fence);
+        self.refresh();
+        let table = self.seq().table();
+        self.state.forget(self.id, |block| table.contains(block));
+        self.state.lost_of(self.id, |lost| {
+            if lost.is_some_and(|l| !table.iter().any(|&id| S::index(id) == l.block)) {
+                *lost = None;
+            }
+        });
+        r
+    }
+    fn retire(mut self, fence: u64) -> usize {
+        self.inner.take().map_or(0, |seq| seq.retire(fence))
+    }
+    fn retire_copy_source(&mut self, fence: u64) -> usize {
+        self.seq_mut().retire_copy_source(fence)
+    }
     fn try_fork(&self) -> Result<Forked<Self, S::Id>, ReserveError> {
         // The parent's blocks are shared from now on.
         self.state.forget(self.id, |_| false);
@@ -452,6 +492,12 @@ impl<B: KvBackend> KvBackend for Faulty<B> {
     }
     fn new_seq(&self, tokens: usize) -> FaultySeq<B::Seq> {
         FaultySeq::new(self.inner.new_seq(tokens), Arc::clone(&self.state))
+    }
+    fn complete(&self, fence: u64) -> usize {
+        self.inner.complete(fence)
+    }
+    fn peak_pending_release_blocks(&self) -> usize {
+        self.inner.peak_pending_release_blocks()
     }
     fn cached_blocks(&self) -> usize {
         self.inner.cached_blocks()

@@ -69,6 +69,23 @@
 //! had already moved the pool's count): it names the block, the request and
 //! both counts.
 //!
+//! # Steps in flight (`--async-depth`)
+//!
+//! With asynchronous scheduling the blocks a sequence gives back are
+//! retired under the fence of the step that reads them and go back only
+//! when the engine completes that step. Beside the holders, the shadow
+//! keeps a count per block of the retired references still in flight
+//! ([`Oracle::give_back_fenced`], [`Oracle::retire_copy_source`]): the
+//! pool must count `holders + in flight` references wherever it counted
+//! `holders` above; a block handed to a new owner, or written, while a
+//! step in flight reads it fails the run; and before each step completes
+//! ([`Oracle::before_complete`]) the pool must still count every reference
+//! that the step holds (a retirement given back early shows there even if
+//! no one has taken the block yet). The give-back lowers the holders
+//! before it raises the in-flight count, and the complete lowers the
+//! in-flight count before the call, so the sum never exceeds what a
+//! correct pool counts, also while other workers look.
+//!
 //! # Orderings
 //!
 //! Stamps and shadow counts are `Relaxed`: the pool orders one holder's use
@@ -261,11 +278,24 @@ impl<Id: Copy> Tracked<Id> {
     }
 }
 
+/// One reference retired under a fence, as the oracle lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FencedRef {
+    /// The block's index.
+    pub block: usize,
+    /// Whether other workers' sequences may hold the block too (a table
+    /// entry matched from the cache or published, or a copy-on-write's
+    /// source).
+    pub shared: bool,
+}
+
 /// The simulated device memory and the shadow of who holds each block.
 #[derive(Debug)]
 pub struct Oracle {
     stamps: Vec<AtomicU64>,
     holders: Vec<AtomicU32>,
+    /// Per block, references retired under fences not completed yet.
+    in_flight: Vec<AtomicU32>,
     block_size: usize,
 }
 
@@ -278,6 +308,7 @@ impl Oracle {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             holders: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
+            in_flight: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
             block_size,
         }
     }
@@ -296,15 +327,115 @@ impl Oracle {
         t: &mut Tracked<B::Id>,
         keep: usize,
     ) -> Result<(), String> {
+        self.give_back(backend, t, keep, None)
+    }
+
+    /// [`before_release`](Self::before_release) for a give-back under a
+    /// fence (a fenced truncate, a retired sequence): the blocks stay in
+    /// flight until the fence completes, and their indices are appended to
+    /// `fenced`, the fence's list (for [`before_complete`](Self::before_complete)).
+    pub fn give_back_fenced<B: KvBackend>(
+        &self,
+        backend: &B,
+        t: &mut Tracked<B::Id>,
+        keep: usize,
+        fenced: &mut Vec<FencedRef>,
+    ) -> Result<(), String> {
+        self.give_back(backend, t, keep, Some(fenced))
+    }
+
+    fn give_back<B: KvBackend>(
+        &self,
+        backend: &B,
+        t: &mut Tracked<B::Id>,
+        keep: usize,
+        mut fenced: Option<&mut Vec<FencedRef>>,
+    ) -> Result<(), String> {
+        let retired = t.retired.map(B::Seq::index);
         let mut first = self.release_retired(backend, t).map(|_| ());
-        for (i, &id) in t.table.iter().enumerate().skip(keep) {
+        let entries = t.table.iter().enumerate().skip(keep);
+        for (i, block) in entries.map(|(i, &id)| (i, B::Seq::index(id))) {
             let shared = i < t.shared;
-            let checked = self.check_and_lower(backend, &t.writer, B::Seq::index(id), i, shared);
+            let checked = self.check_and_lower(backend, &t.writer, block, i, shared);
             if first.is_ok() {
                 first = checked;
             }
+            if let Some(list) = fenced.as_deref_mut() {
+                self.fly(block, shared, list);
+            }
+        }
+        if let (Some(block), Some(list)) = (retired, fenced) {
+            // A copy-on-write's source may be a block matched from the
+            // cache: shared, to be safe.
+            self.fly(block, true, list);
         }
         t.table.truncate(keep);
+        first
+    }
+
+    /// Counts a retired reference to `block` in flight (after its holder
+    /// was lowered) and lists it under its fence.
+    fn fly(&self, block: usize, shared: bool, list: &mut Vec<FencedRef>) {
+        if let Some(f) = self.in_flight.get(block) {
+            // Relaxed: see the module's orderings.
+            f.fetch_add(1, Ordering::Relaxed);
+            list.push(FencedRef { block, shared });
+        }
+    }
+
+    /// Hands the block a copy-on-write retired (if any) to a fence, as
+    /// the sequence's `retire_copy_source` does: checked and lowered as at
+    /// a give-back, then in flight under the fence (listed in `fenced`).
+    pub fn retire_copy_source<B: KvBackend>(
+        &self,
+        backend: &B,
+        t: &mut Tracked<B::Id>,
+        fenced: &mut Vec<FencedRef>,
+    ) -> Result<(), String> {
+        let retired = self.release_retired(backend, t);
+        if let Ok(Some(id)) = retired {
+            // As in `give_back`: shared, to be safe.
+            self.fly(B::Seq::index(id), true, fenced);
+        }
+        retired.map(|_| ())
+    }
+
+    /// The check before a step's fence completes, for the blocks retired
+    /// under it (`fenced`, one entry per retired reference): the pool must
+    /// still count, besides the live tables' references, every reference
+    /// in flight (this step's among them); for a block other workers'
+    /// sequences may hold too (matched or published), whose shadow updates
+    /// interleave with this check, only that it counts one. Lowers the
+    /// in-flight counts whatever it finds; names the first block that
+    /// disagrees.
+    pub fn before_complete<B: KvBackend>(
+        &self,
+        backend: &B,
+        fence: u64,
+        fenced: &[FencedRef],
+    ) -> Result<(), String> {
+        let mut first = Ok(());
+        for &FencedRef { block, shared } in fenced {
+            let (Some(h), Some(f)) = (self.holders.get(block), self.in_flight.get(block)) else {
+                continue;
+            };
+            // Relaxed: see the module's orderings.
+            let held = h.load(Ordering::Relaxed) as usize;
+            let flying = f.fetch_sub(1, Ordering::Relaxed) as usize;
+            let counted = backend.ref_count(block).unwrap_or(0);
+            let short = if shared {
+                counted == 0
+            } else {
+                counted < held + flying
+            };
+            if short && first.is_ok() {
+                first = Err(format!(
+                    "block {block}, retired under fence {fence}, was given back before the step \
+                     completed: the pool counts {counted} references, but {held} live sequences \
+                     and {flying} steps in flight hold it"
+                ));
+            }
+        }
         first
     }
 
@@ -357,10 +488,19 @@ impl Oracle {
         };
         // Relaxed: see the module's orderings.
         let held = h.load(Ordering::Relaxed) as usize;
+        let flying = self.flying(block);
         let counted = backend.ref_count(block).unwrap_or(0);
         self.lower(block);
-        if held == counted || (shared && counted > 0) {
+        if held + flying == counted || (shared && counted > 0) {
             return Ok(());
+        }
+        if flying > 0 {
+            return Err(format!(
+                "request {} sample {}: block {block}, about to be given back, is held by {held} \
+                 live sequences and {flying} steps in flight but the pool counts {counted} \
+                 references",
+                w.request, w.sample
+            ));
         }
         let which = if entry == usize::MAX {
             "retired by a copy-on-write".to_string()
@@ -372,6 +512,14 @@ impl Oracle {
              {held} live sequences but the pool counts {counted} references",
             w.request, w.sample
         ))
+    }
+
+    /// References to `block` retired under fences not completed yet.
+    fn flying(&self, block: usize) -> usize {
+        // Relaxed: see the module's orderings.
+        self.in_flight
+            .get(block)
+            .map_or(0, |f| f.load(Ordering::Relaxed) as usize)
     }
 
     fn lower(&self, block: usize) {
@@ -442,6 +590,7 @@ impl Oracle {
             };
             // Relaxed: see the module's orderings.
             let held = h.fetch_add(1, Ordering::Relaxed) as usize + 1;
+            let flying = self.flying(block);
             let counted = backend.ref_count(block).unwrap_or(0);
             // An entry shared with other workers' sequences (matched or
             // published), whose calls and shadow updates interleave with
@@ -450,8 +599,16 @@ impl Oracle {
             let wrong = if i < t.shared {
                 counted == 0
             } else {
-                held != counted
+                held + flying != counted
             };
+            if wrong && flying > 0 && first.is_ok() {
+                first = Err(format!(
+                    "request {} sample {}: block {block} (table entry {i}) is handed out while \
+                     {flying} steps in flight still read it: {held} live sequences and the steps \
+                     hold it, but the pool counts {counted} references",
+                    w.request, w.sample
+                ));
+            }
             if wrong && first.is_ok() {
                 first = Err(format!(
                     "request {} sample {}: block {block} (table entry {i}) is held by {held} live \
@@ -535,6 +692,14 @@ impl Oracle {
         self.by_block::<S>(t, positions, |block, base, first, run| {
             // Relaxed: see the module's orderings.
             let holders = self.holders[block].load(Ordering::Relaxed);
+            let flying = self.flying(block);
+            if flying > 0 {
+                return Err(format!(
+                    "request {} sample {} position {first}: writes into block {block}, which \
+                     {flying} steps in flight still read",
+                    w.request, w.sample
+                ));
+            }
             if holders != 1 {
                 return Err(format!(
                     "request {} sample {} position {first}: writes into block {block}, which \
@@ -627,11 +792,17 @@ impl Oracle {
         for (block, h) in self.holders.iter().enumerate() {
             // Relaxed: every worker has finished.
             let held = h.load(Ordering::Relaxed);
+            let flying = self.flying(block);
             let counted = backend.ref_count(block).unwrap_or(0);
-            if held != 0 || counted != 0 {
+            if held != 0 || flying != 0 || counted != 0 {
+                let steps = if flying == 0 {
+                    String::new()
+                } else {
+                    format!(" and {flying} steps in flight")
+                };
                 out.push(format!(
-                    "after the run block {block} is held by {held} sequences, the pool counts \
-                     {counted} references"
+                    "after the run block {block} is held by {held} sequences{steps}, the pool \
+                     counts {counted} references"
                 ));
                 if out.len() == 4 {
                     break;
@@ -804,6 +975,53 @@ mod tests {
         drop(child);
         o.before_release(&b, &mut pt, 0).unwrap();
         drop(parent);
+        assert!(o.sweep(&b).is_empty());
+    }
+    /// Fenced give-backs: blocks retired under a fence stay counted in
+    /// flight; the pool's count passes every check while the fence is
+    /// pending; a block released early is caught before its fence
+    /// completes, and so is a hand-out of it while the step is in flight.
+    #[test]
+    fn a_block_released_before_its_fence_completes_is_caught() {
+        let b = KvslotsBackend::new(4, 4);
+        let o = Oracle::new(4, 4);
+        // A correct fenced truncate: two blocks retired under fence 7.
+        let mut seq = b.new_seq(12);
+        seq.try_append(12).unwrap();
+        let mut t = Tracked::new(writer(1));
+        o.after_call(&b, &mut t, &seq, 0, None).unwrap();
+        let mut fenced = Vec::new();
+        o.give_back_fenced(&b, &mut t, 1, &mut fenced).unwrap();
+        KvSeq::truncate_fenced(&mut seq, 4, 7);
+        assert_eq!(fenced.len(), 2);
+        assert!(fenced.iter().all(|r| !r.shared));
+        o.before_complete(&b, 7, &fenced).unwrap();
+        assert_eq!(b.complete(7), 2);
+        // Released early: the same truncate given back at once.
+        seq.try_append(8).unwrap();
+        o.after_call(&b, &mut t, &seq, 1, None).unwrap();
+        let mut fenced = Vec::new();
+        o.give_back_fenced(&b, &mut t, 1, &mut fenced).unwrap();
+        KvSeq::truncate(&mut seq, 4);
+        // Another sequence is handed one of them while the step reads it.
+        let mut other = b.new_seq(4);
+        other.try_append(4).unwrap();
+        let mut ot = Tracked::new(writer(2));
+        let err = o.after_call(&b, &mut ot, &other, 0, None).unwrap_err();
+        assert!(err.contains("steps in flight still read it"), "{err}");
+        let mut slots = Vec::new();
+        other.extend_slots(0..4, &mut slots).unwrap();
+        let err = o.write::<kvslots::Sequence>(&ot, 0..4, &slots).unwrap_err();
+        assert!(err.contains("which 1 steps in flight still read"), "{err}");
+        let err = o.before_complete(&b, 8, &fenced).unwrap_err();
+        assert!(
+            err.contains("was given back before the step completed"),
+            "{err}"
+        );
+        o.before_release(&b, &mut ot, 0).unwrap();
+        drop(other);
+        o.before_release(&b, &mut t, 0).unwrap();
+        drop(seq);
         assert!(o.sweep(&b).is_empty());
     }
 }

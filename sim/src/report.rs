@@ -57,6 +57,10 @@ pub struct Report {
     pub num_blocks: usize,
     /// `peak_blocks_used` as a percentage of `num_blocks`.
     pub peak_blocks_pct: f64,
+    /// The high-water mark of block references retired under a step's
+    /// fence and not yet given back (the pool's
+    /// `peak_pending_release_blocks`; 0 without `--async-depth`).
+    pub pending_release_peak: usize,
     /// Allocator calls per second of the run's wall time.
     pub alloc_ops_per_sec: f64,
     /// Time inside allocator calls, summed over workers, in milliseconds.
@@ -109,6 +113,7 @@ impl Report {
             } else {
                 100.0 * s.peak_blocks_used as f64 / s.num_blocks as f64
             },
+            pending_release_peak: s.pending_release_peak,
             alloc_ops_per_sec: s.alloc_ops_per_sec(),
             alloc_busy_ms: s.alloc_busy.as_secs_f64() * 1e3,
             wall_ms: s.wall.as_secs_f64() * 1e3,
@@ -202,6 +207,20 @@ fn rows(r: &Report) -> Vec<(&'static str, String, Option<f64>)> {
                 thousands(r.peak_blocks_used as u64),
                 thousands(r.num_blocks as u64),
                 r.peak_blocks_pct
+            ),
+            None,
+        ),
+        (
+            "pending release peak (blocks)",
+            thousands(r.pending_release_peak as u64),
+            None,
+        ),
+        (
+            "blocks retired / device syncs",
+            format!(
+                "{} / {}",
+                thousands(c.blocks_retired),
+                thousands(c.device_syncs)
             ),
             None,
         ),

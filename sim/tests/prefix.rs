@@ -278,6 +278,15 @@ impl kvslots_sim::backend::KvSeq for WrongSeq {
     fn truncate(&mut self, len: usize) -> usize {
         self.0.truncate(len)
     }
+    fn truncate_fenced(&mut self, len: usize, fence: u64) -> usize {
+        self.0.truncate_fenced(len, fence)
+    }
+    fn retire(self, fence: u64) -> usize {
+        self.0.retire(fence)
+    }
+    fn retire_copy_source(&mut self, fence: u64) -> usize {
+        self.0.retire_copy_source(fence)
+    }
     fn try_fork(&self) -> Result<kvslots_sim::backend::Forked<Self, Id>, kvslots::ReserveError> {
         kvslots_sim::backend::KvSeq::try_fork(&self.0).map(|(c, copy)| (WrongSeq(c), copy))
     }
@@ -330,6 +339,12 @@ impl KvBackend for WrongMatch {
     }
     fn new_seq(&self, tokens: usize) -> WrongSeq {
         WrongSeq(self.0.new_seq(tokens))
+    }
+    fn complete(&self, fence: u64) -> usize {
+        self.0.complete(fence)
+    }
+    fn peak_pending_release_blocks(&self) -> usize {
+        self.0.peak_pending_release_blocks()
     }
     fn cached_blocks(&self) -> usize {
         self.0.cached_blocks()

@@ -206,6 +206,10 @@ fn the_binary_exits_2_on_a_missing_file_and_bad_flags() {
         &["--shards", "0"],
         &["--shards", "1025"],
         &["--shards", "-1"],
+        &["--async-depth", "65"],
+        &["--async-depth", "-1"],
+        &["--plant-fault", "early-release"],
+        &["--plant-fault", "early-release", "--async-depth", "0"],
     ] {
         let out = Command::new(BIN).args(bad).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
@@ -251,6 +255,9 @@ fn json_report_has_the_documented_keys_and_invariants_hold() {
         "prefix_hit_rate",
         "evictions",
         "cached_blocks",
+        "pending_release_peak",
+        "blocks_retired",
+        "device_syncs",
     ] {
         assert!(v.get(key).is_some(), "missing {key} in {v}");
     }
@@ -272,6 +279,38 @@ fn json_report_has_the_documented_keys_and_invariants_hold() {
     assert_eq!(done, 300);
     assert!(v["peak_blocks_used"].as_u64().unwrap() <= 128);
     assert!(v["alloc_ops_per_sec"].as_f64().unwrap() > 0.0);
+}
+
+/// `--async-depth 2` on the tight pool: every invariant holds, blocks are
+/// retired under the steps' fences, the peak of pending releases is
+/// reported, and the table names it.
+#[test]
+fn async_depth_reports_the_pending_release_peak() {
+    let args = [
+        "--requests",
+        "200",
+        "--memory-gib",
+        "0.25",
+        "--workers",
+        "3",
+    ];
+    let (code, v) = json_run(&[&args[..], &["--async-depth", "2"]].concat());
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["invariants_ok"], true);
+    assert_eq!(v["settings"]["async_depth"], 2);
+    assert!(v["blocks_retired"].as_u64().unwrap() > 0, "{v}");
+    let peak = v["pending_release_peak"].as_u64().unwrap();
+    assert!(peak > 0, "{v}");
+    assert!(v["alloc_ops"]["complete"]["calls"].as_u64().unwrap() > 0);
+    let out = Command::new(BIN)
+        .args(args)
+        .args(["--async-depth", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("pending release peak (blocks)"), "{table}");
+    assert!(table.contains("async depth 1"), "{table}");
 }
 
 /// `--shards` reaches the pool and the settings, and a tight pool gives the

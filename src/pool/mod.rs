@@ -13,12 +13,14 @@ use crate::free_list::{Chain, FreeList, NIL};
 use crate::id::BlockId;
 use crate::sync::{self, Backoff, Faults};
 
+mod fence;
 mod keys;
 mod lru;
 mod over_free;
 mod prefix;
 mod refs;
 
+use fence::Fences;
 use keys::Keys;
 use lru::Lru;
 pub use prefix::PrefixStats;
@@ -74,6 +76,18 @@ use refs::{Dropped, Refs};
 /// [`prefix_stats`](Self::prefix_stats) report on it and clear it. Every
 /// path is lock-free, and none allocates heap memory.
 ///
+/// # Fenced release
+///
+/// With asynchronous scheduling a device step may still read a sequence's
+/// blocks after the scheduler has let go of them. [`Sequence::retire`](crate::Sequence::retire)
+/// and [`Sequence::truncate_fenced`](crate::Sequence::truncate_fenced)
+/// keep the references under the step's fence until
+/// [`complete`](Self::complete) declares it done; until then the blocks
+/// count as used and are never handed out.
+/// [`pending_release_blocks`](Self::pending_release_blocks) counts them.
+/// Dropping the pool with retirements pending frees their lists with it
+/// (the references are the pool's own bookkeeping, so nothing leaks).
+///
 /// # Orderings
 ///
 /// Whatever a sequence's thread wrote into a block before publishing it
@@ -98,6 +112,8 @@ pub struct BlockPool {
     lru: Lru,
     /// The prefix cache's hit statistics.
     stats: Stats,
+    /// References retired under fences that have not completed yet.
+    fences: Fences,
     block_size: usize,
 }
 
@@ -206,6 +222,7 @@ impl BlockPool {
             keys: Keys::new(num_blocks, faults),
             lru: Lru::new(num_blocks),
             stats: Stats::new(shards.max(Self::DEFAULT_SHARDS)),
+            fences: Fences::new(faults),
             block_size,
         }
     }

@@ -68,6 +68,11 @@ pub struct Faults {
     /// loses only in its rescan, and meanwhile beats a later publish.
     #[cfg(kvslots_loom)]
     pub no_held_key_check: bool,
+    /// Give a retired sequence's references back at once, at the retire,
+    /// instead of when its fence completes: a block can be handed out again
+    /// while a step that reads it is still in flight.
+    #[cfg(kvslots_loom)]
+    pub early_release: bool,
 }
 
 impl Faults {
@@ -191,6 +196,17 @@ impl Faults {
     pub(crate) fn no_held_key_check(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.no_held_key_check {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a fenced retirement gives its references back at once:
+    /// `false`, or `true` under `early_release`.
+    #[inline]
+    pub(crate) fn early_release(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.early_release {
             return true;
         }
         false

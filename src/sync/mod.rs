@@ -29,8 +29,8 @@ mod backoff;
 mod faults;
 mod thread_index;
 
-pub(crate) use atomic::CachePadded;
 pub use atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use atomic::{CachePadded, Mutex};
 pub(crate) use backoff::{stale_retry, Backoff};
 pub use faults::Faults;
 pub(crate) use thread_index::thread_index;

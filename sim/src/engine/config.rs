@@ -60,6 +60,12 @@ pub struct EngineConfig {
     /// (`hash_ids`) matches its prompt's cached prefix before admission and
     /// publishes its prompt's full blocks once prefilled.
     pub prefix_cache: bool,
+    /// Asynchronous scheduling: the device runs this many steps behind
+    /// the scheduler, so the blocks a step gives back (preemption, the
+    /// rollback of rejected drafts, completion, a copy-on-write's source)
+    /// are retired under the step's fence and go back when the step
+    /// completes, this many steps later. 0: every give-back is immediate.
+    pub async_depth: usize,
     /// How long one allocator call may run before the watchdog declares it
     /// stuck (a livelock) and ends the run.
     pub stuck_after: Duration,
@@ -85,6 +91,7 @@ impl Default for EngineConfig {
             seed: 0,
             mix: false,
             prefix_cache: true,
+            async_depth: 0,
             stuck_after: Duration::from_secs(10),
             stall_limit: 20_000_000,
             monitor_interval: Duration::from_micros(200),

@@ -50,6 +50,17 @@
 //! With prefix caching, a prompt's full blocks are published (their keys
 //! made known to the cache) once it is prefilled, before any decode step.
 //!
+//! With `async_depth = K > 0` (asynchronous scheduling), each iteration is
+//! a step with a fence of its own, and the device runs `K` steps behind:
+//! every give-back of the step (the rollback of rejected drafts, the drop
+//! of a completed or preempted group's sequences, the source of a
+//! copy-on-write) is retired under the step's fence, and the step is
+//! completed (its references given back) when the worker starts the step
+//! `K` later. A refused allocation first waits for the device (completes
+//! the oldest step in flight, and retries) and preempts only when nothing
+//! is in flight; a worker with nothing running, or ending, completes every
+//! step in flight.
+//!
 //! Every append writes the KV stamps of the positions it covers, every
 //! device copy copies them, attention reads them back, and the oracle
 //! checks every table against the pool (see [`crate::oracle`]).
@@ -84,6 +95,7 @@
 //! merged at the end.
 
 mod config;
+mod device;
 mod shared;
 mod stats;
 mod worker;
@@ -104,6 +116,7 @@ pub use config::{Admission, EngineConfig, Profile, MIX_CLASSES, MIX_SAMPLES};
 pub use stats::{new_histogram, Counts, Invariants, OpKind, OpStats, RunStats};
 pub use worker::{group_blocks, never_fits};
 
+use device::Device;
 use shared::Shared;
 use stats::WorkerStats;
 use worker::Worker;
@@ -223,6 +236,7 @@ fn spawn_workers<B: KvBackend>(
             spare: None,
             keys: (None, Vec::new()),
             key_bufs: Vec::new(),
+            device: Device::new(index, cfg.workers, cfg.async_depth),
         };
         let (rx, exits, shared) = (rx.clone(), exits.clone(), Arc::clone(shared));
         std::thread::Builder::new()
@@ -359,6 +373,7 @@ fn summarize<B: KvBackend>(
         errors: Vec::new(),
         prefix: backend.prefix_stats(),
         cached_blocks: backend.cached_blocks(),
+        pending_release_peak: backend.peak_pending_release_blocks(),
     };
     stats.counts.stuck_calls = stuck as u64;
     let mut finished = vec![0u8; requests];

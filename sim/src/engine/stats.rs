@@ -66,6 +66,12 @@ counts! {
     /// Iterations in which a worker had nothing running and its waiting
     /// request did not fit (it parked until blocks were freed).
     idle_waits,
+    /// With `--async-depth`: block references retired under a step's fence
+    /// (given back when the step completed).
+    blocks_retired,
+    /// With `--async-depth`: refusals resolved by waiting for the device to
+    /// complete its oldest step in flight (instead of preempting).
+    device_syncs,
     /// Allocator calls made.
     alloc_calls,
     /// Workers the run was given up on: stuck in an allocator call (the
@@ -114,6 +120,9 @@ pub struct RunStats {
     pub prefix: crate::backend::PrefixCounts,
     /// Blocks holding a key at the end.
     pub cached_blocks: usize,
+    /// The high-water mark of block references retired under a fence and
+    /// not yet given back (`--async-depth`).
+    pub pending_release_peak: usize,
 }
 
 /// The kinds of allocator call the engine makes.
@@ -136,11 +145,16 @@ pub enum OpKind {
     Match,
     /// `publish` of a prefilled prompt's full blocks.
     Publish,
+    /// `complete` of a step's fence (`--async-depth`): the references
+    /// retired under it go back. (A fenced truncate is a `Truncate`, a
+    /// retired sequence a `Drop`, and handing a copy-on-write's source to
+    /// the step's fence part of the `Append` that copied.)
+    Complete,
 }
 
 impl OpKind {
     /// Every kind, in index order.
-    pub const ALL: [OpKind; 7] = [
+    pub const ALL: [OpKind; 8] = [
         OpKind::Admit,
         OpKind::Append,
         OpKind::Truncate,
@@ -148,6 +162,7 @@ impl OpKind {
         OpKind::Drop,
         OpKind::Match,
         OpKind::Publish,
+        OpKind::Complete,
     ];
 
     /// The kind's name in reports.
@@ -160,6 +175,7 @@ impl OpKind {
             OpKind::Drop => "drop",
             OpKind::Match => "try_match_prefix",
             OpKind::Publish => "publish",
+            OpKind::Complete => "complete",
         }
     }
 }

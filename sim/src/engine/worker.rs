@@ -13,6 +13,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
 use super::config::{Admission, EngineConfig, Profile};
+use super::device::Device;
 use super::shared::Shared;
 use super::stats::{OpKind, WorkerStats};
 use crate::backend::{KvBackend, KvSeq};
@@ -96,6 +97,17 @@ impl From<String> for StepError {
     }
 }
 
+/// Which steps in flight [`Worker::complete_steps`] completes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    /// Those the scheduler is `async_depth` steps past.
+    Due,
+    /// The oldest one, whatever its step (the scheduler waits for it).
+    Oldest,
+    /// Every one (the device drains).
+    All,
+}
+
 /// A worker's view of the queue: the shared channel and its own waiting
 /// list (preempted requests first).
 struct Queue<'a> {
@@ -125,6 +137,8 @@ pub(super) struct Worker<B: KvBackend> {
     pub(super) keys: (Option<usize>, Vec<BlockHash>),
     /// Emptied key buffers of completed groups, for reuse.
     pub(super) key_bufs: Vec<Vec<BlockHash>>,
+    /// The steps in flight (`--async-depth`).
+    pub(super) device: Device,
 }
 
 /// Stops the run if dropped by a panic's unwinding.
@@ -211,7 +225,17 @@ impl<B: KvBackend> Worker<B> {
         if let Some(c) = copy {
             oracle.copy::<B::Seq>(c)?;
             self.stats.counts.block_copies += 1;
+            if self.device.fenced() {
+                // The step in flight makes the copy: its source goes back
+                // when the step completes.
+                let (fence, list) = self.device.current();
+                let checked = oracle.retire_copy_source(&self.backend, &mut live.t, list);
+                let seq = &mut live.seq;
+                self.call(OpKind::Append, || seq.retire_copy_source(fence));
+                checked?;
+            }
         }
+        let oracle = &self.shared.oracle;
         self.slots.clear();
         live.seq
             .extend_slots(range.clone(), &mut self.slots)
@@ -367,14 +391,19 @@ impl<B: KvBackend> Worker<B> {
     fn truncate(&mut self, live: &mut Live<B>, len: usize) -> Result<(), StepError> {
         let keep = len.div_ceil(self.block_size());
         // The blocks go back whatever the check finds (it lowered the
-        // shadow for them).
-        let checked = self
-            .shared
-            .oracle
-            .before_release(&self.backend, &mut live.t, keep);
+        // shadow for them); fenced, when the step that read them completes.
+        let oracle = &self.shared.oracle;
         let seq = &mut live.seq;
-        self.call(OpKind::Truncate, || seq.truncate(len));
-        checked?;
+        if self.device.fenced() {
+            let (fence, list) = self.device.current();
+            let checked = oracle.give_back_fenced(&self.backend, &mut live.t, keep, list);
+            self.call(OpKind::Truncate, || seq.truncate_fenced(len, fence));
+            checked?;
+        } else {
+            let checked = oracle.before_release(&self.backend, &mut live.t, keep);
+            self.call(OpKind::Truncate, || seq.truncate(len));
+            checked?;
+        }
         self.shared
             .oracle
             .expect_blocks(&live.t, live.seq.table().len(), "truncate")
@@ -409,16 +438,69 @@ impl<B: KvBackend> Worker<B> {
             }
         }
         for mut live in g.seqs {
+            let oracle = &self.shared.oracle;
+            if self.device.fenced() {
+                // A step in flight may still read them: retired under its
+                // fence.
+                let (fence, list) = self.device.current();
+                let checked = oracle.give_back_fenced(&self.backend, &mut live.t, 0, list);
+                if first.is_ok() {
+                    first = checked;
+                }
+                self.call(OpKind::Drop, || live.seq.retire(fence));
+            } else {
+                let checked = oracle.before_release(&self.backend, &mut live.t, 0);
+                if first.is_ok() {
+                    first = checked;
+                }
+                self.call(OpKind::Drop, || drop(live.seq));
+            }
+        }
+        first
+    }
+
+    /// Completes steps in flight, oldest first, as `drain` says, and
+    /// returns how many: each after the oracle's check that the pool still
+    /// counts what the step holds, and the complete must give back exactly
+    /// what was retired under the fence. Wakes idle workers if anything
+    /// went back.
+    fn complete_steps(&mut self, drain: Drain) -> Result<usize, StepError> {
+        let (mut released, mut steps) = (0, 0);
+        let mut first = Ok(());
+        while let Some((fence, list)) = self.device.take_oldest(drain == Drain::Due) {
             let checked = self
                 .shared
                 .oracle
-                .before_release(&self.backend, &mut live.t, 0);
+                .before_complete(&self.backend, fence, &list);
+            let (backend, watch) = (&self.backend, &self.shared.watch[self.index]);
+            let n = self
+                .stats
+                .call((watch, self.shared.start), OpKind::Complete, || {
+                    backend.complete(fence)
+                });
+            released += n;
+            self.stats.counts.blocks_retired += list.len() as u64;
+            let counted = if n == list.len() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "fence {fence}: complete gave back {n} references, the step retired {}",
+                    list.len()
+                ))
+            };
             if first.is_ok() {
-                first = checked;
+                first = checked.and(counted);
             }
-            self.call(OpKind::Drop, || drop(live.seq));
+            self.device.recycle(list);
+            steps += 1;
+            if drain == Drain::Oldest {
+                break;
+            }
         }
-        first
+        if released > 0 {
+            self.shared.idle.wake_all();
+        }
+        first.map(|()| steps).map_err(StepError::Kv)
     }
 
     fn complete(&mut self, g: Group<B>) -> Result<(), String> {
@@ -642,6 +724,8 @@ impl<B: KvBackend> Worker<B> {
         q: &mut Queue<'_>,
         running: &mut Vec<Group<B>>,
     ) -> Result<bool, StepError> {
+        // Nothing runs: the device drains.
+        self.complete_steps(Drain::All)?;
         if q.waiting.is_empty() && q.source_done {
             return Ok(false);
         }
@@ -662,6 +746,8 @@ impl<B: KvBackend> Worker<B> {
         q: &mut Queue<'_>,
         running: &mut Vec<Group<B>>,
     ) -> Result<(), StepError> {
+        self.device.next_step();
+        self.complete_steps(Drain::Due)?;
         let mut i = 0;
         while i < running.len() {
             match self.step(&mut running[i]) {
@@ -672,6 +758,9 @@ impl<B: KvBackend> Worker<B> {
                     read?;
                 }
                 Ok(false) => i += 1,
+                Err(StepError::Refused) if self.device.fenced() && self.sync_device()? => {
+                    // The oldest step in flight completed: retry.
+                }
                 Err(StepError::Refused) => {
                     // Preempt the most recently admitted group (maybe this
                     // one), then retry this one if it is still here.
@@ -687,6 +776,15 @@ impl<B: KvBackend> Worker<B> {
             }
         }
         Ok(())
+    }
+
+    /// Waits for the device to complete its oldest step in flight, if
+    /// there is one (`Ok(false)` if not): what it retired goes back, and a
+    /// refused allocation may fit now.
+    fn sync_device(&mut self) -> Result<bool, StepError> {
+        let synced = self.complete_steps(Drain::Oldest)? > 0;
+        self.stats.counts.device_syncs += u64::from(synced);
+        Ok(synced)
     }
 
     pub(super) fn run(mut self, rx: &Receiver<Request>) -> WorkerStats {
@@ -741,6 +839,13 @@ impl<B: KvBackend> Worker<B> {
         for g in running.drain(..).rev() {
             // The run is ending early: what the reads find is moot.
             let _ = self.release(g);
+        }
+        // The device drains (after a failure, what its checks find is
+        // moot too).
+        if let Err(e) = self.complete_steps(Drain::All) {
+            if !self.shared.aborted() {
+                self.fail(e);
+            }
         }
         self.shared.idle.wake_all();
         self.stats

@@ -1,0 +1,220 @@
+//! Loom models of fenced release: a sequence giving its blocks up under a
+//! fence ([`Sequence::retire`](kvslots::Sequence::retire),
+//! [`Sequence::truncate_fenced`](kvslots::Sequence::truncate_fenced))
+//! racing the device thread that declares the fence complete
+//! ([`BlockPool::complete`](kvslots::BlockPool::complete)) racing an
+//! allocation that wants the block. The block must never be handed out
+//! before the fence is declared complete.
+//!
+//! Run with
+//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test fence`.
+//!
+//! In each model the main thread owns a sequence over a pool of one-slot
+//! blocks and writes its blocks; then three things race:
+//!
+//! * the scheduler (a spawned thread) gives a block up under fence 1;
+//! * the device (another spawned thread) reads the block (the step in
+//!   flight), sets a `declared` flag, lowers the shadow, and calls
+//!   `complete(1)`;
+//! * the main thread allocates one block: if it gets the retired one, the
+//!   fence must have been declared (`declared` is set, the shadow says no
+//!   one holds it) and the device's read must happen-before its write.
+//!
+//! `complete(1)` may run before the retire; then the block stays retired
+//! (a retirement waits for the first complete after it) and the
+//! allocation is refused; the model completes the fence again once every
+//! thread is done and checks conservation.
+//!
+//! | model | threads, blocks | `early_release` |
+//! |---|---|---|
+//! | [`retire_vs_complete_vs_alloc`] | 3, 1 | caught: handed out before its fence |
+//! | [`truncate_fenced_vs_complete_vs_alloc`] | 3, 2 | caught: handed out before its fence |
+//! | [`two_fences_complete_in_either_order`] | 3, 2 | caught: handed out before its fence |
+#![cfg(kvslots_loom)]
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use kvslots::__model::{AtomicBool, Faults, Ordering};
+use kvslots::{BlockId, Sequence};
+use loom::thread;
+use loom_tests::pool_world::{check, Allocs, PoolWorld, EARLY_RELEASE, SOUND};
+
+/// The message of a block handed out before its fence was declared
+/// complete.
+const EARLY: &str = "handed out before its fence completed";
+
+/// The shape of both models: the main thread's sequence takes `tokens`
+/// one-slot blocks of a pool of `num_blocks`, writes them, and
+/// `give_up` gives the sequence's last block up under fence 1 (returning
+/// what of the sequence is left, to drop at the end).
+fn fenced_vs_complete_vs_alloc(
+    faults: Faults,
+    num_blocks: usize,
+    give_up: fn(Sequence) -> Option<Sequence>,
+) {
+    // Executions in which the allocation got the retired block: the model
+    // must reach that case (a plain std counter, outside the model).
+    let handed_out = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&handed_out);
+    check(move || {
+        let world = PoolWorld::new(num_blocks, 1, faults, "sequence");
+        let mut seq = Sequence::new(Arc::clone(&world.pool));
+        seq.try_append(num_blocks).expect("a fresh pool");
+        for &id in seq.blocks() {
+            world.take(id);
+            world.write(id);
+        }
+        let last: BlockId = *seq.blocks().last().unwrap();
+        let declared = Arc::new(AtomicBool::new(false));
+        let scheduler = thread::spawn(move || give_up(seq));
+        let device = {
+            let (world, declared) = (Arc::clone(&world), Arc::clone(&declared));
+            thread::spawn(move || {
+                // The step in flight reads the block.
+                world.read(last);
+                // Relaxed: the flag is ordered before a new owner's check
+                // by the pool itself (the complete's `Release` drop, the
+                // allocation's `Acquire`), which is what is under test.
+                declared.store(true, Ordering::Relaxed);
+                world.drop_ref(last);
+                world.pool.complete(1);
+            })
+        };
+        let mut got = Vec::new();
+        if world.pool.try_alloc(1, &mut got).is_ok() {
+            // Relaxed: see the store.
+            assert!(declared.load(Ordering::Relaxed), "{last} {EARLY}");
+            world.take(got[0]);
+            world.write(got[0]);
+            // Relaxed: a std counter of loom's executions, run one at a time.
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let rest = scheduler.join().unwrap();
+        device.join().unwrap();
+        // A complete that ran before the retire released nothing: the
+        // retirement waits for the next complete of its fence.
+        world.pool.complete(1);
+        world.give_back(&got);
+        if let Some(seq) = rest {
+            for &id in seq.blocks() {
+                world.drop_ref(id);
+            }
+        }
+        assert_eq!(world.pool.pending_release_blocks(), 0);
+        world.assert_conserved();
+    });
+    // Relaxed: every execution is done.
+    let handed_out = handed_out.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(handed_out > 0, "no execution handed the retired block out");
+}
+
+/// The scheduler retires the whole one-block sequence (a completed or
+/// preempted request).
+fn retire_vs_complete_vs_alloc(faults: Faults) {
+    fenced_vs_complete_vs_alloc(faults, 1, |seq| {
+        seq.retire(1);
+        None
+    });
+}
+
+#[test]
+fn retire_vs_complete_vs_alloc_sound() {
+    retire_vs_complete_vs_alloc(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "handed out before its fence completed")]
+fn retire_vs_complete_vs_alloc_early_release_is_caught() {
+    retire_vs_complete_vs_alloc(EARLY_RELEASE);
+}
+
+/// The scheduler truncates the two-block sequence to one block under the
+/// fence (rejected drafts that the step in flight verifies); the other
+/// block stays with the sequence, so the allocation can only get the
+/// retired one.
+fn truncate_fenced_vs_complete_vs_alloc(faults: Faults) {
+    fenced_vs_complete_vs_alloc(faults, 2, |mut seq| {
+        assert_eq!(seq.truncate_fenced(1, 1), 1);
+        Some(seq)
+    });
+}
+
+#[test]
+fn truncate_fenced_vs_complete_vs_alloc_sound() {
+    truncate_fenced_vs_complete_vs_alloc(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "handed out before its fence completed")]
+fn truncate_fenced_vs_complete_vs_alloc_early_release_is_caught() {
+    truncate_fenced_vs_complete_vs_alloc(EARLY_RELEASE);
+}
+
+/// Two fences that share a map (1 and 9; there are 8 maps), each holding
+/// one retired block, completed by two device threads in either order
+/// while the main thread allocates one block: whichever block it gets, that
+/// block's fence must have been declared complete. Each complete gives back exactly its own
+/// retirement; conservation once both fences are done.
+fn two_fences_complete_in_either_order(faults: Faults) {
+    check(move || {
+        let world = PoolWorld::new(2, 1, faults, "sequence");
+        let fences = [1u64, 9];
+        let seqs: Vec<Sequence> = fences
+            .iter()
+            .map(|_| {
+                let mut seq = Sequence::new(Arc::clone(&world.pool));
+                seq.try_append(1).expect("a fresh pool of 2");
+                world.take(seq.blocks()[0]);
+                world.write(seq.blocks()[0]);
+                seq
+            })
+            .collect();
+        let blocks: Vec<BlockId> = seqs.iter().map(|s| s.blocks()[0]).collect();
+        for (seq, fence) in seqs.into_iter().zip(fences) {
+            seq.retire(fence);
+        }
+        let declared: Arc<[AtomicBool; 2]> =
+            Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
+        let devices: Vec<_> = (0..2)
+            .map(|i| {
+                let (world, declared, id) = (Arc::clone(&world), Arc::clone(&declared), blocks[i]);
+                thread::spawn(move || {
+                    world.read(id);
+                    // Relaxed: as in `fenced_vs_complete_vs_alloc`.
+                    declared[i].store(true, Ordering::Relaxed);
+                    world.drop_ref(id);
+                    world.pool.complete(fences[i])
+                })
+            })
+            .collect();
+        let mut got = Vec::new();
+        if world.pool.try_alloc(1, &mut got).is_ok() {
+            let i = blocks
+                .iter()
+                .position(|&b| b == got[0])
+                .expect("a retired block");
+            // Relaxed: see the store.
+            assert!(declared[i].load(Ordering::Relaxed), "{} {EARLY}", got[0]);
+            world.take(got[0]);
+            world.write(got[0]);
+        }
+        for d in devices {
+            assert_eq!(d.join().unwrap(), 1, "each complete gives back its own");
+        }
+        world.give_back(&got);
+        assert_eq!(world.pool.pending_release_blocks(), 0);
+        world.assert_conserved();
+    });
+}
+
+#[test]
+fn two_fences_complete_in_either_order_sound() {
+    two_fences_complete_in_either_order(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "handed out before its fence completed")]
+fn two_fences_complete_in_either_order_early_release_is_caught() {
+    two_fences_complete_in_either_order(EARLY_RELEASE);
+}
