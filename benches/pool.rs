@@ -12,8 +12,8 @@
 //!
 //! | id | free list |
 //! |---|---|
-//! | `kvslots` | [`BlockPool::new`]: admission CAS, then one CAS pops the chain from the thread's home shard (16 shards here) |
-//! | `kvslots_1_shard` | [`BlockPool::with_shards`] with one shard, for what sharding changes |
+//! | `kvslots` | [`BlockPool::new`]: one CAS on the thread's home shard's admission count, then one CAS pops the chain from its home shard (16 shards here) |
+//! | `kvslots_1_shard` | [`BlockPool::with_shards`] with one shard (one admission count, one stack), for what sharding changes |
 //! | `std_mutex` | `std::sync::Mutex<Vec<u32>>`: lock, check, pop `n` |
 //! | `parking_lot_mutex` | `parking_lot::Mutex<Vec<u32>>`, the same |
 //! | `array_queue` | `crossbeam_queue::ArrayQueue<u32>`: pop `n` one by one, pushing back on a shortfall (lock-free, but not all-or-nothing: others can see a partial take) |

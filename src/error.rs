@@ -34,6 +34,9 @@ pub enum ReserveError {
     ///
     /// `available` is a value the allocator really held at the moment it
     /// refused (the linearization point of the refusal), not a later guess.
+    /// While waiters are queued, a `try_*` call also leaves free what the
+    /// first of them asks for, so `available` can then be at least
+    /// `requested` (see [Waiting](crate::implementation#waiting)).
     Full {
         /// What the caller asked for.
         requested: usize,

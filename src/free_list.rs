@@ -4,8 +4,8 @@
 //! index. The design and the orderings are described in
 //! [`crate::implementation`] ("The free list", "Shards", "Orderings").
 //!
-//! Callers admit the count through a `SlotCounter` before popping and push
-//! before giving the count back, so the shards together with the prefix
+//! Callers admit the count through the pool's per-shard admission counts
+//! before popping and push before giving the count back, so the shards together with the prefix
 //! cache's evictable blocks always hold at least as many blocks as have
 //! been admitted and not yet taken: the pool pops, evicts for the rest,
 //! and looks again only when other threads moved blocks meanwhile.

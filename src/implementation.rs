@@ -11,12 +11,16 @@
 //!   its compare-and-swap loops.
 //! * [The free list](#the-free-list): tagged Treiber stacks of block ids.
 //! * [Shards](#shards): why the free list is cut in several stacks.
+//! * [Admission](#admission): the pool's free counts per shard, the fast
+//!   path, the gather and its transit window.
 //! * [Allocating and freeing blocks](#allocating-and-freeing-blocks).
 //! * [Reference counts](#reference-counts): sharing blocks, and why every
 //!   drop is a CAS.
 //! * [Sequences](#sequences): block tables, forks and copy-on-write.
 //! * [Prefix cache](#prefix-cache): the state word, keys and their index,
 //!   publishing, matching, eviction order, statistics.
+//! * [Waiting](#waiting): the FIFO wait queue, grants on the waiter's
+//!   behalf, who gets what, cancellation, and the lost-wakeup argument.
 //! * [Fenced release](#fenced-release): references kept until a device
 //!   step completes.
 //! * [Orderings](#orderings): what each atomic operation orders, type by
@@ -121,8 +125,8 @@
 //! 8-byte state word (reference count, prefix-cache flags, generation),
 //! and the prefix cache's 51 bytes (see [Prefix cache](#prefix-cache)),
 //! plus one `CachePadded` slot (a cache line, 128 bytes on x86-64) per
-//! shard head and per statistics cell, two for the admission counter, and
-//! a fixed minimum for tiny pools.
+//! shard head, per shard admission count and per statistics cell, two
+//! for the closed flag and the peak, and a fixed minimum for tiny pools.
 //!
 //! # Shards
 //!
@@ -137,7 +141,7 @@
 //! shards)` ids each), and a freed id always goes back to the shard that
 //! owns it. A thread's pops start at its home shard and take from the
 //! others, in turn, only when it is short. Threads are numbered in the
-//! order they first allocate (a thread-local cached from a global
+//! order they first allocate or free (a thread-local cached from a global
 //! counter), and a thread's home is its number modulo the shard count, so
 //! threads need no registration.
 //!
@@ -145,27 +149,114 @@
 //! own part of the `next` array, which stays in its core's cache, and CASes
 //! a head that no other thread touches: a pop's walk is a chain of
 //! dependent loads, and over a single stack every link of a long chain
-//! tends to sit in a line that another core wrote last. The only word all
-//! threads write is the pool's admission counter.
+//! tends to sit in a line that another core wrote last. Admission is
+//! counted per shard as well (see [Admission](#admission)), so a thread
+//! that allocates from and frees to its home shard writes no word that
+//! other threads write, as long as there are no more threads than shards.
 //!
-//! The price is paid by tiny requests under heavy contention: two threads
-//! that share only the counter interleave operation by operation, while two
-//! that also contend on one head fall into bursts that keep both lines in
-//! one core for several operations. `BlockPool::with_shards(.., 1)` gives
-//! the single stack back. The measurements are in `BENCHMARKS.md`.
+//! `BlockPool::with_shards(.., 1)` gives the single stack (and a single
+//! admission count) back. The measurements are in `BENCHMARKS.md`.
 //!
 //! A free's chain is pushed one CAS per run of ids with the same owner
 //! shard (one CAS in all when they share one, as a sequence's blocks mostly
 //! do). Which shard holds an id is never visible in the API: all or
 //! nothing, `Full` and the counts are those of the whole pool.
 //!
+//! # Admission
+//!
+//! A [`BlockPool`](crate::BlockPool) does not admit through one
+//! `SlotCounter` word: with every allocation and every free making a
+//! read-modify-write on one word, that word's line moves between the cores
+//! twice per operation, which costs more than the rest of the operation
+//! under contention. Instead each shard has a word of its own, on its own
+//! cache line:
+//!
+//! ```text
+//! shard word = version << 32 | free         (free: blocks, as counts)
+//! ```
+//!
+//! The free counts of all shards, plus what running allocations hold in
+//! transit, are the pool's free blocks (uncached free and evictable). They
+//! start as the free list's ids (shard `s` counts the ids it owns), but a
+//! count is not tied to an id: a free adds to the freeing thread's home
+//! shard, wherever its ids go, and an evictable block's count goes there
+//! too when its last reference is dropped. The version is bumped by every
+//! change of the word; only the gather reads it.
+//!
+//! ```text
+//! needed = n + headroom                     (saturating)
+//! if needed > capacity: Closed if closed, else NeverFits
+//! if closed: return Closed
+//! // Fast path: one CAS on the home shard's word.
+//! if home.free >= needed: home -= n (version + 1)
+//! // Slow path (gather): take from each shard in turn, home first.
+//! else loop {
+//!     for each shard s from home: take min(s.free, needed - held) with a CAS
+//!         if held == needed: give needed - n to home; done
+//!     if this pass took nothing and the versions' sum equals the last pass's:
+//!         give held to home; return Full { available: held }
+//! }
+//! // Closed meanwhile? (read after the take)
+//! if closed: give n back; return Closed
+//! ```
+//!
+//! A gather holds what it took *in transit*: those blocks are free, but no
+//! other call can take them until the gather gives back what it does not
+//! keep. So under concurrency a `Full` may come while other calls hold
+//! blocks in transit; it is still justified. A refusal comes only after a
+//! pass that took nothing and read every shard's version as it was at the
+//! end of the pass before. Versions only grow, so equal sums mean that no
+//! shard changed between this call's two reads of it; every one of those
+//! intervals contains the instant between the two passes, when every
+//! shard therefore held exactly what the call had left there: nothing
+//! (it takes all that a shard has while it is short). At that instant the
+//! free blocks outside other running calls were exactly what it held,
+//! fewer than needed. A single pass would not do: blocks can move from a
+//! shard not yet visited to one already visited (taken there by one
+//! thread, freed by another whose home the visited shard is) and be
+//! missed, though they were never all in use at once (a unit test in
+//! `pool/admission.rs` moves counts behind a gather's scan for two passes
+//! and fails if the gather refuses without the version check). A version wraps
+//! after 2^32 changes of one shard during one gather, as the free list's
+//! tag would.
+//!
+//! In a single-threaded run nothing moves behind a gather, so its first
+//! pass takes every free block and the second refuses with exactly the
+//! free count: `Full { available }`, `free_blocks()` and headroom answer
+//! exactly as with one counter. A success never admits more than is free:
+//! a gather succeeds only holding `needed` counts, each of which was a free
+//! block. The gather is lock-free (a pass that neither takes nor refuses
+//! saw another call's successful CAS) but not wait-free.
+//!
+//! The closed flag is a word of its own, read before the admission and
+//! again after it, both `SeqCst` as the takes are. In the single total
+//! order of `SeqCst` operations a successful call's take precedes its
+//! second read, which precedes the close's store, so the call was admitted
+//! before the close; a call that reads the flag set fails `Closed`, giving
+//! back what it took (transit again). A call that starts after `close`
+//! returned reads the flag set in its first read and touches nothing.
+//!
+//! `free_blocks()` and `used_blocks()` sum the shards' counts, read one
+//! after another: exact when no call runs, capped at `num_blocks`
+//! otherwise. The peak is raised on the fast path from the home shard's
+//! count plus the other shards' counts as the home shard's last gather
+//! summed them (a field on the home shard's line, so the fast path reads
+//! no line that other threads write), and on the slow path from a fresh
+//! sum: exact with one thread, an estimate with several.
+//!
+//! Evictable blocks are admitted like free ones and taken with
+//! `evict_into` once admitted; a match that revives one admits it first
+//! (from the matching thread's home shard, or by a gather), and
+//! `reset_prefix_cache` admits each block it drops the key of, ignoring the
+//! closed flag, and gives it back through the free.
+//!
 //! # Allocating and freeing blocks
 //!
 //! [`BlockPool::try_alloc`](crate::BlockPool::try_alloc) is two steps,
 //! neither of which can leave a partial result:
 //!
-//! 1. The count is admitted through the pool's own `SlotCounter` (the loop
-//!    above, counting blocks). `Full`, `NeverFits` and `Closed` come from
+//! 1. The count is admitted through the pool's per-shard counts (see
+//!    [Admission](#admission)). `Full`, `NeverFits` and `Closed` come from
 //!    here, and nothing has changed when they do.
 //! 2. The ids are popped from the shards, and what they lack is evicted
 //!    from the prefix cache's evictable blocks (see
@@ -185,7 +276,7 @@
 //! list with ids on a shared bit is tallied exactly, one window of 8,192
 //! indices at a time. Then it drops one reference per id, links the blocks
 //! whose count reached zero into a private chain, pushes the chain, and
-//! gives the count back.
+//! gives the count back (to the freeing thread's home shard).
 //!
 //! # Reference counts
 //!
@@ -260,8 +351,8 @@
 //!
 //! A block is *free* (count 0, not cached: in the free list), *held* (count
 //! above 0, cached or not) or *evictable* (count 0, cached: not in the free
-//! list). The admission counter counts held blocks, so free plus evictable
-//! is what an allocation may take; a match that revives an evictable block
+//! list). The admission counts count free and evictable blocks, which is
+//! what an allocation may take; a match that revives an evictable block
 //! admits one block first, exactly as an allocation would. Every change of
 //! a state that another thread may act on is a CAS from the exact value
 //! read, so a generation names one incarnation of a block's key.
@@ -411,6 +502,97 @@
 //! write to a line that other threads write, as long as there are no more
 //! threads than cells.
 //!
+//! # Waiting
+//!
+//! [`SlotCounter::reserve`](crate::SlotCounter::reserve),
+//! [`reserve_owned`](crate::SlotCounter::reserve_owned),
+//! [`reserve_blocking`](crate::SlotCounter::reserve_blocking),
+//! [`BlockPool::alloc`](crate::BlockPool::alloc),
+//! [`alloc_blocking`](crate::BlockPool::alloc_blocking) and
+//! [`Sequence::reserve`](crate::Sequence::reserve) /
+//! [`reserve_blocking`](crate::Sequence::reserve_blocking) wait in one
+//! FIFO queue per allocator (the pool waits on its admission counter's).
+//! The queue (module `wait`) knows nothing about slots or blocks: it takes
+//! units for its head through a trait (`Units::take`: all or nothing,
+//! ignoring the waiters), and the allocator pokes it after every release.
+//!
+//! **The queue.** A `std::sync::Mutex` (loom's and shuttle's under the
+//! model checkers) over a `VecDeque` of entries in ticket order: the
+//! granted ones first (grants go in order), then the pending ones, whose
+//! first is the *head*. An entry holds its request, its headroom and how
+//! to wake it (a task's `Waker`, or the condition variable that blocking
+//! waiters sleep on). The deque's buffer is the one allocation of waiting,
+//! and it is reused: a wait allocates only when the queue grows past its
+//! largest size so far (and clones its task's waker). Two words beside the
+//! lock, in a cache line of their own, are read without it: `owed`, what
+//! the head asks for (0 when no one is pending), and the entry count that
+//! [`waiters`](crate::SlotCounter::waiters) returns. Only the waiting
+//! paths write them, under the lock.
+//!
+//! **Grants on the waiter's behalf.** The grant loop (under the lock)
+//! takes the head's `n` units if `n + headroom` are free, marks the entry
+//! granted, wakes it, and goes on with the next head; it stops at the
+//! first head that does not fit, so no waiter passes an earlier one. The
+//! units are the waiter's from that moment ([`used`](crate::SlotCounter::used)
+//! shows them): its next poll only collects them. The loop runs when a
+//! waiter queues, after every release that finds someone pending, and when
+//! a waiter leaves.
+//!
+//! **Who gets what.** The head of the queue is owed its `n`; its headroom
+//! (a [`Sequence::reserve`](crate::Sequence::reserve) admission's
+//! watermark) is capacity that only `try_*` callers may use. So a running
+//! sequence's growth ([`Sequence::try_append`](crate::Sequence::try_append),
+//! `try_grow`) is never starved by waiting admissions, and a large waiting
+//! request is never starved by a stream of small `try_*` requests:
+//!
+//! | situation | a `try_*` call for `k` (headroom `h`) | the head (`n`, headroom `H`) | a waiter behind the head |
+//! |---|---|---|---|
+//! | nobody waits | takes `k` if `k + h` are free | — | — |
+//! | someone waits | takes `k` only if `k + h + n` are free (it may use `H`) | granted as soon as `n + H` are free, by the release that frees them | waits its turn, even if it would fit now |
+//! | the head leaves (dropped, timed out) | as above, with the new head | a granted head's units go back and are handed on | re-checked at once |
+//! | after `close` | `Closed` | woken with `Closed` (a grant made before stays) | woken with `Closed` |
+//!
+//! A `try_*` refusal because of the waiters is a `Full` whose `available`
+//! may be at least the request: those units are owed to the head.
+//!
+//! **Where locks are taken.** Never on a `try_*` path, which adds one
+//! `Relaxed` load of `owed` (skipped for an empty request). A release
+//! (guard drop, `release`, a pool free, a sequence's truncate or drop) adds
+//! a `SeqCst` fence and that load, and takes the lock only when `owed` is
+//! not 0. A waiting call takes the lock to queue, at each later poll, and
+//! to leave. Wakers are woken under the lock (no allocation for a list of
+//! them): a waker must not poll inline a future that releases to the same
+//! allocator (executors' wakers schedule, they do not poll). A waker that
+//! the queue lets go of (its entry removed, or replaced by a new poll's)
+//! is dropped after the lock, since dropping a waker can drop a task and
+//! the futures in it.
+//!
+//! **No lost wake-up.** A waiter that finds the allocator `Full` queues
+//! (writing `owed` under the lock), issues a `SeqCst` fence, and runs the
+//! grant loop itself; a releaser gives its units back, issues a `SeqCst`
+//! fence, and loads `owed`. The two fences are ordered in their total
+//! order: if the waiter's comes first, the releaser's load sees it queued
+//! and runs the loop; if the releaser's comes first, the waiter's loop
+//! sees the released units. The loom models' controls remove the
+//! waiter's second attempt (`late_enqueue`) or the two fences
+//! (`unfenced_wait`), and loom catches the lost wake-up.
+//!
+//! **Cancellation.** Dropping a future (or a blocking call timing out)
+//! takes the lock and removes its entry: a granted one gives its units
+//! back and the grant loop hands them on; a pending head lets the loop
+//! re-check the waiters behind it (they may fit where it did not). A
+//! future that resolved has no entry, and its guard is an ordinary guard.
+//!
+//! **Close.** `close` sets the allocator's closed flag first (so no grant
+//! can succeed), then wakes every pending entry under the lock; a waiter
+//! finds `Closed` at its next poll. A waiter that queues after the flag is
+//! set fails at its first grant attempt.
+//!
+//! **The pool.** A grant admits blocks on the pool's counter; the waiter
+//! then takes their ids from the free list exactly as `try_alloc` does
+//! after its admission, so the ids are written to the caller's vector only
+//! when the future resolves.
+//!
 //! # Fenced release
 //!
 //! A fenced give-back ([`Sequence::retire`](crate::Sequence::retire),
@@ -462,6 +644,32 @@
 //!   it may have seen the flag through a `Relaxed` load or a failed CAS.
 //! * **`peak_used` and the getters are `Relaxed`**: they are statistics and
 //!   snapshots, and order nothing.
+//! * **The wait queue's `owed` and count words are `Relaxed`**: written
+//!   under the queue's lock; a releaser's read of `owed` is ordered by the
+//!   `SeqCst` fences described in [Waiting](#waiting), and a `try_*`
+//!   call's read needs no order (a stale 0 puts the call before the
+//!   enqueue it missed). A grant is an admission (`Acquire`), and a
+//!   cancelled grant goes back as a release (`Release`).
+//!
+//! ## The pool's admission
+//!
+//! * **Takes are `SeqCst` CASes** (the fast path's and the gather's): the
+//!   `Acquire` half synchronises with the `Release` of whoever gave the
+//!   blocks back (every change of a shard word is a read-modify-write, so
+//!   a take continues the release sequence of every earlier give-back to
+//!   that shard); the total order places each take against the closed
+//!   flag (see [Admission](#admission)).
+//! * **Giving back is a `Release` `fetch_add`**, for the same reason, seen
+//!   from the other side. A count that a gather moves keeps its chain:
+//!   the gatherer acquired it and releases it again.
+//! * **The closed flag is `SeqCst`** (the store in `close`, both reads in
+//!   an admission, `is_closed`): the two reads bracket the take in the
+//!   single total order.
+//! * **The gather's loads are `SeqCst`**, so the versions it compares
+//!   between passes are in the same total order as the takes; **failed
+//!   CASes are `Relaxed`** (only a retry follows).
+//! * **The peak, the other shards' estimate and the getters' sums are
+//!   `Relaxed`**: statistics and snapshots, ordering nothing.
 //!
 //! ## The free list
 //!
@@ -483,7 +691,8 @@
 //!   the block's count (the `Release` half orders this holder's accesses
 //!   before the last drop; the `Acquire` half lets the last dropper see
 //!   every other holder's), the push of the chain is a `Release` CAS, and
-//!   the count is given back with a `Release` `fetch_sub`.
+//!   the count is given back with a `Release` `fetch_add` on the freeing
+//!   thread's home shard.
 //! * **Allocation is `Acquire`**: the admission CAS and the pop CAS. So
 //!   everything a previous owner wrote into a block happens-before the next
 //!   owner touches it.
@@ -540,7 +749,8 @@
 //!
 //! # Model checking
 //!
-//! Every atomic goes through one private facade module, `sync`: `std`'s
+//! Every atomic (and the wait queue's mutex, condition variable and
+//! fence) goes through one private facade module, `sync`: `std`'s
 //! types normally, loom's with `RUSTFLAGS="--cfg kvslots_loom"`, shuttle's
 //! with `RUSTFLAGS="--cfg kvslots_shuttle"`. The cfgs are crate-specific on
 //! purpose: a plain `--cfg loom` would also switch every dependency that
@@ -555,7 +765,11 @@
 //! of a referenced block, a publisher that does not kill a rival's claim,
 //! a claim without a reference of its own, a claim's last drop not given
 //! back, a publish that claims without looking its key up first, a fenced
-//! retirement that gives its references back at once)
+//! retirement that gives its references back at once, an admission fast
+//! path that takes with a plain store, a refused gather that keeps what it
+//! took, a waiter that queues without trying again, a cancelled waiter
+//! that keeps its grant or does not re-check the waiters behind it, a
+//! close that wakes no one, a wait queue without its fences)
 //! are switched on through hooks that are the correct behaviour
 //! in every other build. The model suites reach that seam through one
 //! hidden module, not through the API.

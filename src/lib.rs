@@ -40,6 +40,10 @@
 //!   matching prefix into a new sequence. Unreferenced cached blocks count
 //!   as free and are evicted least recently released first;
 //!   [`BlockPool::prefix_stats`] reports hits and evictions.
+//! * Waiting instead of retrying: [`SlotCounter::reserve`],
+//!   [`SlotCounter::reserve_owned`], [`BlockPool::alloc`] and
+//!   [`Sequence::reserve`] are futures, and each has a `*_blocking` form
+//!   for thread-based workers (see [Waiting](#waiting)).
 //! * Fenced release, for asynchronous scheduling: [`Sequence::retire`] and
 //!   [`Sequence::truncate_fenced`] keep the blocks a device step may still
 //!   read in use until [`BlockPool::complete`] declares the step's fence
@@ -97,6 +101,36 @@
 //! assert_eq!(pool.free_blocks(), 64);
 //! ```
 //!
+//! # Waiting
+//!
+//! A request that does not fit can wait in the allocator's queue: waiters
+//! are served strictly in arrival order, each granted whole (the units are
+//! taken on the waiter's behalf by the release that frees them, and its
+//! task is woken), and while anyone waits the `try_*` calls leave what the
+//! head of the queue asks for. `NeverFits` is returned at once; `close`
+//! wakes every waiter with `Closed`; a blocking call's timeout returns
+//! `Full`. Dropping a waiting future is always safe: it gives back
+//! anything granted to it and lets the waiters behind it be served. The
+//! library uses std's `Waker` and depends on no async runtime. The
+//! [design notes](implementation#waiting) give the rules (with a table of
+//! who gets what, including how running sequences keep room to grow) and
+//! where a lock is taken; `examples/async_worker.rs` and
+//! `examples/blocking_worker.rs` show a worker of each kind.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use kvslots::SlotCounter;
+//!
+//! let counter = Arc::new(SlotCounter::new(8));
+//! let held = counter.try_reserve_owned(8).unwrap();
+//! let worker = std::thread::spawn({
+//!     let counter = Arc::clone(&counter);
+//!     move || counter.reserve_blocking(6, None).map(|r| r.len())
+//! });
+//! drop(held); // hands the slots to the waiter, whenever it queued
+//! assert_eq!(worker.join().unwrap(), Ok(6));
+//! ```
+//!
 //! # Safety and Correctness
 //!
 //! `kvslots` is `#![forbid(unsafe_code)]`. Its atomics go through one facade
@@ -120,7 +154,8 @@
 //!
 //! Admission is one compare-and-swap on one cache-padded word, with
 //! exponential backoff on contention; giving back a guard is one
-//! `fetch_sub`. No lock is taken and nothing is allocated on these paths.
+//! `fetch_sub`, then a fence and one load to see whether anyone waits. No
+//! lock is taken and nothing is allocated on these paths.
 //! A block allocation is that admission plus one CAS on the calling
 //! thread's home shard of the free list, whatever the pool size.
 //! `benches/contention.rs` measures admission against `std::sync::Mutex`,
@@ -151,13 +186,15 @@ mod pool;
 mod sequence;
 mod sync;
 pub mod table;
+mod wait;
 
 pub use counter::guard::{OwnedReservation, Reservation};
+pub use counter::wait::{Reserve, ReserveOwned};
 pub use counter::SlotCounter;
 pub use error::{FreeError, PositionError, ReleaseError, ReserveError};
 pub use hash::{hash_blocks, BlockHash};
 pub use id::BlockId;
-pub use pool::{BlockPool, PrefixStats};
+pub use pool::{Alloc, BlockPool, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};
 
 /// The seam for the model-checking suites (`loom-tests`, `tests/shuttle.rs`):
@@ -180,6 +217,19 @@ pub mod __model {
         faults: Faults,
     ) -> crate::BlockPool {
         crate::BlockPool::with_faults(num_blocks, block_size, shards, faults)
+    }
+
+    /// The sum of `pool`'s per-shard admission counts, without the cap at
+    /// `num_blocks` that [`free_blocks`](crate::BlockPool::free_blocks)
+    /// applies: once no call is running it must equal `free_blocks()`.
+    pub fn admission_free(pool: &crate::BlockPool) -> usize {
+        pool.admission_free_uncapped()
+    }
+
+    /// A [`SlotCounter`](crate::SlotCounter) of `capacity` slots whose wait
+    /// queue carries `faults`.
+    pub fn counter_with_faults(capacity: usize, faults: Faults) -> crate::SlotCounter {
+        crate::SlotCounter::with_faults(capacity, faults)
     }
 }
 

@@ -6,11 +6,12 @@
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::{PositionError, ReserveError};
 use crate::hash::BlockHash;
 use crate::id::BlockId;
-use crate::pool::BlockPool;
+use crate::pool::{Alloc, BlockPool};
 use crate::table;
 
 /// A device copy the caller must make: the first `tokens` slots of block
@@ -350,19 +351,109 @@ impl Sequence {
     /// assert!(seq.try_reserve(8 + 6 * 16, 2).is_err());
     /// ```
     pub fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
-        if tokens == 0 {
-            return Ok(());
-        }
-        let (new_blocks, spare) = self.blocks_for(tokens);
-        // A shared tail will need a private copy at the first append: keep a
-        // block for it too, so that the appends allocate nothing.
-        let copy = usize::from(spare == 0 && self.tail_needs_copy());
-        let missing = new_blocks.saturating_add(copy);
+        let missing = self.missing_for(tokens);
         if missing == 0 {
             return Ok(());
         }
         self.pool
             .try_alloc_with_headroom(missing, headroom, &mut self.blocks)
+    }
+
+    /// [`try_reserve`](Self::try_reserve), waiting: a future that resolves
+    /// once the missing blocks for `tokens` more tokens are taken, whole,
+    /// with `headroom` blocks still free besides. This is how an async
+    /// scheduler admits a whole prompt.
+    ///
+    /// It waits in the pool's queue in arrival order (see
+    /// [`BlockPool::alloc`], whose future it returns, for the queue and
+    /// cancellation). The grant waits until `missing + headroom` blocks are
+    /// free and takes only `missing`: the `headroom` stays free for running
+    /// sequences' growth ([`try_append`](Self::try_append) and the other
+    /// `try_*` calls), which may use it while this waiter is at the head of
+    /// the queue (see the [design notes](crate::implementation#waiting)).
+    /// A sequence that needs no new block resolves at once.
+    ///
+    /// # Errors
+    ///
+    /// `NeverFits` (at once) if `missing + headroom > num_blocks()`,
+    /// `Closed`; on error, and when the future is dropped before it
+    /// resolves, the sequence is unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{BlockPool, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::new(8, 16));
+    /// let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let mut seq = Sequence::new(Arc::clone(&pool));
+    /// runtime.block_on(seq.reserve(40, 2)).unwrap(); // 3 blocks, 2 left free
+    /// assert_eq!((seq.capacity(), pool.used_blocks()), (48, 3));
+    /// ```
+    pub fn reserve(&mut self, tokens: usize, headroom: usize) -> Alloc<'_> {
+        let missing = self.missing_for(tokens);
+        let pool = &*self.pool;
+        if missing == 0 {
+            return pool.alloc_nothing(&mut self.blocks);
+        }
+        pool.alloc_with_headroom(missing, headroom, &mut self.blocks)
+    }
+
+    /// [`try_reserve`](Self::try_reserve), sleeping in the pool's queue
+    /// until the missing blocks (with `headroom` free besides) are granted,
+    /// for at most `timeout` (`None`: no limit). See
+    /// [`reserve`](Self::reserve) for the rule and
+    /// [`BlockPool::alloc_blocking`] for the wait.
+    ///
+    /// # Errors
+    ///
+    /// `NeverFits` (at once), `Closed`, or `Full` when `timeout` runs out;
+    /// on error the sequence is unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use kvslots::{BlockPool, ReserveError, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::new(4, 16));
+    /// let mut first = Sequence::new(Arc::clone(&pool));
+    /// first.reserve_blocking(48, 0, None).unwrap(); // 3 blocks
+    /// let mut second = Sequence::new(Arc::clone(&pool));
+    /// assert_eq!(
+    ///     second.reserve_blocking(32, 0, Some(Duration::from_millis(1))),
+    ///     Err(ReserveError::Full { requested: 2, available: 1 })
+    /// );
+    /// drop(first);
+    /// second.reserve_blocking(32, 0, None).unwrap();
+    /// ```
+    pub fn reserve_blocking(
+        &mut self,
+        tokens: usize,
+        headroom: usize,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        let missing = self.missing_for(tokens);
+        if missing == 0 {
+            return Ok(());
+        }
+        self.pool
+            .alloc_with_headroom_blocking(missing, headroom, &mut self.blocks, timeout)
+    }
+
+    /// How many blocks [`try_reserve`](Self::try_reserve) must add for
+    /// `tokens` more tokens.
+    fn missing_for(&self, tokens: usize) -> usize {
+        if tokens == 0 {
+            return 0;
+        }
+        let (new_blocks, spare) = self.blocks_for(tokens);
+        // A shared tail will need a private copy at the first append: keep a
+        // block for it too, so that the appends allocate nothing.
+        let copy = usize::from(spare == 0 && self.tail_needs_copy());
+        new_blocks.saturating_add(copy)
     }
 
     /// For `n` more tokens: how many blocks must be added to the table, and

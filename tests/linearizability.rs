@@ -26,7 +26,12 @@
 //!
 //! `BlockPool` takes effect in two steps (its count, then its ids; see
 //! [`PoolOp`]); its model has one linearization point per step, both inside
-//! the call. A unit test shows why a one-step model does not fit.
+//! the call. A unit test shows why a one-step model does not fit. The
+//! pool admits through per-shard counts, and an allocation that gathers
+//! from several shards holds blocks in transit, so its model accepts a
+//! `Full` that counts blocks other overlapping allocations may hold (see
+//! [`PoolOp`]); a unit test checks that an unjustified refusal is still
+//! caught. Pool rounds run on one shard and on 2 or 3.
 //!
 //! The prefix cache's rounds publish and match a few keys on a pool that
 //! never evicts; a publish takes effect in two steps (a claim, then a
@@ -763,6 +768,9 @@ struct PoolState {
     /// Blocks that have an owner.
     allocated: u64,
     closed: bool,
+    /// The history indices of the allocations linearized so far (their
+    /// admission decided), for the transit bound.
+    admitted: u128,
 }
 
 /// A completed call on a pool, with its result.
@@ -779,14 +787,32 @@ struct PoolState {
 /// `free_blocks()` and `Full { available }` in between already counted it.
 /// No block ever has two owners, and every count reported is one the pool
 /// held; the two-step model checks exactly that.
+///
+/// Blocks in transit relax two answers. The pool's admission counts free
+/// blocks per shard, and an allocation that its home shard cannot serve
+/// holds what it takes from the shards until it has enough (or gives it
+/// all back): a `Full` then reports the free blocks outside the other
+/// running calls, which the model bounds by the most that the allocations
+/// overlapping the call in real time can hold at its linearization point
+/// (see [`Overlap`]). A refusal is justified only if it reports at most
+/// the free blocks at its linearization point and at least those minus
+/// that bound: with no overlapping allocation, exactly them. And a
+/// `free_blocks()` is a sum of the shards' counts read one after another:
+/// exact when no other call overlaps it, and otherwise, on a one-shard
+/// pool, between the free blocks minus `transit` and the free blocks; on a
+/// sharded pool only at most `num_blocks`.
 #[derive(Debug, Clone)]
 enum PoolOp {
     /// `try_alloc_with_headroom(n, headroom, out)` (`try_alloc` when
     /// `headroom` is 0), at its admission: the result is decided here.
+    /// `index` (its place in the history) and `overlapping` are set by
+    /// [`annotate_transit`].
     Admit {
         n: usize,
         headroom: usize,
         result: Result<(), ReserveError>,
+        index: usize,
+        overlapping: Vec<Overlap>,
     },
     /// The second step of a successful allocation of `n`: the ids it
     /// appended.
@@ -798,14 +824,117 @@ enum PoolOp {
     },
     /// The second step of a successful free: `n` blocks' count given back.
     GiveBack { n: usize },
-    /// `free_blocks()`, which returned `seen`.
-    FreeBlocks { seen: usize },
+    /// `free_blocks()`, which returned `seen`; `overlapping` and `alone`
+    /// are set by [`annotate_transit`].
+    FreeBlocks {
+        seen: usize,
+        overlapping: Vec<Overlap>,
+        alone: bool,
+    },
     /// `close()`.
     Close,
 }
 
 struct PoolSpec {
     num_blocks: usize,
+    /// The pool's free-list (and admission) shards.
+    shards: usize,
+}
+
+/// Another thread's allocation whose interval overlaps a call's: what it
+/// may hold in transit.
+#[derive(Debug, Clone, Copy)]
+struct Overlap {
+    /// Its place in the history (its `Admit` event).
+    index: usize,
+    /// What it may hold before its admission is decided: `n + headroom`
+    /// (0 for a `NeverFits`, which takes nothing).
+    before: usize,
+    /// What it may still hold after: the headroom it gives back after a
+    /// success, what it took before a `Closed` re-check, the count it
+    /// gives back after a `Full`.
+    after: usize,
+}
+
+/// Sets each `Admit`'s `index` and each `Admit`'s and `FreeBlocks`'s
+/// `overlapping` (the other threads' allocations whose interval overlaps
+/// its own), and each `FreeBlocks`'s `alone` (no other thread's call
+/// overlaps it).
+fn annotate_transit(history: &mut [Event<PoolOp>], num_blocks: usize) {
+    // (thread, call, ret, what it may hold) per allocation.
+    let mut admits: Vec<(usize, u64, u64, Overlap)> = Vec::new();
+    let mut spans: Vec<(usize, u64, u64)> = Vec::new();
+    for (index, e) in history.iter_mut().enumerate() {
+        spans.push((e.thread, e.call, e.ret));
+        if let PoolOp::Admit {
+            n,
+            headroom,
+            result,
+            index: at,
+            ..
+        } = &mut e.op
+        {
+            *at = index;
+            let needed = n.saturating_add(*headroom);
+            let before = if needed > num_blocks { 0 } else { needed };
+            let after = match result {
+                Ok(()) => *headroom,
+                Err(ReserveError::Full { available, .. }) => *available,
+                Err(ReserveError::Closed) => before,
+                Err(_) => 0,
+            };
+            admits.push((
+                e.thread,
+                e.call,
+                e.ret,
+                Overlap {
+                    index,
+                    before,
+                    after,
+                },
+            ));
+        }
+    }
+    for e in history.iter_mut() {
+        let other = |&(thread, call, ret): &(usize, u64, u64)| {
+            thread != e.thread && call < e.ret && e.call < ret
+        };
+        let alone = !spans.iter().any(other);
+        let found: Vec<Overlap> = admits
+            .iter()
+            .filter(|(thread, call, ret, _)| other(&(*thread, *call, *ret)))
+            .map(|&(.., overlap)| overlap)
+            .collect();
+        match &mut e.op {
+            PoolOp::Admit { overlapping, .. } => *overlapping = found,
+            PoolOp::FreeBlocks {
+                overlapping,
+                alone: lone,
+                ..
+            } => {
+                *overlapping = found;
+                *lone = alone;
+            }
+            _ => {}
+        }
+    }
+}
+
+/// The most blocks that `overlapping` allocations can hold in transit in
+/// `s`: before its admission is linearized, what one may take; after, what
+/// it may still give back. At most `num_blocks`.
+fn transit(s: &PoolState, overlapping: &[Overlap], num_blocks: usize) -> usize {
+    overlapping
+        .iter()
+        .map(|o| {
+            if s.admitted & 1u128 << o.index != 0 {
+                o.after
+            } else {
+                o.before
+            }
+        })
+        .sum::<usize>()
+        .min(num_blocks)
 }
 
 impl PoolSpec {
@@ -848,9 +977,12 @@ impl Spec for PoolSpec {
                 n,
                 headroom,
                 result,
+                index,
+                overlapping,
             } => {
                 let (n, needed) = (*n, n.saturating_add(*headroom));
-                let available = nb - s.used;
+                let free = nb - s.used;
+                let transit = transit(s, overlapping, nb);
                 // Closed wins over NeverFits, as for the counter.
                 let expected = if s.closed {
                     Err(ReserveError::Closed)
@@ -859,11 +991,24 @@ impl Spec for PoolSpec {
                         requested: n,
                         capacity: nb,
                     })
-                } else if needed > available {
-                    Err(ReserveError::Full {
-                        requested: n,
-                        available,
-                    })
+                } else if needed > free.saturating_sub(transit) {
+                    // Refused with blocks of other running calls in
+                    // transit, or with too few free: justified if the count
+                    // reported is what was free outside those calls.
+                    match *result {
+                        Err(ReserveError::Full {
+                            requested,
+                            available,
+                        }) if requested == n
+                            && available < needed
+                            && available <= free
+                            && available + transit >= free =>
+                        {
+                            *result
+                        }
+                        _ if needed <= free => Ok(()),
+                        _ => return None,
+                    }
                 } else {
                     Ok(())
                 };
@@ -871,7 +1016,11 @@ impl Spec for PoolSpec {
                     return None;
                 }
                 let used = if result.is_ok() { s.used + n } else { s.used };
-                PoolState { used, ..*s }
+                PoolState {
+                    used,
+                    admitted: s.admitted | 1u128 << index,
+                    ..*s
+                }
             }
             PoolOp::Take { n, ids } => {
                 // Exactly n ids, distinct, in range, and free.
@@ -923,8 +1072,21 @@ impl Spec for PoolSpec {
                 used: s.used.checked_sub(*n)?,
                 ..*s
             },
-            PoolOp::FreeBlocks { seen } => {
-                if *seen != nb - s.used {
+            PoolOp::FreeBlocks {
+                seen,
+                overlapping,
+                alone,
+            } => {
+                let free = nb - s.used;
+                let transit = transit(s, overlapping, nb);
+                let fits = if *alone {
+                    *seen == free
+                } else if self.shards == 1 {
+                    *seen <= free && *seen + transit >= free
+                } else {
+                    *seen <= nb
+                };
+                if !fits {
                     return None;
                 }
                 *s
@@ -991,6 +1153,8 @@ fn pool_thread(
                         n,
                         headroom,
                         result,
+                        index: 0,
+                        overlapping: Vec::new(),
                     },
                 );
                 if result.is_ok() {
@@ -1025,7 +1189,14 @@ fn pool_thread(
                 free_recorded(pool, rec, &[id], &mut held);
             }
             85..=96 => {
-                rec.record(|| pool.free_blocks(), |&seen| PoolOp::FreeBlocks { seen });
+                rec.record(
+                    || pool.free_blocks(),
+                    |&seen| PoolOp::FreeBlocks {
+                        seen,
+                        overlapping: Vec::new(),
+                        alone: false,
+                    },
+                );
             }
             _ => {
                 if may_close {
@@ -1065,12 +1236,13 @@ fn free_recorded(
     }
 }
 
-/// Runs one pool round from `seed`; `Err` describes a violation.
-fn pool_round(seed: u64, mix: PoolMix) -> Result<(), String> {
+/// Runs one pool round from `seed` on a pool with `shards` shards; `Err`
+/// describes a violation.
+fn pool_round(seed: u64, mix: PoolMix, shards: usize) -> Result<(), String> {
     let mut rng = Rng(seed);
     let nb = rng.range(2, 6) as usize;
     let may_close = rng.below(4) == 0;
-    let pool = BlockPool::new(nb, 16);
+    let pool = BlockPool::with_shards(nb, 16, shards);
     let logs = run_threads(&mut rng, |rec, rng| {
         pool_thread(&pool, rec, rng, mix, may_close);
     });
@@ -1084,23 +1256,35 @@ fn pool_round(seed: u64, mix: PoolMix) -> Result<(), String> {
             other => return Err(format!("seed {seed:#x}: block {i} has count {other:?}")),
         }
     }
+    // Each thread's events stay contiguous, so a second step directly
+    // follows its first.
+    let mut history: Vec<Event<PoolOp>> =
+        logs.into_iter().flat_map(|(events, ())| events).collect();
+    annotate_transit(&mut history, nb);
     let end = PoolState {
         used: pool.used_blocks(),
         allocated,
         closed: pool.is_closed(),
+        // Every allocation is linearized by the end.
+        admitted: history
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e.op, PoolOp::Admit { .. }))
+            .fold(0, |mask, (i, _)| mask | 1u128 << i),
     };
-    // Each thread's events stay contiguous, so a second step directly
-    // follows its first.
-    let history: Vec<Event<PoolOp>> = logs.into_iter().flat_map(|(events, ())| events).collect();
-    let spec = PoolSpec { num_blocks: nb };
+    let spec = PoolSpec {
+        num_blocks: nb,
+        shards,
+    };
     let init = PoolState {
         used: 0,
         allocated: 0,
         closed: false,
+        admitted: 0,
     };
     if linearize(&spec, &init, &history, Some(&end)).is_none() {
         return Err(format!(
-            "seed {seed:#x}: BlockPool history ({nb} blocks) is not linearizable \
+            "seed {seed:#x}: BlockPool history ({nb} blocks, {shards} shards) is not linearizable \
              (end state {end:?}):\n{}",
             show(&history)
         ));
@@ -1139,7 +1323,7 @@ fn block_pool_histories_are_linearizable() {
         bad_tail: true,
     };
     for round in 0..rounds() {
-        if let Err(e) = pool_round(0xB0_0000 + round, mix) {
+        if let Err(e) = pool_round(0xB0_0000 + round, mix, 1) {
             panic!("round {round}: {e}");
         }
     }
@@ -1154,7 +1338,23 @@ fn block_pool_histories_with_double_frees_are_linearizable() {
         bad_tail: false,
     };
     for round in 0..rounds() {
-        if let Err(e) = pool_round(0xD0_0000 + round, mix) {
+        if let Err(e) = pool_round(0xD0_0000 + round, mix, 1) {
+            panic!("round {round}: {e}");
+        }
+    }
+}
+
+#[test]
+fn sharded_block_pool_histories_are_linearizable() {
+    // As above, on pools of 2 and 3 shards, where an allocation that its
+    // home shard cannot serve gathers from the others.
+    let mix = PoolMix {
+        stale: false,
+        bad_tail: true,
+    };
+    for round in 0..rounds() {
+        let shards = 2 + (round % 2) as usize;
+        if let Err(e) = pool_round(0x5A_0000 + round, mix, shards) {
             panic!("round {round}: {e}");
         }
     }
@@ -1682,6 +1882,7 @@ const POOL_EMPTY: PoolState = PoolState {
     used: 0,
     allocated: 0,
     closed: false,
+    admitted: 0,
 };
 
 /// A successful allocation's two steps.
@@ -1695,6 +1896,8 @@ fn alloc(thread: usize, call: u64, ret: u64, ids: &[u32]) -> [Event<PoolOp>; 2] 
                 n: ids.len(),
                 headroom: 0,
                 result: Ok(()),
+                index: 0,
+                overlapping: Vec::new(),
             },
         ),
         then(
@@ -1727,7 +1930,10 @@ fn free_ok(thread: usize, call: u64, ret: u64, ids: &[u32]) -> [Event<PoolOp>; 2
 
 #[test]
 fn checker_checks_pool_ids() {
-    let spec = PoolSpec { num_blocks: 3 };
+    let spec = PoolSpec {
+        num_blocks: 3,
+        shards: 1,
+    };
     // Overlapping allocations handing out the same block.
     let history = [alloc(0, 0, 3, &[0, 1]), alloc(1, 1, 2, &[1])].concat();
     assert_eq!(linearize(&spec, &POOL_EMPTY, &history, None), None);
@@ -1776,6 +1982,63 @@ fn checker_checks_pool_ids() {
     // (An `Ok` has a second step, so a lone `Ok` free is malformed here.)
 }
 
+/// A refused allocation of `n` that reported `available`.
+fn refused(thread: usize, call: u64, ret: u64, n: usize, available: usize) -> Event<PoolOp> {
+    ev(
+        thread,
+        call,
+        ret,
+        PoolOp::Admit {
+            n,
+            headroom: 0,
+            result: full(n, available),
+            index: 0,
+            overlapping: Vec::new(),
+        },
+    )
+}
+
+#[test]
+fn checker_catches_an_unjustified_full() {
+    let spec = PoolSpec {
+        num_blocks: 4,
+        shards: 2,
+    };
+    let check = |mut history: Vec<Event<PoolOp>>| {
+        annotate_transit(&mut history, 4);
+        linearize(&spec, &POOL_EMPTY, &history, None).is_some()
+    };
+    // Alone, a refusal must report exactly the free blocks, and only when
+    // too few are free.
+    assert!(!check(vec![refused(0, 0, 1, 4, 4)]));
+    assert!(!check(vec![refused(0, 0, 1, 3, 2)]));
+    let mut history = alloc(0, 0, 1, &[0, 1]).to_vec();
+    history.push(refused(0, 2, 3, 3, 2));
+    assert!(check(history));
+    let mut history = alloc(0, 0, 1, &[0, 1]).to_vec();
+    history.push(refused(0, 2, 3, 3, 1));
+    assert!(!check(history));
+    // With another allocation of 1 running (it may hold one block in
+    // transit), a refusal of 4 may report 3 free, but not 2: the blocks
+    // missing from its count must be ones the other call could hold.
+    let other = || alloc(1, 0, 10, &[2]).to_vec();
+    let mut history = other();
+    history.push(refused(0, 1, 2, 4, 3));
+    assert!(check(history));
+    let mut history = other();
+    history.push(refused(0, 1, 2, 4, 2));
+    assert!(!check(history));
+    // Once the other call has returned, its block is held, not in transit:
+    // 3 free, and a refusal of 3 is not justified.
+    let mut history = alloc(1, 0, 1, &[2]).to_vec();
+    history.push(refused(0, 2, 3, 3, 2));
+    assert!(!check(history));
+    // And a refusal is never justified by a count above the free blocks.
+    let mut history = other();
+    history.push(refused(0, 11, 12, 4, 4));
+    assert!(!check(history));
+}
+
 /// A specification whose calls are lists of another's steps, applied
 /// atomically: a two-step call made one-step.
 struct Fused<S>(S);
@@ -1795,8 +2058,22 @@ fn checker_tells_a_two_step_allocation_from_an_atomic_one() {
     // Thread 0's allocation is admitted, then preempted before it takes an
     // id; meanwhile thread 1 takes block 0 and frees it, and thread 2 sees
     // the count include thread 0 all along. Thread 0 then takes block 0.
-    let spec = PoolSpec { num_blocks: 2 };
-    let reads = |t, call, seen| ev(t, call, call + 1, PoolOp::FreeBlocks { seen });
+    let spec = PoolSpec {
+        num_blocks: 2,
+        shards: 1,
+    };
+    let reads = |t, call, seen| {
+        ev(
+            t,
+            call,
+            call + 1,
+            PoolOp::FreeBlocks {
+                seen,
+                overlapping: Vec::new(),
+                alone: false,
+            },
+        )
+    };
     let mut history = alloc(0, 0, 20, &[0]).to_vec();
     history.extend(alloc(1, 1, 2, &[0]));
     history.push(reads(2, 3, 0));

@@ -977,6 +977,77 @@ fn sharded_pool_and_sequences_8_threads_pct() {
     check_pct(sharded_pool_model, iterations(10000));
 }
 
+/// 4 threads on a pool of 6 blocks over 3 shards (2 counted in each):
+/// requests of 3 to 6 blocks, some with headroom, which no home shard can
+/// serve alone, so every allocation gathers from the other shards while
+/// the other threads' gathers hold blocks in transit. Whole or nothing,
+/// every refusal below what was needed, ownership, and conservation; and
+/// once every thread has joined, a refusal with nothing running reports
+/// exactly the free blocks.
+fn gather_model() {
+    let pool = Arc::new(BlockPool::with_shards(6, 1, 3));
+    let owners = Arc::new(Owners::new(6));
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let (pool, owners) = (Arc::clone(&pool), Arc::clone(&owners));
+            thread::spawn(move || {
+                let mut out = Vec::with_capacity(7);
+                for _ in 0..3 {
+                    let k = 3 + below(4);
+                    let headroom = [0, 0, 1, 2][below(4)];
+                    out.clear();
+                    match pool.try_alloc_with_headroom(k, headroom, &mut out) {
+                        Ok(()) => {
+                            assert_eq!(out.len(), k, "{}", msg::PARTIAL);
+                            for &id in &out {
+                                owners.fresh(id, t + 1);
+                            }
+                            for &id in &out {
+                                owners.check(id, t + 1);
+                                owners.put(id);
+                            }
+                            pool.free(&out).expect("freeing blocks the thread holds");
+                        }
+                        Err(e) => {
+                            assert!(
+                                out.is_empty(),
+                                "{}: refused, but ids appended",
+                                msg::PARTIAL
+                            );
+                            assert_refusal(e, k + headroom, 6, 0);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let mut held = Vec::new();
+    pool.try_alloc(4, &mut held).unwrap();
+    assert_eq!(
+        pool.try_alloc(3, &mut Vec::new()),
+        Err(ReserveError::Full {
+            requested: 3,
+            available: 2
+        }),
+        "a refusal with nothing running"
+    );
+    pool.free(&held).unwrap();
+    assert_conserved(&pool, &owners);
+}
+
+#[test]
+fn sharded_gathers_random() {
+    check_random(gather_model, iterations(10000));
+}
+
+#[test]
+fn sharded_gathers_pct() {
+    check_pct(gather_model, iterations(10000));
+}
+
 /// The raw allocation shape alone, on any [`Blocks`].
 fn raw_model<B: Blocks>(make: fn() -> B) -> impl Fn() + Send + Sync + 'static {
     move || {

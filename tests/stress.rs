@@ -1195,6 +1195,80 @@ fn alloc_free_never_hands_an_id_to_two_owners_sharded() {
     }
 }
 
+/// Large requests over sharded pools, with and without headroom: no home
+/// shard can serve them alone, so allocations gather from every shard
+/// while other tasks' gathers hold blocks in transit. Every allocation is
+/// whole or nothing and hands out only blocks no one owns; every refusal
+/// reports fewer than needed; once the tasks are done, the counts are
+/// exact and a refusal reports exactly the free blocks.
+#[test]
+fn gathers_over_shards_stay_whole_and_exact_when_quiet() {
+    for (num_blocks, shards) in [(12, 3), (64, 8), (8, 16)] {
+        let pool = BlockPool::with_shards(num_blocks, 16, shards);
+        let own = Ownership::new(num_blocks);
+        let (gathered, refused) = (AtomicU64::new(0), AtomicU64::new(0));
+        let workers = rayon_pool(8);
+        let ((), samples) = pool_observed(&pool, || {
+            workers.install(|| {
+                (0..64u64).into_par_iter().for_each(|task| {
+                    let mut rng = XorShift::new(0x6A7 + task);
+                    let mut out = Vec::with_capacity(num_blocks);
+                    for _ in 0..2_000 {
+                        let n = 1 + rng.below(num_blocks);
+                        let headroom = [0, 0, 1, num_blocks / 4][rng.below(4)];
+                        out.clear();
+                        match pool.try_alloc_with_headroom(n, headroom, &mut out) {
+                            Ok(()) => {
+                                assert_eq!(out.len(), n, "partial allocation");
+                                for &id in &out {
+                                    own.take(id);
+                                }
+                                for &id in &out {
+                                    own.give_back(id);
+                                }
+                                pool.free(&out).expect("freeing owned blocks");
+                                Tally::bump(&gathered);
+                            }
+                            Err(ReserveError::Full {
+                                requested,
+                                available,
+                            }) => {
+                                assert!(out.is_empty(), "refused but `out` changed");
+                                assert_eq!(requested, n);
+                                assert!(available < n + headroom && available <= num_blocks);
+                                Tally::bump(&refused);
+                            }
+                            Err(e) => {
+                                assert!(n + headroom > num_blocks, "{e}");
+                            }
+                        }
+                    }
+                });
+            });
+        });
+        eprintln!(
+            "gathers, {num_blocks} blocks in {shards} shards: {} allocated, {} refused, \
+             {samples} observer samples",
+            Tally::get(&gathered),
+            Tally::get(&refused)
+        );
+        assert!(Tally::get(&gathered) > 0 && Tally::get(&refused) > 0);
+        // Quiet now: exact counts, and an exact refusal.
+        assert_eq!(pool.free_blocks(), num_blocks);
+        let mut held = Vec::new();
+        pool.try_alloc(num_blocks - 1, &mut held).unwrap();
+        assert_eq!(
+            pool.try_alloc(2, &mut Vec::new()),
+            Err(ReserveError::Full {
+                requested: 2,
+                available: 1
+            })
+        );
+        pool.free(&held).unwrap();
+        assert_pool_whole(&pool);
+    }
+}
+
 #[test]
 fn alloc_free_on_a_one_block_pool() {
     run_ownership(1, 1, 8, 32, 4_000);

@@ -541,6 +541,69 @@ fn prefix_match_publish_and_eviction_allocate_nothing() {
 }
 
 // ---------------------------------------------------------------------------
+// Waiting: the queue's buffer is reused
+// ---------------------------------------------------------------------------
+
+/// A waker that does nothing; it is an `Arc`, so cloning it allocates
+/// nothing.
+struct NoopWake;
+
+impl std::task::Wake for NoopWake {
+    fn wake(self: Arc<Self>) {}
+}
+
+#[test]
+fn a_wait_cycle_allocates_nothing_once_the_queue_has_grown() {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    let counter = SlotCounter::new(4);
+    let pool = BlockPool::new(4, 16);
+    let waker = Waker::from(Arc::new(NoopWake));
+    let mut ids = Vec::with_capacity(8);
+    let mut held_ids = Vec::with_capacity(8);
+    // One cycle: queue behind a full allocator, be granted by the
+    // release, collect; and a cancelled wait.
+    let mut cycle = || {
+        let mut cx = Context::from_waker(&waker);
+        let held = counter.try_reserve(4).unwrap();
+        {
+            let mut fut = pin!(counter.reserve(3));
+            assert!(fut.as_mut().poll(&mut cx).is_pending());
+            drop(held);
+            assert!(matches!(fut.as_mut().poll(&mut cx), Poll::Ready(Ok(r)) if r.len() == 3));
+        }
+        {
+            let held = counter.try_reserve(4).unwrap();
+            let mut fut = pin!(counter.reserve(1));
+            assert!(fut.as_mut().poll(&mut cx).is_pending());
+            drop(held);
+        } // granted, never collected: given back
+        pool.try_alloc(4, &mut held_ids).unwrap();
+        {
+            let mut fut = pin!(pool.alloc(2, &mut ids));
+            assert!(fut.as_mut().poll(&mut cx).is_pending());
+            pool.free(&held_ids).unwrap();
+            assert!(matches!(fut.as_mut().poll(&mut cx), Poll::Ready(Ok(()))));
+        }
+        pool.free(&ids).unwrap();
+        ids.clear();
+        held_ids.clear();
+        assert_eq!((counter.used(), pool.used_blocks()), (0, 0));
+    };
+    cycle(); // warm-up: the queues' buffers grow here
+    assert_eq!(
+        heap_ops(|| {
+            for _ in 0..ITERS {
+                cycle();
+            }
+        }),
+        NONE
+    );
+}
+
+// ---------------------------------------------------------------------------
 // Fenced release
 // ---------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@
 
 use std::sync::Arc;
 
-use kvslots::__model::{pool_with_faults, Faults};
+use kvslots::__model::{admission_free, pool_with_faults, Faults};
 use kvslots::__model::{AtomicUsize, Ordering};
 use kvslots::{BlockId, BlockPool, ReserveError};
 use loom::cell::UnsafeCell;
@@ -46,7 +46,14 @@ pub const SOUND: Faults = Faults {
     unreferenced_claim: false,
     claim_drop_kept: false,
     no_held_key_check: false,
+    late_enqueue: false,
+    cancel_keeps_grant: false,
+    cancel_no_recheck: false,
+    silent_close: false,
+    unfenced_wait: false,
     early_release: false,
+    racy_take: false,
+    keep_refused: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -131,6 +138,19 @@ pub const NO_HELD_KEY_CHECK: Faults = Faults {
 /// once instead of when its fence completes.
 pub const EARLY_RELEASE: Faults = Faults {
     early_release: true,
+    ..SOUND
+};
+/// The admission fast-path control: the home shard's count is taken with
+/// a load and a plain store, so a concurrent take from that shard is lost.
+pub const RACY_TAKE: Faults = Faults {
+    racy_take: true,
+    ..SOUND
+};
+/// The all-or-nothing control of the admission slow path: a refused
+/// gather keeps the counts it took, which stay in transit after it
+/// returned.
+pub const KEEP_REFUSED: Faults = Faults {
+    keep_refused: true,
     ..SOUND
 };
 
@@ -302,6 +322,13 @@ impl PoolWorld {
     fn conserved(&self, bounded: bool) {
         let n = self.pool.num_blocks();
         assert_eq!(self.pool.free_blocks(), n, "{LOST}: free_blocks");
+        // The shards' admission counts, without the cap that `free_blocks`
+        // applies: a count admitted twice shows here.
+        assert_eq!(
+            admission_free(&self.pool),
+            n,
+            "{LOST}: the admission counts"
+        );
         assert_eq!(self.pool.used_blocks(), 0, "{LOST}: used_blocks");
         for i in 0..n {
             let id = BlockId::new(i as u32);

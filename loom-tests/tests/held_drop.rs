@@ -11,8 +11,9 @@
 //! After both threads are done, every model checks that:
 //!
 //! * no block has a reference but those the model still holds, and the
-//!   used count is exactly the number of held blocks (a count given back
-//!   twice wraps it, or reads one short);
+//!   used count is exactly the number of held blocks, as is the pool's
+//!   capacity less the sum of its admission counts taken without the cap
+//!   of `free_blocks` (a count given back twice shows there);
 //! * taking every free block hands out only blocks nobody holds, each once
 //!   (a block pushed twice is handed out twice);
 //! * once the model gives back what it holds, the whole pool can be taken.
@@ -38,7 +39,7 @@
 
 use std::sync::Arc;
 
-use kvslots::__model::{pool_with_faults, Faults};
+use kvslots::__model::{admission_free, pool_with_faults, Faults};
 use kvslots::{BlockId, BlockPool, FreeError, Sequence};
 use loom::thread;
 use loom_tests::pool_world::{check, BLIND_ADD_REF, DOUBLE, LOST, PLAIN_HELD_DROP, SOUND};
@@ -79,6 +80,11 @@ fn assert_consistent(pool: &BlockPool, held: &[BlockId], what: &str) {
         pool.used_blocks(),
         held.len(),
         "{LOST}: used blocks ({what})"
+    );
+    assert_eq!(
+        admission_free(pool),
+        n - held.len(),
+        "{LOST}: the admission counts ({what})"
     );
     for i in 0..n {
         let id = BlockId::new(i as u32);

@@ -11,8 +11,8 @@
 //! With `span = ceil(num_blocks / 2)` ids per shard, shard 0 owns ids
 //! `0..span` and shard 1 the rest; a thread's pops start at its home shard
 //! and take from the other one when theirs is short. Threads are numbered
-//! in the order they first allocate, afresh in every execution, so the
-//! first thread to allocate starts at shard 0 and the second at shard 1;
+//! in the order they first allocate or free, afresh in every execution, so
+//! the first thread to do so starts at shard 0 and the second at shard 1;
 //! loom explores both orders. The model descriptions below follow the
 //! executions in which the main thread allocates first (its home is
 //! shard 0); in the others the two threads swap homes.

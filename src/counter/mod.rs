@@ -4,15 +4,18 @@
 //! word `used << 1 | CLOSED`. Admission follows the rule of
 //! [`admit`](crate::admit) in one compare-and-swap loop
 //! ([`SlotCounter::try_reserve_raw`]); the guards live in the child module
-//! `guard`. The design and the orderings are described in
+//! `guard`, and the waiting calls in `wait`, over the counter's
+//! [`WaitQueue`]. The design and the orderings are described in
 //! [`crate::implementation`] ("The admission counter", "Orderings").
 
 use std::fmt;
 
 use crate::error::{ReleaseError, ReserveError};
-use crate::sync::{AtomicUsize, Backoff, CachePadded, Ordering};
+use crate::sync::{AtomicUsize, Backoff, CachePadded, Faults, Ordering};
+use crate::wait::{Units, WaitQueue};
 
 pub(crate) mod guard;
+pub(crate) mod wait;
 
 /// The flag bit in the state word: set once the counter is closed.
 const CLOSED: usize = 1;
@@ -37,7 +40,11 @@ const SHIFT: u32 = 1;
 ///   dropped (also during a panic), and can be split, merged, shrunk and
 ///   grown;
 /// * as plain counts: [`admit`](Self::admit) returns how many slots it took
-///   and [`release`](Self::release) gives them back.
+///   and [`release`](Self::release) gives them back;
+/// * waiting, in arrival order, until the slots are free:
+///   [`reserve`](Self::reserve) and [`reserve_owned`](Self::reserve_owned)
+///   (futures) and [`reserve_blocking`](Self::reserve_blocking) (see
+///   [Waiting](#waiting)).
 ///
 /// # Examples
 ///
@@ -66,6 +73,22 @@ const SHIFT: u32 = 1;
 /// [`admit`](Self::admit) returns. A refusal orders nothing. What a thread
 /// did before [`close`](Self::close) happens-before another thread's
 /// [`is_closed`](Self::is_closed) that returns `true`.
+///
+/// # Waiting
+///
+/// A request that does not fit can wait instead of retrying:
+/// [`reserve`](Self::reserve) / [`reserve_owned`](Self::reserve_owned)
+/// return a future, [`reserve_blocking`](Self::reserve_blocking) puts the
+/// thread to sleep. Waiters are served strictly in arrival order, each
+/// granted whole or not at all, and while anyone waits the `try_*` calls
+/// leave what the head of the queue asks for (they refuse with
+/// [`Full`](ReserveError::Full) rather than take it), so a large request is
+/// not starved by a stream of small ones. [`waiters`](Self::waiters) counts
+/// the queue. [`close`](Self::close) wakes every waiter with
+/// [`Closed`](ReserveError::Closed). The `try_*` calls stay lock-free (one
+/// more load); the waiting calls take the queue's mutex. The full rules,
+/// with the table of who gets what, are in the
+/// [crate's design notes](crate::implementation#waiting).
 pub struct SlotCounter {
     /// `used << 1 | CLOSED`: the only word admission touches.
     state: CachePadded<AtomicUsize>,
@@ -74,6 +97,10 @@ pub struct SlotCounter {
     peak: CachePadded<AtomicUsize>,
     /// Immutable after construction.
     capacity: usize,
+    /// The waiters, in arrival order. Its published words (what the head
+    /// is owed, the waiter count) sit in their own padded line, written only
+    /// by the waiting paths.
+    queue: WaitQueue,
 }
 
 impl SlotCounter {
@@ -100,6 +127,12 @@ impl SlotCounter {
     /// assert_eq!(counter.available(), 4096);
     /// ```
     pub fn new(capacity: usize) -> SlotCounter {
+        SlotCounter::with_faults(capacity, Faults::default())
+    }
+
+    /// [`new`](Self::new) with the faults of one of loom's negative
+    /// controls (none outside them).
+    pub(crate) fn with_faults(capacity: usize, faults: Faults) -> SlotCounter {
         assert!(
             capacity <= Self::MAX_CAPACITY,
             "SlotCounter capacity {capacity} exceeds MAX_CAPACITY"
@@ -108,6 +141,7 @@ impl SlotCounter {
             state: CachePadded::new(AtomicUsize::new(0)),
             peak: CachePadded::new(AtomicUsize::new(0)),
             capacity,
+            queue: WaitQueue::new(faults),
         }
     }
 
@@ -260,7 +294,10 @@ impl SlotCounter {
                 .state
                 .compare_exchange_weak(cur, next, Ordering::Release, Ordering::Relaxed)
             {
-                Ok(_) => return Ok(()),
+                Ok(_) => {
+                    self.queue.notify(self);
+                    return Ok(());
+                }
                 Err(actual) => {
                     cur = actual;
                     backoff.spin();
@@ -272,7 +309,8 @@ impl SlotCounter {
     /// Closes the counter: from now on every admission fails
     /// ([`ReserveError::Closed`], and [`admit`](Self::admit) returns 0),
     /// while releases and guard drops keep working, so workers can drain.
-    /// Closing twice is harmless.
+    /// Every queued waiter is woken and ends with `Closed` (a waiter granted
+    /// before the close keeps its grant). Closing twice is harmless.
     ///
     /// # Examples
     ///
@@ -294,6 +332,9 @@ impl SlotCounter {
         // flag through `is_closed` (Acquire). No Acquire half: `close` reads
         // nothing that a later step of the closer relies on.
         self.state.fetch_or(CLOSED, Ordering::Release);
+        // Then the waiters: from here on no grant can succeed (the grant
+        // loop's admission sees the flag), so those woken end with Closed.
+        self.queue.close();
     }
 
     /// Whether [`close`](Self::close) has been called.
@@ -312,32 +353,26 @@ impl SlotCounter {
     }
 
     /// The admission CAS loop behind every `try_reserve*`, without a guard:
-    /// takes `n` slots if `n + headroom` are free, all or nothing.
+    /// takes `n` slots if `n + headroom` are free beyond what the head of
+    /// the wait queue is owed, all or nothing.
     pub(crate) fn try_reserve_raw(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
         self.try_reserve_inner(n, headroom, true)
     }
 
-    /// [`try_reserve_raw`](Self::try_reserve_raw) without headroom, also on
-    /// a closed counter, and without raising the peak: for taking slots
-    /// that are only moved, not used (a pool dropping its cached keys).
-    pub(crate) fn try_reserve_ignoring_close(&self, n: usize) -> Result<(), ReserveError> {
-        self.try_reserve_inner(n, 0, false)
-    }
-
-    /// The loop behind both: `honor_close` says whether a closed counter
-    /// refuses, and whether the admission counts towards the peak.
+    /// The loop behind both: `honor_waiters` says whether the slots the
+    /// head of the wait queue asks for must stay free (not when the grant loop takes them for the head).
     fn try_reserve_inner(
         &self,
         n: usize,
         headroom: usize,
-        honor_close: bool,
+        honor_waiters: bool,
     ) -> Result<(), ReserveError> {
         // Could it ever fit? (Saturating: `usize::MAX` requests and headroom
         // must not wrap into something small.)
         let needed = n.saturating_add(headroom);
         if needed > self.capacity {
             // Closed wins: after `close` every admission fails as Closed.
-            if honor_close && self.is_closed() {
+            if self.is_closed() {
                 return Err(ReserveError::Closed);
             }
             return Err(ReserveError::NeverFits {
@@ -345,13 +380,22 @@ impl SlotCounter {
                 capacity: self.capacity,
             });
         }
+        // While anyone waits, leave what the head asks for: the one load the
+        // waiting machinery adds to this path (0 when nobody waits). An
+        // empty request takes nothing, so it owes nothing.
+        let owed = if honor_waiters && n > 0 {
+            self.queue.owed()
+        } else {
+            0
+        };
+        let needed_now = needed.saturating_add(owed);
         let backoff = Backoff::new();
         // Relaxed: only a first guess; the CAS below validates it and is
         // what orders the admission.
         let mut cur = self.state.load(Ordering::Relaxed);
         loop {
             // Closed?
-            if honor_close && cur & CLOSED != 0 {
+            if cur & CLOSED != 0 {
                 return Err(ReserveError::Closed);
             }
             // Enough free? `used <= capacity` holds unless `release` was
@@ -360,7 +404,7 @@ impl SlotCounter {
             // drop then wraps `used`): saturating, so that even then the
             // counter refuses instead of admitting past capacity.
             let available = self.capacity.saturating_sub(cur >> SHIFT);
-            if needed > available {
+            if needed_now > available {
                 return Err(ReserveError::Full {
                     requested: n,
                     available,
@@ -380,9 +424,7 @@ impl SlotCounter {
                 .compare_exchange_weak(cur, next, Ordering::Acquire, Ordering::Relaxed)
             {
                 Ok(_) => {
-                    if honor_close {
-                        self.record_peak(next >> SHIFT);
-                    }
+                    self.record_peak(next >> SHIFT);
                     return Ok(());
                 }
                 Err(actual) => {
@@ -397,8 +439,22 @@ impl SlotCounter {
     pub(crate) fn release_held(&self, n: usize) {
         // Release: the holder's writes into these slots happen-before the
         // next admission that takes them (its Acquire CAS).
+        self.give_back_quietly(n);
+        self.queue.notify(self);
+    }
+
+    /// The `fetch_sub` of [`release_held`](Self::release_held), without
+    /// running the wait queue's grant loop (for the queue itself, which
+    /// holds its lock and runs the loop).
+    fn give_back_quietly(&self, n: usize) {
         let prev = self.state.fetch_sub(n << SHIFT, Ordering::Release);
         debug_assert!(prev >> SHIFT >= n, "guard released more than was used");
+    }
+
+    /// How many waiters are queued on the counter (for the pool, which
+    /// waits on its counter).
+    pub(crate) fn queued(&self) -> usize {
+        self.queue.waiters()
     }
 
     fn record_peak(&self, used: usize) {
@@ -420,6 +476,30 @@ impl fmt::Debug for SlotCounter {
             .field("used", &(state >> SHIFT).min(self.capacity))
             .field("peak_used", &self.peak_used())
             .field("closed", &(state & CLOSED != 0))
+            .field("waiters", &self.queue.waiters())
             .finish()
+    }
+}
+
+/// The counter as the wait queue sees it: slots are its units.
+impl Units for SlotCounter {
+    fn try_take(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
+        self.try_reserve_raw(n, headroom)
+    }
+
+    fn take(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
+        self.try_reserve_inner(n, headroom, false)
+    }
+
+    fn give_back(&self, n: usize) {
+        self.give_back_quietly(n);
+    }
+
+    fn available(&self) -> usize {
+        SlotCounter::available(self)
+    }
+
+    fn queue(&self) -> &WaitQueue {
+        &self.queue
     }
 }

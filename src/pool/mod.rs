@@ -1,31 +1,35 @@
 //! [`BlockPool`]: a lock-free pool of KV-cache blocks with all-or-nothing
-//! allocation and per-block reference counts: an admission counter of
-//! blocks, the free list, and the reference counts (`refs`), with the
-//! over-free check of [`BlockPool::free`] in `over_free`. The design and the
+//! allocation and per-block reference counts: per-shard admission counts
+//! of blocks (`admission`), the free list, and the reference counts
+//! (`refs`), with the over-free check of [`BlockPool::free`] in
+//! `over_free`. The design and the
 //! orderings are described in [`crate::implementation`] ("Allocating and
 //! freeing blocks", "Reference counts", "Orderings").
 
 use std::fmt;
 
-use crate::counter::SlotCounter;
 use crate::error::{FreeError, ReserveError};
 use crate::free_list::{Chain, FreeList, NIL};
 use crate::id::BlockId;
 use crate::sync::{self, Backoff, Faults};
 
+mod admission;
 mod fence;
 mod keys;
 mod lru;
 mod over_free;
 mod prefix;
 mod refs;
+mod wait;
 
+use admission::Admission;
 use fence::Fences;
 use keys::Keys;
 use lru::Lru;
 pub use prefix::PrefixStats;
 use prefix::Stats;
 use refs::{Dropped, Refs};
+pub use wait::Alloc;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
 /// slots each. Share it as an `Arc<BlockPool>`.
@@ -98,9 +102,10 @@ use refs::{Dropped, Refs};
 /// block also synchronises with its last holder's drop (`Release`), as an
 /// allocation does.
 pub struct BlockPool {
-    /// Admits block counts; its padded state word is the one word every
-    /// allocating and freeing thread writes.
-    counter: SlotCounter,
+    /// Admits block counts: a free count per shard, each on its own line,
+    /// so that a thread allocating from and freeing to its home shard
+    /// writes no line that other threads write; and the closed flag.
+    counter: Admission,
     /// The ids not in use, in shards (one per id range) with padded heads.
     free: FreeList,
     /// Per-block state words (reference count, prefix-cache flags,
@@ -163,15 +168,25 @@ impl BlockPool {
     /// `num_blocks / shards`, rounded up) and a freed block always goes
     /// back to the shard that owns it. Each thread takes from a home shard
     /// first (threads are numbered in the order they first allocate from
-    /// any pool, and thread `i` starts at shard `i % shards`) and from the
+    /// or free to any pool, and thread `i` starts at shard `i % shards`) and from the
     /// others only when its own is short, so threads that free and
     /// reallocate do not contend on one head and walk chains in their own
     /// part of the index array. A thread whose home shard is
     /// short looks through the others, so very many shards over a nearly
     /// full pool make that slow path longer. `shards == 1` is the plain
-    /// single-shard pool. Which shard an id sits in is never visible in
-    /// the API: all or nothing, `Full` and the counts are those of the
-    /// whole pool.
+    /// single-shard pool.
+    ///
+    /// Admission is counted per shard too: each shard keeps a count of
+    /// free blocks on its own cache line, an allocation takes from its
+    /// home shard's count and a free gives back to the freeing thread's,
+    /// so a thread that allocates and frees on its own shard writes no
+    /// line that other threads write. When the home count is short the
+    /// allocation gathers from the other shards' counts, all or nothing
+    /// (see [`try_alloc`](Self::try_alloc) for what a concurrent `Full`
+    /// means then, and [`free_blocks`](Self::free_blocks) for the counts).
+    /// Which shard an id or a count sits in is never visible in a
+    /// single-threaded run: all or nothing, `Full` and the counts are
+    /// those of the whole pool.
     ///
     /// # Panics
     ///
@@ -216,7 +231,7 @@ impl BlockPool {
             Self::MAX_SHARDS
         );
         BlockPool {
-            counter: SlotCounter::new(num_blocks),
+            counter: Admission::new(num_blocks, shards, faults),
             free: FreeList::new(num_blocks as u32, shards, faults),
             refs: Refs::new(num_blocks, faults),
             keys: Keys::new(num_blocks, faults),
@@ -299,6 +314,14 @@ impl BlockPool {
     /// [evictable](Self::evictable_blocks) cached ones, which an allocation
     /// may take.
     ///
+    /// It is the sum of the shards' free counts, read one after another:
+    /// exact whenever no allocation or free is running. While some run,
+    /// each shard's count is exact at the moment it is read, but blocks
+    /// that an allocation holds in transit between shards count as used,
+    /// and blocks that other calls move between shards while the sum is
+    /// taken can be missed or counted twice; the sum is capped at
+    /// `num_blocks()`.
+    ///
     /// # Examples
     ///
     /// ```
@@ -314,7 +337,9 @@ impl BlockPool {
 
     /// A snapshot of the number of blocks in use: those with at least one
     /// reference (cached or not), plus any an allocation or a match is
-    /// taking right now.
+    /// taking right now. It is `num_blocks() - free_blocks()`, with the
+    /// same bounds: exact whenever no call is running, never above
+    /// `num_blocks()`.
     ///
     /// # Examples
     ///
@@ -329,12 +354,23 @@ impl BlockPool {
         self.counter.used()
     }
 
-    /// The high-water mark of [`used_blocks`](Self::used_blocks).
+    /// The shards' free counts summed without the cap at `num_blocks`, for
+    /// the model checks' conservation (`kvslots::__model`).
+    pub(crate) fn admission_free_uncapped(&self) -> usize {
+        self.counter.free_uncapped()
+    }
+
+    /// The high-water mark of [`used_blocks`](Self::used_blocks), never
+    /// above [`num_blocks`](Self::num_blocks).
     ///
-    /// It lags allocations that are still running, as
-    /// [`SlotCounter::peak_used`] does: while one runs, another thread can
-    /// read a `used_blocks()` above `peak_used_blocks()`; every allocation
-    /// that has returned is counted.
+    /// Exact when one thread uses the pool. Each allocation raises it
+    /// from its home shard's free count after the allocation plus the
+    /// other shards' counts as its home shard last saw them (each
+    /// allocation that had to gather from other shards sums them afresh),
+    /// so that the fast path reads no line that other threads write. With
+    /// several threads it is therefore an estimate: blocks that other
+    /// threads took from or gave to other shards since that shard's last
+    /// gather make it lag or lead the true high-water mark by that many.
     ///
     /// # Examples
     ///
@@ -380,7 +416,15 @@ impl BlockPool {
     ///
     /// * [`ReserveError::NeverFits`] if `n > num_blocks()` (`usize::MAX`
     ///   included).
-    /// * [`ReserveError::Full`] if fewer than `n` blocks are free.
+    /// * [`ReserveError::Full`] if fewer than `n` blocks are free. In a
+    ///   single-threaded run, `available` is exactly the free blocks.
+    ///   Under concurrency a refusal may also come while blocks are in
+    ///   transit inside other calls that are still running (an allocation
+    ///   that its home shard cannot serve holds what it takes from the
+    ///   shards until it has enough, or gives it all back): a `Full` is
+    ///   always justified in that, at some instant during the call, the
+    ///   free blocks outside other running calls were `available`, fewer
+    ///   than requested.
     /// * [`ReserveError::Closed`] after [`close`](Self::close).
     ///
     /// On error `out` and the pool are unchanged (only `out`'s capacity may
@@ -409,9 +453,13 @@ impl BlockPool {
     ///
     /// # Errors
     ///
-    /// As [`SlotCounter::try_reserve_with_headroom`]: `NeverFits` if
-    /// `n + headroom > num_blocks()`, `Closed`, or `Full`. On error `out`'s
-    /// contents and the pool are unchanged (as for `try_alloc`).
+    /// As [`SlotCounter::try_reserve_with_headroom`](crate::SlotCounter::try_reserve_with_headroom):
+    /// `NeverFits` if `n + headroom > num_blocks()`, `Closed`, or `Full`
+    /// (which, under concurrency, may count blocks in transit as
+    /// [`try_alloc`](Self::try_alloc) says; an allocation that gathers
+    /// holds `n + headroom` for an instant before it gives the headroom
+    /// back). On error `out`'s contents and the pool are unchanged (as for
+    /// `try_alloc`).
     ///
     /// # Examples
     ///
@@ -434,8 +482,16 @@ impl BlockPool {
             out.reserve(n);
         }
         self.counter.try_reserve_raw(n, headroom)?;
+        self.take_admitted(n, out);
+        Ok(())
+    }
+
+    /// Appends to `out` the ids of `n` blocks whose admission the caller
+    /// has made (a `try_*` call, or a grant of the wait queue), each with
+    /// one reference. `out` has room for them.
+    fn take_admitted(&self, n: usize, out: &mut Vec<BlockId>) {
         if n == 0 {
-            return Ok(());
+            return;
         }
         // Uncached free blocks first; only then evict cached blocks that no
         // one holds, least recently released first. The admission above
@@ -453,7 +509,7 @@ impl BlockPool {
                 need -= self.evict_into(need, out);
             }
             if need == 0 {
-                return Ok(());
+                return;
             }
             sync::stale_retry(&backoff);
         }

@@ -1,14 +1,4 @@
-//! The atomic types and the one lock (the fenced-release buckets' `Mutex`):
-//! `std`'s, loom's or shuttle's, by cfg.
-
-#[cfg(kvslots_loom)]
-pub(crate) use loom::sync::Mutex;
-
-#[cfg(all(kvslots_shuttle, not(kvslots_loom)))]
-pub(crate) use shuttle::sync::Mutex;
-
-#[cfg(not(any(kvslots_loom, kvslots_shuttle)))]
-pub(crate) use std::sync::Mutex;
+//! The atomic types: `std`'s, loom's or shuttle's, by cfg.
 
 #[cfg(kvslots_loom)]
 pub use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};

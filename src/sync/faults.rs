@@ -68,11 +68,42 @@ pub struct Faults {
     /// loses only in its rescan, and meanwhile beats a later publish.
     #[cfg(kvslots_loom)]
     pub no_held_key_check: bool,
+    /// A waiter joins the wait queue without trying again after it is
+    /// queued: a release that happened between its failed attempt and its
+    /// enqueue found nobody waiting, and nothing wakes it (a lost wakeup).
+    #[cfg(kvslots_loom)]
+    pub late_enqueue: bool,
+    /// A waiter that is cancelled (or times out) after it was granted gives
+    /// the units back but does not hand them on to the waiters behind it.
+    #[cfg(kvslots_loom)]
+    pub cancel_keeps_grant: bool,
+    /// A pending head that is cancelled (or times out) leaves the queue
+    /// without re-checking the waiters behind it, which may fit now.
+    #[cfg(kvslots_loom)]
+    pub cancel_no_recheck: bool,
+    /// `close` sets the closed flag but does not wake the queued waiters.
+    #[cfg(kvslots_loom)]
+    pub silent_close: bool,
+    /// The wait queue's two `SeqCst` fences (a waiter's after it queues, a
+    /// releaser's before it checks for waiters) are left out: each side
+    /// can miss the other's write (a lost wakeup).
+    #[cfg(kvslots_loom)]
+    pub unfenced_wait: bool,
     /// Give a retired sequence's references back at once, at the retire,
     /// instead of when its fence completes: a block can be handed out again
     /// while a step that reads it is still in flight.
     #[cfg(kvslots_loom)]
     pub early_release: bool,
+    /// Take from the home shard's admission count with a load and a plain
+    /// store (no read-modify-write): a concurrent take or release on that
+    /// shard is lost, and more blocks are admitted than are free.
+    #[cfg(kvslots_loom)]
+    pub racy_take: bool,
+    /// A refused slow-path admission keeps the counts it took instead of
+    /// giving them back: blocks stay in transit after the call returns
+    /// (lost to every later admission).
+    #[cfg(kvslots_loom)]
+    pub keep_refused: bool,
 }
 
 impl Faults {
@@ -168,6 +199,94 @@ impl Faults {
         false
     }
 
+    /// Whether a waiter skips its attempt after joining the queue: `false`,
+    /// or `true` under `late_enqueue`.
+    #[inline]
+    pub(crate) fn late_enqueue(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.late_enqueue {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a cancelled granted waiter skips handing its grant on:
+    /// `false`, or `true` under `cancel_keeps_grant`.
+    #[inline]
+    pub(crate) fn cancel_keeps_grant(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.cancel_keeps_grant {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a cancelled pending waiter skips re-checking the waiters
+    /// behind it: `false`, or `true` under `cancel_no_recheck`.
+    #[inline]
+    pub(crate) fn cancel_no_recheck(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.cancel_no_recheck {
+            return true;
+        }
+        false
+    }
+
+    /// Whether the wait queue skips its `SeqCst` fences: `false`, or `true`
+    /// under `unfenced_wait`.
+    #[inline]
+    pub(crate) fn unfenced_wait(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.unfenced_wait {
+            return true;
+        }
+        false
+    }
+
+    /// Whether `close` skips waking the queued waiters: `false`, or `true`
+    /// under `silent_close`.
+    #[inline]
+    pub(crate) fn silent_close(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.silent_close {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a fenced retirement gives its references back at once:
+    /// `false`, or `true` under `early_release`.
+    #[inline]
+    pub(crate) fn early_release(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.early_release {
+            return true;
+        }
+        false
+    }
+
+    /// Whether the admission fast path takes with a load and a plain
+    /// store: `false`, or `true` under `racy_take`.
+    #[inline]
+    pub(crate) fn racy_take(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.racy_take {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a refused slow-path admission keeps what it took: `false`,
+    /// or `true` under `keep_refused`.
+    #[inline]
+    pub(crate) fn keep_refused(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.keep_refused {
+            return true;
+        }
+        false
+    }
+
     /// Whether a publisher's claim goes without a reference of its own:
     /// `false`, or `true` under `unreferenced_claim`.
     #[inline]
@@ -196,17 +315,6 @@ impl Faults {
     pub(crate) fn no_held_key_check(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.no_held_key_check {
-            return true;
-        }
-        false
-    }
-
-    /// Whether a fenced retirement gives its references back at once:
-    /// `false`, or `true` under `early_release`.
-    #[inline]
-    pub(crate) fn early_release(self) -> bool {
-        #[cfg(kvslots_loom)]
-        if self.early_release {
             return true;
         }
         false

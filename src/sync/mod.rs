@@ -15,6 +15,10 @@
 //! switch every dependency that knows about loom, and would change what is
 //! being checked.
 //!
+//! The waiting paths' mutex, condition variable and `fence` come from here
+//! too (`lock`), so that loom and shuttle model the wait queue's locking
+//! and wake-ups.
+//!
 //! Besides the atomic types, this module holds the three things that differ
 //! under a model checker: how a retry after a stale read waits
 //! ([`stale_retry`]), how threads are numbered ([`thread_index()`]), and the
@@ -27,10 +31,12 @@
 mod atomic;
 mod backoff;
 mod faults;
+mod lock;
 mod thread_index;
 
+pub(crate) use atomic::CachePadded;
 pub use atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-pub(crate) use atomic::{CachePadded, Mutex};
 pub(crate) use backoff::{stale_retry, Backoff};
 pub use faults::Faults;
+pub(crate) use lock::{fence, Condvar, Mutex, MutexGuard};
 pub(crate) use thread_index::thread_index;

@@ -4,9 +4,9 @@
 /// free-list shard it calls home.
 ///
 /// Threads are numbered in the order they first ask, which is when they
-/// first allocate from any pool (only a pop asks): a thread-local cached
-/// from a counter, so that `n` threads spread over `n` shards without
-/// registering.
+/// first allocate from or free to any pool (admission, its release and a
+/// pop ask): a thread-local cached from a counter, so that `n` threads
+/// spread over `n` shards without registering.
 ///
 /// Under loom the counter and the thread-local are loom's
 /// (`loom::lazy_static!`, `loom::thread_local!`), which start afresh in

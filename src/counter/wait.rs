@@ -1,0 +1,231 @@
+//! The waiting ways to take slots: [`SlotCounter::reserve`] and
+//! [`SlotCounter::reserve_owned`] (futures: [`Reserve`], [`ReserveOwned`])
+//! and [`SlotCounter::reserve_blocking`], over the counter's wait queue
+//! (`crate::wait`).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use crate::counter::guard::{OwnedReservation, Reservation};
+use crate::counter::SlotCounter;
+use crate::error::ReserveError;
+use crate::wait::{wait_blocking, Waiter};
+
+impl SlotCounter {
+    /// Reserves `n` slots, all or nothing, waiting in arrival order until
+    /// they are free; resolves to the guard.
+    ///
+    /// The first poll tries [`try_reserve`](Self::try_reserve)'s lock-free
+    /// path; if that is `Full`, the future joins the queue (it counts in
+    /// [`waiters`](Self::waiters) from that poll on) and is woken when its
+    /// slots have been taken for it. A queued waiter holds nothing that
+    /// [`used`](Self::used) shows until it is granted whole.
+    ///
+    /// Cancellation-safe: dropping the future before it resolves leaves
+    /// nothing taken, hands on slots that were granted to it but not yet
+    /// collected, and lets the waiters behind it be served.
+    ///
+    /// # Errors
+    ///
+    /// * [`ReserveError::NeverFits`] at once if `n > capacity()`.
+    /// * [`ReserveError::Closed`] at once after [`close`](Self::close), and
+    ///   for a waiter queued when `close` is called.
+    ///
+    /// The future never resolves to `Full`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::{ReserveError, SlotCounter};
+    ///
+    /// let counter = SlotCounter::new(4);
+    /// let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// runtime.block_on(async {
+    ///     let held = counter.reserve(3).await.unwrap();
+    ///     assert_eq!(held.len(), 3);
+    ///     assert!(matches!(
+    ///         counter.reserve(5).await, // at once
+    ///         Err(ReserveError::NeverFits { requested: 5, capacity: 4 })
+    ///     ));
+    /// });
+    /// ```
+    pub fn reserve(&self, n: usize) -> Reserve<'_> {
+        Reserve {
+            counter: self,
+            wait: Waiter::new(n, 0),
+        }
+    }
+
+    /// Like [`reserve`](Self::reserve), resolving to an
+    /// [`OwnedReservation`]; the future itself holds an [`Arc`] of the
+    /// counter, so both are `'static` and can cross `tokio::spawn`.
+    ///
+    /// # Errors
+    ///
+    /// As [`reserve`](Self::reserve).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::SlotCounter;
+    ///
+    /// let counter = Arc::new(SlotCounter::new(4));
+    /// let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let held = runtime.block_on(counter.reserve_owned(4)).unwrap();
+    /// let waiting = runtime.spawn(counter.reserve_owned(2));
+    /// drop(held); // wakes the waiter
+    /// let second = runtime.block_on(waiting).unwrap().unwrap();
+    /// assert_eq!(second.len(), 2);
+    /// ```
+    pub fn reserve_owned(self: &Arc<Self>, n: usize) -> ReserveOwned {
+        ReserveOwned {
+            counter: Arc::clone(self),
+            wait: Waiter::new(n, 0),
+        }
+    }
+
+    /// Reserves `n` slots, all or nothing, sleeping in arrival order until
+    /// they are free, for at most `timeout` (`None`: no limit).
+    ///
+    /// The thread counts in [`waiters`](Self::waiters) from the moment it
+    /// is about to sleep; it sleeps on the queue's condition variable.
+    ///
+    /// # Errors
+    ///
+    /// * [`ReserveError::NeverFits`] at once if `n > capacity()`.
+    /// * [`ReserveError::Closed`] at once after [`close`](Self::close), and
+    ///   when `close` is called while the thread waits.
+    /// * [`ReserveError::Full`] when `timeout` runs out, with the slots free
+    ///   at that moment; the caller has left the queue and holds nothing.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use kvslots::{ReserveError, SlotCounter};
+    ///
+    /// let counter = SlotCounter::new(4);
+    /// let held = counter.reserve_blocking(3, None).unwrap();
+    /// assert_eq!(
+    ///     counter.reserve_blocking(2, Some(Duration::from_millis(1))).unwrap_err(),
+    ///     ReserveError::Full { requested: 2, available: 1 }
+    /// );
+    /// assert_eq!(counter.waiters(), 0);
+    /// # drop(held);
+    /// ```
+    pub fn reserve_blocking(
+        &self,
+        n: usize,
+        timeout: Option<Duration>,
+    ) -> Result<Reservation<'_>, ReserveError> {
+        wait_blocking(self, n, 0, timeout)?;
+        Ok(Reservation::new(self, n))
+    }
+
+    /// How many waiters are queued: futures from the first poll that
+    /// returned `Pending` until they are dropped or resolve, and blocking
+    /// calls while they sleep. A snapshot.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::future::Future;
+    /// use std::pin::pin;
+    /// use std::task::{Context, Poll, Waker};
+    /// use kvslots::SlotCounter;
+    ///
+    /// # struct Noop;
+    /// # impl std::task::Wake for Noop { fn wake(self: std::sync::Arc<Self>) {} }
+    /// # let waker = Waker::from(std::sync::Arc::new(Noop));
+    /// let counter = SlotCounter::new(2);
+    /// let held = counter.try_reserve(2).unwrap();
+    /// let mut waiting = pin!(counter.reserve(1));
+    /// let mut cx = Context::from_waker(&waker);
+    /// assert!(waiting.as_mut().poll(&mut cx).is_pending());
+    /// assert_eq!(counter.waiters(), 1);
+    /// drop(held); // grants the waiter its slot
+    /// assert_eq!(counter.used(), 1);
+    /// let Poll::Ready(Ok(granted)) = waiting.as_mut().poll(&mut cx) else { panic!() };
+    /// assert_eq!((granted.len(), counter.waiters()), (1, 0));
+    /// ```
+    pub fn waiters(&self) -> usize {
+        self.queued()
+    }
+}
+
+/// The future of [`SlotCounter::reserve`]: resolves to a [`Reservation`]
+/// once its slots are granted, or to an error. Dropping it cancels the
+/// wait (see [`SlotCounter::reserve`]).
+#[must_use = "futures do nothing unless polled; dropping it leaves the queue"]
+pub struct Reserve<'a> {
+    counter: &'a SlotCounter,
+    wait: Waiter,
+}
+
+/// The future of [`SlotCounter::reserve_owned`]: resolves to an
+/// [`OwnedReservation`]; `'static`. Dropping it cancels the wait.
+#[must_use = "futures do nothing unless polled; dropping it leaves the queue"]
+pub struct ReserveOwned {
+    counter: Arc<SlotCounter>,
+    wait: Waiter,
+}
+
+impl<'a> Future for Reserve<'a> {
+    type Output = Result<Reservation<'a>, ReserveError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let counter = this.counter;
+        this.wait
+            .poll(counter, cx)
+            .map(|granted| granted.map(|()| Reservation::new(counter, this.wait.n())))
+    }
+}
+
+impl Future for ReserveOwned {
+    type Output = Result<OwnedReservation, ReserveError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let counter = &this.counter;
+        let n = this.wait.n();
+        this.wait
+            .poll(&**counter, cx)
+            .map(|granted| granted.map(|()| OwnedReservation::new(Arc::clone(counter), n)))
+    }
+}
+
+impl Drop for Reserve<'_> {
+    fn drop(&mut self) {
+        self.wait.cancel(self.counter);
+    }
+}
+
+impl Drop for ReserveOwned {
+    fn drop(&mut self) {
+        self.wait.cancel(&*self.counter);
+    }
+}
+
+impl fmt::Debug for Reserve<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reserve")
+            .field("n", &self.wait.n())
+            .field("counter", self.counter)
+            .finish()
+    }
+}
+
+impl fmt::Debug for ReserveOwned {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReserveOwned")
+            .field("n", &self.wait.n())
+            .field("counter", &*self.counter)
+            .finish()
+    }
+}

@@ -1,0 +1,620 @@
+//! The waiting calls, one behaviour at a time, polled by hand with a
+//! counting waker so that every step is deterministic: `SlotCounter::reserve`,
+//! `reserve_owned`, `reserve_blocking`, `BlockPool::alloc`, `alloc_blocking`,
+//! `Sequence::reserve`, `reserve_blocking`, and `waiters()`; FIFO order,
+//! the `try_*` calls yielding to the head, cancellation, close, timeouts and
+//! bad input (a typed error, nothing changed).
+
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread;
+use std::time::Duration;
+
+use kvslots::{BlockPool, ReserveError, Sequence, SlotCounter};
+
+/// A waker that counts its wakes.
+#[derive(Default)]
+struct Counting(AtomicUsize);
+
+impl Wake for Counting {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A counting waker and the count it bumps.
+fn waker() -> (Waker, Arc<Counting>) {
+    let count = Arc::new(Counting::default());
+    (Waker::from(Arc::clone(&count)), count)
+}
+
+fn wakes(count: &Counting) -> usize {
+    count.0.load(Ordering::SeqCst)
+}
+
+/// Polls `fut` once with `waker`.
+fn poll_once<F: Future + ?Sized>(fut: Pin<&mut F>, waker: &Waker) -> Poll<F::Output> {
+    fut.poll(&mut Context::from_waker(waker))
+}
+
+/// Waits (yielding, no sleep) until `count()` reads `n`.
+fn spin_until(n: usize, count: impl Fn() -> usize) {
+    while count() != n {
+        thread::yield_now();
+    }
+}
+
+#[test]
+fn reserve_resolves_at_once_when_free() {
+    let counter = SlotCounter::new(4);
+    let (w, _) = waker();
+    let mut fut = pin!(counter.reserve(3));
+    let Poll::Ready(Ok(held)) = poll_once(fut.as_mut(), &w) else {
+        panic!("3 of 4 free slots must be granted at the first poll");
+    };
+    assert_eq!((held.len(), counter.used(), counter.waiters()), (3, 3, 0));
+}
+
+#[test]
+fn reserve_zero_takes_nothing() {
+    let counter = SlotCounter::new(1);
+    let _all = counter.try_reserve(1).unwrap();
+    let (w, _) = waker();
+    let Poll::Ready(Ok(empty)) = poll_once(pin!(counter.reserve(0)), &w) else {
+        panic!("an empty reservation never waits");
+    };
+    assert!(empty.is_empty());
+    assert_eq!((counter.used(), counter.waiters()), (1, 0));
+}
+
+#[test]
+fn reserve_never_fits_at_once_and_changes_nothing() {
+    let counter = SlotCounter::new(4);
+    let _held = counter.try_reserve(1).unwrap();
+    let (w, _) = waker();
+    for n in [5, usize::MAX] {
+        let out = poll_once(pin!(counter.reserve(n)), &w);
+        assert!(matches!(
+            out,
+            Poll::Ready(Err(ReserveError::NeverFits { requested, capacity: 4 })) if requested == n
+        ));
+        assert_eq!(
+            counter.reserve_blocking(n, None).unwrap_err(),
+            ReserveError::NeverFits {
+                requested: n,
+                capacity: 4
+            }
+        );
+        assert_eq!((counter.used(), counter.waiters()), (1, 0));
+    }
+}
+
+#[test]
+fn reserve_after_close_fails_at_once_and_changes_nothing() {
+    let counter = SlotCounter::new(4);
+    let _held = counter.try_reserve(1).unwrap();
+    counter.close();
+    let (w, _) = waker();
+    assert!(matches!(
+        poll_once(pin!(counter.reserve(1)), &w),
+        Poll::Ready(Err(ReserveError::Closed))
+    ));
+    assert_eq!(
+        counter.reserve_blocking(1, None).unwrap_err(),
+        ReserveError::Closed
+    );
+    assert_eq!((counter.used(), counter.waiters()), (1, 0));
+}
+
+#[test]
+fn waiter_is_granted_by_a_release_and_woken() {
+    let counter = SlotCounter::new(4);
+    let held = counter.try_reserve(4).unwrap();
+    let (w, count) = waker();
+    let mut fut = pin!(counter.reserve(2));
+    assert!(poll_once(fut.as_mut(), &w).is_pending());
+    assert_eq!((counter.waiters(), counter.used()), (1, 4));
+    drop(held);
+    // Granted on the waiter's behalf by the release: the slots are taken.
+    assert_eq!((wakes(&count), counter.used()), (1, 2));
+    let Poll::Ready(Ok(granted)) = poll_once(fut.as_mut(), &w) else {
+        panic!("a woken waiter must be granted");
+    };
+    assert_eq!((granted.len(), counter.waiters()), (2, 0));
+}
+
+#[test]
+fn repoll_refreshes_the_waker() {
+    let counter = SlotCounter::new(1);
+    let held = counter.try_reserve(1).unwrap();
+    let (first, first_count) = waker();
+    let (second, second_count) = waker();
+    let mut fut = pin!(counter.reserve(1));
+    assert!(poll_once(fut.as_mut(), &first).is_pending());
+    assert!(poll_once(fut.as_mut(), &second).is_pending());
+    drop(held);
+    assert_eq!((wakes(&first_count), wakes(&second_count)), (0, 1));
+    assert!(matches!(
+        poll_once(fut.as_mut(), &second),
+        Poll::Ready(Ok(_))
+    ));
+}
+
+#[test]
+fn a_small_waiter_does_not_pass_a_large_head() {
+    let counter = SlotCounter::new(4);
+    let mut held = counter.try_reserve(4).unwrap();
+    let (w, _) = waker();
+    let mut large = pin!(counter.reserve(3));
+    let mut small = pin!(counter.reserve(1));
+    assert!(poll_once(large.as_mut(), &w).is_pending());
+    assert!(poll_once(small.as_mut(), &w).is_pending());
+    assert_eq!(counter.waiters(), 2);
+    held.shrink_to(2); // 2 free: the head needs 3
+    assert!(poll_once(small.as_mut(), &w).is_pending());
+    assert_eq!(counter.used(), 2);
+    held.shrink_to(0); // 4 free: head first, then the small one
+    assert_eq!(counter.used(), 4);
+    assert!(matches!(poll_once(large.as_mut(), &w), Poll::Ready(Ok(r)) if r.len() == 3));
+    assert!(matches!(poll_once(small.as_mut(), &w), Poll::Ready(Ok(r)) if r.len() == 1));
+}
+
+#[test]
+fn try_calls_leave_what_the_head_is_owed() {
+    let counter = SlotCounter::new(4);
+    let mut held = counter.try_reserve(4).unwrap();
+    let (w, _) = waker();
+    let mut head = pin!(counter.reserve(3));
+    assert!(poll_once(head.as_mut(), &w).is_pending());
+    held.shrink_to(2);
+    // 2 free, owed to the head: a try_* call refuses rather than take them.
+    assert_eq!(
+        counter.try_reserve(1).unwrap_err(),
+        ReserveError::Full {
+            requested: 1,
+            available: 2
+        }
+    );
+    assert_eq!(counter.admit(1), 0);
+    assert_eq!(counter.used(), 2);
+    // An empty reservation owes nothing.
+    assert!(counter.try_reserve(0).is_ok());
+    drop(held);
+    assert!(matches!(poll_once(head.as_mut(), &w), Poll::Ready(Ok(_))));
+    // Nobody waits now: the free slot goes to whoever asks.
+    assert!(counter.try_reserve(1).is_ok());
+}
+
+#[test]
+fn dropping_a_pending_waiter_leaves_nothing() {
+    let counter = SlotCounter::new(2);
+    let held = counter.try_reserve(2).unwrap();
+    let (w, _) = waker();
+    {
+        let mut fut = pin!(counter.reserve(1));
+        assert!(poll_once(fut.as_mut(), &w).is_pending());
+        assert_eq!(counter.waiters(), 1);
+    }
+    assert_eq!((counter.waiters(), counter.used()), (0, 2));
+    drop(held);
+    assert_eq!(counter.used(), 0);
+}
+
+#[test]
+fn dropping_a_granted_unpolled_waiter_hands_its_grant_on() {
+    let counter = SlotCounter::new(2);
+    let held = counter.try_reserve(2).unwrap();
+    let (w, _) = waker();
+    let (w2, count2) = waker();
+    let mut first = Box::pin(counter.reserve(2));
+    let mut second = pin!(counter.reserve(2));
+    assert!(poll_once(first.as_mut(), &w).is_pending());
+    assert!(poll_once(second.as_mut(), &w2).is_pending());
+    drop(held);
+    assert_eq!((counter.used(), wakes(&count2)), (2, 0)); // granted to `first`
+    drop(first); // never collected: its slots go to `second`
+    assert_eq!(
+        (counter.used(), wakes(&count2), counter.waiters()),
+        (2, 1, 1)
+    );
+    assert!(matches!(poll_once(second.as_mut(), &w2), Poll::Ready(Ok(r)) if r.len() == 2));
+    assert_eq!(counter.waiters(), 0);
+}
+
+#[test]
+fn dropping_a_pending_head_rechecks_the_waiters_behind() {
+    let counter = SlotCounter::new(4);
+    let mut held = counter.try_reserve(4).unwrap();
+    let (w, _) = waker();
+    let (w2, count2) = waker();
+    let mut large = Box::pin(counter.reserve(4));
+    let mut small = pin!(counter.reserve(1));
+    assert!(poll_once(large.as_mut(), &w).is_pending());
+    assert!(poll_once(small.as_mut(), &w2).is_pending());
+    held.shrink_to(3);
+    assert_eq!(wakes(&count2), 0);
+    drop(large);
+    assert_eq!((wakes(&count2), counter.used()), (1, 4));
+    assert!(matches!(poll_once(small.as_mut(), &w2), Poll::Ready(Ok(_))));
+}
+
+#[test]
+fn close_wakes_every_waiter_with_closed() {
+    let counter = SlotCounter::new(2);
+    let held = counter.try_reserve(2).unwrap();
+    let (w, count) = waker();
+    let mut a = pin!(counter.reserve(1));
+    let mut b = pin!(counter.reserve(2));
+    assert!(poll_once(a.as_mut(), &w).is_pending());
+    assert!(poll_once(b.as_mut(), &w).is_pending());
+    counter.close();
+    assert_eq!(wakes(&count), 2);
+    assert!(matches!(
+        poll_once(a.as_mut(), &w),
+        Poll::Ready(Err(ReserveError::Closed))
+    ));
+    assert!(matches!(
+        poll_once(b.as_mut(), &w),
+        Poll::Ready(Err(ReserveError::Closed))
+    ));
+    assert_eq!((counter.waiters(), counter.used()), (0, 2));
+    drop(held);
+    assert_eq!(counter.used(), 0);
+}
+
+#[test]
+fn a_grant_made_before_close_is_kept() {
+    let counter = SlotCounter::new(1);
+    let held = counter.try_reserve(1).unwrap();
+    let (w, _) = waker();
+    let mut fut = pin!(counter.reserve(1));
+    assert!(poll_once(fut.as_mut(), &w).is_pending());
+    drop(held);
+    counter.close();
+    assert!(matches!(poll_once(fut.as_mut(), &w), Poll::Ready(Ok(r)) if r.len() == 1));
+}
+
+#[test]
+#[should_panic(expected = "polled after it completed")]
+fn polling_after_completion_panics() {
+    let counter = SlotCounter::new(1);
+    let (w, _) = waker();
+    let mut fut = pin!(counter.reserve(1));
+    assert!(poll_once(fut.as_mut(), &w).is_ready());
+    let _ = poll_once(fut.as_mut(), &w);
+}
+
+#[test]
+fn reserve_blocking_times_out_with_full_and_leaves_the_queue() {
+    let counter = SlotCounter::new(3);
+    let _held = counter.try_reserve(2).unwrap();
+    for timeout in [Duration::ZERO, Duration::from_millis(2)] {
+        assert_eq!(
+            counter.reserve_blocking(2, Some(timeout)).unwrap_err(),
+            ReserveError::Full {
+                requested: 2,
+                available: 1
+            }
+        );
+        assert_eq!((counter.used(), counter.waiters()), (2, 0));
+    }
+    // What fits is taken at once, whatever the timeout.
+    assert_eq!(
+        counter
+            .reserve_blocking(1, Some(Duration::ZERO))
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn reserve_blocking_is_woken_by_a_release() {
+    let counter = Arc::new(SlotCounter::new(2));
+    let held = counter.try_reserve_owned(2).unwrap();
+    let waiter = thread::spawn({
+        let counter = Arc::clone(&counter);
+        move || counter.reserve_blocking(2, None).map(|r| r.forget())
+    });
+    spin_until(1, || counter.waiters());
+    drop(held);
+    assert_eq!(waiter.join().unwrap(), Ok(2));
+    assert_eq!((counter.used(), counter.waiters()), (2, 0));
+    counter.release(2).unwrap();
+}
+
+#[test]
+fn reserve_blocking_is_woken_by_close() {
+    let counter = Arc::new(SlotCounter::new(1));
+    let _held = counter.try_reserve_owned(1).unwrap();
+    let waiter = thread::spawn({
+        let counter = Arc::clone(&counter);
+        move || counter.reserve_blocking(1, None).map(|r| r.forget())
+    });
+    spin_until(1, || counter.waiters());
+    counter.close();
+    assert_eq!(waiter.join().unwrap(), Err(ReserveError::Closed));
+    assert_eq!((counter.used(), counter.waiters()), (1, 0));
+}
+
+#[test]
+fn blocking_and_async_waiters_share_one_fifo() {
+    let counter = Arc::new(SlotCounter::new(2));
+    let held = counter.try_reserve_owned(2).unwrap();
+    let blocking = thread::spawn({
+        let counter = Arc::clone(&counter);
+        move || counter.reserve_blocking(2, None).map(|r| r.forget())
+    });
+    spin_until(1, || counter.waiters());
+    let (w, count) = waker();
+    let mut later = pin!(counter.reserve(1));
+    assert!(poll_once(later.as_mut(), &w).is_pending());
+    drop(held);
+    // The blocking thread came first and takes both slots.
+    assert_eq!(blocking.join().unwrap(), Ok(2));
+    assert_eq!(wakes(&count), 0);
+    counter.release(2).unwrap();
+    assert_eq!(wakes(&count), 1);
+    assert!(matches!(poll_once(later.as_mut(), &w), Poll::Ready(Ok(_))));
+}
+
+#[test]
+fn reserve_owned_crosses_tokio_spawn() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .unwrap();
+    let counter = Arc::new(SlotCounter::new(4));
+    let held = counter.try_reserve_owned(4).unwrap();
+    let task = runtime.spawn(counter.reserve_owned(3));
+    spin_until(1, || counter.waiters());
+    drop(held);
+    let granted = runtime.block_on(task).unwrap().unwrap();
+    assert_eq!(
+        (granted.len(), counter.used(), counter.waiters()),
+        (3, 3, 0)
+    );
+}
+
+#[test]
+fn pool_alloc_waits_and_appends_only_when_granted() {
+    let pool = BlockPool::new(4, 16);
+    let mut held = Vec::new();
+    pool.try_alloc(4, &mut held).unwrap();
+    let (w, count) = waker();
+    let mut out = vec![held[0]]; // a caller's earlier contents stay
+    {
+        let mut fut = pin!(pool.alloc(3, &mut out));
+        assert!(poll_once(fut.as_mut(), &w).is_pending());
+        assert_eq!(pool.waiters(), 1);
+        pool.free(&held[1..]).unwrap();
+        assert_eq!((wakes(&count), pool.used_blocks()), (1, 4));
+        assert!(matches!(poll_once(fut.as_mut(), &w), Poll::Ready(Ok(()))));
+    }
+    assert_eq!(out.len(), 4);
+    assert_eq!(out[0], held[0]);
+    assert_eq!(pool.waiters(), 0);
+    pool.free(&out).unwrap();
+    assert_eq!(pool.free_blocks(), 4);
+}
+
+#[test]
+fn pool_alloc_bad_input_changes_nothing() {
+    let pool = BlockPool::new(4, 16);
+    let mut held = Vec::new();
+    pool.try_alloc(1, &mut held).unwrap();
+    let (w, _) = waker();
+    let mut out = held.clone();
+    for n in [5, usize::MAX] {
+        assert!(matches!(
+            poll_once(pin!(pool.alloc(n, &mut out)), &w),
+            Poll::Ready(Err(ReserveError::NeverFits { capacity: 4, .. }))
+        ));
+        assert!(matches!(
+            pool.alloc_blocking(n, &mut out, None),
+            Err(ReserveError::NeverFits { capacity: 4, .. })
+        ));
+    }
+    assert_eq!((out.as_slice(), pool.used_blocks()), (held.as_slice(), 1));
+    pool.close();
+    assert!(matches!(
+        poll_once(pin!(pool.alloc(1, &mut out)), &w),
+        Poll::Ready(Err(ReserveError::Closed))
+    ));
+    assert_eq!(
+        pool.alloc_blocking(1, &mut out, None),
+        Err(ReserveError::Closed)
+    );
+    assert_eq!((out.as_slice(), pool.used_blocks()), (held.as_slice(), 1));
+    assert_eq!(pool.waiters(), 0);
+}
+
+#[test]
+fn pool_alloc_dropped_leaves_out_and_pool_unchanged() {
+    let pool = BlockPool::new(2, 16);
+    let mut held = Vec::new();
+    pool.try_alloc(2, &mut held).unwrap();
+    let (w, _) = waker();
+    let mut out = Vec::new();
+    {
+        let mut fut = pin!(pool.alloc(1, &mut out));
+        assert!(poll_once(fut.as_mut(), &w).is_pending());
+        pool.free(&held[..1]).unwrap(); // granted, never collected
+        assert_eq!(pool.used_blocks(), 2);
+    }
+    assert!(out.is_empty());
+    assert_eq!((pool.used_blocks(), pool.waiters()), (1, 0));
+}
+
+#[test]
+fn pool_alloc_blocking_times_out_and_is_woken() {
+    let pool = Arc::new(BlockPool::new(3, 16));
+    let mut held = Vec::new();
+    pool.try_alloc(3, &mut held).unwrap();
+    let mut out = Vec::new();
+    assert_eq!(
+        pool.alloc_blocking(2, &mut out, Some(Duration::ZERO)),
+        Err(ReserveError::Full {
+            requested: 2,
+            available: 0
+        })
+    );
+    assert!(out.is_empty());
+    let waiter = thread::spawn({
+        let pool = Arc::clone(&pool);
+        move || {
+            let mut ids = Vec::new();
+            pool.alloc_blocking(2, &mut ids, None).map(|()| ids)
+        }
+    });
+    spin_until(1, || pool.waiters());
+    pool.free(&held).unwrap();
+    let ids = waiter.join().unwrap().unwrap();
+    assert_eq!((ids.len(), pool.used_blocks(), pool.waiters()), (2, 2, 0));
+}
+
+#[test]
+fn sequence_reserve_waits_for_the_whole_prompt() {
+    let pool = Arc::new(BlockPool::new(4, 16));
+    let mut running = Sequence::new(Arc::clone(&pool));
+    running.try_append(48).unwrap(); // 3 blocks
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    let (w, count) = waker();
+    {
+        let mut fut = pin!(seq.reserve(40, 0)); // 3 blocks
+        assert!(poll_once(fut.as_mut(), &w).is_pending());
+        running.truncate(32); // 2 free: not enough
+        assert_eq!(wakes(&count), 0);
+        drop(running);
+        assert_eq!(wakes(&count), 1);
+        assert!(matches!(poll_once(fut.as_mut(), &w), Poll::Ready(Ok(()))));
+    }
+    assert_eq!((seq.len(), seq.capacity(), pool.used_blocks()), (0, 48, 3));
+    // Nothing missing: resolves at once, takes nothing.
+    assert!(matches!(
+        poll_once(pin!(seq.reserve(48, 4)), &w),
+        Poll::Ready(Ok(()))
+    ));
+    assert_eq!(pool.used_blocks(), 3);
+}
+
+#[test]
+fn sequence_reserve_headroom_is_left_for_running_growth() {
+    let pool = Arc::new(BlockPool::new(4, 16));
+    let mut running = Sequence::new(Arc::clone(&pool));
+    running.try_append(64).unwrap();
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    let (w, _) = waker();
+    let mut fut = pin!(seq.reserve(16, 2)); // 1 block, 2 kept free
+    assert!(poll_once(fut.as_mut(), &w).is_pending());
+    running.truncate(32); // 2 free: the head needs 1 + 2
+                          // A running sequence may grow into the head's headroom...
+    running.try_append(16).unwrap();
+    // ...but not into the block the head is owed.
+    assert!(matches!(
+        running.try_append(16),
+        Err(ReserveError::Full {
+            requested: 1,
+            available: 1
+        })
+    ));
+    drop(running);
+    assert!(matches!(poll_once(fut.as_mut(), &w), Poll::Ready(Ok(()))));
+    assert_eq!(pool.used_blocks(), 1);
+}
+
+#[test]
+fn sequence_reserve_bad_input_and_drop_leave_it_unchanged() {
+    let pool = Arc::new(BlockPool::new(4, 16));
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(20).unwrap();
+    let before = (seq.len(), seq.blocks().to_vec(), pool.used_blocks());
+    let (w, _) = waker();
+    assert!(matches!(
+        poll_once(pin!(seq.reserve(100, 0)), &w),
+        Poll::Ready(Err(ReserveError::NeverFits { .. }))
+    ));
+    assert!(matches!(
+        seq.reserve_blocking(16, 4, None), // 1 block + 4 of headroom
+        Err(ReserveError::NeverFits { .. })
+    ));
+    let mut other = Sequence::new(Arc::clone(&pool));
+    other.try_append(32).unwrap();
+    {
+        let mut fut = pin!(seq.reserve(40, 0)); // needs 2 more, 0 free
+        assert!(poll_once(fut.as_mut(), &w).is_pending());
+    }
+    assert_eq!(
+        seq.reserve_blocking(40, 0, Some(Duration::ZERO)),
+        Err(ReserveError::Full {
+            requested: 2,
+            available: 0
+        })
+    );
+    assert_eq!(
+        (seq.len(), seq.blocks(), pool.used_blocks()),
+        (before.0, &before.1[..], 4)
+    );
+    drop(other);
+    seq.reserve_blocking(40, 0, None).unwrap();
+    assert_eq!(seq.capacity(), 64);
+    pool.close();
+    drop(seq);
+    let mut late = Sequence::new(Arc::clone(&pool));
+    assert_eq!(late.reserve_blocking(1, 0, None), Err(ReserveError::Closed));
+    assert!(late.blocks().is_empty());
+    assert_eq!((pool.used_blocks(), pool.waiters()), (0, 0));
+}
+
+/// A waker whose last drop drops a pending wait on the same counter (as a
+/// task that owns such a future would).
+struct OwnsAWait {
+    /// Held only to be dropped with the waker.
+    _wait: std::sync::Mutex<Pin<Box<kvslots::ReserveOwned>>>,
+}
+
+impl Wake for OwnsAWait {
+    fn wake(self: Arc<Self>) {}
+}
+
+#[test]
+fn a_replaced_waker_is_dropped_after_the_lock() {
+    let counter = Arc::new(SlotCounter::new(1));
+    let _held = counter.try_reserve_owned(1).unwrap();
+    let (noop, _) = waker();
+    let mut inner_wait = Box::pin(counter.reserve_owned(1));
+    assert!(poll_once(inner_wait.as_mut(), &noop).is_pending());
+    let owning = Waker::from(Arc::new(OwnsAWait {
+        _wait: std::sync::Mutex::new(inner_wait),
+    }));
+    let mut fut = pin!(counter.reserve(1));
+    assert!(poll_once(fut.as_mut(), &owning).is_pending());
+    drop(owning); // the queue's clone is now the last one
+    assert_eq!(counter.waiters(), 2);
+    // A poll with another waker replaces it: its drop cancels the inner
+    // wait, which takes the queue's lock (a deadlock if it were dropped
+    // under it).
+    assert!(poll_once(fut.as_mut(), &noop).is_pending());
+    assert_eq!(counter.waiters(), 1);
+}
+
+#[test]
+fn a_fenced_release_wakes_the_waiters_when_its_fence_completes() {
+    let pool = Arc::new(BlockPool::new(2, 16));
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(32).unwrap();
+    let (w, count) = waker();
+    let mut ids = Vec::new();
+    let mut fut = pin!(pool.alloc(2, &mut ids));
+    assert!(poll_once(fut.as_mut(), &w).is_pending());
+    seq.retire(7); // still read by step 7: still in use
+    assert_eq!((wakes(&count), pool.used_blocks()), (0, 2));
+    assert!(poll_once(fut.as_mut(), &w).is_pending());
+    pool.complete(7);
+    assert_eq!((wakes(&count), pool.used_blocks()), (1, 2));
+    assert!(matches!(poll_once(fut.as_mut(), &w), Poll::Ready(Ok(()))));
+    assert_eq!(pool.waiters(), 0);
+}
