@@ -15,6 +15,8 @@ use std::time::Duration;
 
 use kvslots::{BlockPool, ReserveError, Sequence, SlotCounter};
 
+mod common;
+
 /// A waker that counts its wakes.
 #[derive(Default)]
 struct Counting(AtomicUsize);
@@ -617,4 +619,52 @@ fn a_fenced_release_wakes_the_waiters_when_its_fence_completes() {
     assert_eq!((wakes(&count), pool.used_blocks()), (1, 2));
     assert!(matches!(poll_once(fut.as_mut(), &w), Poll::Ready(Ok(()))));
     assert_eq!(pool.waiters(), 0);
+}
+
+/// Blocking waiters with no timeout on a pool cut into 4 shards of 2
+/// blocks, against `try_alloc` calls whose requests of 3 or 4 blocks take
+/// the slow path that holds blocks in transit and gives them back when
+/// refused: every give-back must reach the waiters (a lost wake-up hangs a
+/// thread, which the watchdog reports). At the end the pool is whole and
+/// nobody waits.
+#[test]
+fn blocking_waiters_on_a_sharded_pool_miss_no_wakeup() {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 20_000;
+    let pool = Arc::new(BlockPool::with_shards(8, 16, 4));
+    let start = Arc::new(std::sync::Barrier::new(THREADS));
+    let (done, finished) = std::sync::mpsc::channel();
+    for t in 0..THREADS {
+        let (pool, done, start) = (Arc::clone(&pool), done.clone(), Arc::clone(&start));
+        thread::spawn(move || {
+            start.wait();
+            let mut rng = common::XorShift::new(t as u64 + 7);
+            let mut ids = Vec::new();
+            for _ in 0..ROUNDS {
+                let n = 1 + rng.below(4);
+                if rng.below(2) == 0 {
+                    pool.alloc_blocking(n, &mut ids, None)
+                        .expect("the pool stays open and every request fits");
+                    assert_eq!(ids.len(), n, "partial grant");
+                } else if pool.try_alloc(n, &mut ids).is_err() {
+                    assert!(ids.is_empty(), "a refused allocation wrote ids");
+                    continue;
+                }
+                pool.free(&ids).unwrap();
+                ids.clear();
+            }
+            done.send(()).unwrap();
+        });
+    }
+    drop(done);
+    for _ in 0..THREADS {
+        // A watchdog, not a timing assertion: a thread that has not finished
+        // after this long is asleep on a wake-up that never came.
+        finished
+            .recv_timeout(Duration::from_secs(120))
+            .expect("a waiter hung: a release did not reach the wait queue");
+    }
+    assert_eq!((pool.used_blocks(), pool.waiters()), (0, 0));
+    assert_eq!(pool.free_blocks(), 8);
+    common::assert_pool_whole(&pool);
 }
