@@ -342,11 +342,11 @@
 //! Each block's `AtomicU64` state word is the single truth about it:
 //!
 //! ```text
-//! bits  0..32   reference count
-//! bit   32      CACHED   the block holds a key that can match
-//! bit   33      BUSY     a publisher has claimed it to give it a key
-//! bit   34      KILLED   a rival publisher of the same key won
-//! bits 35..64   generation, bumped whenever the block loses a key or a claim
+//! bits  0..31   reference count (at most u32::MAX / 2, as before a panic)
+//! bit   31      CACHED   the block holds a key that can match
+//! bit   32      BUSY     a publisher has claimed it to give it a key
+//! bit   33      KILLED   a rival publisher of the same key won
+//! bits 34..64   generation, bumped whenever the block loses a key or a claim
 //! ```
 //!
 //! A block is *free* (count 0, not cached: in the free list), *held* (count
@@ -356,6 +356,34 @@
 //! admits one block first, exactly as an allocation would. Every change of
 //! a state that another thread may act on is a CAS from the exact value
 //! read, so a generation names one incarnation of a block's key.
+//!
+//! The generation has 30 bits and wraps. A CAS from a state read earlier
+//! (a match's revival, an eviction, a kill) is fooled only if, while the
+//! thread that read it stalls between its read and its CAS, the same block
+//! loses a key or a claim a multiple of 2^30 (about 1.07e9) times and comes
+//! back to the same count and flags. A loss is an eviction, a reset or a
+//! truncate that drops the key (each needing a new allocation and publish
+//! of the block before the next), or a publish of the block that loses or
+//! is refused (a claim and an unclaim, the cheapest, with no allocation):
+//! even at ten million losses a second on that one block, a stall of over
+//! 100 seconds between the thread's read and its CAS. The count has 31 bits
+//! (a count past `u32::MAX / 2` panics, as `Arc`'s aborts), which leaves
+//! the generation its 30.
+//!
+//! A claim holds a reference of its own: `BUSY` is set together with one
+//! more count, and the commit or the unclaim clears `BUSY` and drops that
+//! reference in the same CAS. A claimed block is therefore never free,
+//! whatever its holders do meanwhile, including a raw `BlockPool::free`
+//! that takes the publishing sequence's reference (a double free, misuse).
+//! Drops, the checks of `free`, `ref_count`, `is_shared` and a fork's added
+//! reference count only the holders' references (the count less the
+//! claim's), so no drop can take the claim's reference; whichever of the
+//! commit (or unclaim) and the holders' drops takes the last reference
+//! gives the block back through the usual path: evictable with its new key
+//! after a commit, to the free list after an unclaim. The other design, a
+//! last drop that clears a claim it finds and a commit that then fails,
+//! would let the block be handed to a new owner while its publisher still
+//! writes its key words and holds an index entry for it.
 //!
 //! ## Keys and the index
 //!
@@ -379,8 +407,10 @@
 //!
 //! ## Publishing
 //!
-//! `publish` of key `K` on a held, uncached block `b`: claim `b` (CAS in
-//! `BUSY`), write `K`'s words, insert `(fingerprint, b)` into a bucket
+//! `publish` of key `K` on a held, uncached block `b`: first look `K` up as
+//! a match would (without taking a reference); if a committed block holds
+//! it, `b` loses at once, having claimed nothing. Otherwise claim `b` (CAS
+//! in `BUSY` and the claim's reference), write `K`'s words, insert `(fingerprint, b)` into a bucket
 //! (a `Release` CAS), make a read-modify-write that changes nothing
 //! (`fetch_add(0)`, `AcqRel`) on the first slot of `K`'s first bucket, then
 //! rescan both buckets (`Acquire` loads) for rivals holding `K`:
@@ -392,15 +422,28 @@
 //! * a killed claim, a stale entry (a block whose key is being dropped) or
 //!   another key is ignored.
 //!
-//! Then `b` commits (CAS from `BUSY` to `CACHED`, `Release`) unless it was
-//! killed. A loser removes its entry and gives up its claim (a new
-//! generation, so that a late kill cannot hit a later claim). Every
-//! publisher of `K` makes its read-modify-write on the same word, after
-//! its insert; every write to a slot is a read-modify-write, so the later
-//! of two publishers reads from the release sequence of the earlier one's
-//! and synchronises with it: its rescan sees the earlier one's entry
-//! (unless that one already lost and removed it). Whichever sees whom,
-//! exactly one commits.
+//! Then `b` commits (CAS from `BUSY` to `CACHED`, dropping the claim's
+//! reference, `AcqRel`) unless it was killed. A loser removes its entry
+//! and gives up its claim (a new generation, so that a late kill cannot
+//! hit a later claim). Every publisher of `K` makes its read-modify-write
+//! on the same word, after its insert; every write to a slot is a
+//! read-modify-write, so the later of two publishers reads from the
+//! release sequence of the earlier one's and synchronises with it: its
+//! rescan sees the earlier one's entry (unless that one already lost and
+//! removed it). Whichever sees whom, at most one commits, and of two
+//! publishers that see each other's claims exactly one does.
+//!
+//! The first lookup keeps a publish that starts while `K` is held from
+//! leaving a claim that is bound to lose. A publish can still end with `K`
+//! on no block: when its rescan finds a live claim of `K` on a lower block
+//! id that itself loses. That rival passed its first lookup, so it lost to
+//! a block that committed `K` after that lookup and before its rescan (or
+//! to a still lower claim, down to one that did), a block that may have
+//! been evicted (or reset, or truncated) since, even before the later
+//! publish began. So `K` stays uncached only if three publishes of `K`
+//! overlap like that: a miss for later matchers of `K` until it is
+//! published again, never a wrong hit (`loom-tests/tests/prefix_misuse.rs`
+//! keeps the reproducer, ignored).
 //!
 //! ## Matching
 //!
@@ -408,7 +451,12 @@
 //! compare its key, and take a reference with a CAS from that state (on an
 //! evictable block, after admitting one block of capacity, given back if
 //! the CAS fails). A candidate whose state moved is read again; a miss ends
-//! the match.
+//! the match. So does a key whose block this match already took (a
+//! 4,096-bit filter of block ids on the stack, and a scan of the blocks
+//! taken on a hit in it): a held block keeps its key and a key names one
+//! cached block at a time, so that is the first key repeating an earlier
+//! one, which chained hashes never do. The blocks a match takes are
+//! distinct, and a table never outgrows the pool.
 //!
 //! ## Eviction order
 //!
@@ -660,11 +708,17 @@
 //!
 //! ## The prefix cache
 //!
-//! * **The commit is `Release`** (the CAS from `BUSY` to `CACHED`), and so
-//!   is the index insert: the publisher's writes into the block and its
-//!   key words happen-before any thread that reads that state (or a later
-//!   value of its release sequence: every later change of the word is a
-//!   read-modify-write) or that slot with `Acquire`.
+//! * **The commit is `AcqRel`** (the CAS from `BUSY` to `CACHED` that drops
+//!   the claim's reference), and the index insert `Release`: the
+//!   publisher's writes into the block and its key words happen-before any
+//!   thread that reads that state (or a later value of its release
+//!   sequence: every later change of the word is a read-modify-write) or
+//!   that slot with `Acquire`. The `Acquire` half, like a last drop's, lets
+//!   a commit that drops the block's last reference see every holder's
+//!   accesses before it gives the block back; so does the unclaim's
+//!   `AcqRel`.
+//! * **The claim is `Relaxed`**: its caller holds a reference, so the
+//!   block is not free, and it publishes nothing.
 //! * **A match loads the state with `Acquire` and revives with an
 //!   `Acquire` CAS**: it sees the publisher's writes before it compares
 //!   the key, and a revival of an evictable block synchronises with the
@@ -675,6 +729,12 @@
 //!   reader's CAS on the exact state catches.
 //! * **An eviction is an `Acquire` CAS** on the state word: the last
 //!   holder's accesses happen-before the evictor's.
+//! * **Every CAS from a state read earlier relies on the generation**
+//!   (a revival, an eviction, a kill): orderings cannot tell two
+//!   incarnations of a block apart, the 30-bit generation does, unless the
+//!   block loses a key or a claim a multiple of 2^30 times while the
+//!   thread stalls between its read and its CAS (see
+//!   [The state word](#the-state-word) for what that takes).
 //! * **The rescan's read-modify-write is `AcqRel`**, its loads `Acquire`,
 //!   and the kill an `AcqRel` CAS: they order the race between two
 //!   publishers (see [Publishing](#publishing)).
@@ -703,10 +763,13 @@
 //! last drop, a fork's reference added to a block whose count is 0, a
 //! revival without the generation check, a `Relaxed` publish, an eviction
 //! of a referenced block, a publisher that does not kill a rival's claim,
-//! an admission fast path that takes with a plain store, a refused gather
-//! that keeps what it took, a waiter that queues without trying again, a cancelled waiter that
-//! keeps its grant or does not re-check the waiters behind it, a close
-//! that wakes no one, a wait queue without its fences)
+//! a claim without a reference of its own, a claim's last drop not given
+//! back, a publish that claims without looking its key up first, a fenced
+//! retirement that gives its references back at once, an admission fast
+//! path that takes with a plain store, a refused gather that keeps what it
+//! took, a waiter that queues without trying again, a cancelled waiter
+//! that keeps its grant or does not re-check the waiters behind it, a
+//! close that wakes no one, a wait queue without its fences)
 //! are switched on through hooks that are the correct behaviour
 //! in every other build. The model suites reach that seam through one
 //! hidden module, not through the API.

@@ -497,6 +497,11 @@ impl Sequence {
     /// full and read-only: the next tokens go into new blocks. No heap
     /// allocation happens here beyond growing the block table.
     ///
+    /// A list of chained hashes never repeats a key; a list that does (not
+    /// from `hash_blocks`: misuse) matches up to the first key equal to an
+    /// earlier one, so the matched blocks are distinct and the table never
+    /// outgrows the pool.
+    ///
     /// # Memory ordering
     ///
     /// Whatever the publisher of a matched block wrote into it before
@@ -527,8 +532,9 @@ impl Sequence {
         if self.len != 0 || !self.blocks.is_empty() || self.retired.is_some() || hashes.is_empty() {
             return 0;
         }
-        // Room for every block that can match, so that the pushes below
-        // cannot allocate (or panic) halfway.
+        // Room for every block that can match (distinct blocks, so no more
+        // than the pool has), so that the pushes below cannot allocate (or
+        // panic) halfway.
         self.blocks
             .reserve(hashes.len().min(self.pool.num_blocks()));
         let k = self.pool.match_prefix(hashes, &mut self.blocks);

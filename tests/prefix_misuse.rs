@@ -284,15 +284,16 @@ fn forks_truncates_and_cow_larger_pool() {
 }
 
 /// Misuse, real threads: a raw `BlockPool::free` (a double free) racing
-/// the holder's `publish` of the block. If the free takes the last
-/// reference while the publisher has claimed the block, the block goes to
-/// the free list, and the publisher's commit then sets its key there: a
-/// later fresh `try_alloc` hands out a block that holds a key, and a
-/// matcher shares it with its new owner. Reproduces the loom model
+/// the holder's `publish` of the block. The publisher's claim holds a
+/// reference of its own, so the free cannot take the block's last
+/// reference while it is claimed: whichever of the free and the commit
+/// drops last gives the block back (evictable, with its key, if the
+/// publish committed). Once everything is dropped, a fresh `try_alloc` of
+/// the whole pool must hand out no block that holds a key, and a matcher
+/// must share none of them. The real-thread twin of the loom model
 /// `raw_free_racing_publish_leaves_no_key_on_a_fresh_block`
-/// (loom-tests/tests/prefix_misuse.rs). Ignored while the bug is open.
+/// (loom-tests/tests/prefix_misuse.rs).
 #[test]
-#[ignore = "reproduces an open bug: a raw free racing a publish leaves CACHED on a free block"]
 fn raw_free_racing_publish_never_hands_out_a_cached_block() {
     with_watchdog(Duration::from_secs(120), || {
         let key = BlockHash([5; 32]);
@@ -323,6 +324,78 @@ fn raw_free_racing_publish_never_hands_out_a_cached_block() {
                  a matcher took {:?} from its new owner",
                 m.blocks()
             );
+        }
+    });
+}
+
+/// An attack on the claim's reference, real threads: two sequences
+/// publish one key on their blocks (rivals) while raw frees take both
+/// blocks (double frees), a matcher matches the key, and a fourth thread
+/// resets the prefix cache and allocates half the pool (evicting if it
+/// must). Through the double frees a sequence may name, publish and drop a
+/// block that the allocator now holds (the misuse's own consequence), so
+/// only the pool's promises are checked: each allocation's blocks are
+/// distinct, and once everything is back the books are exact, every
+/// cached block is evictable, and allocating the whole pool hands out
+/// distinct blocks none of which holds a key.
+#[test]
+fn raw_frees_racing_rival_publishes_matches_and_resets_keep_the_books() {
+    with_watchdog(Duration::from_secs(300), || {
+        let n = 4;
+        let key = BlockHash([8; 32]);
+        for round in 0..10_000u32 {
+            let pool = Arc::new(BlockPool::new(n, 1));
+            let mut a = Sequence::new(Arc::clone(&pool));
+            a.try_append(1).unwrap();
+            let mut b = Sequence::new(Arc::clone(&pool));
+            b.try_append(1).unwrap();
+            let (ida, idb) = (a.blocks()[0], b.blocks()[0]);
+            let barrier = std::sync::Barrier::new(4);
+            std::thread::scope(|s| {
+                for mut seq in [a, b] {
+                    let barrier = &barrier;
+                    s.spawn(move || {
+                        barrier.wait();
+                        seq.publish(&[key]);
+                    });
+                }
+                s.spawn(|| {
+                    barrier.wait();
+                    let _ = pool.free(&[ida]); // misuse: `a` holds it
+                    let mut m = Sequence::new(Arc::clone(&pool));
+                    m.try_match_prefix(&[key]);
+                });
+                barrier.wait();
+                let _ = pool.free(&[idb]); // misuse: `b` holds it
+                pool.reset_prefix_cache();
+                let mut out = Vec::new();
+                if pool.try_alloc(n / 2, &mut out).is_ok() {
+                    assert_ne!(out[0], out[1], "round {round}: one block handed out twice");
+                    // One at a time: a sequence that lost its reference
+                    // may have dropped ours of either block (and a free
+                    // that finds a block unallocated refuses the call).
+                    for id in out {
+                        let _ = pool.free(&[id]);
+                    }
+                }
+            });
+            assert_eq!(pool.used_blocks(), 0, "round {round}: used blocks");
+            assert_eq!(pool.free_blocks(), n, "round {round}: free blocks");
+            assert_eq!(pool.cached_blocks(), pool.evictable_blocks());
+            let mut all = Vec::new();
+            pool.try_alloc(n, &mut all).unwrap();
+            let mut sorted = all.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), n, "round {round}: {all:?}");
+            assert_eq!(
+                pool.cached_blocks(),
+                0,
+                "round {round}: a fresh block holds a key"
+            );
+            assert!(pool.try_alloc(1, &mut Vec::new()).is_err());
+            pool.free(&all).unwrap();
+            assert_eq!(pool.free_blocks(), n);
         }
     });
 }
@@ -427,33 +500,63 @@ fn everything_cached_and_held_gives_full_not_a_spin() {
     });
 }
 
-/// Misuse: a repeated key in the list (not a hash chain). The match takes
-/// one block once per repetition, so the table can outgrow the pool:
-/// `len()` reaches past `num_blocks * block_size`.
+/// Misuse: a repeated key in the list (not a hash chain). The match stops
+/// at the first key equal to an earlier one: it takes the block once, and
+/// the table cannot outgrow the pool.
 #[test]
-#[ignore = "reproduces an open misuse gap: a repeated key outgrows the pool"]
-fn a_repeated_key_matches_one_block_many_times() {
+fn a_repeated_key_matches_up_to_its_first_repetition() {
     let pool = Arc::new(BlockPool::new(2, 4));
     let mut keys = Vec::new();
-    hash_blocks(b"", &[1, 2, 3, 4], 4, &mut keys);
+    hash_blocks(b"", &[1, 2, 3, 4, 5, 6, 7, 8], 4, &mut keys);
     let mut a = Sequence::new(Arc::clone(&pool));
-    a.try_append(4).unwrap();
-    assert_eq!(a.publish(&keys), 1);
-    let repeated = vec![keys[0]; 5];
+    a.try_append(8).unwrap();
+    assert_eq!(a.publish(&keys), 2);
+    let (first, second) = (a.blocks()[0], a.blocks()[1]);
     let mut b = Sequence::new(Arc::clone(&pool));
-    let k = b.try_match_prefix(&repeated);
-    eprintln!(
-        "repeated key: matched {k}, len {} in a pool of {} slots, ref_count {:?}",
-        b.len(),
-        pool.num_blocks() * pool.block_size(),
-        pool.ref_count(a.blocks()[0])
-    );
-    assert!(
-        b.len() <= pool.num_blocks() * pool.block_size(),
-        "a sequence of {} tokens in a pool of {} slots",
-        b.len(),
-        pool.num_blocks() * pool.block_size()
-    );
+    assert_eq!(b.try_match_prefix(&[keys[0]; 5]), 1);
+    assert_eq!((b.len(), b.blocks()), (4, &[first][..]));
+    assert_eq!(pool.ref_count(first), Some(2), "one reference per match");
+    // A repetition later in the list: the blocks before it match.
+    let mut c = Sequence::new(Arc::clone(&pool));
+    assert_eq!(c.try_match_prefix(&[keys[0], keys[1], keys[0], keys[1]]), 2);
+    assert_eq!(c.blocks(), &[first, second][..]);
+    assert_eq!(pool.ref_count(first), Some(3));
+    assert_eq!(pool.ref_count(second), Some(2));
+    assert_eq!(pool.used_blocks(), 2);
+    drop((a, b, c));
+    assert_eq!((pool.used_blocks(), pool.evictable_blocks()), (0, 2));
+    // Statistics count every key queried and each block taken.
+    assert_eq!(pool.prefix_stats().queried_blocks, 9);
+    assert_eq!(pool.prefix_stats().hit_blocks, 3);
+}
+
+/// A repeated key in a pool larger than the filter of taken ids (4,096
+/// blocks): two blocks whose ids share a filter bit are both matched, and a
+/// real repetition is still caught.
+#[test]
+fn a_repeated_key_is_caught_past_the_filter_of_taken_ids() {
+    let pool = Arc::new(BlockPool::new(4096 + 8, 1));
+    // Take every block, and publish blocks 3 and 4099 (one filter bit).
+    let mut all = Vec::new();
+    pool.try_alloc(pool.num_blocks(), &mut all).unwrap();
+    let mut keys = Vec::new();
+    hash_blocks(b"", &[1, 2], 1, &mut keys);
+    let mut seqs = Vec::new();
+    let (low, high) = (BlockId::new(3), BlockId::new(4099));
+    for (i, id) in [low, high].into_iter().enumerate() {
+        let mut s = Sequence::new(Arc::clone(&pool));
+        // Free the block and have the sequence allocate it again.
+        pool.free(&[id]).unwrap();
+        s.try_append(1).unwrap();
+        assert_eq!(s.blocks(), &[id][..]);
+        assert_eq!(s.publish(&keys[i..=i]), 1);
+        seqs.push(s);
+    }
+    let mut m = Sequence::new(Arc::clone(&pool));
+    assert_eq!(m.try_match_prefix(&[keys[0], keys[1], keys[1], keys[0]]), 2);
+    assert_eq!(m.blocks(), &[low, high][..]);
+    assert_eq!(pool.ref_count(high), Some(2));
+    assert_eq!(pool.ref_count(low), Some(2));
 }
 
 #[test]

@@ -43,6 +43,9 @@ pub const SOUND: Faults = Faults {
     relaxed_publish: false,
     evict_referenced: false,
     no_kill: false,
+    unreferenced_claim: false,
+    claim_drop_kept: false,
+    no_held_key_check: false,
     late_enqueue: false,
     cancel_keeps_grant: false,
     cancel_no_recheck: false,
@@ -105,6 +108,29 @@ pub const EVICT_REFERENCED: Faults = Faults {
 /// on a higher block id does not kill it, so both can commit.
 pub const NO_KILL: Faults = Faults {
     no_kill: true,
+    ..SOUND
+};
+
+/// The claim control: a publisher's claim takes no reference of its own,
+/// so a raw free (a double free) racing the publish can push the claimed
+/// block to the free list, where the commit then sets its key.
+pub const UNREFERENCED_CLAIM: Faults = Faults {
+    unreferenced_claim: true,
+    ..SOUND
+};
+
+/// The claim's give-back control: a commit or unclaim that drops a claimed
+/// block's last reference does not give the block back (a leak).
+pub const CLAIM_DROP_KEPT: Faults = Faults {
+    claim_drop_kept: true,
+    ..SOUND
+};
+
+/// The first-lookup control: a publish claims its block without looking
+/// its key up first, so it can beat a later publish while it is bound to
+/// lose to a block that holds the key.
+pub const NO_HELD_KEY_CHECK: Faults = Faults {
+    no_held_key_check: true,
     ..SOUND
 };
 

@@ -69,6 +69,12 @@ impl Keys {
         }
     }
 
+    /// Whether a publish skips its lookup of the key before it claims:
+    /// `false`, or `true` under loom's `no_held_key_check` control.
+    pub(super) fn skip_held_key_check(&self) -> bool {
+        self.faults.no_held_key_check()
+    }
+
     /// The buckets and fingerprint of `key`. The key is a cryptographic
     /// hash, so its bytes are already uniform: bytes 0..8 and 8..16 pick
     /// the buckets, 16..20 are the fingerprint.

@@ -7,7 +7,7 @@ use crate::hash::BlockHash;
 use crate::id::BlockId;
 use crate::sync::{self, AtomicU64, Backoff, CachePadded, Ordering};
 
-use super::refs::{count_of, is_evictable, Kill, BUSY, CACHED, KILLED};
+use super::refs::{count_of, is_evictable, Dropped, Kill, BUSY, CACHED, KILLED};
 use super::BlockPool;
 
 /// The prefix cache's hit statistics, as [`BlockPool::prefix_stats`]
@@ -103,20 +103,43 @@ fn add(counter: &AtomicU64, n: u64) {
     }
 }
 
+/// Words of the filter of block ids that one match has taken (4,096 bits,
+/// 512 bytes on the stack).
+const TAKEN_WORDS: usize = 64;
+
 impl BlockPool {
     /// Takes one reference on each block of the longest cached prefix of
     /// `hashes`, appends them to `out` and returns how many. The caller has
-    /// reserved room in `out`.
+    /// reserved room in `out` for `min(hashes.len(), num_blocks)` ids.
+    ///
+    /// Stops at the first key whose block this call has already taken.
+    /// While we hold that block it keeps its key, and a key names one
+    /// cached block at a time (first wins), so that is the first key equal
+    /// to an earlier one: a list of chained hashes never repeats a key, so
+    /// only a list that is not one (misuse) is cut short there. So the
+    /// blocks taken are distinct, at most `num_blocks` of them, and the
+    /// table cannot outgrow the pool. The check is a filter of 4,096 bits
+    /// over block ids (exact for pools of up to 4,096 blocks); only a hit
+    /// in it scans the blocks taken so far.
     pub(crate) fn match_prefix(&self, hashes: &[BlockHash], out: &mut Vec<BlockId>) -> usize {
+        let base = out.len();
+        let mut taken = [0u64; TAKEN_WORDS];
         let mut hits = 0;
         for key in hashes {
-            match self.match_one(key) {
-                Some(id) => {
-                    out.push(id);
-                    hits += 1;
-                }
-                None => break,
+            let Some(id) = self.match_one(key) else {
+                break;
+            };
+            let bit = id.index() % (TAKEN_WORDS * 64);
+            let (word, mask) = (bit / 64, 1u64 << (bit % 64));
+            if taken[word] & mask != 0 && out[base..].contains(&id) {
+                // A repeated key: give back the second reference (we hold
+                // the first, so the block stays ours and keeps its key).
+                let _ = self.drop_held_refs(&[id]);
+                break;
             }
+            taken[word] |= mask;
+            out.push(id);
+            hits += 1;
         }
         let cell = self.stats.mine();
         add(&cell.queried, hashes.len() as u64);
@@ -166,18 +189,33 @@ impl BlockPool {
     /// the block is cached already, or another block holds `key` (first
     /// wins), or the index has no room. Returns whether it did.
     ///
-    /// Two publishers of one key on two blocks race like this: each claims
+    /// A key that a committed block holds when the publish begins loses at
+    /// once: nothing is claimed and no index entry is made (the lookup of
+    /// a match, without its reference). Otherwise, two publishers of one
+    /// key on two blocks race like this: each claims
     /// its block (`BUSY`), writes its key, inserts an index entry, makes a
     /// read-modify-write on one word that every publisher of the key
     /// touches, and then rescans the key's buckets, so the later of the two
     /// sees the earlier. One that sees a committed rival loses;
     /// one that sees a claimed rival loses if the rival's id is lower, and
     /// otherwise kills the rival's claim (its commit then fails). Whoever
-    /// sees whom, exactly one of them commits.
+    /// sees whom, at most one of them commits, and exactly one if neither
+    /// loses to a third.
+    ///
+    /// Losing to a claim trusts that claim to commit, and it may not: a
+    /// rival on a lower id that loses to a block that committed the key
+    /// after the rival's first lookup and before its rescan (or to a still
+    /// lower claim that did) leaves the key on no block, even if that
+    /// block lost its key before this publish began. So a publish leaves
+    /// its key uncached only if, during its rescan, another publish of the
+    /// key is between its claim and the removal of its index entry and
+    /// loses to a third, concurrent one: a miss for later matchers until
+    /// the key is published again, never a wrong hit.
     pub(crate) fn publish_block(&self, id: BlockId, key: &BlockHash) -> bool {
-        // Already cached (this key or another)? (A key that another block
-        // holds is found by the rescan below.)
-        if self.refs.is_cached(id) {
+        // Already cached (this key or another), or the key held by another
+        // block? (A key that another block commits after this lookup is
+        // found by the rescan below.)
+        if self.refs.is_cached(id) || self.is_held_key(key) {
             return false;
         }
         if !self.refs.claim(id) {
@@ -186,7 +224,7 @@ impl BlockPool {
         self.keys.write(id, key);
         let probe = self.keys.probe(key);
         let Some(slot) = self.keys.insert(probe, id) else {
-            self.refs.unclaim(id);
+            self.give_back_claim(id, self.refs.unclaim(id));
             return false;
         };
         let mut lost = false;
@@ -213,12 +251,40 @@ impl BlockPool {
                 break;
             }
         }
-        if !lost && self.refs.commit(id) {
-            return true;
+        if !lost {
+            if let Ok(dropped) = self.refs.commit(id) {
+                self.give_back_claim(id, dropped);
+                return true;
+            }
         }
         self.keys.remove(probe, id, Some(slot));
-        self.refs.unclaim(id);
+        self.give_back_claim(id, self.refs.unclaim(id));
         false
+    }
+
+    /// Whether a committed block holds `key` now: a publish of it loses
+    /// without claiming anything (first wins).
+    fn is_held_key(&self, key: &BlockHash) -> bool {
+        !self.keys.skip_held_key_check()
+            && self.keys.candidates(self.keys.probe(key)).any(|id| {
+                // Acquire: as in `match_one`, the key words read next are the
+                // publisher's.
+                self.refs.state(id.index(), Ordering::Acquire) & CACHED != 0
+                    && self.keys.holds(id, key)
+            })
+    }
+
+    /// Gives block `id` back to the pool if the drop of a claim's own
+    /// reference (by the commit or the unclaim) was its last: its holders
+    /// all let go while it was claimed, which only a double free through
+    /// [`BlockPool::free`] of the publishing holder's reference makes
+    /// possible. Through the same path as any last drop: to the free list,
+    /// or evictable (stamped as the most recently released) if the commit
+    /// cached it, with its capacity released.
+    fn give_back_claim(&self, id: BlockId, dropped: Dropped) {
+        if dropped != Dropped::Kept {
+            let _ = self.drop_each(std::iter::once(id), &[id], |_| Ok(dropped));
+        }
     }
 
     /// Takes up to `k` evictable blocks for an allocation that admitted

@@ -3,11 +3,11 @@
 //! block.
 //!
 //! ```text
-//! bits  0..32   reference count (0 while free or evictable)
-//! bit   32      CACHED: the block holds a key that can match
-//! bit   33      BUSY: a publisher has claimed the block to give it a key
-//! bit   34      KILLED: a rival publisher of the same key won
-//! bits 35..64   generation: bumped whenever the block loses a key or a
+//! bits  0..31   reference count (0 while free or evictable)
+//! bit   31      CACHED: the block holds a key that can match
+//! bit   32      BUSY: a publisher has claimed the block to give it a key
+//! bit   33      KILLED: a rival publisher of the same key won
+//! bits 34..64   generation: bumped whenever the block loses a key or a
 //!               claim, so a state value names one incarnation of its key
 //! ```
 //!
@@ -15,23 +15,57 @@
 //! that its holder is sure of: a racing double free through the public
 //! `BlockPool::free` can change the same count, and exactly one of the two
 //! drops must see it reach 0 and give the block back.
+//!
+//! # The claim's reference
+//!
+//! A publisher's claim holds a reference of its own: `BUSY` is set together
+//! with one more count, and the commit (or the unclaim) clears `BUSY` and
+//! drops that reference in the same CAS. So a claimed block is never free,
+//! whatever the block's holders do meanwhile, including a raw
+//! `BlockPool::free` that takes the publishing holder's own reference (a
+//! double free): the key words that the claim writes belong to a block no
+//! one else can be handed, and whichever of the commit and the holders'
+//! drops takes the last reference gives the block back through the normal
+//! path (evictable if the commit set `CACHED`, free otherwise). No other
+//! drop can take the claim's reference: a drop, or a fork's `add`, that
+//! finds only that reference left finds nothing of its own.
+//! The alternative, a last drop that clears a claim it finds and a commit
+//! that fails on it, would let the block be reallocated while the
+//! publisher still writes its key words and holds an index entry for it.
+//!
+//! # Generations
+//!
+//! The generation is 30 bits and wraps. A matcher's revival, an evictor's
+//! take and a rival's kill each compare a state read earlier with the
+//! current one; the comparison is fooled only if, between the read and the
+//! CAS of one stalled thread, the same block lost a key or a claim exactly
+//! a multiple of 2^30 (about 1.07e9) times and is back in the same count
+//! and flags. Such a loss is an eviction, a reset or a truncate that drops
+//! the key (each followed by a new allocation and publish of the block
+//! before the next), or a publish of the block that loses or is refused (a
+//! claim and an unclaim, the cheapest: no allocation). Even at ten million
+//! losses a second on that one block, the stalled thread would have to
+//! stall for over 100 seconds between its read and its CAS.
 
 use crate::id::BlockId;
 use crate::sync::{AtomicU64, Faults, Ordering};
 
-/// A reference count above this panics instead of wrapping.
+/// A reference count above this panics instead of wrapping (a claim is
+/// refused instead); the largest count fits the 31 bits of [`COUNT`].
 const MAX_REFS: u64 = (u32::MAX / 2) as u64;
 
 /// The reference count's bits.
-pub(super) const COUNT: u64 = 0xFFFF_FFFF;
+pub(super) const COUNT: u64 = 0x7FFF_FFFF;
 /// The block holds a key that can match.
-pub(super) const CACHED: u64 = 1 << 32;
-/// A publisher has claimed the block.
-pub(super) const BUSY: u64 = 1 << 33;
+pub(super) const CACHED: u64 = 1 << 31;
+/// A publisher has claimed the block (and holds one reference for it).
+pub(super) const BUSY: u64 = 1 << 32;
 /// A rival publisher of the same key won against the claim.
-pub(super) const KILLED: u64 = 1 << 34;
+pub(super) const KILLED: u64 = 1 << 33;
 /// One step of the generation.
-pub(super) const GEN: u64 = 1 << 35;
+pub(super) const GEN: u64 = 1 << 34;
+/// The bit where the generation starts.
+const GEN_SHIFT: u32 = GEN.trailing_zeros();
 
 /// The reference count in a state word.
 pub(super) const fn count_of(state: u64) -> u64 {
@@ -40,7 +74,18 @@ pub(super) const fn count_of(state: u64) -> u64 {
 
 /// The generation in a state word.
 pub(super) const fn gen_of(state: u64) -> u64 {
-    state >> 35
+    state >> GEN_SHIFT
+}
+
+/// The references of a block's holders in a state word: the count without
+/// the claim's own reference (`claim_ref` is 1, or 0 under loom's
+/// `unreferenced_claim` control).
+const fn holders_of(state: u64, claim_ref: u64) -> u64 {
+    if state & BUSY != 0 {
+        count_of(state).saturating_sub(claim_ref)
+    } else {
+        count_of(state)
+    }
 }
 
 /// Whether a state word is that of an evictable block: cached, not
@@ -95,18 +140,31 @@ impl Refs {
         self.words.len()
     }
 
-    /// Block `index`'s count now, or `None` if out of range. A snapshot.
+    /// The reference a claim holds: 1, or 0 under loom's
+    /// `unreferenced_claim` control.
+    fn claim_ref(&self) -> u64 {
+        if self.faults.unreferenced_claim() {
+            0
+        } else {
+            1
+        }
+    }
+
+    /// Block `index`'s holders now (its count without a claim's own
+    /// reference), or `None` if out of range. A snapshot.
     pub(super) fn get(&self, index: usize) -> Option<u32> {
         // Relaxed: a snapshot for reporting.
         self.words
             .get(index)
-            .map(|r| count_of(r.load(Ordering::Relaxed)) as u32)
+            .map(|r| holders_of(r.load(Ordering::Relaxed), self.claim_ref()) as u32)
     }
 
-    /// A block's count now, for the checks of a free.
+    /// A block's holders now, for the checks of a free: a claim's own
+    /// reference is not one a free may take.
     pub(super) fn count(&self, id: BlockId) -> u32 {
         // Relaxed: a validation read; the drops that follow are what order.
-        count_of(self.words[id.index()].load(Ordering::Relaxed)) as u32
+        let state = self.words[id.index()].load(Ordering::Relaxed);
+        holders_of(state, self.claim_ref()) as u32
     }
 
     /// Block `index`'s whole state word, loaded with `order`.
@@ -143,8 +201,9 @@ impl Refs {
         // Relaxed: only a guess; the CAS validates it.
         let mut cur = word.load(Ordering::Relaxed);
         loop {
-            // Any reference left to add to?
-            if count_of(cur) == 0 && !self.faults.blind_add_ref() {
+            // Any holder's reference left to add to? (A claim's own
+            // reference does not count: a raw free took the caller's.)
+            if holders_of(cur, self.claim_ref()) == 0 && !self.faults.blind_add_ref() {
                 return Err(());
             }
             if count_of(cur) >= MAX_REFS {
@@ -160,11 +219,14 @@ impl Refs {
         }
     }
 
-    /// Whether more than one reference to `id` exists now.
+    /// Whether more than one holder's reference to `id` exists now (a
+    /// claim's own reference is not a holder's: a publisher writes only
+    /// key words, never the block).
     pub(super) fn is_shared(&self, id: BlockId) -> bool {
         // Acquire: if another holder dropped its reference, its reads of the
         // block happen-before we decide to write into it.
-        count_of(self.words[id.index()].load(Ordering::Acquire)) > 1
+        let state = self.words[id.index()].load(Ordering::Acquire);
+        holders_of(state, self.claim_ref()) > 1
     }
 
     /// Whether `id` holds a key now.
@@ -215,8 +277,10 @@ impl Refs {
         // Relaxed: only a guess; the CAS validates it.
         let mut cur = word.load(Ordering::Relaxed);
         loop {
-            // Any reference left to drop?
-            if count_of(cur) == 0 {
+            // Any holder's reference left to drop? The claim's own reference
+            // is the commit's or the unclaim's to drop: a drop that finds
+            // only that one left lost it to a double free.
+            if holders_of(cur, self.claim_ref()) == 0 {
                 return Err(());
             }
             // AcqRel on success: Release orders this holder's accesses to
@@ -303,46 +367,27 @@ impl Refs {
     }
 
     /// Claims a referenced, uncached, unclaimed block for publishing:
-    /// sets `BUSY`. `false` if the block is cached, claimed, or has no
-    /// reference.
+    /// sets `BUSY` and takes the claim's own reference (see the module
+    /// doc). `false` if the block is cached, claimed, has no reference, or
+    /// has so many that one more would overflow.
     pub(super) fn claim(&self, id: BlockId) -> bool {
         let word = &self.words[id.index()];
+        let claim_ref = self.claim_ref();
         // Relaxed: only a guess; the CAS validates it.
         let mut cur = word.load(Ordering::Relaxed);
         loop {
-            if cur & (CACHED | BUSY) != 0 || count_of(cur) == 0 {
+            if cur & (CACHED | BUSY) != 0 || count_of(cur) == 0 || count_of(cur) >= MAX_REFS {
                 return false;
             }
-            // Relaxed (both): the caller holds a reference and the claim
-            // publishes nothing; the key it writes next is published by the
-            // index insert and the commit (Release).
-            match word.compare_exchange_weak(cur, cur | BUSY, Ordering::Relaxed, Ordering::Relaxed)
-            {
-                Ok(_) => return true,
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Commits a claim: the block becomes cached, unless a rival killed the
-    /// claim (then `false`, and the claim stays for `unclaim`).
-    pub(super) fn commit(&self, id: BlockId) -> bool {
-        let word = &self.words[id.index()];
-        // Relaxed: only a guess; the CAS validates it.
-        let mut cur = word.load(Ordering::Relaxed);
-        loop {
-            debug_assert!(cur & BUSY != 0, "{id}: commit without a claim");
-            if cur & KILLED != 0 {
-                return false;
-            }
-            // Release on success: the publisher's writes into the block and
-            // its key words happen-before any matcher that reads this state
-            // (Acquire) or a later value of its release sequence. Relaxed
-            // on failure: we retry with the fresh value.
+            // Relaxed (both): the caller holds a reference, so the block is
+            // not free, and the claim publishes nothing; the key it writes
+            // next is published by the index insert and the commit
+            // (Release). A raw free that takes the caller's reference
+            // afterwards leaves the claim's, so the block stays ours.
             match word.compare_exchange_weak(
                 cur,
-                (cur & !BUSY) | CACHED,
-                self.faults.publish_ordering(Ordering::Release),
+                (cur | BUSY) + claim_ref,
+                Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
                 Ok(_) => return true,
@@ -351,18 +396,76 @@ impl Refs {
         }
     }
 
-    /// Gives up a claim (a lost or refused publish): clears `BUSY` and
-    /// `KILLED` and moves to a new generation, so that a rival's kill
-    /// aimed at this claim cannot hit a later one.
-    pub(super) fn unclaim(&self, id: BlockId) {
+    /// What the drop of the claim's own reference from `cur` did.
+    fn claim_dropped(&self, cur: u64, cached: bool) -> Dropped {
+        if self.claim_ref() == 0 || count_of(cur) != 1 || self.faults.claim_drop_kept() {
+            Dropped::Kept
+        } else if cached {
+            Dropped::Evictable
+        } else {
+            Dropped::Free
+        }
+    }
+
+    /// Commits a claim: the block becomes cached and the claim's reference
+    /// goes, in one CAS; `Ok` says what became of the block (`Evictable`
+    /// if that was its last reference: every holder let go meanwhile, and
+    /// the caller gives it back). `Err` if a rival killed the claim: then
+    /// nothing changed, and the claim stays for `unclaim`.
+    pub(super) fn commit(&self, id: BlockId) -> Result<Dropped, ()> {
         let word = &self.words[id.index()];
+        let claim_ref = self.claim_ref();
         // Relaxed: only a guess; the CAS validates it.
         let mut cur = word.load(Ordering::Relaxed);
         loop {
-            let next = (cur & !(BUSY | KILLED)).wrapping_add(GEN);
-            // Relaxed (both): nothing is published; the block stays ours.
-            match word.compare_exchange_weak(cur, next, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return,
+            debug_assert!(cur & BUSY != 0, "{id}: commit without a claim");
+            if cur & KILLED != 0 {
+                return Err(());
+            }
+            // AcqRel on success: the Release half orders the publisher's
+            // writes into the block and its key words before any matcher
+            // that reads this state (Acquire) or a later value of its
+            // release sequence, as a drop's Release does for the next
+            // owner; the Acquire half, when this drops the last reference,
+            // lets us (who give the block back) see every holder's accesses,
+            // as in `drop_from`. Relaxed on failure: we retry with the fresh
+            // value.
+            match word.compare_exchange_weak(
+                cur,
+                ((cur & !BUSY) | CACHED) - claim_ref,
+                self.faults.publish_ordering(Ordering::AcqRel),
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Ok(self.claim_dropped(cur, true)),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Gives up a claim (a lost or refused publish): clears `BUSY` and
+    /// `KILLED`, moves to a new generation, so that a rival's kill aimed
+    /// at this claim cannot hit a later one, and drops the claim's
+    /// reference; says what became of the block (`Free` if that was its
+    /// last reference: the caller gives it back).
+    pub(super) fn unclaim(&self, id: BlockId) -> Dropped {
+        let word = &self.words[id.index()];
+        let claim_ref = self.claim_ref();
+        // Relaxed: only a guess; the CAS validates it.
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            let next = (cur & !(BUSY | KILLED)).wrapping_add(GEN) - claim_ref;
+            // AcqRel on success: as a drop in `drop_from` (Release orders
+            // our key writes before the block's next owner, who may write
+            // its own; Acquire lets us, if this is the last reference, see
+            // every holder's accesses before we give the block back).
+            // Relaxed on failure: we retry with the fresh value.
+            match word.compare_exchange_weak(
+                cur,
+                next,
+                self.faults.free_ordering(Ordering::AcqRel),
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return self.claim_dropped(cur, false),
                 Err(actual) => cur = actual,
             }
         }

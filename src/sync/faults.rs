@@ -53,6 +53,21 @@ pub struct Faults {
     /// commit, and two blocks hold one key.
     #[cfg(kvslots_loom)]
     pub no_kill: bool,
+    /// A publisher's claim sets `BUSY` without a reference of its own: a
+    /// raw free (a double free) can then take the block's last reference
+    /// while it is claimed and push it to the free list, and the commit
+    /// sets its key on a free block.
+    #[cfg(kvslots_loom)]
+    pub unreferenced_claim: bool,
+    /// A commit or unclaim that drops a claimed block's last reference
+    /// reports that references remain: nobody gives the block back.
+    #[cfg(kvslots_loom)]
+    pub claim_drop_kept: bool,
+    /// A publish claims its block without first looking its key up: a
+    /// publish of a key that a committed block holds then claims and
+    /// loses only in its rescan, and meanwhile beats a later publish.
+    #[cfg(kvslots_loom)]
+    pub no_held_key_check: bool,
     /// A waiter joins the wait queue without trying again after it is
     /// queued: a release that happened between its failed attempt and its
     /// enqueue found nobody waiting, and nothing wakes it (a lost wakeup).
@@ -267,6 +282,39 @@ impl Faults {
     pub(crate) fn keep_refused(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.keep_refused {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a publisher's claim goes without a reference of its own:
+    /// `false`, or `true` under `unreferenced_claim`.
+    #[inline]
+    pub(crate) fn unreferenced_claim(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.unreferenced_claim {
+            return true;
+        }
+        false
+    }
+
+    /// Whether the drop of a claim's last reference is reported as
+    /// leaving references: `false`, or `true` under `claim_drop_kept`.
+    #[inline]
+    pub(crate) fn claim_drop_kept(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.claim_drop_kept {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a publish skips its first lookup of the key: `false`, or
+    /// `true` under `no_held_key_check`.
+    #[inline]
+    pub(crate) fn no_held_key_check(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.no_held_key_check {
             return true;
         }
         false
