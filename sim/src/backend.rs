@@ -12,6 +12,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kvslots::{BlockHash, BlockId, BlockPool, ReserveError, Sequence};
 
@@ -80,6 +81,15 @@ pub trait KvSeq: Send + Sized + 'static {
     /// none, only if `headroom` blocks stay free afterwards (the appends of
     /// those tokens then take nothing). On error nothing changes.
     fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError>;
+    /// [`try_reserve`](Self::try_reserve), waiting in the allocator for at
+    /// most `timeout` (`None`: no limit) until the blocks are granted; a
+    /// timeout is `Full`, and on error nothing changes.
+    fn reserve_blocking(
+        &mut self,
+        tokens: usize,
+        headroom: usize,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError>;
     /// The multi-token append: all the blocks `n` more tokens need, or
     /// none; with the device copy it needs first, if it copied a shared
     /// partly filled block on write.
@@ -153,8 +163,18 @@ pub trait KvBackend: Clone + Send + Sync + 'static {
         headroom: usize,
         out: &mut Vec<Self::Id>,
     ) -> Result<(), ReserveError>;
+    /// Takes `n` blocks, all or nothing, waiting in the allocator for at
+    /// most `timeout` (`None`: no limit) until they are granted; a timeout
+    /// is `Full`, and on error nothing changes.
+    fn alloc_blocking(
+        &self,
+        n: usize,
+        out: &mut Vec<Self::Id>,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError>;
     /// Gives back blocks taken with
-    /// [`try_alloc_with_headroom`](Self::try_alloc_with_headroom); an error
+    /// [`try_alloc_with_headroom`](Self::try_alloc_with_headroom) or
+    /// [`alloc_blocking`](Self::alloc_blocking); an error
     /// is a bug in the caller, reported as a string.
     fn free(&self, ids: &[Self::Id]) -> Result<(), String>;
     /// An empty sequence with room for `tokens` tokens in its table.
@@ -217,6 +237,14 @@ impl KvSeq for Sequence {
     }
     fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
         Sequence::try_reserve(self, tokens, headroom)
+    }
+    fn reserve_blocking(
+        &mut self,
+        tokens: usize,
+        headroom: usize,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        Sequence::reserve_blocking(self, tokens, headroom, timeout)
     }
     fn try_append(&mut self, n: usize) -> Result<Appended<BlockId>, ReserveError> {
         // The one call into the library's copy-on-write API.
@@ -320,6 +348,14 @@ impl KvBackend for KvslotsBackend {
     ) -> Result<(), ReserveError> {
         self.pool.try_alloc_with_headroom(n, headroom, out)
     }
+    fn alloc_blocking(
+        &self,
+        n: usize,
+        out: &mut Vec<BlockId>,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        self.pool.alloc_blocking(n, out, timeout)
+    }
     fn free(&self, ids: &[BlockId]) -> Result<(), String> {
         self.pool.free(ids).map_err(|e| e.to_string())
     }
@@ -380,6 +416,14 @@ impl KvSeq for MutexSeq {
     }
     fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
         MutexSeq::try_reserve(self, tokens, headroom)
+    }
+    fn reserve_blocking(
+        &mut self,
+        tokens: usize,
+        headroom: usize,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        MutexSeq::reserve_blocking(self, tokens, headroom, timeout)
     }
     fn try_append(&mut self, n: usize) -> Result<Appended<u32>, ReserveError> {
         self.try_append_cow(n).map(|(range, copy)| {
@@ -447,6 +491,14 @@ impl KvBackend for MutexBackend {
         out: &mut Vec<u32>,
     ) -> Result<(), ReserveError> {
         self.pool.try_alloc_with_headroom(n, headroom, out)
+    }
+    fn alloc_blocking(
+        &self,
+        n: usize,
+        out: &mut Vec<u32>,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        self.pool.alloc_blocking(n, out, timeout)
     }
     fn free(&self, ids: &[u32]) -> Result<(), String> {
         self.pool.free(ids).map_err(|e| e.to_string())

@@ -310,6 +310,16 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
         self.refresh();
         r
     }
+    fn reserve_blocking(
+        &mut self,
+        tokens: usize,
+        headroom: usize,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        let r = self.seq_mut().reserve_blocking(tokens, headroom, timeout);
+        self.refresh();
+        r
+    }
     fn try_append(&mut self, n: usize) -> Result<Appended<S::Id>, ReserveError> {
         let state = Arc::clone(&self.state);
         if n > 0 && state.fires(Fault::WorkerPanic) {
@@ -486,6 +496,14 @@ impl<B: KvBackend> KvBackend for Faulty<B> {
         out: &mut Vec<B::Id>,
     ) -> Result<(), ReserveError> {
         self.inner.try_alloc_with_headroom(n, headroom, out)
+    }
+    fn alloc_blocking(
+        &self,
+        n: usize,
+        out: &mut Vec<B::Id>,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        self.inner.alloc_blocking(n, out, timeout)
     }
     fn free(&self, ids: &[B::Id]) -> Result<(), String> {
         self.inner.free(ids)

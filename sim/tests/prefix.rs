@@ -281,6 +281,14 @@ impl kvslots_sim::backend::KvSeq for WrongSeq {
     fn truncate_fenced(&mut self, len: usize, fence: u64) -> usize {
         self.0.truncate_fenced(len, fence)
     }
+    fn reserve_blocking(
+        &mut self,
+        tokens: usize,
+        headroom: usize,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<(), kvslots::ReserveError> {
+        self.0.reserve_blocking(tokens, headroom, timeout)
+    }
     fn retire(self, fence: u64) -> usize {
         self.0.retire(fence)
     }
@@ -333,6 +341,14 @@ impl KvBackend for WrongMatch {
         out: &mut Vec<Id>,
     ) -> Result<(), kvslots::ReserveError> {
         self.0.try_alloc_with_headroom(n, headroom, out)
+    }
+    fn alloc_blocking(
+        &self,
+        n: usize,
+        out: &mut Vec<Id>,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<(), kvslots::ReserveError> {
+        self.0.alloc_blocking(n, out, timeout)
     }
     fn free(&self, ids: &[Id]) -> Result<(), String> {
         self.0.free(ids)

@@ -233,6 +233,7 @@ fn spawn_workers<B: KvBackend>(
             // Room for a chunk's or a draft batch's slots (bounded: absurd
             // flag values must not abort).
             slots: Vec::with_capacity(cfg.chunk.max(cfg.spec).min(1 << 16)),
+            granted: Vec::new(),
             spare: None,
             keys: (None, Vec::new()),
             key_bufs: Vec::new(),
