@@ -1159,6 +1159,58 @@ mod tests {
     }
 
     #[test]
+    fn blocking_alloc_refuses_what_never_fits_or_times_out_and_changes_nothing() {
+        let p = pool(4, 16);
+        let mut held = Vec::new();
+        p.try_alloc(3, &mut held).unwrap();
+        let mut out = vec![7];
+        assert_eq!(
+            p.alloc_with_headroom_blocking(4, 1, &mut out, None),
+            Err(ReserveError::NeverFits {
+                requested: 4,
+                capacity: 4
+            })
+        );
+        assert_eq!(
+            p.alloc_blocking(2, &mut out, Some(Duration::from_millis(1))),
+            Err(ReserveError::Full {
+                requested: 2,
+                available: 1
+            })
+        );
+        assert_eq!((out, p.used_blocks(), p.waiters()), (vec![7], 3, 0));
+        let mut seq = MutexSeq::new(Arc::clone(&p));
+        assert_eq!(
+            seq.reserve_blocking(32, 0, Some(Duration::from_millis(1))),
+            Err(ReserveError::Full {
+                requested: 2,
+                available: 1
+            })
+        );
+        assert_eq!((seq.capacity(), p.used_blocks()), (0, 3));
+    }
+
+    #[test]
+    fn a_free_wakes_a_blocking_waiter_with_its_blocks() {
+        let p = pool(4, 16);
+        let mut held = Vec::new();
+        p.try_alloc(4, &mut held).unwrap();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let mut seq = MutexSeq::new(Arc::clone(&p));
+                seq.reserve_blocking(32, 1, None).map(|()| seq.capacity())
+            });
+            // The waiter is asleep on the condition variable: free.
+            while p.waiters() == 0 {
+                std::thread::yield_now();
+            }
+            p.free(&held).unwrap();
+            assert_eq!(waiter.join().unwrap(), Ok(32));
+        });
+        assert_eq!((p.used_blocks(), p.waiters()), (0, 0));
+    }
+
+    #[test]
     fn bad_frees_are_refused_and_change_nothing() {
         let p = pool(4, 16);
         let mut a = Vec::new();

@@ -65,8 +65,22 @@
 //! device copy copies them, attention reads them back, and the oracle
 //! checks every table against the pool (see [`crate::oracle`]).
 //!
-//! A worker with nothing running whose waiting head does not fit parks
-//! until another worker completes or preempts a group, then tries again.
+//! A worker with nothing running whose waiting head does not fit completes
+//! every step it has in flight, gives back what its prefix match took, and
+//! waits in the allocator: [`KvSeq::reserve_blocking`] of the whole prompt
+//! (reserve admission), or [`KvBackend::alloc_blocking`] of the blocks the
+//! check asks for, given back at once (check-only admission). kvslots
+//! queues it in the pool's FIFO wait queue; the baseline waits on a
+//! `Condvar` notified by every give-back. The allocator wakes it when
+//! another worker's give-back lets it in; each wait also times out after
+//! 500 µs, so that the worker sees a stop request and its queue again (so
+//! nothing is left waiting at the end of a run). While a worker waits in
+//! kvslots' queue, other workers' `try_*` calls leave the head what it
+//! asks for (see the library's "Waiting" notes), which can preempt a
+//! running group to let it in.
+//!
+//! [`KvSeq::reserve_blocking`]: crate::backend::KvSeq::reserve_blocking
+//! [`KvBackend::alloc_blocking`]: crate::backend::KvBackend::alloc_blocking
 //!
 //! # Failures end the run
 //!
@@ -81,7 +95,7 @@
 //! does not look) is left behind the same way. As a guard against a livelock outside
 //! the allocator, a worker that sees no request finish anywhere for
 //! `stall_limit` of its own iterations (or `stall_limit / 1000` of its
-//! waits) stops the run too.
+//! waits in the allocator) stops the run too.
 //!
 //! # What is measured
 //!
