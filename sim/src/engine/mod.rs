@@ -99,11 +99,12 @@
 //!
 //! # What is measured
 //!
-//! Every call into the allocator (each admission attempt, each append,
-//! truncate, fork, prefix match and publish, and each drop of a sequence
-//! that was admitted) is counted and timed with two `Instant::now()` calls
-//! around it, in the same place for both allocators; the oracle's work is
-//! outside the timed part. Creating an empty sequence (no pool access) is
+//! Every call into the allocator (each admission attempt, each blocking
+//! admission of an idle worker, each append, truncate, fork, prefix match
+//! and publish, and each drop of a sequence that was admitted) is counted
+//! and timed with two `Instant::now()` calls around it, in the same place
+//! for both allocators; the oracle's work is outside the timed part (and
+//! the waits' time, mostly asleep, outside the run's allocator busy time). Creating an empty sequence (no pool access) is
 //! not a call; a sequence whose admission was refused holds nothing (it
 //! gives back what it matched) and is kept for the next attempt. Append latencies go into a per-worker HDR histogram,
 //! merged at the end.
