@@ -163,18 +163,8 @@ pub trait KvBackend: Clone + Send + Sync + 'static {
         headroom: usize,
         out: &mut Vec<Self::Id>,
     ) -> Result<(), ReserveError>;
-    /// Takes `n` blocks, all or nothing, waiting in the allocator for at
-    /// most `timeout` (`None`: no limit) until they are granted; a timeout
-    /// is `Full`, and on error nothing changes.
-    fn alloc_blocking(
-        &self,
-        n: usize,
-        out: &mut Vec<Self::Id>,
-        timeout: Option<Duration>,
-    ) -> Result<(), ReserveError>;
     /// Gives back blocks taken with
-    /// [`try_alloc_with_headroom`](Self::try_alloc_with_headroom) or
-    /// [`alloc_blocking`](Self::alloc_blocking); an error
+    /// [`try_alloc_with_headroom`](Self::try_alloc_with_headroom); an error
     /// is a bug in the caller, reported as a string.
     fn free(&self, ids: &[Self::Id]) -> Result<(), String>;
     /// An empty sequence with room for `tokens` tokens in its table.
@@ -348,14 +338,6 @@ impl KvBackend for KvslotsBackend {
     ) -> Result<(), ReserveError> {
         self.pool.try_alloc_with_headroom(n, headroom, out)
     }
-    fn alloc_blocking(
-        &self,
-        n: usize,
-        out: &mut Vec<BlockId>,
-        timeout: Option<Duration>,
-    ) -> Result<(), ReserveError> {
-        self.pool.alloc_blocking(n, out, timeout)
-    }
     fn free(&self, ids: &[BlockId]) -> Result<(), String> {
         self.pool.free(ids).map_err(|e| e.to_string())
     }
@@ -491,14 +473,6 @@ impl KvBackend for MutexBackend {
         out: &mut Vec<u32>,
     ) -> Result<(), ReserveError> {
         self.pool.try_alloc_with_headroom(n, headroom, out)
-    }
-    fn alloc_blocking(
-        &self,
-        n: usize,
-        out: &mut Vec<u32>,
-        timeout: Option<Duration>,
-    ) -> Result<(), ReserveError> {
-        self.pool.alloc_blocking(n, out, timeout)
     }
     fn free(&self, ids: &[u32]) -> Result<(), String> {
         self.pool.free(ids).map_err(|e| e.to_string())

@@ -497,14 +497,6 @@ impl<B: KvBackend> KvBackend for Faulty<B> {
     ) -> Result<(), ReserveError> {
         self.inner.try_alloc_with_headroom(n, headroom, out)
     }
-    fn alloc_blocking(
-        &self,
-        n: usize,
-        out: &mut Vec<B::Id>,
-        timeout: Option<Duration>,
-    ) -> Result<(), ReserveError> {
-        self.inner.alloc_blocking(n, out, timeout)
-    }
     fn free(&self, ids: &[B::Id]) -> Result<(), String> {
         self.inner.free(ids)
     }

@@ -342,14 +342,6 @@ impl KvBackend for WrongMatch {
     ) -> Result<(), kvslots::ReserveError> {
         self.0.try_alloc_with_headroom(n, headroom, out)
     }
-    fn alloc_blocking(
-        &self,
-        n: usize,
-        out: &mut Vec<Id>,
-        timeout: Option<std::time::Duration>,
-    ) -> Result<(), kvslots::ReserveError> {
-        self.0.alloc_blocking(n, out, timeout)
-    }
     fn free(&self, ids: &[Id]) -> Result<(), String> {
         self.0.free(ids)
     }

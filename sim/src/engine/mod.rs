@@ -67,20 +67,23 @@
 //!
 //! A worker with nothing running whose waiting head does not fit completes
 //! every step it has in flight, gives back what its prefix match took, and
-//! waits in the allocator: [`KvSeq::reserve_blocking`] of the whole prompt
-//! (reserve admission), or [`KvBackend::alloc_blocking`] of the blocks the
-//! check asks for, given back at once (check-only admission). kvslots
-//! queues it in the pool's FIFO wait queue; the baseline waits on a
-//! `Condvar` notified by every give-back. The allocator wakes it when
-//! another worker's give-back lets it in; each wait also times out after
-//! 500 µs, so that the worker sees a stop request and its queue again (so
-//! nothing is left waiting at the end of a run). While a worker waits in
-//! kvslots' queue, other workers' `try_*` calls leave the head what it
-//! asks for (see the library's "Waiting" notes), which can preempt a
-//! running group to let it in.
+//! waits in the allocator ([`KvSeq::reserve_blocking`]) until the
+//! admission's condition holds: a one-block reservation whose headroom is
+//! the rest of the prompt plus the watermark, granted exactly when the
+//! whole prompt and the watermark are free. Then it admits the whole
+//! prompt (reserve: `try_reserve` of the rest; check-only: the grant was
+//! the check, and the block goes back). kvslots queues the waiter in the
+//! pool's FIFO wait queue; the baseline waits on a `Condvar` notified by
+//! every give-back. The allocator wakes it when another worker's give-back
+//! lets it in; each wait also times out after 500 µs, so that the worker
+//! sees a stop request and its queue again (so nothing is left waiting at
+//! the end of a run). The one-block request matters with kvslots: while
+//! anyone waits, every other `try_*` call leaves the head's request free,
+//! so a whole prompt's worth held back would refuse the running groups'
+//! appends (and preempt them) whenever the pool is tighter than the
+//! prompt; the headroom is not held back.
 //!
 //! [`KvSeq::reserve_blocking`]: crate::backend::KvSeq::reserve_blocking
-//! [`KvBackend::alloc_blocking`]: crate::backend::KvBackend::alloc_blocking
 //!
 //! # Failures end the run
 //!
@@ -248,7 +251,6 @@ fn spawn_workers<B: KvBackend>(
             // Room for a chunk's or a draft batch's slots (bounded: absurd
             // flag values must not abort).
             slots: Vec::with_capacity(cfg.chunk.max(cfg.spec).min(1 << 16)),
-            granted: Vec::new(),
             spare: None,
             keys: (None, Vec::new()),
             key_bufs: Vec::new(),

@@ -153,10 +153,11 @@ pub enum OpKind {
     /// retired sequence a `Drop`, and handing a copy-on-write's source to
     /// the step's fence part of the `Append` that copied.)
     Complete,
-    /// An idle worker's blocking admission (`reserve_blocking`, or for a
-    /// check-only admission `alloc_blocking` and the `free` of what it was
-    /// granted), up to the wait's timeout; kept apart from `Admit` so that
-    /// the time asleep does not count as admission time.
+    /// An idle worker's blocking admission: the `reserve_blocking` that
+    /// waits in the allocator, up to the wait's timeout (and the drop that
+    /// gives its block back when it does not become the admission); kept
+    /// apart from `Admit` so that the time asleep does not count as
+    /// admission time.
     Wait,
 }
 

@@ -130,9 +130,6 @@ pub(super) struct Worker<B: KvBackend> {
     pub(super) stats: WorkerStats,
     /// Slot mapping scratch (what a real worker hands the kernel).
     pub(super) slots: Vec<usize>,
-    /// The blocks a check-only blocking admission was granted, given back
-    /// at once (kept for its capacity).
-    pub(super) granted: Vec<B::Id>,
     /// An empty sequence whose admission was refused, and the tokens its
     /// table was sized for: reused by the next attempt for the same size
     /// (usually the same request), so that refused attempts neither build
@@ -644,19 +641,27 @@ impl<B: KvBackend> Worker<B> {
 
     /// The blocking form of a refused admission, for a worker with nothing
     /// running: waits in the allocator, for up to [`IDLE_WAIT`], until the
-    /// whole prompt (no prefix: what a match took was given back before
-    /// waiting) is admitted into the empty `seq`; `Ok(false)` when the wait
-    /// timed out (nothing changed).
+    /// admission's condition holds (the whole prompt's blocks plus the
+    /// watermark free), then admits the whole prompt into the empty `seq`;
+    /// `Ok(false)` when the wait timed out or the admission lost the blocks
+    /// again (`seq` is then empty).
     ///
-    /// * Reserve: `reserve_blocking` of the prompt with the watermark's
-    ///   headroom: the grant is the admission.
-    /// * Check: a check takes nothing, so there is nothing to queue for;
-    ///   the worker waits with `alloc_blocking` for the blocks the check
-    ///   asks to be free (the prompt's and the watermark) and gives them
-    ///   back at once: the grant shows they were free, which is what a
-    ///   check-only admission asks, so the request is admitted without
-    ///   checking again (checking again could be refused forever by two
-    ///   idle workers handing the blocks to each other through the queue).
+    /// The wait is a `reserve_blocking` of one block with the rest of the
+    /// prompt and the watermark as headroom: granted exactly when the
+    /// admission would pass, and queued in kvslots' FIFO queue as a
+    /// one-block request. While a waiter is queued, every other `try_*`
+    /// call leaves the head what it asks for; a whole prompt's worth held
+    /// back that way would refuse the running groups' appends (preempting
+    /// them) whenever the pool is tighter than the prompt, and two workers
+    /// each waiting for a prompt the other's only running group keeps from
+    /// fitting would preempt each other's group forever. One block asks
+    /// next to nothing of the others (the headroom is not held back).
+    ///
+    /// Once granted: with reserve admission, `try_reserve` of the rest of
+    /// the prompt with the watermark (refused if others took the blocks in
+    /// the meantime: the block goes back and the worker waits again); with
+    /// check-only admission the grant was the check, so the block goes
+    /// back and the request is admitted.
     ///
     /// The prefix is given back before waiting, not held: a worker holding
     /// matched blocks while it waits keeps them from the others, and when
@@ -669,40 +674,39 @@ impl<B: KvBackend> Worker<B> {
         profile: Profile,
         seq: &mut B::Seq,
     ) -> Result<bool, StepError> {
-        let wm = self.cfg.watermark_blocks;
+        let (wm, bs) = (self.cfg.watermark_blocks, self.block_size());
+        let headroom = req.prompt.div_ceil(bs) - 1 + wm;
         self.stats.counts.idle_waits += 1;
-        let waited = match profile.admission {
-            Admission::Reserve => self.call(OpKind::Wait, || {
-                seq.reserve_blocking(req.prompt, wm, Some(IDLE_WAIT))
-            }),
-            Admission::Check => {
-                let blocks = req.prompt.div_ceil(self.block_size()) + wm;
-                let mut granted = std::mem::take(&mut self.granted);
-                granted.clear();
-                let (backend, watch) = (&self.backend, &self.shared.watch[self.index]);
-                let watch = (watch, self.shared.start);
-                let waited = self.stats.call(watch, OpKind::Wait, || {
-                    backend.alloc_blocking(blocks, &mut granted, Some(IDLE_WAIT))
-                });
-                let freed = if waited.is_ok() {
-                    self.stats
-                        .call(watch, OpKind::Wait, || backend.free(&granted))
-                } else {
-                    Ok(())
-                };
-                granted.clear();
-                self.granted = granted;
-                freed.map_err(|e| StepError::Kv(format!("giving back a check's grant: {e}")))?;
-                waited
-            }
-        };
+        let waited = self.call(OpKind::Wait, || {
+            seq.reserve_blocking(bs, headroom, Some(IDLE_WAIT))
+        });
         match waited {
-            Ok(()) => Ok(true),
-            Err(ReserveError::Full { .. }) => Ok(false),
-            Err(e) => Err(StepError::Fatal(format!(
-                "blocking admission: unexpected {e:?}"
-            ))),
+            Ok(()) => {}
+            Err(ReserveError::Full { .. }) => return Ok(false),
+            Err(e) => {
+                return Err(StepError::Fatal(format!(
+                    "blocking admission: unexpected {e:?}"
+                )))
+            }
         }
+        let admitted = match profile.admission {
+            Admission::Reserve => {
+                match self.call(OpKind::Admit, || seq.try_reserve(req.prompt, wm)) {
+                    Ok(()) => true,
+                    Err(ReserveError::Full { .. }) => false,
+                    Err(e) => return Err(StepError::Fatal(format!("admission: unexpected {e:?}"))),
+                }
+            }
+            Admission::Check => false,
+        };
+        if !admitted {
+            // Give the granted block back: an empty sequence in its place
+            // (a truncate of an empty sequence keeps its reservation).
+            let fresh = self.backend.new_seq(req.prompt + req.output);
+            let granted = std::mem::replace(seq, fresh);
+            self.call(OpKind::Wait, || drop(granted));
+        }
+        Ok(admitted || profile.admission == Admission::Check)
     }
 
     /// Matches the prompt of `req` against the prefix cache into the empty
