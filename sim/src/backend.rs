@@ -12,6 +12,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kvslots::{BlockHash, BlockId, BlockPool, ReserveError, Sequence};
 
@@ -80,6 +81,15 @@ pub trait KvSeq: Send + Sized + 'static {
     /// none, only if `headroom` blocks stay free afterwards (the appends of
     /// those tokens then take nothing). On error nothing changes.
     fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError>;
+    /// [`try_reserve`](Self::try_reserve), waiting in the allocator for at
+    /// most `timeout` (`None`: no limit) until the blocks are granted; a
+    /// timeout is `Full`, and on error nothing changes.
+    fn reserve_blocking(
+        &mut self,
+        tokens: usize,
+        headroom: usize,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError>;
     /// The multi-token append: all the blocks `n` more tokens need, or
     /// none; with the device copy it needs first, if it copied a shared
     /// partly filled block on write.
@@ -217,6 +227,14 @@ impl KvSeq for Sequence {
     }
     fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
         Sequence::try_reserve(self, tokens, headroom)
+    }
+    fn reserve_blocking(
+        &mut self,
+        tokens: usize,
+        headroom: usize,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        Sequence::reserve_blocking(self, tokens, headroom, timeout)
     }
     fn try_append(&mut self, n: usize) -> Result<Appended<BlockId>, ReserveError> {
         // The one call into the library's copy-on-write API.
@@ -380,6 +398,14 @@ impl KvSeq for MutexSeq {
     }
     fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
         MutexSeq::try_reserve(self, tokens, headroom)
+    }
+    fn reserve_blocking(
+        &mut self,
+        tokens: usize,
+        headroom: usize,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        MutexSeq::reserve_blocking(self, tokens, headroom, timeout)
     }
     fn try_append(&mut self, n: usize) -> Result<Appended<u32>, ReserveError> {
         self.try_append_cow(n).map(|(range, copy)| {

@@ -10,6 +10,16 @@
 //! the lock, so that the monitor can read it without taking the lock (as it
 //! reads `kvslots`' counter).
 //!
+//! # Waiting
+//!
+//! [`MutexPool::alloc_blocking`] and [`MutexSeq::reserve_blocking`] wait
+//! on a `Condvar` paired with the pool's mutex: every call that makes
+//! blocks available (a free, a sequence's truncate or drop, a fence's
+//! complete) notifies every waiter, and each re-checks under the lock. As
+//! a server that serialises allocation behind one lock would build it, the
+//! waiters are not served in arrival order and do not hold back `try_*`
+//! callers (unlike `kvslots`' FIFO queue, whose head is owed its request).
+//!
 //! # The prefix cache
 //!
 //! Under the same lock, the pool keeps a prefix cache the way TGI's and
@@ -48,7 +58,8 @@ use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use kvslots::{table, BlockHash, ReserveError};
 
@@ -135,6 +146,8 @@ struct Inner {
     /// References retired and not given back, and their high-water mark.
     pending: usize,
     pending_peak: usize,
+    /// Threads asleep on the condition variable.
+    waiting: usize,
 }
 
 impl Inner {
@@ -215,6 +228,8 @@ impl Inner {
 /// A block pool behind one `std::sync::Mutex`.
 pub struct MutexPool {
     inner: Mutex<Inner>,
+    /// Notified, under the lock, whenever blocks become available.
+    freed: Condvar,
     /// `num_blocks - free.len()`, written under the lock, read without it.
     used: AtomicUsize,
     num_blocks: usize,
@@ -261,7 +276,9 @@ impl MutexPool {
                 fenced: HashMap::new(),
                 pending: 0,
                 pending_peak: 0,
+                waiting: 0,
             }),
+            freed: Condvar::new(),
             used: AtomicUsize::new(0),
             num_blocks,
             block_size,
@@ -331,11 +348,18 @@ impl MutexPool {
         dropped
     }
 
+    /// Mirrors `used` after a change under the lock, and wakes the waiters
+    /// if blocks became available.
     fn mirror(&self, inner: &mut Inner) {
         let used = self.num_blocks - inner.available();
         inner.peak = inner.peak.max(used);
-        // Relaxed: a mirror for snapshots, written under the lock.
+        // Relaxed (both): a mirror for snapshots, written only under the
+        // lock, so this load reads the last store.
+        let before = self.used.load(Ordering::Relaxed);
         self.used.store(used, Ordering::Relaxed);
+        if used < before {
+            self.freed.notify_all();
+        }
     }
 
     /// Takes `n` blocks, all or nothing, and appends their ids to `out`.
@@ -374,6 +398,84 @@ impl MutexPool {
         Self::take_n(&mut inner, n, out);
         self.mirror(&mut inner);
         Ok(())
+    }
+
+    /// [`try_alloc_with_headroom`](Self::try_alloc_with_headroom), waiting
+    /// on the pool's condition variable until `n` blocks can be taken with
+    /// `headroom` more free, for at most `timeout` (`None`: no limit).
+    ///
+    /// # Errors
+    ///
+    /// `NeverFits` at once, or `Full` (with the blocks available then)
+    /// when `timeout` runs out; on error nothing changes.
+    pub fn alloc_with_headroom_blocking(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<u32>,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        if n.saturating_add(headroom) > self.num_blocks {
+            return Err(ReserveError::NeverFits {
+                requested: n,
+                capacity: self.num_blocks,
+            });
+        }
+        out.reserve(n);
+        let deadline = timeout.map(|t| Instant::now() + t);
+        let mut inner = self.lock();
+        loop {
+            let available = inner.available();
+            if n + headroom <= available {
+                break;
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Err(ReserveError::Full {
+                    requested: n,
+                    available,
+                });
+            }
+            inner.waiting += 1;
+            inner = match left {
+                None => self.freed.wait(inner).unwrap_or_else(|e| e.into_inner()),
+                Some(left) => {
+                    self.freed
+                        .wait_timeout(inner, left)
+                        .unwrap_or_else(|e| e.into_inner())
+                        .0
+                }
+            };
+            inner.waiting -= 1;
+        }
+        if n > 0 {
+            Self::take_n(&mut inner, n, out);
+            self.mirror(&mut inner);
+        }
+        Ok(())
+    }
+
+    /// [`alloc_with_headroom_blocking`](Self::alloc_with_headroom_blocking)
+    /// without headroom, as `kvslots::BlockPool::alloc_blocking`.
+    ///
+    /// # Errors
+    ///
+    /// As [`alloc_with_headroom_blocking`](Self::alloc_with_headroom_blocking).
+    pub fn alloc_blocking(
+        &self,
+        n: usize,
+        out: &mut Vec<u32>,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        self.alloc_with_headroom_blocking(n, 0, out, timeout)
+    }
+
+    /// How many threads wait in
+    /// [`alloc_with_headroom_blocking`](Self::alloc_with_headroom_blocking)
+    /// (or [`MutexSeq::reserve_blocking`]) now, as
+    /// `kvslots::BlockPool::waiters`. A snapshot.
+    pub fn waiters(&self) -> usize {
+        self.lock().waiting
     }
 
     /// Drops one reference per listed id, the last listed first (a
@@ -720,19 +822,46 @@ impl MutexSeq {
     /// As [`MutexPool::try_alloc_with_headroom`], counted in blocks; on
     /// error nothing changes.
     pub fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
-        if tokens == 0 {
-            return Ok(());
-        }
-        let (new_blocks, spare) = self.blocks_for(tokens);
-        // A shared tail will need a private copy at the first append: keep a
-        // block for it too (as kvslots does).
-        let copy = usize::from(spare == 0 && self.tail_needs_copy());
-        let missing = new_blocks.saturating_add(copy);
+        let missing = self.missing_for(tokens);
         if missing == 0 {
             return Ok(());
         }
         self.pool
             .try_alloc_with_headroom(missing, headroom, &mut self.blocks)
+    }
+
+    /// [`try_reserve`](Self::try_reserve), waiting on the pool's condition
+    /// variable for at most `timeout` (`None`: no limit), as
+    /// `kvslots::Sequence::reserve_blocking`.
+    ///
+    /// # Errors
+    ///
+    /// As [`MutexPool::alloc_with_headroom_blocking`], counted in blocks;
+    /// on error nothing changes.
+    pub fn reserve_blocking(
+        &mut self,
+        tokens: usize,
+        headroom: usize,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        let missing = self.missing_for(tokens);
+        if missing == 0 {
+            return Ok(());
+        }
+        self.pool
+            .alloc_with_headroom_blocking(missing, headroom, &mut self.blocks, timeout)
+    }
+
+    /// How many blocks a reservation of `tokens` more tokens must add.
+    fn missing_for(&self, tokens: usize) -> usize {
+        if tokens == 0 {
+            return 0;
+        }
+        let (new_blocks, spare) = self.blocks_for(tokens);
+        // A shared tail will need a private copy at the first append: keep a
+        // block for it too (as kvslots does).
+        let copy = usize::from(spare == 0 && self.tail_needs_copy());
+        new_blocks.saturating_add(copy)
     }
 
     /// For `n` more tokens: how many blocks must be added to the table, and
@@ -1027,6 +1156,58 @@ mod tests {
         assert_eq!(p.used_blocks(), 6);
         p.try_alloc(3, &mut a).unwrap();
         assert_eq!(p.used_blocks(), 9);
+    }
+
+    #[test]
+    fn blocking_alloc_refuses_what_never_fits_or_times_out_and_changes_nothing() {
+        let p = pool(4, 16);
+        let mut held = Vec::new();
+        p.try_alloc(3, &mut held).unwrap();
+        let mut out = vec![7];
+        assert_eq!(
+            p.alloc_with_headroom_blocking(4, 1, &mut out, None),
+            Err(ReserveError::NeverFits {
+                requested: 4,
+                capacity: 4
+            })
+        );
+        assert_eq!(
+            p.alloc_blocking(2, &mut out, Some(Duration::from_millis(1))),
+            Err(ReserveError::Full {
+                requested: 2,
+                available: 1
+            })
+        );
+        assert_eq!((out, p.used_blocks(), p.waiters()), (vec![7], 3, 0));
+        let mut seq = MutexSeq::new(Arc::clone(&p));
+        assert_eq!(
+            seq.reserve_blocking(32, 0, Some(Duration::from_millis(1))),
+            Err(ReserveError::Full {
+                requested: 2,
+                available: 1
+            })
+        );
+        assert_eq!((seq.capacity(), p.used_blocks()), (0, 3));
+    }
+
+    #[test]
+    fn a_free_wakes_a_blocking_waiter_with_its_blocks() {
+        let p = pool(4, 16);
+        let mut held = Vec::new();
+        p.try_alloc(4, &mut held).unwrap();
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let mut seq = MutexSeq::new(Arc::clone(&p));
+                seq.reserve_blocking(32, 1, None).map(|()| seq.capacity())
+            });
+            // The waiter is asleep on the condition variable: free.
+            while p.waiters() == 0 {
+                std::thread::yield_now();
+            }
+            p.free(&held).unwrap();
+            assert_eq!(waiter.join().unwrap(), Ok(32));
+        });
+        assert_eq!((p.used_blocks(), p.waiters()), (0, 0));
     }
 
     #[test]

@@ -310,6 +310,16 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
         self.refresh();
         r
     }
+    fn reserve_blocking(
+        &mut self,
+        tokens: usize,
+        headroom: usize,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        let r = self.seq_mut().reserve_blocking(tokens, headroom, timeout);
+        self.refresh();
+        r
+    }
     fn try_append(&mut self, n: usize) -> Result<Appended<S::Id>, ReserveError> {
         let state = Arc::clone(&self.state);
         if n > 0 && state.fires(Fault::WorkerPanic) {

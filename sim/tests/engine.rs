@@ -425,3 +425,126 @@ fn async_depth_two_retires_under_fences_and_conserves_on_both_allocators() {
     let s = run(&KvslotsBackend::new(NB, BS), &reqs, &small_config(4));
     assert_eq!((s.counts.blocks_retired, s.pending_release_peak), (0, 0));
 }
+
+/// Requests that each take most of a pool of 16 blocks of 16 tokens (a
+/// prompt of 10 or 11 blocks with 2 of watermark, 13 or 14 blocks in all):
+/// one runs at a time.
+fn one_at_a_time(n: usize) -> Vec<Request> {
+    (0..n)
+        .map(|id| Request::new(id, 160 + id % 5, 40))
+        .collect()
+}
+
+const TINY_NB: usize = 16;
+const TINY_BS: usize = 16;
+
+fn one_at_a_time_config(admission: Admission, async_depth: usize) -> EngineConfig {
+    EngineConfig {
+        admission,
+        async_depth,
+        workers: 4,
+        watermark_blocks: 2,
+        chunk: 16,
+        max_running: 8,
+        seed: 5,
+        ..EngineConfig::default()
+    }
+}
+
+/// Runs `reqs` while the test holds 8 of the pool's blocks, so that no
+/// request fits and every worker, with nothing running, must wait; a
+/// helper gives the blocks back once `waiters` shows a worker waiting in
+/// the allocator (or once the run has ended without one, so that the test
+/// fails instead of hanging).
+fn run_held<B: KvBackend>(
+    backend: &B,
+    waiters: impl Fn() -> usize + Sync,
+    reqs: &[Request],
+    cfg: &EngineConfig,
+) -> RunStats {
+    let mut held = Vec::new();
+    backend.try_alloc_with_headroom(8, 0, &mut held).unwrap();
+    let ended = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            // Relaxed: a flag set once that orders nothing (the run has
+            // returned; only the helper's exit depends on it).
+            while waiters() == 0 && !ended.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::yield_now();
+            }
+            backend.free(&held).unwrap();
+        });
+        let s = run(backend, reqs, cfg);
+        // Relaxed: see the load.
+        ended.store(true, std::sync::atomic::Ordering::Relaxed);
+        s
+    })
+}
+
+/// The run finished whole, and its idle workers waited in the allocator:
+/// every wait counted is a blocking call into it.
+fn assert_waited_in_the_allocator(s: &RunStats, reqs: &[Request]) {
+    let inv = s.invariants();
+    assert!(
+        inv.ok(),
+        "{}: invariants {inv:?}, errors {:?}",
+        s.allocator,
+        s.errors
+    );
+    assert_eq!(s.counts.requests_completed, reqs.len() as u64);
+    assert_eq!(s.final_used_blocks, 0);
+    assert!(s.counts.idle_waits > 0, "{}: no worker waited", s.allocator);
+    assert!(
+        s.ops[OpKind::Wait as usize].calls >= s.counts.idle_waits,
+        "{}: {} waits counted, {} blocking calls",
+        s.allocator,
+        s.counts.idle_waits,
+        s.ops[OpKind::Wait as usize].calls
+    );
+}
+
+/// Workers with nothing running wait on the allocator (the library's queue,
+/// the baseline's condition variable), with either admission: a worker is
+/// seen waiting there, the run finishes, every invariant holds, and nobody
+/// is left waiting.
+#[test]
+fn idle_workers_wait_in_the_allocator_on_both_allocators() {
+    let reqs = one_at_a_time(40);
+    for admission in [Admission::Reserve, Admission::Check] {
+        let cfg = one_at_a_time_config(admission, 0);
+        let kv = KvslotsBackend::new(TINY_NB, TINY_BS);
+        let s = run_held(&kv, || kv.pool().waiters(), &reqs, &cfg);
+        assert_waited_in_the_allocator(&s, &reqs);
+        assert_eq!(kv.pool().waiters(), 0, "{admission}: a waiter was left");
+        let mutex = MutexBackend::new(TINY_NB, TINY_BS);
+        let s = run_held(&mutex, || mutex.pool().waiters(), &reqs, &cfg);
+        assert_waited_in_the_allocator(&s, &reqs);
+        assert_eq!(mutex.pool().waiters(), 0, "{admission}: a waiter was left");
+    }
+}
+
+/// With steps in flight, an idle worker completes them before it waits
+/// (otherwise it could wait for blocks its own fences keep retired): the
+/// run finishes on both allocators, with fenced blocks and waits.
+#[test]
+fn idle_workers_drain_their_fences_before_waiting_with_async_depth_two() {
+    let reqs = one_at_a_time(40);
+    for admission in [Admission::Reserve, Admission::Check] {
+        let cfg = one_at_a_time_config(admission, 2);
+        let kv = KvslotsBackend::new(TINY_NB, TINY_BS);
+        let a = run_held(&kv, || kv.pool().waiters(), &reqs, &cfg);
+        assert_eq!(kv.pool().waiters(), 0, "{admission}: a waiter was left");
+        let mutex = MutexBackend::new(TINY_NB, TINY_BS);
+        let b = run_held(&mutex, || mutex.pool().waiters(), &reqs, &cfg);
+        assert_eq!(mutex.pool().waiters(), 0, "{admission}: a waiter was left");
+        for s in [&a, &b] {
+            assert_waited_in_the_allocator(s, &reqs);
+            assert!(
+                s.counts.blocks_retired > 0,
+                "{}: nothing retired",
+                s.allocator
+            );
+            assert!(s.pending_release_peak > 0, "{}", s.allocator);
+        }
+    }
+}

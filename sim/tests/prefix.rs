@@ -281,6 +281,14 @@ impl kvslots_sim::backend::KvSeq for WrongSeq {
     fn truncate_fenced(&mut self, len: usize, fence: u64) -> usize {
         self.0.truncate_fenced(len, fence)
     }
+    fn reserve_blocking(
+        &mut self,
+        tokens: usize,
+        headroom: usize,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<(), kvslots::ReserveError> {
+        self.0.reserve_blocking(tokens, headroom, timeout)
+    }
     fn retire(self, fence: u64) -> usize {
         self.0.retire(fence)
     }

@@ -65,8 +65,25 @@
 //! device copy copies them, attention reads them back, and the oracle
 //! checks every table against the pool (see [`crate::oracle`]).
 //!
-//! A worker with nothing running whose waiting head does not fit parks
-//! until another worker completes or preempts a group, then tries again.
+//! A worker with nothing running whose waiting head does not fit completes
+//! every step it has in flight, gives back what its prefix match took, and
+//! waits in the allocator ([`KvSeq::reserve_blocking`]) until the
+//! admission's condition holds: a one-block reservation whose headroom is
+//! the rest of the prompt plus the watermark, granted exactly when the
+//! whole prompt and the watermark are free. Then it admits the whole
+//! prompt (reserve: `try_reserve` of the rest; check-only: the grant was
+//! the check, and the block goes back). kvslots queues the waiter in the
+//! pool's FIFO wait queue; the baseline waits on a `Condvar` notified by
+//! every give-back. The allocator wakes it when another worker's give-back
+//! lets it in; each wait also times out after 500 µs, so that the worker
+//! sees a stop request and its queue again (so nothing is left waiting at
+//! the end of a run). The one-block request matters with kvslots: while
+//! anyone waits, every other `try_*` call leaves the head's request free,
+//! so a whole prompt's worth held back would refuse the running groups'
+//! appends (and preempt them) whenever the pool is tighter than the
+//! prompt; the headroom is not held back.
+//!
+//! [`KvSeq::reserve_blocking`]: crate::backend::KvSeq::reserve_blocking
 //!
 //! # Failures end the run
 //!
@@ -81,15 +98,16 @@
 //! does not look) is left behind the same way. As a guard against a livelock outside
 //! the allocator, a worker that sees no request finish anywhere for
 //! `stall_limit` of its own iterations (or `stall_limit / 1000` of its
-//! waits) stops the run too.
+//! waits in the allocator) stops the run too.
 //!
 //! # What is measured
 //!
-//! Every call into the allocator (each admission attempt, each append,
-//! truncate, fork, prefix match and publish, and each drop of a sequence
-//! that was admitted) is counted and timed with two `Instant::now()` calls
-//! around it, in the same place for both allocators; the oracle's work is
-//! outside the timed part. Creating an empty sequence (no pool access) is
+//! Every call into the allocator (each admission attempt, each blocking
+//! admission of an idle worker, each append, truncate, fork, prefix match
+//! and publish, and each drop of a sequence that was admitted) is counted
+//! and timed with two `Instant::now()` calls around it, in the same place
+//! for both allocators; the oracle's work is outside the timed part (and
+//! the waits' time, mostly asleep, outside the run's allocator busy time). Creating an empty sequence (no pool access) is
 //! not a call; a sequence whose admission was refused holds nothing (it
 //! gives back what it matched) and is kept for the next attempt. Append latencies go into a per-worker HDR histogram,
 //! merged at the end.

@@ -1,8 +1,9 @@
 //! What the workers, the producer and the monitor share: progress, the stop
-//! flag and the errors, the parked idle workers, the KV-memory oracle, and
-//! the call watch the livelock watchdog reads.
+//! flag and the errors, the KV-memory oracle, and the call watch the
+//! livelock watchdog reads. (Idle workers wait in the allocator, which
+//! wakes them.)
 
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -17,8 +18,6 @@ pub(super) struct Shared {
     pub(super) abort: AtomicBool,
     /// Failures, in the order they were seen (the first few).
     errors: Mutex<Vec<String>>,
-    /// Workers waiting for blocks.
-    pub(super) idle: IdleWorkers,
     /// The simulated device memory and the shadow of block holders.
     pub(super) oracle: Oracle,
     /// Per worker: the allocator call it is in, and since when.
@@ -36,7 +35,6 @@ impl Shared {
             finished: AtomicUsize::new(0),
             abort: AtomicBool::new(false),
             errors: Mutex::new(Vec::new()),
-            idle: IdleWorkers::new(),
             oracle,
             watch: (0..workers).map(|_| CallWatch::default()).collect(),
             start: Instant::now(),
@@ -50,9 +48,9 @@ impl Shared {
             errors.push(msg);
         }
         drop(errors);
-        // Relaxed: a stop request; workers poll it once an iteration.
+        // Relaxed: a stop request; workers poll it once an iteration (a
+        // worker waiting in the allocator within its wait's timeout).
         self.abort.store(true, Ordering::Relaxed);
-        self.idle.wake_all();
     }
 
     /// Whether the run is being stopped.
@@ -112,56 +110,5 @@ impl CallWatch {
         let kind = OpKind::ALL[usize::from(self.kind.load(Ordering::Relaxed)) % OpKind::ALL.len()];
         let running = Duration::from_nanos(now_ns.saturating_sub(since));
         (since != 0 && running > limit).then_some((kind, running))
-    }
-}
-
-/// Idle workers, parked until another worker frees blocks.
-pub(super) struct IdleWorkers {
-    /// How many are registered; read without the lock by whoever frees.
-    parked: AtomicUsize,
-    threads: Mutex<Vec<std::thread::Thread>>,
-}
-
-impl IdleWorkers {
-    fn new() -> Self {
-        IdleWorkers {
-            parked: AtomicUsize::new(0),
-            threads: Mutex::new(Vec::new()),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<std::thread::Thread>> {
-        self.threads.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(super) fn register(&self) {
-        self.lock().push(std::thread::current());
-        // SeqCst, with the fence in `wake_all`: either this registration is
-        // seen by a waker that freed blocks, or the admission attempt that
-        // follows it sees those blocks (a store-load pair on both sides).
-        self.parked.fetch_add(1, Ordering::SeqCst);
-        fence(Ordering::SeqCst);
-    }
-
-    pub(super) fn unregister(&self) {
-        let me = std::thread::current().id();
-        let mut threads = self.lock();
-        if let Some(i) = threads.iter().position(|t| t.id() == me) {
-            threads.swap_remove(i);
-        }
-        // Relaxed: the count only gates the waker's lock; the list under
-        // the lock is the truth.
-        self.parked.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// Wakes every parked worker; called after freeing blocks.
-    pub(super) fn wake_all(&self) {
-        // SeqCst: pairs with the fence in `register` (see there).
-        fence(Ordering::SeqCst);
-        if self.parked.load(Ordering::SeqCst) > 0 {
-            for t in self.lock().iter() {
-                t.unpark();
-            }
-        }
     }
 }

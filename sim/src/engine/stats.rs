@@ -63,8 +63,10 @@ counts! {
     /// Completed requests whose samples did not each hold exactly their
     /// prompt and output.
     output_mismatches,
-    /// Iterations in which a worker had nothing running and its waiting
-    /// request did not fit (it parked until blocks were freed).
+    /// Blocking admissions made by a worker with nothing running whose
+    /// waiting request did not fit: each waits in the allocator (the
+    /// library's queue, or the baseline's condition variable) until the
+    /// request is granted or the wait's timeout runs out.
     idle_waits,
     /// With `--async-depth`: block references retired under a step's fence
     /// (given back when the step completed).
@@ -99,7 +101,8 @@ pub struct RunStats {
     pub counts: Counts,
     /// The pool's high-water mark.
     pub peak_blocks_used: usize,
-    /// Time spent inside allocator calls, summed over workers.
+    /// Time spent inside allocator calls, summed over workers (the waits
+    /// of [`OpKind::Wait`] excluded).
     pub alloc_busy: Duration,
     /// From the first worker's start to the last worker's end.
     pub wall: Duration,
@@ -150,11 +153,17 @@ pub enum OpKind {
     /// retired sequence a `Drop`, and handing a copy-on-write's source to
     /// the step's fence part of the `Append` that copied.)
     Complete,
+    /// An idle worker's blocking admission: the `reserve_blocking` that
+    /// waits in the allocator, up to the wait's timeout (and the drop that
+    /// gives its block back when it does not become the admission); kept
+    /// apart from `Admit` so that the time asleep does not count as
+    /// admission time.
+    Wait,
 }
 
 impl OpKind {
     /// Every kind, in index order.
-    pub const ALL: [OpKind; 8] = [
+    pub const ALL: [OpKind; 9] = [
         OpKind::Admit,
         OpKind::Append,
         OpKind::Truncate,
@@ -163,6 +172,7 @@ impl OpKind {
         OpKind::Match,
         OpKind::Publish,
         OpKind::Complete,
+        OpKind::Wait,
     ];
 
     /// The kind's name in reports.
@@ -176,6 +186,7 @@ impl OpKind {
             OpKind::Match => "try_match_prefix",
             OpKind::Publish => "publish",
             OpKind::Complete => "complete",
+            OpKind::Wait => "wait",
         }
     }
 }
@@ -284,7 +295,10 @@ impl WorkerStats {
         let r = f();
         let ns = t.elapsed().as_nanos() as u64;
         w.exit();
-        self.busy_ns += ns;
+        if kind != OpKind::Wait {
+            // Time asleep in a wait is not allocator work.
+            self.busy_ns += ns;
+        }
         self.counts.alloc_calls += 1;
         let o = &mut self.ops[kind as usize];
         o.calls += 1;

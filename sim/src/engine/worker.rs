@@ -116,8 +116,11 @@ struct Queue<'a> {
     source_done: bool,
 }
 
-/// The longest an idle worker parks before it looks again on its own.
-const IDLE_PARK: std::time::Duration = std::time::Duration::from_micros(500);
+/// The longest one blocking admission of an idle worker waits in the
+/// allocator. A grant wakes it at once; the timeout is a safety net, so
+/// that the worker re-checks the stop flag (an abort wakes no waiter) and
+/// the stall guard counts its waits.
+const IDLE_WAIT: std::time::Duration = std::time::Duration::from_micros(500);
 
 pub(super) struct Worker<B: KvBackend> {
     pub(super) index: usize,
@@ -462,10 +465,10 @@ impl<B: KvBackend> Worker<B> {
     /// Completes steps in flight, oldest first, as `drain` says, and
     /// returns how many: each after the oracle's check that the pool still
     /// counts what the step holds, and the complete must give back exactly
-    /// what was retired under the fence. Wakes idle workers if anything
-    /// went back.
+    /// what was retired under the fence (the allocator wakes whoever
+    /// waits for what went back).
     fn complete_steps(&mut self, drain: Drain) -> Result<usize, StepError> {
-        let (mut released, mut steps) = (0, 0);
+        let mut steps = 0;
         let mut first = Ok(());
         while let Some((fence, list)) = self.device.take_oldest(drain == Drain::Due) {
             let checked = self
@@ -478,7 +481,6 @@ impl<B: KvBackend> Worker<B> {
                 .call((watch, self.shared.start), OpKind::Complete, || {
                     backend.complete(fence)
                 });
-            released += n;
             self.stats.counts.blocks_retired += list.len() as u64;
             let counted = if n == list.len() {
                 Ok(())
@@ -496,9 +498,6 @@ impl<B: KvBackend> Worker<B> {
             if drain == Drain::Oldest {
                 break;
             }
-        }
-        if released > 0 {
-            self.shared.idle.wake_all();
         }
         first.map(|()| steps).map_err(StepError::Kv)
     }
@@ -522,11 +521,14 @@ impl<B: KvBackend> Worker<B> {
     }
 
     /// Admits `req` if its whole prompt fits with the watermark; `Ok(None)`
-    /// if it does not fit now.
+    /// if it does not fit now. With `wait` (the worker has nothing
+    /// running), a refused admission then waits in the allocator (see
+    /// [`admit_blocking`](Self::admit_blocking)) for up to [`IDLE_WAIT`].
     fn admit(
         &mut self,
         (req, attempt): Waiting,
         profile: Profile,
+        wait: bool,
     ) -> Result<Option<Group<B>>, StepError> {
         let wm = self.cfg.watermark_blocks;
         let bs = self.block_size();
@@ -542,7 +544,7 @@ impl<B: KvBackend> Worker<B> {
         // Prefix caching: the longest cached prefix of the prompt's full
         // trace blocks goes in first; the rest is admitted as usual.
         let caching = self.cfg.prefix_cache && req.hash_ids.is_some();
-        let matched = if caching {
+        let mut matched = if caching {
             self.match_prefix(&req, &mut seq)
         } else {
             0
@@ -570,8 +572,12 @@ impl<B: KvBackend> Worker<B> {
                 if matched > 0 {
                     self.call(OpKind::Truncate, || seq.truncate(0));
                 }
-                self.spare = Some((tokens, seq));
-                return Ok(None);
+                if !wait || !self.admit_blocking(&req, profile, &mut seq)? {
+                    self.spare = Some((tokens, seq));
+                    return Ok(None);
+                }
+                // Granted while waiting: the whole prompt, no prefix.
+                matched = 0;
             }
             Err(e) => return Err(StepError::Fatal(format!("admission: unexpected {e:?}"))),
         }
@@ -633,6 +639,76 @@ impl<B: KvBackend> Worker<B> {
         Ok(Some(g))
     }
 
+    /// The blocking form of a refused admission, for a worker with nothing
+    /// running: waits in the allocator, for up to [`IDLE_WAIT`], until the
+    /// admission's condition holds (the whole prompt's blocks plus the
+    /// watermark free), then admits the whole prompt into the empty `seq`;
+    /// `Ok(false)` when the wait timed out or the admission lost the blocks
+    /// again (`seq` is then empty).
+    ///
+    /// The wait is a `reserve_blocking` of one block with the rest of the
+    /// prompt and the watermark as headroom: granted exactly when the
+    /// admission would pass, and queued in kvslots' FIFO queue as a
+    /// one-block request. While a waiter is queued, every other `try_*`
+    /// call leaves the head what it asks for; a whole prompt's worth held
+    /// back that way would refuse the running groups' appends (preempting
+    /// them) whenever the pool is tighter than the prompt, and two workers
+    /// each waiting for a prompt the other's only running group keeps from
+    /// fitting would preempt each other's group forever. One block asks
+    /// next to nothing of the others (the headroom is not held back).
+    ///
+    /// Once granted: with reserve admission, `try_reserve` of the rest of
+    /// the prompt with the watermark (refused if others took the blocks in
+    /// the meantime: the block goes back and the worker waits again); with
+    /// check-only admission the grant was the check, so the block goes
+    /// back and the request is admitted.
+    ///
+    /// The prefix is given back before waiting, not held: a worker holding
+    /// matched blocks while it waits keeps them from the others, and when
+    /// every idle worker does so the pool can be left with nobody able to
+    /// go on. A grant cannot be matched into afterwards (a match needs an
+    /// empty sequence), so a waited admission prefills its whole prompt.
+    fn admit_blocking(
+        &mut self,
+        req: &Request,
+        profile: Profile,
+        seq: &mut B::Seq,
+    ) -> Result<bool, StepError> {
+        let (wm, bs) = (self.cfg.watermark_blocks, self.block_size());
+        let headroom = req.prompt.div_ceil(bs) - 1 + wm;
+        self.stats.counts.idle_waits += 1;
+        let waited = self.call(OpKind::Wait, || {
+            seq.reserve_blocking(bs, headroom, Some(IDLE_WAIT))
+        });
+        match waited {
+            Ok(()) => {}
+            Err(ReserveError::Full { .. }) => return Ok(false),
+            Err(e) => {
+                return Err(StepError::Fatal(format!(
+                    "blocking admission: unexpected {e:?}"
+                )))
+            }
+        }
+        let admitted = match profile.admission {
+            Admission::Reserve => {
+                match self.call(OpKind::Admit, || seq.try_reserve(req.prompt, wm)) {
+                    Ok(()) => true,
+                    Err(ReserveError::Full { .. }) => false,
+                    Err(e) => return Err(StepError::Fatal(format!("admission: unexpected {e:?}"))),
+                }
+            }
+            Admission::Check => false,
+        };
+        if !admitted {
+            // Give the granted block back: an empty sequence in its place
+            // (a truncate of an empty sequence keeps its reservation).
+            let fresh = self.backend.new_seq(req.prompt + req.output);
+            let granted = std::mem::replace(seq, fresh);
+            self.call(OpKind::Wait, || drop(granted));
+        }
+        Ok(admitted || profile.admission == Admission::Check)
+    }
+
     /// Matches the prompt of `req` against the prefix cache into the empty
     /// `seq` (one allocator call); returns the blocks matched. The keys
     /// are hashed once per request and kept for its next attempts.
@@ -690,7 +766,7 @@ impl<B: KvBackend> Worker<B> {
                 self.finish_one(req.id);
                 continue;
             }
-            match self.admit(head, profile)? {
+            match self.admit(head, profile, false)? {
                 Some(g) => {
                     q.waiting.pop_front();
                     running.push(g);
@@ -714,29 +790,31 @@ impl<B: KvBackend> Worker<B> {
         self.shared.fail(msg);
     }
 
-    /// Admission when nothing runs: done (`false`), or wait until another
-    /// worker frees blocks. Registers as idle first and tries once more,
-    /// so that a free that came before the registration is not missed;
-    /// then parks until a completion or preemption anywhere wakes it (the
-    /// timeout is only a safety net).
+    /// Admission when nothing runs: done (`false`), or the waiting head's
+    /// blocking admission, which waits in the allocator until another
+    /// worker's give-back lets it in, or [`IDLE_WAIT`] runs out (`true`
+    /// either way; the caller's loop re-checks the stop flag and the stall
+    /// guard). The allocator wakes the waiter: the library's queue after
+    /// every release, the baseline's condition variable after every free.
     fn wait_for_blocks(
         &mut self,
         q: &mut Queue<'_>,
         running: &mut Vec<Group<B>>,
     ) -> Result<bool, StepError> {
-        // Nothing runs: the device drains.
+        // Nothing runs: the device drains first, so that the worker does
+        // not wait for blocks its own steps in flight keep retired.
         self.complete_steps(Drain::All)?;
-        if q.waiting.is_empty() && q.source_done {
-            return Ok(false);
+        let Some(head) = q.waiting.front().cloned() else {
+            // `admit_waiting` stops with nothing running only when the
+            // source is done and nothing waits, or when the head is refused.
+            return Ok(!q.source_done);
+        };
+        let profile = self.cfg.profile(head.0.id, self.block_size());
+        if let Some(g) = self.admit(head, profile, true)? {
+            q.waiting.pop_front();
+            running.push(g);
         }
-        self.shared.idle.register();
-        let again = self.admit_waiting(q, running);
-        if again.is_ok() && running.is_empty() && !(q.waiting.is_empty() && q.source_done) {
-            self.stats.counts.idle_waits += 1;
-            std::thread::park_timeout(IDLE_PARK);
-        }
-        self.shared.idle.unregister();
-        again.map(|()| true)
+        Ok(true)
     }
 
     /// One step of every running group, oldest first, preempting the most
@@ -753,9 +831,7 @@ impl<B: KvBackend> Worker<B> {
             match self.step(&mut running[i]) {
                 Ok(true) => {
                     let g = running.remove(i);
-                    let read = self.complete(g);
-                    self.shared.idle.wake_all();
-                    read?;
+                    self.complete(g)?;
                 }
                 Ok(false) => i += 1,
                 Err(StepError::Refused) if self.device.fenced() && self.sync_device()? => {
@@ -768,9 +844,7 @@ impl<B: KvBackend> Worker<B> {
                     q.waiting
                         .push_front((victim.req.clone(), victim.attempt.wrapping_add(1)));
                     self.stats.counts.preemptions += 1;
-                    let read = self.release(victim);
-                    self.shared.idle.wake_all();
-                    read?;
+                    self.release(victim)?;
                 }
                 Err(e) => return Err(e),
             }
@@ -802,8 +876,8 @@ impl<B: KvBackend> Worker<B> {
         };
         // Relaxed: progress snapshots for stall detection.
         let mut last_finished = self.shared.finished.load(Ordering::Relaxed);
-        let (mut busy_idle, mut parked_idle) = (0u64, 0u64);
-        let park_limit = self.cfg.stall_limit / 1000;
+        let (mut busy_idle, mut waiting_idle) = (0u64, 0u64);
+        let wait_limit = self.cfg.stall_limit / 1000;
         while !self.shared.aborted() {
             let stepped = match self.admit_waiting(&mut q, &mut running) {
                 Ok(()) if running.is_empty() => match self.wait_for_blocks(&mut q, &mut running) {
@@ -821,17 +895,17 @@ impl<B: KvBackend> Worker<B> {
                     break;
                 }
             };
-            // The stall guard: iterations (or parks) without any request
+            // The stall guard: iterations (or waits) without any request
             // finishing anywhere. Relaxed: a progress snapshot.
             let now = self.shared.finished.load(Ordering::Relaxed);
             if now != last_finished {
-                (last_finished, busy_idle, parked_idle) = (now, 0, 0);
+                (last_finished, busy_idle, waiting_idle) = (now, 0, 0);
             } else if stepped {
                 busy_idle += 1;
             } else if running.is_empty() {
-                parked_idle += 1;
+                waiting_idle += 1;
             }
-            if busy_idle > self.cfg.stall_limit || parked_idle > park_limit {
+            if busy_idle > self.cfg.stall_limit || waiting_idle > wait_limit {
                 self.stall();
                 break;
             }
@@ -847,7 +921,6 @@ impl<B: KvBackend> Worker<B> {
                 self.fail(e);
             }
         }
-        self.shared.idle.wake_all();
         self.stats
     }
 
