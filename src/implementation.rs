@@ -538,19 +538,29 @@
 //! waiter queues, after every release that finds someone pending, and when
 //! a waiter leaves.
 //!
-//! **Who gets what.** The head of the queue is owed its `n`; its headroom
-//! (a [`Sequence::reserve`](crate::Sequence::reserve) admission's
-//! watermark) is capacity that only `try_*` callers may use. So a running
-//! sequence's growth ([`Sequence::try_append`](crate::Sequence::try_append),
-//! `try_grow`) is never starved by waiting admissions, and a large waiting
-//! request is never starved by a stream of small `try_*` requests:
+//! **Who gets what.** The head of the queue is owed its `n`: a new
+//! admission ([`try_reserve`](crate::SlotCounter::try_reserve),
+//! [`try_alloc`](crate::BlockPool::try_alloc), an append to an empty
+//! [`Sequence`](crate::Sequence), a revival by
+//! [`try_match_prefix`](crate::Sequence::try_match_prefix)) leaves it
+//! free, so a large waiting request is never starved by a stream of small
+//! `try_*` requests. Growth of what a caller already holds
+//! ([`Sequence::try_append`](crate::Sequence::try_append) and
+//! `try_append_cow` on a sequence that holds blocks,
+//! [`try_fork`](crate::Sequence::try_fork), a guard's `try_grow`) does not
+//! wait behind the queue: it takes any free unit, as a scheduler lets its
+//! running sequences decode before it admits waiting ones. That delays the
+//! head only while running work grows, which ends when it finishes (and
+//! gives back) or is preempted; new work cannot overtake the head. The
+//! head's headroom (a [`Sequence::reserve`](crate::Sequence::reserve)
+//! admission's watermark) is left free at its grant, for that growth:
 //!
-//! | situation | a `try_*` call for `k` (headroom `h`) | the head (`n`, headroom `H`) | a waiter behind the head |
-//! |---|---|---|---|
-//! | nobody waits | takes `k` if `k + h` are free | — | — |
-//! | someone waits | takes `k` only if `k + h + n` are free (it may use `H`) | granted as soon as `n + H` are free, by the release that frees them | waits its turn, even if it would fit now |
-//! | the head leaves (dropped, timed out) | as above, with the new head | a granted head's units go back and are handed on | re-checked at once |
-//! | after `close` | `Closed` | woken with `Closed` (a grant made before stays) | woken with `Closed` |
+//! | situation | a new admission for `k` (headroom `h`) | growth by `k` | the head (`n`, headroom `H`) | a waiter behind the head |
+//! |---|---|---|---|---|
+//! | nobody waits | takes `k` if `k + h` are free | takes `k` if free | — | — |
+//! | someone waits | takes `k` only if `k + h + n` are free | takes `k` if free | granted as soon as `n + H` are free, by the release that frees them | waits its turn, even if it would fit now |
+//! | the head leaves (dropped, timed out) | as above, with the new head | as above | a granted head's units go back and are handed on | re-checked at once |
+//! | after `close` | `Closed` | `Closed` | woken with `Closed` (a grant made before stays) | woken with `Closed` |
 //!
 //! A `try_*` refusal because of the waiters is a `Full` whose `available`
 //! may be at least the request: those units are owed to the head.

@@ -106,8 +106,9 @@
 //! A request that does not fit can wait in the allocator's queue: waiters
 //! are served strictly in arrival order, each granted whole (the units are
 //! taken on the waiter's behalf by the release that frees them, and its
-//! task is woken), and while anyone waits the `try_*` calls leave what the
-//! head of the queue asks for. `NeverFits` is returned at once; `close`
+//! task is woken), and while anyone waits new admissions leave what the
+//! head of the queue asks for (the growth of running sequences does not
+//! wait behind it). `NeverFits` is returned at once; `close`
 //! wakes every waiter with `Closed`; a blocking call's timeout returns
 //! `Full`. Dropping a waiting future is always safe: it gives back
 //! anything granted to it and lets the waiters behind it be served. The

@@ -281,7 +281,13 @@ impl Sequence {
         // Nothing new needed? Then nothing to admit: the append only fills
         // blocks we hold (also on a closed pool, so workers can drain).
         if total > 0 {
-            self.pool.try_alloc(total, &mut self.blocks)?;
+            // A sequence that holds blocks is running: its growth does not
+            // wait behind queued admissions; an empty one is a new admission.
+            if self.blocks.is_empty() {
+                self.pool.try_alloc(total, &mut self.blocks)?;
+            } else {
+                self.pool.try_alloc_growth(total, &mut self.blocks)?;
+            }
         }
         // The caller's previous copy (if any) is done by now.
         self.release_retired();
@@ -918,7 +924,8 @@ impl Sequence {
         let mut child = Sequence::with_capacity(Arc::clone(&self.pool), self.len);
         // The fallible part first: a private block for a partly filled tail.
         if tail != 0 {
-            self.pool.try_alloc(1, &mut child.blocks)?;
+            // Growth of a running sequence, as in `try_append_cow`.
+            self.pool.try_alloc_growth(1, &mut child.blocks)?;
         }
         // Share the full blocks; the child owns each reference (and the
         // private block) as soon as it is taken, so a panic here leaks

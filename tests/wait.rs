@@ -504,28 +504,65 @@ fn sequence_reserve_waits_for_the_whole_prompt() {
 }
 
 #[test]
-fn sequence_reserve_headroom_is_left_for_running_growth() {
+fn running_growth_does_not_wait_behind_a_queued_admission() {
     let pool = Arc::new(BlockPool::new(4, 16));
     let mut running = Sequence::new(Arc::clone(&pool));
     running.try_append(64).unwrap();
     let mut seq = Sequence::new(Arc::clone(&pool));
     let (w, _) = waker();
-    let mut fut = pin!(seq.reserve(16, 2)); // 1 block, 2 kept free
+    let mut fut = pin!(seq.reserve(32, 2)); // 2 blocks, 2 kept free
     assert!(poll_once(fut.as_mut(), &w).is_pending());
-    running.truncate(32); // 2 free: the head needs 1 + 2
-                          // A running sequence may grow into the head's headroom...
-    running.try_append(16).unwrap();
-    // ...but not into the block the head is owed.
-    assert!(matches!(
-        running.try_append(16),
-        Err(ReserveError::Full {
-            requested: 1,
-            available: 1
-        })
-    ));
+    running.truncate(16); // 3 free: the head needs 2 + 2
+                          // A new admission leaves the head what it is owed...
+    let mut fresh = Sequence::new(Arc::clone(&pool));
+    assert_eq!(
+        fresh.try_append(32).unwrap_err(),
+        ReserveError::Full {
+            requested: 2,
+            available: 3
+        }
+    );
+    assert_eq!(
+        pool.try_alloc(2, &mut Vec::new()).unwrap_err(),
+        ReserveError::Full {
+            requested: 2,
+            available: 3
+        }
+    );
+    assert_eq!(
+        (fresh.len(), fresh.blocks().len(), pool.used_blocks()),
+        (0, 0, 1)
+    );
+    // ...but a running sequence grows into free blocks the head is owed,
+    // and so does a fork of it (a partly filled tail: one new block).
+    running.try_append(24).unwrap(); // 40 tokens: 3 blocks
+    let (child, copy) = running.try_fork().unwrap();
+    assert!(copy.is_some());
+    assert_eq!((pool.used_blocks(), pool.free_blocks()), (4, 0));
+    drop(child);
+    assert!(poll_once(fut.as_mut(), &w).is_pending()); // 1 free, needs 4
     drop(running);
     assert!(matches!(poll_once(fut.as_mut(), &w), Poll::Ready(Ok(()))));
-    assert_eq!(pool.used_blocks(), 1);
+    assert_eq!(pool.used_blocks(), 2);
+}
+
+#[test]
+fn a_guard_grows_past_a_queued_waiter() {
+    let counter = SlotCounter::new(4);
+    let mut held = counter.try_reserve(2).unwrap();
+    let (w, _) = waker();
+    let mut head = pin!(counter.reserve(3));
+    assert!(poll_once(head.as_mut(), &w).is_pending());
+    // A new reservation leaves the 2 free slots to the head...
+    assert!(matches!(
+        counter.try_reserve(1),
+        Err(ReserveError::Full { .. })
+    ));
+    // ...a running reservation's growth takes one.
+    held.try_grow(1).unwrap();
+    assert_eq!((held.len(), counter.used()), (3, 3));
+    drop(held);
+    assert!(matches!(poll_once(head.as_mut(), &w), Poll::Ready(Ok(_))));
 }
 
 #[test]

@@ -303,7 +303,7 @@ macro_rules! guard_methods {
             /// assert_eq!(r.len(), 8);
             /// ```
             pub fn try_grow(&mut self, n: usize) -> Result<(), ReserveError> {
-                self.counter.try_reserve_raw(n, 0)?;
+                self.counter.try_grow_raw(n)?;
                 self.len += n;
                 Ok(())
             }

@@ -83,7 +83,9 @@ const SHIFT: u32 = 1;
 /// granted whole or not at all, and while anyone waits the `try_*` calls
 /// leave what the head of the queue asks for (they refuse with
 /// [`Full`](ReserveError::Full) rather than take it), so a large request is
-/// not starved by a stream of small ones. [`waiters`](Self::waiters) counts
+/// not starved by a stream of small ones; a guard's `try_grow` (growth of
+/// what its holder already runs) does not wait behind them.
+/// [`waiters`](Self::waiters) counts
 /// the queue. [`close`](Self::close) wakes every waiter with
 /// [`Closed`](ReserveError::Closed). The `try_*` calls stay lock-free (one
 /// more load); the waiting calls take the queue's mutex. The full rules,
@@ -357,6 +359,14 @@ impl SlotCounter {
     /// the wait queue is owed, all or nothing.
     pub(crate) fn try_reserve_raw(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
         self.try_reserve_inner(n, headroom, true)
+    }
+
+    /// Takes `n` slots if `n` are free, ignoring what the head of the wait
+    /// queue is owed: a guard's growth
+    /// ([`Reservation::try_grow`](crate::Reservation::try_grow)), which does
+    /// not wait behind new admissions.
+    pub(crate) fn try_grow_raw(&self, n: usize) -> Result<(), ReserveError> {
+        self.try_reserve_inner(n, 0, false)
     }
 
     /// The loop behind both: `honor_waiters` says whether the slots the

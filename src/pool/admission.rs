@@ -170,28 +170,37 @@ impl Admission {
     /// Takes `n` blocks if `n + headroom` are free beyond what the head of
     /// the wait queue is owed, all or nothing.
     pub(super) fn try_reserve_raw(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
-        self.try_reserve_inner(n, headroom, true, true)
+        self.try_reserve_inner(n, headroom, true, true, true)
+    }
+
+    /// Takes `n` blocks if `n` are free, ignoring what the head of the wait
+    /// queue is owed: the growth of blocks a caller already holds (see
+    /// [`BlockPool::try_alloc_growth`](super::BlockPool)), which does not
+    /// wait behind new admissions.
+    pub(super) fn try_grow_raw(&self, n: usize) -> Result<(), ReserveError> {
+        self.try_reserve_inner(n, 0, true, false, true)
     }
 
     /// [`try_reserve_raw`](Self::try_reserve_raw) without headroom, also
     /// when closed, and without raising the peak: for blocks that are only
     /// moved, not used (a pool dropping its cached keys).
     pub(super) fn try_reserve_ignoring_close(&self, n: usize) -> Result<(), ReserveError> {
-        self.try_reserve_inner(n, 0, false, false)
+        self.try_reserve_inner(n, 0, false, false, true)
     }
 
-    /// The body of all three (with [`Units::take`]): `honor_close` says
+    /// The body of all four (with [`Units::take`]): `honor_close` says
     /// whether a closed pool refuses, and whether the admission counts
     /// towards the peak; `honor_waiters` whether the blocks the head of the
-    /// wait queue asks for must stay free, and whether what a slow path
-    /// gives back runs the queue's grant loop (not when that loop itself
-    /// takes for the head: it holds the queue's lock).
+    /// wait queue asks for must stay free; `notify` whether what a slow
+    /// path gives back runs the queue's grant loop (not when that loop
+    /// itself takes for the head: it holds the queue's lock).
     fn try_reserve_inner(
         &self,
         n: usize,
         headroom: usize,
         honor_close: bool,
         honor_waiters: bool,
+        notify: bool,
     ) -> Result<(), ReserveError> {
         // Could it ever fit? (Saturating: `usize::MAX` requests and headroom
         // must not wrap into something small.)
@@ -241,7 +250,7 @@ impl Admission {
             if result.is_ok() && n > 0 {
                 self.release_to(home, n);
             }
-            if honor_waiters {
+            if notify {
                 self.queue.notify(self);
             }
             return Err(ReserveError::Closed);
@@ -249,7 +258,7 @@ impl Admission {
         // A slow path may have given blocks back (the excess over `n`, or
         // all it held when refused) that a waiter failed to find while they
         // were in transit here: the waiters look again.
-        if gathered && honor_waiters {
+        if gathered && notify {
             self.queue.notify(self);
         }
         result.map_err(|available| ReserveError::Full {
@@ -454,7 +463,7 @@ impl Units for Admission {
     }
 
     fn take(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
-        self.try_reserve_inner(n, headroom, true, false)
+        self.try_reserve_inner(n, headroom, true, false, false)
     }
 
     fn give_back(&self, n: usize) {

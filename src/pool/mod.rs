@@ -486,6 +486,25 @@ impl BlockPool {
         Ok(())
     }
 
+    /// [`try_alloc`](Self::try_alloc) for the growth of what a caller
+    /// already holds (an append to a [`Sequence`](crate::Sequence) that holds
+    /// blocks, a fork of one): it takes free blocks even when they are owed
+    /// to the head of the wait queue, so that running sequences do not wait
+    /// behind new admissions (see [Waiting](crate::implementation#waiting)).
+    pub(crate) fn try_alloc_growth(
+        &self,
+        n: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        // Room for the ids first, as in `try_alloc_with_headroom`.
+        if n <= self.num_blocks() {
+            out.reserve(n);
+        }
+        self.counter.try_grow_raw(n)?;
+        self.take_admitted(n, out);
+        Ok(())
+    }
+
     /// Appends to `out` the ids of `n` blocks whose admission the caller
     /// has made (a `try_*` call, or a grant of the wait queue), each with
     /// one reference. `out` has room for them.
