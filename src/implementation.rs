@@ -568,8 +568,8 @@
 //! **Where locks are taken.** Never on a `try_*` path, which adds one
 //! `Relaxed` load of `owed` (skipped for an empty request). A release
 //! (guard drop, `release`, a pool free, a sequence's truncate or drop) adds
-//! a `SeqCst` fence and that load, and takes the lock only when `owed` is
-//! not 0. A waiting call takes the lock to queue, at each later poll, and
+//! that load (its read-modify-write becomes `AcqRel`, free on x86), and
+//! takes the lock only when `owed` is not 0. A waiting call takes the lock to queue, at each later poll, and
 //! to leave. Wakers are woken under the lock (no allocation for a list of
 //! them): a waker must not poll inline a future that releases to the same
 //! allocator (executors' wakers schedule, they do not poll). A waker that
@@ -578,13 +578,19 @@
 //! the futures in it.
 //!
 //! **No lost wake-up.** A waiter that finds the allocator `Full` queues
-//! (writing `owed` under the lock), issues a `SeqCst` fence, and runs the
-//! grant loop itself; a releaser gives its units back, issues a `SeqCst`
-//! fence, and loads `owed`. The two fences are ordered in their total
-//! order: if the waiter's comes first, the releaser's load sees it queued
-//! and runs the loop; if the releaser's comes first, the waiter's loop
-//! sees the released units. The loom models' controls remove the
-//! waiter's second attempt (`late_enqueue`) or the two fences
+//! (writing `owed` under the lock), makes a read-modify-write that changes
+//! nothing (`AcqRel`) on every word a release writes (the counter's state
+//! word; each shard word of a pool), and runs the grant loop itself; a
+//! releaser gives its units back with an `AcqRel` read-modify-write of one
+//! of those words and then loads `owed`. The two read-modify-writes are
+//! ordered in that word's modification order, and the second reads from
+//! the first: if the waiter's comes first, the releaser's load sees it
+//! queued and runs the loop; if the release comes first, the waiter's
+//! loop sees the released units. Read-modify-writes on one word do what a
+//! pair of `SeqCst` fences would, without a full barrier on the release
+//! path (on x86 the release's locked instruction is one already), and
+//! loom models them exactly. The loom models' controls remove the
+//! waiter's second attempt (`late_enqueue`) or its read-modify-writes
 //! (`unfenced_wait`), and loom catches the lost wake-up.
 //!
 //! **Cancellation.** Dropping a future (or a blocking call timing out)
@@ -656,7 +662,7 @@
 //!   snapshots, and order nothing.
 //! * **The wait queue's `owed` and count words are `Relaxed`**: written
 //!   under the queue's lock; a releaser's read of `owed` is ordered by the
-//!   `SeqCst` fences described in [Waiting](#waiting), and a `try_*`
+//!   read-modify-write hand-shake described in [Waiting](#waiting), and a `try_*`
 //!   call's read needs no order (a stale 0 puts the call before the
 //!   enqueue it missed). A grant is an admission (`Acquire`), and a
 //!   cancelled grant goes back as a release (`Release`).
@@ -779,7 +785,7 @@
 //! path that takes with a plain store, a refused gather that keeps what it
 //! took, a waiter that queues without trying again, a cancelled waiter
 //! that keeps its grant or does not re-check the waiters behind it, a
-//! close that wakes no one, a wait queue without its fences)
+//! close that wakes no one, a waiter without its hand-shake)
 //! are switched on through hooks that are the correct behaviour
 //! in every other build. The model suites reach that seam through one
 //! hidden module, not through the API.

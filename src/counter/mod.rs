@@ -290,11 +290,13 @@ impl SlotCounter {
             }
             let next = cur - (n << SHIFT);
             // Release on success: the caller's writes into these slots
-            // happen-before whoever admits them next (its Acquire CAS).
-            // Relaxed on failure: we only retry with the fresh value.
+            // happen-before whoever admits them next (its Acquire CAS);
+            // Acquire too, for the wait queue's hand-shake (see
+            // `WaitQueue::enqueue`). Relaxed on failure: we only retry with
+            // the fresh value.
             match self
                 .state
-                .compare_exchange_weak(cur, next, Ordering::Release, Ordering::Relaxed)
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
             {
                 Ok(_) => {
                     self.queue.notify(self);
@@ -457,7 +459,10 @@ impl SlotCounter {
     /// running the wait queue's grant loop (for the queue itself, which
     /// holds its lock and runs the loop).
     fn give_back_quietly(&self, n: usize) {
-        let prev = self.state.fetch_sub(n << SHIFT, Ordering::Release);
+        // AcqRel: the Release of `release_held` (see there), and the
+        // Acquire of the wait queue's hand-shake (see
+        // `WaitQueue::enqueue`).
+        let prev = self.state.fetch_sub(n << SHIFT, Ordering::AcqRel);
         debug_assert!(prev >> SHIFT >= n, "guard released more than was used");
     }
 
@@ -511,5 +516,10 @@ impl Units for SlotCounter {
 
     fn queue(&self) -> &WaitQueue {
         &self.queue
+    }
+
+    fn sync_with_releases(&self) {
+        // AcqRel, changing nothing: see `WaitQueue::enqueue`.
+        self.state.fetch_add(0, Ordering::AcqRel);
     }
 }

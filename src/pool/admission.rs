@@ -435,9 +435,12 @@ impl Admission {
         // next take that reads this value or a later one (every change of
         // the word is a read-modify-write, so later values continue this
         // release sequence).
+        //
+        // Acquire too, for the wait queue's hand-shake (see
+        // `WaitQueue::enqueue`).
         let prev = self.shards[s]
             .word
-            .fetch_add(VERSION + n as u64, Ordering::Release);
+            .fetch_add(VERSION + n as u64, Ordering::AcqRel);
         debug_assert!(
             free_of(prev) + n <= self.capacity,
             "admission released more blocks than the pool has"
@@ -476,6 +479,14 @@ impl Units for Admission {
 
     fn queue(&self) -> &WaitQueue {
         &self.queue
+    }
+
+    fn sync_with_releases(&self) {
+        for shard in self.shards.iter() {
+            // AcqRel, changing nothing (not even the version, so a gather
+            // sees no change): see `WaitQueue::enqueue`.
+            shard.word.fetch_add(0, Ordering::AcqRel);
+        }
     }
 }
 

@@ -84,9 +84,11 @@ pub struct Faults {
     /// `close` sets the closed flag but does not wake the queued waiters.
     #[cfg(kvslots_loom)]
     pub silent_close: bool,
-    /// The wait queue's two `SeqCst` fences (a waiter's after it queues, a
-    /// releaser's before it checks for waiters) are left out: each side
-    /// can miss the other's write (a lost wakeup).
+    /// The waiter's half of the wait queue's hand-shake (its
+    /// read-modify-write of the allocator's words after it queues) is left
+    /// out: a releaser that loads `owed` before the enqueue and a waiter
+    /// whose attempt reads the words before the release miss each other
+    /// (a lost wakeup).
     #[cfg(kvslots_loom)]
     pub unfenced_wait: bool,
     /// Give a retired sequence's references back at once, at the retire,
@@ -232,7 +234,7 @@ impl Faults {
         false
     }
 
-    /// Whether the wait queue skips its `SeqCst` fences: `false`, or `true`
+    /// Whether the wait queue skips the waiter's hand-shake: `false`, or `true`
     /// under `unfenced_wait`.
     #[inline]
     pub(crate) fn unfenced_wait(self) -> bool {

@@ -1,16 +1,16 @@
-//! The locks and fences: a mutex, a condition variable and `fence`,
+//! The locks: a mutex and a condition variable,
 //! `std`'s, loom's or shuttle's, by cfg, so that the model checkers see
 //! every lock, wait and notification.
 //!
 //! The mutex guards the wait queue (`crate::wait`) and the fenced-release
-//! buckets (`crate::pool`'s fence lists); the condition variable and the
-//! fence serve the wait queue. No `try_*` path takes a lock.
+//! buckets (`crate::pool`'s fence lists); the condition variable serves
+//! the wait queue. No `try_*` path takes a lock.
 
 #[cfg(kvslots_loom)]
-pub(crate) use loom::sync::{atomic::fence, Condvar, Mutex, MutexGuard};
+pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 
 #[cfg(all(kvslots_shuttle, not(kvslots_loom)))]
-pub(crate) use shuttle::sync::{atomic::fence, Condvar, Mutex, MutexGuard};
+pub(crate) use shuttle::sync::{Condvar, Mutex, MutexGuard};
 
 #[cfg(not(any(kvslots_loom, kvslots_shuttle)))]
-pub(crate) use std::sync::{atomic::fence, Condvar, Mutex, MutexGuard};
+pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};

@@ -15,7 +15,7 @@
 //! switch every dependency that knows about loom, and would change what is
 //! being checked.
 //!
-//! The waiting paths' mutex, condition variable and `fence` come from here
+//! The waiting paths' mutex and condition variable come from here
 //! too (`lock`), so that loom and shuttle model the wait queue's locking
 //! and wake-ups.
 //!
@@ -38,5 +38,5 @@ pub(crate) use atomic::CachePadded;
 pub use atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 pub(crate) use backoff::{stale_retry, Backoff};
 pub use faults::Faults;
-pub(crate) use lock::{fence, Condvar, Mutex, MutexGuard};
+pub(crate) use lock::{Condvar, Mutex, MutexGuard};
 pub(crate) use thread_index::thread_index;

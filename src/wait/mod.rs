@@ -35,4 +35,10 @@ pub(crate) trait Units {
     fn available(&self) -> usize;
     /// The allocator's wait queue.
     fn queue(&self) -> &WaitQueue;
+    /// A read-modify-write that changes nothing, `AcqRel`, on every word
+    /// that a release of units writes (each release being an `AcqRel`
+    /// read-modify-write of one of them): the waiter's half of the
+    /// hand-shake that keeps wake-ups from being lost (see
+    /// `WaitQueue::enqueue`).
+    fn sync_with_releases(&self);
 }

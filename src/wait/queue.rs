@@ -4,14 +4,14 @@
 //! Everything here runs under the queue's mutex, except two things that
 //! the lock-free paths read or run: [`WaitQueue::owed`] (one load, what the
 //! head of the queue is owed; 0 when nobody waits) and
-//! [`WaitQueue::notify`] (a fence and that load after every release, and
+//! [`WaitQueue::notify`] (that load after every release, and
 //! the lock only when someone waits).
 
 use std::collections::VecDeque;
 use std::task::Waker;
 
 use crate::error::ReserveError;
-use crate::sync::{fence, AtomicUsize, CachePadded, Condvar, Faults, Mutex, MutexGuard, Ordering};
+use crate::sync::{AtomicUsize, CachePadded, Condvar, Faults, Mutex, MutexGuard, Ordering};
 
 use super::Units;
 
@@ -212,15 +212,21 @@ impl WaitQueue {
             // found nobody to wake) is lost.
             return Ok(Some(ticket));
         }
-        // SeqCst fence (the waiter's half of a Dekker pair with `notify`):
-        // the `owed` store above comes before the attempts of the grant
-        // loop below in the fences' total order. Either this fence comes
-        // first, and a releaser's load of `owed` after its own fence sees
-        // the waiter (and runs the grant loop), or the releaser's fence
-        // comes first, and the grant loop's reads of the allocator see its
-        // release. So no release is missed by both.
+        // The waiter's half of the hand-shake with `notify`: a
+        // read-modify-write that changes nothing (`AcqRel`) on every word a
+        // release writes, after the `owed` store above. A release is also a
+        // read-modify-write (`AcqRel`) on one of those words, so the two are
+        // ordered in that word's modification order. If ours comes first,
+        // the release reads from it (through the word's release sequence)
+        // and so sees the `owed` store when it loads `owed` next: it runs
+        // the grant loop. If the release comes first, ours reads from it,
+        // and the grant loop's reads of the allocator below see the
+        // released units. So no release is missed by both. (No `SeqCst`
+        // fence on the release path: on x86 the release's locked
+        // instruction already orders it, and a fence would cost the fast
+        // path a full barrier per release.)
         if !self.faults.unfenced_wait() {
-            fence(Ordering::SeqCst);
+            units.sync_with_releases();
         }
         self.grant(inner, units);
         match self.status(inner, ticket) {
@@ -289,15 +295,12 @@ impl WaitQueue {
     /// units, lock-free unless someone waits.
     #[inline]
     pub(crate) fn notify<U: Units + ?Sized>(&self, units: &U) {
-        // SeqCst fence (the releaser's half of the Dekker pair with
-        // `enqueue`): the caller's release of units comes before the load of
-        // `owed` below in the fences' total order; see `enqueue`.
-        if !self.faults.unfenced_wait() {
-            fence(Ordering::SeqCst);
-        }
-        // Relaxed: ordered by the fence above, which is what the pairing
-        // needs; a 0 read means that every waiter queued since has tried
-        // after this release (its fence came after ours).
+        // Relaxed: the caller's release was an `AcqRel` read-modify-write
+        // on a word that every enqueue also writes (after its `owed` store)
+        // with one; whichever comes second in that word's modification
+        // order reads from the first, which is what the pairing needs (see
+        // `enqueue`). So a 0 read here means that every waiter queued since
+        // has tried after this release, and seen it.
         if self.published.owed.load(Ordering::Relaxed) == 0 {
             return;
         }
@@ -357,8 +360,8 @@ impl WaitQueue {
         };
         // Relaxed (both): written only under the lock, so the lock orders
         // the writers; for `owed`, the readers that must see a new head (a
-        // releaser's `notify`) are ordered by the SeqCst fences (see
-        // `enqueue`), and `len` is a snapshot for metrics.
+        // releaser's `notify`) are ordered by the read-modify-writes of the
+        // hand-shake (see `enqueue`), and `len` is a snapshot for metrics.
         self.published.owed.store(owed, Ordering::Relaxed);
         self.published
             .len
