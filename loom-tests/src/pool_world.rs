@@ -54,6 +54,8 @@ pub const SOUND: Faults = Faults {
     early_release: false,
     racy_take: false,
     keep_refused: false,
+    quiet_gather: false,
+    growth_waits: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -151,6 +153,32 @@ pub const RACY_TAKE: Faults = Faults {
 /// returned.
 pub const KEEP_REFUSED: Faults = Faults {
     keep_refused: true,
+    ..SOUND
+};
+/// The transit control of waiting: a slow-path admission that gave blocks
+/// back does not re-check the waiters, so one that looked while they were
+/// in transit is never woken.
+pub const QUIET_GATHER: Faults = Faults {
+    quiet_gather: true,
+    ..SOUND
+};
+/// The growth control of waiting: the growth of blocks a caller holds
+/// leaves the queue's head what it is owed, as a new admission does.
+pub const GROWTH_WAITS: Faults = Faults {
+    growth_waits: true,
+    ..SOUND
+};
+/// The re-check control of waiting: a waiter does not try again after it
+/// queues, so a release between its failed attempt and its enqueue is
+/// lost.
+pub const LATE_ENQUEUE: Faults = Faults {
+    late_enqueue: true,
+    ..SOUND
+};
+/// The hand-shake control of waiting: a waiter does not do its
+/// read-modify-write of the shards' words after it queues.
+pub const UNFENCED_WAIT: Faults = Faults {
+    unfenced_wait: true,
     ..SOUND
 };
 

@@ -178,7 +178,10 @@ impl Admission {
     /// [`BlockPool::try_alloc_growth`](super::BlockPool)), which does not
     /// wait behind new admissions.
     pub(super) fn try_grow_raw(&self, n: usize) -> Result<(), ReserveError> {
-        self.try_reserve_inner(n, 0, true, false, true)
+        // `growth_waits` is loom's negative control: growth that waits
+        // behind the head.
+        let honor_waiters = self.faults.growth_waits();
+        self.try_reserve_inner(n, 0, true, honor_waiters, true)
     }
 
     /// [`try_reserve_raw`](Self::try_reserve_raw) without headroom, also
@@ -258,7 +261,7 @@ impl Admission {
         // A slow path may have given blocks back (the excess over `n`, or
         // all it held when refused) that a waiter failed to find while they
         // were in transit here: the waiters look again.
-        if gathered && notify {
+        if gathered && notify && !self.faults.quiet_gather() {
             self.queue.notify(self);
         }
         result.map_err(|available| ReserveError::Full {

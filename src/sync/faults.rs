@@ -106,6 +106,17 @@ pub struct Faults {
     /// (lost to every later admission).
     #[cfg(kvslots_loom)]
     pub keep_refused: bool,
+    /// A slow-path admission that gave blocks back (all it held when
+    /// refused, or the excess over its request) does not run the wait
+    /// queue's grant loop afterwards: a waiter that looked while those
+    /// blocks were in transit is not re-checked (a lost wakeup).
+    #[cfg(kvslots_loom)]
+    pub quiet_gather: bool,
+    /// The growth of blocks a caller holds leaves free what the head of
+    /// the wait queue is owed, as a new admission does: a running
+    /// sequence's append is refused behind a queued admission.
+    #[cfg(kvslots_loom)]
+    pub growth_waits: bool,
 }
 
 impl Faults {
@@ -284,6 +295,28 @@ impl Faults {
     pub(crate) fn keep_refused(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.keep_refused {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a slow-path admission skips re-checking the waiters after
+    /// giving blocks back: `false`, or `true` under `quiet_gather`.
+    #[inline]
+    pub(crate) fn quiet_gather(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.quiet_gather {
+            return true;
+        }
+        false
+    }
+
+    /// Whether growth leaves the head of the wait queue what it is owed:
+    /// `false`, or `true` under `growth_waits`.
+    #[inline]
+    pub(crate) fn growth_waits(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.growth_waits {
             return true;
         }
         false

@@ -1,0 +1,295 @@
+//! Loom models of waiting on a [`BlockPool`](kvslots::BlockPool) whose
+//! admission is counted over two shards: the lost-wake-up hand-shake
+//! between a waiter and a release on another shard, a waiter against a
+//! slow-path admission that holds blocks in transit, and the growth of a
+//! running sequence past a queued head. The checks are those of
+//! `tests/pool.rs` (shadow holder counts, conservation, a happens-before
+//! witness per block; see `loom_tests::pool_world`), plus: every waiter
+//! ends granted all it asked for, and nobody is left queued.
+//!
+//! Run with
+//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test pool_wait`.
+//!
+//! A blocking waiter sleeps on loom's condition variable and an async one
+//! is driven by loom's `block_on`, which parks its thread until the waker
+//! runs: a blocking waiter that is never woken leaves every thread
+//! blocked, which loom reports as a deadlock. (A `block_on` that is never
+//! woken makes loom abort the test process while it unwinds, so the
+//! negative controls use blocking waiters; the async waiters run in the
+//! sound models.)
+//!
+//! Threads are numbered in the order they first admit or release blocks
+//! (their home shard is that number modulo 2). The main thread allocates
+//! before it spawns anyone, so it is thread 0 (home shard 0); in the
+//! two-thread model the releaser is thread 1 (home shard 1).
+//!
+//! Two properties of loom shape the lost-wake-up model. A refused gather
+//! yields between its passes (`stale_retry`), and loom runs a yielded
+//! thread only once every other thread is blocked or has yielded too: a
+//! releaser that is simply running would finish its release in the
+//! waiter's first yield, before the waiter queues. And after a thread
+//! yields, loom no longer lets it read a value it had already read before
+//! the yield once a newer one exists. So the releaser of
+//! [`release_on_other_shard`] first spins (yielding) on a `Relaxed` flag
+//! that the waiter sets as it starts, and is a thread that has never read
+//! `owed` before: then loom reaches the store-buffering schedule that the
+//! hand-shake exists to exclude.
+//!
+//! | model | threads, blocks | preemptions | fault caught |
+//! |---|---|---|---|
+//! | [`release_on_other_shard`] | 2, 2 | 2 | `unfenced_wait`, `late_enqueue` (deadlock, blocking waiter) |
+//! | [`waiter_vs_gather_in_transit`] | 3, 2 | 1 | `quiet_gather` (deadlock) |
+//! | [`growth_past_queued_head`] | 1, 3 | - | `growth_waits` (growth refused) |
+#![cfg(kvslots_loom)]
+#![forbid(unsafe_code)]
+
+use std::future::Future;
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use kvslots::__model::{AtomicBool, Faults, Ordering};
+use kvslots::{BlockId, ReserveError, Sequence};
+use loom::thread;
+use loom_tests::pool_world::{
+    check, Allocs, PoolWorld, GROWTH_WAITS, LATE_ENQUEUE, QUIET_GATHER, SOUND, UNFENCED_WAIT,
+};
+
+/// A pool of `num_blocks` one-slot blocks over two shards.
+fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
+    PoolWorld::with_shards(num_blocks, 1, 2, faults, "thread")
+}
+
+/// How a model's waiter waits.
+#[derive(Debug, Clone, Copy)]
+enum Way {
+    /// `alloc_blocking` with no timeout.
+    Blocking,
+    /// The `alloc` future, driven by loom's `block_on`.
+    Async,
+}
+
+/// Waits for `n` blocks the way `way` says; they must all come (the pool
+/// is never closed in these models). Each is taken in the shadow and its
+/// payload written.
+fn wait_for(world: &PoolWorld, n: usize, way: Way) -> Vec<BlockId> {
+    let mut ids = Vec::new();
+    let result = match way {
+        Way::Blocking => world.pool.alloc_blocking(n, &mut ids, None),
+        Way::Async => loom::future::block_on(world.pool.alloc(n, &mut ids)),
+    };
+    assert_eq!(result, Ok(()), "a waiter was not granted");
+    assert_eq!(ids.len(), n, "partial grant");
+    for &id in &ids {
+        world.take(id);
+        world.write(id);
+    }
+    ids
+}
+
+/// Checks the end state: nobody queued, and every block back.
+fn assert_drained(world: &PoolWorld) {
+    assert_eq!(world.pool.waiters(), 0, "a waiter was left queued");
+    world.assert_conserved_and_bounded();
+}
+
+/// A release on the other shard than the waiter's home, over a pool of 2
+/// (one count in each shard). The main thread (home shard 0) takes both
+/// blocks, hands one to a releaser thread (home shard 1), and waits for one
+/// block; the releaser frees its block, so its count goes back to shard 1,
+/// which the waiter's fast path never looks at. Whatever the order, the
+/// waiter must be granted: its attempt after queueing sees the count, or
+/// the release sees it queued. With `after_start` the releaser first
+/// spins until the waiter has started (see the module doc).
+///
+/// Under `unfenced_wait` the waiter skips its read-modify-write of the
+/// shards' words after publishing what it is owed: its attempt can read
+/// shard 1 as it was before the release while the releaser's `Relaxed`
+/// load of `owed` reads the 0 from before the enqueue, and the waiter
+/// sleeps for ever. Under `late_enqueue` the waiter does not try again
+/// once queued, and a release between its refused attempt and its enqueue
+/// wakes nobody.
+fn release_on_other_shard(faults: Faults, way: Way, after_start: bool) {
+    check(move || {
+        let world = new_world(2, faults);
+        let mut held = world.alloc(2).expect("a fresh pool of 2");
+        let freed = held.split_off(1);
+        let started = Arc::new(AtomicBool::new(false));
+        let releaser = {
+            let world = Arc::clone(&world);
+            let started = Arc::clone(&started);
+            thread::spawn(move || {
+                if after_start {
+                    // Relaxed: the flag must add no happens-before edge
+                    // between the two threads.
+                    while !started.load(Ordering::Relaxed) {
+                        thread::yield_now();
+                    }
+                }
+                world.give_back(&freed);
+            })
+        };
+        // Relaxed: see the releaser's load.
+        started.store(true, Ordering::Relaxed);
+        let ids = wait_for(&world, 1, way);
+        world.give_back(&ids);
+        releaser.join().unwrap();
+        world.give_back(&held);
+        assert_drained(&world);
+    });
+}
+
+#[test]
+fn release_on_other_shard_blocking_sound() {
+    release_on_other_shard(SOUND, Way::Blocking, false);
+}
+
+#[test]
+fn release_on_other_shard_async_sound() {
+    release_on_other_shard(SOUND, Way::Async, false);
+}
+
+#[test]
+fn release_on_other_shard_after_start_blocking_sound() {
+    release_on_other_shard(SOUND, Way::Blocking, true);
+}
+
+#[test]
+fn release_on_other_shard_after_start_async_sound() {
+    release_on_other_shard(SOUND, Way::Async, true);
+}
+
+#[test]
+#[should_panic(expected = "deadlock")]
+fn release_on_other_shard_after_start_blocking_late_enqueue_is_caught() {
+    release_on_other_shard(LATE_ENQUEUE, Way::Blocking, true);
+}
+
+#[test]
+#[should_panic(expected = "deadlock")]
+fn release_on_other_shard_after_start_blocking_unfenced_wait_is_caught() {
+    release_on_other_shard(UNFENCED_WAIT, Way::Blocking, true);
+}
+
+/// A waiter against a gather in transit, over a pool of 2. The main thread
+/// takes one block and lends it to a freer thread, which frees it; a
+/// gatherer thread asks for both with `try_alloc` (its home shard has at
+/// most one, so it gathers, holding what it finds in transit, and gives
+/// it all back when refused); the main thread waits for both (blocking).
+/// Every block is free once the freer and the gatherer are done, so the
+/// waiter must end granted both.
+///
+/// Under `quiet_gather` a refused gather gives its blocks back without
+/// re-checking the waiters. A schedule that loses the wake-up (one
+/// preemption): the
+/// waiter queues and sleeps; the gatherer takes the free block into
+/// transit, and its second pass finds nothing new, so it decides to
+/// refuse; the freer frees the lent block and runs the grant loop, which
+/// finds one block free (the other is in transit) and grants nothing; the
+/// gatherer gives its block back and returns `Full`, waking nobody. Both
+/// blocks are free and the waiter sleeps for ever.
+fn waiter_vs_gather_in_transit(faults: Faults) {
+    loom_tests::check_bounded(1, move || {
+        let world = new_world(2, faults);
+        let lent = world.alloc(1).expect("1 of a fresh pool of 2");
+        let freer = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || world.give_back(&lent))
+        };
+        let gatherer = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || {
+                if let Ok(ids) = world.alloc(2) {
+                    world.give_back(&ids);
+                }
+            })
+        };
+        let ids = wait_for(&world, 2, Way::Blocking);
+        world.give_back(&ids);
+        freer.join().unwrap();
+        gatherer.join().unwrap();
+        assert_drained(&world);
+    });
+}
+
+#[test]
+fn waiter_vs_gather_in_transit_sound() {
+    waiter_vs_gather_in_transit(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "deadlock")]
+fn waiter_vs_gather_in_transit_quiet_gather_is_caught() {
+    waiter_vs_gather_in_transit(QUIET_GATHER);
+}
+
+/// A waker that does nothing: the single-threaded model polls by hand.
+struct Nobody;
+
+impl Wake for Nobody {
+    fn wake(self: Arc<Self>) {}
+}
+
+/// What the growth model reports when a running sequence's append is
+/// refused behind a queued head.
+const GROWTH_REFUSED: &str = "growth refused behind a queued head";
+
+/// The growth of a running sequence past a queued head, over a pool of 3,
+/// in one thread. A sequence takes one block; an `alloc` of all 3 is
+/// polled once and queues (2 are free, the head is owed 3). A new
+/// admission (an empty sequence's first append) must be refused, leaving
+/// the head what it is owed; the running sequence's next append is
+/// growth, which does not wait behind admissions, and must succeed. Once
+/// the sequence is dropped, the waiter's next poll must resolve with all
+/// 3 blocks.
+///
+/// Under `growth_waits` the growth leaves the head what it is owed too,
+/// and is refused.
+fn growth_past_queued_head(faults: Faults) {
+    loom_tests::check(move || {
+        let world = new_world(3, faults);
+        let mut running = Sequence::new(Arc::clone(&world.pool));
+        running.try_append(1).expect("1 of a fresh pool of 3");
+        let waker = Waker::from(Arc::new(Nobody));
+        let mut cx = Context::from_waker(&waker);
+        let mut ids = Vec::new();
+        // The future is dropped before any assertion on what happened
+        // while it was queued, so that a failed model unwinds without
+        // touching the queue.
+        let mut waiting = Box::pin(world.pool.alloc(3, &mut ids));
+        let queued = waiting.as_mut().poll(&mut cx).is_pending();
+        let waiters = world.pool.waiters();
+        let admitted = Sequence::new(Arc::clone(&world.pool)).try_append(1);
+        let grown = running.try_append(1);
+        let grown_blocks = running.blocks().len();
+        drop(running);
+        let granted = waiting.as_mut().poll(&mut cx);
+        drop(waiting);
+        assert!(queued, "all 3 granted while 1 was held");
+        assert_eq!(waiters, 1, "the waiter did not queue");
+        assert!(
+            matches!(admitted, Err(ReserveError::Full { .. })),
+            "a new admission took what the queued head is owed: {admitted:?}"
+        );
+        assert!(grown.is_ok(), "{GROWTH_REFUSED}: {grown:?}");
+        assert_eq!(grown_blocks, 2, "growth took the wrong count");
+        assert_eq!(
+            granted,
+            Poll::Ready(Ok(())),
+            "the head was not granted once every block was free"
+        );
+        assert_eq!(ids.len(), 3, "partial grant");
+        world.pool.free(&ids).expect("freeing the granted blocks");
+        assert_drained(&world);
+    });
+}
+
+#[test]
+fn growth_past_queued_head_sound() {
+    growth_past_queued_head(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "growth refused behind a queued head")]
+fn growth_past_queued_head_growth_waits_is_caught() {
+    growth_past_queued_head(GROWTH_WAITS);
+}
