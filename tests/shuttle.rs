@@ -61,10 +61,11 @@ use std::ops::Range;
 use kvslots::__model::{AtomicBool, AtomicUsize, Ordering};
 use kvslots::{BlockId, BlockPool, FreeError, ReserveError, Sequence, SlotCounter};
 use shuttle::rand::{thread_rng, Rng};
-use shuttle::scheduler::{PctScheduler, RandomScheduler};
 use shuttle::sync::Arc;
 use shuttle::thread;
-use shuttle::{Config, Runner};
+
+mod shuttle_runner;
+use shuttle_runner::{check_pct, check_random, iterations};
 
 /// The fixed assertion messages, so that the negative controls can pin them.
 mod msg {
@@ -78,36 +79,9 @@ mod msg {
     pub const AFTER_CLOSE: &str = "admission after close";
 }
 
-/// The PCT bug depth (number of priority change points).
-const PCT_DEPTH: usize = 3;
-
 /// The most schedules a negative control may take to fail (it stops at the
 /// first failure; not changed by `KVSLOTS_SHUTTLE_ITERATIONS`).
 const CONTROL_SCHEDULES: usize = 1000;
-
-/// `default` schedules, or `KVSLOTS_SHUTTLE_ITERATIONS`.
-fn iterations(default: usize) -> usize {
-    std::env::var("KVSLOTS_SHUTTLE_ITERATIONS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(default)
-}
-
-fn config() -> Config {
-    let mut config = Config::new();
-    // Shuttle warns that its atomics are sequentially consistent; the
-    // module docs say what that means for these models.
-    config.silence_warnings = true;
-    config
-}
-
-fn check_random<F: Fn() + Send + Sync + 'static>(f: F, iterations: usize) {
-    Runner::new(RandomScheduler::new(iterations), config()).run(f);
-}
-
-fn check_pct<F: Fn() + Send + Sync + 'static>(f: F, iterations: usize) {
-    Runner::new(PctScheduler::new(PCT_DEPTH, iterations), config()).run(f);
-}
 
 /// A random index below `n` (shuttle's generator, so schedules replay).
 fn below(n: usize) -> usize {

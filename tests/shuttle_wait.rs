@@ -33,32 +33,11 @@ use std::time::Duration;
 use kvslots::__model::{AtomicBool, AtomicUsize, Ordering};
 use kvslots::{BlockPool, SlotCounter};
 use shuttle::rand::{thread_rng, Rng};
-use shuttle::scheduler::{PctScheduler, RandomScheduler};
 use shuttle::sync::{Arc, Mutex};
 use shuttle::thread;
-use shuttle::{Config, Runner};
 
-/// Schedules per test: `default`, or `KVSLOTS_SHUTTLE_ITERATIONS`.
-fn iterations(default: usize) -> usize {
-    std::env::var("KVSLOTS_SHUTTLE_ITERATIONS")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(default)
-}
-
-fn config() -> Config {
-    let mut config = Config::new();
-    config.silence_warnings = true;
-    config
-}
-
-fn check_random<F: Fn() + Send + Sync + 'static>(f: F, iterations: usize) {
-    Runner::new(RandomScheduler::new(iterations), config()).run(f);
-}
-
-fn check_pct<F: Fn() + Send + Sync + 'static>(f: F, iterations: usize) {
-    Runner::new(PctScheduler::new(3, iterations), config()).run(f);
-}
+mod shuttle_runner;
+use shuttle_runner::{check_pct, check_random, iterations};
 
 /// A waker that does nothing (for futures polled once and dropped).
 struct Noop;
