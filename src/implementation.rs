@@ -280,11 +280,11 @@
 //!
 //! # Reference counts
 //!
-//! Each block has a 32-bit count, the low half of its state word (see
+//! Each block has a 30-bit count, the low bits of its state word (see
 //! [Prefix cache](#prefix-cache)): 0 while it is free or evictable, its
 //! number of holders while allocated. A fork adds a reference to each
 //! shared block, with a CAS
-//! that never raises a count from 0 (and panics above `u32::MAX / 2`, as
+//! that never raises a count from 0 (and panics above `2^30 - 1`, as
 //! `Arc` aborts); a free or a sequence drops them. A count of 0 there means
 //! a raw `free` took the forking sequence's reference (a double free) and
 //! the block may sit in the free list, where a new reference would let it
@@ -342,7 +342,9 @@
 //! Each block's `AtomicU64` state word is the single truth about it:
 //!
 //! ```text
-//! bits  0..31   reference count (at most u32::MAX / 2, as before a panic)
+//! bits  0..30   reference count (at most 2^30 - 1, as before a panic)
+//! bit   30      DEFERRED a rival publisher of the same key on a higher
+//!                        block id gave up in this claim's favour
 //! bit   31      CACHED   the block holds a key that can match
 //! bit   32      BUSY     a publisher has claimed it to give it a key
 //! bit   33      KILLED   a rival publisher of the same key won
@@ -366,9 +368,9 @@
 //! of the block before the next), or a publish of the block that loses or
 //! is refused (a claim and an unclaim, the cheapest, with no allocation):
 //! even at ten million losses a second on that one block, a stall of over
-//! 100 seconds between the thread's read and its CAS. The count has 31 bits
-//! (a count past `u32::MAX / 2` panics, as `Arc`'s aborts), which leaves
-//! the generation its 30.
+//! 100 seconds between the thread's read and its CAS. The count has 30 bits
+//! (a count past `2^30 - 1`, about a billion holders of one block, panics,
+//! as `Arc`'s aborts), which leaves the generation its 30.
 //!
 //! A claim holds a reference of its own: `BUSY` is set together with one
 //! more count, and the commit or the unclaim clears `BUSY` and drops that
@@ -416,16 +418,17 @@
 //! rescan both buckets (`Acquire` loads) for rivals holding `K`:
 //!
 //! * a rival that committed (`CACHED`) holds `K`: `b` loses (first wins);
-//! * a rival that claimed it too: the lower block id wins; `b` loses to a
-//!   lower one, and kills a higher one (CAS in `KILLED`, which makes the
-//!   rival's commit fail), unless that rival committed first;
+//! * a rival that claimed it too: the lower block id wins; `b` defers to a
+//!   lower one (CAS in `DEFERRED`) and loses, and kills a higher one (CAS
+//!   in `KILLED`, which makes the rival's commit fail), unless that rival
+//!   committed first;
 //! * a killed claim, a stale entry (a block whose key is being dropped) or
 //!   another key is ignored.
 //!
 //! Then `b` commits (CAS from `BUSY` to `CACHED`, dropping the claim's
 //! reference, `AcqRel`) unless it was killed. A loser removes its entry
-//! and gives up its claim (a new generation, so that a late kill cannot
-//! hit a later claim). Every publisher of `K` makes its read-modify-write
+//! and gives up its claim (a new generation, so that a late kill or
+//! deferral cannot hit a later claim). Every publisher of `K` makes its read-modify-write
 //! on the same word, after its insert; every write to a slot is a
 //! read-modify-write, so the later of two publishers reads from the
 //! release sequence of the earlier one's and synchronises with it: its
@@ -433,17 +436,22 @@
 //! removed it). Whichever sees whom, at most one commits, and of two
 //! publishers that see each other's claims exactly one does.
 //!
-//! The first lookup keeps a publish that starts while `K` is held from
-//! leaving a claim that is bound to lose. A publish can still end with `K`
-//! on no block: when its rescan finds a live claim of `K` on a lower block
-//! id that itself loses. That rival passed its first lookup, so it lost to
-//! a block that committed `K` after that lookup and before its rescan (or
-//! to a still lower claim, down to one that did), a block that may have
-//! been evicted (or reset, or truncated) since, even before the later
-//! publish began. So `K` stays uncached only if three publishes of `K`
-//! overlap like that: a miss for later matchers of `K` until it is
-//! published again, never a wrong hit (`loom-tests/tests/prefix_misuse.rs`
-//! keeps the reproducer, ignored).
+//! Nobody gives up on trust alone. A claim that loses while `DEFERRED` is
+//! set does not give up: the CAS that would give it up finds the mark,
+//! clears it instead, and the publisher puts its entry back and rescans.
+//! A claim whose commit fails on `KILLED` clears it and rescans too: if
+//! its killer is still claimed it defers to it, and if the killer lost
+//! meanwhile it may commit. So the key can rest on a rival's claim only
+//! while that claim will either commit or look again after the rival's
+//! mark: a publish that returns without caching its key saw a block
+//! holding the key, during the publish or in a look that began after it
+//! deferred (by induction down the block ids, which a chain of deferrals
+//! strictly lowers). Without this, three overlapping publishes could leave
+//! the key on no block: a claim that lost to a holder which then went,
+//! and a later publish that deferred to that claim. Each extra look is
+//! caused by another publish's mark or kill, so publishing stays
+//! lock-free. The first lookup is kept as the cheap path: a publish of a
+//! key that a block already holds claims nothing.
 //!
 //! ## Matching
 //!

@@ -46,6 +46,7 @@ pub const SOUND: Faults = Faults {
     unreferenced_claim: false,
     claim_drop_kept: false,
     no_held_key_check: false,
+    ignore_deferral: false,
     late_enqueue: false,
     cancel_keeps_grant: false,
     cancel_no_recheck: false,
@@ -128,11 +129,10 @@ pub const CLAIM_DROP_KEPT: Faults = Faults {
     ..SOUND
 };
 
-/// The first-lookup control: a publish claims its block without looking
-/// its key up first, so it can beat a later publish while it is bound to
-/// lose to a block that holds the key.
-pub const NO_HELD_KEY_CHECK: Faults = Faults {
-    no_held_key_check: true,
+/// The deferral control: a claim that a rival deferred to (or killed)
+/// gives up without looking for the key's holders again.
+pub const IGNORE_DEFERRAL: Faults = Faults {
+    ignore_deferral: true,
     ..SOUND
 };
 

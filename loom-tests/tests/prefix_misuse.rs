@@ -25,11 +25,8 @@
 //! | [`claim_attack`] (publish, raw free and match, reset and evicting allocation) | 3 | `unreferenced_claim`, `claim_drop_kept` |
 //! | [`raw_free_racing_a_losing_publish`] | 2 | `claim_drop_kept` |
 //! | [`truncate_sole_vs_match`] | 2 | `no_generation_check` |
-//! | [`a_publish_after_the_holder_is_gone`] | 2 | `no_held_key_check` |
-//!
-//! The model marked `#[ignore]` reproduces an open, bounded gap (a
-//! publish lost to a rival that itself loses to a concurrent third: a
-//! miss, never a wrong hit; see its doc).
+//! | [`a_publish_after_the_holder_is_gone`] | 2 | `no_held_key_check` with `ignore_deferral` |
+//! | [`a_publish_after_the_holder_is_gone_behind_a_rival`] | 3 | `ignore_deferral` |
 #![cfg(kvslots_loom)]
 #![forbid(unsafe_code)]
 
@@ -95,7 +92,7 @@ fn raw_free_racing_publish_unreferenced_claim_is_caught() {
 use kvslots::__model::pool_with_faults;
 use kvslots::__model::{AtomicUsize, Faults, Ordering};
 use loom_tests::pool_world::{
-    CLAIM_DROP_KEPT, NO_GENERATION_CHECK, NO_HELD_KEY_CHECK, UNREFERENCED_CLAIM,
+    CLAIM_DROP_KEPT, IGNORE_DEFERRAL, NO_GENERATION_CHECK, UNREFERENCED_CLAIM,
 };
 
 /// A pool world with a content tag per block (as in `prefix.rs`).
@@ -272,12 +269,15 @@ fn raw_free_racing_publish_then_two_allocations_unreferenced_claim_is_caught() {
 
 /// A publish that starts after every holder of its key is gone must not
 /// lose to a rival publisher of the same key on a lower block id that
-/// began while the old holder held the key. The rival finds the holder in
-/// its first lookup and loses without claiming, so the later publish does
-/// not see a claim that is bound to lose. The control
-/// (`no_held_key_check`) skips that lookup: the rival claims, loses in
-/// its rescan to the old holder, and meanwhile beats the later publish
-/// ("of two claims the lower id wins"); no block keeps the key.
+/// began while the old holder held the key. Two defences keep the key
+/// here, each enough alone: the rival finds the holder in its first
+/// lookup and loses without claiming, so the later publish sees no claim
+/// that is bound to lose; and a claim that the later publish deferred to
+/// looks again before it gives up. The control switches both off
+/// (`no_held_key_check` and `ignore_deferral`): the rival claims, loses
+/// in its rescan to the old holder, and meanwhile beats the later publish
+/// ("of two claims the lower id wins"); no block keeps the key. (The
+/// three-thread model below needs the second defence alone.)
 fn a_publish_after_the_holder_is_gone(faults: Faults) {
     check(move || {
         let pool = Arc::new(pool_with_faults(3, 1, 1, faults));
@@ -323,30 +323,24 @@ fn a_publish_after_the_holder_is_gone_is_not_lost_to_a_doomed_rival() {
 
 #[test]
 #[should_panic(expected = "nobody holds the key")]
-fn a_publish_after_the_holder_is_gone_no_held_key_check_is_caught() {
-    a_publish_after_the_holder_is_gone(NO_HELD_KEY_CHECK);
+fn a_publish_after_the_holder_is_gone_without_either_defence_is_caught() {
+    a_publish_after_the_holder_is_gone(Faults {
+        no_held_key_check: true,
+        ..IGNORE_DEFERRAL
+    });
 }
 
-/// The gap that remains: the rival's first lookup runs before the old
-/// holder commits, so the rival claims; it then loses to the holder in its
-/// rescan, and while its claim stands a publish that began after the
-/// holder was gone loses to it ("of two claims the lower id wins"). No
-/// block keeps the key.
-///
-/// The bound, as documented on `BlockPool::publish_block` and in
-/// `kvslots::implementation` ("Publishing"): a publish leaves its key on
-/// no block only if, during its rescan, a rival publish of the same key on
-/// a lower block id is between its claim and the removal of its index
-/// entry and loses to a third publish of the key that committed after the
-/// rival's first lookup. A miss for later matchers until the key is
-/// published again, never a wrong hit. No lock-free fix that keeps "first
-/// wins" is in place: the later publisher cannot tell a claim bound to
-/// lose from one about to commit without waiting for it.
-#[test]
-#[ignore = "open, bounded gap: a publish can lose to a rival claim that loses to a concurrent third (a miss, never a wrong hit); see the doc"]
-fn a_publish_after_the_holder_is_gone_is_not_lost_to_a_rival_of_a_concurrent_holder() {
-    check(|| {
-        let pool = Arc::new(kvslots::BlockPool::new(3, 1));
+/// Three publishes of one key: the holder's and the rival's race, then
+/// the holder goes (its key reset), and only then does a third publish on
+/// a higher block id than the rival's begin. The rival's first lookup can
+/// run before the holder commits, so it claims and then loses to the
+/// holder in its rescan; while its claim stands, the third publish finds
+/// it and defers to it (the lower id wins). The key must end on a block:
+/// the rival, deferred to, looks again before it gives up, finds the
+/// holder gone and commits (or the third publish commits).
+fn a_publish_after_the_holder_is_gone_behind_a_rival(faults: Faults) {
+    check(move || {
+        let pool = Arc::new(pool_with_faults(3, 1, 1, faults));
         let key = [BlockHash([1; 32])];
         let mut c = Sequence::new(Arc::clone(&pool));
         c.try_append(1).unwrap();
@@ -381,6 +375,19 @@ fn a_publish_after_the_holder_is_gone_is_not_lost_to_a_rival_of_a_concurrent_hol
             p.blocks()
         );
     });
+}
+
+#[test]
+fn a_publish_after_the_holder_is_gone_is_not_lost_to_a_rival_of_a_concurrent_holder() {
+    a_publish_after_the_holder_is_gone_behind_a_rival(SOUND);
+}
+
+/// A claim that was deferred to gives up without looking again: the key
+/// ends on no block.
+#[test]
+#[should_panic(expected = "nobody holds the key")]
+fn a_publish_after_the_holder_is_gone_behind_a_rival_ignore_deferral_is_caught() {
+    a_publish_after_the_holder_is_gone_behind_a_rival(IGNORE_DEFERRAL);
 }
 
 /// An attack on the claim's reference, three threads on a pool of 2

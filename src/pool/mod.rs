@@ -736,7 +736,7 @@ impl BlockPool {
     ///
     /// # Panics
     ///
-    /// Panics if the count would exceed `u32::MAX / 2` (as `Arc` aborts),
+    /// Panics if the count would exceed `2^30 - 1` (as `Arc` aborts),
     /// and if the block has no reference left: a raw [`free`](Self::free)
     /// took the caller's (a double free), so the block may be in the free
     /// list, and going on would hand it to two owners.

@@ -7,7 +7,8 @@ use crate::hash::BlockHash;
 use crate::id::BlockId;
 use crate::sync::{self, AtomicU64, Backoff, CachePadded, Ordering};
 
-use super::refs::{count_of, is_evictable, Dropped, Kill, BUSY, CACHED, KILLED};
+use super::keys::Probe;
+use super::refs::{count_of, is_evictable, Defer, Dropped, Kill, BUSY, CACHED, KILLED};
 use super::BlockPool;
 
 /// The prefix cache's hit statistics, as [`BlockPool::prefix_stats`]
@@ -192,25 +193,23 @@ impl BlockPool {
     /// A key that a committed block holds when the publish begins loses at
     /// once: nothing is claimed and no index entry is made (the lookup of
     /// a match, without its reference). Otherwise, two publishers of one
-    /// key on two blocks race like this: each claims
-    /// its block (`BUSY`), writes its key, inserts an index entry, makes a
-    /// read-modify-write on one word that every publisher of the key
-    /// touches, and then rescans the key's buckets, so the later of the two
-    /// sees the earlier. One that sees a committed rival loses;
-    /// one that sees a claimed rival loses if the rival's id is lower, and
-    /// otherwise kills the rival's claim (its commit then fails). Whoever
-    /// sees whom, at most one of them commits, and exactly one if neither
-    /// loses to a third.
+    /// key on two blocks race like this: each claims its block (`BUSY`),
+    /// writes its key, inserts an index entry, makes a read-modify-write on
+    /// one word that every publisher of the key touches, and then rescans
+    /// the key's buckets, so the later of the two sees the earlier. One
+    /// that sees a committed rival loses; one that sees a claimed rival on
+    /// a lower id defers to it (marks it `DEFERRED`) and loses; one that
+    /// sees a claimed rival on a higher id kills it (its commit then
+    /// fails), or loses if the rival committed first. Whoever sees whom, at
+    /// most one of them commits.
     ///
-    /// Losing to a claim trusts that claim to commit, and it may not: a
-    /// rival on a lower id that loses to a block that committed the key
-    /// after the rival's first lookup and before its rescan (or to a still
-    /// lower claim that did) leaves the key on no block, even if that
-    /// block lost its key before this publish began. So a publish leaves
-    /// its key uncached only if, during its rescan, another publish of the
-    /// key is between its claim and the removal of its index entry and
-    /// loses to a third, concurrent one: a miss for later matchers until
-    /// the key is published again, never a wrong hit.
+    /// Nobody gives up on trust alone: a claim that was deferred to, or
+    /// killed, looks again before it gives up (a killed one may then
+    /// commit, if its killer is gone). So a publish that returns `false`
+    /// either saw a block holding the key, during the publish or during a
+    /// look that began after it gave up, or was refused (cached already,
+    /// the index full). Each new look is caused by a rival's mark or kill,
+    /// that is by another publish's progress: the loop is lock-free.
     pub(crate) fn publish_block(&self, id: BlockId, key: &BlockHash) -> bool {
         // Already cached (this key or another), or the key held by another
         // block? (A key that another block commits after this lookup is
@@ -223,11 +222,48 @@ impl BlockPool {
         }
         self.keys.write(id, key);
         let probe = self.keys.probe(key);
-        let Some(slot) = self.keys.insert(probe, id) else {
+        let Some(mut slot) = self.keys.insert(probe, id) else {
             self.give_back_claim(id, self.refs.unclaim(id));
             return false;
         };
-        let mut lost = false;
+        loop {
+            if !self.loses_to_a_rival(id, key, probe, slot) {
+                match self.refs.commit(id) {
+                    Ok(dropped) => {
+                        self.give_back_claim(id, dropped);
+                        return true;
+                    }
+                    // Killed by a rival on a lower id since the rescan. If
+                    // that rival is still there, the next rescan defers to
+                    // it; if it lost meanwhile, nobody else may be left to
+                    // cache the key, so look again rather than give up.
+                    Err(()) if self.refs.revoke_kill(id) => continue,
+                    Err(()) => {}
+                }
+            }
+            self.keys.remove(probe, id, Some(slot));
+            if let Ok(dropped) = self.refs.unclaim_unless_deferred(id) {
+                self.give_back_claim(id, dropped);
+                return false;
+            }
+            // A rival deferred to this claim, perhaps after the holder we
+            // lost to went: look again, with the entry back in the index.
+            // (If the index has no room now, the publish is refused.)
+            match self.keys.insert(probe, id) {
+                Some(again) => slot = again,
+                None => {
+                    self.give_back_claim(id, self.refs.unclaim(id));
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// A publisher's rescan for rivals of its claim on block `id` (index
+    /// entry in `slot`): whether it loses to one (a committed block, or a
+    /// claim on a lower id, which it marks `DEFERRED`). Kills the claims on
+    /// higher ids that it meets.
+    fn loses_to_a_rival(&self, id: BlockId, key: &BlockHash, probe: Probe, slot: usize) -> bool {
         for rival in self.keys.rivals(probe, slot) {
             if rival == id {
                 continue;
@@ -238,27 +274,25 @@ impl BlockPool {
                 || seen & (CACHED | KILLED) == KILLED
                 || !self.keys.holds(rival, key)
             {
-                // A stale entry (being removed), a claim that cannot commit
-                // any more, or another key.
+                // A stale entry (being removed), a killed claim (it cannot
+                // commit without looking again) or another key.
                 continue;
             }
-            // A committed rival holds the key; of two claims the lower id
-            // wins; a higher rival's claim is killed, unless it committed
-            // first.
-            lost =
-                seen & CACHED != 0 || rival < id || self.refs.kill(rival, seen) == Kill::Committed;
+            let lost = if seen & CACHED != 0 {
+                // A committed rival holds the key.
+                true
+            } else if rival < id {
+                // Of two claims the lower id wins.
+                self.refs.defer(rival, seen) != Defer::Gone
+            } else {
+                // A higher rival's claim is killed, unless it committed
+                // first.
+                self.refs.kill(rival, seen) == Kill::Committed
+            };
             if lost {
-                break;
-            }
-        }
-        if !lost {
-            if let Ok(dropped) = self.refs.commit(id) {
-                self.give_back_claim(id, dropped);
                 return true;
             }
         }
-        self.keys.remove(probe, id, Some(slot));
-        self.give_back_claim(id, self.refs.unclaim(id));
         false
     }
 

@@ -3,7 +3,9 @@
 //! block.
 //!
 //! ```text
-//! bits  0..31   reference count (0 while free or evictable)
+//! bits  0..30   reference count (0 while free or evictable)
+//! bit   30      DEFERRED: a rival publisher of the same key on a higher
+//!               block id gave up in this claim's favour
 //! bit   31      CACHED: the block holds a key that can match
 //! bit   32      BUSY: a publisher has claimed the block to give it a key
 //! bit   33      KILLED: a rival publisher of the same key won
@@ -51,11 +53,15 @@ use crate::id::BlockId;
 use crate::sync::{AtomicU64, Faults, Ordering};
 
 /// A reference count above this panics instead of wrapping (a claim is
-/// refused instead); the largest count fits the 31 bits of [`COUNT`].
-const MAX_REFS: u64 = (u32::MAX / 2) as u64;
+/// refused instead): the largest count that fits the 30 bits of [`COUNT`].
+const MAX_REFS: u64 = COUNT;
 
 /// The reference count's bits.
-pub(super) const COUNT: u64 = 0x7FFF_FFFF;
+pub(super) const COUNT: u64 = 0x3FFF_FFFF;
+/// A rival publisher of the same key on a higher block id gave up in
+/// favour of this claim: the claim must not give up without looking for
+/// the key's holders again (see `BlockPool::publish_block`).
+pub(super) const DEFERRED: u64 = 1 << 30;
 /// The block holds a key that can match.
 pub(super) const CACHED: u64 = 1 << 31;
 /// A publisher has claimed the block (and holds one reference for it).
@@ -105,6 +111,19 @@ pub(super) enum Dropped {
     /// The last reference went and the block holds a key: it stays cached
     /// and becomes evictable.
     Evictable,
+}
+
+/// What a publisher's deferral to a rival claim on a lower block id found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Defer {
+    /// The rival's claim is marked `DEFERRED`: it will commit, or look for
+    /// the key's holders again before it gives up.
+    Deferred,
+    /// The rival committed: it holds the key.
+    Committed,
+    /// The rival's claim is gone, or killed (a killed claim cannot commit
+    /// without looking again): it is no reason to give up.
+    Gone,
 }
 
 /// What a kill attempt on a rival publisher's claim found.
@@ -195,7 +214,7 @@ impl Refs {
     ///
     /// # Panics
     ///
-    /// Panics if the count would exceed `u32::MAX / 2` (as `Arc` aborts).
+    /// Panics if the count would exceed `2^30 - 1` (as `Arc` aborts).
     pub(super) fn add(&self, id: BlockId) -> Result<(), ()> {
         let word = &self.words[id.index()];
         // Relaxed: only a guess; the CAS validates it.
@@ -332,7 +351,7 @@ impl Refs {
         if !self.may_evict(seen) {
             return false;
         }
-        let next = (seen & !(COUNT | CACHED | BUSY | KILLED)).wrapping_add(GEN) | 1;
+        let next = (seen & !(COUNT | DEFERRED | CACHED | BUSY | KILLED)).wrapping_add(GEN) | 1;
         // Acquire on success: synchronises with the last holder's drop
         // (Release), so its accesses happen-before ours. Relaxed on
         // failure: the caller looks elsewhere.
@@ -432,7 +451,7 @@ impl Refs {
             // value.
             match word.compare_exchange_weak(
                 cur,
-                ((cur & !BUSY) | CACHED) - claim_ref,
+                ((cur & !(BUSY | DEFERRED)) | CACHED) - claim_ref,
                 self.faults.publish_ordering(Ordering::AcqRel),
                 Ordering::Relaxed,
             ) {
@@ -453,7 +472,7 @@ impl Refs {
         // Relaxed: only a guess; the CAS validates it.
         let mut cur = word.load(Ordering::Relaxed);
         loop {
-            let next = (cur & !(BUSY | KILLED)).wrapping_add(GEN) - claim_ref;
+            let next = (cur & !(BUSY | KILLED | DEFERRED)).wrapping_add(GEN) - claim_ref;
             // AcqRel on success: as a drop in `drop_from` (Release orders
             // our key writes before the block's next owner, who may write
             // its own; Acquire lets us, if this is the last reference, see
@@ -466,6 +485,93 @@ impl Refs {
                 Ordering::Relaxed,
             ) {
                 Ok(_) => return self.claim_dropped(cur, false),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Gives up a claim that lost, unless a rival publisher deferred to it
+    /// since the claim last looked for the key's holders: then clears
+    /// `DEFERRED` (and `KILLED`), keeps the claim and returns `Err`; the
+    /// caller looks again. Otherwise as [`unclaim`](Self::unclaim).
+    ///
+    /// Deciding in the CAS that gives the claim up is what makes the
+    /// deferral safe: a mark made before it is seen here, and a rival that
+    /// marks after it finds the claim gone (a new generation).
+    pub(super) fn unclaim_unless_deferred(&self, id: BlockId) -> Result<Dropped, ()> {
+        let word = &self.words[id.index()];
+        let claim_ref = self.claim_ref();
+        // Relaxed: only a guess; the CAS validates it.
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            let deferred = cur & DEFERRED != 0 && !self.faults.ignore_deferral();
+            let next = if deferred {
+                cur & !(DEFERRED | KILLED)
+            } else {
+                (cur & !(BUSY | KILLED | DEFERRED)).wrapping_add(GEN) - claim_ref
+            };
+            // AcqRel on success: for a deferral, the Acquire half
+            // synchronises with the deferring rival's mark (Release), so
+            // what that rival saw before it (a holder of the key gone, say)
+            // is seen by our next look; for an unclaim, as in `unclaim`.
+            // Relaxed on failure: we retry with the fresh value.
+            match word.compare_exchange_weak(
+                cur,
+                next,
+                self.faults.free_ordering(Ordering::AcqRel),
+                Ordering::Relaxed,
+            ) {
+                Ok(_) if deferred => return Err(()),
+                Ok(_) => return Ok(self.claim_dropped(cur, false)),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
+    /// Clears `KILLED` from a claim whose commit failed on it, so that the
+    /// claim can look again and commit if the rival that killed it is gone.
+    /// `false` under loom's `ignore_deferral` control (the claim gives up).
+    pub(super) fn revoke_kill(&self, id: BlockId) -> bool {
+        if self.faults.ignore_deferral() {
+            return false;
+        }
+        // AcqRel: the Acquire half synchronises with the kill (Release), so
+        // the killer's index entry, inserted before its kill, is seen by our
+        // next look; the Release half is harmless. A `fetch_and` cannot be
+        // fooled: only this claim's publisher clears `BUSY`.
+        self.words[id.index()].fetch_and(!KILLED, Ordering::AcqRel);
+        true
+    }
+
+    /// Defers to a rival's claim on a lower block id, whose state read
+    /// `seen`: marks it `DEFERRED`, so that it commits or looks for the
+    /// key's holders again (after this mark) before it gives up.
+    pub(super) fn defer(&self, id: BlockId, seen: u64) -> Defer {
+        let word = &self.words[id.index()];
+        let mut cur = seen;
+        loop {
+            if gen_of(cur) != gen_of(seen) {
+                return Defer::Gone;
+            }
+            if cur & CACHED != 0 {
+                return Defer::Committed;
+            }
+            if cur & BUSY == 0 || cur & KILLED != 0 {
+                return Defer::Gone;
+            }
+            // AcqRel on success, also when `DEFERRED` is set already (a CAS
+            // to the same value still writes): the Release half makes what
+            // we saw before (a holder of the key gone) visible to the
+            // rival's next look, which acquires this value or a later one of
+            // its release sequence in `unclaim_unless_deferred`. Acquire on
+            // failure: the fresh value is judged again.
+            match word.compare_exchange_weak(
+                cur,
+                cur | DEFERRED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Defer::Deferred,
                 Err(actual) => cur = actual,
             }
         }

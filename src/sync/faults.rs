@@ -68,6 +68,12 @@ pub struct Faults {
     /// loses only in its rescan, and meanwhile beats a later publish.
     #[cfg(kvslots_loom)]
     pub no_held_key_check: bool,
+    /// A publisher's claim that a rival deferred to, or that a rival
+    /// killed, gives up without looking for the key's holders again: a
+    /// later publish that deferred to it is lost when the holder it lost
+    /// to is gone (the key ends on no block).
+    #[cfg(kvslots_loom)]
+    pub ignore_deferral: bool,
     /// A waiter joins the wait queue without trying again after it is
     /// queued: a release that happened between its failed attempt and its
     /// enqueue found nobody waiting, and nothing wakes it (a lost wakeup).
@@ -350,6 +356,17 @@ impl Faults {
     pub(crate) fn no_held_key_check(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.no_held_key_check {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a claim that was deferred to, or killed, gives up without
+    /// looking again: `false`, or `true` under `ignore_deferral`.
+    #[inline]
+    pub(crate) fn ignore_deferral(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.ignore_deferral {
             return true;
         }
         false
