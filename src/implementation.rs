@@ -121,9 +121,9 @@
 //! `benches/pool.rs` measures whether `try_alloc` costs the same at 1,000
 //! and 1,000,000 blocks (figures in `BENCHMARKS.md`).
 //!
-//! Bookkeeping is about 63 bytes per block: a 4-byte `next` link, an
+//! Bookkeeping is about 64 bytes per block: a 4-byte `next` link, an
 //! 8-byte state word (reference count, prefix-cache flags, generation),
-//! and the prefix cache's 51 bytes (see [Prefix cache](#prefix-cache)),
+//! and the prefix cache's 52 bytes (see [Prefix cache](#prefix-cache)),
 //! plus one `CachePadded` slot (a cache line, 128 bytes on x86-64) per
 //! shard head, per shard admission count and per statistics cell, two
 //! for the closed flag and the peak, and a fixed minimum for tiny pools.
@@ -405,7 +405,7 @@
 //! hits equal the reference's at every pool size (`tests/prefix_replay.rs`).
 //!
 //! Bookkeeping per block: 8 (state) + 32 (key) + 14 (index) + 4 (release
-//! stamp) + 1 (eviction candidates) + 4 (free-list link) = 63 bytes.
+//! stamp) + 2 (eviction candidates) + 4 (free-list link) = 64 bytes.
 //!
 //! ## Publishing
 //!
@@ -459,9 +459,10 @@
 //! compare its key, and take a reference with a CAS from that state (on an
 //! evictable block, after admitting one block of capacity, given back if
 //! the CAS fails). A candidate whose state moved is read again; a miss ends
-//! the match. So does a key whose block this match already took (a
-//! 4,096-bit filter of block ids on the stack, and a scan of the blocks
-//! taken on a hit in it): a held block keeps its key and a key names one
+//! the match. So does a key whose block this match already took (the
+//! first 32 hits are compared with the blocks taken directly; a longer
+//! match builds a 32,768-bit filter of block ids on the stack and scans
+//! the blocks taken only on a hit in it): a held block keeps its key and a key names one
 //! cached block at a time, so that is the first key repeating an earlier
 //! one, which chained hashes never do. The blocks a match takes are
 //! distinct, and a table never outgrows the pool.
@@ -476,7 +477,7 @@
 //! to held (count 1, not cached, next generation), then it removes the
 //! block's index entry before the block is handed out.
 //!
-//! Evictors take candidates from a ring of `num_blocks / 8` (at least 64)
+//! Evictors take candidates from a ring of `num_blocks / 4` (at least 64)
 //! `(stamp, id)` words, oldest first. A block that becomes evictable is
 //! appended as the youngest, unless the ring is full or *overflowed* (an
 //! older evictable block is missing from it; appends then stop). When the
@@ -486,7 +487,7 @@
 //! one thread the order is exactly least recently released first, as in
 //! the reference; while few blocks are evictable, releases keep the ring
 //! filled and evictions need no scan, and while many are, a scan serves
-//! `num_blocks / 8` evictions. An allocation claims as many candidates as
+//! `num_blocks / 4` evictions. An allocation claims as many candidates as
 //! it needs with one CAS.
 //!
 //! Under concurrency the order is approximate: a stamp is written just
@@ -494,7 +495,9 @@
 //! a racing append or to a refill (the block waits for the next scan), a
 //! candidate read while another evictor refills may be out of order, and
 //! an evictor that finds the ring empty while another refills does not
-//! wait but takes the first evictable block after a rotating hand. Every
+//! wait but sweeps the pool from a rotating hand, taking the evictable
+//! blocks it meets (and moving the hand past them, so the next sweep does
+//! not rescan the held blocks this one passed). Every
 //! candidate is re-checked against its stamp and its state's CAS, so the
 //! order is the only thing that is approximate.
 //!

@@ -530,33 +530,50 @@ fn a_repeated_key_matches_up_to_its_first_repetition() {
     assert_eq!(pool.prefix_stats().hit_blocks, 3);
 }
 
-/// A repeated key in a pool larger than the filter of taken ids (4,096
-/// blocks): two blocks whose ids share a filter bit are both matched, and a
-/// real repetition is still caught.
+/// A repeated key in a pool larger than the filter of taken ids (a match
+/// compares its first 32 hits directly, then screens through a filter of
+/// 32,768 bits): two blocks whose ids share a filter bit are both matched,
+/// and a real repetition is still caught, before and after the filter.
 #[test]
 fn a_repeated_key_is_caught_past_the_filter_of_taken_ids() {
-    let pool = Arc::new(BlockPool::new(4096 + 8, 1));
-    // Take every block, and publish blocks 3 and 4099 (one filter bit).
+    const BITS: u32 = 32_768;
+    let pool = Arc::new(BlockPool::new(BITS as usize + 64, 1));
     let mut all = Vec::new();
     pool.try_alloc(pool.num_blocks(), &mut all).unwrap();
     let mut keys = Vec::new();
-    hash_blocks(b"", &[1, 2], 1, &mut keys);
+    hash_blocks(b"", &(0..34).collect::<Vec<u32>>(), 1, &mut keys);
+    // Blocks 0..32 hold the first 32 keys; blocks 40 and 40 + BITS (one
+    // filter bit) hold the last two.
+    let ids: Vec<BlockId> = (0..32).chain([40, 40 + BITS]).map(BlockId::new).collect();
     let mut seqs = Vec::new();
-    let (low, high) = (BlockId::new(3), BlockId::new(4099));
-    for (i, id) in [low, high].into_iter().enumerate() {
+    for (key, &id) in keys.iter().zip(&ids) {
         let mut s = Sequence::new(Arc::clone(&pool));
         // Free the block and have the sequence allocate it again.
         pool.free(&[id]).unwrap();
         s.try_append(1).unwrap();
         assert_eq!(s.blocks(), &[id][..]);
-        assert_eq!(s.publish(&keys[i..=i]), 1);
+        assert_eq!(s.publish(std::slice::from_ref(key)), 1);
         seqs.push(s);
     }
+    // Past the filter: the colliding pair both match, the repeat stops.
+    let mut query = keys.clone();
+    query.push(keys[32]);
+    query.push(keys[0]);
     let mut m = Sequence::new(Arc::clone(&pool));
-    assert_eq!(m.try_match_prefix(&[keys[0], keys[1], keys[1], keys[0]]), 2);
-    assert_eq!(m.blocks(), &[low, high][..]);
+    assert_eq!(m.try_match_prefix(&query), 34);
+    assert_eq!(m.blocks(), &ids[..]);
+    let (low, high) = (ids[32], ids[33]);
     assert_eq!(pool.ref_count(high), Some(2));
-    assert_eq!(pool.ref_count(low), Some(2));
+    assert_eq!(
+        pool.ref_count(low),
+        Some(2),
+        "the repeat's reference went back"
+    );
+    // Before the filter: a repeat among the first hits stops the match too.
+    let mut n = Sequence::new(Arc::clone(&pool));
+    assert_eq!(n.try_match_prefix(&[keys[32], keys[33], keys[33]]), 2);
+    assert_eq!(n.blocks(), &[low, high][..]);
+    assert_eq!(pool.ref_count(high), Some(3));
 }
 
 #[test]

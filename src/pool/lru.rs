@@ -14,8 +14,9 @@
 //! bounded heap keeps the `capacity` oldest, sorted); the ring is marked
 //! overflowed if the scan found more evictable blocks than fit. The
 //! refill is claimed with a flag that nobody waits for: an evictor that
-//! finds the ring empty while another refills it takes the first
-//! evictable block from a rotating hand instead.
+//! finds the ring empty while another refills it sweeps the pool from a
+//! rotating hand instead, taking the evictable blocks it meets, and moves
+//! the hand past what it looked at.
 //!
 //! So with one thread the order is exactly least recently released first:
 //! the ring holds the oldest evictable blocks in order, and a block is
@@ -23,7 +24,7 @@
 //! few blocks are evictable, releases keep the ring filled and evictions
 //! need no scan. Under concurrency the order is approximate (a stamp taken
 //! late, an append lost to a racing one or to a refill, a candidate read
-//! during a refill, the hand's pick); every candidate is re-checked against
+//! during a refill, the sweep's picks); every candidate is re-checked against
 //! the block's stamp and state before it is evicted, and a block missing
 //! from the ring is found by the next scan.
 
@@ -36,8 +37,10 @@ use super::refs::Refs;
 
 /// The fewest candidates a buffer holds.
 const MIN_CANDIDATES: usize = 64;
-/// Blocks per candidate slot (the buffer holds `num_blocks / 8`).
-const BLOCKS_PER_CANDIDATE: usize = 8;
+/// Blocks per candidate slot (the buffer holds `num_blocks / 4`: a
+/// refill serves that many evictions, and the ring's 8-byte words cost 2
+/// bytes a block).
+const BLOCKS_PER_CANDIDATE: usize = 4;
 
 /// Stamps, the candidate buffer and the fallback hand.
 pub(super) struct Lru {
@@ -205,16 +208,7 @@ impl Lru {
                 .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
                 .is_err()
             {
-                while taken < k {
-                    match self.any(refs, &take) {
-                        Some(id) => {
-                            got(id);
-                            taken += 1;
-                        }
-                        None => break,
-                    }
-                }
-                return taken;
+                return taken + self.sweep(refs, k - taken, &take, &mut got);
             }
             let found = self.refill(refs);
             // Release: the next refiller sees our entries as written.
@@ -225,17 +219,39 @@ impl Lru {
         }
     }
 
-    /// The first evictable block from the hand on that `take` takes.
-    fn any(&self, refs: &Refs, take: &impl Fn(BlockId, u64) -> bool) -> Option<BlockId> {
+    /// Takes up to `k` evictable blocks in one pass over the pool from the
+    /// hand, and moves the hand past the blocks it looked at, so that the
+    /// next sweep starts where this one stopped instead of rescanning the
+    /// held blocks before it. Returns how many it took.
+    fn sweep(
+        &self,
+        refs: &Refs,
+        k: usize,
+        take: &impl Fn(BlockId, u64) -> bool,
+        got: &mut impl FnMut(BlockId),
+    ) -> usize {
         let n = refs.len();
-        // Relaxed: the hand only spreads the scans.
-        let start = self.hand.fetch_add(1, Ordering::Relaxed) % n.max(1);
-        (0..n).map(|i| (start + i) % n).find_map(|index| {
-            let id = BlockId::new(index as u32);
+        if n == 0 || k == 0 {
+            return 0;
+        }
+        // Relaxed (both): the hand only spreads the sweeps.
+        let start = self.hand.load(Ordering::Relaxed) % n;
+        let (mut taken, mut looked) = (0, 0);
+        for index in (start..n).chain(0..start) {
+            looked += 1;
             // Acquire: as in `evict`.
             let state = refs.state(index, Ordering::Acquire);
-            (refs.may_evict(state) && take(id, state)).then_some(id)
-        })
+            let id = BlockId::new(index as u32);
+            if refs.may_evict(state) && take(id, state) {
+                got(id);
+                taken += 1;
+                if taken == k {
+                    break;
+                }
+            }
+        }
+        self.hand.fetch_add(looked, Ordering::Relaxed);
+        taken
     }
 
     /// Refills the buffer with the oldest evictable blocks, oldest first;

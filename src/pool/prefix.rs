@@ -104,9 +104,18 @@ fn add(counter: &AtomicU64, n: u64) {
     }
 }
 
-/// Words of the filter of block ids that one match has taken (4,096 bits,
-/// 512 bytes on the stack).
-const TAKEN_WORDS: usize = 64;
+/// Blocks a match compares each new hit against directly, before it
+/// builds its filter.
+const DIRECT: usize = 32;
+/// Words of the filter of block ids that one match has taken (32,768 bits,
+/// 4 KiB on the stack, zeroed only by matches longer than [`DIRECT`]).
+const TAKEN_WORDS: usize = 512;
+
+/// The filter's word and bit for block `id`.
+fn filter_bit(id: BlockId) -> (usize, u64) {
+    let bit = id.index() % (TAKEN_WORDS * 64);
+    (bit / 64, 1u64 << (bit % 64))
+}
 
 impl BlockPool {
     /// Takes one reference on each block of the longest cached prefix of
@@ -119,26 +128,41 @@ impl BlockPool {
     /// to an earlier one: a list of chained hashes never repeats a key, so
     /// only a list that is not one (misuse) is cut short there. So the
     /// blocks taken are distinct, at most `num_blocks` of them, and the
-    /// table cannot outgrow the pool. The check is a filter of 4,096 bits
-    /// over block ids (exact for pools of up to 4,096 blocks); only a hit
-    /// in it scans the blocks taken so far.
+    /// table cannot outgrow the pool. The first [`DIRECT`] hits are
+    /// compared with the blocks taken so far; a longer match builds a
+    /// filter of 32,768 bits over block ids (exact for pools of up to
+    /// 32,768 blocks), and only a hit in it scans the blocks taken.
     pub(crate) fn match_prefix(&self, hashes: &[BlockHash], out: &mut Vec<BlockId>) -> usize {
         let base = out.len();
-        let mut taken = [0u64; TAKEN_WORDS];
+        let mut filter: Option<[u64; TAKEN_WORDS]> = None;
         let mut hits = 0;
         for key in hashes {
             let Some(id) = self.match_one(key) else {
                 break;
             };
-            let bit = id.index() % (TAKEN_WORDS * 64);
-            let (word, mask) = (bit / 64, 1u64 << (bit % 64));
-            if taken[word] & mask != 0 && out[base..].contains(&id) {
+            let taken = &out[base..];
+            let repeated = if taken.len() < DIRECT {
+                taken.contains(&id)
+            } else {
+                let filter = filter.get_or_insert_with(|| {
+                    let mut filter = [0u64; TAKEN_WORDS];
+                    for &t in taken {
+                        let (word, mask) = filter_bit(t);
+                        filter[word] |= mask;
+                    }
+                    filter
+                });
+                let (word, mask) = filter_bit(id);
+                let maybe = filter[word] & mask != 0;
+                filter[word] |= mask;
+                maybe && taken.contains(&id)
+            };
+            if repeated {
                 // A repeated key: give back the second reference (we hold
                 // the first, so the block stays ours and keeps its key).
                 let _ = self.drop_held_refs(&[id]);
                 break;
             }
-            taken[word] |= mask;
             out.push(id);
             hits += 1;
         }
