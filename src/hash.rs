@@ -221,9 +221,10 @@ fn header_state(salt: &[u8], block_size: usize) -> [u32; 8] {
 }
 
 /// Absorbs one block's `tokens` into `state`: the tokens as little-endian
-/// `u32`s, zero-padded to a whole number of pieces.
-fn absorb(state: &mut [u32; 8], tokens: &[u32]) {
-    let mut buf = [Piece::default(); PIECES];
+/// `u32`s, zero-padded to a whole number of pieces, laid out in `buf`.
+/// [`hash_blocks`] passes one `buf` for all its blocks, so the buffer is
+/// zeroed once a prompt, not once a block.
+fn absorb(state: &mut [u32; 8], tokens: &[u32], buf: &mut [Piece; PIECES]) {
     for group in tokens.chunks(TOKENS_PER_PIECE * PIECES) {
         let mut used = 0;
         for (piece, tokens) in buf.iter_mut().zip(group.chunks(TOKENS_PER_PIECE)) {
@@ -231,7 +232,7 @@ fn absorb(state: &mut [u32; 8], tokens: &[u32]) {
                 dst.copy_from_slice(&token.to_le_bytes());
             }
             // Only a block's last piece is partial; the buffer may hold an
-            // earlier group's bytes there.
+            // earlier block's bytes there.
             piece[4 * tokens.len()..].fill(0);
             used += 1;
         }
@@ -265,7 +266,7 @@ impl BlockHash {
     pub fn first(salt: &[u8], tokens: &[u32]) -> BlockHash {
         assert!(!tokens.is_empty(), "a block must hold a token");
         let mut state = header_state(salt, tokens.len());
-        absorb(&mut state, tokens);
+        absorb(&mut state, tokens, &mut [Piece::default(); PIECES]);
         key_of(&state)
     }
 
@@ -303,7 +304,7 @@ impl BlockHash {
     pub fn next(&self, tokens: &[u32]) -> BlockHash {
         assert!(!tokens.is_empty(), "a block must hold a token");
         let mut state = state_of(self);
-        absorb(&mut state, tokens);
+        absorb(&mut state, tokens, &mut [Piece::default(); PIECES]);
         key_of(&state)
     }
 }
@@ -352,8 +353,9 @@ pub fn hash_blocks(salt: &[u8], tokens: &[u32], block_size: usize, out: &mut Vec
         return;
     }
     let mut state = header_state(salt, block_size);
+    let mut buf = [Piece::default(); PIECES];
     for block in blocks {
-        absorb(&mut state, block);
+        absorb(&mut state, block, &mut buf);
         out.push(key_of(&state));
     }
 }
