@@ -12,6 +12,7 @@
 //! | `sha256_digest` | the standard SHA-256 digest of a 16-byte tag, the parent's 32-byte key and the tokens (112 bytes: two compressions and a finalisation), through `sha2::Sha256` |
 //! | `blake3` | `blake3::hash` over the same 112 bytes (two compressions) |
 //! | `blake3_keyed` | `blake3::keyed_hash` of the block's 64 bytes under the parent's key: one BLAKE3 compression, BLAKE3's counterpart of `kvslots_sha256` |
+//! | `sha256_compress` | the floor: one bare `sha2::compress256` call a block on the prompt's pieces laid out in advance, chained, with no keys written out |
 //!
 //! The three peers start from a key of block 0 made the same way as their
 //! later keys (a tag and the salt in place of the parent); only the
@@ -25,6 +26,8 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use kvslots::{hash_blocks, BlockHash};
+use sha2::digest::generic_array::GenericArray;
+use sha2::digest::typenum::U64;
 use sha2::{Digest, Sha256};
 
 /// Prompt length in tokens.
@@ -88,7 +91,9 @@ fn sha256_blocks(salt: &[u8], tokens: &[u32], block_size: usize, out: &mut Vec<B
 
 /// BLAKE3 over the same strings as [`sha256_blocks`].
 fn blake3_blocks(salt: &[u8], tokens: &[u32], block_size: usize, out: &mut Vec<BlockHash>) {
-    digest_chain(salt, tokens, block_size, out, |s| *blake3::hash(s).as_bytes());
+    digest_chain(salt, tokens, block_size, out, |s| {
+        *blake3::hash(s).as_bytes()
+    });
 }
 
 /// BLAKE3 keyed by the parent's key over the block's tokens alone (block
@@ -143,6 +148,24 @@ fn bench_hash_blocks(c: &mut Criterion) {
             })
         });
     }
+    // The floor: the compressions alone.
+    let pieces: Vec<GenericArray<u8, U64>> = tokens
+        .chunks_exact(BLOCK)
+        .map(|block| {
+            let bytes: Vec<u8> = block.iter().flat_map(|t| t.to_le_bytes()).collect();
+            GenericArray::clone_from_slice(&bytes)
+        })
+        .collect();
+    group.bench_function(BenchmarkId::new("sha256_compress", PROMPT), |b| {
+        b.iter(|| {
+            let mut state = [0x6a09_e667u32; 8];
+            for piece in black_box(&pieces) {
+                sha2::compress256(&mut state, std::slice::from_ref(piece));
+                black_box(&state);
+            }
+            state
+        })
+    });
     group.finish();
 }
 

@@ -228,12 +228,20 @@ fn absorb(state: &mut [u32; 8], tokens: &[u32], buf: &mut [Piece; PIECES]) {
     for group in tokens.chunks(TOKENS_PER_PIECE * PIECES) {
         let mut used = 0;
         for (piece, tokens) in buf.iter_mut().zip(group.chunks(TOKENS_PER_PIECE)) {
-            for (dst, token) in piece.chunks_exact_mut(4).zip(tokens) {
-                dst.copy_from_slice(&token.to_le_bytes());
+            if let Ok(whole) = <&[u32; TOKENS_PER_PIECE]>::try_from(tokens) {
+                // A whole piece, of a length the compiler knows: the
+                // common case, laid out without a loop.
+                for (dst, token) in piece.chunks_exact_mut(4).zip(whole) {
+                    dst.copy_from_slice(&token.to_le_bytes());
+                }
+            } else {
+                for (dst, token) in piece.chunks_exact_mut(4).zip(tokens) {
+                    dst.copy_from_slice(&token.to_le_bytes());
+                }
+                // Only a block's last piece is partial; the buffer may
+                // hold an earlier block's bytes there.
+                piece[4 * tokens.len()..].fill(0);
             }
-            // Only a block's last piece is partial; the buffer may hold an
-            // earlier block's bytes there.
-            piece[4 * tokens.len()..].fill(0);
             used += 1;
         }
         sha2::compress256(state, &buf[..used]);
@@ -440,7 +448,11 @@ mod tests {
                 .for_each(|t| string.extend_from_slice(&t.to_le_bytes()));
             let mut state = state_of(&got[i]);
             sha2::compress256(&mut state, &[padding(string.len())]);
-            assert_eq!(key_of(&state).0[..], Sha256::digest(&string)[..], "block {i}");
+            assert_eq!(
+                key_of(&state).0[..],
+                Sha256::digest(&string)[..],
+                "block {i}"
+            );
             // And a key is not the digest itself.
             assert_ne!(got[i].0[..], Sha256::digest(&string)[..]);
         }
