@@ -29,8 +29,8 @@ use sha2::{Digest, Sha256};
 ///
 /// Two blocks share a key only if they hold the same tokens after the same
 /// prefix, cut into blocks of the same size, under the same salt, short of
-/// a collision (or a preimage of its fixed initial value) in SHA-256's
-/// compression function. [`hash_blocks`] computes the keys of a prompt's
+/// a collision in SHA-256's compression function (or a preimage of
+/// SHA-256's initial state under it). [`hash_blocks`] computes the keys of a prompt's
 /// full blocks; [`BlockHash::first`] and [`BlockHash::next`] compute them
 /// one block at a time.
 ///
@@ -47,9 +47,9 @@ use sha2::{Digest, Sha256};
 ///
 /// Block `i`'s key is the state after block `i`'s bytes: SHA-256's eight
 /// 32-bit state words, each written big-endian (the order a SHA-256 digest
-/// writes them in). Block `i + 1`'s key is that state after block `i + 1`'s
-/// bytes, so [`BlockHash::next`] needs only the parent's key and the new
-/// block's tokens.
+/// writes them in). Block `i + 1`'s key continues from that state through
+/// block `i + 1`'s bytes, so [`BlockHash::next`] needs only the parent's key
+/// and the new block's tokens.
 ///
 /// A key is **not** the SHA-256 digest of those bytes: no padding or length
 /// block is compressed after them, so a key is the state SHA-256 is in just
@@ -101,8 +101,8 @@ use sha2::{Digest, Sha256};
 /// tenant, per adapter), never the client; anyone who knows a salt and a
 /// prompt can compute its keys, as the server does.
 ///
-/// By these two cases, equal keys mean equal salts, equal block sizes,
-/// equal tokens and an equal number of blocks. Different salts (tenants,
+/// Short of breaking one of these, equal keys mean equal salts, equal
+/// block sizes, equal tokens and an equal number of blocks. Different salts (tenants,
 /// LoRA adapters, multimodal inputs folded into a salt) therefore never
 /// share a key.
 ///
