@@ -153,10 +153,44 @@ impl Keys {
         })
     }
 
+    /// One pass over `probe`'s buckets before a publish claims its block:
+    /// `None` if `holds` accepts a block listed under the fingerprint (a
+    /// block that holds the key: the publish loses at once), else the two
+    /// buckets emptier first, for [`insert_into`](Self::insert_into).
+    pub(super) fn look_before_insert(
+        &self,
+        probe: Probe,
+        holds: impl Fn(BlockId) -> bool,
+    ) -> Option<[usize; 2]> {
+        let mut used = [0usize; 2];
+        for (n, bucket) in [probe.first, probe.second].into_iter().enumerate() {
+            if n == 1 && bucket == probe.first {
+                used[1] = used[0];
+                break;
+            }
+            for slot in bucket * self.width..(bucket + 1) * self.width {
+                // Acquire: synchronises with the publisher's insert
+                // (Release), so its key words are visible to `holds`.
+                let word = self.slots[slot].load(Ordering::Acquire);
+                if word == EMPTY {
+                    continue;
+                }
+                used[n] += 1;
+                if Self::block_of(probe, word).is_some_and(&holds) {
+                    return None;
+                }
+            }
+        }
+        Some(if used[1] < used[0] {
+            [probe.second, probe.first]
+        } else {
+            [probe.first, probe.second]
+        })
+    }
+
     /// Inserts block `id` into the emptier of `probe`'s buckets; returns
     /// the slot, or `None` if both buckets are full.
     pub(super) fn insert(&self, probe: Probe, id: BlockId) -> Option<usize> {
-        let entry = Self::entry(probe, id);
         let used = |bucket: usize| {
             (bucket * self.width..(bucket + 1) * self.width)
                 // Relaxed: only chooses a bucket; the CAS below decides.
@@ -168,6 +202,18 @@ impl Keys {
         } else {
             [probe.first, probe.second]
         };
+        self.insert_into(probe, order, id)
+    }
+
+    /// Inserts block `id` into the first empty slot of `order`'s buckets;
+    /// returns the slot, or `None` if both are full.
+    pub(super) fn insert_into(
+        &self,
+        probe: Probe,
+        order: [usize; 2],
+        id: BlockId,
+    ) -> Option<usize> {
+        let entry = Self::entry(probe, id);
         for bucket in order {
             for slot in bucket * self.width..(bucket + 1) * self.width {
                 // Relaxed: only skips taken slots without a locked

@@ -238,15 +238,20 @@ impl BlockPool {
         // Already cached (this key or another), or the key held by another
         // block? (A key that another block commits after this lookup is
         // found by the rescan below.)
-        if self.refs.is_cached(id) || self.is_held_key(key) {
+        if self.refs.is_cached(id) {
             return false;
         }
+        let probe = self.keys.probe(key);
+        let Some(order) = self.keys.look_before_insert(probe, |rival| {
+            !self.keys.skip_held_key_check() && self.is_holder(rival, key)
+        }) else {
+            return false;
+        };
         if !self.refs.claim(id) {
             return false;
         }
         self.keys.write(id, key);
-        let probe = self.keys.probe(key);
-        let Some(mut slot) = self.keys.insert(probe, id) else {
+        let Some(mut slot) = self.keys.insert_into(probe, order, id) else {
             self.give_back_claim(id, self.refs.unclaim(id));
             return false;
         };
@@ -320,16 +325,12 @@ impl BlockPool {
         false
     }
 
-    /// Whether a committed block holds `key` now: a publish of it loses
-    /// without claiming anything (first wins).
-    fn is_held_key(&self, key: &BlockHash) -> bool {
-        !self.keys.skip_held_key_check()
-            && self.keys.candidates(self.keys.probe(key)).any(|id| {
-                // Acquire: as in `match_one`, the key words read next are the
-                // publisher's.
-                self.refs.state(id.index(), Ordering::Acquire) & CACHED != 0
-                    && self.keys.holds(id, key)
-            })
+    /// Whether block `id` holds `key`, committed, now: a publish of the
+    /// key loses to it without claiming anything (first wins).
+    fn is_holder(&self, id: BlockId, key: &BlockHash) -> bool {
+        // Acquire: as in `match_one`, the key words read next are the
+        // publisher's.
+        self.refs.state(id.index(), Ordering::Acquire) & CACHED != 0 && self.keys.holds(id, key)
     }
 
     /// Gives block `id` back to the pool if the drop of a claim's own
