@@ -10,7 +10,7 @@ use std::sync::Arc;
 use kvslots::__model::{pool_with_faults, Faults};
 use kvslots::{BlockHash, Sequence};
 use loom::thread;
-use loom_tests::pool_world::{check, SOUND};
+use loom_tests::pool_world::{check, ARMED_CLAIM, SOUND};
 
 /// Three one-token blocks: holder `c`, rival `r` and publisher `p`, with
 /// `r < p`. The holder publishes key `K` while the rival does; the rival's
@@ -60,4 +60,14 @@ fn rival_reclaimed_for_another_key(faults: Faults) {
 #[test]
 fn a_rival_reclaimed_for_another_key_is_no_reason_to_lose() {
     rival_reclaimed_for_another_key(SOUND);
+}
+
+/// A claim that is a rival before its key words are written: the rescan
+/// of `p` finds the entry the rival's claim of `K` left, reads the state
+/// of its claim of `K2` with the key words of `K`, and defers to it (or
+/// loses to its commit).
+#[test]
+#[should_panic(expected = "nobody holds the key")]
+fn a_rival_reclaimed_for_another_key_armed_claim_is_caught() {
+    rival_reclaimed_for_another_key(ARMED_CLAIM);
 }

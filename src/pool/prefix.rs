@@ -221,6 +221,7 @@ impl BlockPool {
             return false;
         }
         self.keys.write(id, key);
+        self.refs.arm(id);
         let probe = self.keys.probe(key);
         let Some(mut slot) = self.keys.insert(probe, id) else {
             self.give_back_claim(id, self.refs.unclaim(id));
@@ -275,7 +276,10 @@ impl BlockPool {
                 || !self.keys.holds(rival, key)
             {
                 // A stale entry (being removed), a killed claim (it cannot
-                // commit without looking again) or another key.
+                // commit without looking again; a claim is also killed
+                // until its key words are written, so an entry that an
+                // earlier claim of the block left is not taken for this
+                // one) or another key.
                 continue;
             }
             let lost = if seen & CACHED != 0 {
