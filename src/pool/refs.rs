@@ -436,8 +436,10 @@ impl Refs {
     pub(super) fn arm(&self, id: BlockId) {
         // Release: a rescan that reads this state or a later one of its
         // release sequence (Acquire) sees the key words written before,
-        // not those of an earlier claim of the block.
-        self.words[id.index()].fetch_and(!KILLED, Ordering::Release);
+        // not those of an earlier claim of the block. (Relaxed under
+        // loom's `relaxed_publish` control, which takes every release of a
+        // publish away.)
+        self.words[id.index()].fetch_and(!KILLED, self.faults.publish_ordering(Ordering::Release));
     }
 
     /// What the drop of the claim's own reference from `cur` did.

@@ -192,7 +192,7 @@ impl Faults {
     }
 
     /// The ordering of a publisher's release operations (inserting the
-    /// index entry, setting the cached flag): `good`, or `Relaxed` under
+    /// index entry, arming the claim, setting the cached flag): `good`, or `Relaxed` under
     /// `relaxed_publish`.
     #[inline]
     pub(crate) fn publish_ordering(self, good: Ordering) -> Ordering {
