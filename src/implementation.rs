@@ -347,7 +347,8 @@
 //!                        block id gave up in this claim's favour
 //! bit   31      CACHED   the block holds a key that can match
 //! bit   32      BUSY     a publisher has claimed it to give it a key
-//! bit   33      KILLED   a rival publisher of the same key won
+//! bit   33      KILLED   a rival publisher of the same key won, or the
+//!                        claim's key is not written yet (not armed)
 //! bits 34..64   generation, bumped whenever the block loses a key or a claim
 //! ```
 //!
