@@ -347,7 +347,8 @@
 //!                        block id gave up in this claim's favour
 //! bit   31      CACHED   the block holds a key that can match
 //! bit   32      BUSY     a publisher has claimed it to give it a key
-//! bit   33      KILLED   a rival publisher of the same key won
+//! bit   33      KILLED   a rival publisher of the same key won, or the
+//!                        claim's key is not written yet (not armed)
 //! bits 34..64   generation, bumped whenever the block loses a key or a claim
 //! ```
 //!
@@ -412,7 +413,8 @@
 //! `publish` of key `K` on a held, uncached block `b`: first look `K` up as
 //! a match would (without taking a reference); if a committed block holds
 //! it, `b` loses at once, having claimed nothing. Otherwise claim `b` (CAS
-//! in `BUSY` and the claim's reference), write `K`'s words, insert `(fingerprint, b)` into a bucket
+//! in `BUSY`, `KILLED` and the claim's reference), write `K`'s words, arm
+//! the claim (clear `KILLED`, a `Release` RMW), insert `(fingerprint, b)` into a bucket
 //! (a `Release` CAS), make a read-modify-write that changes nothing
 //! (`fetch_add(0)`, `AcqRel`) on the first slot of `K`'s first bucket, then
 //! rescan both buckets (`Acquire` loads) for rivals holding `K`:
@@ -424,6 +426,14 @@
 //!   committed first;
 //! * a killed claim, a stale entry (a block whose key is being dropped) or
 //!   another key is ignored.
+//!
+//! A claim is killed until it is armed because an entry can outlive the
+//! claim that made it: a rescan that loaded a loser's entry can read the
+//! state of a later claim of the same block, under another key, whose key
+//! words are not written yet (or not visible to it), and would take it for
+//! a rival. A rescan that reads the state after the arm (`Acquire`) sees
+//! the later claim's key words, and one that reads it before sees a killed
+//! claim; the entry the later claim inserts after its arm is found as any.
 //!
 //! Then `b` commits (CAS from `BUSY` to `CACHED`, dropping the claim's
 //! reference, `AcqRel`) unless it was killed. A loser removes its entry
@@ -446,7 +456,10 @@
 //! mark: a publish that returns without caching its key saw a block
 //! holding the key, during the publish or in a look that began after it
 //! deferred (by induction down the block ids, which a chain of deferrals
-//! strictly lowers). Without this, three overlapping publishes could leave
+//! strictly lowers), unless the key's two index buckets were full when
+//! the claim it deferred to put its entry back to look again (that claim
+//! then gives up, as any publish that finds no room: a miss, never a wrong
+//! hit). Without this, three overlapping publishes could leave
 //! the key on no block: a claim that lost to a holder which then went,
 //! and a later publish that deferred to that claim. Each extra look is
 //! caused by another publish's mark or kill, so publishing stays
@@ -791,7 +804,8 @@
 //! revival without the generation check, a `Relaxed` publish, an eviction
 //! of a referenced block, a publisher that does not kill a rival's claim,
 //! a claim without a reference of its own, a claim's last drop not given
-//! back, a publish that claims without looking its key up first, a fenced
+//! back, a publish that claims without looking its key up first, a claim
+//! that is a rival before its key is written, a fenced
 //! retirement that gives its references back at once, an admission fast
 //! path that takes with a plain store, a refused gather that keeps what it
 //! took, a waiter that queues without trying again, a cancelled waiter

@@ -47,6 +47,7 @@ pub const SOUND: Faults = Faults {
     claim_drop_kept: false,
     no_held_key_check: false,
     ignore_deferral: false,
+    armed_claim: false,
     late_enqueue: false,
     cancel_keeps_grant: false,
     cancel_no_recheck: false,
@@ -133,6 +134,14 @@ pub const CLAIM_DROP_KEPT: Faults = Faults {
 /// gives up without looking for the key's holders again.
 pub const IGNORE_DEFERRAL: Faults = Faults {
     ignore_deferral: true,
+    ..SOUND
+};
+
+/// The arming control: a publisher's claim is a rival before its key
+/// words are written, so a rescan can take it for a claim of the key that
+/// an earlier claim of the block published.
+pub const ARMED_CLAIM: Faults = Faults {
+    armed_claim: true,
     ..SOUND
 };
 

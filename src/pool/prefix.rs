@@ -231,9 +231,12 @@ impl BlockPool {
     /// killed, looks again before it gives up (a killed one may then
     /// commit, if its killer is gone). So a publish that returns `false`
     /// either saw a block holding the key, during the publish or during a
-    /// look that began after it gave up, or was refused (cached already,
-    /// the index full). Each new look is caused by a rival's mark or kill,
-    /// that is by another publish's progress: the loop is lock-free.
+    /// look that began after it gave up, or was refused: the block cached
+    /// already, or the key's two index buckets full, when it inserted its
+    /// entry or when a claim it deferred to put its own back to look again
+    /// (that claim then gives up: a miss until the key is published again,
+    /// never a wrong hit). Each new look is caused by a rival's mark or
+    /// kill, that is by another publish's progress: the loop is lock-free.
     pub(crate) fn publish_block(&self, id: BlockId, key: &BlockHash) -> bool {
         // Already cached (this key or another), or the key held by another
         // block? (A key that another block commits after this lookup is
@@ -251,6 +254,7 @@ impl BlockPool {
             return false;
         }
         self.keys.write(id, key);
+        self.refs.arm(id);
         let Some(mut slot) = self.keys.insert_into(probe, order, id) else {
             self.give_back_claim(id, self.refs.unclaim(id));
             return false;
@@ -304,7 +308,10 @@ impl BlockPool {
                 || !self.keys.holds(rival, key)
             {
                 // A stale entry (being removed), a killed claim (it cannot
-                // commit without looking again) or another key.
+                // commit without looking again; a claim is also killed
+                // until its key words are written, so an entry that an
+                // earlier claim of the block left is not taken for this
+                // one) or another key.
                 continue;
             }
             let lost = if seen & CACHED != 0 {

@@ -8,7 +8,8 @@
 //!               block id gave up in this claim's favour
 //! bit   31      CACHED: the block holds a key that can match
 //! bit   32      BUSY: a publisher has claimed the block to give it a key
-//! bit   33      KILLED: a rival publisher of the same key won
+//! bit   33      KILLED: a rival publisher of the same key won, or the
+//!               claim's key is not written yet
 //! bits 34..64   generation: bumped whenever the block loses a key or a
 //!               claim, so a state value names one incarnation of its key
 //! ```
@@ -66,7 +67,9 @@ pub(super) const DEFERRED: u64 = 1 << 30;
 pub(super) const CACHED: u64 = 1 << 31;
 /// A publisher has claimed the block (and holds one reference for it).
 pub(super) const BUSY: u64 = 1 << 32;
-/// A rival publisher of the same key won against the claim.
+/// A rival publisher of the same key won against the claim; also set from
+/// the claim until its key words are written (see [`Refs::claim`]), so
+/// that a rival never takes the claim for one of its key.
 pub(super) const KILLED: u64 = 1 << 33;
 /// One step of the generation.
 pub(super) const GEN: u64 = 1 << 34;
@@ -389,9 +392,20 @@ impl Refs {
     /// sets `BUSY` and takes the claim's own reference (see the module
     /// doc). `false` if the block is cached, claimed, has no reference, or
     /// has so many that one more would overflow.
+    ///
+    /// The claim starts `KILLED`, and [`arm`](Self::arm) clears that once
+    /// the publisher has written its key words. A publisher's rescan can
+    /// find an index entry that an earlier claim of the block left under
+    /// another key, and read the state word of this later claim with the
+    /// earlier key words (this claim's are not written yet, or not
+    /// visible): were the claim a rival from the start, the rescan would
+    /// defer to it, or lose to its commit, although it publishes another
+    /// key. A rescan ignores a killed claim; one that reads the state after
+    /// the arm sees this claim's key words.
     pub(super) fn claim(&self, id: BlockId) -> bool {
         let word = &self.words[id.index()];
         let claim_ref = self.claim_ref();
+        let unarmed = if self.faults.armed_claim() { 0 } else { KILLED };
         // Relaxed: only a guess; the CAS validates it.
         let mut cur = word.load(Ordering::Relaxed);
         loop {
@@ -405,7 +419,7 @@ impl Refs {
             // afterwards leaves the claim's, so the block stays ours.
             match word.compare_exchange_weak(
                 cur,
-                (cur | BUSY) + claim_ref,
+                (cur | BUSY | unarmed) + claim_ref,
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
@@ -413,6 +427,19 @@ impl Refs {
                 Err(actual) => cur = actual,
             }
         }
+    }
+
+    /// Makes a claim a rival of its key's other publishers: clears the
+    /// `KILLED` that [`claim`](Self::claim) set, after the publisher wrote
+    /// its key words and before it inserts its index entry (so no rival
+    /// has killed the claim yet: none has found it).
+    pub(super) fn arm(&self, id: BlockId) {
+        // Release: a rescan that reads this state or a later one of its
+        // release sequence (Acquire) sees the key words written before,
+        // not those of an earlier claim of the block. (Relaxed under
+        // loom's `relaxed_publish` control, which takes every release of a
+        // publish away.)
+        self.words[id.index()].fetch_and(!KILLED, self.faults.publish_ordering(Ordering::Release));
     }
 
     /// What the drop of the claim's own reference from `cur` did.

@@ -74,6 +74,13 @@ pub struct Faults {
     /// to is gone (the key ends on no block).
     #[cfg(kvslots_loom)]
     pub ignore_deferral: bool,
+    /// A publisher's claim is a rival from the start, before its key words
+    /// are written: a rescan that reads the claim's state through an entry
+    /// that an earlier claim of the block left, with that claim's key
+    /// words, defers to it (or loses to its commit) although it publishes
+    /// another key.
+    #[cfg(kvslots_loom)]
+    pub armed_claim: bool,
     /// A waiter joins the wait queue without trying again after it is
     /// queued: a release that happened between its failed attempt and its
     /// enqueue found nobody waiting, and nothing wakes it (a lost wakeup).
@@ -185,7 +192,7 @@ impl Faults {
     }
 
     /// The ordering of a publisher's release operations (inserting the
-    /// index entry, setting the cached flag): `good`, or `Relaxed` under
+    /// index entry, arming the claim, setting the cached flag): `good`, or `Relaxed` under
     /// `relaxed_publish`.
     #[inline]
     pub(crate) fn publish_ordering(self, good: Ordering) -> Ordering {
@@ -356,6 +363,17 @@ impl Faults {
     pub(crate) fn no_held_key_check(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.no_held_key_check {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a claim is a rival before its key words are written:
+    /// `false`, or `true` under `armed_claim`.
+    #[inline]
+    pub(crate) fn armed_claim(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.armed_claim {
             return true;
         }
         false

@@ -1,0 +1,73 @@
+//! Loom models that attack the prefix cache's publish protocol: rivals
+//! that are reclaimed, killed or deferred to while a publisher rescans.
+//!
+//! Run with `scripts/loom --test prefix_publish_attack`.
+#![cfg(kvslots_loom)]
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use kvslots::__model::{pool_with_faults, Faults};
+use kvslots::{BlockHash, Sequence};
+use loom::thread;
+use loom_tests::pool_world::{check, ARMED_CLAIM, SOUND};
+
+/// Three one-token blocks: holder `c`, rival `r` and publisher `p`, with
+/// `r < p`. The holder publishes key `K` while the rival does; the rival's
+/// publish of `K` loses to the holder (or wins), and the rival then
+/// publishes another key `K2` on the same block (its tokens were
+/// rewritten: a legitimate second publish of an uncached block). The
+/// holder goes (its key reset), and only then does `p` publish `K`. `p`
+/// must not lose to the rival's claim of `K2`: the key ends on a block.
+fn rival_reclaimed_for_another_key(faults: Faults) {
+    check(move || {
+        let pool = Arc::new(pool_with_faults(3, 1, 1, faults));
+        let key = BlockHash([1; 32]);
+        let mut c = Sequence::new(Arc::clone(&pool));
+        c.try_append(1).unwrap();
+        let mut x = Sequence::new(Arc::clone(&pool));
+        x.try_append(1).unwrap();
+        let mut y = Sequence::new(Arc::clone(&pool));
+        y.try_append(1).unwrap();
+        let (mut r, mut p) = if x.blocks()[0] < y.blocks()[0] {
+            (x, y)
+        } else {
+            (y, x)
+        };
+        let holder = thread::spawn(move || {
+            c.publish(&[BlockHash([1; 32])]);
+            c
+        });
+        let rival = thread::spawn(move || {
+            let n = r.publish(&[BlockHash([1; 32])]);
+            r.publish(&[BlockHash([2; 32])]);
+            (r, n)
+        });
+        drop(holder.join().unwrap());
+        pool.reset_prefix_cache();
+        let mine = p.publish(&[key]);
+        let (r, theirs) = rival.join().unwrap();
+        assert_eq!(
+            mine + theirs,
+            1,
+            "nobody holds the key (rival {:?}, mine {:?})",
+            r.blocks(),
+            p.blocks()
+        );
+    });
+}
+
+#[test]
+fn a_rival_reclaimed_for_another_key_is_no_reason_to_lose() {
+    rival_reclaimed_for_another_key(SOUND);
+}
+
+/// A claim that is a rival before its key words are written: the rescan
+/// of `p` finds the entry the rival's claim of `K` left, reads the state
+/// of its claim of `K2` with the key words of `K`, and defers to it (or
+/// loses to its commit).
+#[test]
+#[should_panic(expected = "nobody holds the key")]
+fn a_rival_reclaimed_for_another_key_armed_claim_is_caught() {
+    rival_reclaimed_for_another_key(ARMED_CLAIM);
+}
