@@ -271,23 +271,30 @@ impl Lru {
         let get = |i: usize| self.candidates[i].load(Ordering::Relaxed);
         let set = |i: usize, word: u64| self.candidates[i].store(word, Ordering::Relaxed);
         // A min-heap by age of the oldest blocks seen: its root is the
-        // youngest of them, the first to be replaced.
-        let sift_down = |mut i: usize, len: usize| loop {
-            let (l, r) = (2 * i + 1, 2 * i + 2);
-            let mut min = i;
-            if l < len && age(get(l)) < age(get(min)) {
-                min = l;
+        // youngest of them, the first to be replaced. Both sifts move a
+        // hole rather than swapping, so each level costs one load and one
+        // store of the ring and one age.
+        let sift_down = |mut i: usize, word: u64, len: usize| {
+            let a = age(word);
+            loop {
+                let l = 2 * i + 1;
+                if l >= len {
+                    break;
+                }
+                let (mut c, mut child) = (l, get(l));
+                if l + 1 < len {
+                    let right = get(l + 1);
+                    if age(right) < age(child) {
+                        (c, child) = (l + 1, right);
+                    }
+                }
+                if age(child) >= a {
+                    break;
+                }
+                set(i, child);
+                i = c;
             }
-            if r < len && age(get(r)) < age(get(min)) {
-                min = r;
-            }
-            if min == i {
-                return;
-            }
-            let (a, b) = (get(i), get(min));
-            set(i, b);
-            set(min, a);
-            i = min;
+            set(i, word);
         };
         let mut len = 0;
         for index in 0..refs.len() {
@@ -301,27 +308,27 @@ impl Lru {
             let stamp = self.stamps[index].load(Ordering::Relaxed);
             let word = (u64::from(stamp) << 32) | id.index() as u64;
             if len < cap {
-                // Sift up.
-                let mut i = len;
-                set(i, word);
-                len += 1;
-                while i > 0 && age(get((i - 1) / 2)) > age(get(i)) {
-                    let (a, b) = (get(i), get((i - 1) / 2));
-                    set(i, b);
-                    set((i - 1) / 2, a);
+                // Sift up from a hole at the end.
+                let (mut i, a) = (len, age(word));
+                while i > 0 {
+                    let parent = get((i - 1) / 2);
+                    if age(parent) <= a {
+                        break;
+                    }
+                    set(i, parent);
                     i = (i - 1) / 2;
                 }
+                set(i, word);
+                len += 1;
             } else if age(word) > age(get(0)) {
-                set(0, word);
-                sift_down(0, len);
+                sift_down(0, word, len);
             }
         }
         // Heap sort: the youngest goes to the back, so the oldest ends first.
         for end in (1..len).rev() {
-            let (a, b) = (get(0), get(end));
-            set(0, b);
-            set(end, a);
-            sift_down(0, end);
+            let (root, last) = (get(0), get(end));
+            set(end, root);
+            sift_down(0, last, end);
         }
         // Release (both): an evictor that sees these values sees the
         // entries written above. Appends resume if every evictable block
