@@ -414,8 +414,8 @@
 //! a match would (without taking a reference); if a committed block holds
 //! it, `b` loses at once, having claimed nothing. Otherwise claim `b` (CAS
 //! in `BUSY`, `KILLED` and the claim's reference), write `K`'s words, arm
-//! the claim (clear `KILLED`, a `Release` RMW), insert `(fingerprint, b)` into a bucket
-//! (a `Release` CAS), make a read-modify-write that changes nothing
+//! the claim (clear `KILLED`, a `Release` RMW), insert `(fingerprint, b)`
+//! into a bucket (a `Release` CAS), make a read-modify-write that changes nothing
 //! (`fetch_add(0)`, `AcqRel`) on the first slot of `K`'s first bucket, then
 //! rescan both buckets (`Acquire` loads) for rivals holding `K`:
 //!
@@ -438,8 +438,8 @@
 //! Then `b` commits (CAS from `BUSY` to `CACHED`, dropping the claim's
 //! reference, `AcqRel`) unless it was killed. A loser removes its entry
 //! and gives up its claim (a new generation, so that a late kill or
-//! deferral cannot hit a later claim). Every publisher of `K` makes its read-modify-write
-//! on the same word, after its insert; every write to a slot is a
+//! deferral cannot hit a later claim). Every publisher of `K` makes its
+//! read-modify-write on the same word, after its insert; every write to a slot is a
 //! read-modify-write, so the later of two publishers reads from the
 //! release sequence of the earlier one's and synchronises with it: its
 //! rescan sees the earlier one's entry (unless that one already lost and
@@ -459,8 +459,8 @@
 //! strictly lowers), unless the key's two index buckets were full when
 //! the claim it deferred to put its entry back to look again (that claim
 //! then gives up, as any publish that finds no room: a miss, never a wrong
-//! hit). Without this, three overlapping publishes could leave
-//! the key on no block: a claim that lost to a holder which then went,
+//! hit). Without this, three overlapping publishes could leave the key
+//! on no block: a claim that lost to a holder which then went,
 //! and a later publish that deferred to that claim. Each extra look is
 //! caused by another publish's mark or kill, so publishing stays
 //! lock-free. The first lookup is kept as the cheap path: a publish of a
