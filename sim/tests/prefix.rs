@@ -155,8 +155,11 @@ fn contended(mix: bool) -> EngineConfig {
 }
 
 /// Four workers on a pool that holds a few prompts: matches, publishes,
-/// evictions, preemptions, forks and drafts all happen, and every matched
-/// block the oracle reads back holds its prompt's content.
+/// evictions, forks and drafts all happen (preemptions too, as the
+/// interleaving has it: whether one happens depends on the threads'
+/// timing, so it is not asserted here; `tests/engine.rs` forces them on
+/// one worker), and every matched block the oracle reads back holds its
+/// prompt's content.
 #[test]
 fn shared_prefixes_under_contention_keep_every_invariant_on_both_allocators() {
     let reqs = small_shared(400, 3);
@@ -166,7 +169,6 @@ fn shared_prefixes_under_contention_keep_every_invariant_on_both_allocators() {
         assert_ok(&m, reqs.len());
         assert!(m.counts.prefix_hit_tokens > 0);
         assert!(m.prefix.evictions > 0, "{:?}", m.prefix);
-        assert!(m.counts.preemptions > 0);
         assert!(m.counts.forks > 0);
         // A preempted attempt counts its whole prompt, prefilled or not.
         assert!(m.counts.tokens_prefilled + m.counts.prefix_hit_tokens <= m.counts.prompt_tokens);
