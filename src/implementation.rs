@@ -492,7 +492,8 @@
 //!
 //! Evictors take candidates from a ring of `num_blocks / 4` (at least 64)
 //! `(stamp, id)` words, oldest first. A block that becomes evictable is
-//! appended as the youngest, unless the ring is full or *overflowed* (an
+//! appended as the youngest (a give-back appends its blocks in batches of
+//! up to 32 with one CAS), unless the ring is full or *overflowed* (an
 //! older evictable block is missing from it; appends then stop). When the
 //! ring runs dry, one evictor refills it by a scan of every state word
 //! (through a bounded heap, no allocation): the oldest evictable blocks,

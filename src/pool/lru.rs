@@ -8,8 +8,10 @@
 //!
 //! Evictors take blocks from a ring of candidates, oldest first, as
 //! `(stamp << 32) | id` words. A block that becomes evictable is appended
-//! (it is the youngest), unless the ring is full or *overflowed*: some
-//! evictable block older than the new one is missing from it. When the
+//! (it is the youngest; a give-back appends the blocks it made evictable
+//! in batches, oldest first, with one CAS on the ring's length a batch),
+//! unless the ring is full or *overflowed*: some evictable block older
+//! than the new one is missing from it. When the
 //! ring runs dry, one evictor refills it with a scan of every block (a
 //! bounded heap keeps the `capacity` oldest, sorted); the ring is marked
 //! overflowed if the scan found more evictable blocks than fit. The
@@ -98,36 +100,55 @@ impl Lru {
         self.clock.fetch_add(n as u32, Ordering::Relaxed)
     }
 
-    /// Records that `id` became evictable at `stamp`, and appends it to
-    /// the ring as the youngest candidate when it may.
-    pub(super) fn stamp(&self, id: BlockId, stamp: u32) {
-        // Relaxed: a hint, re-checked by the evictor's CAS on the state.
-        self.stamps[id.index()].store(stamp, Ordering::Relaxed);
+    /// The candidate word of block `id` stamped `stamp`.
+    pub(super) fn word(id: BlockId, stamp: u32) -> u64 {
+        (u64::from(stamp) << 32) | id.index() as u64
+    }
+
+    /// Records that the blocks of `words` (candidate words, oldest first)
+    /// became evictable at their stamps, and appends them to the ring as
+    /// its youngest candidates while it has room and has not overflowed:
+    /// one CAS on the ring's length for all of them. Those that do not fit
+    /// mark it overflowed (they wait for a scan).
+    pub(super) fn stamp_all(&self, words: &[u64]) {
+        for &word in words {
+            // Relaxed: a hint, re-checked by the evictor's CAS on the state.
+            self.stamps[id_of(word).index()].store(stamp_of(word), Ordering::Relaxed);
+        }
         let cap = self.candidates.len();
-        // Relaxed: a hint; an append lost to a race leaves the block for
+        // Relaxed: a hint; an append lost to a race leaves the blocks for
         // the next scan.
-        if cap == 0 || self.overflowed.load(Ordering::Relaxed) {
+        if cap == 0 || words.is_empty() || self.overflowed.load(Ordering::Relaxed) {
             return;
         }
-        let word = (u64::from(stamp) << 32) | id.index() as u64;
         // Acquire: as in `pop`.
         let mut len = self.len.load(Ordering::Acquire);
         loop {
-            // Full? Then the block (and every later one) waits for a scan.
-            if len - self.next.load(Ordering::Acquire).min(len) >= cap {
+            let held = len - self.next.load(Ordering::Acquire).min(len);
+            let fit = words.len().min(cap.saturating_sub(held));
+            if fit < words.len() {
+                // Full: these blocks (and every later one) wait for a scan.
                 // Relaxed: a hint.
                 self.overflowed.store(true, Ordering::Relaxed);
-                return;
+                if fit == 0 {
+                    return;
+                }
             }
-            // Relaxed: published by the Release CAS below.
-            self.candidates[len % cap].store(word, Ordering::Relaxed);
-            // Release on success: the entry written above is visible to an
-            // evictor that sees the new length. Acquire on failure: retry
+            let mut slot = len % cap;
+            for &word in &words[..fit] {
+                // Relaxed: published by the Release CAS below.
+                self.candidates[slot].store(word, Ordering::Relaxed);
+                slot = if slot + 1 == cap { 0 } else { slot + 1 };
+            }
+            // Release on success: the entries written above are visible to
+            // an evictor that sees the new length. Acquire on failure: retry
             // at the fresh length.
-            match self
-                .len
-                .compare_exchange_weak(len, len + 1, Ordering::Release, Ordering::Acquire)
-            {
+            match self.len.compare_exchange_weak(
+                len,
+                len + fit,
+                Ordering::Release,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => return,
                 Err(actual) => len = actual,
             }
@@ -306,7 +327,7 @@ impl Lru {
             let id = BlockId::new(index as u32);
             // Relaxed: a hint.
             let stamp = self.stamps[index].load(Ordering::Relaxed);
-            let word = (u64::from(stamp) << 32) | id.index() as u64;
+            let word = Self::word(id, stamp);
             if len < cap {
                 // Sift up from a hole at the end.
                 let (mut i, a) = (len, age(word));

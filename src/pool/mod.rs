@@ -29,6 +29,10 @@ use lru::Lru;
 pub use prefix::PrefixStats;
 use prefix::Stats;
 use refs::{Dropped, Refs};
+
+/// Blocks that a give-back appends to the eviction ring with one CAS (a
+/// batch of candidate words on the stack, 256 bytes).
+const STAMP_BATCH: usize = 32;
 pub use wait::Alloc;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
@@ -665,8 +669,12 @@ impl BlockPool {
         // Cached blocks whose last reference went: they stay cached, as the
         // most recently released, with stamps in the order of the drops
         // (one range taken for the rest of the list at the first of them).
+        // They join the eviction ring in batches (one CAS on its length a
+        // batch), oldest first.
         let mut evictable = 0;
         let mut stamps = None;
+        let mut batch = [0u64; STAMP_BATCH];
+        let mut batched = 0;
         let total = order.len();
         for (i, id) in order.enumerate() {
             match drop(id) {
@@ -674,7 +682,12 @@ impl BlockPool {
                 Ok(Dropped::Evictable) => {
                     let base = *stamps
                         .get_or_insert_with(|| self.lru.stamps(total - i).wrapping_sub(i as u32));
-                    self.lru.stamp(id, base.wrapping_add(i as u32));
+                    batch[batched] = Lru::word(id, base.wrapping_add(i as u32));
+                    batched += 1;
+                    if batched == STAMP_BATCH {
+                        self.lru.stamp_all(&batch);
+                        batched = 0;
+                    }
                     evictable += 1;
                 }
                 Ok(Dropped::Kept) => {}
@@ -689,6 +702,7 @@ impl BlockPool {
                 }
             }
         }
+        self.lru.stamp_all(&batch[..batched]);
         if chain.len() > 0 {
             self.free.push(&chain);
         }
