@@ -19,25 +19,15 @@ use std::thread;
 
 use kvslots::{BlockHash, BlockPool, Sequence};
 
+mod common;
+use common::one_block_sequences;
+
 /// Rounds of the race (shrunk by `KVSLOTS_STRESS_ROUNDS` for quick runs).
 fn rounds() -> usize {
     std::env::var("KVSLOTS_STRESS_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(3_000)
-}
-
-/// Sequences holding one block each, in ascending block id order.
-fn holders(pool: &Arc<BlockPool>, n: usize) -> Vec<Sequence> {
-    let mut seqs: Vec<Sequence> = (0..n)
-        .map(|_| {
-            let mut seq = Sequence::new(Arc::clone(pool));
-            seq.try_append(1).unwrap();
-            seq
-        })
-        .collect();
-    seqs.sort_by_key(|s| s.blocks()[0]);
-    seqs
 }
 
 #[test]
@@ -47,7 +37,7 @@ fn a_publish_that_begins_after_the_last_holder_went_leaves_its_key_cached() {
         let pool = Arc::new(BlockPool::new(6, 1));
         // The last publish gets the highest block id, so that it defers to
         // a rival's claim rather than killing it.
-        let mut seqs = holders(&pool, 4);
+        let mut seqs = one_block_sequences(&pool, 4);
         let mut last = seqs.pop().unwrap();
         let mut first = seqs.remove(0);
         let start = Arc::new(Barrier::new(3));

@@ -22,29 +22,18 @@ use std::sync::Arc;
 use kvslots::{BlockHash, BlockPool, Sequence};
 use shuttle::thread;
 
+mod common;
 mod shuttle_runner;
+use common::one_block_sequences;
 use shuttle_runner::{check_pct, check_random, iterations};
 
 const KEY: BlockHash = BlockHash([7; 32]);
-
-/// Sequences holding one block each, in ascending block id order.
-fn holders(pool: &Arc<BlockPool>, n: usize) -> Vec<Sequence> {
-    let mut seqs: Vec<Sequence> = (0..n)
-        .map(|_| {
-            let mut seq = Sequence::new(Arc::clone(pool));
-            seq.try_append(1).unwrap();
-            seq
-        })
-        .collect();
-    seqs.sort_by_key(|s| s.blocks()[0]);
-    seqs
-}
 
 fn three_publishers() {
     let pool = Arc::new(BlockPool::new(6, 1));
     // The last publish gets the highest block id, so that it defers to a
     // rival's claim rather than killing it.
-    let mut seqs = holders(&pool, 4);
+    let mut seqs = one_block_sequences(&pool, 4);
     let mut last = seqs.pop().unwrap();
     let mut first = seqs.remove(0);
     let resetter = {

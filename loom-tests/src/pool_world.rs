@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use kvslots::__model::{admission_free, pool_with_faults, Faults};
 use kvslots::__model::{AtomicUsize, Ordering};
-use kvslots::{BlockId, BlockPool, ReserveError};
+use kvslots::{BlockId, BlockPool, ReserveError, Sequence};
 use loom::cell::UnsafeCell;
 
 /// A block was handed out while a holder still had it (the same words as
@@ -469,4 +469,23 @@ pub fn alloc_then_more(world: &Arc<PoolWorld>, takes: usize, gives_back: usize) 
     rest.extend(held);
     world.give_back(&rest);
     world.assert_conserved_and_bounded();
+}
+
+/// Three sequences of `pool` holding one block each, for the models of
+/// racing publishes: the holder `c` (allocated first), then a rival `r` and
+/// a publisher `p` with `r`'s block id below `p`'s, so that `p` defers to
+/// `r`'s claim rather than killing it.
+pub fn holder_rival_publisher(pool: &Arc<BlockPool>) -> (Sequence, Sequence, Sequence) {
+    let one_block = || {
+        let mut seq = Sequence::new(Arc::clone(pool));
+        seq.try_append(1).unwrap();
+        seq
+    };
+    let c = one_block();
+    let (x, y) = (one_block(), one_block());
+    if x.blocks()[0] < y.blocks()[0] {
+        (c, x, y)
+    } else {
+        (c, y, x)
+    }
 }

@@ -34,7 +34,7 @@ use std::sync::Arc;
 
 use kvslots::{BlockHash, Sequence};
 use loom::thread;
-use loom_tests::pool_world::{check, PoolWorld, SOUND};
+use loom_tests::pool_world::{check, holder_rival_publisher, PoolWorld, SOUND};
 
 /// Pool of 2 one-token blocks. Main: a sequence appends one block and
 /// publishes it. Other thread: `pool.free(&[that block])` (a double free).
@@ -282,20 +282,10 @@ fn a_publish_after_the_holder_is_gone(faults: Faults) {
     check(move || {
         let pool = Arc::new(pool_with_faults(3, 1, 1, faults));
         let key = [BlockHash([1; 32])];
-        // The old holder c.
-        let mut c = Sequence::new(Arc::clone(&pool));
-        c.try_append(1).unwrap();
+        // The old holder c, and two more blocks; the rival gets the lower
+        // id.
+        let (mut c, mut r, mut p) = holder_rival_publisher(&pool);
         assert_eq!(c.publish(&key), 1);
-        // Two more blocks; the rival gets the lower id.
-        let mut x = Sequence::new(Arc::clone(&pool));
-        x.try_append(1).unwrap();
-        let mut y = Sequence::new(Arc::clone(&pool));
-        y.try_append(1).unwrap();
-        let (mut r, mut p) = if x.blocks()[0] < y.blocks()[0] {
-            (x, y)
-        } else {
-            (y, x)
-        };
         let rival = thread::spawn(move || {
             let n = r.publish(&[BlockHash([1; 32])]);
             (r, n)
@@ -342,17 +332,7 @@ fn a_publish_after_the_holder_is_gone_behind_a_rival(faults: Faults) {
     check(move || {
         let pool = Arc::new(pool_with_faults(3, 1, 1, faults));
         let key = [BlockHash([1; 32])];
-        let mut c = Sequence::new(Arc::clone(&pool));
-        c.try_append(1).unwrap();
-        let mut x = Sequence::new(Arc::clone(&pool));
-        x.try_append(1).unwrap();
-        let mut y = Sequence::new(Arc::clone(&pool));
-        y.try_append(1).unwrap();
-        let (mut r, mut p) = if x.blocks()[0] < y.blocks()[0] {
-            (x, y)
-        } else {
-            (y, x)
-        };
+        let (mut c, mut r, mut p) = holder_rival_publisher(&pool);
         // The holder publishes while the rival does.
         let holder = thread::spawn(move || {
             c.publish(&[BlockHash([1; 32])]);

@@ -8,9 +8,9 @@
 use std::sync::Arc;
 
 use kvslots::__model::{pool_with_faults, Faults};
-use kvslots::{BlockHash, Sequence};
+use kvslots::BlockHash;
 use loom::thread;
-use loom_tests::pool_world::{check, ARMED_CLAIM, SOUND};
+use loom_tests::pool_world::{check, holder_rival_publisher, ARMED_CLAIM, SOUND};
 
 /// Three one-token blocks: holder `c`, rival `r` and publisher `p`, with
 /// `r < p`. The holder publishes key `K` while the rival does; the rival's
@@ -23,17 +23,7 @@ fn rival_reclaimed_for_another_key(faults: Faults) {
     check(move || {
         let pool = Arc::new(pool_with_faults(3, 1, 1, faults));
         let key = BlockHash([1; 32]);
-        let mut c = Sequence::new(Arc::clone(&pool));
-        c.try_append(1).unwrap();
-        let mut x = Sequence::new(Arc::clone(&pool));
-        x.try_append(1).unwrap();
-        let mut y = Sequence::new(Arc::clone(&pool));
-        y.try_append(1).unwrap();
-        let (mut r, mut p) = if x.blocks()[0] < y.blocks()[0] {
-            (x, y)
-        } else {
-            (y, x)
-        };
+        let (mut c, mut r, mut p) = holder_rival_publisher(&pool);
         let holder = thread::spawn(move || {
             c.publish(&[BlockHash([1; 32])]);
             c

@@ -124,6 +124,8 @@ impl Lru {
         // Acquire: as in `pop`.
         let mut len = self.len.load(Ordering::Acquire);
         loop {
+            // Acquire: as in `pop` (a refill's `next` comes with its
+            // entries); only sizes the room, the CAS below decides.
             let held = len - self.next.load(Ordering::Acquire).min(len);
             let fit = words.len().min(cap.saturating_sub(held));
             if fit < words.len() {

@@ -227,3 +227,17 @@ pub fn key_stamp(key: &kvslots::BlockHash) -> u64 {
     bytes.copy_from_slice(&key.0[..8]);
     u64::from_le_bytes(bytes) | 1
 }
+
+/// `n` sequences of `pool` holding one block each, in ascending block id
+/// order (the races of publishes pick their roles by block id).
+pub fn one_block_sequences(pool: &std::sync::Arc<BlockPool>, n: usize) -> Vec<Sequence> {
+    let mut seqs: Vec<Sequence> = (0..n)
+        .map(|_| {
+            let mut seq = Sequence::new(std::sync::Arc::clone(pool));
+            seq.try_append(1).unwrap();
+            seq
+        })
+        .collect();
+    seqs.sort_by_key(|s| s.blocks()[0]);
+    seqs
+}
