@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use kvslots::__model::{admission_free, pool_with_faults, Faults};
 use kvslots::__model::{AtomicUsize, Ordering};
-use kvslots::{BlockId, BlockPool, ReserveError, Sequence};
+use kvslots::{BlockHash, BlockId, BlockPool, ReserveError, Sequence};
 use loom::cell::UnsafeCell;
 
 /// A block was handed out while a holder still had it (the same words as
@@ -488,4 +488,40 @@ pub fn holder_rival_publisher(pool: &Arc<BlockPool>) -> (Sequence, Sequence, Seq
     } else {
         (c, y, x)
     }
+}
+
+/// The race of three publishes of key `[1; 32]` on a pool of three
+/// one-token blocks ([`holder_rival_publisher`]): the holder publishes while
+/// the rival does (the rival then publishes `rival_then` on its block, if
+/// given: its tokens rewritten); the holder goes and its key is reset; only
+/// then does the publisher publish. The key must end on exactly one of the
+/// rival's and the publisher's blocks ("nobody holds the key" otherwise).
+pub fn holder_gone_then_publish(faults: Faults, rival_then: Option<BlockHash>) {
+    check(move || {
+        let key = BlockHash([1; 32]);
+        let pool = Arc::new(pool_with_faults(3, 1, 1, faults));
+        let (mut c, mut r, mut p) = holder_rival_publisher(&pool);
+        let holder = loom::thread::spawn(move || {
+            c.publish(&[key]);
+            c
+        });
+        let rival = loom::thread::spawn(move || {
+            let n = r.publish(&[key]);
+            if let Some(other) = rival_then {
+                r.publish(&[other]);
+            }
+            (r, n)
+        });
+        drop(holder.join().unwrap());
+        pool.reset_prefix_cache();
+        let mine = p.publish(&[key]);
+        let (r, theirs) = rival.join().unwrap();
+        assert_eq!(
+            mine + theirs,
+            1,
+            "nobody holds the key (rival {:?}, mine {:?})",
+            r.blocks(),
+            p.blocks()
+        );
+    });
 }

@@ -34,7 +34,9 @@ use std::sync::Arc;
 
 use kvslots::{BlockHash, Sequence};
 use loom::thread;
-use loom_tests::pool_world::{check, holder_rival_publisher, PoolWorld, SOUND};
+use loom_tests::pool_world::{
+    check, holder_gone_then_publish, holder_rival_publisher, PoolWorld, SOUND,
+};
 
 /// Pool of 2 one-token blocks. Main: a sequence appends one block and
 /// publishes it. Other thread: `pool.free(&[that block])` (a double free).
@@ -329,32 +331,7 @@ fn a_publish_after_the_holder_is_gone_without_either_defence_is_caught() {
 /// the rival, deferred to, looks again before it gives up, finds the
 /// holder gone and commits (or the third publish commits).
 fn a_publish_after_the_holder_is_gone_behind_a_rival(faults: Faults) {
-    check(move || {
-        let pool = Arc::new(pool_with_faults(3, 1, 1, faults));
-        let key = [BlockHash([1; 32])];
-        let (mut c, mut r, mut p) = holder_rival_publisher(&pool);
-        // The holder publishes while the rival does.
-        let holder = thread::spawn(move || {
-            c.publish(&[BlockHash([1; 32])]);
-            c
-        });
-        let rival = thread::spawn(move || {
-            let n = r.publish(&[BlockHash([1; 32])]);
-            (r, n)
-        });
-        // The holder goes, and its key with it; only then publish.
-        drop(holder.join().unwrap());
-        pool.reset_prefix_cache();
-        let mine = p.publish(&key);
-        let (r, theirs) = rival.join().unwrap();
-        assert_eq!(
-            mine + theirs,
-            1,
-            "nobody holds the key (rival {:?}, mine {:?})",
-            r.blocks(),
-            p.blocks()
-        );
-    });
+    holder_gone_then_publish(faults, None);
 }
 
 #[test]

@@ -5,12 +5,9 @@
 #![cfg(kvslots_loom)]
 #![forbid(unsafe_code)]
 
-use std::sync::Arc;
-
-use kvslots::__model::{pool_with_faults, Faults};
+use kvslots::__model::Faults;
 use kvslots::BlockHash;
-use loom::thread;
-use loom_tests::pool_world::{check, holder_rival_publisher, ARMED_CLAIM, SOUND};
+use loom_tests::pool_world::{holder_gone_then_publish, ARMED_CLAIM, SOUND};
 
 /// Three one-token blocks: holder `c`, rival `r` and publisher `p`, with
 /// `r < p`. The holder publishes key `K` while the rival does; the rival's
@@ -20,31 +17,7 @@ use loom_tests::pool_world::{check, holder_rival_publisher, ARMED_CLAIM, SOUND};
 /// holder goes (its key reset), and only then does `p` publish `K`. `p`
 /// must not lose to the rival's claim of `K2`: the key ends on a block.
 fn rival_reclaimed_for_another_key(faults: Faults) {
-    check(move || {
-        let pool = Arc::new(pool_with_faults(3, 1, 1, faults));
-        let key = BlockHash([1; 32]);
-        let (mut c, mut r, mut p) = holder_rival_publisher(&pool);
-        let holder = thread::spawn(move || {
-            c.publish(&[BlockHash([1; 32])]);
-            c
-        });
-        let rival = thread::spawn(move || {
-            let n = r.publish(&[BlockHash([1; 32])]);
-            r.publish(&[BlockHash([2; 32])]);
-            (r, n)
-        });
-        drop(holder.join().unwrap());
-        pool.reset_prefix_cache();
-        let mine = p.publish(&[key]);
-        let (r, theirs) = rival.join().unwrap();
-        assert_eq!(
-            mine + theirs,
-            1,
-            "nobody holds the key (rival {:?}, mine {:?})",
-            r.blocks(),
-            p.blocks()
-        );
-    });
+    holder_gone_then_publish(faults, Some(BlockHash([2; 32])));
 }
 
 #[test]
