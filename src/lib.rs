@@ -177,6 +177,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod allocator;
 mod counter;
 mod error;
 mod free_list;
@@ -189,6 +190,7 @@ mod sync;
 pub mod table;
 mod wait;
 
+pub use allocator::BlockAllocator;
 pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::wait::{Reserve, ReserveOwned};
 pub use counter::SlotCounter;

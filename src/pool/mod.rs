@@ -7,9 +7,12 @@
 //! freeing blocks", "Reference counts", "Orderings").
 
 use std::fmt;
+use std::time::Duration;
 
+use crate::allocator::BlockAllocator;
 use crate::error::{FreeError, ReserveError};
 use crate::free_list::{Chain, FreeList, NIL};
+use crate::hash::BlockHash;
 use crate::id::BlockId;
 use crate::sync::{self, Backoff, Faults};
 
@@ -745,27 +748,83 @@ impl BlockPool {
     pub fn is_closed(&self) -> bool {
         self.counter.is_closed()
     }
+}
 
-    /// Adds a reference to a block the caller holds a reference to.
-    ///
-    /// # Panics
-    ///
-    /// Panics if the count would exceed `2^30 - 1` (as `Arc` aborts),
-    /// and if the block has no reference left: a raw [`free`](Self::free)
-    /// took the caller's (a double free), so the block may be in the free
-    /// list, and going on would hand it to two owners.
-    pub(crate) fn add_ref(&self, id: BlockId) {
-        if self.refs.add(id).is_err() {
-            panic!(
-                "{id} has no reference left: BlockPool::free took a sequence's \
-                 reference to it (a double free)"
-            );
-        }
+/// The pool under its [`Sequence`](crate::Sequence)s. Each method is the
+/// pool's own operation: the lock-free admission, the reference counts'
+/// read-modify-writes, and the layers' (prefix cache, fenced release).
+impl BlockAllocator for BlockPool {
+    fn num_blocks(&self) -> usize {
+        BlockPool::num_blocks(self)
     }
 
-    /// Whether more than one reference to `id` exists now.
-    pub(crate) fn is_shared(&self, id: BlockId) -> bool {
-        self.refs.is_shared(id)
+    fn block_size(&self) -> usize {
+        BlockPool::block_size(self)
+    }
+
+    fn try_alloc_with_headroom(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        BlockPool::try_alloc_with_headroom(self, n, headroom, out)
+    }
+
+    fn try_alloc_growth(&self, n: usize, out: &mut Vec<BlockId>) -> Result<(), ReserveError> {
+        BlockPool::try_alloc_growth(self, n, out)
+    }
+
+    fn alloc_with_headroom_blocking(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        BlockPool::alloc_with_headroom_blocking(self, n, headroom, out, timeout)
+    }
+
+    fn add_refs(&self, ids: &[BlockId]) -> usize {
+        ids.iter()
+            .position(|&id| self.refs.add(id).is_err())
+            .unwrap_or(ids.len())
+    }
+
+    fn release(&self, ids: &[BlockId]) {
+        // `Err(Raced)` only if a raw `free` of one of these blocks (a double
+        // free, which is misuse) dropped the caller's reference first: that
+        // block was pushed once, by the free, and every other reference is
+        // dropped all the same.
+        let _ = self.drop_held_refs(ids);
+    }
+
+    fn needs_copy(&self, id: BlockId) -> bool {
+        self.refs.needs_copy(id)
+    }
+
+    fn match_prefix(&self, keys: &[BlockHash], out: &mut Vec<BlockId>) -> usize {
+        BlockPool::match_prefix(self, keys, out)
+    }
+
+    fn publish(&self, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
+        blocks
+            .iter()
+            .zip(keys)
+            .filter(|&(&id, key)| self.publish_block(id, key))
+            .count()
+    }
+
+    fn uncache_if_sole(&self, id: BlockId) {
+        self.uncache_sole(id);
+    }
+
+    fn retire(&self, fence: u64, ids: &[BlockId]) -> usize {
+        self.retire_slice(fence, ids, None)
+    }
+
+    fn retire_owned(&self, fence: u64, ids: Vec<BlockId>) -> usize {
+        BlockPool::retire_owned(self, fence, ids, None)
     }
 }
 

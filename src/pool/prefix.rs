@@ -389,11 +389,6 @@ impl BlockPool {
         true
     }
 
-    /// Whether block `id` holds a key now.
-    pub(crate) fn is_cached(&self, id: BlockId) -> bool {
-        self.refs.is_cached(id)
-    }
-
     /// Drops the key of every cached block without a holder (vLLM's
     /// `reset_prefix_cache`): they become plain free blocks. Returns how
     /// many keys went. Blocks that sequences hold keep their keys.

@@ -213,11 +213,8 @@ impl Refs {
     /// caller's reference can be gone after all, taken by a raw
     /// `BlockPool::free` of the same block (a double free), and then the
     /// block may sit in the free list, where a reference would let it be
-    /// handed out and pushed a second time. `Err` then, and nothing changed.
-    ///
-    /// # Panics
-    ///
-    /// Panics if the count would exceed `2^30 - 1` (as `Arc` aborts).
+    /// handed out and pushed a second time. `Err` then, and nothing changed;
+    /// `Err` too if the count would exceed `2^30 - 1`.
     pub(super) fn add(&self, id: BlockId) -> Result<(), ()> {
         let word = &self.words[id.index()];
         // Relaxed: only a guess; the CAS validates it.
@@ -229,7 +226,7 @@ impl Refs {
                 return Err(());
             }
             if count_of(cur) >= MAX_REFS {
-                panic!("reference count overflow on {id}");
+                return Err(());
             }
             // Relaxed (both): the caller holds a reference, so the block is
             // not freed under us; the new reference is handed over by
@@ -241,19 +238,20 @@ impl Refs {
         }
     }
 
-    /// Whether more than one holder's reference to `id` exists now (a
-    /// claim's own reference is not a holder's: a publisher writes only
-    /// key words, never the block).
-    pub(super) fn is_shared(&self, id: BlockId) -> bool {
+    /// Whether a holder of `id` must copy it before writing: more than one
+    /// holder's reference to it exists now (a claim's own reference is not
+    /// a holder's: a publisher writes only key words, never the block), or
+    /// it holds a key.
+    pub(super) fn needs_copy(&self, id: BlockId) -> bool {
         // Acquire: if another holder dropped its reference, its reads of the
         // block happen-before we decide to write into it.
         let state = self.words[id.index()].load(Ordering::Acquire);
-        holders_of(state, self.claim_ref()) > 1
+        holders_of(state, self.claim_ref()) > 1 || state & CACHED != 0
     }
 
     /// Whether `id` holds a key now.
     pub(super) fn is_cached(&self, id: BlockId) -> bool {
-        // Acquire: as `is_shared`.
+        // Acquire: as `needs_copy`.
         self.words[id.index()].load(Ordering::Acquire) & CACHED != 0
     }
 
