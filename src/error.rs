@@ -29,6 +29,7 @@ use crate::id::BlockId;
 /// );
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ReserveError {
     /// Not enough free right now; it may fit once others release.
     ///
@@ -114,6 +115,7 @@ impl std::error::Error for ReserveError {}
 /// assert_eq!(counter.used(), 2);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ReleaseError {
     /// More was released than is in use (an over-release or a double free).
     ExceedsUsed {
@@ -159,6 +161,7 @@ impl std::error::Error for ReleaseError {}
 /// );
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum FreeError {
     /// The id is not a block of this pool.
     OutOfRange {
@@ -252,3 +255,79 @@ impl fmt::Display for PositionError {
 }
 
 impl std::error::Error for PositionError {}
+
+/// Why [`BlockPoolBuilder::build`](crate::BlockPoolBuilder::build) refused
+/// to build a pool. Nothing is allocated before the checks pass.
+///
+/// [`BlockPool::new`](crate::BlockPool::new) and
+/// [`BlockPool::with_shards`](crate::BlockPool::with_shards) panic with this
+/// error's message where `build` returns it.
+///
+/// # Examples
+///
+/// ```
+/// use kvslots::{BlockPool, ConfigError};
+///
+/// assert_eq!(
+///     BlockPool::builder(8, 0).build().unwrap_err(),
+///     ConfigError::ZeroBlockSize
+/// );
+/// assert_eq!(
+///     BlockPool::builder(8, 16).shards(0).build().unwrap_err(),
+///     ConfigError::BadShardCount { shards: 0, max: BlockPool::MAX_SHARDS }
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The block size is 0: no pool has empty blocks.
+    ZeroBlockSize,
+    /// More blocks than a [`BlockId`] can name
+    /// ([`BlockPool::MAX_BLOCKS`](crate::BlockPool::MAX_BLOCKS)).
+    TooManyBlocks {
+        /// The number of blocks asked for.
+        num_blocks: usize,
+        /// The largest number accepted.
+        max: usize,
+    },
+    /// `num_blocks * block_size`, the number of flat slot indices
+    /// ([`Sequence::slot`](crate::Sequence::slot)), overflows `usize`.
+    SlotCountOverflow {
+        /// The number of blocks asked for.
+        num_blocks: usize,
+        /// The block size asked for.
+        block_size: usize,
+    },
+    /// A shard count outside `1..=max`
+    /// ([`BlockPool::MAX_SHARDS`](crate::BlockPool::MAX_SHARDS)).
+    BadShardCount {
+        /// The shard count asked for.
+        shards: usize,
+        /// The largest shard count accepted.
+        max: usize,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ConfigError::ZeroBlockSize => f.write_str("block_size must be non-zero"),
+            ConfigError::TooManyBlocks { num_blocks, max } => write!(
+                f,
+                "num_blocks {num_blocks} does not fit the block id type (max {max})"
+            ),
+            ConfigError::SlotCountOverflow {
+                num_blocks,
+                block_size,
+            } => write!(
+                f,
+                "num_blocks * block_size overflows usize ({num_blocks} * {block_size})"
+            ),
+            ConfigError::BadShardCount { shards, max } => {
+                write!(f, "shards must be in 1..={max}, got {shards}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

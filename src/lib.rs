@@ -180,7 +180,6 @@
 mod allocator;
 mod counter;
 mod error;
-mod free_list;
 mod hash;
 mod id;
 pub mod implementation;
@@ -194,10 +193,10 @@ pub use allocator::BlockAllocator;
 pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::wait::{Reserve, ReserveOwned};
 pub use counter::SlotCounter;
-pub use error::{FreeError, PositionError, ReleaseError, ReserveError};
+pub use error::{ConfigError, FreeError, PositionError, ReleaseError, ReserveError};
 pub use hash::{hash_blocks, BlockHash};
 pub use id::BlockId;
-pub use pool::{Alloc, BlockPool, PrefixStats};
+pub use pool::{Alloc, BlockPool, BlockPoolBuilder, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};
 
 /// The seam for the model-checking suites (`loom-tests`, `tests/shuttle.rs`):

@@ -220,6 +220,7 @@ fn assert_refusal(err: ReserveError, needed: usize, capacity: usize, mine: usize
             msg::IMPOSSIBLE
         ),
         ReserveError::Closed => panic!("{}: Closed, but nobody closed", msg::IMPOSSIBLE),
+        other => panic!("{}: unexpected {other:?}", msg::IMPOSSIBLE),
     }
 }
 
@@ -679,6 +680,7 @@ impl Tracked {
                     ReserveError::Full { requested, .. }
                     | ReserveError::NeverFits { requested, .. } => requested,
                     ReserveError::Closed => new_blocks,
+                    other => panic!("an error this test does not know: {other:?}"),
                 };
                 assert!(
                     requested == new_blocks

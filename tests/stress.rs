@@ -416,6 +416,7 @@ impl<'a> Worker<'a> {
                 assert!(self.counter().is_closed());
                 self.stats.refused_closed += 1;
             }
+            other => panic!("an error this test does not know: {other:?}"),
         }
     }
 
@@ -499,6 +500,7 @@ impl<'a> Worker<'a> {
                     assert!(used <= self.capacity);
                 }
                 Ok(()) => panic!("released usize::MAX slots"),
+                Err(other) => panic!("an error this test does not know: {other:?}"),
             },
         }
     }
@@ -1067,6 +1069,7 @@ fn alloc_owned(
                     Tally::bump(&tally.full);
                 }
                 ReserveError::Closed => panic!("the pool was never closed"),
+                other => panic!("an error this test does not know: {other:?}"),
             }
         }
     }
@@ -1347,6 +1350,7 @@ fn checked_append(seq: &mut Sequence, n: usize, shared: &SeqShared) -> bool {
                     available,
                 } => assert!(requested <= num_blocks && available < requested, "{e}"),
                 ReserveError::Closed => panic!("the pool was never closed"),
+                other => panic!("an error this test does not know: {other:?}"),
             }
             Tally::bump(&shared.refused);
             e.is_retryable()

@@ -3,7 +3,7 @@
 //!
 //! Both allocators are pools under the library's own
 //! [`kvslots::Sequence`]: the lock-free `kvslots::BlockPool` and the mutex
-//! baseline ([`MutexPool`](crate::baseline::MutexPool)), each a
+//! baseline ([`MutexPool`]), each a
 //! [`kvslots::BlockAllocator`] and a [`Pool`] (the counts the engine and
 //! the oracle read). [`Backend<P>`] is the one backend over either, and
 //! `kvslots::Sequence<P>` the one [`KvSeq`]. The engine is generic over
@@ -257,6 +257,13 @@ impl<P> Clone for Backend<P> {
 }
 
 impl<P> Backend<P> {
+    /// A backend over `pool`.
+    pub fn from_pool(pool: P) -> Self {
+        Backend {
+            pool: Arc::new(pool),
+        }
+    }
+
     /// The pool.
     pub fn pool(&self) -> &Arc<P> {
         &self.pool

@@ -437,13 +437,27 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> i32 {
     };
     let nb = plan.sizing.num_blocks;
     let bs = plan.sizing.block_size;
-    let kvslots = || KvslotsBackend::with_shards(nb, bs, plan.shards);
-    let mutex = || MutexBackend::new(nb, bs);
     let allocators = if cli.compare {
         vec![Allocator::Kvslots, Allocator::Mutex]
     } else {
         vec![cli.allocator]
     };
+    // The kvslots pool has the prefix cache only when the run uses it.
+    let mut pool = None;
+    if allocators.contains(&Allocator::Kvslots) {
+        let layers = BlockPool::builder(nb, bs)
+            .shards(plan.shards)
+            .prefix_cache(plan.engine.prefix_cache);
+        match layers.build() {
+            Ok(p) => pool = Some(p),
+            Err(e) => {
+                eprintln!("kvslots-sim: error: {e}");
+                return 2;
+            }
+        }
+    }
+    let mut kvslots = || KvslotsBackend::from_pool(pool.take().expect("one kvslots run"));
+    let mutex = || MutexBackend::new(nb, bs);
     let reports: Vec<Report> = allocators
         .into_iter()
         .map(|a| match (a, cli.plant_fault) {

@@ -1,41 +1,46 @@
 //! [`BlockPool`]: a lock-free pool of KV-cache blocks with all-or-nothing
-//! allocation and per-block reference counts: per-shard admission counts
-//! of blocks (`admission`), the free list, and the reference counts
-//! (`refs`), with the over-free check of [`BlockPool::free`] in
-//! `over_free`. The design and the
-//! orderings are described in [`crate::implementation`] ("Allocating and
-//! freeing blocks", "Reference counts", "Orderings").
+//! allocation and per-block reference counts.
+//!
+//! The core pool is this file and four beside it: per-shard admission
+//! counts of blocks (`admission`), the free list (`free_list`), the
+//! per-block state words with their reference counts (`refs`), and the
+//! over-free check of [`BlockPool::free`] (`over_free`); waiting for
+//! blocks is `wait`. The layers a pool is built with or without sit on
+//! top: the prefix cache (the folder `prefix`) and fenced release
+//! (`fence`). The core hands a cached block whose last reference goes to
+//! the prefix cache instead of the free list (the last-reference hook in
+//! `drop_each`), and asks it to evict when the free list runs short (in
+//! `take_admitted`); nothing else in the core knows about it.
+//! [`BlockPoolBuilder`] (`builder`) picks the layers.
+//!
+//! The design and the orderings are described in [`crate::implementation`]
+//! ("Allocating and freeing blocks", "Reference counts", "Orderings").
 
 use std::fmt;
 use std::time::Duration;
 
 use crate::allocator::BlockAllocator;
 use crate::error::{FreeError, ReserveError};
-use crate::free_list::{Chain, FreeList, NIL};
 use crate::hash::BlockHash;
 use crate::id::BlockId;
 use crate::sync::{self, Backoff, Faults};
 
 mod admission;
+mod builder;
 mod fence;
-mod keys;
-mod lru;
+mod free_list;
 mod over_free;
 mod prefix;
 mod refs;
 mod wait;
 
 use admission::Admission;
+pub use builder::BlockPoolBuilder;
 use fence::Fences;
-use keys::Keys;
-use lru::Lru;
+use free_list::{Chain, FreeList, NIL};
 pub use prefix::PrefixStats;
-use prefix::Stats;
+use prefix::{Evictions, PrefixCache};
 use refs::{Dropped, Refs};
-
-/// Blocks that a give-back appends to the eviction ring with one CAS (a
-/// batch of candidate words on the stack, 256 bytes).
-const STAMP_BATCH: usize = 32;
 pub use wait::Alloc;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
@@ -118,13 +123,11 @@ pub struct BlockPool {
     /// Per-block state words (reference count, prefix-cache flags,
     /// generation): the single truth about each block.
     refs: Refs,
-    /// The prefix cache's keys and index.
-    keys: Keys,
-    /// The prefix cache's eviction order.
-    lru: Lru,
-    /// The prefix cache's hit statistics.
-    stats: Stats,
-    /// References retired under fences that have not completed yet.
+    /// The prefix cache layer (keys, index, eviction order, statistics),
+    /// if the pool was built with one.
+    prefix: Option<Box<PrefixCache>>,
+    /// The fenced release layer: references retired under fences that have
+    /// not completed yet.
     fences: Fences,
     block_size: usize,
 }
@@ -145,12 +148,17 @@ impl BlockPool {
     pub const MAX_SHARDS: usize = 1024;
 
     /// Creates a pool of `num_blocks` free blocks of `block_size` token
-    /// slots. `num_blocks == 0` is a valid pool that refuses every
-    /// allocation.
+    /// slots, with [`default_shards`](Self::default_shards) free-list
+    /// shards and every layer: the prefix cache and fenced release.
+    /// `num_blocks == 0` is a valid pool that refuses every allocation.
+    /// [`builder`](Self::builder) is the fallible form, and picks the
+    /// layers (a pool without a prefix cache takes a fifth of the memory).
     ///
     /// # Panics
     ///
-    /// Panics if `block_size == 0`, if `num_blocks` is larger than
+    /// Panics with the message of the [`ConfigError`](crate::ConfigError)
+    /// that [`BlockPoolBuilder::build`] returns for the same arguments: if
+    /// `block_size == 0`, if `num_blocks` is larger than
     /// [`BlockPool::MAX_BLOCKS`] (it does not fit the id type), or if
     /// `num_blocks * block_size` (the number of flat slot indices) overflows
     /// `usize`.
@@ -161,9 +169,13 @@ impl BlockPool {
     /// let pool = kvslots::BlockPool::new(1024, 16);
     /// assert_eq!(pool.num_blocks(), 1024);
     /// assert_eq!(pool.block_size(), 16);
+    /// assert!(pool.has_prefix_cache());
     /// ```
     pub fn new(num_blocks: usize, block_size: usize) -> BlockPool {
-        BlockPool::with_shards(num_blocks, block_size, Self::default_shards(num_blocks))
+        BlockPool::builder(num_blocks, block_size)
+            .prefix_cache(true)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Like [`new`](Self::new), with the free list cut into `shards`
@@ -195,6 +207,8 @@ impl BlockPool {
     /// single-threaded run: all or nothing, `Full` and the counts are
     /// those of the whole pool.
     ///
+    /// Like `new`, the pool has every layer.
+    ///
     /// # Panics
     ///
     /// As [`new`](Self::new), and if `shards` is 0 or above
@@ -222,31 +236,36 @@ impl BlockPool {
         shards: usize,
         faults: Faults,
     ) -> BlockPool {
-        assert!(block_size != 0, "block_size must be non-zero");
-        assert!(
-            num_blocks <= Self::MAX_BLOCKS,
-            "num_blocks {num_blocks} does not fit the block id type (max {})",
-            Self::MAX_BLOCKS
-        );
-        assert!(
-            num_blocks.checked_mul(block_size).is_some(),
-            "num_blocks * block_size overflows usize"
-        );
-        assert!(
-            (1..=Self::MAX_SHARDS).contains(&shards),
-            "shards must be in 1..={}, got {shards}",
-            Self::MAX_SHARDS
-        );
-        BlockPool {
-            counter: Admission::new(num_blocks, shards, faults),
-            free: FreeList::new(num_blocks as u32, shards, faults),
-            refs: Refs::new(num_blocks, faults),
-            keys: Keys::new(num_blocks, faults),
-            lru: Lru::new(num_blocks),
-            stats: Stats::new(shards.max(Self::DEFAULT_SHARDS)),
-            fences: Fences::new(faults),
-            block_size,
-        }
+        BlockPool::builder(num_blocks, block_size)
+            .shards(shards)
+            .prefix_cache(true)
+            .faults(faults)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Whether the pool has a prefix cache (see
+    /// [`BlockPoolBuilder::prefix_cache`]): pools from [`new`](Self::new)
+    /// and [`with_shards`](Self::with_shards) do.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::BlockPool;
+    ///
+    /// assert!(BlockPool::new(64, 16).has_prefix_cache());
+    /// assert!(!BlockPool::builder(64, 16).build().unwrap().has_prefix_cache());
+    /// ```
+    pub fn has_prefix_cache(&self) -> bool {
+        self.prefix.is_some()
+    }
+
+    /// The prefix cache, for a block that is cached: only a pool with a
+    /// prefix cache has cached blocks.
+    fn cache(&self) -> &PrefixCache {
+        self.prefix
+            .as_deref()
+            .expect("a cached block in a pool without a prefix cache")
     }
 
     /// The shard count [`new`](Self::new) picks for `num_blocks` blocks:
@@ -531,8 +550,8 @@ impl BlockPool {
             for &id in &out[base..] {
                 self.refs.set_first(id);
             }
-            if need > 0 {
-                need -= self.evict_into(need, out);
+            if let (true, Some(cache)) = (need > 0, self.prefix.as_deref()) {
+                need -= self.evict_into(cache, need, out);
             }
             if need == 0 {
                 return;
@@ -669,30 +688,14 @@ impl BlockPool {
         // owner since (an ABA on the count).
         let mut chain = Chain::new();
         let mut raced = None;
-        // Cached blocks whose last reference went: they stay cached, as the
-        // most recently released, with stamps in the order of the drops
-        // (one range taken for the rest of the list at the first of them).
-        // They join the eviction ring in batches (one CAS on its length a
-        // batch), oldest first.
-        let mut evictable = 0;
-        let mut stamps = None;
-        let mut batch = [0u64; STAMP_BATCH];
-        let mut batched = 0;
-        let total = order.len();
+        // The last-reference hook: a cached block whose last reference went
+        // stays cached and becomes evictable, for the prefix cache to stamp
+        // (only a pool with a prefix cache has cached blocks).
+        let mut evictions = Evictions::new(order.len());
         for (i, id) in order.enumerate() {
             match drop(id) {
                 Ok(Dropped::Free) => self.free.prepend(&mut chain, id.index() as u32),
-                Ok(Dropped::Evictable) => {
-                    let base = *stamps
-                        .get_or_insert_with(|| self.lru.stamps(total - i).wrapping_sub(i as u32));
-                    batch[batched] = Lru::word(id, base.wrapping_add(i as u32));
-                    batched += 1;
-                    if batched == STAMP_BATCH {
-                        self.lru.stamp_all(&batch);
-                        batched = 0;
-                    }
-                    evictable += 1;
-                }
+                Ok(Dropped::Evictable) => evictions.push(self.cache(), id, i),
                 Ok(Dropped::Kept) => {}
                 Err(()) => {
                     // (A refusal with nothing changed only under loom's
@@ -705,7 +708,10 @@ impl BlockPool {
                 }
             }
         }
-        self.lru.stamp_all(&batch[..batched]);
+        let evictable = evictions.count();
+        if evictable > 0 {
+            evictions.finish(self.cache());
+        }
         if chain.len() > 0 {
             self.free.push(&chain);
         }
@@ -834,6 +840,7 @@ impl fmt::Debug for BlockPool {
             .field("num_blocks", &self.num_blocks())
             .field("block_size", &self.block_size)
             .field("shards", &self.shards())
+            .field("prefix_cache", &self.has_prefix_cache())
             .field("used_blocks", &self.used_blocks())
             .field("peak_used_blocks", &self.peak_used_blocks())
             .field("closed", &self.is_closed())

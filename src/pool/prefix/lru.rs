@@ -35,7 +35,7 @@ use std::ops::Range;
 use crate::id::BlockId;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Ordering};
 
-use super::refs::Refs;
+use crate::pool::refs::Refs;
 
 /// The fewest candidates a buffer holds.
 const MIN_CANDIDATES: usize = 64;
