@@ -252,3 +252,93 @@ impl fmt::Display for PositionError {
 }
 
 impl std::error::Error for PositionError {}
+
+/// Why [`BlockPoolBuilder::build`](crate::BlockPoolBuilder::build) refused to
+/// build a pool. Nothing is left allocated after a refusal.
+///
+/// The checks run in the order of the variants: the configuration first
+/// (before any memory is asked for), then the allocation.
+/// [`BlockPool::new`](crate::BlockPool::new) and
+/// [`BlockPool::with_shards`](crate::BlockPool::with_shards) panic with
+/// this error's message where `build` returns it.
+///
+/// # Examples
+///
+/// ```
+/// use kvslots::{BlockPool, ConfigError};
+///
+/// assert_eq!(
+///     BlockPool::builder(8, 0).build().unwrap_err(),
+///     ConfigError::ZeroBlockSize
+/// );
+/// assert_eq!(
+///     BlockPool::builder(8, 16).shards(0).build().unwrap_err(),
+///     ConfigError::BadShardCount { shards: 0, max: BlockPool::MAX_SHARDS }
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The block size is 0: no pool has empty blocks.
+    ZeroBlockSize,
+    /// More blocks than a [`BlockId`] can name
+    /// ([`BlockPool::MAX_BLOCKS`](crate::BlockPool::MAX_BLOCKS)).
+    TooManyBlocks {
+        /// The number of blocks asked for.
+        num_blocks: usize,
+        /// The largest number accepted.
+        max: usize,
+    },
+    /// `num_blocks * block_size`, the number of flat slot indices
+    /// ([`Sequence::slot`](crate::Sequence::slot)), overflows `usize`.
+    SlotCountOverflow {
+        /// The number of blocks asked for.
+        num_blocks: usize,
+        /// The block size asked for.
+        block_size: usize,
+    },
+    /// A shard count outside `1..=max`
+    /// ([`BlockPool::MAX_SHARDS`](crate::BlockPool::MAX_SHARDS)).
+    BadShardCount {
+        /// The shard count asked for.
+        shards: usize,
+        /// The largest shard count accepted.
+        max: usize,
+    },
+    /// The allocator refused the pool's arrays (the heap memory of its
+    /// bookkeeping, about 64 bytes a block; not the KV cache itself, which
+    /// lives on the device). What had been allocated is freed.
+    OutOfMemory {
+        /// The bytes the pool asked for in all
+        /// ([`BlockPoolBuilder::memory_bytes`](crate::BlockPoolBuilder::memory_bytes)).
+        bytes: usize,
+    },
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            ConfigError::ZeroBlockSize => f.write_str("block_size must be non-zero"),
+            ConfigError::TooManyBlocks { num_blocks, max } => write!(
+                f,
+                "num_blocks {num_blocks} does not fit the block id type (max {max})"
+            ),
+            ConfigError::SlotCountOverflow {
+                num_blocks,
+                block_size,
+            } => write!(
+                f,
+                "num_blocks * block_size overflows usize ({num_blocks} * {block_size})"
+            ),
+            ConfigError::BadShardCount { shards, max } => {
+                write!(f, "shards must be in 1..={max}, got {shards}")
+            }
+            ConfigError::OutOfMemory { bytes } => write!(
+                f,
+                "out of memory: the pool's bookkeeping needs {bytes} bytes of heap"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

@@ -21,7 +21,10 @@
 //! * [`BlockPool`]: a paged KV cache of `num_blocks` blocks of `block_size`
 //!   slots; [`BlockPool::try_alloc`] takes `n` distinct block ids or none,
 //!   [`BlockPool::free`] drops references, all or nothing (see
-//!   [`FreeError::Raced`] for the one exception).
+//!   [`FreeError::Raced`] for the one exception). [`BlockPool::builder`]
+//!   builds one with a [`ConfigError`] for a configuration it refuses (a
+//!   zero block size, too many blocks or shards, too little memory) where
+//!   [`BlockPool::new`] panics.
 //! * [`Sequence`]: one sequence's block table over a shared pool: the
 //!   multi-token append ([`Sequence::try_append`]), whole-prompt reservation
 //!   ([`Sequence::try_reserve`]), the slot mapping kernels take
@@ -177,6 +180,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod array;
 mod counter;
 mod error;
 mod free_list;
@@ -192,10 +196,10 @@ mod wait;
 pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::wait::{Reserve, ReserveOwned};
 pub use counter::SlotCounter;
-pub use error::{FreeError, PositionError, ReleaseError, ReserveError};
+pub use error::{ConfigError, FreeError, PositionError, ReleaseError, ReserveError};
 pub use hash::{hash_blocks, BlockHash};
 pub use id::BlockId;
-pub use pool::{Alloc, BlockPool, PrefixStats};
+pub use pool::{Alloc, BlockPool, BlockPoolBuilder, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};
 
 /// The seam for the model-checking suites (`loom-tests`, `tests/shuttle.rs`):

@@ -15,6 +15,9 @@
 //! the key's first bucket, which orders it after every earlier publisher
 //! of the same key (see [`Keys::rivals`]).
 
+use std::collections::TryReserveError;
+
+use crate::array::{bytes_of, try_filled};
 use crate::hash::BlockHash;
 use crate::id::BlockId;
 use crate::sync::{AtomicU64, Faults, Ordering};
@@ -55,18 +58,29 @@ impl Keys {
     /// Keys and an index for `num_blocks` blocks: 1.75 slots per
     /// block (at least two buckets), in buckets of 8 slots (fewer for
     /// pools under 8 blocks, whose one bucket then holds every key).
-    pub(super) fn new(num_blocks: usize, faults: Faults) -> Keys {
+    pub(super) fn try_new(num_blocks: usize, faults: Faults) -> Result<Keys, TryReserveError> {
+        let (width, slots) = Keys::shape(num_blocks);
+        Ok(Keys {
+            words: try_filled(num_blocks * 4, |_| AtomicU64::new(0))?,
+            slots: try_filled(slots, |_| AtomicU64::new(EMPTY))?,
+            width,
+            faults,
+        })
+    }
+
+    /// The bucket width and the number of index slots for `num_blocks`
+    /// blocks (at most `u32::MAX`, so nothing here overflows).
+    fn shape(num_blocks: usize) -> (usize, usize) {
         let width = num_blocks.clamp(1, MAX_WIDTH).next_power_of_two();
         let wanted = num_blocks + num_blocks / 2 + num_blocks / 4;
         let buckets = wanted.div_ceil(width).max(2);
-        Keys {
-            words: (0..num_blocks * 4).map(|_| AtomicU64::new(0)).collect(),
-            slots: (0..buckets * width)
-                .map(|_| AtomicU64::new(EMPTY))
-                .collect(),
-            width,
-            faults,
-        }
+        (width, buckets * width)
+    }
+
+    /// The heap bytes [`try_new`](Self::try_new) asks for.
+    pub(super) fn heap_bytes(num_blocks: usize) -> usize {
+        bytes_of::<AtomicU64>(num_blocks.saturating_mul(4))
+            .saturating_add(bytes_of::<AtomicU64>(Keys::shape(num_blocks).1))
     }
 
     /// Whether a publish skips its lookup of the key before it claims:

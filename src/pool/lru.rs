@@ -30,7 +30,10 @@
 //! the block's stamp and state before it is evicted, and a block missing
 //! from the ring is found by the next scan.
 
+use std::collections::TryReserveError;
 use std::ops::Range;
+
+use crate::array::{bytes_of, try_filled};
 
 use crate::id::BlockId;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Ordering};
@@ -79,18 +82,28 @@ fn stamp_of(word: u64) -> u32 {
 
 impl Lru {
     /// The eviction order of `num_blocks` blocks, none evictable.
-    pub(super) fn new(num_blocks: usize) -> Lru {
-        let capacity = (num_blocks / BLOCKS_PER_CANDIDATE).max(MIN_CANDIDATES.min(num_blocks));
-        Lru {
-            stamps: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
+    pub(super) fn try_new(num_blocks: usize) -> Result<Lru, TryReserveError> {
+        Ok(Lru {
+            stamps: try_filled(num_blocks, |_| AtomicU32::new(0))?,
             clock: CachePadded::new(AtomicU32::new(0)),
-            candidates: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
+            candidates: try_filled(Lru::capacity(num_blocks), |_| AtomicU64::new(0))?,
             len: AtomicUsize::new(0),
             next: CachePadded::new(AtomicUsize::new(0)),
             refilling: AtomicBool::new(false),
             overflowed: AtomicBool::new(false),
             hand: AtomicUsize::new(0),
-        }
+        })
+    }
+
+    /// The ring's capacity for `num_blocks` blocks.
+    fn capacity(num_blocks: usize) -> usize {
+        (num_blocks / BLOCKS_PER_CANDIDATE).max(MIN_CANDIDATES.min(num_blocks))
+    }
+
+    /// The heap bytes [`try_new`](Self::try_new) asks for.
+    pub(super) fn heap_bytes(num_blocks: usize) -> usize {
+        bytes_of::<AtomicU32>(num_blocks)
+            .saturating_add(bytes_of::<AtomicU64>(Lru::capacity(num_blocks)))
     }
 
     /// Takes `n` consecutive stamps; returns the first.

@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::error::{FreeError, ReserveError};
+use crate::error::{ConfigError, FreeError, ReserveError};
 use crate::free_list::{Chain, FreeList, NIL};
 use crate::id::BlockId;
 use crate::sync::{self, Backoff, Faults};
@@ -142,15 +142,21 @@ impl BlockPool {
     pub const MAX_SHARDS: usize = 1024;
 
     /// Creates a pool of `num_blocks` free blocks of `block_size` token
-    /// slots. `num_blocks == 0` is a valid pool that refuses every
-    /// allocation.
+    /// slots, with [`default_shards`](Self::default_shards) free-list
+    /// shards. `num_blocks == 0` is a valid pool that refuses every
+    /// allocation. [`builder`](Self::builder) is the fallible form.
     ///
     /// # Panics
     ///
-    /// Panics if `block_size == 0`, if `num_blocks` is larger than
-    /// [`BlockPool::MAX_BLOCKS`] (it does not fit the id type), or if
-    /// `num_blocks * block_size` (the number of flat slot indices) overflows
-    /// `usize`.
+    /// Panics (an unwinding panic, never an abort) with the message of the
+    /// [`ConfigError`] that [`BlockPoolBuilder::build`] returns for the same
+    /// arguments: if `block_size == 0` ("block_size must be non-zero"), if
+    /// `num_blocks` is larger than [`BlockPool::MAX_BLOCKS`] ("num_blocks
+    /// .. does not fit the block id type"), if `num_blocks * block_size`
+    /// (the number of flat slot indices) overflows `usize` ("num_blocks *
+    /// block_size overflows usize"), or if the pool's bookkeeping (about 64
+    /// bytes a block) cannot be allocated ("out of memory: ..."). The
+    /// arguments are checked before any memory is asked for.
     ///
     /// # Examples
     ///
@@ -160,7 +166,9 @@ impl BlockPool {
     /// assert_eq!(pool.block_size(), 16);
     /// ```
     pub fn new(num_blocks: usize, block_size: usize) -> BlockPool {
-        BlockPool::with_shards(num_blocks, block_size, Self::default_shards(num_blocks))
+        BlockPool::builder(num_blocks, block_size)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Like [`new`](Self::new), with the free list cut into `shards`
@@ -195,7 +203,10 @@ impl BlockPool {
     /// # Panics
     ///
     /// As [`new`](Self::new), and if `shards` is 0 or above
-    /// [`BlockPool::MAX_SHARDS`].
+    /// [`BlockPool::MAX_SHARDS`] ("shards must be in 1..=1024, got ..."):
+    /// with the message of the [`ConfigError`] that
+    /// `BlockPool::builder(num_blocks, block_size).shards(shards).build()`
+    /// returns.
     ///
     /// # Examples
     ///
@@ -208,7 +219,10 @@ impl BlockPool {
     /// pool.free(&ids).unwrap();
     /// ```
     pub fn with_shards(num_blocks: usize, block_size: usize, shards: usize) -> BlockPool {
-        BlockPool::with_faults(num_blocks, block_size, shards, Faults::default())
+        BlockPool::builder(num_blocks, block_size)
+            .shards(shards)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// [`with_shards`](Self::with_shards) with the faults of one of loom's
@@ -219,30 +233,36 @@ impl BlockPool {
         shards: usize,
         faults: Faults,
     ) -> BlockPool {
-        assert!(block_size != 0, "block_size must be non-zero");
-        assert!(
-            num_blocks <= Self::MAX_BLOCKS,
-            "num_blocks {num_blocks} does not fit the block id type (max {})",
-            Self::MAX_BLOCKS
-        );
-        assert!(
-            num_blocks.checked_mul(block_size).is_some(),
-            "num_blocks * block_size overflows usize"
-        );
-        assert!(
-            (1..=Self::MAX_SHARDS).contains(&shards),
-            "shards must be in 1..={}, got {shards}",
-            Self::MAX_SHARDS
-        );
-        BlockPool {
-            counter: Admission::new(num_blocks, shards, faults),
-            free: FreeList::new(num_blocks as u32, shards, faults),
-            refs: Refs::new(num_blocks, faults),
-            keys: Keys::new(num_blocks, faults),
-            lru: Lru::new(num_blocks),
-            stats: Stats::new(shards.max(Self::DEFAULT_SHARDS)),
-            fences: Fences::new(faults),
+        BlockPool::builder(num_blocks, block_size)
+            .shards(shards)
+            .faults(faults)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// A builder of a pool of `num_blocks` blocks of `block_size` token
+    /// slots: set its options, then [`build`](BlockPoolBuilder::build) it,
+    /// which returns a [`ConfigError`] where [`new`](Self::new) and
+    /// [`with_shards`](Self::with_shards) panic.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::{BlockPool, ConfigError};
+    ///
+    /// let pool = BlockPool::builder(1024, 16).shards(4).build()?;
+    /// assert_eq!((pool.num_blocks(), pool.block_size(), pool.shards()), (1024, 16, 4));
+    ///
+    /// let too_many = BlockPool::builder(BlockPool::MAX_BLOCKS + 1, 16).build();
+    /// assert!(matches!(too_many, Err(ConfigError::TooManyBlocks { .. })));
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn builder(num_blocks: usize, block_size: usize) -> BlockPoolBuilder {
+        BlockPoolBuilder {
+            num_blocks,
             block_size,
+            shards: None,
+            faults: Faults::default(),
         }
     }
 
@@ -779,5 +799,176 @@ impl fmt::Debug for BlockPool {
             .field("peak_used_blocks", &self.peak_used_blocks())
             .field("closed", &self.is_closed())
             .finish()
+    }
+}
+
+/// The options of a [`BlockPool`] before it is built: from
+/// [`BlockPool::builder`], set with its methods, checked and allocated by
+/// [`build`](Self::build).
+///
+/// # Examples
+///
+/// ```
+/// use kvslots::{BlockPool, ConfigError};
+///
+/// let builder = BlockPool::builder(4096, 16).shards(8);
+/// // What the pool's bookkeeping will take from the heap.
+/// assert!(builder.memory_bytes() >= 4096 * 60);
+/// let pool = builder.build()?;
+/// assert_eq!(pool.shards(), 8);
+/// # Ok::<(), ConfigError>(())
+/// ```
+#[derive(Debug, Clone)]
+#[must_use = "a builder builds nothing until `build` is called"]
+pub struct BlockPoolBuilder {
+    num_blocks: usize,
+    block_size: usize,
+    /// `None`: [`BlockPool::default_shards`].
+    shards: Option<usize>,
+    /// The faults of loom's negative controls (none outside them).
+    faults: Faults,
+}
+
+impl BlockPoolBuilder {
+    /// Cuts the free list into `shards` shards instead of
+    /// [`BlockPool::default_shards`]`(num_blocks)` (see
+    /// [`BlockPool::with_shards`] for what a shard is). Checked by
+    /// [`build`](Self::build): it must be in `1..=`[`BlockPool::MAX_SHARDS`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// let pool = kvslots::BlockPool::builder(64, 16).shards(1).build().unwrap();
+    /// assert_eq!(pool.shards(), 1);
+    /// ```
+    pub fn shards(mut self, shards: usize) -> BlockPoolBuilder {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// The faults of one of loom's negative controls.
+    pub(crate) fn faults(mut self, faults: Faults) -> BlockPoolBuilder {
+        self.faults = faults;
+        self
+    }
+
+    /// The shard count the pool will have.
+    fn shard_count(&self) -> usize {
+        self.shards
+            .unwrap_or_else(|| BlockPool::default_shards(self.num_blocks))
+    }
+
+    /// The heap memory, in bytes, that [`build`](Self::build) allocates for
+    /// the pool's bookkeeping (per block: its state word, free-list link,
+    /// prefix-cache key, index slots and eviction stamp, about 64 bytes;
+    /// per shard, a few cache lines), saturating at `usize::MAX`. The
+    /// structures that grow with use (the wait queue, the fences' lists)
+    /// are not counted. The KV cache itself is the caller's device memory,
+    /// and not counted either.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::BlockPool;
+    ///
+    /// let small = BlockPool::builder(1 << 10, 16).memory_bytes();
+    /// let large = BlockPool::builder(1 << 20, 16).memory_bytes();
+    /// assert!(large > 1000 * small / 2);
+    /// ```
+    pub fn memory_bytes(&self) -> usize {
+        let n = self.num_blocks;
+        let shards = self.shard_count();
+        [
+            Keys::heap_bytes(n),
+            Refs::heap_bytes(n),
+            Lru::heap_bytes(n),
+            FreeList::heap_bytes(n, shards),
+            Admission::heap_bytes(shards),
+            Stats::heap_bytes(shards.max(BlockPool::DEFAULT_SHARDS)),
+            Fences::heap_bytes(),
+        ]
+        .into_iter()
+        .fold(0, usize::saturating_add)
+    }
+
+    /// Checks the options and builds the pool: `num_blocks` free blocks of
+    /// `block_size` token slots.
+    ///
+    /// # Errors
+    ///
+    /// Checked in this order, before any memory is asked for:
+    /// [`ConfigError::ZeroBlockSize`], [`ConfigError::TooManyBlocks`]
+    /// (above [`BlockPool::MAX_BLOCKS`]),
+    /// [`ConfigError::SlotCountOverflow`] (`num_blocks * block_size`
+    /// overflows `usize`), [`ConfigError::BadShardCount`]. Then the pool's
+    /// arrays are allocated, fallibly, largest first:
+    /// [`ConfigError::OutOfMemory`] if the allocator refuses one, with
+    /// everything allocated before it freed. (On a system that overcommits
+    /// memory the allocator may grant more than it can back, and the
+    /// operating system may then stop the process while the arrays are
+    /// filled; [`memory_bytes`](Self::memory_bytes) says beforehand what a
+    /// pool will take.)
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::{BlockPool, ConfigError};
+    ///
+    /// assert_eq!(
+    ///     BlockPool::builder(2, usize::MAX).build().unwrap_err(),
+    ///     ConfigError::SlotCountOverflow { num_blocks: 2, block_size: usize::MAX }
+    /// );
+    /// let pool = BlockPool::builder(0, 16).build().unwrap(); // refuses every allocation
+    /// assert_eq!(pool.num_blocks(), 0);
+    /// ```
+    pub fn build(self) -> Result<BlockPool, ConfigError> {
+        let BlockPoolBuilder {
+            num_blocks,
+            block_size,
+            faults,
+            ..
+        } = self;
+        if block_size == 0 {
+            return Err(ConfigError::ZeroBlockSize);
+        }
+        if num_blocks > BlockPool::MAX_BLOCKS {
+            return Err(ConfigError::TooManyBlocks {
+                num_blocks,
+                max: BlockPool::MAX_BLOCKS,
+            });
+        }
+        if num_blocks.checked_mul(block_size).is_none() {
+            return Err(ConfigError::SlotCountOverflow {
+                num_blocks,
+                block_size,
+            });
+        }
+        let shards = self.shard_count();
+        if !(1..=BlockPool::MAX_SHARDS).contains(&shards) {
+            return Err(ConfigError::BadShardCount {
+                shards,
+                max: BlockPool::MAX_SHARDS,
+            });
+        }
+        let oom = |_| ConfigError::OutOfMemory {
+            bytes: self.memory_bytes(),
+        };
+        // The per-block arrays, largest first, so that a pool too large for
+        // memory is refused before much of it is written.
+        let keys = Keys::try_new(num_blocks, faults).map_err(oom)?;
+        let refs = Refs::try_new(num_blocks, faults).map_err(oom)?;
+        let lru = Lru::try_new(num_blocks).map_err(oom)?;
+        // `num_blocks <= MAX_BLOCKS = u32::MAX`: exact.
+        let free = FreeList::try_new(num_blocks as u32, shards, faults).map_err(oom)?;
+        Ok(BlockPool {
+            counter: Admission::new(num_blocks, shards, faults),
+            free,
+            refs,
+            keys,
+            lru,
+            stats: Stats::new(shards.max(BlockPool::DEFAULT_SHARDS)),
+            fences: Fences::new(faults),
+            block_size,
+        })
     }
 }

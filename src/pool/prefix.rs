@@ -72,6 +72,13 @@ impl Stats {
         }
     }
 
+    /// The heap bytes [`new`](Self::new) asks for with `cells` cells.
+    pub(super) fn heap_bytes(cells: usize) -> usize {
+        cells
+            .max(1)
+            .saturating_mul(std::mem::size_of::<CachePadded<StatCell>>())
+    }
+
     /// The calling thread's cell.
     fn mine(&self) -> &StatCell {
         &self.cells[sync::thread_index() % self.cells.len()]

@@ -50,6 +50,9 @@
 //! losses a second on that one block, the stalled thread would have to
 //! stall for over 100 seconds between its read and its CAS.
 
+use std::collections::TryReserveError;
+
+use crate::array::{bytes_of, try_filled};
 use crate::id::BlockId;
 use crate::sync::{AtomicU64, Faults, Ordering};
 
@@ -150,11 +153,16 @@ pub(super) struct Refs {
 
 impl Refs {
     /// `num_blocks` words of 0 (every block free, no key, generation 0).
-    pub(super) fn new(num_blocks: usize, faults: Faults) -> Refs {
-        Refs {
-            words: (0..num_blocks).map(|_| AtomicU64::new(0)).collect(),
+    pub(super) fn try_new(num_blocks: usize, faults: Faults) -> Result<Refs, TryReserveError> {
+        Ok(Refs {
+            words: try_filled(num_blocks, |_| AtomicU64::new(0))?,
             faults,
-        }
+        })
+    }
+
+    /// The heap bytes [`try_new`](Self::try_new) asks for.
+    pub(super) fn heap_bytes(num_blocks: usize) -> usize {
+        bytes_of::<AtomicU64>(num_blocks)
     }
 
     /// How many blocks.
