@@ -204,6 +204,21 @@ impl KvslotsBackend {
         }
     }
 
+    /// [`with_shards`](Self::with_shards), with the pool's refusal as an
+    /// error ([`BlockPool::builder`]).
+    pub fn try_with_shards(
+        num_blocks: usize,
+        block_size: usize,
+        shards: usize,
+    ) -> Result<Self, kvslots::ConfigError> {
+        let pool = BlockPool::builder(num_blocks, block_size)
+            .shards(shards)
+            .build()?;
+        Ok(KvslotsBackend {
+            pool: Arc::new(pool),
+        })
+    }
+
     /// The pool.
     pub fn pool(&self) -> &Arc<BlockPool> {
         &self.pool
@@ -373,6 +388,17 @@ impl MutexBackend {
         MutexBackend {
             pool: Arc::new(MutexPool::new(num_blocks, block_size)),
         }
+    }
+
+    /// [`new`](Self::new), with the allocator's refusal of the pool's
+    /// arrays as an error ([`MutexPool::try_new`]).
+    pub fn try_new(
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self, std::collections::TryReserveError> {
+        Ok(MutexBackend {
+            pool: Arc::new(MutexPool::try_new(num_blocks, block_size)?),
+        })
     }
 
     /// The pool.
