@@ -12,7 +12,7 @@
 
 use std::collections::TryReserveError;
 
-use crate::array::{bytes_of, try_filled};
+use crate::array::{bytes_of, Room};
 use crate::id::BlockId;
 use crate::sync::{self, AtomicU32, AtomicU64, Backoff, CachePadded, Faults, Ordering};
 
@@ -79,21 +79,17 @@ const fn tag(head: u64) -> u32 {
 impl FreeList {
     /// A free list of `shards > 0` shards holding every id `0..len`: shard
     /// `s` gets the `s`-th contiguous slice, lowest id on top.
-    pub(crate) fn try_new(
-        len: u32,
-        shards: usize,
-        faults: Faults,
-    ) -> Result<FreeList, TryReserveError> {
+    pub(crate) fn new(room: Room<AtomicU32>, len: u32, shards: usize, faults: Faults) -> FreeList {
         debug_assert!(shards > 0);
         // Ceiling division, at least 1 so that `owner` never divides by 0.
         let span = len.div_ceil(shards as u32).max(1);
-        let next = try_filled(len as usize, |i| {
+        let next = room.fill(|i| {
             // `i < len <= u32::MAX`: exact.
             let i = i as u32;
             // The last id of a shard (or of the pool) ends its shard.
             let end = i + 1 == len || (i + 1) % span == 0;
             AtomicU32::new(if end { NIL } else { i + 1 })
-        })?;
+        });
         let heads = (0..shards as u32)
             .map(|s| {
                 let lo = s.saturating_mul(span);
@@ -101,15 +97,20 @@ impl FreeList {
                 CachePadded::new(AtomicU64::new(pack(0, top)))
             })
             .collect();
-        Ok(FreeList {
+        FreeList {
             heads,
             next,
             span,
             faults,
-        })
+        }
     }
 
-    /// The heap bytes [`try_new`](Self::try_new) asks for.
+    /// Reserves the room of [`new`](Self::new)'s links for `len` ids.
+    pub(crate) fn room(len: usize) -> Result<Room<AtomicU32>, TryReserveError> {
+        Room::reserve(len)
+    }
+
+    /// The heap bytes [`room`](Self::room) and the shards' heads take.
     pub(crate) fn heap_bytes(len: usize, shards: usize) -> usize {
         bytes_of::<AtomicU32>(len).saturating_add(bytes_of::<CachePadded<AtomicU64>>(shards))
     }

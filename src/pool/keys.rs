@@ -17,7 +17,7 @@
 
 use std::collections::TryReserveError;
 
-use crate::array::{bytes_of, try_filled};
+use crate::array::{bytes_of, Room};
 use crate::hash::BlockHash;
 use crate::id::BlockId;
 use crate::sync::{AtomicU64, Faults, Ordering};
@@ -47,6 +47,13 @@ pub(super) struct Keys {
     faults: Faults,
 }
 
+/// The room of a [`Keys`]' arrays, reserved by [`Keys::room`].
+pub(super) struct KeysRoom {
+    words: Room<AtomicU64>,
+    slots: Room<AtomicU64>,
+    width: usize,
+}
+
 /// The `i`-th little-endian `u64` of a key.
 fn key_word(key: &BlockHash, i: usize) -> u64 {
     let mut bytes = [0u8; 8];
@@ -55,16 +62,27 @@ fn key_word(key: &BlockHash, i: usize) -> u64 {
 }
 
 impl Keys {
-    /// Keys and an index for `num_blocks` blocks: 1.75 slots per
-    /// block (at least two buckets), in buckets of 8 slots (fewer for
-    /// pools under 8 blocks, whose one bucket then holds every key).
-    pub(super) fn try_new(num_blocks: usize, faults: Faults) -> Result<Keys, TryReserveError> {
-        let (width, slots) = Keys::shape(num_blocks);
-        Ok(Keys {
-            words: try_filled(num_blocks * 4, |_| AtomicU64::new(0))?,
-            slots: try_filled(slots, |_| AtomicU64::new(EMPTY))?,
-            width,
+    /// Keys and an index for `num_blocks` blocks, in the room reserved for
+    /// them: 1.75 slots per block (at least two buckets), in buckets of 8
+    /// slots (fewer for pools under 8 blocks, whose one bucket then holds
+    /// every key).
+    pub(super) fn new(room: KeysRoom, faults: Faults) -> Keys {
+        Keys {
+            words: room.words.fill(|_| AtomicU64::new(0)),
+            slots: room.slots.fill(|_| AtomicU64::new(EMPTY)),
+            width: room.width,
             faults,
+        }
+    }
+
+    /// Reserves the room of [`new`](Self::new)'s arrays for `num_blocks`
+    /// blocks.
+    pub(super) fn room(num_blocks: usize) -> Result<KeysRoom, TryReserveError> {
+        let (width, slots) = Keys::shape(num_blocks);
+        Ok(KeysRoom {
+            words: Room::reserve(num_blocks * 4)?,
+            slots: Room::reserve(slots)?,
+            width,
         })
     }
 
@@ -77,7 +95,7 @@ impl Keys {
         (width, buckets * width)
     }
 
-    /// The heap bytes [`try_new`](Self::try_new) asks for.
+    /// The heap bytes [`room`](Self::room) asks for.
     pub(super) fn heap_bytes(num_blocks: usize) -> usize {
         bytes_of::<AtomicU64>(num_blocks.saturating_mul(4))
             .saturating_add(bytes_of::<AtomicU64>(Keys::shape(num_blocks).1))

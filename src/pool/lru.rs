@@ -33,7 +33,7 @@
 use std::collections::TryReserveError;
 use std::ops::Range;
 
-use crate::array::{bytes_of, try_filled};
+use crate::array::{bytes_of, Room};
 
 use crate::id::BlockId;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Ordering};
@@ -70,6 +70,12 @@ pub(super) struct Lru {
     hand: AtomicUsize,
 }
 
+/// The room of an [`Lru`]'s arrays, reserved by [`Lru::room`].
+pub(super) struct LruRoom {
+    stamps: Room<AtomicU32>,
+    candidates: Room<AtomicU64>,
+}
+
 /// A candidate word's block.
 fn id_of(word: u64) -> BlockId {
     BlockId::new(word as u32)
@@ -82,16 +88,25 @@ fn stamp_of(word: u64) -> u32 {
 
 impl Lru {
     /// The eviction order of `num_blocks` blocks, none evictable.
-    pub(super) fn try_new(num_blocks: usize) -> Result<Lru, TryReserveError> {
-        Ok(Lru {
-            stamps: try_filled(num_blocks, |_| AtomicU32::new(0))?,
+    pub(super) fn new(room: LruRoom) -> Lru {
+        Lru {
+            stamps: room.stamps.fill(|_| AtomicU32::new(0)),
             clock: CachePadded::new(AtomicU32::new(0)),
-            candidates: try_filled(Lru::capacity(num_blocks), |_| AtomicU64::new(0))?,
+            candidates: room.candidates.fill(|_| AtomicU64::new(0)),
             len: AtomicUsize::new(0),
             next: CachePadded::new(AtomicUsize::new(0)),
             refilling: AtomicBool::new(false),
             overflowed: AtomicBool::new(false),
             hand: AtomicUsize::new(0),
+        }
+    }
+
+    /// Reserves the room of [`new`](Self::new)'s arrays for `num_blocks`
+    /// blocks.
+    pub(super) fn room(num_blocks: usize) -> Result<LruRoom, TryReserveError> {
+        Ok(LruRoom {
+            stamps: Room::reserve(num_blocks)?,
+            candidates: Room::reserve(Lru::capacity(num_blocks))?,
         })
     }
 
@@ -100,7 +115,7 @@ impl Lru {
         (num_blocks / BLOCKS_PER_CANDIDATE).max(MIN_CANDIDATES.min(num_blocks))
     }
 
-    /// The heap bytes [`try_new`](Self::try_new) asks for.
+    /// The heap bytes [`room`](Self::room) asks for.
     pub(super) fn heap_bytes(num_blocks: usize) -> usize {
         bytes_of::<AtomicU32>(num_blocks)
             .saturating_add(bytes_of::<AtomicU64>(Lru::capacity(num_blocks)))

@@ -900,14 +900,14 @@ impl BlockPoolBuilder {
     /// [`ConfigError::ZeroBlockSize`], [`ConfigError::TooManyBlocks`]
     /// (above [`BlockPool::MAX_BLOCKS`]),
     /// [`ConfigError::SlotCountOverflow`] (`num_blocks * block_size`
-    /// overflows `usize`), [`ConfigError::BadShardCount`]. Then the pool's
-    /// arrays are allocated, fallibly, largest first:
-    /// [`ConfigError::OutOfMemory`] if the allocator refuses one, with
-    /// everything allocated before it freed. (On a system that overcommits
-    /// memory the allocator may grant more than it can back, and the
-    /// operating system may then stop the process while the arrays are
-    /// filled; [`memory_bytes`](Self::memory_bytes) says beforehand what a
-    /// pool will take.)
+    /// overflows `usize`), [`ConfigError::BadShardCount`]. Then room for
+    /// each of the pool's arrays is reserved, fallibly and largest first,
+    /// before any is written: [`ConfigError::OutOfMemory`] if the allocator
+    /// refuses one, with the room reserved before it freed. (On a system
+    /// that overcommits memory the allocator may grant more than it can
+    /// back, and the operating system may then stop the process while the
+    /// arrays are written; [`memory_bytes`](Self::memory_bytes) says
+    /// beforehand what a pool will take.)
     ///
     /// # Examples
     ///
@@ -953,19 +953,20 @@ impl BlockPoolBuilder {
         let oom = |_| ConfigError::OutOfMemory {
             bytes: self.memory_bytes(),
         };
-        // The per-block arrays, largest first, so that a pool too large for
-        // memory is refused before much of it is written.
-        let keys = Keys::try_new(num_blocks, faults).map_err(oom)?;
-        let refs = Refs::try_new(num_blocks, faults).map_err(oom)?;
-        let lru = Lru::try_new(num_blocks).map_err(oom)?;
-        // `num_blocks <= MAX_BLOCKS = u32::MAX`: exact.
-        let free = FreeList::try_new(num_blocks as u32, shards, faults).map_err(oom)?;
+        // Room for every per-block array, largest first, before any is
+        // written: a pool too large for memory is refused before it has
+        // touched any of it.
+        let keys = Keys::room(num_blocks).map_err(oom)?;
+        let refs = Refs::room(num_blocks).map_err(oom)?;
+        let lru = Lru::room(num_blocks).map_err(oom)?;
+        let free = FreeList::room(num_blocks).map_err(oom)?;
         Ok(BlockPool {
             counter: Admission::new(num_blocks, shards, faults),
-            free,
-            refs,
-            keys,
-            lru,
+            // `num_blocks <= MAX_BLOCKS = u32::MAX`: exact.
+            free: FreeList::new(free, num_blocks as u32, shards, faults),
+            refs: Refs::new(refs, faults),
+            keys: Keys::new(keys, faults),
+            lru: Lru::new(lru),
             stats: Stats::new(shards.max(BlockPool::DEFAULT_SHARDS)),
             fences: Fences::new(faults),
             block_size,

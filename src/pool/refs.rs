@@ -52,7 +52,7 @@
 
 use std::collections::TryReserveError;
 
-use crate::array::{bytes_of, try_filled};
+use crate::array::{bytes_of, Room};
 use crate::id::BlockId;
 use crate::sync::{AtomicU64, Faults, Ordering};
 
@@ -153,14 +153,20 @@ pub(super) struct Refs {
 
 impl Refs {
     /// `num_blocks` words of 0 (every block free, no key, generation 0).
-    pub(super) fn try_new(num_blocks: usize, faults: Faults) -> Result<Refs, TryReserveError> {
-        Ok(Refs {
-            words: try_filled(num_blocks, |_| AtomicU64::new(0))?,
+    pub(super) fn new(room: Room<AtomicU64>, faults: Faults) -> Refs {
+        Refs {
+            words: room.fill(|_| AtomicU64::new(0)),
             faults,
-        })
+        }
     }
 
-    /// The heap bytes [`try_new`](Self::try_new) asks for.
+    /// Reserves the room of [`new`](Self::new)'s words for `num_blocks`
+    /// blocks.
+    pub(super) fn room(num_blocks: usize) -> Result<Room<AtomicU64>, TryReserveError> {
+        Room::reserve(num_blocks)
+    }
+
+    /// The heap bytes [`room`](Self::room) asks for.
     pub(super) fn heap_bytes(num_blocks: usize) -> usize {
         bytes_of::<AtomicU64>(num_blocks)
     }
