@@ -420,6 +420,13 @@ impl Cli {
             )));
         }
         let mut left = host.bytes - pool;
+        let watermark_blocks = self.watermark.unwrap_or(sizing.num_blocks / 100);
+        check_pool(&sizing, watermark_blocks)?;
+        let prefix_cache = !self.no_prefix_cache;
+        // The synthetic workload names every prompt's content.
+        if self.trace.is_none() && prefix_cache {
+            self.check_prefix_block_size()?;
+        }
         let (requests, workload) = match &self.trace {
             Some(path) => {
                 let limits = TraceLimits {
@@ -459,19 +466,9 @@ impl Cli {
             .map(request_bytes)
             .fold(0, usize::saturating_add)
             .min(left);
-        let prefix_cache = !self.no_prefix_cache;
-        if prefix_cache
-            && !TRACE_BLOCK.is_multiple_of(self.block_size)
-            && requests.iter().any(|r| r.hash_ids.is_some())
-        {
-            return Err(InputError(format!(
-                "--block-size {} does not divide the {TRACE_BLOCK}-token blocks the workload's \
-                 prompt content is named by: prefix caching needs a block size that does \
-                 (or --no-prefix-cache)",
-                self.block_size
-            )));
+        if prefix_cache && requests.iter().any(|r| r.hash_ids.is_some()) {
+            self.check_prefix_block_size()?;
         }
-        let watermark_blocks = self.watermark.unwrap_or(sizing.num_blocks / 100);
         let engine = EngineConfig {
             admission: self.admission.unwrap_or(Admission::Reserve),
             workers,
@@ -497,6 +494,20 @@ impl Cli {
             requests,
             workload,
         })
+    }
+
+    /// Refuses a block size that does not cut the trace's 512-token blocks
+    /// evenly, for a workload whose prompts' content the cache keys.
+    fn check_prefix_block_size(&self) -> Result<(), InputError> {
+        if TRACE_BLOCK.is_multiple_of(self.block_size) {
+            return Ok(());
+        }
+        Err(InputError(format!(
+            "--block-size {} does not divide the {TRACE_BLOCK}-token blocks the workload's \
+             prompt content is named by: prefix caching needs a block size that does \
+             (or --no-prefix-cache)",
+            self.block_size
+        )))
     }
 
     /// Refuses a run whose running requests' samples could take more than
@@ -550,15 +561,10 @@ impl Cli {
     }
 }
 
-/// Refuses a pool in which no request of the workload can ever run: no
-/// block, a watermark that leaves no block to admit into, or every request
-/// too large for it.
-fn check_runnable(
-    sizing: &Sizing,
-    engine: &EngineConfig,
-    requests: &[Request],
-) -> Result<(), InputError> {
-    let (nb, bs) = (sizing.num_blocks, sizing.block_size);
+/// Refuses a pool in which no request can ever run: no block, or a
+/// watermark that leaves no block to admit into.
+fn check_pool(sizing: &Sizing, watermark_blocks: usize) -> Result<(), InputError> {
+    let nb = sizing.num_blocks;
     if nb == 0 {
         return Err(InputError(format!(
             "the pool has no block ({} GiB at {} bytes a block): no request can run; raise \
@@ -567,12 +573,23 @@ fn check_runnable(
             sizing.bytes_per_block
         )));
     }
-    if engine.watermark_blocks >= nb {
+    if watermark_blocks >= nb {
         return Err(InputError(format!(
-            "--watermark {} keeps every one of the pool's {nb} blocks free: no request can be admitted",
-            engine.watermark_blocks
+            "--watermark {watermark_blocks} keeps every one of the pool's {nb} blocks free: no \
+             request can be admitted"
         )));
     }
+    Ok(())
+}
+
+/// Refuses a workload of which no request can ever run in the pool: every
+/// request too large for it.
+fn check_runnable(
+    sizing: &Sizing,
+    engine: &EngineConfig,
+    requests: &[Request],
+) -> Result<(), InputError> {
+    let (nb, bs) = (sizing.num_blocks, sizing.block_size);
     let runs = |r: &Request| {
         let profile = engine.profile(r.id, bs);
         !engine::never_fits(r, &profile, engine.watermark_blocks, nb, bs)

@@ -115,6 +115,7 @@ impl<'de> Visitor<'de> for ObjectVisitor {
             if obj.contains_key(&key) {
                 // The rest of the object is read (and checked as JSON), not
                 // kept.
+                map.next_value::<IgnoredAny>()?;
                 while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
                 return Ok(Object::Duplicate(key.chars().take(40).collect()));
             }

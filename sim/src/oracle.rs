@@ -323,7 +323,7 @@ impl Oracle {
             Ok(v)
         }
         // An overflowing slot count asks for more than any allocator has.
-        let slots = num_blocks.checked_mul(block_size).unwrap_or(usize::MAX);
+        let slots = num_blocks.saturating_mul(block_size);
         Ok(Oracle {
             stamps: zeroed(slots, || AtomicU64::new(0))?,
             holders: zeroed(num_blocks, || AtomicU32::new(0))?,
