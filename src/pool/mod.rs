@@ -818,7 +818,7 @@ impl fmt::Debug for BlockPool {
 /// assert_eq!(pool.shards(), 8);
 /// # Ok::<(), ConfigError>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[must_use = "a builder builds nothing until `build` is called"]
 pub struct BlockPoolBuilder {
     num_blocks: usize,
@@ -827,6 +827,16 @@ pub struct BlockPoolBuilder {
     shards: Option<usize>,
     /// The faults of loom's negative controls (none outside them).
     faults: Faults,
+}
+
+impl fmt::Debug for BlockPoolBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockPoolBuilder")
+            .field("num_blocks", &self.num_blocks)
+            .field("block_size", &self.block_size)
+            .field("shards", &self.shard_count())
+            .finish()
+    }
 }
 
 impl BlockPoolBuilder {
