@@ -597,8 +597,14 @@ fn check_runnable(
     if !requests.iter().any(runs) {
         return Err(InputError(format!(
             "no request of the workload can ever run in a pool of {nb} blocks of {bs} tokens \
-             with a watermark of {} blocks",
-            engine.watermark_blocks
+             with a watermark of {} blocks (with its samples, {}): raise --memory-gib, or lower \
+             --watermark or --samples",
+            engine.watermark_blocks,
+            if engine.mix {
+                format!("up to {MIX_SAMPLES} in the default mix")
+            } else {
+                engine.samples.to_string()
+            }
         )));
     }
     Ok(())

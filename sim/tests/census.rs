@@ -229,6 +229,11 @@ fn flag_rows() -> Vec<Row> {
             &["--watermark 18446744073709551615"],
         ),
         row(
+            "--memory-gib: a pool too small for every request",
+            &["--memory-gib", "0.001953125", "--requests", "20"],
+            &["no request", "1 blocks", "--memory-gib"],
+        ),
+        row(
             "--chunk: 0",
             &["--chunk", "0"],
             &["--chunk must be at least 1"],
@@ -286,7 +291,7 @@ fn flag_rows() -> Vec<Row> {
                 "--requests",
                 "20",
             ],
-            &["no request"],
+            &["no request", "1000000", "--samples"],
         ),
         row(
             "--admission: unknown",
