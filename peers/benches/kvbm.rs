@@ -209,7 +209,7 @@ fn print_side_by_side(threads: usize) {
     let kvbm_cache = Kvbm::with_blocks(REPLAY_BLOCKS);
     let (kvbm, kvbm_time) = replay::replay(&kvbm_cache, kvbm_keys, requests, threads);
     println!(
-        "peer_replay hits, {threads} threads, the trace's first {} requests ({} full blocks; \
+        "peer_replay hits, threads {threads}, the trace's first {} requests ({} full blocks; \
          pool of {REPLAY_BLOCKS} blocks): kvslots {} ({:.2}%), kvbm_logical {} ({:.2}%); \
          evictions {} / {}; refused {} / {}; wall {:.3} s / {:.3} s (kvslots {:.2}x)",
         kv.requests,
