@@ -256,12 +256,14 @@ impl fmt::Display for PositionError {
 
 impl std::error::Error for PositionError {}
 
-/// Why [`BlockPoolBuilder::build`](crate::BlockPoolBuilder::build) refused
-/// to build a pool. Nothing is allocated before the checks pass.
+/// Why [`BlockPoolBuilder::build`](crate::BlockPoolBuilder::build) refused to
+/// build a pool. Nothing is left allocated after a refusal.
 ///
+/// The checks run in the order of the variants: the configuration first
+/// (before any memory is asked for), then the allocation.
 /// [`BlockPool::new`](crate::BlockPool::new) and
-/// [`BlockPool::with_shards`](crate::BlockPool::with_shards) panic with this
-/// error's message where `build` returns it.
+/// [`BlockPool::with_shards`](crate::BlockPool::with_shards) panic with
+/// this error's message where `build` returns it.
 ///
 /// # Examples
 ///
@@ -306,6 +308,15 @@ pub enum ConfigError {
         /// The largest shard count accepted.
         max: usize,
     },
+    /// The allocator refused the pool's arrays (the heap memory of its
+    /// bookkeeping, 12 bytes a block for the core pool and 64 with the
+    /// prefix cache; not the KV cache itself, which lives on the device).
+    /// What had been allocated is freed.
+    OutOfMemory {
+        /// The bytes the pool asked for in all
+        /// ([`BlockPoolBuilder::memory_bytes`](crate::BlockPoolBuilder::memory_bytes)).
+        bytes: usize,
+    },
 }
 
 impl fmt::Display for ConfigError {
@@ -326,6 +337,10 @@ impl fmt::Display for ConfigError {
             ConfigError::BadShardCount { shards, max } => {
                 write!(f, "shards must be in 1..={max}, got {shards}")
             }
+            ConfigError::OutOfMemory { bytes } => write!(
+                f,
+                "out of memory: the pool's bookkeeping needs {bytes} bytes of heap"
+            ),
         }
     }
 }

@@ -21,7 +21,10 @@
 //! * [`BlockPool`]: a paged KV cache of `num_blocks` blocks of `block_size`
 //!   slots; [`BlockPool::try_alloc`] takes `n` distinct block ids or none,
 //!   [`BlockPool::free`] drops references, all or nothing (see
-//!   [`FreeError::Raced`] for the one exception).
+//!   [`FreeError::Raced`] for the one exception). [`BlockPool::builder`]
+//!   builds one with a [`ConfigError`] for a configuration it refuses (a
+//!   zero block size, too many blocks or shards, too little memory) where
+//!   [`BlockPool::new`] panics.
 //! * [`Sequence`]: one sequence's block table over a shared pool: the
 //!   multi-token append ([`Sequence::try_append`]), whole-prompt reservation
 //!   ([`Sequence::try_reserve`]), the slot mapping kernels take
@@ -178,6 +181,7 @@
 #![warn(missing_docs)]
 
 mod allocator;
+mod array;
 mod counter;
 mod error;
 mod hash;

@@ -300,6 +300,15 @@ impl Backend<MutexPool> {
             pool: Arc::new(MutexPool::new(num_blocks, block_size)),
         }
     }
+
+    /// [`new`](Self::new), with the allocator's refusal of the pool's
+    /// arrays as an error ([`MutexPool::try_new`]).
+    pub fn try_new(
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self, std::collections::TryReserveError> {
+        MutexPool::try_new(num_blocks, block_size).map(Backend::from_pool)
+    }
 }
 
 impl<P: Pool> KvSeq for Sequence<P> {

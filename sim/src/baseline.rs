@@ -276,25 +276,51 @@ impl MutexPool {
     ///
     /// Panics if `block_size == 0` or `num_blocks` does not fit a `u32` id.
     pub fn new(num_blocks: usize, block_size: usize) -> MutexPool {
+        MutexPool::try_new(num_blocks, block_size).expect("memory for the mutex pool")
+    }
+
+    /// [`new`](Self::new), with the allocator's refusal of its arrays as an
+    /// error instead of an abort (nothing is left allocated then).
+    ///
+    /// # Panics
+    ///
+    /// As [`new`](Self::new), for `block_size` and `num_blocks`.
+    pub fn try_new(
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<MutexPool, std::collections::TryReserveError> {
         assert!(block_size > 0, "block_size must be at least 1");
         assert!(
             num_blocks <= NIL as usize,
             "num_blocks {num_blocks} does not fit a u32 block id"
         );
+        fn filled<T: Clone>(
+            n: usize,
+            value: T,
+        ) -> Result<Vec<T>, std::collections::TryReserveError> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n)?;
+            v.resize(n, value);
+            Ok(v)
+        }
+        let mut index = KeyMap::default();
+        index.try_reserve(num_blocks)?;
         // Lowest ids on top of the stack, as kvslots hands them out first.
-        let free = (0..num_blocks as u32).rev().collect();
-        MutexPool {
+        let mut free = Vec::new();
+        free.try_reserve_exact(num_blocks)?;
+        free.extend((0..num_blocks as u32).rev());
+        Ok(MutexPool {
             inner: Mutex::new(Inner {
                 free,
-                refs: vec![0; num_blocks],
-                key_of: vec![None; num_blocks],
-                index: KeyMap::with_capacity_and_hasher(num_blocks, Default::default()),
-                prev: vec![NIL; num_blocks],
-                next: vec![NIL; num_blocks],
+                refs: filled(num_blocks, 0)?,
+                key_of: filled(num_blocks, None)?,
+                index,
+                prev: filled(num_blocks, NIL)?,
+                next: filled(num_blocks, NIL)?,
                 lru_head: NIL,
                 lru_tail: NIL,
                 lru_len: 0,
-                matched_by: vec![0; num_blocks],
+                matched_by: filled(num_blocks, 0)?,
                 matches: 0,
                 peak: 0,
                 stats: PrefixCounts::default(),
@@ -307,7 +333,19 @@ impl MutexPool {
             used: AtomicUsize::new(0),
             num_blocks,
             block_size,
-        }
+        })
+    }
+
+    /// About the heap memory, in bytes, [`new`](Self::new) takes for
+    /// `num_blocks` blocks (its arrays and its key map's table), saturating.
+    pub fn memory_bytes(num_blocks: usize) -> usize {
+        use std::mem::size_of;
+        // A hash table keeps at most 7/8 of its buckets full, each a key, a
+        // value and a control byte.
+        let index = (size_of::<(BlockHash, u32)>() + 1).saturating_mul(num_blocks / 7 * 8 + 8);
+        (4 * size_of::<u32>() + size_of::<u64>() + size_of::<Option<BlockHash>>())
+            .saturating_mul(num_blocks)
+            .saturating_add(index)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {

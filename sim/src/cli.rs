@@ -1,24 +1,48 @@
 //! The command line: flags, sizing, workload, run(s), report, exit code.
 //!
-//! Exit codes: 0 when every run's invariants hold, 1 when one does not, 2
-//! for bad input (a flag's value, a malformed trace) before any work.
+//! Exit codes: [`EXIT_OK`] (0) when every run's invariants hold,
+//! [`EXIT_FAILED`] (1) when one does not, [`EXIT_BAD_INPUT`] (2) for bad
+//! input (a flag's value, a malformed trace, a run too large for the host's
+//! memory) before any work, and [`EXIT_UNWRITTEN`] (3) when every invariant
+//! held but the report could not be written.
 
+use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use kvslots::BlockPool;
+use kvslots::{BlockPool, Sequence};
 use serde_json::json;
 
 use crate::backend::{KvBackend, KvslotsBackend, MutexBackend};
+use crate::baseline::MutexPool;
 use crate::engine::{self, Admission, EngineConfig, MIX_SAMPLES};
 pub use crate::fault::Fault;
 use crate::fault::Faulty;
-use crate::model::{size_pool, ModelPreset, Sizing};
+use crate::model::{size_pool, ModelPreset, Sizing, GIB};
+use crate::oracle::{Oracle, Tracked};
 use crate::prefix::TRACE_BLOCK;
 use crate::report::{table, Report};
-use crate::workload::{read_trace, Request, SharedPrefixes};
+use crate::workload::{
+    read_trace_limited, request_bytes, synthetic_request_bytes, Request, SharedPrefixes,
+    TraceLimits,
+};
+
+/// The exit code of a run whose every invariant held.
+pub const EXIT_OK: i32 = 0;
+/// The exit code of a run in which an invariant failed (a worker panicked,
+/// an allocator call got stuck, the oracle found a wrong block): the
+/// failures are named on stderr, whether or not the report was written.
+pub const EXIT_FAILED: i32 = 1;
+/// The exit code for bad input, before any work: a flag's value, flags
+/// that contradict each other or have no effect, a malformed trace, a run
+/// that would take more host memory than it may use. Also clap's code for a
+/// command line it cannot parse.
+pub const EXIT_BAD_INPUT: i32 = 2;
+/// The exit code of a run whose every invariant held but whose report could
+/// not be written (stdout closed or full).
+pub const EXIT_UNWRITTEN: i32 = 3;
 
 /// Synthetic requests in a default run: every token of them is written to
 /// and read back from the oracle's KV memory, which makes a request cost
@@ -34,6 +58,9 @@ pub const MAX_ASYNC_DEPTH: usize = 64;
 
 /// The default seed.
 pub const DEFAULT_SEED: u64 = 42;
+
+/// The default probability that a draft token is accepted.
+pub const DEFAULT_ACCEPT: f64 = 0.7;
 
 /// Which allocator to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -52,22 +79,23 @@ pub enum Allocator {
 /// prompts' content, runs
 /// iteration-level schedulers on `--workers` threads (chunked prefill,
 /// decode or speculative decode, parallel sampling, preemption), and
-/// reports what happened. Exit code 0 only if every invariant holds; 2 for
-/// bad input.
+/// reports what happened. Exit code 0 only if every invariant holds; 1 if
+/// one does not; 2 for bad input (before any work); 3 if the report could
+/// not be written.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "kvslots-sim", version, about, long_about)]
 pub struct Cli {
     /// Model preset whose KV shape sizes the pool.
     #[arg(long, value_enum, default_value_t = ModelPreset::Llama3_8b)]
     pub model: ModelPreset,
-    /// KV bytes per token, instead of a preset's.
-    #[arg(long)]
+    /// KV bytes per token, instead of a preset's (not with `--model`).
+    #[arg(long, conflicts_with = "model", allow_negative_numbers = true)]
     pub kv_bytes_per_token: Option<u64>,
     /// KV-cache memory budget, in GiB.
-    #[arg(long, default_value_t = 16.0)]
+    #[arg(long, default_value_t = 16.0, allow_negative_numbers = true)]
     pub memory_gib: f64,
     /// Tokens per block.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, allow_negative_numbers = true)]
     pub block_size: usize,
     /// A trace instead of the synthetic workload: an Azure CSV
     /// (`TIMESTAMP,ContextTokens,GeneratedTokens`, header required) or a
@@ -82,32 +110,34 @@ pub struct Cli {
     #[arg(long)]
     pub no_prefix_cache: bool,
     /// Requests to run: synthetic ones to draw (default 500000), or the
-    /// first N of the trace (default: all of it).
-    #[arg(long)]
+    /// first N of the trace (default: all of it; the lines after the Nth
+    /// request are not read).
+    #[arg(long, allow_negative_numbers = true)]
     pub requests: Option<usize>,
     /// Seed for the synthetic workload and the acceptance draws.
-    #[arg(long, default_value_t = DEFAULT_SEED)]
+    #[arg(long, default_value_t = DEFAULT_SEED, allow_negative_numbers = true)]
     pub seed: u64,
     /// Worker threads (default: available parallelism, at least 4).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub workers: Option<usize>,
     /// Blocks that admission keeps free for running sequences to grow
     /// (default: 1% of the blocks).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub watermark: Option<usize>,
     /// Prefill chunk, in tokens.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, allow_negative_numbers = true)]
     pub chunk: usize,
     /// Speculative decoding: K draft tokens per step (0: off). Giving
     /// `--spec`, `--samples` or `--admission` runs every request the same
     /// way instead of the default mix.
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", allow_negative_numbers = true)]
     pub spec: Option<usize>,
-    /// Probability that a draft token is accepted.
-    #[arg(long, default_value_t = 0.7)]
-    pub accept: f64,
+    /// Probability that a draft token is accepted (default 0.7; only with
+    /// draft tokens: `--spec` above 0, or the default mix).
+    #[arg(long, allow_negative_numbers = true)]
+    pub accept: Option<f64>,
     /// Samples per request: forks N-1 children after prefill (default 1).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub samples: Option<usize>,
     /// How a waiting request is admitted: reserve its whole prompt's blocks
     /// (with the watermark's headroom) in one allocation, or only check
@@ -115,15 +145,19 @@ pub struct Cli {
     #[arg(long, value_enum)]
     pub admission: Option<Admission>,
     /// Most requests one worker runs at once.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
     pub max_running: usize,
     /// Free-list shards of the kvslots pool (default: what
     /// `BlockPool::new` picks, one per 64 blocks up to 16; 1 is a single
-    /// shard).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    /// shard). Not with `--allocator mutex`, which has no shards.
+    #[arg(
+        long,
+        value_parser = clap::value_parser!(u16).range(1..=1024),
+        allow_negative_numbers = true
+    )]
     pub shards: Option<u16>,
-    /// The allocator to run.
-    #[arg(long, value_enum, default_value_t = Allocator::Kvslots)]
+    /// The allocator to run (not with `--compare`, which runs both).
+    #[arg(long, value_enum, default_value_t = Allocator::Kvslots, conflicts_with = "compare")]
     pub allocator: Allocator,
     /// Run kvslots and then the mutex baseline on the same workload and
     /// print them side by side.
@@ -140,12 +174,29 @@ pub struct Cli {
     /// scheduler, so the blocks a step gives back (preemption, rejected
     /// drafts, completion) are retired under the step's fence and go back
     /// when the step completes, K steps later (0: at once).
-    #[arg(long, value_name = "K", default_value_t = 0)]
+    #[arg(
+        long,
+        value_name = "K",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
     pub async_depth: usize,
     /// The livelock watchdog: an allocator call running this long ends the
     /// run as stuck.
-    #[arg(long, default_value_t = 10_000, value_name = "MS")]
+    #[arg(
+        long,
+        default_value_t = 10_000,
+        value_name = "MS",
+        allow_negative_numbers = true
+    )]
     pub stuck_after_ms: u64,
+    /// The host memory the run may use, in GiB (default: what the system
+    /// has available, `MemAvailable` in `/proc/meminfo`). A run whose
+    /// estimate (the pool's bookkeeping, the simulated KV memory, the
+    /// requests, the running requests' samples) is larger is refused before
+    /// any work.
+    #[arg(long, value_name = "GIB", allow_negative_numbers = true)]
+    pub host_memory_gib: Option<f64>,
 }
 
 /// A bad flag value or input file: exit code 2.
@@ -183,8 +234,98 @@ pub fn default_workers() -> usize {
         .max(4)
 }
 
+/// The host memory a run may use, and where that figure comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostMemory {
+    /// The bytes (never above `isize::MAX`, the most one allocation can
+    /// take).
+    pub bytes: usize,
+    /// `--host-memory-gib`, if it was given; else the system's figure.
+    pub from_flag: bool,
+}
+
+impl HostMemory {
+    /// `--host-memory-gib` if given (checked), else what the system has
+    /// available ([`available_memory`]), else no limit but `isize::MAX`.
+    pub fn of(flag: Option<f64>) -> Result<HostMemory, InputError> {
+        let most = isize::MAX as usize;
+        match flag {
+            Some(gib) if !gib.is_finite() || gib <= 0.0 => Err(InputError(format!(
+                "--host-memory-gib must be a finite number of GiB above 0, got {gib}"
+            ))),
+            Some(gib) => Ok(HostMemory {
+                // `as` saturates for floats.
+                bytes: ((gib * GIB) as u64).min(most as u64) as usize,
+                from_flag: true,
+            }),
+            None => Ok(HostMemory {
+                bytes: available_memory().map_or(most, |b| b.min(most as u64) as usize),
+                from_flag: false,
+            }),
+        }
+    }
+
+    /// The budget in words, for a refusal.
+    fn words(&self) -> String {
+        let gib = self.bytes as f64 / GIB;
+        if self.from_flag {
+            format!("{gib:.2} GiB of --host-memory-gib")
+        } else {
+            format!(
+                "{gib:.2} GiB of host memory available (MemAvailable; --host-memory-gib sets \
+                 another budget)"
+            )
+        }
+    }
+}
+
+/// What the system has available for a new process, in bytes:
+/// `MemAvailable` in `/proc/meminfo` (Linux), or `None` where it cannot be
+/// read.
+pub fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line
+        .trim_start_matches("MemAvailable:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib.saturating_mul(1024))
+}
+
+/// About the host memory one running sample takes beyond its block table:
+/// its sequence (the same type over either allocator), the oracle's record
+/// and its output count.
+fn sample_bytes() -> usize {
+    std::mem::size_of::<Sequence>()
+        + std::mem::size_of::<Tracked<kvslots::BlockId>>()
+        + std::mem::size_of::<usize>()
+}
+
+/// GiB, for messages.
+fn gib(bytes: usize) -> String {
+    format!("{:.2} GiB", bytes as f64 / GIB)
+}
+
 impl Cli {
-    /// Checks the flags, sizes the pool and loads or draws the requests.
+    /// The allocators the run uses, in order.
+    pub fn allocators(&self) -> Vec<Allocator> {
+        if self.compare {
+            vec![Allocator::Kvslots, Allocator::Mutex]
+        } else {
+            vec![self.allocator]
+        }
+    }
+
+    /// The flags that size the pool, in words for a message.
+    fn sizing_flags(&self) -> &'static str {
+        "lower --memory-gib, or raise --block-size or --kv-bytes-per-token"
+    }
+
+    /// Checks the flags, sizes the pool and loads or draws the requests,
+    /// within the host memory the run may use.
     pub fn plan(&self) -> Result<Plan, InputError> {
         let (model, bpt) = match self.kv_bytes_per_token {
             Some(b) => ("custom".to_string(), b),
@@ -213,46 +354,26 @@ impl Cli {
         if self.max_running == 0 {
             return Err(InputError("--max-running must be at least 1".into()));
         }
-        if !(0.0..=1.0).contains(&self.accept) {
+        let accept = self.accept.unwrap_or(DEFAULT_ACCEPT);
+        if !(0.0..=1.0).contains(&accept) {
             return Err(InputError(format!(
-                "--accept must be a probability in [0, 1], got {}",
-                self.accept
+                "--accept must be a probability in [0, 1], got {accept}"
             )));
         }
-        let (requests, workload) = match &self.trace {
-            Some(path) => {
-                let mut all =
-                    read_trace(path).map_err(|e| InputError(format!("{}: {e}", path.display())))?;
-                if let Some(n) = self.requests {
-                    all.truncate(n);
-                }
-                let n = all.len();
-                (all, format!("trace {} ({n} requests)", path.display()))
-            }
-            None => {
-                let n = self.requests.unwrap_or(DEFAULT_REQUESTS);
-                (
-                    SharedPrefixes::default().generate(n, self.seed),
-                    format!(
-                        "synthetic log-normal with shared prefixes, {n} requests, seed {}",
-                        self.seed
-                    ),
-                )
-            }
-        };
-        let prefix_cache = !self.no_prefix_cache;
-        if prefix_cache
-            && !TRACE_BLOCK.is_multiple_of(self.block_size)
-            && requests.iter().any(|r| r.hash_ids.is_some())
+        let mix = self.spec.is_none() && self.samples.is_none() && self.admission.is_none();
+        if self.accept.is_some() && !mix && self.spec.unwrap_or(0) == 0 {
+            return Err(InputError(format!(
+                "--accept {accept} has no effect without draft tokens: give --spec K (K above 0), \
+                 or leave out --spec, --samples and --admission for the default mix"
+            )));
+        }
+        if let (Some(shards), false, Allocator::Mutex) = (self.shards, self.compare, self.allocator)
         {
             return Err(InputError(format!(
-                "--block-size {} does not divide the {TRACE_BLOCK}-token blocks the workload's \
-                 prompt content is named by: prefix caching needs a block size that does \
-                 (or --no-prefix-cache)",
-                self.block_size
+                "--shards {shards} has no effect with --allocator mutex (the mutex baseline has \
+                 no shards): leave it out, or use --compare"
             )));
         }
-        let watermark_blocks = self.watermark.unwrap_or(sizing.num_blocks / 100);
         if self.stuck_after_ms == 0 {
             return Err(InputError("--stuck-after-ms must be at least 1".into()));
         }
@@ -270,57 +391,208 @@ impl Cli {
                 )));
             }
         }
+        let host = HostMemory::of(self.host_memory_gib)?;
+        let shards = self
+            .shards
+            .map_or_else(|| BlockPool::default_shards(sizing.num_blocks), usize::from);
+        // The pool and the simulated KV memory, first: they depend on the
+        // sizing flags alone.
+        let (nb, bs) = (sizing.num_blocks, sizing.block_size);
+        let pool = self
+            .allocators()
+            .into_iter()
+            .map(|a| match a {
+                Allocator::Kvslots => BlockPool::builder(nb, bs)
+                    .shards(shards)
+                    .prefix_cache(!self.no_prefix_cache)
+                    .memory_bytes(),
+                Allocator::Mutex => MutexPool::memory_bytes(nb),
+            })
+            .max()
+            .unwrap_or(0)
+            .saturating_add(Oracle::memory_bytes(nb, bs));
+        if pool > host.bytes {
+            return Err(InputError(format!(
+                "a pool of {nb} blocks of {bs} tokens (--memory-gib {} at {bpt} bytes a token) \
+                 takes about {} of host memory to simulate (the KV memory the oracle mirrors, 8 \
+                 bytes a token slot, and the allocator's bookkeeping), more than the {}: {}",
+                self.memory_gib,
+                gib(pool),
+                host.words(),
+                self.sizing_flags()
+            )));
+        }
+        let mut left = host.bytes - pool;
+        let watermark_blocks = self.watermark.unwrap_or(sizing.num_blocks / 100);
+        check_pool(&sizing, watermark_blocks)?;
+        let prefix_cache = !self.no_prefix_cache;
+        // The synthetic workload names every prompt's content.
+        if self.trace.is_none() && prefix_cache {
+            self.check_prefix_block_size()?;
+        }
+        let (requests, workload) = match &self.trace {
+            Some(path) => {
+                let limits = TraceLimits {
+                    requests: self.requests.unwrap_or(usize::MAX),
+                    bytes: left,
+                };
+                let all = read_trace_limited(path, limits)
+                    .map_err(|e| InputError(format!("--trace {}: {e}", path.display())))?;
+                let n = all.len();
+                (all, format!("trace {} ({n} requests)", path.display()))
+            }
+            None => {
+                let n = self.requests.unwrap_or(DEFAULT_REQUESTS);
+                let shape = SharedPrefixes::default();
+                let each = synthetic_request_bytes(&shape);
+                if n.saturating_mul(each) > left {
+                    return Err(InputError(format!(
+                        "--requests {n}: that many synthetic requests take about {} of host \
+                         memory ({each} bytes each at most), more than the {} left of the {} \
+                         beside the pool: give fewer",
+                        gib(n.saturating_mul(each)),
+                        gib(left),
+                        host.words()
+                    )));
+                }
+                (
+                    shape.generate(n, self.seed),
+                    format!(
+                        "synthetic log-normal with shared prefixes, {n} requests, seed {}",
+                        self.seed
+                    ),
+                )
+            }
+        };
+        left -= requests
+            .iter()
+            .map(request_bytes)
+            .fold(0, usize::saturating_add)
+            .min(left);
+        if prefix_cache && requests.iter().any(|r| r.hash_ids.is_some()) {
+            self.check_prefix_block_size()?;
+        }
         let engine = EngineConfig {
             admission: self.admission.unwrap_or(Admission::Reserve),
             workers,
             watermark_blocks,
             chunk: self.chunk,
             spec: self.spec.unwrap_or(0),
-            accept: self.accept,
+            accept,
             samples: self.samples.unwrap_or(1),
             max_running: self.max_running,
             seed: self.seed,
-            mix: self.spec.is_none() && self.samples.is_none() && self.admission.is_none(),
+            mix,
             prefix_cache,
             async_depth: self.async_depth,
             stuck_after: std::time::Duration::from_millis(self.stuck_after_ms),
             ..EngineConfig::default()
         };
         check_runnable(&sizing, &engine, &requests)?;
+        self.check_samples_fit(&engine, &sizing, &requests, left, &host)?;
         Ok(Plan {
             engine,
-            shards: self
-                .shards
-                .map_or_else(|| BlockPool::default_shards(sizing.num_blocks), usize::from),
+            shards,
             sizing,
             requests,
             workload,
         })
     }
+
+    /// Refuses a block size that does not cut the trace's 512-token blocks
+    /// evenly, for a workload whose prompts' content the cache keys.
+    fn check_prefix_block_size(&self) -> Result<(), InputError> {
+        if TRACE_BLOCK.is_multiple_of(self.block_size) {
+            return Ok(());
+        }
+        Err(InputError(format!(
+            "--block-size {} does not divide the {TRACE_BLOCK}-token blocks the workload's \
+             prompt content is named by: prefix caching needs a block size that does \
+             (or --no-prefix-cache)",
+            self.block_size
+        )))
+    }
+
+    /// Refuses a run whose running requests' samples could take more than
+    /// `left` bytes: at most `workers * max_running` requests run at once
+    /// (and no more than there are, or than the pool has blocks), each with
+    /// its samples, and each sample with a block table of up to the blocks
+    /// its request needs.
+    fn check_samples_fit(
+        &self,
+        engine: &EngineConfig,
+        sizing: &Sizing,
+        requests: &[Request],
+        left: usize,
+        host: &HostMemory,
+    ) -> Result<(), InputError> {
+        let (nb, bs) = (sizing.num_blocks, sizing.block_size);
+        let samples = if engine.mix {
+            MIX_SAMPLES
+        } else {
+            engine.samples
+        };
+        let running = engine
+            .workers
+            .saturating_mul(engine.max_running)
+            .min(requests.len())
+            .min(nb);
+        let entries = requests
+            .iter()
+            .map(|r| r.prompt.saturating_add(r.output).div_ceil(bs))
+            .max()
+            .unwrap_or(0)
+            .min(nb)
+            + 1;
+        // Each sample's table, in its sequence and in the oracle's record.
+        let each = sample_bytes().saturating_add(entries.saturating_mul(8));
+        let bytes = running.saturating_mul(samples).saturating_mul(each);
+        if bytes > left {
+            return Err(InputError(format!(
+                "--samples {samples}: up to {running} requests running at once (--workers {} x \
+                 --max-running {}) of {samples} samples each take about {} of host memory, more \
+                 than the {} left of the {} beside the pool and the requests: lower --samples \
+                 (or --workers, --max-running)",
+                engine.workers,
+                engine.max_running,
+                gib(bytes),
+                gib(left),
+                host.words()
+            )));
+        }
+        Ok(())
+    }
 }
 
-/// Refuses a pool in which no request of the workload can ever run: no
-/// block, a watermark that leaves no block to admit into, or every request
-/// too large for it.
+/// Refuses a pool in which no request can ever run: no block, or a
+/// watermark that leaves no block to admit into.
+fn check_pool(sizing: &Sizing, watermark_blocks: usize) -> Result<(), InputError> {
+    let nb = sizing.num_blocks;
+    if nb == 0 {
+        return Err(InputError(format!(
+            "the pool has no block ({} GiB at {} bytes a block): no request can run; raise \
+             --memory-gib, or lower --block-size or --kv-bytes-per-token",
+            sizing.memory_bytes as f64 / GIB,
+            sizing.bytes_per_block
+        )));
+    }
+    if watermark_blocks >= nb {
+        return Err(InputError(format!(
+            "--watermark {watermark_blocks} keeps every one of the pool's {nb} blocks free: no \
+             request can be admitted"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a workload of which no request can ever run in the pool: every
+/// request too large for it.
 fn check_runnable(
     sizing: &Sizing,
     engine: &EngineConfig,
     requests: &[Request],
 ) -> Result<(), InputError> {
     let (nb, bs) = (sizing.num_blocks, sizing.block_size);
-    if nb == 0 {
-        return Err(InputError(format!(
-            "the pool has no block ({} GiB at {} bytes a block): no request can run",
-            sizing.memory_bytes as f64 / crate::model::GIB,
-            sizing.bytes_per_block
-        )));
-    }
-    if engine.watermark_blocks >= nb {
-        return Err(InputError(format!(
-            "--watermark {} keeps every one of the pool's {nb} blocks free: no request can be admitted",
-            engine.watermark_blocks
-        )));
-    }
     let runs = |r: &Request| {
         let profile = engine.profile(r.id, bs);
         !engine::never_fits(r, &profile, engine.watermark_blocks, nb, bs)
@@ -328,8 +600,14 @@ fn check_runnable(
     if !requests.iter().any(runs) {
         return Err(InputError(format!(
             "no request of the workload can ever run in a pool of {nb} blocks of {bs} tokens \
-             with a watermark of {} blocks",
-            engine.watermark_blocks
+             with a watermark of {} blocks (with its samples, {}): raise --memory-gib, or lower \
+             --watermark or --samples",
+            engine.watermark_blocks,
+            if engine.mix {
+                format!("up to {MIX_SAMPLES} in the default mix")
+            } else {
+                engine.samples.to_string()
+            }
         )));
     }
     Ok(())
@@ -349,9 +627,9 @@ fn progress_bar(len: usize, label: &str) -> ProgressBar {
     pb
 }
 
-fn run_one<B: KvBackend>(backend: &B, plan: &Plan) -> Report {
+fn run_one<B: KvBackend>(backend: &B, oracle: Oracle, plan: &Plan) -> Report {
     let pb = progress_bar(plan.requests.len(), backend.name());
-    let stats = engine::run(backend, &plan.requests, &plan.engine, Some(&pb));
+    let stats = engine::run_with_oracle(backend, oracle, &plan.requests, &plan.engine, Some(&pb));
     pb.finish_and_clear();
     Report::new(&stats)
 }
@@ -425,51 +703,88 @@ fn settings_json(plan: &Plan) -> serde_json::Value {
     })
 }
 
-/// Runs the command line and returns the process's exit code. Output goes
-/// to `out`, errors to stderr.
-pub fn run(cli: &Cli, out: &mut dyn Write) -> i32 {
+/// Parses `args` (the program's name first) and runs them: what the
+/// binary does, with its output to `out` and its messages to `err`, and
+/// the exit code returned. A command line clap cannot parse gets clap's
+/// message and code ([`EXIT_BAD_INPUT`]; 0 for `--help` and `--version`,
+/// which print to `out`).
+pub fn main_with<I, T>(args: I, out: &mut dyn Write, err: &mut dyn Write) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    match Cli::try_parse_from(args) {
+        Ok(cli) => run(&cli, out, err),
+        Err(e) => {
+            let text = e.render().to_string();
+            // Nothing else to tell if even this cannot be written.
+            let _ = if e.use_stderr() {
+                err.write_all(text.as_bytes())
+            } else {
+                out.write_all(text.as_bytes())
+            };
+            e.exit_code()
+        }
+    }
+}
+
+/// A pool or an oracle the allocator refused, though the estimate let the
+/// run through: bad input all the same.
+fn refused(err: &mut dyn Write, cli: &Cli, what: &str, e: &dyn std::fmt::Display) -> i32 {
+    let _ = writeln!(
+        err,
+        "kvslots-sim: error: cannot allocate {what}: {e}; {}",
+        cli.sizing_flags()
+    );
+    EXIT_BAD_INPUT
+}
+
+/// Runs the command line and returns the process's exit code ([`EXIT_OK`],
+/// [`EXIT_FAILED`], [`EXIT_BAD_INPUT`] or [`EXIT_UNWRITTEN`]). The report
+/// goes to `out`, errors to `err`.
+pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     let plan = match cli.plan() {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("kvslots-sim: error: {e}");
-            return 2;
+            let _ = writeln!(err, "kvslots-sim: error: {e}");
+            return EXIT_BAD_INPUT;
         }
     };
     let nb = plan.sizing.num_blocks;
     let bs = plan.sizing.block_size;
-    let allocators = if cli.compare {
-        vec![Allocator::Kvslots, Allocator::Mutex]
-    } else {
-        vec![cli.allocator]
-    };
-    // The kvslots pool has the prefix cache only when the run uses it.
-    let mut pool = None;
-    if allocators.contains(&Allocator::Kvslots) {
-        let layers = BlockPool::builder(nb, bs)
-            .shards(plan.shards)
-            .prefix_cache(plan.engine.prefix_cache);
-        match layers.build() {
-            Ok(p) => pool = Some(p),
-            Err(e) => {
-                eprintln!("kvslots-sim: error: {e}");
-                return 2;
-            }
-        }
+    let mut reports = Vec::new();
+    for a in cli.allocators() {
+        let oracle = match Oracle::try_new(nb, bs) {
+            Ok(o) => o,
+            Err(e) => return refused(err, cli, "the simulated KV memory", &e),
+        };
+        let report = match a {
+            // The kvslots pool has the prefix cache only when the run uses it.
+            Allocator::Kvslots => match BlockPool::builder(nb, bs)
+                .shards(plan.shards)
+                .prefix_cache(plan.engine.prefix_cache)
+                .build()
+                .map(KvslotsBackend::from_pool)
+            {
+                Ok(b) => match cli.plant_fault {
+                    None => run_one(&b, oracle, &plan),
+                    Some(f) => run_one(&Faulty::new(b, f), oracle, &plan),
+                },
+                Err(e) => return refused(err, cli, "the kvslots pool", &e),
+            },
+            Allocator::Mutex => match MutexBackend::try_new(nb, bs) {
+                Ok(b) => match cli.plant_fault {
+                    None => run_one(&b, oracle, &plan),
+                    Some(f) => run_one(&Faulty::new(b, f), oracle, &plan),
+                },
+                Err(e) => return refused(err, cli, "the mutex pool", &e),
+            },
+        };
+        reports.push(report);
     }
-    let mut kvslots = || KvslotsBackend::from_pool(pool.take().expect("one kvslots run"));
-    let mutex = || MutexBackend::new(nb, bs);
-    let reports: Vec<Report> = allocators
-        .into_iter()
-        .map(|a| match (a, cli.plant_fault) {
-            (Allocator::Kvslots, None) => run_one(&kvslots(), &plan),
-            (Allocator::Mutex, None) => run_one(&mutex(), &plan),
-            (Allocator::Kvslots, Some(f)) => run_one(&Faulty::new(kvslots(), f), &plan),
-            (Allocator::Mutex, Some(f)) => run_one(&Faulty::new(mutex(), f), &plan),
-        })
-        .collect();
     for r in &reports {
         for e in &r.errors {
-            eprintln!("kvslots-sim: {}: {e}", r.allocator);
+            let _ = writeln!(err, "kvslots-sim: {}: {e}", r.allocator);
         }
     }
     let ok = reports.iter().all(|r| r.invariants_ok);
@@ -507,14 +822,16 @@ pub fn run(cli: &Cli, out: &mut dyn Write) -> i32 {
             settings_line(&plan),
             table(&reports)
         )
-    };
-    if let Err(e) = written {
-        eprintln!("kvslots-sim: cannot write the report: {e}");
-        return 1;
     }
-    if ok {
-        0
-    } else {
-        1
+    .and_then(|()| out.flush());
+    if !ok {
+        return EXIT_FAILED;
+    }
+    match written {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            let _ = writeln!(err, "kvslots-sim: error: cannot write the report: {e}");
+            EXIT_UNWRITTEN
+        }
     }
 }

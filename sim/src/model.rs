@@ -127,7 +127,8 @@ impl fmt::Display for SizingError {
             SizingError::TooManyBlocks(n) => {
                 write!(
                     f,
-                    "{n} blocks do not fit a u32 block id; use less memory or larger blocks"
+                    "{n} blocks do not fit a u32 block id: lower --memory-gib, or raise \
+                     --block-size or --kv-bytes-per-token"
                 )
             }
         }

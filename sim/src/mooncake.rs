@@ -6,12 +6,14 @@
 //! Every line is checked before any request is run: it must be a JSON
 //! object with the four fields (others are ignored), each count a
 //! non-negative whole number, `input_length` at least 1, and `hash_ids` an
-//! array of `ceil(input_length / 512)` non-negative whole numbers. Blank
-//! lines are skipped; a file with no request is refused. The first problem
-//! found is returned with its 1-based line number.
+//! array of `ceil(input_length / 512)` non-negative whole numbers; no field
+//! may be given twice. Blank lines are skipped; a file with no request is
+//! refused. The first problem found is returned with its 1-based line
+//! number.
 
 use std::sync::Arc;
 
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::{Map, Value};
 
 use crate::prefix::TRACE_BLOCK;
@@ -19,68 +21,109 @@ use crate::workload::{Request, TraceError};
 
 /// Parses a Mooncake JSONL trace (see the module's docs).
 pub fn parse_jsonl(text: &str) -> Result<Vec<Request>, TraceError> {
-    let mut requests = Vec::new();
-    for (index, raw) in text.lines().enumerate() {
-        let line = index + 1;
-        let row = raw.trim_start_matches('\u{feff}').trim();
-        if row.is_empty() {
-            continue;
-        }
-        let value: Value = serde_json::from_str(row).map_err(|e| TraceError::BadJson {
-            line,
-            msg: e.to_string(),
-        })?;
-        let Value::Object(obj) = value else {
+    crate::workload::read_lines(
+        text.as_bytes(),
+        Some(crate::workload::TraceFormat::Jsonl),
+        crate::workload::TraceLimits::NONE,
+    )
+}
+
+/// The request on line `line` of a JSONL trace (`None` for a blank line),
+/// with id `id`.
+pub(crate) fn parse_line(line: usize, raw: &str, id: usize) -> Result<Option<Request>, TraceError> {
+    let row = raw.trim_start_matches('\u{feff}').trim();
+    if row.is_empty() {
+        return Ok(None);
+    }
+    let obj = match serde_json::from_str::<Object>(row) {
+        Ok(Object::Fields(obj)) => obj,
+        Ok(Object::Duplicate(key)) => return Err(TraceError::DuplicateKey { line, key }),
+        Err(e) => {
             return Err(TraceError::BadJson {
                 line,
-                msg: "expected a JSON object".to_string(),
-            });
-        };
-        count(&obj, line, "timestamp")?;
-        let prompt = count(&obj, line, "input_length")? as usize;
-        let output = count(&obj, line, "output_length")? as usize;
-        if prompt == 0 {
-            return Err(TraceError::ZeroPrompt { line });
+                msg: e.to_string(),
+            })
         }
-        let ids = match obj.get("hash_ids") {
-            None => {
-                return Err(TraceError::MissingField {
-                    line,
-                    field: "hash_ids",
-                })
-            }
-            Some(Value::Array(ids)) => ids,
-            Some(other) => {
-                return Err(TraceError::BadNumber {
-                    line,
-                    column: "hash_ids",
-                    value: shown(other),
-                })
-            }
-        };
-        let expected = prompt.div_ceil(TRACE_BLOCK);
-        if ids.len() != expected {
-            return Err(TraceError::HashIdCount {
+    };
+    count(&obj, line, "timestamp")?;
+    let prompt = count(&obj, line, "input_length")? as usize;
+    let output = count(&obj, line, "output_length")? as usize;
+    if prompt == 0 {
+        return Err(TraceError::ZeroPrompt { line });
+    }
+    let ids = match obj.get("hash_ids") {
+        None => {
+            return Err(TraceError::MissingField {
                 line,
-                expected,
-                found: ids.len(),
-            });
+                field: "hash_ids",
+            })
         }
-        let ids = ids
-            .iter()
-            .map(|v| whole(v, line, "hash_ids"))
-            .collect::<Result<Arc<[u64]>, _>>()?;
-        requests.push(Request {
-            id: requests.len(),
-            prompt,
-            output,
-            hash_ids: Some(ids),
+        Some(Value::Array(ids)) => ids,
+        Some(other) => {
+            return Err(TraceError::BadNumber {
+                line,
+                column: "hash_ids",
+                value: shown(other),
+            })
+        }
+    };
+    let expected = prompt.div_ceil(TRACE_BLOCK);
+    if ids.len() != expected {
+        return Err(TraceError::HashIdCount {
+            line,
+            expected,
+            found: ids.len(),
         });
     }
-    if requests.is_empty() {
-        return Err(TraceError::NoRequests);
+    let ids = ids
+        .iter()
+        .map(|v| whole(v, line, "hash_ids"))
+        .collect::<Result<Arc<[u64]>, _>>()?;
+    Ok(Some(Request {
+        id,
+        prompt,
+        output,
+        hash_ids: Some(ids),
+    }))
+}
+
+/// A line's JSON object, or the first key it gives twice (JSON allows it;
+/// which value counts is the parser's choice, so a trace must not).
+enum Object {
+    Fields(Map<String, Value>),
+    Duplicate(String),
+}
+
+impl<'de> Deserialize<'de> for Object {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Object, D::Error> {
+        d.deserialize_any(ObjectVisitor)
     }
-    Ok(requests)
+}
+
+struct ObjectVisitor;
+
+impl<'de> Visitor<'de> for ObjectVisitor {
+    type Value = Object;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Object, A::Error> {
+        let mut obj = Map::new();
+        while let Some(key) = map.next_key::<String>()? {
+            if obj.contains_key(&key) {
+                // The rest of the object is read (and checked as JSON), not
+                // kept.
+                map.next_value::<IgnoredAny>()?;
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                return Ok(Object::Duplicate(key.chars().take(40).collect()));
+            }
+            let value = map.next_value::<Value>()?;
+            obj.insert(key, value);
+        }
+        Ok(Object::Fields(obj))
+    }
 }
 
 /// A field that must be a non-negative whole number.

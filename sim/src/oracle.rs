@@ -97,6 +97,7 @@
 //! With a broken one they may race; the values then read are still some
 //! value written, which is what makes the failure visible.
 
+use std::collections::TryReserveError;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -302,15 +303,42 @@ pub struct Oracle {
 impl Oracle {
     /// Memory for `num_blocks` blocks of `block_size` slots, none written,
     /// no block held.
+    ///
+    /// # Panics
+    ///
+    /// Panics if the memory cannot be allocated ([`try_new`](Self::try_new)
+    /// returns the refusal instead).
     pub fn new(num_blocks: usize, block_size: usize) -> Self {
-        Oracle {
-            stamps: (0..num_blocks * block_size)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            holders: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
-            in_flight: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
-            block_size,
+        Oracle::try_new(num_blocks, block_size).expect("memory for the KV-memory oracle")
+    }
+
+    /// [`new`](Self::new), with the allocator's refusal as an error (also
+    /// when `num_blocks * block_size` overflows); nothing is left allocated
+    /// then.
+    pub fn try_new(num_blocks: usize, block_size: usize) -> Result<Self, TryReserveError> {
+        fn zeroed<T>(n: usize, zero: impl Fn() -> T) -> Result<Vec<T>, TryReserveError> {
+            let mut v = Vec::new();
+            v.try_reserve_exact(n)?;
+            v.extend((0..n).map(|_| zero()));
+            Ok(v)
         }
+        // An overflowing slot count asks for more than any allocator has.
+        let slots = num_blocks.saturating_mul(block_size);
+        Ok(Oracle {
+            stamps: zeroed(slots, || AtomicU64::new(0))?,
+            holders: zeroed(num_blocks, || AtomicU32::new(0))?,
+            in_flight: zeroed(num_blocks, || AtomicU32::new(0))?,
+            block_size,
+        })
+    }
+
+    /// The heap memory, in bytes, [`new`](Self::new) takes (8 bytes a slot
+    /// and 8 a block), saturating.
+    pub fn memory_bytes(num_blocks: usize, block_size: usize) -> usize {
+        num_blocks
+            .saturating_mul(block_size)
+            .saturating_mul(std::mem::size_of::<AtomicU64>())
+            .saturating_add(num_blocks.saturating_mul(2 * std::mem::size_of::<AtomicU32>()))
     }
 
     /// Checks and lowers the shadow for the blocks a call is about to give

@@ -118,6 +118,37 @@ pub enum TraceError {
         /// The field's name.
         field: &'static str,
     },
+    /// A JSONL object names a field twice.
+    DuplicateKey {
+        /// The 1-based line number.
+        line: usize,
+        /// The field's name (its first 40 characters).
+        key: String,
+    },
+    /// A line is longer than [`MAX_LINE_BYTES`].
+    LineTooLong {
+        /// The 1-based line number.
+        line: usize,
+        /// [`MAX_LINE_BYTES`].
+        max: usize,
+    },
+    /// A line is not UTF-8.
+    NotUtf8 {
+        /// The 1-based line number.
+        line: usize,
+        /// The 1-based position in the line of the first byte that is not.
+        byte: usize,
+    },
+    /// The requests read up to this line take more host memory than the run
+    /// may use ([`TraceLimits::bytes`]).
+    OverBudget {
+        /// The 1-based line number.
+        line: usize,
+        /// The requests read before it.
+        requests: usize,
+        /// The budget, in bytes.
+        bytes: usize,
+    },
     /// A JSONL object's `hash_ids` does not hold one id per 512-token block
     /// of its prompt.
     HashIdCount {
@@ -160,6 +191,10 @@ impl TraceError {
             | TraceError::ZeroPrompt { line }
             | TraceError::BadJson { line, .. }
             | TraceError::MissingField { line, .. }
+            | TraceError::DuplicateKey { line, .. }
+            | TraceError::LineTooLong { line, .. }
+            | TraceError::NotUtf8 { line, .. }
+            | TraceError::OverBudget { line, .. }
             | TraceError::HashIdCount { line, .. } => Some(line),
             TraceError::Io(_) | TraceError::Empty | TraceError::NoRequests => None,
         }
@@ -205,6 +240,26 @@ impl fmt::Display for TraceError {
             TraceError::MissingField { line, field } => {
                 write!(f, "line {line}: missing field `{field}`")
             }
+            TraceError::DuplicateKey { line, key } => {
+                write!(f, "line {line}: the field `{key}` is given twice")
+            }
+            TraceError::LineTooLong { line, max } => {
+                write!(f, "line {line}: longer than {max} bytes")
+            }
+            TraceError::NotUtf8 { line, byte } => {
+                write!(f, "line {line}: not UTF-8 (byte {byte} of the line)")
+            }
+            TraceError::OverBudget {
+                line,
+                requests,
+                bytes,
+            } => write!(
+                f,
+                "line {line}: the {requests} requests before it already take the {:.2} GiB \
+                 of host memory the run may use; give --requests (at most {requests}) or \
+                 --host-memory-gib",
+                *bytes as f64 / (1u64 << 30) as f64
+            ),
             TraceError::HashIdCount {
                 line,
                 expected,
@@ -220,6 +275,11 @@ impl fmt::Display for TraceError {
 
 impl std::error::Error for TraceError {}
 
+/// The longest line a trace may hold, in bytes (without its line ending):
+/// reading stops there, so that a file with no line ending (or a device
+/// that never ends, such as `/dev/zero`) is refused after this much.
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
 /// A trace file's format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TraceFormat {
@@ -233,30 +293,99 @@ pub enum TraceFormat {
 /// `.json`), otherwise by its content (a first non-blank character `{` is
 /// JSONL, anything else CSV).
 pub fn trace_format(path: &Path, text: &str) -> TraceFormat {
+    format_by_extension(path).unwrap_or_else(|| format_by_content(text))
+}
+
+fn format_by_extension(path: &Path) -> Option<TraceFormat> {
     match path.extension().and_then(|e| e.to_str()) {
-        Some(e) if e.eq_ignore_ascii_case("csv") => TraceFormat::Csv,
+        Some(e) if e.eq_ignore_ascii_case("csv") => Some(TraceFormat::Csv),
         Some(e) if e.eq_ignore_ascii_case("jsonl") || e.eq_ignore_ascii_case("json") => {
-            TraceFormat::Jsonl
+            Some(TraceFormat::Jsonl)
         }
-        _ if text
-            .trim_start_matches('\u{feff}')
-            .trim_start()
-            .starts_with('{') =>
-        {
-            TraceFormat::Jsonl
-        }
-        _ => TraceFormat::Csv,
+        _ => None,
     }
 }
 
-/// Reads a trace file, CSV or JSONL (see [`trace_format`]).
-pub fn read_trace(path: &Path) -> Result<Vec<Request>, TraceError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| TraceError::Io(format!("{}: {e}", path.display())))?;
-    match trace_format(path, &text) {
-        TraceFormat::Csv => parse_trace(&text),
-        TraceFormat::Jsonl => crate::mooncake::parse_jsonl(&text),
+fn format_by_content(text: &str) -> TraceFormat {
+    if text
+        .trim_start_matches('\u{feff}')
+        .trim_start()
+        .starts_with('{')
+    {
+        TraceFormat::Jsonl
+    } else {
+        TraceFormat::Csv
     }
+}
+
+/// Whether a line holds nothing but white space (and a byte-order mark).
+fn is_blank(text: &str) -> bool {
+    text.trim_start_matches('\u{feff}').trim().is_empty()
+}
+
+/// How much of a trace [`read_trace_limited`] keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceLimits {
+    /// Reading stops once this many requests are read (the rest of the file
+    /// is not read).
+    pub requests: usize,
+    /// The host memory the requests may take ([`request_bytes`] each): a
+    /// trace whose requests pass it is refused with
+    /// [`TraceError::OverBudget`].
+    pub bytes: usize,
+}
+
+impl TraceLimits {
+    /// No limit: the whole file.
+    pub const NONE: TraceLimits = TraceLimits {
+        requests: usize::MAX,
+        bytes: usize::MAX,
+    };
+}
+
+/// The host memory one request takes while a run holds it: the request,
+/// its content ids, and the engine's record of its completion.
+pub fn request_bytes(r: &Request) -> usize {
+    REQUEST_BYTES
+        + r.hash_ids
+            .as_ref()
+            .map_or(0, |ids| ARC_HEADER + 8 * ids.len())
+}
+
+/// [`request_bytes`] without content ids.
+const REQUEST_BYTES: usize = std::mem::size_of::<Request>() + std::mem::size_of::<usize>() + 1;
+/// The counts before an `Arc`'s data.
+const ARC_HEADER: usize = 2 * std::mem::size_of::<usize>();
+
+/// The most host memory one synthetic request takes ([`request_bytes`] of
+/// a request with the longest prompt).
+pub fn synthetic_request_bytes(w: &SharedPrefixes) -> usize {
+    let ids = w
+        .lengths
+        .max_prompt
+        .max(1)
+        .div_ceil(crate::prefix::TRACE_BLOCK);
+    REQUEST_BYTES + ARC_HEADER + 8 * ids
+}
+
+/// Reads a whole trace file, CSV or JSONL (see [`trace_format`]).
+pub fn read_trace(path: &Path) -> Result<Vec<Request>, TraceError> {
+    read_trace_limited(path, TraceLimits::NONE)
+}
+
+/// Reads a trace file, CSV or JSONL (see [`trace_format`]), a line at a
+/// time, up to `limits`: at most `limits.requests` requests (the lines
+/// after them are not read, nor checked), and an error once the requests
+/// read take more than `limits.bytes`. A line longer than
+/// [`MAX_LINE_BYTES`] or not UTF-8 is refused, naming it.
+pub fn read_trace_limited(path: &Path, limits: TraceLimits) -> Result<Vec<Request>, TraceError> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| TraceError::Io(format!("{}: {e}", path.display())))?;
+    let reader = std::io::BufReader::new(file);
+    read_lines(reader, format_by_extension(path), limits).map_err(|e| match e {
+        TraceError::Io(msg) => TraceError::Io(format!("{}: {msg}", path.display())),
+        other => other,
+    })
 }
 
 /// Parses a trace in the Azure LLM inference format. The header is
@@ -264,25 +393,124 @@ pub fn read_trace(path: &Path) -> Result<Vec<Request>, TraceError> {
 /// allowed; every other row must hold a timestamp and two non-negative whole
 /// counts, the prompt at least 1.
 pub fn parse_trace(text: &str) -> Result<Vec<Request>, TraceError> {
-    let mut lines = text.lines().enumerate();
-    let header = match lines.next() {
-        Some((_, h)) => h.trim_start_matches('\u{feff}').trim(),
-        None => return Err(TraceError::Empty),
-    };
-    if header.is_empty() && text.trim().is_empty() {
-        return Err(TraceError::Empty);
+    read_lines(text.as_bytes(), Some(TraceFormat::Csv), TraceLimits::NONE)
+}
+
+/// The lines of a trace: each without its line ending, checked for length
+/// and UTF-8, numbered from 1.
+struct Lines<R> {
+    reader: R,
+    buf: Vec<u8>,
+    line: usize,
+}
+
+impl<R: std::io::BufRead> Lines<R> {
+    fn next(&mut self) -> Result<Option<(usize, &str)>, TraceError> {
+        use std::io::{BufRead, Read};
+        self.buf.clear();
+        // The longest line, and a `\r\n` ending.
+        let most = MAX_LINE_BYTES as u64 + 2;
+        let read = (&mut self.reader)
+            .take(most)
+            .read_until(b'\n', &mut self.buf)
+            .map_err(|e| TraceError::Io(e.to_string()))?;
+        if read == 0 {
+            return Ok(None);
+        }
+        self.line += 1;
+        let mut end = self.buf.len();
+        if self.buf[end - 1] == b'\n' {
+            end -= 1;
+            if end > 0 && self.buf[end - 1] == b'\r' {
+                end -= 1;
+            }
+        }
+        if end > MAX_LINE_BYTES {
+            return Err(TraceError::LineTooLong {
+                line: self.line,
+                max: MAX_LINE_BYTES,
+            });
+        }
+        match std::str::from_utf8(&self.buf[..end]) {
+            Ok(text) => Ok(Some((self.line, text))),
+            Err(e) => Err(TraceError::NotUtf8 {
+                line: self.line,
+                byte: e.valid_up_to() + 1,
+            }),
+        }
     }
-    if header != TRACE_HEADER {
-        return Err(TraceError::MissingHeader {
-            found: header.chars().take(80).collect(),
-        });
+}
+
+/// A trace parser fed a line at a time.
+enum Parser {
+    Csv(CsvParser),
+    Jsonl,
+}
+
+impl Parser {
+    fn new(format: TraceFormat) -> Parser {
+        match format {
+            TraceFormat::Csv => Parser::Csv(CsvParser::Start),
+            TraceFormat::Jsonl => Parser::Jsonl,
+        }
     }
-    let mut requests = Vec::new();
-    for (index, raw) in lines {
-        let line = index + 1;
+
+    /// The request on `text`, line `line`, if it holds one; `id` is its id.
+    fn line(&mut self, line: usize, text: &str, id: usize) -> Result<Option<Request>, TraceError> {
+        match self {
+            Parser::Csv(p) => p.line(line, text, id),
+            Parser::Jsonl => crate::mooncake::parse_line(line, text, id),
+        }
+    }
+
+    /// The requests once every line is read.
+    fn finish(self, requests: Vec<Request>) -> Result<Vec<Request>, TraceError> {
+        match self {
+            Parser::Csv(CsvParser::Start | CsvParser::BlankHeader) => Err(TraceError::Empty),
+            _ if requests.is_empty() => Err(TraceError::NoRequests),
+            _ => Ok(requests),
+        }
+    }
+}
+
+/// Where a CSV trace is.
+enum CsvParser {
+    /// Before line 1.
+    Start,
+    /// Line 1 is blank: an empty file, unless another line follows.
+    BlankHeader,
+    /// Past the header.
+    Rows,
+}
+
+impl CsvParser {
+    fn line(&mut self, line: usize, raw: &str, id: usize) -> Result<Option<Request>, TraceError> {
+        match self {
+            CsvParser::Start if is_blank(raw) => {
+                *self = CsvParser::BlankHeader;
+                return Ok(None);
+            }
+            CsvParser::Start => {
+                let header = raw.trim_start_matches('\u{feff}').trim();
+                if header != TRACE_HEADER {
+                    return Err(TraceError::MissingHeader {
+                        found: header.chars().take(80).collect(),
+                    });
+                }
+                *self = CsvParser::Rows;
+                return Ok(None);
+            }
+            CsvParser::BlankHeader if is_blank(raw) => return Ok(None),
+            CsvParser::BlankHeader => {
+                return Err(TraceError::MissingHeader {
+                    found: String::new(),
+                })
+            }
+            CsvParser::Rows => {}
+        }
         let row = raw.trim();
         if row.is_empty() {
-            continue;
+            return Ok(None);
         }
         let fields: Vec<&str> = row.split(',').map(str::trim).collect();
         if fields.len() != 3 {
@@ -302,12 +530,60 @@ pub fn parse_trace(text: &str) -> Result<Vec<Request>, TraceError> {
         if prompt == 0 {
             return Err(TraceError::ZeroPrompt { line });
         }
-        requests.push(Request::new(requests.len(), prompt, output));
+        Ok(Some(Request::new(id, prompt, output)))
     }
-    if requests.is_empty() {
-        return Err(TraceError::NoRequests);
+}
+
+/// Reads the lines of `reader` as a trace of `format` (by the first
+/// non-blank line's content when `None`), up to `limits`.
+pub(crate) fn read_lines(
+    reader: impl std::io::BufRead,
+    format: Option<TraceFormat>,
+    limits: TraceLimits,
+) -> Result<Vec<Request>, TraceError> {
+    let mut lines = Lines {
+        reader,
+        buf: Vec::new(),
+        line: 0,
+    };
+    let mut parser = format.map(Parser::new);
+    // Blank lines before the format is known, fed to its parser once it is.
+    let mut leading_blanks = 0;
+    let mut requests = Vec::new();
+    let mut bytes = 0usize;
+    while requests.len() < limits.requests {
+        let Some((line, text)) = lines.next()? else {
+            break;
+        };
+        let parser = match &mut parser {
+            Some(p) => p,
+            None if is_blank(text) => {
+                leading_blanks += 1;
+                continue;
+            }
+            None => {
+                let mut p = Parser::new(format_by_content(text));
+                for blank in 1..=leading_blanks {
+                    p.line(blank, "", 0)?;
+                }
+                parser.insert(p)
+            }
+        };
+        if let Some(r) = parser.line(line, text, requests.len())? {
+            bytes = bytes.saturating_add(request_bytes(&r));
+            if bytes > limits.bytes {
+                return Err(TraceError::OverBudget {
+                    line,
+                    requests: requests.len(),
+                    bytes: limits.bytes,
+                });
+            }
+            requests.push(r);
+        }
     }
-    Ok(requests)
+    parser
+        .unwrap_or(Parser::new(TraceFormat::Csv))
+        .finish(requests)
 }
 
 fn parse_count(field: &str, line: usize, column: &'static str) -> Result<usize, TraceError> {

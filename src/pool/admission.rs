@@ -104,6 +104,11 @@ impl Admission {
         }
     }
 
+    /// The heap bytes [`new`](Self::new) asks for with `shards` shards.
+    pub(super) fn heap_bytes(shards: usize) -> usize {
+        shards.saturating_mul(std::mem::size_of::<CachePadded<Shard>>())
+    }
+
     /// The total number of blocks.
     pub(super) fn capacity(&self) -> usize {
         self.capacity

@@ -1,5 +1,7 @@
 //! [`BlockPoolBuilder`]: a pool's size, shards and layers, checked before
-//! anything is allocated.
+//! anything is allocated, and its arrays allocated fallibly.
+
+use std::fmt;
 
 use super::admission::Admission;
 use super::fence::Fences;
@@ -24,10 +26,10 @@ use crate::sync::Faults;
 /// | prefix cache | [`prefix_cache`](Self::prefix_cache) | 52 bytes | off |
 ///
 /// ([`BlockPool::new`] and [`BlockPool::with_shards`] build a pool with
-/// every layer; the figures are measured by `tests/footprint.rs`.) Fenced
-/// release keeps nothing per block, only a few lock-guarded maps per pool
-/// (about 1 KiB), and adds nothing to the allocation paths, so every pool
-/// has it.
+/// every layer; [`memory_bytes`](Self::memory_bytes) says what a pool
+/// will take, and `tests/footprint.rs` measures it.) Fenced release keeps
+/// nothing per block, only a few lock-guarded maps per pool (about 1 KiB),
+/// and adds nothing to the allocation paths, so every pool has it.
 ///
 /// # Examples
 ///
@@ -45,7 +47,7 @@ use crate::sync::Faults;
 /// assert_eq!(seq.publish(&keys), 2);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[must_use = "a builder builds nothing until `build` is called"]
 pub struct BlockPoolBuilder {
     num_blocks: usize,
@@ -55,6 +57,17 @@ pub struct BlockPoolBuilder {
     prefix_cache: bool,
     /// The faults of loom's negative controls (none outside them).
     faults: Faults,
+}
+
+impl fmt::Debug for BlockPoolBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BlockPoolBuilder")
+            .field("num_blocks", &self.num_blocks)
+            .field("block_size", &self.block_size)
+            .field("shards", &self.shard_count())
+            .field("prefix_cache", &self.prefix_cache)
+            .finish()
+    }
 }
 
 impl BlockPool {
@@ -150,6 +163,57 @@ impl BlockPoolBuilder {
         self
     }
 
+    /// The shard count the pool will have.
+    fn shard_count(&self) -> usize {
+        self.shards
+            .unwrap_or_else(|| BlockPool::default_shards(self.num_blocks))
+    }
+
+    /// The statistics' cells of the prefix cache: one per shard, at least
+    /// one per default shard, so that up to that many threads each write
+    /// their own.
+    fn cells(&self) -> usize {
+        self.shard_count().max(BlockPool::DEFAULT_SHARDS)
+    }
+
+    /// The heap memory, in bytes, that [`build`](Self::build) allocates for
+    /// the pool's bookkeeping, saturating at `usize::MAX`: per block, 12
+    /// bytes for the core pool (a state word and a free-list link) and 52
+    /// more with the prefix cache (a key, index slots, an eviction stamp
+    /// and a share of the eviction ring); per shard and per pool, a few
+    /// cache lines. The structures that grow with use (the wait queue, the
+    /// fences' lists) are not counted. The KV cache itself is the caller's
+    /// device memory, and not counted either.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::BlockPool;
+    ///
+    /// let core = BlockPool::builder(1 << 20, 16).memory_bytes();
+    /// let cached = BlockPool::builder(1 << 20, 16).prefix_cache(true).memory_bytes();
+    /// assert_eq!(core / (1 << 20), 12);
+    /// assert_eq!(cached / (1 << 20), 64);
+    /// ```
+    pub fn memory_bytes(&self) -> usize {
+        let n = self.num_blocks;
+        let shards = self.shard_count();
+        let prefix = if self.prefix_cache {
+            PrefixCache::heap_bytes(n, self.cells())
+        } else {
+            0
+        };
+        [
+            Refs::heap_bytes(n),
+            FreeList::heap_bytes(n, shards),
+            Admission::heap_bytes(shards),
+            Fences::heap_bytes(),
+            prefix,
+        ]
+        .into_iter()
+        .fold(0, usize::saturating_add)
+    }
+
     /// Checks the options and builds the pool: `num_blocks` free blocks of
     /// `block_size` token slots, with the layers chosen.
     ///
@@ -159,7 +223,14 @@ impl BlockPoolBuilder {
     /// [`ConfigError::ZeroBlockSize`], [`ConfigError::TooManyBlocks`]
     /// (above [`BlockPool::MAX_BLOCKS`]),
     /// [`ConfigError::SlotCountOverflow`] (`num_blocks * block_size`
-    /// overflows `usize`), [`ConfigError::BadShardCount`].
+    /// overflows `usize`), [`ConfigError::BadShardCount`]. Then room for
+    /// each of the pool's arrays is reserved, fallibly and largest first,
+    /// before any is written: [`ConfigError::OutOfMemory`] if the allocator
+    /// refuses one, with the room reserved before it freed. (On a system
+    /// that overcommits memory the allocator may grant more than it can
+    /// back, and the operating system may then stop the process while the
+    /// arrays are written; [`memory_bytes`](Self::memory_bytes) says
+    /// beforehand what a pool will take.)
     ///
     /// # Examples
     ///
@@ -181,9 +252,9 @@ impl BlockPoolBuilder {
         let BlockPoolBuilder {
             num_blocks,
             block_size,
-            shards,
             prefix_cache,
             faults,
+            ..
         } = self;
         if block_size == 0 {
             return Err(ConfigError::ZeroBlockSize);
@@ -200,22 +271,33 @@ impl BlockPoolBuilder {
                 block_size,
             });
         }
-        let shards = shards.unwrap_or_else(|| BlockPool::default_shards(num_blocks));
+        let shards = self.shard_count();
         if !(1..=BlockPool::MAX_SHARDS).contains(&shards) {
             return Err(ConfigError::BadShardCount {
                 shards,
                 max: BlockPool::MAX_SHARDS,
             });
         }
-        // The statistics' cells: one per shard, at least one per default
-        // shard, so that up to that many threads each write their own.
-        let cells = shards.max(BlockPool::DEFAULT_SHARDS);
+        let oom = |_| ConfigError::OutOfMemory {
+            bytes: self.memory_bytes(),
+        };
+        // Room for every per-block array, largest first (the prefix
+        // cache's), before any is written: a pool too large for memory is
+        // refused before it has touched any of it.
+        let prefix = if prefix_cache {
+            Some(PrefixCache::room(num_blocks).map_err(oom)?)
+        } else {
+            None
+        };
+        let refs = Refs::room(num_blocks).map_err(oom)?;
+        let free = FreeList::room(num_blocks).map_err(oom)?;
+        let cells = self.cells();
         Ok(BlockPool {
             counter: Admission::new(num_blocks, shards, faults),
             // `num_blocks <= MAX_BLOCKS = u32::MAX`: exact.
-            free: FreeList::new(num_blocks as u32, shards, faults),
-            refs: Refs::new(num_blocks, faults),
-            prefix: prefix_cache.then(|| Box::new(PrefixCache::new(num_blocks, cells, faults))),
+            free: FreeList::new(free, num_blocks as u32, shards, faults),
+            refs: Refs::new(refs, faults),
+            prefix: prefix.map(|room| Box::new(PrefixCache::new(room, cells, faults))),
             fences: Fences::new(faults),
             block_size,
         })

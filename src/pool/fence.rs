@@ -52,6 +52,12 @@ impl Fences {
         }
     }
 
+    /// The heap bytes [`new`](Self::new) asks for (the maps' lists grow
+    /// with use).
+    pub(super) fn heap_bytes() -> usize {
+        FENCE_SHARDS * std::mem::size_of::<CachePadded<Mutex<Lists>>>()
+    }
+
     /// Runs `f` on the map of `fence`, under its lock. Nothing in `f`
     /// panics (short of an allocation failure, which aborts), so a
     /// poisoned lock holds a consistent map and is used as it is.

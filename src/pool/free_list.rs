@@ -10,6 +10,9 @@
 //! been admitted and not yet taken: the pool pops, evicts for the rest,
 //! and looks again only when other threads moved blocks meanwhile.
 
+use std::collections::TryReserveError;
+
+use crate::array::{bytes_of, Room};
 use crate::id::BlockId;
 use crate::sync::{self, AtomicU32, AtomicU64, Backoff, CachePadded, Faults, Ordering};
 
@@ -76,17 +79,17 @@ const fn tag(head: u64) -> u32 {
 impl FreeList {
     /// A free list of `shards > 0` shards holding every id `0..len`: shard
     /// `s` gets the `s`-th contiguous slice, lowest id on top.
-    pub(crate) fn new(len: u32, shards: usize, faults: Faults) -> FreeList {
+    pub(crate) fn new(room: Room<AtomicU32>, len: u32, shards: usize, faults: Faults) -> FreeList {
         debug_assert!(shards > 0);
         // Ceiling division, at least 1 so that `owner` never divides by 0.
         let span = len.div_ceil(shards as u32).max(1);
-        let next = (0..len)
-            .map(|i| {
-                // The last id of a shard (or of the pool) ends its shard.
-                let end = i + 1 == len || (i + 1) % span == 0;
-                AtomicU32::new(if end { NIL } else { i + 1 })
-            })
-            .collect();
+        let next = room.fill(|i| {
+            // `i < len <= u32::MAX`: exact.
+            let i = i as u32;
+            // The last id of a shard (or of the pool) ends its shard.
+            let end = i + 1 == len || (i + 1) % span == 0;
+            AtomicU32::new(if end { NIL } else { i + 1 })
+        });
         let heads = (0..shards as u32)
             .map(|s| {
                 let lo = s.saturating_mul(span);
@@ -100,6 +103,16 @@ impl FreeList {
             span,
             faults,
         }
+    }
+
+    /// Reserves the room of [`new`](Self::new)'s links for `len` ids.
+    pub(crate) fn room(len: usize) -> Result<Room<AtomicU32>, TryReserveError> {
+        Room::reserve(len)
+    }
+
+    /// The heap bytes [`room`](Self::room) and the shards' heads take.
+    pub(crate) fn heap_bytes(len: usize, shards: usize) -> usize {
+        bytes_of::<AtomicU32>(len).saturating_add(bytes_of::<CachePadded<AtomicU64>>(shards))
     }
 
     /// The number of shards.

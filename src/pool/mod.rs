@@ -156,12 +156,16 @@ impl BlockPool {
     ///
     /// # Panics
     ///
-    /// Panics with the message of the [`ConfigError`](crate::ConfigError)
-    /// that [`BlockPoolBuilder::build`] returns for the same arguments: if
-    /// `block_size == 0`, if `num_blocks` is larger than
-    /// [`BlockPool::MAX_BLOCKS`] (it does not fit the id type), or if
-    /// `num_blocks * block_size` (the number of flat slot indices) overflows
-    /// `usize`.
+    /// Panics (an unwinding panic, never an abort) with the message of the
+    /// [`ConfigError`](crate::ConfigError) that [`BlockPoolBuilder::build`]
+    /// returns for the same arguments: if `block_size == 0` ("block_size
+    /// must be non-zero"), if `num_blocks` is larger than
+    /// [`BlockPool::MAX_BLOCKS`] ("num_blocks .. does not fit the block id
+    /// type"), if `num_blocks * block_size` (the number of flat slot
+    /// indices) overflows `usize` ("num_blocks * block_size overflows
+    /// usize"), or if the pool's bookkeeping (64 bytes a block) cannot be
+    /// allocated ("out of memory: ..."). The arguments are checked before
+    /// any memory is asked for.
     ///
     /// # Examples
     ///
@@ -212,7 +216,10 @@ impl BlockPool {
     /// # Panics
     ///
     /// As [`new`](Self::new), and if `shards` is 0 or above
-    /// [`BlockPool::MAX_SHARDS`].
+    /// [`BlockPool::MAX_SHARDS`] ("shards must be in 1..=1024, got ..."):
+    /// with the message of the [`ConfigError`] that
+    /// `BlockPool::builder(num_blocks, block_size).shards(shards).build()`
+    /// returns.
     ///
     /// # Examples
     ///
@@ -225,7 +232,10 @@ impl BlockPool {
     /// pool.free(&ids).unwrap();
     /// ```
     pub fn with_shards(num_blocks: usize, block_size: usize, shards: usize) -> BlockPool {
-        BlockPool::with_faults(num_blocks, block_size, shards, Faults::default())
+        BlockPool::builder(num_blocks, block_size)
+            .shards(shards)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// [`with_shards`](Self::with_shards) with the faults of one of loom's

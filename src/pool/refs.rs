@@ -29,6 +29,9 @@
 //! `BlockPool::free` can change the same count, and exactly one of the two
 //! drops must see it reach 0 and give the block back.
 
+use std::collections::TryReserveError;
+
+use crate::array::{bytes_of, Room};
 use crate::id::BlockId;
 use crate::sync::{AtomicU64, Faults, Ordering};
 
@@ -91,11 +94,22 @@ pub(super) struct Refs {
 
 impl Refs {
     /// `num_blocks` words of 0 (every block free, no key, generation 0).
-    pub(super) fn new(num_blocks: usize, faults: Faults) -> Refs {
+    pub(super) fn new(room: Room<AtomicU64>, faults: Faults) -> Refs {
         Refs {
-            words: (0..num_blocks).map(|_| AtomicU64::new(0)).collect(),
+            words: room.fill(|_| AtomicU64::new(0)),
             faults,
         }
+    }
+
+    /// Reserves the room of [`new`](Self::new)'s words for `num_blocks`
+    /// blocks.
+    pub(super) fn room(num_blocks: usize) -> Result<Room<AtomicU64>, TryReserveError> {
+        Room::reserve(num_blocks)
+    }
+
+    /// The heap bytes [`room`](Self::room) asks for.
+    pub(super) fn heap_bytes(num_blocks: usize) -> usize {
+        bytes_of::<AtomicU64>(num_blocks)
     }
 
     /// How many blocks.

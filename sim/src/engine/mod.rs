@@ -168,6 +168,24 @@ pub fn run<B: KvBackend>(
     cfg: &EngineConfig,
     progress: Option<&ProgressBar>,
 ) -> RunStats {
+    let oracle = Oracle::new(backend.num_blocks(), backend.block_size());
+    run_with_oracle(backend, oracle, requests, cfg, progress)
+}
+
+/// [`run`] with an oracle the caller has allocated (with
+/// [`Oracle::try_new`], to refuse a pool too large for memory before the
+/// run), sized for `backend`'s pool.
+///
+/// # Panics
+///
+/// As [`run`].
+pub fn run_with_oracle<B: KvBackend>(
+    backend: &B,
+    oracle: Oracle,
+    requests: &[Request],
+    cfg: &EngineConfig,
+    progress: Option<&ProgressBar>,
+) -> RunStats {
     assert!(cfg.workers >= 1, "at least one worker");
     assert!(cfg.chunk >= 1, "chunk must be at least 1 token");
     assert!(cfg.samples >= 1, "at least one sample");
@@ -177,7 +195,6 @@ pub fn run<B: KvBackend>(
         "accept must be a probability"
     );
     let cfg = Arc::new(cfg.clone());
-    let oracle = Oracle::new(backend.num_blocks(), backend.block_size());
     let shared = Arc::new(Shared::new(cfg.workers, oracle));
     // The shared request queue: a producer thread feeds it (as a server's
     // front end would) and the workers pull from it.

@@ -15,6 +15,9 @@
 //! the key's first bucket, which orders it after every earlier publisher
 //! of the same key (see [`Keys::rivals`]).
 
+use std::collections::TryReserveError;
+
+use crate::array::{bytes_of, Room};
 use crate::hash::BlockHash;
 use crate::id::BlockId;
 use crate::sync::{AtomicU64, Faults, Ordering};
@@ -44,6 +47,13 @@ pub(super) struct Keys {
     faults: Faults,
 }
 
+/// The room of a [`Keys`]' arrays, reserved by [`Keys::room`].
+pub(super) struct KeysRoom {
+    words: Room<AtomicU64>,
+    slots: Room<AtomicU64>,
+    width: usize,
+}
+
 /// The `i`-th little-endian `u64` of a key.
 fn key_word(key: &BlockHash, i: usize) -> u64 {
     let mut bytes = [0u8; 8];
@@ -52,21 +62,43 @@ fn key_word(key: &BlockHash, i: usize) -> u64 {
 }
 
 impl Keys {
-    /// Keys and an index for `num_blocks` blocks: 1.75 slots per
-    /// block (at least two buckets), in buckets of 8 slots (fewer for
-    /// pools under 8 blocks, whose one bucket then holds every key).
-    pub(super) fn new(num_blocks: usize, faults: Faults) -> Keys {
+    /// Keys and an index for `num_blocks` blocks, in the room reserved for
+    /// them: 1.75 slots per block (at least two buckets), in buckets of 8
+    /// slots (fewer for pools under 8 blocks, whose one bucket then holds
+    /// every key).
+    pub(super) fn new(room: KeysRoom, faults: Faults) -> Keys {
+        Keys {
+            words: room.words.fill(|_| AtomicU64::new(0)),
+            slots: room.slots.fill(|_| AtomicU64::new(EMPTY)),
+            width: room.width,
+            faults,
+        }
+    }
+
+    /// Reserves the room of [`new`](Self::new)'s arrays for `num_blocks`
+    /// blocks.
+    pub(super) fn room(num_blocks: usize) -> Result<KeysRoom, TryReserveError> {
+        let (width, slots) = Keys::shape(num_blocks);
+        Ok(KeysRoom {
+            words: Room::reserve(num_blocks * 4)?,
+            slots: Room::reserve(slots)?,
+            width,
+        })
+    }
+
+    /// The bucket width and the number of index slots for `num_blocks`
+    /// blocks (at most `u32::MAX`, so nothing here overflows).
+    fn shape(num_blocks: usize) -> (usize, usize) {
         let width = num_blocks.clamp(1, MAX_WIDTH).next_power_of_two();
         let wanted = num_blocks + num_blocks / 2 + num_blocks / 4;
         let buckets = wanted.div_ceil(width).max(2);
-        Keys {
-            words: (0..num_blocks * 4).map(|_| AtomicU64::new(0)).collect(),
-            slots: (0..buckets * width)
-                .map(|_| AtomicU64::new(EMPTY))
-                .collect(),
-            width,
-            faults,
-        }
+        (width, buckets * width)
+    }
+
+    /// The heap bytes [`room`](Self::room) asks for.
+    pub(super) fn heap_bytes(num_blocks: usize) -> usize {
+        bytes_of::<AtomicU64>(num_blocks.saturating_mul(4))
+            .saturating_add(bytes_of::<AtomicU64>(Keys::shape(num_blocks).1))
     }
 
     /// Whether a publish skips its lookup of the key before it claims:

@@ -30,7 +30,10 @@
 //! the block's stamp and state before it is evicted, and a block missing
 //! from the ring is found by the next scan.
 
+use std::collections::TryReserveError;
 use std::ops::Range;
+
+use crate::array::{bytes_of, Room};
 
 use crate::id::BlockId;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Ordering};
@@ -67,6 +70,12 @@ pub(super) struct Lru {
     hand: AtomicUsize,
 }
 
+/// The room of an [`Lru`]'s arrays, reserved by [`Lru::room`].
+pub(super) struct LruRoom {
+    stamps: Room<AtomicU32>,
+    candidates: Room<AtomicU64>,
+}
+
 /// A candidate word's block.
 fn id_of(word: u64) -> BlockId {
     BlockId::new(word as u32)
@@ -79,18 +88,37 @@ fn stamp_of(word: u64) -> u32 {
 
 impl Lru {
     /// The eviction order of `num_blocks` blocks, none evictable.
-    pub(super) fn new(num_blocks: usize) -> Lru {
-        let capacity = (num_blocks / BLOCKS_PER_CANDIDATE).max(MIN_CANDIDATES.min(num_blocks));
+    pub(super) fn new(room: LruRoom) -> Lru {
         Lru {
-            stamps: (0..num_blocks).map(|_| AtomicU32::new(0)).collect(),
+            stamps: room.stamps.fill(|_| AtomicU32::new(0)),
             clock: CachePadded::new(AtomicU32::new(0)),
-            candidates: (0..capacity).map(|_| AtomicU64::new(0)).collect(),
+            candidates: room.candidates.fill(|_| AtomicU64::new(0)),
             len: AtomicUsize::new(0),
             next: CachePadded::new(AtomicUsize::new(0)),
             refilling: AtomicBool::new(false),
             overflowed: AtomicBool::new(false),
             hand: AtomicUsize::new(0),
         }
+    }
+
+    /// Reserves the room of [`new`](Self::new)'s arrays for `num_blocks`
+    /// blocks.
+    pub(super) fn room(num_blocks: usize) -> Result<LruRoom, TryReserveError> {
+        Ok(LruRoom {
+            stamps: Room::reserve(num_blocks)?,
+            candidates: Room::reserve(Lru::capacity(num_blocks))?,
+        })
+    }
+
+    /// The ring's capacity for `num_blocks` blocks.
+    fn capacity(num_blocks: usize) -> usize {
+        (num_blocks / BLOCKS_PER_CANDIDATE).max(MIN_CANDIDATES.min(num_blocks))
+    }
+
+    /// The heap bytes [`room`](Self::room) asks for.
+    pub(super) fn heap_bytes(num_blocks: usize) -> usize {
+        bytes_of::<AtomicU32>(num_blocks)
+            .saturating_add(bytes_of::<AtomicU64>(Lru::capacity(num_blocks)))
     }
 
     /// Takes `n` consecutive stamps; returns the first.

@@ -16,6 +16,8 @@
 //! The design and the orderings are described in
 //! [`crate::implementation`] ("Prefix cache").
 
+use std::collections::TryReserveError;
+
 use crate::hash::BlockHash;
 use crate::id::BlockId;
 use crate::sync::{self, AtomicU64, Backoff, CachePadded, Faults, Ordering};
@@ -28,8 +30,8 @@ mod lru;
 mod publish;
 mod state;
 
-use keys::Keys;
-use lru::Lru;
+use keys::{Keys, KeysRoom};
+use lru::{Lru, LruRoom};
 use state::is_evictable;
 
 /// The prefix cache's storage: per block, its key (4 words) and a share of
@@ -44,15 +46,40 @@ pub(super) struct PrefixCache {
     stats: Stats,
 }
 
+/// The room of a [`PrefixCache`]'s per-block arrays, reserved by
+/// [`PrefixCache::room`] and not yet written.
+pub(super) struct PrefixCacheRoom {
+    keys: KeysRoom,
+    lru: LruRoom,
+}
+
 impl PrefixCache {
-    /// The cache of a pool of `num_blocks` blocks whose statistics have
+    /// Reserves the room of the per-block arrays for `num_blocks` blocks,
+    /// largest first, or returns the allocator's refusal (nothing is left
+    /// allocated then).
+    pub(super) fn room(num_blocks: usize) -> Result<PrefixCacheRoom, TryReserveError> {
+        Ok(PrefixCacheRoom {
+            keys: Keys::room(num_blocks)?,
+            lru: Lru::room(num_blocks)?,
+        })
+    }
+
+    /// The cache, in the room reserved for it, whose statistics have
     /// `cells` cells, carrying `faults`.
-    pub(super) fn new(num_blocks: usize, cells: usize, faults: Faults) -> PrefixCache {
+    pub(super) fn new(room: PrefixCacheRoom, cells: usize, faults: Faults) -> PrefixCache {
         PrefixCache {
-            keys: Keys::new(num_blocks, faults),
-            lru: Lru::new(num_blocks),
+            keys: Keys::new(room.keys, faults),
+            lru: Lru::new(room.lru),
             stats: Stats::new(cells),
         }
+    }
+
+    /// The heap bytes [`room`](Self::room) and [`new`](Self::new) ask for
+    /// with `num_blocks` blocks and `cells` cells.
+    pub(super) fn heap_bytes(num_blocks: usize, cells: usize) -> usize {
+        Keys::heap_bytes(num_blocks)
+            .saturating_add(Lru::heap_bytes(num_blocks))
+            .saturating_add(Stats::heap_bytes(cells))
     }
 
     /// Removes the index entry of block `id`, whose key the caller just
@@ -183,6 +210,13 @@ impl Stats {
                 .map(|_| CachePadded::new(StatCell::default()))
                 .collect(),
         }
+    }
+
+    /// The heap bytes [`new`](Self::new) asks for with `cells` cells.
+    fn heap_bytes(cells: usize) -> usize {
+        cells
+            .max(1)
+            .saturating_mul(std::mem::size_of::<CachePadded<StatCell>>())
     }
 
     /// The calling thread's cell.

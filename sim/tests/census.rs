@@ -1,0 +1,985 @@
+//! The census of `kvslots-sim`'s bad inputs: every flag (a bad value, a
+//! negative number, a value out of range, flags that contradict each other
+//! or have no effect, a run too large for the host's memory) and every
+//! trace malformation, CSV and JSONL. Each row names its exit code and the
+//! words its message must hold (the flag, or the trace's line); every row
+//! is refused before any work (nothing on stdout), and none exits 1, which
+//! is kept for failed invariants.
+//!
+//! The rows run in this process through `cli::main_with`, the binary's own
+//! path (parse, plan, run), with the output captured; a few rows run the
+//! binary itself, for what only a process shows: clap's own exit, a report
+//! written to `/dev/full`, `/dev/zero` as a trace, and a run under an
+//! address-space limit. A new flag or trace field gets its rows here.
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use clap::Parser;
+use kvslots_sim::cli::{main_with, Cli, EXIT_BAD_INPUT, EXIT_OK, EXIT_UNWRITTEN};
+use kvslots_sim::workload::{read_trace_limited, TraceLimits, MAX_LINE_BYTES, TRACE_HEADER};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kvslots-sim");
+
+/// One bad command line: its arguments, exit code and the words its
+/// message must hold.
+struct Row {
+    name: String,
+    args: Vec<String>,
+    code: i32,
+    words: Vec<String>,
+}
+
+fn row(name: &str, args: &[&str], words: &[&str]) -> Row {
+    Row {
+        name: name.to_string(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        code: EXIT_BAD_INPUT,
+        words: words.iter().map(|w| w.to_string()).collect(),
+    }
+}
+
+/// A fixed budget, so that a memory refusal does not depend on the machine.
+const HOST: [&str; 2] = ["--host-memory-gib", "8"];
+
+/// `args` with the fixed budget.
+fn host(args: &[&'static str]) -> Vec<&'static str> {
+    [args, &HOST[..]].concat()
+}
+
+/// Every flag's bad values.
+fn flag_rows() -> Vec<Row> {
+    vec![
+        row("unknown flag", &["--frobnicate"], &["--frobnicate"]),
+        row("a positional argument", &["trace.csv"], &["trace.csv"]),
+        row(
+            "--model: unknown",
+            &["--model", "gpt-5"],
+            &["--model", "gpt-5"],
+        ),
+        row("--model: missing value", &["--model"], &["--model"]),
+        row(
+            "--model with --kv-bytes-per-token",
+            &["--model", "qwen2-7b", "--kv-bytes-per-token", "1024"],
+            &["--model", "--kv-bytes-per-token"],
+        ),
+        row(
+            "--kv-bytes-per-token: 0",
+            &["--kv-bytes-per-token", "0"],
+            &["--kv-bytes-per-token must be at least 1"],
+        ),
+        row(
+            "--kv-bytes-per-token: -1",
+            &["--kv-bytes-per-token", "-1"],
+            &["--kv-bytes-per-token", "-1"],
+        ),
+        row(
+            "--kv-bytes-per-token: 2^64",
+            &["--kv-bytes-per-token", "18446744073709551616"],
+            &["--kv-bytes-per-token"],
+        ),
+        row(
+            "--kv-bytes-per-token: 1 (128 GiB of simulated KV memory)",
+            &host(&["--kv-bytes-per-token", "1"]),
+            &["--kv-bytes-per-token", "--host-memory-gib"],
+        ),
+        row(
+            "--memory-gib: -1",
+            &["--memory-gib", "-1"],
+            &["--memory-gib", "-1"],
+        ),
+        row(
+            "--memory-gib: NaN",
+            &["--memory-gib", "NaN"],
+            &["--memory-gib", "NaN"],
+        ),
+        row(
+            "--memory-gib: inf",
+            &["--memory-gib", "inf"],
+            &["--memory-gib", "inf"],
+        ),
+        row(
+            "--memory-gib: not a number",
+            &["--memory-gib", "lots"],
+            &["--memory-gib", "lots"],
+        ),
+        row(
+            "--memory-gib: 0 (no block)",
+            &["--memory-gib", "0"],
+            &["no block", "--memory-gib"],
+        ),
+        row(
+            "--memory-gib: 100000 (past the host budget)",
+            &host(&["--memory-gib", "100000"]),
+            &["--memory-gib 100000", "--host-memory-gib"],
+        ),
+        row(
+            "--memory-gib: 1e12 (past the block id)",
+            &["--memory-gib", "1e12"],
+            &["u32 block id", "--memory-gib"],
+        ),
+        row(
+            "--block-size: 0",
+            &["--block-size", "0"],
+            &["--block-size must be at least 1"],
+        ),
+        row(
+            "--block-size: -1",
+            &["--block-size", "-1"],
+            &["--block-size", "-1"],
+        ),
+        row(
+            "--block-size: 24 with prefix caching",
+            &["--block-size", "24"],
+            &["--block-size 24 does not divide"],
+        ),
+        row(
+            "--block-size: 2^32 with prefix caching",
+            &[
+                "--block-size",
+                "4294967296",
+                "--kv-bytes-per-token",
+                "1",
+                "--host-memory-gib",
+                "1000",
+            ],
+            &["--block-size 4294967296 does not divide"],
+        ),
+        row(
+            "--block-size: 2^32 (no block)",
+            &["--block-size", "4294967296", "--no-prefix-cache"],
+            &["no block", "--block-size"],
+        ),
+        row(
+            "--block-size: 2^32 at 1 byte a token (128 GiB of simulated KV memory)",
+            &host(&[
+                "--block-size",
+                "4294967296",
+                "--no-prefix-cache",
+                "--kv-bytes-per-token",
+                "1",
+            ]),
+            &["--block-size", "--host-memory-gib"],
+        ),
+        row(
+            "--block-size: usize::MAX",
+            &["--block-size", "18446744073709551615", "--no-prefix-cache"],
+            &["no block", "--block-size"],
+        ),
+        row(
+            "--no-prefix-cache: a value",
+            &["--no-prefix-cache=yes"],
+            &["--no-prefix-cache"],
+        ),
+        row(
+            "--requests: 0",
+            &["--requests", "0"],
+            &["--requests must be at least 1"],
+        ),
+        row(
+            "--requests: -3",
+            &["--requests", "-3"],
+            &["--requests", "-3"],
+        ),
+        row(
+            "--requests: not a number",
+            &["--requests", "x"],
+            &["--requests"],
+        ),
+        row(
+            "--requests: usize::MAX",
+            &["--requests", "18446744073709551615"],
+            &["--requests 18446744073709551615"],
+        ),
+        row(
+            "--requests: 1e9 (past the host budget)",
+            &host(&["--requests", "1000000000"]),
+            &["--requests 1000000000", "--host-memory-gib"],
+        ),
+        row("--seed: -1", &["--seed", "-1"], &["--seed", "-1"]),
+        row(
+            "--seed: 2^64",
+            &["--seed", "18446744073709551616"],
+            &["--seed"],
+        ),
+        row(
+            "--workers: 0",
+            &["--workers", "0"],
+            &["--workers must be between 1 and"],
+        ),
+        row("--workers: -1", &["--workers", "-1"], &["--workers", "-1"]),
+        row(
+            "--workers: 100000",
+            &["--workers", "100000"],
+            &["--workers must be between 1 and", "100000"],
+        ),
+        row(
+            "--watermark: -1",
+            &["--watermark", "-1"],
+            &["--watermark", "-1"],
+        ),
+        row(
+            "--watermark: the whole pool",
+            &["--memory-gib", "0.25", "--watermark", "128"],
+            &["--watermark 128"],
+        ),
+        row(
+            "--watermark: usize::MAX",
+            &["--watermark", "18446744073709551615"],
+            &["--watermark 18446744073709551615"],
+        ),
+        row(
+            "--memory-gib: a pool too small for every request",
+            &["--memory-gib", "0.001953125", "--requests", "20"],
+            &["no request", "1 blocks", "--memory-gib"],
+        ),
+        row(
+            "--chunk: 0",
+            &["--chunk", "0"],
+            &["--chunk must be at least 1"],
+        ),
+        row("--chunk: -1", &["--chunk", "-1"], &["--chunk", "-1"]),
+        row("--spec: -1", &["--spec", "-1"], &["--spec", "-1"]),
+        row(
+            "--spec: not a number",
+            &["--spec", "four"],
+            &["--spec", "four"],
+        ),
+        row(
+            "--accept: 1.5",
+            &["--accept", "1.5"],
+            &["--accept must be a probability"],
+        ),
+        row(
+            "--accept: -0.1",
+            &["--accept", "-0.1"],
+            &["--accept must be a probability"],
+        ),
+        row(
+            "--accept: NaN",
+            &["--accept", "NaN"],
+            &["--accept must be a probability"],
+        ),
+        row(
+            "--accept without drafts: --spec 0",
+            &["--accept", "0.5", "--spec", "0"],
+            &["--accept 0.5 has no effect", "--spec"],
+        ),
+        row(
+            "--accept without drafts: --samples",
+            &["--accept", "0.5", "--samples", "2"],
+            &["--accept 0.5 has no effect", "--spec"],
+        ),
+        row(
+            "--accept without drafts: --admission",
+            &["--accept", "0.5", "--admission", "check"],
+            &["--accept 0.5 has no effect", "--spec"],
+        ),
+        row(
+            "--samples: 0",
+            &["--samples", "0"],
+            &["--samples must be at least 1"],
+        ),
+        row("--samples: -1", &["--samples", "-1"], &["--samples", "-1"]),
+        row(
+            "--samples: 1000000 (no request fits)",
+            &[
+                "--memory-gib",
+                "0.1",
+                "--samples",
+                "1000000",
+                "--requests",
+                "20",
+            ],
+            &["no request", "1000000", "--samples"],
+        ),
+        row(
+            "--admission: unknown",
+            &["--admission", "maybe"],
+            &["--admission", "maybe"],
+        ),
+        row(
+            "--max-running: 0",
+            &["--max-running", "0"],
+            &["--max-running must be at least 1"],
+        ),
+        row(
+            "--max-running: -1",
+            &["--max-running", "-1"],
+            &["--max-running", "-1"],
+        ),
+        row("--shards: 0", &["--shards", "0"], &["--shards", "0"]),
+        row(
+            "--shards: 1025",
+            &["--shards", "1025"],
+            &["--shards", "1025"],
+        ),
+        row("--shards: -1", &["--shards", "-1"], &["--shards", "-1"]),
+        row(
+            "--shards with --allocator mutex",
+            &["--allocator", "mutex", "--shards", "4"],
+            &["--shards 4 has no effect with --allocator mutex"],
+        ),
+        row(
+            "--allocator: unknown",
+            &["--allocator", "tbb"],
+            &["--allocator", "tbb"],
+        ),
+        row(
+            "--allocator with --compare",
+            &["--compare", "--allocator", "mutex"],
+            &["--compare", "--allocator"],
+        ),
+        row("--compare: a value", &["--compare=1"], &["--compare"]),
+        row("--json: a value", &["--json=false"], &["--json"]),
+        row(
+            "--plant-fault: unknown",
+            &["--plant-fault", "nope"],
+            &["--plant-fault", "nope"],
+        ),
+        row(
+            "--plant-fault early-release without --async-depth",
+            &["--plant-fault", "early-release"],
+            &["--plant-fault early-release", "--async-depth"],
+        ),
+        row(
+            "--async-depth: 65",
+            &["--async-depth", "65"],
+            &["--async-depth must be at most 64"],
+        ),
+        row(
+            "--async-depth: -1",
+            &["--async-depth", "-1"],
+            &["--async-depth", "-1"],
+        ),
+        row(
+            "--stuck-after-ms: 0",
+            &["--stuck-after-ms", "0"],
+            &["--stuck-after-ms must be at least 1"],
+        ),
+        row(
+            "--stuck-after-ms: -1",
+            &["--stuck-after-ms", "-1"],
+            &["--stuck-after-ms", "-1"],
+        ),
+        row(
+            "--host-memory-gib: 0",
+            &["--host-memory-gib", "0"],
+            &["--host-memory-gib", "above 0"],
+        ),
+        row(
+            "--host-memory-gib: -1",
+            &["--host-memory-gib", "-1"],
+            &["--host-memory-gib", "-1"],
+        ),
+        row(
+            "--host-memory-gib: NaN",
+            &["--host-memory-gib", "NaN"],
+            &["--host-memory-gib", "NaN"],
+        ),
+        row(
+            "--host-memory-gib: inf",
+            &["--host-memory-gib", "inf"],
+            &["--host-memory-gib", "inf"],
+        ),
+        row(
+            "--host-memory-gib: less than the pool needs",
+            &["--host-memory-gib", "0.0001"],
+            &["--memory-gib 16", "--host-memory-gib"],
+        ),
+        row(
+            "--trace: no such file",
+            &["--trace", "/nonexistent/trace.csv"],
+            &["--trace /nonexistent/trace.csv", "cannot read trace"],
+        ),
+        row(
+            "--trace: a directory",
+            &["--trace", "/"],
+            &["--trace /", "cannot read trace"],
+        ),
+    ]
+}
+
+/// Where the census writes its traces.
+fn dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("kvslots-sim-census");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A malformed trace: written to `name.ext`, run with `--trace` (and
+/// `extra`), refused with words that include the path and `line N:`.
+fn trace_row(name: &str, ext: &str, text: &[u8], line: Option<usize>, words: &[&str]) -> Row {
+    trace_row_with(name, ext, text, line, &[], words)
+}
+
+fn trace_row_with(
+    name: &str,
+    ext: &str,
+    text: &[u8],
+    line: Option<usize>,
+    extra: &[&str],
+    words: &[&str],
+) -> Row {
+    let file = format!(
+        "{}.{ext}",
+        name.replace(|c: char| !c.is_alphanumeric(), "_")
+    );
+    let path = dir().join(file);
+    std::fs::write(&path, text).unwrap();
+    let path = path.display().to_string();
+    let mut all: Vec<String> = vec![format!("--trace {path}")];
+    all.extend(line.map(|l| format!("line {l}:")));
+    all.extend(words.iter().map(|w| w.to_string()));
+    let mut args = vec!["--trace".to_string(), path];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    Row {
+        name: format!("{ext} trace: {name}"),
+        args,
+        code: EXIT_BAD_INPUT,
+        words: all,
+    }
+}
+
+/// Two good CSV rows after the header (lines 2 and 3).
+fn csv_good() -> String {
+    format!("{TRACE_HEADER}\n2023-11-16 18:17:03.97,4808,10\n2023-11-16 18:17:04.03,3180,8\n")
+}
+
+/// Every CSV malformation.
+fn csv_rows() -> Vec<Row> {
+    let line4 = |l: &str| format!("{}{l}\n", csv_good()).into_bytes();
+    let long = format!("{}x,{},1\n", csv_good(), "1".repeat(MAX_LINE_BYTES));
+    vec![
+        trace_row("empty file", "csv", b"", Some(1), &["empty file"]),
+        trace_row(
+            "only blank lines",
+            "csv",
+            b"\n  \n\n",
+            Some(1),
+            &["empty file"],
+        ),
+        trace_row(
+            "no header",
+            "csv",
+            b"2023-11-16 18:17:03.97,4808,10\n",
+            Some(1),
+            &["missing header", TRACE_HEADER],
+        ),
+        trace_row(
+            "a blank line before the header",
+            "csv",
+            format!("\n{}", csv_good()).as_bytes(),
+            Some(1),
+            &["missing header"],
+        ),
+        trace_row(
+            "another header",
+            "csv",
+            b"time,prompt,output\n1,2,3\n",
+            Some(1),
+            &["missing header", "time,prompt,output"],
+        ),
+        trace_row(
+            "header only",
+            "csv",
+            format!("{TRACE_HEADER}\n").as_bytes(),
+            None,
+            &["no requests"],
+        ),
+        trace_row(
+            "two fields",
+            "csv",
+            &line4("x,12"),
+            Some(4),
+            &["expected 3 fields, found 2"],
+        ),
+        trace_row(
+            "four fields",
+            "csv",
+            &line4("x,12,3,4"),
+            Some(4),
+            &["expected 3 fields, found 4"],
+        ),
+        trace_row(
+            "empty timestamp",
+            "csv",
+            &line4(",12,3"),
+            Some(4),
+            &["empty field TIMESTAMP"],
+        ),
+        trace_row(
+            "empty prompt",
+            "csv",
+            &line4("x,,3"),
+            Some(4),
+            &["empty field ContextTokens"],
+        ),
+        trace_row(
+            "empty output",
+            "csv",
+            &line4("x,12,"),
+            Some(4),
+            &["empty field GeneratedTokens"],
+        ),
+        trace_row(
+            "bad number",
+            "csv",
+            &line4("x,12x4,9"),
+            Some(4),
+            &["bad number in ContextTokens", "12x4"],
+        ),
+        trace_row(
+            "fractional",
+            "csv",
+            &line4("x,124,9.5"),
+            Some(4),
+            &["bad number in GeneratedTokens", "9.5"],
+        ),
+        trace_row(
+            "negative output",
+            "csv",
+            &line4("x,124,-3"),
+            Some(4),
+            &["negative GeneratedTokens", "-3"],
+        ),
+        trace_row(
+            "negative prompt",
+            "csv",
+            &line4("x,-124,3"),
+            Some(4),
+            &["negative ContextTokens", "-124"],
+        ),
+        trace_row(
+            "a count past 2^64",
+            "csv",
+            &line4("x,18446744073709551616,3"),
+            Some(4),
+            &["bad number in ContextTokens"],
+        ),
+        trace_row(
+            "zero prompt",
+            "csv",
+            &line4("x,0,3"),
+            Some(4),
+            &["ContextTokens", "at least 1"],
+        ),
+        trace_row(
+            "not UTF-8",
+            "csv",
+            &[csv_good().as_bytes(), b"x,1\xff2,3\n"].concat(),
+            Some(4),
+            &["not UTF-8", "byte 4"],
+        ),
+        trace_row(
+            "a line longer than MAX_LINE_BYTES",
+            "csv",
+            long.as_bytes(),
+            Some(4),
+            &["longer than 1048576 bytes"],
+        ),
+        trace_row_with(
+            "more requests than the host budget holds",
+            "csv",
+            format!("{TRACE_HEADER}\n{}", "x,16,1\n".repeat(5000)).as_bytes(),
+            None,
+            &["--memory-gib", "0.25", "--host-memory-gib", "0.0001"],
+            &["requests before it already take", "--requests"],
+        ),
+    ]
+}
+
+/// Two good JSONL lines.
+const JSONL_GOOD: &str = "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 5, \"hash_ids\": [0, 1]}\n{\"timestamp\": 7, \"input_length\": 1100, \"output_length\": 3, \"hash_ids\": [0, 1, 2]}\n";
+
+/// Every JSONL malformation (on line 3, after two good lines).
+fn jsonl_rows() -> Vec<Row> {
+    let line3 = |l: &str| format!("{JSONL_GOOD}{l}\n").into_bytes();
+    let obj = |fields: &str| line3(&format!("{{{fields}}}"));
+    let bad =
+        |name: &str, text: Vec<u8>, words: &[&str]| trace_row(name, "jsonl", &text, Some(3), words);
+    let long = format!(
+        "{JSONL_GOOD}{{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1], \"pad\": \"{}\"}}\n",
+        "x".repeat(MAX_LINE_BYTES)
+    );
+    vec![
+        trace_row("empty file", "jsonl", b"", None, &["no requests"]),
+        trace_row("only blank lines", "jsonl", b"\n \n\n", None, &["no requests"]),
+        bad("bad JSON", line3("{\"timestamp\": 0, \"input_length\": 12"), &["bad JSON"]),
+        bad("trailing text", line3("{\"timestamp\": 0} extra"), &["bad JSON"]),
+        bad("an array", line3("[0, 512, 3, [1]]"), &["expected a JSON object"]),
+        bad("a number", line3("42"), &["expected a JSON object"]),
+        bad("a string", line3("\"hello\""), &["expected a JSON object"]),
+        bad("null", line3("null"), &["expected a JSON object"]),
+        bad(
+            "missing timestamp",
+            obj("\"input_length\": 512, \"output_length\": 3, \"hash_ids\": [4]"),
+            &["missing field `timestamp`"],
+        ),
+        bad(
+            "missing input_length",
+            obj("\"timestamp\": 1, \"output_length\": 3, \"hash_ids\": [4]"),
+            &["missing field `input_length`"],
+        ),
+        bad(
+            "missing output_length",
+            obj("\"timestamp\": 1, \"input_length\": 512, \"hash_ids\": [4]"),
+            &["missing field `output_length`"],
+        ),
+        bad(
+            "missing hash_ids",
+            obj("\"timestamp\": 1, \"input_length\": 512, \"output_length\": 3"),
+            &["missing field `hash_ids`"],
+        ),
+        bad(
+            "duplicate input_length",
+            obj("\"timestamp\": 1, \"input_length\": 512, \"input_length\": 600, \"output_length\": 3, \"hash_ids\": [4]"),
+            &["the field `input_length` is given twice"],
+        ),
+        bad(
+            "duplicate hash_ids",
+            obj("\"timestamp\": 1, \"input_length\": 512, \"output_length\": 3, \"hash_ids\": [4], \"hash_ids\": [5]"),
+            &["the field `hash_ids` is given twice"],
+        ),
+        bad(
+            "duplicate unknown field",
+            obj("\"timestamp\": 1, \"input_length\": 512, \"output_length\": 3, \"hash_ids\": [4], \"x\": 1, \"x\": 2"),
+            &["the field `x` is given twice"],
+        ),
+        bad(
+            "negative input_length",
+            obj("\"timestamp\": 1, \"input_length\": -512, \"output_length\": 3, \"hash_ids\": [4]"),
+            &["negative input_length", "-512"],
+        ),
+        bad(
+            "negative timestamp",
+            obj("\"timestamp\": -1, \"input_length\": 512, \"output_length\": 3, \"hash_ids\": [4]"),
+            &["negative timestamp"],
+        ),
+        bad(
+            "negative hash id",
+            obj("\"timestamp\": 1, \"input_length\": 512, \"output_length\": 3, \"hash_ids\": [-4]"),
+            &["negative hash_ids", "-4"],
+        ),
+        bad(
+            "fractional output_length",
+            obj("\"timestamp\": 1, \"input_length\": 512, \"output_length\": 2.5, \"hash_ids\": [4]"),
+            &["bad number in output_length", "2.5"],
+        ),
+        bad(
+            "fractional timestamp",
+            obj("\"timestamp\": 1.5, \"input_length\": 512, \"output_length\": 2, \"hash_ids\": [4]"),
+            &["bad number in timestamp", "1.5"],
+        ),
+        bad(
+            "a count past 2^64",
+            obj("\"timestamp\": 1, \"input_length\": 1e30, \"output_length\": 2, \"hash_ids\": [4]"),
+            &["bad number in input_length"],
+        ),
+        bad(
+            "a quoted number",
+            obj("\"timestamp\": 1, \"input_length\": \"512\", \"output_length\": 2, \"hash_ids\": [4]"),
+            &["bad number in input_length"],
+        ),
+        bad(
+            "a boolean count",
+            obj("\"timestamp\": 1, \"input_length\": 512, \"output_length\": true, \"hash_ids\": [4]"),
+            &["bad number in output_length"],
+        ),
+        bad(
+            "a hash id that is not a number",
+            obj("\"timestamp\": 1, \"input_length\": 512, \"output_length\": 2, \"hash_ids\": [\"a\"]"),
+            &["bad number in hash_ids"],
+        ),
+        bad(
+            "hash_ids not a list",
+            obj("\"timestamp\": 1, \"input_length\": 512, \"output_length\": 2, \"hash_ids\": 4"),
+            &["hash_ids"],
+        ),
+        bad(
+            "too many hash ids",
+            obj("\"timestamp\": 1, \"input_length\": 1024, \"output_length\": 2, \"hash_ids\": [4, 5, 6]"),
+            &["hash_ids holds 3 ids", "= 2"],
+        ),
+        bad(
+            "too few hash ids",
+            obj("\"timestamp\": 1, \"input_length\": 1025, \"output_length\": 2, \"hash_ids\": [4, 5]"),
+            &["hash_ids holds 2 ids", "= 3"],
+        ),
+        bad(
+            "zero prompt",
+            obj("\"timestamp\": 1, \"input_length\": 0, \"output_length\": 2, \"hash_ids\": []"),
+            &["at least 1"],
+        ),
+        bad(
+            "not UTF-8",
+            [JSONL_GOOD.as_bytes(), b"{\"timestamp\": 1, \"x\": \"\xc3\x28\"}\n"].concat(),
+            &["not UTF-8", "byte 24"],
+        ),
+        trace_row(
+            "a line longer than MAX_LINE_BYTES",
+            "jsonl",
+            long.as_bytes(),
+            Some(3),
+            &["longer than 1048576 bytes"],
+        ),
+        trace_row(
+            "a CSV trace named .jsonl",
+            "jsonl",
+            csv_good().as_bytes(),
+            Some(1),
+            &["bad JSON"],
+        ),
+        trace_row(
+            "JSONL told by its content, malformed",
+            "txt",
+            &line3("{\"timestamp\": 1}"),
+            Some(3),
+            &["missing field `input_length`"],
+        ),
+    ]
+}
+
+/// Runs `args` through the binary's path in this process: exit code,
+/// stdout, stderr.
+fn run_in_process(args: &[String]) -> (i32, String, String) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let argv = std::iter::once("kvslots-sim".to_string()).chain(args.iter().cloned());
+    let code = main_with(argv, &mut out, &mut err);
+    (
+        code,
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+    )
+}
+
+/// Checks one row; returns what is wrong, if anything.
+fn check(row: &Row) -> Result<(), String> {
+    // A command line the plan accepts would start a run: say so at once.
+    let argv = std::iter::once("kvslots-sim".to_string()).chain(row.args.iter().cloned());
+    if let Ok(cli) = Cli::try_parse_from(argv) {
+        if cli.plan().is_ok() {
+            return Err("accepted: the run would start".into());
+        }
+    }
+    let (code, out, err) = run_in_process(&row.args);
+    if code != row.code {
+        return Err(format!("exit code {code}, expected {}: {err}", row.code));
+    }
+    if !out.is_empty() {
+        return Err(format!("wrote a report: {out}"));
+    }
+    match row.words.iter().find(|w| !err.contains(w.as_str())) {
+        Some(w) => Err(format!("the message lacks `{w}`: {err}")),
+        None => Ok(()),
+    }
+}
+
+fn census(rows: Vec<Row>) {
+    let mut names = std::collections::HashSet::new();
+    let failed: Vec<String> = rows
+        .iter()
+        .inspect(|r| assert!(names.insert(r.name.clone()), "two rows named {}", r.name))
+        .filter_map(|r| {
+            check(r)
+                .err()
+                .map(|e| format!("{} ({:?}): {e}", r.name, r.args))
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} rows failed:\n{}",
+        failed.len(),
+        rows.len(),
+        failed.join("\n")
+    );
+}
+
+#[test]
+fn census_of_the_flags() {
+    census(flag_rows());
+}
+
+#[test]
+fn census_of_csv_traces() {
+    census(csv_rows());
+}
+
+#[test]
+fn census_of_jsonl_traces() {
+    census(jsonl_rows());
+}
+
+/// `--samples` past memory, where the requests do fit the pool (prompts of
+/// whole blocks and no output, so that forks need no block of their own):
+/// refused naming `--samples`, not a worker's panic.
+#[test]
+fn census_of_samples_past_memory() {
+    let path = dir().join("whole_blocks.csv");
+    std::fs::write(&path, format!("{TRACE_HEADER}\nx,16,0\nx,32,0\n")).unwrap();
+    let path = path.to_str().unwrap();
+    census(vec![
+        row(
+            "1e12 samples",
+            &["--trace", path, "--samples", "1000000000000"],
+            &["--samples 1000000000000", "lower --samples"],
+        ),
+        row(
+            "usize::MAX samples",
+            &[
+                "--trace",
+                path,
+                "--samples",
+                "18446744073709551615",
+                "--workers",
+                "1",
+            ],
+            &["--samples 18446744073709551615", "lower --samples"],
+        ),
+    ]);
+}
+
+/// The harness fails a row that does not hold.
+#[test]
+fn the_census_catches_a_wrong_row() {
+    let accepted = row(
+        "accepted",
+        &["--requests", "1", "--memory-gib", "0.25"],
+        &[],
+    );
+    assert_eq!(
+        check(&accepted).unwrap_err(),
+        "accepted: the run would start"
+    );
+    let wrong_words = row("wrong words", &["--chunk", "0"], &["--workers"]);
+    assert!(check(&wrong_words)
+        .unwrap_err()
+        .contains("lacks `--workers`"));
+    let wrong_code = Row {
+        code: 1,
+        ..row("wrong code", &["--chunk", "0"], &[])
+    };
+    assert!(check(&wrong_code)
+        .unwrap_err()
+        .contains("exit code 2, expected 1"));
+}
+
+/// `--requests N` reads a trace up to its Nth request: what comes after is
+/// not read (a malformed line there is not refused), and memory stays
+/// bounded by N.
+#[test]
+fn requests_stop_the_reading_of_a_trace() {
+    let path = dir().join("stops.csv");
+    std::fs::write(&path, format!("{}x,oops,1\n", csv_good())).unwrap();
+    let limits = |requests| TraceLimits {
+        requests,
+        bytes: usize::MAX,
+    };
+    assert_eq!(read_trace_limited(&path, limits(2)).unwrap().len(), 2);
+    let err = read_trace_limited(&path, limits(3)).unwrap_err();
+    assert_eq!(err.line(), Some(4), "{err}");
+}
+
+/// What only a process shows: the binary's own exits.
+#[test]
+fn the_binary_agrees() {
+    let bin = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // clap's own exit, in colour or not.
+    let (code, out, err) = bin(&["--workers", "-1"]);
+    assert_eq!((code, out.as_str()), (Some(EXIT_BAD_INPUT), ""));
+    assert!(err.contains("--workers") && err.contains("-1"), "{err}");
+    // A refusal of the plan.
+    let (code, out, err) = bin(&["--chunk", "0"]);
+    assert_eq!((code, out.as_str()), (Some(EXIT_BAD_INPUT), ""));
+    assert!(err.contains("--chunk must be at least 1"), "{err}");
+    // `--help` is not an error.
+    let (code, out, _) = bin(&["--help"]);
+    assert_eq!(code, Some(EXIT_OK));
+    assert!(out.contains("--host-memory-gib"), "{out}");
+}
+
+/// A report that cannot be written: exit 3 (the run itself passed), in
+/// this process and from the binary with its stdout on `/dev/full`.
+#[test]
+fn an_unwritable_report_exits_3() {
+    struct Full;
+    impl std::io::Write for Full {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "full"))
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let args = ["--requests", "20", "--memory-gib", "0.25", "--workers", "2"];
+    for json in [false, true] {
+        let mut err = Vec::new();
+        let argv = ["kvslots-sim"]
+            .iter()
+            .chain(&args)
+            .chain(json.then_some(&"--json"));
+        let code = main_with(argv, &mut Full, &mut err);
+        let err = String::from_utf8_lossy(&err);
+        assert_eq!(code, EXIT_UNWRITTEN, "{err}");
+        assert!(err.contains("cannot write the report"), "{err}");
+    }
+    if std::path::Path::new("/dev/full").exists() {
+        let out = Command::new(BIN)
+            .args(args)
+            .stdout(std::fs::File::create("/dev/full").unwrap())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(EXIT_UNWRITTEN));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("cannot write the report"));
+    }
+}
+
+/// `/dev/zero` as a trace (a line that never ends) and a pool the
+/// allocator refuses, under an address-space limit of 1 GiB: refused with
+/// exit 2 naming the flag, never an abort.
+#[test]
+#[cfg(target_os = "linux")]
+fn memory_stays_bounded_under_an_address_space_limit() {
+    let limited = |args: &[&str]| {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg("ulimit -v 1048576 && exec \"$0\" \"$@\"")
+            .arg(BIN)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = limited(&["--trace", "/dev/zero"]);
+    assert_eq!(code, Some(EXIT_BAD_INPUT), "{err}");
+    assert!(
+        err.contains("--trace /dev/zero: line 1: longer than"),
+        "{err}"
+    );
+    // The estimate lets 6 GiB through (the budget says 100); the allocator
+    // does not.
+    let (code, err) = limited(&[
+        "--memory-gib",
+        "100000",
+        "--host-memory-gib",
+        "100",
+        "--requests",
+        "20",
+    ]);
+    assert_eq!(code, Some(EXIT_BAD_INPUT), "{err}");
+    assert!(
+        err.contains("cannot allocate") && err.contains("--memory-gib"),
+        "{err}"
+    );
+}
