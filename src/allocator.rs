@@ -21,7 +21,10 @@ use crate::id::BlockId;
 /// blocks it holds. Calling them directly follows the same rules as
 /// [`BlockPool::free`](crate::BlockPool::free): listing a block the caller
 /// does not hold is a logic error (it takes or lends another holder's
-/// reference), never memory unsafety.
+/// reference), never memory unsafety. An id at or past
+/// [`num_blocks`](Self::num_blocks) is one the allocator never handed out:
+/// an implementation may panic on it (`BlockPool` does, before changing
+/// anything).
 ///
 /// # The contract
 ///

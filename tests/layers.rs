@@ -254,3 +254,49 @@ fn a_core_pool_refuses_with_its_free_count() {
     drop(seq);
     assert_pool_whole(&pool);
 }
+
+/// The allocator calls a sequence makes, called directly on a pool with an
+/// id it never handed out: a panic naming it, before anything changed.
+#[test]
+fn an_allocator_call_with_an_id_out_of_range_changes_nothing() {
+    use kvslots::{BlockAllocator, BlockId};
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+
+    let pool = Arc::new(BlockPool::new(4, 4));
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(8).unwrap();
+    let held = seq.blocks()[0];
+    let bad = [held, BlockId::new(4)];
+    let mut keys = Vec::new();
+    hash_blocks(b"", &[1; 8], 4, &mut keys);
+    let before = pool_snap(&pool);
+    type Call<'a> = (&'a str, Box<dyn Fn() -> usize + 'a>);
+    let calls: [Call; 5] = [
+        ("add_refs", Box::new(|| pool.add_refs(&bad))),
+        (
+            "release",
+            Box::new(|| {
+                pool.release(&bad);
+                0
+            }),
+        ),
+        ("publish", Box::new(|| pool.publish(&bad, &keys))),
+        ("retire", Box::new(|| pool.retire(1, &bad))),
+        (
+            "retire_owned",
+            Box::new(|| pool.retire_owned(1, bad.to_vec())),
+        ),
+    ];
+    for (name, call) in calls {
+        let panic = catch_unwind(AssertUnwindSafe(call)).expect_err(name);
+        let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains("block 4 is out of range"), "{name}: {msg}");
+        assert_eq!(pool_snap(&pool), before, "{name} changed the pool");
+        assert_eq!(
+            (pool.cached_blocks(), pool.pending_release_blocks()),
+            (0, 0)
+        );
+    }
+    drop(seq);
+    assert_pool_whole(&pool);
+}

@@ -217,7 +217,7 @@ impl BlockPool {
     ///
     /// As [`new`](Self::new), and if `shards` is 0 or above
     /// [`BlockPool::MAX_SHARDS`] ("shards must be in 1..=1024, got ..."):
-    /// with the message of the [`ConfigError`] that
+    /// with the message of the [`ConfigError`](crate::ConfigError) that
     /// `BlockPool::builder(num_blocks, block_size).shards(shards).build()`
     /// returns.
     ///
@@ -234,6 +234,7 @@ impl BlockPool {
     pub fn with_shards(num_blocks: usize, block_size: usize, shards: usize) -> BlockPool {
         BlockPool::builder(num_blocks, block_size)
             .shards(shards)
+            .prefix_cache(true)
             .build()
             .unwrap_or_else(|e| panic!("{e}"))
     }
@@ -768,7 +769,9 @@ impl BlockPool {
 
 /// The pool under its [`Sequence`](crate::Sequence)s. Each method is the
 /// pool's own operation: the lock-free admission, the reference counts'
-/// read-modify-writes, and the layers' (prefix cache, fenced release).
+/// read-modify-writes, and the layers' (prefix cache, fenced release). A
+/// method given an id at or past `num_blocks()` panics before it changes
+/// anything.
 impl BlockAllocator for BlockPool {
     fn num_blocks(&self) -> usize {
         BlockPool::num_blocks(self)
@@ -802,6 +805,7 @@ impl BlockAllocator for BlockPool {
     }
 
     fn add_refs(&self, ids: &[BlockId]) -> usize {
+        self.check_ids(ids);
         ids.iter()
             .position(|&id| self.refs.add(id).is_err())
             .unwrap_or(ids.len())
@@ -812,6 +816,7 @@ impl BlockAllocator for BlockPool {
         // free, which is misuse) dropped the caller's reference first: that
         // block was pushed once, by the free, and every other reference is
         // dropped all the same.
+        self.check_ids(ids);
         let _ = self.drop_held_refs(ids);
     }
 
@@ -824,6 +829,7 @@ impl BlockAllocator for BlockPool {
     }
 
     fn publish(&self, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
+        self.check_ids(blocks);
         blocks
             .iter()
             .zip(keys)
@@ -836,11 +842,26 @@ impl BlockAllocator for BlockPool {
     }
 
     fn retire(&self, fence: u64, ids: &[BlockId]) -> usize {
+        self.check_ids(ids);
         self.retire_slice(fence, ids, None)
     }
 
     fn retire_owned(&self, fence: u64, ids: Vec<BlockId>) -> usize {
+        self.check_ids(&ids);
         BlockPool::retire_owned(self, fence, ids, None)
+    }
+}
+
+impl BlockPool {
+    /// Panics, naming it, if an id is at or past `num_blocks()`: an
+    /// allocator call given an id it never handed out (see
+    /// [`BlockAllocator`]'s contract), refused before anything changes. A
+    /// comparison per id, no atomic: nothing a `Sequence` notices.
+    fn check_ids(&self, ids: &[BlockId]) {
+        let n = self.num_blocks();
+        if let Some(id) = ids.iter().find(|id| id.index() >= n) {
+            panic!("{id} is out of range for a pool of {n} blocks");
+        }
     }
 }
 
