@@ -220,6 +220,7 @@ mod array;
 mod counter;
 mod error;
 mod hash;
+mod hybrid;
 mod id;
 pub mod implementation;
 mod pool;
@@ -232,8 +233,11 @@ pub use allocator::BlockAllocator;
 pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::wait::{Reserve, ReserveOwned};
 pub use counter::SlotCounter;
-pub use error::{ConfigError, FreeError, PositionError, ReleaseError, ReserveError};
+pub use error::{
+    ConfigError, FreeError, HybridError, KvGroupsError, PositionError, ReleaseError, ReserveError,
+};
 pub use hash::{hash_blocks, BlockHash};
+pub use hybrid::{GroupKeys, HybridSequence, KvGroup, KvGroups};
 pub use id::BlockId;
 pub use pool::{Alloc, BlockPool, BlockPoolBuilder, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};
