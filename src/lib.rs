@@ -271,6 +271,17 @@ pub mod __model {
         pool.admission_free_uncapped()
     }
 
+    /// An empty [`HybridSequence`](crate::HybridSequence) over `pool` whose
+    /// own calls carry `faults` (the hybrid controls: `per_group_admission`,
+    /// `recycle_shared`, `unreconciled_match`).
+    pub fn hybrid_with_faults(
+        pool: std::sync::Arc<crate::BlockPool>,
+        groups: crate::KvGroups,
+        faults: Faults,
+    ) -> crate::HybridSequence {
+        crate::HybridSequence::with_faults(pool, groups, 0, faults)
+    }
+
     /// A [`SlotCounter`](crate::SlotCounter) of `capacity` slots whose wait
     /// queue carries `faults`.
     pub fn counter_with_faults(capacity: usize, faults: Faults) -> crate::SlotCounter {

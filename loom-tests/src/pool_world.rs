@@ -58,6 +58,9 @@ pub const SOUND: Faults = Faults {
     keep_refused: false,
     quiet_gather: false,
     growth_waits: false,
+    per_group_admission: false,
+    recycle_shared: false,
+    unreconciled_match: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -175,6 +178,26 @@ pub const QUIET_GATHER: Faults = Faults {
 /// leaves the queue's head what it is owed, as a new admission does.
 pub const GROWTH_WAITS: Faults = Faults {
     growth_waits: true,
+    ..SOUND
+};
+/// The hybrid admission control: a hybrid sequence's append admits each
+/// group's blocks on their own, giving the earlier groups' back when a
+/// later one is refused.
+pub const PER_GROUP_ADMISSION: Faults = Faults {
+    per_group_admission: true,
+    ..SOUND
+};
+/// The hybrid reuse control: an append reuses the blocks its sliding
+/// windows give back without checking that it holds them alone and
+/// uncached.
+pub const RECYCLE_SHARED: Faults = Faults {
+    recycle_shared: true,
+    ..SOUND
+};
+/// The hybrid match control: a match settles each group once, so a group
+/// that matched more than a later one keeps it.
+pub const UNRECONCILED_MATCH: Faults = Faults {
+    unreconciled_match: true,
     ..SOUND
 };
 /// The re-check control of waiting: a waiter does not try again after it
