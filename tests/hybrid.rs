@@ -717,6 +717,33 @@ fn a_missing_window_block_moves_the_hit_back_to_a_window_that_is_cached() {
 }
 
 #[test]
+fn a_sequence_dropped_right_after_a_match_gives_back_exactly_what_it_took() {
+    // A match of a whole prompt with a window to look for, then a drop
+    // with no other call: every reference goes back once.
+    let pool = pool(64);
+    let g = groups(&[KvGroup::Full, sliding(6), sliding(10)]);
+    let tokens: Vec<u32> = (0..40).collect();
+    let keys = g.keys(&base_keys(&tokens));
+    let published = cache(&pool, &g, &tokens);
+    // A later reader of the prompt holds it too.
+    let mut reader = HybridSequence::new(Arc::clone(&pool), g.clone());
+    assert_eq!(reader.try_match_prefix(&keys), Ok(10));
+    for _ in 0..3 {
+        let mut seq = HybridSequence::new(Arc::clone(&pool), g.clone());
+        assert_eq!(seq.try_match_prefix(&keys), Ok(10));
+        drop(seq);
+        for (group, blocks) in published.iter().enumerate() {
+            for (i, &id) in blocks[..10].iter().enumerate() {
+                let held = !reader.blocks(group).unwrap()[i].is_null();
+                assert_eq!(pool.ref_count(id), Some(usize::from(held)), "{id}");
+            }
+        }
+    }
+    drop(reader);
+    assert_eq!(pool.used_blocks(), 0);
+}
+
+#[test]
 fn the_hit_agrees_with_brute_force_after_evictions() {
     let pool = pool(40);
     let g = groups(&[KvGroup::Full, sliding(5), sliding(9)]);

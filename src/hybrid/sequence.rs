@@ -1103,11 +1103,14 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
                 t.null = need;
                 return end;
             }
-            // Match the window's missing head, `need..null`.
+            // Match the window's missing head, `need..null`. The scratch
+            // list holds the blocks only until they are in the table.
             self.scratch.clear();
+            self.scratch.reserve(t.null - need);
             let m = pool.match_prefix(&keys[need..t.null], &mut self.scratch);
             if m == t.null - need {
                 t.blocks[need..t.null].copy_from_slice(&self.scratch);
+                self.scratch.clear();
                 t.null = need;
                 continue;
             }
@@ -1117,6 +1120,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             pool.release(&t.blocks[t.null..]);
             t.blocks.truncate(need);
             t.blocks.extend_from_slice(&self.scratch);
+            self.scratch.clear();
             t.null = need;
         }
     }
