@@ -821,6 +821,7 @@ impl BlockAllocator for BlockPool {
     }
 
     fn needs_copy(&self, id: BlockId) -> bool {
+        self.check_ids(&[id]);
         self.refs.needs_copy(id)
     }
 
@@ -838,6 +839,7 @@ impl BlockAllocator for BlockPool {
     }
 
     fn uncache_if_sole(&self, id: BlockId) {
+        self.check_ids(&[id]);
         self.uncache_sole(id);
     }
 
