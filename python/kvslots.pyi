@@ -11,7 +11,7 @@ blocks release the GIL.
 """
 
 from types import TracebackType
-from typing import Any, ClassVar, Iterable, Optional, Tuple, Type, Union
+from typing import Any, ClassVar, Iterable, Optional, Tuple, Type, Union, final
 
 from typing_extensions import Buffer, Literal, Self, SupportsIndex
 
@@ -83,11 +83,12 @@ class CopyRequired(RuntimeError):
     shared (with a fork or a matched sequence) or cached, so the append needs
     a copy-on-write. Use `Sequence.append_cow`. Nothing changed."""
 
+@final
 class BlockCopy:
     """A device copy the caller must make: the first `tokens` token slots of
     block `src` into block `dst`, before the kernel writes into `dst`."""
 
-    def __init__(self, src: int, dst: int, tokens: int) -> None: ...
+    def __new__(cls, src: int, dst: int, tokens: int) -> Self: ...
     @property
     def src(self) -> int:
         """The block to copy from."""
@@ -97,9 +98,10 @@ class BlockCopy:
     @property
     def tokens(self) -> int:
         """How many leading token slots to copy."""
-    def __eq__(self, other: object) -> bool: ...
+    def __eq__(self, other: object, /) -> bool: ...
     def __hash__(self) -> int: ...
 
+@final
 class BlockPool:
     """A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
     slots each, with a prefix cache.
@@ -119,9 +121,9 @@ class BlockPool:
     MAX_SHARDS: ClassVar[int]
     """The most free-list shards a pool can have."""
 
-    def __init__(
-        self, num_blocks: _Int, block_size: _Int, shards: Optional[_Int] = None
-    ) -> None: ...
+    def __new__(
+        cls, num_blocks: _Int, block_size: _Int, shards: Optional[_Int] = None
+    ) -> Self: ...
     @property
     def num_blocks(self) -> int:
         """The total number of blocks."""
@@ -200,6 +202,7 @@ class BlockPool:
         """`queried_blocks`, `hit_blocks` (by `Sequence.match_prefix`) and
         `evictions` so far."""
 
+@final
 class Sequence:
     """One request's block table over a `BlockPool`: its length in tokens and
     the blocks that hold them, in order.
@@ -214,7 +217,7 @@ class Sequence:
     sequences run in parallel. A closed sequence raises `ValueError`.
     """
 
-    def __init__(self, pool: BlockPool) -> None: ...
+    def __new__(cls, pool: BlockPool) -> Self: ...
     @property
     def pool(self) -> BlockPool:
         """The pool the blocks come from."""

@@ -64,7 +64,10 @@ where
 /// `0..2**32`, a `parent` that is not 32 bytes, or a `salt` with a
 /// `parent`; `TypeError` for tokens that are not ints.
 #[pyfunction]
-#[pyo3(signature = (tokens, block_size, salt = b"".as_slice(), parent = None))]
+#[pyo3(
+    signature = (tokens, block_size, salt = b"".as_slice(), parent = None),
+    text_signature = "(tokens, block_size, salt=b'', parent=None)"
+)]
 fn hash_blocks<'py>(
     py: Python<'py>,
     tokens: &Bound<'py, PyAny>,

@@ -552,14 +552,15 @@ impl PySequence {
         slf
     }
 
-    #[pyo3(signature = (_exc_type = None, _exc = None, _tb = None))]
+    /// Closes the sequence; does not swallow the exception.
     fn __exit__(
         &self,
         py: Python<'_>,
-        _exc_type: Option<&Bound<'_, PyAny>>,
-        _exc: Option<&Bound<'_, PyAny>>,
-        _tb: Option<&Bound<'_, PyAny>>,
+        exc_type: &Bound<'_, PyAny>,
+        exc: &Bound<'_, PyAny>,
+        tb: &Bound<'_, PyAny>,
     ) -> bool {
+        let _ = (exc_type, exc, tb);
         self.close(py);
         false
     }
