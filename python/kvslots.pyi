@@ -23,6 +23,7 @@ __all__ = [
     "Sequence",
     "BlockCopy",
     "hash_blocks",
+    "hash_blocks_packed",
     "ReserveError",
     "Full",
     "NeverFits",
@@ -34,8 +35,10 @@ __all__ = [
 _Int = SupportsIndex
 """An int, or an object with `__index__` (a numpy integer); never a float."""
 
-_Keys = Iterable[Union[bytes, bytearray]]
-"""Block keys: 32 bytes each, as `hash_blocks` returns them."""
+_Keys = Union[Iterable[Union[bytes, bytearray]], bytes, bytearray]
+"""Block keys: 32-byte keys, as `hash_blocks` returns them, or one bytes
+object of keys laid end to end, as `hash_blocks_packed` returns them (read
+in one copy instead of one conversion per key)."""
 
 class ReserveError(Exception):
     """An allocation was refused; nothing changed. Subclasses: `Full`,
@@ -333,3 +336,13 @@ def hash_blocks(
     the block before `tokens[0]`) the keys continue that chain; `salt` must
     then be empty.
     """
+
+def hash_blocks_packed(
+    tokens: Union[Iterable[_Int], Buffer],
+    block_size: _Int,
+    salt: bytes = b"",
+    parent: Optional[bytes] = None,
+) -> bytes:
+    """`hash_blocks`'s keys laid end to end (key `i` is
+    `packed[32 * i : 32 * i + 32]`), which `Sequence.match_prefix` and
+    `Sequence.publish` read in one copy. Same arguments and errors."""

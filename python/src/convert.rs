@@ -75,15 +75,41 @@ pub(crate) fn for_each<'py>(
     Ok(())
 }
 
-/// A list of block keys: 32-byte `bytes` (or `bytearray`) each, as
-/// `hash_blocks` returns them.
+/// Block keys: a list (or any iterable) of 32-byte `bytes` (or
+/// `bytearray`), as `hash_blocks` returns them; or one `bytes` /
+/// `bytearray` of keys laid end to end, as `hash_blocks_packed` returns
+/// them, which is read in one copy instead of one conversion per key.
 pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return packed_keys(b.as_bytes());
+    }
+    if let Ok(b) = obj.cast::<PyByteArray>() {
+        return packed_keys(&b.to_vec());
+    }
     let mut out = Vec::new();
     for_each(obj, |item| {
         out.push(key(&item)?);
         Ok(())
     })?;
     Ok(out)
+}
+
+/// Keys laid end to end.
+fn packed_keys(bytes: &[u8]) -> PyResult<Vec<BlockHash>> {
+    if bytes.len() % 32 != 0 {
+        return Err(PyValueError::new_err(format!(
+            "packed block keys are 32 bytes each: the length {} is not a multiple of 32",
+            bytes.len()
+        )));
+    }
+    Ok(bytes
+        .chunks_exact(32)
+        .map(|c| {
+            let mut key = [0; 32];
+            key.copy_from_slice(c);
+            BlockHash(key)
+        })
+        .collect())
 }
 
 /// One block key.

@@ -75,6 +75,44 @@ fn hash_blocks<'py>(
     salt: &[u8],
     parent: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
+    let keys = block_keys(py, tokens, block_size, salt, parent)?;
+    PyList::new(py, keys.iter().map(|k| PyBytes::new(py, &k.0)))
+}
+
+/// `hash_blocks`'s keys laid end to end in one `bytes` object (key `i` is
+/// `packed[32 * i : 32 * i + 32]`), which `Sequence.match_prefix` and
+/// `Sequence.publish` read in one copy: the cheaper form for a scheduler
+/// that keeps a request's keys. Same arguments and errors as
+/// `hash_blocks`.
+#[pyfunction]
+#[pyo3(
+    signature = (tokens, block_size, salt = b"".as_slice(), parent = None),
+    text_signature = "(tokens, block_size, salt=b'', parent=None)"
+)]
+fn hash_blocks_packed<'py>(
+    py: Python<'py>,
+    tokens: &Bound<'py, PyAny>,
+    block_size: &Bound<'py, PyAny>,
+    salt: &[u8],
+    parent: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let keys = block_keys(py, tokens, block_size, salt, parent)?;
+    PyBytes::new_with(py, keys.len() * 32, |buf| {
+        for (dst, key) in buf.chunks_exact_mut(32).zip(&keys) {
+            dst.copy_from_slice(&key.0);
+        }
+        Ok(())
+    })
+}
+
+/// The keys of `hash_blocks` and `hash_blocks_packed`.
+fn block_keys<'py>(
+    py: Python<'py>,
+    tokens: &Bound<'py, PyAny>,
+    block_size: &Bound<'py, PyAny>,
+    salt: &[u8],
+    parent: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Vec<kvslots::BlockHash>> {
     let block_size: usize = convert::uint(block_size, "block_size")?;
     if block_size == 0 {
         return Err(pyo3::exceptions::PyValueError::new_err(
@@ -89,7 +127,7 @@ fn hash_blocks<'py>(
     }
     let tokens = convert::tokens(tokens)?;
     let blocks = tokens.len() / block_size;
-    let keys = detached(py, blocks, || {
+    Ok(detached(py, blocks, || {
         let mut keys = Vec::with_capacity(blocks);
         match parent {
             None => kvslots::hash_blocks(salt, &tokens, block_size, &mut keys),
@@ -102,8 +140,7 @@ fn hash_blocks<'py>(
             }
         }
         keys
-    });
-    PyList::new(py, keys.iter().map(|k| PyBytes::new(py, &k.0)))
+    }))
 }
 
 /// Lock-free, all-or-nothing KV-cache block allocation with a prefix
@@ -124,6 +161,7 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<sequence::PySequence>()?;
     m.add_class::<sequence::PyBlockCopy>()?;
     m.add_function(wrap_pyfunction!(hash_blocks, m)?)?;
+    m.add_function(wrap_pyfunction!(hash_blocks_packed, m)?)?;
     m.add("ReserveError", py.get_type::<errors::ReserveError>())?;
     m.add("Full", py.get_type::<errors::Full>())?;
     m.add("NeverFits", py.get_type::<errors::NeverFits>())?;
@@ -138,6 +176,7 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "Sequence",
             "BlockCopy",
             "hash_blocks",
+            "hash_blocks_packed",
             "ReserveError",
             "Full",
             "NeverFits",

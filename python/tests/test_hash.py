@@ -81,3 +81,13 @@ def test_chain_structure():
 def test_bad_input_raises(args, kwargs, error):
     with pytest.raises(error):
         kvslots.hash_blocks(*args, **kwargs)
+
+
+def test_packed_keys_are_the_keys_end_to_end():
+    keys = kvslots.hash_blocks(TOKENS, 16, b"tenant")
+    packed = kvslots.hash_blocks_packed(TOKENS, 16, b"tenant")
+    assert isinstance(packed, bytes) and packed == b"".join(keys)
+    assert kvslots.hash_blocks_packed(TOKENS[16:], 16, parent=keys[0]) == b"".join(keys[1:])
+    assert kvslots.hash_blocks_packed([], 16) == b""
+    with pytest.raises(ValueError):
+        kvslots.hash_blocks_packed([1], 0)

@@ -236,8 +236,23 @@ def test_match_and_publish(pool):
         with pytest.raises(error):
             first.publish(bad)
         assert (seq_state(third), pool_state(pool), pool.prefix_stats()) == before
+    with pytest.raises(ValueError):
+        third.match_prefix(b"".join(keys) + b"x")  # packed keys: 32 bytes each
+    assert (seq_state(third), pool_state(pool), pool.prefix_stats()) == before
     assert third.match_prefix([bytearray(k) for k in keys]) == 2
     assert third.match_prefix([]) == 0
+    # Packed keys (hash_blocks_packed) match and publish the same.
+    packed = kvslots.hash_blocks_packed(tokens, pool.block_size)
+    assert packed == b"".join(keys)
+    fourth = kvslots.Sequence(pool)
+    assert fourth.match_prefix(packed) == 2
+    assert fourth.match_prefix(bytearray(packed)) == 0  # not empty any more
+    other = kvslots.hash_blocks_packed(list(range(200, 212)), pool.block_size)
+    fifth = kvslots.Sequence(pool)
+    fifth.try_append(12)
+    assert fifth.publish(other) == 3
+    sixth = kvslots.Sequence(pool)
+    assert sixth.match_prefix(other[:64]) == 2
 
 
 def test_close_context_manager_and_gc_give_blocks_back(pool):
