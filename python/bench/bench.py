@@ -361,7 +361,7 @@ def vllm_block_pool(src: str | None):
 
     version = "?"
     for dist in src_path.glob("vllm-*.dist-info"):
-        version = dist.name.split("-")[1].removesuffix(".dist-info")
+        version = dist.name.removesuffix(".dist-info").split("-")[1]
     return BlockPool, f"vllm {version} from {src} (vllm.v1.core sources, the rest stubbed)"
 
 

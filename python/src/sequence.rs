@@ -130,35 +130,24 @@ impl PySequence {
         )
     }
 
-    /// `start..stop` with `stop` defaulting to the length.
-    fn positions(
-        &self,
-        py: Python<'_>,
-        start: Option<&Bound<'_, PyAny>>,
-        stop: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<Range<usize>> {
-        let start: usize = match start {
-            Some(s) => convert::uint(s, "start")?,
-            None => 0,
-        };
-        let stop: usize = match stop {
-            Some(s) => convert::uint(s, "stop")?,
-            None => self.with(py, |seq| seq.len())?,
-        };
-        Ok(start..stop)
-    }
-
-    /// The flat slot indices of `start..stop`.
+    /// The flat slot indices of `start..stop` (`stop` defaulting to the
+    /// length, read under the same lock).
     fn slots(
         &self,
         py: Python<'_>,
         start: Option<&Bound<'_, PyAny>>,
         stop: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Vec<usize>> {
-        let positions = self.positions(py, start, stop)?;
+        let start: usize = match start {
+            Some(s) => convert::uint(s, "start")?,
+            None => 0,
+        };
+        let stop: Option<usize> = stop.map(|s| convert::uint(s, "stop")).transpose()?;
         let mut out = Vec::new();
-        let blocks = positions.len() / 16;
         self.with(py, |seq| {
+            let positions = start..stop.unwrap_or(seq.len());
+            // About a nanosecond a token: release the GIL for long ranges.
+            let blocks = positions.len() / seq.pool().block_size();
             detached(py, blocks, || seq.extend_slots(positions, &mut out))
         })?
         .map_err(errors::position_error)?;
