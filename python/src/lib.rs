@@ -4,15 +4,15 @@
 //! `Arc<kvslots::BlockPool>`, `Sequence` a `kvslots::Sequence` behind a
 //! mutex (the core's sequence is a single-owner value), and every core
 //! error becomes a Python exception of the same name and fields
-//! ([`errors`]). Arguments are checked before anything changes
-//! ([`convert`]), and nothing here can panic into Python: the one core
+//! (`errors.rs`). Arguments are checked before anything changes
+//! (`convert.rs`), and nothing here can panic into Python: the one core
 //! call that can panic on misuse, `Sequence::try_append` on a tail that
 //! needs a copy, is guarded by `Sequence::append_needs_copy`; a fork
 //! after a double free is refused before it starts.
 //!
-//! The GIL is released around every call that waits ([`wait`]) and every
+//! The GIL is released around every call that waits (`wait.rs`) and every
 //! call whose work grows with a number of blocks at or above
-//! [`DETACH_BLOCKS`]; below that, releasing and re-taking it costs more
+//! `DETACH_BLOCKS` (32); below that, releasing and re-taking it costs more
 //! than the work. The module declares `gil_used = false`: on a
 //! free-threaded CPython it keeps the interpreter's parallelism, since
 //! every object is safe to share between threads.
