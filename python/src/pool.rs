@@ -10,7 +10,7 @@ use pyo3::types::{PyDict, PyList};
 use crate::convert;
 use crate::detached;
 use crate::errors::{self, FreeKind};
-use crate::wait::{self, Waited};
+use crate::wait;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
 /// slots each, with a prefix cache.
@@ -232,18 +232,14 @@ impl PyBlockPool {
         let deadline = wait::deadline(convert::timeout(timeout)?);
         let pool = &*self.inner;
         let mut ids = Vec::new();
-        let waited = py.detach(|| match wait::block_on(pool.alloc(n, &mut ids), deadline) {
+        py.detach(|| {
             // The deadline passed: one last try, whose refusal is the
             // `Full` to report.
-            Waited::TimedOut => Waited::Done(pool.try_alloc(n, &mut ids)),
-            other => other,
-        });
-        match waited {
-            Waited::Done(Ok(())) => id_list(py, &ids),
-            Waited::Done(Err(e)) => Err(errors::reserve_error(py, e)),
-            Waited::Interrupted(err) => Err(err),
-            Waited::TimedOut => unreachable!("a timed-out wait tries once more"),
-        }
+            wait::block_on(pool.alloc(n, &mut ids), deadline)
+                .map(|done| done.unwrap_or_else(|| pool.try_alloc(n, &mut ids)))
+        })?
+        .map_err(|e| errors::reserve_error(py, e))?;
+        id_list(py, &ids)
     }
 
     /// Drops one reference per listed id (a block listed twice loses two),

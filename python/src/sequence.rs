@@ -23,7 +23,7 @@ use crate::convert;
 use crate::detached;
 use crate::errors;
 use crate::pool::{id_list, PyBlockPool};
-use crate::wait::{self, Waited};
+use crate::wait;
 
 /// A device copy the caller must make: the first `tokens` token slots of
 /// block `src` into block `dst` (a fork's private tail, or a
@@ -320,20 +320,15 @@ impl PySequence {
         let tokens: usize = convert::uint(tokens, "tokens")?;
         let headroom: usize = headroom.map_or(Ok(0), |h| convert::uint(h, "headroom"))?;
         let deadline = wait::deadline(convert::timeout(timeout)?);
-        let waited = self.with(py, |seq| {
-            py.detach(
-                || match wait::block_on(seq.reserve(tokens, headroom), deadline) {
-                    Waited::TimedOut => Waited::Done(seq.try_reserve(tokens, headroom)),
-                    other => other,
-                },
-            )
-        })?;
-        match waited {
-            Waited::Done(Ok(())) => Ok(()),
-            Waited::Done(Err(e)) => Err(errors::reserve_error(py, e)),
-            Waited::Interrupted(err) => Err(err),
-            Waited::TimedOut => unreachable!("a timed-out wait tries once more"),
-        }
+        self.with(py, |seq| {
+            py.detach(|| {
+                // The deadline passed: one last try, whose refusal is the
+                // `Full` to report.
+                wait::block_on(seq.reserve(tokens, headroom), deadline)
+                    .map(|done| done.unwrap_or_else(|| seq.try_reserve(tokens, headroom)))
+            })
+        })??
+        .map_err(|e| errors::reserve_error(py, e))
     }
 
     /// Rolls the sequence back to `len` tokens (rejected draft tokens,

@@ -33,41 +33,33 @@ impl Wake for Unpark {
     }
 }
 
-/// How a wait ended.
-pub(crate) enum Waited<T> {
-    /// The future resolved.
-    Done(T),
-    /// The deadline passed first; the future was dropped (cancelled).
-    TimedOut,
-    /// A signal handler raised (Ctrl-C: `KeyboardInterrupt`); the future
-    /// was dropped (cancelled).
-    Interrupted(PyErr),
-}
-
-/// Polls `future` on this thread until it resolves, `deadline` passes or a
-/// signal handler raises. Call it with the interpreter detached.
-pub(crate) fn block_on<F: Future>(future: F, deadline: Option<Instant>) -> Waited<F::Output> {
+/// Polls `future` on this thread until it resolves (`Ok(Some(output))`),
+/// `deadline` passes (`Ok(None)`; the future is dropped, which cancels the
+/// wait) or a signal handler raises (Ctrl-C: `KeyboardInterrupt`; the
+/// future is dropped too). Call it with the interpreter detached.
+pub(crate) fn block_on<F: Future>(
+    future: F,
+    deadline: Option<Instant>,
+) -> PyResult<Option<F::Output>> {
     let waker = Waker::from(Arc::new(Unpark(thread::current())));
     let mut cx = Context::from_waker(&waker);
     let mut future = pin!(future);
     loop {
         if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-            return Waited::Done(out);
+            return Ok(Some(out));
         }
         let mut nap = SIGNAL_CHECK;
         if let Some(deadline) = deadline {
             let now = Instant::now();
             if now >= deadline {
-                return Waited::TimedOut;
+                return Ok(None);
             }
             nap = nap.min(deadline - now);
         }
         // A wake before the park makes it return at once (the unpark
         // token), so no wake-up is lost between the poll and the park.
         thread::park_timeout(nap);
-        if let Err(err) = Python::attach(|py| py.check_signals()) {
-            return Waited::Interrupted(err);
-        }
+        Python::attach(|py| py.check_signals())?;
     }
 }
 
