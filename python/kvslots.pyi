@@ -263,7 +263,9 @@ class Sequence:
     ) -> None:
         """`try_reserve`, waiting in the pool's queue (GIL released) for at
         most `timeout` seconds. Raises `NeverFits` at once, `Closed`, or
-        `Full` on timeout; nothing changes when it raises."""
+        `Full` on timeout; Ctrl-C ends the wait; nothing changes when it
+        raises. Other calls on this sequence wait for it (a signal handler
+        must not call this sequence meanwhile)."""
     def truncate(self, len: _Int) -> int:
         """Rolls back to `len` tokens and gives back the blocks no longer
         needed; returns how many left the table."""

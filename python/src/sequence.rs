@@ -305,7 +305,8 @@ impl PySequence {
     /// Raises `NeverFits` at once, `Closed`, or `Full` when the timeout
     /// runs out; a signal handler's exception (Ctrl-C) ends the wait.
     /// Nothing changes when it raises. Other calls on this sequence wait
-    /// for it to return.
+    /// for it to return (so a signal handler that runs during the wait must
+    /// not call this sequence: it would wait for itself).
     #[pyo3(
         signature = (tokens, headroom = None, timeout = None),
         text_signature = "(self, tokens, headroom=0, timeout=None)"
