@@ -390,17 +390,20 @@
 //!
 //! ## Keys and the index
 //!
-//! A block's key is 32 bytes in four `AtomicU64` words per block, written
-//! only while the block is claimed (`BUSY`, by its publisher) and read
-//! after an `Acquire` of the state word or of an index slot. The index is a
-//! fixed array of `AtomicU64` slots, 2.5 per block, in buckets of 8 (one
-//! cache line; fewer slots per bucket in pools under 8 blocks): a slot is
-//! empty or holds a block id and a 32-bit fingerprint of its key. A key
-//! has two candidate buckets, always two different ones; an insert takes
-//! the emptier, a lookup reads both. The index is only a hint: every
-//! candidate's state is loaded (`Acquire`), its whole key compared, and the
-//! reference taken with a CAS from that exact state, which fails if the
-//! generation (and so possibly the key) changed.
+//! A key is any 32 bytes; `hash_blocks` and `hash_blocks_with` compute
+//! them from a prompt's tokens, a salt and tagged extra keys (LoRA
+//! adapters, cache salts, multimodal inputs; `BlockHash`'s docs give the
+//! layout). A block's key is kept in four `AtomicU64` words per block,
+//! written only while the block is claimed (`BUSY`, by its publisher) and
+//! read after an `Acquire` of the state word or of an index slot. The
+//! index is a fixed array of `AtomicU64` slots, 2.5 per block, in buckets
+//! of 8 (one cache line; fewer slots per bucket in pools under 8 blocks):
+//! a slot is empty or holds a block id and a 32-bit fingerprint of its
+//! key. A key has two candidate buckets, always two different ones; an
+//! insert takes the emptier, a lookup reads both. The index is only a
+//! hint: every candidate's state is loaded (`Acquire`), its whole key
+//! compared, and the reference taken with a CAS from that exact state,
+//! which fails if the generation (and so possibly the key) changed.
 //!
 //! The buckets and the fingerprint come from a keyed hash of the key, not
 //! from its bytes: a key is any 32 bytes (`BlockHash` is public), and keys
@@ -828,7 +831,10 @@
 //! knows about loom. The facade holds the only other differences under a
 //! model checker: a retry after a possibly stale load yields (loom would
 //! otherwise let the load return the same stale value forever), threads
-//! are numbered by loom's per-execution thread-locals, and the faults of
+//! are numbered by loom's per-execution thread-locals, the prefix index's
+//! hash takes a fixed seed (so that every execution places every key in
+//! the same buckets, and the models can pick keys that share a first
+//! bucket), and the faults of
 //! loom's negative controls (a free list without its ABA tag, `Relaxed`
 //! frees, a blind undo of a raced free, a plain store for a sequence's
 //! last drop, a fork's reference added to a block whose count is 0, a
@@ -836,7 +842,9 @@
 //! of a referenced block, a publisher that does not kill a rival's claim,
 //! a claim without a reference of its own, a claim's last drop not given
 //! back, a publish that claims without looking its key up first, a claim
-//! that is a rival before its key is written, a fenced
+//! that is a rival before its key is written, lookups that read only a
+//! key's first index bucket, a rescan whose read-modify-write is in the
+//! bucket of the publisher's own entry, a fenced
 //! retirement that gives its references back at once, an admission fast
 //! path that takes with a plain store, a refused gather that keeps what it
 //! took, a waiter that queues without trying again, a cancelled waiter
