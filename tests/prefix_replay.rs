@@ -679,15 +679,29 @@ fn crafted_key(id: u64) -> BlockHash {
     key_of_words([0, 1, 0, id])
 }
 
-/// Runs the library with `key`'s keys beside the reference at 1,000 and
-/// 4,000 blocks: the same hits and the same evictions.
+/// The pool sizes of the key-family replays.
+const FAMILY_POOLS: [usize; 2] = [1_000, 4_000];
+
+/// The reference's hit blocks and evictions at each of [`FAMILY_POOLS`],
+/// computed once per test binary (they do not depend on the keys).
+fn family_references() -> &'static [(u64, u64); 2] {
+    static REFERENCES: OnceLock<[(u64, u64); 2]> = OnceLock::new();
+    REFERENCES.get_or_init(|| {
+        FAMILY_POOLS.map(|num_blocks| {
+            let r = replay(trace(), num_blocks);
+            (r.hit_blocks, r.evictions)
+        })
+    })
+}
+
+/// Runs the library with `key`'s keys beside the reference at
+/// [`FAMILY_POOLS`]: the same hits and the same evictions.
 fn check_family(name: &str, key: fn(u64) -> BlockHash) {
-    for num_blocks in [1_000, 4_000] {
-        let reference = replay(trace(), num_blocks);
+    for (&num_blocks, &reference) in FAMILY_POOLS.iter().zip(family_references()) {
         let library = library_replay_keyed(trace(), num_blocks, key);
         assert_eq!(
             (library.hit_blocks, library.evictions),
-            (reference.hit_blocks, reference.evictions),
+            reference,
             "{name} keys, {num_blocks} blocks: hit blocks and evictions against the reference's"
         );
     }
