@@ -306,7 +306,7 @@ pub enum ConfigError {
         max: usize,
     },
     /// The allocator refused the pool's arrays (the heap memory of its
-    /// bookkeeping, about 64 bytes a block; not the KV cache itself, which
+    /// bookkeeping, about 70 bytes a block; not the KV cache itself, which
     /// lives on the device). What had been allocated is freed.
     OutOfMemory {
         /// The bytes the pool asked for in all
@@ -342,3 +342,64 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// Why [`hash_blocks_with`](crate::hash_blocks_with),
+/// [`BlockHash::first_with`](crate::BlockHash::first_with) or
+/// [`BlockHash::next_with`](crate::BlockHash::next_with) refused its
+/// extra keys. Nothing was computed and nothing was written.
+///
+/// # Examples
+///
+/// ```
+/// use kvslots::{hash_blocks_with, ExtraKey, ExtraKeyError};
+///
+/// let mut keys = Vec::new();
+/// let image = ExtraKey::Multimodal { hash: b"img-0", positions: 4..4 };
+/// assert_eq!(
+///     hash_blocks_with(b"", &[7; 32], 16, &[image], &mut keys),
+///     Err(ExtraKeyError::EmptyPositions { index: 0, positions: 4..4 })
+/// );
+/// assert!(keys.is_empty());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ExtraKeyError {
+    /// Extra key number `index` (a multimodal input or a custom extra)
+    /// covers no token position: its range is empty, so it would enter no
+    /// block's key, and prompts that differ only in it would share keys.
+    EmptyPositions {
+        /// The extra key's index in the list given.
+        index: usize,
+        /// Its (empty) range of token positions.
+        positions: std::ops::Range<usize>,
+    },
+    /// [`BlockHash::next_with`](crate::BlockHash::next_with) was given a
+    /// block start that is not a positive multiple of the block's length:
+    /// block 0 starts at 0 and is keyed by
+    /// [`first_with`](crate::BlockHash::first_with), and block `i` starts at
+    /// `i * block_size`.
+    BlockStart {
+        /// The start given.
+        start: usize,
+        /// The block's length (its tokens).
+        block_size: usize,
+    },
+}
+
+impl fmt::Display for ExtraKeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExtraKeyError::EmptyPositions { index, positions } => write!(
+                f,
+                "extra key {index} covers no token position ({}..{})",
+                positions.start, positions.end
+            ),
+            ExtraKeyError::BlockStart { start, block_size } => write!(
+                f,
+                "block start {start} is not a positive multiple of the block size {block_size}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ExtraKeyError {}

@@ -121,9 +121,9 @@
 //! `benches/pool.rs` measures whether `try_alloc` costs the same at 1,000
 //! and 1,000,000 blocks (figures in `BENCHMARKS.md`).
 //!
-//! Bookkeeping is about 64 bytes per block: a 4-byte `next` link, an
+//! Bookkeeping is about 70 bytes per block: a 4-byte `next` link, an
 //! 8-byte state word (reference count, prefix-cache flags, generation),
-//! and the prefix cache's 52 bytes (see [Prefix cache](#prefix-cache)),
+//! and the prefix cache's 58 bytes (see [Prefix cache](#prefix-cache)),
 //! plus one `CachePadded` slot (a cache line, 128 bytes on x86-64) per
 //! shard head, per shard admission count and per statistics cell, two
 //! for the closed flag and the peak, and a fixed minimum for tiny pools.
@@ -390,23 +390,56 @@
 //!
 //! ## Keys and the index
 //!
-//! A block's key is 32 bytes in four `AtomicU64` words per block, written
-//! only while the block is claimed (`BUSY`, by its publisher) and read
-//! after an `Acquire` of the state word or of an index slot. The index is a
-//! fixed array of `AtomicU64` slots, 1.75 per block, in buckets of 8 (one
-//! cache line; fewer slots per bucket in pools under 8 blocks): a slot is
-//! empty or holds a block id and a 32-bit fingerprint of its key. A key
-//! has two candidate buckets (two other parts of the key); an insert takes
-//! the emptier, a lookup reads both. The index is only a hint: every
-//! candidate's state is loaded (`Acquire`), its whole key compared, and the
-//! reference taken with a CAS from that exact state, which fails if the
-//! generation (and so possibly the key) changed. The two-choice buckets
-//! keep an insert from finding both full; if one ever does, the publish
-//! leaves the block uncached. On the conversation trace the library's
-//! hits equal the reference's at every pool size (`tests/prefix_replay.rs`).
+//! A key is any 32 bytes; `hash_blocks` and `hash_blocks_with` compute
+//! them from a prompt's tokens, a salt and tagged extra keys (LoRA
+//! adapters, cache salts, multimodal inputs; `BlockHash`'s docs give the
+//! layout). A block's key is kept in four `AtomicU64` words per block,
+//! written only while the block is claimed (`BUSY`, by its publisher) and
+//! read after an `Acquire` of the state word or of an index slot. The
+//! index is a fixed array of `AtomicU64` slots, 2.5 per block, in buckets
+//! of 8 (one cache line; fewer slots per bucket in pools under 8 blocks):
+//! a slot is empty or holds a block id and a 32-bit fingerprint of its
+//! key. A key has two candidate buckets, always two different ones; an
+//! insert takes the emptier, a lookup reads both. The index is only a
+//! hint: every candidate's state is loaded (`Acquire`), its whole key
+//! compared, and the reference taken with a CAS from that exact state,
+//! which fails if the generation (and so possibly the key) changed.
 //!
-//! Bookkeeping per block: 8 (state) + 32 (key) + 14 (index) + 4 (release
-//! stamp) + 2 (eviction candidates) + 4 (free-list link) = 64 bytes.
+//! The buckets and the fingerprint come from a keyed hash of the key, not
+//! from its bytes: a key is any 32 bytes (`BlockHash` is public), and keys
+//! that are sequential, mostly constant, made of words that depend on each
+//! other, or built on purpose to share buckets would otherwise crowd into
+//! a few buckets, whose publishes then find no room (lost hits, never a
+//! wrong one). The hash folds the key's four words with eight seed words
+//! that each pool draws at random when it is built (from `std`'s
+//! `RandomState`; fixed under loom and shuttle, so that schedules replay).
+//! A *folded multiply* of two words is their 128-bit product with its two
+//! halves XORed: `a = fold(w0 ^ s0, w1 ^ s1)`, `b = fold(w2 ^ s2, w3 ^ s3)`,
+//! `h1 = fold(a ^ s4, b ^ s5)`, `h2 = fold(a ^ s6, b ^ s7)`. The high
+//! bits of `h1` pick the first bucket (a multiply and a shift, no
+//! division), those of `h2` the second among the others, and `h1`'s low 32
+//! bits are the fingerprint. Each output depends on every bit of the key
+//! and of the seed, so a set of keys chosen without knowing the seed lands
+//! as uniformly random keys do; it is the keyed multiply-mix of `foldhash`
+//! and `ahash`'s fallback, four multiplications a lookup, not a
+//! cryptographic function: an attacker who could learn a pool's placement
+//! (by timing its publishes, say) could aim keys at one pool's buckets, and
+//! would gain refused publishes of those keys, the cost of a cache miss.
+//! Keys from `hash_blocks` (SHA-256 states) are uniform already; for them
+//! the hash changes nothing but the cost (see `BENCHMARKS.md`).
+//!
+//! Two choices keep every bucket short, and 2.5 slots per block keep the
+//! emptier of a key's two buckets from being found full in practice: with
+//! every block cached a bucket holds 3.2 entries on average, and the
+//! emptier of two buckets holds more than 5 only at a few inserts in a
+//! million (the distribution under churn is in `BENCHMARKS.md`). If both
+//! are ever full, the publish leaves the block uncached. The library's
+//! hits equal the reference's on the conversation trace at every pool
+//! size, for uniform, sequential, low-entropy, correlated and crafted
+//! keys alike (`tests/prefix_replay.rs`).
+//!
+//! Bookkeeping per block: 8 (state) + 32 (key) + 20 (index) + 4 (release
+//! stamp) + 2 (eviction candidates) + 4 (free-list link) = 70 bytes.
 //!
 //! ## Publishing
 //!
@@ -798,7 +831,10 @@
 //! knows about loom. The facade holds the only other differences under a
 //! model checker: a retry after a possibly stale load yields (loom would
 //! otherwise let the load return the same stale value forever), threads
-//! are numbered by loom's per-execution thread-locals, and the faults of
+//! are numbered by loom's per-execution thread-locals, the prefix index's
+//! hash takes a fixed seed (so that every execution places every key in
+//! the same buckets, and the models can pick keys that share a first
+//! bucket), and the faults of
 //! loom's negative controls (a free list without its ABA tag, `Relaxed`
 //! frees, a blind undo of a raced free, a plain store for a sequence's
 //! last drop, a fork's reference added to a block whose count is 0, a
@@ -806,7 +842,9 @@
 //! of a referenced block, a publisher that does not kill a rival's claim,
 //! a claim without a reference of its own, a claim's last drop not given
 //! back, a publish that claims without looking its key up first, a claim
-//! that is a rival before its key is written, a fenced
+//! that is a rival before its key is written, lookups that read only a
+//! key's first index bucket, a rescan whose read-modify-write is in the
+//! bucket of the publisher's own entry, a fenced
 //! retirement that gives its references back at once, an admission fast
 //! path that takes with a plain store, a refused gather that keeps what it
 //! took, a waiter that queues without trying again, a cancelled waiter

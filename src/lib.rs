@@ -37,7 +37,9 @@
 //! * [`table`]: the block-table arithmetic `Sequence` applies, for block
 //!   tables kept elsewhere.
 //! * Prefix caching: [`hash_blocks`] computes the content keys
-//!   ([`BlockHash`]) of a prompt's full blocks;
+//!   ([`BlockHash`]) of a prompt's full blocks, and [`hash_blocks_with`]
+//!   also folds in tagged extra keys ([`ExtraKey`]: LoRA adapters, cache
+//!   salts, multimodal inputs) per block;
 //!   [`Sequence::publish`] caches a sequence's full blocks under them, and
 //!   [`Sequence::try_match_prefix`] takes the cached blocks of the longest
 //!   matching prefix into a new sequence. Unreferenced cached blocks count
@@ -196,8 +198,10 @@ mod wait;
 pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::wait::{Reserve, ReserveOwned};
 pub use counter::SlotCounter;
-pub use error::{ConfigError, FreeError, PositionError, ReleaseError, ReserveError};
-pub use hash::{hash_blocks, BlockHash};
+pub use error::{
+    ConfigError, ExtraKeyError, FreeError, PositionError, ReleaseError, ReserveError,
+};
+pub use hash::{hash_blocks, hash_blocks_with, BlockHash, ExtraKey};
 pub use id::BlockId;
 pub use pool::{Alloc, BlockPool, BlockPoolBuilder, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};

@@ -813,9 +813,9 @@ enum PoolOp {
 /// prefix).
 const FAMILY_KEYS: usize = 4;
 
-/// Key number `n`: its first two words (which pick its index buckets) are
-/// `n` and `n + 1`, so that every key can go in two different buckets and
-/// the index of these small pools never fills up; the rest is `n` spread.
+/// Key number `n`: its first two words are `n` and `n + 1`, the rest is
+/// `n` spread (the pool places keys by a hash of its own, so any distinct
+/// keys do).
 fn model_key(n: usize) -> BlockHash {
     let n = n as u64;
     let mut key = [0u8; 32];

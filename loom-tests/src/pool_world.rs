@@ -48,6 +48,8 @@ pub const SOUND: Faults = Faults {
     no_held_key_check: false,
     ignore_deferral: false,
     armed_claim: false,
+    first_bucket_only: false,
+    fence_own_bucket: false,
     late_enqueue: false,
     cancel_keeps_grant: false,
     cancel_no_recheck: false,
@@ -142,6 +144,23 @@ pub const IGNORE_DEFERRAL: Faults = Faults {
 /// an earlier claim of the block published.
 pub const ARMED_CLAIM: Faults = Faults {
     armed_claim: true,
+    ..SOUND
+};
+
+/// The two-bucket control of lookups: every lookup of a key in the prefix
+/// index (a match, a publish's check for a holder, its rescan) reads only
+/// the key's first bucket, so an entry in the second is never found.
+pub const FIRST_BUCKET_ONLY: Faults = Faults {
+    first_bucket_only: true,
+    ..SOUND
+};
+
+/// The two-bucket control of the publish protocol: a publisher's rescan
+/// makes its read-modify-write in the bucket its own entry went into, so
+/// two publishers whose entries went into different buckets share no
+/// word.
+pub const FENCE_OWN_BUCKET: Faults = Faults {
+    fence_own_bucket: true,
     ..SOUND
 };
 

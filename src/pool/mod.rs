@@ -870,7 +870,7 @@ impl BlockPoolBuilder {
 
     /// The heap memory, in bytes, that [`build`](Self::build) allocates for
     /// the pool's bookkeeping (per block: its state word, free-list link,
-    /// prefix-cache key, index slots and eviction stamp, about 64 bytes;
+    /// prefix-cache key, index slots and eviction stamp, about 70 bytes;
     /// per shard, a few cache lines), saturating at `usize::MAX`. The
     /// structures that grow with use (the wait queue, the fences' lists)
     /// are not counted. The KV cache itself is the caller's device memory,
