@@ -198,9 +198,7 @@ mod wait;
 pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::wait::{Reserve, ReserveOwned};
 pub use counter::SlotCounter;
-pub use error::{
-    ConfigError, ExtraKeyError, FreeError, PositionError, ReleaseError, ReserveError,
-};
+pub use error::{ConfigError, ExtraKeyError, FreeError, PositionError, ReleaseError, ReserveError};
 pub use hash::{hash_blocks, hash_blocks_with, BlockHash, ExtraKey};
 pub use id::BlockId;
 pub use pool::{Alloc, BlockPool, BlockPoolBuilder, PrefixStats};

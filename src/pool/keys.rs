@@ -403,7 +403,11 @@ mod tests {
 
     /// Keys and an index for `num_blocks` blocks, hashed under `seed`.
     fn keys_with(num_blocks: usize, seed: [u64; 8]) -> Keys {
-        Keys::with_mix(Keys::room(num_blocks).unwrap(), Faults::default(), Mix::new(seed))
+        Keys::with_mix(
+            Keys::room(num_blocks).unwrap(),
+            Faults::default(),
+            Mix::new(seed),
+        )
     }
 
     /// A key of four little-endian words.
