@@ -178,10 +178,14 @@ impl<B: KvBackend> Worker<B> {
         self.stats.call(watch, kind, f)
     }
 
+    /// A refused step: preempt and retry when the refusal is retryable
+    /// (`Full`; or `BehindWaiters`, which only a check-only group's first
+    /// prefill chunk, a new admission, can meet), a failed run otherwise.
     fn refused(e: ReserveError, what: &str) -> StepError {
-        match e {
-            ReserveError::Full { .. } => StepError::Refused,
-            other => StepError::Fatal(format!("{what}: unexpected {other:?}")),
+        if e.is_retryable() {
+            StepError::Refused
+        } else {
+            StepError::Fatal(format!("{what}: unexpected {e:?}"))
         }
     }
 
@@ -566,7 +570,8 @@ impl<B: KvBackend> Worker<B> {
         };
         match admitted {
             Ok(()) => {}
-            Err(ReserveError::Full { .. }) if seq.table().len() == matched => {
+            // Refused (short of blocks, or behind the allocator's waiters).
+            Err(e) if e.is_retryable() && seq.table().len() == matched => {
                 // Refused: the sequence holds only what it matched; it
                 // gives that back (as a server would) and is kept empty.
                 if matched > 0 {
@@ -682,7 +687,7 @@ impl<B: KvBackend> Worker<B> {
         });
         match waited {
             Ok(()) => {}
-            Err(ReserveError::Full { .. }) => return Ok(false),
+            Err(e) if e.is_retryable() => return Ok(false),
             Err(e) => {
                 return Err(StepError::Fatal(format!(
                     "blocking admission: unexpected {e:?}"
@@ -693,7 +698,7 @@ impl<B: KvBackend> Worker<B> {
             Admission::Reserve => {
                 match self.call(OpKind::Admit, || seq.try_reserve(req.prompt, wm)) {
                     Ok(()) => true,
-                    Err(ReserveError::Full { .. }) => false,
+                    Err(e) if e.is_retryable() => false,
                     Err(e) => return Err(StepError::Fatal(format!("admission: unexpected {e:?}"))),
                 }
             }
