@@ -67,13 +67,20 @@ pub enum ReserveError {
         /// had to leave free for them.
         owed: usize,
     },
-    /// The request (plus any headroom asked for) is larger than the whole
-    /// capacity: it can never be admitted, so a scheduler must reject it
-    /// outright instead of retrying it.
+    /// The request (plus any headroom asked for) is larger than all the
+    /// caller could ever be given: it can never be admitted, so a
+    /// scheduler must reject it outright instead of retrying or waiting.
+    ///
+    /// `capacity` is the allocator's whole capacity, except for a
+    /// [`Sequence`](crate::Sequence)'s calls, which cannot be given the
+    /// blocks the sequence itself holds while it asks: there it is the
+    /// pool's blocks less those (a sequence that holds 1 block of a pool
+    /// of 8 and asks for 8 more gets `NeverFits { requested: 8, capacity:
+    /// 7 }`, from the `try_*`, blocking and async forms alike).
     NeverFits {
         /// What the caller asked for.
         requested: usize,
-        /// The allocator's total capacity.
+        /// The most the caller could ever be given.
         capacity: usize,
     },
     /// The allocator was closed ([`SlotCounter::close`](crate::SlotCounter::close),

@@ -281,6 +281,7 @@ impl Sequence {
         // Nothing new needed? Then nothing to admit: the append only fills
         // blocks we hold (also on a closed pool, so workers can drain).
         if total > 0 {
+            self.fits_beside_own(total, 0)?;
             // A sequence that holds blocks is running: its growth does not
             // wait behind queued admissions; an empty one is a new admission.
             if self.blocks.is_empty() {
@@ -361,6 +362,7 @@ impl Sequence {
         if missing == 0 {
             return Ok(());
         }
+        self.fits_beside_own(missing, headroom)?;
         self.pool
             .try_alloc_with_headroom(missing, headroom, &mut self.blocks)
     }
@@ -399,9 +401,13 @@ impl Sequence {
     /// ```
     pub fn reserve(&mut self, tokens: usize, headroom: usize) -> Alloc<'_> {
         let missing = self.missing_for(tokens);
+        let fits = self.fits_beside_own(missing, headroom);
         let pool = &*self.pool;
         if missing == 0 {
             return pool.alloc_nothing(&mut self.blocks);
+        }
+        if let Err(err) = fits {
+            return pool.alloc_refused(err, &mut self.blocks);
         }
         pool.alloc_with_headroom(missing, headroom, &mut self.blocks)
     }
@@ -445,8 +451,29 @@ impl Sequence {
         if missing == 0 {
             return Ok(());
         }
+        self.fits_beside_own(missing, headroom)?;
         self.pool
             .alloc_with_headroom_blocking(missing, headroom, &mut self.blocks, timeout)
+    }
+
+    /// Whether `missing` more blocks, with `headroom` free besides, can ever
+    /// be taken beside the blocks this sequence holds (its table, and a
+    /// copy-on-write source it keeps): they stay held while it asks, so a
+    /// request larger than the rest of the pool is `NeverFits`, with that
+    /// rest as the capacity (or `Closed`, which wins after `close`).
+    fn fits_beside_own(&self, missing: usize, headroom: usize) -> Result<(), ReserveError> {
+        let held = self.blocks.len() + usize::from(self.retired.is_some());
+        let room = self.pool.num_blocks().saturating_sub(held);
+        if missing.saturating_add(headroom) <= room {
+            return Ok(());
+        }
+        if self.pool.is_closed() {
+            return Err(ReserveError::Closed);
+        }
+        Err(ReserveError::NeverFits {
+            requested: missing,
+            capacity: room,
+        })
     }
 
     /// How many blocks [`try_reserve`](Self::try_reserve) must add for
@@ -925,6 +952,7 @@ impl Sequence {
         // The fallible part first: a private block for a partly filled tail.
         if tail != 0 {
             // Growth of a running sequence, as in `try_append_cow`.
+            self.fits_beside_own(1, 0)?;
             self.pool.try_alloc_growth(1, &mut child.blocks)?;
         }
         // Share the full blocks; the child owns each reference (and the

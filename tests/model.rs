@@ -996,6 +996,25 @@ impl PoolModel {
         admission(n, headroom, self.free(), self.num_blocks, self.closed)
     }
 
+    /// The admission rule for sequence `i`'s calls: `n` blocks with
+    /// `headroom` can never be taken beside the blocks it holds (its table
+    /// and a kept copy-on-write source), which is `NeverFits` with the rest
+    /// of the pool as the capacity (`Closed` first after a close).
+    fn seq_admission(&self, i: usize, n: usize, headroom: usize) -> Result<(), ReserveError> {
+        let s = &self.seqs[i];
+        let room = self.num_blocks - s.blocks.len() - usize::from(s.retired.is_some());
+        if self.closed {
+            Err(ReserveError::Closed)
+        } else if n as u128 + headroom as u128 > room as u128 {
+            Err(ReserveError::NeverFits {
+                requested: n,
+                capacity: room,
+            })
+        } else {
+            self.admission(n, headroom)
+        }
+    }
+
     /// Records blocks just handed out: they must be distinct, in range and
     /// free before; each now has one reference.
     fn take_fresh(&mut self, step: usize, ids: &[BlockId]) -> Result<(), TestCaseError> {
@@ -1457,7 +1476,7 @@ impl PoolRun {
         let expected = if total == 0 {
             Ok(())
         } else {
-            m.admission(total, 0)
+            m.seq_admission(i, total, 0)
         };
         match (got, expected) {
             (Ok(r), Ok(())) => {
@@ -1560,7 +1579,11 @@ impl PoolRun {
         let bs = m.block_size;
         let parent = m.seqs[i].clone();
         let (full, tail) = (parent.len / bs, parent.len % bs);
-        let expected = if tail != 0 { m.admission(1, 0) } else { Ok(()) };
+        let expected = if tail != 0 {
+            m.seq_admission(i, 1, 0)
+        } else {
+            Ok(())
+        };
         match (seqs[i].try_fork(), expected) {
             (Ok((child, copy)), Ok(())) => {
                 prop_assert_eq!(child.len(), parent.len, "step {}: child len", step);

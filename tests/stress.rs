@@ -1340,10 +1340,18 @@ fn checked_append(seq: &mut Sequence, n: usize, shared: &SeqShared) -> bool {
                 "a refused append changed the table"
             );
             match e {
+                // What a sequence could ever be given: the pool less the
+                // blocks it holds (its table, and a copy-on-write source it
+                // may keep).
                 ReserveError::NeverFits {
                     requested,
                     capacity,
-                } => assert!(requested > capacity && capacity == num_blocks, "{e}"),
+                } => assert!(
+                    requested > capacity
+                        && capacity <= num_blocks - blocks.len()
+                        && capacity + 1 >= num_blocks - blocks.len(),
+                    "{e}"
+                ),
                 ReserveError::Full {
                     requested,
                     available,

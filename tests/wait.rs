@@ -940,3 +940,44 @@ fn a_blocking_call_unwinding_from_a_waker_leaves_the_queue() {
     assert_eq!((pool.waiters(), pool.used_blocks()), (0, 0));
     common::assert_pool_whole(&pool);
 }
+
+/// A sequence holding 1 block of a pool of 8 (4-token blocks) asks for 32
+/// tokens more: 8 blocks, which fit the pool but never beside its own
+/// block. `NeverFits` at once, from the `try_*`, blocking and async forms
+/// alike (with the blocks it could ever get as the capacity), nothing
+/// changed; what fits beside it still succeeds; after `close`, `Closed`.
+#[test]
+fn a_request_that_never_fits_beside_the_sequences_own_blocks_is_never_fits() {
+    let pool = Arc::new(BlockPool::new(8, 4));
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(1).unwrap();
+    let before = (common::seq_snap(&seq), common::pool_snap(&pool));
+    let never = |requested, capacity| ReserveError::NeverFits {
+        requested,
+        capacity,
+    };
+    assert_eq!(seq.try_reserve(32, 0), Err(never(8, 7)));
+    assert_eq!(seq.try_append(32), Err(never(8, 7)));
+    assert_eq!(seq.try_append_cow(32).unwrap_err(), never(8, 7));
+    assert_eq!(seq.try_reserve(28, 1), Err(never(7, 7))); // 7 + 1 of headroom
+    assert_eq!(seq.reserve_blocking(32, 0, None), Err(never(8, 7)));
+    assert_eq!(seq.reserve_blocking(28, 1, None), Err(never(7, 7)));
+    let (w, _) = waker();
+    assert_eq!(
+        poll_once(pin!(seq.reserve(32, 0)), &w),
+        Poll::Ready(Err(never(8, 7)))
+    );
+    assert_eq!((common::seq_snap(&seq), common::pool_snap(&pool)), before);
+    assert_eq!(pool.waiters(), 0);
+    // 7 more blocks fit beside it; then the pool is all its own, and a
+    // fork has no block for the copy of its partly filled tail.
+    seq.try_reserve(28, 0).unwrap();
+    seq.try_append(28).unwrap(); // 29 tokens in 8 blocks
+    let before = (common::seq_snap(&seq), common::pool_snap(&pool));
+    assert_eq!(seq.try_fork().unwrap_err(), never(1, 0));
+    assert_eq!(seq.try_append(4), Err(never(1, 0)));
+    assert_eq!((common::seq_snap(&seq), common::pool_snap(&pool)), before);
+    pool.close();
+    assert_eq!(seq.try_append(4), Err(ReserveError::Closed));
+    assert_eq!(seq.reserve_blocking(32, 0, None), Err(ReserveError::Closed));
+}

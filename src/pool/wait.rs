@@ -86,6 +86,19 @@ impl BlockPool {
         }
     }
 
+    /// An [`Alloc`] that resolves to `err` at once and allocates nothing.
+    pub(crate) fn alloc_refused<'a>(
+        &'a self,
+        err: ReserveError,
+        out: &'a mut Vec<BlockId>,
+    ) -> Alloc<'a> {
+        Alloc {
+            pool: self,
+            out,
+            wait: Waiter::refused(err),
+        }
+    }
+
     /// An [`Alloc`] that resolves to `Ok` at once and allocates nothing.
     pub(crate) fn alloc_nothing<'a>(&'a self, out: &'a mut Vec<BlockId>) -> Alloc<'a> {
         Alloc {

@@ -27,6 +27,8 @@ enum State {
     Start,
     /// Resolves to `Ok` at the first poll: nothing to take.
     Ready,
+    /// Resolves to this error at the first poll, taking nothing.
+    Refused(ReserveError),
     /// In the queue under this ticket.
     Queued(u64),
     /// Resolved.
@@ -49,6 +51,15 @@ impl Waiter {
             n: 0,
             headroom: 0,
             state: State::Ready,
+        }
+    }
+
+    /// A wait that resolves to `err` at once, taking nothing.
+    pub(crate) fn refused(err: ReserveError) -> Waiter {
+        Waiter {
+            n: 0,
+            headroom: 0,
+            state: State::Refused(err),
         }
     }
 
@@ -75,6 +86,7 @@ impl Waiter {
         let result = match self.state {
             State::Done => panic!("a kvslots wait future was polled after it completed"),
             State::Ready => Ok(()),
+            State::Refused(err) => Err(err),
             State::Start => match first_attempt(units, self.n, self.headroom) {
                 Some(done) => done,
                 None => {
