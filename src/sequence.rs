@@ -204,8 +204,18 @@ impl Sequence {
     ///
     /// # Errors
     ///
-    /// The pool's [`ReserveError`], counted in blocks: `Full`, `NeverFits`
-    /// (more blocks than the pool has, e.g. `n == usize::MAX`) or `Closed`.
+    /// The pool's [`ReserveError`], counted in blocks:
+    ///
+    /// * `NeverFits` if the new blocks can never fit beside the blocks this
+    ///   sequence holds (more than `num_blocks()` less those, e.g. `n ==
+    ///   usize::MAX`), with that rest of the pool as the capacity;
+    /// * `Full` if not enough blocks are free now;
+    /// * `BehindWaiters` for an empty sequence's first append (a new
+    ///   admission) when the blocks are free but owed to queued waiters;
+    ///   the append of a sequence that holds blocks is growth, which takes
+    ///   free blocks even while others wait;
+    /// * `Closed` after [`BlockPool::close`].
+    ///
     /// On error nothing changes.
     ///
     /// # Examples
@@ -334,8 +344,13 @@ impl Sequence {
     ///
     /// # Errors
     ///
-    /// As [`BlockPool::try_alloc_with_headroom`], counted in blocks; on
-    /// error nothing changes.
+    /// As [`BlockPool::try_alloc_with_headroom`], counted in blocks (a
+    /// reservation is a new admission: `BehindWaiters` while the blocks are
+    /// owed to queued waiters, also for a sequence that holds blocks),
+    /// except that `NeverFits` also covers what can never fit beside the
+    /// blocks this sequence holds: `missing + headroom` more than
+    /// `num_blocks()` less those, which is the error's capacity. On error
+    /// nothing changes.
     ///
     /// # Examples
     ///
@@ -383,9 +398,10 @@ impl Sequence {
     ///
     /// # Errors
     ///
-    /// `NeverFits` (at once) if `missing + headroom > num_blocks()`,
-    /// `Closed`; on error, and when the future is dropped before it
-    /// resolves, the sequence is unchanged.
+    /// `NeverFits` (at once) if `missing + headroom` can never fit beside
+    /// the blocks this sequence holds (more than `num_blocks()` less
+    /// those, the error's capacity), `Closed`; on error, and when the
+    /// future is dropped before it resolves, the sequence is unchanged.
     ///
     /// # Examples
     ///
@@ -420,8 +436,9 @@ impl Sequence {
     ///
     /// # Errors
     ///
-    /// `NeverFits` (at once), `Closed`, or `Full` when `timeout` runs out;
-    /// on error the sequence is unchanged.
+    /// `NeverFits` (at once, as for [`reserve`](Self::reserve)), `Closed`,
+    /// or, when `timeout` runs out, `Full` or `BehindWaiters` (see
+    /// [`BlockPool::alloc_blocking`]); on error the sequence is unchanged.
     ///
     /// # Examples
     ///
@@ -927,8 +944,9 @@ impl Sequence {
     ///
     /// # Errors
     ///
-    /// The pool's [`ReserveError`] if no block is free for the private tail;
-    /// then nothing changes.
+    /// The pool's [`ReserveError`] if no block is free for the private tail
+    /// (`NeverFits { requested: 1, capacity: 0 }` when every block of the
+    /// pool is this sequence's own); then nothing changes.
     ///
     /// # Examples
     ///

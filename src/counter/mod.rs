@@ -80,11 +80,13 @@ const SHIFT: u32 = 1;
 /// [`reserve`](Self::reserve) / [`reserve_owned`](Self::reserve_owned)
 /// return a future, [`reserve_blocking`](Self::reserve_blocking) puts the
 /// thread to sleep. Waiters are served strictly in arrival order, each
-/// granted whole or not at all, and while anyone waits the `try_*` calls
-/// leave what the head of the queue asks for (they refuse with
-/// [`Full`](ReserveError::Full) rather than take it), so a large request is
-/// not starved by a stream of small ones; a guard's `try_grow` (growth of
-/// what its holder already runs) does not wait behind them.
+/// granted whole or not at all; a new waiter queues behind those already
+/// queued, and while anyone waits the `try_*` calls leave free what the
+/// waiters are owed (they refuse with
+/// [`BehindWaiters`](ReserveError::BehindWaiters) rather than take it), so
+/// a large request is not starved by a stream of small ones; a guard's
+/// `try_grow` (growth of what its holder already runs) does not wait
+/// behind them.
 /// [`waiters`](Self::waiters) counts
 /// the queue. [`close`](Self::close) wakes every waiter with
 /// [`Closed`](ReserveError::Closed). The `try_*` calls stay lock-free (one
@@ -99,9 +101,9 @@ pub struct SlotCounter {
     peak: CachePadded<AtomicUsize>,
     /// Immutable after construction.
     capacity: usize,
-    /// The waiters, in arrival order. Its published words (what the head
-    /// is owed, the waiter count) sit in their own padded line, written only
-    /// by the waiting paths.
+    /// The waiters, in arrival order. Its published words (what the waiters
+    /// are owed, the waiter count) sit in their own padded line, written
+    /// only by the waiting paths.
     queue: WaitQueue,
 }
 

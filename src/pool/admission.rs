@@ -74,8 +74,8 @@ pub(super) struct Admission {
     faults: Faults,
     /// The waiters of [`BlockPool::alloc`](super::BlockPool::alloc) and its
     /// kin, in arrival order (`crate::wait`). Its published words (what the
-    /// head is owed, the waiter count) sit on their own padded line, written
-    /// only by the waiting paths.
+    /// waiters are owed, the waiter count) sit on their own padded line,
+    /// written only by the waiting paths.
     queue: WaitQueue,
 }
 
