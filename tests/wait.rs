@@ -981,3 +981,65 @@ fn a_request_that_never_fits_beside_the_sequences_own_blocks_is_never_fits() {
     assert_eq!(seq.try_append(4), Err(ReserveError::Closed));
     assert_eq!(seq.reserve_blocking(32, 0, None), Err(ReserveError::Closed));
 }
+
+/// One release that grants more waiters than one batch of wakes holds (32)
+/// wakes every one of them: the batch looks again after its first 32.
+#[test]
+fn a_release_wakes_every_waiter_it_grants_beyond_one_batch() {
+    const WAITERS: usize = 70;
+    let counter = SlotCounter::new(WAITERS);
+    let held = counter.try_reserve(WAITERS).unwrap();
+    let (w, count) = waker();
+    let mut futs: Vec<_> = (0..WAITERS).map(|_| Box::pin(counter.reserve(1))).collect();
+    for fut in &mut futs {
+        assert!(poll_once(fut.as_mut(), &w).is_pending());
+    }
+    assert_eq!(counter.waiters(), WAITERS);
+    drop(held);
+    assert_eq!(wakes(&count), WAITERS, "a granted waiter was not woken");
+    assert_eq!(counter.used(), WAITERS);
+    for fut in &mut futs {
+        assert!(matches!(poll_once(fut.as_mut(), &w), Poll::Ready(Ok(r)) if r.len() == 1));
+    }
+    assert_eq!((counter.used(), counter.waiters()), (0, 0));
+}
+
+/// A task whose waker polls its future inline, as a minimal executor may.
+struct InlinePoller {
+    fut: std::sync::Mutex<Option<Pin<Box<kvslots::ReserveOwned>>>>,
+    got: std::sync::Mutex<Option<usize>>,
+}
+
+impl Wake for InlinePoller {
+    fn wake(self: Arc<Self>) {
+        let waker = Waker::from(Arc::clone(&self));
+        let mut slot = self.fut.lock().unwrap();
+        if let Some(fut) = slot.as_mut() {
+            if let Poll::Ready(out) = poll_once(fut.as_mut(), &waker) {
+                *self.got.lock().unwrap() = Some(out.unwrap().len());
+                *slot = None;
+            }
+        }
+    }
+}
+
+/// Wakers run after the queue's lock: one that polls its future inline
+/// (which takes the lock to collect the grant) does not deadlock.
+#[test]
+fn a_waker_may_poll_inline() {
+    let counter = Arc::new(SlotCounter::new(2));
+    let held = counter.try_reserve_owned(2).unwrap();
+    let task = Arc::new(InlinePoller {
+        fut: std::sync::Mutex::new(Some(Box::pin(counter.reserve_owned(2)))),
+        got: std::sync::Mutex::new(None),
+    });
+    let waker = Waker::from(Arc::clone(&task));
+    {
+        let mut slot = task.fut.lock().unwrap();
+        let fut = slot.as_mut().unwrap();
+        assert!(poll_once(fut.as_mut(), &waker).is_pending());
+    }
+    drop(held); // grants the task, whose waker collects the grant inline
+    assert_eq!(*task.got.lock().unwrap(), Some(2));
+    assert_eq!((counter.used(), counter.waiters()), (0, 0));
+}

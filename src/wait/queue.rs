@@ -644,26 +644,27 @@ impl Drop for Batch<'_> {
         if self.wakes.done == self.wakes.len {
             return;
         }
-        // A waker panicked: the ones not called yet go back.
+        // A waker panicked: the ones not called yet go back to their
+        // entries (those still queued).
         let mut inner = self.queue.lock();
         for slot in &mut self.wakes.tasks[self.wakes.done..self.wakes.len] {
-            let Some((ticket, waker)) = slot.take() else {
+            let Some(&(ticket, _)) = slot.as_ref() else {
                 continue;
             };
-            if let Ok(index) = WaitQueue::search(&inner, ticket) {
-                let entry = &mut inner.entries[index];
-                if let Wake::Moved = entry.wake {
+            let Ok(index) = WaitQueue::search(&inner, ticket) else {
+                continue;
+            };
+            let entry = &mut inner.entries[index];
+            if matches!(entry.wake, Wake::Moved) {
+                if let Some((_, waker)) = slot.take() {
                     entry.wake = Wake::Task(waker);
                     entry.signalled = false;
-                    continue;
                 }
             }
-            inner.wakes.retired.push(waker);
         }
-        self.wakes.done = self.wakes.len;
-        // Whatever went to `retired` is dropped by the next holder's
-        // `unlock`, outside the lock.
         drop(inner);
+        // The wakers of entries gone meanwhile are dropped with the batch,
+        // after the lock.
     }
 }
 
