@@ -613,7 +613,10 @@
 //! itself holds (its table, and a copy-on-write source it keeps) while
 //! they wait or retry: a request larger than the pool less those is
 //! `NeverFits` at once, with that rest as the capacity, rather than a
-//! retryable `Full` or a wait that never ends.
+//! retryable `Full` or a wait that never ends. (An append does not count
+//! the block for a shared tail's copy there, which its other holders'
+//! drops make unneeded; a reservation, whose size is fixed when it is
+//! made, does.)
 //!
 //! **Where locks are taken.** Never on a `try_*` path, which adds one
 //! `Relaxed` load of `owed` (skipped for an empty request without

@@ -208,7 +208,10 @@ impl Sequence {
     ///
     /// * `NeverFits` if the new blocks can never fit beside the blocks this
     ///   sequence holds (more than `num_blocks()` less those, e.g. `n ==
-    ///   usize::MAX`), with that rest of the pool as the capacity;
+    ///   usize::MAX`), with that rest of the pool as the capacity (a block
+    ///   for the copy of a shared tail is not counted there: it is not
+    ///   needed once the tail's other holders let go, so without room for
+    ///   it the append is `Full`);
     /// * `Full` if not enough blocks are free now;
     /// * `BehindWaiters` for an empty sequence's first append (a new
     ///   admission) when the blocks are free but owed to queued waiters;
@@ -291,7 +294,9 @@ impl Sequence {
         // Nothing new needed? Then nothing to admit: the append only fills
         // blocks we hold (also on a closed pool, so workers can drain).
         if total > 0 {
-            self.fits_beside_own(total, 0)?;
+            // Only the new blocks can never come: a copy of a shared tail
+            // is not needed any more once its other holders let go.
+            self.never_fits_beside_own(total, new_blocks, 0)?;
             // A sequence that holds blocks is running: its growth does not
             // wait behind queued admissions; an empty one is a new admission.
             if self.blocks.is_empty() {
@@ -377,7 +382,7 @@ impl Sequence {
         if missing == 0 {
             return Ok(());
         }
-        self.fits_beside_own(missing, headroom)?;
+        self.never_fits_beside_own(missing, missing, headroom)?;
         self.pool
             .try_alloc_with_headroom(missing, headroom, &mut self.blocks)
     }
@@ -417,7 +422,7 @@ impl Sequence {
     /// ```
     pub fn reserve(&mut self, tokens: usize, headroom: usize) -> Alloc<'_> {
         let missing = self.missing_for(tokens);
-        let fits = self.fits_beside_own(missing, headroom);
+        let fits = self.never_fits_beside_own(missing, missing, headroom);
         let pool = &*self.pool;
         if missing == 0 {
             return pool.alloc_nothing(&mut self.blocks);
@@ -468,27 +473,33 @@ impl Sequence {
         if missing == 0 {
             return Ok(());
         }
-        self.fits_beside_own(missing, headroom)?;
+        self.never_fits_beside_own(missing, missing, headroom)?;
         self.pool
             .alloc_with_headroom_blocking(missing, headroom, &mut self.blocks, timeout)
     }
 
-    /// Whether `missing` more blocks, with `headroom` free besides, can ever
-    /// be taken beside the blocks this sequence holds (its table, and a
-    /// copy-on-write source it keeps): they stay held while it asks, so a
-    /// request larger than the rest of the pool is `NeverFits`, with that
-    /// rest as the capacity (or `Closed`, which wins after `close`).
-    fn fits_beside_own(&self, missing: usize, headroom: usize) -> Result<(), ReserveError> {
+    /// `NeverFits` for a call that asks for `asked` blocks, of which
+    /// `needed` can never be taken beside the blocks this sequence holds
+    /// (its table, and a copy-on-write source it keeps) with `headroom`
+    /// free besides: those stay held while it asks, so the rest of the
+    /// pool is all it can ever get, and is the error's capacity. (`Closed`
+    /// wins after `close`.)
+    fn never_fits_beside_own(
+        &self,
+        asked: usize,
+        needed: usize,
+        headroom: usize,
+    ) -> Result<(), ReserveError> {
         let held = self.blocks.len() + usize::from(self.retired.is_some());
         let room = self.pool.num_blocks().saturating_sub(held);
-        if missing.saturating_add(headroom) <= room {
+        if needed.saturating_add(headroom) <= room {
             return Ok(());
         }
         if self.pool.is_closed() {
             return Err(ReserveError::Closed);
         }
         Err(ReserveError::NeverFits {
-            requested: missing,
+            requested: asked,
             capacity: room,
         })
     }
@@ -970,7 +981,7 @@ impl Sequence {
         // The fallible part first: a private block for a partly filled tail.
         if tail != 0 {
             // Growth of a running sequence, as in `try_append_cow`.
-            self.fits_beside_own(1, 0)?;
+            self.never_fits_beside_own(1, 1, 0)?;
             self.pool.try_alloc_growth(1, &mut child.blocks)?;
         }
         // Share the full blocks; the child owns each reference (and the

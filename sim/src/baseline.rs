@@ -638,8 +638,8 @@ impl MutexPool {
     /// last block) is shared; returns whether the copy-on-write is needed.
     /// All or nothing, like `kvslots::Sequence::try_append`.
     ///
-    /// `held`: the blocks the sequence holds, which it cannot be given: a
-    /// growth larger than the rest of the pool is `NeverFits`.
+    /// `held`: the blocks the sequence holds, which it cannot be given: new
+    /// blocks past the rest of the pool are `NeverFits`.
     fn try_grow(
         &self,
         new_blocks: usize,
@@ -665,8 +665,10 @@ impl MutexPool {
             }
             return Ok(cow);
         }
+        // Only the new blocks can never come (a shared tail's copy is not
+        // needed once its other holders let go), as in kvslots.
         let room = self.num_blocks.saturating_sub(held);
-        if total > room {
+        if new_blocks > room {
             return Err(ReserveError::NeverFits {
                 requested: total,
                 capacity: room,
