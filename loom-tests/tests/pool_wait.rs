@@ -56,6 +56,7 @@ use loom_tests::pool_world::{
     check, Allocs, PoolWorld, GROWTH_WAITS, LATE_ENQUEUE, OWED_WITHOUT_HEADROOM, QUIET_GATHER,
     SOUND, UNFENCED_WAIT, WAKE_BEFORE_COUNT,
 };
+use loom_tests::Flag;
 
 /// A pool of `num_blocks` one-slot blocks over two shards.
 fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
@@ -295,29 +296,6 @@ fn growth_past_queued_head_sound() {
 #[should_panic(expected = "growth refused behind a queued head")]
 fn growth_past_queued_head_growth_waits_is_caught() {
     growth_past_queued_head(GROWTH_WAITS);
-}
-
-/// A waker that records that it was woken.
-#[derive(Default)]
-struct Flag(AtomicBool);
-
-impl Wake for Flag {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        // Release: pairs with the Acquire in `was_woken` (the flag is a
-        // model-side witness; the queue's lock orders the grant itself).
-        self.0.store(true, Ordering::Release);
-    }
-}
-
-impl Flag {
-    fn was_woken(&self) -> bool {
-        // Acquire: pairs with the Release in `wake_by_ref`.
-        self.0.load(Ordering::Acquire)
-    }
 }
 
 /// Polls `fut` once with `waker`.

@@ -30,40 +30,18 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use kvslots::__model::{counter_with_faults, AtomicBool, Faults, Ordering};
+use kvslots::__model::{counter_with_faults, Faults};
 use kvslots::{ReserveError, ReserveOwned, SlotCounter};
 use loom::thread;
 use loom_tests::pool_world::{check, SOUND};
+use loom_tests::Flag;
 
 /// What the models report when a queued async waiter is never woken: a
 /// deadlock, as loom reports for a blocking one.
 const LOST_WAKEUP: &str = "lost wakeup (deadlock)";
-
-/// A waker that records that it was woken.
-#[derive(Default)]
-struct Flag(AtomicBool);
-
-impl Wake for Flag {
-    fn wake(self: Arc<Self>) {
-        self.wake_by_ref();
-    }
-
-    fn wake_by_ref(self: &Arc<Self>) {
-        // Release: pairs with the Acquire in `was_woken` (the flag is a
-        // model-side witness; the queue's lock orders the grant itself).
-        self.0.store(true, Ordering::Release);
-    }
-}
-
-impl Flag {
-    fn was_woken(&self) -> bool {
-        // Acquire: pairs with the Release in `wake_by_ref`.
-        self.0.load(Ordering::Acquire)
-    }
-}
 
 /// What a resolved wait gave: the guard's length, or the error.
 type Outcome = Result<usize, ReserveError>;
