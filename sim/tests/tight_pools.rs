@@ -1,6 +1,7 @@
-//! Tight pools where every request fits but few fit at once: the runs of
-//! issue 29 that hung or stalled on kvslots while the mutex baseline
-//! finished. Each configuration runs many times on both allocators over
+//! Tight pools where every request that fits runs alone, but few run at
+//! once, with and without waiting in the allocator. Each configuration
+//! (the CLI flags it stands for are in its test's doc) runs many times on
+//! both allocators over
 //! the small trace `tests/fixtures/tight-pool-small.csv` (48 requests,
 //! prompts of 1 to 100 tokens; read ten times over, so that workers
 //! contend), and every run must finish with every invariant holding and
@@ -27,8 +28,8 @@ const FIXTURE: &str = concat!(
 const RUNS: usize = 12;
 
 /// The most allocator calls one worker may make in a row while no
-/// request finishes anywhere. A run that finishes makes a few thousand
-/// calls in all; a livelock makes millions.
+/// request finishes anywhere: far above what a run that makes progress
+/// needs, far below what a livelock makes before the stall guard ends it.
 const CALLS_WITHOUT_PROGRESS: u64 = 200_000;
 
 /// The fixture, read `times` times over (the ids renumbered).
@@ -116,8 +117,8 @@ fn check(s: &RunStats, reqs: &[Request], fitting: u64, run: usize) {
 }
 
 /// `--memory-gib 0.001953125 --workers 8 --admission check`: one block,
-/// check-only admission (hung in 3 of 4 runs: every check-only grant went
-/// back to the next waiter, every first prefill chunk was refused).
+/// check-only admission (an idle worker's waited check keeps its block as
+/// the prompt's first, or the next waiter would get it first, every time).
 #[test]
 fn one_block_check_only_admission_finishes() {
     runs_finish(&tight(1, 8, Some(Admission::Check)));
@@ -137,8 +138,7 @@ fn two_blocks_finish() {
     }
 }
 
-/// `--memory-gib 0.03125 --workers 16 --admission check`: 16 blocks
-/// (stalled in 5 of 6 runs).
+/// `--memory-gib 0.03125 --workers 16 --admission check`: 16 blocks.
 #[test]
 fn sixteen_blocks_sixteen_workers_check_only_finish() {
     runs_finish(&tight(16, 16, Some(Admission::Check)));
@@ -146,7 +146,7 @@ fn sixteen_blocks_sixteen_workers_check_only_finish() {
 
 /// `--memory-gib 0.015625 --workers 64 --admission reserve --spec 4
 /// --max-running 2 --watermark 0`: 8 blocks, 64 workers, speculative
-/// decoding (stalled in 3 of 8 runs).
+/// decoding.
 #[test]
 fn eight_blocks_sixty_four_workers_speculative_finish() {
     let mut t = tight(8, 64, Some(Admission::Reserve));
