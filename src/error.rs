@@ -33,23 +33,54 @@ pub enum ReserveError {
     /// Not enough free right now; it may fit once others release.
     ///
     /// `available` is a value the allocator really held at the moment it
-    /// refused (the linearization point of the refusal), not a later guess.
-    /// While waiters are queued, a `try_*` call also leaves free what the
-    /// first of them asks for, so `available` can then be at least
-    /// `requested` (see [Waiting](crate::implementation#waiting)).
+    /// refused (the linearization point of the refusal), not a later guess,
+    /// and it is less than `requested` plus the headroom the call asked to
+    /// leave free (so `available >= requested` only when headroom was asked
+    /// for).
     Full {
         /// What the caller asked for.
         requested: usize,
         /// What was free when the request was refused.
         available: usize,
     },
-    /// The request (plus any headroom asked for) is larger than the whole
-    /// capacity: it can never be admitted, so a scheduler must reject it
-    /// outright instead of retrying it.
+    /// Enough was free for the request (and its headroom), but not beside
+    /// what the queued waiters are owed: a new `try_*` admission does not
+    /// pass the wait queue ([`SlotCounter::reserve`](crate::SlotCounter::reserve),
+    /// [`BlockPool::alloc`](crate::BlockPool::alloc) and their kin). It
+    /// may fit once the waiters are served; retryable, like `Full`.
+    ///
+    /// At the moment of the refusal (its linearization point), `available`
+    /// units were free, with `requested + headroom <= available <
+    /// requested + headroom + owed`. `owed` is what the waiters then queued
+    /// needed to be granted, each in arrival order with its own headroom
+    /// free (see [Waiting](crate::implementation#waiting)). Only calls that
+    /// admit something new get it; the growth of what a caller already
+    /// holds (a guard's `try_grow`, an append to a
+    /// [`Sequence`](crate::Sequence) that holds blocks, a fork) does not
+    /// wait behind the queue, and a waiting call never resolves to it.
+    BehindWaiters {
+        /// What the caller asked for.
+        requested: usize,
+        /// What was free when the request was refused.
+        available: usize,
+        /// What the queued waiters were owed: the units a new admission
+        /// had to leave free for them.
+        owed: usize,
+    },
+    /// The request (plus any headroom asked for) is larger than all the
+    /// caller could ever be given: it can never be admitted, so a
+    /// scheduler must reject it outright instead of retrying or waiting.
+    ///
+    /// `capacity` is the allocator's whole capacity, except for a
+    /// [`Sequence`](crate::Sequence)'s calls, which cannot be given the
+    /// blocks the sequence itself holds while it asks: there it is the
+    /// pool's blocks less those (a sequence that holds 1 block of a pool
+    /// of 8 and asks for 8 more gets `NeverFits { requested: 8, capacity:
+    /// 7 }`, from the `try_*`, blocking and async forms alike).
     NeverFits {
         /// What the caller asked for.
         requested: usize,
-        /// The allocator's total capacity.
+        /// The most the caller could ever be given.
         capacity: usize,
     },
     /// The allocator was closed ([`SlotCounter::close`](crate::SlotCounter::close),
@@ -60,7 +91,8 @@ pub enum ReserveError {
 
 impl ReserveError {
     /// Whether retrying the same request later can succeed (only
-    /// [`ReserveError::Full`] is transient).
+    /// [`ReserveError::Full`] and [`ReserveError::BehindWaiters`] are
+    /// transient).
     ///
     /// # Examples
     ///
@@ -68,11 +100,15 @@ impl ReserveError {
     /// use kvslots::ReserveError;
     ///
     /// assert!(ReserveError::Full { requested: 2, available: 1 }.is_retryable());
+    /// assert!(ReserveError::BehindWaiters { requested: 2, available: 3, owed: 2 }.is_retryable());
     /// assert!(!ReserveError::NeverFits { requested: 9, capacity: 8 }.is_retryable());
     /// assert!(!ReserveError::Closed.is_retryable());
     /// ```
     pub const fn is_retryable(&self) -> bool {
-        matches!(self, ReserveError::Full { .. })
+        matches!(
+            self,
+            ReserveError::Full { .. } | ReserveError::BehindWaiters { .. }
+        )
     }
 }
 
@@ -83,6 +119,14 @@ impl fmt::Display for ReserveError {
                 requested,
                 available,
             } => write!(f, "requested {requested} but only {available} available"),
+            ReserveError::BehindWaiters {
+                requested,
+                available,
+                owed,
+            } => write!(
+                f,
+                "requested {requested} with {available} available, but {owed} are owed to queued waiters"
+            ),
             ReserveError::NeverFits {
                 requested,
                 capacity,

@@ -996,6 +996,32 @@ impl PoolModel {
         admission(n, headroom, self.free(), self.num_blocks, self.closed)
     }
 
+    /// The admission rule for sequence `i`'s calls that ask for `n`
+    /// blocks with `headroom`, of which `needed` (all but a shared tail's
+    /// copy) can never be taken beside the blocks it holds (its table and
+    /// a kept copy-on-write source): `NeverFits` with the rest of the pool
+    /// as the capacity (`Closed` first after a close).
+    fn seq_admission(
+        &self,
+        i: usize,
+        n: usize,
+        needed: usize,
+        headroom: usize,
+    ) -> Result<(), ReserveError> {
+        let s = &self.seqs[i];
+        let room = self.num_blocks - s.blocks.len() - usize::from(s.retired.is_some());
+        if self.closed {
+            Err(ReserveError::Closed)
+        } else if needed as u128 + headroom as u128 > room as u128 {
+            Err(ReserveError::NeverFits {
+                requested: n,
+                capacity: room,
+            })
+        } else {
+            self.admission(n, headroom)
+        }
+    }
+
     /// Records blocks just handed out: they must be distinct, in range and
     /// free before; each now has one reference.
     fn take_fresh(&mut self, step: usize, ids: &[BlockId]) -> Result<(), TestCaseError> {
@@ -1457,7 +1483,8 @@ impl PoolRun {
         let expected = if total == 0 {
             Ok(())
         } else {
-            m.admission(total, 0)
+            let new_blocks = usize::try_from(new_blocks).unwrap_or(usize::MAX);
+            m.seq_admission(i, total, new_blocks, 0)
         };
         match (got, expected) {
             (Ok(r), Ok(())) => {
@@ -1560,7 +1587,11 @@ impl PoolRun {
         let bs = m.block_size;
         let parent = m.seqs[i].clone();
         let (full, tail) = (parent.len / bs, parent.len % bs);
-        let expected = if tail != 0 { m.admission(1, 0) } else { Ok(()) };
+        let expected = if tail != 0 {
+            m.seq_admission(i, 1, 1, 0)
+        } else {
+            Ok(())
+        };
         match (seqs[i].try_fork(), expected) {
             (Ok((child, copy)), Ok(())) => {
                 prop_assert_eq!(child.len(), parent.len, "step {}: child len", step);

@@ -143,6 +143,17 @@ pub struct Faults {
     /// sequence's append is refused behind a queued admission.
     #[cfg(kvslots_loom)]
     pub growth_waits: bool,
+    /// The wait queue tells new admissions to leave free only what its
+    /// head asks for, without the head's headroom and without the waiters
+    /// behind it: a relay of small admissions starves a head that asks for
+    /// headroom.
+    #[cfg(kvslots_loom)]
+    pub owed_without_headroom: bool,
+    /// The grant loop wakes the head it took units for before it counts the
+    /// grant: a waker that panics leaves the units taken for an entry that
+    /// still looks pending, and they are lost when it leaves.
+    #[cfg(kvslots_loom)]
+    pub wake_before_count: bool,
 }
 
 impl Faults {
@@ -343,6 +354,29 @@ impl Faults {
     pub(crate) fn growth_waits(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.growth_waits {
+            return true;
+        }
+        false
+    }
+
+    /// Whether the wait queue publishes only its head's request as what
+    /// new admissions must leave free: `false`, or `true` under
+    /// `owed_without_headroom`.
+    #[inline]
+    pub(crate) fn owed_without_headroom(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.owed_without_headroom {
+            return true;
+        }
+        false
+    }
+
+    /// Whether the grant loop wakes a head before counting its grant:
+    /// `false`, or `true` under `wake_before_count`.
+    #[inline]
+    pub(crate) fn wake_before_count(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.wake_before_count {
             return true;
         }
         false
