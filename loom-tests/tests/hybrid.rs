@@ -39,7 +39,8 @@ use kvslots::{
 };
 use loom::thread;
 use loom_tests::pool_world::{
-    check, PoolWorld, PER_GROUP_ADMISSION, RECYCLE_SHARED, RELAXED_FREE, SOUND, UNRECONCILED_MATCH,
+    check, check_long, PoolWorld, PER_GROUP_ADMISSION, RECYCLE_SHARED, RELAXED_FREE, SOUND,
+    UNRECONCILED_MATCH,
 };
 
 /// Token slots per block in every model here.
@@ -302,7 +303,7 @@ fn window_vs_match_recycle_shared_is_caught() {
 /// Under `unreconciled_match` the full group keeps `f1` when the sliding
 /// group settles at 1: a table that disagrees with the length.
 fn match_vs_evicting_append(faults: Faults) {
-    check(move || {
+    check_long(10_000, move || {
         let world = PoolWorld::new(5, BS, SOUND, "sequence");
         let groups = sliding_then_full(BS);
         let keys = keys(&groups, 2);

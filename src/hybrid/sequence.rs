@@ -75,11 +75,11 @@ pub struct HybridSequence<A: BlockAllocator + ?Sized = BlockPool> {
     /// The blocks of one call on their way to the tables; empty between
     /// calls (the drop gives back any a panic left here).
     scratch: Vec<BlockId>,
-    /// Per group, the blocks the call in progress takes and whether it
-    /// copies the group's tail: planned once, before the admission, since
-    /// a tail's need for a copy may change meanwhile (another holder lets
-    /// go).
-    plans: Box<[(usize, bool)]>,
+    /// Per group, the blocks the call in progress takes, how many of them
+    /// its tokens need, and whether it copies the group's tail: planned
+    /// once, before the admission, since a tail's need for a copy may
+    /// change meanwhile (another holder lets go).
+    plans: Box<[(usize, usize, bool)]>,
     /// The faults of loom's negative controls (none outside loom).
     faults: Faults,
 }
@@ -133,7 +133,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         let per_group = crate::table::entries(tokens, pool.block_size(), pool.num_blocks());
         HybridSequence {
             scratch: Vec::with_capacity(per_group.saturating_mul(groups.len())),
-            plans: vec![(0, false); groups.len()].into_boxed_slice(),
+            plans: vec![(0, 0, false); groups.len()].into_boxed_slice(),
             groups,
             tables,
             faults,
@@ -517,12 +517,13 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         let bs = self.pool().block_size();
         // Plan: the blocks each group takes, and whether it copies its
         // tail (nothing changes until the admission succeeded).
-        let mut total = 0usize;
+        let (mut total, mut new_blocks) = (0usize, 0usize);
         let mut any_cow = false;
         for (t, plan) in self.tables.iter().zip(self.plans.iter_mut()) {
             *plan = t.plan_append(n);
             total = total.saturating_add(plan.0);
-            any_cow |= plan.1;
+            new_blocks = new_blocks.saturating_add(plan.1);
+            any_cow |= plan.2;
         }
         assert!(
             !any_cow || copies.is_some(),
@@ -533,11 +534,12 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         // The windows' blocks to give back, and how many of them can take
         // the place of new blocks.
         let recycle_shared = self.faults.recycle_shared();
-        let mut reusable = 0;
-        if fence.is_none() {
-            for (t, kind) in self.tables.iter().zip(self.groups.as_slice()) {
-                let upto = kind.first_needed_block(old_len, bs);
-                let from = t.null.min(upto);
+        let (mut reusable, mut leaving) = (0, 0);
+        for (t, kind) in self.tables.iter().zip(self.groups.as_slice()) {
+            let upto = kind.first_needed_block(old_len, bs);
+            let from = t.null.min(upto);
+            leaving += upto - from;
+            if fence.is_none() {
                 reusable += t.blocks[from..upto]
                     .iter()
                     .filter(|&&id| recycle_shared || !t.pool().needs_copy(id))
@@ -550,6 +552,11 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         let asked = total - recycle;
         self.scratch.clear();
         if asked > 0 {
+            // Only the new blocks can never come (a copy of a shared tail
+            // is not needed once its other holders let go), beside what
+            // the sequence keeps once its windows moved on.
+            let needed = new_blocks.saturating_sub(recycle);
+            self.never_fits_beside_own(asked, needed, 0, leaving)?;
             self.admit(asked)?;
         }
         // Commit: the windows first (their reusable blocks join the
@@ -559,7 +566,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             t.skip_to(upto, fence, &mut self.scratch, &mut recycle, recycle_shared);
         }
         let mut next = 0;
-        for (t, &(need, cow)) in self.tables.iter_mut().zip(self.plans.iter()) {
+        for (t, &(need, _, cow)) in self.tables.iter_mut().zip(self.plans.iter()) {
             t.blocks.extend_from_slice(&self.scratch[next..next + need]);
             next += need;
             let (_, copy) = t.commit_append(n, cow);
@@ -570,6 +577,36 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         debug_assert_eq!(next, self.scratch.len());
         self.scratch.clear();
         Ok(old_len..old_len + n)
+    }
+
+    /// `NeverFits` for a call that asks the pool for `asked` blocks, of
+    /// which `needed` can never be taken, with `headroom` free besides,
+    /// beside the blocks the sequence holds (all its tables, less the
+    /// `leaving` ones its windows give back in the call): the rest of the
+    /// pool is all it can ever get, and is the error's capacity. (`Closed`
+    /// wins after `close`.)
+    fn never_fits_beside_own(
+        &self,
+        asked: usize,
+        needed: usize,
+        headroom: usize,
+        leaving: usize,
+    ) -> Result<(), ReserveError> {
+        let held = self.tables.iter().map(Sequence::held).sum::<usize>();
+        let pool = self.pool();
+        let room = pool
+            .num_blocks()
+            .saturating_sub(held.saturating_sub(leaving));
+        if needed.saturating_add(headroom) <= room {
+            return Ok(());
+        }
+        if pool.is_closed() {
+            return Err(ReserveError::Closed);
+        }
+        Err(ReserveError::NeverFits {
+            requested: asked,
+            capacity: room,
+        })
     }
 
     /// Takes `n > 0` blocks into the scratch list: growth of a running
@@ -644,6 +681,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         if missing == 0 {
             return Ok(());
         }
+        self.never_fits_beside_own(missing, missing, headroom, 0)?;
         self.scratch.clear();
         let pool = Arc::clone(self.pool());
         pool.try_alloc_with_headroom(missing, headroom, &mut self.scratch)?;
@@ -686,6 +724,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         if missing == 0 {
             return Ok(());
         }
+        self.never_fits_beside_own(missing, missing, headroom, 0)?;
         self.scratch.clear();
         let pool = Arc::clone(self.pool());
         pool.alloc_with_headroom_blocking(missing, headroom, &mut self.scratch, timeout)?;
@@ -698,8 +737,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     fn missing_for(&mut self, tokens: usize) -> usize {
         let mut sum = 0usize;
         for (t, plan) in self.tables.iter().zip(self.plans.iter_mut()) {
-            *plan = (t.missing_for(tokens), false);
-            sum = sum.saturating_add(plan.0);
+            let missing = t.missing_for(tokens);
+            *plan = (missing, missing, false);
+            sum = sum.saturating_add(missing);
         }
         sum
     }
@@ -708,7 +748,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// planned by [`missing_for`](Self::missing_for).
     fn distribute_reserved(&mut self) {
         let mut next = 0;
-        for (t, &(need, _)) in self.tables.iter_mut().zip(self.plans.iter()) {
+        for (t, &(need, _, _)) in self.tables.iter_mut().zip(self.plans.iter()) {
             t.blocks.extend_from_slice(&self.scratch[next..next + need]);
             next += need;
         }
@@ -928,6 +968,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         let mut child =
             HybridSequence::with_faults(Arc::clone(&pool), self.groups.clone(), len, self.faults);
         if private > 0 {
+            self.never_fits_beside_own(private, private, 0, 0)?;
             pool.try_alloc_growth(private, &mut child.scratch)?;
             // Popped in group order below.
             child.scratch.reverse();
@@ -1194,6 +1235,7 @@ impl HybridSequence<BlockPool> {
         if missing == 0 {
             return Ok(());
         }
+        self.never_fits_beside_own(missing, missing, headroom, 0)?;
         let pool = Arc::clone(self.pool());
         // The list travels with the future, so that a cancelled wait
         // leaves the sequence untouched (the pool's future gives back
