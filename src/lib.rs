@@ -30,6 +30,19 @@
 //!   [`Sequence::try_append_cow`] is the append after a truncate into a
 //!   block shared with a fork, returning the copy-on-write to make
 //!   ([`Sequence::try_append`] panics there rather than lose it).
+//! * [`HybridSequence`]: one sequence of a hybrid model (Gemma 2/3,
+//!   gpt-oss, Mistral's sliding-window models: sliding-window layers beside
+//!   full-attention ones), a [`Sequence`] table per group of layers
+//!   ([`KvGroups`] of [`KvGroup::Full`] and [`KvGroup::SlidingWindow`]) over
+//!   one pool. Its appends, reservations and forks take every group's
+//!   blocks with one admission, all or nothing across the groups; a
+//!   sliding group gives back, in the same append, the blocks wholly
+//!   before its window ([`BlockId::NULL`] entries in its table), reusing
+//!   them for the append's new blocks when it holds them alone; its
+//!   prefix match ([`HybridSequence::try_match_prefix`], with each group's
+//!   [`GroupKeys`]) takes the longest prefix every group can serve (a full
+//!   group needs every block, a sliding group only its window at the
+//!   hit).
 //! * [`BlockAllocator`]: what a sequence needs from its pool, as a trait:
 //!   `Sequence<A = BlockPool>` runs over any allocator (the simulator's
 //!   mutex baseline is one), a trait object included.
@@ -188,6 +201,7 @@
 //! | a key is on at most one block (first wins), and a publish that returns without caching its key saw a block holding it: a rival it deferred to commits or looks again | loom models of two and three publishes of one key and of a rival's block reclaimed under another key (controls: a publisher that does not kill a rival, a claim that gives up on a deferral, a claim that rivals can see before its key is written); shuttle PCT and real-thread races of three publishes |
 //! | no heap allocation on the hot paths | a counting global allocator |
 //! | a layer not chosen takes no memory (12 bytes a block for the core pool, 58 more for the prefix cache); on a pool without the prefix cache its calls cache nothing and change nothing; a core pool behaves as a full one in everything else | a counting global allocator (`tests/footprint.rs`); `tests/layers.rs`: each prefix call's result and the unchanged state, random scripts with the same outcomes on both kinds of pool |
+//! | a `HybridSequence` takes every group's blocks with one admission (never some groups' blocks without the others'); a window gives back only blocks no later token reads, and reuses only blocks it holds alone and uncached; a match holds exactly what every group needs at the hit, under each group's own keys | `tests/hybrid_model.rs` (random scripts against a reference model: shapes, null entries, references, the hit by brute force); `tests/hybrid.rs` (every rule and bad input, the state unchanged on refusal); loom models of two hybrid sequences (controls: admission group by group, reuse without the check, a match that settles each group once, a `Relaxed` give-back); the simulator's hybrid presets, checked by its oracle per group |
 //! | a `Sequence` keeps its rules over any `BlockAllocator` | `tests/allocator.rs` (a third allocator, with the trait's default prefix calls, and trait objects); the simulator runs its mutex baseline as a `MutexPool` under the same `Sequence`, checked by its oracle, with parity of results on random scripts (`sim/tests/parity.rs`) |
 //! | waiters are served whole, in arrival order, with or without headroom, with no lost wake-up; a new caller (waiting or `try_*`) never passes a queued waiter, and a `try_*` refused for the waiters says so (`BehindWaiters`); cancellation and timeouts hand on what was granted; a waker that panics loses no block; `close` wakes every waiter | unit tests (`tests/wait.rs`: a relay of small admissions against a head with headroom, on real threads, bounded by rounds; a later waiter behind a headroom head; wakers that panic); loom models with controls for a lost wake-up (a waiter that does not try again once queued; a waiter without its hand-shake), a cancelled grant kept, a cancelled head that re-checks no one, a silent close; pool waiting over shards (loom: a release on another shard than the waiter's, a waiter against a gather holding blocks in transit, a running sequence's growth past a queued head, a headroom head against a relay of small admissions, a waker that panics against two releases; controls: no hand-shake, no retry once queued, a gather that gives blocks back without re-checking the waiters, growth that waits behind the head, a queue that owes admissions only its head's request, a head woken before its grant is counted); shuttle FIFO, head-starvation and random-cancellation models; a tokio stress test |
 //!

@@ -672,14 +672,7 @@ fn check_runnable(
     let (nb, bs) = (sizing.num_blocks, sizing.block_size);
     let runs = |r: &Request| {
         let profile = engine.profile(r.id, bs);
-        !engine::never_fits(
-            r,
-            &profile,
-            engine.watermark_blocks,
-            nb,
-            bs,
-            engine.groups.len(),
-        )
+        !engine::never_fits(r, &profile, engine, nb, bs)
     };
     if !requests.iter().any(runs) {
         return Err(InputError(format!(

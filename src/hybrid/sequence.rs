@@ -398,9 +398,13 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// # Errors
     ///
     /// The pool's [`ReserveError`], for the blocks of all the groups
-    /// together (less those the windows free for reuse): `Full`,
-    /// `NeverFits` or `Closed`. On error nothing changes: no table, no
-    /// window.
+    /// together (less those the windows free for reuse), as
+    /// [`Sequence::try_append`] counts them: `NeverFits` if the new blocks
+    /// can never fit beside the blocks the sequence keeps (the pool's
+    /// blocks less those, the error's capacity); `Full`; `BehindWaiters`
+    /// for a sequence that holds no block yet (a new admission) while the
+    /// free blocks are owed to queued waiters; `Closed`. On error nothing
+    /// changes: no table, no window.
     ///
     /// # Examples
     ///
@@ -659,8 +663,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     ///
     /// # Errors
     ///
-    /// As [`BlockPool::try_alloc_with_headroom`], counted in blocks of all
-    /// the groups together; on error nothing changes.
+    /// As [`Sequence::try_reserve`], counted in blocks of all the groups
+    /// together (`NeverFits` beside the blocks the sequence holds in all
+    /// its tables); on error nothing changes.
     ///
     /// # Examples
     ///
@@ -695,7 +700,8 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     ///
     /// # Errors
     ///
-    /// `NeverFits` (at once), `Closed`, or `Full` when `timeout` runs out;
+    /// `NeverFits` (at once, beside the blocks the sequence holds),
+    /// `Closed`, or, when `timeout` runs out, `Full` or `BehindWaiters`;
     /// on error the sequence is unchanged.
     ///
     /// # Examples
@@ -1170,6 +1176,13 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// [`Sequence::publish`] does in each table (a sliding group publishes
     /// the full blocks it still holds), and returns how many became cached
     /// in all.
+    ///
+    /// A sliding group gives blocks back as soon as an append moves its
+    /// window past them, published or not: publish a step's full blocks
+    /// before the next append (as vLLM caches blocks as they are
+    /// computed), or a prefill in several chunks leaves its early blocks
+    /// uncached in the sliding groups, and a later prompt sharing only
+    /// part of this one finds no window at its end.
     ///
     /// # Errors
     ///

@@ -30,21 +30,48 @@ pub fn group_blocks(prompt: usize, output: usize, samples: usize, block_size: us
 }
 
 /// Whether a request run as `profile` can never be admitted and run to
-/// completion in a pool of `num_blocks` (alone, with `watermark` blocks of
-/// headroom at admission), its sequences holding `groups` tables each
-/// (counted as if no sliding window ever gave a block back).
+/// completion in a pool of `num_blocks` (alone, with the watermark's
+/// headroom at admission), its sequences holding a table per group of
+/// `cfg.groups`: the admission's blocks (a reservation's in every group,
+/// or the check's), or the most its samples can hold at once, is more
+/// than the pool has.
+///
+/// A full group can hold all its blocks; a sliding group, after an append
+/// of `a` tokens, at most the blocks of its window and the append's
+/// (`(a + w - 1) / block_size + 2`), and while an append is admitted also
+/// the new blocks, a copy's and a copy's kept source: the bound counts
+/// `(2a + w) / block_size + 5` a sample, `a` the longest append (a chunk,
+/// the drafts, or a token).
 pub fn never_fits(
     req: &Request,
     profile: &Profile,
-    watermark: usize,
+    cfg: &super::config::EngineConfig,
     num_blocks: usize,
     block_size: usize,
-    groups: usize,
 ) -> bool {
-    let prompt_blocks = req.prompt.div_ceil(block_size).saturating_mul(groups);
-    prompt_blocks.saturating_add(watermark) > num_blocks
-        || group_blocks(req.prompt, req.output, profile.samples, block_size).saturating_mul(groups)
-            > num_blocks
+    let admission = match profile.admission {
+        Admission::Reserve => cfg.reserve_blocks(req.prompt, block_size),
+        Admission::Check => cfg.prefill_blocks(req.prompt, block_size),
+    };
+    let all = group_blocks(req.prompt, req.output, profile.samples, block_size);
+    let append = cfg.chunk.max(profile.spec).max(1);
+    let run = cfg
+        .groups
+        .as_slice()
+        .iter()
+        .map(|g| match *g {
+            kvslots::KvGroup::SlidingWindow { window_tokens } => all.min(
+                append
+                    .saturating_mul(2)
+                    .saturating_add(window_tokens)
+                    .div_ceil(block_size)
+                    .saturating_add(5)
+                    .saturating_mul(profile.samples),
+            ),
+            _ => all,
+        })
+        .fold(0, usize::saturating_add);
+    admission.saturating_add(cfg.watermark_blocks) > num_blocks || run > num_blocks
 }
 
 /// Where a group is.
@@ -898,8 +925,7 @@ impl<B: KvBackend> Worker<B> {
             };
             let req = &head.0;
             let profile = self.cfg.profile(req.id, bs);
-            let groups = self.cfg.groups.len();
-            if never_fits(req, &profile, self.cfg.watermark_blocks, nb, bs, groups) {
+            if never_fits(req, &profile, &self.cfg, nb, bs) {
                 q.waiting.pop_front();
                 self.stats.counts.requests_rejected += 1;
                 self.finish_one(req.id);
