@@ -71,6 +71,26 @@ create_exception!(
      make. Nothing changed."
 );
 
+create_exception!(
+    kvslots,
+    WindowError,
+    PyValueError,
+    "`HybridSequence.truncate` refused: the window of the token at the new \
+     length reaches blocks a sliding group gave back (their keys and values are \
+     gone). Nothing changed.\n\n\
+     Attributes: `len` (the length asked for) and `min_len` (the shortest length \
+     accepted besides 0)."
+);
+
+/// A `WindowError` for a truncate to `len` (`min_len` the shortest
+/// accepted besides 0).
+pub(crate) fn window_error(message: String, len: usize, min_len: usize) -> PyErr {
+    Python::attach(|py| {
+        with_attrs::<WindowError>(py, message, &[("len", len), ("min_len", min_len)])
+            .unwrap_or_else(|e| e)
+    })
+}
+
 /// The Python exception for a refused allocation (counts in blocks).
 pub(crate) fn reserve_error(py: Python<'_>, err: kvslots::ReserveError) -> PyErr {
     let built = match err {

@@ -368,6 +368,33 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         })
     }
 
+    /// Whether an append of at least one token now needs a copy-on-write
+    /// in some group (its last block partly filled and shared or cached,
+    /// after a truncate into it): [`try_append`](Self::try_append) would
+    /// then panic, and [`try_append_cow`](Self::try_append_cow) returns
+    /// the copies to make. A snapshot, as [`Sequence::append_needs_copy`]:
+    /// `true` can turn `false` when other holders let go, never back
+    /// without this sequence's own fork or truncate.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{BlockPool, HybridSequence, KvGroup, KvGroups};
+    ///
+    /// let groups = KvGroups::new([KvGroup::Full, KvGroup::SlidingWindow { window_tokens: 8 }]).unwrap();
+    /// let mut seq = HybridSequence::new(Arc::new(BlockPool::new(16, 4)), groups);
+    /// seq.try_append(8).unwrap();
+    /// let child = seq.try_fork(&mut Vec::new()).unwrap();
+    /// seq.truncate(6).unwrap(); // back into blocks shared with the child
+    /// assert!(seq.append_needs_copy());
+    /// drop(child);
+    /// assert!(!seq.append_needs_copy());
+    /// ```
+    pub fn append_needs_copy(&self) -> bool {
+        self.tables.iter().any(Sequence::append_needs_copy)
+    }
+
     /// Appends `n` tokens to every group: takes the new blocks all the
     /// groups need with **one** allocation, all or none, gives back the
     /// sliding groups' blocks that fall out of their windows, and returns
