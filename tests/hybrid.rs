@@ -870,6 +870,37 @@ fn a_match_stops_where_the_pool_is_full() {
     assert_eq!(pool.used_blocks(), 0);
 }
 
+/// The pool's statistics count a hybrid match's lookups group by group:
+/// a full group's hit given back because the sliding group lost its window
+/// is still a hit block there, while the match returns 0 and holds nothing.
+#[test]
+fn the_statistics_count_each_groups_lookups() {
+    let pool = pool(8);
+    let g = groups(&[KvGroup::Full, sliding(8)]);
+    let tokens: Vec<u32> = (0..8).collect(); // 2 blocks
+    let keys = g.keys(&base_keys(&tokens));
+    let mut owner = HybridSequence::new(Arc::clone(&pool), g.clone());
+    owner.try_append(8).unwrap();
+    assert_eq!(owner.publish(&keys), Ok(2 + 2));
+    owner.try_append(4).unwrap();
+    owner.try_append(1).unwrap(); // position 12 reads 5..=12: block 0 goes back
+    assert_eq!(owner.null_blocks(1), Some(1));
+    let mut taken = Vec::new();
+    pool.try_alloc(pool.free_blocks(), &mut taken).unwrap(); // evicts it
+    let before = pool.prefix_stats();
+    let mut seq = HybridSequence::new(Arc::clone(&pool), g);
+    // The full group takes its 2 held blocks; the sliding group's window
+    // ending at block 2 (position 8 reads 1..=8) needs block 0, whose key
+    // is gone, and no window ends at block 0: all goes back.
+    assert_eq!(seq.try_match_prefix(&keys), Ok(0));
+    assert_eq!((seq.len(), seq.held_blocks()), (0, 0));
+    let after = pool.prefix_stats();
+    assert!(after.hit_blocks > before.hit_blocks);
+    assert!(after.hit_blocks - before.hit_blocks <= after.queried_blocks - before.queried_blocks);
+    assert_eq!(pool.used_blocks(), 8);
+    pool.free(&taken).unwrap();
+}
+
 // ---------------------------------------------------------------------------
 // Over another allocator
 // ---------------------------------------------------------------------------

@@ -1041,6 +1041,12 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// (they count as recently released, which moves them to the back of
     /// the eviction order). Each group matches only under its own keys.
     ///
+    /// The pool's [`prefix_stats`](BlockPool::prefix_stats) count these
+    /// lookups, group by group: the keys each asks for and the blocks the
+    /// pool hands it, also those given back because another group serves
+    /// a shorter prefix. The prefix a hybrid request gets is what this
+    /// returns (`k` blocks of tokens).
+    ///
     /// As [`Sequence::try_match_prefix`]: on a sequence that holds tokens
     /// or blocks it returns 0 and changes nothing; an evictable block taken
     /// counts against the pool's capacity, and a full or closed pool stops
