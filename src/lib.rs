@@ -235,7 +235,7 @@ pub use counter::SlotCounter;
 pub use error::{ConfigError, FreeError, PositionError, ReleaseError, ReserveError};
 pub use hash::{hash_blocks, BlockHash};
 pub use id::BlockId;
-pub use pool::{Alloc, BlockPool, BlockPoolBuilder, PrefixStats};
+pub use pool::{Alloc, BlockPool, BlockPoolBuilder, KvEvent, PoolStats, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};
 
 /// The seam for the model-checking suites (`loom-tests`, `tests/shuttle.rs`):
@@ -258,6 +258,24 @@ pub mod __model {
         faults: Faults,
     ) -> crate::BlockPool {
         crate::BlockPool::with_faults(num_blocks, block_size, shards, faults)
+    }
+
+    /// A pool as [`pool_with_faults`] builds it, with KV events in rings
+    /// of `capacity` records in all.
+    pub fn pool_with_events(
+        num_blocks: usize,
+        block_size: usize,
+        shards: usize,
+        capacity: usize,
+        faults: Faults,
+    ) -> crate::BlockPool {
+        crate::BlockPool::builder(num_blocks, block_size)
+            .shards(shards)
+            .prefix_cache(true)
+            .kv_events(capacity)
+            .faults(faults)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// The sum of `pool`'s per-shard admission counts, without the cap at

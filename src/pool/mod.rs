@@ -32,15 +32,17 @@ mod free_list;
 mod over_free;
 mod prefix;
 mod refs;
+mod stats;
 mod wait;
 
 use admission::Admission;
 pub use builder::BlockPoolBuilder;
 use fence::Fences;
 use free_list::{Chain, FreeList, NIL};
-pub use prefix::PrefixStats;
 use prefix::{Evictions, PrefixCache};
+pub use prefix::{KvEvent, PrefixStats};
 use refs::{Dropped, Refs};
+pub use stats::PoolStats;
 pub use wait::Alloc;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
@@ -833,7 +835,11 @@ impl BlockAllocator for BlockPool {
         blocks
             .iter()
             .zip(keys)
-            .filter(|&(&id, key)| self.publish_block(id, key))
+            .enumerate()
+            .filter(|&(i, (&id, key))| {
+                let parent = i.checked_sub(1).map(|p| &keys[p]);
+                self.publish_block(id, key, parent)
+            })
             .count()
     }
 
