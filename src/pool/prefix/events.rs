@@ -17,9 +17,10 @@
 //! payload and stores the position word (`Release`). No lock, no heap
 //! allocation, a bounded number of steps apart from the CAS's retries
 //! against other producers of the same ring. A producer that finds its
-//! ring full does not wait: the event is lost and counted (`lost`,
-//! together with the position it would have had, `lost_at`), and the
-//! consumer reports the count in place of the lost events.
+//! ring full does not wait: if its transition succeeds, the event is lost
+//! and counted (`lost`, together with the position it would have had,
+//! `lost_at`), and the consumer reports the count in place of the lost
+//! events.
 //!
 //! # Order
 //!
@@ -360,10 +361,23 @@ impl Events {
 
     /// Takes the next position of the ring of the key `probe` places, for
     /// a transition that has observed what makes it possible and has not
-    /// acted yet; `None` if the ring is full (the event is lost, and
-    /// counted). The ticket must be filled; dropped, it writes a void.
-    pub(super) fn reserve(&self, probe: Probe) -> Option<Ticket<'_>> {
+    /// acted yet. If the transition succeeds, the ticket is filled with its
+    /// record (or, if the ring was full, the event is counted as lost);
+    /// dropped unfilled, it leaves a void.
+    pub(super) fn reserve(&self, probe: Probe) -> Ticket<'_> {
         let r = self.ring_of(probe);
+        let place = self.place(r);
+        Ticket {
+            events: self,
+            ring: r,
+            place,
+            filled: false,
+        }
+    }
+
+    /// The next position of ring `r`, or the position at which the ring
+    /// was found full.
+    fn place(&self, r: usize) -> Place<'_> {
         let ring = &self.rings[r];
         let cap = self.capacity as u64;
         // Relaxed: only a guess; the CAS below decides.
@@ -387,33 +401,33 @@ impl Events {
                     Ordering::AcqRel,
                     Ordering::Relaxed,
                 ) {
-                    Ok(_) => {
-                        return Some(Ticket {
-                            slot,
-                            pos,
-                            faults: self.faults,
-                            filled: false,
-                        })
-                    }
+                    Ok(_) => return Place::Slot { slot, pos },
                     Err(actual) => pos = actual,
                 }
             } else if seq < pos {
                 // The record of position `pos - capacity` is still there:
                 // full.
-                if !self.faults.uncounted_loss() {
-                    // Relaxed: published by the Release add below.
-                    ring.lost_at.fetch_max(pos, Ordering::Relaxed);
-                    // Release: a consumer that reads this count (Acquire)
-                    // reads `lost_at` at least `pos`.
-                    ring.lost.fetch_add(1, Ordering::Release);
-                }
-                return None;
+                return Place::Full { at: pos };
             } else {
                 // Another producer took `pos` meanwhile.
                 // Relaxed: as above.
                 pos = ring.tail.load(Ordering::Relaxed);
             }
         }
+    }
+
+    /// Counts an event of ring `r` lost at position `at` (the tail that
+    /// found the ring full), once its transition has succeeded.
+    fn lose(&self, r: usize, at: u64) {
+        if self.faults.uncounted_loss() {
+            return;
+        }
+        let ring = &self.rings[r];
+        // Relaxed: published by the Release add below.
+        ring.lost_at.fetch_max(at, Ordering::Relaxed);
+        // Release: a consumer that reads this count (Acquire) reads
+        // `lost_at` at least `at`.
+        ring.lost.fetch_add(1, Ordering::Release);
     }
 
     /// Hands over the records written since the last drain, in batches of
@@ -497,48 +511,69 @@ impl Events {
     }
 }
 
-/// A reserved position in a ring: filled with a record by
-/// [`stored`](Self::stored) or [`removed`](Self::removed), or with a void
-/// when dropped unfilled (the transition failed).
+/// Where a reservation landed.
+enum Place<'a> {
+    /// Position `pos`, in `slot`.
+    Slot { slot: &'a Slot, pos: u64 },
+    /// Nowhere: the ring was full when its tail was `at`.
+    Full { at: u64 },
+}
+
+/// A transition's reservation: filled by [`stored`](Self::stored) or
+/// [`removed`](Self::removed) once the transition succeeded (its record
+/// written, or its loss counted if the ring was full), or dropped unfilled
+/// if it failed (a void written in its position, if it has one).
 pub(super) struct Ticket<'a> {
-    slot: &'a Slot,
-    pos: u64,
-    faults: Faults,
+    events: &'a Events,
+    ring: usize,
+    place: Place<'a>,
     filled: bool,
 }
 
 impl Ticket<'_> {
-    /// Fills the position with a store of `key` on block `id`, whose
-    /// parent key is `parent`.
+    /// The transition stored `key` on block `id`, whose parent key is
+    /// `parent`.
     pub(super) fn stored(mut self, key: &BlockHash, parent: Option<&BlockHash>, id: BlockId) {
-        store_key(&self.slot.key, key);
-        let kind = match parent {
-            Some(parent) => {
-                store_key(&self.slot.parent, parent);
-                STORED
+        let mut kind = STORED_ROOT;
+        if let Place::Slot { slot, .. } = self.place {
+            store_key(&slot.key, key);
+            if let Some(parent) = parent {
+                store_key(&slot.parent, parent);
+                kind = STORED;
             }
-            None => STORED_ROOT,
-        };
+        }
         self.publish((u64::from(id.index() as u32) << 32) | kind);
     }
 
-    /// Fills the position with a removal of `key` from block `id`.
+    /// The transition removed `key` from block `id`.
     pub(super) fn removed(mut self, key: &BlockHash, id: BlockId) {
-        store_key(&self.slot.key, key);
+        if let Place::Slot { slot, .. } = self.place {
+            store_key(&slot.key, key);
+        }
         self.publish((u64::from(id.index() as u32) << 32) | REMOVED);
     }
 
-    /// Writes the meta word and publishes the record.
+    /// Writes the meta word and publishes the record; or counts the loss.
     fn publish(&mut self, meta: u64) {
-        // Relaxed: published by the Release store below.
-        self.slot.meta.store(meta, Ordering::Relaxed);
-        // Release: the consumer that reads `pos + 1` (Acquire) reads the
-        // payload written before. (Relaxed under loom's `relaxed_record`
-        // control.)
-        self.slot
-            .seq
-            .store(self.pos + 1, self.faults.record_ordering(Ordering::Release));
         self.filled = true;
+        match self.place {
+            Place::Slot { slot, pos } => {
+                // Relaxed: published by the Release store below.
+                slot.meta.store(meta, Ordering::Relaxed);
+                // Release: the consumer that reads `pos + 1` (Acquire)
+                // reads the payload written before. (Relaxed under loom's
+                // `relaxed_record` control.)
+                slot.seq.store(
+                    pos + 1,
+                    self.events.faults.record_ordering(Ordering::Release),
+                );
+            }
+            Place::Full { at } => {
+                if meta != VOID {
+                    self.events.lose(self.ring, at);
+                }
+            }
+        }
     }
 }
 
@@ -762,13 +797,13 @@ mod tests {
     fn a_lost_event_is_reported_where_it_would_have_been() {
         let events = ring(2);
         drain(&events); // the first batch's AllBlocksCleared
-        let first = events.reserve(probe()).unwrap();
-        events
-            .reserve(probe())
-            .unwrap()
-            .removed(&key(2), BlockId::new(1));
-        // Full: lost at position 2.
-        assert!(events.reserve(probe()).is_none());
+        let first = events.reserve(probe());
+        events.reserve(probe()).removed(&key(2), BlockId::new(1));
+        // Full: a failed transition's reservation leaves nothing, a
+        // successful one's is lost at position 2.
+        drop(events.reserve(probe()));
+        assert_eq!(events.lost(), 0);
+        events.reserve(probe()).removed(&key(3), BlockId::new(2));
         assert_eq!(events.lost(), 1);
         // The consumer stops at the unwritten position 0: nothing yet, and
         // the loss waits behind it.
@@ -789,10 +824,7 @@ mod tests {
             ]
         );
         // The ring has room again.
-        events
-            .reserve(probe())
-            .unwrap()
-            .removed(&key(1), BlockId::new(0));
+        events.reserve(probe()).removed(&key(1), BlockId::new(0));
         assert_eq!(
             drain(&events),
             [KvEvent::BlockRemoved { keys: vec![key(1)] }]
@@ -803,11 +835,8 @@ mod tests {
     fn a_failed_transition_leaves_a_void() {
         let events = ring(4);
         drain(&events);
-        drop(events.reserve(probe()).unwrap());
-        events
-            .reserve(probe())
-            .unwrap()
-            .removed(&key(3), BlockId::new(0));
+        drop(events.reserve(probe()));
+        events.reserve(probe()).removed(&key(3), BlockId::new(0));
         assert_eq!(
             drain(&events),
             [KvEvent::BlockRemoved { keys: vec![key(3)] }]
@@ -822,10 +851,7 @@ mod tests {
         assert_eq!(out, [KvEvent::AllBlocksCleared]);
         assert_eq!(events.drain(4, &mut out), 1);
         assert_eq!(events.drain(4, &mut out), 1);
-        events
-            .reserve(probe())
-            .unwrap()
-            .removed(&key(3), BlockId::new(0));
+        events.reserve(probe()).removed(&key(3), BlockId::new(0));
         assert_eq!(events.drain(4, &mut out), 1);
         assert_eq!(events.drain(4, &mut out), 2);
         assert_eq!(out.len(), 2);

@@ -117,10 +117,10 @@ impl PrefixCache {
         self.events.as_ref().map(Events::lost)
     }
 
-    /// A position in the KV event ring of `key` (whose index probe is
-    /// `probe`), if the cache records events and the ring has room.
+    /// A reservation in the KV event ring of the key whose index probe is
+    /// `probe`, if the cache records events.
     fn ticket(&self, probe: keys::Probe) -> Option<Ticket<'_>> {
-        self.events.as_ref()?.reserve(probe)
+        Some(self.events.as_ref()?.reserve(probe))
     }
 
     /// Removes the index entry of block `id`, whose key the caller just
@@ -475,11 +475,7 @@ impl BlockPool {
         let prepare = || {
             let events = cache.events.as_ref()?;
             let key = cache.keys.read(id);
-            let ticket = if late {
-                None
-            } else {
-                Some(events.reserve(cache.keys.probe(&key))?)
-            };
+            let ticket = (!late).then(|| events.reserve(cache.keys.probe(&key)));
             Some((ticket, key))
         };
         let Some(reported) = self.refs.uncache_sole(id, prepare) else {
