@@ -199,6 +199,9 @@ struct Consumer {
     cursors: Vec<Cursor>,
     /// Per ring, the records read in this drain.
     scratch: Vec<Vec<Record>>,
+    /// The merge's count of stores still to come, by key fingerprint
+    /// (kept between drains for its room).
+    to_come: HashMap<u64, u32>,
 }
 
 /// A record as the consumer reads it.
@@ -328,6 +331,7 @@ impl Events {
                 started: false,
                 cursors: (0..room.rings).map(|_| Cursor::default()).collect(),
                 scratch: (0..room.rings).map(|_| Vec::new()).collect(),
+                to_come: HashMap::new(),
             }),
             faults,
         }
@@ -452,7 +456,7 @@ impl Events {
             records.clear();
             self.read_ring(r, cursor, records);
         }
-        merge(&consumer.scratch, block_size, out);
+        merge(&consumer.scratch, &mut consumer.to_come, block_size, out);
         let batch = consumer.next_batch;
         if out.len() > before {
             consumer.next_batch += 1;
@@ -586,82 +590,108 @@ impl Drop for Ticket<'_> {
 }
 
 /// Merges the rings' records of one drain into `out`, each ring's order
-/// kept: a store waits while the store of its parent key is still to come
-/// from another ring (unless every ring's next record waits), and a store
-/// whose parent is the key just stored joins its event.
-fn merge(lists: &[Vec<Record>], block_size: usize, out: &mut Vec<KvEvent>) {
+/// kept: next comes a store whose parent is the key just stored (it joins
+/// that key's event), else the first ring's next record that does not wait
+/// (a store waits while a store of its parent key is still to come in
+/// this drain), else, if every ring's next record waits (a cycle), the
+/// first ring's. A removal joins the removals just before it.
+///
+/// `to_come` counts the stores still to come by a 64-bit fingerprint of
+/// their keys: two keys that share one only make a store wait for the
+/// other's (the order of a ring's records is kept whatever waits).
+fn merge(
+    lists: &[Vec<Record>],
+    to_come: &mut HashMap<u64, u32>,
+    block_size: usize,
+    out: &mut Vec<KvEvent>,
+) {
     let start = out.len();
-    // How many stores of each key are still to come.
-    let mut to_come: HashMap<BlockHash, usize> = HashMap::new();
+    to_come.clear();
     for record in lists.iter().flatten() {
         if let Record::Stored { key, .. } = record {
-            *to_come.entry(*key).or_default() += 1;
+            *to_come.entry(fingerprint(key)).or_default() += 1;
         }
     }
     let mut next = vec![0usize; lists.len()];
     let mut live: Vec<usize> = (0..lists.len()).filter(|&r| !lists[r].is_empty()).collect();
     let mut last_stored: Option<BlockHash> = None;
     while !live.is_empty() {
-        let head = |i: usize| lists[live[i]][next[live[i]]];
-        let continues = |i: usize| matches!(head(i), Record::Stored { parent: Some(p), .. } if Some(p) == last_stored);
-        let ready = |i: usize| match head(i) {
-            Record::Stored {
-                parent: Some(p), ..
-            } => to_come.get(&p).map_or(true, |&n| n == 0),
-            _ => true,
+        let head = |i: usize| -> &Record { &lists[live[i]][next[live[i]]] };
+        let parent_of = |i: usize| match head(i) {
+            Record::Stored { parent, .. } => parent.as_ref(),
+            _ => None,
+        };
+        let continues = |i: usize| last_stored.is_some() && parent_of(i) == last_stored.as_ref();
+        let ready = |i: usize| {
+            parent_of(i).map_or(true, |p| {
+                to_come.get(&fingerprint(p)).map_or(true, |&n| n == 0)
+            })
         };
         let pick = (0..live.len())
             .find(|&i| continues(i))
             .or_else(|| (0..live.len()).find(|&i| ready(i)))
             .unwrap_or(0);
-        let record = head(pick);
         let r = live[pick];
+        let record = lists[r][next[r]];
         next[r] += 1;
         if next[r] == lists[r].len() {
             live.remove(pick);
         }
         last_stored = None;
-        match record {
-            Record::Stored { key, parent, id } => {
-                if let Some(n) = to_come.get_mut(&key) {
-                    *n -= 1;
-                }
-                last_stored = Some(key);
-                if out.len() > start {
-                    if let Some(KvEvent::BlockStored {
-                        keys,
-                        block_ids,
-                        token_count,
-                        ..
-                    }) = out.last_mut()
-                    {
-                        if parent.is_some() && keys.last() == parent.as_ref() {
-                            keys.push(key);
-                            block_ids.push(id);
-                            *token_count += block_size;
-                            continue;
-                        }
-                    }
-                }
-                out.push(KvEvent::BlockStored {
-                    keys: vec![key],
-                    parent,
-                    block_ids: vec![id],
-                    block_size,
-                    token_count: block_size,
-                });
+        if let Record::Stored { key, .. } = record {
+            if let Some(n) = to_come.get_mut(&fingerprint(&key)) {
+                *n -= 1;
             }
-            Record::Removed { key } => {
-                if out.len() > start {
-                    if let Some(KvEvent::BlockRemoved { keys }) = out.last_mut() {
-                        keys.push(key);
-                        continue;
-                    }
-                }
-                out.push(KvEvent::BlockRemoved { keys: vec![key] });
-            }
-            Record::Dropped { count } => out.push(KvEvent::Dropped { count }),
+            last_stored = Some(key);
         }
+        emit(record, block_size, out.len() > start, out);
+    }
+}
+
+/// The merge's fingerprint of a key: its four words folded into one.
+fn fingerprint(key: &BlockHash) -> u64 {
+    (0..4).fold(0, |h: u64, i| h.rotate_left(17) ^ key_word(key, i))
+}
+
+/// Appends `record` to `out`, joining the last event if it is one this
+/// drain appended (`joinable`) and of the same run: a store whose parent is
+/// the last key stored, a removal after removals.
+fn emit(record: Record, block_size: usize, joinable: bool, out: &mut Vec<KvEvent>) {
+    match record {
+        Record::Stored { key, parent, id } => {
+            if let (
+                true,
+                Some(KvEvent::BlockStored {
+                    keys,
+                    block_ids,
+                    token_count,
+                    ..
+                }),
+            ) = (joinable, out.last_mut())
+            {
+                if parent.is_some() && keys.last() == parent.as_ref() {
+                    keys.push(key);
+                    block_ids.push(id);
+                    *token_count += block_size;
+                    return;
+                }
+            }
+            out.push(KvEvent::BlockStored {
+                keys: vec![key],
+                parent,
+                block_ids: vec![id],
+                block_size,
+                token_count: block_size,
+            });
+        }
+        Record::Removed { key } => {
+            if let (true, Some(KvEvent::BlockRemoved { keys })) = (joinable, out.last_mut()) {
+                keys.push(key);
+                return;
+            }
+            out.push(KvEvent::BlockRemoved { keys: vec![key] });
+        }
+        Record::Dropped { count } => out.push(KvEvent::Dropped { count }),
     }
 }
 
@@ -875,7 +905,7 @@ mod tests {
             ],
         ];
         let mut out = Vec::new();
-        merge(&lists, 4, &mut out);
+        merge(&lists, &mut HashMap::new(), 4, &mut out);
         assert_eq!(
             out,
             [
@@ -904,7 +934,7 @@ mod tests {
             vec![stored(2, 3), stored(4, 9)],
         ];
         let mut out = Vec::new();
-        merge(&lists, 4, &mut out);
+        merge(&lists, &mut HashMap::new(), 4, &mut out);
         let order: Vec<BlockHash> = out
             .iter()
             .flat_map(|e| match e {
