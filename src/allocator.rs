@@ -75,6 +75,15 @@ pub trait BlockAllocator {
     /// The number of token slots per block (constant, at least 1).
     fn block_size(&self) -> usize;
 
+    /// Whether the allocator is closed: it admits nothing more (every
+    /// allocation fails with [`ReserveError::Closed`]) while releases keep
+    /// working. A sequence reports a request that could never fit as
+    /// `Closed` then, as the allocator would. The default is never closed,
+    /// for an allocator without a close.
+    fn is_closed(&self) -> bool {
+        false
+    }
+
     /// Takes `n` blocks for a new admission, all or nothing, only if
     /// `headroom` more stay free afterwards, and appends their distinct ids
     /// to `out`, each with one reference. `n == 0` takes nothing and

@@ -18,7 +18,7 @@
 //!   [`FreeError::Raced`] for the one exception). [`BlockPool::new`] builds
 //!   a pool with every layer; [`BlockPool::builder`] picks its shards and
 //!   layers ([`BlockPoolBuilder::prefix_cache`]: the core pool takes 12
-//!   bytes a block, the prefix cache 52 more) and returns a
+//!   bytes a block, the prefix cache 58 more) and returns a
 //!   [`ConfigError`] for a configuration it refuses (a zero block size, too
 //!   many blocks or shards, too little memory) where `new` panics.
 //! * [`Sequence`]: one sequence's block table over a shared pool: the
@@ -34,7 +34,9 @@
 //!   `Sequence<A = BlockPool>` runs over any allocator (the simulator's
 //!   mutex baseline is one), a trait object included.
 //! * Prefix caching (a pool built with it): [`hash_blocks`] computes the
-//!   content keys ([`BlockHash`]) of a prompt's full blocks;
+//!   content keys ([`BlockHash`]) of a prompt's full blocks, and
+//!   [`hash_blocks_with`] also folds in tagged extra keys ([`ExtraKey`]:
+//!   LoRA adapters, cache salts, multimodal inputs) per block;
 //!   [`Sequence::publish`] caches a sequence's full blocks under them, and
 //!   [`Sequence::try_match_prefix`] takes the cached blocks of the longest
 //!   matching prefix into a new sequence. Unreferenced cached blocks count
@@ -118,14 +120,19 @@
 //! # Waiting
 //!
 //! A request that does not fit can wait in the allocator's queue: waiters
-//! are served strictly in arrival order, each granted whole (the units are
-//! taken on the waiter's behalf by the release that frees them, and its
-//! task is woken), and while anyone waits new admissions leave what the
-//! head of the queue asks for (the growth of running sequences does not
-//! wait behind it). `NeverFits` is returned at once; `close`
-//! wakes every waiter with `Closed`; a blocking call's timeout returns
-//! `Full`. Dropping a waiting future is always safe: it gives back
-//! anything granted to it and lets the waiters behind it be served. The
+//! are served strictly in arrival order, each granted whole, with or
+//! without headroom (the units are taken on the waiter's behalf by the
+//! release that frees them, and its task is woken), and a new caller
+//! never passes a queued waiter: a new waiter queues behind it, and while
+//! anyone waits a `try_*` admission takes units only if the waiters, each
+//! granted in order with its headroom, still fit beside it (otherwise
+//! [`ReserveError::BehindWaiters`]). The growth of running sequences does
+//! not wait behind the queue. `NeverFits` is returned at once (for a
+//! [`Sequence`], also a request that cannot fit beside its own blocks);
+//! `close` wakes every waiter with `Closed`; a blocking call's timeout
+//! returns `Full` or `BehindWaiters`. Dropping a waiting future is always
+//! safe: it gives back anything granted to it and lets the waiters behind
+//! it be served. Wakers run outside the queue's lock. The
 //! library uses std's `Waker` and depends on no async runtime. The
 //! [design notes](implementation#waiting) give the rules (with a table of
 //! who gets what, including how running sequences keep room to grow) and
@@ -180,9 +187,9 @@
 //! | a match returns only blocks whose key is the one asked for, and what the publisher wrote before `publish` happens-before the matcher's use; a held block is never evicted; a cached block is never written while its key can match | loom models (match vs evicting append, two revivals, release vs match, reset vs match, an `UnsafeCell` witness) with controls for a revival without the generation check, a `Relaxed` publish and eviction of a referenced block; rayon and real-thread stress with per-block content stamps; linearizability checker and property tests against a sequential cache |
 //! | a key is on at most one block (first wins), and a publish that returns without caching its key saw a block holding it: a rival it deferred to commits or looks again | loom models of two and three publishes of one key and of a rival's block reclaimed under another key (controls: a publisher that does not kill a rival, a claim that gives up on a deferral, a claim that rivals can see before its key is written); shuttle PCT and real-thread races of three publishes |
 //! | no heap allocation on the hot paths | a counting global allocator |
-//! | a layer not chosen takes no memory (12 bytes a block for the core pool, 52 more for the prefix cache); on a pool without the prefix cache its calls cache nothing and change nothing; a core pool behaves as a full one in everything else | a counting global allocator (`tests/footprint.rs`); `tests/layers.rs`: each prefix call's result and the unchanged state, random scripts with the same outcomes on both kinds of pool |
+//! | a layer not chosen takes no memory (12 bytes a block for the core pool, 58 more for the prefix cache); on a pool without the prefix cache its calls cache nothing and change nothing; a core pool behaves as a full one in everything else | a counting global allocator (`tests/footprint.rs`); `tests/layers.rs`: each prefix call's result and the unchanged state, random scripts with the same outcomes on both kinds of pool |
 //! | a `Sequence` keeps its rules over any `BlockAllocator` | `tests/allocator.rs` (a third allocator, with the trait's default prefix calls, and trait objects); the simulator runs its mutex baseline as a `MutexPool` under the same `Sequence`, checked by its oracle, with parity of results on random scripts (`sim/tests/parity.rs`) |
-//! | waiters are served whole, in arrival order, with no lost wake-up; cancellation and timeouts hand on what was granted; `close` wakes every waiter | unit tests (`tests/wait.rs`); loom models with controls for a lost wake-up (a waiter that does not try again once queued; a waiter without its hand-shake), a cancelled grant kept, a cancelled head that re-checks no one, a silent close; pool waiting over shards (loom: a release on another shard than the waiter's, a waiter against a gather holding blocks in transit, a running sequence's growth past a queued head; controls: no hand-shake, no retry once queued, a gather that gives blocks back without re-checking the waiters, growth that waits behind the head); shuttle FIFO, head-starvation and random-cancellation models; a tokio stress test |
+//! | waiters are served whole, in arrival order, with or without headroom, with no lost wake-up; a new caller (waiting or `try_*`) never passes a queued waiter, and a `try_*` refused for the waiters says so (`BehindWaiters`); cancellation and timeouts hand on what was granted; a waker that panics loses no block; `close` wakes every waiter | unit tests (`tests/wait.rs`: a relay of small admissions against a head with headroom, on real threads, bounded by rounds; a later waiter behind a headroom head; wakers that panic); loom models with controls for a lost wake-up (a waiter that does not try again once queued; a waiter without its hand-shake), a cancelled grant kept, a cancelled head that re-checks no one, a silent close; pool waiting over shards (loom: a release on another shard than the waiter's, a waiter against a gather holding blocks in transit, a running sequence's growth past a queued head, a headroom head against a relay of small admissions, a waker that panics against two releases; controls: no hand-shake, no retry once queued, a gather that gives blocks back without re-checking the waiters, growth that waits behind the head, a queue that owes admissions only its head's request, a head woken before its grant is counted); shuttle FIFO, head-starvation and random-cancellation models; a tokio stress test |
 //!
 //! # Performance
 //!
@@ -232,8 +239,8 @@ pub use allocator::BlockAllocator;
 pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::wait::{Reserve, ReserveOwned};
 pub use counter::SlotCounter;
-pub use error::{ConfigError, FreeError, PositionError, ReleaseError, ReserveError};
-pub use hash::{hash_blocks, BlockHash};
+pub use error::{ConfigError, ExtraKeyError, FreeError, PositionError, ReleaseError, ReserveError};
+pub use hash::{hash_blocks, hash_blocks_with, BlockHash, ExtraKey};
 pub use id::BlockId;
 pub use pool::{Alloc, BlockPool, BlockPoolBuilder, KvEvent, PoolStats, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};

@@ -262,7 +262,9 @@ fn a_core_pool_behaves_as_a_full_one_without_the_prefix_cache() {
 fn a_core_pool_refuses_with_its_free_count() {
     let pool = core_pool(4, 16);
     let mut seq = Sequence::new(Arc::clone(&pool));
-    seq.try_append(48).unwrap();
+    seq.try_append(32).unwrap();
+    let mut other = Sequence::new(Arc::clone(&pool));
+    other.try_append(16).unwrap();
     assert_eq!(
         seq.try_append(32),
         Err(ReserveError::Full {
@@ -270,7 +272,7 @@ fn a_core_pool_refuses_with_its_free_count() {
             available: 1
         })
     );
-    drop(seq);
+    drop((seq, other));
     assert_pool_whole(&pool);
 }
 

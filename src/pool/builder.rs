@@ -23,7 +23,7 @@ use crate::sync::Faults;
 /// | layer | option | per block | default |
 /// |---|---|---|---|
 /// | core pool, waiting, fenced release | always | 12 bytes | on |
-/// | prefix cache | [`prefix_cache`](Self::prefix_cache) | 52 bytes | off |
+/// | prefix cache | [`prefix_cache`](Self::prefix_cache) | 58 bytes | off |
 /// | KV events (with the prefix cache) | [`kv_events`](Self::kv_events) | none: 128 bytes a record of its rings | off |
 ///
 /// ([`BlockPool::new`] and [`BlockPool::with_shards`] build a pool with
@@ -131,7 +131,7 @@ impl BlockPoolBuilder {
     /// sequence's full blocks under their keys and
     /// [`Sequence::try_match_prefix`](crate::Sequence::try_match_prefix)
     /// takes them back (see [Prefix cache](BlockPool#prefix-cache)); it
-    /// takes 52 bytes a block (a key of 32 bytes, 1.75 index slots of 8, an
+    /// takes 58 bytes a block (a key of 32 bytes, 2.5 index slots of 8, an
     /// eviction stamp and a share of the eviction ring) and a few cache
     /// lines per pool.
     ///
@@ -232,7 +232,7 @@ impl BlockPoolBuilder {
 
     /// The heap memory, in bytes, that [`build`](Self::build) allocates for
     /// the pool's bookkeeping, saturating at `usize::MAX`: per block, 12
-    /// bytes for the core pool (a state word and a free-list link) and 52
+    /// bytes for the core pool (a state word and a free-list link) and 58
     /// more with the prefix cache (a key, index slots, an eviction stamp
     /// and a share of the eviction ring); per shard and per pool, a few
     /// cache lines; with KV events, 128 bytes a record of their rings. The
@@ -248,7 +248,7 @@ impl BlockPoolBuilder {
     /// let core = BlockPool::builder(1 << 20, 16).memory_bytes();
     /// let cached = BlockPool::builder(1 << 20, 16).prefix_cache(true).memory_bytes();
     /// assert_eq!(core / (1 << 20), 12);
-    /// assert_eq!(cached / (1 << 20), 64);
+    /// assert_eq!(cached / (1 << 20), 70);
     /// ```
     pub fn memory_bytes(&self) -> usize {
         let n = self.num_blocks;

@@ -464,6 +464,10 @@ impl BlockPool {
     ///   always justified in that, at some instant during the call, the
     ///   free blocks outside other running calls were `available`, fewer
     ///   than requested.
+    /// * [`ReserveError::BehindWaiters`] if `n` blocks were free, but not
+    ///   beside what the waiters queued by [`alloc`](Self::alloc) and its
+    ///   kin are owed (each granted in arrival order with its headroom); a
+    ///   new allocation does not pass them.
     /// * [`ReserveError::Closed`] after [`close`](Self::close).
     ///
     /// On error `out` and the pool are unchanged (only `out`'s capacity may
@@ -493,7 +497,8 @@ impl BlockPool {
     /// # Errors
     ///
     /// As [`SlotCounter::try_reserve_with_headroom`](crate::SlotCounter::try_reserve_with_headroom):
-    /// `NeverFits` if `n + headroom > num_blocks()`, `Closed`, or `Full`
+    /// `NeverFits` if `n + headroom > num_blocks()`, `Closed`,
+    /// `BehindWaiters` (as for `try_alloc`), or `Full`
     /// (which, under concurrency, may count blocks in transit as
     /// [`try_alloc`](Self::try_alloc) says; an allocation that gathers
     /// holds `n + headroom` for an instant before it gives the headroom
@@ -783,6 +788,10 @@ impl BlockAllocator for BlockPool {
         BlockPool::block_size(self)
     }
 
+    fn is_closed(&self) -> bool {
+        BlockPool::is_closed(self)
+    }
+
     fn try_alloc_with_headroom(
         &self,
         n: usize,
@@ -823,6 +832,7 @@ impl BlockAllocator for BlockPool {
     }
 
     fn needs_copy(&self, id: BlockId) -> bool {
+        self.check_ids(&[id]);
         self.refs.needs_copy(id)
     }
 
@@ -844,6 +854,7 @@ impl BlockAllocator for BlockPool {
     }
 
     fn uncache_if_sole(&self, id: BlockId) {
+        self.check_ids(&[id]);
         self.uncache_sole(id);
     }
 

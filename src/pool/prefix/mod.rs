@@ -38,7 +38,7 @@ use lru::{Lru, LruRoom};
 use state::is_evictable;
 
 /// The prefix cache's storage: per block, its key (4 words) and a share of
-/// the index (1.75 slots), a release stamp and a quarter of a candidate
+/// the index (2.5 slots), a release stamp and a quarter of a candidate
 /// slot of the eviction ring; per pool, the statistics' cells; and the KV
 /// event rings, if chosen.
 pub(super) struct PrefixCache {
