@@ -360,8 +360,9 @@ pub enum ConfigError {
     ZeroEventCapacity,
     /// The allocator refused the pool's arrays (the heap memory of its
     /// bookkeeping, 12 bytes a block for the core pool and 70 with the
-    /// prefix cache; not the KV cache itself, which lives on the device).
-    /// What had been allocated is freed.
+    /// prefix cache, and the KV event rings if chosen; not the KV cache
+    /// itself, which lives on the device). What had been allocated is
+    /// freed.
     OutOfMemory {
         /// The bytes the pool asked for in all
         /// ([`BlockPoolBuilder::memory_bytes`](crate::BlockPoolBuilder::memory_bytes)).

@@ -889,6 +889,7 @@ impl fmt::Debug for BlockPool {
             .field("block_size", &self.block_size)
             .field("shards", &self.shards())
             .field("prefix_cache", &self.has_prefix_cache())
+            .field("kv_events", &self.has_kv_events())
             .field("used_blocks", &self.used_blocks())
             .field("peak_used_blocks", &self.peak_used_blocks())
             .field("closed", &self.is_closed())
