@@ -181,34 +181,26 @@ fn one_block(pool: &Arc<BlockPool>, block_size: usize) -> Sequence {
     seq
 }
 
-/// Key 1 was cached on block `a` and is evictable; a thread allocates the
-/// one block left to take (so it evicts `a`) while the main thread
-/// publishes key 1 on another block `b`, which it holds. The publish
-/// caches the key only if it sees `a`'s eviction: then the log must hold
-/// `a`'s removal before `b`'s store.
-///
-/// Under `late_removal_record` the evictor takes its place after its CAS,
-/// so the publish, which saw the key gone, can take an earlier one; under
-/// `early_stored_record` the publish takes its place first. Either way the
-/// store on `b` is logged before the removal from `a`.
-fn republish_after_eviction(faults: Faults) {
+/// The shape of the two republish models: key 1 is cached on block `a`
+/// of a sequence `a` (blocks of `block_size` tokens), and a sequence `b`
+/// holds the other block; a spawned thread publishes key 1 on `b` while
+/// the main thread has `a`'s key removed by `remove`. The publish caches
+/// the key only if it sees the removal: then the log must hold `a`'s
+/// removal before `b`'s store. (The publish runs on the spawned thread:
+/// loom explores the schedules in which a thread's loads run before
+/// another's writes by backtracking from those loads.)
+fn republish_while(faults: Faults, block_size: usize, remove: fn(&Arc<BlockPool>, Sequence)) {
     check(move || {
-        let pool = pool(2, 1, 8, faults);
+        let pool = pool(2, block_size, 8, faults);
         let mut log = Vec::new();
-        let mut a = one_block(&pool, 1);
+        let mut a = one_block(&pool, block_size);
         assert_eq!(a.publish(&[key(1)]), 1);
-        drop(a);
-        let mut b = one_block(&pool, 1);
-        // The publish runs on the spawned thread: loom explores the
-        // schedules in which a thread's loads run before another's writes
-        // by backtracking from those loads.
+        let mut b = one_block(&pool, block_size);
         let publisher = thread::spawn(move || {
             let republished = b.publish(&[key(1)]);
             (b, republished)
         });
-        let mut ids = Vec::new();
-        pool.try_alloc(1, &mut ids).expect("the evictable block");
-        pool.free(&ids).unwrap();
+        remove(&pool, a);
         let (b, republished) = publisher.join().unwrap();
         drop(b);
         drain(&pool, &mut log);
@@ -218,6 +210,21 @@ fn republish_after_eviction(faults: Faults) {
             keys: vec![key(1)],
         };
         check_log(&pool, &log, &made);
+    });
+}
+
+/// `a` is dropped (its block stays cached, evictable) and an allocation of
+/// the one block left to take evicts it. Under `late_removal_record` the
+/// evictor takes its place after its CAS, so the publish, which saw the
+/// key gone, can take an earlier one; under `early_stored_record` the
+/// publish takes its place first. Either way the store on `b` is logged
+/// before the removal from `a`.
+fn republish_after_eviction(faults: Faults) {
+    republish_while(faults, 1, |pool, a| {
+        drop(a);
+        let mut ids = Vec::new();
+        pool.try_alloc(1, &mut ids).expect("the evictable block");
+        pool.free(&ids).unwrap();
     });
 }
 
@@ -238,36 +245,14 @@ fn republish_after_eviction_early_stored_record_is_caught() {
     republish_after_eviction(EARLY_STORED_RECORD);
 }
 
-/// Key 1 is cached on block `a` of a sequence that holds it alone; a
-/// thread truncates that sequence into the block (which drops the key,
-/// the block being about to be written) while the main thread publishes
-/// key 1 on another block `b`. Under `late_removal_record` the truncate
-/// takes its place after its CAS, and the store on `b` is logged before
-/// the removal from `a`.
+/// `a`, which holds its block alone, is truncated into it (which drops
+/// the key, the block being about to be written). Under
+/// `late_removal_record` the truncate takes its place after its CAS, and
+/// the store on `b` is logged before the removal from `a`.
 fn republish_after_truncate(faults: Faults) {
-    check(move || {
-        let pool = pool(2, 2, 8, faults);
-        let mut log = Vec::new();
-        let mut a = one_block(&pool, 2);
-        assert_eq!(a.publish(&[key(1)]), 1);
-        let mut b = one_block(&pool, 2);
-        // The publish on the spawned thread, as in
-        // `republish_after_eviction`.
-        let publisher = thread::spawn(move || {
-            let republished = b.publish(&[key(1)]);
-            drop(b);
-            republished
-        });
+    republish_while(faults, 2, |_, mut a| {
         a.truncate(1);
         drop(a);
-        let republished = publisher.join().unwrap();
-        drain(&pool, &mut log);
-        let made = Made {
-            stored: 1 + republished,
-            removed: 1,
-            keys: vec![key(1)],
-        };
-        check_log(&pool, &log, &made);
     });
 }
 
