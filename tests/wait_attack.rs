@@ -238,3 +238,145 @@ fn a_relay_of_prefix_hits_does_not_starve_a_queued_head() {
     );
     assert!(matches!(poll_once(head.as_mut(), &w), Poll::Ready(Ok(()))));
 }
+
+/// A waker that always panics.
+struct AlwaysPanics;
+
+impl Wake for AlwaysPanics {
+    fn wake(self: Arc<Self>) {
+        panic!("a waker that always panics");
+    }
+}
+
+/// README: "`close` wakes every waiter". Two waiters are queued; `close`
+/// wakes them, and the first one's waker panics (out of `close`). The
+/// second one's waker goes back to its entry for "the next step that runs
+/// the grant loop", but after `close` nothing runs it again (`owed` is 0
+/// for good, and a new waiter fails at once with `Closed`): the second
+/// waiter is never woken, and its task never learns that the pool closed.
+#[test]
+fn close_wakes_every_waiter_though_a_waker_panics() {
+    let pool = Arc::new(BlockPool::new(2, 16));
+    let mut held = Vec::new();
+    pool.try_alloc(2, &mut held).unwrap();
+    let bad = Waker::from(Arc::new(PanicsOnce::default()));
+    let (good, good_wakes) = waker();
+    let (mut first_ids, mut second_ids) = (Vec::new(), Vec::new());
+    let mut first = Box::pin(pool.alloc(1, &mut first_ids));
+    let mut second = Box::pin(pool.alloc(1, &mut second_ids));
+    assert!(poll_once(first.as_mut(), &bad).is_pending());
+    assert!(poll_once(second.as_mut(), &good).is_pending());
+    expect_panic(|| pool.close());
+    // What a closing server does next: its workers drain.
+    assert_eq!(
+        poll_once(first.as_mut(), &bad),
+        Poll::Ready(Err(ReserveError::Closed))
+    );
+    drop(first);
+    pool.free(&held).unwrap();
+    assert_eq!(
+        pool.alloc_blocking(1, &mut Vec::new(), None),
+        Err(ReserveError::Closed)
+    );
+    assert_eq!(
+        wakes(&good_wakes),
+        1,
+        "a waiter queued at `close` was never woken (another waiter's waker panicked)"
+    );
+    drop(second);
+}
+
+/// Implementation, "Where locks are taken": "Never on a `try_*` path";
+/// the panic of a waker "reaches the caller whose step settled the entry
+/// (a release, a poll, a drop)". A `try_alloc` that misses its home
+/// shard's fast path while someone is pending gathers, and then runs the
+/// wait queue's grant loop under the queue's lock (`queue.notify` in
+/// `Admission::try_reserve_inner`), which wakes other tasks' granted
+/// waiters from inside the `try_alloc`: here one whose waker panics, so
+/// the `try_alloc` (documented to return a typed error) unwinds.
+#[test]
+fn a_try_alloc_runs_no_other_tasks_waker() {
+    let pool = Arc::new(BlockPool::new(4, 16));
+    let mut held = Vec::new();
+    pool.try_alloc(4, &mut held).unwrap();
+    let first_waker = Waker::from(Arc::new(PanicsOnce::default()));
+    let second_waker = Waker::from(Arc::new(AlwaysPanics));
+    let (w, _) = waker();
+    let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+    let mut first = Box::pin(pool.alloc(1, &mut a));
+    let mut second = Box::pin(pool.alloc(1, &mut b));
+    let mut third = Box::pin(pool.alloc(4, &mut c));
+    assert!(poll_once(first.as_mut(), &first_waker).is_pending());
+    assert!(poll_once(second.as_mut(), &second_waker).is_pending());
+    assert!(poll_once(third.as_mut(), &w).is_pending());
+    // Grants the first two; the first waker panics out of the free.
+    expect_panic(|| pool.free(&held[..2]));
+    assert_eq!(pool.waiters(), 3);
+    // A new admission: refused, the third waiter is owed everything.
+    let tried = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pool.try_alloc(1, &mut Vec::new())
+    }));
+    assert!(
+        matches!(tried, Ok(Err(ReserveError::BehindWaiters { .. }))),
+        "try_alloc ran another task's waker (under the wait queue's grant loop) and \
+         unwound with its panic"
+    );
+    drop((first, second, third));
+    pool.free(&held[2..]).unwrap();
+    assert_eq!(pool.used_blocks(), 0);
+}
+
+/// Implementation, "Who gets what": a new admission leaves `owed` free,
+/// "new work cannot overtake the head"; growth is "of what a caller
+/// already holds". An empty guard holds nothing: `try_reserve(0)` succeeds
+/// while anyone waits (it asks nothing), and its `try_grow` is then growth
+/// that ignores the queue, so a new caller takes what the head is owed.
+#[test]
+fn an_empty_guard_does_not_grow_past_a_queued_waiter() {
+    let counter = SlotCounter::new(4);
+    let held = counter.try_reserve(2).unwrap();
+    let (w, _) = waker();
+    let mut head = pin!(counter.reserve(3));
+    assert!(poll_once(head.as_mut(), &w).is_pending());
+    assert!(matches!(
+        counter.try_reserve(2),
+        Err(ReserveError::BehindWaiters { .. })
+    ));
+    let mut empty = counter.try_reserve(0).unwrap();
+    let grown = empty.try_grow(2);
+    assert!(
+        grown.is_err(),
+        "a new caller's empty guard grew by 2 past a queued waiter owed 3 (free {} of 4)",
+        counter.available() + 2
+    );
+    drop(held);
+}
+
+/// `ReserveError::NeverFits`: "can never be admitted, so a scheduler must
+/// reject it outright". A sequence's copy-on-write source counts among
+/// "the blocks the sequence itself holds", but the sequence lets go of it
+/// on request (`retire_copy_source` and the fence's `complete`), after
+/// which the very same append fits: it was not "never". A scheduler that
+/// follows the error rejects a request that would run.
+#[test]
+fn never_fits_is_not_reported_for_a_request_that_fits_once_the_copy_source_goes() {
+    let pool = Arc::new(BlockPool::new(3, 4));
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(8).unwrap(); // 2 full blocks
+    let (child, _) = seq.try_fork().unwrap();
+    seq.truncate(6); // into the shared second block
+    let (_, copy) = seq.try_append_cow(1).unwrap(); // copies into the third
+    assert!(copy.is_some());
+    drop(child);
+    assert_eq!(pool.used_blocks(), 3); // 2 in the table, the copy source
+    let refused = seq.try_append(2); // 9 tokens: a third block
+    if let Err(ReserveError::NeverFits { .. }) = refused {
+        assert_eq!(seq.retire_copy_source(1), 1);
+        pool.complete(1);
+        let again = seq.try_append(2);
+        assert!(
+            again.is_err(),
+            "the append was refused as NeverFits ({refused:?}), and then fitted: {again:?}"
+        );
+    }
+}
