@@ -312,12 +312,13 @@ fn a_try_alloc_runs_no_other_tasks_waker() {
     // Grants the first two; the first waker panics out of the free.
     expect_panic(|| pool.free(&held[..2]));
     assert_eq!(pool.waiters(), 3);
-    // A new admission: refused, the third waiter is owed everything.
+    // A new admission: refused (nothing is free, and the third waiter is
+    // owed everything).
     let tried = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         pool.try_alloc(1, &mut Vec::new())
     }));
     assert!(
-        matches!(tried, Ok(Err(ReserveError::BehindWaiters { .. }))),
+        matches!(tried, Ok(Err(ReserveError::Full { .. }))),
         "try_alloc ran another task's waker (under the wait queue's grant loop) and \
          unwound with its panic"
     );
