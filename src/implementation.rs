@@ -745,10 +745,13 @@
 //! then too (dropping a waker can drop a task, and the futures in it,
 //! whose drop takes the lock). So a waker may poll inline, and a waker
 //! that panics finds the queue consistent: nothing is taken for an entry
-//! that still looks pending. The panic reaches the caller whose step
-//! settled the entry (a release, a poll, a drop); the wakers of its batch
-//! not called yet go back to their entries, which the next step that runs
-//! the grant loop wakes. A waiter records its ticket before the wakes of
+//! that still looks pending. The panic is caught until every other waker
+//! of the batch (and of the batches after it) has run, so every entry
+//! settled beside it is woken all the same (nothing else would wake it:
+//! with nobody pending no release runs the grant loop, and after `close`
+//! nothing does), and is then resumed in the caller whose step settled
+//! the entry (a release, a poll, a drop, or a pool's `try_*` call whose
+//! gather gave blocks back, see "Where locks are taken"). A waiter records its ticket before the wakes of
 //! its own first look run, so that if they unwind it is queued, and its
 //! drop (a future's, or a blocking call's guard) leaves the queue.
 //!
