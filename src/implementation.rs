@@ -684,8 +684,10 @@
 //!
 //! **Who gets what.** While anyone is pending, a new admission
 //! ([`try_reserve`](crate::SlotCounter::try_reserve),
-//! [`try_alloc`](crate::BlockPool::try_alloc), an append to an empty
-//! [`Sequence`](crate::Sequence), a [`Sequence::try_reserve`](crate::Sequence::try_reserve),
+//! [`try_alloc`](crate::BlockPool::try_alloc), an append to a
+//! [`Sequence`](crate::Sequence) that holds no block beyond a prefix it
+//! matched (an empty one, or a new request whose prompt hit the prefix
+//! cache), a [`Sequence::try_reserve`](crate::Sequence::try_reserve),
 //! a revival by [`try_match_prefix`](crate::Sequence::try_match_prefix),
 //! a zero-block check with headroom) leaves `owed` free, so a large
 //! waiting request, with or without headroom, is never starved by a
@@ -693,8 +695,9 @@
 //! lock-free path at all: it queues behind the others, and the grant loop
 //! serves it after them. Growth of what a caller already holds
 //! ([`Sequence::try_append`](crate::Sequence::try_append) and
-//! `try_append_cow` on a sequence that holds blocks,
-//! [`try_fork`](crate::Sequence::try_fork), a guard's `try_grow`) does not
+//! `try_append_cow` on a sequence that holds a block beyond its matched
+//! prefix, [`try_fork`](crate::Sequence::try_fork) of one, the
+//! `try_grow` of a guard that holds slots) does not
 //! wait behind the queue: it takes any free unit, as a scheduler lets its
 //! running sequences decode before it admits waiting ones. That delays the
 //! head only while running work grows, which ends when it finishes (and

@@ -952,7 +952,10 @@ fn a_release_whose_wakers_all_panic_wakes_every_one_and_unwinds_once() {
     assert!(poll_once(b.as_mut(), &b_waker).is_pending());
     expect_panic(|| pool.free(&held)); // both granted, both woken
     assert_eq!(
-        (a_count.0.load(Ordering::SeqCst), b_count.0.load(Ordering::SeqCst)),
+        (
+            a_count.0.load(Ordering::SeqCst),
+            b_count.0.load(Ordering::SeqCst)
+        ),
         (1, 1)
     );
     assert_eq!((pool.waiters(), pool.used_blocks()), (2, 2));
