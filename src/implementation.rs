@@ -731,13 +731,19 @@
 //! drops make unneeded; a reservation, whose size is fixed when it is
 //! made, does.)
 //!
-//! **Where locks are taken.** Never on a `try_*` path, which adds one
-//! `Relaxed` load of `owed` (skipped for an empty request without
-//! headroom). A release (guard drop, `release`, a pool free, a sequence's
-//! truncate or drop) adds that load (its read-modify-write becomes
-//! `AcqRel`, free on x86), and takes the lock only when `owed` is not 0.
-//! A waiting call takes the lock to queue, at each later poll, and to
-//! leave.
+//! **Where locks are taken.** Never on a `try_*` path that nobody waits
+//! behind; a `try_*` call adds one `Relaxed` load of `owed` (skipped for
+//! an empty request without headroom), and a counter's, or a pool's that
+//! its home shard admits on the fast path, takes no lock at all. A
+//! release (guard drop, `release`, a pool free, a sequence's truncate or
+//! drop) adds that load (its read-modify-write becomes `AcqRel`, free on
+//! x86), and takes the lock only when `owed` is not 0. So does a pool's
+//! `try_*` call that gathers (its home shard short of the request and
+//! `owed`):
+//! what it held in transit goes back as a release does, and while anyone
+//! is pending it runs the grant loop under the lock, and the wakes that
+//! loop leaves (see below). A waiting call takes the lock to queue, at
+//! each later poll, and to leave.
 //!
 //! **Wakers run after the lock.** No code of the caller's runs under the
 //! lock. A step that grants (or closes) counts every grant and publishes
@@ -754,9 +760,10 @@
 //! with nobody pending no release runs the grant loop, and after `close`
 //! nothing does), and is then resumed in the caller whose step settled
 //! the entry (a release, a poll, a drop, or a pool's `try_*` call whose
-//! gather gave blocks back, see "Where locks are taken"). A waiter records its ticket before the wakes of
-//! its own first look run, so that if they unwind it is queued, and its
-//! drop (a future's, or a blocking call's guard) leaves the queue.
+//! gather gave blocks back, see "Where locks are taken"). A waiter
+//! records its ticket before the wakes of its own first look run, so that
+//! if they unwind it is queued, and its drop (a future's, or a blocking
+//! call's guard) leaves the queue.
 //!
 //! **No lost wake-up.** A waiter that finds the allocator short (or
 //! someone queued) queues (writing `owed` under the lock), makes a read-modify-write that changes
