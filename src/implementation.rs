@@ -739,11 +739,10 @@
 //! drop) adds that load (its read-modify-write becomes `AcqRel`, free on
 //! x86), and takes the lock only when `owed` is not 0. So does a pool's
 //! `try_*` call that gathers (its home shard short of the request and
-//! `owed`):
-//! what it held in transit goes back as a release does, and while anyone
-//! is pending it runs the grant loop under the lock, and the wakes that
-//! loop leaves (see below). A waiting call takes the lock to queue, at
-//! each later poll, and to leave.
+//! `owed`): what it held in transit goes back as a release does, and
+//! while anyone is pending it runs the grant loop under the lock, and the
+//! wakes that loop leaves (see below). A waiting call takes the lock to
+//! queue, at each later poll, and to leave.
 //!
 //! **Wakers run after the lock.** No code of the caller's runs under the
 //! lock. A step that grants (or closes) counts every grant and publishes
