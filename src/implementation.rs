@@ -778,12 +778,15 @@
 //! path (on x86 the release's locked instruction is one already), and
 //! loom models them exactly. The loom models' controls remove the
 //! waiter's second attempt (`late_enqueue`) or its read-modify-writes
-//! (`unfenced_wait`), and loom catches the lost wake-up. Two more loom
+//! (`unfenced_wait`), and loom catches the lost wake-up. Three more loom
 //! models cover the rules above: a head with headroom against a relay of
 //! small admissions (control `owed_without_headroom`: `owed` is the head's
-//! `n` alone, and the head starves), and a waker that panics against two
+//! `n` alone, and the head starves), a waker that panics against two
 //! releases (control `wake_before_count`: the head is woken before its
-//! grant is counted, and its unit is lost).
+//! grant is counted, and its unit is lost), and a waker that panics beside
+//! a waiter granted in the same batch (control `panic_cuts_batch`: the
+//! rest of the batch is dropped uncalled, and that waiter is never
+//! woken).
 //!
 //! **Cancellation.** Dropping a future (or a blocking call timing out)
 //! takes the lock and removes its entry: a granted one gives its units

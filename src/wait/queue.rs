@@ -625,6 +625,11 @@ impl Batch<'_> {
                 self.wakes.done += 1;
                 let (ticket, waker) = slot.take().expect("a batched waker");
                 let woke = catch(&mut panicked, || waker.wake());
+                if !woke && self.queue.faults.panic_cuts_batch() {
+                    // The fault: the rest of the batch is dropped uncalled.
+                    self.wakes.done = self.wakes.len;
+                    self.wakes.more = false;
+                }
                 if self.wakes.uncounted == Some(ticket) {
                     self.wakes.uncounted = None;
                     // The `wake_before_count` fault: the count follows a
