@@ -722,11 +722,13 @@
 //!
 //! **What a sequence can never get.** A [`Sequence`](crate::Sequence)'s
 //! calls (`try_append`, `try_append_cow`, `try_reserve`, `reserve`,
-//! `reserve_blocking`, `try_fork`) cannot be given the blocks the sequence
-//! itself holds (its table, and a copy-on-write source it keeps) while
-//! they wait or retry: a request larger than the pool less those is
-//! `NeverFits` at once, with that rest as the capacity, rather than a
-//! retryable `Full` or a wait that never ends. (An append does not count
+//! `reserve_blocking`, `try_fork`) cannot be given the blocks in the
+//! sequence's own table while they wait or retry: a request larger than
+//! the pool less those is `NeverFits` at once, with that rest as the
+//! capacity, rather than a retryable `Full` or a wait that never ends. (A
+//! copy-on-write source the sequence keeps is not counted: the caller gives
+//! it back with `retire_copy_source` once the copy is made, so a request
+//! short only of it is `Full`.) (An append does not count
 //! the block for a shared tail's copy there, which its other holders'
 //! drops make unneeded; a reservation, whose size is fixed when it is
 //! made, does.)

@@ -454,19 +454,21 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     }
 
     /// `NeverFits` for a call that asks for `asked` blocks, of which
-    /// `needed` can never be taken beside the blocks this sequence holds
-    /// (its table, and a copy-on-write source it keeps) with `headroom`
-    /// free besides: those stay held while it asks, so the rest of the
-    /// pool is all it can ever get, and is the error's capacity. (`Closed`
-    /// wins after `close`.)
+    /// `needed` can never be taken beside the blocks in this sequence's
+    /// table with `headroom` free besides: those stay held while it asks,
+    /// so the rest of the pool is all it can ever get, and is the error's
+    /// capacity. A copy-on-write source the sequence keeps is not counted:
+    /// the caller gives it back once the copy is made
+    /// ([`retire_copy_source`](Self::retire_copy_source)), so a request
+    /// short only of it is `Full`, which may fit later. (`Closed` wins
+    /// after `close`.)
     fn never_fits_beside_own(
         &self,
         asked: usize,
         needed: usize,
         headroom: usize,
     ) -> Result<(), ReserveError> {
-        let held = self.blocks.len() + usize::from(self.retired.is_some());
-        let room = self.pool.num_blocks().saturating_sub(held);
+        let room = self.pool.num_blocks().saturating_sub(self.blocks.len());
         if needed.saturating_add(headroom) <= room {
             return Ok(());
         }

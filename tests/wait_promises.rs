@@ -1,7 +1,9 @@
-//! Reproducers from an adversarial review of the waiting machinery: each
-//! test is a promise of the docs (README's guarantees row, `kvslots::
-//! implementation` "Waiting", the rustdoc of the waiting calls) that the
-//! code did not keep. Polled by hand with counting wakers, so every step is
+//! Promises of the waiting machinery's docs (README's guarantees row,
+//! `kvslots::implementation` "Waiting", the rustdoc of the waiting calls)
+//! at their edges: panicking wakers beside granted and closed waiters, new
+//! work with a prefix hit or an empty guard against a queued head, no
+//! other task's waker run by a `try_*` call, and `NeverFits` only for what
+//! can never fit. Polled by hand with counting wakers, so every step is
 //! deterministic.
 
 use std::future::Future;
