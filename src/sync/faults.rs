@@ -154,6 +154,11 @@ pub struct Faults {
     /// still looks pending, and they are lost when it leaves.
     #[cfg(kvslots_loom)]
     pub wake_before_count: bool,
+    /// A waker that panics cuts its batch of wakes short: the wakers of
+    /// the batch not called yet are dropped uncalled, so entries granted
+    /// (or closed) beside it are never woken.
+    #[cfg(kvslots_loom)]
+    pub panic_cuts_batch: bool,
     /// An eviction (or a reset's, or a truncate's drop of a key) takes its
     /// place in the KV event ring after the CAS that drops the key instead
     /// of before it: a publish of the same key on another block, which
@@ -388,6 +393,17 @@ impl Faults {
     pub(crate) fn owed_without_headroom(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.owed_without_headroom {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a waker's panic cuts its batch of wakes short: `false`, or
+    /// `true` under `panic_cuts_batch`.
+    #[inline]
+    pub(crate) fn panic_cuts_batch(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.panic_cuts_batch {
             return true;
         }
         false
