@@ -279,9 +279,12 @@ class BlockPool:
 
     `shards` cuts the free list into that many shards (default: one per 64
     blocks, at most 16). `kv_events` (records in all, 128 bytes each) turns
-    on KV events (`drain_events`). Raises `ValueError` for
+    on KV events (`drain_events`). `prefix_cache=False` builds the core pool
+    alone (12 bytes a block instead of 70): `Sequence.publish` and
+    `match_prefix` then return 0 and change nothing. Raises `ValueError` for
     `block_size == 0`, `num_blocks > MAX_BLOCKS`, a `num_blocks * block_size`
-    too large, `shards` outside `1..=MAX_SHARDS` or `kv_events == 0`;
+    too large, `shards` outside `1..=MAX_SHARDS`, `kv_events == 0` or
+    `kv_events` without the prefix cache;
     `MemoryError` when the pool's bookkeeping (70 bytes a block, and the
     event rings) cannot be allocated; `TypeError` for a non-int.
     """
@@ -297,6 +300,7 @@ class BlockPool:
         block_size: _Int,
         shards: Optional[_Int] = None,
         kv_events: Optional[_Int] = None,
+        prefix_cache: bool = True,
     ) -> Self: ...
     @property
     def num_blocks(self) -> int:
@@ -336,6 +340,10 @@ class BlockPool:
     @property
     def closed(self) -> bool:
         """Whether `close()` has been called."""
+    @property
+    def has_prefix_cache(self) -> bool:
+        """Whether the pool has a prefix cache (built without
+        `prefix_cache=False`)."""
     @property
     def has_kv_events(self) -> bool:
         """Whether the pool records KV events (built with `kv_events`)."""

@@ -24,9 +24,12 @@ use crate::wait;
 /// `shards` cuts the free list into that many shards (default: one per 64
 /// blocks, at most 16); any thread can take every block whatever the
 /// shards. `kv_events` (records in all, 128 bytes each) turns KV events
-/// on. Raises `ValueError` for `block_size == 0`, `num_blocks` above
-/// `BlockPool.MAX_BLOCKS`, a `num_blocks * block_size` too large,
-/// `shards` outside `1..=BlockPool.MAX_SHARDS` or `kv_events == 0`, and
+/// on. `prefix_cache=False` builds the core pool alone (12 bytes a block
+/// instead of 70): `Sequence.publish` and `match_prefix` then return 0 and
+/// change nothing. Raises `ValueError` for `block_size == 0`, `num_blocks`
+/// above `BlockPool.MAX_BLOCKS`, a `num_blocks * block_size` too large,
+/// `shards` outside `1..=BlockPool.MAX_SHARDS`, `kv_events == 0`, or
+/// `kv_events` without the prefix cache, and
 /// `MemoryError` when the pool's bookkeeping (70 bytes a block, and the
 /// event rings) cannot be allocated; nothing is left allocated then.
 ///
@@ -81,17 +84,19 @@ impl PyBlockPool {
     const MAX_SHARDS: usize = kvslots::BlockPool::MAX_SHARDS;
 
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, shards = None, kv_events = None))]
+    #[pyo3(signature = (num_blocks, block_size, shards = None, kv_events = None, prefix_cache = true))]
     fn new(
         py: Python<'_>,
         num_blocks: &Bound<'_, PyAny>,
         block_size: &Bound<'_, PyAny>,
         shards: Option<&Bound<'_, PyAny>>,
         kv_events: Option<&Bound<'_, PyAny>>,
+        prefix_cache: bool,
     ) -> PyResult<Self> {
         let num_blocks: usize = convert::uint(num_blocks, "num_blocks")?;
         let block_size: usize = convert::uint(block_size, "block_size")?;
-        let mut builder = kvslots::BlockPool::builder(num_blocks, block_size).prefix_cache(true);
+        let mut builder =
+            kvslots::BlockPool::builder(num_blocks, block_size).prefix_cache(prefix_cache);
         if let Some(s) = shards {
             builder = builder.shards(convert::uint(s, "shards")?);
         }
@@ -185,6 +190,13 @@ impl PyBlockPool {
     #[getter]
     fn closed(&self) -> bool {
         self.inner.is_closed()
+    }
+
+    /// Whether the pool has a prefix cache (built without
+    /// `prefix_cache=False`).
+    #[getter]
+    fn has_prefix_cache(&self) -> bool {
+        self.inner.has_prefix_cache()
     }
 
     /// Whether the pool records KV events (built with `kv_events`).
