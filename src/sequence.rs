@@ -96,6 +96,12 @@ pub struct Sequence<A: BlockAllocator + ?Sized = BlockPool> {
     /// sliding window gave back (only in a
     /// [`HybridSequence`](crate::HybridSequence)'s tables; 0 otherwise).
     pub(crate) null: usize,
+    /// How many entries at the front of the table `try_match_prefix` took
+    /// (at most the table's length; a hybrid match's null entries count).
+    /// A sequence that holds no block beyond them is new work, not a
+    /// running sequence: its allocations are new admissions, which leave
+    /// the queued waiters what they are owed.
+    pub(crate) matched: usize,
 }
 
 impl<A: BlockAllocator + ?Sized> Sequence<A> {
@@ -137,6 +143,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             retired: None,
             tail_may_be_shared: false,
             null: 0,
+            matched: 0,
         }
     }
 
@@ -228,10 +235,12 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     ///   needed once the tail's other holders let go, so without room for
     ///   it the append is `Full`);
     /// * `Full` if not enough blocks are free now;
-    /// * `BehindWaiters` for an empty sequence's first append (a new
-    ///   admission) when the blocks are free but owed to queued waiters;
-    ///   the append of a sequence that holds blocks is growth, which takes
-    ///   free blocks even while others wait;
+    /// * `BehindWaiters` for the first append of a sequence that holds no
+    ///   block beyond the prefix it matched (an empty one, or a new request
+    ///   whose prompt hit the prefix cache: a new admission) when the
+    ///   blocks are free but owed to queued waiters; the append of a
+    ///   sequence that holds a block beyond its matched prefix is growth,
+    ///   which takes free blocks even while others wait;
     /// * `Closed` after [`BlockPool::close`].
     ///
     /// On error nothing changes.
@@ -305,9 +314,11 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             // Only the new blocks can never come: a copy of a shared tail
             // is not needed any more once its other holders let go.
             self.never_fits_beside_own(total, new_blocks, 0)?;
-            // A sequence that holds blocks is running: its growth does not
-            // wait behind queued admissions; an empty one is a new admission.
-            if self.blocks.is_empty() {
+            // A sequence that holds blocks beyond a matched prefix is
+            // running: its growth does not wait behind queued admissions;
+            // an empty one, or one that holds only what it matched, is a
+            // new admission.
+            if !self.is_running() {
                 self.pool
                     .try_alloc_with_headroom(total, 0, &mut self.blocks)?;
             } else {
@@ -335,10 +346,10 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         )
     }
 
-    /// The blocks this sequence holds: its table's entries but the null
-    /// ones, and a copy-on-write source it keeps.
-    pub(crate) fn held(&self) -> usize {
-        self.blocks.len() - self.null + usize::from(self.retired.is_some())
+    /// The blocks this sequence's table holds: its entries but the null
+    /// ones (a copy-on-write source it keeps apart).
+    pub(crate) fn in_table(&self) -> usize {
+        self.blocks.len() - self.null
     }
 
     /// The rest of an append of `n > 0` tokens planned by
@@ -479,18 +490,21 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     }
 
     /// `NeverFits` for a call that asks for `asked` blocks, of which
-    /// `needed` can never be taken beside the blocks this sequence holds
-    /// (its table, and a copy-on-write source it keeps) with `headroom`
-    /// free besides: those stay held while it asks, so the rest of the
-    /// pool is all it can ever get, and is the error's capacity. (`Closed`
-    /// wins after `close`.)
+    /// `needed` can never be taken beside the blocks in this sequence's
+    /// table with `headroom` free besides: those stay held while it asks,
+    /// so the rest of the pool is all it can ever get, and is the error's
+    /// capacity. A copy-on-write source the sequence keeps is not counted:
+    /// the caller gives it back once the copy is made
+    /// ([`retire_copy_source`](Self::retire_copy_source)), so a request
+    /// short only of it is `Full`, which may fit later. (`Closed` wins
+    /// after `close`.)
     fn never_fits_beside_own(
         &self,
         asked: usize,
         needed: usize,
         headroom: usize,
     ) -> Result<(), ReserveError> {
-        let room = self.pool.num_blocks().saturating_sub(self.held());
+        let room = self.pool.num_blocks().saturating_sub(self.in_table());
         if needed.saturating_add(headroom) <= room {
             return Ok(());
         }
@@ -588,7 +602,11 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// returns 0. Under contention it may match fewer blocks than are
     /// cached (a block evicted meanwhile is a miss); it never returns a
     /// block whose key is not the one asked for. The matched blocks are
-    /// full and read-only: the next tokens go into new blocks. No heap
+    /// full and read-only: the next tokens go into new blocks. A sequence
+    /// that holds only what it matched is still new work: its next
+    /// allocation (an append, a fork's, a reservation) is a new admission,
+    /// which leaves queued waiters what they are owed (see
+    /// [Waiting](crate::implementation#waiting)). No heap
     /// allocation happens here beyond growing the block table.
     ///
     /// A list of chained hashes never repeats a key; a list that does (not
@@ -634,6 +652,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         let k = self.pool.match_prefix(hashes, &mut self.blocks);
         self.len = k * self.pool.block_size();
         self.tail_may_be_shared = false;
+        self.matched = k;
         k
     }
 
@@ -678,8 +697,11 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     pub fn publish(&mut self, hashes: &[BlockHash]) -> usize {
         let full = (self.len / self.pool.block_size()).min(hashes.len());
         let from = self.null.min(full);
+        // After null entries (a sliding window's), the first block's parent
+        // is the key of the block before it, given back or not.
+        let parent = from.checked_sub(1).map(|p| &hashes[p]);
         self.pool
-            .publish(&self.blocks[from..full], &hashes[from..full])
+            .publish_after(parent, &self.blocks[from..full], &hashes[from..full])
     }
 
     /// How many tokens the blocks in the table can hold:
@@ -852,6 +874,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 self.retire_copy_source(fence);
                 self.blocks.truncate(keep);
                 self.null = self.null.min(keep);
+                self.matched = self.matched.min(keep);
             }
         }
         // A partly filled tail that was once full may be shared by a fork
@@ -1017,9 +1040,15 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         let mut child = Sequence::with_capacity(Arc::clone(&self.pool), self.len);
         // The fallible part first: a private block for a partly filled tail.
         if self.len % self.pool.block_size() != 0 {
-            // Growth of a running sequence, as in `try_append_cow`.
+            // Growth of a running sequence, as in `try_append_cow` (a
+            // sequence that holds only what it matched has no partly
+            // filled tail).
             self.never_fits_beside_own(1, 1, 0)?;
-            self.pool.try_alloc_growth(1, &mut child.blocks)?;
+            if self.is_running() {
+                self.pool.try_alloc_growth(1, &mut child.blocks)?;
+            } else {
+                self.pool.try_alloc_with_headroom(1, 0, &mut child.blocks)?;
+            }
         }
         Ok(self.fork_into(child))
     }
@@ -1069,6 +1098,9 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 }
             });
         child.len = self.len;
+        // The child of a sequence that holds only what it matched is new
+        // work too.
+        child.matched = self.matched.min(full);
         (child, copy)
     }
 
@@ -1081,6 +1113,13 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         self.pool.release(&self.blocks[keep.max(self.null)..]);
         self.blocks.truncate(keep);
         self.null = self.null.min(keep);
+        self.matched = self.matched.min(keep);
+    }
+
+    /// Whether the sequence is running: it holds a block beyond those it
+    /// matched (see `matched`), so that its allocations are growth.
+    pub(crate) fn is_running(&self) -> bool {
+        self.blocks.len() > self.matched
     }
 
     /// Gives back the blocks before table entry `upto` (those a sliding

@@ -644,6 +644,12 @@ fn pool_rows() -> Vec<Row> {
         "BlockAllocator::publish: nothing", none, |w| value(w.pool.publish(&[], &w.kc)) => value(0usize);
         "BlockAllocator::publish: an id out of range", none,
             |w| value(w.pool.publish(&[id(BLOCKS as u32)], &w.kc)) => panics("block 8 is out of range");
+        "BlockAllocator::publish_after: nothing", none,
+            |w| value(w.pool.publish_after(Some(&w.kc[0]), &[], &w.kc)) => value(0usize);
+        "BlockAllocator::publish_after: an id out of range", none,
+            |w| value(w.pool.publish_after(Some(&w.kc[0]), &[id(u32::MAX)], &w.kc)) => panics("out of range");
+        "BlockAllocator::publish_after: blocks cached already", none,
+            |w| value(w.pool.publish_after(None, w.c.blocks(), &w.kc)) => value(0usize);
         "BlockAllocator::match_prefix: no key", none,
             |w| value(w.pool.match_prefix(&[], &mut w.out)) => value(0usize);
         "BlockAllocator::retire: nothing", none, |w| value(w.pool.retire(1, &[])) => value(0usize);

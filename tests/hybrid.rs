@@ -167,6 +167,25 @@ fn an_append_takes_every_groups_blocks_or_none() {
     assert_eq!(pool.used_blocks(), 0);
 }
 
+/// A thread waiting in `pool`'s queue for `n` blocks, queued when this
+/// returns; joined, it gives the blocks it was granted.
+fn queued_waiter(
+    pool: &Arc<BlockPool>,
+    n: usize,
+) -> std::thread::JoinHandle<Result<Vec<BlockId>, ReserveError>> {
+    let waiter = std::thread::spawn({
+        let pool = Arc::clone(pool);
+        move || {
+            let mut ids = Vec::new();
+            pool.alloc_blocking(n, &mut ids, None).map(|()| ids)
+        }
+    });
+    while pool.waiters() == 0 {
+        std::thread::yield_now();
+    }
+    waiter
+}
+
 #[test]
 fn the_first_append_is_a_new_admission_and_later_ones_are_growth() {
     // A queued waiter holds back the head's request from new admissions,
@@ -177,16 +196,7 @@ fn the_first_append_is_a_new_admission_and_later_ones_are_growth() {
     running.try_append(4).unwrap(); // 2 blocks
     let mut held = Vec::new();
     pool.try_alloc(2, &mut held).unwrap(); // 2 free
-    let waiter = std::thread::spawn({
-        let pool = Arc::clone(&pool);
-        move || {
-            let mut ids = Vec::new();
-            pool.alloc_blocking(3, &mut ids, None).map(|()| ids)
-        }
-    });
-    while pool.waiters() == 0 {
-        std::thread::yield_now();
-    }
+    let waiter = queued_waiter(&pool, 3);
     let mut fresh = HybridSequence::new(Arc::clone(&pool), g);
     assert!(
         fresh.try_append(1).is_err(),
@@ -198,6 +208,61 @@ fn the_first_append_is_a_new_admission_and_later_ones_are_growth() {
     let granted = waiter.join().unwrap().unwrap();
     pool.free(&granted).unwrap();
     assert_eq!(pool.used_blocks(), 0);
+}
+
+/// A request whose prompt hit the cache is new work until it holds a
+/// block beyond its match, as for a `Sequence`: its first append is a new
+/// admission, refused with `BehindWaiters` (and nothing changed) while
+/// the free blocks are owed to a queued waiter.
+#[test]
+fn a_prefix_hit_appends_as_a_new_admission() {
+    let pool = pool(12);
+    let g = groups(&[KvGroup::Full, sliding(4)]);
+    // A running request holds a published 1-block system prompt (a block
+    // a group).
+    let keys = g.keys(&base_keys(&[0, 1, 2, 3]));
+    let mut running = HybridSequence::new(Arc::clone(&pool), g.clone());
+    running.try_append(4).unwrap();
+    assert_eq!(running.publish(&keys), Ok(2));
+    let mut hog = Vec::new();
+    pool.try_alloc(5, &mut hog).unwrap(); // 5 free
+    let waiter = queued_waiter(&pool, 6);
+    let mut newcomer = HybridSequence::new(Arc::clone(&pool), g);
+    assert_eq!(newcomer.try_match_prefix(&keys), Ok(1));
+    let before = tables(&newcomer);
+    assert!(matches!(
+        newcomer.try_append(4),
+        Err(ReserveError::BehindWaiters { .. })
+    ));
+    assert_eq!((newcomer.len(), tables(&newcomer)), (4, before));
+    drop((newcomer, running));
+    pool.free(&hog).unwrap();
+    let granted = waiter.join().unwrap().unwrap();
+    pool.free(&granted).unwrap();
+    assert_eq!(pool.used_blocks(), 0);
+}
+
+/// `NeverFits` counts the blocks in the tables, not the copy-on-write
+/// sources kept for the caller's copies: they go back once the copies are
+/// made, and the append refused meanwhile is `Full`, then fits.
+#[test]
+fn kept_copy_sources_make_an_append_full_not_never_fits() {
+    let pool = pool(6);
+    let g = groups(&[KvGroup::Full, KvGroup::Full]);
+    let mut seq = HybridSequence::new(Arc::clone(&pool), g);
+    seq.try_append(8).unwrap(); // 2 blocks a group
+    let child = seq.try_fork(&mut Vec::new()).unwrap();
+    seq.truncate(6).unwrap(); // into the shared second blocks
+    let mut copies = Vec::new();
+    seq.try_append_cow(1, &mut copies).unwrap(); // a copy a group
+    drop(child);
+    assert_eq!(pool.used_blocks(), 6); // 4 in the tables, 2 sources kept
+    let before = tables(&seq);
+    assert!(matches!(seq.try_append(2), Err(ReserveError::Full { .. })));
+    assert_eq!((seq.len(), tables(&seq)), (7, before));
+    assert_eq!(seq.retire_copy_source(1), 2);
+    assert_eq!(pool.complete(1), 2);
+    assert_eq!(seq.try_append(2).unwrap(), 7..9);
 }
 
 // ---------------------------------------------------------------------------

@@ -5,11 +5,12 @@
 //! subclass `Exception` from Rust), and the fields of a Rust error are set
 //! as attributes on the instance: `Full.requested`, `Full.available`, `BehindWaiters.owed`,
 //! `NeverFits.requested`, `NeverFits.capacity`, `FreeError.id`,
-//! `FreeError.kind` and `FreeError.num_blocks`. Attributes live in the
+//! `FreeError.kind`, `FreeError.num_blocks`, `WindowError.len` and
+//! `WindowError.min_len`. Attributes live in the
 //! instance's `__dict__`, so they survive pickling.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyIndexError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyException, PyIndexError, PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 create_exception!(
@@ -89,6 +90,16 @@ pub(crate) fn window_error(message: String, len: usize, min_len: usize) -> PyErr
         with_attrs::<WindowError>(py, message, &[("len", len), ("min_len", min_len)])
             .unwrap_or_else(|e| e)
     })
+}
+
+/// The Python exception for a configuration `BlockPool(...)` refused:
+/// `MemoryError` when the pool's arrays could not be allocated,
+/// `ValueError` for every bad size, with the core's message.
+pub(crate) fn config_error(err: kvslots::ConfigError) -> PyErr {
+    match err {
+        kvslots::ConfigError::OutOfMemory { .. } => PyMemoryError::new_err(err.to_string()),
+        _ => PyValueError::new_err(err.to_string()),
+    }
 }
 
 /// The Python exception for a refused allocation (counts in blocks).

@@ -4,7 +4,8 @@
 //! `Arc<kvslots::BlockPool>`, `Sequence` a `kvslots::Sequence` and
 //! `HybridSequence` a `kvslots::HybridSequence` behind a mutex (the core's
 //! sequences are single-owner values; `hybrid.rs` also has `KvGroups` and
-//! `GroupKeys`), and every core
+//! `GroupKeys`; `events.rs` has the pool's statistics and KV events as
+//! Python values), and every core
 //! error becomes a Python exception of the same name and fields
 //! (`errors.rs`). Arguments are checked before anything changes
 //! (`convert.rs`), and nothing here can panic into Python: the one core
@@ -28,6 +29,7 @@ use pyo3::types::{PyBytes, PyList};
 
 mod convert;
 mod errors;
+mod events;
 mod hybrid;
 mod pool;
 mod sequence;
@@ -152,7 +154,9 @@ fn block_keys<'py>(
 /// `BlockPool` hands out block ids all or nothing; `Sequence` is one
 /// request's block table over a pool (appends, forks, rollback, the slot
 /// mapping, prefix matching and publishing); `hash_blocks` computes the
-/// prefix cache's block keys. Every refusal raises (`ReserveError` and its
+/// prefix cache's block keys; `BlockPool.stats()` is a `PoolStats` for
+/// metrics, and a pool built with `kv_events` reports its cache's changes
+/// as vLLM-shaped events (`BlockPool.drain_events()`). Every refusal raises (`ReserveError` and its
 /// subclasses `Full` (and `BehindWaiters`), `NeverFits`, `Closed`;
 /// `FreeError`; `CopyRequired`)
 /// and changes nothing. Every object may be shared between threads.
@@ -167,6 +171,12 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<hybrid::PyKvGroups>()?;
     m.add_class::<hybrid::PyGroupKeys>()?;
     m.add_class::<hybrid::PyHybridSequence>()?;
+    m.add_class::<events::PyPoolStats>()?;
+    m.add_class::<events::PyKVEventBatch>()?;
+    m.add_class::<events::PyBlockStored>()?;
+    m.add_class::<events::PyBlockRemoved>()?;
+    m.add_class::<events::PyAllBlocksCleared>()?;
+    m.add_class::<events::PyEventsDropped>()?;
     m.add_function(wrap_pyfunction!(hash_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(hash_blocks_packed, m)?)?;
     m.add("ReserveError", py.get_type::<errors::ReserveError>())?;
@@ -187,6 +197,12 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "KvGroups",
             "GroupKeys",
             "HybridSequence",
+            "PoolStats",
+            "KVEventBatch",
+            "BlockStored",
+            "BlockRemoved",
+            "AllBlocksCleared",
+            "EventsDropped",
             "hash_blocks",
             "hash_blocks_packed",
             "ReserveError",

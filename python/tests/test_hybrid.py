@@ -213,6 +213,28 @@ def test_prefix_match_across_groups():
     assert pool.used_blocks == 0
 
 
+def test_kv_events_name_each_groups_keys():
+    pool = kvslots.BlockPool(16, 4, shards=1, kv_events=64)
+    groups = kvslots.KvGroups(["full", 4])
+    content = kvslots.hash_blocks(list(range(20)), 4)
+    keys = groups.keys(content)
+    full, sliding = keys.group(0), keys.group(1)
+    seq = kvslots.HybridSequence(pool, groups)
+    seq.try_append(12)
+    seq.try_append(4)  # token 12's window leaves the sliding blocks 0, 1
+    assert seq.null_blocks(1) == 2
+    assert seq.publish(keys) == 4 + 2
+    cleared, a, b = pool.drain_events().events
+    assert isinstance(cleared, kvslots.AllBlocksCleared)
+    assert isinstance(a, kvslots.BlockStored) and isinstance(b, kvslots.BlockStored)
+    assert (a.block_hashes, a.parent_block_hash) == (full[:4], None)
+    assert a.block_ids == seq.block_ids(0)
+    # The sliding group's chain goes on from its key of a given-back block.
+    assert (b.block_hashes, b.parent_block_hash) == (sliding[2:4], sliding[1])
+    assert b.block_ids == seq.block_ids(1)[2:4]
+    assert not set(a.block_hashes + b.block_hashes) & set(content)
+
+
 def test_bad_arguments_raise_and_change_nothing():
     pool = kvslots.BlockPool(8, 4)
     seq = kvslots.HybridSequence(pool, kvslots.KvGroups(["full", 8]))

@@ -9,6 +9,7 @@
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -20,6 +21,7 @@ use crate::backend::{
 };
 use crate::baseline::MutexPool;
 use crate::engine::{self, Admission, EngineConfig, MIX_SAMPLES};
+use crate::export::{Exported, Exports, DEFAULT_EVENTS_CAPACITY};
 pub use crate::fault::Fault;
 use crate::fault::Faulty;
 use crate::model::{layout, size_pool, Layout, ModelPreset, Sizing, GIB};
@@ -203,6 +205,25 @@ pub struct Cli {
     /// any work.
     #[arg(long, value_name = "GIB", allow_negative_numbers = true)]
     pub host_memory_gib: Option<f64>,
+    /// Write the kvslots pool's KV events to FILE, as JSON lines (one batch
+    /// a line: `seq`, `ts`, `events` in vLLM's shapes; see sim/README.md),
+    /// drained every 2 ms. Needs prefix caching on a workload that names
+    /// its prompts' content; with `--compare`, of the kvslots run; of a
+    /// hybrid `--model`, of its hybrid run (keys per group); not with
+    /// `--allocator mutex`.
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
+    /// Records in the kvslots pool's KV event rings, 128 bytes each
+    /// (default 65536; only with `--events`). Events that find them full
+    /// are lost and counted (`Dropped`).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub events_capacity: Option<usize>,
+    /// Write the kvslots pool's metrics to FILE as Prometheus text
+    /// (OpenMetrics, `kvslots_*` series), every second and at the end. With
+    /// `--compare`, of the kvslots run; of a hybrid `--model`, of its hybrid
+    /// run; not with `--allocator mutex`.
+    #[arg(long, value_name = "FILE")]
+    pub metrics: Option<PathBuf>,
 }
 
 /// A bad flag value or input file: exit code 2.
@@ -244,6 +265,10 @@ pub struct Plan {
     pub engine: EngineConfig,
     /// Free-list shards of the kvslots pool.
     pub shards: usize,
+    /// Records in the kvslots pool's KV event rings, with `--events`.
+    pub events_capacity: Option<usize>,
+    /// The files the kvslots run exports to.
+    pub exports: Exports,
 }
 
 /// The default worker count: available parallelism, at least 4.
@@ -441,6 +466,37 @@ impl Cli {
                 )));
             }
         }
+        if self.allocator == Allocator::Mutex && !self.compare {
+            for (flag, given) in [
+                ("--events", self.events.is_some()),
+                ("--metrics", self.metrics.is_some()),
+            ] {
+                if given {
+                    return Err(InputError(format!(
+                        "{flag} exports the kvslots pool's, and --allocator mutex runs none: \
+                         leave it out, or use --compare"
+                    )));
+                }
+            }
+        }
+        let events_capacity = match (&self.events, self.events_capacity) {
+            (None, Some(n)) => {
+                return Err(InputError(format!(
+                    "--events-capacity {n} has no effect without --events FILE"
+                )))
+            }
+            (Some(_), Some(0)) => {
+                return Err(InputError("--events-capacity must be at least 1".into()))
+            }
+            (Some(_), n) => Some(n.unwrap_or(DEFAULT_EVENTS_CAPACITY)),
+            (None, None) => None,
+        };
+        if self.events.is_some() && self.no_prefix_cache {
+            return Err(InputError(
+                "--events reports the prefix cache's changes, and --no-prefix-cache turns it off"
+                    .into(),
+            ));
+        }
         let host = HostMemory::of(self.host_memory_gib)?;
         let shards = self
             .shards
@@ -453,10 +509,16 @@ impl Cli {
             .allocators()
             .into_iter()
             .map(|a| match a {
-                Allocator::Kvslots => BlockPool::builder(nb, bs)
-                    .shards(shards)
-                    .prefix_cache(!self.no_prefix_cache)
-                    .memory_bytes(),
+                Allocator::Kvslots => {
+                    let builder = BlockPool::builder(nb, bs)
+                        .shards(shards)
+                        .prefix_cache(!self.no_prefix_cache);
+                    match events_capacity {
+                        Some(n) => builder.kv_events(n),
+                        None => builder,
+                    }
+                    .memory_bytes()
+                }
                 Allocator::Mutex => MutexPool::memory_bytes(nb),
             })
             .max()
@@ -523,8 +585,16 @@ impl Cli {
             .map(request_bytes)
             .fold(0, usize::saturating_add)
             .min(left);
-        if prefix_cache && requests.iter().any(|r| r.hash_ids.is_some()) {
+        let keyed = requests.iter().any(|r| r.hash_ids.is_some());
+        if prefix_cache && keyed {
             self.check_prefix_block_size()?;
+        }
+        if let (Some(path), false, true) = (&self.trace, keyed, self.events.is_some()) {
+            return Err(InputError(format!(
+                "--events reports the prefix cache's changes, and --trace {} names no prompt \
+                 content to cache (no hash_ids): use a Mooncake JSONL trace",
+                path.display()
+            )));
         }
         let engine = EngineConfig {
             admission: self.admission.unwrap_or(Admission::Reserve),
@@ -554,6 +624,19 @@ impl Cli {
             check_runnable(&h.all_full, &all_full_engine(&engine), &requests)?;
         }
         self.check_samples_fit(&engine, &sizing, &requests, left, &host)?;
+        // The export files last, once everything else is accepted: each is
+        // opened for writing (created if missing, not emptied yet), so that
+        // one that cannot be written is refused before any work.
+        for (flag, path) in [("--events", &self.events), ("--metrics", &self.metrics)] {
+            if let Some(path) = path {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(path)
+                    .map_err(|e| InputError(format!("{flag} {}: {e}", path.display())))?;
+            }
+        }
         Ok(Plan {
             engine,
             shards,
@@ -561,6 +644,11 @@ impl Cli {
             hybrid,
             requests,
             workload,
+            events_capacity,
+            exports: Exports {
+                events: self.events.clone(),
+                metrics: self.metrics.clone(),
+            },
         })
     }
 
@@ -723,6 +811,22 @@ fn run_one<B: KvBackend>(
     Report::new(&stats)
 }
 
+/// Runs `run`, with `exports` (if any) written from `pool` beside it;
+/// returns its report and what was exported (`None` without exports).
+fn exporting(
+    exports: Option<&Exports>,
+    pool: &Arc<BlockPool>,
+    run: impl FnOnce() -> Report,
+) -> (Report, Option<std::io::Result<Exported>>) {
+    match exports {
+        Some(x) => {
+            let (report, done) = x.around(pool, run);
+            (report, Some(done))
+        }
+        None => (run(), None),
+    }
+}
+
 fn sizing_lines(plan: &Plan) -> String {
     match &plan.hybrid {
         None => sizing_line(&plan.sizing),
@@ -784,6 +888,30 @@ fn settings_line(plan: &Plan) -> String {
     )
 }
 
+/// What the kvslots run exported, in words (a line of its own; of a
+/// hybrid model, its hybrid run's).
+fn exports_line(exports: &Exports, e: &Exported, hybrid: bool) -> String {
+    let mut parts = Vec::new();
+    if let Some(path) = &exports.events {
+        parts.push(format!(
+            "{} KV event batches ({} events, {} lost to full rings) to {}",
+            e.event_batches,
+            e.events,
+            e.events_dropped,
+            path.display()
+        ));
+    }
+    if let Some(path) = &exports.metrics {
+        parts.push(format!(
+            "metrics written {} times to {}",
+            e.metrics_writes,
+            path.display()
+        ));
+    }
+    let of = if hybrid { " (the hybrid run's)" } else { "" };
+    format!("\nexports{of}: {}", parts.join("; "))
+}
+
 fn settings_json(plan: &Plan) -> serde_json::Value {
     let e = &plan.engine;
     json!({
@@ -802,6 +930,7 @@ fn settings_json(plan: &Plan) -> serde_json::Value {
         "async_depth": e.async_depth,
         "profiles": profile_words(e, plan.sizing.block_size),
         "stuck_after_ms": e.stuck_after.as_millis() as u64,
+        "events_capacity": plan.events_capacity,
     })
 }
 
@@ -859,6 +988,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
         layouts.push((&h.all_full, all_full_engine(&plan.engine), false));
     }
     let mut reports = Vec::new();
+    let mut exported: Option<std::io::Result<Exported>> = None;
     for (i, (sizing, engine, hybrid)) in layouts.iter().enumerate() {
         let (nb, bs) = (sizing.num_blocks, sizing.block_size);
         let groups = engine.groups.clone();
@@ -870,19 +1000,36 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
             let (reqs, fault) = (&plan.requests, cli.plant_fault);
             let report = match a {
                 // The kvslots pool has the prefix cache only when the run
-                // uses it.
-                Allocator::Kvslots => match BlockPool::builder(nb, bs)
-                    .shards(plan.shards)
-                    .prefix_cache(engine.prefix_cache)
-                    .build()
-                {
-                    Ok(p) if *hybrid => {
-                        let b = HybridKvslotsBackend::hybrid(p, groups.clone());
-                        run_one(&b, oracle, reqs, engine, fault)
+                // uses it, and KV events only with `--events`; the exports
+                // are of the first layout's run (a hybrid model as given,
+                // not its all-full twin).
+                Allocator::Kvslots => {
+                    let exports = (i == 0 && plan.exports.any()).then_some(&plan.exports);
+                    let builder = BlockPool::builder(nb, bs)
+                        .shards(plan.shards)
+                        .prefix_cache(engine.prefix_cache);
+                    let builder = match plan.events_capacity {
+                        Some(n) if i == 0 => builder.kv_events(n),
+                        _ => builder,
+                    };
+                    let (report, done) = match builder.build() {
+                        Ok(p) if *hybrid => {
+                            let b = HybridKvslotsBackend::hybrid(p, groups.clone());
+                            let pool = Arc::clone(b.pool());
+                            exporting(exports, &pool, || run_one(&b, oracle, reqs, engine, fault))
+                        }
+                        Ok(p) => {
+                            let b = KvslotsBackend::from_pool(p);
+                            let pool = Arc::clone(b.pool());
+                            exporting(exports, &pool, || run_one(&b, oracle, reqs, engine, fault))
+                        }
+                        Err(e) => return refused(err, cli, "the kvslots pool", &e),
+                    };
+                    if done.is_some() {
+                        exported = done;
                     }
-                    Ok(p) => run_one(&KvslotsBackend::from_pool(p), oracle, reqs, engine, fault),
-                    Err(e) => return refused(err, cli, "the kvslots pool", &e),
-                },
+                    report
+                }
                 Allocator::Mutex => match MutexPool::try_new(nb, bs) {
                     Ok(p) if *hybrid => {
                         let b = HybridMutexBackend::hybrid(p, groups.clone());
@@ -905,6 +1052,16 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
         }
     }
     let ok = reports.iter().all(|r| r.invariants_ok);
+    let exported = match exported.transpose() {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = writeln!(err, "kvslots-sim: error: cannot write the exports: {e}");
+            if !ok {
+                return EXIT_FAILED;
+            }
+            return EXIT_UNWRITTEN;
+        }
+    };
     let per = cli.allocators().len();
     let written = if cli.json {
         let mut value = match &plan.hybrid {
@@ -936,6 +1093,9 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
         value["sizing"] = json!(plan.sizing);
         value["workload"] = json!(plan.workload);
         value["settings"] = settings_json(&plan);
+        if let Some(e) = &exported {
+            value["exported"] = json!(e);
+        }
         writeln!(out, "{value}")
     } else {
         let mut ratios = Vec::new();
@@ -947,9 +1107,13 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
         }
         writeln!(
             out,
-            "{}\n{}\n\n{}",
+            "{}\n{}{}\n\n{}",
             sizing_lines(&plan),
             settings_line(&plan),
+            exported
+                .as_ref()
+                .map(|e| exports_line(&plan.exports, e, plan.hybrid.is_some()))
+                .unwrap_or_default(),
             table_with(&reports, &ratios)
         )
     }

@@ -262,7 +262,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// assert_eq!(seq.held_blocks(), 2 + 4); // the window's 2, the full group's 4
     /// ```
     pub fn held_blocks(&self) -> usize {
-        self.tables.iter().map(|t| t.blocks.len() - t.null).sum()
+        self.tables.iter().map(Sequence::in_table).sum()
     }
 
     /// How many tokens the tables can hold (the same in every group):
@@ -428,10 +428,13 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// together (less those the windows free for reuse), as
     /// [`Sequence::try_append`] counts them: `NeverFits` if the new blocks
     /// can never fit beside the blocks the sequence keeps (the pool's
-    /// blocks less those, the error's capacity); `Full`; `BehindWaiters`
-    /// for a sequence that holds no block yet (a new admission) while the
-    /// free blocks are owed to queued waiters; `Closed`. On error nothing
-    /// changes: no table, no window.
+    /// blocks less those, the error's capacity; copy-on-write sources it
+    /// keeps are not counted); `Full`; `BehindWaiters` for new work (a
+    /// sequence whose tables hold no block beyond the prefix
+    /// [`try_match_prefix`](Self::try_match_prefix) took: an empty one, or
+    /// a new request whose prompt hit the cache; its append is a new
+    /// admission) while the free blocks are owed to queued waiters;
+    /// `Closed`. On error nothing changes: no table, no window.
     ///
     /// # Examples
     ///
@@ -612,10 +615,12 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
 
     /// `NeverFits` for a call that asks the pool for `asked` blocks, of
     /// which `needed` can never be taken, with `headroom` free besides,
-    /// beside the blocks the sequence holds (all its tables, less the
-    /// `leaving` ones its windows give back in the call): the rest of the
-    /// pool is all it can ever get, and is the error's capacity. (`Closed`
-    /// wins after `close`.)
+    /// beside the blocks the sequence's tables hold (less the `leaving`
+    /// ones its windows give back in the call): the rest of the pool is
+    /// all it can ever get, and is the error's capacity. Copy-on-write
+    /// sources the tables keep are not counted, as in
+    /// [`Sequence::try_append`]: the caller gives them back once the
+    /// copies are made. (`Closed` wins after `close`.)
     fn never_fits_beside_own(
         &self,
         asked: usize,
@@ -623,7 +628,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         headroom: usize,
         leaving: usize,
     ) -> Result<(), ReserveError> {
-        let held = self.tables.iter().map(Sequence::held).sum::<usize>();
+        let held = self.tables.iter().map(Sequence::in_table).sum::<usize>();
         let pool = self.pool();
         let room = pool
             .num_blocks()
@@ -640,10 +645,18 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         })
     }
 
+    /// Whether the sequence is new work: no table holds a block beyond the
+    /// prefix a match took (an empty sequence, or a new request whose
+    /// prompt hit the prefix cache), as for [`Sequence`]: its allocations
+    /// are new admissions, which leave queued waiters what they are owed.
+    fn is_new_work(&self) -> bool {
+        !self.tables.iter().any(Sequence::is_running)
+    }
+
     /// Takes `n > 0` blocks into the scratch list: growth of a running
-    /// sequence, or a new admission if no table holds a block.
+    /// sequence, or a new admission for new work.
     fn admit(&mut self, n: usize) -> Result<(), ReserveError> {
-        let fresh = self.tables.iter().all(|t| t.blocks.is_empty());
+        let fresh = self.is_new_work();
         let pool = Arc::clone(self.pool());
         if self.faults.per_group_admission() {
             return self.admit_per_group(n, fresh);
@@ -1002,7 +1015,13 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             HybridSequence::with_faults(Arc::clone(&pool), self.groups.clone(), len, self.faults);
         if private > 0 {
             self.never_fits_beside_own(private, private, 0, 0)?;
-            pool.try_alloc_growth(private, &mut child.scratch)?;
+            // Growth of a running sequence; new work's fork (after a
+            // truncate into what it matched) is a new admission.
+            if self.is_new_work() {
+                pool.try_alloc_with_headroom(private, 0, &mut child.scratch)?;
+            } else {
+                pool.try_alloc_growth(private, &mut child.scratch)?;
+            }
             // Popped in group order below.
             child.scratch.reverse();
         }
@@ -1045,7 +1064,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// lookups, group by group: the keys each asks for and the blocks the
     /// pool hands it, also those given back because another group serves
     /// a shorter prefix. The prefix a hybrid request gets is what this
-    /// returns (`k` blocks of tokens).
+    /// returns (`k` blocks of tokens). Until it holds a block beyond them,
+    /// the sequence is new work: its next append is a new admission (see
+    /// [`try_append`](Self::try_append)).
     ///
     /// As [`Sequence::try_match_prefix`]: on a sequence that holds tokens
     /// or blocks it returns 0 and changes nothing; an evictable block taken
@@ -1132,6 +1153,8 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         for t in self.tables.iter_mut() {
             t.len = k * bs;
             t.tail_may_be_shared = false;
+            // New work until it holds a block beyond the match.
+            t.matched = t.blocks.len();
         }
         Ok(k)
     }
@@ -1216,6 +1239,12 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// computed), or a prefill in several chunks leaves its early blocks
     /// uncached in the sliding groups, and a later prompt sharing only
     /// part of this one finds no window at its end.
+    ///
+    /// With [KV events](crate::BlockPoolBuilder::kv_events), the stores are
+    /// reported under the keys the index holds, the groups' own
+    /// ([`GroupKeys::group`]), never the content keys: a chain per group,
+    /// each block's parent that group's key of the block before it in the
+    /// sequence (also when a sliding window gave that block back).
     ///
     /// # Errors
     ///

@@ -32,15 +32,17 @@ mod free_list;
 mod over_free;
 mod prefix;
 mod refs;
+mod stats;
 mod wait;
 
 use admission::Admission;
 pub use builder::BlockPoolBuilder;
 use fence::Fences;
 use free_list::{Chain, FreeList, NIL};
-pub use prefix::PrefixStats;
 use prefix::{Evictions, PrefixCache};
+pub use prefix::{KvEvent, PrefixStats};
 use refs::{Dropped, Refs};
+pub use stats::PoolStats;
 pub use wait::Alloc;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
@@ -90,7 +92,10 @@ pub use wait::Alloc;
 /// [`evictable_blocks`](Self::evictable_blocks),
 /// [`reset_prefix_cache`](Self::reset_prefix_cache) and
 /// [`prefix_stats`](Self::prefix_stats) report on it and clear it. Every
-/// path is lock-free, and none allocates heap memory.
+/// path is lock-free while nobody waits (a give-back while someone waits
+/// runs the wait queue's grant loop, see
+/// [Waiting](crate::implementation#waiting)), and none allocates heap
+/// memory.
 ///
 /// # Fenced release
 ///
@@ -839,11 +844,27 @@ impl BlockAllocator for BlockPool {
     }
 
     fn publish(&self, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
+        self.publish_after(None, blocks, keys)
+    }
+
+    fn publish_after(
+        &self,
+        parent: Option<&BlockHash>,
+        blocks: &[BlockId],
+        keys: &[BlockHash],
+    ) -> usize {
         self.check_ids(blocks);
         blocks
             .iter()
             .zip(keys)
-            .filter(|&(&id, key)| self.publish_block(id, key))
+            .enumerate()
+            .filter(|&(i, (&id, key))| {
+                let parent = match i.checked_sub(1) {
+                    Some(p) => Some(&keys[p]),
+                    None => parent,
+                };
+                self.publish_block(id, key, parent)
+            })
             .count()
     }
 
@@ -883,6 +904,7 @@ impl fmt::Debug for BlockPool {
             .field("block_size", &self.block_size)
             .field("shards", &self.shards())
             .field("prefix_cache", &self.has_prefix_cache())
+            .field("kv_events", &self.has_kv_events())
             .field("used_blocks", &self.used_blocks())
             .field("peak_used_blocks", &self.peak_used_blocks())
             .field("closed", &self.is_closed())
