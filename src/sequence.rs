@@ -11,7 +11,7 @@ use std::time::Duration;
 use crate::error::{PositionError, ReserveError};
 use crate::hash::BlockHash;
 use crate::id::BlockId;
-use crate::pool::{Alloc, BlockPool};
+use crate::pool::{Alloc, BlockPool, Holder};
 use crate::table;
 
 /// A device copy the caller must make: the first `tokens` slots of block
@@ -284,7 +284,7 @@ impl Sequence {
             // A sequence that holds blocks is running: its growth does not
             // wait behind queued admissions; an empty one is a new admission.
             if self.blocks.is_empty() {
-                self.pool.try_alloc(total, &mut self.blocks)?;
+                self.pool.try_alloc_sequence(total, 0, &mut self.blocks)?;
             } else {
                 self.pool.try_alloc_growth(total, &mut self.blocks)?;
             }
@@ -362,7 +362,7 @@ impl Sequence {
             return Ok(());
         }
         self.pool
-            .try_alloc_with_headroom(missing, headroom, &mut self.blocks)
+            .try_alloc_sequence(missing, headroom, &mut self.blocks)
     }
 
     /// [`try_reserve`](Self::try_reserve), waiting: a future that resolves
@@ -403,7 +403,7 @@ impl Sequence {
         if missing == 0 {
             return pool.alloc_nothing(&mut self.blocks);
         }
-        pool.alloc_with_headroom(missing, headroom, &mut self.blocks)
+        pool.alloc_with_headroom(missing, headroom, &mut self.blocks, Holder::Sequence)
     }
 
     /// [`try_reserve`](Self::try_reserve), sleeping in the pool's queue
@@ -445,8 +445,13 @@ impl Sequence {
         if missing == 0 {
             return Ok(());
         }
-        self.pool
-            .alloc_with_headroom_blocking(missing, headroom, &mut self.blocks, timeout)
+        self.pool.alloc_with_headroom_blocking(
+            missing,
+            headroom,
+            &mut self.blocks,
+            timeout,
+            Holder::Sequence,
+        )
     }
 
     /// How many blocks [`try_reserve`](Self::try_reserve) must add for

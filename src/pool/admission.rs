@@ -30,7 +30,7 @@
 
 use crate::error::ReserveError;
 use crate::sync::{
-    self, AtomicBool, AtomicU64, AtomicUsize, Backoff, CachePadded, Faults, Ordering,
+    self, AtomicBool, AtomicU64, AtomicUsize, Backoff, CachePadded, Faults, Homes, Ordering,
 };
 use crate::wait::{Units, WaitQueue};
 
@@ -70,6 +70,8 @@ pub(super) struct Admission {
     peak: CachePadded<AtomicUsize>,
     /// Immutable after construction.
     capacity: usize,
+    /// Which shard a thread calls home.
+    homes: Homes,
     /// The faults of loom's negative controls (none outside them).
     faults: Faults,
     /// The waiters of [`BlockPool::alloc`](super::BlockPool::alloc) and its
@@ -86,6 +88,7 @@ impl Admission {
         debug_assert!(shards > 0 && capacity <= u32::MAX as usize);
         let span = capacity.div_ceil(shards).max(1);
         let owned = |s: usize| capacity.min((s + 1) * span).saturating_sub(s * span);
+        let homes = Homes::new(shards);
         let shards = (0..shards)
             .map(|s| {
                 CachePadded::new(Shard {
@@ -99,6 +102,7 @@ impl Admission {
             closed: CachePadded::new(AtomicBool::new(false)),
             peak: CachePadded::new(AtomicUsize::new(0)),
             capacity,
+            homes,
             faults,
             queue: WaitQueue::new(faults),
         }
@@ -116,7 +120,7 @@ impl Admission {
 
     /// The calling thread's home shard, as in the free list.
     fn home(&self) -> usize {
-        sync::thread_index() % self.shards.len()
+        self.homes.mine()
     }
 
     /// The sum of the shards' free counts, read one after another, at most

@@ -9,7 +9,7 @@
 use std::fmt;
 
 use crate::error::{ConfigError, FreeError, ReserveError};
-use crate::free_list::{Chain, FreeList, NIL};
+use crate::free_list::{FreeList, Give};
 use crate::id::BlockId;
 use crate::sync::{self, Backoff, Faults};
 
@@ -28,6 +28,7 @@ use keys::Keys;
 use lru::Lru;
 pub use prefix::PrefixStats;
 use prefix::Stats;
+pub(crate) use refs::Holder;
 use refs::{Dropped, Refs};
 
 /// Blocks that a give-back appends to the eviction ring with one CAS (a
@@ -127,9 +128,9 @@ pub struct BlockPool {
 }
 
 impl BlockPool {
-    /// The largest number of blocks a pool can have: ids are `u32`, and one
-    /// value marks the end of the free list.
-    pub const MAX_BLOCKS: usize = NIL as usize;
+    /// The largest number of blocks a pool can have: ids are `u32` values
+    /// below `u32::MAX`.
+    pub const MAX_BLOCKS: usize = u32::MAX as usize;
 
     /// The most free-list shards [`new`](Self::new) gives a pool.
     pub const DEFAULT_SHARDS: usize = 16;
@@ -500,13 +501,36 @@ impl BlockPool {
         headroom: usize,
         out: &mut Vec<BlockId>,
     ) -> Result<(), ReserveError> {
+        self.try_alloc_for(n, headroom, out, Holder::Raw)
+    }
+
+    /// [`try_alloc_with_headroom`](Self::try_alloc_with_headroom) for a
+    /// [`Sequence`](crate::Sequence): the blocks carry the sequence flag
+    /// (see [Reference counts](crate::implementation#reference-counts)).
+    pub(crate) fn try_alloc_sequence(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        self.try_alloc_for(n, headroom, out, Holder::Sequence)
+    }
+
+    /// The body of both: blocks for `holder`.
+    fn try_alloc_for(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+        holder: Holder,
+    ) -> Result<(), ReserveError> {
         // Room for the ids first (it could panic or allocate), and only for a
         // request that can fit at all, so that nothing admitted can leak.
         if n <= self.num_blocks() {
             out.reserve(n);
         }
         self.counter.try_reserve_raw(n, headroom)?;
-        self.take_admitted(n, out);
+        self.take_admitted(n, out, holder);
         Ok(())
     }
 
@@ -525,14 +549,14 @@ impl BlockPool {
             out.reserve(n);
         }
         self.counter.try_grow_raw(n)?;
-        self.take_admitted(n, out);
+        self.take_admitted(n, out, Holder::Sequence);
         Ok(())
     }
 
     /// Appends to `out` the ids of `n` blocks whose admission the caller
     /// has made (a `try_*` call, or a grant of the wait queue), each with
-    /// one reference. `out` has room for them.
-    fn take_admitted(&self, n: usize, out: &mut Vec<BlockId>) {
+    /// one reference of `holder`'s. `out` has room for them.
+    fn take_admitted(&self, n: usize, out: &mut Vec<BlockId>, holder: Holder) {
         if n == 0 {
             return;
         }
@@ -543,19 +567,38 @@ impl BlockPool {
         let mut need = n;
         let backoff = Backoff::new();
         loop {
-            let base = out.len();
-            need -= self.free.pop(need, out);
-            for &id in &out[base..] {
-                self.refs.set_first(id);
+            need -= self.take_free(need, out, holder, FreeList::pop);
+            if need > 0 {
+                need -= self.evict_into(need, out, holder);
             }
             if need > 0 {
-                need -= self.evict_into(need, out);
+                // The last look: every word of the free list, whatever its
+                // summaries say.
+                need -= self.take_free(need, out, holder, FreeList::pop_everywhere);
             }
             if need == 0 {
                 return;
             }
             sync::stale_retry(&backoff);
         }
+    }
+
+    /// Takes up to `k > 0` uncached free blocks with `pop` (a way of taking
+    /// from the free list), appends them to `out` with one reference of
+    /// `holder`'s each, and returns how many.
+    fn take_free(
+        &self,
+        k: usize,
+        out: &mut Vec<BlockId>,
+        holder: Holder,
+        pop: impl FnOnce(&FreeList, usize, &mut Vec<BlockId>) -> usize,
+    ) -> usize {
+        let base = out.len();
+        let taken = pop(&self.free, k, out);
+        for &id in &out[base..] {
+            self.refs.set_first(id, holder);
+        }
+        taken
     }
 
     /// Drops one reference per listed id; a block whose last reference goes
@@ -639,6 +682,9 @@ impl BlockPool {
         if let Some(&id) = ids.iter().find(|id| self.refs.count(**id) == 0) {
             return Err(FreeError::NotAllocated { id });
         }
+        if let Some(&id) = ids.iter().find(|id| self.refs.is_sequence_held(**id)) {
+            return Err(FreeError::HeldBySequence { id });
+        }
         if let Some(id) = over_free::first_over_freed(ids, |id| self.refs.count(id) as usize) {
             return Err(FreeError::OverFreed { id });
         }
@@ -650,31 +696,49 @@ impl BlockPool {
     /// reach zero and pushes them (one CAS per run of ids with the same
     /// owner shard).
     fn drop_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
-        self.drop_each(ids.iter().copied(), ids, |id| self.refs.drop(id))
+        self.drop_each(Give::new(), ids.iter().copied(), ids, |id| {
+            self.refs.drop(id)
+        })
     }
 
     /// Drops the references a [`Sequence`](crate::Sequence) holds in its
     /// table (or retired), as [`drop_refs`](Self::drop_refs) does.
     ///
-    /// The caller holds each listed reference, but a public
-    /// [`free`](Self::free) that lists the same block (a double free, which
-    /// is misuse) can take it first: so every drop is a read-modify-write,
-    /// and exactly one of the two sees the count reach 0 and pushes the
-    /// block. If `free` won, the drop here finds no reference left and is
-    /// refused with `Raced` like any drop that loses that race.
+    /// A block that the sequence holds alone, neither cached nor claimed,
+    /// goes back with a plain store of its count (no raw free can touch a
+    /// sequence's block, see [Reference counts](crate::implementation#reference-counts));
+    /// every other drop is a read-modify-write. A reference that is no
+    /// longer there (a raw free took it before the block was a sequence's:
+    /// a double free) is refused with `Raced` like any drop that loses that
+    /// race, and the others are dropped all the same.
     ///
     /// The references go last listed first: a sequence's last block is
     /// released first, so that of a cached prompt the tail is evicted
     /// before the head.
     pub(crate) fn drop_held_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
-        self.drop_each(ids.iter().rev().copied(), ids, |id| self.refs.drop_held(id))
+        // The usual case, a sequence's own fresh blocks, in a tight loop.
+        let (give, rest) = self.free.gather_while(ids, |id| self.refs.drop_sole(id));
+        if rest > 0 {
+            let rest = &ids[..rest];
+            return self.drop_each(give, rest.iter().rev().copied(), rest, |id| {
+                self.refs.drop_held(id)
+            });
+        }
+        self.free.give(give);
+        // Released after the give-back, as in `drop_each`.
+        if give.len() > 0 {
+            self.counter.release_held(give.len());
+        }
+        Ok(())
     }
 
     /// The body of both drops: `drop` takes one reference and says what
     /// became of the block (`Err` if no reference was left). `order` lists
-    /// the ids of `ids` in the order of the drops.
+    /// the ids of `ids` in the order of the drops; `give` holds free blocks
+    /// that the caller has dropped already (returned with these).
     fn drop_each(
         &self,
+        mut give: Give,
         order: impl ExactSizeIterator<Item = BlockId>,
         ids: &[BlockId],
         drop: impl Fn(BlockId) -> Result<Dropped, ()>,
@@ -684,7 +748,6 @@ impl BlockPool {
         // free). The other drops still go ahead: undoing them could add a
         // reference to a block that was freed and reallocated to a new
         // owner since (an ABA on the count).
-        let mut chain = Chain::new();
         let mut raced = None;
         // Cached blocks whose last reference went: they stay cached, as the
         // most recently released, with stamps in the order of the drops
@@ -698,7 +761,7 @@ impl BlockPool {
         let total = order.len();
         for (i, id) in order.enumerate() {
             match drop(id) {
-                Ok(Dropped::Free) => self.free.prepend(&mut chain, id.index() as u32),
+                Ok(Dropped::Free) => give = give.add(&self.free, id),
                 Ok(Dropped::Evictable) => {
                     let base = *stamps
                         .get_or_insert_with(|| self.lru.stamps(total - i).wrapping_sub(i as u32));
@@ -723,13 +786,11 @@ impl BlockPool {
             }
         }
         self.lru.stamp_all(&batch[..batched]);
-        if chain.len() > 0 {
-            self.free.push(&chain);
-        }
-        // Released after the push, so that whoever admits these blocks
-        // finds them (in the free list, or evictable).
-        if chain.len() + evictable > 0 {
-            self.counter.release_held(chain.len() + evictable);
+        self.free.give(give);
+        // Released after the give-back, so that whoever admits these
+        // blocks finds them (in the free list, or evictable).
+        if give.len() + evictable > 0 {
+            self.counter.release_held(give.len() + evictable);
         }
         match raced {
             None => Ok(()),
@@ -969,7 +1030,7 @@ impl BlockPoolBuilder {
         let keys = Keys::room(num_blocks).map_err(oom)?;
         let refs = Refs::room(num_blocks).map_err(oom)?;
         let lru = Lru::room(num_blocks).map_err(oom)?;
-        let free = FreeList::room(num_blocks).map_err(oom)?;
+        let free = FreeList::room(num_blocks, shards).map_err(oom)?;
         Ok(BlockPool {
             counter: Admission::new(num_blocks, shards, faults),
             // `num_blocks <= MAX_BLOCKS = u32::MAX`: exact.

@@ -3,12 +3,13 @@
 //! The design and the orderings are described in
 //! [`crate::implementation`] ("Prefix cache").
 
+use crate::free_list::Give;
 use crate::hash::BlockHash;
 use crate::id::BlockId;
 use crate::sync::{self, AtomicU64, Backoff, CachePadded, Ordering};
 
 use super::keys::Probe;
-use super::refs::{count_of, is_evictable, Defer, Dropped, Kill, BUSY, CACHED, KILLED};
+use super::refs::{count_of, is_evictable, Defer, Dropped, Holder, Kill, BUSY, CACHED, KILLED};
 use super::BlockPool;
 
 /// The prefix cache's hit statistics, as [`BlockPool::prefix_stats`]
@@ -356,19 +357,19 @@ impl BlockPool {
     /// cached it, with its capacity released.
     fn give_back_claim(&self, id: BlockId, dropped: Dropped) {
         if dropped != Dropped::Kept {
-            let _ = self.drop_each(std::iter::once(id), &[id], |_| Ok(dropped));
+            let _ = self.drop_each(Give::new(), std::iter::once(id), &[id], |_| Ok(dropped));
         }
     }
 
     /// Takes up to `k` evictable blocks for an allocation that admitted
     /// them: drops their keys and index entries and appends them to `out`
-    /// with one reference each; returns how many. Fewer if no more were
-    /// found (the caller looks again).
-    pub(super) fn evict_into(&self, k: usize, out: &mut Vec<BlockId>) -> usize {
+    /// with one reference of `holder`'s each; returns how many. Fewer if no
+    /// more were found (the caller looks again).
+    pub(super) fn evict_into(&self, k: usize, out: &mut Vec<BlockId>, holder: Holder) -> usize {
         let evicted = self.lru.evict(
             &self.refs,
             k,
-            |id, seen| self.refs.evict(id, seen),
+            |id, seen| self.refs.evict(id, seen, holder),
             |id| {
                 self.forget_key(id);
                 out.push(id);
@@ -436,7 +437,9 @@ impl BlockPool {
                 continue;
             }
             let id = BlockId::new(index as u32);
-            if !self.refs.evict(id, seen) {
+            // A reference of our own, given back below: a sequence's, so
+            // that no raw free can take it.
+            if !self.refs.evict(id, seen, Holder::Sequence) {
                 self.counter.release_held(1);
                 continue;
             }

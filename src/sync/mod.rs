@@ -39,4 +39,4 @@ pub use atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 pub(crate) use backoff::{stale_retry, Backoff};
 pub use faults::Faults;
 pub(crate) use lock::{Condvar, Mutex, MutexGuard};
-pub(crate) use thread_index::thread_index;
+pub(crate) use thread_index::{thread_index, Homes};

@@ -44,3 +44,58 @@ pub(crate) fn thread_index() -> usize {
         INDEX.try_with(|index| *index).unwrap_or(0)
     }
 }
+
+/// The calling thread's home among `n` places: `thread_index() % n`,
+/// computed with a multiplication instead of a division (Lemire's
+/// "faster remainder by direct computation"), since the fast paths ask for
+/// it on every call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Homes {
+    /// The number of places, at least 1.
+    n: u32,
+    /// `ceil(2^64 / n)`, or 0 for one place.
+    magic: u64,
+}
+
+impl Homes {
+    /// Homes among `n > 0` places (at most `u32::MAX`).
+    pub(crate) fn new(n: usize) -> Homes {
+        debug_assert!(n > 0 && n <= u32::MAX as usize);
+        let n = n as u32;
+        let magic = if n == 1 {
+            0
+        } else {
+            (u64::MAX / u64::from(n)).wrapping_add(1)
+        };
+        Homes { n, magic }
+    }
+
+    /// `index % n`, exact for every 32-bit `index`.
+    #[inline]
+    pub(crate) fn of(self, index: usize) -> usize {
+        let low = self.magic.wrapping_mul(u64::from(index as u32));
+        ((u128::from(low) * u128::from(self.n)) >> 64) as usize
+    }
+
+    /// The calling thread's home: `thread_index() % n` (for thread
+    /// numbers below 2^32).
+    #[inline]
+    pub(crate) fn mine(self) -> usize {
+        self.of(thread_index())
+    }
+}
+
+#[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
+mod tests {
+    use super::Homes;
+
+    #[test]
+    fn homes_are_remainders() {
+        for n in [1usize, 2, 3, 7, 16, 1000, 1024, 65_537, u32::MAX as usize] {
+            let homes = Homes::new(n);
+            for i in (0..5000usize).chain([u32::MAX as usize - 1, u32::MAX as usize]) {
+                assert_eq!(homes.of(i), i % n, "{i} % {n}");
+            }
+        }
+    }
+}
