@@ -39,6 +39,9 @@
 //!   threads). This measures the refusal path as well as the admission
 //!   path.
 //!
+//! `KVSLOTS_BENCH_THREADS=1,2,4,8,16` runs both groups at those thread
+//! counts instead (`scripts/bench-threads`).
+//!
 //! The ratios in `BENCHMARKS.md` are taken between rows of the same run,
 //! on 2 threads: `kvslots_try_reserve_drop` against `fetch_add_sub` and
 //! against `std_mutex`. Run e.g. `cargo bench --bench contention -- '/2$'`.
@@ -68,10 +71,16 @@ use tokio::sync::Semaphore;
 
 mod support;
 
+use support::threads::bench_threads;
 use support::{Lock, MutexCounter, PlMutexCounter, StdMutexCounter};
 
-/// Thread counts every contended benchmark runs at.
+/// Thread counts of the `cap_1M` group (unless `KVSLOTS_BENCH_THREADS`
+/// says otherwise).
 const THREADS: [usize; 4] = [1, 2, 4, 8];
+
+/// Thread counts of the `cap_64_refusing` group (unless
+/// `KVSLOTS_BENCH_THREADS` says otherwise).
+const REFUSING_THREADS: [usize; 2] = [2, 8];
 
 /// How many admitted requests each worker of the refusing group keeps.
 const HOLD: usize = 3;
@@ -460,34 +469,35 @@ macro_rules! all_peers {
 }
 
 fn contention(c: &mut Criterion) {
+    let threads = bench_threads(&THREADS);
     let mut group = c.benchmark_group("cap_1M");
     group.throughput(Throughput::Elements(1));
-    all_peers!(&mut group, &THREADS, 1 << 20, take_give);
+    all_peers!(&mut group, &threads, 1 << 20, take_give);
     bench_peer(
         &mut group,
         "fetch_add_sub",
-        &THREADS,
+        &threads,
         || FetchPair(CachePadded::new(AtomicUsize::new(0))),
         take_give::<FetchPair>,
     );
     bench_peer(
         &mut group,
         "proto_cas_no_backoff",
-        &THREADS,
+        &threads,
         || ProtoCas::<0>::new(1 << 20),
         take_give::<ProtoCas<0>>,
     );
     bench_peer(
         &mut group,
         "proto_cas_backoff_from_8",
-        &THREADS,
+        &threads,
         || ProtoCas::<8>::new(1 << 20),
         take_give::<ProtoCas<8>>,
     );
     bench_peer(
         &mut group,
         "proto_fetch_add_undo",
-        &THREADS,
+        &threads,
         || ProtoFetchUndo {
             state: CachePadded::new(AtomicUsize::new(0)),
             capacity: 1 << 20,
@@ -498,7 +508,12 @@ fn contention(c: &mut Criterion) {
 
     let mut group = c.benchmark_group("cap_64_refusing");
     group.throughput(Throughput::Elements(1));
-    all_peers!(&mut group, &[2, 8], 64, take_then_give_oldest);
+    all_peers!(
+        &mut group,
+        &bench_threads(&REFUSING_THREADS),
+        64,
+        take_then_give_oldest
+    );
     group.finish();
 }
 

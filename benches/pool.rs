@@ -21,6 +21,10 @@
 //! The baselines keep no reference counts; `kvslots` does (they are needed
 //! for forks), so the comparison is conservative.
 //!
+//! The contended groups run at 1, 2 and 8 threads;
+//! `KVSLOTS_BENCH_THREADS=1,2,4,8,16` runs them at those counts instead
+//! (`scripts/bench-threads`).
+//!
 //! # Timing
 //!
 //! As in `contention.rs`: threads are spawned untimed, meet the measuring
@@ -39,9 +43,11 @@ use kvslots::{BlockId, BlockPool, Sequence};
 
 mod support;
 
+use support::threads::bench_threads;
 use support::{Lock, MutexFreeList, PlMutexFreeList, StdMutexFreeList};
 
-/// Thread counts of the contended groups.
+/// Thread counts of the contended groups (unless `KVSLOTS_BENCH_THREADS`
+/// says otherwise).
 const THREADS: [usize; 3] = [1, 2, 8];
 /// Blocks in the contended pools: plenty, so refusals are rare.
 const BLOCKS: usize = 4096;
@@ -318,7 +324,7 @@ fn bench_prompt(c: &mut Criterion) {
     let mut group = c.benchmark_group("prompt");
     // One element per block taken and given back.
     group.throughput(Throughput::Elements(PROMPT.div_ceil(BLOCK_SIZE) as u64));
-    for threads in THREADS {
+    for threads in bench_threads(&THREADS) {
         run_table::<Sequence>(&mut group, "kvslots", threads, prompt::<Sequence>);
         run_table::<Seq1>(&mut group, "kvslots_1_shard", threads, prompt::<Seq1>);
         run_table::<BaselineSeq<StdMutexFreeList>>(
@@ -346,7 +352,7 @@ fn bench_prompt(c: &mut Criterion) {
 fn bench_append_truncate(c: &mut Criterion) {
     let mut group = c.benchmark_group("append_truncate");
     group.throughput(Throughput::Elements(1));
-    for threads in THREADS {
+    for threads in bench_threads(&THREADS) {
         run_seq::<Sequence>(&mut group, "kvslots", threads);
         run_seq::<BaselineSeq<StdMutexFreeList>>(&mut group, "std_mutex", threads);
         run_seq::<BaselineSeq<PlMutexFreeList>>(&mut group, "parking_lot_mutex", threads);
@@ -378,7 +384,7 @@ fn run_table<T: Table>(
 fn bench_alloc2_free(c: &mut Criterion) {
     let mut group = c.benchmark_group("alloc2_free");
     group.throughput(Throughput::Elements(1));
-    for threads in THREADS {
+    for threads in bench_threads(&THREADS) {
         run::<Kv>(&mut group, "kvslots", threads, alloc2_free::<Kv>);
         run::<Kv1>(&mut group, "kvslots_1_shard", threads, alloc2_free::<Kv1>);
         run::<StdMutexFreeList>(

@@ -473,6 +473,40 @@ impl Sequence {
         table::growth(self.len, self.blocks.len(), n, self.pool.block_size())
     }
 
+    /// Whether an append of at least one token now needs a copy-on-write:
+    /// the last block is partly filled and shared (with a fork, or with a
+    /// sequence that matched it) or cached, which only happens after a
+    /// [`truncate`](Self::truncate) into such a block. When it is `true`,
+    /// [`try_append`](Self::try_append) would panic and
+    /// [`try_append_cow`](Self::try_append_cow) returns the copy to make;
+    /// when it is `false`, `try_append` does not panic.
+    ///
+    /// A snapshot of other holders: `true` can turn `false` when the other
+    /// holders let go, but `false` stays `false` until this sequence
+    /// itself forks or truncates (no one else can take a reference to a
+    /// block that only this sequence holds and that is not cached). Reads
+    /// one reference count at most; no heap allocation.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{BlockPool, Sequence};
+    ///
+    /// let mut seq = Sequence::new(Arc::new(BlockPool::new(8, 4)));
+    /// seq.try_append(8).unwrap();
+    /// let (child, _) = seq.try_fork().unwrap(); // shares both full blocks
+    /// assert!(!seq.append_needs_copy()); // the next token opens a new block
+    /// seq.truncate(6); // back into the shared second block
+    /// assert!(seq.append_needs_copy());
+    /// drop(child);
+    /// assert!(!seq.append_needs_copy()); // no one else holds it now
+    /// assert_eq!(seq.try_append(1).unwrap(), 6..7);
+    /// ```
+    pub fn append_needs_copy(&self) -> bool {
+        self.tail_needs_copy()
+    }
+
     /// Whether the last block is partly filled and shared (with a fork, or
     /// with a matcher) or cached, so that writing into it needs a private
     /// copy first. A cached block keeps its key while this sequence holds

@@ -1023,6 +1023,74 @@ fn try_append_panics_rather_than_lose_a_copy_on_write() {
 }
 
 #[test]
+fn append_needs_copy_is_true_exactly_when_try_append_would_panic() {
+    // Shared with a fork: true while the child holds the tail.
+    let (forked, mut parent, child) = shared_pair(8, 8);
+    assert!(!parent.append_needs_copy(), "on a block boundary");
+    parent.truncate(6);
+    assert!(parent.append_needs_copy());
+    let before = (seq_snap(&parent), pool_snap(&forked));
+    assert!(parent.append_needs_copy(), "a query changes nothing");
+    assert_eq!((seq_snap(&parent), pool_snap(&forked)), before);
+    drop(child);
+    assert!(!parent.append_needs_copy(), "the child let go");
+    assert_eq!(parent.try_append(1).unwrap(), 6..7);
+    // Cached and shared with a matcher: still true once the matcher lets
+    // go, since the block keeps its key.
+    let cache = pool(8, 4);
+    let mut keys = Vec::new();
+    kvslots::hash_blocks(b"", &[3; 8], 4, &mut keys);
+    let mut first = Sequence::new(Arc::clone(&cache));
+    first.try_append(8).unwrap();
+    assert_eq!(first.publish(&keys), 2);
+    let mut matcher = Sequence::new(Arc::clone(&cache));
+    assert_eq!(matcher.try_match_prefix(&keys), 2);
+    first.truncate(6);
+    assert!(first.append_needs_copy());
+    drop(matcher);
+    assert!(first.append_needs_copy(), "a cached tail is copied");
+    let (_, copy) = first.try_append_cow(1).unwrap();
+    assert!(copy.is_some());
+    assert!(!first.append_needs_copy());
+    // Random appends, truncates and forks: the query and the panic agree.
+    for seed in 0..20u64 {
+        let mut rng = XorShift::new(seed);
+        let shared = pool(16, 1 + rng.below(4));
+        let mut seqs = vec![Sequence::new(Arc::clone(&shared))];
+        for _ in 0..150 {
+            let i = rng.below(seqs.len());
+            match rng.below(6) {
+                0 | 1 => {
+                    let needs = seqs[i].append_needs_copy();
+                    let n = 1 + rng.below(3);
+                    let seq = &mut seqs[i];
+                    let plain = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        seq.try_append(n)
+                    }));
+                    assert_eq!(plain.is_err(), needs, "seed {seed}");
+                    if needs {
+                        let _ = seqs[i].try_append_cow(n);
+                    }
+                }
+                2 | 3 => {
+                    let to = rng.below(seqs[i].len() + 1);
+                    seqs[i].truncate(to);
+                }
+                4 if seqs.len() < 5 => {
+                    if let Ok((child, _)) = seqs[i].try_fork() {
+                        seqs.push(child);
+                    }
+                }
+                _ if seqs.len() > 1 => {
+                    seqs.swap_remove(i);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+#[test]
 fn copy_on_write_with_new_blocks_takes_them_all_at_once() {
     let (pool, mut parent, child) = shared_pair(8, 8);
     let shared = child.blocks().to_vec();

@@ -2,10 +2,13 @@
 //! used-slot count behind a lock ([`MutexCounter`], the peer of
 //! `SlotCounter`) and a free list of block ids behind a lock
 //! ([`MutexFreeList`], the peer of `BlockPool`), each over
-//! `std::sync::Mutex` or `parking_lot::Mutex`.
+//! `std::sync::Mutex` or `parking_lot::Mutex`; and the thread counts of
+//! the contended benchmarks ([`threads::bench_threads`]).
 
 // Each benchmark binary uses a part of this module.
 #![allow(dead_code)]
+
+pub mod threads;
 
 /// A mutex that the baselines can be built on.
 pub trait Lock<T>: Send + Sync {

@@ -1,0 +1,350 @@
+"""Lock-free, all-or-nothing KV-cache block allocation with a prefix cache,
+for LLM inference schedulers.
+
+`BlockPool` hands out block ids all or nothing; `Sequence` is one request's
+block table over a pool (appends, forks, rollback, the slot mapping, prefix
+matching and publishing); `hash_blocks` computes the prefix cache's block
+keys. Every refusal raises (`ReserveError` and its subclasses `Full`,
+`NeverFits`, `Closed`; `FreeError`; `CopyRequired`) and changes nothing.
+Every object may be shared between threads; calls that wait or walk many
+blocks release the GIL.
+"""
+
+from types import TracebackType
+from typing import Any, ClassVar, Iterable, Optional, Tuple, Type, Union, final
+
+from typing_extensions import Buffer, Literal, Self, SupportsIndex
+
+__version__: str
+
+__all__ = [
+    "__version__",
+    "BlockPool",
+    "Sequence",
+    "BlockCopy",
+    "hash_blocks",
+    "hash_blocks_packed",
+    "ReserveError",
+    "Full",
+    "NeverFits",
+    "Closed",
+    "FreeError",
+    "CopyRequired",
+]
+
+_Int = SupportsIndex
+"""An int, or an object with `__index__` (a numpy integer); never a float."""
+
+_Keys = Union[Iterable[Union[bytes, bytearray]], bytes, bytearray]
+"""Block keys: 32-byte keys, as `hash_blocks` returns them, or one bytes
+object of keys laid end to end, as `hash_blocks_packed` returns them (read
+in one copy instead of one conversion per key)."""
+
+class ReserveError(Exception):
+    """An allocation was refused; nothing changed. Subclasses: `Full`,
+    `NeverFits`, `Closed`."""
+
+class Full(ReserveError):
+    """Not enough free blocks right now; retrying later may succeed."""
+
+    requested: int
+    """Blocks asked for."""
+    available: int
+    """Blocks free when the request was refused."""
+
+class NeverFits(ReserveError):
+    """The request (plus any headroom) is larger than the whole pool: it can
+    never be admitted, so reject it instead of retrying."""
+
+    requested: int
+    """Blocks asked for (with the headroom)."""
+    capacity: int
+    """The pool's number of blocks."""
+
+class Closed(ReserveError):
+    """The pool was closed: it admits nothing more, while frees still work."""
+
+class FreeError(ValueError):
+    """`BlockPool.free` refused.
+
+    Every kind but `"raced"` changed nothing. `"raced"` is a double free
+    caught racing another holder's free: that reference was refused and
+    every other listed reference was dropped.
+    """
+
+    id: int
+    """The offending id, as given (it may be negative or huge for
+    `"out_of_range"`)."""
+    kind: Literal["out_of_range", "not_allocated", "over_freed", "raced"]
+    """Why: not a block of the pool; a free block (a double free); listed
+    more times than it has references; a racing double free."""
+    num_blocks: Optional[int]
+    """The pool's size, for `"out_of_range"`; else None."""
+
+class CopyRequired(RuntimeError):
+    """`Sequence.try_append` refused: the last block is partly filled and
+    shared (with a fork or a matched sequence) or cached, so the append needs
+    a copy-on-write. Use `Sequence.append_cow`. Nothing changed."""
+
+@final
+class BlockCopy:
+    """A device copy the caller must make: the first `tokens` token slots of
+    block `src` into block `dst`, before the kernel writes into `dst`."""
+
+    def __new__(cls, src: int, dst: int, tokens: int) -> Self: ...
+    @property
+    def src(self) -> int:
+        """The block to copy from."""
+    @property
+    def dst(self) -> int:
+        """The block to copy into."""
+    @property
+    def tokens(self) -> int:
+        """How many leading token slots to copy."""
+    def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
+
+@final
+class BlockPool:
+    """A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
+    slots each, with a prefix cache.
+
+    `try_alloc(n)` takes exactly `n` distinct block ids or none; `free(ids)`
+    drops one reference per listed id, all or nothing. Cached blocks that no
+    one holds count as free and are evicted least recently released first.
+
+    `shards` cuts the free list into that many shards (default: one per 64
+    blocks, at most 16). Raises `ValueError` for `block_size == 0`,
+    `num_blocks > MAX_BLOCKS`, a `num_blocks * block_size` too large, or
+    `shards` outside `1..=MAX_SHARDS`; `TypeError` for a non-int.
+    """
+
+    MAX_BLOCKS: ClassVar[int]
+    """The largest number of blocks a pool can have (2**32 - 1)."""
+    MAX_SHARDS: ClassVar[int]
+    """The most free-list shards a pool can have."""
+
+    def __new__(
+        cls, num_blocks: _Int, block_size: _Int, shards: Optional[_Int] = None
+    ) -> Self: ...
+    @property
+    def num_blocks(self) -> int:
+        """The total number of blocks."""
+    @property
+    def block_size(self) -> int:
+        """Token slots per block."""
+    @property
+    def shards(self) -> int:
+        """How many shards the free list is cut into."""
+    @property
+    def free_blocks(self) -> int:
+        """Free blocks now (uncached free blocks and evictable cached ones): a
+        snapshot, exact when no call is running."""
+    @property
+    def used_blocks(self) -> int:
+        """Blocks in use now (`num_blocks - free_blocks`)."""
+    @property
+    def peak_used_blocks(self) -> int:
+        """The high-water mark of `used_blocks` (exact with one thread)."""
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks holding a prefix-cache key, referenced or not (a scan of
+        every block)."""
+    @property
+    def evictable_blocks(self) -> int:
+        """Cached blocks that no one holds: evictable, and counted as free."""
+    @property
+    def pending_release_blocks(self) -> int:
+        """Block references retired under fences not completed yet."""
+    @property
+    def peak_pending_release_blocks(self) -> int:
+        """The high-water mark of `pending_release_blocks`."""
+    @property
+    def waiters(self) -> int:
+        """Calls waiting in `alloc` / `Sequence.reserve` now."""
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` has been called."""
+    def try_alloc(self, n: _Int) -> list[int]:
+        """Takes exactly `n` free blocks, all or none, and returns their
+        distinct ids, each with one reference.
+
+        Raises `Full`, `NeverFits` (`n > num_blocks`) or `Closed`; nothing is
+        taken then. `n == 0` returns `[]`.
+        """
+    def alloc(self, n: _Int, timeout: Optional[float] = None) -> list[int]:
+        """Takes exactly `n` blocks, all or none, waiting in arrival order
+        (GIL released) for at most `timeout` seconds (None: no limit).
+
+        Raises `NeverFits` at once, `Closed`, or `Full` when the timeout runs
+        out; Ctrl-C (`KeyboardInterrupt`) ends the wait. Nothing is taken when
+        it raises. `ValueError` for a negative or non-finite timeout.
+        """
+    def free(self, ids: Iterable[_Int]) -> None:
+        """Drops one reference per listed id, all or nothing; a block whose
+        last reference goes is free again (or evictable, if cached).
+
+        Raises `FreeError` (see its `kind`) or `TypeError` for a non-int id;
+        nothing changes then (except for `kind == "raced"`).
+        """
+    def ref_count(self, id: _Int) -> Optional[int]:
+        """References block `id` has now (0 when free), or None if `id` is
+        not a block of this pool."""
+    def close(self) -> None:
+        """Every later allocation raises `Closed` (waiters too); frees keep
+        working so that workers can drain."""
+    def complete(self, fence: _Int) -> int:
+        """Declares device step `fence` done: drops every reference retired
+        under it and returns how many. Fences complete in any order."""
+    def complete_all(self) -> int:
+        """Declares every fence done; returns the references dropped."""
+    def reset_prefix_cache(self) -> int:
+        """Drops the key of every evictable cached block and returns how
+        many; blocks someone holds keep theirs."""
+    def prefix_stats(self) -> dict[str, int]:
+        """`queried_blocks`, `hit_blocks` (by `Sequence.match_prefix`) and
+        `evictions` so far."""
+
+@final
+class Sequence:
+    """One request's block table over a `BlockPool`: its length in tokens and
+    the blocks that hold them, in order.
+
+    Appends take all the blocks they need or none; `fork()` shares full
+    blocks; `truncate` rolls back; `match_prefix` / `publish` use the pool's
+    prefix cache. `close()`, leaving a `with` block, or garbage collection
+    gives every block back.
+
+    Usable from many threads: the sequence sits behind a mutex inside the
+    binding, so calls on one sequence take turns while calls on different
+    sequences run in parallel. A closed sequence raises `ValueError`.
+    """
+
+    def __new__(cls, pool: BlockPool) -> Self: ...
+    @property
+    def pool(self) -> BlockPool:
+        """The pool the blocks come from."""
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` or `retire()` has been called."""
+    def __len__(self) -> int:
+        """The number of tokens."""
+    @property
+    def block_ids(self) -> list[int]:
+        """The ids of the blocks holding positions `0..len(seq)`, in order,
+        then any reserved ahead."""
+    @property
+    def capacity(self) -> int:
+        """Tokens the blocks in the table can hold (at least `len(seq)`)."""
+    @property
+    def needs_copy(self) -> bool:
+        """Whether a non-empty append now needs a copy-on-write: then
+        `try_append` raises `CopyRequired` and `append_cow` returns the
+        copy."""
+    def try_append(self, n: _Int) -> range:
+        """Appends `n` tokens, taking the new blocks they need all or none;
+        returns their positions.
+
+        Raises `Full`, `NeverFits`, `Closed` (in blocks) or `CopyRequired`;
+        nothing changes then.
+        """
+    def append_cow(self, n: _Int) -> Tuple[range, Optional[BlockCopy]]:
+        """Appends `n` tokens and returns `(positions, copy)`: the
+        copy-on-write the append needed, if any, which must be made before
+        the kernel writes the new tokens."""
+    def try_reserve(self, tokens: _Int, headroom: _Int = 0) -> None:
+        """Takes the blocks `tokens` more tokens need, all or none, only if
+        `headroom` blocks stay free; `len(seq)` is unchanged.
+
+        Raises `Full`, `NeverFits` or `Closed`; nothing changes then.
+        """
+    def reserve(
+        self, tokens: _Int, headroom: _Int = 0, timeout: Optional[float] = None
+    ) -> None:
+        """`try_reserve`, waiting in the pool's queue (GIL released) for at
+        most `timeout` seconds. Raises `NeverFits` at once, `Closed`, or
+        `Full` on timeout; Ctrl-C ends the wait; nothing changes when it
+        raises. Other calls on this sequence wait for it (a signal handler
+        must not call this sequence meanwhile)."""
+    def truncate(self, len: _Int) -> int:
+        """Rolls back to `len` tokens and gives back the blocks no longer
+        needed; returns how many left the table."""
+    def truncate_fenced(self, len: _Int, fence: _Int) -> int:
+        """`truncate`, with the references given back only at
+        `pool.complete(fence)`."""
+    def retire(self, fence: _Int) -> int:
+        """Gives the sequence up while step `fence` may still read it: its
+        references go at `pool.complete(fence)`. Returns how many; closes the
+        sequence."""
+    def retire_copy_source(self, fence: _Int) -> int:
+        """Hands the last copy-on-write's source to `fence`; returns 1 if
+        there was one, else 0."""
+    def shrink_to_fit(self) -> int:
+        """Gives back reserved blocks that hold no token; returns how many."""
+    def fork(self) -> Tuple["Sequence", Optional[BlockCopy]]:
+        """A child sharing every full block, with a private copy of a partly
+        filled last one: `(child, copy)`.
+
+        Raises `Full` / `Closed`, or `FreeError` if a block of this sequence
+        was freed with `BlockPool.free`; nothing changes then.
+        """
+    def match_prefix(self, keys: _Keys) -> int:
+        """Takes the cached blocks of the longest prefix of `keys` into this
+        empty sequence and returns how many (`len(seq)` becomes that times
+        `block_size`). A non-empty sequence returns 0."""
+    def publish(self, keys: _Keys) -> int:
+        """Caches the full blocks under `keys` (`keys[i]` for block `i`) and
+        returns how many became cached. Publish only committed tokens."""
+    def slot(self, position: _Int) -> Optional[int]:
+        """The flat KV-cache slot of token `position`, or None past the
+        end."""
+    def slot_mapping(
+        self, start: Optional[_Int] = None, stop: Optional[_Int] = None
+    ) -> list[int]:
+        """The flat slots of positions `start..stop` (`stop` defaults to
+        `len(seq)`). Raises `IndexError` past the end."""
+    def slot_mapping_buffer(
+        self, start: Optional[_Int] = None, stop: Optional[_Int] = None
+    ) -> memoryview:
+        """`slot_mapping` as a writable `memoryview` of native int64s (format
+        "q"): `numpy.frombuffer` / `torch.frombuffer` view it without a
+        copy."""
+    def slot_mapping_array(
+        self, start: Optional[_Int] = None, stop: Optional[_Int] = None
+    ) -> Any:
+        """`slot_mapping` as a numpy int64 array over a buffer written once.
+        Raises `ImportError` without numpy."""
+    def close(self) -> None:
+        """Gives every block back now. Closing twice does nothing."""
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
+
+def hash_blocks(
+    tokens: Union[Iterable[_Int], Buffer],
+    block_size: _Int,
+    salt: bytes = b"",
+    parent: Optional[bytes] = None,
+) -> list[bytes]:
+    """The 32-byte keys of the full blocks of `tokens`, identical to Rust's
+    `kvslots::hash_blocks`.
+
+    `tokens`: ints in `0..2**32`, `bytes` of little-endian uint32s, or a
+    buffer of integers (numpy array, `array.array`). With `parent` (the key of
+    the block before `tokens[0]`) the keys continue that chain; `salt` must
+    then be empty.
+    """
+
+def hash_blocks_packed(
+    tokens: Union[Iterable[_Int], Buffer],
+    block_size: _Int,
+    salt: bytes = b"",
+    parent: Optional[bytes] = None,
+) -> bytes:
+    """`hash_blocks`'s keys laid end to end (key `i` is
+    `packed[32 * i : 32 * i + 32]`), which `Sequence.match_prefix` and
+    `Sequence.publish` read in one copy. Same arguments and errors."""

@@ -1,0 +1,250 @@
+//! Arguments from Python: every bad value becomes a Python exception
+//! before anything changes (`TypeError` for a value of the wrong type,
+//! `ValueError` for a negative count or a malformed key, `OverflowError`
+//! for an integer too large for 64 bits), never a panic.
+
+use std::time::Duration;
+
+use kvslots::{BlockHash, BlockId};
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PyTuple};
+
+/// A non-negative integer argument (a count, a length, a position, a
+/// fence): any int or object with `__index__` (numpy integers included),
+/// but not a float.
+pub(crate) fn uint<T: TryFrom<u64>>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<T> {
+    match obj.extract::<u64>() {
+        Ok(v) => T::try_from(v).map_err(|_| too_large(what, obj)),
+        Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {
+            if obj.lt(0)? {
+                Err(PyValueError::new_err(format!(
+                    "{what} must be >= 0, got {obj}"
+                )))
+            } else {
+                Err(too_large(what, obj))
+            }
+        }
+        Err(_) => Err(not_an_int(what, obj)),
+    }
+}
+
+fn too_large(what: &str, obj: &Bound<'_, PyAny>) -> PyErr {
+    PyOverflowError::new_err(format!("{what} {obj} is too large"))
+}
+
+fn not_an_int(what: &str, obj: &Bound<'_, PyAny>) -> PyErr {
+    let ty = obj
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".to_owned());
+    PyTypeError::new_err(format!("{what} must be an int, not {ty}"))
+}
+
+/// A block id argument: `None` when the int is not the id of any block a
+/// pool can have (negative, or 2**32 and above), which callers report as
+/// out of range.
+pub(crate) fn block_id(obj: &Bound<'_, PyAny>) -> PyResult<Option<BlockId>> {
+    match obj.extract::<u32>() {
+        Ok(v) => Ok(Some(BlockId::new(v))),
+        Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Ok(None),
+        Err(_) => Err(not_an_int("a block id", obj)),
+    }
+}
+
+/// Calls `f` on every item of `obj` (a list or tuple quickly, else any
+/// iterable).
+pub(crate) fn for_each<'py>(
+    obj: &Bound<'py, PyAny>,
+    mut f: impl FnMut(Bound<'py, PyAny>) -> PyResult<()>,
+) -> PyResult<()> {
+    if let Ok(list) = obj.cast::<PyList>() {
+        for item in list.iter() {
+            f(item)?;
+        }
+    } else if let Ok(tuple) = obj.cast::<PyTuple>() {
+        for item in tuple.iter() {
+            f(item)?;
+        }
+    } else {
+        for item in obj.try_iter()? {
+            f(item?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Block keys: a list (or any iterable) of 32-byte `bytes` (or
+/// `bytearray`), as `hash_blocks` returns them; or one `bytes` /
+/// `bytearray` of keys laid end to end, as `hash_blocks_packed` returns
+/// them, which is read in one copy instead of one conversion per key.
+pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return packed_keys(b.as_bytes());
+    }
+    if let Ok(b) = obj.cast::<PyByteArray>() {
+        return packed_keys(&b.to_vec());
+    }
+    let mut out = Vec::new();
+    for_each(obj, |item| {
+        out.push(key(&item)?);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Keys laid end to end.
+fn packed_keys(bytes: &[u8]) -> PyResult<Vec<BlockHash>> {
+    if bytes.len() % 32 != 0 {
+        return Err(PyValueError::new_err(format!(
+            "packed block keys are 32 bytes each: the length {} is not a multiple of 32",
+            bytes.len()
+        )));
+    }
+    Ok(bytes
+        .chunks_exact(32)
+        .map(|c| {
+            let mut key = [0; 32];
+            key.copy_from_slice(c);
+            BlockHash(key)
+        })
+        .collect())
+}
+
+/// One block key.
+pub(crate) fn key(item: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
+    let bytes: Vec<u8>;
+    let slice = if let Ok(b) = item.cast::<PyBytes>() {
+        b.as_bytes()
+    } else if let Ok(b) = item.cast::<PyByteArray>() {
+        bytes = b.to_vec();
+        &bytes
+    } else {
+        let ty = item.get_type().name()?;
+        return Err(PyTypeError::new_err(format!(
+            "a block key must be bytes, not {ty}"
+        )));
+    };
+    let key: [u8; 32] = slice.try_into().map_err(|_| {
+        PyValueError::new_err(format!(
+            "a block key is 32 bytes, got {} bytes",
+            slice.len()
+        ))
+    })?;
+    Ok(BlockHash(key))
+}
+
+/// Token ids: a list (or any iterable) of ints in `0..2**32`; `bytes` or
+/// `bytearray` holding little-endian `uint32`s; or any other buffer of
+/// integers (a numpy array, `array.array`, a `memoryview`) of item size 1
+/// (raw bytes, as `bytes`), 2, 4 or 8, each value in `0..2**32`.
+pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return raw_u32(b.as_bytes());
+    }
+    if let Ok(b) = obj.cast::<PyByteArray>() {
+        return raw_u32(&b.to_vec());
+    }
+    if obj.cast::<PyList>().is_err() && obj.cast::<PyTuple>().is_err() {
+        if let Ok(view) = PyMemoryView::from(obj) {
+            return buffer_tokens(&view);
+        }
+    }
+    let mut out = Vec::new();
+    for_each(obj, |item| {
+        out.push(token(&item)?);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+fn token(item: &Bound<'_, PyAny>) -> PyResult<u32> {
+    match item.extract::<u32>() {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_instance_of::<PyOverflowError>(item.py()) => Err(PyValueError::new_err(
+            format!("a token id must be in 0..2**32, got {item}"),
+        )),
+        Err(_) => Err(not_an_int("a token id", item)),
+    }
+}
+
+/// Little-endian `uint32`s.
+fn raw_u32(bytes: &[u8]) -> PyResult<Vec<u32>> {
+    if bytes.len() % 4 != 0 {
+        return Err(PyValueError::new_err(format!(
+            "token bytes hold little-endian uint32s: the length {} is not a multiple of 4",
+            bytes.len()
+        )));
+    }
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+/// The integers of a buffer, by its `struct` format.
+fn buffer_tokens(view: &Bound<'_, PyMemoryView>) -> PyResult<Vec<u32>> {
+    let format: String = view.getattr("format")?.extract()?;
+    let itemsize: usize = view.getattr("itemsize")?.extract()?;
+    let ndim: usize = view.getattr("ndim")?.extract()?;
+    if ndim > 1 {
+        return Err(PyValueError::new_err(format!(
+            "a token buffer must be one-dimensional, got {ndim} dimensions"
+        )));
+    }
+    let bytes: Vec<u8> = view.call_method0("tobytes")?.extract()?;
+    let code = format.trim_start_matches(['@', '=', '<']);
+    let signed = match code {
+        "b" | "h" | "i" | "l" | "q" | "n" => true,
+        "B" | "H" | "I" | "L" | "Q" | "N" | "c" => false,
+        _ => {
+            return Err(PyTypeError::new_err(format!(
+                "a token buffer must hold integers, got format {format:?}"
+            )))
+        }
+    };
+    if itemsize == 1 {
+        // Raw bytes (`memoryview(bytes)`, a uint8 array): as `bytes`.
+        return raw_u32(&bytes);
+    }
+    let value = |c: &[u8]| -> Option<i128> {
+        Some(match (itemsize, signed) {
+            (2, true) => i16::from_ne_bytes(c.try_into().ok()?).into(),
+            (2, false) => u16::from_ne_bytes(c.try_into().ok()?).into(),
+            (4, true) => i32::from_ne_bytes(c.try_into().ok()?).into(),
+            (4, false) => u32::from_ne_bytes(c.try_into().ok()?).into(),
+            (8, true) => i64::from_ne_bytes(c.try_into().ok()?).into(),
+            (8, false) => u64::from_ne_bytes(c.try_into().ok()?).into(),
+            _ => return None,
+        })
+    };
+    if !matches!(itemsize, 2 | 4 | 8) {
+        return Err(PyTypeError::new_err(format!(
+            "a token buffer's items must be 1, 2, 4 or 8 bytes, got {itemsize}"
+        )));
+    }
+    bytes
+        .chunks_exact(itemsize)
+        .map(|c| {
+            let v = value(c).unwrap_or(-1);
+            u32::try_from(v).map_err(|_| {
+                PyValueError::new_err(format!("a token id must be in 0..2**32, got {v}"))
+            })
+        })
+        .collect()
+}
+
+/// A timeout in seconds: `None` waits without limit; otherwise a finite
+/// number of seconds, at least 0.
+pub(crate) fn timeout(seconds: Option<f64>) -> PyResult<Option<Duration>> {
+    seconds
+        .map(|s| {
+            Duration::try_from_secs_f64(s).map_err(|_| {
+                PyValueError::new_err(format!(
+                    "timeout must be None or a finite number of seconds >= 0, got {s}"
+                ))
+            })
+        })
+        .transpose()
+}

@@ -1,0 +1,171 @@
+//! The Python exceptions, mirroring the core crate's errors, and the
+//! conversions from those errors.
+//!
+//! The classes are plain exception classes (abi3 before Python 3.12 cannot
+//! subclass `Exception` from Rust), and the fields of a Rust error are set
+//! as attributes on the instance: `Full.requested`, `Full.available`,
+//! `NeverFits.requested`, `NeverFits.capacity`, `FreeError.id`,
+//! `FreeError.kind` and `FreeError.num_blocks`. Attributes live in the
+//! instance's `__dict__`, so they survive pickling.
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyIndexError, PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+create_exception!(
+    kvslots,
+    ReserveError,
+    PyException,
+    "An allocation was refused; nothing changed. Subclasses: `Full`, `NeverFits`, `Closed`."
+);
+create_exception!(
+    kvslots,
+    Full,
+    ReserveError,
+    "Not enough free blocks right now; retrying later may succeed.\n\n\
+     Attributes: `requested` (blocks asked for) and `available` (blocks free \
+     when the request was refused)."
+);
+create_exception!(
+    kvslots,
+    NeverFits,
+    ReserveError,
+    "The request (plus any headroom) is larger than the whole pool: it can never \
+     be admitted.\n\nAttributes: `requested` and `capacity` (the pool's blocks)."
+);
+create_exception!(
+    kvslots,
+    Closed,
+    ReserveError,
+    "The pool was closed: it admits nothing more, while frees still work."
+);
+create_exception!(
+    kvslots,
+    FreeError,
+    PyValueError,
+    "`BlockPool.free` refused.\n\n\
+     Attributes: `id` (the offending id, as given), `kind` (`\"out_of_range\"`, \
+     `\"not_allocated\"`, `\"over_freed\"` or `\"raced\"`) and `num_blocks` \
+     (the pool's size, for `\"out_of_range\"`; else None). Every kind but \
+     `\"raced\"` changed nothing; `\"raced\"` (a double free caught racing \
+     another holder's free) dropped every other listed reference."
+);
+create_exception!(
+    kvslots,
+    CopyRequired,
+    PyRuntimeError,
+    "`Sequence.try_append` refused: the last block is partly filled and shared \
+     (with a fork or a matched sequence) or cached, so the append needs a \
+     copy-on-write. Use `Sequence.append_cow`, which returns the `BlockCopy` to \
+     make. Nothing changed."
+);
+
+/// The Python exception for a refused allocation (counts in blocks).
+pub(crate) fn reserve_error(py: Python<'_>, err: kvslots::ReserveError) -> PyErr {
+    let built = match err {
+        kvslots::ReserveError::Full {
+            requested,
+            available,
+        } => with_attrs::<Full>(
+            py,
+            err.to_string(),
+            &[("requested", requested), ("available", available)],
+        ),
+        kvslots::ReserveError::NeverFits {
+            requested,
+            capacity,
+        } => with_attrs::<NeverFits>(
+            py,
+            err.to_string(),
+            &[("requested", requested), ("capacity", capacity)],
+        ),
+        kvslots::ReserveError::Closed => Ok(Closed::new_err(err.to_string())),
+    };
+    built.unwrap_or_else(|e| e)
+}
+
+/// An exception of type `E` with `message` and integer attributes.
+fn with_attrs<E: pyo3::PyTypeInfo>(
+    py: Python<'_>,
+    message: String,
+    attrs: &[(&str, usize)],
+) -> PyResult<PyErr> {
+    let err = PyErr::from_type(py.get_type::<E>(), (message,));
+    let value = err.value(py);
+    for &(name, v) in attrs {
+        value.setattr(name, v)?;
+    }
+    Ok(err)
+}
+
+/// What a `FreeError` says about its id.
+pub(crate) enum FreeKind {
+    OutOfRange { num_blocks: usize },
+    NotAllocated,
+    OverFreed,
+    Raced,
+}
+
+/// A `FreeError` naming `id` (the Python object the caller passed, or a
+/// block index).
+pub(crate) fn free_error<'py>(py: Python<'py>, id: Bound<'py, PyAny>, kind: FreeKind) -> PyErr {
+    let (name, message, num_blocks) = match kind {
+        FreeKind::OutOfRange { num_blocks } => (
+            "out_of_range",
+            format!("block {id} is out of range for a pool of {num_blocks} blocks"),
+            Some(num_blocks),
+        ),
+        FreeKind::NotAllocated => (
+            "not_allocated",
+            format!("block {id} is not allocated (never allocated, or a double free)"),
+            None,
+        ),
+        FreeKind::OverFreed => (
+            "over_freed",
+            format!("block {id} is listed more times than it has references"),
+            None,
+        ),
+        FreeKind::Raced => (
+            "raced",
+            format!(
+                "block {id} was freed by another thread during this free (a racing \
+                 double free); the other listed references were dropped"
+            ),
+            None,
+        ),
+    };
+    let err = FreeError::new_err(message);
+    let value = err.value(py);
+    let set = value
+        .setattr("id", id)
+        .and_then(|()| value.setattr("kind", name))
+        .and_then(|()| value.setattr("num_blocks", num_blocks));
+    match set {
+        Ok(()) => err,
+        Err(e) => e,
+    }
+}
+
+/// The Python exception for a core `FreeError`.
+pub(crate) fn from_free_error(py: Python<'_>, err: kvslots::FreeError) -> PyErr {
+    let (id, kind) = match err {
+        kvslots::FreeError::OutOfRange { id, num_blocks } => {
+            (id, FreeKind::OutOfRange { num_blocks })
+        }
+        kvslots::FreeError::NotAllocated { id } => (id, FreeKind::NotAllocated),
+        kvslots::FreeError::OverFreed { id } => (id, FreeKind::OverFreed),
+        kvslots::FreeError::Raced { id } => (id, FreeKind::Raced),
+    };
+    let Ok(id) = id.index().into_pyobject(py);
+    free_error(py, id.into_any(), kind)
+}
+
+/// A position at or past a sequence's length.
+pub(crate) fn position_error(err: kvslots::PositionError) -> PyErr {
+    PyIndexError::new_err(err.to_string())
+}
+
+/// An operation on a sequence after `close()` or `retire()`.
+pub(crate) fn closed_sequence() -> PyErr {
+    PyValueError::new_err("operation on a closed Sequence (after close() or retire())")
+}

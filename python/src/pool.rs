@@ -1,0 +1,325 @@
+//! `kvslots.BlockPool`: the core crate's `BlockPool`, shared by `Arc`.
+
+use std::sync::Arc;
+
+use kvslots::BlockId;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::convert;
+use crate::detached;
+use crate::errors::{self, FreeKind};
+use crate::wait;
+
+/// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
+/// slots each, with a prefix cache.
+///
+/// `try_alloc(n)` takes exactly `n` distinct block ids or none, `free(ids)`
+/// drops one reference per listed id, all or nothing; every refusal raises
+/// and changes nothing. Cached blocks (see `Sequence.publish`) that no one
+/// holds count as free and are evicted least recently released first.
+///
+/// `shards` cuts the free list into that many shards (default: one per 64
+/// blocks, at most 16); any thread can take every block whatever the
+/// shards. Raises `ValueError` for `block_size == 0`, `num_blocks` above
+/// `BlockPool.MAX_BLOCKS`, a `num_blocks * block_size` too large, or
+/// `shards` outside `1..=BlockPool.MAX_SHARDS`.
+///
+/// Safe to share between threads: no call takes a lock (waiting and the
+/// fence table aside), and calls that wait or walk many blocks release the
+/// GIL.
+#[pyclass(name = "BlockPool", module = "kvslots", frozen, weakref)]
+pub(crate) struct PyBlockPool {
+    pub(crate) inner: Arc<kvslots::BlockPool>,
+}
+
+impl PyBlockPool {
+    /// Raises `FreeError` (out of range) for the first of `ids` that is
+    /// not a block of this pool, in list order, as the core's `free` does.
+    fn ids_in_range<'py>(
+        &self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyAny>,
+    ) -> PyResult<Vec<BlockId>> {
+        let num_blocks = self.inner.num_blocks();
+        let mut out = Vec::new();
+        convert::for_each(ids, |item| {
+            match convert::block_id(&item)? {
+                Some(id) if id.index() < num_blocks => out.push(id),
+                _ => {
+                    return Err(errors::free_error(
+                        py,
+                        item,
+                        FreeKind::OutOfRange { num_blocks },
+                    ))
+                }
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+}
+
+/// Block ids as a Python list.
+pub(crate) fn id_list<'py>(py: Python<'py>, ids: &[BlockId]) -> PyResult<Bound<'py, PyList>> {
+    PyList::new(py, ids.iter().map(|id| id.index()))
+}
+
+#[pymethods]
+impl PyBlockPool {
+    /// The largest number of blocks a pool can have.
+    #[classattr]
+    const MAX_BLOCKS: usize = kvslots::BlockPool::MAX_BLOCKS;
+
+    /// The most free-list shards a pool can have.
+    #[classattr]
+    const MAX_SHARDS: usize = kvslots::BlockPool::MAX_SHARDS;
+
+    #[new]
+    #[pyo3(signature = (num_blocks, block_size, shards = None))]
+    fn new(
+        num_blocks: &Bound<'_, PyAny>,
+        block_size: &Bound<'_, PyAny>,
+        shards: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let num_blocks: usize = convert::uint(num_blocks, "num_blocks")?;
+        let block_size: usize = convert::uint(block_size, "block_size")?;
+        let shards: usize = match shards {
+            Some(s) => convert::uint(s, "shards")?,
+            None => kvslots::BlockPool::default_shards(num_blocks),
+        };
+        if block_size == 0 {
+            return Err(PyValueError::new_err("block_size must be at least 1"));
+        }
+        if num_blocks > kvslots::BlockPool::MAX_BLOCKS {
+            return Err(PyValueError::new_err(format!(
+                "num_blocks {num_blocks} is above BlockPool.MAX_BLOCKS ({})",
+                kvslots::BlockPool::MAX_BLOCKS
+            )));
+        }
+        if num_blocks.checked_mul(block_size).is_none() {
+            return Err(PyValueError::new_err(format!(
+                "num_blocks * block_size ({num_blocks} * {block_size}) is too large"
+            )));
+        }
+        if !(1..=kvslots::BlockPool::MAX_SHARDS).contains(&shards) {
+            return Err(PyValueError::new_err(format!(
+                "shards must be in 1..={}, got {shards}",
+                kvslots::BlockPool::MAX_SHARDS
+            )));
+        }
+        Ok(PyBlockPool {
+            inner: Arc::new(kvslots::BlockPool::with_shards(
+                num_blocks, block_size, shards,
+            )),
+        })
+    }
+
+    /// The total number of blocks.
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.inner.num_blocks()
+    }
+
+    /// Token slots per block.
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    /// How many shards the free list is cut into.
+    #[getter]
+    fn shards(&self) -> usize {
+        self.inner.shards()
+    }
+
+    /// Free blocks now (uncached free blocks and evictable cached ones): a
+    /// snapshot, exact when no call is running.
+    #[getter]
+    fn free_blocks(&self) -> usize {
+        self.inner.free_blocks()
+    }
+
+    /// Blocks in use now (`num_blocks - free_blocks`).
+    #[getter]
+    fn used_blocks(&self) -> usize {
+        self.inner.used_blocks()
+    }
+
+    /// The high-water mark of `used_blocks` (exact with one thread, an
+    /// estimate with several).
+    #[getter]
+    fn peak_used_blocks(&self) -> usize {
+        self.inner.peak_used_blocks()
+    }
+
+    /// Blocks holding a prefix-cache key, referenced or not (a scan of
+    /// every block: O(num_blocks), GIL released for large pools).
+    #[getter]
+    fn cached_blocks(&self, py: Python<'_>) -> usize {
+        let pool = &*self.inner;
+        detached(py, pool.num_blocks(), || pool.cached_blocks())
+    }
+
+    /// Cached blocks that no one holds: evictable, and counted as free (a
+    /// scan of every block, as `cached_blocks`).
+    #[getter]
+    fn evictable_blocks(&self, py: Python<'_>) -> usize {
+        let pool = &*self.inner;
+        detached(py, pool.num_blocks(), || pool.evictable_blocks())
+    }
+
+    /// Block references retired under fences not completed yet (see
+    /// `Sequence.retire`): in use until `complete(fence)`.
+    #[getter]
+    fn pending_release_blocks(&self) -> usize {
+        self.inner.pending_release_blocks()
+    }
+
+    /// The high-water mark of `pending_release_blocks`.
+    #[getter]
+    fn peak_pending_release_blocks(&self) -> usize {
+        self.inner.peak_pending_release_blocks()
+    }
+
+    /// Threads (and sequences) waiting in `alloc` / `Sequence.reserve` now.
+    #[getter]
+    fn waiters(&self) -> usize {
+        self.inner.waiters()
+    }
+
+    /// Whether `close()` has been called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    /// Takes exactly `n` free blocks, all or none, and returns their
+    /// distinct ids (each with one reference; give them back with `free`).
+    ///
+    /// Raises `Full` (fewer than `n` free), `NeverFits` (`n > num_blocks`)
+    /// or `Closed`; nothing is taken then. `n == 0` returns `[]`.
+    fn try_alloc<'py>(
+        &self,
+        py: Python<'py>,
+        n: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let n: usize = convert::uint(n, "n")?;
+        let pool = &*self.inner;
+        let mut ids = Vec::new();
+        detached(py, n, || pool.try_alloc(n, &mut ids))
+            .map_err(|e| errors::reserve_error(py, e))?;
+        id_list(py, &ids)
+    }
+
+    /// Takes exactly `n` blocks, all or none, waiting in arrival order
+    /// (with the GIL released) until they are free, for at most `timeout`
+    /// seconds (`None`: no limit). Returns their ids.
+    ///
+    /// Raises `NeverFits` at once, `Closed` (also when the pool is closed
+    /// while waiting), or `Full` when the timeout runs out; a signal
+    /// handler's exception (Ctrl-C: `KeyboardInterrupt`) ends the wait.
+    /// Nothing is taken when it raises.
+    #[pyo3(signature = (n, timeout = None))]
+    fn alloc<'py>(
+        &self,
+        py: Python<'py>,
+        n: &Bound<'py, PyAny>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let n: usize = convert::uint(n, "n")?;
+        let deadline = wait::deadline(convert::timeout(timeout)?);
+        let pool = &*self.inner;
+        let mut ids = Vec::new();
+        py.detach(|| {
+            // The deadline passed: one last try, whose refusal is the
+            // `Full` to report.
+            wait::block_on(pool.alloc(n, &mut ids), deadline)
+                .map(|done| done.unwrap_or_else(|| pool.try_alloc(n, &mut ids)))
+        })?
+        .map_err(|e| errors::reserve_error(py, e))?;
+        id_list(py, &ids)
+    }
+
+    /// Drops one reference per listed id (a block listed twice loses two),
+    /// all or nothing: a block whose last reference goes is free again (or,
+    /// if cached, evictable).
+    ///
+    /// Raises `FreeError` (changing nothing) for an id that is not a block
+    /// of this pool (`kind == "out_of_range"`; negative ids included), a
+    /// free block (`"not_allocated"`: a double free) or a block listed more
+    /// times than it has references (`"over_freed"`). The one exception,
+    /// `"raced"`, is a double free caught racing another holder's free:
+    /// every other listed reference was dropped. `TypeError` for an id that
+    /// is not an int.
+    fn free<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<()> {
+        let ids = self.ids_in_range(py, ids)?;
+        let pool = &*self.inner;
+        detached(py, ids.len(), || pool.free(&ids)).map_err(|e| errors::from_free_error(py, e))
+    }
+
+    /// The number of references block `id` has now (0 when free), or
+    /// `None` if `id` is not a block of this pool (negative ids included).
+    fn ref_count(&self, id: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {
+        Ok(convert::block_id(id)?.and_then(|id| self.inner.ref_count(id)))
+    }
+
+    /// Closes the pool: every later allocation raises `Closed` and waiting
+    /// ones are woken with it, while frees (and sequences giving blocks
+    /// back) keep working so that workers can drain.
+    fn close(&self) {
+        self.inner.close();
+    }
+
+    /// Declares device step `fence` done: gives back every reference
+    /// retired under it (`Sequence.retire`, `Sequence.truncate_fenced`) and
+    /// returns how many. Fences complete in any order; an unknown fence
+    /// returns 0.
+    fn complete(&self, py: Python<'_>, fence: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let fence: u64 = convert::uint(fence, "fence")?;
+        let pool = &*self.inner;
+        Ok(detached(py, pool.pending_release_blocks(), || {
+            pool.complete(fence)
+        }))
+    }
+
+    /// Declares every fence done and returns how many references that gave
+    /// back.
+    fn complete_all(&self, py: Python<'_>) -> usize {
+        let pool = &*self.inner;
+        detached(py, pool.pending_release_blocks(), || pool.complete_all())
+    }
+
+    /// Drops the key of every evictable cached block (they become plain
+    /// free blocks) and returns how many; blocks that someone holds keep
+    /// theirs. A scan of every block, GIL released for large pools.
+    fn reset_prefix_cache(&self, py: Python<'_>) -> usize {
+        let pool = &*self.inner;
+        detached(py, pool.num_blocks(), || pool.reset_prefix_cache())
+    }
+
+    /// The prefix cache's statistics so far: `queried_blocks` (keys passed
+    /// to `Sequence.match_prefix` on empty sequences), `hit_blocks` (blocks
+    /// those matched) and `evictions` (cached blocks reused by an
+    /// allocation).
+    fn prefix_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.inner.prefix_stats();
+        let dict = PyDict::new(py);
+        dict.set_item("queried_blocks", stats.queried_blocks)?;
+        dict.set_item("hit_blocks", stats.hit_blocks)?;
+        dict.set_item("evictions", stats.evictions)?;
+        Ok(dict)
+    }
+
+    fn __repr__(&self) -> String {
+        let pool = &self.inner;
+        format!(
+            "BlockPool(num_blocks={}, block_size={}, free_blocks={}, closed={})",
+            pool.num_blocks(),
+            pool.block_size(),
+            pool.free_blocks(),
+            if pool.is_closed() { "True" } else { "False" }
+        )
+    }
+}

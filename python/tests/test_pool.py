@@ -1,0 +1,279 @@
+"""BlockPool: construction, allocation, frees, waiting, fences and every bad
+input, each refusal checked for its exception and the unchanged state."""
+
+import pickle
+import signal
+import threading
+
+import pytest
+
+import kvslots
+from conftest import pool_state
+
+
+def test_construction_and_properties():
+    pool = kvslots.BlockPool(128, 16)
+    assert (pool.num_blocks, pool.block_size) == (128, 16)
+    assert (pool.free_blocks, pool.used_blocks, pool.cached_blocks) == (128, 0, 0)
+    assert pool.shards == 2  # one per 64 blocks
+    assert kvslots.BlockPool(128, 16, shards=5).shards == 5
+    assert kvslots.BlockPool(0, 16).free_blocks == 0
+    assert not pool.closed
+    assert pool.waiters == 0
+    assert kvslots.BlockPool.MAX_BLOCKS == 2**32 - 1
+    assert repr(pool) == "BlockPool(num_blocks=128, block_size=16, free_blocks=128, closed=False)"
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error",
+    [
+        ((8, 0), {}, ValueError),
+        ((-1, 16), {}, ValueError),
+        ((8, -16), {}, ValueError),
+        ((2**32, 16), {}, ValueError),
+        ((2**31, 2**40), {}, ValueError),
+        ((8, 16), {"shards": 0}, ValueError),
+        ((8, 16), {"shards": 1025}, ValueError),
+        ((8, 16), {"shards": -1}, ValueError),
+        ((8.0, 16), {}, TypeError),
+        ((8, "16"), {}, TypeError),
+        ((2**80, 16), {}, OverflowError),
+    ],
+)
+def test_bad_construction_raises(args, kwargs, error):
+    with pytest.raises(error):
+        kvslots.BlockPool(*args, **kwargs)
+
+
+def test_try_alloc_is_all_or_nothing(pool):
+    ids = pool.try_alloc(10)
+    assert len(set(ids)) == 10 and all(0 <= i < 16 for i in ids)
+    assert pool.used_blocks == 10
+    before = pool_state(pool)
+    with pytest.raises(kvslots.Full) as err:
+        pool.try_alloc(7)
+    assert (err.value.requested, err.value.available) == (7, 6)
+    assert isinstance(err.value, kvslots.ReserveError)
+    assert pool_state(pool) == before
+    with pytest.raises(kvslots.NeverFits) as err:
+        pool.try_alloc(17)
+    assert (err.value.requested, err.value.capacity) == (17, 16)
+    assert pool_state(pool) == before
+    assert pool.try_alloc(0) == []
+    pool.free(ids)
+    assert pool.free_blocks == 16
+    assert pool.peak_used_blocks == 10
+
+
+@pytest.mark.parametrize("bad, error", [(-1, ValueError), (1.0, TypeError), (2**64, OverflowError),
+                                        (10**30, OverflowError), (-(10**30), ValueError),
+                                        ("3", TypeError), (None, TypeError), ([1], TypeError)])
+def test_bad_counts_raise_and_change_nothing(pool, bad, error):
+    held = pool.try_alloc(3)
+    before = pool_state(pool)
+    with pytest.raises(error):
+        pool.try_alloc(bad)
+    with pytest.raises(error):
+        pool.alloc(bad, timeout=0)
+    assert pool_state(pool) == before
+    pool.free(held)
+
+
+def test_numpy_style_ints_are_accepted(pool):
+    class Index:
+        def __index__(self):
+            return 2
+
+    assert len(pool.try_alloc(Index())) == 2
+    assert len(pool.try_alloc(True)) == 1
+
+
+def test_free_errors_name_the_id_and_change_nothing(pool):
+    ids = pool.try_alloc(4)
+    before = pool_state(pool)
+    cases = [
+        ([ids[0], 16], 16, "out_of_range"),
+        ([ids[0], -3], -3, "out_of_range"),
+        ([2**40], 2**40, "out_of_range"),
+        ([ids[1], 15], 15, "not_allocated"),
+        ([ids[2], ids[2]], ids[2], "over_freed"),
+    ]
+    for bad, bad_id, kind in cases:
+        with pytest.raises(kvslots.FreeError) as err:
+            pool.free(bad)
+        assert isinstance(err.value, ValueError)
+        assert (err.value.id, err.value.kind) == (bad_id, kind), bad
+        assert err.value.num_blocks == (16 if kind == "out_of_range" else None)
+        assert pool_state(pool) == before, bad
+    for bad in ([ids[0], 1.5], [ids[0], "1"], [ids[0], None], 5, None):
+        with pytest.raises(TypeError):
+            pool.free(bad)
+        assert pool_state(pool) == before, bad
+    pool.free(ids)
+    with pytest.raises(kvslots.FreeError) as err:
+        pool.free(ids[:1])  # a double free
+    assert err.value.kind == "not_allocated"
+    assert pool.free_blocks == 16
+
+
+def test_free_accepts_any_iterable(pool):
+    ids = pool.try_alloc(5)
+    pool.free(tuple(ids[:2]))
+    pool.free(i for i in ids[2:4])
+    pool.free(range(ids[4], ids[4] + 1))
+    pool.free([])
+    assert pool.free_blocks == 16
+
+
+def test_errors_pickle_with_their_fields(pool):
+    held = pool.try_alloc(15)
+    with pytest.raises(kvslots.Full) as err:
+        pool.try_alloc(2)
+    pool.free(held)
+    copy = pickle.loads(pickle.dumps(err.value))
+    assert (type(copy), copy.requested, copy.available) == (kvslots.Full, err.value.requested,
+                                                            err.value.available)
+
+
+def test_ref_count(pool):
+    [i] = pool.try_alloc(1)
+    assert pool.ref_count(i) == 1
+    assert pool.ref_count(15 if i != 15 else 14) == 0
+    assert pool.ref_count(16) is None
+    assert pool.ref_count(-1) is None
+    assert pool.ref_count(2**70) is None
+    with pytest.raises(TypeError):
+        pool.ref_count(1.0)
+
+
+def test_close_refuses_allocations_but_frees_work(pool):
+    ids = pool.try_alloc(2)
+    pool.close()
+    assert pool.closed
+    before = pool_state(pool)
+    with pytest.raises(kvslots.Closed):
+        pool.try_alloc(1)
+    with pytest.raises(kvslots.Closed):
+        pool.alloc(1, timeout=1.0)
+    assert pool_state(pool) == before
+    pool.free(ids)
+    assert pool.free_blocks == 16
+
+
+def test_alloc_times_out_with_full_and_leaves_the_queue(pool):
+    held = pool.try_alloc(16)
+    before = pool_state(pool)
+    with pytest.raises(kvslots.Full) as err:
+        pool.alloc(2, timeout=0.01)
+    assert (err.value.requested, err.value.available) == (2, 0)
+    assert pool.waiters == 0
+    assert pool_state(pool) == before
+    with pytest.raises(kvslots.NeverFits):
+        pool.alloc(17)  # at once, with no timeout
+    for bad in (-1.0, float("nan"), float("inf"), 1e300):
+        with pytest.raises(ValueError):
+            pool.alloc(1, timeout=bad)
+    assert pool_state(pool) == before
+    pool.free(held)
+
+
+def test_alloc_waits_for_a_free_in_another_thread(pool):
+    held = pool.try_alloc(16)
+    got = []
+    queued = threading.Event()
+
+    def waiter():
+        queued.set()
+        # (The timeout only keeps a bug from hanging the suite.)
+        got.append(pool.alloc(3, timeout=60))
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    queued.wait()
+    # Whether the waiter queued yet or not, this free hands it its blocks.
+    pool.free(held[:3])
+    t.join()
+    assert len(got[0]) == 3 and set(got[0]) == set(held[:3])
+    assert pool.used_blocks == 16
+    pool.free(held[3:] + got[0])
+
+
+def test_close_wakes_a_waiter_with_closed(pool):
+    held = pool.try_alloc(16)
+    errors = []
+
+    def waiter():
+        try:
+            pool.alloc(1, timeout=60)  # (the timeout only keeps a bug from hanging)
+        except kvslots.Closed as e:
+            errors.append(e)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    # The waiter either queued (and close wakes it) or had not yet tried
+    # (and its first try sees the pool closed): Closed either way.
+    pool.close()
+    t.join()
+    assert len(errors) == 1
+    pool.free(held)
+
+
+def test_fences_complete_in_any_order(pool):
+    seqs = [kvslots.Sequence(pool) for _ in range(2)]
+    for s in seqs:
+        s.try_append(8)
+    assert seqs[0].retire(7) == 2
+    assert seqs[1].retire(3) == 2
+    assert (pool.used_blocks, pool.pending_release_blocks) == (4, 4)
+    assert pool.complete(99) == 0
+    assert pool.complete(7) == 2
+    assert pool.complete(3) == 2
+    assert (pool.free_blocks, pool.pending_release_blocks) == (16, 0)
+    assert pool.peak_pending_release_blocks == 4
+    with pytest.raises(ValueError):
+        pool.complete(-1)
+    with pytest.raises(OverflowError):
+        pool.complete(2**64)
+    s = kvslots.Sequence(pool)
+    s.try_append(4)
+    s.retire(2**64 - 1)
+    assert pool.complete_all() == 1
+    assert pool.free_blocks == 16
+
+
+def test_prefix_stats_and_reset(pool):
+    keys = kvslots.hash_blocks(list(range(8)), 4)
+    with kvslots.Sequence(pool) as s:
+        s.try_append(8)
+        assert s.publish(keys) == 2
+    assert (pool.cached_blocks, pool.evictable_blocks, pool.free_blocks) == (2, 2, 16)
+    with kvslots.Sequence(pool) as s:
+        assert s.match_prefix(keys + [bytes(32)]) == 2
+    assert pool.prefix_stats() == {"queried_blocks": 3, "hit_blocks": 2, "evictions": 0}
+    assert pool.reset_prefix_cache() == 2
+    assert pool.cached_blocks == 0
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
+def test_a_signal_handler_interrupts_a_wait(pool):
+    held = pool.try_alloc(16)
+    before = pool_state(pool)
+
+    class Interrupted(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Interrupted
+
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)
+        with pytest.raises(Interrupted):
+            pool.alloc(1, timeout=60)  # (the timeout only keeps a bug from hanging)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    # The wait was cancelled: out of the queue, nothing taken.
+    assert pool.waiters == 0
+    assert pool_state(pool) == before
+    pool.free(held)

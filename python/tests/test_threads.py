@@ -1,0 +1,114 @@
+"""8 Python threads appending, forking, publishing, matching, truncating and
+freeing on one pool (and on shared sequences): every block's references are
+conserved, no block is in two private tables, and all is given back."""
+
+import random
+import sys
+import threading
+
+import kvslots
+
+THREADS = 8
+ROUNDS = 300
+
+
+def test_eight_threads_conserve_blocks():
+    pool = kvslots.BlockPool(256, 4)
+    shared = kvslots.Sequence(pool)  # one sequence used by every thread
+    shared.try_append(6)
+    prompts = [[p] * 24 for p in range(4)]
+    keys = [kvslots.hash_blocks(p, 4) for p in prompts]
+    barrier = threading.Barrier(THREADS)
+    failures = []
+    kept = [[] for _ in range(THREADS)]
+
+    def worker(index):
+        rng = random.Random(index)
+        mine = kept[index]
+        try:
+            barrier.wait()
+            for _ in range(ROUNDS):
+                op = rng.randrange(8)
+                if op == 0:
+                    seq = kvslots.Sequence(pool)
+                    k = rng.randrange(len(prompts))
+                    hit = seq.match_prefix(keys[k])
+                    assert len(seq) == 4 * hit
+                    try:
+                        seq.try_append(24 - len(seq))
+                        seq.publish(keys[k])
+                    except kvslots.Full:
+                        pass
+                    mine.append(seq)
+                elif op == 1 and mine:
+                    seq = rng.choice(mine)
+                    try:
+                        child, copy = seq.fork()
+                        assert copy is None or copy.dst in child.block_ids
+                        mine.append(child)
+                    except kvslots.Full:
+                        pass
+                elif op == 2 and mine:
+                    seq = rng.choice(mine)
+                    try:
+                        seq.append_cow(rng.randrange(1, 9))
+                    except kvslots.Full:
+                        pass
+                elif op == 3 and mine:
+                    seq = rng.choice(mine)
+                    seq.truncate(rng.randrange(len(seq) + 1))
+                elif op == 4 and mine:
+                    mine.pop(rng.randrange(len(mine))).close()
+                elif op == 5:
+                    try:
+                        ids = pool.try_alloc(rng.randrange(1, 6))
+                        assert len(set(ids)) == len(ids)
+                        pool.free(ids)
+                    except kvslots.Full:
+                        pass
+                elif op == 6:
+                    # The shared sequence: calls take turns on its mutex.
+                    try:
+                        shared.append_cow(1)
+                    except kvslots.Full:
+                        pass
+                    shared.truncate(6)
+                else:
+                    assert 0 <= pool.free_blocks <= pool.num_blocks
+                    len(shared)
+                    shared.slot_mapping()
+                if len(mine) > 12:
+                    mine.pop(0).close()
+        except Exception as e:  # reported below
+            failures.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(THREADS)]
+    # Switch threads as often as the interpreter allows, so that the calls
+    # interleave (calls that release the GIL overlap regardless).
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert failures == []
+    # Conservation: every reference is held by a table entry, or kept for
+    # a copy-on-write source (at most one per sequence).
+    seqs = [s for mine in kept for s in mine] + [shared]
+    table_refs = sum(len(s.block_ids) for s in seqs)
+    refs = sum(pool.ref_count(i) for i in range(pool.num_blocks))
+    assert table_refs <= refs <= table_refs + len(seqs)
+    held = {i for s in seqs for i in s.block_ids}
+    assert pool.used_blocks >= len(held)
+    assert pool.used_blocks + pool.free_blocks == pool.num_blocks
+    for i in range(pool.num_blocks):
+        if pool.ref_count(i) == 0:
+            assert i not in held
+    for s in seqs:
+        s.close()
+    assert pool.free_blocks == pool.num_blocks
+    assert all(pool.ref_count(i) == 0 for i in range(pool.num_blocks))
+    assert pool.cached_blocks == pool.evictable_blocks
