@@ -275,10 +275,42 @@ impl FreeList {
     /// together hold them, and reserved room for `k` more ids in `out`
     /// (nothing here allocates). When this returns fewer, the caller
     /// evicts or looks again.
+    #[inline]
     pub(crate) fn pop(&self, k: usize, out: &mut Vec<BlockId>) -> usize {
         debug_assert!(k > 0);
+        let home = self.home();
+        // The usual case: the first word the home shard's summary marks
+        // holds all `k` (one load of the summary, one of the word, one
+        // CAS).
+        // Relaxed: a hint, as in `take_from_shard`.
+        let groups = self.summaries[home].load(Ordering::Relaxed);
+        if groups != 0 && k < 64 {
+            let w = groups.trailing_zeros() * self.group;
+            let word = self.word(home, w);
+            // Relaxed: only a guess; the CAS validates it (and acquires).
+            let cur = word.load(Ordering::Relaxed);
+            let (take, n) = lowest(cur, k);
+            if n == k
+                && !self.faults.plain_bitmap_take()
+                // Acquire on success, Relaxed on failure: as in
+                // `take_from_word`.
+                && word
+                    .compare_exchange(cur, cur & !take, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.emit(home, w, take, out);
+                return k;
+            }
+        }
+        self.pop_from(home, k, out)
+    }
+
+    /// [`pop`](Self::pop) past its usual case: from the home shard, then
+    /// the others in turn.
+    #[inline(never)]
+    fn pop_from(&self, home: usize, k: usize, out: &mut Vec<BlockId>) -> usize {
         let shards = self.summaries.len();
-        let mut shard = self.home();
+        let mut shard = home;
         let mut taken = 0;
         for _ in 0..shards {
             taken += self.take_from_shard(shard, k - taken, out);

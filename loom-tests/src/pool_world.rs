@@ -58,6 +58,7 @@ pub const SOUND: Faults = Faults {
     keep_refused: false,
     quiet_gather: false,
     growth_waits: false,
+    match_keeps_credits: false,
 };
 /// The free list's control: a take from a bitmap word with a load and a
 /// plain store, so that two takers can take the same block.
@@ -117,6 +118,13 @@ pub const EVICT_REFERENCED: Faults = Faults {
 /// on a higher block id does not kill it, so both can commit.
 pub const NO_KILL: Faults = Faults {
     no_kill: true,
+    ..SOUND
+};
+
+/// The revival control: a match keeps the blocks it admitted ahead and did
+/// not use.
+pub const MATCH_KEEPS_CREDITS: Faults = Faults {
+    match_keeps_credits: true,
     ..SOUND
 };
 

@@ -679,10 +679,18 @@ impl BlockPool {
         // references? Checked with loads before anything changes, so that a
         // refused call never drops (and restores) a reference that a
         // concurrent holder could observe.
-        if let Some(&id) = ids.iter().find(|id| self.refs.count(**id) == 0) {
-            return Err(FreeError::NotAllocated { id });
+        // (Not allocated first, then held by sequences: one load per id.)
+        let mut held_by_sequence = None;
+        for &id in ids {
+            let (holders, sequence) = self.refs.holders(id);
+            if holders == 0 {
+                return Err(FreeError::NotAllocated { id });
+            }
+            if sequence && held_by_sequence.is_none() {
+                held_by_sequence = Some(id);
+            }
         }
-        if let Some(&id) = ids.iter().find(|id| self.refs.is_sequence_held(**id)) {
+        if let Some(id) = held_by_sequence {
             return Err(FreeError::HeldBySequence { id });
         }
         if let Some(id) = over_free::first_over_freed(ids, |id| self.refs.count(id) as usize) {
@@ -755,20 +763,23 @@ impl BlockPool {
         // They join the eviction ring in batches (one CAS on its length a
         // batch), oldest first.
         let mut evictable = 0;
-        let mut stamps = None;
-        let mut batch = [0u64; STAMP_BATCH];
+        // (Made only when a block becomes evictable: no 256 bytes to clear
+        // on a free of uncached blocks.)
+        let mut stamped: Option<(u32, [u64; STAMP_BATCH])> = None;
         let mut batched = 0;
         let total = order.len();
         for (i, id) in order.enumerate() {
             match drop(id) {
                 Ok(Dropped::Free) => give = give.add(&self.free, id),
                 Ok(Dropped::Evictable) => {
-                    let base = *stamps
-                        .get_or_insert_with(|| self.lru.stamps(total - i).wrapping_sub(i as u32));
+                    let (base, batch) = stamped.get_or_insert_with(|| {
+                        let base = self.lru.stamps(total - i).wrapping_sub(i as u32);
+                        (base, [0; STAMP_BATCH])
+                    });
                     batch[batched] = Lru::word(id, base.wrapping_add(i as u32));
                     batched += 1;
                     if batched == STAMP_BATCH {
-                        self.lru.stamp_all(&batch);
+                        self.lru.stamp_all(batch);
                         batched = 0;
                     }
                     evictable += 1;
@@ -785,7 +796,9 @@ impl BlockPool {
                 }
             }
         }
-        self.lru.stamp_all(&batch[..batched]);
+        if let Some((_, batch)) = &stamped {
+            self.lru.stamp_all(&batch[..batched]);
+        }
         self.free.give(give);
         // Released after the give-back, so that whoever admits these
         // blocks finds them (in the free list, or evictable).

@@ -144,8 +144,12 @@ impl BlockPool {
         let base = out.len();
         let mut filter: Option<[u64; TAKEN_WORDS]> = None;
         let mut hits = 0;
-        for key in hashes {
-            let Some(id) = self.match_one(key) else {
+        // Blocks admitted ahead for the evictable blocks this match revives
+        // (see `match_one`); what goes unused is given back at the end.
+        let (mut credits, mut admitted_ahead) = (0, false);
+        for (i, key) in hashes.iter().enumerate() {
+            let ahead = hashes.len() - i;
+            let Some(id) = self.match_one(key, &mut credits, &mut admitted_ahead, ahead) else {
                 break;
             };
             let taken = &out[base..];
@@ -174,6 +178,12 @@ impl BlockPool {
             out.push(id);
             hits += 1;
         }
+        if credits > 0 {
+            self.counter.give_back_ahead(credits);
+        }
+        if admitted_ahead {
+            self.counter.note_peak();
+        }
         let cell = self.stats.mine();
         add(&cell.queried, hashes.len() as u64);
         if hits != 0 {
@@ -184,8 +194,20 @@ impl BlockPool {
         hits
     }
 
-    /// One reference on the block holding `key`, if one does now.
-    fn match_one(&self, key: &BlockHash) -> Option<BlockId> {
+    /// One reference on the block holding `key`, if one does now. An
+    /// evictable block takes one of `credits`, blocks of the pool's
+    /// capacity admitted ahead: when none is left, this admits `ahead`
+    /// (the keys left in the match, this one included) with one
+    /// read-modify-write (and sets `admitted_ahead`: the peak is raised
+    /// once the match is done), or else just one, as allocating a free
+    /// block does; the caller gives back what goes unused.
+    fn match_one(
+        &self,
+        key: &BlockHash,
+        credits: &mut usize,
+        admitted_ahead: &mut bool,
+        ahead: usize,
+    ) -> Option<BlockId> {
         let probe = self.keys.probe(key);
         for id in self.keys.candidates(probe) {
             let backoff = Backoff::new();
@@ -200,13 +222,20 @@ impl BlockPool {
                 if count_of(seen) == 0 {
                     // An evictable block: reviving it takes a block of the
                     // pool's capacity, exactly as allocating a free one.
-                    if self.counter.try_reserve_raw(1, 0).is_err() {
-                        return None;
+                    if *credits == 0 {
+                        if ahead > 1 && self.counter.try_reserve_ahead(ahead).is_ok() {
+                            *credits = ahead;
+                            *admitted_ahead = true;
+                        } else if self.counter.try_reserve_raw(1, 0).is_ok() {
+                            *credits = 1;
+                        } else {
+                            return None;
+                        }
                     }
                     if self.refs.revive(id, seen) {
+                        *credits -= 1;
                         return Some(id);
                     }
-                    self.counter.release_held(1);
                 } else if self.refs.revive(id, seen) {
                     return Some(id);
                 }

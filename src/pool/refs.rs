@@ -277,12 +277,15 @@ impl Refs {
         word.store(state | holder.flag() | 1, Ordering::Relaxed);
     }
 
-    /// Whether every holder of `id` is a sequence now (a raw free must
-    /// refuse it). A validation read.
-    pub(super) fn is_sequence_held(&self, id: BlockId) -> bool {
-        // Relaxed: a validation read; the drop's CAS re-checks the flag.
-        self.words[id.index()].load(Ordering::Relaxed) & SEQUENCE != 0
-            && !self.faults.free_ignores_sequence()
+    /// A block's holders now (as [`count`](Self::count)), and whether
+    /// every one of them is a sequence (a raw free must refuse it): the
+    /// checks of a free, one load.
+    pub(super) fn holders(&self, id: BlockId) -> (u32, bool) {
+        // Relaxed: a validation read; the drops that follow are what order
+        // (and a raw drop's CAS re-checks the flag).
+        let state = self.words[id.index()].load(Ordering::Relaxed);
+        let sequence = state & SEQUENCE != 0 && !self.faults.free_ignores_sequence();
+        (holders_of(state, self.claim_ref()) as u32, sequence)
     }
 
     /// Adds a reference to a block the caller holds a reference to.

@@ -135,6 +135,11 @@ pub struct Faults {
     /// sequence's append is refused behind a queued admission.
     #[cfg(kvslots_loom)]
     pub growth_waits: bool,
+    /// A match keeps the blocks it admitted ahead for revivals and did not
+    /// use (its key's block was evicted meanwhile) instead of giving them
+    /// back: they are lost to every later admission.
+    #[cfg(kvslots_loom)]
+    pub match_keeps_credits: bool,
 }
 
 impl Faults {
@@ -333,6 +338,17 @@ impl Faults {
     pub(crate) fn growth_waits(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.growth_waits {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a match keeps what it admitted ahead and did not use:
+    /// `false`, or `true` under `match_keeps_credits`.
+    #[inline]
+    pub(crate) fn match_keeps_credits(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.match_keeps_credits {
             return true;
         }
         false
