@@ -13,6 +13,8 @@
 //! | `blake3` | `blake3::hash` over the same 112 bytes (two compressions) |
 //! | `blake3_keyed` | `blake3::keyed_hash` of the block's 64 bytes under the parent's key: one BLAKE3 compression, BLAKE3's counterpart of `kvslots_sha256` |
 //! | `sha256_compress` | the floor: one bare `sha2::compress256` call a block on the prompt's pieces laid out in advance, chained, with no keys written out |
+//! | `kvslots_lora` | [`kvslots::hash_blocks_with`] with a LoRA adapter: extras on block 0 only, every other block as `kvslots_sha256` |
+//! | `kvslots_image_every_block` | [`kvslots::hash_blocks_with`] with an image (a 32-byte hash) whose placeholder covers the whole prompt: every block has an extras header and one entry, three compressions |
 //!
 //! The three peers start from a key of block 0 made the same way as their
 //! later keys (a tag and the salt in place of the parent); only the
@@ -25,7 +27,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use kvslots::{hash_blocks, BlockHash};
+use kvslots::{hash_blocks, hash_blocks_with, BlockHash, ExtraKey};
 use sha2::digest::generic_array::GenericArray;
 use sha2::digest::typenum::U64;
 use sha2::{Digest, Sha256};
@@ -113,17 +115,34 @@ fn blake3_keyed_blocks(salt: &[u8], tokens: &[u32], block_size: usize, out: &mut
     }
 }
 
+/// [`hash_blocks_with`] with a LoRA adapter (block 0's key only).
+fn lora_blocks(salt: &[u8], tokens: &[u32], block_size: usize, out: &mut Vec<BlockHash>) {
+    let extras = [ExtraKey::Lora(b"sql-adapter-v3")];
+    hash_blocks_with(salt, tokens, block_size, &extras, out).expect("valid extras");
+}
+
+/// [`hash_blocks_with`] with an image over every token (every block's key).
+fn image_blocks(salt: &[u8], tokens: &[u32], block_size: usize, out: &mut Vec<BlockHash>) {
+    let extras = [ExtraKey::Multimodal {
+        hash: &[0x5a; 32],
+        positions: 0..tokens.len(),
+    }];
+    hash_blocks_with(salt, tokens, block_size, &extras, out).expect("valid extras");
+}
+
 fn bench_hash_blocks(c: &mut Criterion) {
     let tokens = prompt();
     let salt = b"tenant-0";
     let mut out = Vec::with_capacity(PROMPT / BLOCK);
 
     type Chain = fn(&[u8], &[u32], usize, &mut Vec<BlockHash>);
-    let peers: [(&str, Chain); 4] = [
+    let peers: [(&str, Chain); 6] = [
         ("kvslots_sha256", hash_blocks),
         ("sha256_digest", sha256_blocks),
         ("blake3", blake3_blocks),
         ("blake3_keyed", blake3_keyed_blocks),
+        ("kvslots_lora", lora_blocks),
+        ("kvslots_image_every_block", image_blocks),
     ];
 
     // Each gives one key per full block, all distinct.

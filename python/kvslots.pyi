@@ -26,6 +26,7 @@ __all__ = [
     "hash_blocks_packed",
     "ReserveError",
     "Full",
+    "BehindWaiters",
     "NeverFits",
     "Closed",
     "FreeError",
@@ -41,8 +42,8 @@ object of keys laid end to end, as `hash_blocks_packed` returns them (read
 in one copy instead of one conversion per key)."""
 
 class ReserveError(Exception):
-    """An allocation was refused; nothing changed. Subclasses: `Full`,
-    `NeverFits`, `Closed`."""
+    """An allocation was refused; nothing changed. Subclasses: `Full` (and
+    its subclass `BehindWaiters`), `NeverFits`, `Closed`."""
 
 class Full(ReserveError):
     """Not enough free blocks right now; retrying later may succeed."""
@@ -51,6 +52,14 @@ class Full(ReserveError):
     """Blocks asked for."""
     available: int
     """Blocks free when the request was refused."""
+
+class BehindWaiters(Full):
+    """The blocks are free, but callers queued in `alloc`/`reserve` are owed
+    them first: a new caller never passes a queued waiter. Retrying later (or
+    waiting with `alloc`/`reserve`) may succeed."""
+
+    owed: int
+    """Blocks the queued waiters are owed (their headroom included)."""
 
 class NeverFits(ReserveError):
     """The request (plus any headroom) is larger than the whole pool: it can

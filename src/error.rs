@@ -33,23 +33,54 @@ pub enum ReserveError {
     /// Not enough free right now; it may fit once others release.
     ///
     /// `available` is a value the allocator really held at the moment it
-    /// refused (the linearization point of the refusal), not a later guess.
-    /// While waiters are queued, a `try_*` call also leaves free what the
-    /// first of them asks for, so `available` can then be at least
-    /// `requested` (see [Waiting](crate::implementation#waiting)).
+    /// refused (the linearization point of the refusal), not a later guess,
+    /// and it is less than `requested` plus the headroom the call asked to
+    /// leave free (so `available >= requested` only when headroom was asked
+    /// for).
     Full {
         /// What the caller asked for.
         requested: usize,
         /// What was free when the request was refused.
         available: usize,
     },
-    /// The request (plus any headroom asked for) is larger than the whole
-    /// capacity: it can never be admitted, so a scheduler must reject it
-    /// outright instead of retrying it.
+    /// Enough was free for the request (and its headroom), but not beside
+    /// what the queued waiters are owed: a new `try_*` admission does not
+    /// pass the wait queue ([`SlotCounter::reserve`](crate::SlotCounter::reserve),
+    /// [`BlockPool::alloc`](crate::BlockPool::alloc) and their kin). It
+    /// may fit once the waiters are served; retryable, like `Full`.
+    ///
+    /// At the moment of the refusal (its linearization point), `available`
+    /// units were free, with `requested + headroom <= available <
+    /// requested + headroom + owed`. `owed` is what the waiters then queued
+    /// needed to be granted, each in arrival order with its own headroom
+    /// free (see [Waiting](crate::implementation#waiting)). Only calls that
+    /// admit something new get it; the growth of what a caller already
+    /// holds (a guard's `try_grow`, an append to a
+    /// [`Sequence`](crate::Sequence) that holds blocks, a fork) does not
+    /// wait behind the queue, and a waiting call never resolves to it.
+    BehindWaiters {
+        /// What the caller asked for.
+        requested: usize,
+        /// What was free when the request was refused.
+        available: usize,
+        /// What the queued waiters were owed: the units a new admission
+        /// had to leave free for them.
+        owed: usize,
+    },
+    /// The request (plus any headroom asked for) is larger than all the
+    /// caller could ever be given: it can never be admitted, so a
+    /// scheduler must reject it outright instead of retrying or waiting.
+    ///
+    /// `capacity` is the allocator's whole capacity, except for a
+    /// [`Sequence`](crate::Sequence)'s calls, which cannot be given the
+    /// blocks the sequence itself holds while it asks: there it is the
+    /// pool's blocks less those (a sequence that holds 1 block of a pool
+    /// of 8 and asks for 8 more gets `NeverFits { requested: 8, capacity:
+    /// 7 }`, from the `try_*`, blocking and async forms alike).
     NeverFits {
         /// What the caller asked for.
         requested: usize,
-        /// The allocator's total capacity.
+        /// The most the caller could ever be given.
         capacity: usize,
     },
     /// The allocator was closed ([`SlotCounter::close`](crate::SlotCounter::close),
@@ -60,7 +91,8 @@ pub enum ReserveError {
 
 impl ReserveError {
     /// Whether retrying the same request later can succeed (only
-    /// [`ReserveError::Full`] is transient).
+    /// [`ReserveError::Full`] and [`ReserveError::BehindWaiters`] are
+    /// transient).
     ///
     /// # Examples
     ///
@@ -68,11 +100,15 @@ impl ReserveError {
     /// use kvslots::ReserveError;
     ///
     /// assert!(ReserveError::Full { requested: 2, available: 1 }.is_retryable());
+    /// assert!(ReserveError::BehindWaiters { requested: 2, available: 3, owed: 2 }.is_retryable());
     /// assert!(!ReserveError::NeverFits { requested: 9, capacity: 8 }.is_retryable());
     /// assert!(!ReserveError::Closed.is_retryable());
     /// ```
     pub const fn is_retryable(&self) -> bool {
-        matches!(self, ReserveError::Full { .. })
+        matches!(
+            self,
+            ReserveError::Full { .. } | ReserveError::BehindWaiters { .. }
+        )
     }
 }
 
@@ -83,6 +119,14 @@ impl fmt::Display for ReserveError {
                 requested,
                 available,
             } => write!(f, "requested {requested} but only {available} available"),
+            ReserveError::BehindWaiters {
+                requested,
+                available,
+                owed,
+            } => write!(
+                f,
+                "requested {requested} with {available} available, but {owed} are owed to queued waiters"
+            ),
             ReserveError::NeverFits {
                 requested,
                 capacity,
@@ -320,7 +364,7 @@ pub enum ConfigError {
         max: usize,
     },
     /// The allocator refused the pool's arrays (the heap memory of its
-    /// bookkeeping, about 64 bytes a block; not the KV cache itself, which
+    /// bookkeeping, about 70 bytes a block; not the KV cache itself, which
     /// lives on the device). What had been allocated is freed.
     OutOfMemory {
         /// The bytes the pool asked for in all
@@ -356,3 +400,64 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// Why [`hash_blocks_with`](crate::hash_blocks_with),
+/// [`BlockHash::first_with`](crate::BlockHash::first_with) or
+/// [`BlockHash::next_with`](crate::BlockHash::next_with) refused its
+/// extra keys. Nothing was computed and nothing was written.
+///
+/// # Examples
+///
+/// ```
+/// use kvslots::{hash_blocks_with, ExtraKey, ExtraKeyError};
+///
+/// let mut keys = Vec::new();
+/// let image = ExtraKey::Multimodal { hash: b"img-0", positions: 4..4 };
+/// assert_eq!(
+///     hash_blocks_with(b"", &[7; 32], 16, &[image], &mut keys),
+///     Err(ExtraKeyError::EmptyPositions { index: 0, positions: 4..4 })
+/// );
+/// assert!(keys.is_empty());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ExtraKeyError {
+    /// Extra key number `index` (a multimodal input or a custom extra)
+    /// covers no token position: its range is empty, so it would enter no
+    /// block's key, and prompts that differ only in it would share keys.
+    EmptyPositions {
+        /// The extra key's index in the list given.
+        index: usize,
+        /// Its (empty) range of token positions.
+        positions: std::ops::Range<usize>,
+    },
+    /// [`BlockHash::next_with`](crate::BlockHash::next_with) was given a
+    /// block start that is not a positive multiple of the block's length:
+    /// block 0 starts at 0 and is keyed by
+    /// [`first_with`](crate::BlockHash::first_with), and block `i` starts at
+    /// `i * block_size`.
+    BlockStart {
+        /// The start given.
+        start: usize,
+        /// The block's length (its tokens).
+        block_size: usize,
+    },
+}
+
+impl fmt::Display for ExtraKeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExtraKeyError::EmptyPositions { index, positions } => write!(
+                f,
+                "extra key {index} covers no token position ({}..{})",
+                positions.start, positions.end
+            ),
+            ExtraKeyError::BlockStart { start, block_size } => write!(
+                f,
+                "block start {start} is not a positive multiple of the block size {block_size}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ExtraKeyError {}

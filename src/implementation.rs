@@ -121,9 +121,9 @@
 //! `benches/pool.rs` measures whether `try_alloc` costs the same at 1,000
 //! and 1,000,000 blocks (figures in `BENCHMARKS.md`).
 //!
-//! Bookkeeping is about 64 bytes per block: a 4-byte `next` link, an
+//! Bookkeeping is about 70 bytes per block: a 4-byte `next` link, an
 //! 8-byte state word (reference count, prefix-cache flags, generation),
-//! and the prefix cache's 52 bytes (see [Prefix cache](#prefix-cache)),
+//! and the prefix cache's 58 bytes (see [Prefix cache](#prefix-cache)),
 //! plus one `CachePadded` slot (a cache line, 128 bytes on x86-64) per
 //! shard head, per shard admission count and per statistics cell, two
 //! for the closed flag and the peak, and a fixed minimum for tiny pools.
@@ -390,23 +390,56 @@
 //!
 //! ## Keys and the index
 //!
-//! A block's key is 32 bytes in four `AtomicU64` words per block, written
-//! only while the block is claimed (`BUSY`, by its publisher) and read
-//! after an `Acquire` of the state word or of an index slot. The index is a
-//! fixed array of `AtomicU64` slots, 1.75 per block, in buckets of 8 (one
-//! cache line; fewer slots per bucket in pools under 8 blocks): a slot is
-//! empty or holds a block id and a 32-bit fingerprint of its key. A key
-//! has two candidate buckets (two other parts of the key); an insert takes
-//! the emptier, a lookup reads both. The index is only a hint: every
-//! candidate's state is loaded (`Acquire`), its whole key compared, and the
-//! reference taken with a CAS from that exact state, which fails if the
-//! generation (and so possibly the key) changed. The two-choice buckets
-//! keep an insert from finding both full; if one ever does, the publish
-//! leaves the block uncached. On the conversation trace the library's
-//! hits equal the reference's at every pool size (`tests/prefix_replay.rs`).
+//! A key is any 32 bytes; `hash_blocks` and `hash_blocks_with` compute
+//! them from a prompt's tokens, a salt and tagged extra keys (LoRA
+//! adapters, cache salts, multimodal inputs; `BlockHash`'s docs give the
+//! layout). A block's key is kept in four `AtomicU64` words per block,
+//! written only while the block is claimed (`BUSY`, by its publisher) and
+//! read after an `Acquire` of the state word or of an index slot. The
+//! index is a fixed array of `AtomicU64` slots, 2.5 per block, in buckets
+//! of 8 (one cache line; fewer slots per bucket in pools under 8 blocks):
+//! a slot is empty or holds a block id and a 32-bit fingerprint of its
+//! key. A key has two candidate buckets, always two different ones; an
+//! insert takes the emptier, a lookup reads both. The index is only a
+//! hint: every candidate's state is loaded (`Acquire`), its whole key
+//! compared, and the reference taken with a CAS from that exact state,
+//! which fails if the generation (and so possibly the key) changed.
 //!
-//! Bookkeeping per block: 8 (state) + 32 (key) + 14 (index) + 4 (release
-//! stamp) + 2 (eviction candidates) + 4 (free-list link) = 64 bytes.
+//! The buckets and the fingerprint come from a keyed hash of the key, not
+//! from its bytes: a key is any 32 bytes (`BlockHash` is public), and keys
+//! that are sequential, mostly constant, made of words that depend on each
+//! other, or built on purpose to share buckets would otherwise crowd into
+//! a few buckets, whose publishes then find no room (lost hits, never a
+//! wrong one). The hash folds the key's four words with eight seed words
+//! that each pool draws at random when it is built (from `std`'s
+//! `RandomState`; fixed under loom and shuttle, so that schedules replay).
+//! A *folded multiply* of two words is their 128-bit product with its two
+//! halves XORed: `a = fold(w0 ^ s0, w1 ^ s1)`, `b = fold(w2 ^ s2, w3 ^ s3)`,
+//! `h1 = fold(a ^ s4, b ^ s5)`, `h2 = fold(a ^ s6, b ^ s7)`. The high
+//! bits of `h1` pick the first bucket (a multiply and a shift, no
+//! division), those of `h2` the second among the others, and `h1`'s low 32
+//! bits are the fingerprint. Each output depends on every bit of the key
+//! and of the seed, so a set of keys chosen without knowing the seed lands
+//! as uniformly random keys do; it is the keyed multiply-mix of `foldhash`
+//! and `ahash`'s fallback, four multiplications a lookup, not a
+//! cryptographic function: an attacker who could learn a pool's placement
+//! (by timing its publishes, say) could aim keys at one pool's buckets, and
+//! would gain refused publishes of those keys, the cost of a cache miss.
+//! Keys from `hash_blocks` (SHA-256 states) are uniform already; for them
+//! the hash changes nothing but the cost (see `BENCHMARKS.md`).
+//!
+//! Two choices keep every bucket short, and 2.5 slots per block keep the
+//! emptier of a key's two buckets from being found full in practice: with
+//! every block cached a bucket holds 3.2 entries on average, and the
+//! emptier of two buckets holds more than 5 only at a few inserts in a
+//! million (the distribution under churn is in `BENCHMARKS.md`). If both
+//! are ever full, the publish leaves the block uncached. The library's
+//! hits equal the reference's on the conversation trace at every pool
+//! size, for uniform, sequential, low-entropy, correlated and crafted
+//! keys alike (`tests/prefix_replay.rs`).
+//!
+//! Bookkeeping per block: 8 (state) + 32 (key) + 20 (index) + 4 (release
+//! stamp) + 2 (eviction candidates) + 4 (free-list link) = 70 bytes.
 //!
 //! ## Publishing
 //!
@@ -550,26 +583,38 @@
 //! and it is reused: a wait allocates only when the queue grows past its
 //! largest size so far (and clones its task's waker). Two words beside the
 //! lock, in a cache line of their own, are read without it: `owed`, what
-//! the head asks for (0 when no one is pending), and the entry count that
-//! [`waiters`](crate::SlotCounter::waiters) returns. Only the waiting
-//! paths write them, under the lock.
+//! the pending waiters are owed (0 when no one is pending), and the entry
+//! count that [`waiters`](crate::SlotCounter::waiters) returns. Only the
+//! waiting paths write them, under the lock.
+//!
+//! **What the waiters are owed.** Granted in arrival order, the `i`-th
+//! pending waiter is served once the `n`s of those before it are taken and
+//! its own `n` plus its headroom are free; so the pending waiters need
+//! `owed = max over i of (n_1 + ... + n_i + headroom_i)` free units (capped
+//! at the capacity: at the capacity nothing new fits anyway). A newcomer
+//! raises it in O(1); a grant or a removal recounts the pending entries
+//! (stopping at the capacity). A new admission that leaves `owed` free
+//! delays no waiter, headroom included.
 //!
 //! **Grants on the waiter's behalf.** The grant loop (under the lock)
-//! takes the head's `n` units if `n + headroom` are free, marks the entry
-//! granted, wakes it, and goes on with the next head; it stops at the
-//! first head that does not fit, so no waiter passes an earlier one. The
-//! units are the waiter's from that moment ([`used`](crate::SlotCounter::used)
-//! shows them): its next poll only collects them. The loop runs when a
-//! waiter queues, after every release that finds someone pending, and when
-//! a waiter leaves.
+//! takes the head's `n` units if `n + headroom` are free, counts the entry
+//! granted, and goes on with the next head; it stops at the first head
+//! that does not fit, so no waiter passes an earlier one. The units are
+//! the waiter's from that moment ([`used`](crate::SlotCounter::used) shows
+//! them): its next poll only collects them. The loop runs when a waiter
+//! queues, after every release that finds someone pending, and when a
+//! waiter leaves.
 //!
-//! **Who gets what.** The head of the queue is owed its `n`: a new
-//! admission ([`try_reserve`](crate::SlotCounter::try_reserve),
+//! **Who gets what.** While anyone is pending, a new admission
+//! ([`try_reserve`](crate::SlotCounter::try_reserve),
 //! [`try_alloc`](crate::BlockPool::try_alloc), an append to an empty
-//! [`Sequence`](crate::Sequence), a revival by
-//! [`try_match_prefix`](crate::Sequence::try_match_prefix)) leaves it
-//! free, so a large waiting request is never starved by a stream of small
-//! `try_*` requests. Growth of what a caller already holds
+//! [`Sequence`](crate::Sequence), a [`Sequence::try_reserve`](crate::Sequence::try_reserve),
+//! a revival by [`try_match_prefix`](crate::Sequence::try_match_prefix),
+//! a zero-block check with headroom) leaves `owed` free, so a large
+//! waiting request, with or without headroom, is never starved by a
+//! stream of small `try_*` requests; and a new waiter does not try the
+//! lock-free path at all: it queues behind the others, and the grant loop
+//! serves it after them. Growth of what a caller already holds
 //! ([`Sequence::try_append`](crate::Sequence::try_append) and
 //! `try_append_cow` on a sequence that holds blocks,
 //! [`try_fork`](crate::Sequence::try_fork), a guard's `try_grow`) does not
@@ -583,27 +628,55 @@
 //! | situation | a new admission for `k` (headroom `h`) | growth by `k` | the head (`n`, headroom `H`) | a waiter behind the head |
 //! |---|---|---|---|---|
 //! | nobody waits | takes `k` if `k + h` are free | takes `k` if free | — | — |
-//! | someone waits | takes `k` only if `k + h + n` are free | takes `k` if free | granted as soon as `n + H` are free, by the release that frees them | waits its turn, even if it would fit now |
-//! | the head leaves (dropped, timed out) | as above, with the new head | as above | a granted head's units go back and are handed on | re-checked at once |
+//! | someone waits | takes `k` only if `k + h + owed` are free (`BehindWaiters` if only `k + h` are); a new waiter queues at the back | takes `k` if free | granted as soon as `n + H` are free, by the release that frees them | granted after the head, as soon as its `n` plus its headroom are free beside the head's `n`; waits its turn, even if it would fit now |
+//! | the head leaves (dropped, timed out) | as above, with the new `owed` | as above | a granted head's units go back and are handed on | re-checked at once |
 //! | after `close` | `Closed` | `Closed` | woken with `Closed` (a grant made before stays) | woken with `Closed` |
 //!
-//! A `try_*` refusal because of the waiters is a `Full` whose `available`
-//! may be at least the request: those units are owed to the head.
+//! A `try_*` refusal because of the waiters is
+//! [`BehindWaiters { requested, available, owed }`](crate::ReserveError::BehindWaiters):
+//! at the refusal, `requested + headroom <= available < requested +
+//! headroom + owed`. [`Full`](crate::ReserveError::Full) always means
+//! short of `requested + headroom` itself. A blocking call that times out
+//! leaves the queue and makes one last `try_*` attempt, whose refusal it
+//! returns.
+//!
+//! **What a sequence can never get.** A [`Sequence`](crate::Sequence)'s
+//! calls (`try_append`, `try_append_cow`, `try_reserve`, `reserve`,
+//! `reserve_blocking`, `try_fork`) cannot be given the blocks the sequence
+//! itself holds (its table, and a copy-on-write source it keeps) while
+//! they wait or retry: a request larger than the pool less those is
+//! `NeverFits` at once, with that rest as the capacity, rather than a
+//! retryable `Full` or a wait that never ends. (An append does not count
+//! the block for a shared tail's copy there, which its other holders'
+//! drops make unneeded; a reservation, whose size is fixed when it is
+//! made, does.)
 //!
 //! **Where locks are taken.** Never on a `try_*` path, which adds one
-//! `Relaxed` load of `owed` (skipped for an empty request). A release
-//! (guard drop, `release`, a pool free, a sequence's truncate or drop) adds
-//! that load (its read-modify-write becomes `AcqRel`, free on x86), and
-//! takes the lock only when `owed` is not 0. A waiting call takes the lock to queue, at each later poll, and
-//! to leave. Wakers are woken under the lock (no allocation for a list of
-//! them): a waker must not poll inline a future that releases to the same
-//! allocator (executors' wakers schedule, they do not poll). A waker that
-//! the queue lets go of (its entry removed, or replaced by a new poll's)
-//! is dropped after the lock, since dropping a waker can drop a task and
-//! the futures in it.
+//! `Relaxed` load of `owed` (skipped for an empty request without
+//! headroom). A release (guard drop, `release`, a pool free, a sequence's
+//! truncate or drop) adds that load (its read-modify-write becomes
+//! `AcqRel`, free on x86), and takes the lock only when `owed` is not 0.
+//! A waiting call takes the lock to queue, at each later poll, and to
+//! leave.
 //!
-//! **No lost wake-up.** A waiter that finds the allocator `Full` queues
-//! (writing `owed` under the lock), makes a read-modify-write that changes
+//! **Wakers run after the lock.** No code of the caller's runs under the
+//! lock. A step that grants (or closes) counts every grant and publishes
+//! `owed` first, notifies the blocking sleepers (a `notify_all`), and
+//! moves the settled tasks' wakers into a fixed batch of 32 (no
+//! allocation; more go in further batches), which is woken once the lock
+//! is let go of; wakers that a removal or a new poll replaced are dropped
+//! then too (dropping a waker can drop a task, and the futures in it,
+//! whose drop takes the lock). So a waker may poll inline, and a waker
+//! that panics finds the queue consistent: nothing is taken for an entry
+//! that still looks pending. The panic reaches the caller whose step
+//! settled the entry (a release, a poll, a drop); the wakers of its batch
+//! not called yet go back to their entries, which the next step that runs
+//! the grant loop wakes. A waiter records its ticket before the wakes of
+//! its own first look run, so that if they unwind it is queued, and its
+//! drop (a future's, or a blocking call's guard) leaves the queue.
+//!
+//! **No lost wake-up.** A waiter that finds the allocator short (or
+//! someone queued) queues (writing `owed` under the lock), makes a read-modify-write that changes
 //! nothing (`AcqRel`) on every word a release writes (the counter's state
 //! word; each shard word of a pool), and runs the grant loop itself; a
 //! releaser gives its units back with an `AcqRel` read-modify-write of one
@@ -616,7 +689,12 @@
 //! path (on x86 the release's locked instruction is one already), and
 //! loom models them exactly. The loom models' controls remove the
 //! waiter's second attempt (`late_enqueue`) or its read-modify-writes
-//! (`unfenced_wait`), and loom catches the lost wake-up.
+//! (`unfenced_wait`), and loom catches the lost wake-up. Two more loom
+//! models cover the rules above: a head with headroom against a relay of
+//! small admissions (control `owed_without_headroom`: `owed` is the head's
+//! `n` alone, and the head starves), and a waker that panics against two
+//! releases (control `wake_before_count`: the head is woken before its
+//! grant is counted, and its unit is lost).
 //!
 //! **Cancellation.** Dropping a future (or a blocking call timing out)
 //! takes the lock and removes its entry: a granted one gives its units
@@ -625,8 +703,8 @@
 //! future that resolved has no entry, and its guard is an ordinary guard.
 //!
 //! **Close.** `close` sets the allocator's closed flag first (so no grant
-//! can succeed), then wakes every pending entry under the lock; a waiter
-//! finds `Closed` at its next poll. A waiter that queues after the flag is
+//! can succeed), then marks the queue closed and wakes every pending entry
+//! (after the lock, as above); a waiter finds `Closed` at its next poll. A waiter that queues after the flag is
 //! set fails at its first grant attempt.
 //!
 //! **The pool.** A grant admits blocks on the pool's counter; the waiter
@@ -687,10 +765,11 @@
 //!   snapshots, and order nothing.
 //! * **The wait queue's `owed` and count words are `Relaxed`**: written
 //!   under the queue's lock; a releaser's read of `owed` is ordered by the
-//!   read-modify-write hand-shake described in [Waiting](#waiting), and a `try_*`
-//!   call's read needs no order (a stale 0 puts the call before the
-//!   enqueue it missed). A grant is an admission (`Acquire`), and a
-//!   cancelled grant goes back as a release (`Release`).
+//!   read-modify-write hand-shake described in [Waiting](#waiting), and a
+//!   `try_*` call's or a new waiter's read needs no order (a stale value
+//!   puts the call before the enqueue it missed). A grant is an admission
+//!   (`Acquire`), and a cancelled grant goes back as a release
+//!   (`Release`).
 //!
 //! ## The pool's admission
 //!
@@ -798,7 +877,10 @@
 //! knows about loom. The facade holds the only other differences under a
 //! model checker: a retry after a possibly stale load yields (loom would
 //! otherwise let the load return the same stale value forever), threads
-//! are numbered by loom's per-execution thread-locals, and the faults of
+//! are numbered by loom's per-execution thread-locals, the prefix index's
+//! hash takes a fixed seed (so that every execution places every key in
+//! the same buckets, and the models can pick keys that share a first
+//! bucket), and the faults of
 //! loom's negative controls (a free list without its ABA tag, `Relaxed`
 //! frees, a blind undo of a raced free, a plain store for a sequence's
 //! last drop, a fork's reference added to a block whose count is 0, a
@@ -806,12 +888,16 @@
 //! of a referenced block, a publisher that does not kill a rival's claim,
 //! a claim without a reference of its own, a claim's last drop not given
 //! back, a publish that claims without looking its key up first, a claim
-//! that is a rival before its key is written, a fenced
+//! that is a rival before its key is written, lookups that read only a
+//! key's first index bucket, a rescan whose read-modify-write is in the
+//! bucket of the publisher's own entry, a fenced
 //! retirement that gives its references back at once, an admission fast
 //! path that takes with a plain store, a refused gather that keeps what it
 //! took, a waiter that queues without trying again, a cancelled waiter
 //! that keeps its grant or does not re-check the waiters behind it, a
-//! close that wakes no one, a waiter without its hand-shake)
+//! close that wakes no one, a waiter without its hand-shake, a queue that
+//! owes new admissions only its head's request, a head woken before its
+//! grant is counted)
 //! are switched on through hooks that are the correct behaviour
 //! in every other build. The model suites reach that seam through one
 //! hidden module, not through the API.

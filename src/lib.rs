@@ -37,7 +37,9 @@
 //! * [`table`]: the block-table arithmetic `Sequence` applies, for block
 //!   tables kept elsewhere.
 //! * Prefix caching: [`hash_blocks`] computes the content keys
-//!   ([`BlockHash`]) of a prompt's full blocks;
+//!   ([`BlockHash`]) of a prompt's full blocks, and [`hash_blocks_with`]
+//!   also folds in tagged extra keys ([`ExtraKey`]: LoRA adapters, cache
+//!   salts, multimodal inputs) per block;
 //!   [`Sequence::publish`] caches a sequence's full blocks under them, and
 //!   [`Sequence::try_match_prefix`] takes the cached blocks of the longest
 //!   matching prefix into a new sequence. Unreferenced cached blocks count
@@ -107,14 +109,19 @@
 //! # Waiting
 //!
 //! A request that does not fit can wait in the allocator's queue: waiters
-//! are served strictly in arrival order, each granted whole (the units are
-//! taken on the waiter's behalf by the release that frees them, and its
-//! task is woken), and while anyone waits new admissions leave what the
-//! head of the queue asks for (the growth of running sequences does not
-//! wait behind it). `NeverFits` is returned at once; `close`
-//! wakes every waiter with `Closed`; a blocking call's timeout returns
-//! `Full`. Dropping a waiting future is always safe: it gives back
-//! anything granted to it and lets the waiters behind it be served. The
+//! are served strictly in arrival order, each granted whole, with or
+//! without headroom (the units are taken on the waiter's behalf by the
+//! release that frees them, and its task is woken), and a new caller
+//! never passes a queued waiter: a new waiter queues behind it, and while
+//! anyone waits a `try_*` admission takes units only if the waiters, each
+//! granted in order with its headroom, still fit beside it (otherwise
+//! [`ReserveError::BehindWaiters`]). The growth of running sequences does
+//! not wait behind the queue. `NeverFits` is returned at once (for a
+//! [`Sequence`], also a request that cannot fit beside its own blocks);
+//! `close` wakes every waiter with `Closed`; a blocking call's timeout
+//! returns `Full` or `BehindWaiters`. Dropping a waiting future is always
+//! safe: it gives back anything granted to it and lets the waiters behind
+//! it be served. Wakers run outside the queue's lock. The
 //! library uses std's `Waker` and depends on no async runtime. The
 //! [design notes](implementation#waiting) give the rules (with a table of
 //! who gets what, including how running sequences keep room to grow) and
@@ -196,8 +203,8 @@ mod wait;
 pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::wait::{Reserve, ReserveOwned};
 pub use counter::SlotCounter;
-pub use error::{ConfigError, FreeError, PositionError, ReleaseError, ReserveError};
-pub use hash::{hash_blocks, BlockHash};
+pub use error::{ConfigError, ExtraKeyError, FreeError, PositionError, ReleaseError, ReserveError};
+pub use hash::{hash_blocks, hash_blocks_with, BlockHash, ExtraKey};
 pub use id::BlockId;
 pub use pool::{Alloc, BlockPool, BlockPoolBuilder, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};

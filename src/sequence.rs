@@ -204,8 +204,21 @@ impl Sequence {
     ///
     /// # Errors
     ///
-    /// The pool's [`ReserveError`], counted in blocks: `Full`, `NeverFits`
-    /// (more blocks than the pool has, e.g. `n == usize::MAX`) or `Closed`.
+    /// The pool's [`ReserveError`], counted in blocks:
+    ///
+    /// * `NeverFits` if the new blocks can never fit beside the blocks this
+    ///   sequence holds (more than `num_blocks()` less those, e.g. `n ==
+    ///   usize::MAX`), with that rest of the pool as the capacity (a block
+    ///   for the copy of a shared tail is not counted there: it is not
+    ///   needed once the tail's other holders let go, so without room for
+    ///   it the append is `Full`);
+    /// * `Full` if not enough blocks are free now;
+    /// * `BehindWaiters` for an empty sequence's first append (a new
+    ///   admission) when the blocks are free but owed to queued waiters;
+    ///   the append of a sequence that holds blocks is growth, which takes
+    ///   free blocks even while others wait;
+    /// * `Closed` after [`BlockPool::close`].
+    ///
     /// On error nothing changes.
     ///
     /// # Examples
@@ -281,6 +294,9 @@ impl Sequence {
         // Nothing new needed? Then nothing to admit: the append only fills
         // blocks we hold (also on a closed pool, so workers can drain).
         if total > 0 {
+            // Only the new blocks can never come: a copy of a shared tail
+            // is not needed any more once its other holders let go.
+            self.never_fits_beside_own(total, new_blocks, 0)?;
             // A sequence that holds blocks is running: its growth does not
             // wait behind queued admissions; an empty one is a new admission.
             if self.blocks.is_empty() {
@@ -333,8 +349,13 @@ impl Sequence {
     ///
     /// # Errors
     ///
-    /// As [`BlockPool::try_alloc_with_headroom`], counted in blocks; on
-    /// error nothing changes.
+    /// As [`BlockPool::try_alloc_with_headroom`], counted in blocks (a
+    /// reservation is a new admission: `BehindWaiters` while the blocks are
+    /// owed to queued waiters, also for a sequence that holds blocks),
+    /// except that `NeverFits` also covers what can never fit beside the
+    /// blocks this sequence holds: `missing + headroom` more than
+    /// `num_blocks()` less those, which is the error's capacity. On error
+    /// nothing changes.
     ///
     /// # Examples
     ///
@@ -361,6 +382,7 @@ impl Sequence {
         if missing == 0 {
             return Ok(());
         }
+        self.never_fits_beside_own(missing, missing, headroom)?;
         self.pool
             .try_alloc_sequence(missing, headroom, &mut self.blocks)
     }
@@ -381,9 +403,10 @@ impl Sequence {
     ///
     /// # Errors
     ///
-    /// `NeverFits` (at once) if `missing + headroom > num_blocks()`,
-    /// `Closed`; on error, and when the future is dropped before it
-    /// resolves, the sequence is unchanged.
+    /// `NeverFits` (at once) if `missing + headroom` can never fit beside
+    /// the blocks this sequence holds (more than `num_blocks()` less
+    /// those, the error's capacity), `Closed`; on error, and when the
+    /// future is dropped before it resolves, the sequence is unchanged.
     ///
     /// # Examples
     ///
@@ -399,9 +422,13 @@ impl Sequence {
     /// ```
     pub fn reserve(&mut self, tokens: usize, headroom: usize) -> Alloc<'_> {
         let missing = self.missing_for(tokens);
+        let fits = self.never_fits_beside_own(missing, missing, headroom);
         let pool = &*self.pool;
         if missing == 0 {
             return pool.alloc_nothing(&mut self.blocks);
+        }
+        if let Err(err) = fits {
+            return pool.alloc_refused(err, &mut self.blocks);
         }
         pool.alloc_with_headroom(missing, headroom, &mut self.blocks, Holder::Sequence)
     }
@@ -414,8 +441,9 @@ impl Sequence {
     ///
     /// # Errors
     ///
-    /// `NeverFits` (at once), `Closed`, or `Full` when `timeout` runs out;
-    /// on error the sequence is unchanged.
+    /// `NeverFits` (at once, as for [`reserve`](Self::reserve)), `Closed`,
+    /// or, when `timeout` runs out, `Full` or `BehindWaiters` (see
+    /// [`BlockPool::alloc_blocking`]); on error the sequence is unchanged.
     ///
     /// # Examples
     ///
@@ -445,6 +473,7 @@ impl Sequence {
         if missing == 0 {
             return Ok(());
         }
+        self.never_fits_beside_own(missing, missing, headroom)?;
         self.pool.alloc_with_headroom_blocking(
             missing,
             headroom,
@@ -452,6 +481,32 @@ impl Sequence {
             timeout,
             Holder::Sequence,
         )
+    }
+
+    /// `NeverFits` for a call that asks for `asked` blocks, of which
+    /// `needed` can never be taken beside the blocks this sequence holds
+    /// (its table, and a copy-on-write source it keeps) with `headroom`
+    /// free besides: those stay held while it asks, so the rest of the
+    /// pool is all it can ever get, and is the error's capacity. (`Closed`
+    /// wins after `close`.)
+    fn never_fits_beside_own(
+        &self,
+        asked: usize,
+        needed: usize,
+        headroom: usize,
+    ) -> Result<(), ReserveError> {
+        let held = self.blocks.len() + usize::from(self.retired.is_some());
+        let room = self.pool.num_blocks().saturating_sub(held);
+        if needed.saturating_add(headroom) <= room {
+            return Ok(());
+        }
+        if self.pool.is_closed() {
+            return Err(ReserveError::Closed);
+        }
+        Err(ReserveError::NeverFits {
+            requested: asked,
+            capacity: room,
+        })
     }
 
     /// How many blocks [`try_reserve`](Self::try_reserve) must add for
@@ -939,8 +994,9 @@ impl Sequence {
     ///
     /// # Errors
     ///
-    /// The pool's [`ReserveError`] if no block is free for the private tail;
-    /// then nothing changes.
+    /// The pool's [`ReserveError`] if no block is free for the private tail
+    /// (`NeverFits { requested: 1, capacity: 0 }` when every block of the
+    /// pool is this sequence's own); then nothing changes.
     ///
     /// # Examples
     ///
@@ -964,6 +1020,7 @@ impl Sequence {
         // The fallible part first: a private block for a partly filled tail.
         if tail != 0 {
             // Growth of a running sequence, as in `try_append_cow`.
+            self.never_fits_beside_own(1, 1, 0)?;
             self.pool.try_alloc_growth(1, &mut child.blocks)?;
         }
         // Share the full blocks; the child owns each reference (and the

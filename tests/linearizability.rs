@@ -1367,7 +1367,7 @@ fn sharded_block_pool_histories_are_linearizable() {
 /// Keys in prefix rounds.
 const PREFIX_KEYS: usize = 3;
 
-/// Key number `n` of the prefix rounds (its index buckets differ).
+/// Key number `n` of the prefix rounds.
 fn prefix_key(n: usize) -> BlockHash {
     let mut key = [0u8; 32];
     key[0] = n as u8;

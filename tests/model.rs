@@ -813,9 +813,9 @@ enum PoolOp {
 /// prefix).
 const FAMILY_KEYS: usize = 4;
 
-/// Key number `n`: its first two words (which pick its index buckets) are
-/// `n` and `n + 1`, so that every key can go in two different buckets and
-/// the index of these small pools never fills up; the rest is `n` spread.
+/// Key number `n`: its first two words are `n` and `n + 1`, the rest is
+/// `n` spread (the pool places keys by a hash of its own, so any distinct
+/// keys do).
 fn model_key(n: usize) -> BlockHash {
     let n = n as u64;
     let mut key = [0u8; 32];
@@ -994,6 +994,32 @@ impl PoolModel {
 
     fn admission(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
         admission(n, headroom, self.free(), self.num_blocks, self.closed)
+    }
+
+    /// The admission rule for sequence `i`'s calls that ask for `n`
+    /// blocks with `headroom`, of which `needed` (all but a shared tail's
+    /// copy) can never be taken beside the blocks it holds (its table and
+    /// a kept copy-on-write source): `NeverFits` with the rest of the pool
+    /// as the capacity (`Closed` first after a close).
+    fn seq_admission(
+        &self,
+        i: usize,
+        n: usize,
+        needed: usize,
+        headroom: usize,
+    ) -> Result<(), ReserveError> {
+        let s = &self.seqs[i];
+        let room = self.num_blocks - s.blocks.len() - usize::from(s.retired.is_some());
+        if self.closed {
+            Err(ReserveError::Closed)
+        } else if needed as u128 + headroom as u128 > room as u128 {
+            Err(ReserveError::NeverFits {
+                requested: n,
+                capacity: room,
+            })
+        } else {
+            self.admission(n, headroom)
+        }
     }
 
     /// Records blocks just handed out: they must be distinct, in range and
@@ -1451,7 +1477,8 @@ impl PoolRun {
         let expected = if total == 0 {
             Ok(())
         } else {
-            m.admission(total, 0)
+            let new_blocks = usize::try_from(new_blocks).unwrap_or(usize::MAX);
+            m.seq_admission(i, total, new_blocks, 0)
         };
         match (got, expected) {
             (Ok(r), Ok(())) => {
@@ -1554,7 +1581,11 @@ impl PoolRun {
         let bs = m.block_size;
         let parent = m.seqs[i].clone();
         let (full, tail) = (parent.len / bs, parent.len % bs);
-        let expected = if tail != 0 { m.admission(1, 0) } else { Ok(()) };
+        let expected = if tail != 0 {
+            m.seq_admission(i, 1, 1, 0)
+        } else {
+            Ok(())
+        };
         match (seqs[i].try_fork(), expected) {
             (Ok((child, copy)), Ok(())) => {
                 prop_assert_eq!(child.len(), parent.len, "step {}: child len", step);

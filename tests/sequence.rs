@@ -231,12 +231,13 @@ fn append_with_block_size_one() {
     assert_eq!(seq.try_append(3).unwrap(), 0..3);
     assert_eq!(seq.blocks().len(), 3);
     assert_eq!(seq.try_append(2).unwrap(), 3..5);
+    // The whole pool is its own: a sixth block can never come.
     assert_append_refused(
         &mut seq,
         1,
-        ReserveError::Full {
+        ReserveError::NeverFits {
             requested: 1,
-            available: 0,
+            capacity: 0,
         },
     );
     for p in 0..5 {
@@ -262,13 +263,26 @@ fn append_that_does_not_fit_now_is_full_and_changes_nothing() {
         },
     );
     drop(other);
-    // 13 tokens need 3 new blocks, only 2 are free.
+    // 9 tokens need 2 new blocks; with a third holder's block only 1 is
+    // free.
+    let mut third = Sequence::new(Arc::clone(&pool));
+    third.try_append(1).unwrap();
+    assert_append_refused(
+        &mut seq,
+        9,
+        ReserveError::Full {
+            requested: 2,
+            available: 1,
+        },
+    );
+    drop(third);
+    // 13 tokens need 3 new blocks, and only 2 are not its own.
     assert_append_refused(
         &mut seq,
         13,
-        ReserveError::Full {
+        ReserveError::NeverFits {
             requested: 3,
-            available: 2,
+            capacity: 2,
         },
     );
     // The room left still takes 3 tokens, and then 8 more fit exactly.
@@ -289,13 +303,13 @@ fn append_larger_than_the_pool_never_fits_and_changes_nothing() {
             capacity: 4,
         },
     );
-    seq.try_append(3).unwrap(); // room 1
+    seq.try_append(3).unwrap(); // room 1, and 3 blocks left beside its 1
     assert_append_refused(
         &mut seq,
         18,
         ReserveError::NeverFits {
             requested: 5,
-            capacity: 4,
+            capacity: 3,
         },
     );
     assert_append_refused(
@@ -303,7 +317,7 @@ fn append_larger_than_the_pool_never_fits_and_changes_nothing() {
         usize::MAX,
         ReserveError::NeverFits {
             requested: (usize::MAX - 1).div_ceil(4),
-            capacity: 4,
+            capacity: 3,
         },
     );
     assert_append_refused(
@@ -311,7 +325,7 @@ fn append_larger_than_the_pool_never_fits_and_changes_nothing() {
         usize::MAX - 3,
         ReserveError::NeverFits {
             requested: (usize::MAX - 4).div_ceil(4),
-            capacity: 4,
+            capacity: 3,
         },
     );
     assert_eq!((seq.len(), seq.blocks().len()), (3, 1));
@@ -321,13 +335,13 @@ fn append_larger_than_the_pool_never_fits_and_changes_nothing() {
 fn append_usize_max_with_block_size_one_changes_nothing() {
     let pool = pool(3, 1);
     let mut seq = Sequence::new(Arc::clone(&pool));
-    seq.try_append(2).unwrap();
+    seq.try_append(2).unwrap(); // 1 block left beside its 2
     assert_append_refused(
         &mut seq,
         usize::MAX,
         ReserveError::NeverFits {
             requested: usize::MAX,
-            capacity: 3,
+            capacity: 1,
         },
     );
     assert_append_refused(
@@ -335,7 +349,7 @@ fn append_usize_max_with_block_size_one_changes_nothing() {
         usize::MAX - 2,
         ReserveError::NeverFits {
             requested: usize::MAX - 2,
-            capacity: 3,
+            capacity: 1,
         },
     );
 }
@@ -740,15 +754,32 @@ fn fork_of_a_single_partial_block_shares_nothing() {
 
 #[test]
 fn fork_without_a_free_block_for_the_tail_fails_and_changes_nothing() {
-    let pool = pool(3, 4);
+    let pool = pool(4, 4);
     let mut parent = Sequence::new(Arc::clone(&pool));
-    parent.try_append(10).unwrap(); // all 3 blocks, partial tail
+    parent.try_append(10).unwrap(); // 3 blocks, partial tail
+    let mut other = Sequence::new(Arc::clone(&pool));
+    other.try_append(1).unwrap(); // the fourth
     let (s, p) = (seq_snap(&parent), pool_snap(&pool));
     assert_eq!(
         parent.try_fork().unwrap_err(),
         ReserveError::Full {
             requested: 1,
             available: 0,
+        }
+    );
+    assert_eq!(
+        (seq_snap(&parent), pool_snap(&pool)),
+        (s.clone(), p.clone())
+    );
+    // With the whole pool its own, the tail's block can never come.
+    drop(other);
+    parent.try_append(4).unwrap(); // 14 tokens in 4 blocks
+    let (s, p) = (seq_snap(&parent), pool_snap(&pool));
+    assert_eq!(
+        parent.try_fork().unwrap_err(),
+        ReserveError::NeverFits {
+            requested: 1,
+            capacity: 0,
         }
     );
     assert_eq!(
@@ -1143,13 +1174,15 @@ fn a_refused_append_keeps_the_retired_block_for_the_pending_copy() {
     let copy = copy.unwrap();
     assert_eq!(pool.free_blocks(), 0);
     assert_eq!(pool.ref_count(shared[1]), Some(2));
-    // Needs a new block: refused, and the retired reference stays.
+    // Needs a new block, and the pool is the parent's own (2 in its
+    // table and the copy's source it keeps): refused, and the retired
+    // reference stays.
     assert_append_refused(
         &mut parent,
         2,
-        ReserveError::Full {
+        ReserveError::NeverFits {
             requested: 1,
-            available: 0,
+            capacity: 0,
         },
     );
     assert_eq!(pool.ref_count(shared[1]), Some(2));
@@ -1368,15 +1401,29 @@ fn refused_reserve_changes_nothing() {
     let mut seq = Sequence::new(Arc::clone(&pool));
     seq.try_append(5).unwrap(); // 2 blocks
     let before = state(&seq);
-    // 2 more blocks fit, but not with 1 of headroom.
+    // 2 more blocks fit beside its own 2, but never with 1 of headroom.
     assert_eq!(
         seq.try_reserve(11, 1),
-        Err(ReserveError::Full {
+        Err(ReserveError::NeverFits {
             requested: 2,
-            available: 2
+            capacity: 2
         })
     );
     assert_eq!(state(&seq), before);
+    // With another holder's block, 1 more fits, but not now with 1 free.
+    let mut other = Sequence::new(Arc::clone(&pool));
+    other.try_append(1).unwrap();
+    let held = state(&seq);
+    assert_eq!(
+        seq.try_reserve(7, 1),
+        Err(ReserveError::Full {
+            requested: 1,
+            available: 1
+        })
+    );
+    assert_eq!(state(&seq), held);
+    drop(other);
+    let before = state(&seq);
     assert!(matches!(
         seq.try_reserve(usize::MAX, 0),
         Err(ReserveError::NeverFits { .. })

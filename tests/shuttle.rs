@@ -214,11 +214,16 @@ fn assert_refusal(err: ReserveError, needed: usize, capacity: usize, mine: usize
              {mine} held by the refused thread",
             msg::IMPOSSIBLE
         ),
+        // The capacity a `NeverFits` reports is the pool less the blocks
+        // the asking sequence holds (held by the refused thread).
         ReserveError::NeverFits { capacity: c, .. } => assert!(
-            c == capacity && needed > capacity,
-            "{}: {err:?} for {needed}",
+            needed > c && c <= capacity && capacity - c <= mine,
+            "{}: {err:?} for {needed}, capacity {capacity}, {mine} held by the refused thread",
             msg::IMPOSSIBLE
         ),
+        ReserveError::BehindWaiters { .. } => {
+            panic!("{}: {err:?}, but nobody waits", msg::IMPOSSIBLE)
+        }
         ReserveError::Closed => panic!("{}: Closed, but nobody closed", msg::IMPOSSIBLE),
     }
 }
@@ -677,6 +682,7 @@ impl Tracked {
                 let may_copy = old_len % self.bs() != 0;
                 let requested = match e {
                     ReserveError::Full { requested, .. }
+                    | ReserveError::BehindWaiters { requested, .. }
                     | ReserveError::NeverFits { requested, .. } => requested,
                     ReserveError::Closed => new_blocks,
                 };

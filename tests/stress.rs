@@ -403,6 +403,7 @@ impl<'a> Worker<'a> {
                 assert!(!was_closed, "Full after the counter was seen closed");
                 self.stats.refused_full += 1;
             }
+            ReserveError::BehindWaiters { .. } => panic!("nobody waits here: {err:?}"),
             ReserveError::NeverFits {
                 requested,
                 capacity,
@@ -1066,6 +1067,7 @@ fn alloc_owned(
                     assert!(n <= n_blocks && available < n, "{e}");
                     Tally::bump(&tally.full);
                 }
+                ReserveError::BehindWaiters { .. } => panic!("nobody waits here: {e}"),
                 ReserveError::Closed => panic!("the pool was never closed"),
             }
         }
@@ -1338,14 +1340,23 @@ fn checked_append(seq: &mut Sequence, n: usize, shared: &SeqShared) -> bool {
                 "a refused append changed the table"
             );
             match e {
+                // What a sequence could ever be given: the pool less the
+                // blocks it holds (its table, and a copy-on-write source it
+                // may keep).
                 ReserveError::NeverFits {
                     requested,
                     capacity,
-                } => assert!(requested > capacity && capacity == num_blocks, "{e}"),
+                } => assert!(
+                    requested > capacity
+                        && capacity <= num_blocks - blocks.len()
+                        && capacity + 1 >= num_blocks - blocks.len(),
+                    "{e}"
+                ),
                 ReserveError::Full {
                     requested,
                     available,
                 } => assert!(requested <= num_blocks && available < requested, "{e}"),
+                ReserveError::BehindWaiters { .. } => panic!("nobody waits here: {e}"),
                 ReserveError::Closed => panic!("the pool was never closed"),
             }
             Tally::bump(&shared.refused);

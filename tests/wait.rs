@@ -172,11 +172,21 @@ fn try_calls_leave_what_the_head_is_owed() {
     let mut head = pin!(counter.reserve(3));
     assert!(poll_once(head.as_mut(), &w).is_pending());
     held.shrink_to(2);
-    // 2 free, owed to the head: a try_* call refuses rather than take them.
+    // 2 free, owed to the head: a try_* call refuses rather than take them,
+    // and says so.
     assert_eq!(
         counter.try_reserve(1).unwrap_err(),
-        ReserveError::Full {
+        ReserveError::BehindWaiters {
             requested: 1,
+            available: 2,
+            owed: 3
+        }
+    );
+    // Short even without the waiters: `Full`.
+    assert_eq!(
+        counter.try_reserve(3).unwrap_err(),
+        ReserveError::Full {
+            requested: 3,
             available: 2
         }
     );
@@ -513,20 +523,23 @@ fn running_growth_does_not_wait_behind_a_queued_admission() {
     let mut fut = pin!(seq.reserve(32, 2)); // 2 blocks, 2 kept free
     assert!(poll_once(fut.as_mut(), &w).is_pending());
     running.truncate(16); // 3 free: the head needs 2 + 2
-                          // A new admission leaves the head what it is owed...
+                          // A new admission leaves the head what it is owed, its headroom
+                          // included...
     let mut fresh = Sequence::new(Arc::clone(&pool));
     assert_eq!(
         fresh.try_append(32).unwrap_err(),
-        ReserveError::Full {
+        ReserveError::BehindWaiters {
             requested: 2,
-            available: 3
+            available: 3,
+            owed: 4
         }
     );
     assert_eq!(
         pool.try_alloc(2, &mut Vec::new()).unwrap_err(),
-        ReserveError::Full {
+        ReserveError::BehindWaiters {
             requested: 2,
-            available: 3
+            available: 3,
+            owed: 4
         }
     );
     assert_eq!(
@@ -556,7 +569,7 @@ fn a_guard_grows_past_a_queued_waiter() {
     // A new reservation leaves the 2 free slots to the head...
     assert!(matches!(
         counter.try_reserve(1),
-        Err(ReserveError::Full { .. })
+        Err(ReserveError::BehindWaiters { owed: 3, .. })
     ));
     // ...a running reservation's growth takes one.
     held.try_grow(1).unwrap();
@@ -704,4 +717,329 @@ fn blocking_waiters_on_a_sharded_pool_miss_no_wakeup() {
     assert_eq!((pool.used_blocks(), pool.waiters()), (0, 0));
     assert_eq!(pool.free_blocks(), 8);
     common::assert_pool_whole(&pool);
+}
+
+/// A head that asks for headroom (`Sequence::reserve(16, 8)`: 1 block with
+/// 8 free besides, 9 of a pool of 10) is owed its headroom too: a later
+/// waiter queues behind it rather than take 4 of the 8 free, and the
+/// `try_*` calls and a blocking call that times out say why they were
+/// refused. A release that frees 9 grants the head first, then the waiter.
+#[test]
+fn a_later_waiter_does_not_overtake_a_headroom_head() {
+    let pool = Arc::new(BlockPool::new(10, 16));
+    let mut held = Vec::new();
+    pool.try_alloc(2, &mut held).unwrap(); // 8 free
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    let (head_waker, head_wakes) = waker();
+    let (later_waker, later_wakes) = waker();
+    let mut ids = Vec::new();
+    {
+        let mut head = pin!(seq.reserve(16, 8));
+        assert!(poll_once(head.as_mut(), &head_waker).is_pending());
+        let mut later = pin!(pool.alloc(4, &mut ids));
+        assert!(
+            poll_once(later.as_mut(), &later_waker).is_pending(),
+            "a later waiter passed a queued head that asks for headroom"
+        );
+        assert_eq!((pool.waiters(), pool.used_blocks()), (2, 2));
+        let behind = ReserveError::BehindWaiters {
+            requested: 4,
+            available: 8,
+            owed: 9,
+        };
+        let mut other = Vec::new();
+        assert_eq!(pool.try_alloc(4, &mut other), Err(behind));
+        assert_eq!(
+            pool.alloc_blocking(4, &mut other, Some(Duration::ZERO)),
+            Err(behind)
+        );
+        let mut fresh = Sequence::new(Arc::clone(&pool));
+        assert_eq!(
+            fresh.try_reserve(16, 0),
+            Err(ReserveError::BehindWaiters {
+                requested: 1,
+                available: 8,
+                owed: 9
+            })
+        );
+        assert!(other.is_empty() && fresh.blocks().is_empty());
+        assert_eq!((pool.waiters(), pool.used_blocks()), (2, 2));
+        // 9 free: the head is granted (1 block, 8 left), then the waiter.
+        pool.free(&held[..1]).unwrap();
+        assert_eq!((wakes(&head_wakes), wakes(&later_wakes)), (1, 1));
+        assert!(matches!(
+            poll_once(head.as_mut(), &head_waker),
+            Poll::Ready(Ok(()))
+        ));
+        assert!(matches!(
+            poll_once(later.as_mut(), &later_waker),
+            Poll::Ready(Ok(()))
+        ));
+    }
+    assert_eq!((seq.capacity(), ids.len(), pool.used_blocks()), (16, 4, 6));
+    assert_eq!(pool.waiters(), 0);
+}
+
+/// The relay of the issue that found the starvation: a head waits (a real
+/// thread, `Sequence::reserve_blocking(16, 8, None)` on a pool of 10) for
+/// 1 block with 8 free besides, while this thread admits 2 new blocks with
+/// `try_alloc` and then gives the previous 2 back, round after round, as
+/// running requests replace each other. The relay always holds 2 blocks
+/// unless an admission is refused, so the head is granted only if the
+/// admissions leave it what it is owed, headroom included. Bounded by
+/// rounds, not time: the head must hold its block (counted by the pool)
+/// before the relay runs out of rounds.
+#[test]
+fn a_relay_of_small_admissions_does_not_starve_a_headroom_head() {
+    const ROUNDS: usize = 1_000_000;
+    for shards in [1, 2] {
+        let pool = Arc::new(BlockPool::with_shards(10, 16, shards));
+        let mut pair = Vec::new();
+        pool.try_alloc(2, &mut pair).unwrap(); // 8 free: the head must wait
+        let head = thread::spawn({
+            let pool = Arc::clone(&pool);
+            move || {
+                let mut seq = Sequence::new(pool);
+                seq.reserve_blocking(16, 8, None).map(|()| seq)
+            }
+        });
+        spin_until(1, || pool.waiters());
+        let mut next = Vec::new();
+        let mut rounds = 0;
+        // Only the relay and the head hold blocks, and the relay's calls
+        // are the only ones running here: the count is exact.
+        while pool.used_blocks() == pair.len() && rounds < ROUNDS {
+            rounds += 1;
+            match pool.try_alloc(2, &mut next) {
+                Ok(()) => {}
+                Err(ReserveError::BehindWaiters { owed: 9, .. }) => {}
+                Err(err) => panic!("the relay was refused with {err:?}"),
+            }
+            pool.free(&pair).unwrap();
+            pair.clear();
+            std::mem::swap(&mut pair, &mut next);
+        }
+        let starved = pool.used_blocks() == pair.len();
+        pool.free(&pair).unwrap();
+        let seq = head.join().unwrap().expect("the head is granted");
+        assert!(
+            !starved,
+            "{shards} shard(s): the head starved through {rounds} admissions"
+        );
+        assert_eq!(seq.capacity(), 16);
+        drop(seq);
+        assert_eq!((pool.used_blocks(), pool.waiters()), (0, 0));
+    }
+}
+
+/// A waker that panics when woken.
+struct PanickingWaker;
+
+impl Wake for PanickingWaker {
+    fn wake(self: Arc<Self>) {
+        panic!("a waker that panics");
+    }
+}
+
+fn panicking_waker() -> Waker {
+    Waker::from(Arc::new(PanickingWaker))
+}
+
+/// Runs `f`, which must panic (a waker that panics, called inside it).
+fn expect_panic<R>(f: impl FnOnce() -> R) {
+    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    assert!(out.is_err(), "the waker's panic did not reach the caller");
+}
+
+/// A release grants two waiters and the first one's waker panics out of
+/// the release: both grants are counted (nothing is taken for an entry
+/// that still looks pending), the second waiter is woken by the next run
+/// of the grant loop (the first one's drop, which gives its grant back),
+/// and once everything is dropped no block is lost.
+#[test]
+fn a_panicking_waker_loses_no_block() {
+    let pool = Arc::new(BlockPool::new(4, 16));
+    let mut held = Vec::new();
+    pool.try_alloc(4, &mut held).unwrap();
+    let bad = panicking_waker();
+    let (good, good_wakes) = waker();
+    let (mut first_ids, mut second_ids) = (Vec::new(), Vec::new());
+    {
+        let mut first = Box::pin(pool.alloc(2, &mut first_ids));
+        let mut second = Box::pin(pool.alloc(2, &mut second_ids));
+        assert!(poll_once(first.as_mut(), &bad).is_pending());
+        assert!(poll_once(second.as_mut(), &good).is_pending());
+        expect_panic(|| pool.free(&held));
+        assert_eq!((pool.used_blocks(), pool.waiters()), (4, 2));
+        drop(first); // granted, never collected: its 2 blocks go back
+        assert_eq!(wakes(&good_wakes), 1);
+        assert!(matches!(
+            poll_once(second.as_mut(), &good),
+            Poll::Ready(Ok(()))
+        ));
+    }
+    assert!(first_ids.is_empty());
+    assert_eq!((second_ids.len(), pool.used_blocks()), (2, 2));
+    pool.free(&second_ids).unwrap();
+    assert_eq!((pool.used_blocks(), pool.waiters()), (0, 0));
+    common::assert_pool_whole(&pool);
+}
+
+/// A blocking waiter granted by the same release as a task whose waker
+/// panics is woken all the same (the sleepers are notified first). Bounded
+/// by a generous watchdog that only a waiter left asleep runs into.
+#[test]
+fn a_panicking_waker_leaves_no_blocking_waiter_asleep() {
+    let pool = Arc::new(BlockPool::new(4, 16));
+    let mut held = Vec::new();
+    pool.try_alloc(4, &mut held).unwrap();
+    let mut task_ids = Vec::new();
+    let mut task = Box::pin(pool.alloc(2, &mut task_ids));
+    assert!(poll_once(task.as_mut(), &panicking_waker()).is_pending());
+    let (done, finished) = std::sync::mpsc::channel();
+    let sleeper = thread::spawn({
+        let pool = Arc::clone(&pool);
+        move || {
+            let mut ids = Vec::new();
+            let out = pool.alloc_blocking(2, &mut ids, None);
+            done.send(()).unwrap();
+            out.map(|()| ids)
+        }
+    });
+    spin_until(2, || pool.waiters());
+    expect_panic(|| pool.free(&held));
+    finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a blocking waiter granted beside a panicking waker was never woken");
+    let ids = sleeper.join().unwrap().unwrap();
+    assert_eq!(ids.len(), 2);
+    drop(task);
+    pool.free(&ids).unwrap();
+    assert_eq!((pool.used_blocks(), pool.waiters()), (0, 0));
+}
+
+/// A blocking call whose first look at the queue wakes a waiter granted
+/// earlier (left unwoken by another panicking waker) unwinds with that
+/// waker's panic, and leaves the queue: nothing is left queued or taken.
+#[test]
+fn a_blocking_call_unwinding_from_a_waker_leaves_the_queue() {
+    let pool = Arc::new(BlockPool::new(2, 16));
+    let mut held = Vec::new();
+    pool.try_alloc(2, &mut held).unwrap();
+    let bad = panicking_waker();
+    let (mut a_ids, mut b_ids, mut c_ids) = (Vec::new(), Vec::new(), Vec::new());
+    let mut a = Box::pin(pool.alloc(1, &mut a_ids));
+    let mut b = Box::pin(pool.alloc(1, &mut b_ids));
+    assert!(poll_once(a.as_mut(), &bad).is_pending());
+    assert!(poll_once(b.as_mut(), &bad).is_pending());
+    expect_panic(|| pool.free(&held)); // both granted; `a`'s waker panics
+    expect_panic(|| pool.alloc_blocking(1, &mut c_ids, None)); // wakes `b`
+    assert!(c_ids.is_empty());
+    assert_eq!((pool.waiters(), pool.used_blocks()), (2, 2));
+    drop((a, b));
+    assert_eq!((pool.waiters(), pool.used_blocks()), (0, 0));
+    common::assert_pool_whole(&pool);
+}
+
+/// A sequence holding 1 block of a pool of 8 (4-token blocks) asks for 32
+/// tokens more: 8 blocks, which fit the pool but never beside its own
+/// block. `NeverFits` at once, from the `try_*`, blocking and async forms
+/// alike (with the blocks it could ever get as the capacity), nothing
+/// changed; what fits beside it still succeeds; after `close`, `Closed`.
+#[test]
+fn a_request_that_never_fits_beside_the_sequences_own_blocks_is_never_fits() {
+    let pool = Arc::new(BlockPool::new(8, 4));
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(1).unwrap();
+    let before = (common::seq_snap(&seq), common::pool_snap(&pool));
+    let never = |requested, capacity| ReserveError::NeverFits {
+        requested,
+        capacity,
+    };
+    assert_eq!(seq.try_reserve(32, 0), Err(never(8, 7)));
+    assert_eq!(seq.try_append(32), Err(never(8, 7)));
+    assert_eq!(seq.try_append_cow(32).unwrap_err(), never(8, 7));
+    assert_eq!(seq.try_reserve(28, 1), Err(never(7, 7))); // 7 + 1 of headroom
+    assert_eq!(seq.reserve_blocking(32, 0, None), Err(never(8, 7)));
+    assert_eq!(seq.reserve_blocking(28, 1, None), Err(never(7, 7)));
+    let (w, _) = waker();
+    assert_eq!(
+        poll_once(pin!(seq.reserve(32, 0)), &w),
+        Poll::Ready(Err(never(8, 7)))
+    );
+    assert_eq!((common::seq_snap(&seq), common::pool_snap(&pool)), before);
+    assert_eq!(pool.waiters(), 0);
+    // 7 more blocks fit beside it; then the pool is all its own, and a
+    // fork has no block for the copy of its partly filled tail.
+    seq.try_reserve(28, 0).unwrap();
+    seq.try_append(28).unwrap(); // 29 tokens in 8 blocks
+    let before = (common::seq_snap(&seq), common::pool_snap(&pool));
+    assert_eq!(seq.try_fork().unwrap_err(), never(1, 0));
+    assert_eq!(seq.try_append(4), Err(never(1, 0)));
+    assert_eq!((common::seq_snap(&seq), common::pool_snap(&pool)), before);
+    pool.close();
+    assert_eq!(seq.try_append(4), Err(ReserveError::Closed));
+    assert_eq!(seq.reserve_blocking(32, 0, None), Err(ReserveError::Closed));
+}
+
+/// One release that grants more waiters than one batch of wakes holds (32)
+/// wakes every one of them: the batch looks again after its first 32.
+#[test]
+fn a_release_wakes_every_waiter_it_grants_beyond_one_batch() {
+    const WAITERS: usize = 70;
+    let counter = SlotCounter::new(WAITERS);
+    let held = counter.try_reserve(WAITERS).unwrap();
+    let (w, count) = waker();
+    let mut futs: Vec<_> = (0..WAITERS).map(|_| Box::pin(counter.reserve(1))).collect();
+    for fut in &mut futs {
+        assert!(poll_once(fut.as_mut(), &w).is_pending());
+    }
+    assert_eq!(counter.waiters(), WAITERS);
+    drop(held);
+    assert_eq!(wakes(&count), WAITERS, "a granted waiter was not woken");
+    assert_eq!(counter.used(), WAITERS);
+    for fut in &mut futs {
+        assert!(matches!(poll_once(fut.as_mut(), &w), Poll::Ready(Ok(r)) if r.len() == 1));
+    }
+    assert_eq!((counter.used(), counter.waiters()), (0, 0));
+}
+
+/// A task whose waker polls its future inline, as a minimal executor may.
+struct InlinePoller {
+    fut: std::sync::Mutex<Option<Pin<Box<kvslots::ReserveOwned>>>>,
+    got: std::sync::Mutex<Option<usize>>,
+}
+
+impl Wake for InlinePoller {
+    fn wake(self: Arc<Self>) {
+        let waker = Waker::from(Arc::clone(&self));
+        let mut slot = self.fut.lock().unwrap();
+        if let Some(fut) = slot.as_mut() {
+            if let Poll::Ready(out) = poll_once(fut.as_mut(), &waker) {
+                *self.got.lock().unwrap() = Some(out.unwrap().len());
+                *slot = None;
+            }
+        }
+    }
+}
+
+/// Wakers run after the queue's lock: one that polls its future inline
+/// (which takes the lock to collect the grant) does not deadlock.
+#[test]
+fn a_waker_may_poll_inline() {
+    let counter = Arc::new(SlotCounter::new(2));
+    let held = counter.try_reserve_owned(2).unwrap();
+    let task = Arc::new(InlinePoller {
+        fut: std::sync::Mutex::new(Some(Box::pin(counter.reserve_owned(2)))),
+        got: std::sync::Mutex::new(None),
+    });
+    let waker = Waker::from(Arc::clone(&task));
+    {
+        let mut slot = task.fut.lock().unwrap();
+        let fut = slot.as_mut().unwrap();
+        assert!(poll_once(fut.as_mut(), &waker).is_pending());
+    }
+    drop(held); // grants the task, whose waker collects the grant inline
+    assert_eq!(*task.got.lock().unwrap(), Some(2));
+    assert_eq!((counter.used(), counter.waiters()), (0, 0));
 }

@@ -45,6 +45,32 @@ use kvslots::{OwnedReservation, ReleaseError, Reservation, ReserveError, SlotCou
 
 pub mod pool_world;
 
+/// A waker that records that it was woken: the async waiters of the
+/// waiting models (`tests/wait.rs`, `tests/pool_wait.rs`) are polled by
+/// hand with one.
+#[derive(Debug, Default)]
+pub struct Flag(AtomicBool);
+
+impl std::task::Wake for Flag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        // Release: pairs with the Acquire in `was_woken` (the flag is a
+        // model-side witness; the queue's lock orders the grant itself).
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+impl Flag {
+    /// Whether the waker was woken (since the flag was made).
+    pub fn was_woken(&self) -> bool {
+        // Acquire: pairs with the Release in `wake_by_ref`.
+        self.0.load(Ordering::Acquire)
+    }
+}
+
 /// The fixed assertion messages (the prefix of each panic), shared by the
 /// models and the `expected = "..."` of the negative controls.
 pub mod msg {

@@ -48,6 +48,8 @@ pub const SOUND: Faults = Faults {
     no_held_key_check: false,
     ignore_deferral: false,
     armed_claim: false,
+    first_bucket_only: false,
+    fence_own_bucket: false,
     late_enqueue: false,
     cancel_keeps_grant: false,
     cancel_no_recheck: false,
@@ -59,6 +61,8 @@ pub const SOUND: Faults = Faults {
     quiet_gather: false,
     growth_waits: false,
     match_keeps_credits: false,
+    owed_without_headroom: false,
+    wake_before_count: false,
 };
 /// The free list's control: a take from a bitmap word with a load and a
 /// plain store, so that two takers can take the same block.
@@ -163,6 +167,23 @@ pub const ARMED_CLAIM: Faults = Faults {
     ..SOUND
 };
 
+/// The two-bucket control of lookups: every lookup of a key in the prefix
+/// index (a match, a publish's check for a holder, its rescan) reads only
+/// the key's first bucket, so an entry in the second is never found.
+pub const FIRST_BUCKET_ONLY: Faults = Faults {
+    first_bucket_only: true,
+    ..SOUND
+};
+
+/// The two-bucket control of the publish protocol: a publisher's rescan
+/// makes its read-modify-write in the bucket its own entry went into, so
+/// two publishers whose entries went into different buckets share no
+/// word.
+pub const FENCE_OWN_BUCKET: Faults = Faults {
+    fence_own_bucket: true,
+    ..SOUND
+};
+
 /// The fenced-release control: a retirement gives its references back at
 /// once instead of when its fence completes.
 pub const EARLY_RELEASE: Faults = Faults {
@@ -193,6 +214,18 @@ pub const QUIET_GATHER: Faults = Faults {
 /// leaves the queue's head what it is owed, as a new admission does.
 pub const GROWTH_WAITS: Faults = Faults {
     growth_waits: true,
+    ..SOUND
+};
+/// The headroom control of waiting: new admissions leave free only what
+/// the queue's head asks for, without its headroom (or anyone behind it).
+pub const OWED_WITHOUT_HEADROOM: Faults = Faults {
+    owed_without_headroom: true,
+    ..SOUND
+};
+/// The panicking-waker control of waiting: the grant loop wakes a head
+/// before it counts the grant.
+pub const WAKE_BEFORE_COUNT: Faults = Faults {
+    wake_before_count: true,
     ..SOUND
 };
 /// The re-check control of waiting: a waiter does not try again after it
@@ -421,8 +454,9 @@ impl PoolWorld {
 /// The checked allocations of the pool models (`tests/pool.rs`,
 /// `tests/shards.rs`).
 pub trait Allocs {
-    /// `try_alloc(n)` into a fresh vector, checked whole or nothing; each
-    /// new block is taken in the shadow and its payload written.
+    /// `try_alloc(n)` into a fresh vector, checked whole or nothing (a
+    /// refusal is `Full`, or `BehindWaiters` while someone waits); each new
+    /// block is taken in the shadow and its payload written.
     fn alloc(&self, n: usize) -> Result<Vec<BlockId>, ReserveError>;
 
     /// The owner writes into its blocks one last time, then frees them.
@@ -438,7 +472,11 @@ impl Allocs for PoolWorld {
             Err(e) => {
                 assert!(ids.is_empty(), "a refused allocation changed `out`");
                 assert!(
-                    matches!(e, ReserveError::Full { requested, .. } if requested == n),
+                    matches!(
+                        e,
+                        ReserveError::Full { requested, .. }
+                            | ReserveError::BehindWaiters { requested, .. } if requested == n
+                    ),
                     "unexpected {e:?}"
                 );
             }

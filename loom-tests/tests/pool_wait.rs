@@ -40,6 +40,8 @@
 //! | [`release_on_other_shard`] | 2, 2 | 2 | `unfenced_wait`, `late_enqueue` (deadlock, blocking waiter) |
 //! | [`waiter_vs_gather_in_transit`] | 3, 2 | 1 | `quiet_gather` (deadlock) |
 //! | [`growth_past_queued_head`] | 1, 3 | - | `growth_waits` (growth refused) |
+//! | [`headroom_head_against_relay`] | 3, 4 | 2 | `owed_without_headroom` (head starved) |
+//! | [`panicking_waker_against_releases`] | 2, 2 | 2 | `wake_before_count` (blocks not conserved) |
 #![cfg(kvslots_loom)]
 #![forbid(unsafe_code)]
 
@@ -51,8 +53,10 @@ use kvslots::__model::{AtomicBool, Faults, Ordering};
 use kvslots::{BlockId, ReserveError, Sequence};
 use loom::thread;
 use loom_tests::pool_world::{
-    check, Allocs, PoolWorld, GROWTH_WAITS, LATE_ENQUEUE, QUIET_GATHER, SOUND, UNFENCED_WAIT,
+    check, Allocs, PoolWorld, GROWTH_WAITS, LATE_ENQUEUE, OWED_WITHOUT_HEADROOM, QUIET_GATHER,
+    SOUND, UNFENCED_WAIT, WAKE_BEFORE_COUNT,
 };
+use loom_tests::Flag;
 
 /// A pool of `num_blocks` one-slot blocks over two shards.
 fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
@@ -267,7 +271,7 @@ fn growth_past_queued_head(faults: Faults) {
         assert!(queued, "all 3 granted while 1 was held");
         assert_eq!(waiters, 1, "the waiter did not queue");
         assert!(
-            matches!(admitted, Err(ReserveError::Full { .. })),
+            matches!(admitted, Err(ReserveError::BehindWaiters { owed: 3, .. })),
             "a new admission took what the queued head is owed: {admitted:?}"
         );
         assert!(grown.is_ok(), "{GROWTH_REFUSED}: {grown:?}");
@@ -292,4 +296,193 @@ fn growth_past_queued_head_sound() {
 #[should_panic(expected = "growth refused behind a queued head")]
 fn growth_past_queued_head_growth_waits_is_caught() {
     growth_past_queued_head(GROWTH_WAITS);
+}
+
+/// Polls `fut` once with `waker`.
+fn poll_with<F: Future + ?Sized>(fut: std::pin::Pin<&mut F>, waker: &Waker) -> Poll<F::Output> {
+    fut.poll(&mut Context::from_waker(waker))
+}
+
+/// What the relay model reports when the head is still waiting after the
+/// relays' rounds.
+const STARVED: &str = "head starved by a relay of small admissions";
+
+/// A head that asks for headroom against a relay of small admissions,
+/// over a pool of 4. The main thread lends one block to each of two relay
+/// threads and queues a head for 1 block with 3 of headroom (all 4 free
+/// at its grant: a `Sequence::reserve` polled once, pending while the
+/// relays hold their blocks). Each relay then makes one round of "admit 1
+/// new block with `try_alloc`, then give the block it held back", as
+/// running requests replace each other, while the main thread polls the
+/// head again. A relay holds a block at every instant unless its
+/// admission is refused, so the head can be granted during the rounds
+/// only if the admissions leave it all it is owed, headroom included: once
+/// both rounds are done, and before the relays give their last blocks
+/// back, the head must have been woken (granted). Then everything is given
+/// back and the head's next poll must resolve with its block.
+///
+/// Under `owed_without_headroom` the queue tells admissions to leave only
+/// the head's 1 block: both relay admissions succeed (2 free), each relay
+/// still holds a block after its round, and the head, needing 4 free,
+/// starves.
+fn headroom_head_against_relay(faults: Faults) {
+    check(move || {
+        let world = new_world(4, faults);
+        let lent = world.alloc(2).expect("2 of a fresh pool of 4");
+        let flag = Arc::new(Flag::default());
+        let waker = Waker::from(Arc::clone(&flag));
+        let mut head = Sequence::new(Arc::clone(&world.pool));
+        let mut pending = Box::pin(head.reserve(1, 3));
+        assert!(
+            poll_with(pending.as_mut(), &waker).is_pending(),
+            "the head was granted with blocks held"
+        );
+        let relays: Vec<_> = lent
+            .iter()
+            .map(|&id| {
+                let world = Arc::clone(&world);
+                thread::spawn(move || {
+                    let next = world.alloc(1).unwrap_or_default();
+                    world.give_back(&[id]);
+                    next
+                })
+            })
+            .collect();
+        let early = poll_with(pending.as_mut(), &waker);
+        let held: Vec<Vec<BlockId>> = relays.into_iter().map(|r| r.join().unwrap()).collect();
+        let granted_during_relay = flag.was_woken();
+        for ids in &held {
+            world.give_back(ids);
+        }
+        let granted = match early {
+            Poll::Ready(out) => Some(out),
+            Poll::Pending => match poll_with(pending.as_mut(), &waker) {
+                Poll::Ready(out) => Some(out),
+                Poll::Pending => None,
+            },
+        };
+        drop(pending);
+        assert!(granted_during_relay, "{STARVED}");
+        assert_eq!(granted, Some(Ok(())), "the head was not granted");
+        assert_eq!(head.blocks().len(), 1, "partial grant");
+        for &id in head.blocks() {
+            world.take(id);
+            world.write(id);
+            world.drop_ref(id);
+        }
+        drop(head);
+        assert_drained(&world);
+    });
+}
+
+#[test]
+fn headroom_head_against_relay_sound() {
+    headroom_head_against_relay(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "head starved by a relay of small admissions")]
+fn headroom_head_against_relay_owed_without_headroom_is_caught() {
+    headroom_head_against_relay(OWED_WITHOUT_HEADROOM);
+}
+
+/// What the waker of [`panicking_waker_against_releases`] panics with.
+const WAKER_PANIC: &str = "a waker that panics (modelled)";
+
+/// A waker that panics when woken.
+struct Panics;
+
+impl Wake for Panics {
+    fn wake(self: Arc<Self>) {
+        panic!("{WAKER_PANIC}");
+    }
+}
+
+/// Keeps the default panic hook from printing the modelled waker's panic
+/// at every execution (other panics print as usual).
+fn quiet_waker_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<String>().map(String::as_str) != Some(WAKER_PANIC) {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Runs `f`, which may panic with the modelled waker's panic (and with
+/// nothing else).
+fn tolerate_waker_panic(f: impl FnOnce()) {
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        let message = payload.downcast_ref::<String>().map(String::as_str);
+        assert_eq!(message, Some(WAKER_PANIC), "an unexpected panic");
+    }
+}
+
+/// A waker that panics, over a pool of 2, both blocks held by the main
+/// thread. Two async waiters for 1 block each are polled once: the first
+/// with a waker that panics, the second with one that sets a flag. A
+/// releaser thread frees one block while the main thread frees the other;
+/// each free runs the grant loop, and a free whose loop wakes the first
+/// waiter unwinds with its panic (caught there). Then the first waiter is
+/// dropped (whatever it was granted goes back), the second must have been
+/// woken and resolve with its block, and every block must come back.
+///
+/// Under `wake_before_count` the grant loop wakes the first waiter before
+/// it counts the grant: the panic leaves a block taken for an entry that
+/// still looks pending (and the next loop takes another for it), and the
+/// first waiter's drop gives nothing back.
+fn panicking_waker_against_releases(faults: Faults) {
+    quiet_waker_panics();
+    check(move || {
+        let world = new_world(2, faults);
+        let held = world.alloc(2).expect("a fresh pool of 2");
+        let (mut first_ids, mut second_ids) = (Vec::new(), Vec::new());
+        let panics = Waker::from(Arc::new(Panics));
+        let flag = Arc::new(Flag::default());
+        let flagged = Waker::from(Arc::clone(&flag));
+        let mut first = Box::pin(world.pool.alloc(1, &mut first_ids));
+        let mut second = Box::pin(world.pool.alloc(1, &mut second_ids));
+        assert!(poll_with(first.as_mut(), &panics).is_pending());
+        assert!(poll_with(second.as_mut(), &flagged).is_pending());
+        let releaser = {
+            let world = Arc::clone(&world);
+            let freed = held[1..].to_vec();
+            thread::spawn(move || tolerate_waker_panic(|| world.give_back(&freed)))
+        };
+        tolerate_waker_panic(|| world.give_back(&held[..1]));
+        releaser.join().unwrap();
+        tolerate_waker_panic(|| drop(first));
+        let woken = flag.was_woken();
+        let outcome = poll_with(second.as_mut(), &flagged);
+        drop(second);
+        for &id in &second_ids {
+            world.take(id);
+            world.write(id);
+        }
+        if outcome.is_ready() {
+            world.give_back(&second_ids);
+        }
+        assert!(first_ids.is_empty(), "a dropped waiter wrote ids");
+        assert_drained(&world);
+        assert!(woken, "lost wakeup: the second waiter was never woken");
+        assert_eq!(
+            outcome,
+            Poll::Ready(Ok(())),
+            "the second waiter was not granted"
+        );
+    });
+}
+
+#[test]
+fn panicking_waker_against_releases_sound() {
+    panicking_waker_against_releases(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn panicking_waker_against_releases_wake_before_count_is_caught() {
+    panicking_waker_against_releases(WAKE_BEFORE_COUNT);
 }

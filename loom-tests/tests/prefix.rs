@@ -34,8 +34,26 @@
 //! | [`reset_vs_match`] | 3, 2 | `evict_referenced` (conservation: the reset freed a block the matcher held) |
 //! | [`publish_then_match`] | 2, 1 | `relaxed_publish` (causality) |
 //! | [`match_ahead_vs_evicting_append`] | 2, 3 | `match_keeps_credits` (conservation: a revival admitted ahead and not used, kept) |
+//! | [`two_publishes_in_two_buckets`] | 2, 3 | `fence_own_bucket` (first wins), `first_bucket_only` (first wins) |
+//! | [`publish_in_the_second_bucket_vs_match`] | 3, 3 | `relaxed_publish` (causality), `first_bucket_only` (not found) |
+//! | [`match_vs_evicting_republish_in_two_buckets`] | 2, 3 | `no_generation_check` (stale hit), `evict_referenced` (causality) |
 //!
 //! Blocks hold one token each, so every block is full.
+//!
+//! # Keys in two buckets
+//!
+//! A key has two index buckets, always two different ones, picked by a
+//! hash keyed by the pool's seed; under loom the seed is fixed, and pools
+//! of 1 to 3 blocks have two buckets. The last three models use
+//! [`X`] and [`Y`], which share their first bucket (`src/pool/keys.rs`
+//! checks this, in `the_loom_models_keys_share_or_split_their_first_bucket`),
+//! so that with `Y` cached first an entry of `X` goes into `X`'s second
+//! bucket while the publishers of `X` make their read-modify-write in the
+//! first: the cases that keys whose two buckets were one never reached.
+//! Their controls break only what two buckets need (the rescan's word
+//! shared by every publisher of a key wherever its entry went, and
+//! lookups that read both buckets), and are harmless for a key whose
+//! entries all sit in one bucket.
 //!
 //! [`DOUBLE`]: loom_tests::pool_world::DOUBLE
 #![cfg(kvslots_loom)]
@@ -47,12 +65,25 @@ use kvslots::__model::{AtomicUsize, Faults, Ordering};
 use kvslots::{BlockHash, Sequence};
 use loom::thread;
 use loom_tests::pool_world::{
-    check, PoolWorld, EVICT_REFERENCED, MATCH_KEEPS_CREDITS, NO_GENERATION_CHECK, NO_KILL,
-    RELAXED_PUBLISH, SOUND,
+    check, PoolWorld, EVICT_REFERENCED, FENCE_OWN_BUCKET, FIRST_BUCKET_ONLY, MATCH_KEEPS_CREDITS,
+    NO_GENERATION_CHECK, NO_KILL, RELAXED_PUBLISH, SOUND,
 };
 
 /// A matched block whose content is another key's.
 const STALE: &str = "stale hit";
+/// Two blocks cached one key.
+const FIRST_WINS: &str = "first wins";
+/// A match after every publish missed a key that a block holds.
+const NOT_FOUND: &str = "a cached key is not found";
+
+/// The key number whose entries the two-bucket models place: it shares
+/// its first bucket with [`Y`].
+const X: u8 = 1;
+/// The key number cached first in the two-bucket models, filling [`X`]'s
+/// first bucket.
+const Y: u8 = 3;
+/// A key number whose first bucket is the other one.
+const Z: u8 = 2;
 
 /// Key number `n` (the tag its blocks carry).
 fn key(n: u8) -> BlockHash {
@@ -295,7 +326,7 @@ fn two_publishes_of_one_key(faults: Faults) {
         let done: Vec<(Sequence, usize)> =
             publishers.into_iter().map(|p| p.join().unwrap()).collect();
         let cached: usize = done.iter().map(|(_, n)| n).sum();
-        assert_eq!(cached, 1, "first wins: {cached} blocks cached one key");
+        assert_eq!(cached, 1, "{FIRST_WINS}: {cached} blocks cached one key");
         assert_eq!(cache.world.pool.cached_blocks(), 1);
         let winner = done.iter().find(|(_, n)| *n == 1).unwrap().0.blocks()[0];
         let m = cache.matched(7);
@@ -438,4 +469,139 @@ fn publish_then_match_sound() {
 #[should_panic(expected = "Causality violation")]
 fn publish_then_match_relaxed_publish_is_caught() {
     publish_then_match(RELAXED_PUBLISH);
+}
+
+/// Two publishers of key [`X`] (on their own blocks) while one of them
+/// first publishes [`Y`], which fills `X`'s first bucket: whichever of
+/// `Y`'s entry and the rival's each publisher saw, their entries may go
+/// into different buckets of `X`. Exactly one block caches `X`, and a
+/// match finds it.
+fn two_publishes_in_two_buckets(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(3, faults);
+        let rival = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || cache.filled(X).expect("a block each"))
+        };
+        let (y, _) = cache.filled(Y).expect("a block each");
+        let (x, mine) = cache.filled(X).expect("a block each");
+        let (r, theirs) = rival.join().unwrap();
+        assert_eq!(
+            mine + theirs,
+            1,
+            "{FIRST_WINS}: {} blocks cached one key",
+            mine + theirs
+        );
+        let winner = if mine == 1 {
+            x.blocks()[0]
+        } else {
+            r.blocks()[0]
+        };
+        let m = cache.matched(X);
+        assert_eq!(m.blocks(), [winner], "{NOT_FOUND}");
+        for seq in [m, y, x, r] {
+            cache.let_go(seq);
+        }
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn two_publishes_in_two_buckets_sound() {
+    two_publishes_in_two_buckets(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "first wins")]
+fn two_publishes_in_two_buckets_fence_own_bucket_is_caught() {
+    two_publishes_in_two_buckets(FENCE_OWN_BUCKET);
+}
+
+#[test]
+#[should_panic(expected = "first wins")]
+fn two_publishes_in_two_buckets_first_bucket_only_is_caught() {
+    two_publishes_in_two_buckets(FIRST_BUCKET_ONLY);
+}
+
+/// With [`Y`] cached, a publish of [`X`] puts its entry in `X`'s second
+/// bucket while a match of `X` runs: the match gets `X`'s content (whose
+/// write happens-before its read, through the publish alone) or misses,
+/// and a match once both are done finds the block.
+fn publish_in_the_second_bucket_vs_match(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(3, faults);
+        let (y, _) = cache.filled(Y).expect("three free blocks");
+        let publisher = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || cache.filled(X).expect("two free blocks").0)
+        };
+        let matcher = spawn_matcher(&cache, X);
+        matcher.join().unwrap();
+        let x = publisher.join().unwrap();
+        let m = cache.matched(X);
+        assert_eq!(m.blocks(), x.blocks(), "{NOT_FOUND}");
+        for seq in [m, y, x] {
+            cache.let_go(seq);
+        }
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn publish_in_the_second_bucket_vs_match_sound() {
+    publish_in_the_second_bucket_vs_match(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn publish_in_the_second_bucket_vs_match_relaxed_publish_is_caught() {
+    publish_in_the_second_bucket_vs_match(RELAXED_PUBLISH);
+}
+
+#[test]
+#[should_panic(expected = "a cached key is not found")]
+fn publish_in_the_second_bucket_vs_match_first_bucket_only_is_caught() {
+    publish_in_the_second_bucket_vs_match(FIRST_BUCKET_ONLY);
+}
+
+/// A pool of 3 blocks: one held throughout, [`Y`] and then [`X`] cached
+/// (`X`'s entry in its second bucket) and released, `X` first, so `X`'s
+/// block is the least recently released. A match of `X` runs while an
+/// allocation evicts `X`'s block (or `Y`'s, if the match revived `X`'s
+/// first) and publishes [`Z`] on it: the match gets `X`'s content or
+/// misses.
+fn match_vs_evicting_republish_in_two_buckets(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(3, faults);
+        let mut held = Sequence::new(Arc::clone(&cache.world.pool));
+        assert!(cache.append(&mut held, 1), "three free blocks");
+        let (y, _) = cache.filled(Y).expect("two free blocks");
+        let (x, _) = cache.filled(X).expect("one free block");
+        cache.let_go(x);
+        cache.let_go(y);
+        let matcher = spawn_matcher(&cache, X);
+        if let Some((z, _)) = cache.filled(Z) {
+            cache.let_go(z);
+        }
+        matcher.join().unwrap();
+        cache.let_go(held);
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn match_vs_evicting_republish_in_two_buckets_sound() {
+    match_vs_evicting_republish_in_two_buckets(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "stale hit")]
+fn match_vs_evicting_republish_in_two_buckets_no_generation_check_is_caught() {
+    match_vs_evicting_republish_in_two_buckets(NO_GENERATION_CHECK);
+}
+
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn match_vs_evicting_republish_in_two_buckets_evict_referenced_is_caught() {
+    match_vs_evicting_republish_in_two_buckets(EVICT_REFERENCED);
 }

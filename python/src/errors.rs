@@ -3,7 +3,7 @@
 //!
 //! The classes are plain exception classes (abi3 before Python 3.12 cannot
 //! subclass `Exception` from Rust), and the fields of a Rust error are set
-//! as attributes on the instance: `Full.requested`, `Full.available`,
+//! as attributes on the instance: `Full.requested`, `Full.available`, `BehindWaiters.owed`,
 //! `NeverFits.requested`, `NeverFits.capacity`, `FreeError.id`,
 //! `FreeError.kind` and `FreeError.num_blocks`. Attributes live in the
 //! instance's `__dict__`, so they survive pickling.
@@ -16,7 +16,8 @@ create_exception!(
     kvslots,
     ReserveError,
     PyException,
-    "An allocation was refused; nothing changed. Subclasses: `Full`, `NeverFits`, `Closed`."
+    "An allocation was refused; nothing changed. Subclasses: `Full` (and its \
+     subclass `BehindWaiters`), `NeverFits`, `Closed`."
 );
 create_exception!(
     kvslots,
@@ -25,6 +26,16 @@ create_exception!(
     "Not enough free blocks right now; retrying later may succeed.\n\n\
      Attributes: `requested` (blocks asked for) and `available` (blocks free \
      when the request was refused)."
+);
+create_exception!(
+    kvslots,
+    BehindWaiters,
+    Full,
+    "The blocks are free, but callers queued in `alloc`/`reserve` are owed \
+     them first: a new caller never passes a queued waiter. Retrying later (or \
+     waiting with `alloc`/`reserve`) may succeed.\n\n\
+     Attributes: `requested`, `available` (blocks free when refused) and \
+     `owed` (blocks the queued waiters are owed, their headroom included)."
 );
 create_exception!(
     kvslots,
@@ -70,6 +81,19 @@ pub(crate) fn reserve_error(py: Python<'_>, err: kvslots::ReserveError) -> PyErr
             py,
             err.to_string(),
             &[("requested", requested), ("available", available)],
+        ),
+        kvslots::ReserveError::BehindWaiters {
+            requested,
+            available,
+            owed,
+        } => with_attrs::<BehindWaiters>(
+            py,
+            err.to_string(),
+            &[
+                ("requested", requested),
+                ("available", available),
+                ("owed", owed),
+            ],
         ),
         kvslots::ReserveError::NeverFits {
             requested,

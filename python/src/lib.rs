@@ -150,7 +150,8 @@ fn block_keys<'py>(
 /// request's block table over a pool (appends, forks, rollback, the slot
 /// mapping, prefix matching and publishing); `hash_blocks` computes the
 /// prefix cache's block keys. Every refusal raises (`ReserveError` and its
-/// subclasses `Full`, `NeverFits`, `Closed`; `FreeError`; `CopyRequired`)
+/// subclasses `Full` (and `BehindWaiters`), `NeverFits`, `Closed`;
+/// `FreeError`; `CopyRequired`)
 /// and changes nothing. Every object may be shared between threads.
 #[pymodule(gil_used = false)]
 #[pyo3(name = "kvslots")]
@@ -164,6 +165,7 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hash_blocks_packed, m)?)?;
     m.add("ReserveError", py.get_type::<errors::ReserveError>())?;
     m.add("Full", py.get_type::<errors::Full>())?;
+    m.add("BehindWaiters", py.get_type::<errors::BehindWaiters>())?;
     m.add("NeverFits", py.get_type::<errors::NeverFits>())?;
     m.add("Closed", py.get_type::<errors::Closed>())?;
     m.add("FreeError", py.get_type::<errors::FreeError>())?;
@@ -179,6 +181,7 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "hash_blocks_packed",
             "ReserveError",
             "Full",
+            "BehindWaiters",
             "NeverFits",
             "Closed",
             "FreeError",

@@ -277,3 +277,25 @@ def test_a_signal_handler_interrupts_a_wait(pool):
     assert pool.waiters == 0
     assert pool_state(pool) == before
     pool.free(held)
+
+
+def test_a_new_caller_never_passes_a_queued_waiter():
+    pool = kvslots.BlockPool(4, 16)
+    held = pool.try_alloc(4)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(pool.alloc(3, timeout=60.0)))
+    waiter.start()
+    while pool.waiters == 0:  # the waiter has queued (a condition, not a sleep)
+        assert waiter.is_alive()
+    pool.free(held[:2])
+    before = pool_state(pool)
+    with pytest.raises(kvslots.BehindWaiters) as err:
+        pool.try_alloc(1)  # 2 are free, but the queued head is owed 3
+    assert isinstance(err.value, kvslots.Full)
+    assert (err.value.requested, err.value.available, err.value.owed) == (1, 2, 3)
+    assert pool_state(pool) == before
+    pool.free(held[2:])
+    waiter.join()
+    assert len(got[0]) == 3 and pool.used_blocks == 3
+    pool.free(got[0])
+    assert pool.free_blocks == 4

@@ -60,14 +60,18 @@ def test_slot_mapping_past_the_end_raises_index_error(pool):
 def test_append_refusals_change_nothing(pool):
     seq = kvslots.Sequence(pool)
     seq.try_append(10)
+    other = pool.try_alloc(2)
     before = (seq_state(seq), pool_state(pool))
     with pytest.raises(kvslots.Full) as err:
-        seq.try_append(4 * 14)  # 14 more blocks, 13 free
-    assert (err.value.requested, err.value.available) == (14, 13)
+        seq.try_append(4 * 12)  # 12 more blocks, 11 free
+    assert (err.value.requested, err.value.available) == (12, 11)
+    with pytest.raises(kvslots.NeverFits) as never:
+        seq.try_append(4 * 14)  # 14 more never fit beside its own 3 of 16
+    assert (never.value.requested, never.value.capacity) == (14, 13)
     with pytest.raises(kvslots.NeverFits):
         seq.try_append(10**6)
     with pytest.raises(kvslots.Full):
-        seq.append_cow(4 * 14)
+        seq.append_cow(4 * 12)
     for bad, error in [(-1, ValueError), (2.0, TypeError), (2**64, OverflowError),
                        (2**100, OverflowError), (None, TypeError)]:
         for call in (seq.try_append, seq.append_cow, seq.try_reserve, seq.reserve,
@@ -140,14 +144,18 @@ def test_reserve_then_chunked_prefill(pool):
     seq = kvslots.Sequence(pool)
     seq.try_reserve(40, headroom=2)
     assert (len(seq), seq.capacity, pool.used_blocks) == (0, 40, 10)
+    other = pool.try_alloc(1)
     before = (seq_state(seq), pool_state(pool))
     with pytest.raises(kvslots.Full):
-        seq.try_reserve(40 + 4 * 5, headroom=2)  # 5 more would leave 1 free
+        seq.try_reserve(40 + 4 * 4, headroom=2)  # 4 more and 2 free: 6 > the 5 free
+    with pytest.raises(kvslots.NeverFits):
+        seq.try_reserve(40 + 4 * 5, headroom=2)  # 5 + 2 never fit beside its own 10 of 16
     with pytest.raises(kvslots.NeverFits):
         seq.try_reserve(44, headroom=16)  # 1 more block and 16 free: 17 > 16
     with pytest.raises(ValueError):
         seq.try_reserve(4, headroom=-1)
     assert (seq_state(seq), pool_state(pool)) == before
+    pool.free(other)
     for _ in range(5):
         seq.try_append(8)
     assert pool.used_blocks == 10

@@ -83,7 +83,9 @@ pub trait KvSeq: Send + Sized + 'static {
     fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError>;
     /// [`try_reserve`](Self::try_reserve), waiting in the allocator for at
     /// most `timeout` (`None`: no limit) until the blocks are granted; a
-    /// timeout is `Full`, and on error nothing changes.
+    /// timeout is a retryable refusal (`Full`, or kvslots' `BehindWaiters`
+    /// when what is free is owed to other waiters), and on error nothing
+    /// changes.
     fn reserve_blocking(
         &mut self,
         tokens: usize,

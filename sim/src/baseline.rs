@@ -675,11 +675,15 @@ impl MutexPool {
     /// one for a copy-on-write if `cow_of` (the sequence's partly filled
     /// last block) is shared; returns whether the copy-on-write is needed.
     /// All or nothing, like `kvslots::Sequence::try_append`.
+    ///
+    /// `held`: the blocks the sequence holds, which it cannot be given: new
+    /// blocks past the rest of the pool are `NeverFits`.
     fn try_grow(
         &self,
         new_blocks: usize,
         cow_of: Option<u32>,
         spare: bool,
+        held: usize,
         out: &mut Vec<u32>,
     ) -> Result<bool, ReserveError> {
         // Room for the ids outside the lock (bounded: a request larger than
@@ -699,10 +703,13 @@ impl MutexPool {
             }
             return Ok(cow);
         }
-        if total > self.num_blocks {
+        // Only the new blocks can never come (a shared tail's copy is not
+        // needed once its other holders let go), as in kvslots.
+        let room = self.num_blocks.saturating_sub(held);
+        if new_blocks > room {
             return Err(ReserveError::NeverFits {
                 requested: total,
-                capacity: self.num_blocks,
+                capacity: room,
             });
         }
         let available = inner.available();
@@ -722,18 +729,22 @@ impl MutexPool {
 
     /// Adds one reference to each listed (allocated) block and, if `tail`,
     /// takes one more block, all under one lock: the fork's allocation.
+    /// `held`: the blocks the parent holds (no room beside them for the
+    /// tail is `NeverFits`).
     fn share_and_alloc(
         &self,
         shared: &[u32],
         tail: bool,
+        held: usize,
         out: &mut Vec<u32>,
     ) -> Result<(), ReserveError> {
         out.reserve(shared.len() + usize::from(tail));
         let mut inner = self.lock();
         if tail {
             let available = inner.available();
-            if available == 0 {
-                return Err(if self.num_blocks == 0 {
+            let room = self.num_blocks.saturating_sub(held);
+            if available == 0 || room == 0 {
+                return Err(if room == 0 {
                     ReserveError::NeverFits {
                         requested: 1,
                         capacity: 0,
@@ -864,6 +875,7 @@ impl MutexSeq {
         if missing == 0 {
             return Ok(());
         }
+        self.fits_beside_own(missing, headroom)?;
         self.pool
             .try_alloc_with_headroom(missing, headroom, &mut self.blocks)
     }
@@ -886,8 +898,29 @@ impl MutexSeq {
         if missing == 0 {
             return Ok(());
         }
+        self.fits_beside_own(missing, headroom)?;
         self.pool
             .alloc_with_headroom_blocking(missing, headroom, &mut self.blocks, timeout)
+    }
+
+    /// The blocks this sequence holds: its table and a copy-on-write
+    /// source it keeps.
+    fn held(&self) -> usize {
+        self.blocks.len() + usize::from(self.retired.is_some())
+    }
+
+    /// `NeverFits` if `missing` blocks with `headroom` free besides can
+    /// never be taken beside the blocks this sequence holds, as
+    /// `kvslots::Sequence` refuses them.
+    fn fits_beside_own(&self, missing: usize, headroom: usize) -> Result<(), ReserveError> {
+        let room = self.pool.num_blocks.saturating_sub(self.held());
+        if missing.saturating_add(headroom) > room {
+            return Err(ReserveError::NeverFits {
+                requested: missing,
+                capacity: room,
+            });
+        }
+        Ok(())
     }
 
     /// How many blocks a reservation of `tokens` more tokens must add.
@@ -936,8 +969,9 @@ impl MutexSeq {
         let maybe_shared = tail != 0 && tail_index < self.shared_upto.get();
         let cow = if new_blocks > 0 || maybe_shared {
             let cow_of = maybe_shared.then(|| self.blocks[tail_index]);
+            let held = self.held();
             self.pool
-                .try_grow(new_blocks, cow_of, spare > 0, &mut self.blocks)?
+                .try_grow(new_blocks, cow_of, spare > 0, held, &mut self.blocks)?
         } else {
             false
         };
@@ -1028,7 +1062,7 @@ impl MutexSeq {
         let (full, partial) = table::tail(self.len, self.pool.block_size);
         let mut blocks = Vec::with_capacity(self.blocks.len());
         self.pool
-            .share_and_alloc(&self.blocks[..full], partial != 0, &mut blocks)?;
+            .share_and_alloc(&self.blocks[..full], partial != 0, self.held(), &mut blocks)?;
         let copy = (partial != 0).then(|| MutexBlockCopy {
             src: self.blocks[full],
             dst: blocks[full],
@@ -1393,15 +1427,29 @@ mod tests {
         let mut s = MutexSeq::new(Arc::clone(&p));
         s.try_append(5).unwrap(); // 2 blocks
         let before = snap(&s);
-        // 2 more blocks fit, but not with 1 of headroom.
+        // 2 more blocks fit beside its own 2, but never with 1 of headroom.
         assert_eq!(
             s.try_reserve(11, 1),
-            Err(ReserveError::Full {
+            Err(ReserveError::NeverFits {
                 requested: 2,
-                available: 2
+                capacity: 2
             })
         );
         assert_eq!(snap(&s), before);
+        // With another holder's block: 1 more fits, not now with 1 free.
+        let mut other = MutexSeq::new(Arc::clone(&p));
+        other.try_append(1).unwrap();
+        let before = snap(&s);
+        assert_eq!(
+            s.try_reserve(7, 1),
+            Err(ReserveError::Full {
+                requested: 1,
+                available: 1
+            })
+        );
+        assert_eq!(snap(&s), before);
+        drop(other);
+        let before = snap(&s);
         assert!(matches!(
             s.try_reserve(usize::MAX, 0),
             Err(ReserveError::NeverFits { .. })
@@ -1477,12 +1525,25 @@ mod tests {
 
     #[test]
     fn fork_without_a_free_block_fails_and_changes_nothing() {
-        let p = pool(2, 4);
+        let p = pool(3, 4);
         let mut s = MutexSeq::new(Arc::clone(&p));
         s.try_append(6).unwrap();
+        let mut other = MutexSeq::new(Arc::clone(&p));
+        other.try_append(1).unwrap();
         assert!(matches!(s.try_fork(), Err(ReserveError::Full { .. })));
         assert_eq!(p.refs(s.blocks()[0]), Some(1));
-        assert_eq!(p.used_blocks(), 2);
+        assert_eq!(p.used_blocks(), 3);
+        // With the whole pool its own, the tail's block can never come.
+        drop(other);
+        s.try_append(4).unwrap();
+        assert_eq!(
+            s.try_fork().unwrap_err(),
+            ReserveError::NeverFits {
+                requested: 1,
+                capacity: 0
+            }
+        );
+        assert_eq!(p.used_blocks(), 3);
     }
 
     fn key(n: u8) -> BlockHash {

@@ -28,6 +28,9 @@ impl SlotCounter {
     ///   pointless.
     /// * [`ReserveError::Full`] if fewer than `n` slots are free; `available`
     ///   is the count the counter held when it refused.
+    /// * [`ReserveError::BehindWaiters`] if `n` slots are free, but not
+    ///   beside what waiters queued by [`reserve`](Self::reserve) or
+    ///   [`reserve_blocking`](Self::reserve_blocking) are owed.
     ///
     /// On error nothing changes.
     ///
@@ -89,6 +92,8 @@ impl SlotCounter {
     /// * [`ReserveError::Full`] if `n + headroom` slots are not free;
     ///   `available` is the free count the counter held when it refused
     ///   (headroom not subtracted).
+    /// * [`ReserveError::BehindWaiters`] if they are, but not beside what
+    ///   the queued waiters are owed.
     ///
     /// # Examples
     ///

@@ -80,11 +80,13 @@ const SHIFT: u32 = 1;
 /// [`reserve`](Self::reserve) / [`reserve_owned`](Self::reserve_owned)
 /// return a future, [`reserve_blocking`](Self::reserve_blocking) puts the
 /// thread to sleep. Waiters are served strictly in arrival order, each
-/// granted whole or not at all, and while anyone waits the `try_*` calls
-/// leave what the head of the queue asks for (they refuse with
-/// [`Full`](ReserveError::Full) rather than take it), so a large request is
-/// not starved by a stream of small ones; a guard's `try_grow` (growth of
-/// what its holder already runs) does not wait behind them.
+/// granted whole or not at all; a new waiter queues behind those already
+/// queued, and while anyone waits the `try_*` calls leave free what the
+/// waiters are owed (they refuse with
+/// [`BehindWaiters`](ReserveError::BehindWaiters) rather than take it), so
+/// a large request is not starved by a stream of small ones; a guard's
+/// `try_grow` (growth of what its holder already runs) does not wait
+/// behind them.
 /// [`waiters`](Self::waiters) counts
 /// the queue. [`close`](Self::close) wakes every waiter with
 /// [`Closed`](ReserveError::Closed). The `try_*` calls stay lock-free (one
@@ -99,9 +101,9 @@ pub struct SlotCounter {
     peak: CachePadded<AtomicUsize>,
     /// Immutable after construction.
     capacity: usize,
-    /// The waiters, in arrival order. Its published words (what the head
-    /// is owed, the waiter count) sit in their own padded line, written only
-    /// by the waiting paths.
+    /// The waiters, in arrival order. Its published words (what the waiters
+    /// are owed, the waiter count) sit in their own padded line, written
+    /// only by the waiting paths.
     queue: WaitQueue,
 }
 
@@ -143,7 +145,7 @@ impl SlotCounter {
             state: CachePadded::new(AtomicUsize::new(0)),
             peak: CachePadded::new(AtomicUsize::new(0)),
             capacity,
-            queue: WaitQueue::new(faults),
+            queue: WaitQueue::new(capacity, faults),
         }
     }
 
@@ -292,7 +294,7 @@ impl SlotCounter {
             // Release on success: the caller's writes into these slots
             // happen-before whoever admits them next (its Acquire CAS);
             // Acquire too, for the wait queue's hand-shake (see
-            // `WaitQueue::enqueue`). Relaxed on failure: we only retry with
+            // `WaitQueue::first_look`). Relaxed on failure: we only retry with
             // the fresh value.
             match self
                 .state
@@ -357,14 +359,14 @@ impl SlotCounter {
     }
 
     /// The admission CAS loop behind every `try_reserve*`, without a guard:
-    /// takes `n` slots if `n + headroom` are free beyond what the head of
-    /// the wait queue is owed, all or nothing.
+    /// takes `n` slots if `n + headroom` are free beyond what the queued
+    /// waiters are owed, all or nothing.
     pub(crate) fn try_reserve_raw(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
         self.try_reserve_inner(n, headroom, true)
     }
 
-    /// Takes `n` slots if `n` are free, ignoring what the head of the wait
-    /// queue is owed: a guard's growth
+    /// Takes `n` slots if `n` are free, ignoring what the queued waiters
+    /// are owed: a guard's growth
     /// ([`Reservation::try_grow`](crate::Reservation::try_grow)), which does
     /// not wait behind new admissions.
     pub(crate) fn try_grow_raw(&self, n: usize) -> Result<(), ReserveError> {
@@ -372,7 +374,8 @@ impl SlotCounter {
     }
 
     /// The loop behind both: `honor_waiters` says whether the slots the
-    /// head of the wait queue asks for must stay free (not when the grant loop takes them for the head).
+    /// queued waiters are owed must stay free (not for growth, nor when the
+    /// grant loop takes them for the head).
     fn try_reserve_inner(
         &self,
         n: usize,
@@ -392,15 +395,15 @@ impl SlotCounter {
                 capacity: self.capacity,
             });
         }
-        // While anyone waits, leave what the head asks for: the one load the
-        // waiting machinery adds to this path (0 when nobody waits). An
-        // empty request takes nothing, so it owes nothing.
-        let owed = if honor_waiters && n > 0 {
+        // While anyone waits, leave what the waiters are owed: the one load
+        // the waiting machinery adds to this path (0 when nobody waits). A
+        // request for nothing with no headroom asks nothing of anyone; one
+        // with headroom (a check) leaves it too.
+        let owed = if honor_waiters && needed > 0 {
             self.queue.owed()
         } else {
             0
         };
-        let needed_now = needed.saturating_add(owed);
         let backoff = Backoff::new();
         // Relaxed: only a first guess; the CAS below validates it and is
         // what orders the admission.
@@ -416,10 +419,18 @@ impl SlotCounter {
             // drop then wraps `used`): saturating, so that even then the
             // counter refuses instead of admitting past capacity.
             let available = self.capacity.saturating_sub(cur >> SHIFT);
-            if needed_now > available {
+            if needed > available {
                 return Err(ReserveError::Full {
                     requested: n,
                     available,
+                });
+            }
+            // Enough beside what the waiters are owed?
+            if needed.saturating_add(owed) > available {
+                return Err(ReserveError::BehindWaiters {
+                    requested: n,
+                    available,
+                    owed,
                 });
             }
             // Nothing to take? The read above is the linearization point.
@@ -461,7 +472,7 @@ impl SlotCounter {
     fn give_back_quietly(&self, n: usize) {
         // AcqRel: the Release of `release_held` (see there), and the
         // Acquire of the wait queue's hand-shake (see
-        // `WaitQueue::enqueue`).
+        // `WaitQueue::first_look`).
         let prev = self.state.fetch_sub(n << SHIFT, Ordering::AcqRel);
         debug_assert!(prev >> SHIFT >= n, "guard released more than was used");
     }
@@ -510,8 +521,8 @@ impl Units for SlotCounter {
         self.give_back_quietly(n);
     }
 
-    fn available(&self) -> usize {
-        SlotCounter::available(self)
+    fn capacity(&self) -> usize {
+        self.capacity
     }
 
     fn queue(&self) -> &WaitQueue {
@@ -519,7 +530,7 @@ impl Units for SlotCounter {
     }
 
     fn sync_with_releases(&self) {
-        // AcqRel, changing nothing: see `WaitQueue::enqueue`.
+        // AcqRel, changing nothing: see `WaitQueue::first_look`.
         self.state.fetch_add(0, Ordering::AcqRel);
     }
 }

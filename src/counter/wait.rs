@@ -20,9 +20,10 @@ impl SlotCounter {
     /// they are free; resolves to the guard.
     ///
     /// The first poll tries [`try_reserve`](Self::try_reserve)'s lock-free
-    /// path; if that is `Full`, the future joins the queue (it counts in
+    /// path when nobody is queued; if that is refused, or someone is
+    /// queued, the future joins the back of the queue (it counts in
     /// [`waiters`](Self::waiters) from that poll on) and is woken when its
-    /// slots have been taken for it. A queued waiter holds nothing that
+    /// slots have been taken for it, after every waiter queued before it. A queued waiter holds nothing that
     /// [`used`](Self::used) shows until it is granted whole.
     ///
     /// Cancellation-safe: dropping the future before it resolves leaves
@@ -35,7 +36,7 @@ impl SlotCounter {
     /// * [`ReserveError::Closed`] at once after [`close`](Self::close), and
     ///   for a waiter queued when `close` is called.
     ///
-    /// The future never resolves to `Full`.
+    /// The future never resolves to `Full` or `BehindWaiters`.
     ///
     /// # Examples
     ///
@@ -100,8 +101,11 @@ impl SlotCounter {
     /// * [`ReserveError::NeverFits`] at once if `n > capacity()`.
     /// * [`ReserveError::Closed`] at once after [`close`](Self::close), and
     ///   when `close` is called while the thread waits.
-    /// * [`ReserveError::Full`] when `timeout` runs out, with the slots free
-    ///   at that moment; the caller has left the queue and holds nothing.
+    /// * When `timeout` runs out the caller leaves the queue and makes one
+    ///   last [`try_reserve`](Self::try_reserve): its refusal,
+    ///   [`ReserveError::Full`] (with the slots free at that moment) or
+    ///   [`ReserveError::BehindWaiters`] (free, but owed to waiters still
+    ///   queued), is returned, and the caller holds nothing.
     ///
     /// # Examples
     ///

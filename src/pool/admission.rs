@@ -76,8 +76,8 @@ pub(super) struct Admission {
     faults: Faults,
     /// The waiters of [`BlockPool::alloc`](super::BlockPool::alloc) and its
     /// kin, in arrival order (`crate::wait`). Its published words (what the
-    /// head is owed, the waiter count) sit on their own padded line, written
-    /// only by the waiting paths.
+    /// waiters are owed, the waiter count) sit on their own padded line,
+    /// written only by the waiting paths.
     queue: WaitQueue,
 }
 
@@ -104,7 +104,7 @@ impl Admission {
             capacity,
             homes,
             faults,
-            queue: WaitQueue::new(faults),
+            queue: WaitQueue::new(capacity, faults),
         }
     }
 
@@ -176,8 +176,8 @@ impl Admission {
         self.closed.load(Ordering::SeqCst)
     }
 
-    /// Takes `n` blocks if `n + headroom` are free beyond what the head of
-    /// the wait queue is owed, all or nothing.
+    /// Takes `n` blocks if `n + headroom` are free beyond what the queued
+    /// waiters are owed, all or nothing.
     pub(super) fn try_reserve_raw(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
         self.try_reserve_inner(n, headroom, true, true, true, true)
     }
@@ -212,8 +212,8 @@ impl Admission {
         self.record_peak(free.saturating_add(others));
     }
 
-    /// Takes `n` blocks if `n` are free, ignoring what the head of the wait
-    /// queue is owed: the growth of blocks a caller already holds (see
+    /// Takes `n` blocks if `n` are free, ignoring what the queued waiters
+    /// are owed: the growth of blocks a caller already holds (see
     /// [`BlockPool::try_alloc_growth`](super::BlockPool)), which does not
     /// wait behind new admissions.
     pub(super) fn try_grow_raw(&self, n: usize) -> Result<(), ReserveError> {
@@ -232,10 +232,10 @@ impl Admission {
 
     /// The body of all five (with [`Units::take`]): `honor_close` says
     /// whether a closed pool refuses; `honor_waiters` whether the blocks
-    /// the head of the wait queue asks for must stay free; `notify` whether
-    /// what a slow path gives back runs the queue's grant loop (not when
-    /// that loop itself takes for the head: it holds the queue's lock);
-    /// `record` whether the admission counts towards the peak.
+    /// the queued waiters are owed must stay free; `notify` whether what a
+    /// slow path gives back runs the queue's grant loop (not when that
+    /// loop itself takes for the head: it holds the queue's lock); `record`
+    /// whether the admission counts towards the peak.
     fn try_reserve_inner(
         &self,
         n: usize,
@@ -262,15 +262,17 @@ impl Admission {
         if honor_close && self.is_closed() {
             return Err(ReserveError::Closed);
         }
-        // While anyone waits, leave what the head asks for: the one load the
-        // waiting machinery adds to this path (0 when nobody waits). An
-        // empty request takes nothing, so it owes nothing.
-        let owed = if honor_waiters && n > 0 {
+        // While anyone waits, leave what the waiters are owed: the one load
+        // the waiting machinery adds to this path (0 when nobody waits). A
+        // request for nothing with no headroom asks nothing of anyone; one
+        // with headroom (a check) leaves it too.
+        let asked = needed;
+        let owed = if honor_waiters && asked > 0 {
             self.queue.owed()
         } else {
             0
         };
-        let needed = needed.saturating_add(owed);
+        let needed = asked.saturating_add(owed);
         let home = self.home();
         let mut gathered = false;
         let result = match self.take_home(home, n, needed) {
@@ -304,9 +306,21 @@ impl Admission {
         if gathered && notify && !self.faults.quiet_gather() {
             self.queue.notify(self);
         }
-        result.map_err(|available| ReserveError::Full {
-            requested: n,
-            available,
+        // Short of the request and its headroom, or only of what the
+        // waiters are owed besides?
+        result.map_err(|available| {
+            if available < asked {
+                ReserveError::Full {
+                    requested: n,
+                    available,
+                }
+            } else {
+                ReserveError::BehindWaiters {
+                    requested: n,
+                    available,
+                    owed,
+                }
+            }
         })
     }
 
@@ -480,7 +494,7 @@ impl Admission {
         // release sequence).
         //
         // Acquire too, for the wait queue's hand-shake (see
-        // `WaitQueue::enqueue`).
+        // `WaitQueue::first_look`).
         let prev = self.shards[s]
             .word
             .fetch_add(VERSION + n as u64, Ordering::AcqRel);
@@ -516,8 +530,8 @@ impl Units for Admission {
         self.release_to(self.home(), n);
     }
 
-    fn available(&self) -> usize {
-        Admission::available(self)
+    fn capacity(&self) -> usize {
+        self.capacity
     }
 
     fn queue(&self) -> &WaitQueue {
@@ -527,7 +541,7 @@ impl Units for Admission {
     fn sync_with_releases(&self) {
         for shard in self.shards.iter() {
             // AcqRel, changing nothing (not even the version, so a gather
-            // sees no change): see `WaitQueue::enqueue`.
+            // sees no change): see `WaitQueue::first_look`.
             shard.word.fetch_add(0, Ordering::AcqRel);
         }
     }

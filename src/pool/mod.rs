@@ -450,6 +450,10 @@ impl BlockPool {
     ///   always justified in that, at some instant during the call, the
     ///   free blocks outside other running calls were `available`, fewer
     ///   than requested.
+    /// * [`ReserveError::BehindWaiters`] if `n` blocks were free, but not
+    ///   beside what the waiters queued by [`alloc`](Self::alloc) and its
+    ///   kin are owed (each granted in arrival order with its headroom); a
+    ///   new allocation does not pass them.
     /// * [`ReserveError::Closed`] after [`close`](Self::close).
     ///
     /// On error `out` and the pool are unchanged (only `out`'s capacity may
@@ -479,7 +483,8 @@ impl BlockPool {
     /// # Errors
     ///
     /// As [`SlotCounter::try_reserve_with_headroom`](crate::SlotCounter::try_reserve_with_headroom):
-    /// `NeverFits` if `n + headroom > num_blocks()`, `Closed`, or `Full`
+    /// `NeverFits` if `n + headroom > num_blocks()`, `Closed`,
+    /// `BehindWaiters` (as for `try_alloc`), or `Full`
     /// (which, under concurrency, may count blocks in transit as
     /// [`try_alloc`](Self::try_alloc) says; an allocation that gathers
     /// holds `n + headroom` for an instant before it gives the headroom
@@ -944,7 +949,7 @@ impl BlockPoolBuilder {
 
     /// The heap memory, in bytes, that [`build`](Self::build) allocates for
     /// the pool's bookkeeping (per block: its state word, free-list link,
-    /// prefix-cache key, index slots and eviction stamp, about 64 bytes;
+    /// prefix-cache key, index slots and eviction stamp, about 70 bytes;
     /// per shard, a few cache lines), saturating at `usize::MAX`. The
     /// structures that grow with use (the wait queue, the fences' lists)
     /// are not counted. The KV cache itself is the caller's device memory,

@@ -20,9 +20,11 @@ impl BlockPool {
     /// `out` (each with one reference), as [`try_alloc`](Self::try_alloc)
     /// does.
     ///
-    /// The first poll tries `try_alloc`'s lock-free path; if that is
-    /// `Full`, the future joins the pool's queue (it counts in
-    /// [`waiters`](Self::waiters) from that poll on). A queued waiter holds
+    /// The first poll tries `try_alloc`'s lock-free path when nobody is
+    /// queued; if that is refused, or someone is queued, the future joins
+    /// the back of the pool's queue (it counts in
+    /// [`waiters`](Self::waiters) from that poll on) and is granted after
+    /// every waiter queued before it. A queued waiter holds
     /// no block until it is granted all `n`; `out` is written only when the
     /// future resolves to `Ok`.
     ///
@@ -38,7 +40,8 @@ impl BlockPool {
     ///   for a waiter queued when `close` is called.
     ///
     /// On error `out`'s contents and the pool are unchanged (`out`'s
-    /// capacity may have grown). The future never resolves to `Full`.
+    /// capacity may have grown). The future never resolves to `Full` or
+    /// `BehindWaiters`.
     ///
     /// # Examples
     ///
@@ -88,6 +91,20 @@ impl BlockPool {
         }
     }
 
+    /// An [`Alloc`] that resolves to `err` at once and allocates nothing.
+    pub(crate) fn alloc_refused<'a>(
+        &'a self,
+        err: ReserveError,
+        out: &'a mut Vec<BlockId>,
+    ) -> Alloc<'a> {
+        Alloc {
+            pool: self,
+            out,
+            wait: Waiter::refused(err),
+            holder: Holder::Sequence,
+        }
+    }
+
     /// An [`Alloc`] that resolves to `Ok` at once and allocates nothing.
     pub(crate) fn alloc_nothing<'a>(&'a self, out: &'a mut Vec<BlockId>) -> Alloc<'a> {
         Alloc {
@@ -108,8 +125,11 @@ impl BlockPool {
     /// * [`ReserveError::NeverFits`] at once if `n > num_blocks()`.
     /// * [`ReserveError::Closed`] at once after [`close`](Self::close), and
     ///   when `close` is called while the thread waits.
-    /// * [`ReserveError::Full`] when `timeout` runs out, with the blocks
-    ///   free at that moment; the caller has left the queue.
+    /// * When `timeout` runs out the caller leaves the queue and makes one
+    ///   last [`try_alloc`](Self::try_alloc): its refusal,
+    ///   [`ReserveError::Full`] (with the blocks free at that moment) or
+    ///   [`ReserveError::BehindWaiters`] (free, but owed to waiters still
+    ///   queued), is returned.
     ///
     /// On error `out`'s contents and the pool are unchanged.
     ///

@@ -86,6 +86,19 @@ pub struct Faults {
     /// another key.
     #[cfg(kvslots_loom)]
     pub armed_claim: bool,
+    /// Every lookup of a key in the prefix index (a match, a publish's
+    /// check for a holder, its rescan for rivals) reads only the key's
+    /// first bucket: an entry that an insert put in the second bucket (the
+    /// first being the fuller) is never found.
+    #[cfg(kvslots_loom)]
+    pub first_bucket_only: bool,
+    /// A publisher's rescan makes its read-modify-write on the first slot
+    /// of the bucket its own entry went into instead of the key's first
+    /// bucket: two publishers of one key whose entries went into different
+    /// buckets share no word, and each rescan may miss the other's entry
+    /// (both commit).
+    #[cfg(kvslots_loom)]
+    pub fence_own_bucket: bool,
     /// A waiter joins the wait queue without trying again after it is
     /// queued: a release that happened between its failed attempt and its
     /// enqueue found nobody waiting, and nothing wakes it (a lost wakeup).
@@ -140,6 +153,17 @@ pub struct Faults {
     /// back: they are lost to every later admission.
     #[cfg(kvslots_loom)]
     pub match_keeps_credits: bool,
+    /// The wait queue tells new admissions to leave free only what its
+    /// head asks for, without the head's headroom and without the waiters
+    /// behind it: a relay of small admissions starves a head that asks for
+    /// headroom.
+    #[cfg(kvslots_loom)]
+    pub owed_without_headroom: bool,
+    /// The grant loop wakes the head it took units for before it counts the
+    /// grant: a waker that panics leaves the units taken for an entry that
+    /// still looks pending, and they are lost when it leaves.
+    #[cfg(kvslots_loom)]
+    pub wake_before_count: bool,
 }
 
 impl Faults {
@@ -354,6 +378,29 @@ impl Faults {
         false
     }
 
+    /// Whether the wait queue publishes only its head's request as what
+    /// new admissions must leave free: `false`, or `true` under
+    /// `owed_without_headroom`.
+    #[inline]
+    pub(crate) fn owed_without_headroom(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.owed_without_headroom {
+            return true;
+        }
+        false
+    }
+
+    /// Whether the grant loop wakes a head before counting its grant:
+    /// `false`, or `true` under `wake_before_count`.
+    #[inline]
+    pub(crate) fn wake_before_count(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.wake_before_count {
+            return true;
+        }
+        false
+    }
+
     /// Whether a publisher's claim goes without a reference of its own:
     /// `false`, or `true` under `unreferenced_claim`.
     #[inline]
@@ -393,6 +440,29 @@ impl Faults {
     pub(crate) fn armed_claim(self) -> bool {
         #[cfg(kvslots_loom)]
         if self.armed_claim {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a lookup in the prefix index leaves out the key's second
+    /// bucket: `false`, or `true` under `first_bucket_only`.
+    #[inline]
+    pub(crate) fn first_bucket_only(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.first_bucket_only {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a publisher's rescan makes its read-modify-write in the
+    /// bucket of its own entry: `false`, or `true` under
+    /// `fence_own_bucket`.
+    #[inline]
+    pub(crate) fn fence_own_bucket(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.fence_own_bucket {
             return true;
         }
         false

@@ -19,11 +19,13 @@
 //! too (`lock`), so that loom and shuttle model the wait queue's locking
 //! and wake-ups.
 //!
-//! Besides the atomic types, this module holds the three things that differ
+//! Besides the atomic types, this module holds the four things that differ
 //! under a model checker: how a retry after a stale read waits
-//! ([`stale_retry`]), how threads are numbered ([`thread_index()`]), and the
-//! faults that loom's negative controls inject ([`Faults`], whose hooks
-//! are the correct behaviour in every other build).
+//! ([`stale_retry`]), how threads are numbered ([`thread_index()`]), the
+//! seed of a pool's index hash ([`index_seed`]: random, or fixed so that a
+//! schedule replays), and the faults that loom's negative controls inject
+//! ([`Faults`], whose hooks are the correct behaviour in every other
+//! build).
 //!
 //! [loom]: https://docs.rs/loom
 //! [shuttle]: https://docs.rs/shuttle
@@ -32,6 +34,7 @@ mod atomic;
 mod backoff;
 mod faults;
 mod lock;
+mod seed;
 mod thread_index;
 
 pub(crate) use atomic::CachePadded;
@@ -39,4 +42,7 @@ pub use atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 pub(crate) use backoff::{stale_retry, Backoff};
 pub use faults::Faults;
 pub(crate) use lock::{Condvar, Mutex, MutexGuard};
+pub(crate) use seed::index_seed;
+#[cfg(test)]
+pub(crate) use seed::MODEL_SEED;
 pub(crate) use thread_index::{thread_index, Homes};

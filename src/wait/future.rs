@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 
 use crate::error::ReserveError;
 
-use super::{Status, Units, Wake};
+use super::{first_attempt, Status, Units, Wake};
 
 /// One async wait for `n` units with `headroom`: not yet polled, queued
 /// under a ticket, or finished.
@@ -27,6 +27,8 @@ enum State {
     Start,
     /// Resolves to `Ok` at the first poll: nothing to take.
     Ready,
+    /// Resolves to this error at the first poll, taking nothing.
+    Refused(ReserveError),
     /// In the queue under this ticket.
     Queued(u64),
     /// Resolved.
@@ -52,18 +54,30 @@ impl Waiter {
         }
     }
 
+    /// A wait that resolves to `err` at once, taking nothing.
+    pub(crate) fn refused(err: ReserveError) -> Waiter {
+        Waiter {
+            n: 0,
+            headroom: 0,
+            state: State::Refused(err),
+        }
+    }
+
     /// How many units the wait is for.
     pub(crate) fn n(&self) -> usize {
         self.n
     }
 
-    /// Polls the wait: the first poll tries the lock-free path and queues
-    /// the waiter if it is `Full`; later polls collect a grant, or `Closed`,
+    /// Polls the wait: the first poll tries the lock-free path when nobody
+    /// is queued and queues the waiter otherwise, or if that is refused
+    /// (see [`first_attempt`]); later polls collect a grant, or `Closed`,
     /// or refresh the waker. `Ok` means the `n` units are the caller's.
     ///
     /// # Panics
     ///
-    /// If polled again after it resolved.
+    /// If polled again after it resolved. Another waiter's waker that
+    /// panics when this poll's grant loop wakes it propagates out of the
+    /// poll; the wait is then queued, and dropping it leaves the queue.
     pub(crate) fn poll<U: Units + ?Sized>(
         &mut self,
         units: &U,
@@ -72,26 +86,39 @@ impl Waiter {
         let result = match self.state {
             State::Done => panic!("a kvslots wait future was polled after it completed"),
             State::Ready => Ok(()),
-            State::Start => match units.try_take(self.n, self.headroom) {
-                Err(ReserveError::Full { .. }) if self.n > 0 => {
+            State::Refused(err) => Err(err),
+            State::Start => match first_attempt(units, self.n, self.headroom) {
+                Some(done) => done,
+                None => {
                     let queue = units.queue();
-                    let mut inner = queue.lock();
                     let wake = Wake::Task(cx.waker().clone());
-                    let queued = queue.enqueue(&mut inner, units, self.n, self.headroom, wake);
-                    // Any waker removed under the lock is dropped after it.
-                    let retired = inner.retired();
-                    drop(inner);
-                    drop(retired);
-                    match queued {
-                        Ok(Some(ticket)) => {
+                    let mut inner = queue.lock();
+                    match queue.enqueue(&mut inner, self.n, self.headroom, wake) {
+                        Ok(ticket) => {
+                            // Recorded before the grant loop's wakes run
+                            // (another waiter's waker may panic): if they
+                            // unwind, this future is queued, and its drop
+                            // leaves the queue.
                             self.state = State::Queued(ticket);
-                            return Poll::Pending;
+                            queue.first_look(&mut inner, units);
+                            if queue.has_wakes(&inner) {
+                                queue.unlock(inner);
+                                inner = queue.lock();
+                            }
+                            let status = queue.status(&mut inner, ticket);
+                            queue.unlock(inner);
+                            match status {
+                                Status::Granted => Ok(()),
+                                Status::Closed => Err(ReserveError::Closed),
+                                Status::Waiting => return Poll::Pending,
+                            }
                         }
-                        Ok(None) => Ok(()),
-                        Err(err) => Err(err),
+                        Err(err) => {
+                            queue.unlock(inner);
+                            Err(err)
+                        }
                     }
                 }
-                other => other,
             },
             State::Queued(ticket) => {
                 let queue = units.queue();
@@ -102,9 +129,7 @@ impl Waiter {
                 }
                 // Any waker removed or replaced under the lock is dropped
                 // after it.
-                let retired = inner.retired();
-                drop(inner);
-                drop(retired);
+                queue.unlock(inner);
                 match status {
                     Status::Granted => Ok(()),
                     Status::Closed => Err(ReserveError::Closed),
@@ -125,10 +150,9 @@ impl Waiter {
             let queue = units.queue();
             let mut inner = queue.lock();
             queue.cancel(&mut inner, units, ticket);
-            // The entry's waker is dropped after the lock.
-            let retired = inner.retired();
-            drop(inner);
-            drop(retired);
+            // The entry's waker is dropped, and the waiters granted after
+            // it are woken, after the lock.
+            queue.unlock(inner);
         }
     }
 }

@@ -67,21 +67,27 @@
 //!
 //! A worker with nothing running whose waiting head does not fit completes
 //! every step it has in flight, gives back what its prefix match took, and
-//! waits in the allocator ([`KvSeq::reserve_blocking`]) until the
-//! admission's condition holds: a one-block reservation whose headroom is
-//! the rest of the prompt plus the watermark, granted exactly when the
-//! whole prompt and the watermark are free. Then it admits the whole
-//! prompt (reserve: `try_reserve` of the rest; check-only: the grant was
-//! the check, and the block goes back). kvslots queues the waiter in the
-//! pool's FIFO wait queue; the baseline waits on a `Condvar` notified by
-//! every give-back. The allocator wakes it when another worker's give-back
-//! lets it in; each wait also times out after 500 µs, so that the worker
-//! sees a stop request and its queue again (so nothing is left waiting at
-//! the end of a run). The one-block request matters with kvslots: while
-//! anyone waits, every other `try_*` call leaves the head's request free,
-//! so a whole prompt's worth held back would refuse the running groups'
-//! appends (and preempt them) whenever the pool is tighter than the
-//! prompt; the headroom is not held back.
+//! waits in the allocator ([`KvSeq::reserve_blocking`]) for the admission
+//! itself, keeping what it is granted: reserve admission waits for the
+//! whole prompt with the watermark as headroom; check-only for the
+//! prompt's first block with the rest of the prompt plus the watermark as
+//! headroom (granted exactly when the check passes), and keeps it as the
+//! prompt's first block, so that its prefill chunks are growth. kvslots
+//! queues the waiter in the pool's FIFO wait queue (new admissions leave
+//! it all it asks for, headroom included; running groups' growth does not
+//! wait behind it); the baseline waits on a `Condvar` notified by every
+//! give-back. The allocator wakes it when another worker's give-back lets
+//! it in; each wait also times out after 500 µs, so that the worker sees a
+//! stop request and its queue again (so nothing is left waiting at the end
+//! of a run).
+//!
+//! A refused step preempts the worker's most recently admitted group,
+//! except the *priority group* (see `Shared::hold_priority`): the first
+//! group refused with nothing else on its worker to preempt, which is never
+//! preempted until it completes; while it is refused, no worker admits a
+//! new request. So on a pool where every request fits alone, some request
+//! always completes: groups on different workers cannot preempt one
+//! another for ever.
 //!
 //! [`KvSeq::reserve_blocking`]: crate::backend::KvSeq::reserve_blocking
 //!
@@ -98,7 +104,8 @@
 //! does not look) is left behind the same way. As a guard against a livelock outside
 //! the allocator, a worker that sees no request finish anywhere for
 //! `stall_limit` of its own iterations (or `stall_limit / 1000` of its
-//! waits in the allocator) stops the run too.
+//! blocking waits in the allocator, whatever they ended in) stops the run
+//! too.
 //!
 //! # What is measured
 //!
@@ -405,6 +412,7 @@ fn summarize<B: KvBackend>(
         final_used_blocks: backend.used_blocks(),
         unfinished_requests: 0,
         stalled: false,
+        longest_calls_without_progress: 0,
         errors: Vec::new(),
         prefix: backend.prefix_stats(),
         cached_blocks: backend.cached_blocks(),
@@ -424,6 +432,9 @@ fn summarize<B: KvBackend>(
             total.busy_ns += o.busy_ns;
         }
         stats.stalled |= w.stalled;
+        stats.longest_calls_without_progress = stats
+            .longest_calls_without_progress
+            .max(w.longest_calls_without_progress);
         stats
             .append_latency
             .add(&w.append)

@@ -24,6 +24,12 @@ pub(super) struct Shared {
     pub(super) watch: Vec<CallWatch>,
     /// The run's start, the origin of the watch's times.
     pub(super) start: Instant,
+    /// The priority group's request id plus 1 (0: none): see
+    /// [`hold_priority`](Self::hold_priority).
+    priority: AtomicUsize,
+    /// Set while the priority group is refused: no worker admits a new
+    /// request until it goes on.
+    blocked: AtomicBool,
 }
 
 /// The most failures a run keeps.
@@ -38,7 +44,75 @@ impl Shared {
             oracle,
             watch: (0..workers).map(|_| CallWatch::default()).collect(),
             start: Instant::now(),
+            priority: AtomicUsize::new(0),
+            blocked: AtomicBool::new(false),
         }
+    }
+
+    /// Makes the running group of request `id` the priority group, unless
+    /// another one is; returns whether it is (now or already).
+    ///
+    /// The priority group is the first group refused with nothing else on
+    /// its worker to preempt, and stays so until it is released (it
+    /// completes, or the run ends). It is never preempted: while it is
+    /// refused ([`set_blocked`](Self::set_blocked)) no worker admits a new
+    /// request, and every other group that is refused preempts itself or a
+    /// younger group of its worker, so the blocks come back until it fits
+    /// (it fits the pool alone), and it completes. Without it, groups that
+    /// each need more than the pool has left beside the others can preempt
+    /// one another for ever, each freed block going to the next waiter.
+    pub(super) fn hold_priority(&self, id: usize) -> bool {
+        // Relaxed (all of the priority and blocked words): scheduling
+        // hints between workers, which order nothing (the allocator and
+        // the oracle order the blocks); each worker sees the others'
+        // writes eventually, which is all the progress argument needs.
+        match self
+            .priority
+            .compare_exchange(0, id + 1, Ordering::Relaxed, Ordering::Relaxed)
+        {
+            Ok(_) => true,
+            Err(holder) => holder == id + 1,
+        }
+    }
+
+    /// Whether request `id`'s group is the priority group.
+    pub(super) fn is_priority(&self, id: usize) -> bool {
+        // Relaxed: see `hold_priority`.
+        self.priority.load(Ordering::Relaxed) == id + 1
+    }
+
+    /// The priority group's request id, if there is one.
+    pub(super) fn priority(&self) -> Option<usize> {
+        // Relaxed: see `hold_priority`.
+        self.priority.load(Ordering::Relaxed).checked_sub(1)
+    }
+
+    /// Releases the priority if request `id`'s group holds it.
+    pub(super) fn release_priority(&self, id: usize) {
+        // Relaxed: see `hold_priority`.
+        if self
+            .priority
+            .compare_exchange(id + 1, 0, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.blocked.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Sets (or clears) whether the priority group is refused; only its
+    /// worker calls it.
+    pub(super) fn set_blocked(&self, blocked: bool) {
+        // Relaxed: see `hold_priority`. The load keeps the line shared
+        // while nothing changes.
+        if self.blocked.load(Ordering::Relaxed) != blocked {
+            self.blocked.store(blocked, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the priority group is refused: no new admission now.
+    pub(super) fn blocked(&self) -> bool {
+        // Relaxed: see `hold_priority`.
+        self.blocked.load(Ordering::Relaxed)
     }
 
     /// Records a failure and stops the run.

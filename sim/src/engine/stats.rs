@@ -116,6 +116,11 @@ pub struct RunStats {
     pub unfinished_requests: u64,
     /// A worker saw no progress for `stall_limit` iterations.
     pub stalled: bool,
+    /// The most allocator calls one worker made in a row while no request
+    /// finished anywhere (its calls between two completions it saw, or
+    /// after the last one): a bound on the run's progress, which a
+    /// livelock makes grow without bound.
+    pub longest_calls_without_progress: u64,
     /// Failures, the first one first (a wrong stamp, an unexpected error,
     /// a panic, a stuck call, what the final sweep found).
     pub errors: Vec<String>,
@@ -154,10 +159,9 @@ pub enum OpKind {
     /// the step's fence part of the `Append` that copied.)
     Complete,
     /// An idle worker's blocking admission: the `reserve_blocking` that
-    /// waits in the allocator, up to the wait's timeout (and the drop that
-    /// gives its block back when it does not become the admission); kept
-    /// apart from `Admit` so that the time asleep does not count as
-    /// admission time.
+    /// waits in the allocator, up to the wait's timeout, and whose grant is
+    /// the admission; kept apart from `Admit` so that the time asleep does
+    /// not count as admission time.
     Wait,
 }
 
@@ -264,6 +268,7 @@ pub(super) struct WorkerStats {
     pub(super) busy_ns: u64,
     pub(super) ops: [OpStats; OpKind::ALL.len()],
     pub(super) stalled: bool,
+    pub(super) longest_calls_without_progress: u64,
     pub(super) append: Histogram<u64>,
     pub(super) finished_ids: Vec<usize>,
 }
@@ -275,6 +280,7 @@ impl WorkerStats {
             busy_ns: 0,
             ops: Default::default(),
             stalled: false,
+            longest_calls_without_progress: 0,
             append: new_histogram(),
             finished_ids: Vec::new(),
         }

@@ -178,10 +178,14 @@ impl<B: KvBackend> Worker<B> {
         self.stats.call(watch, kind, f)
     }
 
+    /// A refused step: preempt and retry when the refusal is retryable
+    /// (`Full`; or `BehindWaiters`, which only a check-only group's first
+    /// prefill chunk, a new admission, can meet), a failed run otherwise.
     fn refused(e: ReserveError, what: &str) -> StepError {
-        match e {
-            ReserveError::Full { .. } => StepError::Refused,
-            other => StepError::Fatal(format!("{what}: unexpected {other:?}")),
+        if e.is_retryable() {
+            StepError::Refused
+        } else {
+            StepError::Fatal(format!("{what}: unexpected {e:?}"))
         }
     }
 
@@ -425,6 +429,7 @@ impl<B: KvBackend> Worker<B> {
     /// (each drop is an allocator call), each after the oracle's give-back
     /// check. The blocks go back whatever the reads and checks found.
     fn release(&mut self, mut g: Group<B>) -> Result<(), String> {
+        self.shared.release_priority(g.req.id);
         if g.keys.capacity() > 0 {
             g.keys.clear();
             self.key_bufs.push(std::mem::take(&mut g.keys));
@@ -564,11 +569,19 @@ impl<B: KvBackend> Worker<B> {
                     })
             }
         };
+        // What the sequence holds ahead of its length once admitted: the
+        // prompt's blocks when reserved, and the prompt's first block when
+        // a check-only admission waited for it.
+        let mut reserved = match profile.admission {
+            Admission::Reserve => req.prompt,
+            Admission::Check => 0,
+        };
         match admitted {
             Ok(()) => {}
-            Err(ReserveError::Full { .. }) if seq.table().len() == matched => {
-                // Refused: the sequence holds only what it matched; it
-                // gives that back (as a server would) and is kept empty.
+            // Refused (short of blocks, or behind the allocator's waiters).
+            Err(e) if e.is_retryable() && seq.table().len() == matched => {
+                // The sequence holds only what it matched; it gives that
+                // back (as a server would) and is kept empty.
                 if matched > 0 {
                     self.call(OpKind::Truncate, || seq.truncate(0));
                 }
@@ -578,6 +591,9 @@ impl<B: KvBackend> Worker<B> {
                 }
                 // Granted while waiting: the whole prompt, no prefix.
                 matched = 0;
+                if profile.admission == Admission::Check {
+                    reserved = bs.min(req.prompt);
+                }
             }
             Err(e) => return Err(StepError::Fatal(format!("admission: unexpected {e:?}"))),
         }
@@ -603,10 +619,6 @@ impl<B: KvBackend> Worker<B> {
             _ => (Tracked::new(writer), Vec::new()),
         };
         let mut live = Live { seq, t };
-        let reserved = match profile.admission {
-            Admission::Reserve => req.prompt,
-            Admission::Check => 0,
-        };
         let oracle = &self.shared.oracle;
         let checked = oracle
             .after_call(&self.backend, &mut live.t, &live.seq, 0, None)
@@ -640,28 +652,28 @@ impl<B: KvBackend> Worker<B> {
     }
 
     /// The blocking form of a refused admission, for a worker with nothing
-    /// running: waits in the allocator, for up to [`IDLE_WAIT`], until the
-    /// admission's condition holds (the whole prompt's blocks plus the
-    /// watermark free), then admits the whole prompt into the empty `seq`;
-    /// `Ok(false)` when the wait timed out or the admission lost the blocks
-    /// again (`seq` is then empty).
+    /// running: waits in the allocator, for up to [`IDLE_WAIT`], for the
+    /// admission itself, and keeps what it is granted; `Ok(false)` when
+    /// the wait timed out (`seq` is then empty).
     ///
-    /// The wait is a `reserve_blocking` of one block with the rest of the
-    /// prompt and the watermark as headroom: granted exactly when the
-    /// admission would pass, and queued in kvslots' FIFO queue as a
-    /// one-block request. While a waiter is queued, every other `try_*`
-    /// call leaves the head what it asks for; a whole prompt's worth held
-    /// back that way would refuse the running groups' appends (preempting
-    /// them) whenever the pool is tighter than the prompt, and two workers
-    /// each waiting for a prompt the other's only running group keeps from
-    /// fitting would preempt each other's group forever. One block asks
-    /// next to nothing of the others (the headroom is not held back).
+    /// * Reserve: `reserve_blocking` of the whole prompt with the watermark
+    ///   as headroom. The grant is the admission: the prompt's blocks, with
+    ///   the watermark free besides.
+    /// * Check-only: `reserve_blocking` of the prompt's first block with
+    ///   the rest of the prompt and the watermark as headroom, granted
+    ///   exactly when the check passes. The block is kept as the prompt's
+    ///   first (the sequence holds it, so its prefill chunks take the rest
+    ///   as growth). Giving it back and taking the blocks again with the
+    ///   first chunk would hand them to the next waiter first: with
+    ///   workers queued behind it, every check-only grant would go back,
+    ///   every first chunk be refused and its group preempted, and no
+    ///   request finish.
     ///
-    /// Once granted: with reserve admission, `try_reserve` of the rest of
-    /// the prompt with the watermark (refused if others took the blocks in
-    /// the meantime: the block goes back and the worker waits again); with
-    /// check-only admission the grant was the check, so the block goes
-    /// back and the request is admitted.
+    /// In kvslots the wait is a place in the pool's FIFO queue: while it
+    /// is queued, new admissions leave it all it asks for (headroom
+    /// included), and running groups' appends (growth of sequences that
+    /// hold blocks) do not wait behind it, so running groups are not
+    /// preempted for it. The baseline waits on its condition variable.
     ///
     /// The prefix is given back before waiting, not held: a worker holding
     /// matched blocks while it waits keeps them from the others, and when
@@ -675,38 +687,21 @@ impl<B: KvBackend> Worker<B> {
         seq: &mut B::Seq,
     ) -> Result<bool, StepError> {
         let (wm, bs) = (self.cfg.watermark_blocks, self.block_size());
-        let headroom = req.prompt.div_ceil(bs) - 1 + wm;
+        let (tokens, headroom) = match profile.admission {
+            Admission::Reserve => (req.prompt, wm),
+            Admission::Check => (bs.min(req.prompt), req.prompt.div_ceil(bs) - 1 + wm),
+        };
         self.stats.counts.idle_waits += 1;
         let waited = self.call(OpKind::Wait, || {
-            seq.reserve_blocking(bs, headroom, Some(IDLE_WAIT))
+            seq.reserve_blocking(tokens, headroom, Some(IDLE_WAIT))
         });
         match waited {
-            Ok(()) => {}
-            Err(ReserveError::Full { .. }) => return Ok(false),
-            Err(e) => {
-                return Err(StepError::Fatal(format!(
-                    "blocking admission: unexpected {e:?}"
-                )))
-            }
+            Ok(()) => Ok(true),
+            Err(ReserveError::Full { .. } | ReserveError::BehindWaiters { .. }) => Ok(false),
+            Err(e) => Err(StepError::Fatal(format!(
+                "blocking admission: unexpected {e:?}"
+            ))),
         }
-        let admitted = match profile.admission {
-            Admission::Reserve => {
-                match self.call(OpKind::Admit, || seq.try_reserve(req.prompt, wm)) {
-                    Ok(()) => true,
-                    Err(ReserveError::Full { .. }) => false,
-                    Err(e) => return Err(StepError::Fatal(format!("admission: unexpected {e:?}"))),
-                }
-            }
-            Admission::Check => false,
-        };
-        if !admitted {
-            // Give the granted block back: an empty sequence in its place
-            // (a truncate of an empty sequence keeps its reservation).
-            let fresh = self.backend.new_seq(req.prompt + req.output);
-            let granted = std::mem::replace(seq, fresh);
-            self.call(OpKind::Wait, || drop(granted));
-        }
-        Ok(admitted || profile.admission == Admission::Check)
     }
 
     /// Matches the prompt of `req` against the prefix cache into the empty
@@ -739,7 +734,9 @@ impl<B: KvBackend> Worker<B> {
         running: &mut Vec<Group<B>>,
     ) -> Result<(), StepError> {
         let (nb, bs) = (self.backend.num_blocks(), self.block_size());
-        while running.len() < self.cfg.max_running {
+        // While the priority group is refused, nothing new is admitted
+        // (see `Shared::hold_priority`).
+        while running.len() < self.cfg.max_running && !self.shared.blocked() {
             let head = match q.waiting.front() {
                 Some(w) => w.clone(),
                 None if q.source_done => break,
@@ -806,9 +803,16 @@ impl<B: KvBackend> Worker<B> {
         self.complete_steps(Drain::All)?;
         let Some(head) = q.waiting.front().cloned() else {
             // `admit_waiting` stops with nothing running only when the
-            // source is done and nothing waits, or when the head is refused.
+            // source is done and nothing waits, when the head is refused,
+            // or while the priority group is refused.
             return Ok(!q.source_done);
         };
+        if self.shared.blocked() {
+            // The priority group is refused: no new admission (and no wait
+            // in the allocator, whose grant would be one) until it goes on.
+            std::thread::yield_now();
+            return Ok(true);
+        }
         let profile = self.cfg.profile(head.0.id, self.block_size());
         if let Some(g) = self.admit(head, profile, true)? {
             q.waiting.pop_front();
@@ -828,7 +832,12 @@ impl<B: KvBackend> Worker<B> {
         self.complete_steps(Drain::Due)?;
         let mut i = 0;
         while i < running.len() {
-            match self.step(&mut running[i]) {
+            let stepped = self.step(&mut running[i]);
+            if stepped.is_ok() && self.shared.is_priority(running[i].req.id) {
+                // The priority group goes on: admissions may resume.
+                self.shared.set_blocked(false);
+            }
+            match stepped {
                 Ok(true) => {
                     let g = running.remove(i);
                     self.complete(g)?;
@@ -838,9 +847,28 @@ impl<B: KvBackend> Worker<B> {
                     // The oldest step in flight completed: retry.
                 }
                 Err(StepError::Refused) => {
-                    // Preempt the most recently admitted group (maybe this
-                    // one), then retry this one if it is still here.
-                    let victim = running.pop().expect("running is not empty");
+                    let id = running[i].req.id;
+                    if running.len() == 1 && self.shared.hold_priority(id) {
+                        // The priority group, refused with nothing else
+                        // here to preempt: it keeps its blocks, no worker
+                        // admits anything new until it goes on, and this
+                        // worker tries it again at its next iteration.
+                        self.shared.set_blocked(true);
+                        std::thread::yield_now();
+                        break;
+                    }
+                    // Preempt the most recently admitted group other than
+                    // the priority group (maybe this one), then retry this
+                    // one if it is still here.
+                    let priority = self.shared.priority();
+                    let v = running
+                        .iter()
+                        .rposition(|g| Some(g.req.id) != priority)
+                        .expect("only one group is the priority group");
+                    let victim = running.remove(v);
+                    if v < i {
+                        i -= 1;
+                    }
                     q.waiting
                         .push_front((victim.req.clone(), victim.attempt.wrapping_add(1)));
                     self.stats.counts.preemptions += 1;
@@ -877,8 +905,10 @@ impl<B: KvBackend> Worker<B> {
         // Relaxed: progress snapshots for stall detection.
         let mut last_finished = self.shared.finished.load(Ordering::Relaxed);
         let (mut busy_idle, mut waiting_idle) = (0u64, 0u64);
+        let mut calls_at_progress = 0u64;
         let wait_limit = self.cfg.stall_limit / 1000;
         while !self.shared.aborted() {
+            let waits_before = self.stats.counts.idle_waits;
             let stepped = match self.admit_waiting(&mut q, &mut running) {
                 Ok(()) if running.is_empty() => match self.wait_for_blocks(&mut q, &mut running) {
                     Ok(true) => Ok(false),
@@ -895,15 +925,19 @@ impl<B: KvBackend> Worker<B> {
                     break;
                 }
             };
-            // The stall guard: iterations (or waits) without any request
-            // finishing anywhere. Relaxed: a progress snapshot.
+            // The stall guard: iterations that stepped, and blocking waits
+            // (granted or not), without any request finishing anywhere.
+            // Relaxed: a progress snapshot.
             let now = self.shared.finished.load(Ordering::Relaxed);
+            let calls = self.stats.counts.alloc_calls;
             if now != last_finished {
                 (last_finished, busy_idle, waiting_idle) = (now, 0, 0);
-            } else if stepped {
-                busy_idle += 1;
-            } else if running.is_empty() {
-                waiting_idle += 1;
+                calls_at_progress = calls;
+            } else {
+                busy_idle += u64::from(stepped);
+                waiting_idle += u64::from(self.stats.counts.idle_waits != waits_before);
+                let stretch = &mut self.stats.longest_calls_without_progress;
+                *stretch = (*stretch).max(calls - calls_at_progress);
             }
             if busy_idle > self.cfg.stall_limit || waiting_idle > wait_limit {
                 self.stall();
