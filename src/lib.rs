@@ -155,7 +155,8 @@
 //! are written against the same facade, and loom must catch each of them.
 //! The block pool's models do the same for allocation, frees, shards,
 //! reference counts and sequences, with a negative control per injected
-//! fault (a free list without its ABA tag, `Relaxed` frees, and others).
+//! fault (a free list that takes without a read-modify-write, `Relaxed`
+//! frees, a raw free that takes a sequence's reference, and others).
 //! Rayon stress tests drive millions of mixed operations on many threads
 //! while an observer samples the invariant, and the same facade runs the
 //! shuttle schedules (`--cfg kvslots_shuttle`) on 8 threads. See the README
@@ -178,7 +179,7 @@
 //! # Implementation
 //!
 //! The [`implementation`] module describes the state word and its CAS
-//! loops, the free list (tagged Treiber stacks) and its shards, reference
+//! loops, the free list (per-shard bitmaps) and its shards, reference
 //! counts, sequences and copy-on-write, and the memory orderings of each
 //! type.
 //!

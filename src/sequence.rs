@@ -985,7 +985,7 @@ impl Sequence {
     ///
     /// # Panics
     ///
-    /// Panics if a shared block would get more than `2^30 - 1`
+    /// Panics if a shared block would get more than `2^29 - 1`
     /// references (as `Arc` aborts on overflow), or if a block to share has
     /// no reference left because a raw [`BlockPool::free`] took this
     /// sequence's (a double free: the block may be in the free list, and

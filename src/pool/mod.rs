@@ -174,8 +174,8 @@ impl BlockPool {
 
     /// Like [`new`](Self::new), with the free list cut into `shards`
     /// shards instead of the default (see [`shards`](Self::shards)). A
-    /// shard is a lock-free stack of free block ids (a Treiber stack with
-    /// its own head word).
+    /// shard is a lock-free bitmap of the free block ids it owns, on cache
+    /// lines of its own (one CAS takes up to 64 of them, lowest first).
     ///
     /// Shard `s` owns the ids `s * span .. (s + 1) * span` (`span` =
     /// `num_blocks / shards`, rounded up) and a freed block always goes
@@ -183,8 +183,8 @@ impl BlockPool {
     /// first (threads are numbered in the order they first allocate from
     /// or free to any pool, and thread `i` starts at shard `i % shards`) and from the
     /// others only when its own is short, so threads that free and
-    /// reallocate do not contend on one head and walk chains in their own
-    /// part of the index array. A thread whose home shard is
+    /// reallocate do not contend on one word and keep their own part of
+    /// the bitmap in their cache. A thread whose home shard is
     /// short looks through the others, so very many shards over a nearly
     /// full pool make that slow path longer. `shards == 1` is the plain
     /// single-shard pool.
@@ -610,10 +610,11 @@ impl BlockPool {
     /// returns to the pool. Freeing an empty slice is a no-op.
     ///
     /// The whole call or nothing: if any id is out of range, not allocated,
-    /// or listed more times than it has references, nothing changes and the
-    /// error names the offending id (checked in this order: any id out of
-    /// range, then any block not allocated, then any block over-freed; each
-    /// the first in list order). No heap allocation happens here, and the
+    /// held by [`Sequence`](crate::Sequence)s, or listed more times than it
+    /// has references, nothing changes and the error names the offending
+    /// id (checked in this order: any id out of range, then any block not
+    /// allocated, then any block held by sequences, then any block
+    /// over-freed; each the first in list order). No heap allocation happens here, and the
     /// checks stay near linear in the list's length: pairwise for up to 16
     /// ids; otherwise one pass when no two listed ids are equal modulo 4,096,
     /// and one more per 8,192-index range it touches when some are (plus a count over the list for each listing of an id past
@@ -636,15 +637,23 @@ impl BlockPool {
     /// block that its other holders freed, and someone reallocated, in the
     /// meantime.
     ///
-    /// Whatever races, the pool's own books stay exact: no block is pushed
-    /// twice, the count of used blocks is given back once per block, and
-    /// `free_blocks() <= num_blocks()`. That includes a free racing the
-    /// [`Sequence`](crate::Sequence) that holds the block: whichever of the
-    /// two drops the last reference pushes it; if this call loses, it
-    /// returns `Raced` (or `NotAllocated`, if the block was back before its
-    /// checks); if it wins, the sequence's drop (or truncate) finds no
-    /// reference left for that block and gives back nothing, and a fork of
-    /// that sequence panics rather than share a block that may be free.
+    /// A block that sequences hold (their tables, a fork's, a match's, or
+    /// a fence's retirement) is theirs to give back: a free of it is a
+    /// double free, refused with [`FreeError::HeldBySequence`] before
+    /// anything changes. So a sequence never loses a reference to a raw
+    /// free, and gives back a block it holds alone without a
+    /// read-modify-write (see
+    /// [Reference counts](crate::implementation#reference-counts)).
+    ///
+    /// Whatever races, the pool's own books stay exact: no block is given
+    /// back twice, the count of used blocks is given back once per block,
+    /// and `free_blocks() <= num_blocks()`. That includes a free racing a
+    /// raw holder's own free of the block: whichever of the two drops the
+    /// last reference gives it back; if this call loses, it returns `Raced`
+    /// (or `NotAllocated`, if the block was back before its checks). And a
+    /// free whose checks passed while a raw caller held the block, and that
+    /// finds it freed and taken for a sequence since, refuses that block
+    /// with `Raced` (its drop compares the whole state word).
     ///
     /// What a double free does break is the caller's own claim: once a free
     /// takes a reference its caller did not hold, the real holder names a
@@ -657,7 +666,8 @@ impl BlockPool {
     /// # Errors
     ///
     /// [`FreeError::OutOfRange`], [`FreeError::NotAllocated`],
-    /// [`FreeError::OverFreed`] (nothing changed), [`FreeError::Raced`]
+    /// [`FreeError::HeldBySequence`], [`FreeError::OverFreed`] (nothing
+    /// changed), [`FreeError::Raced`]
     /// (the other references were dropped).
     ///
     /// # Examples
@@ -705,9 +715,9 @@ impl BlockPool {
     }
 
     /// Drops one reference per listed id for [`free`](Self::free), whose
-    /// checks found every listed reference present; chains the blocks that
-    /// reach zero and pushes them (one CAS per run of ids with the same
-    /// owner shard).
+    /// checks found every listed reference present; gathers the blocks that
+    /// reach zero and gives them back (one `fetch_or` per run of ids in one
+    /// word of the free list).
     fn drop_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
         self.drop_each(Give::new(), ids.iter().copied(), ids, |id| {
             self.refs.drop(id)
@@ -849,7 +859,7 @@ impl BlockPool {
     ///
     /// # Panics
     ///
-    /// Panics if the count would exceed `2^30 - 1` (as `Arc` aborts),
+    /// Panics if the count would exceed `2^29 - 1` (as `Arc` aborts),
     /// and if the block has no reference left: a raw [`free`](Self::free)
     /// took the caller's (a double free), so the block may be in the free
     /// list, and going on would hand it to two owners.

@@ -41,9 +41,11 @@
 //! A publisher's claim holds a reference of its own: `BUSY` is set together
 //! with one more count, and the commit (or the unclaim) clears `BUSY` and
 //! drops that reference in the same CAS. So a claimed block is never free,
-//! whatever the block's holders do meanwhile, including a raw
-//! `BlockPool::free` that takes the publishing holder's own reference (a
-//! double free): the key words that the claim writes belong to a block no
+//! whatever the block's holders do meanwhile, including a double free that
+//! takes the publishing holder's own reference (a raw `BlockPool::free`
+//! refuses a sequence's block, so the protocol does not rely on that, and
+//! loom's claim controls let the free ignore the flag): the key words that
+//! the claim writes belong to a block no
 //! one else can be handed, and whichever of the commit and the holders'
 //! drops takes the last reference gives the block back through the normal
 //! path (evictable if the commit set `CACHED`, free otherwise). No other
@@ -298,7 +300,7 @@ impl Refs {
     ///
     /// # Panics
     ///
-    /// Panics if the count would exceed `2^30 - 1` (as `Arc` aborts).
+    /// Panics if the count would exceed `2^29 - 1` (as `Arc` aborts).
     pub(super) fn add(&self, id: BlockId) -> Result<(), ()> {
         let word = &self.words[id.index()];
         // Relaxed: only a guess; the CAS validates it.
