@@ -18,7 +18,7 @@ use std::collections::TryReserveError;
 
 use crate::array::{bytes_of, Room};
 use crate::id::BlockId;
-use crate::sync::{AtomicU64, Backoff, CachePadded, Faults, Homes, Ordering};
+use crate::sync::{AtomicU64, Backoff, CachePadded, Divisor, Faults, Ordering};
 
 /// Bitmap words per cache line (of [`CachePadded`]'s 128 bytes on x86-64):
 /// each shard's words start on a line of their own.
@@ -49,7 +49,9 @@ pub(crate) struct FreeList {
     /// Words per summary bit: `ceil(words / 64)`.
     group: u32,
     /// Which shard a thread calls home.
-    homes: Homes,
+    homes: Divisor,
+    /// Division by `span`: which shard owns an id.
+    by_span: Divisor,
     /// The faults of loom's negative controls (none outside them).
     faults: Faults,
 }
@@ -187,7 +189,8 @@ impl FreeList {
             words,
             lines_per_shard,
             group,
-            homes: Homes::new(shards),
+            homes: Divisor::new(shards),
+            by_span: Divisor::new(span as usize),
             faults,
         }
     }
@@ -224,13 +227,13 @@ impl FreeList {
 
     /// The calling thread's home shard, where its takes start.
     fn home(&self) -> usize {
-        self.homes.mine()
+        self.homes.home()
     }
 
     /// The word of `id` and how many ids from its bit 0 on it holds.
     fn word_of(&self, id: BlockId) -> Word {
         let id = id.index() as u32;
-        let shard = id / self.span;
+        let shard = self.by_span.div(id);
         let word = (id - shard * self.span) / 64;
         let base = shard * self.span + 64 * word;
         // The shard's end, in u64: the last shard's may pass u32::MAX.
@@ -245,7 +248,7 @@ impl FreeList {
 
     /// For [`Give::add`]: returns the ids `mask` of `word` (if any) and
     /// starts gathering those of `id`'s word, with `id`.
-    #[inline(never)]
+    #[inline]
     fn switch_word(&self, word: Word, mask: u64, id: BlockId) -> (Word, u64) {
         if mask != 0 {
             self.return_word(word.place, mask);

@@ -30,7 +30,7 @@
 
 use crate::error::ReserveError;
 use crate::sync::{
-    self, AtomicBool, AtomicU64, AtomicUsize, Backoff, CachePadded, Faults, Homes, Ordering,
+    self, AtomicBool, AtomicU64, AtomicUsize, Backoff, CachePadded, Divisor, Faults, Ordering,
 };
 use crate::wait::{Units, WaitQueue};
 
@@ -71,7 +71,7 @@ pub(super) struct Admission {
     /// Immutable after construction.
     capacity: usize,
     /// Which shard a thread calls home.
-    homes: Homes,
+    homes: Divisor,
     /// The faults of loom's negative controls (none outside them).
     faults: Faults,
     /// The waiters of [`BlockPool::alloc`](super::BlockPool::alloc) and its
@@ -88,7 +88,7 @@ impl Admission {
         debug_assert!(shards > 0 && capacity <= u32::MAX as usize);
         let span = capacity.div_ceil(shards).max(1);
         let owned = |s: usize| capacity.min((s + 1) * span).saturating_sub(s * span);
-        let homes = Homes::new(shards);
+        let homes = Divisor::new(shards);
         let shards = (0..shards)
             .map(|s| {
                 CachePadded::new(Shard {
@@ -120,7 +120,7 @@ impl Admission {
 
     /// The calling thread's home shard, as in the free list.
     fn home(&self) -> usize {
-        self.homes.mine()
+        self.homes.home()
     }
 
     /// The sum of the shards' free counts, read one after another, at most

@@ -600,9 +600,7 @@ impl BlockPool {
     ) -> usize {
         let base = out.len();
         let taken = pop(&self.free, k, out);
-        for &id in &out[base..] {
-            self.refs.set_first(id, holder);
-        }
+        self.refs.set_first(&out[base..], holder);
         taken
     }
 
@@ -740,7 +738,7 @@ impl BlockPool {
     /// before the head.
     pub(crate) fn drop_held_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
         // The usual case, a sequence's own fresh blocks, in a tight loop.
-        let (give, rest) = self.free.gather_while(ids, |id| self.refs.drop_sole(id));
+        let (give, rest) = self.free.gather_while(ids, self.refs.sole_dropper());
         if rest > 0 {
             let rest = &ids[..rest];
             return self.drop_each(give, rest.iter().rev().copied(), rest, |id| {

@@ -132,6 +132,24 @@ const fn settle(state: u64) -> u64 {
     }
 }
 
+/// [`Refs::drop_sole`] on the words `words`.
+#[inline]
+fn drop_sole_in(words: &[AtomicU64], id: BlockId) -> bool {
+    let word = &words[id.index()];
+    // Acquire: if another holder dropped its reference, its accesses to the
+    // block happen-before our give-back (its drop is a Release CAS, which
+    // this load reads from).
+    let state = word.load(Ordering::Acquire);
+    if state & (SEQUENCE | CACHED | BUSY | COUNT) != SEQUENCE | 1 {
+        return false;
+    }
+    // Relaxed: no other thread reads this word to decide anything until the
+    // block is handed out again, and the give-back that follows (a Release
+    // `fetch_or` on the free list) publishes it.
+    word.store(state & !(SEQUENCE | COUNT), Ordering::Relaxed);
+    true
+}
+
 /// Whether a state word is that of an evictable block: cached, not
 /// claimed, no reference.
 pub(super) const fn is_evictable(state: u64) -> bool {
@@ -261,22 +279,26 @@ impl Refs {
         self.words[index].load(order)
     }
 
-    /// Gives a block just taken from the free list its first reference,
-    /// for `holder`.
-    pub(super) fn set_first(&self, id: BlockId, holder: Holder) {
-        let word = &self.words[id.index()];
-        // Relaxed (both): the block is exclusively ours after the Acquire
-        // take (a free block holds no key and no claim, so no CAS of another
-        // thread can succeed on it); a plain store is cheaper than a
-        // read-modify-write.
-        let state = word.load(Ordering::Relaxed);
-        debug_assert_eq!(count_of(state), 0, "{id} handed out twice");
-        debug_assert_eq!(
-            state & (CACHED | BUSY | SEQUENCE),
-            0,
-            "{id} free but cached"
-        );
-        word.store(state | holder.flag() | 1, Ordering::Relaxed);
+    /// Gives each block of `ids`, just taken from the free list, its first
+    /// reference, for `holder`.
+    pub(super) fn set_first(&self, ids: &[BlockId], holder: Holder) {
+        let words: &[AtomicU64] = &self.words;
+        let flag = holder.flag() | 1;
+        for &id in ids {
+            let word = &words[id.index()];
+            // Relaxed (both): the block is exclusively ours after the
+            // Acquire take (a free block holds no key and no claim, so no
+            // CAS of another thread can succeed on it); a plain store is
+            // cheaper than a read-modify-write.
+            let state = word.load(Ordering::Relaxed);
+            debug_assert_eq!(count_of(state), 0, "{id} handed out twice");
+            debug_assert_eq!(
+                state & (CACHED | BUSY | SEQUENCE),
+                0,
+                "{id} free but cached"
+            );
+            word.store(state | flag, Ordering::Relaxed);
+        }
     }
 
     /// A block's holders now (as [`count`](Self::count)), and whether
@@ -369,19 +391,15 @@ impl Refs {
     /// otherwise.
     #[inline]
     pub(super) fn drop_sole(&self, id: BlockId) -> bool {
-        let word = &self.words[id.index()];
-        // Acquire: if another holder dropped its reference, its accesses to
-        // the block happen-before our give-back (its drop is a Release
-        // CAS, which this load reads from).
-        let state = word.load(Ordering::Acquire);
-        if state & (SEQUENCE | CACHED | BUSY | COUNT) != SEQUENCE | 1 {
-            return false;
-        }
-        // Relaxed: no other thread reads this word to decide anything
-        // until the block is handed out again, and the give-back that
-        // follows (a Release `fetch_or` on the free list) publishes it.
-        word.store(state & !(SEQUENCE | COUNT), Ordering::Relaxed);
-        true
+        drop_sole_in(&self.words, id)
+    }
+
+    /// [`drop_sole`](Self::drop_sole), as a function that holds the words
+    /// themselves (so that a loop keeps them in registers).
+    #[inline]
+    pub(super) fn sole_dropper(&self) -> impl Fn(BlockId) -> bool + '_ {
+        let words: &[AtomicU64] = &self.words;
+        move |id| drop_sole_in(words, id)
     }
 
     /// What a block whose last reference went from `state` becomes.
