@@ -29,6 +29,7 @@ use crate::id::BlockId;
 /// );
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ReserveError {
     /// Not enough free right now; it may fit once others release.
     ///
@@ -158,6 +159,7 @@ impl std::error::Error for ReserveError {}
 /// assert_eq!(counter.used(), 2);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ReleaseError {
     /// More was released than is in use (an over-release or a double free).
     ExceedsUsed {
@@ -204,6 +206,7 @@ impl std::error::Error for ReleaseError {}
 /// );
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum FreeError {
     /// The id is not a block of this pool.
     OutOfRange {
@@ -364,8 +367,9 @@ pub enum ConfigError {
         max: usize,
     },
     /// The allocator refused the pool's arrays (the heap memory of its
-    /// bookkeeping, about 70 bytes a block; not the KV cache itself, which
-    /// lives on the device). What had been allocated is freed.
+    /// bookkeeping, 8 bytes and a bit a block for the core pool and 66 with the
+    /// prefix cache; not the KV cache itself, which lives on the device).
+    /// What had been allocated is freed.
     OutOfMemory {
         /// The bytes the pool asked for in all
         /// ([`BlockPoolBuilder::memory_bytes`](crate::BlockPoolBuilder::memory_bytes)).

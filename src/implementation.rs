@@ -7,6 +7,8 @@
 //!
 //! # Contents
 //!
+//! * [Layout](#layout): the core pool, its layers, and where each feature
+//!   lives; the allocator under a sequence.
 //! * [The admission counter](#the-admission-counter): the state word and
 //!   its compare-and-swap loops.
 //! * [The free list](#the-free-list): per-shard bitmaps of free block ids.
@@ -27,6 +29,75 @@
 //!   type.
 //! * [Model checking](#model-checking): the atomics facade and the one
 //!   seam for loom's negative controls.
+//!
+//! # Layout
+//!
+//! A feature is local: each lives in one folder or one file.
+//!
+//! ```text
+//! src/
+//!   lib.rs            the crate docs and the public names
+//!   implementation.rs these notes
+//!   allocator.rs      BlockAllocator: the calls a Sequence makes to its pool
+//!   sequence.rs       Sequence<A = BlockPool>: block tables, copy-on-write, forks
+//!   table.rs          the block-table arithmetic Sequence applies
+//!   hash.rs           hash_blocks and BlockHash: the prefix cache's keys
+//!   error.rs          the typed errors; id.rs, BlockId
+//!   counter/          SlotCounter, its guards and its waiting
+//!   wait/             the FIFO wait queue, over any allocator of units
+//!   sync/             the atomics facade, the model checkers' seam
+//!   pool/             BlockPool
+//!     mod.rs          the core pool: construction, queries, allocation, the
+//!                     drop path with its last-reference hook, BlockAllocator
+//!     builder.rs      BlockPoolBuilder: shards, layers, checked and allocated
+//!     admission.rs    per-shard admission counts
+//!     free_list.rs    per-shard bitmaps of free block ids
+//!     refs.rs         the per-block state word; the core's operations on it
+//!     over_free.rs    the over-free check of BlockPool::free
+//!     wait.rs         BlockPool::alloc and alloc_blocking
+//!     fence.rs        the fenced release layer
+//!     prefix/         the prefix cache layer
+//!       mod.rs        its storage and statistics; matching, eviction, reset
+//!       publish.rs    publishing: claim, index entry, rescan, commit
+//!       state.rs      its transitions of the state word
+//!       keys.rs       the keys and the index over them
+//!       lru.rs        the eviction order
+//! ```
+//!
+//! **The core pool** is admission, the free list, a state word per block
+//! (with its reference count) and waiting: 8 bytes and a bit a block (an
+//! 8-byte state word and a bit of the free list's bitmap), plus a few
+//! cache lines per shard. **The prefix cache** is a layer a pool is built with or without
+//! ([`BlockPoolBuilder::prefix_cache`](crate::BlockPoolBuilder::prefix_cache)):
+//! its storage (keys, index, eviction stamps and ring, 58 bytes a block;
+//! statistics' cells) is one boxed struct that a pool without it does not
+//! allocate. The core knows of it at two places only, both off the fast
+//! paths: the drop path's *last-reference hook* (a drop that takes a
+//! `CACHED` block's count to 0 hands the block to the cache, which stamps
+//! it evictable, instead of giving it back to the free list) and an allocation
+//! that finds the free list short (it asks the cache to evict). Without a
+//! cache no block is ever `CACHED`, so the hook never fires and a short
+//! free list only means blocks in transit; the prefix calls return their
+//! "nothing cached" answers. **Fenced release** keeps nothing per block,
+//! only a few lock-guarded maps per pool, and adds nothing to the
+//! allocation paths: every pool has it.
+//!
+//! **The allocator under a sequence.** [`Sequence`](crate::Sequence) holds
+//! an `Arc<A>` of any [`BlockAllocator`](crate::BlockAllocator) and calls
+//! nothing else: an allocation for a new sequence
+//! (`try_alloc_with_headroom`) or for a running one's growth
+//! (`try_alloc_growth`, which does not wait behind queued admissions), its
+//! blocking form, `add_refs` for a fork's shared blocks, `release` for
+//! every give-back, `needs_copy` (one `Acquire` load of the state word in
+//! a `BlockPool`) before writing into a tail that may be shared or cached,
+//! the prefix calls (`match_prefix`, `publish`, `uncache_if_sole`, which
+//! default to caching nothing) and the fence calls (`retire`,
+//! `retire_owned`). Each is one operation of the pool, so a sequence over
+//! a `BlockPool` runs exactly the calls it ran before the trait existed;
+//! `Sequence<BlockPool>` is monomorphised (no dynamic dispatch), and only
+//! its async `reserve` is `BlockPool`'s alone (its future is the pool's
+//! wait-queue entry). The simulator runs its mutex baseline as another
+//! allocator under the same `Sequence`, every call under one lock.
 //!
 //! # The admission counter
 //!
@@ -297,8 +368,13 @@
 //! Each block has a 29-bit count, the low bits of its state word (see
 //! [Prefix cache](#prefix-cache)): 0 while it is free or evictable, its
 //! number of holders while allocated. A fork adds a reference to each
-//! shared block, with a CAS that never raises a count from 0 (and panics
-//! above `2^29 - 1`, as `Arc` aborts); a free or a sequence drops them.
+//! shared block, with a CAS that never raises a count from 0 nor past
+//! `2^29 - 1` (`BlockAllocator::add_refs` stops at such a block and says
+//! how many it added; [`Sequence::try_fork`](crate::Sequence::try_fork)
+//! then panics, as `Arc` aborts on an overflowing count, and the child
+//! gives back what it took); a free or a sequence drops them. A count of
+//! 0 there would mean that a raw `free` took the forking sequence's
+//! reference, which the sequence flag below rules out.
 //!
 //! **The sequence flag.** A block taken for a
 //! [`Sequence`](crate::Sequence) (by its appends and reservations, by an
@@ -365,13 +441,17 @@
 //! device copy can still read it.
 //!
 //! A truncate into a block that was once full sets a hint that the tail
-//! may be shared; only then does an append read the block's count.
+//! may be shared; only then does an append read the block's state
+//! (`needs_copy`: shared, or cached).
 //!
 //! # Prefix cache
 //!
 //! ## The state word
 //!
-//! Each block's `AtomicU64` state word is the single truth about it:
+//! Each block's `AtomicU64` state word (`pool/refs.rs` holds its layout
+//! and the core's operations, `pool/prefix/state.rs` the prefix cache's)
+//! is the single truth about it; in a pool without a prefix cache only the
+//! count is ever set:
 //!
 //! ```text
 //! bits  0..29   reference count (at most 2^29 - 1, as before a panic)
@@ -419,7 +499,7 @@
 //! sequence's block, see [Reference counts](#reference-counts); the claim
 //! does not rely on that, and loom's claim controls let the free ignore
 //! the flag).
-//! Drops, the checks of `free`, `ref_count`, `is_shared` and a fork's added
+//! Drops, the checks of `free`, `ref_count`, `needs_copy` and a fork's added
 //! reference count only the holders' references (the count less the
 //! claim's), so no drop can take the claim's reference; whichever of the
 //! commit (or unclaim) and the holders' drops takes the last reference
@@ -480,7 +560,8 @@
 //! keys alike (`tests/prefix_replay.rs`).
 //!
 //! Bookkeeping per block: 8 (state) + 32 (key) + 20 (index) + 4 (release
-//! stamp) + 2 (eviction candidates) + 4 (free-list link) = 70 bytes.
+//! stamp) + 2 (eviction candidates) + a bit (the free list's bitmap) = 66
+//! bytes.
 //!
 //! ## Publishing
 //!
@@ -762,10 +843,9 @@
 //! one of 8 cache-padded `Mutex<HashMap<u64, Vec<BlockId>>>` (the map
 //! `fence % 8`), and [`BlockPool::complete`](crate::BlockPool::complete)
 //! takes the fence's list out and drops the references through the same
-//! path a sequence's drop takes (`drop_held_refs`: a plain store for a
-//! sole reference to a sequence's block, a CAS for any other, one
-//! `fetch_or` per word given back, the admission count given back after
-//! them). So
+//! path a sequence's drop takes (`release`: a plain store for a sole
+//! reference to a sequence's block, a CAS for any other, one `fetch_or`
+//! per word given back, the admission count given back after them). So
 //! a fenced block stays counted as used until then, and a cached one
 //! becomes evictable only then. A retire moves the sequence's own table in
 //! as the fence's list when the fence has none yet (no allocation), and
@@ -867,9 +947,9 @@
 //!   are `Relaxed`**: the block is exclusively ours, or we already hold a
 //!   reference, and the new reference travels to its holder through
 //!   whatever hands over the sequence (as with `Arc::clone`).
-//! * **`is_shared` is `Acquire`**: if another holder dropped its reference,
-//!   its reads of the block happen-before this sequence decides to write
-//!   into it.
+//! * **`needs_copy` is `Acquire`** (one load: shared, or cached): if
+//!   another holder dropped its reference, its reads of the block
+//!   happen-before this sequence decides to write into it.
 //! * **The checks of `free` and `ref_count` are `Relaxed` loads**: a
 //!   validation read or a snapshot; the drops that follow are what order.
 //!

@@ -1,59 +1,70 @@
-//! Lock-free, all-or-nothing KV-cache slot allocation for multi-threaded LLM
-//! inference workers.
+//! Lock-free, all-or-nothing KV-cache block allocation for multi-threaded
+//! LLM inference workers.
 //!
 //! An inference server keeps every running sequence's keys and values in a
-//! fixed pool of device memory, cut into token slots. A multi-token append
-//! (a prefill chunk, `k` speculative draft tokens) must take **all its slots
-//! or none**: a partial admission leaks slots and stalls the scheduler, an
-//! overcommit overwrites another sequence's cache. `kvslots` keeps that rule
-//! without a lock, so that many worker threads can admit, grow, roll back and
-//! free at once.
+//! fixed pool of device memory, cut into blocks of token slots. A
+//! multi-token append (a prefill chunk, `k` speculative draft tokens, a
+//! fork for parallel sampling) must take **all its blocks or none**: a
+//! partial admission leaks blocks and stalls the scheduler, an overcommit
+//! overwrites another sequence's cache. `kvslots` keeps that rule without a
+//! lock, so that many worker threads can admit, grow, roll back, fork,
+//! cache and free at once.
 //!
 //! # Usage
 //!
-//! * [`admit`]: the admission rule as a pure `const fn`.
-//! * [`SlotCounter`]: the rule applied atomically to a shared used-counter,
-//!   as plain counts ([`SlotCounter::admit`] / [`SlotCounter::release`]) or
-//!   as RAII guards ([`Reservation`], [`OwnedReservation`]) that can be
-//!   split, merged, shrunk (speculative rollback), grown and forgotten.
-//! * [`SlotCounter::close`] stops admission while releases keep working, so
-//!   workers can drain on shutdown.
 //! * [`BlockPool`]: a paged KV cache of `num_blocks` blocks of `block_size`
 //!   slots; [`BlockPool::try_alloc`] takes `n` distinct block ids or none,
 //!   [`BlockPool::free`] drops references, all or nothing (see
-//!   [`FreeError::Raced`] for the one exception). [`BlockPool::builder`]
-//!   builds one with a [`ConfigError`] for a configuration it refuses (a
-//!   zero block size, too many blocks or shards, too little memory) where
-//!   [`BlockPool::new`] panics.
+//!   [`FreeError::Raced`] for the one exception). [`BlockPool::new`] builds
+//!   a pool with every layer; [`BlockPool::builder`] picks its shards and
+//!   layers ([`BlockPoolBuilder::prefix_cache`]: the core pool takes 12
+//!   bytes a block, the prefix cache 58 more) and returns a
+//!   [`ConfigError`] for a configuration it refuses (a zero block size, too
+//!   many blocks or shards, too little memory) where `new` panics.
 //! * [`Sequence`]: one sequence's block table over a shared pool: the
 //!   multi-token append ([`Sequence::try_append`]), whole-prompt reservation
 //!   ([`Sequence::try_reserve`]), the slot mapping kernels take
 //!   ([`Sequence::slot`], [`Sequence::extend_slots`]), rollback
 //!   ([`Sequence::truncate`]) and forks that share full blocks
 //!   ([`Sequence::try_fork`], with the [`BlockCopy`] to make).
-//! * [`Sequence::try_append_cow`]: the append after a truncate into a block
-//!   shared with a fork, returning the copy-on-write to make
+//!   [`Sequence::try_append_cow`] is the append after a truncate into a
+//!   block shared with a fork, returning the copy-on-write to make
 //!   ([`Sequence::try_append`] panics there rather than lose it).
-//! * [`table`]: the block-table arithmetic `Sequence` applies, for block
-//!   tables kept elsewhere.
-//! * Prefix caching: [`hash_blocks`] computes the content keys
-//!   ([`BlockHash`]) of a prompt's full blocks, and [`hash_blocks_with`]
-//!   also folds in tagged extra keys ([`ExtraKey`]: LoRA adapters, cache
-//!   salts, multimodal inputs) per block;
+//! * [`BlockAllocator`]: what a sequence needs from its pool, as a trait:
+//!   `Sequence<A = BlockPool>` runs over any allocator (the simulator's
+//!   mutex baseline is one), a trait object included.
+//! * Prefix caching (a pool built with it): [`hash_blocks`] computes the
+//!   content keys ([`BlockHash`]) of a prompt's full blocks, and
+//!   [`hash_blocks_with`] also folds in tagged extra keys ([`ExtraKey`]:
+//!   LoRA adapters, cache salts, multimodal inputs) per block;
 //!   [`Sequence::publish`] caches a sequence's full blocks under them, and
 //!   [`Sequence::try_match_prefix`] takes the cached blocks of the longest
 //!   matching prefix into a new sequence. Unreferenced cached blocks count
 //!   as free and are evicted least recently released first;
 //!   [`BlockPool::prefix_stats`] reports hits and evictions.
-//! * Waiting instead of retrying: [`SlotCounter::reserve`],
-//!   [`SlotCounter::reserve_owned`], [`BlockPool::alloc`] and
-//!   [`Sequence::reserve`] are futures, and each has a `*_blocking` form
-//!   for thread-based workers (see [Waiting](#waiting)).
 //! * Fenced release, for asynchronous scheduling: [`Sequence::retire`] and
 //!   [`Sequence::truncate_fenced`] keep the blocks a device step may still
 //!   read in use until [`BlockPool::complete`] declares the step's fence
 //!   done (fences complete in any order);
 //!   [`BlockPool::pending_release_blocks`] counts them.
+//! * Waiting instead of retrying: [`BlockPool::alloc`],
+//!   [`Sequence::reserve`], [`SlotCounter::reserve`] and
+//!   [`SlotCounter::reserve_owned`] are futures, and each has a
+//!   `*_blocking` form for thread-based workers (see [Waiting](#waiting)).
+//! * [`SlotCounter`]: the admission rule applied atomically to a shared
+//!   count of token slots, as plain counts ([`SlotCounter::admit`] /
+//!   [`SlotCounter::release`]) or as RAII guards ([`Reservation`],
+//!   [`OwnedReservation`]) that can be split, merged, shrunk (speculative
+//!   rollback), grown and forgotten; [`admit`] is the rule as a pure
+//!   `const fn`.
+//! * `close` ([`BlockPool::close`], [`SlotCounter::close`]) stops
+//!   admission while releases keep working, so workers can drain on
+//!   shutdown.
+//! * [`table`]: the block-table arithmetic `Sequence` applies, for block
+//!   tables kept elsewhere.
+//!
+//! Every refusal is a typed error (the error enums are `#[non_exhaustive]`)
+//! and changes nothing.
 //!
 //! # Examples
 //!
@@ -142,25 +153,44 @@
 //! assert_eq!(worker.join().unwrap(), Ok(6));
 //! ```
 //!
-//! # Safety and Correctness
+//! # Correctness
 //!
 //! `kvslots` is `#![forbid(unsafe_code)]`. Its atomics go through one facade
 //! module, so the same code runs under [loom] (`--cfg kvslots_loom`), which
 //! explores every interleaving of two-thread models and of three-thread
-//! models up to a preemption bound (`LOOM_MAX_PREEMPTIONS`, 2 in CI), at
-//! capacities 1 to 5, and checks that no admission is partial, that `used <= capacity` at
-//! every step, and that everything is given back once every guard is gone.
-//! Every model has a negative control: the two known wrong ways to admit
-//! (token by token, and against total capacity) and the check-then-add race
-//! are written against the same facade, and loom must catch each of them.
-//! The block pool's models do the same for allocation, frees, shards,
-//! reference counts and sequences, with a negative control per injected
-//! fault (a free list that takes without a read-modify-write, `Relaxed`
-//! frees, a raw free that takes a sequence's reference, and others).
-//! Rayon stress tests drive millions of mixed operations on many threads
-//! while an observer samples the invariant, and the same facade runs the
-//! shuttle schedules (`--cfg kvslots_shuttle`) on 8 threads. See the README
-//! for the commands.
+//! models up to a preemption bound (`LOOM_MAX_PREEMPTIONS`, 2 in CI), and
+//! under [shuttle] (`--cfg kvslots_shuttle`), which runs randomised and PCT
+//! schedules of 8 threads. Every loom model has a negative control: a known
+//! wrong way (admitting token by token, a free list that takes without a
+//! read-modify-write, `Relaxed` frees, a raw free that takes a sequence's
+//! reference, a publish without its release, and others) injected
+//! into the same code, which loom must catch. Rayon stress tests drive
+//! millions of mixed operations on many threads while an observer samples
+//! the invariants, a linearizability checker replays recorded histories,
+//! property tests compare against sequential models, and the census runs
+//! every public function with bad input. The README lists the commands.
+//!
+//! | guarantee | verified by |
+//! |---|---|
+//! | a request is admitted whole or not at all | seed fixtures; loom models of every operation pair; stress; linearizability checker; shuttle |
+//! | `used <= capacity` at every instant, under any interleaving | loom shadow counters; stress observers sampling during the run; shuttle |
+//! | check and add are one atomic step | loom negative control: check-then-add must be caught |
+//! | close is linearizable with admission | loom close-vs-admit; linearizability checker |
+//! | no block has two owners; nothing leaks | loom ownership arrays and conservation; stress ownership array; shuttle; property tests against a sequential model |
+//! | a request spanning several free-list shards is still all or nothing; a freed block goes back to the shard that owns it | loom models on two shards; stress, property tests and shuttle over sharded pools |
+//! | a pool admits through per-shard free counts: all or nothing across shards; a `BlockPool` `Full` is exact single-threaded and, under concurrency, justified (at some instant of the call, the free blocks outside other running calls, which may hold blocks in transit between shards, were fewer than requested); `free_blocks()`/`used_blocks()` are sums, exact when no call runs; `peak_used_blocks()` exact single-threaded, an estimate otherwise | loom fast-path and gather-vs-gather models (controls: a plain-store take, a refused gather that keeps what it took); a unit test that moves counts behind a gather's scan (it fails if a gather refuses without its version check); linearizability checker with the relaxed `Full` (an unjustified refusal must be caught); shuttle and stress over sharded pools |
+//! | what a slot holder wrote happens-before the next holder's admission | loom hand-off models (guard drop and `release`); `Relaxed` admission and give-back controls must be caught |
+//! | a freed block's contents happen-before its next owner | loom `UnsafeCell` witness; a `Relaxed` free control must be caught |
+//! | the free list hands a free block to one taker: one CAS takes up to 64 blocks from a bitmap word (no ABA: a word's value names exactly its free blocks) | loom controls whose take is a load and a plain store must be caught, on one shard and across two; a real-thread storm of small takes |
+//! | a double free racing any give-back (a raw `free`, a sequence's drop, truncate or `shrink_to_fit`, a copy-on-write source, a fork, a publish) gives no block back twice, gives the used count back once per block, and leaves no key on a block that an allocation hands out; a raw `free` refuses a block that sequences hold (`FreeError::HeldBySequence`, nothing changed), in its checks and in its CAS, so a sequence gives a block it holds alone back with a plain store | loom models, with controls for a raw free that ignores the sequence flag (racing a sequence's plain drop, and a stale free of a block a sequence took since), an unchecked fork and a publisher's claim without its own reference that must be caught; real-thread races (a stale double free racing a sequence that retakes the blocks) and random misuse rounds |
+//! | bad input is a typed error and changes nothing (one exception: a double free caught racing another holder's free is `FreeError::Raced`, and the call's other references are dropped) | the census (`tests/census.rs`): every public function with 0, 1, `usize::MAX`, out-of-range, duplicated and foreign ids and after `close`, each row's typed error and unchanged state; a pool too large for memory under an address-space limit; the racing case by a loom model and the linearizability checker; the simulator's flags and trace malformations in `sim/tests/census.rs` |
+//! | a block retired under a fence is not handed out before the fence completes, in any completion order | unit tests; a real-thread stress; loom retire and fenced-truncate vs complete vs alloc, with an early-release control that must be caught; `kvslots-sim --async-depth` and its `early-release` fault |
+//! | a match returns only blocks whose key is the one asked for, and what the publisher wrote before `publish` happens-before the matcher's use; a held block is never evicted; a cached block is never written while its key can match | loom models (match vs evicting append, two revivals, release vs match, reset vs match, a match's revivals admitted ahead vs an evicting append, an `UnsafeCell` witness) with controls for a revival without the generation check, a `Relaxed` publish, eviction of a referenced block and a match that keeps what it admitted ahead and did not use; rayon and real-thread stress with per-block content stamps; linearizability checker and property tests against a sequential cache |
+//! | a key is on at most one block (first wins), and a publish that returns without caching its key saw a block holding it: a rival it deferred to commits or looks again | loom models of two and three publishes of one key and of a rival's block reclaimed under another key (controls: a publisher that does not kill a rival, a claim that gives up on a deferral, a claim that rivals can see before its key is written); shuttle PCT and real-thread races of three publishes |
+//! | no heap allocation on the hot paths | a counting global allocator |
+//! | a layer not chosen takes no memory (8 bytes and a bit a block for the core pool, 58 more for the prefix cache); on a pool without the prefix cache its calls cache nothing and change nothing; a core pool behaves as a full one in everything else | a counting global allocator (`tests/footprint.rs`); `tests/layers.rs`: each prefix call's result and the unchanged state, random scripts with the same outcomes on both kinds of pool |
+//! | a `Sequence` keeps its rules over any `BlockAllocator` | `tests/allocator.rs` (a third allocator, with the trait's default prefix calls, and trait objects); the simulator runs its mutex baseline as a `MutexPool` under the same `Sequence`, checked by its oracle, with parity of results on random scripts (`sim/tests/parity.rs`) |
+//! | waiters are served whole, in arrival order, with or without headroom, with no lost wake-up; a new caller (waiting or `try_*`) never passes a queued waiter, and a `try_*` refused for the waiters says so (`BehindWaiters`); cancellation and timeouts hand on what was granted; a waker that panics loses no block; `close` wakes every waiter | unit tests (`tests/wait.rs`: a relay of small admissions against a head with headroom, on real threads, bounded by rounds; a later waiter behind a headroom head; wakers that panic); loom models with controls for a lost wake-up (a waiter that does not try again once queued; a waiter without its hand-shake), a cancelled grant kept, a cancelled head that re-checks no one, a silent close; pool waiting over shards (loom: a release on another shard than the waiter's, a waiter against a gather holding blocks in transit, a running sequence's growth past a queued head, a headroom head against a relay of small admissions, a waker that panics against two releases; controls: no hand-shake, no retry once queued, a gather that gives blocks back without re-checking the waiters, growth that waits behind the head, a queue that owes admissions only its head's request, a head woken before its grant is counted); shuttle FIFO, head-starvation and random-cancellation models; a tokio stress test |
 //!
 //! # Performance
 //!
@@ -168,30 +198,36 @@
 //! exponential backoff on contention; giving back a guard is one
 //! `fetch_sub`, then a fence and one load to see whether anyone waits. No
 //! lock is taken and nothing is allocated on these paths.
-//! A block allocation is that admission plus one CAS on the calling
-//! thread's home shard of the free list, whatever the pool size.
+//! A block allocation is that admission plus one CAS on a bitmap word of
+//! the calling thread's home shard of the free list (for up to 64 blocks),
+//! whatever the pool size.
 //! `benches/contention.rs` measures admission against `std::sync::Mutex`,
 //! `parking_lot::Mutex`, `tokio::sync::Semaphore` and a bare
 //! `fetch_add`/`fetch_sub` pair, and `benches/pool.rs` the block pool
 //! against mutex-guarded free lists; `BENCHMARKS.md` has the figures, with
-//! when a lock is cheaper.
+//! when a lock is cheaper. The layers cost nothing on these paths: the
+//! core pool consults the prefix cache only when a cached block's last
+//! reference goes and when the free list runs short, and a pool without
+//! one never does.
 //!
 //! # Implementation
 //!
-//! The [`implementation`] module describes the state word and its CAS
-//! loops, the free list (per-shard bitmaps) and its shards, reference
-//! counts, sequences and copy-on-write, and the memory orderings of each
-//! type.
+//! The [`implementation`] module describes the module layout (the core
+//! pool and its layers), the admission words and their CAS loops, the free
+//! list (per-shard bitmaps) and its shards, reference counts,
+//! sequences and copy-on-write, the prefix cache, waiting, fenced release,
+//! and the memory orderings of each type.
 //!
 //! [loom]: https://docs.rs/loom
+//! [shuttle]: https://docs.rs/shuttle
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod allocator;
 mod array;
 mod counter;
 mod error;
-mod free_list;
 mod hash;
 mod id;
 pub mod implementation;
@@ -201,6 +237,7 @@ mod sync;
 pub mod table;
 mod wait;
 
+pub use allocator::BlockAllocator;
 pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::wait::{Reserve, ReserveOwned};
 pub use counter::SlotCounter;

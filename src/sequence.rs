@@ -1,13 +1,15 @@
 //! [`Sequence`]: one sequence's block table over a shared
-//! [`BlockPool`], mapping its token positions to flat KV-cache slots.
-//! Forks share full blocks; an append into a shared partly filled tail
-//! copies it on write (see [`crate::implementation`], "Sequences").
+//! [`BlockPool`] (or any [`BlockAllocator`]), mapping its token positions to
+//! flat KV-cache slots. Forks share full blocks; an append into a shared
+//! partly filled tail copies it on write (see [`crate::implementation`],
+//! "Sequences").
 
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::allocator::BlockAllocator;
 use crate::error::{PositionError, ReserveError};
 use crate::hash::BlockHash;
 use crate::id::BlockId;
@@ -62,14 +64,22 @@ pub struct BlockCopy {
 /// assert_eq!(pool.free_blocks(), 8);
 /// ```
 ///
+/// # Allocators
+///
+/// `Sequence` is `Sequence<A = BlockPool>`: its blocks come from a
+/// [`BlockPool`] unless another [`BlockAllocator`] is named. Every method
+/// works over any allocator, except the async [`reserve`](Self::reserve),
+/// which waits in the `BlockPool`'s queue (over another allocator, wait
+/// with [`reserve_blocking`](Self::reserve_blocking)).
+///
 /// # Memory ordering
 ///
 /// A sequence is a plain `Send` value, used by one thread at a time; its
 /// blocks follow the pool's rule (see [`BlockPool`]): what a sequence's
 /// thread did with a block before the sequence gave it back happens-before
 /// the block's next owner gets it.
-pub struct Sequence {
-    pool: Arc<BlockPool>,
+pub struct Sequence<A: BlockAllocator + ?Sized = BlockPool> {
+    pool: Arc<A>,
     blocks: Vec<BlockId>,
     len: usize,
     /// The block a copy-on-write replaced: its reference is kept until the
@@ -84,7 +94,7 @@ pub struct Sequence {
     tail_may_be_shared: bool,
 }
 
-impl Sequence {
+impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// An empty sequence over `pool`.
     ///
     /// # Examples
@@ -94,7 +104,7 @@ impl Sequence {
     /// let seq = kvslots::Sequence::new(Arc::new(kvslots::BlockPool::new(8, 16)));
     /// assert!(seq.is_empty());
     /// ```
-    pub fn new(pool: Arc<BlockPool>) -> Sequence {
+    pub fn new(pool: Arc<A>) -> Sequence<A> {
         Sequence::with_capacity(pool, 0)
     }
 
@@ -110,7 +120,7 @@ impl Sequence {
     /// let seq = kvslots::Sequence::with_capacity(pool, 100);
     /// assert!(seq.is_empty());
     /// ```
-    pub fn with_capacity(pool: Arc<BlockPool>, tokens: usize) -> Sequence {
+    pub fn with_capacity(pool: Arc<A>, tokens: usize) -> Sequence<A> {
         // A table never holds more entries than the pool has blocks; one
         // spare entry lets a copy-on-write append pass its new block through
         // the table without reallocating.
@@ -177,7 +187,7 @@ impl Sequence {
     /// let seq = kvslots::Sequence::new(Arc::clone(&pool));
     /// assert!(Arc::ptr_eq(seq.pool(), &pool));
     /// ```
-    pub fn pool(&self) -> &Arc<BlockPool> {
+    pub fn pool(&self) -> &Arc<A> {
         &self.pool
     }
 
@@ -300,7 +310,8 @@ impl Sequence {
             // A sequence that holds blocks is running: its growth does not
             // wait behind queued admissions; an empty one is a new admission.
             if self.blocks.is_empty() {
-                self.pool.try_alloc_sequence(total, 0, &mut self.blocks)?;
+                self.pool
+                    .try_alloc_with_headroom(total, 0, &mut self.blocks)?;
             } else {
                 self.pool.try_alloc_growth(total, &mut self.blocks)?;
             }
@@ -384,53 +395,7 @@ impl Sequence {
         }
         self.never_fits_beside_own(missing, missing, headroom)?;
         self.pool
-            .try_alloc_sequence(missing, headroom, &mut self.blocks)
-    }
-
-    /// [`try_reserve`](Self::try_reserve), waiting: a future that resolves
-    /// once the missing blocks for `tokens` more tokens are taken, whole,
-    /// with `headroom` blocks still free besides. This is how an async
-    /// scheduler admits a whole prompt.
-    ///
-    /// It waits in the pool's queue in arrival order (see
-    /// [`BlockPool::alloc`], whose future it returns, for the queue and
-    /// cancellation). The grant waits until `missing + headroom` blocks are
-    /// free and takes only `missing`: the `headroom` stays free for running
-    /// sequences' growth ([`try_append`](Self::try_append) and the other
-    /// `try_*` calls), which may use it while this waiter is at the head of
-    /// the queue (see the [design notes](crate::implementation#waiting)).
-    /// A sequence that needs no new block resolves at once.
-    ///
-    /// # Errors
-    ///
-    /// `NeverFits` (at once) if `missing + headroom` can never fit beside
-    /// the blocks this sequence holds (more than `num_blocks()` less
-    /// those, the error's capacity), `Closed`; on error, and when the
-    /// future is dropped before it resolves, the sequence is unchanged.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use std::sync::Arc;
-    /// use kvslots::{BlockPool, Sequence};
-    ///
-    /// let pool = Arc::new(BlockPool::new(8, 16));
-    /// let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    /// let mut seq = Sequence::new(Arc::clone(&pool));
-    /// runtime.block_on(seq.reserve(40, 2)).unwrap(); // 3 blocks, 2 left free
-    /// assert_eq!((seq.capacity(), pool.used_blocks()), (48, 3));
-    /// ```
-    pub fn reserve(&mut self, tokens: usize, headroom: usize) -> Alloc<'_> {
-        let missing = self.missing_for(tokens);
-        let fits = self.never_fits_beside_own(missing, missing, headroom);
-        let pool = &*self.pool;
-        if missing == 0 {
-            return pool.alloc_nothing(&mut self.blocks);
-        }
-        if let Err(err) = fits {
-            return pool.alloc_refused(err, &mut self.blocks);
-        }
-        pool.alloc_with_headroom(missing, headroom, &mut self.blocks, Holder::Sequence)
+            .try_alloc_with_headroom(missing, headroom, &mut self.blocks)
     }
 
     /// [`try_reserve`](Self::try_reserve), sleeping in the pool's queue
@@ -474,13 +439,8 @@ impl Sequence {
             return Ok(());
         }
         self.never_fits_beside_own(missing, missing, headroom)?;
-        self.pool.alloc_with_headroom_blocking(
-            missing,
-            headroom,
-            &mut self.blocks,
-            timeout,
-            Holder::Sequence,
-        )
+        self.pool
+            .alloc_with_headroom_blocking(missing, headroom, &mut self.blocks, timeout)
     }
 
     /// `NeverFits` for a call that asks for `asked` blocks, of which
@@ -573,7 +533,7 @@ impl Sequence {
             return false;
         }
         let tail = self.blocks[self.len / bs];
-        self.pool.is_shared(tail) || self.pool.is_cached(tail)
+        self.pool.needs_copy(tail)
     }
 
     /// Takes the longest prefix of `hashes` whose blocks are cached in the
@@ -683,11 +643,7 @@ impl Sequence {
     /// ```
     pub fn publish(&mut self, hashes: &[BlockHash]) -> usize {
         let full = (self.len / self.pool.block_size()).min(hashes.len());
-        self.blocks[..full]
-            .iter()
-            .zip(hashes)
-            .filter(|&(&id, key)| self.pool.publish_block(id, key))
-            .count()
+        self.pool.publish(&self.blocks[..full], &hashes[..full])
     }
 
     /// How many tokens the blocks in the table can hold:
@@ -856,8 +812,8 @@ impl Sequence {
                 self.give_back(keep);
             }
             Some(fence) => {
-                let cow = self.retired.take();
-                self.pool.retire_slice(fence, &self.blocks[keep..], cow);
+                self.pool.retire(fence, &self.blocks[keep..]);
+                self.retire_copy_source(fence);
                 self.blocks.truncate(keep);
             }
         }
@@ -872,7 +828,7 @@ impl Sequence {
         // append needs no copy). Shared, it keeps its key, and the next
         // append copies it.
         if self.tail_may_be_shared {
-            self.pool.uncache_sole(self.blocks[len / bs]);
+            self.pool.uncache_if_sole(self.blocks[len / bs]);
         }
         freed
     }
@@ -907,8 +863,10 @@ impl Sequence {
     /// assert_eq!(seq.retire_copy_source(7), 0);
     /// ```
     pub fn retire_copy_source(&mut self, fence: u64) -> usize {
-        let cow = self.retired.take();
-        self.pool.retire_slice(fence, &[], cow)
+        match self.retired.take() {
+            Some(id) => self.pool.retire(fence, &[id]),
+            None => 0,
+        }
     }
 
     /// Gives the sequence up while a device step may still read its blocks
@@ -944,10 +902,12 @@ impl Sequence {
     /// ```
     pub fn retire(mut self, fence: u64) -> usize {
         let blocks = std::mem::take(&mut self.blocks);
-        let cow = self.retired.take();
         self.len = 0;
-        // `self` now holds nothing, and its drop gives back nothing.
-        self.pool.retire_owned(fence, blocks, cow)
+        // The table first, then the copy-on-write's source, as
+        // `truncate_fenced` lists them; `self` then holds nothing, and its
+        // drop gives back nothing.
+        let n = self.pool.retire_owned(fence, blocks);
+        n + self.retire_copy_source(fence)
     }
 
     /// Gives back the reserved blocks that hold no token (those beyond
@@ -985,9 +945,10 @@ impl Sequence {
     ///
     /// # Panics
     ///
-    /// Panics if a shared block would get more than `2^29 - 1`
-    /// references (as `Arc` aborts on overflow), or if a block to share has
-    /// no reference left because a raw [`BlockPool::free`] took this
+    /// Panics if a block to share cannot take another reference
+    /// ([`BlockAllocator::add_refs`]): in a [`BlockPool`], if it would get
+    /// more than `2^29 - 1` references (as `Arc` aborts on overflow), or if
+    /// it has no reference left because a raw [`BlockPool::free`] took this
     /// sequence's (a double free: the block may be in the free list, and
     /// sharing it would hand it to two owners). Nothing leaks then: the
     /// child gives back what it took.
@@ -1012,7 +973,7 @@ impl Sequence {
     /// assert_eq!(child.blocks(), parent.blocks());
     /// assert_eq!(pool.used_blocks(), 2);
     /// ```
-    pub fn try_fork(&self) -> Result<(Sequence, Option<BlockCopy>), ReserveError> {
+    pub fn try_fork(&self) -> Result<(Sequence<A>, Option<BlockCopy>), ReserveError> {
         let bs = self.pool.block_size();
         let full = self.len / bs;
         let tail = self.len % bs;
@@ -1023,12 +984,18 @@ impl Sequence {
             self.never_fits_beside_own(1, 1, 0)?;
             self.pool.try_alloc_growth(1, &mut child.blocks)?;
         }
-        // Share the full blocks; the child owns each reference (and the
-        // private block) as soon as it is taken, so a panic here leaks
-        // nothing: dropping the child gives them back.
-        for &id in &self.blocks[..full] {
-            self.pool.add_ref(id);
-            child.blocks.push(id);
+        // Share the full blocks. The child owns the references added (and
+        // the private block), so the panic below leaks nothing: dropping
+        // the child gives them back.
+        let shared = &self.blocks[..full];
+        let added = self.pool.add_refs(shared);
+        child.blocks.extend_from_slice(&shared[..added]);
+        if let Some(&id) = shared.get(added) {
+            panic!(
+                "{id} cannot take another reference: its count is at its maximum, or it has \
+                 no reference left because BlockPool::free took this sequence's reference \
+                 (a double free)"
+            );
         }
         let copy = child
             .blocks
@@ -1051,11 +1018,11 @@ impl Sequence {
 
     /// Gives back the references of `blocks[keep..]`.
     fn give_back(&mut self, keep: usize) {
-        // `Err(Raced)` only if a raw `BlockPool::free` of one of these blocks
-        // (a double free, which is misuse) dropped this sequence's reference
-        // first: that block was pushed once, by the free, and every other
-        // reference here is dropped all the same.
-        let _ = self.pool.drop_held_refs(&self.blocks[keep..]);
+        // A reference that a raw `BlockPool::free` of the same block (a
+        // double free, which is misuse) dropped first is skipped: that block
+        // was given back once, by the free, and every other reference here
+        // is dropped all the same.
+        self.pool.release(&self.blocks[keep..]);
         self.blocks.truncate(keep);
     }
 
@@ -1065,20 +1032,68 @@ impl Sequence {
     /// freed.
     fn release_retired(&mut self) {
         if let Some(id) = self.retired.take() {
-            // As in `give_back`: `Err` only after a racing double free.
-            let _ = self.pool.drop_held_refs(&[id]);
+            self.pool.release(&[id]);
         }
     }
 }
 
-impl Drop for Sequence {
+/// Waiting in the pool's queue, which only a [`BlockPool`] has.
+impl Sequence<BlockPool> {
+    /// [`try_reserve`](Self::try_reserve), waiting: a future that resolves
+    /// once the missing blocks for `tokens` more tokens are taken, whole,
+    /// with `headroom` blocks still free besides. This is how an async
+    /// scheduler admits a whole prompt.
+    ///
+    /// It waits in the pool's queue in arrival order (see
+    /// [`BlockPool::alloc`], whose future it returns, for the queue and
+    /// cancellation). The grant waits until `missing + headroom` blocks are
+    /// free and takes only `missing`: the `headroom` stays free for running
+    /// sequences' growth ([`try_append`](Self::try_append) and the other
+    /// `try_*` calls), which may use it while this waiter is at the head of
+    /// the queue (see the [design notes](crate::implementation#waiting)).
+    /// A sequence that needs no new block resolves at once.
+    ///
+    /// # Errors
+    ///
+    /// `NeverFits` (at once) if `missing + headroom` can never fit beside
+    /// the blocks this sequence holds (more than `num_blocks()` less
+    /// those, the error's capacity), `Closed`; on error, and when the
+    /// future is dropped before it resolves, the sequence is unchanged.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{BlockPool, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::new(8, 16));
+    /// let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let mut seq = Sequence::new(Arc::clone(&pool));
+    /// runtime.block_on(seq.reserve(40, 2)).unwrap(); // 3 blocks, 2 left free
+    /// assert_eq!((seq.capacity(), pool.used_blocks()), (48, 3));
+    /// ```
+    pub fn reserve(&mut self, tokens: usize, headroom: usize) -> Alloc<'_> {
+        let missing = self.missing_for(tokens);
+        let fits = self.never_fits_beside_own(missing, missing, headroom);
+        let pool = &*self.pool;
+        if missing == 0 {
+            return pool.alloc_nothing(&mut self.blocks);
+        }
+        if let Err(err) = fits {
+            return pool.alloc_refused(err, &mut self.blocks);
+        }
+        pool.alloc_with_headroom(missing, headroom, &mut self.blocks, Holder::Sequence)
+    }
+}
+
+impl<A: BlockAllocator + ?Sized> Drop for Sequence<A> {
     fn drop(&mut self) {
         self.release_retired();
         self.give_back(0);
     }
 }
 
-impl fmt::Debug for Sequence {
+impl<A: BlockAllocator + ?Sized> fmt::Debug for Sequence<A> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Sequence")
             .field("len", &self.len)

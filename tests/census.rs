@@ -31,8 +31,8 @@ use common::{
     assert_pool_whole, counter_snap, pool_snap, seq_snap, CounterSnap, PoolSnap, SeqSnap,
 };
 use kvslots::{
-    admit, hash_blocks, table, BlockHash, BlockId, BlockPool, ConfigError, FreeError,
-    OwnedReservation, PositionError, PrefixStats, ReleaseError, ReserveError, Sequence,
+    admit, hash_blocks, table, BlockAllocator, BlockHash, BlockId, BlockPool, ConfigError,
+    FreeError, OwnedReservation, PositionError, PrefixStats, ReleaseError, ReserveError, Sequence,
     SlotCounter,
 };
 
@@ -544,6 +544,40 @@ fn pool_rows() -> Vec<Row> {
         "BlockPool::complete: closed", close, |w| value(w.pool.complete(0)) => value(0usize);
         "BlockPool::close: twice", close, |w| value(w.pool.close()) => value(());
         "BlockId::new: u32::MAX", none, |_w| value(id(u32::MAX).index()) => value(u32::MAX as usize);
+        "BlockPoolBuilder::prefix_cache(false): a publish caches nothing, a match misses", none,
+            |w| {
+                let core = Arc::new(BlockPool::builder(BLOCKS, BS).build().unwrap());
+                let mut s = Sequence::new(Arc::clone(&core));
+                s.try_append(2 * BS).unwrap();
+                let published = s.publish(&w.kc);
+                let matched = Sequence::new(Arc::clone(&core)).try_match_prefix(&w.kc);
+                value((published, matched, core.cached_blocks(), core.prefix_stats()))
+            } => value((0usize, 0usize, 0usize, PrefixStats::default()));
+        "BlockPoolBuilder::prefix_cache(false): a reset drops nothing", none,
+            |_w| value(BlockPool::builder(BLOCKS, BS).build().unwrap().reset_prefix_cache()) => value(0usize);
+        "BlockAllocator::add_refs: nothing", none, |w| value(w.pool.add_refs(&[])) => value(0usize);
+        "BlockAllocator::add_refs: a free block", none,
+            |w| { let f = free_block(w); value(w.pool.add_refs(&[f])) } => value(0usize);
+        "BlockAllocator::add_refs: a held block, then one out of range", none,
+            |w| value(w.pool.add_refs(&[w.c.blocks()[0], id(BLOCKS as u32)])) => panics("block 8 is out of range");
+        "BlockAllocator::release: a free block (no reference to drop)", none,
+            |w| { let f = free_block(w); value(w.pool.release(&[f])) } => value(());
+        "BlockAllocator::release: a held block, then id u32::MAX", none,
+            |w| value(w.pool.release(&[w.c.blocks()[0], id(u32::MAX)])) => panics("out of range for a pool of 8 blocks");
+        "BlockAllocator::needs_copy: id num_blocks", none,
+            |w| value(w.pool.needs_copy(id(BLOCKS as u32))) => panics("block 8 is out of range");
+        "BlockAllocator::uncache_if_sole: id u32::MAX", none,
+            |w| value(w.pool.uncache_if_sole(id(u32::MAX))) => panics("out of range");
+        "BlockAllocator::publish: nothing", none, |w| value(w.pool.publish(&[], &w.kc)) => value(0usize);
+        "BlockAllocator::publish: an id out of range", none,
+            |w| value(w.pool.publish(&[id(BLOCKS as u32)], &w.kc)) => panics("block 8 is out of range");
+        "BlockAllocator::match_prefix: no key", none,
+            |w| value(w.pool.match_prefix(&[], &mut w.out)) => value(0usize);
+        "BlockAllocator::retire: nothing", none, |w| value(w.pool.retire(1, &[])) => value(0usize);
+        "BlockAllocator::retire: an id out of range", none,
+            |w| value(w.pool.retire(1, &[id(BLOCKS as u32)])) => panics("block 8 is out of range");
+        "BlockAllocator::retire_owned: id u32::MAX", none,
+            |w| value(w.pool.retire_owned(1, vec![id(u32::MAX)])) => panics("out of range");
     ]
 }
 
@@ -961,11 +995,13 @@ fn oom_child() {
             Err(ConfigError::OutOfMemory { bytes })
         );
     };
-    // The documented maximum: about 275 GB of bookkeeping.
+    // The documented maximum: about 51 GB of bookkeeping for the core
+    // pool, 275 GB with the prefix cache.
     oom(BlockPool::builder(BlockPool::MAX_BLOCKS, 1));
-    // 100M blocks: room for the keys (3.2 GB) is granted under the limit,
-    // for the rest not; the keys' room is freed.
-    oom(BlockPool::builder(100_000_000, 16));
+    oom(BlockPool::builder(BlockPool::MAX_BLOCKS, 1).prefix_cache(true));
+    // 100M blocks with the prefix cache: room for the keys (3.2 GB) is
+    // granted under the limit, for the rest not; the keys' room is freed.
+    oom(BlockPool::builder(100_000_000, 16).prefix_cache(true));
     IN_ROW.with(|f| f.set(true));
     let new = catch_unwind(|| BlockPool::new(BlockPool::MAX_BLOCKS, 1).num_blocks());
     IN_ROW.with(|f| f.set(false));

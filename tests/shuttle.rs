@@ -225,6 +225,7 @@ fn assert_refusal(err: ReserveError, needed: usize, capacity: usize, mine: usize
             panic!("{}: {err:?}, but nobody waits", msg::IMPOSSIBLE)
         }
         ReserveError::Closed => panic!("{}: Closed, but nobody closed", msg::IMPOSSIBLE),
+        other => panic!("{}: unexpected {other:?}", msg::IMPOSSIBLE),
     }
 }
 
@@ -685,6 +686,7 @@ impl Tracked {
                     | ReserveError::BehindWaiters { requested, .. }
                     | ReserveError::NeverFits { requested, .. } => requested,
                     ReserveError::Closed => new_blocks,
+                    other => panic!("an error this test does not know: {other:?}"),
                 };
                 assert!(
                     requested == new_blocks

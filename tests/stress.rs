@@ -417,6 +417,7 @@ impl<'a> Worker<'a> {
                 assert!(self.counter().is_closed());
                 self.stats.refused_closed += 1;
             }
+            other => panic!("an error this test does not know: {other:?}"),
         }
     }
 
@@ -500,6 +501,7 @@ impl<'a> Worker<'a> {
                     assert!(used <= self.capacity);
                 }
                 Ok(()) => panic!("released usize::MAX slots"),
+                Err(other) => panic!("an error this test does not know: {other:?}"),
             },
         }
     }
@@ -1069,6 +1071,7 @@ fn alloc_owned(
                 }
                 ReserveError::BehindWaiters { .. } => panic!("nobody waits here: {e}"),
                 ReserveError::Closed => panic!("the pool was never closed"),
+                other => panic!("an error this test does not know: {other:?}"),
             }
         }
     }
@@ -1358,6 +1361,7 @@ fn checked_append(seq: &mut Sequence, n: usize, shared: &SeqShared) -> bool {
                 } => assert!(requested <= num_blocks && available < requested, "{e}"),
                 ReserveError::BehindWaiters { .. } => panic!("nobody waits here: {e}"),
                 ReserveError::Closed => panic!("the pool was never closed"),
+                other => panic!("an error this test does not know: {other:?}"),
             }
             Tally::bump(&shared.refused);
             e.is_retryable()

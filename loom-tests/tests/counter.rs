@@ -554,6 +554,7 @@ fn forget_and_release<S: Slots>(capacity: usize, n: usize, others: Vec<isize>) {
                         );
                     }
                     Ok(()) => panic!("over-release of {too_much} accepted"),
+                    Err(other) => panic!("an error this test does not know: {other:?}"),
                 }
                 shadow.exit(kept);
                 slots.release(kept).expect("release of forgotten slots");

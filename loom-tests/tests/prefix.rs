@@ -45,7 +45,7 @@
 //! A key has two index buckets, always two different ones, picked by a
 //! hash keyed by the pool's seed; under loom the seed is fixed, and pools
 //! of 1 to 3 blocks have two buckets. The last three models use
-//! [`X`] and [`Y`], which share their first bucket (`src/pool/keys.rs`
+//! [`X`] and [`Y`], which share their first bucket (`src/pool/prefix/keys.rs`
 //! checks this, in `the_loom_models_keys_share_or_split_their_first_bucket`),
 //! so that with `Y` cached first an entry of `X` goes into `X`'s second
 //! bucket while the publishers of `X` make their read-modify-write in the

@@ -104,6 +104,9 @@ pub(crate) fn reserve_error(py: Python<'_>, err: kvslots::ReserveError) -> PyErr
             &[("requested", requested), ("capacity", capacity)],
         ),
         kvslots::ReserveError::Closed => Ok(Closed::new_err(err.to_string())),
+        // A kind the core added after this binding (the enum is
+        // `#[non_exhaustive]`): the base exception, with the core's message.
+        _ => Ok(ReserveError::new_err(err.to_string())),
     };
     built.unwrap_or_else(|e| e)
 }
@@ -186,6 +189,9 @@ pub(crate) fn from_free_error(py: Python<'_>, err: kvslots::FreeError) -> PyErr 
         kvslots::FreeError::HeldBySequence { id } => (id, FreeKind::HeldBySequence),
         kvslots::FreeError::OverFreed { id } => (id, FreeKind::OverFreed),
         kvslots::FreeError::Raced { id } => (id, FreeKind::Raced),
+        // A kind the core added after this binding (the enum is
+        // `#[non_exhaustive]`): the exception, with the core's message.
+        _ => return FreeError::new_err(err.to_string()),
     };
     let Ok(id) = id.index().into_pyobject(py);
     free_error(py, id.into_any(), kind)

@@ -1,12 +1,16 @@
 //! The allocator interface the engine drives: a pool ([`KvBackend`]) and
-//! its sequences' block tables ([`KvSeq`]), implemented for the real
-//! `kvslots` pool and for the mutex baseline.
+//! its sequences' block tables ([`KvSeq`]).
 //!
-//! The engine is generic over [`KvBackend`] (static dispatch), so both
-//! allocators run exactly the same scheduler code and the comparison
-//! measures the allocators, not the plumbing. Every call into the
-//! library's copy-on-write API is in [`KvSeq::try_append`]'s impl for
-//! `kvslots::Sequence`.
+//! Both allocators are pools under the library's own
+//! [`kvslots::Sequence`]: the lock-free `kvslots::BlockPool` and the mutex
+//! baseline ([`MutexPool`]), each a
+//! [`kvslots::BlockAllocator`] and a [`Pool`] (the counts the engine and
+//! the oracle read). [`Backend<P>`] is the one backend over either, and
+//! `kvslots::Sequence<P>` the one [`KvSeq`]. The engine is generic over
+//! [`KvBackend`] (static dispatch), so both allocators run exactly the same
+//! scheduler code and the same block tables, and the comparison measures
+//! the allocators, not the plumbing. Every call into the library's
+//! copy-on-write API is in [`KvSeq::try_append`]'s impl.
 
 use std::fmt;
 use std::hash::Hash;
@@ -14,9 +18,9 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kvslots::{BlockHash, BlockId, BlockPool, ReserveError, Sequence};
+use kvslots::{BlockAllocator, BlockHash, BlockId, BlockPool, ReserveError, Sequence};
 
-use crate::baseline::{MutexBlockCopy, MutexPool, MutexSeq};
+use crate::baseline::MutexPool;
 
 /// A device copy the caller must make: the first `tokens` slots of block
 /// `src` into block `dst` (a fork's private tail, or a copy-on-write).
@@ -32,16 +36,6 @@ pub struct BlockCopy<Id> {
 
 impl From<kvslots::BlockCopy> for BlockCopy<BlockId> {
     fn from(c: kvslots::BlockCopy) -> Self {
-        BlockCopy {
-            src: c.src,
-            dst: c.dst,
-            tokens: c.tokens,
-        }
-    }
-}
-
-impl From<MutexBlockCopy> for BlockCopy<u32> {
-    fn from(c: MutexBlockCopy) -> Self {
         BlockCopy {
             src: c.src,
             dst: c.dst,
@@ -184,16 +178,110 @@ pub trait KvBackend: Clone + Send + Sync + 'static {
     fn prefix_stats(&self) -> PrefixCounts;
 }
 
-/// The real allocator: one `Arc<kvslots::BlockPool>` and `kvslots::Sequence`.
-#[derive(Debug, Clone)]
-pub struct KvslotsBackend {
-    pool: Arc<BlockPool>,
+/// What the engine and the oracle read of a pool besides what its
+/// sequences call ([`BlockAllocator`]): its name, counts and statistics,
+/// the raw free of a check-only admission, and the fences' completion.
+pub trait Pool: BlockAllocator + Send + Sync + 'static {
+    /// The name shown in reports.
+    const NAME: &'static str;
+    /// A snapshot of the blocks in use.
+    fn used_blocks(&self) -> usize;
+    /// The high-water mark of blocks in use.
+    fn peak_used_blocks(&self) -> usize;
+    /// The references the pool counts on block `id`; `None` past the pool.
+    fn ref_count(&self, id: BlockId) -> Option<usize>;
+    /// Drops one reference per listed id, all or nothing; an error is
+    /// reported as a string.
+    fn free(&self, ids: &[BlockId]) -> Result<(), String>;
+    /// Gives back every reference retired under `fence` so far; returns
+    /// how many.
+    fn complete(&self, fence: u64) -> usize;
+    /// The high-water mark of references retired and not yet given back.
+    fn peak_pending_release_blocks(&self) -> usize;
+    /// Blocks holding a key, referenced or not.
+    fn cached_blocks(&self) -> usize;
+    /// Blocks holding a key that no sequence holds.
+    fn evictable_blocks(&self) -> usize;
+    /// The prefix cache's counts.
+    fn prefix_stats(&self) -> PrefixCounts;
 }
 
-impl KvslotsBackend {
+impl Pool for BlockPool {
+    const NAME: &'static str = "kvslots";
+
+    fn used_blocks(&self) -> usize {
+        BlockPool::used_blocks(self)
+    }
+    fn peak_used_blocks(&self) -> usize {
+        BlockPool::peak_used_blocks(self)
+    }
+    fn ref_count(&self, id: BlockId) -> Option<usize> {
+        BlockPool::ref_count(self, id)
+    }
+    fn free(&self, ids: &[BlockId]) -> Result<(), String> {
+        BlockPool::free(self, ids).map_err(|e| e.to_string())
+    }
+    fn complete(&self, fence: u64) -> usize {
+        BlockPool::complete(self, fence)
+    }
+    fn peak_pending_release_blocks(&self) -> usize {
+        BlockPool::peak_pending_release_blocks(self)
+    }
+    fn cached_blocks(&self) -> usize {
+        BlockPool::cached_blocks(self)
+    }
+    fn evictable_blocks(&self) -> usize {
+        BlockPool::evictable_blocks(self)
+    }
+    fn prefix_stats(&self) -> PrefixCounts {
+        let s = BlockPool::prefix_stats(self);
+        PrefixCounts {
+            queried_blocks: s.queried_blocks,
+            hit_blocks: s.hit_blocks,
+            evictions: s.evictions,
+        }
+    }
+}
+
+/// A shared pool and the library's sequences over it: the engine's
+/// backend for either allocator.
+#[derive(Debug)]
+pub struct Backend<P> {
+    pool: Arc<P>,
+}
+
+impl<P> Clone for Backend<P> {
+    fn clone(&self) -> Self {
+        Backend {
+            pool: Arc::clone(&self.pool),
+        }
+    }
+}
+
+impl<P> Backend<P> {
+    /// A backend over `pool`.
+    pub fn from_pool(pool: P) -> Self {
+        Backend {
+            pool: Arc::new(pool),
+        }
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &Arc<P> {
+        &self.pool
+    }
+}
+
+/// The real allocator: one `Arc<kvslots::BlockPool>` and `kvslots::Sequence`.
+pub type KvslotsBackend = Backend<BlockPool>;
+
+/// The lock-based baseline: a [`MutexPool`] under `kvslots::Sequence`.
+pub type MutexBackend = Backend<MutexPool>;
+
+impl Backend<BlockPool> {
     /// A pool of `num_blocks` blocks of `block_size` tokens.
     pub fn new(num_blocks: usize, block_size: usize) -> Self {
-        KvslotsBackend {
+        Backend {
             pool: Arc::new(BlockPool::new(num_blocks, block_size)),
         }
     }
@@ -201,33 +289,31 @@ impl KvslotsBackend {
     /// A pool of `num_blocks` blocks of `block_size` tokens whose free list
     /// is cut into `shards` shards.
     pub fn with_shards(num_blocks: usize, block_size: usize, shards: usize) -> Self {
-        KvslotsBackend {
+        Backend {
             pool: Arc::new(BlockPool::with_shards(num_blocks, block_size, shards)),
         }
     }
+}
 
-    /// [`with_shards`](Self::with_shards), with the pool's refusal as an
-    /// error ([`BlockPool::builder`]).
-    pub fn try_with_shards(
-        num_blocks: usize,
-        block_size: usize,
-        shards: usize,
-    ) -> Result<Self, kvslots::ConfigError> {
-        let pool = BlockPool::builder(num_blocks, block_size)
-            .shards(shards)
-            .build()?;
-        Ok(KvslotsBackend {
-            pool: Arc::new(pool),
-        })
+impl Backend<MutexPool> {
+    /// A pool of `num_blocks` blocks of `block_size` tokens.
+    pub fn new(num_blocks: usize, block_size: usize) -> Self {
+        Backend {
+            pool: Arc::new(MutexPool::new(num_blocks, block_size)),
+        }
     }
 
-    /// The pool.
-    pub fn pool(&self) -> &Arc<BlockPool> {
-        &self.pool
+    /// [`new`](Self::new), with the allocator's refusal of the pool's
+    /// arrays as an error ([`MutexPool::try_new`]).
+    pub fn try_new(
+        num_blocks: usize,
+        block_size: usize,
+    ) -> Result<Self, std::collections::TryReserveError> {
+        MutexPool::try_new(num_blocks, block_size).map(Backend::from_pool)
     }
 }
 
-impl KvSeq for Sequence {
+impl<P: Pool> KvSeq for Sequence<P> {
     type Id = BlockId;
 
     fn index(id: BlockId) -> usize {
@@ -255,10 +341,8 @@ impl KvSeq for Sequence {
     }
     fn try_append(&mut self, n: usize) -> Result<Appended<BlockId>, ReserveError> {
         // The one call into the library's copy-on-write API.
-        self.try_append_cow(n).map(|(range, copy)| {
-            let copy = copy.map(BlockCopy::from);
-            (range, copy)
-        })
+        self.try_append_cow(n)
+            .map(|(range, copy)| (range, copy.map(BlockCopy::from)))
     }
     fn truncate(&mut self, len: usize) -> usize {
         Sequence::truncate(self, len)
@@ -272,210 +356,26 @@ impl KvSeq for Sequence {
     fn retire_copy_source(&mut self, fence: u64) -> usize {
         Sequence::retire_copy_source(self, fence)
     }
-    fn try_fork(&self) -> Result<Forked<Sequence, BlockId>, ReserveError> {
-        Sequence::try_fork(self).map(|(child, copy)| {
-            let copy = copy.map(BlockCopy::from);
-            (child, copy)
-        })
+    fn try_fork(&self) -> Result<Forked<Self, BlockId>, ReserveError> {
+        Sequence::try_fork(self).map(|(child, copy)| (child, copy.map(BlockCopy::from)))
     }
     fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) -> Result<(), String> {
         Sequence::extend_slots(self, positions, out).map_err(|e| e.to_string())
     }
     fn try_match_prefix(&mut self, hashes: &[BlockHash]) -> usize {
-        kvslots_prefix::try_match_prefix(self, hashes)
+        Sequence::try_match_prefix(self, hashes)
     }
     fn publish(&mut self, hashes: &[BlockHash]) -> usize {
-        kvslots_prefix::publish(self, hashes)
+        Sequence::publish(self, hashes)
     }
 }
 
-/// The `kvslots` side of prefix caching, in one place: the library's prefix
-/// cache (`Sequence::try_match_prefix`, `Sequence::publish`,
-/// `BlockPool::cached_blocks`, `BlockPool::evictable_blocks`,
-/// `BlockPool::prefix_stats`).
-mod kvslots_prefix {
-    use kvslots::{BlockHash, BlockPool, Sequence};
-
-    use super::PrefixCounts;
-
-    pub(super) fn try_match_prefix(seq: &mut Sequence, hashes: &[BlockHash]) -> usize {
-        seq.try_match_prefix(hashes)
-    }
-
-    pub(super) fn publish(seq: &mut Sequence, hashes: &[BlockHash]) -> usize {
-        seq.publish(hashes)
-    }
-
-    pub(super) fn cached_blocks(pool: &BlockPool) -> usize {
-        pool.cached_blocks()
-    }
-
-    pub(super) fn evictable_blocks(pool: &BlockPool) -> usize {
-        pool.evictable_blocks()
-    }
-
-    pub(super) fn prefix_stats(pool: &BlockPool) -> PrefixCounts {
-        let s = pool.prefix_stats();
-        PrefixCounts {
-            queried_blocks: s.queried_blocks,
-            hit_blocks: s.hit_blocks,
-            evictions: s.evictions,
-        }
-    }
-}
-
-impl KvBackend for KvslotsBackend {
-    type Seq = Sequence;
+impl<P: Pool> KvBackend for Backend<P> {
+    type Seq = Sequence<P>;
     type Id = BlockId;
 
     fn name(&self) -> &'static str {
-        "kvslots"
-    }
-    fn num_blocks(&self) -> usize {
-        self.pool.num_blocks()
-    }
-    fn block_size(&self) -> usize {
-        self.pool.block_size()
-    }
-    fn used_blocks(&self) -> usize {
-        self.pool.used_blocks()
-    }
-    fn peak_used_blocks(&self) -> usize {
-        self.pool.peak_used_blocks()
-    }
-    fn ref_count(&self, index: usize) -> Option<usize> {
-        let id = BlockId::new(u32::try_from(index).ok()?);
-        self.pool.ref_count(id)
-    }
-    fn try_alloc_with_headroom(
-        &self,
-        n: usize,
-        headroom: usize,
-        out: &mut Vec<BlockId>,
-    ) -> Result<(), ReserveError> {
-        self.pool.try_alloc_with_headroom(n, headroom, out)
-    }
-    fn free(&self, ids: &[BlockId]) -> Result<(), String> {
-        self.pool.free(ids).map_err(|e| e.to_string())
-    }
-    fn new_seq(&self, tokens: usize) -> Sequence {
-        Sequence::with_capacity(Arc::clone(&self.pool), tokens)
-    }
-    fn complete(&self, fence: u64) -> usize {
-        self.pool.complete(fence)
-    }
-    fn peak_pending_release_blocks(&self) -> usize {
-        self.pool.peak_pending_release_blocks()
-    }
-    fn cached_blocks(&self) -> usize {
-        kvslots_prefix::cached_blocks(&self.pool)
-    }
-    fn evictable_blocks(&self) -> usize {
-        kvslots_prefix::evictable_blocks(&self.pool)
-    }
-    fn prefix_stats(&self) -> PrefixCounts {
-        kvslots_prefix::prefix_stats(&self.pool)
-    }
-}
-
-/// The lock-based baseline: a [`MutexPool`] and [`MutexSeq`].
-#[derive(Debug, Clone)]
-pub struct MutexBackend {
-    pool: Arc<MutexPool>,
-}
-
-impl MutexBackend {
-    /// A pool of `num_blocks` blocks of `block_size` tokens.
-    pub fn new(num_blocks: usize, block_size: usize) -> Self {
-        MutexBackend {
-            pool: Arc::new(MutexPool::new(num_blocks, block_size)),
-        }
-    }
-
-    /// [`new`](Self::new), with the allocator's refusal of the pool's
-    /// arrays as an error ([`MutexPool::try_new`]).
-    pub fn try_new(
-        num_blocks: usize,
-        block_size: usize,
-    ) -> Result<Self, std::collections::TryReserveError> {
-        Ok(MutexBackend {
-            pool: Arc::new(MutexPool::try_new(num_blocks, block_size)?),
-        })
-    }
-
-    /// The pool.
-    pub fn pool(&self) -> &Arc<MutexPool> {
-        &self.pool
-    }
-}
-
-impl KvSeq for MutexSeq {
-    type Id = u32;
-
-    fn index(id: u32) -> usize {
-        id as usize
-    }
-    fn len(&self) -> usize {
-        MutexSeq::len(self)
-    }
-    fn table(&self) -> &[u32] {
-        self.blocks()
-    }
-    fn capacity(&self) -> usize {
-        MutexSeq::capacity(self)
-    }
-    fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
-        MutexSeq::try_reserve(self, tokens, headroom)
-    }
-    fn reserve_blocking(
-        &mut self,
-        tokens: usize,
-        headroom: usize,
-        timeout: Option<Duration>,
-    ) -> Result<(), ReserveError> {
-        MutexSeq::reserve_blocking(self, tokens, headroom, timeout)
-    }
-    fn try_append(&mut self, n: usize) -> Result<Appended<u32>, ReserveError> {
-        self.try_append_cow(n).map(|(range, copy)| {
-            let copy = copy.map(BlockCopy::from);
-            (range, copy)
-        })
-    }
-    fn truncate(&mut self, len: usize) -> usize {
-        MutexSeq::truncate(self, len)
-    }
-    fn truncate_fenced(&mut self, len: usize, fence: u64) -> usize {
-        MutexSeq::truncate_fenced(self, len, fence)
-    }
-    fn retire(self, fence: u64) -> usize {
-        MutexSeq::retire(self, fence)
-    }
-    fn retire_copy_source(&mut self, fence: u64) -> usize {
-        MutexSeq::retire_copy_source(self, fence)
-    }
-    fn try_fork(&self) -> Result<Forked<MutexSeq, u32>, ReserveError> {
-        MutexSeq::try_fork(self).map(|(child, copy)| {
-            let copy = copy.map(BlockCopy::from);
-            (child, copy)
-        })
-    }
-    fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) -> Result<(), String> {
-        MutexSeq::extend_slots(self, positions, out)
-    }
-    fn try_match_prefix(&mut self, hashes: &[BlockHash]) -> usize {
-        MutexSeq::try_match_prefix(self, hashes)
-    }
-    fn publish(&mut self, hashes: &[BlockHash]) -> usize {
-        MutexSeq::publish(self, hashes)
-    }
-}
-
-impl KvBackend for MutexBackend {
-    type Seq = MutexSeq;
-    type Id = u32;
-
-    fn name(&self) -> &'static str {
-        "mutex"
+        P::NAME
     }
     fn num_blocks(&self) -> usize {
         self.pool.num_blocks()
@@ -491,22 +391,21 @@ impl KvBackend for MutexBackend {
     }
     fn ref_count(&self, index: usize) -> Option<usize> {
         self.pool
-            .refs(u32::try_from(index).ok()?)
-            .map(|r| r as usize)
+            .ref_count(BlockId::new(u32::try_from(index).ok()?))
     }
     fn try_alloc_with_headroom(
         &self,
         n: usize,
         headroom: usize,
-        out: &mut Vec<u32>,
+        out: &mut Vec<BlockId>,
     ) -> Result<(), ReserveError> {
         self.pool.try_alloc_with_headroom(n, headroom, out)
     }
-    fn free(&self, ids: &[u32]) -> Result<(), String> {
-        self.pool.free(ids).map_err(|e| e.to_string())
+    fn free(&self, ids: &[BlockId]) -> Result<(), String> {
+        self.pool.free(ids)
     }
-    fn new_seq(&self, tokens: usize) -> MutexSeq {
-        MutexSeq::with_capacity(Arc::clone(&self.pool), tokens)
+    fn new_seq(&self, tokens: usize) -> Sequence<P> {
+        Sequence::with_capacity(Arc::clone(&self.pool), tokens)
     }
     fn complete(&self, fence: u64) -> usize {
         self.pool.complete(fence)

@@ -16,7 +16,7 @@ use kvslots::{BlockPool, Sequence};
 use serde_json::json;
 
 use crate::backend::{KvBackend, KvslotsBackend, MutexBackend};
-use crate::baseline::{MutexPool, MutexSeq};
+use crate::baseline::MutexPool;
 use crate::engine::{self, Admission, EngineConfig, MIX_SAMPLES};
 pub use crate::fault::Fault;
 use crate::fault::Faulty;
@@ -296,11 +296,11 @@ pub fn available_memory() -> Option<u64> {
 }
 
 /// About the host memory one running sample takes beyond its block table:
-/// its sequence (the larger allocator's), the oracle's record and its
-/// output count.
+/// its sequence (the same type over either allocator), the oracle's record
+/// and its output count.
 fn sample_bytes() -> usize {
-    std::mem::size_of::<Sequence>().max(std::mem::size_of::<MutexSeq>())
-        + std::mem::size_of::<Tracked<u32>>()
+    std::mem::size_of::<Sequence>()
+        + std::mem::size_of::<Tracked<kvslots::BlockId>>()
         + std::mem::size_of::<usize>()
 }
 
@@ -402,7 +402,10 @@ impl Cli {
             .allocators()
             .into_iter()
             .map(|a| match a {
-                Allocator::Kvslots => BlockPool::builder(nb, bs).shards(shards).memory_bytes(),
+                Allocator::Kvslots => BlockPool::builder(nb, bs)
+                    .shards(shards)
+                    .prefix_cache(!self.no_prefix_cache)
+                    .memory_bytes(),
                 Allocator::Mutex => MutexPool::memory_bytes(nb),
             })
             .max()
@@ -756,7 +759,13 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
             Err(e) => return refused(err, cli, "the simulated KV memory", &e),
         };
         let report = match a {
-            Allocator::Kvslots => match KvslotsBackend::try_with_shards(nb, bs, plan.shards) {
+            // The kvslots pool has the prefix cache only when the run uses it.
+            Allocator::Kvslots => match BlockPool::builder(nb, bs)
+                .shards(plan.shards)
+                .prefix_cache(plan.engine.prefix_cache)
+                .build()
+                .map(KvslotsBackend::from_pool)
+            {
                 Ok(b) => match cli.plant_fault {
                     None => run_one(&b, oracle, &plan),
                     Some(f) => run_one(&Faulty::new(b, f), oracle, &plan),

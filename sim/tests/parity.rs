@@ -275,5 +275,5 @@ fn both_backends_refuse_bad_frees_and_change_nothing() {
         assert_eq!(b.used_blocks(), 0);
     }
     check(&KvslotsBackend::new(4, 16), kvslots::BlockId::new(9));
-    check(&MutexBackend::new(4, 16), 9);
+    check(&MutexBackend::new(4, 16), kvslots::BlockId::new(9));
 }

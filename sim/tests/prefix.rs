@@ -305,7 +305,9 @@ impl kvslots_sim::backend::KvSeq for WrongSeq {
         positions: std::ops::Range<usize>,
         out: &mut Vec<usize>,
     ) -> Result<(), String> {
-        self.0.extend_slots(positions, out)
+        self.0
+            .extend_slots(positions, out)
+            .map_err(|e| e.to_string())
     }
     fn try_match_prefix(&mut self, hashes: &[kvslots::BlockHash]) -> usize {
         self.0.try_match_prefix(hashes.get(1..).unwrap_or(&[]))

@@ -1,39 +1,47 @@
 //! [`BlockPool`]: a lock-free pool of KV-cache blocks with all-or-nothing
-//! allocation and per-block reference counts: per-shard admission counts
-//! of blocks (`admission`), the free list, and the reference counts
-//! (`refs`), with the over-free check of [`BlockPool::free`] in
-//! `over_free`. The design and the
-//! orderings are described in [`crate::implementation`] ("Allocating and
-//! freeing blocks", "Reference counts", "Orderings").
+//! allocation and per-block reference counts.
+//!
+//! The core pool is this file and four beside it: per-shard admission
+//! counts of blocks (`admission`), the free list (`free_list`), the
+//! per-block state words with their reference counts (`refs`), and the
+//! over-free check of [`BlockPool::free`] (`over_free`); waiting for
+//! blocks is `wait`. The layers a pool is built with or without sit on
+//! top: the prefix cache (the folder `prefix`) and fenced release
+//! (`fence`). The core hands a cached block whose last reference goes to
+//! the prefix cache instead of the free list (the last-reference hook in
+//! `drop_each`), and asks it to evict when the free list runs short (in
+//! `take_admitted`); nothing else in the core knows about it.
+//! [`BlockPoolBuilder`] (`builder`) picks the layers.
+//!
+//! The design and the orderings are described in [`crate::implementation`]
+//! ("Allocating and freeing blocks", "Reference counts", "Orderings").
 
 use std::fmt;
+use std::time::Duration;
 
-use crate::error::{ConfigError, FreeError, ReserveError};
-use crate::free_list::{FreeList, Give};
+use crate::allocator::BlockAllocator;
+use crate::error::{FreeError, ReserveError};
+use crate::hash::BlockHash;
 use crate::id::BlockId;
 use crate::sync::{self, Backoff, Faults};
 
 mod admission;
+mod builder;
 mod fence;
-mod keys;
-mod lru;
+mod free_list;
 mod over_free;
 mod prefix;
 mod refs;
 mod wait;
 
 use admission::Admission;
+pub use builder::BlockPoolBuilder;
 use fence::Fences;
-use keys::Keys;
-use lru::Lru;
+use free_list::{FreeList, Give};
 pub use prefix::PrefixStats;
-use prefix::Stats;
+use prefix::{Evictions, PrefixCache};
 pub(crate) use refs::Holder;
 use refs::{Dropped, Refs};
-
-/// Blocks that a give-back appends to the eviction ring with one CAS (a
-/// batch of candidate words on the stack, 256 bytes).
-const STAMP_BATCH: usize = 32;
 pub use wait::Alloc;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
@@ -116,13 +124,11 @@ pub struct BlockPool {
     /// Per-block state words (reference count, prefix-cache flags,
     /// generation): the single truth about each block.
     refs: Refs,
-    /// The prefix cache's keys and index.
-    keys: Keys,
-    /// The prefix cache's eviction order.
-    lru: Lru,
-    /// The prefix cache's hit statistics.
-    stats: Stats,
-    /// References retired under fences that have not completed yet.
+    /// The prefix cache layer (keys, index, eviction order, statistics),
+    /// if the pool was built with one.
+    prefix: Option<Box<PrefixCache>>,
+    /// The fenced release layer: references retired under fences that have
+    /// not completed yet.
     fences: Fences,
     block_size: usize,
 }
@@ -144,20 +150,23 @@ impl BlockPool {
 
     /// Creates a pool of `num_blocks` free blocks of `block_size` token
     /// slots, with [`default_shards`](Self::default_shards) free-list
-    /// shards. `num_blocks == 0` is a valid pool that refuses every
-    /// allocation. [`builder`](Self::builder) is the fallible form.
+    /// shards and every layer: the prefix cache and fenced release.
+    /// `num_blocks == 0` is a valid pool that refuses every allocation.
+    /// [`builder`](Self::builder) is the fallible form, and picks the
+    /// layers (a pool without a prefix cache takes a fifth of the memory).
     ///
     /// # Panics
     ///
     /// Panics (an unwinding panic, never an abort) with the message of the
-    /// [`ConfigError`] that [`BlockPoolBuilder::build`] returns for the same
-    /// arguments: if `block_size == 0` ("block_size must be non-zero"), if
-    /// `num_blocks` is larger than [`BlockPool::MAX_BLOCKS`] ("num_blocks
-    /// .. does not fit the block id type"), if `num_blocks * block_size`
-    /// (the number of flat slot indices) overflows `usize` ("num_blocks *
-    /// block_size overflows usize"), or if the pool's bookkeeping (about 64
-    /// bytes a block) cannot be allocated ("out of memory: ..."). The
-    /// arguments are checked before any memory is asked for.
+    /// [`ConfigError`](crate::ConfigError) that [`BlockPoolBuilder::build`]
+    /// returns for the same arguments: if `block_size == 0` ("block_size
+    /// must be non-zero"), if `num_blocks` is larger than
+    /// [`BlockPool::MAX_BLOCKS`] ("num_blocks .. does not fit the block id
+    /// type"), if `num_blocks * block_size` (the number of flat slot
+    /// indices) overflows `usize` ("num_blocks * block_size overflows
+    /// usize"), or if the pool's bookkeeping (64 bytes a block) cannot be
+    /// allocated ("out of memory: ..."). The arguments are checked before
+    /// any memory is asked for.
     ///
     /// # Examples
     ///
@@ -165,9 +174,11 @@ impl BlockPool {
     /// let pool = kvslots::BlockPool::new(1024, 16);
     /// assert_eq!(pool.num_blocks(), 1024);
     /// assert_eq!(pool.block_size(), 16);
+    /// assert!(pool.has_prefix_cache());
     /// ```
     pub fn new(num_blocks: usize, block_size: usize) -> BlockPool {
         BlockPool::builder(num_blocks, block_size)
+            .prefix_cache(true)
             .build()
             .unwrap_or_else(|e| panic!("{e}"))
     }
@@ -201,11 +212,13 @@ impl BlockPool {
     /// single-threaded run: all or nothing, `Full` and the counts are
     /// those of the whole pool.
     ///
+    /// Like `new`, the pool has every layer.
+    ///
     /// # Panics
     ///
     /// As [`new`](Self::new), and if `shards` is 0 or above
     /// [`BlockPool::MAX_SHARDS`] ("shards must be in 1..=1024, got ..."):
-    /// with the message of the [`ConfigError`] that
+    /// with the message of the [`ConfigError`](crate::ConfigError) that
     /// `BlockPool::builder(num_blocks, block_size).shards(shards).build()`
     /// returns.
     ///
@@ -222,6 +235,7 @@ impl BlockPool {
     pub fn with_shards(num_blocks: usize, block_size: usize, shards: usize) -> BlockPool {
         BlockPool::builder(num_blocks, block_size)
             .shards(shards)
+            .prefix_cache(true)
             .build()
             .unwrap_or_else(|e| panic!("{e}"))
     }
@@ -236,35 +250,34 @@ impl BlockPool {
     ) -> BlockPool {
         BlockPool::builder(num_blocks, block_size)
             .shards(shards)
+            .prefix_cache(true)
             .faults(faults)
             .build()
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// A builder of a pool of `num_blocks` blocks of `block_size` token
-    /// slots: set its options, then [`build`](BlockPoolBuilder::build) it,
-    /// which returns a [`ConfigError`] where [`new`](Self::new) and
-    /// [`with_shards`](Self::with_shards) panic.
+    /// Whether the pool has a prefix cache (see
+    /// [`BlockPoolBuilder::prefix_cache`]): pools from [`new`](Self::new)
+    /// and [`with_shards`](Self::with_shards) do.
     ///
     /// # Examples
     ///
     /// ```
-    /// use kvslots::{BlockPool, ConfigError};
+    /// use kvslots::BlockPool;
     ///
-    /// let pool = BlockPool::builder(1024, 16).shards(4).build()?;
-    /// assert_eq!((pool.num_blocks(), pool.block_size(), pool.shards()), (1024, 16, 4));
-    ///
-    /// let too_many = BlockPool::builder(BlockPool::MAX_BLOCKS + 1, 16).build();
-    /// assert!(matches!(too_many, Err(ConfigError::TooManyBlocks { .. })));
-    /// # Ok::<(), ConfigError>(())
+    /// assert!(BlockPool::new(64, 16).has_prefix_cache());
+    /// assert!(!BlockPool::builder(64, 16).build().unwrap().has_prefix_cache());
     /// ```
-    pub fn builder(num_blocks: usize, block_size: usize) -> BlockPoolBuilder {
-        BlockPoolBuilder {
-            num_blocks,
-            block_size,
-            shards: None,
-            faults: Faults::default(),
-        }
+    pub fn has_prefix_cache(&self) -> bool {
+        self.prefix.is_some()
+    }
+
+    /// The prefix cache, for a block that is cached: only a pool with a
+    /// prefix cache has cached blocks.
+    fn cache(&self) -> &PrefixCache {
+        self.prefix
+            .as_deref()
+            .expect("a cached block in a pool without a prefix cache")
     }
 
     /// The shard count [`new`](Self::new) picks for `num_blocks` blocks:
@@ -573,8 +586,8 @@ impl BlockPool {
         let backoff = Backoff::new();
         loop {
             need -= self.take_free(need, out, holder, FreeList::pop);
-            if need > 0 {
-                need -= self.evict_into(need, out, holder);
+            if let (true, Some(cache)) = (need > 0, self.prefix.as_deref()) {
+                need -= self.evict_into(cache, need, out, holder);
             }
             if need > 0 {
                 // The last look: every word of the free list, whatever its
@@ -641,7 +654,10 @@ impl BlockPool {
     /// anything changes. So a sequence never loses a reference to a raw
     /// free, and gives back a block it holds alone without a
     /// read-modify-write (see
-    /// [Reference counts](crate::implementation#reference-counts)).
+    /// [Reference counts](crate::implementation#reference-counts)). Blocks
+    /// taken through [`BlockAllocator`] (as a sequence takes them) are
+    /// sequences' blocks: they go back through
+    /// [`BlockAllocator::release`].
     ///
     /// Whatever races, the pool's own books stay exact: no block is given
     /// back twice, the count of used blocks is given back once per block,
@@ -770,33 +786,14 @@ impl BlockPool {
         // reference to a block that was freed and reallocated to a new
         // owner since (an ABA on the count).
         let mut raced = None;
-        // Cached blocks whose last reference went: they stay cached, as the
-        // most recently released, with stamps in the order of the drops
-        // (one range taken for the rest of the list at the first of them).
-        // They join the eviction ring in batches (one CAS on its length a
-        // batch), oldest first.
-        let mut evictable = 0;
-        // (Made only when a block becomes evictable: no 256 bytes to clear
-        // on a free of uncached blocks.)
-        let mut stamped: Option<(u32, [u64; STAMP_BATCH])> = None;
-        let mut batched = 0;
-        let total = order.len();
+        // The last-reference hook: a cached block whose last reference went
+        // stays cached and becomes evictable, for the prefix cache to stamp
+        // (only a pool with a prefix cache has cached blocks).
+        let mut evictions = Evictions::new(order.len());
         for (i, id) in order.enumerate() {
             match drop(id) {
                 Ok(Dropped::Free) => give = give.add(&self.free, id),
-                Ok(Dropped::Evictable) => {
-                    let (base, batch) = stamped.get_or_insert_with(|| {
-                        let base = self.lru.stamps(total - i).wrapping_sub(i as u32);
-                        (base, [0; STAMP_BATCH])
-                    });
-                    batch[batched] = Lru::word(id, base.wrapping_add(i as u32));
-                    batched += 1;
-                    if batched == STAMP_BATCH {
-                        self.lru.stamp_all(batch);
-                        batched = 0;
-                    }
-                    evictable += 1;
-                }
+                Ok(Dropped::Evictable) => evictions.push(self.cache(), id, i),
                 Ok(Dropped::Kept) => {}
                 Err(()) => {
                     // (A refusal with nothing changed only under loom's
@@ -809,8 +806,9 @@ impl BlockPool {
                 }
             }
         }
-        if let Some((_, batch)) = &stamped {
-            self.lru.stamp_all(&batch[..batched]);
+        let evictable = evictions.count();
+        if evictable > 0 {
+            evictions.finish(self.cache());
         }
         self.free.give(give);
         // Released after the give-back, so that whoever admits these
@@ -852,27 +850,111 @@ impl BlockPool {
     pub fn is_closed(&self) -> bool {
         self.counter.is_closed()
     }
+}
 
-    /// Adds a reference to a block the caller holds a reference to.
-    ///
-    /// # Panics
-    ///
-    /// Panics if the count would exceed `2^29 - 1` (as `Arc` aborts),
-    /// and if the block has no reference left: a raw [`free`](Self::free)
-    /// took the caller's (a double free), so the block may be in the free
-    /// list, and going on would hand it to two owners.
-    pub(crate) fn add_ref(&self, id: BlockId) {
-        if self.refs.add(id).is_err() {
-            panic!(
-                "{id} has no reference left: BlockPool::free took a sequence's \
-                 reference to it (a double free)"
-            );
-        }
+/// The pool under its [`Sequence`](crate::Sequence)s. Each method is the
+/// pool's own operation: the lock-free admission, the reference counts'
+/// read-modify-writes, and the layers' (prefix cache, fenced release). A
+/// method given an id at or past `num_blocks()` panics before it changes
+/// anything. The blocks these allocations take carry the sequence flag: a
+/// raw [`BlockPool::free`] refuses them (`FreeError::HeldBySequence`), and
+/// [`release`](BlockAllocator::release) gives them back.
+impl BlockAllocator for BlockPool {
+    fn num_blocks(&self) -> usize {
+        BlockPool::num_blocks(self)
     }
 
-    /// Whether more than one reference to `id` exists now.
-    pub(crate) fn is_shared(&self, id: BlockId) -> bool {
-        self.refs.is_shared(id)
+    fn block_size(&self) -> usize {
+        BlockPool::block_size(self)
+    }
+
+    fn is_closed(&self) -> bool {
+        BlockPool::is_closed(self)
+    }
+
+    fn try_alloc_with_headroom(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        self.try_alloc_sequence(n, headroom, out)
+    }
+
+    fn try_alloc_growth(&self, n: usize, out: &mut Vec<BlockId>) -> Result<(), ReserveError> {
+        BlockPool::try_alloc_growth(self, n, out)
+    }
+
+    fn alloc_with_headroom_blocking(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        BlockPool::alloc_with_headroom_blocking(self, n, headroom, out, timeout, Holder::Sequence)
+    }
+
+    fn add_refs(&self, ids: &[BlockId]) -> usize {
+        self.check_ids(ids);
+        ids.iter()
+            .position(|&id| self.refs.add(id).is_err())
+            .unwrap_or(ids.len())
+    }
+
+    fn release(&self, ids: &[BlockId]) {
+        // `Err(Raced)` only if a raw `free` of one of these blocks (a double
+        // free, which is misuse, of a block that is not a sequence's)
+        // dropped the caller's reference first: that block went back once,
+        // by the free, and every other reference is dropped all the same.
+        self.check_ids(ids);
+        let _ = self.drop_held_refs(ids);
+    }
+
+    fn needs_copy(&self, id: BlockId) -> bool {
+        self.check_ids(&[id]);
+        self.refs.needs_copy(id)
+    }
+
+    fn match_prefix(&self, keys: &[BlockHash], out: &mut Vec<BlockId>) -> usize {
+        BlockPool::match_prefix(self, keys, out)
+    }
+
+    fn publish(&self, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
+        self.check_ids(blocks);
+        blocks
+            .iter()
+            .zip(keys)
+            .filter(|&(&id, key)| self.publish_block(id, key))
+            .count()
+    }
+
+    fn uncache_if_sole(&self, id: BlockId) {
+        self.check_ids(&[id]);
+        self.uncache_sole(id);
+    }
+
+    fn retire(&self, fence: u64, ids: &[BlockId]) -> usize {
+        self.check_ids(ids);
+        self.retire_slice(fence, ids, None)
+    }
+
+    fn retire_owned(&self, fence: u64, ids: Vec<BlockId>) -> usize {
+        self.check_ids(&ids);
+        BlockPool::retire_owned(self, fence, ids, None)
+    }
+}
+
+impl BlockPool {
+    /// Panics, naming it, if an id is at or past `num_blocks()`: an
+    /// allocator call given an id it never handed out (see
+    /// [`BlockAllocator`]'s contract), refused before anything changes. A
+    /// comparison per id, no atomic: nothing a `Sequence` notices.
+    fn check_ids(&self, ids: &[BlockId]) {
+        let n = self.num_blocks();
+        if let Some(id) = ids.iter().find(|id| id.index() >= n) {
+            panic!("{id} is out of range for a pool of {n} blocks");
+        }
     }
 }
 
@@ -882,191 +964,10 @@ impl fmt::Debug for BlockPool {
             .field("num_blocks", &self.num_blocks())
             .field("block_size", &self.block_size)
             .field("shards", &self.shards())
+            .field("prefix_cache", &self.has_prefix_cache())
             .field("used_blocks", &self.used_blocks())
             .field("peak_used_blocks", &self.peak_used_blocks())
             .field("closed", &self.is_closed())
             .finish()
-    }
-}
-
-/// The options of a [`BlockPool`] before it is built: from
-/// [`BlockPool::builder`], set with its methods, checked and allocated by
-/// [`build`](Self::build).
-///
-/// # Examples
-///
-/// ```
-/// use kvslots::{BlockPool, ConfigError};
-///
-/// let builder = BlockPool::builder(4096, 16).shards(8);
-/// // What the pool's bookkeeping will take from the heap.
-/// assert!(builder.memory_bytes() >= 4096 * 60);
-/// let pool = builder.build()?;
-/// assert_eq!(pool.shards(), 8);
-/// # Ok::<(), ConfigError>(())
-/// ```
-#[derive(Clone)]
-#[must_use = "a builder builds nothing until `build` is called"]
-pub struct BlockPoolBuilder {
-    num_blocks: usize,
-    block_size: usize,
-    /// `None`: [`BlockPool::default_shards`].
-    shards: Option<usize>,
-    /// The faults of loom's negative controls (none outside them).
-    faults: Faults,
-}
-
-impl fmt::Debug for BlockPoolBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BlockPoolBuilder")
-            .field("num_blocks", &self.num_blocks)
-            .field("block_size", &self.block_size)
-            .field("shards", &self.shard_count())
-            .finish()
-    }
-}
-
-impl BlockPoolBuilder {
-    /// Cuts the free list into `shards` shards instead of
-    /// [`BlockPool::default_shards`]`(num_blocks)` (see
-    /// [`BlockPool::with_shards`] for what a shard is). Checked by
-    /// [`build`](Self::build): it must be in `1..=`[`BlockPool::MAX_SHARDS`].
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// let pool = kvslots::BlockPool::builder(64, 16).shards(1).build().unwrap();
-    /// assert_eq!(pool.shards(), 1);
-    /// ```
-    pub fn shards(mut self, shards: usize) -> BlockPoolBuilder {
-        self.shards = Some(shards);
-        self
-    }
-
-    /// The faults of one of loom's negative controls.
-    pub(crate) fn faults(mut self, faults: Faults) -> BlockPoolBuilder {
-        self.faults = faults;
-        self
-    }
-
-    /// The shard count the pool will have.
-    fn shard_count(&self) -> usize {
-        self.shards
-            .unwrap_or_else(|| BlockPool::default_shards(self.num_blocks))
-    }
-
-    /// The heap memory, in bytes, that [`build`](Self::build) allocates for
-    /// the pool's bookkeeping (per block: its state word, free-list link,
-    /// prefix-cache key, index slots and eviction stamp, about 70 bytes;
-    /// per shard, a few cache lines), saturating at `usize::MAX`. The
-    /// structures that grow with use (the wait queue, the fences' lists)
-    /// are not counted. The KV cache itself is the caller's device memory,
-    /// and not counted either.
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use kvslots::BlockPool;
-    ///
-    /// let small = BlockPool::builder(1 << 10, 16).memory_bytes();
-    /// let large = BlockPool::builder(1 << 20, 16).memory_bytes();
-    /// assert!(large > 1000 * small / 2);
-    /// ```
-    pub fn memory_bytes(&self) -> usize {
-        let n = self.num_blocks;
-        let shards = self.shard_count();
-        [
-            Keys::heap_bytes(n),
-            Refs::heap_bytes(n),
-            Lru::heap_bytes(n),
-            FreeList::heap_bytes(n, shards),
-            Admission::heap_bytes(shards),
-            Stats::heap_bytes(shards.max(BlockPool::DEFAULT_SHARDS)),
-            Fences::heap_bytes(),
-        ]
-        .into_iter()
-        .fold(0, usize::saturating_add)
-    }
-
-    /// Checks the options and builds the pool: `num_blocks` free blocks of
-    /// `block_size` token slots.
-    ///
-    /// # Errors
-    ///
-    /// Checked in this order, before any memory is asked for:
-    /// [`ConfigError::ZeroBlockSize`], [`ConfigError::TooManyBlocks`]
-    /// (above [`BlockPool::MAX_BLOCKS`]),
-    /// [`ConfigError::SlotCountOverflow`] (`num_blocks * block_size`
-    /// overflows `usize`), [`ConfigError::BadShardCount`]. Then room for
-    /// each of the pool's arrays is reserved, fallibly and largest first,
-    /// before any is written: [`ConfigError::OutOfMemory`] if the allocator
-    /// refuses one, with the room reserved before it freed. (On a system
-    /// that overcommits memory the allocator may grant more than it can
-    /// back, and the operating system may then stop the process while the
-    /// arrays are written; [`memory_bytes`](Self::memory_bytes) says
-    /// beforehand what a pool will take.)
-    ///
-    /// # Examples
-    ///
-    /// ```
-    /// use kvslots::{BlockPool, ConfigError};
-    ///
-    /// assert_eq!(
-    ///     BlockPool::builder(2, usize::MAX).build().unwrap_err(),
-    ///     ConfigError::SlotCountOverflow { num_blocks: 2, block_size: usize::MAX }
-    /// );
-    /// let pool = BlockPool::builder(0, 16).build().unwrap(); // refuses every allocation
-    /// assert_eq!(pool.num_blocks(), 0);
-    /// ```
-    pub fn build(self) -> Result<BlockPool, ConfigError> {
-        let BlockPoolBuilder {
-            num_blocks,
-            block_size,
-            faults,
-            ..
-        } = self;
-        if block_size == 0 {
-            return Err(ConfigError::ZeroBlockSize);
-        }
-        if num_blocks > BlockPool::MAX_BLOCKS {
-            return Err(ConfigError::TooManyBlocks {
-                num_blocks,
-                max: BlockPool::MAX_BLOCKS,
-            });
-        }
-        if num_blocks.checked_mul(block_size).is_none() {
-            return Err(ConfigError::SlotCountOverflow {
-                num_blocks,
-                block_size,
-            });
-        }
-        let shards = self.shard_count();
-        if !(1..=BlockPool::MAX_SHARDS).contains(&shards) {
-            return Err(ConfigError::BadShardCount {
-                shards,
-                max: BlockPool::MAX_SHARDS,
-            });
-        }
-        let oom = |_| ConfigError::OutOfMemory {
-            bytes: self.memory_bytes(),
-        };
-        // Room for every per-block array, largest first, before any is
-        // written: a pool too large for memory is refused before it has
-        // touched any of it.
-        let keys = Keys::room(num_blocks).map_err(oom)?;
-        let refs = Refs::room(num_blocks).map_err(oom)?;
-        let lru = Lru::room(num_blocks).map_err(oom)?;
-        let free = FreeList::room(num_blocks, shards).map_err(oom)?;
-        Ok(BlockPool {
-            counter: Admission::new(num_blocks, shards, faults),
-            // `num_blocks <= MAX_BLOCKS = u32::MAX`: exact.
-            free: FreeList::new(free, num_blocks as u32, shards, faults),
-            refs: Refs::new(refs, faults),
-            keys: Keys::new(keys, faults),
-            lru: Lru::new(lru),
-            stats: Stats::new(shards.max(BlockPool::DEFAULT_SHARDS)),
-            fences: Fences::new(faults),
-            block_size,
-        })
     }
 }

@@ -16,6 +16,16 @@
 //!               claim, so a state value names one incarnation of its key
 //! ```
 //!
+//! This file holds the core pool's operations on the word: the first
+//! reference of an allocation, a fork's added reference and every drop.
+//! Only the prefix cache (`super::prefix`, whose `state.rs` holds its
+//! transitions: claims, commits, revivals, evictions, and the generation's
+//! argument) sets the flags and the generation; in a pool without it they
+//! stay 0. The core reads two of them: a drop of the last reference of a
+//! `CACHED` block hands the block to the prefix cache (it becomes
+//! evictable) instead of the free list, and a `BUSY` block's claim holds
+//! one reference that is not a holder's.
+//!
 //! A drop is a read-modify-write (a CAS), also a drop of a reference that
 //! its holder is sure of, unless the block is a sequence's: a racing double
 //! free through the public `BlockPool::free` can change the same count,
@@ -35,39 +45,6 @@
 //! revives only cached blocks, an eviction takes only unreferenced ones, a
 //! claim and a fork need a holder): it gives the block back with a plain
 //! store, no read-modify-write. A count that reaches 0 clears the flag.
-//!
-//! # The claim's reference
-//!
-//! A publisher's claim holds a reference of its own: `BUSY` is set together
-//! with one more count, and the commit (or the unclaim) clears `BUSY` and
-//! drops that reference in the same CAS. So a claimed block is never free,
-//! whatever the block's holders do meanwhile, including a double free that
-//! takes the publishing holder's own reference (a raw `BlockPool::free`
-//! refuses a sequence's block, so the protocol does not rely on that, and
-//! loom's claim controls let the free ignore the flag): the key words that
-//! the claim writes belong to a block no
-//! one else can be handed, and whichever of the commit and the holders'
-//! drops takes the last reference gives the block back through the normal
-//! path (evictable if the commit set `CACHED`, free otherwise). No other
-//! drop can take the claim's reference: a drop, or a fork's `add`, that
-//! finds only that reference left finds nothing of its own.
-//! The alternative, a last drop that clears a claim it finds and a commit
-//! that fails on it, would let the block be reallocated while the
-//! publisher still writes its key words and holds an index entry for it.
-//!
-//! # Generations
-//!
-//! The generation is 30 bits and wraps. A matcher's revival, an evictor's
-//! take and a rival's kill each compare a state read earlier with the
-//! current one; the comparison is fooled only if, between the read and the
-//! CAS of one stalled thread, the same block lost a key or a claim exactly
-//! a multiple of 2^30 (about 1.07e9) times and is back in the same count
-//! and flags. Such a loss is an eviction, a reset or a truncate that drops
-//! the key (each followed by a new allocation and publish of the block
-//! before the next), or a publish of the block that loses or is refused (a
-//! claim and an unclaim, the cheapest: no allocation). Even at ten million
-//! losses a second on that one block, the stalled thread would have to
-//! stall for over 100 seconds between its read and its CAS.
 
 use std::collections::TryReserveError;
 
@@ -75,9 +52,9 @@ use crate::array::{bytes_of, Room};
 use crate::id::BlockId;
 use crate::sync::{AtomicU64, Faults, Ordering};
 
-/// A reference count above this panics instead of wrapping (a claim is
-/// refused instead): the largest count that fits the 29 bits of [`COUNT`].
-const MAX_REFS: u64 = COUNT;
+/// The largest reference count: the 29 bits of [`COUNT`]. A fork's
+/// reference, or a claim's, is refused above it, and a revival panics.
+pub(super) const MAX_REFS: u64 = COUNT;
 
 /// The reference count's bits.
 pub(super) const COUNT: u64 = 0x1FFF_FFFF;
@@ -98,23 +75,16 @@ pub(super) const BUSY: u64 = 1 << 32;
 pub(super) const KILLED: u64 = 1 << 33;
 /// One step of the generation.
 pub(super) const GEN: u64 = 1 << 34;
-/// The bit where the generation starts.
-const GEN_SHIFT: u32 = GEN.trailing_zeros();
 
 /// The reference count in a state word.
 pub(super) const fn count_of(state: u64) -> u64 {
     state & COUNT
 }
 
-/// The generation in a state word.
-pub(super) const fn gen_of(state: u64) -> u64 {
-    state >> GEN_SHIFT
-}
-
 /// The references of a block's holders in a state word: the count without
 /// the claim's own reference (`claim_ref` is 1, or 0 under loom's
 /// `unreferenced_claim` control).
-const fn holders_of(state: u64, claim_ref: u64) -> u64 {
+pub(super) const fn holders_of(state: u64, claim_ref: u64) -> u64 {
     if state & BUSY != 0 {
         count_of(state).saturating_sub(claim_ref)
     } else {
@@ -124,7 +94,7 @@ const fn holders_of(state: u64, claim_ref: u64) -> u64 {
 
 /// `state` with `SEQUENCE` cleared if its count is 0: a block without
 /// references has no holders to be sequences.
-const fn settle(state: u64) -> u64 {
+pub(super) const fn settle(state: u64) -> u64 {
     if count_of(state) == 0 {
         state & !SEQUENCE
     } else {
@@ -150,12 +120,6 @@ fn drop_sole_in(words: &[AtomicU64], id: BlockId) -> bool {
     true
 }
 
-/// Whether a state word is that of an evictable block: cached, not
-/// claimed, no reference.
-pub(super) const fn is_evictable(state: u64) -> bool {
-    state & (CACHED | BUSY | COUNT) == CACHED
-}
-
 /// Who takes a block: a [`Sequence`](crate::Sequence) (its table, a fork,
 /// a match, a fence on its behalf), or a raw caller of
 /// [`BlockPool::try_alloc`](crate::BlockPool::try_alloc) and its kin.
@@ -169,7 +133,7 @@ pub(crate) enum Holder {
 
 impl Holder {
     /// The flag a fresh reference of this holder sets.
-    const fn flag(self) -> u64 {
+    pub(super) const fn flag(self) -> u64 {
         match self {
             Holder::Raw => 0,
             Holder::Sequence => SEQUENCE,
@@ -190,36 +154,11 @@ pub(super) enum Dropped {
     Evictable,
 }
 
-/// What a publisher's deferral to a rival claim on a lower block id found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Defer {
-    /// The rival's claim is marked `DEFERRED`: it will commit, or look for
-    /// the key's holders again before it gives up.
-    Deferred,
-    /// The rival committed: it holds the key.
-    Committed,
-    /// The rival's claim is gone, or killed (a killed claim cannot commit
-    /// without looking again): it is no reason to give up.
-    Gone,
-}
-
-/// What a kill attempt on a rival publisher's claim found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kill {
-    /// The rival's claim is marked killed (now or by someone else before).
-    Killed,
-    /// The rival committed first: it holds the key.
-    Committed,
-    /// The rival's claim is gone (it lost, or the state is another
-    /// incarnation's).
-    Gone,
-}
-
 /// One state word per block of a pool.
 pub(super) struct Refs {
-    words: Box<[AtomicU64]>,
+    pub(super) words: Box<[AtomicU64]>,
     /// The faults of loom's negative controls (none outside them).
-    faults: Faults,
+    pub(super) faults: Faults,
 }
 
 impl Refs {
@@ -249,7 +188,7 @@ impl Refs {
 
     /// The reference a claim holds: 1, or 0 under loom's
     /// `unreferenced_claim` control.
-    fn claim_ref(&self) -> u64 {
+    pub(super) fn claim_ref(&self) -> u64 {
         if self.faults.unreferenced_claim() {
             0
         } else {
@@ -318,11 +257,8 @@ impl Refs {
     /// caller's reference can be gone after all, taken by a raw
     /// `BlockPool::free` of the same block (a double free), and then the
     /// block may sit in the free list, where a reference would let it be
-    /// handed out and pushed a second time. `Err` then, and nothing changed.
-    ///
-    /// # Panics
-    ///
-    /// Panics if the count would exceed `2^29 - 1` (as `Arc` aborts).
+    /// handed out and given back a second time. `Err` then, and nothing
+    /// changed; `Err` too if the count would exceed `2^29 - 1`.
     pub(super) fn add(&self, id: BlockId) -> Result<(), ()> {
         let word = &self.words[id.index()];
         // Relaxed: only a guess; the CAS validates it.
@@ -334,7 +270,7 @@ impl Refs {
                 return Err(());
             }
             if count_of(cur) >= MAX_REFS {
-                panic!("reference count overflow on {id}");
+                return Err(());
             }
             // Relaxed (both): the caller holds a reference, so the block is
             // not freed under us; the new reference is handed over by
@@ -346,20 +282,15 @@ impl Refs {
         }
     }
 
-    /// Whether more than one holder's reference to `id` exists now (a
-    /// claim's own reference is not a holder's: a publisher writes only
-    /// key words, never the block).
-    pub(super) fn is_shared(&self, id: BlockId) -> bool {
+    /// Whether a holder of `id` must copy it before writing: more than one
+    /// holder's reference to it exists now (a claim's own reference is not
+    /// a holder's: a publisher writes only key words, never the block), or
+    /// it holds a key.
+    pub(super) fn needs_copy(&self, id: BlockId) -> bool {
         // Acquire: if another holder dropped its reference, its reads of the
         // block happen-before we decide to write into it.
         let state = self.words[id.index()].load(Ordering::Acquire);
-        holders_of(state, self.claim_ref()) > 1
-    }
-
-    /// Whether `id` holds a key now.
-    pub(super) fn is_cached(&self, id: BlockId) -> bool {
-        // Acquire: as `is_shared`.
-        self.words[id.index()].load(Ordering::Acquire) & CACHED != 0
+        holders_of(state, self.claim_ref()) > 1 || state & CACHED != 0
     }
 
     /// Drops one reference for a raw `BlockPool::free`. `Err` if the block
@@ -403,7 +334,7 @@ impl Refs {
     }
 
     /// What a block whose last reference went from `state` becomes.
-    fn last(state: u64) -> Dropped {
+    pub(super) fn last(state: u64) -> Dropped {
         if state & CACHED != 0 {
             Dropped::Evictable
         } else {
@@ -427,11 +358,6 @@ impl Refs {
             if holders_of(cur, self.claim_ref()) == 0 || (refuse_sequence && cur & SEQUENCE != 0) {
                 return Err(());
             }
-            let next = if count_of(cur) == 1 {
-                (cur - 1) & !SEQUENCE
-            } else {
-                cur - 1
-            };
             // AcqRel on success: Release orders this holder's accesses to
             // the block before the last drop; Acquire lets the last dropper
             // (who gives the block back) see every other holder's
@@ -440,335 +366,12 @@ impl Refs {
             // the fresh value.
             match word.compare_exchange_weak(
                 cur,
-                next,
+                settle(cur - 1),
                 self.faults.free_ordering(Ordering::AcqRel),
                 Ordering::Relaxed,
             ) {
                 Ok(_) if count_of(cur) == 1 => return Ok(Self::last(cur)),
                 Ok(_) => return Ok(Dropped::Kept),
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// A matcher's revival: one more reference on a cached block whose
-    /// state the matcher read as `seen` (and whose key it compared since),
-    /// if the state is still exactly `seen`. A changed generation means
-    /// the key may have changed: then nothing happens and `false`. The
-    /// matcher is a sequence: a revival from a count of 0 sets
-    /// `SEQUENCE` (one from a higher count keeps the flag as it is).
-    pub(super) fn revive(&self, id: BlockId, seen: u64) -> bool {
-        let word = &self.words[id.index()];
-        if count_of(seen) >= MAX_REFS {
-            panic!("reference count overflow on {id}");
-        }
-        if self.faults.no_generation_check() {
-            // loom's control: whatever the block holds now.
-            // Acquire: as below.
-            return word.fetch_add(1, Ordering::Acquire) & CACHED != 0;
-        }
-        // Acquire on success: synchronises with the Release that set the
-        // cached flag (the publish) and with the last drop (a revival of an
-        // evictable block), so the publisher's writes into the block and
-        // every earlier holder's accesses happen-before our use. Relaxed on
-        // failure: the caller reloads.
-        let next = if count_of(seen) == 0 {
-            (seen + 1) | SEQUENCE
-        } else {
-            seen + 1
-        };
-        word.compare_exchange(seen, next, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-    }
-
-    /// An eviction: takes an evictable block whose state read `seen`,
-    /// dropping its key (a new generation) and giving `holder` one
-    /// reference, if the state is still exactly `seen`.
-    pub(super) fn evict(&self, id: BlockId, seen: u64, holder: Holder) -> bool {
-        if !self.may_evict(seen) {
-            return false;
-        }
-        let next = (seen & !(COUNT | SEQUENCE | DEFERRED | CACHED | BUSY | KILLED))
-            .wrapping_add(GEN)
-            | holder.flag()
-            | 1;
-        // Acquire on success: synchronises with the last holder's drop
-        // (Release), so its accesses happen-before ours. Relaxed on
-        // failure: the caller looks elsewhere.
-        self.words[id.index()]
-            .compare_exchange(seen, next, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-    }
-
-    /// Whether an evictor may try to take a block whose state read
-    /// `state`: an evictable one (under loom's `evict_referenced` control,
-    /// any cached one).
-    pub(super) fn may_evict(&self, state: u64) -> bool {
-        is_evictable(state) || (self.faults.evict_referenced() && state & CACHED != 0)
-    }
-
-    /// Drops the key of a cached block that the caller holds alone (state
-    /// `CACHED` with a count of 1): `true` if it did. `false`, and nothing
-    /// changed, if the block is shared or holds no key.
-    pub(super) fn uncache_sole(&self, id: BlockId) -> bool {
-        let word = &self.words[id.index()];
-        // Acquire: if another holder dropped its reference, its reads of the
-        // block happen-before we decide to write into it.
-        let seen = word.load(Ordering::Acquire);
-        if seen & (CACHED | COUNT) != CACHED | 1 {
-            return false;
-        }
-        let next = (seen & !CACHED).wrapping_add(GEN);
-        // Acquire on success: as the load above. Relaxed on failure: a
-        // matcher took a reference meanwhile, and the block stays cached.
-        word.compare_exchange(seen, next, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-    }
-
-    /// Claims a referenced, uncached, unclaimed block for publishing:
-    /// sets `BUSY` and takes the claim's own reference (see the module
-    /// doc). `false` if the block is cached, claimed, has no reference, or
-    /// has so many that one more would overflow.
-    ///
-    /// The claim starts `KILLED`, and [`arm`](Self::arm) clears that once
-    /// the publisher has written its key words. A publisher's rescan can
-    /// find an index entry that an earlier claim of the block left under
-    /// another key, and read the state word of this later claim with the
-    /// earlier key words (this claim's are not written yet, or not
-    /// visible): were the claim a rival from the start, the rescan would
-    /// defer to it, or lose to its commit, although it publishes another
-    /// key. A rescan ignores a killed claim; one that reads the state after
-    /// the arm sees this claim's key words.
-    pub(super) fn claim(&self, id: BlockId) -> bool {
-        let word = &self.words[id.index()];
-        let claim_ref = self.claim_ref();
-        let unarmed = if self.faults.armed_claim() { 0 } else { KILLED };
-        // Relaxed: only a guess; the CAS validates it.
-        let mut cur = word.load(Ordering::Relaxed);
-        loop {
-            if cur & (CACHED | BUSY) != 0 || count_of(cur) == 0 || count_of(cur) >= MAX_REFS {
-                return false;
-            }
-            // Relaxed (both): the caller holds a reference, so the block is
-            // not free, and the claim publishes nothing; the key it writes
-            // next is published by the index insert and the commit
-            // (Release). A raw free that takes the caller's reference
-            // afterwards leaves the claim's, so the block stays ours.
-            match word.compare_exchange_weak(
-                cur,
-                (cur | BUSY | unarmed) + claim_ref,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return true,
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Makes a claim a rival of its key's other publishers: clears the
-    /// `KILLED` that [`claim`](Self::claim) set, after the publisher wrote
-    /// its key words and before it inserts its index entry (so no rival
-    /// has killed the claim yet: none has found it).
-    pub(super) fn arm(&self, id: BlockId) {
-        // Release: a rescan that reads this state or a later one of its
-        // release sequence (Acquire) sees the key words written before,
-        // not those of an earlier claim of the block. (Relaxed under
-        // loom's `relaxed_publish` control, which takes every release of a
-        // publish away.)
-        self.words[id.index()].fetch_and(!KILLED, self.faults.publish_ordering(Ordering::Release));
-    }
-
-    /// What the drop of the claim's own reference from `cur` did.
-    fn claim_dropped(&self, cur: u64, cached: bool) -> Dropped {
-        if self.claim_ref() == 0 || count_of(cur) != 1 || self.faults.claim_drop_kept() {
-            Dropped::Kept
-        } else if cached {
-            Dropped::Evictable
-        } else {
-            Dropped::Free
-        }
-    }
-
-    /// Commits a claim: the block becomes cached and the claim's reference
-    /// goes, in one CAS; `Ok` says what became of the block (`Evictable`
-    /// if that was its last reference: every holder let go meanwhile, and
-    /// the caller gives it back). `Err` if a rival killed the claim: then
-    /// nothing changed, and the claim stays for `unclaim`.
-    pub(super) fn commit(&self, id: BlockId) -> Result<Dropped, ()> {
-        let word = &self.words[id.index()];
-        let claim_ref = self.claim_ref();
-        // Relaxed: only a guess; the CAS validates it.
-        let mut cur = word.load(Ordering::Relaxed);
-        loop {
-            debug_assert!(cur & BUSY != 0, "{id}: commit without a claim");
-            if cur & KILLED != 0 {
-                return Err(());
-            }
-            // AcqRel on success: the Release half orders the publisher's
-            // writes into the block and its key words before any matcher
-            // that reads this state (Acquire) or a later value of its
-            // release sequence, as a drop's Release does for the next
-            // owner; the Acquire half, when this drops the last reference,
-            // lets us (who give the block back) see every holder's accesses,
-            // as in `drop_from`. Relaxed on failure: we retry with the fresh
-            // value.
-            match word.compare_exchange_weak(
-                cur,
-                settle(((cur & !(BUSY | DEFERRED)) | CACHED) - claim_ref),
-                self.faults.publish_ordering(Ordering::AcqRel),
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Ok(self.claim_dropped(cur, true)),
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Gives up a claim (a lost or refused publish): clears `BUSY` and
-    /// `KILLED`, moves to a new generation, so that a rival's kill aimed
-    /// at this claim cannot hit a later one, and drops the claim's
-    /// reference; says what became of the block (`Free` if that was its
-    /// last reference: the caller gives it back).
-    pub(super) fn unclaim(&self, id: BlockId) -> Dropped {
-        let word = &self.words[id.index()];
-        let claim_ref = self.claim_ref();
-        // Relaxed: only a guess; the CAS validates it.
-        let mut cur = word.load(Ordering::Relaxed);
-        loop {
-            let next = settle((cur & !(BUSY | KILLED | DEFERRED)).wrapping_add(GEN) - claim_ref);
-            // AcqRel on success: as a drop in `drop_from` (Release orders
-            // our key writes before the block's next owner, who may write
-            // its own; Acquire lets us, if this is the last reference, see
-            // every holder's accesses before we give the block back).
-            // Relaxed on failure: we retry with the fresh value.
-            match word.compare_exchange_weak(
-                cur,
-                next,
-                self.faults.free_ordering(Ordering::AcqRel),
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return self.claim_dropped(cur, false),
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Gives up a claim that lost, unless a rival publisher deferred to it
-    /// since the claim last looked for the key's holders: then clears
-    /// `DEFERRED` (and `KILLED`), keeps the claim and returns `Err`; the
-    /// caller looks again. Otherwise as [`unclaim`](Self::unclaim).
-    ///
-    /// Deciding in the CAS that gives the claim up is what makes the
-    /// deferral safe: a mark made before it is seen here, and a rival that
-    /// marks after it finds the claim gone (a new generation).
-    pub(super) fn unclaim_unless_deferred(&self, id: BlockId) -> Result<Dropped, ()> {
-        let word = &self.words[id.index()];
-        let claim_ref = self.claim_ref();
-        // Relaxed: only a guess; the CAS validates it.
-        let mut cur = word.load(Ordering::Relaxed);
-        loop {
-            let deferred = cur & DEFERRED != 0 && !self.faults.ignore_deferral();
-            let next = if deferred {
-                cur & !(DEFERRED | KILLED)
-            } else {
-                settle((cur & !(BUSY | KILLED | DEFERRED)).wrapping_add(GEN) - claim_ref)
-            };
-            // AcqRel on success: for a deferral, the Acquire half
-            // synchronises with the deferring rival's mark (Release), so
-            // what that rival saw before it (a holder of the key gone, say)
-            // is seen by our next look; for an unclaim, as in `unclaim`.
-            // Relaxed on failure: we retry with the fresh value.
-            match word.compare_exchange_weak(
-                cur,
-                next,
-                self.faults.free_ordering(Ordering::AcqRel),
-                Ordering::Relaxed,
-            ) {
-                Ok(_) if deferred => return Err(()),
-                Ok(_) => return Ok(self.claim_dropped(cur, false)),
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Clears `KILLED` from a claim whose commit failed on it, so that the
-    /// claim can look again and commit if the rival that killed it is gone.
-    /// `false` under loom's `ignore_deferral` control (the claim gives up).
-    pub(super) fn revoke_kill(&self, id: BlockId) -> bool {
-        if self.faults.ignore_deferral() {
-            return false;
-        }
-        // AcqRel: the Acquire half synchronises with the kill (Release), so
-        // the killer's index entry, inserted before its kill, is seen by our
-        // next look; the Release half is harmless. A `fetch_and` cannot be
-        // fooled: only this claim's publisher clears `BUSY`.
-        self.words[id.index()].fetch_and(!KILLED, Ordering::AcqRel);
-        true
-    }
-
-    /// Defers to a rival's claim on a lower block id, whose state read
-    /// `seen`: marks it `DEFERRED`, so that it commits or looks for the
-    /// key's holders again (after this mark) before it gives up.
-    pub(super) fn defer(&self, id: BlockId, seen: u64) -> Defer {
-        let word = &self.words[id.index()];
-        let mut cur = seen;
-        loop {
-            if gen_of(cur) != gen_of(seen) {
-                return Defer::Gone;
-            }
-            if cur & CACHED != 0 {
-                return Defer::Committed;
-            }
-            if cur & BUSY == 0 || cur & KILLED != 0 {
-                return Defer::Gone;
-            }
-            // AcqRel on success, also when `DEFERRED` is set already (a CAS
-            // to the same value still writes): the Release half makes what
-            // we saw before (a holder of the key gone) visible to the
-            // rival's next look, which acquires this value or a later one of
-            // its release sequence in `unclaim_unless_deferred`. Acquire on
-            // failure: the fresh value is judged again.
-            match word.compare_exchange_weak(
-                cur,
-                cur | DEFERRED,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return Defer::Deferred,
-                Err(actual) => cur = actual,
-            }
-        }
-    }
-
-    /// Marks a rival's claim, whose state read `seen`, killed: its commit
-    /// will fail.
-    pub(super) fn kill(&self, id: BlockId, seen: u64) -> Kill {
-        if self.faults.no_kill() {
-            // loom's control: as if the claim had been killed.
-            return Kill::Killed;
-        }
-        let word = &self.words[id.index()];
-        let mut cur = seen;
-        loop {
-            if gen_of(cur) != gen_of(seen) {
-                return Kill::Gone;
-            }
-            if cur & CACHED != 0 {
-                return Kill::Committed;
-            }
-            if cur & BUSY == 0 {
-                return Kill::Gone;
-            }
-            if cur & KILLED != 0 {
-                return Kill::Killed;
-            }
-            // AcqRel on success: the kill is ordered with the rival's
-            // commit through this word; the Acquire half sees its key.
-            // Acquire on failure: the fresh value is judged again.
-            match word.compare_exchange_weak(cur, cur | KILLED, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return Kill::Killed,
                 Err(actual) => cur = actual,
             }
         }

@@ -38,7 +38,7 @@ use crate::array::{bytes_of, Room};
 use crate::id::BlockId;
 use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Ordering};
 
-use super::refs::Refs;
+use crate::pool::refs::Refs;
 
 /// The fewest candidates a buffer holds.
 const MIN_CANDIDATES: usize = 64;

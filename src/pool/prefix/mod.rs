@@ -1,16 +1,155 @@
-//! The prefix cache of a [`BlockPool`]: matching keys to cached blocks,
-//! publishing keys, evicting, dropping every key, and the hit statistics.
+//! The prefix cache of a [`BlockPool`], a layer a pool is built with or
+//! without ([`BlockPoolBuilder::prefix_cache`](crate::BlockPoolBuilder::prefix_cache)):
+//! its storage ([`PrefixCache`]: the blocks' keys and their index, the
+//! eviction order, the hit statistics), matching keys to cached blocks,
+//! evicting, dropping every key, and the statistics here; publishing in
+//! `publish.rs`; the keys and the index in `keys.rs`; the eviction order
+//! in `lru.rs`; the cache's transitions of the per-block state word in
+//! `state.rs`.
+//!
+//! The core pool calls into this layer at two places only: a drop of a
+//! cached block's last reference (the block becomes evictable and is
+//! stamped, [`Evictions`]) and an allocation that finds the free list
+//! short (it evicts, [`BlockPool::evict_into`]). In a pool without the
+//! layer no block is ever cached, so neither happens.
+//!
 //! The design and the orderings are described in
 //! [`crate::implementation`] ("Prefix cache").
 
-use crate::free_list::Give;
+use std::collections::TryReserveError;
+
 use crate::hash::BlockHash;
 use crate::id::BlockId;
-use crate::sync::{self, AtomicU64, Backoff, CachePadded, Ordering};
+use crate::sync::{self, AtomicU64, Backoff, CachePadded, Faults, Ordering};
 
-use super::keys::Probe;
-use super::refs::{count_of, is_evictable, Defer, Dropped, Holder, Kill, BUSY, CACHED, KILLED};
+use super::refs::{count_of, Holder, CACHED};
 use super::BlockPool;
+
+mod keys;
+mod lru;
+mod publish;
+mod state;
+
+use keys::{Keys, KeysRoom};
+use lru::{Lru, LruRoom};
+use state::is_evictable;
+
+/// The prefix cache's storage: per block, its key (4 words) and a share of
+/// the index (2.5 slots), a release stamp and a quarter of a candidate
+/// slot of the eviction ring; per pool, the statistics' cells.
+pub(super) struct PrefixCache {
+    /// The blocks' keys and the index over them.
+    keys: Keys,
+    /// The eviction order.
+    lru: Lru,
+    /// The hit statistics.
+    stats: Stats,
+}
+
+/// The room of a [`PrefixCache`]'s per-block arrays, reserved by
+/// [`PrefixCache::room`] and not yet written.
+pub(super) struct PrefixCacheRoom {
+    keys: KeysRoom,
+    lru: LruRoom,
+}
+
+impl PrefixCache {
+    /// Reserves the room of the per-block arrays for `num_blocks` blocks,
+    /// largest first, or returns the allocator's refusal (nothing is left
+    /// allocated then).
+    pub(super) fn room(num_blocks: usize) -> Result<PrefixCacheRoom, TryReserveError> {
+        Ok(PrefixCacheRoom {
+            keys: Keys::room(num_blocks)?,
+            lru: Lru::room(num_blocks)?,
+        })
+    }
+
+    /// The cache, in the room reserved for it, whose statistics have
+    /// `cells` cells, carrying `faults`.
+    pub(super) fn new(room: PrefixCacheRoom, cells: usize, faults: Faults) -> PrefixCache {
+        PrefixCache {
+            keys: Keys::new(room.keys, faults),
+            lru: Lru::new(room.lru),
+            stats: Stats::new(cells),
+        }
+    }
+
+    /// The heap bytes [`room`](Self::room) and [`new`](Self::new) ask for
+    /// with `num_blocks` blocks and `cells` cells.
+    pub(super) fn heap_bytes(num_blocks: usize, cells: usize) -> usize {
+        Keys::heap_bytes(num_blocks)
+            .saturating_add(Lru::heap_bytes(num_blocks))
+            .saturating_add(Stats::heap_bytes(cells))
+    }
+
+    /// Removes the index entry of block `id`, whose key the caller just
+    /// dropped and which it holds alone.
+    fn forget_key(&self, id: BlockId) {
+        let key = self.keys.read(id);
+        let removed = self.keys.remove(self.keys.probe(&key), id, None);
+        debug_assert!(removed, "{id} was cached without an index entry");
+    }
+}
+
+/// Blocks that a give-back appends to the eviction ring with one CAS (a
+/// batch of candidate words on the stack, 256 bytes).
+const STAMP_BATCH: usize = 32;
+
+/// The cached blocks that one give-back made evictable (the core's drop of
+/// their last reference): they stay cached, as the most recently released,
+/// with stamps in the order of the drops (one range taken, at the first of
+/// them, for the rest of the give-back), and join the eviction ring in
+/// batches (one CAS on its length a batch), oldest first.
+pub(super) struct Evictions {
+    /// The give-back's drops.
+    total: usize,
+    /// The stamp its drop number 0 would have had, once taken.
+    base: Option<u32>,
+    batch: [u64; STAMP_BATCH],
+    batched: usize,
+    /// Blocks made evictable so far.
+    count: usize,
+}
+
+impl Evictions {
+    /// None yet, of a give-back of `total` drops.
+    pub(super) fn new(total: usize) -> Evictions {
+        Evictions {
+            total,
+            base: None,
+            batch: [0; STAMP_BATCH],
+            batched: 0,
+            count: 0,
+        }
+    }
+
+    /// How many blocks were made evictable.
+    pub(super) fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Block `id`, whose last reference went at drop number `i` of the
+    /// give-back, is evictable.
+    pub(super) fn push(&mut self, cache: &PrefixCache, id: BlockId, i: usize) {
+        let (total, lru) = (self.total, &cache.lru);
+        let base = *self
+            .base
+            .get_or_insert_with(|| lru.stamps(total - i).wrapping_sub(i as u32));
+        self.batch[self.batched] = Lru::word(id, base.wrapping_add(i as u32));
+        self.batched += 1;
+        if self.batched == STAMP_BATCH {
+            lru.stamp_all(&self.batch);
+            self.batched = 0;
+        }
+        self.count += 1;
+    }
+
+    /// Appends the last batch to the ring.
+    pub(super) fn finish(&mut self, cache: &PrefixCache) {
+        cache.lru.stamp_all(&self.batch[..self.batched]);
+        self.batched = 0;
+    }
+}
 
 /// The prefix cache's hit statistics, as [`BlockPool::prefix_stats`]
 /// returns them.
@@ -74,7 +213,7 @@ impl Stats {
     }
 
     /// The heap bytes [`new`](Self::new) asks for with `cells` cells.
-    pub(super) fn heap_bytes(cells: usize) -> usize {
+    fn heap_bytes(cells: usize) -> usize {
         cells
             .max(1)
             .saturating_mul(std::mem::size_of::<CachePadded<StatCell>>())
@@ -119,6 +258,15 @@ const DIRECT: usize = 32;
 /// 4 KiB on the stack, zeroed only by matches longer than [`DIRECT`]).
 const TAKEN_WORDS: usize = 512;
 
+/// What one key's revival in a match may take: the blocks the match
+/// admitted ahead and has not used (`credits`), whether it ever admitted
+/// ahead, and how many keys are left in it, this one included.
+struct Revival<'a> {
+    credits: &'a mut usize,
+    admitted_ahead: &'a mut bool,
+    ahead: usize,
+}
+
 /// The filter's word and bit for block `id`.
 fn filter_bit(id: BlockId) -> (usize, u64) {
     let bit = id.index() % (TAKEN_WORDS * 64);
@@ -141,6 +289,9 @@ impl BlockPool {
     /// filter of 32,768 bits over block ids (exact for pools of up to
     /// 32,768 blocks), and only a hit in it scans the blocks taken.
     pub(crate) fn match_prefix(&self, hashes: &[BlockHash], out: &mut Vec<BlockId>) -> usize {
+        let Some(cache) = self.prefix.as_deref() else {
+            return 0;
+        };
         let base = out.len();
         let mut filter: Option<[u64; TAKEN_WORDS]> = None;
         let mut hits = 0;
@@ -149,7 +300,12 @@ impl BlockPool {
         let (mut credits, mut admitted_ahead) = (0, false);
         for (i, key) in hashes.iter().enumerate() {
             let ahead = hashes.len() - i;
-            let Some(id) = self.match_one(key, &mut credits, &mut admitted_ahead, ahead) else {
+            let revival = Revival {
+                credits: &mut credits,
+                admitted_ahead: &mut admitted_ahead,
+                ahead,
+            };
+            let Some(id) = self.match_one(&cache.keys, key, revival) else {
                 break;
             };
             let taken = &out[base..];
@@ -184,7 +340,7 @@ impl BlockPool {
         if admitted_ahead {
             self.counter.note_peak();
         }
-        let cell = self.stats.mine();
+        let cell = cache.stats.mine();
         add(&cell.queried, hashes.len() as u64);
         if hits != 0 {
             // Release: a snapshot that sees these hits sees the queries
@@ -195,45 +351,40 @@ impl BlockPool {
     }
 
     /// One reference on the block holding `key`, if one does now. An
-    /// evictable block takes one of `credits`, blocks of the pool's
-    /// capacity admitted ahead: when none is left, this admits `ahead`
-    /// (the keys left in the match, this one included) with one
-    /// read-modify-write (and sets `admitted_ahead`: the peak is raised
-    /// once the match is done), or else just one, as allocating a free
-    /// block does; the caller gives back what goes unused.
-    fn match_one(
-        &self,
-        key: &BlockHash,
-        credits: &mut usize,
-        admitted_ahead: &mut bool,
-        ahead: usize,
-    ) -> Option<BlockId> {
-        let probe = self.keys.probe(key);
-        for id in self.keys.candidates(probe) {
+    /// evictable block takes one of the revival's credits, blocks of the
+    /// pool's capacity admitted ahead: when none is left, this admits the
+    /// revival's `ahead` (the keys left in the match, this one included)
+    /// with one read-modify-write (and sets its `admitted_ahead`: the peak
+    /// is raised once the match is done), or else just one, as allocating
+    /// a free block does; the caller gives back what goes unused.
+    fn match_one(&self, keys: &Keys, key: &BlockHash, revival: Revival<'_>) -> Option<BlockId> {
+        let probe = keys.probe(key);
+        for id in keys.candidates(probe) {
             let backoff = Backoff::new();
             loop {
                 // Acquire: synchronises with the publisher's commit
                 // (Release), so the key words read next, and the block's
                 // contents, are the publisher's.
                 let seen = self.refs.state(id.index(), Ordering::Acquire);
-                if seen & CACHED == 0 || !self.keys.holds(id, key) {
+                if seen & CACHED == 0 || !keys.holds(id, key) {
                     break;
                 }
                 if count_of(seen) == 0 {
                     // An evictable block: reviving it takes a block of the
                     // pool's capacity, exactly as allocating a free one.
-                    if *credits == 0 {
+                    if *revival.credits == 0 {
+                        let ahead = revival.ahead;
                         if ahead > 1 && self.counter.try_reserve_ahead(ahead).is_ok() {
-                            *credits = ahead;
-                            *admitted_ahead = true;
+                            *revival.credits = ahead;
+                            *revival.admitted_ahead = true;
                         } else if self.counter.try_reserve_raw(1, 0).is_ok() {
-                            *credits = 1;
+                            *revival.credits = 1;
                         } else {
                             return None;
                         }
                     }
                     if self.refs.revive(id, seen) {
-                        *credits -= 1;
+                        *revival.credits -= 1;
                         return Some(id);
                     }
                 } else if self.refs.revive(id, seen) {
@@ -247,188 +398,41 @@ impl BlockPool {
         None
     }
 
-    /// Makes `key` the key of block `id`, which the caller holds, unless
-    /// the block is cached already, or another block holds `key` (first
-    /// wins), or the index has no room. Returns whether it did.
-    ///
-    /// A key that a committed block holds when the publish begins loses at
-    /// once: nothing is claimed and no index entry is made (the lookup of
-    /// a match, without its reference). Otherwise, two publishers of one
-    /// key on two blocks race like this: each claims its block (`BUSY`),
-    /// writes its key, inserts an index entry, makes a read-modify-write on
-    /// one word that every publisher of the key touches, and then rescans
-    /// the key's buckets, so the later of the two sees the earlier. One
-    /// that sees a committed rival loses; one that sees a claimed rival on
-    /// a lower id defers to it (marks it `DEFERRED`) and loses; one that
-    /// sees a claimed rival on a higher id kills it (its commit then
-    /// fails), or loses if the rival committed first. Whoever sees whom, at
-    /// most one of them commits.
-    ///
-    /// Nobody gives up on trust alone: a claim that was deferred to, or
-    /// killed, looks again before it gives up (a killed one may then
-    /// commit, if its killer is gone). So a publish that returns `false`
-    /// either saw a block holding the key, during the publish or during a
-    /// look that began after it gave up, or was refused: the block cached
-    /// already, or the key's two index buckets full, when it inserted its
-    /// entry or when a claim it deferred to put its own back to look again
-    /// (that claim then gives up: a miss until the key is published again,
-    /// never a wrong hit). Each new look is caused by a rival's mark or
-    /// kill, that is by another publish's progress: the loop is lock-free.
-    pub(crate) fn publish_block(&self, id: BlockId, key: &BlockHash) -> bool {
-        // Already cached (this key or another), or the key held by another
-        // block? (A key that another block commits after this lookup is
-        // found by the rescan below.)
-        if self.refs.is_cached(id) {
-            return false;
-        }
-        let probe = self.keys.probe(key);
-        let Some(order) = self.keys.look_before_insert(probe, |rival| {
-            !self.keys.skip_held_key_check() && self.is_holder(rival, key)
-        }) else {
-            return false;
-        };
-        if !self.refs.claim(id) {
-            return false;
-        }
-        self.keys.write(id, key);
-        self.refs.arm(id);
-        let Some(mut slot) = self.keys.insert_into(probe, order, id) else {
-            self.give_back_claim(id, self.refs.unclaim(id));
-            return false;
-        };
-        loop {
-            if !self.loses_to_a_rival(id, key, probe, slot) {
-                match self.refs.commit(id) {
-                    Ok(dropped) => {
-                        self.give_back_claim(id, dropped);
-                        return true;
-                    }
-                    // Killed by a rival on a lower id since the rescan. If
-                    // that rival is still there, the next rescan defers to
-                    // it; if it lost meanwhile, nobody else may be left to
-                    // cache the key, so look again rather than give up.
-                    Err(()) if self.refs.revoke_kill(id) => continue,
-                    Err(()) => {}
-                }
-            }
-            self.keys.remove(probe, id, Some(slot));
-            if let Ok(dropped) = self.refs.unclaim_unless_deferred(id) {
-                self.give_back_claim(id, dropped);
-                return false;
-            }
-            // A rival deferred to this claim, perhaps after the holder we
-            // lost to went: look again, with the entry back in the index.
-            // (If the index has no room now, the publish is refused.)
-            match self.keys.insert(probe, id) {
-                Some(again) => slot = again,
-                None => {
-                    self.give_back_claim(id, self.refs.unclaim(id));
-                    return false;
-                }
-            }
-        }
-    }
-
-    /// A publisher's rescan for rivals of its claim on block `id` (index
-    /// entry in `slot`): whether it loses to one (a committed block, or a
-    /// claim on a lower id, which it marks `DEFERRED`). Kills the claims on
-    /// higher ids that it meets.
-    fn loses_to_a_rival(&self, id: BlockId, key: &BlockHash, probe: Probe, slot: usize) -> bool {
-        for rival in self.keys.rivals(probe, slot) {
-            if rival == id {
-                continue;
-            }
-            // Acquire: the rival's claim or commit, with its key.
-            let seen = self.refs.state(rival.index(), Ordering::Acquire);
-            if seen & (CACHED | BUSY) == 0
-                || seen & (CACHED | KILLED) == KILLED
-                || !self.keys.holds(rival, key)
-            {
-                // A stale entry (being removed), a killed claim (it cannot
-                // commit without looking again; a claim is also killed
-                // until its key words are written, so an entry that an
-                // earlier claim of the block left is not taken for this
-                // one) or another key.
-                continue;
-            }
-            let lost = if seen & CACHED != 0 {
-                // A committed rival holds the key.
-                true
-            } else if rival < id {
-                // Of two claims the lower id wins.
-                self.refs.defer(rival, seen) != Defer::Gone
-            } else {
-                // A higher rival's claim is killed, unless it committed
-                // first.
-                self.refs.kill(rival, seen) == Kill::Committed
-            };
-            if lost {
-                return true;
-            }
-        }
-        false
-    }
-
-    /// Whether block `id` holds `key`, committed, now: a publish of the
-    /// key loses to it without claiming anything (first wins).
-    fn is_holder(&self, id: BlockId, key: &BlockHash) -> bool {
-        // Acquire: as in `match_one`, the key words read next are the
-        // publisher's.
-        self.refs.state(id.index(), Ordering::Acquire) & CACHED != 0 && self.keys.holds(id, key)
-    }
-
-    /// Gives block `id` back to the pool if the drop of a claim's own
-    /// reference (by the commit or the unclaim) was its last: its holders
-    /// all let go while it was claimed, which only a double free through
-    /// [`BlockPool::free`] of the publishing holder's reference makes
-    /// possible. Through the same path as any last drop: to the free list,
-    /// or evictable (stamped as the most recently released) if the commit
-    /// cached it, with its capacity released.
-    fn give_back_claim(&self, id: BlockId, dropped: Dropped) {
-        if dropped != Dropped::Kept {
-            let _ = self.drop_each(Give::new(), std::iter::once(id), &[id], |_| Ok(dropped));
-        }
-    }
-
     /// Takes up to `k` evictable blocks for an allocation that admitted
     /// them: drops their keys and index entries and appends them to `out`
     /// with one reference of `holder`'s each; returns how many. Fewer if no
     /// more were found (the caller looks again).
-    pub(super) fn evict_into(&self, k: usize, out: &mut Vec<BlockId>, holder: Holder) -> usize {
-        let evicted = self.lru.evict(
+    pub(super) fn evict_into(
+        &self,
+        cache: &PrefixCache,
+        k: usize,
+        out: &mut Vec<BlockId>,
+        holder: Holder,
+    ) -> usize {
+        let evicted = cache.lru.evict(
             &self.refs,
             k,
             |id, seen| self.refs.evict(id, seen, holder),
             |id| {
-                self.forget_key(id);
+                cache.forget_key(id);
                 out.push(id);
             },
         );
-        add(&self.stats.mine().evictions, evicted as u64);
+        add(&cache.stats.mine().evictions, evicted as u64);
         evicted
-    }
-
-    /// Removes the index entry of block `id`, whose key the caller just
-    /// dropped and which it holds alone.
-    fn forget_key(&self, id: BlockId) {
-        let key = self.keys.read(id);
-        let removed = self.keys.remove(self.keys.probe(&key), id, None);
-        debug_assert!(removed, "{id} was cached without an index entry");
     }
 
     /// Drops the key of block `id` if the caller is its only holder; see
     /// [`Sequence::truncate`](crate::Sequence::truncate).
     pub(crate) fn uncache_sole(&self, id: BlockId) -> bool {
+        let Some(cache) = self.prefix.as_deref() else {
+            return false;
+        };
         if !self.refs.uncache_sole(id) {
             return false;
         }
-        self.forget_key(id);
+        cache.forget_key(id);
         true
-    }
-
-    /// Whether block `id` holds a key now.
-    pub(crate) fn is_cached(&self, id: BlockId) -> bool {
-        self.refs.is_cached(id)
     }
 
     /// Drops the key of every cached block without a holder (vLLM's
@@ -458,6 +462,9 @@ impl BlockPool {
     /// assert_eq!((pool.cached_blocks(), pool.free_blocks()), (0, 4));
     /// ```
     pub fn reset_prefix_cache(&self) -> usize {
+        let Some(cache) = self.prefix.as_deref() else {
+            return 0;
+        };
         let mut dropped = 0;
         for index in 0..self.refs.len() {
             // Acquire: as in `match_one`; the eviction CAS re-checks.
@@ -472,7 +479,7 @@ impl BlockPool {
                 self.counter.release_held(1);
                 continue;
             }
-            self.forget_key(id);
+            cache.forget_key(id);
             // Our one reference goes, and with no key the block goes back
             // to the free list with its capacity.
             let _ = self.drop_held_refs(&[id]);
@@ -491,6 +498,9 @@ impl BlockPool {
     /// assert_eq!(kvslots::BlockPool::new(4, 16).cached_blocks(), 0);
     /// ```
     pub fn cached_blocks(&self) -> usize {
+        if self.prefix.is_none() {
+            return 0;
+        }
         (0..self.refs.len())
             // Relaxed: a snapshot.
             .filter(|&i| self.refs.state(i, Ordering::Relaxed) & CACHED != 0)
@@ -509,6 +519,9 @@ impl BlockPool {
     /// assert_eq!(kvslots::BlockPool::new(4, 16).evictable_blocks(), 0);
     /// ```
     pub fn evictable_blocks(&self) -> usize {
+        if self.prefix.is_none() {
+            return 0;
+        }
         (0..self.refs.len())
             // Relaxed: a snapshot.
             .filter(|&i| is_evictable(self.refs.state(i, Ordering::Relaxed)))
@@ -525,8 +538,11 @@ impl BlockPool {
     /// (thread `i` of a pool with `c` cells writes cell `i % c`, as with
     /// home shards), so with up to `c` threads a match or an eviction
     /// writes no line that another thread writes; this call sums them. A
-    /// call running meanwhile may or may not be counted yet.
+    /// call running meanwhile may or may not be counted yet. A pool
+    /// without a prefix cache counts nothing: all zeros.
     pub fn prefix_stats(&self) -> PrefixStats {
-        self.stats.sum()
+        self.prefix
+            .as_deref()
+            .map_or_else(PrefixStats::default, |cache| cache.stats.sum())
     }
 }

@@ -1,0 +1,170 @@
+//! Publishing: a sequence's full block gets a content key, first wins, with
+//! no lock (the claim, the index entry, the rescan for rivals and the
+//! commit). The design and the orderings are described in
+//! [`crate::implementation`] ("Publishing").
+
+use crate::hash::BlockHash;
+use crate::id::BlockId;
+use crate::pool::free_list::Give;
+use crate::pool::refs::{Dropped, BUSY, CACHED, KILLED};
+use crate::pool::BlockPool;
+use crate::sync::Ordering;
+
+use super::keys::{Keys, Probe};
+use super::state::{Defer, Kill};
+
+impl BlockPool {
+    /// Makes `key` the key of block `id`, which the caller holds, unless
+    /// the block is cached already, or another block holds `key` (first
+    /// wins), or the index has no room. Returns whether it did.
+    ///
+    /// A key that a committed block holds when the publish begins loses at
+    /// once: nothing is claimed and no index entry is made (the lookup of
+    /// a match, without its reference). Otherwise, two publishers of one
+    /// key on two blocks race like this: each claims its block (`BUSY`),
+    /// writes its key, inserts an index entry, makes a read-modify-write on
+    /// one word that every publisher of the key touches, and then rescans
+    /// the key's buckets, so the later of the two sees the earlier. One
+    /// that sees a committed rival loses; one that sees a claimed rival on
+    /// a lower id defers to it (marks it `DEFERRED`) and loses; one that
+    /// sees a claimed rival on a higher id kills it (its commit then
+    /// fails), or loses if the rival committed first. Whoever sees whom, at
+    /// most one of them commits.
+    ///
+    /// Nobody gives up on trust alone: a claim that was deferred to, or
+    /// killed, looks again before it gives up (a killed one may then
+    /// commit, if its killer is gone). So a publish that returns `false`
+    /// either saw a block holding the key, during the publish or during a
+    /// look that began after it gave up, or was refused: the block cached
+    /// already, or the key's two index buckets full, when it inserted its
+    /// entry or when a claim it deferred to put its own back to look again
+    /// (that claim then gives up: a miss until the key is published again,
+    /// never a wrong hit). Each new look is caused by a rival's mark or
+    /// kill, that is by another publish's progress: the loop is lock-free.
+    pub(crate) fn publish_block(&self, id: BlockId, key: &BlockHash) -> bool {
+        let Some(cache) = self.prefix.as_deref() else {
+            return false;
+        };
+        // Already cached (this key or another), or the key held by another
+        // block? (A key that another block commits after this lookup is
+        // found by the rescan below.)
+        if self.refs.is_cached(id) {
+            return false;
+        }
+        let keys = &cache.keys;
+        let probe = keys.probe(key);
+        let Some(order) = keys.look_before_insert(probe, |rival| {
+            !keys.skip_held_key_check() && self.is_holder(keys, rival, key)
+        }) else {
+            return false;
+        };
+        if !self.refs.claim(id) {
+            return false;
+        }
+        keys.write(id, key);
+        self.refs.arm(id);
+        let Some(mut slot) = keys.insert_into(probe, order, id) else {
+            self.give_back_claim(id, self.refs.unclaim(id));
+            return false;
+        };
+        loop {
+            if !self.loses_to_a_rival(keys, id, key, probe, slot) {
+                match self.refs.commit(id) {
+                    Ok(dropped) => {
+                        self.give_back_claim(id, dropped);
+                        return true;
+                    }
+                    // Killed by a rival on a lower id since the rescan. If
+                    // that rival is still there, the next rescan defers to
+                    // it; if it lost meanwhile, nobody else may be left to
+                    // cache the key, so look again rather than give up.
+                    Err(()) if self.refs.revoke_kill(id) => continue,
+                    Err(()) => {}
+                }
+            }
+            keys.remove(probe, id, Some(slot));
+            if let Ok(dropped) = self.refs.unclaim_unless_deferred(id) {
+                self.give_back_claim(id, dropped);
+                return false;
+            }
+            // A rival deferred to this claim, perhaps after the holder we
+            // lost to went: look again, with the entry back in the index.
+            // (If the index has no room now, the publish is refused.)
+            match keys.insert(probe, id) {
+                Some(again) => slot = again,
+                None => {
+                    self.give_back_claim(id, self.refs.unclaim(id));
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// A publisher's rescan for rivals of its claim on block `id` (index
+    /// entry in `slot`): whether it loses to one (a committed block, or a
+    /// claim on a lower id, which it marks `DEFERRED`). Kills the claims on
+    /// higher ids that it meets.
+    fn loses_to_a_rival(
+        &self,
+        keys: &Keys,
+        id: BlockId,
+        key: &BlockHash,
+        probe: Probe,
+        slot: usize,
+    ) -> bool {
+        for rival in keys.rivals(probe, slot) {
+            if rival == id {
+                continue;
+            }
+            // Acquire: the rival's claim or commit, with its key.
+            let seen = self.refs.state(rival.index(), Ordering::Acquire);
+            if seen & (CACHED | BUSY) == 0
+                || seen & (CACHED | KILLED) == KILLED
+                || !keys.holds(rival, key)
+            {
+                // A stale entry (being removed), a killed claim (it cannot
+                // commit without looking again; a claim is also killed
+                // until its key words are written, so an entry that an
+                // earlier claim of the block left is not taken for this
+                // one) or another key.
+                continue;
+            }
+            let lost = if seen & CACHED != 0 {
+                // A committed rival holds the key.
+                true
+            } else if rival < id {
+                // Of two claims the lower id wins.
+                self.refs.defer(rival, seen) != Defer::Gone
+            } else {
+                // A higher rival's claim is killed, unless it committed
+                // first.
+                self.refs.kill(rival, seen) == Kill::Committed
+            };
+            if lost {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Whether block `id` holds `key`, committed, now: a publish of the
+    /// key loses to it without claiming anything (first wins).
+    fn is_holder(&self, keys: &Keys, id: BlockId, key: &BlockHash) -> bool {
+        // Acquire: as in `match_one`, the key words read next are the
+        // publisher's.
+        self.refs.state(id.index(), Ordering::Acquire) & CACHED != 0 && keys.holds(id, key)
+    }
+
+    /// Gives block `id` back to the pool if the drop of a claim's own
+    /// reference (by the commit or the unclaim) was its last: its holders
+    /// all let go while it was claimed, which only a double free through
+    /// [`BlockPool::free`] of the publishing holder's reference makes
+    /// possible. Through the same path as any last drop: to the free list,
+    /// or evictable (stamped as the most recently released) if the commit
+    /// cached it, with its capacity released.
+    fn give_back_claim(&self, id: BlockId, dropped: Dropped) {
+        if dropped != Dropped::Kept {
+            let _ = self.drop_each(Give::new(), std::iter::once(id), &[id], |_| Ok(dropped));
+        }
+    }
+}

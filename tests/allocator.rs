@@ -1,0 +1,201 @@
+//! `Sequence` over an allocator of the test's own: a `BlockAllocator`
+//! with only the required methods (no prefix cache: the trait's defaults),
+//! its state under one mutex. The sequence's rules (all or nothing,
+//! copy-on-write, forks, rollback, fenced release) must hold over it as
+//! over a `BlockPool`, and the default prefix calls must cache nothing.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kvslots::{hash_blocks, BlockAllocator, BlockId, BlockPool, ReserveError, Sequence};
+
+/// Free ids, a count per block and the fences' lists, under one lock.
+struct Plain {
+    state: Mutex<State>,
+    num_blocks: usize,
+    block_size: usize,
+}
+
+#[derive(Default)]
+struct State {
+    free: Vec<u32>,
+    refs: Vec<u32>,
+    fenced: HashMap<u64, Vec<BlockId>>,
+}
+
+impl Plain {
+    fn new(num_blocks: usize, block_size: usize) -> Arc<Plain> {
+        let state = State {
+            free: (0..num_blocks as u32).rev().collect(),
+            refs: vec![0; num_blocks],
+            fenced: HashMap::new(),
+        };
+        Arc::new(Plain {
+            state: Mutex::new(state),
+            num_blocks,
+            block_size,
+        })
+    }
+
+    fn used(&self) -> usize {
+        self.num_blocks - self.state.lock().unwrap().free.len()
+    }
+
+    fn refs(&self, id: BlockId) -> u32 {
+        self.state.lock().unwrap().refs[id.index()]
+    }
+
+    fn complete(&self, fence: u64) -> usize {
+        let list = self.state.lock().unwrap().fenced.remove(&fence);
+        list.map_or(0, |ids| {
+            self.release(&ids);
+            ids.len()
+        })
+    }
+}
+
+impl BlockAllocator for Plain {
+    fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+    fn try_alloc_with_headroom(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        if n.saturating_add(headroom) > self.num_blocks {
+            return Err(ReserveError::NeverFits {
+                requested: n,
+                capacity: self.num_blocks,
+            });
+        }
+        let mut s = self.state.lock().unwrap();
+        let available = s.free.len();
+        if n + headroom > available {
+            return Err(ReserveError::Full {
+                requested: n,
+                available,
+            });
+        }
+        for _ in 0..n {
+            let id = s.free.pop().unwrap();
+            s.refs[id as usize] = 1;
+            out.push(BlockId::new(id));
+        }
+        Ok(())
+    }
+    fn alloc_with_headroom_blocking(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+        _timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        // The tests below never wait.
+        self.try_alloc_with_headroom(n, headroom, out)
+    }
+    fn add_refs(&self, ids: &[BlockId]) -> usize {
+        let mut s = self.state.lock().unwrap();
+        for (added, id) in ids.iter().enumerate() {
+            if s.refs[id.index()] == 0 {
+                return added;
+            }
+            s.refs[id.index()] += 1;
+        }
+        ids.len()
+    }
+    fn release(&self, ids: &[BlockId]) {
+        let mut s = self.state.lock().unwrap();
+        for id in ids.iter().rev() {
+            let refs = &mut s.refs[id.index()];
+            *refs -= 1;
+            if *refs == 0 {
+                s.free.push(id.index() as u32);
+            }
+        }
+    }
+    fn needs_copy(&self, id: BlockId) -> bool {
+        self.refs(id) > 1
+    }
+    fn retire(&self, fence: u64, ids: &[BlockId]) -> usize {
+        let mut s = self.state.lock().unwrap();
+        s.fenced.entry(fence).or_default().extend_from_slice(ids);
+        ids.len()
+    }
+}
+
+#[test]
+fn a_sequence_keeps_its_rules_over_another_allocator() {
+    let pool = Plain::new(4, 4);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    assert_eq!(seq.try_append(6).unwrap(), 0..6); // 2 blocks
+                                                  // Never beside its own 2 blocks: the rest of the pool is the capacity.
+    assert_eq!(
+        seq.try_append(100),
+        Err(ReserveError::NeverFits {
+            requested: 25,
+            capacity: 2
+        })
+    );
+    assert_eq!((seq.len(), pool.used()), (6, 2));
+    // A fork shares the full block and copies the partial one.
+    let (mut child, copy) = seq.try_fork().unwrap();
+    let copy = copy.unwrap();
+    assert_eq!((copy.src, copy.tokens), (seq.blocks()[1], 2));
+    assert_eq!(pool.refs(seq.blocks()[0]), 2);
+    // Back into the shared block: the append copies it on write.
+    child.truncate(2);
+    let (range, cow) = child.try_append_cow(1).unwrap();
+    assert_eq!((range, cow.map(|c| c.tokens)), (2..3, Some(2)));
+    assert_eq!(
+        pool.refs(seq.blocks()[0]),
+        2,
+        "the source is kept for the copy"
+    );
+    child.try_append(1).unwrap();
+    assert_eq!(pool.refs(seq.blocks()[0]), 1);
+    // Fenced release: the blocks stay used until the fence completes.
+    assert_eq!(child.retire(9), 1);
+    assert_eq!(pool.used(), 3);
+    assert_eq!(pool.complete(9), 1);
+    assert_eq!(seq.truncate_fenced(1, 4), 1);
+    assert_eq!(pool.used(), 2);
+    drop(seq);
+    assert_eq!((pool.used(), pool.complete(4)), (1, 1));
+    assert_eq!(pool.used(), 0);
+}
+
+/// The trait's default prefix calls cache nothing: a publish caches no
+/// block and a match misses, changing nothing.
+#[test]
+fn the_default_prefix_calls_cache_nothing() {
+    let pool = Plain::new(4, 4);
+    let mut keys = Vec::new();
+    hash_blocks(b"", &[1, 2, 3, 4, 5, 6, 7, 8], 4, &mut keys);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(8).unwrap();
+    assert_eq!(seq.publish(&keys), 0);
+    seq.truncate(6); // into a block that would hold a key: none does
+    assert_eq!(seq.try_append_cow(1).unwrap().1, None);
+    let mut other = Sequence::new(Arc::clone(&pool));
+    assert_eq!(other.try_match_prefix(&keys), 0);
+    assert_eq!((other.len(), pool.used()), (0, 2));
+}
+
+/// A sequence over a trait object: the allocator chosen at run time.
+#[test]
+fn a_sequence_over_a_trait_object() {
+    let pools: [Arc<dyn BlockAllocator + Send + Sync>; 2] =
+        [Plain::new(4, 4), Arc::new(BlockPool::new(4, 4))];
+    for pool in pools {
+        let mut seq = Sequence::new(pool);
+        assert_eq!(seq.try_append(9).unwrap(), 0..9);
+        assert_eq!(seq.blocks().len(), 3);
+        assert!(seq.try_append(8).is_err());
+    }
+}

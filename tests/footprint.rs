@@ -1,0 +1,122 @@
+//! The heap a pool takes, per block, with and without the prefix cache,
+//! measured with a counting global allocator: the figures the builder's
+//! docs give (`BlockPoolBuilder`: 8 bytes and a bit a block for the core pool, 58
+//! more for the prefix cache) must hold, and a layer not chosen must take
+//! nothing.
+//!
+//! The count is of bytes live on this thread: every allocation adds its
+//! size, every deallocation subtracts it. Each test runs on its own thread
+//! (the harness's), and builds and drops its pool there.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use kvslots::BlockPool;
+
+/// `System`, counting each thread's live heap bytes.
+struct Counting;
+
+thread_local! {
+    // A `const` initialiser without a destructor: reading it never
+    // allocates or registers anything, so the allocator can use it.
+    static LIVE: Cell<isize> = const { Cell::new(0) };
+}
+
+fn add(bytes: isize) {
+    // `try_with`: a thread being torn down may still free memory.
+    let _ = LIVE.try_with(|c| c.set(c.get() + bytes));
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments
+// unchanged, so `System`'s guarantees are ours; the counting touches only a
+// thread-local `Cell` and never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        add(layout.size() as isize);
+        // SAFETY: forwarded as is (see the impl).
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        add(layout.size() as isize);
+        // SAFETY: forwarded as is.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        add(new_size as isize - layout.size() as isize);
+        // SAFETY: forwarded as is.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        add(-(layout.size() as isize));
+        // SAFETY: forwarded as is.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn live() -> isize {
+    LIVE.with(Cell::get)
+}
+
+/// The heap bytes a pool of `num_blocks` blocks takes while it lives, and
+/// what is left once it is dropped (must be 0).
+fn footprint(num_blocks: usize, prefix_cache: bool) -> (usize, isize) {
+    let before = live();
+    let pool = BlockPool::builder(num_blocks, 16)
+        .prefix_cache(prefix_cache)
+        .build()
+        .unwrap();
+    let taken = live() - before;
+    drop(pool);
+    (taken as usize, live() - before)
+}
+
+/// Blocks in the measured pools: large enough that the per-pool parts
+/// (shards' cache lines, the fences' maps, the statistics' cells: a few
+/// KiB) are under 0.1 byte a block.
+const BLOCKS: usize = 1 << 16;
+
+#[test]
+fn the_core_pool_takes_8_bytes_and_a_bit_a_block() {
+    let (bytes, left) = footprint(BLOCKS, false);
+    assert_eq!(left, 0, "a dropped pool left heap behind");
+    // A state word (8 bytes) and a bit of the free list's bitmap a block.
+    let per_block = bytes as f64 / BLOCKS as f64;
+    assert!(
+        (8.125..8.25).contains(&per_block),
+        "core pool: {per_block:.3} bytes a block ({bytes} bytes)"
+    );
+}
+
+#[test]
+fn the_prefix_cache_adds_58_bytes_a_block() {
+    let (core, _) = footprint(BLOCKS, false);
+    let (bytes, left) = footprint(BLOCKS, true);
+    assert_eq!(left, 0, "a dropped pool left heap behind");
+    // A key (32 bytes), 2.5 index slots of 8 (20), an eviction stamp (4)
+    // and a quarter of an 8-byte slot of the eviction ring (2).
+    let layer = (bytes - core) as f64 / BLOCKS as f64;
+    assert!(
+        (58.0..58.1).contains(&layer),
+        "prefix cache: {layer:.3} bytes a block ({} bytes)",
+        bytes - core
+    );
+    let per_block = bytes as f64 / BLOCKS as f64;
+    assert!((66.125..66.3).contains(&per_block), "{per_block:.3}");
+}
+
+/// `new` builds every layer: it takes what the builder takes with the
+/// prefix cache.
+#[test]
+fn new_takes_what_a_pool_with_every_layer_takes() {
+    let before = live();
+    let pool = BlockPool::new(BLOCKS, 16);
+    let bytes = (live() - before) as usize;
+    drop(pool);
+    assert_eq!(bytes, footprint(BLOCKS, true).0);
+}
