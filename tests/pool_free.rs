@@ -1,10 +1,12 @@
 //! `BlockPool::free` of lists beyond the short, pairwise-compared case.
 //!
-//! * Blocks that sequences hold (shared by a fork or not) are refused as
-//!   `HeldBySequence`, in a short list (compared pairwise) and in a long
-//!   one (more than 16 ids, screened through the 4096-bit filter), and
-//!   nothing changes; two distinct ids that share a filter bit are not a
-//!   repeat.
+//! * Shared raw blocks (references added through
+//!   `BlockAllocator::add_refs`) listed exactly as many times as they have
+//!   references are accepted, in a short list (compared pairwise) and in a
+//!   long one (more than 16 ids, screened through the 4096-bit filter);
+//!   blocks that sequences hold (shared by a fork or not) are refused as
+//!   `HeldBySequence` and nothing changes; two distinct ids that share a
+//!   filter bit are not a repeat.
 //! * A refused `free` of a long list changes nothing that another thread
 //!   can observe, not even for a moment: the over-free is found by the
 //!   checks made with loads, before any reference is dropped. (The end state
@@ -13,7 +15,8 @@
 //!   thread repeats the refused call.
 //! * Long lists: more than 4096 distinct ids, lists spanning several of the
 //!   8,192-index windows in which the over-free check tallies repeats
-//!   exactly.
+//!   exactly, and ids listed often enough to saturate a tally (see
+//!   `BlockPool::first_over_freed`).
 //!
 //! * A double free racing the `Sequence` that holds the blocks (its drop or
 //!   a truncate), with real threads: the free is refused (the blocks are
@@ -45,7 +48,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use kvslots::{BlockId, BlockPool, FreeError, Sequence};
+use kvslots::{BlockAllocator, BlockId, BlockPool, FreeError, Sequence};
 
 mod common;
 use common::{assert_pool_whole, block_refs, StopOnDrop, XorShift};
@@ -80,6 +83,57 @@ fn assert_free_refused(pool: &BlockPool, list: &[BlockId], expected: FreeError) 
     assert_eq!(pool.free(list), Err(expected));
     assert_eq!(block_refs(pool), before, "a refused free changed a count");
     assert_eq!(pool.used_blocks(), used);
+}
+
+/// `blocks` raw blocks of a fresh pool, each with `refs` references (one
+/// from the allocation, the rest added through `BlockAllocator::add_refs`:
+/// no sequence holds them, so a raw free may drop every one).
+fn shared_raw(pool: &BlockPool, blocks: usize, refs: usize) -> Vec<BlockId> {
+    let mut ids = Vec::new();
+    pool.try_alloc(blocks, &mut ids).unwrap();
+    for _ in 1..refs {
+        assert_eq!(BlockAllocator::add_refs(pool, &ids), blocks);
+    }
+    assert!(ids.iter().all(|&id| pool.ref_count(id) == Some(refs)));
+    ids
+}
+
+#[test]
+fn free_accepts_a_shared_block_listed_as_often_as_it_has_references_short_list() {
+    let pool = BlockPool::new(4, 1);
+    let ids = shared_raw(&pool, 2, 2);
+    let (a, b) = (ids[0], ids[1]);
+    // Each block twice, with two references each: every reference goes.
+    assert_eq!(pool.free(&[a, b, a, b]), Ok(()));
+    assert_pool_whole(&pool);
+}
+
+#[test]
+fn free_accepts_a_shared_block_listed_as_often_as_it_has_references_long_list() {
+    let pool = BlockPool::new(LONG + 2, 1);
+    let ids = shared_raw(&pool, LONG, 2);
+    // The list back to back, twice: each block twice, over 16 ids in all.
+    let mut list = ids.clone();
+    list.extend_from_slice(&ids);
+    assert!(list.len() > 16);
+    assert_eq!(pool.free(&list), Ok(()));
+    assert_pool_whole(&pool);
+}
+
+#[test]
+fn free_of_a_shared_block_listed_once_more_than_its_references_is_refused_in_a_long_list() {
+    let pool = BlockPool::new(LONG + 2, 1);
+    let ids = shared_raw(&pool, LONG, 2);
+    let shared = ids[3];
+    let mut list = ids.clone();
+    list.extend_from_slice(&ids);
+    list.push(shared);
+    assert_free_refused(&pool, &list, FreeError::OverFreed { id: shared });
+    assert_eq!(pool.used_blocks(), LONG);
+    let mut twice = ids.clone();
+    twice.extend_from_slice(&ids);
+    pool.free(&twice).unwrap();
+    assert_pool_whole(&pool);
 }
 
 #[test]
@@ -391,6 +445,31 @@ fn random_long_lists_agree_with_counting() {
     assert!(refused > 300, "only {refused} lists had an over-freed id");
     pool.free(&all).unwrap();
     assert_eq!(pool.free_blocks(), pool.num_blocks());
+}
+
+#[test]
+fn an_id_listed_past_its_saturated_tally_is_counted_exactly() {
+    // One raw block with 300 references: its tally saturates at 255
+    // listings, and the count goes on the slow way.
+    const REFS: usize = 300;
+    let pool = BlockPool::new(8, 1);
+    let shared = shared_raw(&pool, 1, REFS)[0];
+    let mut single = Vec::new();
+    pool.try_alloc(1, &mut single).unwrap();
+    let other = single[0];
+    // Listed exactly as often as referenced: not over-freed, so the next
+    // offender (a block held once, listed twice) is the one named.
+    let mut list = vec![shared; REFS];
+    list.extend([other, other]);
+    assert_over_freed(&pool, &list, other);
+    // Listed once more than referenced: named at its 301st listing, before
+    // the other offender.
+    let mut list = vec![shared; REFS + 1];
+    list.extend([other, other]);
+    assert_over_freed(&pool, &list, shared);
+    pool.free(&vec![shared; REFS]).unwrap();
+    pool.free(&single).unwrap();
+    assert_eq!(pool.free_blocks(), 8);
 }
 
 #[test]
