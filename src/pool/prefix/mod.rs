@@ -103,9 +103,10 @@ const STAMP_BATCH: usize = 32;
 pub(super) struct Evictions {
     /// The give-back's drops.
     total: usize,
-    /// The stamp its drop number 0 would have had, once taken.
-    base: Option<u32>,
-    batch: [u64; STAMP_BATCH],
+    /// The stamp its drop number 0 would have had, and the batch, once a
+    /// block is evictable (a give-back of uncached blocks clears no 256
+    /// bytes).
+    stamped: Option<(u32, [u64; STAMP_BATCH])>,
     batched: usize,
     /// Blocks made evictable so far.
     count: usize,
@@ -116,8 +117,7 @@ impl Evictions {
     pub(super) fn new(total: usize) -> Evictions {
         Evictions {
             total,
-            base: None,
-            batch: [0; STAMP_BATCH],
+            stamped: None,
             batched: 0,
             count: 0,
         }
@@ -132,13 +132,14 @@ impl Evictions {
     /// give-back, is evictable.
     pub(super) fn push(&mut self, cache: &PrefixCache, id: BlockId, i: usize) {
         let (total, lru) = (self.total, &cache.lru);
-        let base = *self
-            .base
-            .get_or_insert_with(|| lru.stamps(total - i).wrapping_sub(i as u32));
-        self.batch[self.batched] = Lru::word(id, base.wrapping_add(i as u32));
+        let (base, batch) = self.stamped.get_or_insert_with(|| {
+            let base = lru.stamps(total - i).wrapping_sub(i as u32);
+            (base, [0; STAMP_BATCH])
+        });
+        batch[self.batched] = Lru::word(id, base.wrapping_add(i as u32));
         self.batched += 1;
         if self.batched == STAMP_BATCH {
-            lru.stamp_all(&self.batch);
+            lru.stamp_all(batch);
             self.batched = 0;
         }
         self.count += 1;
@@ -146,7 +147,9 @@ impl Evictions {
 
     /// Appends the last batch to the ring.
     pub(super) fn finish(&mut self, cache: &PrefixCache) {
-        cache.lru.stamp_all(&self.batch[..self.batched]);
+        if let Some((_, batch)) = &self.stamped {
+            cache.lru.stamp_all(&batch[..self.batched]);
+        }
         self.batched = 0;
     }
 }
