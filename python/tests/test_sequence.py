@@ -134,6 +134,7 @@ def test_fork_refusals_change_nothing(pool):
     pool.free(held)
     # A block of the sequence freed behind its back (a double free) is
     # refused, and nothing changes: the sequence still holds it.
+    before = (seq_state(seq), pool_state(pool))
     with pytest.raises(kvslots.FreeError) as err:
         pool.free(seq.block_ids[:1])
     assert err.value.kind == "held_by_sequence"
