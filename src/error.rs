@@ -56,8 +56,9 @@ pub enum ReserveError {
     /// needed to be granted, each in arrival order with its own headroom
     /// free (see [Waiting](crate::implementation#waiting)). Only calls that
     /// admit something new get it; the growth of what a caller already
-    /// holds (a guard's `try_grow`, an append to a
-    /// [`Sequence`](crate::Sequence) that holds blocks, a fork) does not
+    /// holds (the `try_grow` of a guard that holds slots, an append to a
+    /// [`Sequence`](crate::Sequence) that holds a block beyond the prefix
+    /// it matched, a fork of one) does not
     /// wait behind the queue, and a waiting call never resolves to it.
     BehindWaiters {
         /// What the caller asked for.
@@ -366,10 +367,17 @@ pub enum ConfigError {
         /// The largest shard count accepted.
         max: usize,
     },
+    /// [`kv_events`](crate::BlockPoolBuilder::kv_events) was asked for a
+    /// pool without a prefix cache, which has no events to record.
+    KvEventsWithoutPrefixCache,
+    /// [`kv_events`](crate::BlockPoolBuilder::kv_events) was given a
+    /// capacity of 0 records.
+    ZeroEventCapacity,
     /// The allocator refused the pool's arrays (the heap memory of its
-    /// bookkeeping, 8 bytes and a bit a block for the core pool and 66 with the
-    /// prefix cache; not the KV cache itself, which lives on the device).
-    /// What had been allocated is freed.
+    /// bookkeeping, 8 bytes and a bit a block for the core pool and 66 with
+    /// the prefix cache, and the KV event rings if chosen; not the KV cache
+    /// itself, which lives on the device). What had been allocated is
+    /// freed.
     OutOfMemory {
         /// The bytes the pool asked for in all
         /// ([`BlockPoolBuilder::memory_bytes`](crate::BlockPoolBuilder::memory_bytes)).
@@ -395,6 +403,10 @@ impl fmt::Display for ConfigError {
             ConfigError::BadShardCount { shards, max } => {
                 write!(f, "shards must be in 1..={max}, got {shards}")
             }
+            ConfigError::KvEventsWithoutPrefixCache => {
+                f.write_str("kv_events needs a pool with a prefix cache")
+            }
+            ConfigError::ZeroEventCapacity => f.write_str("kv_events capacity must be non-zero"),
             ConfigError::OutOfMemory { bytes } => write!(
                 f,
                 "out of memory: the pool's bookkeeping needs {bytes} bytes of heap"

@@ -21,6 +21,8 @@
 //! * [Sequences](#sequences): block tables, forks and copy-on-write.
 //! * [Prefix cache](#prefix-cache): the state word, keys and their index,
 //!   publishing, matching, eviction order, statistics.
+//! * [KV events](#kv-events): the rings of the cache's stores and
+//!   removals, their order per key and across keys, losses, the consumer.
 //! * [Waiting](#waiting): the FIFO wait queue, grants on the waiter's
 //!   behalf, who gets what, cancellation, and the lost-wakeup argument.
 //! * [Fenced release](#fenced-release): references kept until a device
@@ -62,6 +64,8 @@
 //!       state.rs      its transitions of the state word
 //!       keys.rs       the keys and the index over them
 //!       lru.rs        the eviction order
+//!       events.rs     KV events: the rings, their records, the consumer
+//!     stats.rs        BlockPool::stats: the gauges and counters in one struct
 //! ```
 //!
 //! **The core pool** is admission, the free list, a state word per block
@@ -78,7 +82,11 @@
 //! that finds the free list short (it asks the cache to evict). Without a
 //! cache no block is ever `CACHED`, so the hook never fires and a short
 //! free list only means blocks in transit; the prefix calls return their
-//! "nothing cached" answers. **Fenced release** keeps nothing per block,
+//! "nothing cached" answers. **KV events** are a part of the prefix cache
+//! chosen on its own ([`BlockPoolBuilder::kv_events`](crate::BlockPoolBuilder::kv_events)):
+//! rings allocated with the cache, and a check of one `Option` on the
+//! publish, eviction and truncate paths when they are off.
+//! **Fenced release** keeps nothing per block,
 //! only a few lock-guarded maps per pool, and adds nothing to the
 //! allocation paths: every pool has it.
 //!
@@ -682,6 +690,85 @@
 //! write to a line that other threads write, as long as there are no more
 //! threads than cells.
 //!
+//! # KV events
+//!
+//! A pool built with KV events reports each change of its prefix cache to
+//! a consumer ([`BlockPool::drain_events`](crate::BlockPool::drain_events)):
+//! a *store* when a publish commits a key, a *removal* when an eviction, a
+//! reset or a truncate drops one. The producers are those paths, and they
+//! stay lock-free and allocation-free.
+//!
+//! **The rings.** There is one ring per free-list shard, each an array of
+//! cache-padded slots (a position word, a meta word with the kind and the
+//! block id, the key's four words and the parent key's four: 128 bytes)
+//! and a `tail`. A key's records always go to the ring its index
+//! fingerprint picks (a hash under the pool's seed: keys a user chooses
+//! cannot pile into one ring). A producer reads `tail`, checks that the
+//! slot at `tail % capacity` is free (its position word equals `tail`:
+//! the consumer has read the record it held a lap ago), and takes the
+//! position with a CAS on `tail`; it writes the payload with `Relaxed`
+//! stores and publishes it with a `Release` store of `tail + 1` into the
+//! position word. A slot whose position word is behind means the ring is
+//! full: the producer does not wait, and its event is lost.
+//!
+//! **Reserve, then act.** A transition takes its position *before* the CAS
+//! on the block's state word that makes it, and *after* the observation
+//! that makes it possible: a publish after the rescan that found no rival
+//! (just before its commit), an eviction or a reset after its `Acquire`
+//! load of the evictable state (it reads the key words then; the CAS from
+//! that exact state proves them unchanged), a truncate after its `Acquire`
+//! load of the sole-held cached state. If the CAS fails, the position gets
+//! a void record, which the consumer skips; if it succeeds, the record is
+//! written (or, when the ring was full, the loss is counted, with the
+//! position it would have had). So each successful transition is reported
+//! once, and nothing else is.
+//!
+//! **Order per key.** The tail's CAS is `AcqRel`, so a ring's positions
+//! are taken in an order that agrees with happens-before both ways: if
+//! transition `A` took an earlier position than `B`, everything `A`'s
+//! thread did before its reservation happens-before everything `B`'s does
+//! after its own. Now let `B` be the transition of a key that follows `A`:
+//! `B` is possible only because its observation saw `A`'s act (the
+//! removal's load sees the commit that stored the key; the next store's
+//! rescan sees the previous block's eviction, directly in its state word
+//! or through its index entry's removal, which follow that eviction; a
+//! block evicted and republished passes from the evictor to its next owner
+//! through the allocation). Had `B` taken the earlier position, `B`'s
+//! observation would happen-before `A`'s act and could not have seen it
+//! (coherence). So a key's records lie in its ring in the order of its
+//! transitions: store, removal, store, ... The loom models
+//! (`loom-tests/tests/events.rs`) check this against an eviction and
+//! against a truncate racing a republish of the key on another block, and
+//! catch a removal reserved after its CAS and a store reserved before its
+//! claim.
+//!
+//! **Across keys and rings.** Within a ring the order is the reservations'
+//! (consistent with happens-before); across rings there is none. The
+//! consumer reads each ring from its head up to the first position not
+//! yet written (a record whose producer is between its reservation and
+//! its write, one CAS long, holds back its ring's later records until the
+//! next drain), then merges the rings' records keeping each ring's order:
+//! a store whose parent key is stored by a record still to come in another
+//! ring waits for it (unless every ring's next record waits: a cycle only
+//! unrelated concurrent chains can form), a store whose parent is the key
+//! just stored joins its [`KvEvent::BlockStored`](crate::KvEvent), and
+//! consecutive removals form one [`KvEvent::BlockRemoved`](crate::KvEvent).
+//!
+//! **Losses.** A loss counts into its ring's `lost` and raises `lost_at` to
+//! the tail it found (`fetch_max`, then the count's `Release` add). The
+//! consumer reports the count as [`KvEvent::Dropped`](crate::KvEvent) once
+//! it has read every record before that position: a record of the same
+//! key after the report describes a later transition (a record that
+//! happens-before the lost event took an earlier position), so a router
+//! that clears its view there and replays what follows never holds a key
+//! the pool has removed.
+//!
+//! **The consumer** takes a mutex of its own (consumers take turns; no
+//! producer touches it), numbers the non-empty batches, and opens the
+//! stream with [`KvEvent::AllBlocksCleared`](crate::KvEvent) (a new pool's
+//! cache is empty). It allocates (the merge, the events); the producers
+//! never do.
+//!
 //! # Waiting
 //!
 //! [`SlotCounter::reserve`](crate::SlotCounter::reserve),
@@ -729,8 +816,10 @@
 //!
 //! **Who gets what.** While anyone is pending, a new admission
 //! ([`try_reserve`](crate::SlotCounter::try_reserve),
-//! [`try_alloc`](crate::BlockPool::try_alloc), an append to an empty
-//! [`Sequence`](crate::Sequence), a [`Sequence::try_reserve`](crate::Sequence::try_reserve),
+//! [`try_alloc`](crate::BlockPool::try_alloc), an append to a
+//! [`Sequence`](crate::Sequence) that holds no block beyond a prefix it
+//! matched (an empty one, or a new request whose prompt hit the prefix
+//! cache), a [`Sequence::try_reserve`](crate::Sequence::try_reserve),
 //! a revival by [`try_match_prefix`](crate::Sequence::try_match_prefix),
 //! a zero-block check with headroom) leaves `owed` free, so a large
 //! waiting request, with or without headroom, is never starved by a
@@ -738,8 +827,9 @@
 //! lock-free path at all: it queues behind the others, and the grant loop
 //! serves it after them. Growth of what a caller already holds
 //! ([`Sequence::try_append`](crate::Sequence::try_append) and
-//! `try_append_cow` on a sequence that holds blocks,
-//! [`try_fork`](crate::Sequence::try_fork), a guard's `try_grow`) does not
+//! `try_append_cow` on a sequence that holds a block beyond its matched
+//! prefix, [`try_fork`](crate::Sequence::try_fork) of one, the
+//! `try_grow` of a guard that holds slots) does not
 //! wait behind the queue: it takes any free unit, as a scheduler lets its
 //! running sequences decode before it admits waiting ones. That delays the
 //! head only while running work grows, which ends when it finishes (and
@@ -764,22 +854,29 @@
 //!
 //! **What a sequence can never get.** A [`Sequence`](crate::Sequence)'s
 //! calls (`try_append`, `try_append_cow`, `try_reserve`, `reserve`,
-//! `reserve_blocking`, `try_fork`) cannot be given the blocks the sequence
-//! itself holds (its table, and a copy-on-write source it keeps) while
-//! they wait or retry: a request larger than the pool less those is
-//! `NeverFits` at once, with that rest as the capacity, rather than a
-//! retryable `Full` or a wait that never ends. (An append does not count
+//! `reserve_blocking`, `try_fork`) cannot be given the blocks in the
+//! sequence's own table while they wait or retry: a request larger than
+//! the pool less those is `NeverFits` at once, with that rest as the
+//! capacity, rather than a retryable `Full` or a wait that never ends. (A
+//! copy-on-write source the sequence keeps is not counted: the caller gives
+//! it back with `retire_copy_source` once the copy is made, so a request
+//! short only of it is `Full`.) (An append does not count
 //! the block for a shared tail's copy there, which its other holders'
 //! drops make unneeded; a reservation, whose size is fixed when it is
 //! made, does.)
 //!
-//! **Where locks are taken.** Never on a `try_*` path, which adds one
-//! `Relaxed` load of `owed` (skipped for an empty request without
-//! headroom). A release (guard drop, `release`, a pool free, a sequence's
-//! truncate or drop) adds that load (its read-modify-write becomes
-//! `AcqRel`, free on x86), and takes the lock only when `owed` is not 0.
-//! A waiting call takes the lock to queue, at each later poll, and to
-//! leave.
+//! **Where locks are taken.** Never on a `try_*` path that nobody waits
+//! behind; a `try_*` call adds one `Relaxed` load of `owed` (skipped for
+//! an empty request without headroom), and a counter's, or a pool's that
+//! its home shard admits on the fast path, takes no lock at all. A
+//! release (guard drop, `release`, a pool free, a sequence's truncate or
+//! drop) adds that load (its read-modify-write becomes `AcqRel`, free on
+//! x86), and takes the lock only when `owed` is not 0. So does a pool's
+//! `try_*` call that gathers (its home shard short of the request and
+//! `owed`): what it held in transit goes back as a release does, and
+//! while anyone is pending it runs the grant loop under the lock, and the
+//! wakes that loop leaves (see below). A waiting call takes the lock to
+//! queue, at each later poll, and to leave.
 //!
 //! **Wakers run after the lock.** No code of the caller's runs under the
 //! lock. A step that grants (or closes) counts every grant and publishes
@@ -790,12 +887,16 @@
 //! then too (dropping a waker can drop a task, and the futures in it,
 //! whose drop takes the lock). So a waker may poll inline, and a waker
 //! that panics finds the queue consistent: nothing is taken for an entry
-//! that still looks pending. The panic reaches the caller whose step
-//! settled the entry (a release, a poll, a drop); the wakers of its batch
-//! not called yet go back to their entries, which the next step that runs
-//! the grant loop wakes. A waiter records its ticket before the wakes of
-//! its own first look run, so that if they unwind it is queued, and its
-//! drop (a future's, or a blocking call's guard) leaves the queue.
+//! that still looks pending. The panic is caught until every other waker
+//! of the batch (and of the batches after it) has run, so every entry
+//! settled beside it is woken all the same (nothing else would wake it:
+//! with nobody pending no release runs the grant loop, and after `close`
+//! nothing does), and is then resumed in the caller whose step settled
+//! the entry (a release, a poll, a drop, or a pool's `try_*` call whose
+//! gather gave blocks back, see "Where locks are taken"). A waiter
+//! records its ticket before the wakes of its own first look run, so that
+//! if they unwind it is queued, and its drop (a future's, or a blocking
+//! call's guard) leaves the queue.
 //!
 //! **No lost wake-up.** A waiter that finds the allocator short (or
 //! someone queued) queues (writing `owed` under the lock), makes a read-modify-write that changes
@@ -811,12 +912,15 @@
 //! path (on x86 the release's locked instruction is one already), and
 //! loom models them exactly. The loom models' controls remove the
 //! waiter's second attempt (`late_enqueue`) or its read-modify-writes
-//! (`unfenced_wait`), and loom catches the lost wake-up. Two more loom
+//! (`unfenced_wait`), and loom catches the lost wake-up. Three more loom
 //! models cover the rules above: a head with headroom against a relay of
 //! small admissions (control `owed_without_headroom`: `owed` is the head's
-//! `n` alone, and the head starves), and a waker that panics against two
+//! `n` alone, and the head starves), a waker that panics against two
 //! releases (control `wake_before_count`: the head is woken before its
-//! grant is counted, and its unit is lost).
+//! grant is counted, and its unit is lost), and a waker that panics beside
+//! a waiter granted in the same batch (control `panic_cuts_batch`: the
+//! rest of the batch is dropped uncalled, and that waiter is never
+//! woken).
 //!
 //! **Cancellation.** Dropping a future (or a blocking call timing out)
 //! takes the lock and removes its entry: a granted one gives its units
@@ -988,6 +1092,20 @@
 //! * **Stamps, candidates and statistics are `Relaxed`**: hints and
 //!   counters, re-checked by the CASes above or ordering nothing.
 //!
+//! ## KV events
+//!
+//! * **A ring's `tail` CAS is `AcqRel`**: the order of the reservations is
+//!   the order of a key's transitions (see [KV events](#kv-events)).
+//! * **A slot's position word**: the producer's store of `pos + 1` is
+//!   `Release` and the consumer's load `Acquire`, so the payload's
+//!   `Relaxed` words are read as written; the consumer's store of
+//!   `pos + capacity` is `Release` and the producer's load `Acquire`, so the
+//!   consumer's reads of a lap's record happen-before the next lap's
+//!   writes.
+//! * **A loss**: `lost_at` is raised (`Relaxed`) before `lost` is added to
+//!   (`Release`), and the consumer loads `lost` with `Acquire` before
+//!   `lost_at`: the position it reads covers every loss it counts.
+//!
 //! ## `Sequence`
 //!
 //! A sequence is a plain `Send` value used by one thread at a time; all its
@@ -1025,7 +1143,9 @@
 //! that keeps its grant or does not re-check the waiters behind it, a
 //! close that wakes no one, a waiter without its hand-shake, a queue that
 //! owes new admissions only its head's request, a head woken before its
-//! grant is counted)
+//! grant is counted, a KV event removal reserved after its CAS, a store
+//! reserved before its claim, a record published `Relaxed`, a loss not
+//! counted)
 //! are switched on through hooks that are the correct behaviour
 //! in every other build. The model suites reach that seam through one
 //! hidden module, not through the API.

@@ -63,6 +63,11 @@ pub const SOUND: Faults = Faults {
     match_keeps_credits: false,
     owed_without_headroom: false,
     wake_before_count: false,
+    panic_cuts_batch: false,
+    late_removal_record: false,
+    early_stored_record: false,
+    relaxed_record: false,
+    uncounted_loss: false,
 };
 /// The free list's control: a take from a bitmap word with a load and a
 /// plain store, so that two takers can take the same block.
@@ -228,6 +233,37 @@ pub const WAKE_BEFORE_COUNT: Faults = Faults {
     wake_before_count: true,
     ..SOUND
 };
+/// The batch control of waiting: a waker's panic drops the rest of its
+/// batch of wakes uncalled.
+pub const PANIC_CUTS_BATCH: Faults = Faults {
+    panic_cuts_batch: true,
+    ..SOUND
+};
+/// The KV events' order control for removals: an eviction (or a
+/// truncate's drop of a key) takes its place in the ring after its CAS.
+pub const LATE_REMOVAL_RECORD: Faults = Faults {
+    late_removal_record: true,
+    ..SOUND
+};
+/// The KV events' order control for stores: a publish takes its place in
+/// the ring before it claims its block.
+pub const EARLY_STORED_RECORD: Faults = Faults {
+    early_stored_record: true,
+    ..SOUND
+};
+/// The KV events' publication control: a record's position word stored
+/// with `Relaxed` instead of `Release`.
+pub const RELAXED_RECORD: Faults = Faults {
+    relaxed_record: true,
+    ..SOUND
+};
+/// The KV events' loss control: an event that finds its ring full is lost
+/// without being counted.
+pub const UNCOUNTED_LOSS: Faults = Faults {
+    uncounted_loss: true,
+    ..SOUND
+};
+
 /// The re-check control of waiting: a waiter does not try again after it
 /// queues, so a release between its failed attempt and its enqueue is
 /// lost.

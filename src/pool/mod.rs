@@ -32,16 +32,18 @@ mod free_list;
 mod over_free;
 mod prefix;
 mod refs;
+mod stats;
 mod wait;
 
 use admission::Admission;
 pub use builder::BlockPoolBuilder;
 use fence::Fences;
 use free_list::{FreeList, Give};
-pub use prefix::PrefixStats;
 use prefix::{Evictions, PrefixCache};
+pub use prefix::{KvEvent, PrefixStats};
 pub(crate) use refs::Holder;
 use refs::{Dropped, Refs};
+pub use stats::PoolStats;
 pub use wait::Alloc;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
@@ -91,7 +93,10 @@ pub use wait::Alloc;
 /// [`evictable_blocks`](Self::evictable_blocks),
 /// [`reset_prefix_cache`](Self::reset_prefix_cache) and
 /// [`prefix_stats`](Self::prefix_stats) report on it and clear it. Every
-/// path is lock-free, and none allocates heap memory.
+/// path is lock-free while nobody waits (a give-back while someone waits
+/// runs the wait queue's grant loop, see
+/// [Waiting](crate::implementation#waiting)), and none allocates heap
+/// memory.
 ///
 /// # Fenced release
 ///
@@ -925,7 +930,11 @@ impl BlockAllocator for BlockPool {
         blocks
             .iter()
             .zip(keys)
-            .filter(|&(&id, key)| self.publish_block(id, key))
+            .enumerate()
+            .filter(|&(i, (&id, key))| {
+                let parent = i.checked_sub(1).map(|p| &keys[p]);
+                self.publish_block(id, key, parent)
+            })
             .count()
     }
 
@@ -965,6 +974,7 @@ impl fmt::Debug for BlockPool {
             .field("block_size", &self.block_size)
             .field("shards", &self.shards())
             .field("prefix_cache", &self.has_prefix_cache())
+            .field("kv_events", &self.has_kv_events())
             .field("used_blocks", &self.used_blocks())
             .field("peak_used_blocks", &self.peak_used_blocks())
             .field("closed", &self.is_closed())
