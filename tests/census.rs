@@ -153,7 +153,8 @@ impl World {
         self.hpool.close();
     }
 
-    /// Takes every free block (the evictable one too) and holds it.
+    /// Takes every free block (the evictable one too) and holds it: the
+    /// free blocks `FREE_ID` and the one after it, then `EVICTABLE_ID`.
     fn fill(&mut self) {
         let free = self.pool.free_blocks();
         self.pool.try_alloc(free, &mut self.taken).unwrap();
@@ -592,17 +593,23 @@ fn pool_rows() -> Vec<Row> {
             |w| { let f = free_block(w); free(w.pool.free(&[w.c.blocks()[0], f])) } => Got::Free(FreeError::NotAllocated { id: id(FREE_ID) });
         "BlockPool::free: the evictable cached block", none,
             |w| { let e = evictable_block(w); free(w.pool.free(&[e])) } => Got::Free(FreeError::NotAllocated { id: id(EVICTABLE_ID) });
-        "BlockPool::free: a block with 1 reference, twice", none,
-            |w| free(w.pool.free(&[w.c.blocks()[1], w.c.blocks()[1]])) => Got::Free(FreeError::OverFreed { id: id(C1_ID) });
-        "BlockPool::free: a block with 2 references, 3 times", none,
-            |w| { let s = w.a.blocks()[0]; free(w.pool.free(&[s, s, s])) } => Got::Free(FreeError::OverFreed { id: id(SHARED_ID) });
-        "BlockPool::free: 17 ids, one listed twice (the long check)", none,
+        "BlockPool::free: a sequence's block", none,
+            |w| free(w.pool.free(&[w.c.blocks()[1]])) => Got::Free(FreeError::HeldBySequence { id: id(C1_ID) });
+        "BlockPool::free: a block two sequences share", none,
+            |w| { let s = w.a.blocks()[0]; free(w.pool.free(&[s])) } => Got::Free(FreeError::HeldBySequence { id: id(SHARED_ID) });
+        "BlockPool::free: a taken block, then a sequence's block", fill,
+            |w| free(w.pool.free(&[w.taken[0], w.c.blocks()[1]])) => Got::Free(FreeError::HeldBySequence { id: id(C1_ID) });
+        "BlockPool::free: a sequence's block, then a free one", none,
+            |w| { let f = free_block(w); free(w.pool.free(&[w.c.blocks()[1], f])) } => Got::Free(FreeError::NotAllocated { id: id(FREE_ID) });
+        "BlockPool::free: a taken block, twice", fill,
+            |w| free(w.pool.free(&[w.taken[0], w.taken[0]])) => Got::Free(FreeError::OverFreed { id: id(FREE_ID) });
+        "BlockPool::free: 17 ids, one listed twice (the long check)", fill,
             |w| {
-                let mut ids = vec![w.c.blocks()[0]; 1];
-                ids.extend(std::iter::repeat(w.a.blocks()[0]).take(2));
-                ids.extend(std::iter::repeat(w.c.blocks()[1]).take(14));
+                let (t0, t1, t2) = (w.taken[0], w.taken[1], w.taken[2]);
+                let mut ids = vec![t0, t1];
+                ids.extend(std::iter::repeat(t2).take(15));
                 free(w.pool.free(&ids))
-            } => Got::Free(FreeError::OverFreed { id: id(C1_ID) });
+            } => Got::Free(FreeError::OverFreed { id: id(EVICTABLE_ID) });
         "BlockPool::free: a foreign id in range, free here", none,
             |w| free(w.pool.free(&[w.foreign[FREE_ID as usize]])) => Got::Free(FreeError::NotAllocated { id: id(FREE_ID) });
         "BlockPool::free: a foreign id out of range", none,
@@ -874,6 +881,10 @@ fn h(w: &mut World) -> &mut HybridSequence {
 const H_BEYOND: usize = (usize::MAX - 3).div_ceil(BS);
 /// What `h` may ever take: the pool less the 6 blocks it holds.
 const H_ROOM: usize = BLOCKS - 6;
+/// The block of `h`'s sliding group at entry 2.
+const H_SLIDING2_ID: u32 = 5;
+/// Block 0 of `h`'s sliding group, which its window gave back (evictable).
+const H_GIVEN_BACK_ID: u32 = 3;
 
 /// Groups, group keys and hybrid sequences: appends, reservations, slots,
 /// truncates, forks, prefix matches and publishes.
@@ -974,6 +985,10 @@ fn hybrid_rows() -> Vec<Row> {
         "HybridSequence::retire: an empty sequence, fence u64::MAX", none,
             |w| value(HybridSequence::new(Arc::clone(&w.hpool), hgroups()).retire(u64::MAX)) => value(0usize);
         "HybridSequence::shrink_to_fit: nothing reserved", hybrid_seq, |w| value(h(w).shrink_to_fit()) => value(0usize);
+        "BlockPool::free: a hybrid sequence's block", hybrid_seq,
+            |w| { let b = h(w).blocks(1).unwrap()[2]; free(w.hpool.free(&[b])) } => Got::Free(FreeError::HeldBySequence { id: id(H_SLIDING2_ID) });
+        "BlockPool::free: a block a hybrid sequence's window gave back", hybrid_seq,
+            |w| free(w.hpool.free(&[id(H_GIVEN_BACK_ID)])) => Got::Free(FreeError::NotAllocated { id: id(H_GIVEN_BACK_ID) });
         "HybridSequence::try_fork: partly filled tails, one block free", hybrid_one_free,
             |w| reserve(w.h.as_ref().unwrap().try_fork(&mut w.copies).map(|c| c.len())) => full(2, 1);
         "HybridSequence::try_fork: partly filled tails, closed", hybrid_closed,

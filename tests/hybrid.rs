@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kvslots::{
-    hash_blocks, BlockAllocator, BlockCopy, BlockHash, BlockId, BlockPool, GroupKeys, HybridError,
-    HybridSequence, KvGroup, KvGroups, KvGroupsError, PositionError, ReserveError,
+    hash_blocks, BlockAllocator, BlockCopy, BlockHash, BlockId, BlockPool, FreeError, GroupKeys,
+    HybridError, HybridSequence, KvGroup, KvGroups, KvGroupsError, PositionError, ReserveError,
 };
 
 /// Tokens per block in these tests.
@@ -397,6 +397,93 @@ fn a_fenced_append_retires_the_window_until_the_step_completes() {
     assert!(seq.try_append_fenced(4, 10, &mut copies).is_err());
     assert_eq!(pool.pending_release_blocks(), 0);
     assert_eq!(seq.null_blocks(0), Some(1));
+}
+
+/// A raw `BlockPool::free` of each of `ids` is refused with
+/// `HeldBySequence`, naming it, and changes nothing.
+fn assert_raw_free_refused(pool: &BlockPool, ids: &[BlockId]) {
+    for &id in ids.iter().filter(|id| !id.is_null()) {
+        let (used, refs) = (pool.used_blocks(), pool.ref_count(id));
+        assert_eq!(
+            pool.free(&[id]),
+            Err(FreeError::HeldBySequence { id }),
+            "a raw free of a hybrid sequence's {id}"
+        );
+        assert_eq!((pool.used_blocks(), pool.ref_count(id)), (used, refs));
+    }
+}
+
+/// Every block in `seq`'s tables, null entries left out.
+fn held(seq: &HybridSequence) -> Vec<BlockId> {
+    tables(seq)
+        .into_iter()
+        .flatten()
+        .filter(|id| !id.is_null())
+        .collect()
+}
+
+#[test]
+fn a_raw_free_of_a_hybrid_sequences_block_is_refused_on_every_path() {
+    let pool = pool(32);
+    let g = groups(&[KvGroup::Full, sliding(4)]);
+    let mut seq = HybridSequence::new(Arc::clone(&pool), g.clone());
+    // Taken by one admission for both groups.
+    seq.try_append(8).unwrap();
+    assert_raw_free_refused(&pool, &held(&seq));
+    // Position 8 reads 5..=8: the sliding group's block 0, held alone,
+    // moves to a new entry (its reference, and the sequence flag, with
+    // it).
+    let reused = seq.blocks(1).unwrap()[0];
+    seq.try_append(4).unwrap();
+    assert!(held(&seq).contains(&reused));
+    assert_raw_free_refused(&pool, &held(&seq));
+    // Reserved, not yet written: at once, blocking, and waiting.
+    seq.try_reserve(4, 0).unwrap();
+    assert_raw_free_refused(&pool, &held(&seq));
+    seq.reserve_blocking(8, 0, None).unwrap();
+    // 20 tokens' blocks: 5 in the full group, 4 in the sliding one (its
+    // block 0 given back).
+    assert_eq!(seq.held_blocks(), 5 + 4);
+    assert_raw_free_refused(&pool, &held(&seq));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    runtime.block_on(seq.reserve(12, 0)).unwrap();
+    assert_eq!(seq.held_blocks(), 6 + 5);
+    assert_raw_free_refused(&pool, &held(&seq));
+    seq.shrink_to_fit();
+    // Shared with a fork, and the fork's private tail.
+    let mut copies = Vec::new();
+    seq.try_append(1).unwrap(); // 13 tokens: partly filled tails
+    let child = seq.try_fork(&mut copies).unwrap();
+    assert_eq!(copies.len(), 2);
+    assert_raw_free_refused(&pool, &held(&seq));
+    assert_raw_free_refused(&pool, &held(&child));
+    drop(child);
+    // A window's block retired under a fence: still the sequence's until
+    // the step completes, then back in the pool.
+    seq.try_append(4).unwrap(); // 17 tokens
+    let leaving = seq.blocks(1).unwrap()[2];
+    // Position 17 reads 14..=17: block 2 leaves the window.
+    seq.try_append_fenced(1, 7, &mut copies).unwrap();
+    assert_eq!(seq.blocks(1).unwrap()[2], BlockId::NULL);
+    assert_eq!(pool.pending_release_blocks(), 1);
+    assert_raw_free_refused(&pool, &[leaving]);
+    assert_eq!(pool.complete(7), 1);
+    assert_eq!(
+        pool.free(&[leaving]),
+        Err(FreeError::NotAllocated { id: leaving })
+    );
+    // Published, dropped, matched by another sequence: revived blocks.
+    let tokens: Vec<u32> = (0..18).collect();
+    let keys = g.keys(&base_keys(&tokens));
+    assert_eq!(seq.publish(&keys), Ok(4 + 1));
+    drop(seq);
+    let mut matched = HybridSequence::new(Arc::clone(&pool), g);
+    assert_eq!(matched.try_match_prefix(&keys), Ok(4));
+    assert_raw_free_refused(&pool, &held(&matched));
+    drop(matched);
+    assert_eq!(pool.used_blocks(), 0);
 }
 
 // ---------------------------------------------------------------------------

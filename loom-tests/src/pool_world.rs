@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use kvslots::__model::{admission_free, pool_with_faults, Faults};
 use kvslots::__model::{AtomicUsize, Ordering};
-use kvslots::{BlockHash, BlockId, BlockPool, ReserveError, Sequence};
+use kvslots::{BlockHash, BlockId, BlockPool, FreeError, ReserveError, Sequence};
 use loom::cell::UnsafeCell;
 
 /// A block was handed out while a holder still had it (the same words as
@@ -34,10 +34,10 @@ pub const LOST: &str = "blocks not conserved";
 
 /// No faults: the pool as shipped.
 pub const SOUND: Faults = Faults {
-    no_tag: false,
+    plain_bitmap_take: false,
     relaxed_free: false,
     blind_undo: false,
-    plain_held_drop: false,
+    free_ignores_sequence: false,
     blind_add_ref: false,
     no_generation_check: false,
     relaxed_publish: false,
@@ -63,6 +63,7 @@ pub const SOUND: Faults = Faults {
     per_group_admission: false,
     recycle_shared: false,
     unreconciled_match: false,
+    match_keeps_credits: false,
     owed_without_headroom: false,
     wake_before_count: false,
     panic_cuts_batch: false,
@@ -71,9 +72,10 @@ pub const SOUND: Faults = Faults {
     relaxed_record: false,
     uncounted_loss: false,
 };
-/// The ABA control: the id shard without its generation tag.
-pub const NO_TAG: Faults = Faults {
-    no_tag: true,
+/// The free list's control: a take from a bitmap word with a load and a
+/// plain store, so that two takers can take the same block.
+pub const PLAIN_BITMAP_TAKE: Faults = Faults {
+    plain_bitmap_take: true,
     ..SOUND
 };
 /// The ordering control: freeing with `Relaxed` instead of `Release`.
@@ -88,17 +90,21 @@ pub const BLIND_UNDO: Faults = Faults {
     ..SOUND
 };
 
-/// The held-drop control: a sequence clears a count that reads 1 with a
-/// plain store, so a racing double free pushes the block twice.
-pub const PLAIN_HELD_DROP: Faults = Faults {
-    plain_held_drop: true,
+/// The sequence-flag control: a raw free takes a reference to a block
+/// that sequences hold, so it races a sequence's plain last drop and both
+/// give the block back.
+pub const FREE_IGNORES_SEQUENCE: Faults = Faults {
+    free_ignores_sequence: true,
     ..SOUND
 };
 
 /// The fork control: adding a reference raises a count of 0 (no check),
-/// reviving a block that a raw free put back in the free list.
+/// reviving a block that a raw free put back in the free list. A raw free
+/// can take a parent's reference only if it ignores the sequence flag, so
+/// the control has both faults.
 pub const BLIND_ADD_REF: Faults = Faults {
     blind_add_ref: true,
+    free_ignores_sequence: true,
     ..SOUND
 };
 
@@ -127,18 +133,30 @@ pub const NO_KILL: Faults = Faults {
     ..SOUND
 };
 
+/// The revival control: a match keeps the blocks it admitted ahead and did
+/// not use.
+pub const MATCH_KEEPS_CREDITS: Faults = Faults {
+    match_keeps_credits: true,
+    ..SOUND
+};
+
 /// The claim control: a publisher's claim takes no reference of its own,
 /// so a raw free (a double free) racing the publish can push the claimed
-/// block to the free list, where the commit then sets its key.
+/// block to the free list, where the commit then sets its key. A raw free
+/// reaches a publisher's block only if it ignores the sequence flag, so
+/// the control has both faults.
 pub const UNREFERENCED_CLAIM: Faults = Faults {
     unreferenced_claim: true,
+    free_ignores_sequence: true,
     ..SOUND
 };
 
 /// The claim's give-back control: a commit or unclaim that drops a claimed
-/// block's last reference does not give the block back (a leak).
+/// block's last reference does not give the block back (a leak). As for
+/// [`UNREFERENCED_CLAIM`], with a raw free that ignores the sequence flag.
 pub const CLAIM_DROP_KEPT: Faults = Faults {
     claim_drop_kept: true,
+    free_ignores_sequence: true,
     ..SOUND
 };
 
@@ -505,6 +523,29 @@ impl PoolWorld {
         }
         self.pool.free(&all).expect("freeing every block");
         assert_eq!(self.pool.free_blocks(), n, "{LOST}: after the final free");
+    }
+}
+
+/// What a racing double free of a sequence's block may answer (the models
+/// of `tests/held_drop.rs` and `tests/hybrid.rs`): `HeldBySequence` while
+/// the sequence holds the block, `NotAllocated` once it is back; and
+/// under the `free_ignores_sequence` control, as before the flag, `Ok` if
+/// it dropped the reference before the sequence did and `Raced` if the
+/// sequence dropped it first (its checks saw the reference, its drop
+/// found none).
+///
+/// # Panics
+///
+/// Panics on any other answer, or on a refusal that names another block.
+pub fn assert_double_free_answer(r: Result<(), FreeError>, id: BlockId) {
+    match r {
+        Ok(()) => {}
+        Err(FreeError::Raced { id: raced })
+        | Err(FreeError::NotAllocated { id: raced })
+        | Err(FreeError::HeldBySequence { id: raced }) => {
+            assert_eq!(raced, id, "the refusal names the doubly freed block");
+        }
+        Err(e) => panic!("unexpected {e:?}"),
     }
 }
 

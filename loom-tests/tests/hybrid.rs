@@ -23,7 +23,13 @@
 //! | [`admission_across_groups`]: two sequences of two groups append a block a group, with room for one | 2, 2 | `per_group_admission` (each group admitted alone, the earlier ones given back when a later one is refused) | both refused although one fits |
 //! | [`window_vs_match`]: a sequence's append moves its window past a published block while another sequence matches it | 2, 4 | `recycle_shared` (the window's block reused unchecked) | handed out twice |
 //! | [`match_vs_evicting_append`]: a match across a sliding and a full group while another sequence's append evicts the sliding group's block | 2, 5 | `unreconciled_match` (each group settled once) | a table that disagrees with the length |
-//! | [`window_give_back_vs_append`]: a window gives a block back while another sequence's append can take it only then | 2, 3 | `relaxed_free` (the pool's drop `Relaxed`) | causality |
+//! | [`window_give_back_vs_append`]: a window gives a block back while another sequence's append can take it only then | 2, 3 | `relaxed_free` (the pool's give-back `Relaxed`) | causality |
+//! | [`window_vs_double_free`]: a window gives back, or reuses, a block it holds alone while a raw free lists it (a double free) and then takes a block | 2, 2 or 3 | `free_ignores_sequence` (the raw free takes the sequence's reference) | blocks not conserved |
+//!
+//! A hybrid sequence's blocks are a sequence's: they carry the pool's
+//! sequence flag, so a raw `BlockPool::free` refuses them
+//! (`HeldBySequence`), and a window gives back a block it holds alone
+//! with a plain store, or reuses it, with nothing to race.
 //!
 //! [`DOUBLE`]: loom_tests::pool_world::DOUBLE
 //! [`LOST`]: loom_tests::pool_world::LOST
@@ -39,8 +45,8 @@ use kvslots::{
 };
 use loom::thread;
 use loom_tests::pool_world::{
-    check, check_long, PoolWorld, PER_GROUP_ADMISSION, RECYCLE_SHARED, RELAXED_FREE, SOUND,
-    UNRECONCILED_MATCH,
+    assert_double_free_answer, check, check_long, PoolWorld, FREE_IGNORES_SEQUENCE, LOST,
+    PER_GROUP_ADMISSION, RECYCLE_SHARED, RELAXED_FREE, SOUND, UNRECONCILED_MATCH,
 };
 
 /// Token slots per block in every model here.
@@ -353,10 +359,12 @@ fn match_vs_evicting_append_unreconciled_match_is_caught() {
 /// * Thread 2 appends 2 tokens to a new sequence `b` of one full group:
 ///   one block, admitted through the block that was free already (so the
 ///   admission count orders nothing between the threads); the free list
-///   is LIFO, so `b` takes `a0` whenever `a` gave it back first.
+///   hands out its lowest free block, so `b` takes `a0` (block 0)
+///   whenever `a` gave it back first.
 ///
-/// `a`'s last read of `a0` must happen-before `b`'s write into it: the
-/// window's give-back is the pool's `Release` drop and push. Under the
+/// `a`'s last read of `a0` must happen-before `b`'s write into it: `a`
+/// holds `a0` alone, so the window's give-back is a plain store of its
+/// count published by the free list's `Release` `fetch_or`. Under the
 /// pool's `relaxed_free` control loom reports a causality violation.
 fn window_give_back_vs_append(pool_faults: Faults) {
     check(move || {
@@ -391,4 +399,103 @@ fn window_give_back_vs_append_sound() {
 #[should_panic(expected = "Causality violation")]
 fn window_give_back_vs_append_relaxed_free_is_caught() {
     window_give_back_vs_append(RELAXED_FREE);
+}
+
+/// The pool while `seq` is the only holder: each block in its tables has
+/// exactly one reference, the used count is what it holds, and so are
+/// the admission counts (a block given back twice shows there).
+fn assert_only_holder(world: &PoolWorld, seq: &HybridSequence, what: &str) {
+    let pool = &world.pool;
+    let held: Vec<BlockId> = (0..seq.groups().len())
+        .flat_map(|g| seq.blocks(g).unwrap().iter().copied())
+        .filter(|id| !id.is_null())
+        .collect();
+    assert_eq!(pool.used_blocks(), held.len(), "{LOST}: used ({what})");
+    assert_eq!(
+        kvslots::__model::admission_free(pool),
+        pool.num_blocks() - held.len(),
+        "{LOST}: the admission counts ({what})"
+    );
+    for &id in &held {
+        assert_eq!(pool.ref_count(id), Some(1), "{LOST}: {id}'s count ({what})");
+    }
+}
+
+/// A sliding window gives back, or reuses, a block that its sequence
+/// holds alone while a raw `BlockPool::free` lists that block (a double
+/// free, which is misuse: the block is the sequence's), over a pool of 2
+/// or 3 blocks of 2 slots, all of them `a`'s.
+///
+/// Before the threads: `a` (one sliding group, window 2) holds 3 tokens
+/// in `a0` and `a1` (`reuse` false), or 6 in `a0`, `a1` and `a2` (`reuse`
+/// true).
+///
+/// * Thread 1 appends 1 token to `a`. With 3 tokens its window (2..=3)
+///   leaves `a0` behind and the token fits in `a1`: `a0` goes back to the
+///   pool with a plain store of its count (`a` is its only holder). With
+///   6 the window (5..=6) leaves `a0` and `a1` behind and the token needs
+///   a block: `a0`, held alone and uncached, is reused for it (no pool
+///   call) and `a1` goes back.
+/// * Thread 2 frees `a0` through the pool: refused, `HeldBySequence`
+///   while `a` holds it and `NotAllocated` once it is back, changing
+///   nothing; then it takes a block if one is free (the one `a` gave
+///   back) and frees it.
+///
+/// Afterwards `a` is the only holder of what its table lists, and once it
+/// is dropped the pool is whole. Under `free_ignores_sequence` the raw
+/// free takes `a`'s reference to `a0`: racing the plain store, both give
+/// `a0` back (the admission counts show it); before the reuse, `a` finds
+/// no other holder and reuses a block that is free.
+fn window_vs_double_free(reuse: bool, pool_faults: Faults) {
+    check(move || {
+        let blocks = if reuse { 3 } else { 2 };
+        let world = PoolWorld::new(blocks, BS, pool_faults, "sequence");
+        let window = KvGroups::new([KvGroup::SlidingWindow { window_tokens: BS }]).unwrap();
+        let mut a = world.hybrid(&window, SOUND);
+        let len = if reuse { 3 * BS } else { BS + 1 };
+        world.append(&mut a, len).expect("every block of the pool");
+        let a0 = a.blocks(0).unwrap()[0];
+        let mover = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || {
+                world
+                    .append(&mut a, 1)
+                    .expect("room in the last block, or the window's block");
+                assert_eq!(a.null_blocks(0), Some(blocks - 1));
+                a
+            })
+        };
+        let r = world.pool.free(&[a0]);
+        let mut got = Vec::new();
+        if world.pool.try_alloc(1, &mut got).is_ok() {
+            world.pool.free(&got).expect("just taken");
+        }
+        let a = mover.join().unwrap();
+        assert_double_free_answer(r, a0);
+        assert_only_holder(&world, &a, &format!("free said {r:?}"));
+        world.drop_seq(a);
+        world.assert_conserved();
+    });
+}
+
+#[test]
+fn window_give_back_vs_double_free_sound() {
+    window_vs_double_free(false, SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn window_give_back_vs_double_free_free_ignores_sequence_is_caught() {
+    window_vs_double_free(false, FREE_IGNORES_SEQUENCE);
+}
+
+#[test]
+fn window_reuse_vs_double_free_sound() {
+    window_vs_double_free(true, SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn window_reuse_vs_double_free_free_ignores_sequence_is_caught() {
+    window_vs_double_free(true, FREE_IGNORES_SEQUENCE);
 }

@@ -112,6 +112,28 @@ def test_a_window_gives_blocks_back_as_none_entries():
     assert pool.used_blocks == 0
 
 
+def test_a_raw_free_of_a_hybrid_sequences_block_is_refused():
+    pool = kvslots.BlockPool(16, 4)
+    seq = kvslots.HybridSequence(pool, kvslots.KvGroups([4, "full"]))
+    seq.try_append(8)
+    reused = seq.block_ids(0)[0]
+    seq.try_append(4)  # position 8 reads 5..=8: block 0 is reused
+    child, _ = seq.fork()
+    held = [b for g in range(2) for b in seq.block_ids(g) if b is not None]
+    assert reused in held
+    # Each block is the sequences' to give back: a raw free is a double
+    # free, refused, and nothing changes.
+    before, state = hybrid_state(seq), pool_state(pool)
+    for block in held:
+        with pytest.raises(kvslots.FreeError) as err:
+            pool.free([block])
+        assert err.value.kind == "held_by_sequence"
+        assert hybrid_state(seq) == before and pool_state(pool) == state
+    child.close()
+    seq.close()
+    assert pool.used_blocks == 0
+
+
 def test_truncate_outside_the_window_raises_window_error():
     pool = kvslots.BlockPool(32, 4)
     seq = kvslots.HybridSequence(pool, kvslots.KvGroups([4, "full"]))

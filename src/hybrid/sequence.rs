@@ -10,7 +10,7 @@ use super::groups::{GroupKeys, KvGroup, KvGroups};
 use crate::allocator::BlockAllocator;
 use crate::error::{HybridError, ReserveError};
 use crate::id::BlockId;
-use crate::pool::BlockPool;
+use crate::pool::{BlockPool, Holder};
 use crate::sequence::{BlockCopy, Sequence};
 use crate::sync::Faults;
 
@@ -67,7 +67,12 @@ use crate::sync::Faults;
 /// # Memory ordering
 ///
 /// As [`Sequence`]'s: a plain `Send` value used by one thread at a time,
-/// whose blocks follow the pool's rules.
+/// whose blocks follow the pool's rules. They are a sequence's blocks in
+/// every table (also a window's block reused for new tokens, a fork's,
+/// a match's and those retired under a fence): a raw
+/// [`BlockPool::free`] of one is refused with
+/// [`FreeError::HeldBySequence`](crate::FreeError::HeldBySequence), and
+/// the sequence gives them back itself.
 pub struct HybridSequence<A: BlockAllocator + ?Sized = BlockPool> {
     groups: KvGroups,
     /// One table per group, each over the same pool.
@@ -1318,7 +1323,7 @@ impl HybridSequence<BlockPool> {
         let mut scratch = std::mem::take(&mut self.scratch);
         scratch.clear();
         let granted = pool
-            .alloc_with_headroom(missing, headroom, &mut scratch)
+            .alloc_with_headroom(missing, headroom, &mut scratch, Holder::Sequence)
             .await;
         self.scratch = scratch;
         granted?;
