@@ -229,6 +229,8 @@ mod error;
 mod hash;
 mod id;
 pub mod implementation;
+#[cfg(all(test, kvslots_loom))]
+mod loom_tests;
 mod pool;
 mod sequence;
 mod sync;

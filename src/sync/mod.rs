@@ -43,6 +43,6 @@ pub(crate) use backoff::{stale_retry, Backoff};
 pub use faults::Faults;
 pub(crate) use lock::{Condvar, Mutex, MutexGuard};
 pub(crate) use seed::index_seed;
-#[cfg(test)]
+#[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
 pub(crate) use seed::MODEL_SEED;
 pub(crate) use thread_index::thread_index;

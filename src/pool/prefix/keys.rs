@@ -397,7 +397,7 @@ impl Keys {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
 mod tests {
     use super::*;
 

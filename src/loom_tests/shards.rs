@@ -1,9 +1,9 @@
-//! Loom models of a [`BlockPool`](kvslots::BlockPool) whose free list is
+//! Loom models of a [`BlockPool`](crate::BlockPool) whose free list is
 //! cut into two shards (`BlockPool::with_shards`): requests that take from
 //! both shards, and frees whose blocks go back to two different shards,
 //! racing each other. The checks are those of `tests/pool.rs` (shadow
 //! holder counts, conservation, a happens-before witness per block; see
-//! `loom_tests::pool_world`), and each model has its negative controls.
+//! `crate::loom_tests::pool_world`), and each model has its negative controls.
 //!
 //! Run with
 //! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test shards`.
@@ -22,14 +22,12 @@
 //! | [`steal_after_free`] | 2, 3 | | caught: causality |
 //! | [`split_free_vs_alloc`] | 2, 3 | | caught: causality |
 //! | [`alloc_vs_steal`] | 2, 5 | caught: handed out twice | |
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 
-use kvslots::__model::Faults;
+use crate::__model::Faults;
 use loom::thread;
-use loom_tests::pool_world::{
+use crate::loom_tests::pool_world::{
     alloc_then_more, check, Allocs, PoolWorld, NO_TAG, RELAXED_FREE, SOUND,
 };
 

@@ -21,9 +21,9 @@
 
 use std::sync::Arc;
 
-use kvslots::__model::{admission_free, pool_with_faults, Faults};
-use kvslots::__model::{AtomicUsize, Ordering};
-use kvslots::{BlockHash, BlockId, BlockPool, ReserveError, Sequence};
+use crate::__model::{admission_free, pool_with_faults, Faults};
+use crate::__model::{AtomicUsize, Ordering};
+use crate::{BlockHash, BlockId, BlockPool, ReserveError, Sequence};
 use loom::cell::UnsafeCell;
 
 /// A block was handed out while a holder still had it (the same words as

@@ -15,7 +15,7 @@
 //! * the real `SlotCounter` with its real guards (`Reservation`,
 //!   `OwnedReservation`), which every model must pass at every capacity;
 //! * the wrong allocators of `wrong`, written against the same atomics
-//!   facade (`kvslots::__model`), which loom must catch under the same model
+//!   facade (`crate::__model`), which loom must catch under the same model
 //!   shape: the two known wrong ways of the seed contract (token by token,
 //!   against total capacity), check-then-add in two atomic steps, a closed
 //!   flag kept outside the count's word, an admission that is not
@@ -33,17 +33,29 @@
 //!
 //! The assertion messages are fixed strings (see `msg`) so that the
 //! negative controls can pin them with `#[should_panic(expected = "...")]`.
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 use std::ops::Deref;
 use std::sync::Arc;
 
-use kvslots::__model::{AtomicBool, AtomicUsize, Ordering};
-use kvslots::{OwnedReservation, ReleaseError, Reservation, ReserveError, SlotCounter};
+use crate::__model::{AtomicBool, AtomicUsize, Ordering};
+use crate::{OwnedReservation, ReleaseError, Reservation, ReserveError, SlotCounter};
 
 pub mod pool_world;
+
+mod admission;
+mod counter;
+mod fence;
+mod guards;
+mod held_drop;
+mod pool;
+mod pool_wait;
+mod prefix;
+mod prefix_misuse;
+mod prefix_publish_attack;
+mod refused_free;
+mod sequence;
+mod shards;
+mod wait;
 
 /// A waker that records that it was woken: the async waiters of the
 /// waiting models (`tests/wait.rs`, `tests/pool_wait.rs`) are polled by
@@ -115,38 +127,39 @@ const _: () = assert!(*CAPACITIES.start() == 1 && *CAPACITIES.end() == 5);
 /// caught!(admit_token_by_token: admit_vs_admit_2::<TokenByToken>,
 ///     "partial admission", from 2);
 /// ```
-#[macro_export]
 macro_rules! caught {
     ($module:ident: $shape:ident::<$wrong:ty>, $expected:literal) => {
-        $crate::caught!($module: $shape::<$wrong>, $expected, from 1);
+        $crate::loom_tests::caught!($module: $shape::<$wrong>, $expected, from 1);
     };
     ($module:ident: $shape:ident::<$wrong:ty>, $expected:literal, from $min:tt) => {
         mod $module {
             use super::*;
-            $crate::caught!(@from $min, $shape::<$wrong>, $expected,
+            $crate::loom_tests::caught!(@from $min, $shape::<$wrong>, $expected,
                 [cap1 = 1] [cap2 = 2] [cap3 = 3] [cap4 = 4] [cap5 = 5]);
         }
     };
     (@from 1, $shape:ident::<$wrong:ty>, $expected:literal, $($cap:tt)+) => {
-        $crate::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
+        $crate::loom_tests::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
     };
     (@from 2, $shape:ident::<$wrong:ty>, $expected:literal, $skip:tt $($cap:tt)+) => {
-        $crate::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
+        $crate::loom_tests::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
     };
     (@from 3, $shape:ident::<$wrong:ty>, $expected:literal, $a:tt $b:tt $($cap:tt)+) => {
-        $crate::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
+        $crate::loom_tests::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
     };
     (@tests $shape:ident::<$wrong:ty>, $expected:literal, $([$test:ident = $c:literal])+) => {
         $(
             #[test]
             #[should_panic(expected = $expected)]
             fn $test() {
-                assert!($crate::CAPACITIES.contains(&$c));
+                assert!($crate::loom_tests::CAPACITIES.contains(&$c));
                 $shape::<$wrong>($c);
             }
         )+
     };
 }
+
+pub(crate) use caught;
 
 /// Spawns a loom thread that runs `f` on clones of a model's shared
 /// allocator and shadow.

@@ -52,17 +52,15 @@
 //! `tests/pool.rs`: a sequence reaches the free list only through
 //! `try_alloc` and `free`.)
 //!
-//! [`DOUBLE`]: loom_tests::pool_world::DOUBLE
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
+//! [`DOUBLE`]: crate::loom_tests::pool_world::DOUBLE
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use kvslots::__model::Faults;
-use kvslots::{BlockCopy, BlockId, ReserveError, Sequence};
+use crate::__model::Faults;
+use crate::{BlockCopy, BlockId, ReserveError, Sequence};
 use loom::thread;
-use loom_tests::pool_world::{check, PoolWorld, RELAXED_FREE, SOUND};
+use crate::loom_tests::pool_world::{check, PoolWorld, RELAXED_FREE, SOUND};
 
 /// Token slots per block in every model here.
 const BS: usize = 2;

@@ -28,15 +28,13 @@
 //! |---|---|---|
 //! | [`refused_free_vs_free`] | 2, 2 | caught |
 //! | the same, A also freeing a block of its own first | 2, 3 | caught |
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 
-use kvslots::__model::{pool_with_faults, Faults};
-use kvslots::{BlockId, BlockPool, FreeError, Sequence};
+use crate::__model::{pool_with_faults, Faults};
+use crate::{BlockId, BlockPool, FreeError, Sequence};
 use loom::thread;
-use loom_tests::pool_world::{check, BLIND_UNDO, DOUBLE, LOST, SOUND};
+use crate::loom_tests::pool_world::{check, BLIND_UNDO, DOUBLE, LOST, SOUND};
 
 /// The model over a pool of `num_blocks` one-slot blocks (one stack).
 /// With `own`, A also holds a block `z` alone and lists it first: its drop

@@ -34,7 +34,7 @@
 //! # Models and negative controls
 //!
 //! Each model shape runs on a sound pool and on a pool built with
-//! `kvslots::__model::pool_with_faults`, which loom
+//! `crate::__model::pool_with_faults`, which loom
 //! must catch (`#[should_panic(expected = ..)]`). The pair shows that the
 //! control is caught for the injected fault, not for the model:
 //!
@@ -55,17 +55,15 @@
 //! other thread has just pushed (the free list is LIFO): only the free
 //! list's orderings could then order the two owners' accesses.
 //!
-//! [`DOUBLE`]: loom_tests::pool_world::DOUBLE
-//! [`LOST`]: loom_tests::pool_world::LOST
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
+//! [`DOUBLE`]: crate::loom_tests::pool_world::DOUBLE
+//! [`LOST`]: crate::loom_tests::pool_world::LOST
 
 use std::sync::Arc;
 
-use kvslots::__model::Faults;
-use kvslots::Sequence;
+use crate::__model::Faults;
+use crate::Sequence;
 use loom::thread;
-use loom_tests::pool_world::{
+use crate::loom_tests::pool_world::{
     alloc_then_more, check, Allocs, PoolWorld, NO_TAG, RELAXED_FREE, SOUND,
 };
 

@@ -27,14 +27,12 @@
 //! | [`truncate_sole_vs_match`] | 2 | `no_generation_check` |
 //! | [`a_publish_after_the_holder_is_gone`] | 2 | `no_held_key_check` with `ignore_deferral` |
 //! | [`a_publish_after_the_holder_is_gone_behind_a_rival`] | 3 | `ignore_deferral` |
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 
-use kvslots::{BlockHash, Sequence};
+use crate::{BlockHash, Sequence};
 use loom::thread;
-use loom_tests::pool_world::{
+use crate::loom_tests::pool_world::{
     check, holder_gone_then_publish, holder_rival_publisher, PoolWorld, SOUND,
 };
 
@@ -91,9 +89,9 @@ fn raw_free_racing_publish_unreferenced_claim_is_caught() {
     raw_free_racing_publish(UNREFERENCED_CLAIM);
 }
 
-use kvslots::__model::pool_with_faults;
-use kvslots::__model::{AtomicUsize, Faults, Ordering};
-use loom_tests::pool_world::{
+use crate::__model::pool_with_faults;
+use crate::__model::{AtomicUsize, Faults, Ordering};
+use crate::loom_tests::pool_world::{
     CLAIM_DROP_KEPT, IGNORE_DEFERRAL, NO_GENERATION_CHECK, UNREFERENCED_CLAIM,
 };
 
@@ -113,7 +111,7 @@ impl Tagged {
     }
 
     /// The owner writes block `id` and tags it `tag`.
-    fn write(&self, id: kvslots::BlockId, tag: usize) {
+    fn write(&self, id: crate::BlockId, tag: usize) {
         self.world.write(id);
         // Relaxed: checked against the pool's own ordering.
         self.tags[id.index()].store(tag, Ordering::Relaxed);
@@ -245,7 +243,7 @@ fn raw_free_racing_publish_then_two_allocations(faults: Faults) {
         pool.try_alloc(1, &mut mine).unwrap();
         world.take(mine[0]);
         let theirs = other.join().unwrap();
-        assert_ne!(mine, theirs, "{}", loom_tests::pool_world::DOUBLE);
+        assert_ne!(mine, theirs, "{}", crate::loom_tests::pool_world::DOUBLE);
         // Every block is held now, o uncached and the two fresh ones
         // allocated: none may hold a key.
         assert_eq!(
@@ -394,7 +392,7 @@ fn claim_attack(faults: Faults) {
         assert_eq!(pool.cached_blocks(), pool.evictable_blocks());
         let mut all = Vec::new();
         pool.try_alloc(2, &mut all).unwrap();
-        assert_ne!(all[0], all[1], "{}", loom_tests::pool_world::DOUBLE);
+        assert_ne!(all[0], all[1], "{}", crate::loom_tests::pool_world::DOUBLE);
         assert_eq!(
             pool.cached_blocks(),
             0,
@@ -468,7 +466,7 @@ fn raw_free_racing_a_losing_publish(faults: Faults) {
         assert_eq!((pool.cached_blocks(), pool.evictable_blocks()), (1, 1));
         let mut all = Vec::new();
         pool.try_alloc(2, &mut all).unwrap();
-        assert_ne!(all[0], all[1], "{}", loom_tests::pool_world::DOUBLE);
+        assert_ne!(all[0], all[1], "{}", crate::loom_tests::pool_world::DOUBLE);
         assert_eq!(
             pool.cached_blocks(),
             0,

@@ -34,15 +34,13 @@
 //! reference and the block has been handed to a new owner, the sequence's
 //! next drop takes the new owner's reference (reference counts cannot tell
 //! holders apart; see `BlockPool::free`).
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 
-use kvslots::__model::{admission_free, pool_with_faults, Faults};
-use kvslots::{BlockId, BlockPool, FreeError, Sequence};
+use crate::__model::{admission_free, pool_with_faults, Faults};
+use crate::{BlockId, BlockPool, FreeError, Sequence};
 use loom::thread;
-use loom_tests::pool_world::{check, BLIND_ADD_REF, DOUBLE, LOST, PLAIN_HELD_DROP, SOUND};
+use crate::loom_tests::pool_world::{check, BLIND_ADD_REF, DOUBLE, LOST, PLAIN_HELD_DROP, SOUND};
 
 /// A pool of `num_blocks` one-slot blocks, one shard, with `faults`.
 fn pool(num_blocks: usize, faults: Faults) -> Arc<BlockPool> {
