@@ -247,42 +247,6 @@ pub use id::BlockId;
 pub use pool::{Alloc, BlockPool, BlockPoolBuilder, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};
 
-/// The seam for the model-checking suites (`loom-tests`, `tests/shuttle.rs`):
-/// not part of the API, and not covered by semver.
-///
-/// It gives the suites the atomics facade's types, so that their
-/// deliberately wrong allocators use exactly the atomics the real code
-/// uses, and a pool with the faults of loom's negative controls.
-#[doc(hidden)]
-pub mod __model {
-    pub use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Faults, Ordering};
-
-    /// A [`BlockPool`](crate::BlockPool) as
-    /// [`with_shards`](crate::BlockPool::with_shards) builds it, carrying
-    /// `faults`.
-    pub fn pool_with_faults(
-        num_blocks: usize,
-        block_size: usize,
-        shards: usize,
-        faults: Faults,
-    ) -> crate::BlockPool {
-        crate::BlockPool::with_faults(num_blocks, block_size, shards, faults)
-    }
-
-    /// The sum of `pool`'s per-shard admission counts, without the cap at
-    /// `num_blocks` that [`free_blocks`](crate::BlockPool::free_blocks)
-    /// applies: once no call is running it must equal `free_blocks()`.
-    pub fn admission_free(pool: &crate::BlockPool) -> usize {
-        pool.admission_free_uncapped()
-    }
-
-    /// A [`SlotCounter`](crate::SlotCounter) of `capacity` slots whose wait
-    /// queue carries `faults`.
-    pub fn counter_with_faults(capacity: usize, faults: Faults) -> crate::SlotCounter {
-        crate::SlotCounter::with_faults(capacity, faults)
-    }
-}
-
 /// The admission rule, as a pure function: how many of `requested` slots to
 /// admit when `used` of `capacity` are taken.
 ///

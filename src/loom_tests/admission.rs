@@ -2,13 +2,12 @@
 //! admission: the fast path (one CAS on the home shard's count) racing a
 //! gather that takes from that shard, and two gathers racing each other,
 //! where each can hold counts in transit while the other looks (the
-//! transit window). The checks are those of `tests/pool.rs` (shadow holder
+//! transit window). The checks are those of `pool.rs` (shadow holder
 //! counts, conservation, which now also sums the shards' counts without
 //! the cap of `free_blocks`, and a happens-before witness per block; see
 //! `crate::loom_tests::pool_world`), plus a check that every `Full` is justified.
 //!
-//! Run with
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test admission`.
+//! Run with `scripts/loom admission`.
 //!
 //! Threads are numbered in the order they first admit or release blocks,
 //! afresh in every execution, so which thread calls which shard home
@@ -21,10 +20,10 @@
 
 use std::sync::Arc;
 
-use crate::__model::{AtomicUsize, Faults, Ordering};
+use crate::loom_tests::pool_world::{check, Allocs, PoolWorld, KEEP_REFUSED, RACY_TAKE, SOUND};
+use crate::sync::{AtomicUsize, Faults, Ordering};
 use crate::ReserveError;
 use loom::thread;
-use crate::loom_tests::pool_world::{check, Allocs, PoolWorld, KEEP_REFUSED, RACY_TAKE, SOUND};
 
 /// A refusal that nothing running could justify.
 const UNJUSTIFIED: &str = "unjustified Full";

@@ -14,14 +14,10 @@
 //! exhaustively; models of three threads with the environment's preemption
 //! bound (`LOOM_MAX_PREEMPTIONS=2` in CI). See `crate::loom_tests::check_threads`.
 //!
-//! Run with:
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release`
+//! Run with `scripts/loom counter`.
 
 use std::sync::Arc;
 
-use crate::{ReleaseError, ReserveError, SlotCounter};
-use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use loom::thread;
 use crate::loom_tests::wrong::{
     AgainstCapacity, CheckThenAdd, RelaxedAdmission, RelaxedRelease, SeparateCloseFlag,
     TokenByToken,
@@ -30,6 +26,9 @@ use crate::loom_tests::{
     assert_drained, assert_full, assert_len, assert_whole, caught, check_threads, msg, spawn, sums,
     Guard, Shadow, Slots, CAPACITIES,
 };
+use crate::{ReleaseError, ReserveError, SlotCounter};
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use loom::thread;
 
 /// One appender: admits `requested` with `SlotCounter::admit`, holds it,
 /// gives it back with `release`.

@@ -6,8 +6,7 @@
 //! allocation that wants the block. The block must never be handed out
 //! before the fence is declared complete.
 //!
-//! Run with
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test fence`.
+//! Run with `scripts/loom fence`.
 //!
 //! In each model the main thread owns a sequence over a pool of one-slot
 //! blocks and writes its blocks; then three things race:
@@ -33,10 +32,10 @@
 
 use std::sync::Arc;
 
-use crate::__model::{AtomicBool, Faults, Ordering};
+use crate::loom_tests::pool_world::{check, Allocs, PoolWorld, EARLY_RELEASE, SOUND};
+use crate::sync::{AtomicBool, Faults, Ordering};
 use crate::{BlockId, Sequence};
 use loom::thread;
-use crate::loom_tests::pool_world::{check, Allocs, PoolWorld, EARLY_RELEASE, SOUND};
 
 /// The message of a block handed out before its fence was declared
 /// complete.

@@ -7,17 +7,16 @@
 //! `OwnedReservation`) and, as `#[should_panic]` controls, against the
 //! wrong allocators of `crate::loom_tests::wrong` with their naive guards.
 //!
-//! Run with:
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release`
+//! Run with `scripts/loom guards`.
 
 use std::sync::Arc;
 
-use crate::SlotCounter;
 use crate::loom_tests::wrong::{AgainstCapacity, CheckThenAdd, TokenByToken};
 use crate::loom_tests::{
     assert_drained, assert_full, assert_len, caught, check_threads, spawn, sums, Guard, Shadow,
     Slots, CAPACITIES,
 };
+use crate::SlotCounter;
 
 /// What others could hold at once, given each other thread's possible
 /// holdings, shifted by `base` (what the asking thread holds itself).

@@ -2,8 +2,7 @@
 //! of a shared block, and three threads at once, each with its negative
 //! control.
 //!
-//! Run with
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test pool`.
+//! Run with `scripts/loom pool`.
 //!
 //! # What every model checks
 //!
@@ -34,7 +33,7 @@
 //! # Models and negative controls
 //!
 //! Each model shape runs on a sound pool and on a pool built with
-//! `crate::__model::pool_with_faults`, which loom
+//! `BlockPool::with_faults`, which loom
 //! must catch (`#[should_panic(expected = ..)]`). The pair shows that the
 //! control is caught for the injected fault, not for the model:
 //!
@@ -60,12 +59,12 @@
 
 use std::sync::Arc;
 
-use crate::__model::Faults;
-use crate::Sequence;
-use loom::thread;
 use crate::loom_tests::pool_world::{
     alloc_then_more, check, Allocs, PoolWorld, NO_TAG, RELAXED_FREE, SOUND,
 };
+use crate::sync::Faults;
+use crate::Sequence;
+use loom::thread;
 
 /// Block size of every pool here (the models move whole blocks).
 const BLOCK_SIZE: usize = 1;

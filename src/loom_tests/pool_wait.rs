@@ -3,12 +3,11 @@
 //! between a waiter and a release on another shard, a waiter against a
 //! slow-path admission that holds blocks in transit, and the growth of a
 //! running sequence past a queued head. The checks are those of
-//! `tests/pool.rs` (shadow holder counts, conservation, a happens-before
+//! `pool.rs` (shadow holder counts, conservation, a happens-before
 //! witness per block; see `crate::loom_tests::pool_world`), plus: every waiter
 //! ends granted all it asked for, and nobody is left queued.
 //!
-//! Run with
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test pool_wait`.
+//! Run with `scripts/loom pool_wait`.
 //!
 //! A blocking waiter sleeps on loom's condition variable and an async one
 //! is driven by loom's `block_on`, which parks its thread until the waker
@@ -47,14 +46,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
-use crate::__model::{AtomicBool, Faults, Ordering};
-use crate::{BlockId, ReserveError, Sequence};
-use loom::thread;
 use crate::loom_tests::pool_world::{
     check, Allocs, PoolWorld, GROWTH_WAITS, LATE_ENQUEUE, OWED_WITHOUT_HEADROOM, QUIET_GATHER,
     SOUND, UNFENCED_WAIT, WAKE_BEFORE_COUNT,
 };
 use crate::loom_tests::Flag;
+use crate::sync::{AtomicBool, Faults, Ordering};
+use crate::{BlockId, ReserveError, Sequence};
+use loom::thread;
 
 /// A pool of `num_blocks` one-slot blocks over two shards.
 fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {

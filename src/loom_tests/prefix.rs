@@ -2,7 +2,7 @@
 //! `Sequence::publish` against evictions, releases, resets and each other,
 //! each with a negative control that loom must catch.
 //!
-//! Run with `scripts/loom --test prefix`.
+//! Run with `scripts/loom prefix`.
 //!
 //! # What every model checks
 //!
@@ -58,13 +58,13 @@
 
 use std::sync::Arc;
 
-use crate::__model::{AtomicUsize, Faults, Ordering};
-use crate::{BlockHash, Sequence};
-use loom::thread;
 use crate::loom_tests::pool_world::{
     check, PoolWorld, EVICT_REFERENCED, FENCE_OWN_BUCKET, FIRST_BUCKET_ONLY, NO_GENERATION_CHECK,
     NO_KILL, RELAXED_PUBLISH, SOUND,
 };
+use crate::sync::{AtomicUsize, Faults, Ordering};
+use crate::{BlockHash, Sequence};
+use loom::thread;
 
 /// A matched block whose content is another key's.
 const STALE: &str = "stale hit";

@@ -2,7 +2,7 @@
 //! `BlockPool::free` of a block (a double free, misuse) racing the
 //! holder's `Sequence::publish` of it.
 //!
-//! Run with `scripts/loom --test prefix_misuse`.
+//! Run with `scripts/loom prefix_misuse`.
 //!
 //! `BlockPool::free` promises that whatever races, the pool's own books
 //! stay exact, and that a double free hands a block to two owners only
@@ -30,11 +30,11 @@
 
 use std::sync::Arc;
 
-use crate::{BlockHash, Sequence};
-use loom::thread;
 use crate::loom_tests::pool_world::{
     check, holder_gone_then_publish, holder_rival_publisher, PoolWorld, SOUND,
 };
+use crate::{BlockHash, Sequence};
+use loom::thread;
 
 /// Pool of 2 one-token blocks. Main: a sequence appends one block and
 /// publishes it. Other thread: `pool.free(&[that block])` (a double free).
@@ -89,11 +89,11 @@ fn raw_free_racing_publish_unreferenced_claim_is_caught() {
     raw_free_racing_publish(UNREFERENCED_CLAIM);
 }
 
-use crate::__model::pool_with_faults;
-use crate::__model::{AtomicUsize, Faults, Ordering};
 use crate::loom_tests::pool_world::{
     CLAIM_DROP_KEPT, IGNORE_DEFERRAL, NO_GENERATION_CHECK, UNREFERENCED_CLAIM,
 };
+use crate::sync::{AtomicUsize, Faults, Ordering};
+use crate::BlockPool;
 
 /// A pool world with a content tag per block (as in `prefix.rs`).
 struct Tagged {
@@ -280,7 +280,7 @@ fn raw_free_racing_publish_then_two_allocations_unreferenced_claim_is_caught() {
 /// three-thread model below needs the second defence alone.)
 fn a_publish_after_the_holder_is_gone(faults: Faults) {
     check(move || {
-        let pool = Arc::new(pool_with_faults(3, 1, 1, faults));
+        let pool = Arc::new(BlockPool::with_faults(3, 1, 1, faults));
         let key = [BlockHash([1; 32])];
         // The old holder c, and two more blocks; the rival gets the lower
         // id.

@@ -3,8 +3,7 @@
 //! resurrect a block that is back in the free list nor touch a block that
 //! was freed and reallocated in the meantime.
 //!
-//! Run with
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test refused_free`.
+//! Run with `scripts/loom refused_free`.
 //!
 //! Block `x` has two references (A's and B's), block `y` one (B's). A
 //! frees `[x, y]`, listing `y`, which it does not hold (a double free),
@@ -31,17 +30,17 @@
 
 use std::sync::Arc;
 
-use crate::__model::{pool_with_faults, Faults};
+use crate::loom_tests::pool_world::{check, BLIND_UNDO, DOUBLE, LOST, SOUND};
+use crate::sync::Faults;
 use crate::{BlockId, BlockPool, FreeError, Sequence};
 use loom::thread;
-use crate::loom_tests::pool_world::{check, BLIND_UNDO, DOUBLE, LOST, SOUND};
 
 /// The model over a pool of `num_blocks` one-slot blocks (one stack).
 /// With `own`, A also holds a block `z` alone and lists it first: its drop
 /// is a last one, which a `Raced` free still pushes.
 fn refused_free_vs_free(num_blocks: usize, own: bool, faults: Faults) {
     check(move || {
-        let pool = Arc::new(pool_with_faults(num_blocks, 1, 1, faults));
+        let pool = Arc::new(BlockPool::with_faults(num_blocks, 1, 1, faults));
         let x = shared_block(&pool);
         let mut ids = Vec::new();
         pool.try_alloc(1, &mut ids).expect("a second block");

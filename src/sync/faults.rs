@@ -1,167 +1,177 @@
-//! The faults that loom's negative controls inject into the real pool, and
-//! the hooks through which the pool consults them.
+//! The faults that loom's negative controls inject into the real pool and
+//! counter, and the hooks through which they consult them.
 //!
-//! Outside `--cfg kvslots_loom` a [`Faults`] has no field and every hook is
-//! the correct behaviour (an identity, or "no fault here"), which the
-//! compiler inlines away. Under loom each field switches one known bug on,
-//! and `loom-tests` checks that loom catches it.
+//! Only the loom models' build (`cfg(all(test, kvslots_loom))`: the crate's
+//! own unit tests under `RUSTFLAGS="--cfg kvslots_loom"`, which
+//! `scripts/loom` runs) has faults. There each field of [`Faults`] switches
+//! one known bug on, a model in `crate::loom_tests` builds a pool or a
+//! counter with it (`BlockPool::with_faults`, `SlotCounter::with_faults`,
+//! which exist only in that build) and must be caught by loom. In every
+//! other build, the release build included, a `Faults` is an empty type
+//! (checked below), and every hook is a constant: the correct behaviour
+//! (an identity, or "no fault here"), which the compiler inlines away.
 
 use super::atomic::{AtomicU64, Ordering};
 
 /// Faults that loom's negative controls inject into a
-/// [`BlockPool`](crate::BlockPool) (through `kvslots::__model`). The default
-/// is no fault: the pool as shipped.
+/// [`BlockPool`](crate::BlockPool) or a [`SlotCounter`](crate::SlotCounter).
+/// The default is no fault: the code as shipped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Faults {
+pub(crate) struct Faults {
     /// Never bump the free list's generation tag (opens the ABA race).
-    #[cfg(kvslots_loom)]
-    pub no_tag: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) no_tag: bool,
     /// Push and drop references with `Relaxed` instead of `Release`.
-    #[cfg(kvslots_loom)]
-    pub relaxed_free: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) relaxed_free: bool,
     /// When a free finds a listed block already freed by another thread,
     /// add the references it dropped back blindly, even to a block that
     /// another holder has freed meanwhile: resurrects a block that sits in
     /// the free list.
-    #[cfg(kvslots_loom)]
-    pub blind_undo: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) blind_undo: bool,
     /// Drop a sequence's reference to a block whose count reads 1 with a
     /// plain store of 0 (no read-modify-write): a racing double free then
     /// pushes the block a second time.
-    #[cfg(kvslots_loom)]
-    pub plain_held_drop: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) plain_held_drop: bool,
     /// Add a reference to a block whose count is 0 (a `fetch_add` with no
     /// check), as a fork does after a raw free took the parent's reference:
     /// revives a block that sits in the free list.
-    #[cfg(kvslots_loom)]
-    pub blind_add_ref: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) blind_add_ref: bool,
     /// Revive a cached block by adding a reference to whatever state it is
     /// in now, without checking that its generation (and so its key) is
     /// still the one the matcher compared: a stale hit.
-    #[cfg(kvslots_loom)]
-    pub no_generation_check: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) no_generation_check: bool,
     /// Publish a key with `Relaxed` instead of `Release`: the publisher's
     /// writes into the block need not happen-before the matcher's reads.
-    #[cfg(kvslots_loom)]
-    pub relaxed_publish: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) relaxed_publish: bool,
     /// Evict a cached block whatever its reference count: takes a block
     /// that a matcher still holds.
-    #[cfg(kvslots_loom)]
-    pub evict_referenced: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) evict_referenced: bool,
     /// A publisher that finds a rival claim of the same key with a higher
     /// block id does not kill it (it only acts as if it had): both can
     /// commit, and two blocks hold one key.
-    #[cfg(kvslots_loom)]
-    pub no_kill: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) no_kill: bool,
     /// A publisher's claim sets `BUSY` without a reference of its own: a
     /// raw free (a double free) can then take the block's last reference
     /// while it is claimed and push it to the free list, and the commit
     /// sets its key on a free block.
-    #[cfg(kvslots_loom)]
-    pub unreferenced_claim: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) unreferenced_claim: bool,
     /// A commit or unclaim that drops a claimed block's last reference
     /// reports that references remain: nobody gives the block back.
-    #[cfg(kvslots_loom)]
-    pub claim_drop_kept: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) claim_drop_kept: bool,
     /// A publish claims its block without first looking its key up: a
     /// publish of a key that a committed block holds then claims and
     /// loses only in its rescan, and meanwhile beats a later publish.
-    #[cfg(kvslots_loom)]
-    pub no_held_key_check: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) no_held_key_check: bool,
     /// A publisher's claim that a rival deferred to, or that a rival
     /// killed, gives up without looking for the key's holders again: a
     /// later publish that deferred to it is lost when the holder it lost
     /// to is gone (the key ends on no block).
-    #[cfg(kvslots_loom)]
-    pub ignore_deferral: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) ignore_deferral: bool,
     /// A publisher's claim is a rival from the start, before its key words
     /// are written: a rescan that reads the claim's state through an entry
     /// that an earlier claim of the block left, with that claim's key
     /// words, defers to it (or loses to its commit) although it publishes
     /// another key.
-    #[cfg(kvslots_loom)]
-    pub armed_claim: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) armed_claim: bool,
     /// Every lookup of a key in the prefix index (a match, a publish's
     /// check for a holder, its rescan for rivals) reads only the key's
     /// first bucket: an entry that an insert put in the second bucket (the
     /// first being the fuller) is never found.
-    #[cfg(kvslots_loom)]
-    pub first_bucket_only: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) first_bucket_only: bool,
     /// A publisher's rescan makes its read-modify-write on the first slot
     /// of the bucket its own entry went into instead of the key's first
     /// bucket: two publishers of one key whose entries went into different
     /// buckets share no word, and each rescan may miss the other's entry
     /// (both commit).
-    #[cfg(kvslots_loom)]
-    pub fence_own_bucket: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) fence_own_bucket: bool,
     /// A waiter joins the wait queue without trying again after it is
     /// queued: a release that happened between its failed attempt and its
     /// enqueue found nobody waiting, and nothing wakes it (a lost wakeup).
-    #[cfg(kvslots_loom)]
-    pub late_enqueue: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) late_enqueue: bool,
     /// A waiter that is cancelled (or times out) after it was granted gives
     /// the units back but does not hand them on to the waiters behind it.
-    #[cfg(kvslots_loom)]
-    pub cancel_keeps_grant: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) cancel_keeps_grant: bool,
     /// A pending head that is cancelled (or times out) leaves the queue
     /// without re-checking the waiters behind it, which may fit now.
-    #[cfg(kvslots_loom)]
-    pub cancel_no_recheck: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) cancel_no_recheck: bool,
     /// `close` sets the closed flag but does not wake the queued waiters.
-    #[cfg(kvslots_loom)]
-    pub silent_close: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) silent_close: bool,
     /// The waiter's half of the wait queue's hand-shake (its
     /// read-modify-write of the allocator's words after it queues) is left
     /// out: a releaser that loads `owed` before the enqueue and a waiter
     /// whose attempt reads the words before the release miss each other
     /// (a lost wakeup).
-    #[cfg(kvslots_loom)]
-    pub unfenced_wait: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) unfenced_wait: bool,
     /// Give a retired sequence's references back at once, at the retire,
     /// instead of when its fence completes: a block can be handed out again
     /// while a step that reads it is still in flight.
-    #[cfg(kvslots_loom)]
-    pub early_release: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) early_release: bool,
     /// Take from the home shard's admission count with a load and a plain
     /// store (no read-modify-write): a concurrent take or release on that
     /// shard is lost, and more blocks are admitted than are free.
-    #[cfg(kvslots_loom)]
-    pub racy_take: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) racy_take: bool,
     /// A refused slow-path admission keeps the counts it took instead of
     /// giving them back: blocks stay in transit after the call returns
     /// (lost to every later admission).
-    #[cfg(kvslots_loom)]
-    pub keep_refused: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) keep_refused: bool,
     /// A slow-path admission that gave blocks back (all it held when
     /// refused, or the excess over its request) does not run the wait
     /// queue's grant loop afterwards: a waiter that looked while those
     /// blocks were in transit is not re-checked (a lost wakeup).
-    #[cfg(kvslots_loom)]
-    pub quiet_gather: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) quiet_gather: bool,
     /// The growth of blocks a caller holds leaves free what the head of
     /// the wait queue is owed, as a new admission does: a running
     /// sequence's append is refused behind a queued admission.
-    #[cfg(kvslots_loom)]
-    pub growth_waits: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) growth_waits: bool,
     /// The wait queue tells new admissions to leave free only what its
     /// head asks for, without the head's headroom and without the waiters
     /// behind it: a relay of small admissions starves a head that asks for
     /// headroom.
-    #[cfg(kvslots_loom)]
-    pub owed_without_headroom: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) owed_without_headroom: bool,
     /// The grant loop wakes the head it took units for before it counts the
     /// grant: a waker that panics leaves the units taken for an entry that
     /// still looks pending, and they are lost when it leaves.
-    #[cfg(kvslots_loom)]
-    pub wake_before_count: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) wake_before_count: bool,
 }
+
+// Outside the loom models' build a `Faults` holds nothing: the field that
+// each of the pool's parts carries takes no memory, and no hook reads one.
+#[cfg(not(all(test, kvslots_loom)))]
+const _: () = assert!(std::mem::size_of::<Faults>() == 0);
 
 impl Faults {
     /// The tag a successful CAS on a free-list head installs: `bumped`,
     /// or `old` under `no_tag`.
     #[inline]
     pub(crate) fn next_tag(self, bumped: u32, old: u32) -> u32 {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.no_tag {
             return old;
         }
@@ -173,7 +183,7 @@ impl Faults {
     /// `Relaxed` under `relaxed_free`.
     #[inline]
     pub(crate) fn free_ordering(self, good: Ordering) -> Ordering {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.relaxed_free {
             return Ordering::Relaxed;
         }
@@ -186,7 +196,7 @@ impl Faults {
     /// second time).
     #[inline]
     pub(crate) fn plain_held_drop(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.plain_held_drop {
             return true;
         }
@@ -197,7 +207,7 @@ impl Faults {
     /// `true` under `blind_add_ref`.
     #[inline]
     pub(crate) fn blind_add_ref(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.blind_add_ref {
             return true;
         }
@@ -208,7 +218,7 @@ impl Faults {
     /// generation: `false`, or `true` under `no_generation_check`.
     #[inline]
     pub(crate) fn no_generation_check(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.no_generation_check {
             return true;
         }
@@ -220,7 +230,7 @@ impl Faults {
     /// `relaxed_publish`.
     #[inline]
     pub(crate) fn publish_ordering(self, good: Ordering) -> Ordering {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.relaxed_publish {
             return Ordering::Relaxed;
         }
@@ -231,7 +241,7 @@ impl Faults {
     /// `false`, or `true` under `evict_referenced`.
     #[inline]
     pub(crate) fn evict_referenced(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.evict_referenced {
             return true;
         }
@@ -242,7 +252,7 @@ impl Faults {
     /// `true` under `no_kill`.
     #[inline]
     pub(crate) fn no_kill(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.no_kill {
             return true;
         }
@@ -253,7 +263,7 @@ impl Faults {
     /// or `true` under `late_enqueue`.
     #[inline]
     pub(crate) fn late_enqueue(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.late_enqueue {
             return true;
         }
@@ -264,7 +274,7 @@ impl Faults {
     /// `false`, or `true` under `cancel_keeps_grant`.
     #[inline]
     pub(crate) fn cancel_keeps_grant(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.cancel_keeps_grant {
             return true;
         }
@@ -275,7 +285,7 @@ impl Faults {
     /// behind it: `false`, or `true` under `cancel_no_recheck`.
     #[inline]
     pub(crate) fn cancel_no_recheck(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.cancel_no_recheck {
             return true;
         }
@@ -286,7 +296,7 @@ impl Faults {
     /// under `unfenced_wait`.
     #[inline]
     pub(crate) fn unfenced_wait(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.unfenced_wait {
             return true;
         }
@@ -297,7 +307,7 @@ impl Faults {
     /// under `silent_close`.
     #[inline]
     pub(crate) fn silent_close(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.silent_close {
             return true;
         }
@@ -308,7 +318,7 @@ impl Faults {
     /// `false`, or `true` under `early_release`.
     #[inline]
     pub(crate) fn early_release(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.early_release {
             return true;
         }
@@ -319,7 +329,7 @@ impl Faults {
     /// store: `false`, or `true` under `racy_take`.
     #[inline]
     pub(crate) fn racy_take(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.racy_take {
             return true;
         }
@@ -330,7 +340,7 @@ impl Faults {
     /// or `true` under `keep_refused`.
     #[inline]
     pub(crate) fn keep_refused(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.keep_refused {
             return true;
         }
@@ -341,7 +351,7 @@ impl Faults {
     /// giving blocks back: `false`, or `true` under `quiet_gather`.
     #[inline]
     pub(crate) fn quiet_gather(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.quiet_gather {
             return true;
         }
@@ -352,7 +362,7 @@ impl Faults {
     /// `false`, or `true` under `growth_waits`.
     #[inline]
     pub(crate) fn growth_waits(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.growth_waits {
             return true;
         }
@@ -364,7 +374,7 @@ impl Faults {
     /// `owed_without_headroom`.
     #[inline]
     pub(crate) fn owed_without_headroom(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.owed_without_headroom {
             return true;
         }
@@ -375,7 +385,7 @@ impl Faults {
     /// `false`, or `true` under `wake_before_count`.
     #[inline]
     pub(crate) fn wake_before_count(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.wake_before_count {
             return true;
         }
@@ -386,7 +396,7 @@ impl Faults {
     /// `false`, or `true` under `unreferenced_claim`.
     #[inline]
     pub(crate) fn unreferenced_claim(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.unreferenced_claim {
             return true;
         }
@@ -397,7 +407,7 @@ impl Faults {
     /// leaving references: `false`, or `true` under `claim_drop_kept`.
     #[inline]
     pub(crate) fn claim_drop_kept(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.claim_drop_kept {
             return true;
         }
@@ -408,7 +418,7 @@ impl Faults {
     /// `true` under `no_held_key_check`.
     #[inline]
     pub(crate) fn no_held_key_check(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.no_held_key_check {
             return true;
         }
@@ -419,7 +429,7 @@ impl Faults {
     /// `false`, or `true` under `armed_claim`.
     #[inline]
     pub(crate) fn armed_claim(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.armed_claim {
             return true;
         }
@@ -430,7 +440,7 @@ impl Faults {
     /// bucket: `false`, or `true` under `first_bucket_only`.
     #[inline]
     pub(crate) fn first_bucket_only(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.first_bucket_only {
             return true;
         }
@@ -442,7 +452,7 @@ impl Faults {
     /// `fence_own_bucket`.
     #[inline]
     pub(crate) fn fence_own_bucket(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.fence_own_bucket {
             return true;
         }
@@ -453,7 +463,7 @@ impl Faults {
     /// looking again: `false`, or `true` under `ignore_deferral`.
     #[inline]
     pub(crate) fn ignore_deferral(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.ignore_deferral {
             return true;
         }
@@ -471,7 +481,7 @@ impl Faults {
         counts: &[AtomicU64],
         dropped: impl Iterator<Item = usize>,
     ) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.blind_undo {
             for d in dropped {
                 // Relaxed: the bug under test is the missing check, not
