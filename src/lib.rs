@@ -160,12 +160,17 @@
 //! explores every interleaving of two-thread models and of three-thread
 //! models up to a preemption bound (`LOOM_MAX_PREEMPTIONS`, 2 in CI), and
 //! under [shuttle] (`--cfg kvslots_shuttle`), which runs randomised and PCT
-//! schedules of 8 threads. Every loom model has a negative control: a known
-//! wrong way (admitting token by token, a free list without its ABA tag,
-//! `Relaxed` frees, a publish without its release, and others) injected
-//! into the same code, which loom must catch. Rayon stress tests drive
-//! millions of mixed operations on many threads while an observer samples
-//! the invariants, a linearizability checker replays recorded histories,
+//! schedules of 8 threads. The loom models are the crate's own unit tests
+//! (`src/loom_tests/`, compiled only under `cfg(all(test, kvslots_loom))`,
+//! as tokio keeps its own); the shuttle schedules drive the public API from
+//! `tests/`. Every loom model has a negative control: a known wrong way
+//! (admitting token by token, a free list without its ABA tag, `Relaxed`
+//! frees, a publish without its release, and others) injected into the same
+//! code, which loom must catch. The faults are crate-private and exist only
+//! in the models' build (elsewhere their hooks are constants), and no public
+//! item exists for the model checkers. Rayon stress tests drive millions of
+//! mixed operations on many threads while an observer samples the
+//! invariants, a linearizability checker replays recorded histories,
 //! property tests compare against sequential models, and the census runs
 //! every public function with bad input. The README lists the commands.
 //!
