@@ -10,6 +10,11 @@
 //! other build, the release build included, a `Faults` is an empty type
 //! (checked below), and every hook is a constant: the correct behaviour
 //! (an identity, or "no fault here"), which the compiler inlines away.
+//!
+//! A new fault is a field under `#[cfg(all(test, kvslots_loom))]` and a
+//! hook whose faulty branch has the same cfg. A field under a wider cfg
+//! (`kvslots_loom` alone) fails the check below in a build of the library
+//! under `--cfg kvslots_loom` that is not its unit tests (CI lints one).
 
 use super::atomic::{AtomicU64, Ordering};
 
