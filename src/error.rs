@@ -56,8 +56,9 @@ pub enum ReserveError {
     /// needed to be granted, each in arrival order with its own headroom
     /// free (see [Waiting](crate::implementation#waiting)). Only calls that
     /// admit something new get it; the growth of what a caller already
-    /// holds (a guard's `try_grow`, an append to a
-    /// [`Sequence`](crate::Sequence) that holds blocks, a fork) does not
+    /// holds (the `try_grow` of a guard that holds slots, an append to a
+    /// [`Sequence`](crate::Sequence) that holds a block beyond the prefix
+    /// it matched, a fork of one) does not
     /// wait behind the queue, and a waiting call never resolves to it.
     BehindWaiters {
         /// What the caller asked for.

@@ -687,8 +687,10 @@
 //!
 //! **Who gets what.** While anyone is pending, a new admission
 //! ([`try_reserve`](crate::SlotCounter::try_reserve),
-//! [`try_alloc`](crate::BlockPool::try_alloc), an append to an empty
-//! [`Sequence`](crate::Sequence), a [`Sequence::try_reserve`](crate::Sequence::try_reserve),
+//! [`try_alloc`](crate::BlockPool::try_alloc), an append to a
+//! [`Sequence`](crate::Sequence) that holds no block beyond a prefix it
+//! matched (an empty one, or a new request whose prompt hit the prefix
+//! cache), a [`Sequence::try_reserve`](crate::Sequence::try_reserve),
 //! a revival by [`try_match_prefix`](crate::Sequence::try_match_prefix),
 //! a zero-block check with headroom) leaves `owed` free, so a large
 //! waiting request, with or without headroom, is never starved by a
@@ -696,8 +698,9 @@
 //! lock-free path at all: it queues behind the others, and the grant loop
 //! serves it after them. Growth of what a caller already holds
 //! ([`Sequence::try_append`](crate::Sequence::try_append) and
-//! `try_append_cow` on a sequence that holds blocks,
-//! [`try_fork`](crate::Sequence::try_fork), a guard's `try_grow`) does not
+//! `try_append_cow` on a sequence that holds a block beyond its matched
+//! prefix, [`try_fork`](crate::Sequence::try_fork) of one, the
+//! `try_grow` of a guard that holds slots) does not
 //! wait behind the queue: it takes any free unit, as a scheduler lets its
 //! running sequences decode before it admits waiting ones. That delays the
 //! head only while running work grows, which ends when it finishes (and
@@ -722,22 +725,29 @@
 //!
 //! **What a sequence can never get.** A [`Sequence`](crate::Sequence)'s
 //! calls (`try_append`, `try_append_cow`, `try_reserve`, `reserve`,
-//! `reserve_blocking`, `try_fork`) cannot be given the blocks the sequence
-//! itself holds (its table, and a copy-on-write source it keeps) while
-//! they wait or retry: a request larger than the pool less those is
-//! `NeverFits` at once, with that rest as the capacity, rather than a
-//! retryable `Full` or a wait that never ends. (An append does not count
+//! `reserve_blocking`, `try_fork`) cannot be given the blocks in the
+//! sequence's own table while they wait or retry: a request larger than
+//! the pool less those is `NeverFits` at once, with that rest as the
+//! capacity, rather than a retryable `Full` or a wait that never ends. (A
+//! copy-on-write source the sequence keeps is not counted: the caller gives
+//! it back with `retire_copy_source` once the copy is made, so a request
+//! short only of it is `Full`.) (An append does not count
 //! the block for a shared tail's copy there, which its other holders'
 //! drops make unneeded; a reservation, whose size is fixed when it is
 //! made, does.)
 //!
-//! **Where locks are taken.** Never on a `try_*` path, which adds one
-//! `Relaxed` load of `owed` (skipped for an empty request without
-//! headroom). A release (guard drop, `release`, a pool free, a sequence's
-//! truncate or drop) adds that load (its read-modify-write becomes
-//! `AcqRel`, free on x86), and takes the lock only when `owed` is not 0.
-//! A waiting call takes the lock to queue, at each later poll, and to
-//! leave.
+//! **Where locks are taken.** Never on a `try_*` path that nobody waits
+//! behind; a `try_*` call adds one `Relaxed` load of `owed` (skipped for
+//! an empty request without headroom), and a counter's, or a pool's that
+//! its home shard admits on the fast path, takes no lock at all. A
+//! release (guard drop, `release`, a pool free, a sequence's truncate or
+//! drop) adds that load (its read-modify-write becomes `AcqRel`, free on
+//! x86), and takes the lock only when `owed` is not 0. So does a pool's
+//! `try_*` call that gathers (its home shard short of the request and
+//! `owed`): what it held in transit goes back as a release does, and
+//! while anyone is pending it runs the grant loop under the lock, and the
+//! wakes that loop leaves (see below). A waiting call takes the lock to
+//! queue, at each later poll, and to leave.
 //!
 //! **Wakers run after the lock.** No code of the caller's runs under the
 //! lock. A step that grants (or closes) counts every grant and publishes
@@ -748,12 +758,16 @@
 //! then too (dropping a waker can drop a task, and the futures in it,
 //! whose drop takes the lock). So a waker may poll inline, and a waker
 //! that panics finds the queue consistent: nothing is taken for an entry
-//! that still looks pending. The panic reaches the caller whose step
-//! settled the entry (a release, a poll, a drop); the wakers of its batch
-//! not called yet go back to their entries, which the next step that runs
-//! the grant loop wakes. A waiter records its ticket before the wakes of
-//! its own first look run, so that if they unwind it is queued, and its
-//! drop (a future's, or a blocking call's guard) leaves the queue.
+//! that still looks pending. The panic is caught until every other waker
+//! of the batch (and of the batches after it) has run, so every entry
+//! settled beside it is woken all the same (nothing else would wake it:
+//! with nobody pending no release runs the grant loop, and after `close`
+//! nothing does), and is then resumed in the caller whose step settled
+//! the entry (a release, a poll, a drop, or a pool's `try_*` call whose
+//! gather gave blocks back, see "Where locks are taken"). A waiter
+//! records its ticket before the wakes of its own first look run, so that
+//! if they unwind it is queued, and its drop (a future's, or a blocking
+//! call's guard) leaves the queue.
 //!
 //! **No lost wake-up.** A waiter that finds the allocator short (or
 //! someone queued) queues (writing `owed` under the lock), makes a read-modify-write that changes
@@ -769,12 +783,15 @@
 //! path (on x86 the release's locked instruction is one already), and
 //! loom models them exactly. The loom models' controls remove the
 //! waiter's second attempt (`late_enqueue`) or its read-modify-writes
-//! (`unfenced_wait`), and loom catches the lost wake-up. Two more loom
+//! (`unfenced_wait`), and loom catches the lost wake-up. Three more loom
 //! models cover the rules above: a head with headroom against a relay of
 //! small admissions (control `owed_without_headroom`: `owed` is the head's
-//! `n` alone, and the head starves), and a waker that panics against two
+//! `n` alone, and the head starves), a waker that panics against two
 //! releases (control `wake_before_count`: the head is woken before its
-//! grant is counted, and its unit is lost).
+//! grant is counted, and its unit is lost), and a waker that panics beside
+//! a waiter granted in the same batch (control `panic_cuts_batch`: the
+//! rest of the batch is dropped uncalled, and that waiter is never
+//! woken).
 //!
 //! **Cancellation.** Dropping a future (or a blocking call timing out)
 //! takes the lock and removes its entry: a granted one gives its units

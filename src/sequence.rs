@@ -92,6 +92,11 @@ pub struct Sequence<A: BlockAllocator + ?Sized = BlockPool> {
     /// went back into a block that was once full; only then does an append
     /// read the block's reference count.
     tail_may_be_shared: bool,
+    /// How many blocks at the front of the table `try_match_prefix` took
+    /// (at most the table's length). A sequence that holds no block beyond
+    /// them is new work, not a running sequence: its allocations are new
+    /// admissions, which leave the queued waiters what they are owed.
+    matched: usize,
 }
 
 impl<A: BlockAllocator + ?Sized> Sequence<A> {
@@ -132,6 +137,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             len: 0,
             retired: None,
             tail_may_be_shared: false,
+            matched: 0,
         }
     }
 
@@ -223,10 +229,12 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     ///   needed once the tail's other holders let go, so without room for
     ///   it the append is `Full`);
     /// * `Full` if not enough blocks are free now;
-    /// * `BehindWaiters` for an empty sequence's first append (a new
-    ///   admission) when the blocks are free but owed to queued waiters;
-    ///   the append of a sequence that holds blocks is growth, which takes
-    ///   free blocks even while others wait;
+    /// * `BehindWaiters` for the first append of a sequence that holds no
+    ///   block beyond the prefix it matched (an empty one, or a new request
+    ///   whose prompt hit the prefix cache: a new admission) when the
+    ///   blocks are free but owed to queued waiters; the append of a
+    ///   sequence that holds a block beyond its matched prefix is growth,
+    ///   which takes free blocks even while others wait;
     /// * `Closed` after [`BlockPool::close`].
     ///
     /// On error nothing changes.
@@ -307,9 +315,11 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             // Only the new blocks can never come: a copy of a shared tail
             // is not needed any more once its other holders let go.
             self.never_fits_beside_own(total, new_blocks, 0)?;
-            // A sequence that holds blocks is running: its growth does not
-            // wait behind queued admissions; an empty one is a new admission.
-            if self.blocks.is_empty() {
+            // A sequence that holds blocks beyond a matched prefix is
+            // running: its growth does not wait behind queued admissions;
+            // an empty one, or one that holds only what it matched, is a
+            // new admission.
+            if !self.is_running() {
                 self.pool
                     .try_alloc_with_headroom(total, 0, &mut self.blocks)?;
             } else {
@@ -444,19 +454,21 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     }
 
     /// `NeverFits` for a call that asks for `asked` blocks, of which
-    /// `needed` can never be taken beside the blocks this sequence holds
-    /// (its table, and a copy-on-write source it keeps) with `headroom`
-    /// free besides: those stay held while it asks, so the rest of the
-    /// pool is all it can ever get, and is the error's capacity. (`Closed`
-    /// wins after `close`.)
+    /// `needed` can never be taken beside the blocks in this sequence's
+    /// table with `headroom` free besides: those stay held while it asks,
+    /// so the rest of the pool is all it can ever get, and is the error's
+    /// capacity. A copy-on-write source the sequence keeps is not counted:
+    /// the caller gives it back once the copy is made
+    /// ([`retire_copy_source`](Self::retire_copy_source)), so a request
+    /// short only of it is `Full`, which may fit later. (`Closed` wins
+    /// after `close`.)
     fn never_fits_beside_own(
         &self,
         asked: usize,
         needed: usize,
         headroom: usize,
     ) -> Result<(), ReserveError> {
-        let held = self.blocks.len() + usize::from(self.retired.is_some());
-        let room = self.pool.num_blocks().saturating_sub(held);
+        let room = self.pool.num_blocks().saturating_sub(self.blocks.len());
         if needed.saturating_add(headroom) <= room {
             return Ok(());
         }
@@ -554,7 +566,11 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// returns 0. Under contention it may match fewer blocks than are
     /// cached (a block evicted meanwhile is a miss); it never returns a
     /// block whose key is not the one asked for. The matched blocks are
-    /// full and read-only: the next tokens go into new blocks. No heap
+    /// full and read-only: the next tokens go into new blocks. A sequence
+    /// that holds only what it matched is still new work: its next
+    /// allocation (an append, a fork's, a reservation) is a new admission,
+    /// which leaves queued waiters what they are owed (see
+    /// [Waiting](crate::implementation#waiting)). No heap
     /// allocation happens here beyond growing the block table.
     ///
     /// A list of chained hashes never repeats a key; a list that does (not
@@ -600,6 +616,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         let k = self.pool.match_prefix(hashes, &mut self.blocks);
         self.len = k * self.pool.block_size();
         self.tail_may_be_shared = false;
+        self.matched = k;
         k
     }
 
@@ -815,6 +832,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 self.pool.retire(fence, &self.blocks[keep..]);
                 self.retire_copy_source(fence);
                 self.blocks.truncate(keep);
+                self.matched = self.matched.min(keep);
             }
         }
         // A partly filled tail that was once full may be shared by a fork
@@ -980,9 +998,15 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         let mut child = Sequence::with_capacity(Arc::clone(&self.pool), self.len);
         // The fallible part first: a private block for a partly filled tail.
         if tail != 0 {
-            // Growth of a running sequence, as in `try_append_cow`.
+            // Growth of a running sequence, as in `try_append_cow` (a
+            // sequence that holds only what it matched has no partly
+            // filled tail).
             self.never_fits_beside_own(1, 1, 0)?;
-            self.pool.try_alloc_growth(1, &mut child.blocks)?;
+            if self.is_running() {
+                self.pool.try_alloc_growth(1, &mut child.blocks)?;
+            } else {
+                self.pool.try_alloc_with_headroom(1, 0, &mut child.blocks)?;
+            }
         }
         // Share the full blocks. The child owns the references added (and
         // the private block), so the panic below leaks nothing: dropping
@@ -1013,6 +1037,9 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 }
             });
         child.len = self.len;
+        // The child of a sequence that holds only what it matched is new
+        // work too.
+        child.matched = self.matched.min(full);
         Ok((child, copy))
     }
 
@@ -1024,6 +1051,13 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // is dropped all the same.
         self.pool.release(&self.blocks[keep..]);
         self.blocks.truncate(keep);
+        self.matched = self.matched.min(keep);
+    }
+
+    /// Whether the sequence is running: it holds a block beyond those it
+    /// matched (see `matched`), so that its allocations are growth.
+    fn is_running(&self) -> bool {
+        self.blocks.len() > self.matched
     }
 
     /// Drops the reference a copy-on-write kept for the caller's copy: the

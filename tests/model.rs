@@ -998,9 +998,10 @@ impl PoolModel {
 
     /// The admission rule for sequence `i`'s calls that ask for `n`
     /// blocks with `headroom`, of which `needed` (all but a shared tail's
-    /// copy) can never be taken beside the blocks it holds (its table and
-    /// a kept copy-on-write source): `NeverFits` with the rest of the pool
-    /// as the capacity (`Closed` first after a close).
+    /// copy) can never be taken beside the blocks in its table (a kept
+    /// copy-on-write source does not count: it goes back once the copy is
+    /// made): `NeverFits` with the rest of the pool as the capacity
+    /// (`Closed` first after a close).
     fn seq_admission(
         &self,
         i: usize,
@@ -1009,7 +1010,7 @@ impl PoolModel {
         headroom: usize,
     ) -> Result<(), ReserveError> {
         let s = &self.seqs[i];
-        let room = self.num_blocks - s.blocks.len() - usize::from(s.retired.is_some());
+        let room = self.num_blocks - s.blocks.len();
         if self.closed {
             Err(ReserveError::Closed)
         } else if needed as u128 + headroom as u128 > room as u128 {

@@ -1174,15 +1174,15 @@ fn a_refused_append_keeps_the_retired_block_for_the_pending_copy() {
     let copy = copy.unwrap();
     assert_eq!(pool.free_blocks(), 0);
     assert_eq!(pool.ref_count(shared[1]), Some(2));
-    // Needs a new block, and the pool is the parent's own (2 in its
-    // table and the copy's source it keeps): refused, and the retired
-    // reference stays.
+    // Needs a new block, and none is free (2 in the parent's table, the
+    // copy's source it keeps): refused as Full, since the source goes back
+    // once the copy is made; the retired reference stays.
     assert_append_refused(
         &mut parent,
         2,
-        ReserveError::NeverFits {
+        ReserveError::Full {
             requested: 1,
-            capacity: 0,
+            available: 0,
         },
     );
     assert_eq!(pool.ref_count(shared[1]), Some(2));

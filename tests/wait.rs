@@ -853,8 +853,7 @@ fn expect_panic<R>(f: impl FnOnce() -> R) {
 
 /// A release grants two waiters and the first one's waker panics out of
 /// the release: both grants are counted (nothing is taken for an entry
-/// that still looks pending), the second waiter is woken by the next run
-/// of the grant loop (the first one's drop, which gives its grant back),
+/// that still looks pending), the second waiter is woken all the same,
 /// and once everything is dropped no block is lost.
 #[test]
 fn a_panicking_waker_loses_no_block() {
@@ -918,25 +917,50 @@ fn a_panicking_waker_leaves_no_blocking_waiter_asleep() {
     assert_eq!((pool.used_blocks(), pool.waiters()), (0, 0));
 }
 
-/// A blocking call whose first look at the queue wakes a waiter granted
-/// earlier (left unwoken by another panicking waker) unwinds with that
-/// waker's panic, and leaves the queue: nothing is left queued or taken.
+/// A waker that counts its wakes and then panics.
+#[derive(Default)]
+struct CountsThenPanics(AtomicUsize);
+
+impl Wake for CountsThenPanics {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        panic!("a waker that panics");
+    }
+}
+
+/// A release that grants two waiters whose wakers both panic calls both
+/// (a panic does not cut the batch short) and unwinds once, with the
+/// first panic; dropping the two waiters then hands their grants back,
+/// and nothing is left queued or taken.
 #[test]
-fn a_blocking_call_unwinding_from_a_waker_leaves_the_queue() {
+fn a_release_whose_wakers_all_panic_wakes_every_one_and_unwinds_once() {
     let pool = Arc::new(BlockPool::new(2, 16));
     let mut held = Vec::new();
     pool.try_alloc(2, &mut held).unwrap();
-    let bad = panicking_waker();
-    let (mut a_ids, mut b_ids, mut c_ids) = (Vec::new(), Vec::new(), Vec::new());
+    let (a_count, b_count) = (
+        Arc::new(CountsThenPanics::default()),
+        Arc::new(CountsThenPanics::default()),
+    );
+    let (a_waker, b_waker) = (
+        Waker::from(Arc::clone(&a_count)),
+        Waker::from(Arc::clone(&b_count)),
+    );
+    let (mut a_ids, mut b_ids) = (Vec::new(), Vec::new());
     let mut a = Box::pin(pool.alloc(1, &mut a_ids));
     let mut b = Box::pin(pool.alloc(1, &mut b_ids));
-    assert!(poll_once(a.as_mut(), &bad).is_pending());
-    assert!(poll_once(b.as_mut(), &bad).is_pending());
-    expect_panic(|| pool.free(&held)); // both granted; `a`'s waker panics
-    expect_panic(|| pool.alloc_blocking(1, &mut c_ids, None)); // wakes `b`
-    assert!(c_ids.is_empty());
+    assert!(poll_once(a.as_mut(), &a_waker).is_pending());
+    assert!(poll_once(b.as_mut(), &b_waker).is_pending());
+    expect_panic(|| pool.free(&held)); // both granted, both woken
+    assert_eq!(
+        (
+            a_count.0.load(Ordering::SeqCst),
+            b_count.0.load(Ordering::SeqCst)
+        ),
+        (1, 1)
+    );
     assert_eq!((pool.waiters(), pool.used_blocks()), (2, 2));
     drop((a, b));
+    assert!(a_ids.is_empty() && b_ids.is_empty());
     assert_eq!((pool.waiters(), pool.used_blocks()), (0, 0));
     common::assert_pool_whole(&pool);
 }

@@ -290,11 +290,16 @@ macro_rules! guard_methods {
 
             /// Takes `n` more slots into this guard, all or nothing (a
             /// running sequence growing). May use the headroom that
-            /// [`SlotCounter::try_reserve_with_headroom`] keeps free.
+            /// [`SlotCounter::try_reserve_with_headroom`] keeps free, and
+            /// the slots owed to queued waiters: the growth of a guard that
+            /// holds slots does not wait behind new admissions. A guard
+            /// that holds none is new work: its growth is a new admission,
+            /// as [`SlotCounter::try_reserve`] makes.
             ///
             /// # Errors
             ///
-            /// As [`SlotCounter::try_reserve`]; on error the guard and the
+            /// As [`SlotCounter::try_reserve`] (`BehindWaiters` only for a
+            /// guard that holds no slot); on error the guard and the
             /// counter are unchanged.
             ///
             /// # Examples
@@ -308,7 +313,11 @@ macro_rules! guard_methods {
             /// assert_eq!(r.len(), 8);
             /// ```
             pub fn try_grow(&mut self, n: usize) -> Result<(), ReserveError> {
-                self.counter.try_grow_raw(n)?;
+                if self.len == 0 {
+                    self.counter.try_reserve_raw(n, 0)?;
+                } else {
+                    self.counter.try_grow_raw(n)?;
+                }
                 self.len += n;
                 Ok(())
             }

@@ -41,14 +41,15 @@
 //! | [`growth_past_queued_head`] | 1, 3 | - | `growth_waits` (growth refused) |
 //! | [`headroom_head_against_relay`] | 3, 4 | 2 | `owed_without_headroom` (head starved) |
 //! | [`panicking_waker_against_releases`] | 2, 2 | 2 | `wake_before_count` (blocks not conserved) |
+//! | [`panicking_waker_beside_a_granted_waiter`] | 2, 2 | 2 | `panic_cuts_batch` (lost wakeup) |
 
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
 use crate::loom_tests::pool_world::{
-    check, Allocs, PoolWorld, GROWTH_WAITS, LATE_ENQUEUE, OWED_WITHOUT_HEADROOM, QUIET_GATHER,
-    SOUND, UNFENCED_WAIT, WAKE_BEFORE_COUNT,
+    check, Allocs, PoolWorld, GROWTH_WAITS, LATE_ENQUEUE, OWED_WITHOUT_HEADROOM, PANIC_CUTS_BATCH,
+    QUIET_GATHER, SOUND, UNFENCED_WAIT, WAKE_BEFORE_COUNT,
 };
 use crate::loom_tests::Flag;
 use crate::sync::{AtomicBool, Faults, Ordering};
@@ -482,4 +483,81 @@ fn panicking_waker_against_releases_sound() {
 #[should_panic(expected = "blocks not conserved")]
 fn panicking_waker_against_releases_wake_before_count_is_caught() {
     panicking_waker_against_releases(WAKE_BEFORE_COUNT);
+}
+
+/// A waker that panics beside a waiter granted by the same release, over
+/// a pool of 2 held by the main thread: two async waiters for 1 block
+/// each, the first polled with a waker that panics, the second with one
+/// that sets a flag; a releaser thread frees one block while the main
+/// thread frees the other. When one grant loop grants both (both blocks
+/// back before either loop runs), the first waker's panic must not keep
+/// the second from being woken. Then the first waiter collects its grant
+/// (its task polled for another reason) and gives its block back: with
+/// nobody pending no grant loop runs any more, so a wake skipped earlier
+/// would never come. The second waiter must have been woken, and resolve
+/// with its block.
+///
+/// Under `panic_cuts_batch` a panicking waker drops the rest of its batch
+/// uncalled: the second waiter, granted in the same batch, is never woken.
+fn panicking_waker_beside_a_granted_waiter(faults: Faults) {
+    quiet_waker_panics();
+    check(move || {
+        let world = new_world(2, faults);
+        let held = world.alloc(2).expect("a fresh pool of 2");
+        let (mut first_ids, mut second_ids) = (Vec::new(), Vec::new());
+        let panics = Waker::from(Arc::new(Panics));
+        let flag = Arc::new(Flag::default());
+        let flagged = Waker::from(Arc::clone(&flag));
+        let mut first = Box::pin(world.pool.alloc(1, &mut first_ids));
+        let mut second = Box::pin(world.pool.alloc(1, &mut second_ids));
+        assert!(poll_with(first.as_mut(), &panics).is_pending());
+        assert!(poll_with(second.as_mut(), &flagged).is_pending());
+        let releaser = {
+            let world = Arc::clone(&world);
+            let freed = held[1..].to_vec();
+            thread::spawn(move || tolerate_waker_panic(|| world.give_back(&freed)))
+        };
+        tolerate_waker_panic(|| world.give_back(&held[..1]));
+        releaser.join().unwrap();
+        // Both are granted by now: the first collects and gives back.
+        assert_eq!(
+            poll_with(first.as_mut(), &panics),
+            Poll::Ready(Ok(())),
+            "the first waiter was not granted"
+        );
+        drop(first);
+        for &id in &first_ids {
+            world.take(id);
+            world.write(id);
+        }
+        world.give_back(&first_ids);
+        let woken = flag.was_woken();
+        let outcome = poll_with(second.as_mut(), &flagged);
+        drop(second);
+        for &id in &second_ids {
+            world.take(id);
+            world.write(id);
+        }
+        if outcome.is_ready() {
+            world.give_back(&second_ids);
+        }
+        assert_drained(&world);
+        assert!(woken, "lost wakeup: the second waiter was never woken");
+        assert_eq!(
+            outcome,
+            Poll::Ready(Ok(())),
+            "the second waiter was not granted"
+        );
+    });
+}
+
+#[test]
+fn panicking_waker_beside_a_granted_waiter_sound() {
+    panicking_waker_beside_a_granted_waiter(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "lost wakeup: the second waiter was never woken")]
+fn panicking_waker_beside_a_granted_waiter_panic_cuts_batch_is_caught() {
+    panicking_waker_beside_a_granted_waiter(PANIC_CUTS_BATCH);
 }

@@ -62,6 +62,7 @@ pub const SOUND: Faults = Faults {
     growth_waits: false,
     owed_without_headroom: false,
     wake_before_count: false,
+    panic_cuts_batch: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -208,6 +209,12 @@ pub const OWED_WITHOUT_HEADROOM: Faults = Faults {
 /// before it counts the grant.
 pub const WAKE_BEFORE_COUNT: Faults = Faults {
     wake_before_count: true,
+    ..SOUND
+};
+/// The batch control of waiting: a waker's panic drops the rest of its
+/// batch of wakes uncalled.
+pub const PANIC_CUTS_BATCH: Faults = Faults {
+    panic_cuts_batch: true,
     ..SOUND
 };
 /// The re-check control of waiting: a waiter does not try again after it

@@ -90,7 +90,10 @@ pub use wait::Alloc;
 /// [`evictable_blocks`](Self::evictable_blocks),
 /// [`reset_prefix_cache`](Self::reset_prefix_cache) and
 /// [`prefix_stats`](Self::prefix_stats) report on it and clear it. Every
-/// path is lock-free, and none allocates heap memory.
+/// path is lock-free while nobody waits (a give-back while someone waits
+/// runs the wait queue's grant loop, see
+/// [Waiting](crate::implementation#waiting)), and none allocates heap
+/// memory.
 ///
 /// # Fenced release
 ///

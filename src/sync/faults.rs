@@ -164,6 +164,11 @@ pub(crate) struct Faults {
     /// still looks pending, and they are lost when it leaves.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) wake_before_count: bool,
+    /// A waker that panics cuts its batch of wakes short: the wakers of
+    /// the batch not called yet are dropped uncalled, so entries granted
+    /// (or closed) beside it are never woken.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) panic_cuts_batch: bool,
 }
 
 // Outside the loom models' build a `Faults` holds nothing: the field that
@@ -381,6 +386,17 @@ impl Faults {
     pub(crate) fn owed_without_headroom(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.owed_without_headroom {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a waker's panic cuts its batch of wakes short: `false`, or
+    /// `true` under `panic_cuts_batch`.
+    #[inline]
+    pub(crate) fn panic_cuts_batch(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.panic_cuts_batch {
             return true;
         }
         false

@@ -14,8 +14,9 @@
 //! [`WaitQueue::unlock`]; a waker it replaced or removed is dropped then
 //! too. So a waker may panic or poll inline: the queue is consistent when
 //! it runs, and a panic leaves nothing taken for an entry that still looks
-//! pending. The wakers of a batch not called yet when one panics go back
-//! to their entries, which the next step that runs the grant loop wakes.
+//! pending. A waker's panic is caught until every other waker of the
+//! batch has run, and then resumed: an entry settled beside it is woken
+//! all the same.
 
 use std::collections::VecDeque;
 use std::task::Waker;
@@ -163,8 +164,7 @@ struct Entry {
     wake: Wake,
     /// Whether the entry's outcome (its grant, or `close`) has been
     /// signalled: its waker moved into a batch of [`Wakes`], or the
-    /// sleepers notified. A waker that was never called (a batch cut
-    /// short by a panic) goes back, and the flag is cleared.
+    /// sleepers notified.
     signalled: bool,
 }
 
@@ -174,7 +174,8 @@ pub(crate) enum Wake {
     Task(Waker),
     /// A blocking waiter, sleeping on the queue's condition variable.
     Thread,
-    /// An async waiter whose waker was moved into a batch of [`Wakes`].
+    /// An async waiter whose waker was moved into a batch of [`Wakes`]
+    /// (and is called there, whatever other wakers do).
     Moved,
 }
 
@@ -250,8 +251,8 @@ impl WaitQueue {
     ///
     /// # Panics
     ///
-    /// If a waker panics. The queue is consistent then; the wakers not
-    /// called yet go back to their entries (see the module doc).
+    /// If a waker panics, once every other waker has run. The queue is
+    /// consistent then (see the module doc).
     pub(crate) fn unlock(&self, mut inner: MutexGuard<'_, Inner>) {
         if inner.wakes.is_empty() {
             return;
@@ -526,7 +527,7 @@ impl WaitQueue {
                         wakes.push(entry.ticket, waker);
                     }
                 }
-                // Moved into a batch and not given back: signalled.
+                // Moved into a batch, where it is called: signalled.
                 Wake::Moved => entry.signalled = true,
             }
         }
@@ -601,34 +602,52 @@ impl WaitQueue {
     }
 }
 
-/// A batch of wakes being run after the lock. If a waker panics, its drop
-/// gives the wakers not called yet back to their entries (cleared as not
-/// signalled), for the next step that runs the grant loop to wake.
+/// A batch of wakes being run after the lock (see [`Batch::run`] for a
+/// waker that panics).
 struct Batch<'a> {
     queue: &'a WaitQueue,
     wakes: Wakes,
 }
 
 impl Batch<'_> {
+    /// Wakes every waker of the batch (and of the batches after it, while
+    /// more settled entries wait), and drops the retired wakers. A waker
+    /// that panics does not stop the others: its panic is caught, every
+    /// other wake still runs (an entry granted or closed whose waker were
+    /// skipped would not be woken again: with nobody pending no release
+    /// runs the grant loop, and after `close` nothing does), and the first
+    /// panic is resumed once the batch is done.
     fn run(mut self) {
+        let mut panicked = None;
         loop {
             while self.wakes.done < self.wakes.len {
                 let slot = &mut self.wakes.tasks[self.wakes.done];
                 self.wakes.done += 1;
                 let (ticket, waker) = slot.take().expect("a batched waker");
-                waker.wake();
+                let woke = catch(&mut panicked, || waker.wake());
+                if !woke && self.queue.faults.panic_cuts_batch() {
+                    // The fault: the rest of the batch is dropped uncalled.
+                    self.wakes.done = self.wakes.len;
+                    self.wakes.more = false;
+                }
                 if self.wakes.uncounted == Some(ticket) {
                     self.wakes.uncounted = None;
-                    let mut inner = self.queue.lock();
-                    self.queue.count_late(&mut inner, ticket);
-                    drop(inner);
+                    // The `wake_before_count` fault: the count follows a
+                    // wake that returns, and is lost with one that panics.
+                    if woke {
+                        let mut inner = self.queue.lock();
+                        self.queue.count_late(&mut inner, ticket);
+                        drop(inner);
+                    }
                 }
             }
             for retired in &mut self.wakes.retired.0 {
-                drop(retired.take());
+                if let Some(waker) = retired.take() {
+                    catch(&mut panicked, || drop(waker));
+                }
             }
             if !self.wakes.more {
-                return;
+                break;
             }
             // More settled entries than one batch holds: the next ones.
             let mut inner = self.queue.lock();
@@ -636,35 +655,21 @@ impl Batch<'_> {
             self.wakes = std::mem::replace(&mut inner.wakes, Wakes::new());
             drop(inner);
         }
+        if let Some(payload) = panicked {
+            std::panic::resume_unwind(payload);
+        }
     }
 }
 
-impl Drop for Batch<'_> {
-    fn drop(&mut self) {
-        if self.wakes.done == self.wakes.len {
-            return;
+/// Runs `f`, catching its panic into `first` (unless an earlier one is
+/// there); returns whether it returned.
+fn catch(first: &mut Option<Box<dyn std::any::Any + Send>>, f: impl FnOnce()) -> bool {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(()) => true,
+        Err(payload) => {
+            first.get_or_insert(payload);
+            false
         }
-        // A waker panicked: the ones not called yet go back to their
-        // entries (those still queued).
-        let mut inner = self.queue.lock();
-        for slot in &mut self.wakes.tasks[self.wakes.done..self.wakes.len] {
-            let Some(&(ticket, _)) = slot.as_ref() else {
-                continue;
-            };
-            let Ok(index) = WaitQueue::search(&inner, ticket) else {
-                continue;
-            };
-            let entry = &mut inner.entries[index];
-            if matches!(entry.wake, Wake::Moved) {
-                if let Some((_, waker)) = slot.take() {
-                    entry.wake = Wake::Task(waker);
-                    entry.signalled = false;
-                }
-            }
-        }
-        drop(inner);
-        // The wakers of entries gone meanwhile are dropped with the batch,
-        // after the lock.
     }
 }
 

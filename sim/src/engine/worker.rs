@@ -179,8 +179,11 @@ impl<B: KvBackend> Worker<B> {
     }
 
     /// A refused step: preempt and retry when the refusal is retryable
-    /// (`Full`; or `BehindWaiters`, which only a check-only group's first
-    /// prefill chunk, a new admission, can meet), a failed run otherwise.
+    /// (`Full`; or `BehindWaiters`, which only a new admission meets: the
+    /// first append of a group that holds no block beyond the prefix it
+    /// matched, i.e. a check-only group's first prefill chunk, or the
+    /// first decode of a prompt the cache held whole), a failed run
+    /// otherwise.
     fn refused(e: ReserveError, what: &str) -> StepError {
         if e.is_retryable() {
             StepError::Refused
