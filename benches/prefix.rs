@@ -8,6 +8,9 @@
 //! | `single/publish/128` | 128 full blocks of a sequence published (setup: the keys dropped, the blocks appended) |
 //! | `mixed/{kvslots,std_mutex,parking_lot}/{1,2,8}` | one request: match a prompt's cached prefix, append the rest, publish, drop; split over 1, 2 or 8 threads |
 //! | `match_cost/{1000,1000000}` | one cached block, picked across the whole cache, matched and released, in a pool whose every block is cached |
+//! | `events/publish/{off,on}` | `single/publish/128` on a pool without and with KV events (the rings drained in the setup) |
+//! | `events/evict/{off,on}` | an allocation of 128 blocks that evicts 128 cached ones, then their free, without and with KV events |
+//! | `events/drain/128` | the consumer: 128 stores drained into events (and merged into one `BlockStored`) |
 //!
 //! The mixed workload: prompts of 24 blocks of 16 tokens (plus 5 tokens),
 //! whose first 8 blocks all prompts share (a system prompt), the next 8
@@ -364,5 +367,88 @@ fn match_cost(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, single, mixed, match_cost);
+/// A pool of 128 blocks for the `events` group, with KV events or not.
+fn events_pool(on: bool) -> Arc<BlockPool> {
+    let builder = BlockPool::builder(128, BS).prefix_cache(true);
+    let builder = if on { builder.kv_events(4096) } else { builder };
+    Arc::new(builder.build().unwrap())
+}
+
+/// Drains `pool`'s events (if it records them) outside the timed part.
+fn drain(pool: &BlockPool, out: &mut Vec<kvslots::KvEvent>) {
+    out.clear();
+    pool.drain_events(out);
+}
+
+fn events(c: &mut Criterion) {
+    let tokens: Vec<u32> = (0..128 * BS as u32).collect();
+    let mut keys = Vec::new();
+    hash_blocks(b"bench", &tokens, BS, &mut keys);
+    let mut group = c.benchmark_group("events");
+    group.throughput(Throughput::Elements(128));
+    for on in [false, true] {
+        let name = if on { "on" } else { "off" };
+        let pool = events_pool(on);
+        let mut out = Vec::new();
+        group.bench_function(BenchmarkId::new("publish", name), |b| {
+            b.iter_batched(
+                || {
+                    pool.reset_prefix_cache();
+                    drain(&pool, &mut out);
+                    let mut seq = Sequence::new(Arc::clone(&pool));
+                    seq.try_append(tokens.len()).unwrap();
+                    seq
+                },
+                |mut seq| {
+                    assert_eq!(seq.publish(black_box(&keys)), 128);
+                    seq
+                },
+                criterion::BatchSize::PerIteration,
+            )
+        });
+        let mut ids = Vec::with_capacity(128);
+        group.bench_function(BenchmarkId::new("evict", name), |b| {
+            b.iter_batched_ref(
+                || {
+                    // Every block cached and evictable.
+                    let mut seq = Sequence::new(Arc::clone(&pool));
+                    seq.try_append(tokens.len()).unwrap();
+                    assert_eq!(seq.publish(&keys), 128);
+                    drop(seq);
+                    drain(&pool, &mut out);
+                },
+                |_| {
+                    ids.clear();
+                    pool.try_alloc(128, &mut ids).unwrap();
+                    pool.free(&ids).unwrap();
+                },
+                criterion::BatchSize::PerIteration,
+            )
+        });
+        assert_eq!(pool.prefix_stats().evictions % 128, 0);
+    }
+    let pool = events_pool(true);
+    let (mut scratch, mut events) = (Vec::new(), Vec::with_capacity(4));
+    group.bench_function(BenchmarkId::new("drain", 128), |b| {
+        b.iter_batched_ref(
+            || {
+                pool.reset_prefix_cache();
+                drain(&pool, &mut scratch);
+                let mut seq = Sequence::new(Arc::clone(&pool));
+                seq.try_append(tokens.len()).unwrap();
+                assert_eq!(seq.publish(&keys), 128);
+                seq
+            },
+            |_| {
+                // The events of the last run go first: one `BlockStored`.
+                events.clear();
+                pool.drain_events(black_box(&mut events));
+            },
+            criterion::BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, single, mixed, match_cost, events);
 criterion_main!(benches);

@@ -4,7 +4,9 @@ for LLM inference schedulers.
 `BlockPool` hands out block ids all or nothing; `Sequence` is one request's
 block table over a pool (appends, forks, rollback, the slot mapping, prefix
 matching and publishing); `hash_blocks` computes the prefix cache's block
-keys. Every refusal raises (`ReserveError` and its subclasses `Full`,
+keys. `BlockPool.stats()` reports a `PoolStats` for metrics, and a pool
+built with `kv_events` reports its cache's changes to a KV-aware router
+(`BlockPool.drain_events()`: vLLM's event shapes). Every refusal raises (`ReserveError` and its subclasses `Full`,
 `NeverFits`, `Closed`; `FreeError`; `CopyRequired`) and changes nothing.
 Every object may be shared between threads; calls that wait or walk many
 blocks release the GIL.
@@ -22,6 +24,12 @@ __all__ = [
     "BlockPool",
     "Sequence",
     "BlockCopy",
+    "PoolStats",
+    "KVEventBatch",
+    "BlockStored",
+    "BlockRemoved",
+    "AllBlocksCleared",
+    "EventsDropped",
     "hash_blocks",
     "hash_blocks_packed",
     "ReserveError",
@@ -114,6 +122,153 @@ class BlockCopy:
     def __hash__(self) -> int: ...
 
 @final
+class PoolStats:
+    """A snapshot of a `BlockPool`'s gauges and counters (`BlockPool.stats()`).
+
+    Each field is read on its own while other threads may change the pool:
+    the fields of one snapshot agree with each other only when no call is
+    running. Compares equal field by field.
+    """
+
+    __match_args__: ClassVar[Tuple[str, ...]]
+    @property
+    def num_blocks(self) -> int:
+        """The pool's blocks."""
+    @property
+    def used_blocks(self) -> int:
+        """Blocks in use."""
+    @property
+    def peak_used_blocks(self) -> int:
+        """The high-water mark of `used_blocks`."""
+    @property
+    def free_blocks(self) -> int:
+        """Free blocks, evictable ones included."""
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks holding a prefix-cache key."""
+    @property
+    def evictable_blocks(self) -> int:
+        """Cached blocks that no one holds."""
+    @property
+    def pending_release_blocks(self) -> int:
+        """Blocks whose release waits for a fence."""
+    @property
+    def queried_blocks(self) -> int:
+        """Keys queried by prefix matches."""
+    @property
+    def hit_blocks(self) -> int:
+        """Blocks those matches hit."""
+    @property
+    def evictions(self) -> int:
+        """Cached blocks evicted."""
+    @property
+    def waiters(self) -> int:
+        """Calls waiting in `alloc` / `Sequence.reserve`."""
+    @property
+    def events_dropped(self) -> Optional[int]:
+        """KV events lost to full rings, or None for a pool without
+        `kv_events`."""
+    @property
+    def usage(self) -> float:
+        """`used_blocks / num_blocks` (0.0 for a pool of no blocks)."""
+    def as_dict(self) -> dict[str, Any]:
+        """The fields (and `usage`) as a dict."""
+    def __eq__(self, other: object, /) -> bool: ...
+
+@final
+class BlockStored:
+    """Blocks became cached: vLLM's `BlockStored`, with the pool's block ids.
+
+    `block_hashes` is a chain (each key's parent the key before it) and
+    `parent_block_hash` the first one's parent (None for a prompt's first
+    block). The pool never sees tokens: `token_count` is
+    `len(block_hashes) * block_size` instead of vLLM's `token_ids`.
+    `lora_id` and `medium` are always None, kept for code written against
+    vLLM's class.
+    """
+
+    __match_args__: ClassVar[Tuple[str, ...]]
+    @property
+    def block_hashes(self) -> list[bytes]:
+        """The blocks' keys (32 bytes each), in chain order."""
+    @property
+    def parent_block_hash(self) -> Optional[bytes]:
+        """The key of the block before the first one, or None."""
+    @property
+    def block_ids(self) -> list[int]:
+        """The blocks now holding `block_hashes`, one per key."""
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+    @property
+    def token_count(self) -> int:
+        """Tokens the stored blocks hold."""
+    @property
+    def lora_id(self) -> Optional[int]:
+        """Always None."""
+    @property
+    def medium(self) -> Optional[str]:
+        """Always None."""
+    def __eq__(self, other: object, /) -> bool: ...
+
+@final
+class BlockRemoved:
+    """Keys no block holds any more: vLLM's `BlockRemoved`."""
+
+    __match_args__: ClassVar[Tuple[str, ...]]
+    @property
+    def block_hashes(self) -> list[bytes]:
+        """The keys removed (32 bytes each)."""
+    @property
+    def medium(self) -> Optional[str]:
+        """Always None."""
+    def __eq__(self, other: object, /) -> bool: ...
+
+@final
+class AllBlocksCleared:
+    """No block holds a key: the first event a pool reports (its cache
+    starts empty), so that a router forgets what it knew of a restarted
+    worker."""
+
+    def __eq__(self, other: object, /) -> bool: ...
+
+@final
+class EventsDropped:
+    """`count` events were lost here because the pool's event rings were full
+    (drained too seldom). A router that must never believe a key is cached
+    when it is not treats this as `AllBlocksCleared`."""
+
+    __match_args__: ClassVar[Tuple[str, ...]]
+    @property
+    def count(self) -> int:
+        """How many events were lost."""
+    def __eq__(self, other: object, /) -> bool: ...
+
+_KVEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared, EventsDropped]
+
+@final
+class KVEventBatch:
+    """One batch of `BlockPool.drain_events()`: vLLM's `KVEventBatch`, with
+    its sequence number.
+
+    `seq` numbers the non-empty batches 0, 1, 2, ... in drain order; an
+    empty batch carries the number the next non-empty one will.
+    """
+
+    __match_args__: ClassVar[Tuple[str, ...]]
+    @property
+    def seq(self) -> int:
+        """The batch's sequence number."""
+    @property
+    def ts(self) -> float:
+        """When it was drained (`time.time()`)."""
+    @property
+    def events(self) -> list[_KVEvent]:
+        """The events, oldest first."""
+    def __len__(self) -> int:
+        """The number of events."""
+
+@final
 class BlockPool:
     """A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
     slots each, with a prefix cache.
@@ -123,9 +278,15 @@ class BlockPool:
     one holds count as free and are evicted least recently released first.
 
     `shards` cuts the free list into that many shards (default: one per 64
-    blocks, at most 16). Raises `ValueError` for `block_size == 0`,
-    `num_blocks > MAX_BLOCKS`, a `num_blocks * block_size` too large, or
-    `shards` outside `1..=MAX_SHARDS`; `TypeError` for a non-int.
+    blocks, at most 16). `kv_events` (records in all, 128 bytes each) turns
+    on KV events (`drain_events`). `prefix_cache=False` builds the core pool
+    alone (12 bytes a block instead of 70): `Sequence.publish` and
+    `match_prefix` then return 0 and change nothing. Raises `ValueError` for
+    `block_size == 0`, `num_blocks > MAX_BLOCKS`, a `num_blocks * block_size`
+    too large, `shards` outside `1..=MAX_SHARDS`, `kv_events == 0` or
+    `kv_events` without the prefix cache;
+    `MemoryError` when the pool's bookkeeping (70 bytes a block, and the
+    event rings) cannot be allocated; `TypeError` for a non-int.
     """
 
     MAX_BLOCKS: ClassVar[int]
@@ -134,7 +295,12 @@ class BlockPool:
     """The most free-list shards a pool can have."""
 
     def __new__(
-        cls, num_blocks: _Int, block_size: _Int, shards: Optional[_Int] = None
+        cls,
+        num_blocks: _Int,
+        block_size: _Int,
+        shards: Optional[_Int] = None,
+        kv_events: Optional[_Int] = None,
+        prefix_cache: bool = True,
     ) -> Self: ...
     @property
     def num_blocks(self) -> int:
@@ -174,6 +340,22 @@ class BlockPool:
     @property
     def closed(self) -> bool:
         """Whether `close()` has been called."""
+    @property
+    def has_prefix_cache(self) -> bool:
+        """Whether the pool has a prefix cache (built without
+        `prefix_cache=False`)."""
+    @property
+    def has_kv_events(self) -> bool:
+        """Whether the pool records KV events (built with `kv_events`)."""
+    def stats(self) -> PoolStats:
+        """The pool's gauges and counters in one snapshot, for metrics (a scan
+        of every block, GIL released for large pools)."""
+    def drain_events(self) -> KVEventBatch:
+        """The KV events recorded since the last call, oldest first: per key
+        in the order of the key's changes (its store before its removal),
+        nothing twice, losses to full rings as an `EventsDropped` in their
+        place; a block's store after its parent's when both are in the
+        batch. A pool without `kv_events` returns an empty batch."""
     def try_alloc(self, n: _Int) -> list[int]:
         """Takes exactly `n` free blocks, all or none, and returns their
         distinct ids, each with one reference.

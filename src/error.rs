@@ -353,10 +353,17 @@ pub enum ConfigError {
         /// The largest shard count accepted.
         max: usize,
     },
+    /// [`kv_events`](crate::BlockPoolBuilder::kv_events) was asked for a
+    /// pool without a prefix cache, which has no events to record.
+    KvEventsWithoutPrefixCache,
+    /// [`kv_events`](crate::BlockPoolBuilder::kv_events) was given a
+    /// capacity of 0 records.
+    ZeroEventCapacity,
     /// The allocator refused the pool's arrays (the heap memory of its
     /// bookkeeping, 12 bytes a block for the core pool and 70 with the
-    /// prefix cache; not the KV cache itself, which lives on the device).
-    /// What had been allocated is freed.
+    /// prefix cache, and the KV event rings if chosen; not the KV cache
+    /// itself, which lives on the device). What had been allocated is
+    /// freed.
     OutOfMemory {
         /// The bytes the pool asked for in all
         /// ([`BlockPoolBuilder::memory_bytes`](crate::BlockPoolBuilder::memory_bytes)).
@@ -382,6 +389,10 @@ impl fmt::Display for ConfigError {
             ConfigError::BadShardCount { shards, max } => {
                 write!(f, "shards must be in 1..={max}, got {shards}")
             }
+            ConfigError::KvEventsWithoutPrefixCache => {
+                f.write_str("kv_events needs a pool with a prefix cache")
+            }
+            ConfigError::ZeroEventCapacity => f.write_str("kv_events capacity must be non-zero"),
             ConfigError::OutOfMemory { bytes } => write!(
                 f,
                 "out of memory: the pool's bookkeeping needs {bytes} bytes of heap"

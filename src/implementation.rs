@@ -21,6 +21,8 @@
 //! * [Sequences](#sequences): block tables, forks and copy-on-write.
 //! * [Prefix cache](#prefix-cache): the state word, keys and their index,
 //!   publishing, matching, eviction order, statistics.
+//! * [KV events](#kv-events): the rings of the cache's stores and
+//!   removals, their order per key and across keys, losses, the consumer.
 //! * [Waiting](#waiting): the FIFO wait queue, grants on the waiter's
 //!   behalf, who gets what, cancellation, and the lost-wakeup argument.
 //! * [Fenced release](#fenced-release): references kept until a device
@@ -65,6 +67,8 @@
 //!       state.rs      its transitions of the state word
 //!       keys.rs       the keys and the index over them
 //!       lru.rs        the eviction order
+//!       events.rs     KV events: the rings, their records, the consumer
+//!     stats.rs        BlockPool::stats: the gauges and counters in one struct
 //! ```
 //!
 //! **The core pool** is admission, the free list, a state word per block
@@ -81,7 +85,11 @@
 //! that finds the free list short (it asks the cache to evict). Without a
 //! cache no block is ever `CACHED`, so the hook never fires and a short
 //! free list only means blocks in transit; the prefix calls return their
-//! "nothing cached" answers. **Fenced release** keeps nothing per block,
+//! "nothing cached" answers. **KV events** are a part of the prefix cache
+//! chosen on its own ([`BlockPoolBuilder::kv_events`](crate::BlockPoolBuilder::kv_events)):
+//! rings allocated with the cache, and a check of one `Option` on the
+//! publish, eviction and truncate paths when they are off.
+//! **Fenced release** keeps nothing per block,
 //! only a few lock-guarded maps per pool, and adds nothing to the
 //! allocation paths: every pool has it.
 //!
@@ -640,6 +648,85 @@
 //! write to a line that other threads write, as long as there are no more
 //! threads than cells.
 //!
+//! # KV events
+//!
+//! A pool built with KV events reports each change of its prefix cache to
+//! a consumer ([`BlockPool::drain_events`](crate::BlockPool::drain_events)):
+//! a *store* when a publish commits a key, a *removal* when an eviction, a
+//! reset or a truncate drops one. The producers are those paths, and they
+//! stay lock-free and allocation-free.
+//!
+//! **The rings.** There is one ring per free-list shard, each an array of
+//! cache-padded slots (a position word, a meta word with the kind and the
+//! block id, the key's four words and the parent key's four: 128 bytes)
+//! and a `tail`. A key's records always go to the ring its index
+//! fingerprint picks (a hash under the pool's seed: keys a user chooses
+//! cannot pile into one ring). A producer reads `tail`, checks that the
+//! slot at `tail % capacity` is free (its position word equals `tail`:
+//! the consumer has read the record it held a lap ago), and takes the
+//! position with a CAS on `tail`; it writes the payload with `Relaxed`
+//! stores and publishes it with a `Release` store of `tail + 1` into the
+//! position word. A slot whose position word is behind means the ring is
+//! full: the producer does not wait, and its event is lost.
+//!
+//! **Reserve, then act.** A transition takes its position *before* the CAS
+//! on the block's state word that makes it, and *after* the observation
+//! that makes it possible: a publish after the rescan that found no rival
+//! (just before its commit), an eviction or a reset after its `Acquire`
+//! load of the evictable state (it reads the key words then; the CAS from
+//! that exact state proves them unchanged), a truncate after its `Acquire`
+//! load of the sole-held cached state. If the CAS fails, the position gets
+//! a void record, which the consumer skips; if it succeeds, the record is
+//! written (or, when the ring was full, the loss is counted, with the
+//! position it would have had). So each successful transition is reported
+//! once, and nothing else is.
+//!
+//! **Order per key.** The tail's CAS is `AcqRel`, so a ring's positions
+//! are taken in an order that agrees with happens-before both ways: if
+//! transition `A` took an earlier position than `B`, everything `A`'s
+//! thread did before its reservation happens-before everything `B`'s does
+//! after its own. Now let `B` be the transition of a key that follows `A`:
+//! `B` is possible only because its observation saw `A`'s act (the
+//! removal's load sees the commit that stored the key; the next store's
+//! rescan sees the previous block's eviction, directly in its state word
+//! or through its index entry's removal, which follow that eviction; a
+//! block evicted and republished passes from the evictor to its next owner
+//! through the allocation). Had `B` taken the earlier position, `B`'s
+//! observation would happen-before `A`'s act and could not have seen it
+//! (coherence). So a key's records lie in its ring in the order of its
+//! transitions: store, removal, store, ... The loom models
+//! (`src/loom_tests/events.rs`) check this against an eviction and
+//! against a truncate racing a republish of the key on another block, and
+//! catch a removal reserved after its CAS and a store reserved before its
+//! claim.
+//!
+//! **Across keys and rings.** Within a ring the order is the reservations'
+//! (consistent with happens-before); across rings there is none. The
+//! consumer reads each ring from its head up to the first position not
+//! yet written (a record whose producer is between its reservation and
+//! its write, one CAS long, holds back its ring's later records until the
+//! next drain), then merges the rings' records keeping each ring's order:
+//! a store whose parent key is stored by a record still to come in another
+//! ring waits for it (unless every ring's next record waits: a cycle only
+//! unrelated concurrent chains can form), a store whose parent is the key
+//! just stored joins its [`KvEvent::BlockStored`](crate::KvEvent), and
+//! consecutive removals form one [`KvEvent::BlockRemoved`](crate::KvEvent).
+//!
+//! **Losses.** A loss counts into its ring's `lost` and raises `lost_at` to
+//! the tail it found (`fetch_max`, then the count's `Release` add). The
+//! consumer reports the count as [`KvEvent::Dropped`](crate::KvEvent) once
+//! it has read every record before that position: a record of the same
+//! key after the report describes a later transition (a record that
+//! happens-before the lost event took an earlier position), so a router
+//! that clears its view there and replays what follows never holds a key
+//! the pool has removed.
+//!
+//! **The consumer** takes a mutex of its own (consumers take turns; no
+//! producer touches it), numbers the non-empty batches, and opens the
+//! stream with [`KvEvent::AllBlocksCleared`](crate::KvEvent) (a new pool's
+//! cache is empty). It allocates (the merge, the events); the producers
+//! never do.
+//!
 //! # Waiting
 //!
 //! [`SlotCounter::reserve`](crate::SlotCounter::reserve),
@@ -958,6 +1045,20 @@
 //! * **Stamps, candidates and statistics are `Relaxed`**: hints and
 //!   counters, re-checked by the CASes above or ordering nothing.
 //!
+//! ## KV events
+//!
+//! * **A ring's `tail` CAS is `AcqRel`**: the order of the reservations is
+//!   the order of a key's transitions (see [KV events](#kv-events)).
+//! * **A slot's position word**: the producer's store of `pos + 1` is
+//!   `Release` and the consumer's load `Acquire`, so the payload's
+//!   `Relaxed` words are read as written; the consumer's store of
+//!   `pos + capacity` is `Release` and the producer's load `Acquire`, so the
+//!   consumer's reads of a lap's record happen-before the next lap's
+//!   writes.
+//! * **A loss**: `lost_at` is raised (`Relaxed`) before `lost` is added to
+//!   (`Release`), and the consumer loads `lost` with `Acquire` before
+//!   `lost_at`: the position it reads covers every loss it counts.
+//!
 //! ## `Sequence`
 //!
 //! A sequence is a plain `Send` value used by one thread at a time; all its
@@ -987,18 +1088,22 @@
 //! of a referenced block, a publisher that does not kill a rival's claim,
 //! a claim without a reference of its own, a claim's last drop not given
 //! back, a publish that claims without looking its key up first, a claim
-//! that is a rival before its key is written, lookups that read only a
-//! key's first index bucket, a rescan whose read-modify-write is in the
-//! bucket of the publisher's own entry, a fenced
-//! retirement that gives its references back at once, an admission fast
-//! path that takes with a plain store, a refused gather that keeps what it
-//! took, a waiter that queues without trying again, a cancelled waiter
-//! that keeps its grant or does not re-check the waiters behind it, a
-//! close that wakes no one, a waiter without its hand-shake, a queue that
-//! owes new admissions only its head's request, a head woken before its
-//! grant is counted)
-//! are switched on through hooks that are the correct behaviour
-//! in every other build.
+//! that is a rival before its key is written, a claim that gives up on a
+//! deferral without looking again, lookups that read only a key's first
+//! index bucket, a rescan whose read-modify-write is in the bucket of the
+//! publisher's own entry, a fenced retirement that gives its references
+//! back at once, an admission fast path that takes with a plain store, a
+//! refused gather that keeps what it took, a gather that gives blocks back
+//! without re-checking the waiters, a waiter that queues without trying
+//! again, a cancelled waiter that keeps its grant or does not re-check the
+//! waiters behind it, a close that wakes no one, a waiter without its
+//! hand-shake, growth that waits behind a queued head, a queue that owes
+//! new admissions only its head's request, a head woken before its grant
+//! is counted, a panicking waker that drops the rest of its batch
+//! uncalled, a KV event removal reserved after its CAS, a store reserved
+//! before its claim, a record published `Relaxed`, a loss not counted)
+//! are switched on through hooks that are the correct behaviour in every
+//! other build.
 //!
 //! **The loom models live inside the crate**, in `src/loom_tests/`, as
 //! tokio keeps its `loom_*.rs` tests: unit tests compiled only under
@@ -1006,10 +1111,11 @@
 //! (`cargo test --lib --release` with the cfg; `scripts/loom NAME` runs
 //! the tests under `loom_tests::NAME::`). In that build, and only there,
 //! `Faults` has its fields and the models build pools and counters with
-//! them (`BlockPool::with_faults`, `SlotCounter::with_faults`, both
-//! crate-private and compiled only there); in every other build, the
-//! release build included, `Faults` is an empty type (a constant assertion
-//! checks it) and every hook a constant, so no fault reaches shipped code.
+//! them (`BlockPool::with_faults`, `BlockPoolBuilder::faults`,
+//! `SlotCounter::with_faults`, all crate-private and compiled only there);
+//! in every other build, the release build included, `Faults` is an empty
+//! type (a constant assertion checks it) and every hook a constant, so no
+//! fault reaches shipped code.
 //! Under `--cfg kvslots_loom` the crate's other unit tests are left out,
 //! so that build is the models and their controls; and any other build of
 //! the library under that cfg (its integration tests, a dependent crate)

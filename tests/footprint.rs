@@ -120,3 +120,34 @@ fn new_takes_what_a_pool_with_every_layer_takes() {
     drop(pool);
     assert_eq!(bytes, footprint(BLOCKS, true).0);
 }
+
+/// KV events take their rings (128 bytes a record, shared among the
+/// shards' rings) and nothing else: exactly what `memory_bytes` says, and
+/// nothing when not chosen.
+#[test]
+fn kv_events_take_their_rings_and_nothing_when_off() {
+    let with = |events: Option<usize>| {
+        let mut builder = BlockPool::builder(BLOCKS, 16).shards(16).prefix_cache(true);
+        if let Some(capacity) = events {
+            builder = builder.kv_events(capacity);
+        }
+        let predicted = builder.memory_bytes();
+        let before = live();
+        let pool = builder.build().unwrap();
+        let taken = (live() - before) as usize;
+        drop(pool);
+        assert_eq!(live(), before, "a dropped pool left heap behind");
+        (taken, predicted)
+    };
+    let (off, off_predicted) = with(None);
+    assert_eq!(off, footprint(BLOCKS, true).0);
+    let (on, on_predicted) = with(Some(4096));
+    // 16 rings of 256 records of 128 bytes, a cache line pair per ring
+    // head, and the consumer's cursors.
+    let rings = on - off;
+    assert!(
+        (4096 * 128..4096 * 128 + 16 * 256).contains(&rings),
+        "{rings} bytes of rings"
+    );
+    assert_eq!(on - off, on_predicted - off_predicted);
+}

@@ -77,6 +77,25 @@ fn a_bad_configuration_is_a_typed_error_in_the_order_of_the_checks() {
                 max: BlockPool::MAX_SHARDS,
             },
         ),
+        // KV events need the prefix cache, and room for a record.
+        (
+            BlockPool::builder(8, 16).kv_events(64),
+            ConfigError::KvEventsWithoutPrefixCache,
+        ),
+        (
+            BlockPool::builder(8, 16).prefix_cache(true).kv_events(0),
+            ConfigError::ZeroEventCapacity,
+        ),
+        (
+            BlockPool::builder(8, 16)
+                .shards(0)
+                .prefix_cache(true)
+                .kv_events(0),
+            ConfigError::BadShardCount {
+                shards: 0,
+                max: BlockPool::MAX_SHARDS,
+            },
+        ),
     ];
     for (builder, want) in cases {
         assert_eq!(builder.clone().build().unwrap_err(), want, "{builder:?}");

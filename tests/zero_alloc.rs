@@ -485,13 +485,51 @@ fn copy_on_write_append_within_capacity_allocates_nothing() {
 
 #[test]
 fn prefix_match_publish_and_eviction_allocate_nothing() {
+    prefix_rounds_allocate_nothing(Arc::new(BlockPool::new(16, 4)));
+}
+
+/// With KV events, the producers (publish, eviction, reset, truncate into
+/// a cached block) allocate nothing, whether their ring has room or is
+/// full (a ring of 32 records in all, not drained during the loop).
+#[test]
+fn kv_event_producers_allocate_nothing() {
+    let pool = Arc::new(
+        BlockPool::builder(16, 4)
+            .prefix_cache(true)
+            .kv_events(32)
+            .build()
+            .unwrap(),
+    );
+    prefix_rounds_allocate_nothing(Arc::clone(&pool));
+    let dropped = pool.stats().events_dropped.unwrap();
+    assert!(dropped > 0, "the ring never filled");
+    let mut events = Vec::new();
+    pool.drain_events(&mut events);
+    let stored = events
+        .iter()
+        .filter(|e| matches!(e, kvslots::KvEvent::BlockStored { .. }))
+        .count();
+    assert!(stored > 0, "{events:?}");
+    let reported: u64 = events
+        .iter()
+        .map(|e| match e {
+            kvslots::KvEvent::Dropped { count } => *count,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(reported, dropped);
+}
+
+/// Rounds of matches, appends, publishes, truncates and resets on `pool`
+/// (16 blocks of 4 tokens) allocate nothing once warmed up.
+fn prefix_rounds_allocate_nothing(pool: Arc<BlockPool>) {
     // A pool of 16 blocks of 4 tokens and 6 prompt families of 6 blocks
     // each, sharing their first 2: the cache holds at most 2 families, so
     // matches revive and share blocks, appends evict, publishes race the
     // first-wins rule, and truncates (also into a cached block) release.
     const BLOCKS: usize = 16;
     const BS: usize = 4;
-    let pool = Arc::new(BlockPool::new(BLOCKS, BS));
+    assert_eq!((pool.num_blocks(), pool.block_size()), (BLOCKS, BS));
     let families: Vec<Vec<BlockHash>> = (0..6u32)
         .map(|f| {
             let tokens: Vec<u32> = (0..6 * BS as u32)

@@ -9,7 +9,7 @@
 //! instance's `__dict__`, so they survive pickling.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyIndexError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyException, PyIndexError, PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 create_exception!(
@@ -70,6 +70,16 @@ create_exception!(
      copy-on-write. Use `Sequence.append_cow`, which returns the `BlockCopy` to \
      make. Nothing changed."
 );
+
+/// The Python exception for a configuration `BlockPool(...)` refused:
+/// `MemoryError` when the pool's arrays could not be allocated,
+/// `ValueError` for every bad size, with the core's message.
+pub(crate) fn config_error(err: kvslots::ConfigError) -> PyErr {
+    match err {
+        kvslots::ConfigError::OutOfMemory { .. } => PyMemoryError::new_err(err.to_string()),
+        _ => PyValueError::new_err(err.to_string()),
+    }
+}
 
 /// The Python exception for a refused allocation (counts in blocks).
 pub(crate) fn reserve_error(py: Python<'_>, err: kvslots::ReserveError) -> PyErr {

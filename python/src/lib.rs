@@ -26,6 +26,7 @@ use pyo3::types::{PyBytes, PyList};
 
 mod convert;
 mod errors;
+mod events;
 mod pool;
 mod sequence;
 mod wait;
@@ -149,7 +150,9 @@ fn block_keys<'py>(
 /// `BlockPool` hands out block ids all or nothing; `Sequence` is one
 /// request's block table over a pool (appends, forks, rollback, the slot
 /// mapping, prefix matching and publishing); `hash_blocks` computes the
-/// prefix cache's block keys. Every refusal raises (`ReserveError` and its
+/// prefix cache's block keys; `BlockPool.stats()` is a `PoolStats` for
+/// metrics, and a pool built with `kv_events` reports its cache's changes
+/// as vLLM-shaped events (`BlockPool.drain_events()`). Every refusal raises (`ReserveError` and its
 /// subclasses `Full` (and `BehindWaiters`), `NeverFits`, `Closed`;
 /// `FreeError`; `CopyRequired`)
 /// and changes nothing. Every object may be shared between threads.
@@ -161,6 +164,12 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyBlockPool>()?;
     m.add_class::<sequence::PySequence>()?;
     m.add_class::<sequence::PyBlockCopy>()?;
+    m.add_class::<events::PyPoolStats>()?;
+    m.add_class::<events::PyKVEventBatch>()?;
+    m.add_class::<events::PyBlockStored>()?;
+    m.add_class::<events::PyBlockRemoved>()?;
+    m.add_class::<events::PyAllBlocksCleared>()?;
+    m.add_class::<events::PyEventsDropped>()?;
     m.add_function(wrap_pyfunction!(hash_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(hash_blocks_packed, m)?)?;
     m.add("ReserveError", py.get_type::<errors::ReserveError>())?;
@@ -177,6 +186,12 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "BlockPool",
             "Sequence",
             "BlockCopy",
+            "PoolStats",
+            "KVEventBatch",
+            "BlockStored",
+            "BlockRemoved",
+            "AllBlocksCleared",
+            "EventsDropped",
             "hash_blocks",
             "hash_blocks_packed",
             "ReserveError",

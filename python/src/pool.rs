@@ -3,17 +3,18 @@
 use std::sync::Arc;
 
 use kvslots::BlockId;
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use crate::convert;
 use crate::detached;
 use crate::errors::{self, FreeKind};
+use crate::events::{self, PyKVEventBatch, PyPoolStats};
 use crate::wait;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
-/// slots each, with a prefix cache.
+/// slots each, with a prefix cache (and, with `kv_events`, a record of the
+/// cache's changes for a KV-aware router: `drain_events`).
 ///
 /// `try_alloc(n)` takes exactly `n` distinct block ids or none, `free(ids)`
 /// drops one reference per listed id, all or nothing; every refusal raises
@@ -22,9 +23,15 @@ use crate::wait;
 ///
 /// `shards` cuts the free list into that many shards (default: one per 64
 /// blocks, at most 16); any thread can take every block whatever the
-/// shards. Raises `ValueError` for `block_size == 0`, `num_blocks` above
-/// `BlockPool.MAX_BLOCKS`, a `num_blocks * block_size` too large, or
-/// `shards` outside `1..=BlockPool.MAX_SHARDS`.
+/// shards. `kv_events` (records in all, 128 bytes each) turns KV events
+/// on. `prefix_cache=False` builds the core pool alone (12 bytes a block
+/// instead of 70): `Sequence.publish` and `match_prefix` then return 0 and
+/// change nothing. Raises `ValueError` for `block_size == 0`, `num_blocks`
+/// above `BlockPool.MAX_BLOCKS`, a `num_blocks * block_size` too large,
+/// `shards` outside `1..=BlockPool.MAX_SHARDS`, `kv_events == 0`, or
+/// `kv_events` without the prefix cache, and
+/// `MemoryError` when the pool's bookkeeping (70 bytes a block, and the
+/// event rings) cannot be allocated; nothing is left allocated then.
 ///
 /// Safe to share between threads: no call takes a lock (waiting and the
 /// fence table aside), and calls that wait or walk many blocks release the
@@ -77,42 +84,32 @@ impl PyBlockPool {
     const MAX_SHARDS: usize = kvslots::BlockPool::MAX_SHARDS;
 
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, shards = None))]
+    #[pyo3(signature = (num_blocks, block_size, shards = None, kv_events = None, prefix_cache = true))]
     fn new(
+        py: Python<'_>,
         num_blocks: &Bound<'_, PyAny>,
         block_size: &Bound<'_, PyAny>,
         shards: Option<&Bound<'_, PyAny>>,
+        kv_events: Option<&Bound<'_, PyAny>>,
+        prefix_cache: bool,
     ) -> PyResult<Self> {
         let num_blocks: usize = convert::uint(num_blocks, "num_blocks")?;
         let block_size: usize = convert::uint(block_size, "block_size")?;
-        let shards: usize = match shards {
-            Some(s) => convert::uint(s, "shards")?,
-            None => kvslots::BlockPool::default_shards(num_blocks),
-        };
-        if block_size == 0 {
-            return Err(PyValueError::new_err("block_size must be at least 1"));
+        let mut builder =
+            kvslots::BlockPool::builder(num_blocks, block_size).prefix_cache(prefix_cache);
+        if let Some(s) = shards {
+            builder = builder.shards(convert::uint(s, "shards")?);
         }
-        if num_blocks > kvslots::BlockPool::MAX_BLOCKS {
-            return Err(PyValueError::new_err(format!(
-                "num_blocks {num_blocks} is above BlockPool.MAX_BLOCKS ({})",
-                kvslots::BlockPool::MAX_BLOCKS
-            )));
+        if let Some(capacity) = kv_events {
+            builder = builder.kv_events(convert::uint(capacity, "kv_events")?);
         }
-        if num_blocks.checked_mul(block_size).is_none() {
-            return Err(PyValueError::new_err(format!(
-                "num_blocks * block_size ({num_blocks} * {block_size}) is too large"
-            )));
-        }
-        if !(1..=kvslots::BlockPool::MAX_SHARDS).contains(&shards) {
-            return Err(PyValueError::new_err(format!(
-                "shards must be in 1..={}, got {shards}",
-                kvslots::BlockPool::MAX_SHARDS
-            )));
-        }
+        // The builder checks the sizes before it asks for any memory, and
+        // asks for all of it fallibly: bad sizes and a pool too large for
+        // memory are exceptions, never an abort. Filling the arrays takes
+        // time in proportion to the pool: without the GIL.
+        let pool = detached(py, num_blocks, || builder.build()).map_err(errors::config_error)?;
         Ok(PyBlockPool {
-            inner: Arc::new(kvslots::BlockPool::with_shards(
-                num_blocks, block_size, shards,
-            )),
+            inner: Arc::new(pool),
         })
     }
 
@@ -193,6 +190,55 @@ impl PyBlockPool {
     #[getter]
     fn closed(&self) -> bool {
         self.inner.is_closed()
+    }
+
+    /// Whether the pool has a prefix cache (built without
+    /// `prefix_cache=False`).
+    #[getter]
+    fn has_prefix_cache(&self) -> bool {
+        self.inner.has_prefix_cache()
+    }
+
+    /// Whether the pool records KV events (built with `kv_events`).
+    #[getter]
+    fn has_kv_events(&self) -> bool {
+        self.inner.has_kv_events()
+    }
+
+    /// The pool's gauges and counters in one `PoolStats` snapshot, for
+    /// metrics: usage, peak, free, cached, evictable, pending release,
+    /// queried and hit blocks, evictions, waiters and (with `kv_events`)
+    /// events dropped. A scan of every block (`O(num_blocks)`, GIL released
+    /// for large pools): call it every second or so, not per step.
+    fn stats(&self, py: Python<'_>) -> PyPoolStats {
+        let pool = &*self.inner;
+        detached(py, pool.num_blocks(), || pool.stats()).into()
+    }
+
+    /// The KV events recorded since the last call, as a `KVEventBatch`
+    /// whose `events` are `BlockStored`, `BlockRemoved`, `AllBlocksCleared`
+    /// (the first batch's first event) and `EventsDropped` objects, oldest
+    /// first (a pool without `kv_events` returns an empty batch numbered 0).
+    ///
+    /// Per key, the events come in the order of the key's changes (its
+    /// store before its removal, its removal from one block before its
+    /// store on another), nothing is reported twice, and events lost
+    /// because the rings were full are reported as an `EventsDropped` in
+    /// their place. Across keys there is no order, except that a block's
+    /// store comes after its parent's when both are in the batch. Calls
+    /// take turns with each other (the pool's publishes and evictions
+    /// never wait for them); the GIL is released while the rings are read.
+    fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyKVEventBatch>> {
+        let pool = &*self.inner;
+        let (seq, ts, drained) = py.detach(|| {
+            let mut drained = Vec::new();
+            let seq = pool.drain_events(&mut drained);
+            let ts = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            (seq, ts, drained)
+        });
+        events::batch(py, seq, ts, drained)
     }
 
     /// Takes exactly `n` free blocks, all or none, and returns their

@@ -299,3 +299,20 @@ def test_a_new_caller_never_passes_a_queued_waiter():
     assert len(got[0]) == 3 and pool.used_blocks == 3
     pool.free(got[0])
     assert pool.free_blocks == 4
+
+
+def test_a_pool_without_the_prefix_cache_caches_nothing():
+    pool = kvslots.BlockPool(8, 4, prefix_cache=False)
+    assert not pool.has_prefix_cache and kvslots.BlockPool(8, 4).has_prefix_cache
+    seq = kvslots.Sequence(pool)
+    seq.try_append(8)
+    keys = kvslots.hash_blocks(list(range(8)), 4)
+    before = pool_state(pool)
+    assert seq.publish(keys) == 0  # nothing to cache into: changes nothing
+    assert pool_state(pool) == before
+    seq.close()
+    other = kvslots.Sequence(pool)
+    assert other.match_prefix(keys) == 0 and len(other) == 0
+    assert (pool.free_blocks, pool.cached_blocks) == (8, 0)
+    with pytest.raises(ValueError):
+        kvslots.BlockPool(8, 4, prefix_cache=False, kv_events=16)

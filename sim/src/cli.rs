@@ -18,6 +18,7 @@ use serde_json::json;
 use crate::backend::{KvBackend, KvslotsBackend, MutexBackend};
 use crate::baseline::MutexPool;
 use crate::engine::{self, Admission, EngineConfig, MIX_SAMPLES};
+use crate::export::{Exported, Exports, DEFAULT_EVENTS_CAPACITY};
 pub use crate::fault::Fault;
 use crate::fault::Faulty;
 use crate::model::{size_pool, ModelPreset, Sizing, GIB};
@@ -197,6 +198,23 @@ pub struct Cli {
     /// any work.
     #[arg(long, value_name = "GIB", allow_negative_numbers = true)]
     pub host_memory_gib: Option<f64>,
+    /// Write the kvslots pool's KV events to FILE, as JSON lines (one batch
+    /// a line: `seq`, `ts`, `events` in vLLM's shapes; see sim/README.md),
+    /// drained every 2 ms. Needs prefix caching on a workload that names
+    /// its prompts' content; with `--compare`, of the kvslots run; not with
+    /// `--allocator mutex`.
+    #[arg(long, value_name = "FILE")]
+    pub events: Option<PathBuf>,
+    /// Records in the kvslots pool's KV event rings, 128 bytes each
+    /// (default 65536; only with `--events`). Events that find them full
+    /// are lost and counted (`Dropped`).
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    pub events_capacity: Option<usize>,
+    /// Write the kvslots pool's metrics to FILE as Prometheus text
+    /// (OpenMetrics, `kvslots_*` series), every second and at the end. With
+    /// `--compare`, of the kvslots run; not with `--allocator mutex`.
+    #[arg(long, value_name = "FILE")]
+    pub metrics: Option<PathBuf>,
 }
 
 /// A bad flag value or input file: exit code 2.
@@ -224,6 +242,10 @@ pub struct Plan {
     pub engine: EngineConfig,
     /// Free-list shards of the kvslots pool.
     pub shards: usize,
+    /// Records in the kvslots pool's KV event rings, with `--events`.
+    pub events_capacity: Option<usize>,
+    /// The files the kvslots run exports to.
+    pub exports: Exports,
 }
 
 /// The default worker count: available parallelism, at least 4.
@@ -391,6 +413,37 @@ impl Cli {
                 )));
             }
         }
+        if self.allocator == Allocator::Mutex && !self.compare {
+            for (flag, given) in [
+                ("--events", self.events.is_some()),
+                ("--metrics", self.metrics.is_some()),
+            ] {
+                if given {
+                    return Err(InputError(format!(
+                        "{flag} exports the kvslots pool's, and --allocator mutex runs none: \
+                         leave it out, or use --compare"
+                    )));
+                }
+            }
+        }
+        let events_capacity = match (&self.events, self.events_capacity) {
+            (None, Some(n)) => {
+                return Err(InputError(format!(
+                    "--events-capacity {n} has no effect without --events FILE"
+                )))
+            }
+            (Some(_), Some(0)) => {
+                return Err(InputError("--events-capacity must be at least 1".into()))
+            }
+            (Some(_), n) => Some(n.unwrap_or(DEFAULT_EVENTS_CAPACITY)),
+            (None, None) => None,
+        };
+        if self.events.is_some() && self.no_prefix_cache {
+            return Err(InputError(
+                "--events reports the prefix cache's changes, and --no-prefix-cache turns it off"
+                    .into(),
+            ));
+        }
         let host = HostMemory::of(self.host_memory_gib)?;
         let shards = self
             .shards
@@ -402,10 +455,16 @@ impl Cli {
             .allocators()
             .into_iter()
             .map(|a| match a {
-                Allocator::Kvslots => BlockPool::builder(nb, bs)
-                    .shards(shards)
-                    .prefix_cache(!self.no_prefix_cache)
-                    .memory_bytes(),
+                Allocator::Kvslots => {
+                    let builder = BlockPool::builder(nb, bs)
+                        .shards(shards)
+                        .prefix_cache(!self.no_prefix_cache);
+                    match events_capacity {
+                        Some(n) => builder.kv_events(n),
+                        None => builder,
+                    }
+                    .memory_bytes()
+                }
                 Allocator::Mutex => MutexPool::memory_bytes(nb),
             })
             .max()
@@ -469,8 +528,16 @@ impl Cli {
             .map(request_bytes)
             .fold(0, usize::saturating_add)
             .min(left);
-        if prefix_cache && requests.iter().any(|r| r.hash_ids.is_some()) {
+        let keyed = requests.iter().any(|r| r.hash_ids.is_some());
+        if prefix_cache && keyed {
             self.check_prefix_block_size()?;
+        }
+        if let (Some(path), false, true) = (&self.trace, keyed, self.events.is_some()) {
+            return Err(InputError(format!(
+                "--events reports the prefix cache's changes, and --trace {} names no prompt \
+                 content to cache (no hash_ids): use a Mooncake JSONL trace",
+                path.display()
+            )));
         }
         let engine = EngineConfig {
             admission: self.admission.unwrap_or(Admission::Reserve),
@@ -490,12 +557,30 @@ impl Cli {
         };
         check_runnable(&sizing, &engine, &requests)?;
         self.check_samples_fit(&engine, &sizing, &requests, left, &host)?;
+        // The export files last, once everything else is accepted: each is
+        // opened for writing (created if missing, not emptied yet), so that
+        // one that cannot be written is refused before any work.
+        for (flag, path) in [("--events", &self.events), ("--metrics", &self.metrics)] {
+            if let Some(path) = path {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(path)
+                    .map_err(|e| InputError(format!("{flag} {}: {e}", path.display())))?;
+            }
+        }
         Ok(Plan {
             engine,
             shards,
             sizing,
             requests,
             workload,
+            events_capacity,
+            exports: Exports {
+                events: self.events.clone(),
+                metrics: self.metrics.clone(),
+            },
         })
     }
 
@@ -682,6 +767,28 @@ fn settings_line(plan: &Plan) -> String {
     )
 }
 
+/// What the kvslots run exported, in words (a line of its own).
+fn exports_line(exports: &Exports, e: &Exported) -> String {
+    let mut parts = Vec::new();
+    if let Some(path) = &exports.events {
+        parts.push(format!(
+            "{} KV event batches ({} events, {} lost to full rings) to {}",
+            e.event_batches,
+            e.events,
+            e.events_dropped,
+            path.display()
+        ));
+    }
+    if let Some(path) = &exports.metrics {
+        parts.push(format!(
+            "metrics written {} times to {}",
+            e.metrics_writes,
+            path.display()
+        ));
+    }
+    format!("\nexports: {}", parts.join("; "))
+}
+
 fn settings_json(plan: &Plan) -> serde_json::Value {
     let e = &plan.engine;
     json!({
@@ -700,6 +807,7 @@ fn settings_json(plan: &Plan) -> serde_json::Value {
         "async_depth": e.async_depth,
         "profiles": profile_words(e, plan.sizing.block_size),
         "stuck_after_ms": e.stuck_after.as_millis() as u64,
+        "events_capacity": plan.events_capacity,
     })
 }
 
@@ -753,25 +861,41 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     let nb = plan.sizing.num_blocks;
     let bs = plan.sizing.block_size;
     let mut reports = Vec::new();
+    let mut exported: Option<std::io::Result<Exported>> = None;
     for a in cli.allocators() {
         let oracle = match Oracle::try_new(nb, bs) {
             Ok(o) => o,
             Err(e) => return refused(err, cli, "the simulated KV memory", &e),
         };
         let report = match a {
-            // The kvslots pool has the prefix cache only when the run uses it.
-            Allocator::Kvslots => match BlockPool::builder(nb, bs)
-                .shards(plan.shards)
-                .prefix_cache(plan.engine.prefix_cache)
-                .build()
-                .map(KvslotsBackend::from_pool)
-            {
-                Ok(b) => match cli.plant_fault {
-                    None => run_one(&b, oracle, &plan),
-                    Some(f) => run_one(&Faulty::new(b, f), oracle, &plan),
-                },
-                Err(e) => return refused(err, cli, "the kvslots pool", &e),
-            },
+            // The kvslots pool has the prefix cache only when the run uses
+            // it, and KV events only with `--events`.
+            Allocator::Kvslots => {
+                let builder = BlockPool::builder(nb, bs)
+                    .shards(plan.shards)
+                    .prefix_cache(plan.engine.prefix_cache);
+                let builder = match plan.events_capacity {
+                    Some(n) => builder.kv_events(n),
+                    None => builder,
+                };
+                match builder.build().map(KvslotsBackend::from_pool) {
+                    Ok(b) => {
+                        let pool = std::sync::Arc::clone(b.pool());
+                        let run = || match cli.plant_fault {
+                            None => run_one(&b, oracle, &plan),
+                            Some(f) => run_one(&Faulty::new(b.clone(), f), oracle, &plan),
+                        };
+                        if plan.exports.any() {
+                            let (report, done) = plan.exports.around(&pool, run);
+                            exported = Some(done);
+                            report
+                        } else {
+                            run()
+                        }
+                    }
+                    Err(e) => return refused(err, cli, "the kvslots pool", &e),
+                }
+            }
             Allocator::Mutex => match MutexBackend::try_new(nb, bs) {
                 Ok(b) => match cli.plant_fault {
                     None => run_one(&b, oracle, &plan),
@@ -788,6 +912,16 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
         }
     }
     let ok = reports.iter().all(|r| r.invariants_ok);
+    let exported = match exported.transpose() {
+        Ok(e) => e,
+        Err(e) => {
+            let _ = writeln!(err, "kvslots-sim: error: cannot write the exports: {e}");
+            if !ok {
+                return EXIT_FAILED;
+            }
+            return EXIT_UNWRITTEN;
+        }
+    };
     let written = if cli.json {
         let value = match reports.as_slice() {
             [one] => {
@@ -795,6 +929,9 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
                 v["sizing"] = json!(plan.sizing);
                 v["workload"] = json!(plan.workload);
                 v["settings"] = settings_json(&plan);
+                if let Some(e) = &exported {
+                    v["exported"] = json!(e);
+                }
                 v
             }
             [a, b] => json!({
@@ -803,6 +940,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
                 "settings": settings_json(&plan),
                 "kvslots": a,
                 "mutex": b,
+                "exported": exported,
                 "ratios": {
                     "alloc_ops_per_sec": a.alloc_ops_per_sec / b.alloc_ops_per_sec.max(f64::MIN_POSITIVE),
                     "prefix_hit_rate": a.prefix_hit_rate / b.prefix_hit_rate.max(f64::MIN_POSITIVE),
@@ -817,9 +955,13 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
     } else {
         writeln!(
             out,
-            "{}\n{}\n\n{}",
+            "{}\n{}{}\n\n{}",
             sizing_line(&plan.sizing),
             settings_line(&plan),
+            exported
+                .as_ref()
+                .map(|e| exports_line(&plan.exports, e))
+                .unwrap_or_default(),
             table(&reports)
         )
     }

@@ -13,6 +13,7 @@ pub mod backend;
 pub mod baseline;
 pub mod cli;
 pub mod engine;
+pub mod export;
 pub mod fault;
 pub mod model;
 pub mod mooncake;

@@ -388,6 +388,61 @@ fn flag_rows() -> Vec<Row> {
             &["--memory-gib 16", "--host-memory-gib"],
         ),
         row(
+            "--events with --allocator mutex",
+            &["--events", "/tmp/x.jsonl", "--allocator", "mutex"],
+            &["--events", "--allocator mutex"],
+        ),
+        row(
+            "--metrics with --allocator mutex",
+            &["--metrics", "/tmp/x.prom", "--allocator", "mutex"],
+            &["--metrics", "--allocator mutex"],
+        ),
+        row(
+            "--events-capacity without --events",
+            &["--events-capacity", "64"],
+            &["--events-capacity 64", "--events FILE"],
+        ),
+        row(
+            "--events-capacity: 0",
+            &["--events", "/tmp/x.jsonl", "--events-capacity", "0"],
+            &["--events-capacity must be at least 1"],
+        ),
+        row(
+            "--events-capacity: -1",
+            &["--events", "/tmp/x.jsonl", "--events-capacity", "-1"],
+            &["--events-capacity", "-1"],
+        ),
+        row(
+            "--events with --no-prefix-cache",
+            &["--events", "/tmp/x.jsonl", "--no-prefix-cache"],
+            &["--events", "--no-prefix-cache"],
+        ),
+        row(
+            "--events: an unwritable path",
+            &[
+                "--requests",
+                "10",
+                "--events",
+                "/nonexistent/dir/events.jsonl",
+            ],
+            &["--events /nonexistent/dir/events.jsonl"],
+        ),
+        row(
+            "--metrics: a directory",
+            &["--requests", "10", "--metrics", "/"],
+            &["--metrics /"],
+        ),
+        row(
+            "--events-capacity: past the host budget",
+            &host(&[
+                "--events",
+                "/tmp/x.jsonl",
+                "--events-capacity",
+                "100000000000",
+            ]),
+            &["--host-memory-gib"],
+        ),
+        row(
             "--trace: no such file",
             &["--trace", "/nonexistent/trace.csv"],
             &["--trace /nonexistent/trace.csv", "cannot read trace"],
@@ -451,6 +506,16 @@ fn csv_rows() -> Vec<Row> {
     let line4 = |l: &str| format!("{}{l}\n", csv_good()).into_bytes();
     let long = format!("{}x,{},1\n", csv_good(), "1".repeat(MAX_LINE_BYTES));
     vec![
+        // A good trace, but one that names no prompt content: no prefix
+        // cache changes to report.
+        trace_row_with(
+            "events without prompt content",
+            "csv",
+            csv_good().as_bytes(),
+            None,
+            &["--events", "/tmp/x.jsonl"],
+            &["--events", "hash_ids"],
+        ),
         trace_row("empty file", "csv", b"", Some(1), &["empty file"]),
         trace_row(
             "only blank lines",

@@ -13,7 +13,8 @@
 //! The models reach what the public API does not offer from inside the
 //! crate: the atomics facade (`crate::sync`, loom's types here), the faults
 //! of the negative controls (`crate::sync::Faults`, through
-//! `BlockPool::with_faults` and `SlotCounter::with_faults`) and the pool's
+//! `BlockPool::with_faults`, `BlockPoolBuilder::faults` and
+//! `SlotCounter::with_faults`) and the pool's
 //! uncapped admission sum (`BlockPool::admission_free_uncapped`), all of
 //! them crate-private and compiled only into this build. A new model is a
 //! `#[test]` in one of these files (or a new file declared below) with its
@@ -36,6 +37,7 @@
 //! | `prefix.rs` | the prefix cache: match, publish, eviction, reset |
 //! | `prefix_misuse.rs` | the prefix cache under misuse and three-way races |
 //! | `prefix_publish_attack.rs` | rivals of a publish reclaimed, killed or deferred to |
+//! | `events.rs` | KV events: the rings' records against the transitions they report, a drain, a full ring |
 //!
 //! # How the counter models are built
 //!
@@ -75,6 +77,7 @@ pub mod pool_world;
 
 mod admission;
 mod counter;
+mod events;
 mod fence;
 mod guards;
 mod held_drop;

@@ -63,6 +63,10 @@ pub const SOUND: Faults = Faults {
     owed_without_headroom: false,
     wake_before_count: false,
     panic_cuts_batch: false,
+    late_removal_record: false,
+    early_stored_record: false,
+    relaxed_record: false,
+    uncounted_loss: false,
 };
 /// The ABA control: the id shard without its generation tag.
 pub const NO_TAG: Faults = Faults {
@@ -217,6 +221,31 @@ pub const PANIC_CUTS_BATCH: Faults = Faults {
     panic_cuts_batch: true,
     ..SOUND
 };
+/// The KV events' order control for removals: an eviction (or a
+/// truncate's drop of a key) takes its place in the ring after its CAS.
+pub const LATE_REMOVAL_RECORD: Faults = Faults {
+    late_removal_record: true,
+    ..SOUND
+};
+/// The KV events' order control for stores: a publish takes its place in
+/// the ring before it claims its block.
+pub const EARLY_STORED_RECORD: Faults = Faults {
+    early_stored_record: true,
+    ..SOUND
+};
+/// The KV events' publication control: a record's position word stored
+/// with `Relaxed` instead of `Release`.
+pub const RELAXED_RECORD: Faults = Faults {
+    relaxed_record: true,
+    ..SOUND
+};
+/// The KV events' loss control: an event that finds its ring full is lost
+/// without being counted.
+pub const UNCOUNTED_LOSS: Faults = Faults {
+    uncounted_loss: true,
+    ..SOUND
+};
+
 /// The re-check control of waiting: a waiter does not try again after it
 /// queues, so a release between its failed attempt and its enqueue is
 /// lost.

@@ -6,7 +6,7 @@ use std::fmt;
 use super::admission::Admission;
 use super::fence::Fences;
 use super::free_list::FreeList;
-use super::prefix::PrefixCache;
+use super::prefix::{EventsShape, PrefixCache};
 use super::refs::Refs;
 use super::BlockPool;
 use crate::error::ConfigError;
@@ -24,6 +24,7 @@ use crate::sync::Faults;
 /// |---|---|---|---|
 /// | core pool, waiting, fenced release | always | 12 bytes | on |
 /// | prefix cache | [`prefix_cache`](Self::prefix_cache) | 58 bytes | off |
+/// | KV events (with the prefix cache) | [`kv_events`](Self::kv_events) | none: 128 bytes a record of its rings | off |
 ///
 /// ([`BlockPool::new`] and [`BlockPool::with_shards`] build a pool with
 /// every layer; [`memory_bytes`](Self::memory_bytes) says what a pool
@@ -55,6 +56,8 @@ pub struct BlockPoolBuilder {
     /// `None`: [`BlockPool::default_shards`].
     shards: Option<usize>,
     prefix_cache: bool,
+    /// The KV event rings' records in all, if chosen.
+    kv_events: Option<usize>,
     /// The faults of loom's negative controls (none outside them).
     faults: Faults,
 }
@@ -66,6 +69,7 @@ impl fmt::Debug for BlockPoolBuilder {
             .field("block_size", &self.block_size)
             .field("shards", &self.shard_count())
             .field("prefix_cache", &self.prefix_cache)
+            .field("kv_events", &self.kv_events)
             .finish()
     }
 }
@@ -97,6 +101,7 @@ impl BlockPool {
             block_size,
             shards: None,
             prefix_cache: false,
+            kv_events: None,
             faults: Faults::default(),
         }
     }
@@ -157,6 +162,43 @@ impl BlockPoolBuilder {
         self
     }
 
+    /// Records the prefix cache's changes as KV events for a KV-aware
+    /// router, in rings of `capacity` records in all, which
+    /// [`BlockPool::drain_events`] empties (see [`KvEvent`](crate::KvEvent)).
+    /// Off by default: a pool without it has no rings and its publish,
+    /// eviction and reset paths do exactly what they do without events.
+    ///
+    /// The records are shared among [`shards`](Self::shards) rings (a
+    /// key's records all go to one ring, picked by a hash of the key),
+    /// `capacity / shards` each, rounded up and at least 2; a record is
+    /// 128 bytes (one cache line pair: its key, its parent key, its block
+    /// id and kind, and a position word), so 4,096 records take 512 KiB.
+    /// Size it for the events of the longest pause between two drains: a
+    /// ring that fills loses the events that find it full, and the
+    /// consumer is told how many ([`KvEvent::Dropped`](crate::KvEvent::Dropped)).
+    ///
+    /// Requires the prefix cache; checked by [`build`](Self::build)
+    /// ([`ConfigError::KvEventsWithoutPrefixCache`],
+    /// [`ConfigError::ZeroEventCapacity`]).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::{BlockPool, ConfigError};
+    ///
+    /// let pool = BlockPool::builder(1024, 16).prefix_cache(true).kv_events(4096).build()?;
+    /// assert!(pool.has_kv_events());
+    /// assert_eq!(
+    ///     BlockPool::builder(1024, 16).kv_events(4096).build().unwrap_err(),
+    ///     ConfigError::KvEventsWithoutPrefixCache
+    /// );
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn kv_events(mut self, capacity: usize) -> BlockPoolBuilder {
+        self.kv_events = Some(capacity);
+        self
+    }
+
     /// The faults of one of loom's negative controls: the loom models'
     /// build only.
     #[cfg(all(test, kvslots_loom))]
@@ -171,6 +213,18 @@ impl BlockPoolBuilder {
             .unwrap_or_else(|| BlockPool::default_shards(self.num_blocks))
     }
 
+    /// The KV event rings the pool will have, if any (with a prefix
+    /// cache).
+    fn events_shape(&self) -> Option<EventsShape> {
+        match (self.prefix_cache, self.kv_events) {
+            (true, Some(capacity)) => Some(EventsShape {
+                capacity,
+                rings: self.shard_count().max(1),
+            }),
+            _ => None,
+        }
+    }
+
     /// The statistics' cells of the prefix cache: one per shard, at least
     /// one per default shard, so that up to that many threads each write
     /// their own.
@@ -183,7 +237,8 @@ impl BlockPoolBuilder {
     /// bytes for the core pool (a state word and a free-list link) and 58
     /// more with the prefix cache (a key, index slots, an eviction stamp
     /// and a share of the eviction ring); per shard and per pool, a few
-    /// cache lines. The structures that grow with use (the wait queue, the
+    /// cache lines; with KV events, 128 bytes a record of their rings. The
+    /// structures that grow with use (the wait queue, the
     /// fences' lists) are not counted. The KV cache itself is the caller's
     /// device memory, and not counted either.
     ///
@@ -201,7 +256,7 @@ impl BlockPoolBuilder {
         let n = self.num_blocks;
         let shards = self.shard_count();
         let prefix = if self.prefix_cache {
-            PrefixCache::heap_bytes(n, self.cells())
+            PrefixCache::heap_bytes(n, self.cells(), self.events_shape())
         } else {
             0
         };
@@ -225,7 +280,9 @@ impl BlockPoolBuilder {
     /// [`ConfigError::ZeroBlockSize`], [`ConfigError::TooManyBlocks`]
     /// (above [`BlockPool::MAX_BLOCKS`]),
     /// [`ConfigError::SlotCountOverflow`] (`num_blocks * block_size`
-    /// overflows `usize`), [`ConfigError::BadShardCount`]. Then room for
+    /// overflows `usize`), [`ConfigError::BadShardCount`],
+    /// [`ConfigError::KvEventsWithoutPrefixCache`],
+    /// [`ConfigError::ZeroEventCapacity`]. Then room for
     /// each of the pool's arrays is reserved, fallibly and largest first,
     /// before any is written: [`ConfigError::OutOfMemory`] if the allocator
     /// refuses one, with the room reserved before it freed. (On a system
@@ -280,6 +337,11 @@ impl BlockPoolBuilder {
                 max: BlockPool::MAX_SHARDS,
             });
         }
+        match (prefix_cache, self.kv_events) {
+            (false, Some(_)) => return Err(ConfigError::KvEventsWithoutPrefixCache),
+            (true, Some(0)) => return Err(ConfigError::ZeroEventCapacity),
+            _ => {}
+        }
         let oom = |_| ConfigError::OutOfMemory {
             bytes: self.memory_bytes(),
         };
@@ -287,7 +349,7 @@ impl BlockPoolBuilder {
         // cache's), before any is written: a pool too large for memory is
         // refused before it has touched any of it.
         let prefix = if prefix_cache {
-            Some(PrefixCache::room(num_blocks).map_err(oom)?)
+            Some(PrefixCache::room(num_blocks, self.events_shape()).map_err(oom)?)
         } else {
             None
         };

@@ -32,15 +32,17 @@ mod free_list;
 mod over_free;
 mod prefix;
 mod refs;
+mod stats;
 mod wait;
 
 use admission::Admission;
 pub use builder::BlockPoolBuilder;
 use fence::Fences;
 use free_list::{Chain, FreeList, NIL};
-pub use prefix::PrefixStats;
 use prefix::{Evictions, PrefixCache};
+pub use prefix::{KvEvent, PrefixStats};
 use refs::{Dropped, Refs};
+pub use stats::PoolStats;
 pub use wait::Alloc;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
@@ -848,7 +850,11 @@ impl BlockAllocator for BlockPool {
         blocks
             .iter()
             .zip(keys)
-            .filter(|&(&id, key)| self.publish_block(id, key))
+            .enumerate()
+            .filter(|&(i, (&id, key))| {
+                let parent = i.checked_sub(1).map(|p| &keys[p]);
+                self.publish_block(id, key, parent)
+            })
             .count()
     }
 
@@ -888,6 +894,7 @@ impl fmt::Debug for BlockPool {
             .field("block_size", &self.block_size)
             .field("shards", &self.shards())
             .field("prefix_cache", &self.has_prefix_cache())
+            .field("kv_events", &self.has_kv_events())
             .field("used_blocks", &self.used_blocks())
             .field("peak_used_blocks", &self.peak_used_blocks())
             .field("closed", &self.is_closed())

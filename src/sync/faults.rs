@@ -169,6 +169,28 @@ pub(crate) struct Faults {
     /// (or closed) beside it are never woken.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) panic_cuts_batch: bool,
+    /// An eviction (or a reset's, or a truncate's drop of a key) takes its
+    /// place in the KV event ring after the CAS that drops the key instead
+    /// of before it: a publish of the same key on another block, which
+    /// saw the key gone, can then take an earlier place, and the key's
+    /// removal is reported after its next store.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) late_removal_record: bool,
+    /// A publish takes its place in the KV event ring before it claims its
+    /// block instead of after its last look for rivals: an eviction of the
+    /// key from another block, which the publish waits to see, can then
+    /// take a later place, and the key's store is reported before the
+    /// removal it follows.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) early_stored_record: bool,
+    /// A KV event record is published with `Relaxed` instead of `Release`:
+    /// a consumer that sees the record's position need not see its words.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) relaxed_record: bool,
+    /// A KV event that finds its ring full is lost without being counted:
+    /// the consumer is never told to resync.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) uncounted_loss: bool,
 }
 
 // Outside the loom models' build a `Faults` holds nothing: the field that
@@ -408,6 +430,50 @@ impl Faults {
     pub(crate) fn wake_before_count(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.wake_before_count {
+            return true;
+        }
+        false
+    }
+
+    /// Whether an eviction takes its place in the KV event ring after its
+    /// CAS: `false`, or `true` under `late_removal_record`.
+    #[inline]
+    pub(crate) fn late_removal_record(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.late_removal_record {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a publish takes its place in the KV event ring before its
+    /// claim: `false`, or `true` under `early_stored_record`.
+    #[inline]
+    pub(crate) fn early_stored_record(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.early_stored_record {
+            return true;
+        }
+        false
+    }
+
+    /// The ordering that publishes a KV event record: `good`, or `Relaxed`
+    /// under `relaxed_record`.
+    #[inline]
+    pub(crate) fn record_ordering(self, good: Ordering) -> Ordering {
+        #[cfg(all(test, kvslots_loom))]
+        if self.relaxed_record {
+            return Ordering::Relaxed;
+        }
+        good
+    }
+
+    /// Whether a KV event lost to a full ring goes uncounted: `false`, or
+    /// `true` under `uncounted_loss`.
+    #[inline]
+    pub(crate) fn uncounted_loss(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.uncounted_loss {
             return true;
         }
         false

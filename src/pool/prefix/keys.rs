@@ -42,6 +42,25 @@ pub(super) struct Probe {
     fingerprint: u32,
 }
 
+impl Probe {
+    /// Which of `rings` KV event rings the key's records go to: picked by
+    /// its fingerprint.
+    pub(super) fn ring(self, rings: usize) -> usize {
+        self.fingerprint as usize % rings
+    }
+
+    /// A probe whose key's records go to ring `ring`, for the rings' unit
+    /// tests.
+    #[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
+    pub(super) fn for_ring(ring: usize) -> Probe {
+        Probe {
+            first: 0,
+            second: 1,
+            fingerprint: ring as u32,
+        }
+    }
+}
+
 /// The keyed hash that places a key in the index: two 64-bit values from
 /// the key's four words and eight seed words.
 ///
@@ -239,12 +258,15 @@ impl Keys {
     }
 
     /// Block `id`'s key words, as a key. Only for a block the caller holds
-    /// alone (an eviction's, a reset's).
+    /// alone (an eviction's, a reset's), or one whose state it read as
+    /// cached and will take with a CAS from that state (a KV event's
+    /// record of the eviction: a key rewritten since makes the CAS fail).
     pub(super) fn read(&self, id: BlockId) -> BlockHash {
         let mut key = [0u8; 32];
         for i in 0..4 {
-            // Relaxed: our own block; its key was written before the
-            // Release commit that our Acquire eviction synchronised with.
+            // Relaxed: its key was written before the Release commit that
+            // our Acquire eviction (or our Acquire load of the state)
+            // synchronised with.
             let word = self.words[id.index() * 4 + i].load(Ordering::Relaxed);
             key[i * 8..i * 8 + 8].copy_from_slice(&word.to_le_bytes());
         }

@@ -25,18 +25,22 @@ use crate::sync::{self, AtomicU64, Backoff, CachePadded, Faults, Ordering};
 use super::refs::{count_of, CACHED};
 use super::BlockPool;
 
+mod events;
 mod keys;
 mod lru;
 mod publish;
 mod state;
 
+pub use events::KvEvent;
+use events::{Events, EventsRoom, Ticket};
 use keys::{Keys, KeysRoom};
 use lru::{Lru, LruRoom};
 use state::is_evictable;
 
 /// The prefix cache's storage: per block, its key (4 words) and a share of
 /// the index (2.5 slots), a release stamp and a quarter of a candidate
-/// slot of the eviction ring; per pool, the statistics' cells.
+/// slot of the eviction ring; per pool, the statistics' cells; and the KV
+/// event rings, if chosen.
 pub(super) struct PrefixCache {
     /// The blocks' keys and the index over them.
     keys: Keys,
@@ -44,6 +48,8 @@ pub(super) struct PrefixCache {
     lru: Lru,
     /// The hit statistics.
     stats: Stats,
+    /// The KV event rings, if the pool records events.
+    events: Option<Events>,
 }
 
 /// The room of a [`PrefixCache`]'s per-block arrays, reserved by
@@ -51,16 +57,31 @@ pub(super) struct PrefixCache {
 pub(super) struct PrefixCacheRoom {
     keys: KeysRoom,
     lru: LruRoom,
+    events: Option<EventsRoom>,
+}
+
+/// The KV event rings a prefix cache is built with: records in all, and
+/// rings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct EventsShape {
+    pub(super) capacity: usize,
+    pub(super) rings: usize,
 }
 
 impl PrefixCache {
     /// Reserves the room of the per-block arrays for `num_blocks` blocks,
-    /// largest first, or returns the allocator's refusal (nothing is left
-    /// allocated then).
-    pub(super) fn room(num_blocks: usize) -> Result<PrefixCacheRoom, TryReserveError> {
+    /// largest first, and of the KV event rings if `events` says so, or
+    /// returns the allocator's refusal (nothing is left allocated then).
+    pub(super) fn room(
+        num_blocks: usize,
+        events: Option<EventsShape>,
+    ) -> Result<PrefixCacheRoom, TryReserveError> {
         Ok(PrefixCacheRoom {
             keys: Keys::room(num_blocks)?,
             lru: Lru::room(num_blocks)?,
+            events: events
+                .map(|shape| Events::room(shape.capacity, shape.rings))
+                .transpose()?,
         })
     }
 
@@ -71,15 +92,35 @@ impl PrefixCache {
             keys: Keys::new(room.keys, faults),
             lru: Lru::new(room.lru),
             stats: Stats::new(cells),
+            events: room.events.map(|room| Events::new(room, faults)),
         }
     }
 
     /// The heap bytes [`room`](Self::room) and [`new`](Self::new) ask for
-    /// with `num_blocks` blocks and `cells` cells.
-    pub(super) fn heap_bytes(num_blocks: usize, cells: usize) -> usize {
+    /// with `num_blocks` blocks, `cells` cells and `events`' rings.
+    pub(super) fn heap_bytes(
+        num_blocks: usize,
+        cells: usize,
+        events: Option<EventsShape>,
+    ) -> usize {
         Keys::heap_bytes(num_blocks)
             .saturating_add(Lru::heap_bytes(num_blocks))
             .saturating_add(Stats::heap_bytes(cells))
+            .saturating_add(
+                events.map_or(0, |shape| Events::heap_bytes(shape.capacity, shape.rings)),
+            )
+    }
+
+    /// The KV events lost to full rings so far, if the cache records
+    /// events.
+    pub(super) fn events_lost(&self) -> Option<u64> {
+        self.events.as_ref().map(Events::lost)
+    }
+
+    /// A reservation in the KV event ring of the key whose index probe is
+    /// `probe`, if the cache records events.
+    fn ticket(&self, probe: keys::Probe) -> Option<Ticket<'_>> {
+        Some(self.events.as_ref()?.reserve(probe))
     }
 
     /// Removes the index entry of block `id`, whose key the caller just
@@ -373,7 +414,7 @@ impl BlockPool {
         let evicted = cache.lru.evict(
             &self.refs,
             k,
-            |id, seen| self.refs.evict(id, seen),
+            |id, seen| self.evict_reported(cache, id, seen),
             |id| {
                 cache.forget_key(id);
                 out.push(id);
@@ -383,14 +424,73 @@ impl BlockPool {
         evicted
     }
 
+    /// Takes the evictable block `id`, whose state read `seen` (an
+    /// `Acquire` load), as [`Refs::evict`](super::refs::Refs) does, and
+    /// records the removal of its key if the pool records KV events: the
+    /// record's place is taken after that load and before the CAS (see
+    /// `events.rs` for why), and becomes a void if the CAS fails.
+    fn evict_reported(&self, cache: &PrefixCache, id: BlockId, seen: u64) -> bool {
+        let Some(events) = cache.events.as_ref() else {
+            return self.refs.evict(id, seen);
+        };
+        if !self.refs.may_evict(seen) {
+            return false;
+        }
+        // The key words as `seen` left them: if the CAS below succeeds, the
+        // state is still `seen`, so no claim has rewritten them since (a
+        // claim changes the state, and any later state has a new
+        // generation).
+        let key = cache.keys.read(id);
+        let probe = cache.keys.probe(&key);
+        if events.late_removal() {
+            // loom's control: the place taken after the CAS.
+            let evicted = self.refs.evict(id, seen);
+            if evicted {
+                if let Some(ticket) = cache.ticket(probe) {
+                    ticket.removed(&key, id);
+                }
+            }
+            return evicted;
+        }
+        let ticket = cache.ticket(probe);
+        if !self.refs.evict(id, seen) {
+            return false;
+        }
+        if let Some(ticket) = ticket {
+            ticket.removed(&key, id);
+        }
+        true
+    }
+
     /// Drops the key of block `id` if the caller is its only holder; see
     /// [`Sequence::truncate`](crate::Sequence::truncate).
     pub(crate) fn uncache_sole(&self, id: BlockId) -> bool {
         let Some(cache) = self.prefix.as_deref() else {
             return false;
         };
-        if !self.refs.uncache_sole(id) {
+        // With KV events, the removal's place is taken once the state is
+        // seen to be ours alone and cached, before the CAS that drops the
+        // key (the caller holds the block, so its key words are stable).
+        let late = cache.events.as_ref().is_some_and(Events::late_removal);
+        let prepare = || {
+            let events = cache.events.as_ref()?;
+            let key = cache.keys.read(id);
+            let ticket = (!late).then(|| events.reserve(cache.keys.probe(&key)));
+            Some((ticket, key))
+        };
+        let Some(reported) = self.refs.uncache_sole(id, prepare) else {
             return false;
+        };
+        match reported {
+            Some((Some(ticket), key)) => ticket.removed(&key, id),
+            // loom's `late_removal_record` control: the place taken after
+            // the CAS.
+            Some((None, key)) => {
+                if let Some(ticket) = cache.ticket(cache.keys.probe(&key)) {
+                    ticket.removed(&key, id);
+                }
+            }
+            None => {}
         }
         cache.forget_key(id);
         true
@@ -434,7 +534,7 @@ impl BlockPool {
                 continue;
             }
             let id = BlockId::new(index as u32);
-            if !self.refs.evict(id, seen) {
+            if !self.evict_reported(cache, id, seen) {
                 self.counter.release_held(1);
                 continue;
             }
@@ -485,6 +585,22 @@ impl BlockPool {
             // Relaxed: a snapshot.
             .filter(|&i| is_evictable(self.refs.state(i, Ordering::Relaxed)))
             .count()
+    }
+
+    /// [`cached_blocks`](Self::cached_blocks) and
+    /// [`evictable_blocks`](Self::evictable_blocks) from one scan.
+    pub(super) fn cache_counts(&self) -> (usize, usize) {
+        if self.prefix.is_none() {
+            return (0, 0);
+        }
+        (0..self.refs.len()).fold((0, 0), |(cached, evictable), i| {
+            // Relaxed: a snapshot.
+            let state = self.refs.state(i, Ordering::Relaxed);
+            (
+                cached + usize::from(state & CACHED != 0),
+                evictable + usize::from(is_evictable(state)),
+            )
+        })
     }
 
     /// The prefix cache's hit statistics so far: keys queried and blocks

@@ -40,7 +40,18 @@ impl BlockPool {
     /// (that claim then gives up: a miss until the key is published again,
     /// never a wrong hit). Each new look is caused by a rival's mark or
     /// kill, that is by another publish's progress: the loop is lock-free.
-    pub(crate) fn publish_block(&self, id: BlockId, key: &BlockHash) -> bool {
+    ///
+    /// With KV events, a commit is recorded as a store of `key` (with
+    /// `parent`, the key of the block before it in its sequence): the
+    /// record's place is taken after the rescan that found no rival and
+    /// before the commit, and becomes a void if the commit fails (see
+    /// `events.rs`).
+    pub(crate) fn publish_block(
+        &self,
+        id: BlockId,
+        key: &BlockHash,
+        parent: Option<&BlockHash>,
+    ) -> bool {
         let Some(cache) = self.prefix.as_deref() else {
             return false;
         };
@@ -52,6 +63,12 @@ impl BlockPool {
         }
         let keys = &cache.keys;
         let probe = keys.probe(key);
+        // loom's `early_stored_record` control: the place taken before the
+        // claim.
+        let mut early = match &cache.events {
+            Some(events) if events.early_stored() => cache.ticket(probe),
+            _ => None,
+        };
         let Some(order) = keys.look_before_insert(probe, |rival| {
             !keys.skip_held_key_check() && self.is_holder(keys, rival, key)
         }) else {
@@ -68,8 +85,12 @@ impl BlockPool {
         };
         loop {
             if !self.loses_to_a_rival(keys, id, key, probe, slot) {
+                let ticket = early.take().or_else(|| cache.ticket(probe));
                 match self.refs.commit(id) {
                     Ok(dropped) => {
+                        if let Some(ticket) = ticket {
+                            ticket.stored(key, parent, id);
+                        }
                         self.give_back_claim(id, dropped);
                         return true;
                     }

@@ -136,21 +136,27 @@ impl Refs {
     }
 
     /// Drops the key of a cached block that the caller holds alone (state
-    /// `CACHED` with a count of 1): `true` if it did. `false`, and nothing
-    /// changed, if the block is shared or holds no key.
-    pub(super) fn uncache_sole(&self, id: BlockId) -> bool {
+    /// `CACHED` with a count of 1), calling `prepare` once it has seen
+    /// that state and before the CAS that drops the key: `Some` of what
+    /// `prepare` returned if it did. `None`, and nothing changed, if the
+    /// block is shared or holds no key (then `prepare` is not called, or
+    /// what it returned is dropped).
+    pub(super) fn uncache_sole<T>(&self, id: BlockId, prepare: impl FnOnce() -> T) -> Option<T> {
         let word = &self.words[id.index()];
         // Acquire: if another holder dropped its reference, its reads of the
-        // block happen-before we decide to write into it.
+        // block happen-before we decide to write into it; and the commit
+        // that cached the block happens-before `prepare`.
         let seen = word.load(Ordering::Acquire);
         if seen & (CACHED | COUNT) != CACHED | 1 {
-            return false;
+            return None;
         }
+        let prepared = prepare();
         let next = (seen & !CACHED).wrapping_add(GEN);
         // Acquire on success: as the load above. Relaxed on failure: a
         // matcher took a reference meanwhile, and the block stays cached.
         word.compare_exchange(seen, next, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
+            .ok()
+            .map(|_| prepared)
     }
 
     /// Claims a referenced, uncached, unclaimed block for publishing:

@@ -1,0 +1,949 @@
+//! KV events: the prefix cache's stores and removals of keys, reported to a
+//! consumer (a KV-aware router) as [`KvEvent`]s, an opt-in part of the
+//! prefix cache ([`BlockPoolBuilder::kv_events`](crate::BlockPoolBuilder::kv_events)).
+//!
+//! # The rings
+//!
+//! The producers are the cache's transitions of a key: a publish's commit
+//! (a store), an eviction, a reset's drop and a truncate's drop of a key (a
+//! removal). Each writes one fixed-size record into a bounded ring: one
+//! ring per free-list shard, and a key's records always go to the same
+//! ring (picked by the key's fingerprint under the index's keyed hash).
+//! A ring is an array of slots, each a position word and nine payload
+//! words (the record's kind and block id, its key, its parent key), on a
+//! cache line of its own, and a `tail` word: a producer takes the next
+//! position with a CAS on `tail` (when the slot's position word says that
+//! the consumer is done with the slot's previous record), writes the
+//! payload and stores the position word (`Release`). No lock, no heap
+//! allocation, a bounded number of steps apart from the CAS's retries
+//! against other producers of the same ring. A producer that finds its
+//! ring full does not wait: if its transition succeeds, the event is lost
+//! and counted (`lost`, together with the position it would have had,
+//! `lost_at`), and the consumer reports the count in place of the lost
+//! events.
+//!
+//! # Order
+//!
+//! A transition *reserves* its position after it has observed what makes
+//! it possible (the key's previous transition) and before it acts (its
+//! CAS on the block's state word); if the CAS fails, it fills the position
+//! with a void record that the consumer skips. The reservation is an
+//! `AcqRel` CAS on the ring's `tail`, so of two reservations the earlier
+//! in `tail`'s modification order happens-before everything the later one's
+//! thread does after it. Suppose a key's transition `B` follows its
+//! transition `A` (`B` observed `A`'s act) but took an earlier position:
+//! then `B`'s observation happens-before `A`'s act, and (coherence) could
+//! not have seen it. So a key's records lie in its ring in the order of
+//! its transitions: the store before the removal, the removal from one
+//! block before the store on the next. Each successful transition writes
+//! one record, each failed one a void: nothing is reported twice. What
+//! each transition observes is in `crate::implementation` ("KV events").
+//!
+//! The consumer ([`BlockPool::drain_events`]) reads each ring from its
+//! head up to the first position not yet written, so it never reports a
+//! record before an earlier one of the same ring. It then merges the
+//! rings' records, keeping each ring's order (and so each key's), putting
+//! a store before the stores whose parent it is when both are in the
+//! batch, and runs consecutive stores of a chain into one
+//! [`KvEvent::BlockStored`] and consecutive removals into one
+//! [`KvEvent::BlockRemoved`].
+
+use std::collections::{HashMap, TryReserveError};
+use std::fmt;
+
+use crate::array::{bytes_of, Room};
+use crate::hash::BlockHash;
+use crate::id::BlockId;
+use crate::sync::{AtomicU64, CachePadded, Faults, Mutex, Ordering};
+
+use super::keys::Probe;
+use super::BlockPool;
+
+/// A change to the prefix cache of a [`BlockPool`], as a KV-aware router
+/// (NVIDIA Dynamo, llm-d, SGLang's router) consumes them: the shapes of
+/// vLLM's KV events (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`),
+/// with block ids and a count of lost events.
+///
+/// A pool built with [`kv_events`](crate::BlockPoolBuilder::kv_events)
+/// records them; [`BlockPool::drain_events`] hands them over in batches.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use kvslots::{hash_blocks, BlockPool, KvEvent, Sequence};
+///
+/// let pool = Arc::new(BlockPool::builder(8, 4).prefix_cache(true).kv_events(64).build()?);
+/// let mut keys = Vec::new();
+/// hash_blocks(b"", &[1, 2, 3, 4, 5, 6, 7, 8], 4, &mut keys);
+/// let mut seq = Sequence::new(Arc::clone(&pool));
+/// seq.try_append(8)?;
+/// assert_eq!(seq.publish(&keys), 2);
+/// let blocks = seq.blocks().to_vec();
+///
+/// let mut events = Vec::new();
+/// assert_eq!(pool.drain_events(&mut events), 0); // the first batch
+/// assert_eq!(
+///     events,
+///     [
+///         KvEvent::AllBlocksCleared, // the stream starts from an empty cache
+///         KvEvent::BlockStored {
+///             keys: keys.clone(),
+///             parent: None,
+///             block_ids: blocks,
+///             block_size: 4,
+///             token_count: 8,
+///         },
+///     ]
+/// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KvEvent {
+    /// Blocks became cached under `keys`: a chain, each key's parent the
+    /// key before it, the first's `parent` (`None` for the first block of
+    /// a prompt). A router adds them to what it knows this pool caches.
+    BlockStored {
+        /// The blocks' keys, in chain order.
+        keys: Vec<BlockHash>,
+        /// The key of the block before the first one in its sequence
+        /// (cached or not), `None` for a prompt's first block.
+        parent: Option<BlockHash>,
+        /// The blocks now holding `keys`, one per key.
+        block_ids: Vec<BlockId>,
+        /// The pool's block size: tokens per block.
+        block_size: usize,
+        /// The tokens the stored blocks hold: `keys.len() * block_size`
+        /// (only full blocks are cached).
+        token_count: usize,
+    },
+    /// Keys that no block holds any more (evicted, dropped by
+    /// [`BlockPool::reset_prefix_cache`], or by a truncate into a block
+    /// that a sequence held alone).
+    BlockRemoved {
+        /// The keys removed.
+        keys: Vec<BlockHash>,
+    },
+    /// No block holds a key: the first event a pool reports (its cache
+    /// starts empty), so that a router forgets what it knew of a worker
+    /// that came back with a new pool.
+    AllBlocksCleared,
+    /// `count` events were lost here because their ring was full (the
+    /// consumer lagged). What the events said is gone: a router that must
+    /// not hold a key the pool no longer caches treats this as
+    /// [`AllBlocksCleared`](Self::AllBlocksCleared) (every event of the
+    /// ring that lost them comes before this one or describes a later
+    /// transition of its key, so the view it rebuilds from here on never
+    /// holds a key the pool has removed; it may miss keys stored before).
+    Dropped {
+        /// How many events were lost.
+        count: u64,
+    },
+}
+
+/// A record's kind, in the low bits of its meta word.
+const VOID: u64 = 0;
+/// A store of a key whose block has no parent.
+const STORED_ROOT: u64 = 1;
+/// A store of a key with a parent key.
+const STORED: u64 = 2;
+/// A removal.
+const REMOVED: u64 = 3;
+/// The kind's bits.
+const KIND: u64 = 0b11;
+
+/// One record: a position word and the payload.
+struct Slot {
+    /// `p` while the slot is free for position `p`; `p + 1` once the
+    /// record at position `p` is written; `p + capacity` once the consumer
+    /// has read it (free for the next lap).
+    seq: AtomicU64,
+    /// The kind (bits 0..2) and the block id (bits 32..64).
+    meta: AtomicU64,
+    /// The key's four little-endian words.
+    key: [AtomicU64; 4],
+    /// The parent key's words (`STORED` only).
+    parent: [AtomicU64; 4],
+}
+
+/// A ring's producer side.
+struct Ring {
+    /// The next position to reserve.
+    tail: AtomicU64,
+    /// Events lost to a full ring since the pool was built.
+    lost: AtomicU64,
+    /// The largest position at which one was lost (the tail it found).
+    lost_at: AtomicU64,
+}
+
+/// A ring's consumer side (under the consumer lock).
+#[derive(Default)]
+struct Cursor {
+    /// The next position to read.
+    head: u64,
+    /// `Ring::lost` as last read.
+    seen_lost: u64,
+    /// Lost events not reported yet, and the position before which the
+    /// report goes.
+    pending: u64,
+    pending_at: u64,
+}
+
+/// The consumer's state: its cursors, the batch numbers, scratch lists.
+struct Consumer {
+    /// The sequence number of the next non-empty batch.
+    next_batch: u64,
+    /// Whether the first batch (with `AllBlocksCleared`) went out.
+    started: bool,
+    cursors: Vec<Cursor>,
+    /// Per ring, the records read in this drain.
+    scratch: Vec<Vec<Record>>,
+    /// The merge's count of stores still to come, by key fingerprint
+    /// (kept between drains for its room).
+    to_come: HashMap<u64, u32>,
+}
+
+/// A record as the consumer reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Record {
+    Stored {
+        key: BlockHash,
+        parent: Option<BlockHash>,
+        id: BlockId,
+    },
+    Removed {
+        key: BlockHash,
+    },
+    Dropped {
+        count: u64,
+    },
+}
+
+/// The KV event rings of a prefix cache.
+pub(super) struct Events {
+    rings: Box<[CachePadded<Ring>]>,
+    /// `rings.len() * capacity` slots, ring after ring.
+    slots: Box<[CachePadded<Slot>]>,
+    /// Slots per ring (at least 2).
+    capacity: usize,
+    consumer: Mutex<Consumer>,
+    faults: Faults,
+}
+
+/// The room of [`Events`]' slots, reserved by [`Events::room`].
+pub(super) struct EventsRoom {
+    slots: Room<CachePadded<Slot>>,
+    rings: usize,
+    capacity: usize,
+}
+
+impl fmt::Debug for Events {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Events")
+            .field("rings", &self.rings.len())
+            .field("capacity", &self.capacity)
+            .finish()
+    }
+}
+
+/// The `i`-th little-endian `u64` of a key.
+fn key_word(key: &BlockHash, i: usize) -> u64 {
+    let mut bytes = [0u8; 8];
+    bytes.copy_from_slice(&key.0[i * 8..i * 8 + 8]);
+    u64::from_le_bytes(bytes)
+}
+
+/// Writes a key's words (`Relaxed`: published by the record's position
+/// word, `Release`).
+fn store_key(words: &[AtomicU64; 4], key: &BlockHash) {
+    for (i, word) in words.iter().enumerate() {
+        // Relaxed: see above.
+        word.store(key_word(key, i), Ordering::Relaxed);
+    }
+}
+
+/// Reads a key's words (`Relaxed`: after the `Acquire` load of the
+/// record's position word).
+fn load_key(words: &[AtomicU64; 4]) -> BlockHash {
+    let mut key = [0u8; 32];
+    for (i, word) in words.iter().enumerate() {
+        // Relaxed: see above.
+        key[i * 8..i * 8 + 8].copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+    }
+    BlockHash(key)
+}
+
+impl Events {
+    /// The slots per ring for `capacity` records over `rings` rings: an
+    /// even share, at least 2.
+    fn per_ring(capacity: usize, rings: usize) -> usize {
+        capacity.div_ceil(rings.max(1)).max(2)
+    }
+
+    /// Reserves the room of `rings` rings sharing `capacity` records.
+    pub(super) fn room(capacity: usize, rings: usize) -> Result<EventsRoom, TryReserveError> {
+        let per_ring = Events::per_ring(capacity, rings);
+        Ok(EventsRoom {
+            slots: Room::reserve(per_ring.saturating_mul(rings))?,
+            rings,
+            capacity: per_ring,
+        })
+    }
+
+    /// The heap bytes [`room`](Self::room) and [`new`](Self::new) ask for.
+    pub(super) fn heap_bytes(capacity: usize, rings: usize) -> usize {
+        let per_ring = Events::per_ring(capacity, rings);
+        bytes_of::<CachePadded<Slot>>(per_ring.saturating_mul(rings))
+            .saturating_add(bytes_of::<CachePadded<Ring>>(rings))
+            .saturating_add(
+                rings.saturating_mul(
+                    std::mem::size_of::<Cursor>() + std::mem::size_of::<Vec<Record>>(),
+                ),
+            )
+    }
+
+    /// The rings, in the room reserved for them, every slot free.
+    pub(super) fn new(room: EventsRoom, faults: Faults) -> Events {
+        let capacity = room.capacity;
+        let slots = room.slots.fill(|i| {
+            CachePadded::new(Slot {
+                seq: AtomicU64::new((i % capacity) as u64),
+                meta: AtomicU64::new(0),
+                key: std::array::from_fn(|_| AtomicU64::new(0)),
+                parent: std::array::from_fn(|_| AtomicU64::new(0)),
+            })
+        });
+        Events {
+            rings: (0..room.rings)
+                .map(|_| {
+                    CachePadded::new(Ring {
+                        tail: AtomicU64::new(0),
+                        lost: AtomicU64::new(0),
+                        lost_at: AtomicU64::new(0),
+                    })
+                })
+                .collect(),
+            slots,
+            capacity,
+            consumer: Mutex::new(Consumer {
+                next_batch: 0,
+                started: false,
+                cursors: (0..room.rings).map(|_| Cursor::default()).collect(),
+                scratch: (0..room.rings).map(|_| Vec::new()).collect(),
+                to_come: HashMap::new(),
+            }),
+            faults,
+        }
+    }
+
+    /// The records lost to full rings so far.
+    pub(super) fn lost(&self) -> u64 {
+        self.rings
+            .iter()
+            // Relaxed: a statistic.
+            .map(|ring| ring.lost.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Whether an eviction takes its place after its CAS: `false`, or
+    /// `true` under loom's `late_removal_record` control.
+    pub(super) fn late_removal(&self) -> bool {
+        self.faults.late_removal_record()
+    }
+
+    /// Whether a publish takes its place before its claim: `false`, or
+    /// `true` under loom's `early_stored_record` control.
+    pub(super) fn early_stored(&self) -> bool {
+        self.faults.early_stored_record()
+    }
+
+    /// The ring of the key that `probe` places.
+    fn ring_of(&self, probe: Probe) -> usize {
+        probe.ring(self.rings.len())
+    }
+
+    /// Takes the next position of the ring of the key `probe` places, for
+    /// a transition that has observed what makes it possible and has not
+    /// acted yet. If the transition succeeds, the ticket is filled with its
+    /// record (or, if the ring was full, the event is counted as lost);
+    /// dropped unfilled, it leaves a void.
+    pub(super) fn reserve(&self, probe: Probe) -> Ticket<'_> {
+        let r = self.ring_of(probe);
+        let place = self.place(r);
+        Ticket {
+            events: self,
+            ring: r,
+            place,
+            filled: false,
+        }
+    }
+
+    /// The next position of ring `r`, or the position at which the ring
+    /// was found full.
+    fn place(&self, r: usize) -> Place<'_> {
+        let ring = &self.rings[r];
+        let cap = self.capacity as u64;
+        // Relaxed: only a guess; the CAS below decides.
+        let mut pos = ring.tail.load(Ordering::Relaxed);
+        loop {
+            let slot = &self.slots[r * self.capacity + (pos % cap) as usize];
+            // Acquire: synchronises with the consumer's release of the slot
+            // (its `Release` store of `pos`), so its reads of the previous
+            // record happen-before our writes.
+            let seq = slot.seq.load(Ordering::Acquire);
+            if seq == pos {
+                // AcqRel on success: the reservations of a ring are ordered
+                // with each other as they are in `tail`'s modification
+                // order, so that an earlier position's thread happens-before
+                // everything a later one's does after its reservation (the
+                // ordering argument, in the module doc). Relaxed on
+                // failure: we retry with the fresh value.
+                match ring.tail.compare_exchange_weak(
+                    pos,
+                    pos + 1,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return Place::Slot { slot, pos },
+                    Err(actual) => pos = actual,
+                }
+            } else if seq < pos {
+                // The record of position `pos - capacity` is still there:
+                // full.
+                return Place::Full { at: pos };
+            } else {
+                // Another producer took `pos` meanwhile.
+                // Relaxed: as above.
+                pos = ring.tail.load(Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Counts an event of ring `r` lost at position `at` (the tail that
+    /// found the ring full), once its transition has succeeded.
+    fn lose(&self, r: usize, at: u64) {
+        if self.faults.uncounted_loss() {
+            return;
+        }
+        let ring = &self.rings[r];
+        // Relaxed: published by the Release add below.
+        ring.lost_at.fetch_max(at, Ordering::Relaxed);
+        // Release: a consumer that reads this count (Acquire) reads
+        // `lost_at` at least `at`.
+        ring.lost.fetch_add(1, Ordering::Release);
+    }
+
+    /// Hands over the records written since the last drain, in batches of
+    /// [`KvEvent`]s appended to `out` (see [`BlockPool::drain_events`]).
+    pub(super) fn drain(&self, block_size: usize, out: &mut Vec<KvEvent>) -> u64 {
+        let mut consumer = self
+            .consumer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let consumer = &mut *consumer;
+        let before = out.len();
+        if !consumer.started {
+            out.push(KvEvent::AllBlocksCleared);
+            consumer.started = true;
+        }
+        for (r, (cursor, records)) in consumer
+            .cursors
+            .iter_mut()
+            .zip(consumer.scratch.iter_mut())
+            .enumerate()
+        {
+            records.clear();
+            self.read_ring(r, cursor, records);
+        }
+        merge(&consumer.scratch, &mut consumer.to_come, block_size, out);
+        let batch = consumer.next_batch;
+        if out.len() > before {
+            consumer.next_batch += 1;
+        }
+        batch
+    }
+
+    /// Reads ring `r` from its cursor up to the first position not written
+    /// yet, into `records`, with a [`Record::Dropped`] where lost events
+    /// would have been.
+    fn read_ring(&self, r: usize, cursor: &mut Cursor, records: &mut Vec<Record>) {
+        let ring = &self.rings[r];
+        let cap = self.capacity as u64;
+        // Acquire: pairs with the producer's Release add, so `lost_at` below
+        // covers every loss counted here.
+        let lost = ring.lost.load(Ordering::Acquire);
+        if lost != cursor.seen_lost {
+            cursor.pending += lost - cursor.seen_lost;
+            cursor.seen_lost = lost;
+            // Relaxed: ordered by the Acquire load above.
+            cursor.pending_at = cursor.pending_at.max(ring.lost_at.load(Ordering::Relaxed));
+        }
+        loop {
+            if cursor.pending > 0 && cursor.head >= cursor.pending_at {
+                records.push(Record::Dropped {
+                    count: cursor.pending,
+                });
+                cursor.pending = 0;
+            }
+            let pos = cursor.head;
+            let slot = &self.slots[r * self.capacity + (pos % cap) as usize];
+            // Acquire: synchronises with the producer's Release store of
+            // `pos + 1`, so the payload read below is its record.
+            if slot.seq.load(Ordering::Acquire) != pos + 1 {
+                return;
+            }
+            // Relaxed (all): ordered by the Acquire load above.
+            let meta = slot.meta.load(Ordering::Relaxed);
+            let record = match meta & KIND {
+                STORED_ROOT | STORED => Some(Record::Stored {
+                    key: load_key(&slot.key),
+                    parent: (meta & KIND == STORED).then(|| load_key(&slot.parent)),
+                    id: BlockId::new((meta >> 32) as u32),
+                }),
+                REMOVED => Some(Record::Removed {
+                    key: load_key(&slot.key),
+                }),
+                _ => None,
+            };
+            // Release: our reads of the record happen-before the writes of
+            // the producer that takes the slot next (its Acquire load).
+            slot.seq.store(pos + cap, Ordering::Release);
+            cursor.head = pos + 1;
+            records.extend(record);
+        }
+    }
+}
+
+/// Where a reservation landed.
+enum Place<'a> {
+    /// Position `pos`, in `slot`.
+    Slot { slot: &'a Slot, pos: u64 },
+    /// Nowhere: the ring was full when its tail was `at`.
+    Full { at: u64 },
+}
+
+/// A transition's reservation: filled by [`stored`](Self::stored) or
+/// [`removed`](Self::removed) once the transition succeeded (its record
+/// written, or its loss counted if the ring was full), or dropped unfilled
+/// if it failed (a void written in its position, if it has one).
+pub(super) struct Ticket<'a> {
+    events: &'a Events,
+    ring: usize,
+    place: Place<'a>,
+    filled: bool,
+}
+
+impl Ticket<'_> {
+    /// The transition stored `key` on block `id`, whose parent key is
+    /// `parent`.
+    pub(super) fn stored(mut self, key: &BlockHash, parent: Option<&BlockHash>, id: BlockId) {
+        let mut kind = STORED_ROOT;
+        if let Place::Slot { slot, .. } = self.place {
+            store_key(&slot.key, key);
+            if let Some(parent) = parent {
+                store_key(&slot.parent, parent);
+                kind = STORED;
+            }
+        }
+        self.publish((u64::from(id.index() as u32) << 32) | kind);
+    }
+
+    /// The transition removed `key` from block `id`.
+    pub(super) fn removed(mut self, key: &BlockHash, id: BlockId) {
+        if let Place::Slot { slot, .. } = self.place {
+            store_key(&slot.key, key);
+        }
+        self.publish((u64::from(id.index() as u32) << 32) | REMOVED);
+    }
+
+    /// Writes the meta word and publishes the record; or counts the loss.
+    fn publish(&mut self, meta: u64) {
+        self.filled = true;
+        match self.place {
+            Place::Slot { slot, pos } => {
+                // Relaxed: published by the Release store below.
+                slot.meta.store(meta, Ordering::Relaxed);
+                // Release: the consumer that reads `pos + 1` (Acquire)
+                // reads the payload written before. (Relaxed under loom's
+                // `relaxed_record` control.)
+                slot.seq.store(
+                    pos + 1,
+                    self.events.faults.record_ordering(Ordering::Release),
+                );
+            }
+            Place::Full { at } => {
+                if meta != VOID {
+                    self.events.lose(self.ring, at);
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        if !self.filled {
+            self.publish(VOID);
+        }
+    }
+}
+
+/// Merges the rings' records of one drain into `out`, each ring's order
+/// kept: next comes a store whose parent is the key just stored (it joins
+/// that key's event), else the first ring's next record that does not wait
+/// (a store waits while a store of its parent key is still to come in
+/// this drain), else, if every ring's next record waits (a cycle), the
+/// first ring's. A removal joins the removals just before it.
+///
+/// `to_come` counts the stores still to come by a 64-bit fingerprint of
+/// their keys: two keys that share one only make a store wait for the
+/// other's (the order of a ring's records is kept whatever waits).
+fn merge(
+    lists: &[Vec<Record>],
+    to_come: &mut HashMap<u64, u32>,
+    block_size: usize,
+    out: &mut Vec<KvEvent>,
+) {
+    let start = out.len();
+    to_come.clear();
+    for record in lists.iter().flatten() {
+        if let Record::Stored { key, .. } = record {
+            *to_come.entry(fingerprint(key)).or_default() += 1;
+        }
+    }
+    let mut next = vec![0usize; lists.len()];
+    let mut live: Vec<usize> = (0..lists.len()).filter(|&r| !lists[r].is_empty()).collect();
+    let mut last_stored: Option<BlockHash> = None;
+    while !live.is_empty() {
+        let head = |i: usize| -> &Record { &lists[live[i]][next[live[i]]] };
+        let parent_of = |i: usize| match head(i) {
+            Record::Stored { parent, .. } => parent.as_ref(),
+            _ => None,
+        };
+        let continues = |i: usize| last_stored.is_some() && parent_of(i) == last_stored.as_ref();
+        let ready = |i: usize| {
+            parent_of(i).map_or(true, |p| {
+                to_come.get(&fingerprint(p)).map_or(true, |&n| n == 0)
+            })
+        };
+        let pick = (0..live.len())
+            .find(|&i| continues(i))
+            .or_else(|| (0..live.len()).find(|&i| ready(i)))
+            .unwrap_or(0);
+        let r = live[pick];
+        let record = lists[r][next[r]];
+        next[r] += 1;
+        if next[r] == lists[r].len() {
+            live.remove(pick);
+        }
+        last_stored = None;
+        if let Record::Stored { key, .. } = record {
+            if let Some(n) = to_come.get_mut(&fingerprint(&key)) {
+                *n -= 1;
+            }
+            last_stored = Some(key);
+        }
+        emit(record, block_size, out.len() > start, out);
+    }
+}
+
+/// The merge's fingerprint of a key: its four words folded into one.
+fn fingerprint(key: &BlockHash) -> u64 {
+    (0..4).fold(0, |h: u64, i| h.rotate_left(17) ^ key_word(key, i))
+}
+
+/// Appends `record` to `out`, joining the last event if it is one this
+/// drain appended (`joinable`) and of the same run: a store whose parent is
+/// the last key stored, a removal after removals.
+fn emit(record: Record, block_size: usize, joinable: bool, out: &mut Vec<KvEvent>) {
+    match record {
+        Record::Stored { key, parent, id } => {
+            if let (
+                true,
+                Some(KvEvent::BlockStored {
+                    keys,
+                    block_ids,
+                    token_count,
+                    ..
+                }),
+            ) = (joinable, out.last_mut())
+            {
+                if parent.is_some() && keys.last() == parent.as_ref() {
+                    keys.push(key);
+                    block_ids.push(id);
+                    *token_count += block_size;
+                    return;
+                }
+            }
+            out.push(KvEvent::BlockStored {
+                keys: vec![key],
+                parent,
+                block_ids: vec![id],
+                block_size,
+                token_count: block_size,
+            });
+        }
+        Record::Removed { key } => {
+            if let (true, Some(KvEvent::BlockRemoved { keys })) = (joinable, out.last_mut()) {
+                keys.push(key);
+                return;
+            }
+            out.push(KvEvent::BlockRemoved { keys: vec![key] });
+        }
+        Record::Dropped { count } => out.push(KvEvent::Dropped { count }),
+    }
+}
+
+impl BlockPool {
+    /// Appends the KV events recorded since the last call to `out`, as one
+    /// batch, and returns the batch's sequence number; for a pool built
+    /// with [`kv_events`](crate::BlockPoolBuilder::kv_events).
+    ///
+    /// Batches that append at least one event are numbered 0, 1, 2, ... in
+    /// the order of the calls that drain them; a call that appends nothing
+    /// returns the number that the next non-empty batch will carry, and
+    /// uses nothing up. So a gap in the numbers a consumer forwards means
+    /// a batch it lost in transit, never one the pool skipped. The first
+    /// batch starts with [`KvEvent::AllBlocksCleared`]. A pool without KV
+    /// events appends nothing and returns 0.
+    ///
+    /// # What a batch holds
+    ///
+    /// Every store and removal of a key whose record is written, minus the
+    /// events lost to a full ring, which are reported as
+    /// [`KvEvent::Dropped`] in their place. Nothing is reported twice.
+    ///
+    /// * **Per key**: in the order of the key's transitions, across
+    ///   batches too: a key's store comes before its removal, and its
+    ///   removal from one block before its store on another. So applying
+    ///   the events in order to a set of keys gives the keys the pool
+    ///   caches, as of the latest transition reported for each.
+    /// * **Across keys**: a key's events all go to one ring (one per
+    ///   free-list shard, picked by a hash of the key). Within a ring, the
+    ///   order is that of the reservations, which agrees with
+    ///   happens-before; across rings there is no order, except that a
+    ///   store comes after the store of its parent key when both are in
+    ///   the same batch. A batch holds what was written when the call
+    ///   read each ring: a record whose producer is still writing it (for
+    ///   the length of one CAS) waits for the next call, with the records
+    ///   of its ring behind it.
+    /// * **Coalescing**: consecutive stores of a chain (each key's parent
+    ///   the key before it) form one [`KvEvent::BlockStored`], with the
+    ///   first one's parent; consecutive removals one
+    ///   [`KvEvent::BlockRemoved`].
+    ///
+    /// Producers never wait for the consumer: a ring that is full when a
+    /// key is stored or removed loses that event (counted, in
+    /// [`stats`](Self::stats)`().events_dropped` too). Calls to this method
+    /// are serialised with each other by a lock that no producer takes;
+    /// the consumer's own work (the merge) allocates.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{hash_blocks, BlockPool, KvEvent, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::builder(2, 4).prefix_cache(true).kv_events(16).build()?);
+    /// let mut keys = Vec::new();
+    /// hash_blocks(b"", &[1, 2, 3, 4, 5, 6, 7, 8], 4, &mut keys);
+    /// let mut seq = Sequence::new(Arc::clone(&pool));
+    /// seq.try_append(8)?;
+    /// seq.publish(&keys);
+    /// drop(seq); // both blocks stay cached, evictable
+    ///
+    /// let mut events = Vec::new();
+    /// assert_eq!(pool.drain_events(&mut events), 0);
+    /// assert_eq!(events.len(), 2); // AllBlocksCleared, BlockStored
+    ///
+    /// // An allocation that needs both blocks evicts both keys.
+    /// let mut ids = Vec::new();
+    /// pool.try_alloc(2, &mut ids)?;
+    /// events.clear();
+    /// assert_eq!(pool.drain_events(&mut events), 1);
+    /// assert!(matches!(&events[..], [KvEvent::BlockRemoved { keys }] if keys.len() == 2));
+    ///
+    /// events.clear();
+    /// assert_eq!(pool.drain_events(&mut events), 2); // nothing new: the next number
+    /// assert!(events.is_empty());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn drain_events(&self, out: &mut Vec<KvEvent>) -> u64 {
+        match self
+            .prefix
+            .as_deref()
+            .and_then(|cache| cache.events.as_ref())
+        {
+            Some(events) => events.drain(self.block_size, out),
+            None => 0,
+        }
+    }
+
+    /// Whether the pool records KV events (see
+    /// [`BlockPoolBuilder::kv_events`](crate::BlockPoolBuilder::kv_events)).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::BlockPool;
+    ///
+    /// assert!(!BlockPool::new(64, 16).has_kv_events());
+    /// let pool = BlockPool::builder(64, 16).prefix_cache(true).kv_events(256).build().unwrap();
+    /// assert!(pool.has_kv_events());
+    /// ```
+    pub fn has_kv_events(&self) -> bool {
+        self.prefix
+            .as_deref()
+            .is_some_and(|cache| cache.events.is_some())
+    }
+}
+
+#[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
+mod tests {
+    use super::*;
+
+    fn key(n: u8) -> BlockHash {
+        BlockHash([n; 32])
+    }
+
+    /// One ring of `capacity` slots.
+    fn ring(capacity: usize) -> Events {
+        Events::new(Events::room(capacity, 1).unwrap(), Faults::default())
+    }
+
+    /// A probe for the one ring.
+    fn probe() -> Probe {
+        Probe::for_ring(0)
+    }
+
+    fn drain(events: &Events) -> Vec<KvEvent> {
+        let mut out = Vec::new();
+        events.drain(4, &mut out);
+        out
+    }
+
+    #[test]
+    fn a_lost_event_is_reported_where_it_would_have_been() {
+        let events = ring(2);
+        drain(&events); // the first batch's AllBlocksCleared
+        let first = events.reserve(probe());
+        events.reserve(probe()).removed(&key(2), BlockId::new(1));
+        // Full: a failed transition's reservation leaves nothing, a
+        // successful one's is lost at position 2.
+        drop(events.reserve(probe()));
+        assert_eq!(events.lost(), 0);
+        events.reserve(probe()).removed(&key(3), BlockId::new(2));
+        assert_eq!(events.lost(), 1);
+        // The consumer stops at the unwritten position 0: nothing yet, and
+        // the loss waits behind it.
+        assert!(drain(&events).is_empty());
+        first.stored(&key(1), None, BlockId::new(0));
+        assert_eq!(
+            drain(&events),
+            [
+                KvEvent::BlockStored {
+                    keys: vec![key(1)],
+                    parent: None,
+                    block_ids: vec![BlockId::new(0)],
+                    block_size: 4,
+                    token_count: 4,
+                },
+                KvEvent::BlockRemoved { keys: vec![key(2)] },
+                KvEvent::Dropped { count: 1 },
+            ]
+        );
+        // The ring has room again.
+        events.reserve(probe()).removed(&key(1), BlockId::new(0));
+        assert_eq!(
+            drain(&events),
+            [KvEvent::BlockRemoved { keys: vec![key(1)] }]
+        );
+    }
+
+    #[test]
+    fn a_failed_transition_leaves_a_void() {
+        let events = ring(4);
+        drain(&events);
+        drop(events.reserve(probe()));
+        events.reserve(probe()).removed(&key(3), BlockId::new(0));
+        assert_eq!(
+            drain(&events),
+            [KvEvent::BlockRemoved { keys: vec![key(3)] }]
+        );
+    }
+
+    #[test]
+    fn batches_are_numbered_when_not_empty() {
+        let events = ring(4);
+        let mut out = Vec::new();
+        assert_eq!(events.drain(4, &mut out), 0);
+        assert_eq!(out, [KvEvent::AllBlocksCleared]);
+        assert_eq!(events.drain(4, &mut out), 1);
+        assert_eq!(events.drain(4, &mut out), 1);
+        events.reserve(probe()).removed(&key(3), BlockId::new(0));
+        assert_eq!(events.drain(4, &mut out), 1);
+        assert_eq!(events.drain(4, &mut out), 2);
+        assert_eq!(out.len(), 2);
+    }
+
+    #[test]
+    fn merge_puts_parents_first_and_joins_chains() {
+        let stored = |k: u8, p: Option<u8>, id: u32| Record::Stored {
+            key: key(k),
+            parent: p.map(key),
+            id: BlockId::new(id),
+        };
+        // Ring 0 has the chain's second and fourth keys, ring 1 the first
+        // and third, and a removal of another key first.
+        let lists = vec![
+            vec![stored(2, Some(1), 1), stored(4, Some(3), 3)],
+            vec![
+                Record::Removed { key: key(9) },
+                stored(1, None, 0),
+                stored(3, Some(2), 2),
+            ],
+        ];
+        let mut out = Vec::new();
+        merge(&lists, &mut HashMap::new(), 4, &mut out);
+        assert_eq!(
+            out,
+            [
+                KvEvent::BlockRemoved { keys: vec![key(9)] },
+                KvEvent::BlockStored {
+                    keys: vec![key(1), key(2), key(3), key(4)],
+                    parent: None,
+                    block_ids: (0..4).map(BlockId::new).collect(),
+                    block_size: 4,
+                    token_count: 16,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn merge_keeps_each_ring_in_order_when_every_head_waits() {
+        let stored = |k: u8, p: u8| Record::Stored {
+            key: key(k),
+            parent: Some(key(p)),
+            id: BlockId::new(u32::from(k)),
+        };
+        // Each ring's head waits for a store behind the other's head.
+        let lists = vec![
+            vec![stored(1, 4), stored(3, 9)],
+            vec![stored(2, 3), stored(4, 9)],
+        ];
+        let mut out = Vec::new();
+        merge(&lists, &mut HashMap::new(), 4, &mut out);
+        let order: Vec<BlockHash> = out
+            .iter()
+            .flat_map(|e| match e {
+                KvEvent::BlockStored { keys, .. } => keys.clone(),
+                _ => Vec::new(),
+            })
+            .collect();
+        let pos = |k: u8| order.iter().position(|&x| x == key(k)).unwrap();
+        assert_eq!(order.len(), 4);
+        assert!(pos(1) < pos(3) && pos(2) < pos(4));
+    }
+}

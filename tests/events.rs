@@ -1,0 +1,426 @@
+//! KV events (`BlockPoolBuilder::kv_events`, `BlockPool::drain_events`):
+//! the events of single-threaded scripts, exactly; pools without events;
+//! and real threads publishing, matching, evicting, truncating and
+//! resetting while a consumer drains, checked against the pool's final
+//! state (every stored key followed by its removal in order, nothing
+//! reported twice, the replayed view equal to the keys the pool caches),
+//! with a ring that never fills and with one that overflows (the losses
+//! counted, and the view rebuilt after the last `Dropped` never holding a
+//! key the pool has removed).
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Mutex};
+
+use common::{StopOnDrop, XorShift};
+use kvslots::{hash_blocks, BlockHash, BlockId, BlockPool, KvEvent, Sequence};
+
+fn events_pool(
+    num_blocks: usize,
+    block_size: usize,
+    shards: usize,
+    capacity: usize,
+) -> Arc<BlockPool> {
+    Arc::new(
+        BlockPool::builder(num_blocks, block_size)
+            .shards(shards)
+            .prefix_cache(true)
+            .kv_events(capacity)
+            .build()
+            .unwrap(),
+    )
+}
+
+fn keys_of(tokens: &[u32], block_size: usize) -> Vec<BlockHash> {
+    let mut keys = Vec::new();
+    hash_blocks(b"", tokens, block_size, &mut keys);
+    keys
+}
+
+fn drained(pool: &BlockPool) -> Vec<KvEvent> {
+    let mut out = Vec::new();
+    pool.drain_events(&mut out);
+    out
+}
+
+fn stored(keys: &[BlockHash], parent: Option<BlockHash>, ids: &[BlockId], bs: usize) -> KvEvent {
+    KvEvent::BlockStored {
+        keys: keys.to_vec(),
+        parent,
+        block_ids: ids.to_vec(),
+        block_size: bs,
+        token_count: keys.len() * bs,
+    }
+}
+
+#[test]
+fn a_script_reports_each_store_and_removal_exactly() {
+    // One shard: one ring, so the order across keys is the script's.
+    let pool = events_pool(4, 2, 1, 64);
+    let keys = keys_of(&[1, 2, 3, 4, 5, 6], 2);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(6).unwrap();
+    let blocks = seq.blocks().to_vec();
+    // Two blocks first, then the third: its parent is the second's key.
+    assert_eq!(seq.publish(&keys[..2]), 2);
+    assert_eq!(seq.publish(&keys), 1);
+    assert_eq!(
+        drained(&pool),
+        [
+            KvEvent::AllBlocksCleared,
+            stored(&keys[..3], None, &blocks[..3], 2),
+        ]
+    );
+    // A repeated publish and a losing one report nothing.
+    assert_eq!(seq.publish(&keys), 0);
+    let mut rival = Sequence::new(Arc::clone(&pool));
+    rival.try_append(2).unwrap();
+    assert_eq!(rival.publish(&keys[..1]), 0);
+    // A truncate into the third block, which the sequence holds alone,
+    // drops its key.
+    seq.truncate(5);
+    let mut out = Vec::new();
+    assert_eq!(pool.drain_events(&mut out), 1);
+    assert_eq!(
+        out,
+        [KvEvent::BlockRemoved {
+            keys: vec![keys[2]]
+        }]
+    );
+    // Released, the first two stay cached; an allocation of the two left
+    // free (the rival's, once dropped, and the fourth) evicts nothing,
+    // the third evicts the least recently released: the sequence's last
+    // block goes first.
+    drop(rival);
+    drop(seq);
+    let mut ids = Vec::new();
+    pool.try_alloc(2, &mut ids).unwrap();
+    assert!(drained(&pool).is_empty());
+    pool.try_alloc(1, &mut ids).unwrap();
+    assert_eq!(
+        drained(&pool),
+        [KvEvent::BlockRemoved {
+            keys: vec![keys[1]]
+        }]
+    );
+    // The reset drops the last key; nothing is left to report.
+    pool.free(&ids).unwrap();
+    assert_eq!(pool.reset_prefix_cache(), 1);
+    let mut out = Vec::new();
+    assert_eq!(pool.drain_events(&mut out), 3);
+    assert_eq!(
+        out,
+        [KvEvent::BlockRemoved {
+            keys: vec![keys[0]]
+        }]
+    );
+    assert_eq!(pool.drain_events(&mut out), 4);
+    assert_eq!(out.len(), 1);
+    assert_eq!(pool.stats().events_dropped, Some(0));
+}
+
+#[test]
+fn a_pool_without_events_reports_nothing() {
+    let keys = keys_of(&[1, 2, 3, 4], 2);
+    for pool in [
+        Arc::new(BlockPool::new(4, 2)),
+        Arc::new(BlockPool::builder(4, 2).build().unwrap()),
+    ] {
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        seq.try_append(4).unwrap();
+        seq.publish(&keys);
+        drop(seq);
+        let mut out = vec![KvEvent::AllBlocksCleared];
+        assert_eq!(pool.drain_events(&mut out), 0);
+        assert_eq!(out, [KvEvent::AllBlocksCleared], "appended to");
+        assert!(!pool.has_kv_events());
+        assert_eq!(pool.stats().events_dropped, None);
+    }
+}
+
+#[test]
+fn a_full_ring_loses_events_and_says_how_many_where() {
+    // One ring of 2 records: the third store and everything after it is
+    // lost until a drain makes room.
+    let pool = events_pool(8, 2, 1, 2);
+    assert_eq!(drained(&pool), [KvEvent::AllBlocksCleared]);
+    let keys = keys_of(&(1..=10).collect::<Vec<u32>>(), 2);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(10).unwrap();
+    assert_eq!(seq.publish(&keys), 5);
+    assert_eq!(pool.stats().events_dropped, Some(3));
+    let blocks = seq.blocks().to_vec();
+    assert_eq!(
+        drained(&pool),
+        [
+            stored(&keys[..2], None, &blocks[..2], 2),
+            KvEvent::Dropped { count: 3 },
+        ]
+    );
+    // Room again: the removal of the last key, by a truncate into its
+    // block, is reported.
+    seq.truncate(9);
+    assert_eq!(
+        drained(&pool),
+        [KvEvent::BlockRemoved {
+            keys: vec![keys[4]]
+        }]
+    );
+    assert_eq!(pool.stats().events_dropped, Some(3));
+}
+
+/// The per-key checks of a history: each key's events alternate, a store
+/// first; returns each key's block after the history (`None`: not stored)
+/// and the stores and removals counted.
+fn replay(log: &[KvEvent]) -> (HashMap<BlockHash, Option<BlockId>>, usize, usize) {
+    assert_eq!(log.first(), Some(&KvEvent::AllBlocksCleared));
+    let mut view: HashMap<BlockHash, Option<BlockId>> = HashMap::new();
+    let (mut stores, mut removals) = (0, 0);
+    for event in &log[1..] {
+        match event {
+            KvEvent::BlockStored {
+                keys,
+                block_ids,
+                block_size,
+                token_count,
+                ..
+            } => {
+                assert_eq!(keys.len(), block_ids.len());
+                assert_eq!(*token_count, keys.len() * block_size);
+                for (k, id) in keys.iter().zip(block_ids) {
+                    let before = view.insert(*k, Some(*id)).flatten();
+                    assert!(
+                        before.is_none(),
+                        "{k:?} stored twice (on {before:?} and {id})"
+                    );
+                    stores += 1;
+                }
+            }
+            KvEvent::BlockRemoved { keys } => {
+                for k in keys {
+                    let before = view.insert(*k, None).flatten();
+                    assert!(before.is_some(), "{k:?} removed while not stored");
+                    removals += 1;
+                }
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    (view, stores, removals)
+}
+
+/// The block holding `key` now, if any (a match, let go at once).
+fn holder_now(pool: &Arc<BlockPool>, key: BlockHash) -> Option<BlockId> {
+    let mut probe = Sequence::new(Arc::clone(pool));
+    probe.try_match_prefix(&[key]);
+    probe.blocks().first().copied()
+}
+
+/// The prompts of the stress tests: `families` prompts of 4 blocks of 2
+/// tokens, sharing their first block by fours and their second by twos,
+/// so that chains share parents and publishes of one key race.
+fn families(families: u32) -> Vec<Vec<BlockHash>> {
+    (0..families)
+        .map(|f| {
+            let tokens: Vec<u32> = (0..8u32)
+                .map(|t| match t / 2 {
+                    0 => f / 4 * 100 + t,
+                    1 => f / 2 * 100 + t,
+                    _ => f * 100 + t,
+                })
+                .collect();
+            keys_of(&tokens, 2)
+        })
+        .collect()
+}
+
+/// The prompts' keys, each once (prompts share their first blocks).
+fn distinct_keys(prompts: &[Vec<BlockHash>]) -> Vec<BlockHash> {
+    let mut keys: Vec<BlockHash> = prompts.iter().flatten().copied().collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys
+}
+
+/// One worker's rounds on `pool`: match a prompt, append the rest, publish,
+/// now and then truncate into a cached block or reset the cache, and keep
+/// up to two sequences alive so that allocations evict. Returns how many
+/// keys its publishes cached.
+fn work(pool: &Arc<BlockPool>, prompts: &[Vec<BlockHash>], seed: u64, rounds: usize) -> usize {
+    let mut rng = XorShift::new(seed);
+    let mut held: Vec<Sequence> = Vec::new();
+    let mut cached = 0;
+    for _ in 0..rounds {
+        let keys = &prompts[rng.below(prompts.len())];
+        let mut seq = Sequence::new(Arc::clone(pool));
+        let k = seq.try_match_prefix(keys);
+        if seq.try_append(8 - 2 * k).is_err() {
+            continue;
+        }
+        cached += seq.publish(keys);
+        match rng.below(8) {
+            // Into the last block: its key goes if the sequence holds it
+            // alone.
+            0 | 1 => {
+                seq.truncate(7);
+            }
+            2 => {
+                pool.reset_prefix_cache();
+            }
+            _ => {}
+        }
+        held.push(seq);
+        if held.len() > 2 {
+            held.remove(rng.below(held.len()));
+        }
+    }
+    cached
+}
+
+#[test]
+fn threads_and_a_draining_consumer_agree_with_the_pool() {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 3_000;
+    // 24 blocks over 4 shards (4 rings): about 3 prompts fit.
+    let pool = events_pool(24, 2, 4, 1 << 16);
+    let prompts = families(16);
+    let stop = AtomicBool::new(false);
+    let log = Mutex::new(Vec::new());
+    let batches = AtomicUsize::new(0);
+    let cached: usize = std::thread::scope(|s| {
+        let consumer = s.spawn(|| {
+            let mut out = Vec::new();
+            while !stop.load(Ordering::Acquire) {
+                let before = out.len();
+                let batch = pool.drain_events(&mut out);
+                // Non-empty batches are numbered 0, 1, 2, ...
+                assert_eq!(batch as usize, batches.load(Ordering::Relaxed));
+                if out.len() > before {
+                    batches.fetch_add(1, Ordering::Relaxed);
+                }
+                std::thread::yield_now();
+            }
+            log.lock().unwrap().extend(out);
+        });
+        let _stop = StopOnDrop(&stop);
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (pool, prompts) = (&pool, &prompts);
+                s.spawn(move || work(pool, prompts, t as u64, ROUNDS))
+            })
+            .collect();
+        let cached = workers.into_iter().map(|w| w.join().unwrap()).sum();
+        stop.store(true, Ordering::Release);
+        consumer.join().unwrap();
+        cached
+    });
+    let mut log = log.into_inner().unwrap();
+    let last = pool.drain_events(&mut log);
+    assert!(last as usize >= batches.load(Ordering::Relaxed));
+    assert!(
+        !log.iter().any(|e| matches!(e, KvEvent::Dropped { .. })),
+        "a ring of 65,536 records overflowed"
+    );
+    let (view, stores, removals) = replay(&log);
+    // Every key a publish cached was reported stored once, and every key
+    // that is not cached now was reported removed once after its store.
+    assert_eq!(stores, cached);
+    let mut cached_now = 0;
+    for key in distinct_keys(&prompts) {
+        let now = holder_now(&pool, key);
+        assert_eq!(now, view.get(&key).copied().flatten(), "{key:?}");
+        cached_now += usize::from(now.is_some());
+    }
+    assert_eq!(removals, stores - cached_now);
+    assert!(
+        removals > 0 && stores > removals,
+        "{stores} stores, {removals} removals"
+    );
+    assert_eq!(pool.stats().events_dropped, Some(0));
+}
+
+#[test]
+fn an_overflowing_ring_counts_its_losses_and_the_view_rebuilt_after_them_is_safe() {
+    const THREADS: usize = 4;
+    const ROUNDS: usize = 1_000;
+    // 16 records over 4 rings: a phase without a drain overflows them.
+    let pool = events_pool(24, 2, 4, 16);
+    let prompts = families(16);
+    let stop = AtomicBool::new(false);
+    let start = Barrier::new(THREADS + 1);
+    let mut log = Vec::new();
+    let cached: usize = std::thread::scope(|s| {
+        let _stop = StopOnDrop(&stop);
+        let workers: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (pool, prompts, start) = (&pool, &prompts, &start);
+                s.spawn(move || {
+                    // A first phase with no consumer, then one with.
+                    let first = work(pool, prompts, 100 + t as u64, ROUNDS);
+                    start.wait();
+                    first + work(pool, prompts, 200 + t as u64, ROUNDS)
+                })
+            })
+            .collect();
+        start.wait();
+        let consumer = s.spawn(|| {
+            let mut out = Vec::new();
+            while !stop.load(Ordering::Acquire) {
+                pool.drain_events(&mut out);
+                std::thread::yield_now();
+            }
+            out
+        });
+        let cached = workers.into_iter().map(|w| w.join().unwrap()).sum();
+        stop.store(true, Ordering::Release);
+        log = consumer.join().unwrap();
+        cached
+    });
+    pool.drain_events(&mut log);
+    let dropped: u64 = log
+        .iter()
+        .map(|e| match e {
+            KvEvent::Dropped { count } => *count,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(pool.stats().events_dropped, Some(dropped));
+    assert!(dropped > 0, "16 records held a phase of 4,000 rounds");
+    // Reported and lost events together are every transition: each store,
+    // and a removal of each key not cached now.
+    let cached_now = distinct_keys(&prompts)
+        .into_iter()
+        .filter(|k| holder_now(&pool, *k).is_some())
+        .count();
+    let reported = log
+        .iter()
+        .map(|e| match e {
+            KvEvent::BlockStored { keys, .. } | KvEvent::BlockRemoved { keys } => keys.len() as u64,
+            _ => 0,
+        })
+        .sum::<u64>();
+    assert_eq!(reported + dropped, (2 * cached - cached_now) as u64);
+    // The resync: from the last `Dropped` on, the replayed view holds no
+    // key that the pool does not cache (on the block it names).
+    let last = log
+        .iter()
+        .rposition(|e| matches!(e, KvEvent::Dropped { .. }))
+        .unwrap();
+    let mut view: HashMap<BlockHash, Option<BlockId>> = HashMap::new();
+    for event in &log[last + 1..] {
+        match event {
+            KvEvent::BlockStored {
+                keys, block_ids, ..
+            } => view.extend(keys.iter().zip(block_ids).map(|(k, id)| (*k, Some(*id)))),
+            KvEvent::BlockRemoved { keys } => view.extend(keys.iter().map(|k| (*k, None))),
+            _ => {}
+        }
+    }
+    for (key, id) in view {
+        if id.is_some() {
+            assert_eq!(holder_now(&pool, key), id, "{key:?}");
+        }
+    }
+}
