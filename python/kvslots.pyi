@@ -92,9 +92,10 @@ class FreeError(ValueError):
     id: int
     """The offending id, as given (it may be negative or huge for
     `"out_of_range"`)."""
-    kind: Literal["out_of_range", "not_allocated", "over_freed", "raced"]
-    """Why: not a block of the pool; a free block (a double free); listed
-    more times than it has references; a racing double free."""
+    kind: Literal["out_of_range", "not_allocated", "held_by_sequence", "over_freed", "raced"]
+    """Why: not a block of the pool; a free block (a double free); a block
+    that sequences hold (they give it back themselves: a double free);
+    listed more times than it has references; a racing double free."""
     num_blocks: Optional[int]
     """The pool's size, for `"out_of_range"`; else None."""
 

@@ -185,7 +185,8 @@ impl fmt::Display for ReleaseError {
 impl std::error::Error for ReleaseError {}
 
 /// Why [`BlockPool::free`](crate::BlockPool::free) refused. A free refused
-/// with `OutOfRange`, `NotAllocated` or `OverFreed` changes nothing at all,
+/// with `OutOfRange`, `NotAllocated`, `HeldBySequence` or `OverFreed`
+/// changes nothing at all,
 /// for any of the listed ids; the error names an offending one (see
 /// [`BlockPool::free`](crate::BlockPool::free) for the order of the checks).
 /// `Raced` is the one exception, a double free caught in the act.
@@ -221,15 +222,24 @@ pub enum FreeError {
         /// The offending id.
         id: BlockId,
     },
+    /// The block is held by [`Sequence`](crate::Sequence)s (its table, a
+    /// fork's, a prefix match's, or a fence's retirement): a sequence gives
+    /// its blocks back itself, when it is truncated or dropped, so freeing
+    /// one here is a double free.
+    HeldBySequence {
+        /// The offending id.
+        id: BlockId,
+    },
     /// The id is listed more times than the block has references.
     OverFreed {
         /// The offending id.
         id: BlockId,
     },
     /// Another thread dropped the block's last reference while this call
-    /// was dropping its own (after the checks had passed): the caller listed
-    /// a reference it did not hold, a double free racing another holder's
-    /// free (or a [`Sequence`](crate::Sequence) giving the block back). That
+    /// was dropping its own (after the checks had passed), or the block was
+    /// freed and taken for a [`Sequence`](crate::Sequence) meanwhile: the
+    /// caller listed a reference it did not hold, a double free racing
+    /// another holder's free (or a sequence giving the block back). That
     /// one reference is refused; **every other listed reference
     /// was dropped**, as by a successful free, because taking them back
     /// could hand a reference to a block that has been freed and
@@ -252,6 +262,10 @@ impl fmt::Display for FreeError {
                     "{id} is not allocated (never allocated, or a double free)"
                 )
             }
+            FreeError::HeldBySequence { id } => write!(
+                f,
+                "{id} is held by a sequence, which gives it back itself (a double free)"
+            ),
             FreeError::OverFreed { id } => {
                 write!(f, "{id} is listed more times than it has references")
             }
@@ -360,8 +374,8 @@ pub enum ConfigError {
     /// capacity of 0 records.
     ZeroEventCapacity,
     /// The allocator refused the pool's arrays (the heap memory of its
-    /// bookkeeping, 12 bytes a block for the core pool and 70 with the
-    /// prefix cache, and the KV event rings if chosen; not the KV cache
+    /// bookkeeping, 8 bytes and a bit a block for the core pool and 66 with
+    /// the prefix cache, and the KV event rings if chosen; not the KV cache
     /// itself, which lives on the device). What had been allocated is
     /// freed.
     OutOfMemory {

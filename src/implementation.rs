@@ -11,7 +11,7 @@
 //!   lives; the allocator under a sequence.
 //! * [The admission counter](#the-admission-counter): the state word and
 //!   its compare-and-swap loops.
-//! * [The free list](#the-free-list): tagged Treiber stacks of block ids.
+//! * [The free list](#the-free-list): per-shard bitmaps of free block ids.
 //! * [Shards](#shards): why the free list is cut in several stacks.
 //! * [Admission](#admission): the pool's free counts per shard, the fast
 //!   path, the gather and its transit window.
@@ -56,7 +56,7 @@
 //!                     drop path with its last-reference hook, BlockAllocator
 //!     builder.rs      BlockPoolBuilder: shards, layers, checked and allocated
 //!     admission.rs    per-shard admission counts
-//!     free_list.rs    tagged Treiber stacks of free block ids, in shards
+//!     free_list.rs    per-shard bitmaps of free block ids
 //!     refs.rs         the per-block state word; the core's operations on it
 //!     over_free.rs    the over-free check of BlockPool::free
 //!     wait.rs         BlockPool::alloc and alloc_blocking
@@ -72,16 +72,16 @@
 //! ```
 //!
 //! **The core pool** is admission, the free list, a state word per block
-//! (with its reference count) and waiting: 12 bytes a block (an 8-byte
-//! state word and a 4-byte free-list link), plus a few cache lines per
-//! shard. **The prefix cache** is a layer a pool is built with or without
+//! (with its reference count) and waiting: 8 bytes and a bit a block (an
+//! 8-byte state word and a bit of the free list's bitmap), plus a few
+//! cache lines per shard. **The prefix cache** is a layer a pool is built with or without
 //! ([`BlockPoolBuilder::prefix_cache`](crate::BlockPoolBuilder::prefix_cache)):
 //! its storage (keys, index, eviction stamps and ring, 58 bytes a block;
 //! statistics' cells) is one boxed struct that a pool without it does not
 //! allocate. The core knows of it at two places only, both off the fast
 //! paths: the drop path's *last-reference hook* (a drop that takes a
 //! `CACHED` block's count to 0 hands the block to the cache, which stamps
-//! it evictable, instead of pushing it to the free list) and an allocation
+//! it evictable, instead of giving it back to the free list) and an allocation
 //! that finds the free list short (it asks the cache to evict). Without a
 //! cache no block is ever `CACHED`, so the hook never fires and a short
 //! free list only means blocks in transit; the prefix calls return their
@@ -173,46 +173,59 @@
 //!
 //! # The free list
 //!
-//! A [`BlockPool`](crate::BlockPool)'s free block ids are kept in Treiber
-//! stacks threaded through one shared index array: `next[i]` is the id
-//! below block `i` in whichever stack holds it, and each stack's head word
-//! packs a generation tag with the top index into one cache-padded
-//! `AtomicU64`:
+//! A [`BlockPool`](crate::BlockPool)'s free block ids are kept in bitmaps,
+//! one per shard (see [Shards](#shards)): bit `b` of a shard's word `w` is
+//! the shard's id `64 * w + b`, set while that block is free. A shard's
+//! words start on a cache line of their own (16 words, 1,024 ids, to a
+//! line), and a summary word per shard, on its own line, marks the groups
+//! of words that may hold a free id (bit `j` for words `j * g .. (j + 1) *
+//! g`, `g = ceil(words / 64)`: one word a bit for shards of up to 4,096
+//! ids).
 //!
 //! ```text
-//! head = tag << 32 | top index              (top = u32::MAX: empty)
+//! take k:   w = the lowest group the summary marks, its first word with bits
+//!           cur = word.load(Relaxed)
+//!           take = the lowest min(k, ones(cur)) bits of cur
+//!           word.compare_exchange(cur, cur & !take, Acquire, Relaxed)
+//! give:     word.fetch_or(bits of the listed ids in that word, Release)
 //! ```
 //!
-//! Every successful CAS on a head bumps its tag. A thread that read a head,
-//! was preempted while the same top id was popped and pushed back, and then
-//! tries its CAS fails instead of installing a stale `next` (the ABA
-//! problem). The tag is 32 bits: an ABA would need 2^32 successful
-//! operations on one head between a thread's read and its CAS.
+//! One CAS takes up to 64 blocks and one `fetch_or` gives back every
+//! listed block of a word, so a request costs a few read-modify-writes
+//! whatever its length: a sequence's blocks mostly come from one or two
+//! words (lowest ids first), and a give-back gathers its ids word by word
+//! before returning them. A full word is emitted as a range of ids.
 //!
-//! A whole request moves in a few CASes, not one per id. A pop walks up to
-//! `k` links from a head and swings the head past them in one CAS ("Empty?",
-//! "Got them all?"); a walk over a snapshot that went stale while it was
-//! read fails the tag check and retries. A free links the freed ids into a
-//! private chain first and then swings a head onto the whole chain in one
-//! CAS.
+//! There is no ABA problem to guard against, so no tag: a word's value
+//! names exactly the free blocks in it, so a CAS that finds the value it
+//! read takes blocks that are free now, whatever happened in between. (A
+//! Treiber stack's head names only its top; its next link can be stale,
+//! which is what a stack's tag catches.)
 //!
-//! Why tagged Treiber stacks rather than a bitmap: taking `k` ids is one
-//! CAS on one word whatever the pool size, where a bitmap needs a search
-//! that grows with the pool and one read-modify-write per word touched; and
-//! a stack reuses the most recently freed (cache-warm) blocks first.
-//! `benches/pool.rs` measures whether `try_alloc` costs the same at 1,000
-//! and 1,000,000 blocks (figures in `BENCHMARKS.md`).
+//! The summary is a hint. A take that finds a marked group empty clears
+//! its bit (`fetch_and`) and then reads the group's words again, setting
+//! the bit back if one holds an id; a give-back that fills an empty word
+//! reads the summary after its `fetch_or` and sets the bit if it is
+//! clear. All four are `SeqCst`, so in their single total order either the
+//! give-back's read comes after the clear (and it sets the bit) or the
+//! re-check comes after the `fetch_or` (and sees its ids). On x86 these
+//! are the plain loads and locked instructions that `Relaxed` ones would
+//! be. Correctness does not rest on the summary: an allocation that finds
+//! too few blocks through the summaries and the prefix cache's evictable
+//! blocks looks through every word of every shard (and marks what it
+//! finds) before it looks again.
 //!
-//! Bookkeeping is about 70 bytes per block: a 4-byte `next` link, an
-//! 8-byte state word (reference count, prefix-cache flags, generation),
-//! and the prefix cache's 58 bytes (see [Prefix cache](#prefix-cache)),
-//! plus one `CachePadded` slot (a cache line, 128 bytes on x86-64) per
-//! shard head, per shard admission count and per statistics cell, two
-//! for the closed flag and the peak, and a fixed minimum for tiny pools.
+//! Bookkeeping is about 66 bytes per block: one bit of the bitmap, an
+//! 8-byte state word (reference count, flags, generation), and the prefix
+//! cache's 58 bytes (see [Prefix cache](#prefix-cache)), plus one
+//! `CachePadded` slot (a cache line, 128 bytes on x86-64) per shard for its
+//! words, per shard summary, per shard admission count and per statistics
+//! cell, two for the closed flag and the peak, and a fixed minimum for tiny
+//! pools.
 //!
 //! # Shards
 //!
-//! A shard is one of those Treiber stacks. The free list is cut into
+//! A shard is one of those bitmaps. The free list is cut into
 //! [`BlockPool::shards`](crate::BlockPool::shards) of them
 //! ([`BlockPool::new`](crate::BlockPool::new) picks one per
 //! [`BLOCKS_PER_SHARD`](crate::BlockPool::BLOCKS_PER_SHARD) blocks, up to
@@ -221,27 +234,26 @@
 //!
 //! Each shard owns a contiguous range of ids (`span = ceil(num_blocks /
 //! shards)` ids each), and a freed id always goes back to the shard that
-//! owns it. A thread's pops start at its home shard and take from the
+//! owns it. A thread's takes start at its home shard and take from the
 //! others, in turn, only when it is short. Threads are numbered in the
 //! order they first allocate or free (a thread-local cached from a global
-//! counter), and a thread's home is its number modulo the shard count, so
-//! threads need no registration.
+//! counter), and a thread's home is its number modulo the shard count
+//! (computed with a multiplication, not a division), so threads need no
+//! registration.
 //!
-//! A worker that frees and reallocates sequences thus walks links in its
-//! own part of the `next` array, which stays in its core's cache, and CASes
-//! a head that no other thread touches: a pop's walk is a chain of
-//! dependent loads, and over a single stack every link of a long chain
-//! tends to sit in a line that another core wrote last. Admission is
-//! counted per shard as well (see [Admission](#admission)), so a thread
-//! that allocates from and frees to its home shard writes no word that
-//! other threads write, as long as there are no more threads than shards.
+//! A worker that frees and reallocates sequences thus takes and gives back
+//! bits in words that no other thread touches, which stay in its core's
+//! cache. Admission is counted per shard as well (see
+//! [Admission](#admission)), so a thread that allocates from and frees to
+//! its home shard writes no word that other threads write, as long as
+//! there are no more threads than shards.
 //!
-//! `BlockPool::with_shards(.., 1)` gives the single stack (and a single
+//! `BlockPool::with_shards(.., 1)` gives the single bitmap (and a single
 //! admission count) back. The measurements are in `BENCHMARKS.md`.
 //!
-//! A free's chain is pushed one CAS per run of ids with the same owner
-//! shard (one CAS in all when they share one, as a sequence's blocks mostly
-//! do). Which shard holds an id is never visible in the API: all or
+//! A give-back returns its ids one `fetch_or` per run of ids in one word
+//! (one in all for up to 64 ids that share a word, as a sequence's blocks
+//! mostly do). Which shard holds an id is never visible in the API: all or
 //! nothing, `Full` and the counts are those of the whole pool.
 //!
 //! # Admission
@@ -340,55 +352,78 @@
 //! 1. The count is admitted through the pool's per-shard counts (see
 //!    [Admission](#admission)). `Full`, `NeverFits` and `Closed` come from
 //!    here, and nothing has changed when they do.
-//! 2. The ids are popped from the shards, and what they lack is evicted
+//! 2. The ids are taken from the shards, and what they lack is evicted
 //!    from the prefix cache's evictable blocks (see
-//!    [Prefix cache](#prefix-cache)). Frees push their ids (or leave a
-//!    cached block evictable) before they give the count back, and a match
-//!    admits a block before it revives one, so the shards and the
+//!    [Prefix cache](#prefix-cache)). Frees give their ids back (or leave
+//!    a cached block evictable) before they give the count back, and a
+//!    match admits a block before it revives one, so the shards and the
 //!    evictable blocks together always hold at least the admitted count:
-//!    this step cannot fail, though it may look again when other threads
-//!    moved blocks while it scanned.
+//!    this step cannot fail, though it may look again (through every word,
+//!    whatever the summaries say) when other threads moved blocks while
+//!    it scanned.
 //!
 //! [`BlockPool::free`](crate::BlockPool::free) checks every listed id with
-//! loads before it changes anything (in range? allocated? listed no more
-//! often than it has references?), so a refused call changes nothing that
-//! another thread could observe. The over-free check stays near linear in
-//! the list's length without allocating: short lists are compared
-//! pairwise, longer ones screened through a 4,096-bit filter, and only a
-//! list with ids on a shared bit is tallied exactly, one window of 8,192
-//! indices at a time. Then it drops one reference per id, links the blocks
-//! whose count reached zero into a private chain, pushes the chain, and
-//! gives the count back (to the freeing thread's home shard).
+//! loads before it changes anything (in range? allocated? a raw caller's,
+//! not a sequence's? listed no more often than it has references?), so a
+//! refused call changes nothing that another thread could observe. The
+//! over-free check stays near linear in the list's length without
+//! allocating: short lists are compared pairwise, longer ones screened
+//! through a 4,096-bit filter, and only a list with ids on a shared bit is
+//! tallied exactly, one window of 8,192 indices at a time. Then it drops
+//! one reference per id, gathers the blocks whose count reached zero word
+//! by word, gives them back, and gives the count back (to the freeing
+//! thread's home shard).
 //!
 //! # Reference counts
 //!
-//! Each block has a 30-bit count, the low bits of its state word (see
+//! Each block has a 29-bit count, the low bits of its state word (see
 //! [Prefix cache](#prefix-cache)): 0 while it is free or evictable, its
 //! number of holders while allocated. A fork adds a reference to each
-//! shared block, with a CAS
-//! that never raises a count from 0 nor past `2^30 - 1`
-//! (`BlockAllocator::add_refs` stops at such a block and says how many it
-//! added); a free or a sequence drops them. A count of 0 there means
-//! a raw `free` took the forking sequence's reference (a double free) and
-//! the block may sit in the free list, where a new reference would let it
-//! be handed out and pushed twice, so
-//! [`Sequence::try_fork`](crate::Sequence::try_fork) panics instead (as
-//! `Arc` aborts on an overflowing count, it panics on that too), and the
-//! child gives back what it took.
+//! shared block, with a CAS that never raises a count from 0 nor past
+//! `2^29 - 1` (`BlockAllocator::add_refs` stops at such a block and says
+//! how many it added; [`Sequence::try_fork`](crate::Sequence::try_fork)
+//! then panics, as `Arc` aborts on an overflowing count, and the child
+//! gives back what it took); a free or a sequence drops them. A count of
+//! 0 there would mean that a raw `free` took the forking sequence's
+//! reference, which the sequence flag below rules out.
 //!
-//! Every drop is a read-modify-write, a CAS from the count it read to one
-//! less, also when the holder knows it holds the reference (a
-//! [`Sequence`](crate::Sequence) giving its blocks back). A double free
-//! through the public `free`, listing a block that a sequence holds, can
-//! race that sequence's drop. If the sequence read a count of 1 and then
-//! stored 0, both sides could see themselves as the last holder and push
-//! the block twice, handing it to two owners later. With a CAS exactly one
-//! of the two drops takes the count from 1 to 0 and pushes the block; the
-//! other finds no reference left. If the loser is the `free`, it returns
-//! [`FreeError::Raced`](crate::FreeError::Raced); if it is the sequence,
-//! its drop gives back nothing for that block. A sequence's drop only
-//! skips the first load, guessing a count of 1 (the common case, when it
-//! holds the block alone).
+//! **The sequence flag.** A block taken for a
+//! [`Sequence`](crate::Sequence) (by its appends and reservations, by an
+//! eviction for it, or by a match that revives it from a count of 0)
+//! carries `SEQUENCE` in its state word; forks and revivals of a held
+//! block keep it, and the drop that takes the count to 0 clears it. So
+//! while a block has references, `SEQUENCE` says that every holder is a
+//! sequence (or a fence on one's behalf). A raw
+//! [`BlockPool::free`](crate::BlockPool::free) refuses such a block
+//! ([`FreeError::HeldBySequence`](crate::FreeError::HeldBySequence)), in
+//! its checks and again in its CAS, which compares the whole word: a free
+//! whose checks passed while a raw caller held the block, and that finds
+//! it freed and taken for a sequence since, fails its CAS and reports
+//! [`FreeError::Raced`](crate::FreeError::Raced). No raw free ever writes
+//! a flagged word.
+//!
+//! That is what lets a sequence give its blocks back without a
+//! read-modify-write: a sequence that reads its block's word (`Acquire`)
+//! as `SEQUENCE` with a count of 1, neither cached nor claimed, holds the
+//! only reference, and no other thread may change the word (a match
+//! revives only cached blocks, an eviction takes only unreferenced ones, a
+//! claim and a fork need a holder, a raw free refuses it). It stores the
+//! count of 0 with a plain store and gives the block back with the rest of
+//! its give-back's word (whose `Release` `fetch_or` publishes the store).
+//! A fresh block's first reference is a plain store too. So a sequence's
+//! fresh blocks cost a load and a store each, taken and given back, and
+//! the read-modify-writes of an append and a truncate are per word and per
+//! call, not per block.
+//!
+//! Every other drop is a CAS from the count it read to one less: a shared
+//! block's (two sequences can drop their references at once), a cached
+//! one's (a matcher can revive it), and a raw caller's (a double free
+//! through the public `free`, listing a block that a raw caller holds, can
+//! race the holder's own free). If two drops each read a count of 1 and
+//! stored 0, both would see themselves as the last holder and give the
+//! block back twice; with a CAS exactly one takes the count from 1 to 0.
+//! The loser finds no reference left: a `free` returns `Raced`, a
+//! sequence's drop gives back nothing for that block.
 //!
 //! A free whose drop loses such a race does not undo the drops it already
 //! made: adding a reference back could resurrect a block that its other
@@ -430,7 +465,8 @@
 //! count is ever set:
 //!
 //! ```text
-//! bits  0..30   reference count (at most 2^30 - 1, as before a panic)
+//! bits  0..29   reference count (at most 2^29 - 1, as before a panic)
+//! bit   29      SEQUENCE every holder is a sequence (see Reference counts)
 //! bit   30      DEFERRED a rival publisher of the same key on a higher
 //!                        block id gave up in this claim's favour
 //! bit   31      CACHED   the block holds a key that can match
@@ -443,8 +479,12 @@
 //! A block is *free* (count 0, not cached: in the free list), *held* (count
 //! above 0, cached or not) or *evictable* (count 0, cached: not in the free
 //! list). The admission counts count free and evictable blocks, which is
-//! what an allocation may take; a match that revives an evictable block
-//! admits one block first, exactly as an allocation would. Every change of
+//! what an allocation may take; a match admits a block before it revives
+//! an evictable one, exactly as an allocation would: at its first
+//! evictable block it admits as many as it has keys left, with one
+//! read-modify-write (or else one), uses one per revival, and gives back
+//! what it did not use when it ends; the peak is raised then, from what it
+//! kept. Every change of
 //! a state that another thread may act on is a CAS from the exact value
 //! read, so a generation names one incarnation of a block's key.
 //!
@@ -457,15 +497,19 @@
 //! of the block before the next), or a publish of the block that loses or
 //! is refused (a claim and an unclaim, the cheapest, with no allocation):
 //! even at ten million losses a second on that one block, a stall of over
-//! 100 seconds between the thread's read and its CAS. The count has 30 bits
-//! (a count past `2^30 - 1`, about a billion holders of one block, panics,
-//! as `Arc`'s aborts), which leaves the generation its 30.
+//! 100 seconds between the thread's read and its CAS. The count has 29 bits
+//! (a count past `2^29 - 1`, about half a billion holders of one block,
+//! panics, as `Arc`'s aborts) and the sequence flag one, which leaves the
+//! generation its 30.
 //!
 //! A claim holds a reference of its own: `BUSY` is set together with one
 //! more count, and the commit or the unclaim clears `BUSY` and drops that
 //! reference in the same CAS. A claimed block is therefore never free,
-//! whatever its holders do meanwhile, including a raw `BlockPool::free`
-//! that takes the publishing sequence's reference (a double free, misuse).
+//! whatever its holders do meanwhile, including a double free that takes
+//! the publishing sequence's reference (a raw `BlockPool::free` refuses a
+//! sequence's block, see [Reference counts](#reference-counts); the claim
+//! does not rely on that, and loom's claim controls let the free ignore
+//! the flag).
 //! Drops, the checks of `free`, `ref_count`, `needs_copy` and a fork's added
 //! reference count only the holders' references (the count less the
 //! claim's), so no drop can take the claim's reference; whichever of the
@@ -527,7 +571,8 @@
 //! keys alike (`tests/prefix_replay.rs`).
 //!
 //! Bookkeeping per block: 8 (state) + 32 (key) + 20 (index) + 4 (release
-//! stamp) + 2 (eviction candidates) + 4 (free-list link) = 70 bytes.
+//! stamp) + 2 (eviction candidates) + a bit (the free list's bitmap) = 66
+//! bytes.
 //!
 //! ## Publishing
 //!
@@ -905,8 +950,9 @@
 //! one of 8 cache-padded `Mutex<HashMap<u64, Vec<BlockId>>>` (the map
 //! `fence % 8`), and [`BlockPool::complete`](crate::BlockPool::complete)
 //! takes the fence's list out and drops the references through the same
-//! path a sequence's drop takes (`release`: a CAS per reference,
-//! one push per shard, the admission count given back after the push). So
+//! path a sequence's drop takes (`release`: a plain store for a sole
+//! reference to a sequence's block, a CAS for any other, one `fetch_or`
+//! per word given back, the admission count given back after them). So
 //! a fenced block stays counted as used until then, and a cached one
 //! becomes evictable only then. A retire moves the sequence's own table in
 //! as the fence's list when the fence has none yet (no allocation), and
@@ -977,29 +1023,33 @@
 //!
 //! ## The free list
 //!
-//! * **Pushing is a `Release` CAS**: the freer's writes into the blocks
-//!   (and the links of the chain) happen-before any later pop that reads
-//!   that head.
-//! * **Popping is an `Acquire` CAS** (and `Acquire` head loads): every CAS
-//!   on a head is a read-modify-write, so each push heads a release sequence
-//!   that all later values of that head continue; whoever pops synchronises
-//!   with every earlier push onto that shard, and so sees the links it walks
-//!   and the blocks it takes.
-//! * **The `next` links are `Relaxed`**: they are published by the push CAS
-//!   and read after an `Acquire` of the head; a link read from a stale
-//!   snapshot is caught by the tag check, not by ordering.
+//! * **Giving back is a `Release` read-modify-write** (a `SeqCst`
+//!   `fetch_or`): the freer's writes into the blocks happen-before any
+//!   later take that reads that word.
+//! * **Taking is an `Acquire` CAS**: every change of a word is a
+//!   read-modify-write, so each give-back heads a release sequence that all
+//!   later values of that word continue; whoever takes a block
+//!   synchronises with every earlier give-back to its word, and so with
+//!   the block's last holders. The load before the CAS is `Relaxed`: only
+//!   a guess that the CAS validates.
+//! * **The summaries' accesses are `SeqCst`** where they pair a take's
+//!   clearing with a give-back's filling (see [The free list](#the-free-list)),
+//!   `Relaxed` elsewhere: a hint, which a last look through every word
+//!   backs up.
 //!
 //! ## `BlockPool`
 //!
-//! * **Freeing is `Release`**: each reference drop is an `AcqRel` CAS on
-//!   the block's count (the `Release` half orders this holder's accesses
+//! * **Freeing is `Release`**: a reference drop is an `AcqRel` CAS on the
+//!   block's count (the `Release` half orders this holder's accesses
 //!   before the last drop; the `Acquire` half lets the last dropper see
-//!   every other holder's), the push of the chain is a `Release` CAS, and
-//!   the count is given back with a `Release` `fetch_add` on the freeing
-//!   thread's home shard.
-//! * **Allocation is `Acquire`**: the admission CAS and the pop CAS. So
-//!   everything a previous owner wrote into a block happens-before the next
-//!   owner touches it.
+//!   every other holder's), or, for a sequence's sole reference, an
+//!   `Acquire` load (which reads from every other holder's drop) and a
+//!   `Relaxed` store published by the give-back; the give-back to the free
+//!   list is `Release`, and the count is given back with a `Release`
+//!   `fetch_add` on the freeing thread's home shard.
+//! * **Allocation is `Acquire`**: the admission CAS and the free list's
+//!   take. So everything a previous owner wrote into a block happens-before
+//!   the next owner touches it.
 //! * **Setting a fresh block's count to 1 and adding a reference for a fork
 //!   are `Relaxed`**: the block is exclusively ours, or we already hold a
 //!   reference, and the new reference travels to its holder through
@@ -1081,9 +1131,10 @@
 //! hash takes a fixed seed (so that every execution places every key in
 //! the same buckets, and the models can pick keys that share a first
 //! bucket), and the faults of
-//! loom's negative controls (a free list without its ABA tag, `Relaxed`
-//! frees, a blind undo of a raced free, a plain store for a sequence's
-//! last drop, a fork's reference added to a block whose count is 0, a
+//! loom's negative controls (a free list whose take is a load and a plain
+//! store, `Relaxed` frees, a blind undo of a raced free, a raw free that
+//! ignores the sequence flag, a fork's reference added to a block whose
+//! count is 0, a match that keeps what it admitted ahead and did not use, a
 //! revival without the generation check, a `Relaxed` publish, an eviction
 //! of a referenced block, a publisher that does not kill a rival's claim,
 //! a claim without a reference of its own, a claim's last drop not given

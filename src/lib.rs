@@ -171,13 +171,14 @@
 //! (`src/loom_tests/`, compiled only under `cfg(all(test, kvslots_loom))`,
 //! as tokio keeps its own); the shuttle schedules drive the public API from
 //! `tests/`. Every loom model has a negative control: a known wrong way
-//! (admitting token by token, a free list without its ABA tag, `Relaxed`
-//! frees, a publish without its release, and others) injected into the same
-//! code, which loom must catch. The faults are crate-private and exist only
-//! in the models' build (elsewhere their hooks are constants), and no public
-//! item exists for the model checkers. Rayon stress tests drive millions of
-//! mixed operations on many threads while an observer samples the
-//! invariants, a linearizability checker replays recorded histories,
+//! (admitting token by token, a free list that takes without a
+//! read-modify-write, `Relaxed` frees, a raw free that takes a sequence's
+//! reference, a publish without its release, and others) injected into the
+//! same code, which loom must catch. The faults are crate-private and exist
+//! only in the models' build (elsewhere their hooks are constants), and no
+//! public item exists for the model checkers. Rayon stress tests drive
+//! millions of mixed operations on many threads while an observer samples
+//! the invariants, a linearizability checker replays recorded histories,
 //! property tests compare against sequential models, and the census runs
 //! every public function with bad input. The README lists the commands.
 //!
@@ -192,15 +193,15 @@
 //! | a pool admits through per-shard free counts: all or nothing across shards; a `BlockPool` `Full` is exact single-threaded and, under concurrency, justified (at some instant of the call, the free blocks outside other running calls, which may hold blocks in transit between shards, were fewer than requested); `free_blocks()`/`used_blocks()` are sums, exact when no call runs; `peak_used_blocks()` exact single-threaded, an estimate otherwise | loom fast-path and gather-vs-gather models (controls: a plain-store take, a refused gather that keeps what it took); a unit test that moves counts behind a gather's scan (it fails if a gather refuses without its version check); linearizability checker with the relaxed `Full` (an unjustified refusal must be caught); shuttle and stress over sharded pools |
 //! | what a slot holder wrote happens-before the next holder's admission | loom hand-off models (guard drop and `release`); `Relaxed` admission and give-back controls must be caught |
 //! | a freed block's contents happen-before its next owner | loom `UnsafeCell` witness; a `Relaxed` free control must be caught |
-//! | the free list is ABA-safe | loom controls without the generation tag must be caught, on one shard and across two |
-//! | a double free racing any give-back (a raw `free`, a sequence's drop, truncate or `shrink_to_fit`, a copy-on-write source, a fork, a publish) pushes no block twice, gives the used count back once per block, and leaves no key on a block that an allocation hands out | loom models, with controls for a plain-store drop, an unchecked fork and a publisher's claim without its own reference that must be caught; real-thread races and random misuse rounds |
+//! | the free list hands a free block to one taker: one CAS takes up to 64 blocks from a bitmap word (no ABA: a word's value names exactly its free blocks) | loom controls whose take is a load and a plain store must be caught, on one shard and across two; a real-thread storm of small takes |
+//! | a double free racing any give-back (a raw `free`, a sequence's drop, truncate or `shrink_to_fit`, a copy-on-write source, a fork, a publish) gives no block back twice, gives the used count back once per block, and leaves no key on a block that an allocation hands out; a raw `free` refuses a block that sequences hold (`FreeError::HeldBySequence`, nothing changed), in its checks and in its CAS, so a sequence gives a block it holds alone back with a plain store | loom models, with controls for a raw free that ignores the sequence flag (racing a sequence's plain drop, and a stale free of a block a sequence took since), an unchecked fork and a publisher's claim without its own reference that must be caught; real-thread races (a stale double free racing a sequence that retakes the blocks) and random misuse rounds |
 //! | bad input is a typed error and changes nothing (one exception: a double free caught racing another holder's free is `FreeError::Raced`, and the call's other references are dropped) | the census (`tests/census.rs`): every public function with 0, 1, `usize::MAX`, out-of-range, duplicated and foreign ids and after `close`, each row's typed error and unchanged state; a pool too large for memory under an address-space limit; the racing case by a loom model and the linearizability checker; the simulator's flags and trace malformations in `sim/tests/census.rs` |
 //! | a block retired under a fence is not handed out before the fence completes, in any completion order | unit tests; a real-thread stress; loom retire and fenced-truncate vs complete vs alloc, with an early-release control that must be caught; `kvslots-sim --async-depth` and its `early-release` fault |
-//! | a match returns only blocks whose key is the one asked for, and what the publisher wrote before `publish` happens-before the matcher's use; a held block is never evicted; a cached block is never written while its key can match | loom models (match vs evicting append, two revivals, release vs match, reset vs match, an `UnsafeCell` witness) with controls for a revival without the generation check, a `Relaxed` publish and eviction of a referenced block; rayon and real-thread stress with per-block content stamps; linearizability checker and property tests against a sequential cache |
+//! | a match returns only blocks whose key is the one asked for, and what the publisher wrote before `publish` happens-before the matcher's use; a held block is never evicted; a cached block is never written while its key can match | loom models (match vs evicting append, two revivals, release vs match, reset vs match, a match's revivals admitted ahead vs an evicting append, an `UnsafeCell` witness) with controls for a revival without the generation check, a `Relaxed` publish, eviction of a referenced block and a match that keeps what it admitted ahead and did not use; rayon and real-thread stress with per-block content stamps; linearizability checker and property tests against a sequential cache |
 //! | a key is on at most one block (first wins), and a publish that returns without caching its key saw a block holding it: a rival it deferred to commits or looks again | loom models of two and three publishes of one key and of a rival's block reclaimed under another key (controls: a publisher that does not kill a rival, a claim that gives up on a deferral, a claim that rivals can see before its key is written); shuttle PCT and real-thread races of three publishes |
 //! | KV events report each key's stores and removals once each, in the order of its transitions (a store before its removal, a removal from one block before the store on the next); events lost to a full ring are counted and reported where they were lost, and the view rebuilt after that report never holds a removed key | loom models of an eviction and a truncate racing a republish of the key, a drain racing a publish, a full ring (controls: a removal reserved after its CAS, a store reserved before its claim, a record published `Relaxed`, an uncounted loss); real threads with a draining consumer checked against the pool's final state, with a ring that never fills and one that overflows (`tests/events.rs`); the simulator's events file on synthetic and Mooncake runs |
 //! | no heap allocation on the hot paths | a counting global allocator (the KV event producers included) |
-//! | a layer not chosen takes no memory (12 bytes a block for the core pool, 58 more for the prefix cache); on a pool without the prefix cache its calls cache nothing and change nothing; a core pool behaves as a full one in everything else | a counting global allocator (`tests/footprint.rs`); `tests/layers.rs`: each prefix call's result and the unchanged state, random scripts with the same outcomes on both kinds of pool |
+//! | a layer not chosen takes no memory (8 bytes and a bit a block for the core pool, 58 more for the prefix cache); on a pool without the prefix cache its calls cache nothing and change nothing; a core pool behaves as a full one in everything else | a counting global allocator (`tests/footprint.rs`); `tests/layers.rs`: each prefix call's result and the unchanged state, random scripts with the same outcomes on both kinds of pool |
 //! | a `Sequence` keeps its rules over any `BlockAllocator` | `tests/allocator.rs` (a third allocator, with the trait's default prefix calls, and trait objects); the simulator runs its mutex baseline as a `MutexPool` under the same `Sequence`, checked by its oracle, with parity of results on random scripts (`sim/tests/parity.rs`) |
 //! | waiters are served whole, in arrival order, with or without headroom, with no lost wake-up; a new caller (waiting or `try_*`) never passes a queued waiter, and a `try_*` refused for the waiters says so (`BehindWaiters`); cancellation and timeouts hand on what was granted; a waker that panics loses no block and keeps no other waiter from being woken; `close` wakes every waiter | unit tests (`tests/wait.rs`: a relay of small admissions against a head with headroom, on real threads, bounded by rounds; a later waiter behind a headroom head; wakers that panic); loom models with controls for a lost wake-up (a waiter that does not try again once queued; a waiter without its hand-shake), a cancelled grant kept, a cancelled head that re-checks no one, a silent close; pool waiting over shards (loom: a release on another shard than the waiter's, a waiter against a gather holding blocks in transit, a running sequence's growth past a queued head, a headroom head against a relay of small admissions, a waker that panics against two releases and beside a waiter granted in the same batch; controls: no hand-shake, no retry once queued, a gather that gives blocks back without re-checking the waiters, growth that waits behind the head, a queue that owes admissions only its head's request, a head woken before its grant is counted, a panicking waker that drops the rest of its batch uncalled); shuttle FIFO, head-starvation and random-cancellation models; a tokio stress test |
 //!
@@ -210,8 +211,9 @@
 //! exponential backoff on contention; giving back a guard is one
 //! `fetch_sub`, then a fence and one load to see whether anyone waits. No
 //! lock is taken and nothing is allocated on these paths.
-//! A block allocation is that admission plus one CAS on the calling
-//! thread's home shard of the free list, whatever the pool size.
+//! A block allocation is that admission plus one CAS on a bitmap word of
+//! the calling thread's home shard of the free list (for up to 64 blocks),
+//! whatever the pool size.
 //! `benches/contention.rs` measures admission against `std::sync::Mutex`,
 //! `parking_lot::Mutex`, `tokio::sync::Semaphore` and a bare
 //! `fetch_add`/`fetch_sub` pair, and `benches/pool.rs` the block pool
@@ -225,7 +227,7 @@
 //!
 //! The [`implementation`] module describes the module layout (the core
 //! pool and its layers), the admission words and their CAS loops, the free
-//! list (tagged Treiber stacks) and its shards, reference counts,
+//! list (per-shard bitmaps) and its shards, reference counts,
 //! sequences and copy-on-write, the prefix cache, waiting, fenced release,
 //! and the memory orderings of each type.
 //!

@@ -13,7 +13,7 @@ use crate::allocator::BlockAllocator;
 use crate::error::{PositionError, ReserveError};
 use crate::hash::BlockHash;
 use crate::id::BlockId;
-use crate::pool::{Alloc, BlockPool};
+use crate::pool::{Alloc, BlockPool, Holder};
 use crate::table;
 
 /// A device copy the caller must make: the first `tokens` slots of block
@@ -965,7 +965,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     ///
     /// Panics if a block to share cannot take another reference
     /// ([`BlockAllocator::add_refs`]): in a [`BlockPool`], if it would get
-    /// more than `2^30 - 1` references (as `Arc` aborts on overflow), or if
+    /// more than `2^29 - 1` references (as `Arc` aborts on overflow), or if
     /// it has no reference left because a raw [`BlockPool::free`] took this
     /// sequence's (a double free: the block may be in the free list, and
     /// sharing it would hand it to two owners). Nothing leaks then: the
@@ -1116,7 +1116,7 @@ impl Sequence<BlockPool> {
         if let Err(err) = fits {
             return pool.alloc_refused(err, &mut self.blocks);
         }
-        pool.alloc_with_headroom(missing, headroom, &mut self.blocks)
+        pool.alloc_with_headroom(missing, headroom, &mut self.blocks, Holder::Sequence)
     }
 }
 

@@ -132,7 +132,8 @@ impl World {
         self.pool.close();
     }
 
-    /// Takes every free block (the evictable one too) and holds it.
+    /// Takes every free block (the evictable one too) and holds it: the
+    /// free blocks `FREE_ID` and the one after it, then `EVICTABLE_ID`.
     fn fill(&mut self) {
         let free = self.pool.free_blocks();
         self.pool.try_alloc(free, &mut self.taken).unwrap();
@@ -512,17 +513,23 @@ fn pool_rows() -> Vec<Row> {
             |w| { let f = free_block(w); free(w.pool.free(&[w.c.blocks()[0], f])) } => Got::Free(FreeError::NotAllocated { id: id(FREE_ID) });
         "BlockPool::free: the evictable cached block", none,
             |w| { let e = evictable_block(w); free(w.pool.free(&[e])) } => Got::Free(FreeError::NotAllocated { id: id(EVICTABLE_ID) });
-        "BlockPool::free: a block with 1 reference, twice", none,
-            |w| free(w.pool.free(&[w.c.blocks()[1], w.c.blocks()[1]])) => Got::Free(FreeError::OverFreed { id: id(C1_ID) });
-        "BlockPool::free: a block with 2 references, 3 times", none,
-            |w| { let s = w.a.blocks()[0]; free(w.pool.free(&[s, s, s])) } => Got::Free(FreeError::OverFreed { id: id(SHARED_ID) });
-        "BlockPool::free: 17 ids, one listed twice (the long check)", none,
+        "BlockPool::free: a sequence's block", none,
+            |w| free(w.pool.free(&[w.c.blocks()[1]])) => Got::Free(FreeError::HeldBySequence { id: id(C1_ID) });
+        "BlockPool::free: a block two sequences share", none,
+            |w| { let s = w.a.blocks()[0]; free(w.pool.free(&[s])) } => Got::Free(FreeError::HeldBySequence { id: id(SHARED_ID) });
+        "BlockPool::free: a taken block, then a sequence's block", fill,
+            |w| free(w.pool.free(&[w.taken[0], w.c.blocks()[1]])) => Got::Free(FreeError::HeldBySequence { id: id(C1_ID) });
+        "BlockPool::free: a sequence's block, then a free one", none,
+            |w| { let f = free_block(w); free(w.pool.free(&[w.c.blocks()[1], f])) } => Got::Free(FreeError::NotAllocated { id: id(FREE_ID) });
+        "BlockPool::free: a taken block, twice", fill,
+            |w| free(w.pool.free(&[w.taken[0], w.taken[0]])) => Got::Free(FreeError::OverFreed { id: id(FREE_ID) });
+        "BlockPool::free: 17 ids, one listed twice (the long check)", fill,
             |w| {
-                let mut ids = vec![w.c.blocks()[0]; 1];
-                ids.extend(std::iter::repeat(w.a.blocks()[0]).take(2));
-                ids.extend(std::iter::repeat(w.c.blocks()[1]).take(14));
+                let (t0, t1, t2) = (w.taken[0], w.taken[1], w.taken[2]);
+                let mut ids = vec![t0, t1];
+                ids.extend(std::iter::repeat(t2).take(15));
                 free(w.pool.free(&ids))
-            } => Got::Free(FreeError::OverFreed { id: id(C1_ID) });
+            } => Got::Free(FreeError::OverFreed { id: id(EVICTABLE_ID) });
         "BlockPool::free: a foreign id in range, free here", none,
             |w| free(w.pool.free(&[w.foreign[FREE_ID as usize]])) => Got::Free(FreeError::NotAllocated { id: id(FREE_ID) });
         "BlockPool::free: a foreign id out of range", none,

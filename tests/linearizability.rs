@@ -2168,14 +2168,14 @@ fn refused_free_is_atomic_for_a_concurrent_double_free() {
 
 /// Blocks `a1..a6` are held by a sequence, and thread Y keeps forking the
 /// sequence and dropping the fork (so each goes from one reference to two
-/// and back). Thread X keeps calling `free(&[a1, .., a6, a1, a1])`, which
-/// names `a1` more times than it can have references: each call is refused
-/// with `OverFreed { a1 }` and, by contract, changes nothing. So the `a`s
-/// must stay allocated all along, with the sequence's references. But the
-/// refusal is found only after `a1` was dropped once or twice, and then
-/// undone: if Y drops the fork in between, Y's drop is the last one, `a1`
-/// goes back to the free list (and its count to the pool) while the
-/// sequence still holds it, and X's undo gives the free block a reference.
+/// and back). Thread X keeps calling `free(&[a1, .., a6, a1, a1])`, a
+/// double free of a sequence's blocks: each call is refused with
+/// `HeldBySequence { a1 }` and, by contract, changes nothing. So the `a`s
+/// must stay allocated all along, with the sequence's references. (A
+/// refusal found only after dropping `a1`, and then undone, would let Y's
+/// drop of the fork be the last one: `a1` would go back to the free list
+/// while the sequence still holds it, and the undo would give the free
+/// block a reference.)
 #[test]
 fn refused_free_leaves_a_shared_block_allocated() {
     const SHARED: usize = 6;
@@ -2198,7 +2198,7 @@ fn refused_free_leaves_a_shared_block_allocated() {
                 // Relaxed (test code): only ends the loop; orders nothing.
                 while !done.load(Ordering::Relaxed) {
                     let result = pool.free(&list);
-                    if result != Err(FreeError::OverFreed { id: a1 }) {
+                    if result != Err(FreeError::HeldBySequence { id: a1 }) {
                         return Some(format!("free(list) returned {result:?}"));
                     }
                 }

@@ -1083,7 +1083,8 @@ impl PoolModel {
     /// What `free(ids)` must return: the whole call or nothing. The error
     /// names an offending id; the checks run one kind at a time, each over
     /// the whole list in order: out of range first, then not allocated (no
-    /// reference at all), then over-freed (listed more times than it has
+    /// reference at all), then held by sequences (a block no raw
+    /// allocation holds), then over-freed (listed more times than it has
     /// references).
     fn expected_free(&self, ids: &[BlockId]) -> Result<(), FreeError> {
         if let Some(&id) = ids.iter().find(|id| id.index() >= self.num_blocks) {
@@ -1095,6 +1096,12 @@ impl PoolModel {
         if let Some(&id) = ids.iter().find(|id| self.refs[id.index()] == 0) {
             return Err(FreeError::NotAllocated { id });
         }
+        if let Some(&id) = ids
+            .iter()
+            .find(|id| !self.raw.iter().any(|h| h.contains(id)))
+        {
+            return Err(FreeError::HeldBySequence { id });
+        }
         let mut listed: HashMap<BlockId, u32> = HashMap::new();
         for &id in ids {
             let times = listed.entry(id).or_insert(0);
@@ -1104,15 +1111,6 @@ impl PoolModel {
             }
         }
         Ok(())
-    }
-
-    /// Whether every id of `ids` (with its multiplicity) is a reference the
-    /// test holds in a raw allocation, so that freeing it takes nothing a
-    /// sequence owns.
-    fn all_raw(&self, ids: &[BlockId]) -> bool {
-        ids.iter()
-            .enumerate()
-            .all(|(k, id)| !ids[..k].contains(id) && self.raw.iter().any(|h| h.contains(id)))
     }
 
     fn forget_raw(&mut self, ids: &[BlockId]) {
@@ -1392,12 +1390,8 @@ impl PoolRun {
             };
             ids.extend(id);
         }
-        // A list that would be accepted but takes a reference a
-        // sequence owns is outside the contract: make it a refused
-        // one by ending it with a bad id.
-        if m.expected_free(&ids).is_ok() && !m.all_raw(&ids) {
-            ids.push(BlockId::new(u32::MAX));
-        }
+        // A block that sequences hold is refused (`HeldBySequence`): a
+        // raw free never takes a sequence's reference.
         let expected = m.expected_free(&ids);
         prop_assert_eq!(pool.free(&ids), expected, "step {}: free({:?})", step, ids);
         if expected.is_ok() {

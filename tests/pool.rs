@@ -670,7 +670,23 @@ fn id_listed_twice_with_one_reference_is_over_freed() {
 
 #[test]
 fn id_listed_more_times_than_its_references_is_over_freed() {
-    // Shared blocks (two references each) come from a fork.
+    let pool = BlockPool::new(4, 2);
+    let mut held = Vec::new();
+    pool.try_alloc(2, &mut held).unwrap();
+    let (a, b) = (held[0], held[1]);
+    assert_eq!(pool.ref_count(a), Some(1));
+    assert_free_refused(&pool, &[a, a], FreeError::OverFreed { id: a });
+    assert_free_refused(&pool, &[b, a, b, b], FreeError::OverFreed { id: b });
+    assert_eq!((pool.ref_count(a), pool.ref_count(b)), (Some(1), Some(1)));
+    assert_eq!(pool.used_blocks(), 2);
+    pool.free(&held).unwrap();
+    assert_eq!(pool.free_blocks(), 4);
+}
+
+/// A block that sequences hold, shared or not, is theirs to give back: a
+/// raw free of it is a double free, refused before anything changes.
+#[test]
+fn a_sequence_s_block_is_refused_by_free() {
     let pool = Arc::new(BlockPool::new(4, 2));
     let mut parent = Sequence::new(Arc::clone(&pool));
     parent.try_append(4).unwrap();
@@ -678,13 +694,15 @@ fn id_listed_more_times_than_its_references_is_over_freed() {
     assert_eq!(copy, None);
     let (a, b) = (parent.blocks()[0], parent.blocks()[1]);
     assert_eq!(pool.ref_count(a), Some(2));
-    assert_free_refused(&pool, &[a, a, a], FreeError::OverFreed { id: a });
-    assert_free_refused(&pool, &[b, a, b, b], FreeError::OverFreed { id: b });
-    assert_eq!((pool.ref_count(a), pool.ref_count(b)), (Some(2), Some(2)));
-    assert_eq!(pool.used_blocks(), 2);
+    assert_free_refused(&pool, &[a], FreeError::HeldBySequence { id: a });
+    assert_free_refused(&pool, &[b, a, b, b], FreeError::HeldBySequence { id: b });
     drop(child);
+    assert_eq!(pool.ref_count(a), Some(1));
+    assert_free_refused(&pool, &[a], FreeError::HeldBySequence { id: a });
     drop(parent);
     assert_eq!(pool.free_blocks(), 4);
+    // Given back, the blocks are free: a free of them is `NotAllocated`.
+    assert_free_refused(&pool, &[a], FreeError::NotAllocated { id: a });
 }
 
 #[test]
@@ -745,6 +763,7 @@ fn a_shared_valid_id_before_a_bad_one_keeps_both_references() {
     let shared = parent.blocks()[0];
     assert_eq!(pool.ref_count(shared), Some(2));
     let unallocated = (0..4).map(BlockId::new).find(|&id| id != shared).unwrap();
+    // Not allocated is checked before held by a sequence.
     assert_free_refused(
         &pool,
         &[shared, unallocated],
@@ -753,7 +772,7 @@ fn a_shared_valid_id_before_a_bad_one_keeps_both_references() {
     assert_free_refused(
         &pool,
         &[shared, shared, shared],
-        FreeError::OverFreed { id: shared },
+        FreeError::HeldBySequence { id: shared },
     );
     assert_eq!(pool.ref_count(shared), Some(2));
     drop(parent);
@@ -1219,7 +1238,7 @@ fn freed_blocks_go_back_to_the_shard_that_owns_them() {
     let (five, seven) = (BlockId::new(5), BlockId::new(7));
     pool.free(&[five]).unwrap();
     pool.free(&[seven]).unwrap();
-    // Stacks are searched from home upwards, wrapping around.
+    // Shards are searched from home upwards, wrapping around.
     let distance = |shard: usize| (shard + 1024 - home) % 1024;
     let expected = if distance(5) < distance(7) {
         five
@@ -1252,15 +1271,15 @@ fn a_free_spanning_shards_gives_each_block_back_to_its_own() {
 }
 
 /// The shards as the documentation describes them: shard `s` owns ids
-/// `s * span .. (s + 1) * span`, a freed id goes on top of its owner's
-/// shard, and an allocation of one block takes the top of the first
-/// non-empty shard counting on from the thread's home.
-struct Stacks {
+/// `s * span .. (s + 1) * span`, a freed id goes back to its owner's
+/// shard, and an allocation of one block takes the lowest free id of the
+/// first non-empty shard counting on from the thread's home.
+struct Shards {
     span: usize,
     shards: Vec<Vec<BlockId>>,
 }
 
-impl Stacks {
+impl Shards {
     fn free(&mut self, ids: &[BlockId]) {
         for &id in ids {
             self.shards[id.index() / self.span].push(id);
@@ -1269,7 +1288,11 @@ impl Stacks {
 
     fn alloc_one(&mut self, home: usize) -> Option<BlockId> {
         let n = self.shards.len();
-        (0..n).find_map(|k| self.shards[(home + k) % n].pop())
+        (0..n).find_map(|k| {
+            let shard = &mut self.shards[(home + k) % n];
+            let lowest = (0..shard.len()).min_by_key(|&i| shard[i])?;
+            Some(shard.swap_remove(lowest))
+        })
     }
 }
 
@@ -1288,7 +1311,7 @@ fn shards_of_four_ids_follow_the_model() {
         let pool = BlockPool::with_shards(16, 1, 4);
         let mut all = Vec::new();
         pool.try_alloc(16, &mut all).unwrap();
-        let mut model = Stacks {
+        let mut model = Shards {
             span: 4,
             shards: vec![Vec::new(); 4],
         };

@@ -47,12 +47,12 @@
 //! sizes run in a few seconds in debug builds on 2 cores; the `#[ignore]`d
 //! variants run longer.
 //!
-//! # The free list's generation tag
+//! # The free list's takes
 //!
 //! A storm of small takes and single frees on a small pool, on more threads
-//! than cores, where an untagged head would let a stale pop hand out a held
-//! block (the loom models prove the tag; this catches its loss in an
-//! ordinary test run too).
+//! than cores, where a take that lost an update of its bitmap word would
+//! hand out a held block (the loom models prove the CAS; this catches its
+//! loss in an ordinary test run too).
 
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -1609,7 +1609,7 @@ fn a_refused_free_racing_a_legit_free_of_a_shared_block_changes_nothing() {
 }
 
 // ---------------------------------------------------------------------------
-// The free list's generation tag
+// The free list's takes
 // ---------------------------------------------------------------------------
 
 /// Rounds of the free-list storm per thread.
@@ -1623,16 +1623,14 @@ const STORM_MAX_TAKE: usize = 4;
 
 #[test]
 fn a_storm_of_takes_and_single_frees_never_hands_a_block_out_twice() {
-    // The free list's ABA shape: while one thread has read the head `x` and
-    // walked the links below it, others take `x` and the blocks below, and
-    // give `x` back on top of something else. A pop whose compare-and-swap
-    // then still matched would install its stale link and hand out a block
-    // that is held (caught here, or by the pool's own debug assertion), or
-    // lose blocks from the list (the storm then never ends: a pop of blocks
-    // that were admitted but are missing from the list spins). The
-    // generation tag in the head word is what makes that CAS fail. Small
-    // takes of 1 to 4 blocks, each given back one at a time, last first,
-    // keep the same few ids coming back to the top of the list.
+    // The free list's shape: while one thread has read a bitmap word,
+    // others take some of its blocks and give some back. A take that
+    // stored its result over theirs (no compare-and-swap) would hand out a
+    // block that is held (caught here, or by the pool's own debug
+    // assertion), or lose blocks from the list (the storm then never ends:
+    // a take of blocks that were admitted but are missing from the list
+    // spins). Small takes of 1 to 4 blocks, each given back one at a time,
+    // keep the same few ids (the lowest) coming back.
     let pool = BlockPool::new(STORM_BLOCKS, 1);
     let owned: Vec<AtomicBool> = (0..STORM_BLOCKS).map(|_| AtomicBool::new(false)).collect();
     let barrier = Barrier::new(STORM_THREADS);

@@ -8,6 +8,7 @@
 // Each benchmark binary uses a part of this module.
 #![allow(dead_code)]
 
+pub mod cache;
 pub mod threads;
 
 /// A mutex that the baselines can be built on.

@@ -139,6 +139,7 @@ fn with_attrs<E: pyo3::PyTypeInfo>(
 pub(crate) enum FreeKind {
     OutOfRange { num_blocks: usize },
     NotAllocated,
+    HeldBySequence,
     OverFreed,
     Raced,
 }
@@ -155,6 +156,11 @@ pub(crate) fn free_error<'py>(py: Python<'py>, id: Bound<'py, PyAny>, kind: Free
         FreeKind::NotAllocated => (
             "not_allocated",
             format!("block {id} is not allocated (never allocated, or a double free)"),
+            None,
+        ),
+        FreeKind::HeldBySequence => (
+            "held_by_sequence",
+            format!("block {id} is held by a sequence, which gives it back itself (a double free)"),
             None,
         ),
         FreeKind::OverFreed => (
@@ -190,6 +196,7 @@ pub(crate) fn from_free_error(py: Python<'_>, err: kvslots::FreeError) -> PyErr 
             (id, FreeKind::OutOfRange { num_blocks })
         }
         kvslots::FreeError::NotAllocated { id } => (id, FreeKind::NotAllocated),
+        kvslots::FreeError::HeldBySequence { id } => (id, FreeKind::HeldBySequence),
         kvslots::FreeError::OverFreed { id } => (id, FreeKind::OverFreed),
         kvslots::FreeError::Raced { id } => (id, FreeKind::Raced),
         // A kind the core added after this binding (the enum is

@@ -294,8 +294,10 @@ impl PyBlockPool {
     ///
     /// Raises `FreeError` (changing nothing) for an id that is not a block
     /// of this pool (`kind == "out_of_range"`; negative ids included), a
-    /// free block (`"not_allocated"`: a double free) or a block listed more
-    /// times than it has references (`"over_freed"`). The one exception,
+    /// free block (`"not_allocated"`: a double free), a block that
+    /// sequences hold (`"held_by_sequence"`: they give it back themselves)
+    /// or a block listed more times than it has references
+    /// (`"over_freed"`). The one exception,
     /// `"raced"`, is a double free caught racing another holder's free:
     /// every other listed reference was dropped. `TypeError` for an id that
     /// is not an int.

@@ -394,10 +394,10 @@ impl PySequence {
     /// Returns `(child, copy)`: `copy` is the `BlockCopy` that fills the
     /// child's private block, or None on a block boundary.
     ///
-    /// Raises `Full` / `Closed` when no block is free for the private tail,
-    /// or `FreeError` (`kind == "not_allocated"`) when a block of this
-    /// sequence was freed with `BlockPool.free` (a double free); nothing
-    /// changes then.
+    /// Raises `Full` / `Closed` when no block is free for the private tail;
+    /// nothing changes then. (`BlockPool.free` refuses a sequence's blocks,
+    /// `kind == "held_by_sequence"`, so a fork never finds one gone; it
+    /// would raise `FreeError`, `kind == "not_allocated"`.)
     fn fork<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {
         let forked = self.with(py, |seq| {
             let pool = seq.pool();

@@ -180,10 +180,21 @@ pub trait KvBackend: Clone + Send + Sync + 'static {
 
 /// What the engine and the oracle read of a pool besides what its
 /// sequences call ([`BlockAllocator`]): its name, counts and statistics,
-/// the raw free of a check-only admission, and the fences' completion.
+/// the raw allocation and free of a check-only admission, and the fences'
+/// completion.
 pub trait Pool: BlockAllocator + Send + Sync + 'static {
     /// The name shown in reports.
     const NAME: &'static str;
+    /// Takes `n` blocks for a raw caller, all or nothing, only if
+    /// `headroom` more stay free: blocks that [`free`](Self::free) gives
+    /// back. (A `BlockPool` refuses a raw free of blocks taken through
+    /// [`BlockAllocator`], which are a sequence's.)
+    fn try_alloc_raw(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError>;
     /// A snapshot of the blocks in use.
     fn used_blocks(&self) -> usize;
     /// The high-water mark of blocks in use.
@@ -209,6 +220,14 @@ pub trait Pool: BlockAllocator + Send + Sync + 'static {
 impl Pool for BlockPool {
     const NAME: &'static str = "kvslots";
 
+    fn try_alloc_raw(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        BlockPool::try_alloc_with_headroom(self, n, headroom, out)
+    }
     fn used_blocks(&self) -> usize {
         BlockPool::used_blocks(self)
     }
@@ -399,7 +418,7 @@ impl<P: Pool> KvBackend for Backend<P> {
         headroom: usize,
         out: &mut Vec<BlockId>,
     ) -> Result<(), ReserveError> {
-        self.pool.try_alloc_with_headroom(n, headroom, out)
+        self.pool.try_alloc_raw(n, headroom, out)
     }
     fn free(&self, ids: &[BlockId]) -> Result<(), String> {
         self.pool.free(ids)

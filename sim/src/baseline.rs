@@ -654,6 +654,14 @@ impl BlockAllocator for MutexPool {
 impl Pool for MutexPool {
     const NAME: &'static str = "mutex";
 
+    fn try_alloc_raw(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        BlockAllocator::try_alloc_with_headroom(self, n, headroom, out)
+    }
     fn used_blocks(&self) -> usize {
         // Relaxed: a snapshot for reporting; the lock orders the real state.
         self.used.load(Ordering::Relaxed)

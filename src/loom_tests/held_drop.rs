@@ -1,8 +1,11 @@
 //! Loom models of a `Sequence` giving back its references while a raw
 //! `BlockPool::free` lists the same blocks (a double free, which is
-//! misuse): whatever the interleaving, exactly one of the two drops the last
-//! reference and pushes the block, the used count is given back once, and
-//! the free reports `Ok` only if it dropped a reference that was there.
+//! misuse). A sequence's blocks carry the sequence flag, which a raw free
+//! refuses (`HeldBySequence`), in its checks and in its CAS; so a
+//! sequence that holds a block alone gives it back with a plain store.
+//! Whatever the interleaving, the block goes back once, the used count is
+//! given back once, and the free reports `Ok` only if it dropped a
+//! reference that was there.
 //!
 //! Run with `scripts/loom held_drop`.
 //!
@@ -13,29 +16,36 @@
 //!   capacity less the sum of its admission counts taken without the cap
 //!   of `free_blocks` (a count given back twice shows there);
 //! * taking every free block hands out only blocks nobody holds, each once
-//!   (a block pushed twice is handed out twice);
+//!   (a block given back twice is handed out twice);
 //! * once the model gives back what it holds, the whole pool can be taken.
+//!
+//! The negative control `free_ignores_sequence` lets the raw free take a
+//! sequence's reference with its CAS, as it could before the flag: the
+//! sequence's plain last drop then races it, and both give the block back.
 //!
 //! | model | threads, blocks | negative control, caught |
 //! |---|---|---|
-//! | [`seq_drop_vs_double_free`]: a sequence's drop | 2, 2 | `plain_held_drop` (count 1 cleared by a store) |
-//! | the same, a third block held elsewhere | 2, 3 | `plain_held_drop` |
-//! | [`truncate_vs_double_free`]: a truncate that gives a block back | 2, 2 | `plain_held_drop` |
-//! | [`shrink_to_fit_vs_double_free`]: a reserved block given back | 2, 2 | `plain_held_drop` |
-//! | [`two_double_frees_vs_seq_drop`]: two raw frees and the drop | 3, 2 | `plain_held_drop` |
-//! | [`listed_twice_vs_child_drop`]: a shared block listed twice | 2, 2 | `plain_held_drop` |
-//! | [`retired_cow_source_vs_double_free`]: a copy-on-write's source | 3, 3 | `plain_held_drop` |
-//! | [`fork_vs_double_free`]: a fork of the block being freed | 2, 2 | `blind_add_ref` (a fork raises a count of 0) |
-//! | [`fork_drop_vs_double_free`]: a fork's shared block | 2, 2 | none (the shared count is never 1 on the racing drop) |
+//! | [`seq_drop_vs_double_free`]: a sequence's drop | 2, 2 | `free_ignores_sequence` |
+//! | the same, a third block held elsewhere | 2, 3 | `free_ignores_sequence` |
+//! | [`truncate_vs_double_free`]: a truncate that gives a block back | 2, 2 | `free_ignores_sequence` |
+//! | [`shrink_to_fit_vs_double_free`]: a reserved block given back | 2, 2 | `free_ignores_sequence` |
+//! | [`two_double_frees_vs_seq_drop`]: two raw frees and the drop | 3, 2 | `free_ignores_sequence` |
+//! | [`listed_twice_vs_child_drop`]: a shared block listed twice | 2, 2 | `free_ignores_sequence` |
+//! | [`retired_cow_source_vs_double_free`]: a copy-on-write's source | 3, 3 | `free_ignores_sequence` |
+//! | [`stale_free_vs_sequence_retake`]: a stale raw free of a block a sequence took since | 2, 1 | `free_ignores_sequence` |
+//! | [`fork_vs_double_free`]: a fork of the block being freed | 2, 2 | `blind_add_ref` with `free_ignores_sequence` (a fork raises a count of 0) |
+//! | [`fork_drop_vs_double_free`]: a fork's shared block | 2, 2 | none (the free never takes a reference; with the flag ignored, the shared count is never 1 on a racing drop) |
 //!
-//! What no model here can promise: once a raw free has taken a sequence's
-//! reference and the block has been handed to a new owner, the sequence's
-//! next drop takes the new owner's reference (reference counts cannot tell
-//! holders apart; see `BlockPool::free`).
+//! What no model here can promise: once a raw free has taken a raw
+//! holder's reference and the block has been handed to a new owner, the
+//! holder's next free takes the new owner's reference (reference counts
+//! cannot tell holders apart; see `BlockPool::free`).
 
 use std::sync::Arc;
 
-use crate::loom_tests::pool_world::{check, BLIND_ADD_REF, DOUBLE, LOST, PLAIN_HELD_DROP, SOUND};
+use crate::loom_tests::pool_world::{
+    check, BLIND_ADD_REF, DOUBLE, FREE_IGNORES_SEQUENCE, LOST, SOUND,
+};
 use crate::sync::Faults;
 use crate::{BlockId, BlockPool, FreeError, Sequence};
 use loom::thread;
@@ -50,14 +60,17 @@ fn pool_with(num_blocks: usize, block_size: usize, faults: Faults) -> Arc<BlockP
     Arc::new(BlockPool::with_faults(num_blocks, block_size, 1, faults))
 }
 
-/// What a racing double free may answer: `Ok` if it dropped the reference
-/// before the sequence did, `Raced` if the sequence dropped it first (its
-/// checks saw the reference, its drop found none), `NotAllocated` if the
-/// block was already back when it checked.
+/// What a racing double free may answer: `HeldBySequence` while the
+/// sequence holds the block, `NotAllocated` once it is back; and under the
+/// `free_ignores_sequence` control, as before the flag, `Ok` if it dropped
+/// the reference before the sequence did and `Raced` if the sequence
+/// dropped it first (its checks saw the reference, its drop found none).
 fn assert_double_free_answer(r: Result<(), FreeError>, id: BlockId) {
     match r {
         Ok(()) => {}
-        Err(FreeError::Raced { id: raced }) | Err(FreeError::NotAllocated { id: raced }) => {
+        Err(FreeError::Raced { id: raced })
+        | Err(FreeError::NotAllocated { id: raced })
+        | Err(FreeError::HeldBySequence { id: raced }) => {
             assert_eq!(raced, id, "the refusal names the doubly freed block");
         }
         Err(e) => panic!("unexpected {e:?}"),
@@ -104,6 +117,19 @@ fn assert_consistent(pool: &BlockPool, held: &[BlockId], what: &str) {
     pool.free(&free).expect("just taken");
 }
 
+/// After a racing free: allocates a block if one is free, while the other
+/// thread may still be giving its block back, and frees it again. (A
+/// refused free writes nothing; this gives the model's two threads
+/// something to race besides the give-back, and checks that the block
+/// handed out is one nobody holds.)
+fn alloc_one_and_back(pool: &BlockPool) {
+    let mut got = Vec::new();
+    if pool.try_alloc(1, &mut got).is_ok() {
+        assert_eq!(pool.ref_count(got[0]), Some(1), "{} {DOUBLE}", got[0]);
+        pool.free(&got).expect("just taken");
+    }
+}
+
 /// Gives back what the model held and takes the whole pool: nothing lost.
 fn assert_whole(pool: &BlockPool, held: &[BlockId]) {
     pool.free(held).expect("the model frees what it holds");
@@ -133,6 +159,7 @@ fn seq_drop_vs_double_free(other: bool, faults: Faults) {
         let id = seq.blocks()[0];
         let t = thread::spawn(move || drop(seq));
         let r = pool.free(&[id]); // a double free: the sequence holds it
+        alloc_one_and_back(&pool);
         t.join().expect("the drop does not panic");
         assert_double_free_answer(r, id);
         assert_consistent(&pool, &held, &format!("free said {r:?}"));
@@ -153,6 +180,7 @@ fn truncate_vs_double_free(faults: Faults) {
             seq
         });
         let r = pool.free(&[id]);
+        alloc_one_and_back(&pool);
         let seq = t.join().expect("the truncate does not panic");
         assert_eq!(seq.blocks(), [kept], "the truncate kept the first block");
         assert_double_free_answer(r, id);
@@ -163,9 +191,9 @@ fn truncate_vs_double_free(faults: Faults) {
 }
 
 /// A full block shared by a parent and its fork: the fork is dropped on one
-/// thread while this one frees the block through the pool (taking the
-/// parent's reference, which is misuse), then the parent is forgotten: the
-/// block must end with no reference and be pushed once.
+/// thread while this one frees the block through the pool (misuse: it is
+/// the sequences') and then drops the parent: the block must end with no
+/// reference and go back once.
 fn fork_drop_vs_double_free(faults: Faults) {
     check(move || {
         let pool = pool(2, faults);
@@ -176,11 +204,13 @@ fn fork_drop_vs_double_free(faults: Faults) {
         let id = parent.blocks()[0];
         let t = thread::spawn(move || drop(child));
         let r = pool.free(&[id]);
-        t.join().expect("the drop does not panic");
-        assert_eq!(r, Ok(()), "two references, one listed: the free drops one");
-        // The parent's reference went with the free; its own drop now finds
-        // none left and gives back nothing.
+        // The parent holds the block throughout the free: refused, nothing
+        // changed. (With the flag ignored, the free drops one reference,
+        // the parent's, and its own drop then finds none left.) Its drop
+        // races the child's.
         drop(parent);
+        t.join().expect("the drop does not panic");
+        assert_double_free_answer(r, id);
         assert_consistent(&pool, &[], &format!("free said {r:?}"));
         assert_whole(&pool, &[]);
     });
@@ -190,7 +220,10 @@ fn answer_ok_or_refused(r: Result<(), FreeError>) {
     assert!(
         matches!(
             r,
-            Ok(()) | Err(FreeError::Raced { .. }) | Err(FreeError::NotAllocated { .. })
+            Ok(())
+                | Err(FreeError::Raced { .. })
+                | Err(FreeError::NotAllocated { .. })
+                | Err(FreeError::HeldBySequence { .. })
         ),
         "unexpected {r:?}"
     );
@@ -210,6 +243,7 @@ fn shrink_to_fit_vs_double_free(faults: Faults) {
             seq
         });
         let r = pool.free(&[id]);
+        alloc_one_and_back(&pool);
         let seq = t.join().unwrap();
         answer_ok_or_refused(r);
         assert_consistent(&pool, &[kept], &format!("free said {r:?}"));
@@ -253,19 +287,27 @@ fn listed_twice_vs_child_drop(faults: Faults) {
         parent.try_append(1).unwrap();
         let (child, _) = parent.try_fork().unwrap();
         let id = parent.blocks()[0];
-        let t = thread::spawn(move || drop(child));
+        let p = Arc::clone(&pool);
+        let t = thread::spawn(move || {
+            drop(child);
+            alloc_one_and_back(&p);
+        });
         let r = pool.free(&[id, id]);
+        alloc_one_and_back(&pool);
         t.join().unwrap();
         assert!(
             matches!(
                 r,
-                Ok(()) | Err(FreeError::Raced { .. }) | Err(FreeError::OverFreed { .. })
+                Ok(())
+                    | Err(FreeError::Raced { .. })
+                    | Err(FreeError::OverFreed { .. })
+                    | Err(FreeError::HeldBySequence { .. })
             ),
             "unexpected {r:?}"
         );
-        if let Err(FreeError::OverFreed { .. }) = r {
+        if let Err(FreeError::OverFreed { .. } | FreeError::HeldBySequence { .. }) = r {
             // Refused by the checks: nothing changed, the parent still holds.
-            assert_consistent(&pool, &[id], "over-freed");
+            assert_consistent(&pool, &[id], "refused");
         } else {
             assert_consistent(&pool, &[], &format!("free said {r:?}"));
         }
@@ -308,10 +350,48 @@ fn retired_cow_source_vs_double_free(faults: Faults) {
     });
 }
 
-/// `try_fork` races a raw free of the parent's full block (a double free
-/// taking the parent's reference). A fork that finds the reference gone
-/// must not add one to a block the free may already have pushed: it panics,
-/// naming the double free, and its child gives back what it took.
+/// A raw block `b` is freed by its holder while a stale double free of it
+/// (its checks passed while the holder held it) races; a sequence takes the
+/// block as soon as it is free and gives it back with a plain store. The
+/// stale free's CAS must refuse the sequence's block (`Raced`): were it to
+/// take the sequence's reference, both would give the block back.
+fn stale_free_vs_sequence_retake(faults: Faults) {
+    check(move || {
+        let pool = pool(1, faults);
+        let mut ids = Vec::new();
+        pool.try_alloc(1, &mut ids).expect("the one block");
+        let b = ids[0];
+        let p = Arc::clone(&pool);
+        let owner = thread::spawn(move || {
+            let freed = p.free(&[b]);
+            let mut seq = Sequence::new(Arc::clone(&p));
+            let took = seq.try_append(1).is_ok();
+            drop(seq);
+            (freed, took)
+        });
+        let stale = pool.free(&[b]);
+        let (freed, took) = owner.join().expect("the owner does not panic");
+        answer_ok_or_refused(freed);
+        answer_ok_or_refused(stale);
+        assert!(
+            !(freed.is_ok() && stale.is_ok()),
+            "{LOST}: both frees Ok for one reference"
+        );
+        assert_consistent(
+            &pool,
+            &[],
+            &format!("frees said {freed:?}, {stale:?}, took {took}"),
+        );
+        assert_whole(&pool, &[]);
+    });
+}
+
+/// `try_fork` races a raw free of the parent's full block (a double free;
+/// refused, as the block is the parent's). Under the `free_ignores_sequence`
+/// fault the free can take the parent's reference: a fork that finds it
+/// gone must not add one to a block the free may already have given back;
+/// it panics, naming the double free, and its child gives back what it
+/// took.
 fn fork_vs_double_free(faults: Faults) {
     check(move || {
         let pool = pool(2, faults);
@@ -339,6 +419,17 @@ fn fork_vs_double_free(faults: Faults) {
 }
 
 #[test]
+fn stale_free_vs_sequence_retake_sound() {
+    stale_free_vs_sequence_retake(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn stale_free_vs_sequence_retake_free_ignores_sequence_is_caught() {
+    stale_free_vs_sequence_retake(FREE_IGNORES_SEQUENCE);
+}
+
+#[test]
 fn seq_drop_vs_double_free_sound() {
     seq_drop_vs_double_free(false, SOUND);
 }
@@ -360,20 +451,20 @@ fn fork_drop_vs_double_free_sound() {
 
 #[test]
 #[should_panic(expected = "blocks not conserved")]
-fn seq_drop_vs_double_free_plain_held_drop_is_caught() {
-    seq_drop_vs_double_free(false, PLAIN_HELD_DROP);
+fn seq_drop_vs_double_free_free_ignores_sequence_is_caught() {
+    seq_drop_vs_double_free(false, FREE_IGNORES_SEQUENCE);
 }
 
 #[test]
 #[should_panic(expected = "blocks not conserved")]
-fn seq_drop_vs_double_free_other_held_plain_held_drop_is_caught() {
-    seq_drop_vs_double_free(true, PLAIN_HELD_DROP);
+fn seq_drop_vs_double_free_other_held_free_ignores_sequence_is_caught() {
+    seq_drop_vs_double_free(true, FREE_IGNORES_SEQUENCE);
 }
 
 #[test]
 #[should_panic(expected = "blocks not conserved")]
-fn truncate_vs_double_free_plain_held_drop_is_caught() {
-    truncate_vs_double_free(PLAIN_HELD_DROP);
+fn truncate_vs_double_free_free_ignores_sequence_is_caught() {
+    truncate_vs_double_free(FREE_IGNORES_SEQUENCE);
 }
 
 #[test]
@@ -383,8 +474,8 @@ fn shrink_to_fit_vs_double_free_sound() {
 
 #[test]
 #[should_panic(expected = "blocks not conserved")]
-fn shrink_to_fit_vs_double_free_plain_held_drop_is_caught() {
-    shrink_to_fit_vs_double_free(PLAIN_HELD_DROP);
+fn shrink_to_fit_vs_double_free_free_ignores_sequence_is_caught() {
+    shrink_to_fit_vs_double_free(FREE_IGNORES_SEQUENCE);
 }
 
 #[test]
@@ -394,8 +485,8 @@ fn two_double_frees_vs_seq_drop_sound() {
 
 #[test]
 #[should_panic(expected = "blocks not conserved")]
-fn two_double_frees_vs_seq_drop_plain_held_drop_is_caught() {
-    two_double_frees_vs_seq_drop(PLAIN_HELD_DROP);
+fn two_double_frees_vs_seq_drop_free_ignores_sequence_is_caught() {
+    two_double_frees_vs_seq_drop(FREE_IGNORES_SEQUENCE);
 }
 
 #[test]
@@ -405,8 +496,8 @@ fn retired_cow_source_vs_double_free_sound() {
 
 #[test]
 #[should_panic(expected = "blocks not conserved")]
-fn retired_cow_source_vs_double_free_plain_held_drop_is_caught() {
-    retired_cow_source_vs_double_free(PLAIN_HELD_DROP);
+fn retired_cow_source_vs_double_free_free_ignores_sequence_is_caught() {
+    retired_cow_source_vs_double_free(FREE_IGNORES_SEQUENCE);
 }
 
 #[test]
@@ -416,8 +507,8 @@ fn listed_twice_vs_child_drop_sound() {
 
 #[test]
 #[should_panic(expected = "blocks not conserved")]
-fn listed_twice_vs_child_drop_plain_held_drop_is_caught() {
-    listed_twice_vs_child_drop(PLAIN_HELD_DROP);
+fn listed_twice_vs_child_drop_free_ignores_sequence_is_caught() {
+    listed_twice_vs_child_drop(FREE_IGNORES_SEQUENCE);
 }
 
 #[test]

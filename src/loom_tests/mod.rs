@@ -27,11 +27,11 @@
 //! | `guards.rs` | the reservation guards: split, merge, shrink, owned guards across threads |
 //! | `wait.rs` | waiting on a `SlotCounter`: the FIFO queue, grants, cancellation, close |
 //! | `pool.rs` | `BlockPool`'s allocation and free |
-//! | `shards.rs` | a free list in two shards |
+//! | `shards.rs` | a free list (per-shard bitmaps) in two shards |
 //! | `admission.rs` | per-shard admission counts: the fast path and gathers |
 //! | `pool_wait.rs` | waiting on a pool counted over two shards |
 //! | `refused_free.rs` | a free refused after a racing double free |
-//! | `held_drop.rs` | a sequence's give-back against a double free |
+//! | `held_drop.rs` | a sequence's give-back against a double free, which the sequence flag refuses; a stale free against a sequence that retook the block |
 //! | `sequence.rs` | `Sequence`: fork, drop, append, truncate |
 //! | `fence.rs` | fenced release against `complete` and allocation |
 //! | `prefix.rs` | the prefix cache: match, publish, eviction, reset |

@@ -37,21 +37,23 @@
 //! must catch (`#[should_panic(expected = ..)]`). The pair shows that the
 //! control is caught for the injected fault, not for the model:
 //!
-//! | model | threads, blocks | `no_tag` (ABA) | `relaxed_free` |
+//! | model | threads, blocks | `plain_bitmap_take` (a take without a read-modify-write) | `relaxed_free` |
 //! |---|---|---|---|
 //! | [`alloc_vs_alloc`] | 2, 3 | caught: handed out twice | |
-//! | [`alloc_vs_alloc_full_pool`] | 2, 4 | caught: handed out twice | caught: causality |
+//! | [`alloc_vs_alloc_full_pool`] | 2, 4 | caught: two owners' concurrent writes | caught: causality |
 //! | [`alloc_vs_free`] | 2, 1 or 2 | | caught: causality |
 //! | [`free_vs_free_shared`] | 3, 2 | | caught: causality |
 //! | [`three_way`] | 3, 2 | | caught: causality |
 //!
-//! `relaxed_free` makes the reference drops and the free list's push
-//! `Relaxed` instead of `Release`. The pool's `SlotCounter` also
+//! `plain_bitmap_take` takes free ids from a word of the free list's bitmap
+//! with a load and a plain store instead of a CAS. `relaxed_free` makes the
+//! reference drops and the free list's give-back `Relaxed` instead of
+//! `Release`. The pool's `SlotCounter` also
 //! synchronises (a `Release` give-back, an `Acquire` admission), so each
 //! model that catches it has a schedule where the allocating thread is
 //! admitted through slots that were free already (its admission reads a
 //! count older than the freer's give-back), and then pops the block the
-//! other thread has just pushed (the free list is LIFO): only the free
+//! other thread has just given back (a take starts at the lowest free id): only the free
 //! list's orderings could then order the two owners' accesses.
 //!
 //! [`DOUBLE`]: crate::loom_tests::pool_world::DOUBLE
@@ -60,7 +62,7 @@
 use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{
-    alloc_then_more, check, Allocs, PoolWorld, NO_TAG, RELAXED_FREE, SOUND,
+    alloc_then_more, check, Allocs, PoolWorld, PLAIN_BITMAP_TAKE, RELAXED_FREE, SOUND,
 };
 use crate::sync::Faults;
 use crate::Sequence;
@@ -75,18 +77,17 @@ fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
     PoolWorld::new(num_blocks, BLOCK_SIZE, faults, "thread")
 }
 
-/// Alloc vs alloc over a pool of 3 (ids 0, 1, 2; 0 on top of the stack).
+/// Alloc vs alloc over a pool of 3 (ids 0, 1, 2, in one bitmap word).
 ///
 /// Thread A allocates one block, then one more. Thread B allocates two and
 /// gives the first back. Each keeps what it holds until the end, when the
 /// main thread frees it and checks conservation. Either allocation may be
 /// refused (`Full`) when the other thread holds enough; nothing else may.
 ///
-/// The ABA schedule this exposes without the tag: A reads head = 0 and
-/// next[0] = 1 and is preempted; B pops 0 and 1 (head = 2) and pushes 0
-/// back (head = 0 again, with next[0] = 2); an untagged CAS of A's still
-/// matches and installs head = 1, a block B holds, so A's second allocation
-/// is handed block 1 too. One preemption.
+/// The lost update this exposes without the CAS: A reads the word (ids 0,
+/// 1 and 2 free) and is preempted; B takes 0 and 1; A stores its take of
+/// 0 over B's, so 0 is handed to both (and 1 is free again while B holds
+/// it). One preemption.
 fn alloc_vs_alloc(faults: Faults) {
     check(move || alloc_then_more(&new_world(3, faults), 2, 0));
 }
@@ -96,14 +97,13 @@ fn alloc_vs_alloc_sound() {
     alloc_vs_alloc(SOUND);
 }
 
-/// The ABA control: caught by the shadow when block 1 is handed to A while
-/// B holds it, or by the conservation check when the stale head left block
-/// 1 in the list twice. (In a debug build the pool's own debug assertion,
+/// The free list's control: caught by the shadow when a block is handed to
+/// A while B holds it. (In a debug build the pool's own debug assertion,
 /// in the same words, may fire first.)
 #[test]
 #[should_panic(expected = "handed out twice")]
-fn alloc_vs_alloc_no_tag_is_caught() {
-    alloc_vs_alloc(NO_TAG);
+fn alloc_vs_alloc_plain_bitmap_take_is_caught() {
+    alloc_vs_alloc(PLAIN_BITMAP_TAKE);
 }
 
 /// Alloc vs alloc with reuse: two threads each allocate two blocks of a
@@ -134,10 +134,12 @@ fn alloc_vs_alloc_full_pool_sound() {
     alloc_vs_alloc_full_pool(SOUND);
 }
 
+/// Caught as two owners writing one block at once (loom's race detector on
+/// the block's payload fires before the shadow's check).
 #[test]
-#[should_panic(expected = "handed out twice")]
-fn alloc_vs_alloc_full_pool_no_tag_is_caught() {
-    alloc_vs_alloc_full_pool(NO_TAG);
+#[should_panic(expected = "Concurrent write accesses")]
+fn alloc_vs_alloc_full_pool_plain_bitmap_take_is_caught() {
+    alloc_vs_alloc_full_pool(PLAIN_BITMAP_TAKE);
 }
 
 #[test]
@@ -153,9 +155,9 @@ fn alloc_vs_alloc_full_pool_relaxed_free_is_caught() {
 ///
 /// With `num_blocks = 2, held = 1, want = 1` the allocation is admitted
 /// through the block that was free already, so the SlotCounter orders
-/// nothing; the allocator may still pop the block just freed (the stack is
-/// LIFO), and then only the free list's Release/Acquire orders the freer's
-/// write before the allocator's.
+/// nothing; the allocator may still take the block just freed (a take
+/// starts at the lowest free id), and then only the free list's
+/// Release/Acquire orders the freer's write before the allocator's.
 fn alloc_vs_free(num_blocks: usize, held: usize, want: usize, faults: Faults) {
     check(move || {
         let world = new_world(num_blocks, faults);
@@ -201,14 +203,14 @@ fn alloc_vs_free_needs_the_freed_block_sound() {
 /// Free vs free of a shared block. A pool of 2: block `s` is shared by a
 /// sequence and its fork (two references), the other block is free. Two
 /// threads each read `s` and drop their sequence (one reference each) while
-/// the main thread allocates one block, which is `s` whenever both drops
-/// are done before its pop (LIFO), and writes it.
+/// the main thread allocates one block, which is `s` (id 0, the lowest)
+/// whenever both drops are done before its take, and writes it.
 ///
-/// Exactly one push of `s` must happen (conservation fails otherwise: `s`
-/// twice in the list, or lost), and both readers' reads must happen-before
-/// the new owner's write: the non-last dropper's `Release` decrement, the
-/// last dropper's `Acquire` on it and its `Release` push, and the pop's
-/// `Acquire`. The main thread is admitted through the block that was free
+/// Exactly one give-back of `s` must happen (conservation fails otherwise:
+/// its count given back twice, or lost), and both readers' reads must
+/// happen-before the new owner's write: the non-last dropper's `Release`
+/// decrement, the last dropper's `Acquire` on it and its `Release`
+/// give-back, and the take's `Acquire`. The main thread is admitted through the block that was free
 /// already, so the counter orders none of it.
 fn free_vs_free_shared(faults: Faults) {
     check(move || {
@@ -255,7 +257,7 @@ fn free_vs_free_shared_relaxed_free_is_caught() {
 }
 
 /// Free vs free of a shared block, with nobody allocating: two references
-/// dropped at once on a pool of 1 push the block exactly once.
+/// dropped at once on a pool of 1 give the block back exactly once.
 #[test]
 fn free_vs_free_shared_alone_sound() {
     check(|| {

@@ -34,10 +34,10 @@ pub const LOST: &str = "blocks not conserved";
 
 /// No faults: the pool as shipped.
 pub const SOUND: Faults = Faults {
-    no_tag: false,
+    plain_bitmap_take: false,
     relaxed_free: false,
     blind_undo: false,
-    plain_held_drop: false,
+    free_ignores_sequence: false,
     blind_add_ref: false,
     no_generation_check: false,
     relaxed_publish: false,
@@ -60,6 +60,7 @@ pub const SOUND: Faults = Faults {
     keep_refused: false,
     quiet_gather: false,
     growth_waits: false,
+    match_keeps_credits: false,
     owed_without_headroom: false,
     wake_before_count: false,
     panic_cuts_batch: false,
@@ -68,9 +69,10 @@ pub const SOUND: Faults = Faults {
     relaxed_record: false,
     uncounted_loss: false,
 };
-/// The ABA control: the id shard without its generation tag.
-pub const NO_TAG: Faults = Faults {
-    no_tag: true,
+/// The free list's control: a take from a bitmap word with a load and a
+/// plain store, so that two takers can take the same block.
+pub const PLAIN_BITMAP_TAKE: Faults = Faults {
+    plain_bitmap_take: true,
     ..SOUND
 };
 /// The ordering control: freeing with `Relaxed` instead of `Release`.
@@ -85,17 +87,21 @@ pub const BLIND_UNDO: Faults = Faults {
     ..SOUND
 };
 
-/// The held-drop control: a sequence clears a count that reads 1 with a
-/// plain store, so a racing double free pushes the block twice.
-pub const PLAIN_HELD_DROP: Faults = Faults {
-    plain_held_drop: true,
+/// The sequence-flag control: a raw free takes a reference to a block
+/// that sequences hold, so it races a sequence's plain last drop and both
+/// give the block back.
+pub const FREE_IGNORES_SEQUENCE: Faults = Faults {
+    free_ignores_sequence: true,
     ..SOUND
 };
 
 /// The fork control: adding a reference raises a count of 0 (no check),
-/// reviving a block that a raw free put back in the free list.
+/// reviving a block that a raw free put back in the free list. A raw free
+/// can take a parent's reference only if it ignores the sequence flag, so
+/// the control has both faults.
 pub const BLIND_ADD_REF: Faults = Faults {
     blind_add_ref: true,
+    free_ignores_sequence: true,
     ..SOUND
 };
 
@@ -124,18 +130,30 @@ pub const NO_KILL: Faults = Faults {
     ..SOUND
 };
 
+/// The revival control: a match keeps the blocks it admitted ahead and did
+/// not use.
+pub const MATCH_KEEPS_CREDITS: Faults = Faults {
+    match_keeps_credits: true,
+    ..SOUND
+};
+
 /// The claim control: a publisher's claim takes no reference of its own,
 /// so a raw free (a double free) racing the publish can push the claimed
-/// block to the free list, where the commit then sets its key.
+/// block to the free list, where the commit then sets its key. A raw free
+/// reaches a publisher's block only if it ignores the sequence flag, so
+/// the control has both faults.
 pub const UNREFERENCED_CLAIM: Faults = Faults {
     unreferenced_claim: true,
+    free_ignores_sequence: true,
     ..SOUND
 };
 
 /// The claim's give-back control: a commit or unclaim that drops a claimed
-/// block's last reference does not give the block back (a leak).
+/// block's last reference does not give the block back (a leak). As for
+/// [`UNREFERENCED_CLAIM`], with a raw free that ignores the sequence flag.
 pub const CLAIM_DROP_KEPT: Faults = Faults {
     claim_drop_kept: true,
+    free_ignores_sequence: true,
     ..SOUND
 };
 

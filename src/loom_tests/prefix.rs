@@ -33,6 +33,7 @@
 //! | [`release_vs_match`] | 3, 1 | `no_generation_check` (conservation: the revival missed the release, and took a block without its capacity) |
 //! | [`reset_vs_match`] | 3, 2 | `evict_referenced` (conservation: the reset freed a block the matcher held) |
 //! | [`publish_then_match`] | 2, 1 | `relaxed_publish` (causality) |
+//! | [`match_ahead_vs_evicting_append`] | 2, 3 | `match_keeps_credits` (conservation: a revival admitted ahead and not used, kept) |
 //! | [`two_publishes_in_two_buckets`] | 2, 3 | `fence_own_bucket` (first wins), `first_bucket_only` (first wins) |
 //! | [`publish_in_the_second_bucket_vs_match`] | 3, 3 | `relaxed_publish` (causality), `first_bucket_only` (not found) |
 //! | [`match_vs_evicting_republish_in_two_buckets`] | 2, 3 | `no_generation_check` (stale hit), `evict_referenced` (causality) |
@@ -59,8 +60,8 @@
 use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{
-    check, PoolWorld, EVICT_REFERENCED, FENCE_OWN_BUCKET, FIRST_BUCKET_ONLY, NO_GENERATION_CHECK,
-    NO_KILL, RELAXED_PUBLISH, SOUND,
+    check, PoolWorld, EVICT_REFERENCED, FENCE_OWN_BUCKET, FIRST_BUCKET_ONLY, MATCH_KEEPS_CREDITS,
+    NO_GENERATION_CHECK, NO_KILL, RELAXED_PUBLISH, SOUND,
 };
 use crate::sync::{AtomicUsize, Faults, Ordering};
 use crate::{BlockHash, Sequence};
@@ -216,6 +217,58 @@ fn match_vs_evicting_append_sound() {
 #[should_panic(expected = "Causality violation")]
 fn match_vs_evicting_append_evict_referenced_is_caught() {
     match_vs_evicting_append(EVICT_REFERENCED);
+}
+
+/// A match of keys 1 and 2, whose two evictable blocks it admits ahead
+/// with one read-modify-write, against an allocation that evicts the least
+/// recently released cached block: key 2's (released first, then key 1's
+/// and key 3's). When the allocation evicts it between the match's
+/// admission and its revival of key 2, the match ends after key 1 and
+/// must give back the block it admitted for key 2. Whoever gets a block
+/// holds it alone, every matched block holds the key asked for, and the
+/// pool is whole afterwards.
+fn match_ahead_vs_evicting_append(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(3, faults);
+        let (b2, _) = cache.filled(2).expect("three free blocks");
+        let (b1, _) = cache.filled(1).expect("two free blocks");
+        let (b3, _) = cache.filled(3).expect("one free block");
+        cache.let_go(b2);
+        cache.let_go(b1);
+        cache.let_go(b3);
+        let matcher = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || {
+                let mut m = Sequence::new(Arc::clone(&cache.world.pool));
+                let k = m.try_match_prefix(&[key(1), key(2)]);
+                assert_eq!(m.blocks().len(), k);
+                for (i, &id) in m.blocks().iter().enumerate() {
+                    cache.world.hold(id);
+                    cache.world.read(id);
+                    // Relaxed: see `Cache::append`.
+                    let tag = cache.tags[id.index()].load(Ordering::Relaxed);
+                    assert_eq!(tag, i + 1, "{STALE}: {id} holds key {tag}");
+                }
+                cache.let_go(m);
+            })
+        };
+        let mut s = Sequence::new(Arc::clone(&cache.world.pool));
+        let _ = cache.append(&mut s, 1);
+        cache.let_go(s);
+        matcher.join().unwrap();
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn match_ahead_vs_evicting_append_sound() {
+    match_ahead_vs_evicting_append(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn match_ahead_vs_evicting_append_match_keeps_credits_is_caught() {
+    match_ahead_vs_evicting_append(MATCH_KEEPS_CREDITS);
 }
 
 /// Two matches revive the same evictable block while a third thread

@@ -7,8 +7,12 @@
 //! `BlockPool::free` promises that whatever races, the pool's own books
 //! stay exact, and that a double free hands a block to two owners only
 //! through the holder that lost its reference, never through the pool.
-//! A publisher's claim holds a reference of its own, so the free cannot
-//! take a claimed block's last reference. The negative control
+//! A raw free refuses a sequence's block (`HeldBySequence`), so in the
+//! pool as shipped these frees change nothing. A publisher's claim also
+//! holds a reference of its own, so that a free could not take a claimed
+//! block's last reference even then: the claim controls below come with
+//! `free_ignores_sequence`, a raw free that takes a sequence's reference
+//! as it could before the flag. The negative control
 //! (`UNREFERENCED_CLAIM`) claims without one: the free then takes the
 //! publisher's only reference while the block is claimed (`BUSY`), the
 //! last drop sees no `CACHED` bit and pushes the block to the free list,

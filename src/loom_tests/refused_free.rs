@@ -32,12 +32,12 @@ use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{check, BLIND_UNDO, DOUBLE, LOST, SOUND};
 use crate::sync::Faults;
-use crate::{BlockId, BlockPool, FreeError, Sequence};
+use crate::{BlockAllocator, BlockId, BlockPool, FreeError};
 use loom::thread;
 
-/// The model over a pool of `num_blocks` one-slot blocks (one stack).
+/// The model over a pool of `num_blocks` one-slot blocks (one shard).
 /// With `own`, A also holds a block `z` alone and lists it first: its drop
-/// is a last one, which a `Raced` free still pushes.
+/// is a last one, which a `Raced` free still gives back.
 fn refused_free_vs_free(num_blocks: usize, own: bool, faults: Faults) {
     check(move || {
         let pool = Arc::new(BlockPool::with_faults(num_blocks, 1, 1, faults));
@@ -60,7 +60,8 @@ fn refused_free_vs_free(num_blocks: usize, own: bool, faults: Faults) {
         // B holds y and the other reference to x and frees both. If x is
         // back in the pool then (A dropped its reference first, so A is past
         // its checks and can only fail on y now), B allocates again: the
-        // stack's top, x itself unless A pushed z since.
+        // lowest free id, x itself (the first id allocated) whatever A gave
+        // back.
         let b_y = pool.free(&[y]);
         let b_x = pool.free(&[x]);
         let mut fresh = Vec::new();
@@ -92,18 +93,15 @@ fn refused_free_vs_free(num_blocks: usize, own: bool, faults: Faults) {
     });
 }
 
-/// A block with two references, as a fork leaves a full block: a
-/// one-token sequence and its fork, both forgotten, so that the model
-/// holds the two references as raw ids.
+/// A raw block with two references: allocated, and a reference added
+/// through `BlockAllocator::add_refs` (a block that no sequence holds, so
+/// that a raw free may drop both).
 fn shared_block(pool: &Arc<BlockPool>) -> BlockId {
-    let mut parent = Sequence::new(Arc::clone(pool));
-    parent.try_append(1).expect("an empty pool has room");
-    let (child, copy) = parent.try_fork().expect("a full block is shared");
-    assert_eq!(copy, None, "a fork on a block boundary copies nothing");
-    let x = parent.blocks()[0];
+    let mut ids = Vec::new();
+    pool.try_alloc(1, &mut ids).expect("an empty pool has room");
+    let x = ids[0];
+    assert_eq!(BlockAllocator::add_refs(&**pool, &[x]), 1);
     assert_eq!(pool.ref_count(x), Some(2));
-    std::mem::forget(parent);
-    std::mem::forget(child);
     x
 }
 

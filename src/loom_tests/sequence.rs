@@ -41,15 +41,15 @@
 //! | [`append_vs_truncate`] | 2, 4 | caught: causality |
 //!
 //! Each model also runs on a pool built with `relaxed_free` (the reference
-//! drops and the free list's push `Relaxed` instead of `Release`), which
+//! drops and the free list's give-back `Relaxed` instead of `Release`), which
 //! loom must catch as a causality violation, next to its fault-free twin.
 //! In each, the allocating thread can be admitted through a block that was
 //! free already, so that the pool's `SlotCounter` orders nothing between
-//! the two threads; it then pops the block the other thread has just given
-//! back (the free list is LIFO), and only the free list's orderings can
-//! order the two owners' accesses. (The ABA control lives in
-//! `pool.rs`: a sequence reaches the free list only through
-//! `try_alloc` and `free`.)
+//! the two threads; it then takes the block the other thread has just given
+//! back (a take starts at the lowest free id), and only the free list's
+//! orderings can order the two owners' accesses. (The free list's own
+//! control lives in `pool.rs`: a sequence reaches the free list
+//! only through the pool's take and give-back.)
 //!
 //! [`DOUBLE`]: crate::loom_tests::pool_world::DOUBLE
 

@@ -16,7 +16,7 @@
 //! executions in which the main thread allocates first (its home is
 //! shard 0); in the others the two threads swap homes.
 //!
-//! | model | threads, blocks | `no_tag` (ABA) | `relaxed_free` |
+//! | model | threads, blocks | `plain_bitmap_take` (a take without a read-modify-write) | `relaxed_free` |
 //! |---|---|---|---|
 //! | [`steal_after_free`] | 2, 3 | | caught: causality |
 //! | [`split_free_vs_alloc`] | 2, 3 | | caught: causality |
@@ -25,7 +25,7 @@
 use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{
-    alloc_then_more, check, Allocs, PoolWorld, NO_TAG, RELAXED_FREE, SOUND,
+    alloc_then_more, check, Allocs, PoolWorld, PLAIN_BITMAP_TAKE, RELAXED_FREE, SOUND,
 };
 use crate::sync::Faults;
 use loom::thread;
@@ -39,11 +39,11 @@ fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
 /// 1 owns id 2). The spawned thread (home shard 1) allocates one block,
 /// which empties its shard, and then one more, which it must take from
 /// shard 0. Meanwhile the main thread (home shard 0) allocates one block,
-/// writes it and gives it back onto shard 0. The spawned thread's second
+/// writes it and gives it back to shard 0. The spawned thread's second
 /// request can be admitted through block 1 (a count older than the main
-/// thread's give-back) and still pop the main thread's block, on top of
-/// shard 0: only the free list's `Release`/`Acquire` orders the two
-/// owners' writes then.
+/// thread's give-back) and still take the main thread's block, the lowest
+/// free id of shard 0: only the free list's `Release`/`Acquire` orders the
+/// two owners' writes then.
 fn steal_after_free(faults: Faults) {
     check(move || {
         let world = new_world(3, faults);
@@ -79,19 +79,20 @@ fn steal_after_free_relaxed_free_is_caught() {
 
 /// A free that splits vs an allocation, over a pool of 3 (shard 0 owns
 /// ids 0 and 1, shard 1 owns id 2). The main thread takes all three,
-/// gives block 0 back, and hands blocks 1 and 2 (one per shard) to a thread
-/// that frees them in one call: two pushes, one per owning shard. Meanwhile
-/// the main thread allocates one block, admitted through block 0, but
-/// popping whichever block is on top of the shard it looks at first (block
-/// 1, just pushed, when the push came first): only the free list's
-/// `Release`/`Acquire` orders the freer's writes before the new owner's.
+/// gives block 1 back, and hands blocks 0 and 2 (one per shard) to a thread
+/// that frees them in one call: two give-backs, one per owning shard.
+/// Meanwhile the main thread allocates one block, admitted through block
+/// 1, but taking the lowest free id of the shard it looks at first (block
+/// 0, just given back, when the give-back came first): only the free
+/// list's `Release`/`Acquire` orders the freer's writes before the new
+/// owner's.
 fn split_free_vs_alloc(faults: Faults) {
     check(move || {
         let world = new_world(3, faults);
         let mut all = world.alloc(3).expect("a fresh pool of 3");
         all.sort_unstable();
-        world.give_back(&all[..1]);
-        let split = all[1..].to_vec();
+        world.give_back(&all[1..2]);
+        let split = vec![all[0], all[2]];
         let freer = {
             let world = Arc::clone(&world);
             thread::spawn(move || world.give_back(&split))
@@ -121,11 +122,10 @@ fn split_free_vs_alloc_relaxed_free_is_caught() {
 /// shard 0) allocates one block, then one more. Each keeps what it holds
 /// until the end.
 ///
-/// The ABA schedule without the tag: the main thread reads shard 0's head
-/// (top 0, next 1) and is preempted; the spawned thread steals 0 and 1 and
-/// pushes 0 back (top 0 again, next 2); an untagged CAS still matches and
-/// installs block 1, which the spawned thread holds, as the top. One
-/// preemption.
+/// The lost update without the CAS: the main thread reads shard 0's word
+/// (ids 0, 1 and 2 free) and is preempted; the spawned thread steals 0 and
+/// 1; the main thread's store of its take of 0 puts 1 back, and both hold
+/// 0. One preemption.
 fn alloc_vs_steal(faults: Faults) {
     check(move || alloc_then_more(&new_world(5, faults), 4, 2));
 }
@@ -137,6 +137,6 @@ fn alloc_vs_steal_sound() {
 
 #[test]
 #[should_panic(expected = "handed out twice")]
-fn alloc_vs_steal_no_tag_is_caught() {
-    alloc_vs_steal(NO_TAG);
+fn alloc_vs_steal_plain_bitmap_take_is_caught() {
+    alloc_vs_steal(PLAIN_BITMAP_TAKE);
 }

@@ -30,7 +30,7 @@
 
 use crate::error::ReserveError;
 use crate::sync::{
-    self, AtomicBool, AtomicU64, AtomicUsize, Backoff, CachePadded, Faults, Ordering,
+    self, AtomicBool, AtomicU64, AtomicUsize, Backoff, CachePadded, Divisor, Faults, Ordering,
 };
 use crate::wait::{Units, WaitQueue};
 
@@ -70,6 +70,8 @@ pub(super) struct Admission {
     peak: CachePadded<AtomicUsize>,
     /// Immutable after construction.
     capacity: usize,
+    /// Which shard a thread calls home.
+    homes: Divisor,
     /// The faults of loom's negative controls (none outside them).
     faults: Faults,
     /// The waiters of [`BlockPool::alloc`](super::BlockPool::alloc) and its
@@ -86,6 +88,7 @@ impl Admission {
         debug_assert!(shards > 0 && capacity <= u32::MAX as usize);
         let span = capacity.div_ceil(shards).max(1);
         let owned = |s: usize| capacity.min((s + 1) * span).saturating_sub(s * span);
+        let homes = Divisor::new(shards);
         let shards = (0..shards)
             .map(|s| {
                 CachePadded::new(Shard {
@@ -99,6 +102,7 @@ impl Admission {
             closed: CachePadded::new(AtomicBool::new(false)),
             peak: CachePadded::new(AtomicUsize::new(0)),
             capacity,
+            homes,
             faults,
             queue: WaitQueue::new(capacity, faults),
         }
@@ -116,7 +120,7 @@ impl Admission {
 
     /// The calling thread's home shard, as in the free list.
     fn home(&self) -> usize {
-        sync::thread_index() % self.shards.len()
+        self.homes.home()
     }
 
     /// The sum of the shards' free counts, read one after another, at most
@@ -176,7 +180,37 @@ impl Admission {
     /// Takes `n` blocks if `n + headroom` are free beyond what the queued
     /// waiters are owed, all or nothing.
     pub(super) fn try_reserve_raw(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
-        self.try_reserve_inner(n, headroom, true, true, true)
+        self.try_reserve_inner(n, headroom, true, true, true, true)
+    }
+
+    /// [`try_reserve_raw`](Self::try_reserve_raw) without headroom, and
+    /// without raising the peak: for blocks a caller may not all use (a
+    /// match's revivals, admitted ahead). The caller gives back what it
+    /// does not use and then calls [`note_peak`](Self::note_peak).
+    pub(super) fn try_reserve_ahead(&self, n: usize) -> Result<(), ReserveError> {
+        self.try_reserve_inner(n, 0, true, true, true, false)
+    }
+
+    /// Gives back `n > 0` blocks admitted ahead with
+    /// [`try_reserve_ahead`](Self::try_reserve_ahead) and not used, as
+    /// [`release_held`](Self::release_held) does (nothing under loom's
+    /// `match_keeps_credits` control).
+    pub(super) fn give_back_ahead(&self, n: usize) {
+        if !self.faults.match_keeps_credits() {
+            self.release_held(n);
+        }
+    }
+
+    /// Raises the peak from the home shard's free count and the other
+    /// shards' as its last slow path saw them (as the fast path does):
+    /// after a [`try_reserve_ahead`](Self::try_reserve_ahead) and the
+    /// give-back of what went unused.
+    pub(super) fn note_peak(&self) {
+        let home = &self.shards[self.home()];
+        // Relaxed (both): estimates for the peak, as in `try_reserve_inner`.
+        let free = free_of(home.word.load(Ordering::Relaxed));
+        let others = home.others.load(Ordering::Relaxed);
+        self.record_peak(free.saturating_add(others));
     }
 
     /// Takes `n` blocks if `n` are free, ignoring what the queued waiters
@@ -187,22 +221,22 @@ impl Admission {
         // `growth_waits` is loom's negative control: growth that waits
         // behind the head.
         let honor_waiters = self.faults.growth_waits();
-        self.try_reserve_inner(n, 0, true, honor_waiters, true)
+        self.try_reserve_inner(n, 0, true, honor_waiters, true, true)
     }
 
     /// [`try_reserve_raw`](Self::try_reserve_raw) without headroom, also
     /// when closed, and without raising the peak: for blocks that are only
     /// moved, not used (a pool dropping its cached keys).
     pub(super) fn try_reserve_ignoring_close(&self, n: usize) -> Result<(), ReserveError> {
-        self.try_reserve_inner(n, 0, false, false, true)
+        self.try_reserve_inner(n, 0, false, false, true, false)
     }
 
-    /// The body of all four (with [`Units::take`]): `honor_close` says
-    /// whether a closed pool refuses, and whether the admission counts
-    /// towards the peak; `honor_waiters` whether the blocks the queued
-    /// waiters are owed must stay free; `notify` whether what a slow
-    /// path gives back runs the queue's grant loop (not when that loop
-    /// itself takes for the head: it holds the queue's lock).
+    /// The body of all five (with [`Units::take`]): `honor_close` says
+    /// whether a closed pool refuses; `honor_waiters` whether the blocks
+    /// the queued waiters are owed must stay free; `notify` whether what a
+    /// slow path gives back runs the queue's grant loop (not when that
+    /// loop itself takes for the head: it holds the queue's lock); `record`
+    /// whether the admission counts towards the peak.
     fn try_reserve_inner(
         &self,
         n: usize,
@@ -210,6 +244,7 @@ impl Admission {
         honor_close: bool,
         honor_waiters: bool,
         notify: bool,
+        record: bool,
     ) -> Result<(), ReserveError> {
         // Could it ever fit? (Saturating: `usize::MAX` requests and headroom
         // must not wrap into something small.)
@@ -243,7 +278,7 @@ impl Admission {
         let mut gathered = false;
         let result = match self.take_home(home, n, needed) {
             Some(free_after) => {
-                if honor_close {
+                if record {
                     // Relaxed: an estimate for the peak, on our own line.
                     let others = self.shards[home].others.load(Ordering::Relaxed);
                     self.record_peak(free_after.saturating_add(others));
@@ -252,7 +287,7 @@ impl Admission {
             }
             None => {
                 gathered = true;
-                self.gather(home, n, needed, honor_close)
+                self.gather(home, n, needed, record)
             }
         };
         // Closed meanwhile? Read after the take (see `close`); a refusal is
@@ -332,8 +367,8 @@ impl Admission {
     /// Refuses with what it held when two passes in a row found nothing
     /// to take and no shard changed between them (see the module doc),
     /// having given it all back.
-    fn gather(&self, home: usize, n: usize, needed: usize, honor_close: bool) -> Result<(), usize> {
-        self.gather_watched(home, n, needed, honor_close, |_| {})
+    fn gather(&self, home: usize, n: usize, needed: usize, record: bool) -> Result<(), usize> {
+        self.gather_watched(home, n, needed, record, |_| {})
     }
 
     /// [`gather`](Self::gather), calling `visited(s)` after each visit of
@@ -344,7 +379,7 @@ impl Admission {
         home: usize,
         n: usize,
         needed: usize,
-        honor_close: bool,
+        record: bool,
         mut visited: impl FnMut(usize),
     ) -> Result<(), usize> {
         let count = self.shards.len();
@@ -364,7 +399,7 @@ impl Admission {
                     if needed > n {
                         self.release_to(home, needed - n);
                     }
-                    self.refresh(home, honor_close);
+                    self.refresh(home, record);
                     return Ok(());
                 }
                 visited(s);
@@ -489,7 +524,7 @@ impl Units for Admission {
     }
 
     fn take(&self, n: usize, headroom: usize) -> Result<(), ReserveError> {
-        self.try_reserve_inner(n, headroom, true, false, false)
+        self.try_reserve_inner(n, headroom, true, false, false, true)
     }
 
     fn give_back(&self, n: usize) {

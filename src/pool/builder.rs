@@ -22,7 +22,7 @@ use crate::sync::Faults;
 ///
 /// | layer | option | per block | default |
 /// |---|---|---|---|
-/// | core pool, waiting, fenced release | always | 12 bytes | on |
+/// | core pool, waiting, fenced release | always | 8 bytes and a bit | on |
 /// | prefix cache | [`prefix_cache`](Self::prefix_cache) | 58 bytes | off |
 /// | KV events (with the prefix cache) | [`kv_events`](Self::kv_events) | none: 128 bytes a record of its rings | off |
 ///
@@ -249,8 +249,8 @@ impl BlockPoolBuilder {
     ///
     /// let core = BlockPool::builder(1 << 20, 16).memory_bytes();
     /// let cached = BlockPool::builder(1 << 20, 16).prefix_cache(true).memory_bytes();
-    /// assert_eq!(core / (1 << 20), 12);
-    /// assert_eq!(cached / (1 << 20), 70);
+    /// assert_eq!(core / (1 << 20), 8);
+    /// assert_eq!(cached / (1 << 20), 66);
     /// ```
     pub fn memory_bytes(&self) -> usize {
         let n = self.num_blocks;
@@ -354,7 +354,7 @@ impl BlockPoolBuilder {
             None
         };
         let refs = Refs::room(num_blocks).map_err(oom)?;
-        let free = FreeList::room(num_blocks).map_err(oom)?;
+        let free = FreeList::room(num_blocks, shards).map_err(oom)?;
         let cells = self.cells();
         Ok(BlockPool {
             counter: Admission::new(num_blocks, shards, faults),

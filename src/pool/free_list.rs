@@ -1,158 +1,324 @@
-//! The lock-free, ABA-safe free list of block ids behind
-//! [`BlockPool`](crate::BlockPool): shards, each a Treiber stack threaded
-//! through one shared `next` array, with a generation tag beside each head
-//! index. The design and the orderings are described in
-//! [`crate::implementation`] ("The free list", "Shards", "Orderings").
+//! The lock-free free list of block ids behind
+//! [`BlockPool`](crate::BlockPool): shards, each a bitmap of the ids it
+//! owns (a set bit is a free block) with a summary word of the bitmap's
+//! nonempty parts. One compare-and-swap takes up to 64 blocks from a word,
+//! one `fetch_or` gives back every listed block of a word. The design and
+//! the orderings are described in [`crate::implementation`] ("The free
+//! list", "Shards", "Orderings").
 //!
 //! Callers admit the count through the pool's per-shard admission counts
-//! before popping and push before giving the count back, so the shards together with the prefix
-//! cache's evictable blocks always hold at least as many blocks as have
-//! been admitted and not yet taken: the pool pops, evicts for the rest,
-//! and looks again only when other threads moved blocks meanwhile.
+//! before taking, and give back before giving the count back, so the
+//! shards together with the prefix cache's evictable blocks always hold at
+//! least as many blocks as have been admitted and not yet taken: the pool
+//! takes, evicts for the rest, and looks again (the last time through
+//! every word, summaries aside) only when other threads moved blocks
+//! meanwhile.
 
 use std::collections::TryReserveError;
 
 use crate::array::{bytes_of, Room};
 use crate::id::BlockId;
-use crate::sync::{self, AtomicU32, AtomicU64, Backoff, CachePadded, Faults, Ordering};
+use crate::sync::{AtomicU64, Backoff, CachePadded, Divisor, Faults, Ordering};
 
-/// The index that ends the list.
-pub(crate) const NIL: u32 = u32::MAX;
+/// Bitmap words per cache line (of [`CachePadded`]'s 128 bytes on x86-64):
+/// each shard's words start on a line of their own.
+const WORDS_PER_LINE: usize = 16;
 
-/// A chain of freed ids linked privately (through `next`) before it is
-/// pushed: built by [`FreeList::prepend`], pushed by [`FreeList::push`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Chain {
-    /// The top id (the last prepended), or `NIL`.
-    first: u32,
-    /// The bottom id (the first prepended), or `NIL`.
-    last: u32,
-    /// How many ids.
-    len: usize,
-    /// The first id of the shard that owns `last`.
-    start: u32,
-    /// Whether some id belongs to another shard than `last`.
-    mixed: bool,
-}
+/// One line of bitmap words.
+type Line = CachePadded<[AtomicU64; WORDS_PER_LINE]>;
 
-impl Chain {
-    /// An empty chain.
-    pub(crate) const fn new() -> Chain {
-        Chain {
-            first: NIL,
-            last: NIL,
-            len: 0,
-            start: 0,
-            mixed: false,
-        }
-    }
-
-    /// How many ids it holds.
-    pub(crate) const fn len(&self) -> usize {
-        self.len
-    }
+/// The room of a [`FreeList`]'s bitmap, reserved by [`FreeList::room`].
+pub(crate) struct FreeRoom {
+    lines: Room<Line>,
 }
 
 pub(crate) struct FreeList {
-    /// One `(tag << 32) | top index` word per shard, each on its own line.
-    heads: Box<[CachePadded<AtomicU64>]>,
-    /// `next[i]`: the id below `i` while `i` is in a shard.
-    next: Box<[AtomicU32]>,
+    /// Per shard, on a line of its own: bit `j` says that the `j`-th group
+    /// of the shard's words may hold a free id (see [`summary_bit`]).
+    summaries: Box<[CachePadded<AtomicU64>]>,
+    /// The bitmap: shard `s`'s words start at line `s * lines_per_shard`;
+    /// bit `b` of its word `w` is id `s * span + 64 * w + b`, set while
+    /// that block is free.
+    lines: Box<[Line]>,
     /// Ids per shard: shard `s` owns ids `s * span .. (s + 1) * span`.
     span: u32,
+    /// Bitmap words per shard: `ceil(span / 64)`.
+    words: u32,
+    /// Lines per shard: `ceil(words / WORDS_PER_LINE)`.
+    lines_per_shard: u32,
+    /// Words per summary bit: `ceil(words / 64)`.
+    group: u32,
+    /// Which shard a thread calls home.
+    homes: Divisor,
+    /// Division by `span`: which shard owns an id.
+    by_span: Divisor,
     /// The faults of loom's negative controls (none outside them).
     faults: Faults,
 }
 
-const fn pack(tag: u32, index: u32) -> u64 {
-    (tag as u64) << 32 | index as u64
+/// Where an id lives: its shard, its word in the shard and its bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Place {
+    shard: u32,
+    word: u32,
 }
 
-const fn top(head: u64) -> u32 {
-    head as u32
+/// A word of the bitmap as a give-back sees it.
+#[derive(Debug, Clone, Copy)]
+struct Word {
+    /// Where it is.
+    place: Place,
+    /// The id of its bit 0.
+    base: u32,
+    /// How many ids from `base` on it holds (64, or fewer at the end of a
+    /// shard).
+    limit: u32,
 }
 
-const fn tag(head: u64) -> u32 {
-    (head >> 32) as u32
+/// The ids that a give-back returns to one word, gathered before the
+/// `fetch_or` that returns them all: built with [`Give::add`], given back
+/// by [`FreeList::give`] (which needs no allocation).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Give {
+    /// The word of the ids gathered so far (meaningless while `mask == 0`).
+    word: Word,
+    /// Their bits.
+    mask: u64,
+    /// How many ids were added in all.
+    len: usize,
+}
+
+impl Give {
+    /// Nothing gathered.
+    pub(crate) const fn new() -> Give {
+        Give {
+            word: Word {
+                place: Place { shard: 0, word: 0 },
+                base: 0,
+                limit: 0,
+            },
+            mask: 0,
+            len: 0,
+        }
+    }
+
+    /// How many ids were added.
+    pub(crate) const fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Adds free block `id` (which the caller held, and whose last
+    /// reference it dropped): returned at once with the ids of its word
+    /// gathered before it, or later with the next ones.
+    /// (By value in and out, so that a loop keeps it in registers.)
+    #[inline]
+    #[must_use]
+    pub(crate) fn add(mut self, list: &FreeList, id: BlockId) -> Give {
+        self.len += 1;
+        // The word of the ids before it? (The usual case: a sequence's
+        // blocks mostly come from one word.)
+        let offset = (id.index() as u32).wrapping_sub(self.word.base);
+        if offset < self.word.limit {
+            self.mask |= 1 << offset;
+        } else {
+            (self.word, self.mask) = list.switch_word(self.word, self.mask, id);
+        }
+        self
+    }
+}
+
+/// The lowest `k` set bits of `word` (all of them if it has no more), and
+/// how many that is. (Without a population count: the default x86-64
+/// target has no instruction for it.)
+#[inline]
+fn lowest(word: u64, k: usize) -> (u64, usize) {
+    if word == u64::MAX && k >= 64 {
+        return (word, 64);
+    }
+    let (mut rest, mut taken) = (word, 0);
+    while rest != 0 && taken < k {
+        rest &= rest - 1;
+        taken += 1;
+    }
+    (word & !rest, taken)
 }
 
 impl FreeList {
-    /// A free list of `shards > 0` shards holding every id `0..len`: shard
-    /// `s` gets the `s`-th contiguous slice, lowest id on top.
-    pub(crate) fn new(room: Room<AtomicU32>, len: u32, shards: usize, faults: Faults) -> FreeList {
+    /// A free list of `shards > 0` shards holding every id `0..len` (ids
+    /// `s * span..` in shard `s`, `span = ceil(len / shards)`).
+    pub(crate) fn new(room: FreeRoom, len: u32, shards: usize, faults: Faults) -> FreeList {
         debug_assert!(shards > 0);
-        // Ceiling division, at least 1 so that `owner` never divides by 0.
-        let span = len.div_ceil(shards as u32).max(1);
-        let next = room.fill(|i| {
-            // `i < len <= u32::MAX`: exact.
-            let i = i as u32;
-            // The last id of a shard (or of the pool) ends its shard.
-            let end = i + 1 == len || (i + 1) % span == 0;
-            AtomicU32::new(if end { NIL } else { i + 1 })
+        let (span, words, lines_per_shard) = Self::shape(len as usize, shards);
+        let group = words.div_ceil(64).max(1);
+        // The bits of the ids of shard `s` in its word `w`.
+        let free = |s: u32, w: u32| -> u64 {
+            if w >= words {
+                return 0;
+            }
+            let lo = u64::from(s) * u64::from(span) + 64 * u64::from(w);
+            let shard_end = (u64::from(s) + 1) * u64::from(span);
+            let end = u64::from(len).min(shard_end).min(lo + 64);
+            match end.saturating_sub(lo) {
+                0 => 0,
+                64 => u64::MAX,
+                n => (1u64 << n) - 1,
+            }
+        };
+        let lines = room.lines.fill(|line| {
+            let s = (line / lines_per_shard as usize) as u32;
+            let first = (line % lines_per_shard as usize * WORDS_PER_LINE) as u32;
+            CachePadded::new(std::array::from_fn(|i| {
+                AtomicU64::new(free(s, first + i as u32))
+            }))
         });
-        let heads = (0..shards as u32)
+        let summaries = (0..shards as u32)
             .map(|s| {
-                let lo = s.saturating_mul(span);
-                let top = if lo < len { lo } else { NIL };
-                CachePadded::new(AtomicU64::new(pack(0, top)))
+                let mut summary = 0u64;
+                for w in 0..words {
+                    if free(s, w) != 0 {
+                        summary |= 1 << (w / group);
+                    }
+                }
+                CachePadded::new(AtomicU64::new(summary))
             })
             .collect();
         FreeList {
-            heads,
-            next,
+            summaries,
+            lines,
             span,
+            words,
+            lines_per_shard,
+            group,
+            homes: Divisor::new(shards),
+            by_span: Divisor::new(span as usize),
             faults,
         }
     }
 
-    /// Reserves the room of [`new`](Self::new)'s links for `len` ids.
-    pub(crate) fn room(len: usize) -> Result<Room<AtomicU32>, TryReserveError> {
-        Room::reserve(len)
+    /// `(span, words, lines_per_shard)` of `len` ids over `shards` shards.
+    fn shape(len: usize, shards: usize) -> (u32, u32, u32) {
+        // Ceiling division, at least 1 so that `place` never divides by 0;
+        // `len <= u32::MAX`, so it fits.
+        let span = len.div_ceil(shards).max(1) as u32;
+        let words = span.div_ceil(64);
+        (span, words, words.div_ceil(WORDS_PER_LINE as u32))
     }
 
-    /// The heap bytes [`room`](Self::room) and the shards' heads take.
+    /// Reserves the room of [`new`](Self::new)'s bitmap for `len` ids over
+    /// `shards` shards.
+    pub(crate) fn room(len: usize, shards: usize) -> Result<FreeRoom, TryReserveError> {
+        let (_, _, lines_per_shard) = Self::shape(len, shards);
+        Ok(FreeRoom {
+            lines: Room::reserve(shards.saturating_mul(lines_per_shard as usize))?,
+        })
+    }
+
+    /// The heap bytes [`room`](Self::room) and the shards' summaries take.
     pub(crate) fn heap_bytes(len: usize, shards: usize) -> usize {
-        bytes_of::<AtomicU32>(len).saturating_add(bytes_of::<CachePadded<AtomicU64>>(shards))
+        let (_, _, lines_per_shard) = Self::shape(len, shards);
+        bytes_of::<Line>(shards.saturating_mul(lines_per_shard as usize))
+            .saturating_add(bytes_of::<CachePadded<AtomicU64>>(shards))
     }
 
     /// The number of shards.
     pub(crate) fn shards(&self) -> usize {
-        self.heads.len()
+        self.summaries.len()
     }
 
-    /// The calling thread's home shard, where its pops start.
+    /// The calling thread's home shard, where its takes start.
     fn home(&self) -> usize {
-        sync::thread_index() % self.heads.len()
+        self.homes.home()
     }
 
-    /// The shard that id `id` belongs to, where it goes back when freed.
-    fn owner(&self, id: u32) -> usize {
-        (id / self.span) as usize
+    /// The word of `id` and how many ids from its bit 0 on it holds.
+    fn word_of(&self, id: BlockId) -> Word {
+        let id = id.index() as u32;
+        let shard = self.by_span.div(id);
+        let word = (id - shard * self.span) / 64;
+        let base = shard * self.span + 64 * word;
+        // The shard's end, in u64: the last shard's may pass u32::MAX.
+        let end = (u64::from(shard) + 1) * u64::from(self.span);
+        let limit = (end - u64::from(base)).min(64) as u32;
+        Word {
+            place: Place { shard, word },
+            base,
+            limit,
+        }
     }
 
-    /// The tag the next successful CAS on a head installs: one more.
-    fn next_tag(&self, head: u64) -> u32 {
-        self.faults.next_tag(tag(head).wrapping_add(1), tag(head))
+    /// For [`Give::add`]: returns the ids `mask` of `word` (if any) and
+    /// starts gathering those of `id`'s word, with `id`.
+    #[inline]
+    fn switch_word(&self, word: Word, mask: u64, id: BlockId) -> (Word, u64) {
+        if mask != 0 {
+            self.return_word(word.place, mask);
+        }
+        let word = self.word_of(id);
+        (word, 1 << (id.index() as u32 - word.base))
     }
 
-    /// Pops up to `k > 0` ids and appends them to `out`; returns how many:
-    /// from the home shard in one CAS if it holds them, else what it has
-    /// and the rest from the other shards in turn, one pass over them.
+    /// Word `w` of shard `s`.
+    fn word(&self, s: usize, w: u32) -> &AtomicU64 {
+        let w = w as usize;
+        &self.lines[s * self.lines_per_shard as usize + w / WORDS_PER_LINE][w % WORDS_PER_LINE]
+    }
+
+    /// The summary bit of word `w` (of any shard).
+    fn summary_bit(&self, w: u32) -> u64 {
+        1 << (w / self.group)
+    }
+
+    /// Takes up to `k > 0` free ids and appends them to `out`; returns how
+    /// many: from the home shard if it holds them, else what it has and
+    /// the rest from the other shards in turn, one pass over them, each
+    /// through its summary.
     ///
     /// The caller has admitted `k` through the pool's counter, which
     /// guarantees that the shards and the prefix cache's evictable blocks
     /// together hold them, and reserved room for `k` more ids in `out`
     /// (nothing here allocates). When this returns fewer, the caller
     /// evicts or looks again.
+    #[inline]
     pub(crate) fn pop(&self, k: usize, out: &mut Vec<BlockId>) -> usize {
         debug_assert!(k > 0);
-        let shards = self.heads.len();
-        let mut shard = self.home();
-        let mut need = k;
+        let home = self.home();
+        // The usual case: the first word the home shard's summary marks
+        // holds all `k` (one load of the summary, one of the word, one
+        // CAS).
+        // Relaxed: a hint, as in `take_from_shard`.
+        let groups = self.summaries[home].load(Ordering::Relaxed);
+        if groups != 0 && k < 64 {
+            let w = groups.trailing_zeros() * self.group;
+            let word = self.word(home, w);
+            // Relaxed: only a guess; the CAS validates it (and acquires).
+            let cur = word.load(Ordering::Relaxed);
+            let (take, n) = lowest(cur, k);
+            if n == k
+                && !self.faults.plain_bitmap_take()
+                // Acquire on success, Relaxed on failure: as in
+                // `take_from_word`.
+                && word
+                    .compare_exchange(cur, cur & !take, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                self.emit(home, w, take, out);
+                return k;
+            }
+        }
+        self.pop_from(home, k, out)
+    }
+
+    /// [`pop`](Self::pop) past its usual case: from the home shard, then
+    /// the others in turn.
+    #[inline(never)]
+    fn pop_from(&self, home: usize, k: usize, out: &mut Vec<BlockId>) -> usize {
+        let shards = self.summaries.len();
+        let mut shard = home;
+        let mut taken = 0;
         for _ in 0..shards {
-            need -= self.pop_upto(shard, need, out);
+            taken += self.take_from_shard(shard, k - taken, out);
             // Got them all?
-            if need == 0 {
+            if taken == k {
                 break;
             }
             shard += 1;
@@ -160,127 +326,303 @@ impl FreeList {
                 shard = 0;
             }
         }
-        k - need
+        taken
     }
 
-    /// Pops up to `k` ids from shard `shard` in one CAS, appends them to
-    /// `out` and returns how many.
-    fn pop_upto(&self, shard: usize, k: usize, out: &mut Vec<BlockId>) -> usize {
-        let head_word = &self.heads[shard];
-        let base = out.len();
+    /// [`pop`](Self::pop) through every word of every shard, whatever the
+    /// summaries say (setting the summary bits of the words it finds
+    /// holding ids): the last look of a caller that found too few through
+    /// the summaries and the prefix cache.
+    pub(crate) fn pop_everywhere(&self, k: usize, out: &mut Vec<BlockId>) -> usize {
+        debug_assert!(k > 0);
+        let mut taken = 0;
+        for s in 0..self.summaries.len() {
+            for w in 0..self.words {
+                let (got, held) = self.take_from_word(s, w, k - taken, out);
+                taken += got;
+                if held {
+                    let bit = self.summary_bit(w);
+                    // Relaxed (both): a hint for later takes; the words
+                    // themselves are what hand blocks over.
+                    if self.summaries[s].load(Ordering::Relaxed) & bit == 0 {
+                        self.summaries[s].fetch_or(bit, Ordering::Relaxed);
+                    }
+                }
+                if taken == k {
+                    return taken;
+                }
+            }
+        }
+        taken
+    }
+
+    /// Takes up to `k > 0` ids from shard `s`, word after word of the
+    /// groups its summary marks, lowest first; appends them to `out` and
+    /// returns how many. Clears the summary bit of a group it finds empty.
+    fn take_from_shard(&self, s: usize, k: usize, out: &mut Vec<BlockId>) -> usize {
+        // Relaxed: which words to look at, a hint; a stale bit costs a
+        // look, a stale 0 a later look (`pop_everywhere`).
+        let mut groups = self.summaries[s].load(Ordering::Relaxed);
+        let mut taken = 0;
+        while groups != 0 {
+            let j = groups.trailing_zeros();
+            groups &= groups - 1;
+            let first = j * self.group;
+            let end = (first + self.group).min(self.words);
+            let mut held = false;
+            for w in first..end {
+                let (got, had) = self.take_from_word(s, w, k - taken, out);
+                taken += got;
+                held |= had;
+                if taken == k {
+                    return taken;
+                }
+            }
+            if !held {
+                self.clear_summary(s, j, first, end);
+            }
+        }
+        taken
+    }
+
+    /// Takes the lowest `min(k, free)` ids of word `w` of shard `s` with
+    /// one CAS and appends them to `out`; returns how many, and whether
+    /// the word held any when first read.
+    fn take_from_word(&self, s: usize, w: u32, k: usize, out: &mut Vec<BlockId>) -> (usize, bool) {
+        let word = self.word(s, w);
         let backoff = Backoff::new();
-        // Acquire: synchronises with every earlier push onto this shard (see
-        // `crate::implementation`, "Orderings"), so the links walked below are the ones the pushers
-        // wrote.
-        let mut head = head_word.load(Ordering::Acquire);
-        loop {
-            let mut index = top(head);
-            // Empty?
-            if index == NIL {
-                return 0;
+        // Relaxed: only a guess; the CAS validates it (and acquires).
+        let mut cur = word.load(Ordering::Relaxed);
+        let held = cur != 0;
+        while cur != 0 {
+            let (take, n) = lowest(cur, k);
+            if self.faults.plain_bitmap_take() {
+                // loom's control: a load and a plain store, no RMW.
+                // Acquire: the orderings of a correct take; the bug under
+                // test is the lost update.
+                cur = word.load(Ordering::Acquire);
+                let (take, n) = lowest(cur, k);
+                word.store(cur & !take, Ordering::Relaxed);
+                self.emit(s, w, take, out);
+                return (n, held);
             }
-            let mut taken = 0;
-            while taken < k && index != NIL {
-                out.push(BlockId::new(index));
-                taken += 1;
-                // Relaxed: published by the push CAS we acquired; a stale
-                // value is caught by the tag check below.
-                index = self.next[index as usize].load(Ordering::Relaxed);
-            }
-            let new = pack(self.next_tag(head), index);
-            // Acquire on success: we now own the popped blocks, and the
-            // previous owners' writes into them happen-before our use.
-            // Acquire on failure: the fresh head is walked next.
-            match head_word.compare_exchange_weak(head, new, Ordering::Acquire, Ordering::Acquire) {
-                Ok(_) => return taken,
+            // Acquire on success: we now own these blocks, and whatever
+            // their previous owners did happens-before our use (the
+            // give-back's `fetch_or` is Release, and every change of the
+            // word is a read-modify-write that continues its release
+            // sequence). Relaxed on failure: we retry with the fresh value.
+            match word.compare_exchange_weak(cur, cur & !take, Ordering::Acquire, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    self.emit(s, w, take, out);
+                    return (n, held);
+                }
                 Err(actual) => {
-                    head = actual;
-                    out.truncate(base);
+                    cur = actual;
                     backoff.spin();
+                }
+            }
+        }
+        (0, held)
+    }
+
+    /// Appends the ids of the bits `taken` of word `w` of shard `s`.
+    fn emit(&self, s: usize, w: u32, taken: u64, out: &mut Vec<BlockId>) {
+        let base = s as u32 * self.span + 64 * w;
+        if taken == u64::MAX {
+            out.extend((base..base + 64).map(BlockId::new));
+            return;
+        }
+        let mut rest = taken;
+        while rest != 0 {
+            out.push(BlockId::new(base + rest.trailing_zeros()));
+            rest &= rest - 1;
+        }
+    }
+
+    /// Clears summary bit `j` of shard `s` (words `first..end`), which a
+    /// take found empty, and sets it again if one of those words holds an
+    /// id now (one that a give-back returned since the take looked).
+    ///
+    /// A give-back that fills an empty word does the mirror image: its
+    /// `fetch_or` on the word, then a load of the summary. All four are
+    /// `SeqCst`, so in their single total order either the give-back's
+    /// load comes after this clear (and it sets the bit) or this
+    /// re-check comes after the give-back's `fetch_or` (and sees its ids).
+    fn clear_summary(&self, s: usize, j: u32, first: u32, end: u32) {
+        let summary = &self.summaries[s];
+        let bit = 1u64 << j;
+        // SeqCst: see above.
+        summary.fetch_and(!bit, Ordering::SeqCst);
+        for w in first..end {
+            // SeqCst: see above.
+            if self.word(s, w).load(Ordering::SeqCst) != 0 {
+                // SeqCst: as the give-back's.
+                summary.fetch_or(bit, Ordering::SeqCst);
+                return;
+            }
+        }
+    }
+
+    /// Drops the references of `ids`, last listed first, with `drop`, as
+    /// long as it says that the block is free now (a sole holder's last
+    /// reference), and gathers those blocks for [`give`](Self::give);
+    /// stops before the first id for which it says `false`. Returns what
+    /// it gathered and how many ids (the first ones) it did not reach.
+    #[inline]
+    pub(crate) fn gather_while(
+        &self,
+        ids: &[BlockId],
+        mut drop: impl FnMut(BlockId) -> bool,
+    ) -> (Give, usize) {
+        // The state of a `Give`, in locals that stay in registers.
+        let mut word = Give::new().word;
+        let mut mask = 0u64;
+        let mut rest = ids.len();
+        while let Some(&id) = rest.checked_sub(1).and_then(|i| ids.get(i)) {
+            if !drop(id) {
+                break;
+            }
+            let offset = (id.index() as u32).wrapping_sub(word.base);
+            if offset < word.limit {
+                mask |= 1 << offset;
+            } else {
+                (word, mask) = self.switch_word(word, mask, id);
+            }
+            rest -= 1;
+        }
+        let give = Give {
+            word,
+            mask,
+            len: ids.len() - rest,
+        };
+        (give, rest)
+    }
+
+    /// Returns the blocks of `give` that it has not returned yet. The ids
+    /// were added by [`Give::add`]; each goes back to the shard that owns
+    /// it, one `fetch_or` per word.
+    pub(crate) fn give(&self, give: Give) {
+        if give.mask != 0 {
+            self.return_word(give.word.place, give.mask);
+        }
+    }
+
+    /// Sets the bits `mask` (of blocks the caller held) in the word at
+    /// `place`, and its summary bit if the word was empty.
+    fn return_word(&self, place: Place, mask: u64) {
+        let s = place.shard as usize;
+        // Release (in SeqCst): the holders' accesses to these blocks
+        // happen-before the take that acquires them; SeqCst for the summary
+        // (see `clear_summary`). (Relaxed under loom's `relaxed_free`.)
+        let prev = self
+            .word(s, place.word)
+            .fetch_or(mask, self.faults.free_ordering(Ordering::SeqCst));
+        debug_assert_eq!(prev & mask, 0, "a free block returned twice");
+        if prev == 0 {
+            let bit = self.summary_bit(place.word);
+            let summary = &self.summaries[s];
+            // SeqCst (both): see `clear_summary`.
+            if summary.load(Ordering::SeqCst) & bit == 0 {
+                summary.fetch_or(bit, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+#[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
+mod tests {
+    use super::*;
+
+    fn list(len: u32, shards: usize) -> FreeList {
+        let room = FreeList::room(len as usize, shards).unwrap();
+        FreeList::new(room, len, shards, Faults::default())
+    }
+
+    #[test]
+    fn lowest_takes_the_lowest_bits() {
+        assert_eq!(lowest(0b1011_0110, 0), (0, 0));
+        assert_eq!(lowest(0b1011_0110, 1), (0b10, 1));
+        assert_eq!(lowest(0b1011_0110, 3), (0b1_0110, 3));
+        assert_eq!(lowest(0b1011_0110, 4), (0b11_0110, 4));
+        assert_eq!(lowest(0b1011_0110, 5), (0b1011_0110, 5));
+        assert_eq!(lowest(0b1011_0110, 9), (0b1011_0110, 5));
+        assert_eq!(lowest(u64::MAX, 63), (u64::MAX >> 1, 63));
+        assert_eq!(lowest(u64::MAX, 64), (u64::MAX, 64));
+        assert_eq!(lowest(u64::MAX, 1000), (u64::MAX, 64));
+        for word in [
+            0u64,
+            1,
+            0x8000_0000_0000_0001,
+            0xF0F0_F0F0_F0F0_F0F0,
+            u64::MAX,
+        ] {
+            for k in 0..=65 {
+                let (got, n) = lowest(word, k);
+                assert_eq!(got & !word, 0);
+                assert_eq!(n, k.min(word.count_ones() as usize));
+                assert_eq!(got.count_ones() as usize, n);
+                // No bit left out below the highest taken.
+                if got != 0 {
+                    let below = u64::MAX >> got.leading_zeros();
+                    assert_eq!(word & below, got, "word {word:#x} k {k}");
                 }
             }
         }
     }
 
-    /// Links `id` above `below` in a chain the caller owns (not yet pushed).
-    fn link(&self, id: u32, below: u32) {
-        // Relaxed: the chain is private until `push_run`'s Release CAS
-        // publishes it.
-        self.next[id as usize].store(below, Ordering::Relaxed);
-    }
-
-    /// The id below `id` in a private chain (not yet pushed), or `NIL`
-    /// below its last id.
-    fn below(&self, id: u32) -> u32 {
-        // Relaxed: our own private chain, linked by this thread.
-        self.next[id as usize].load(Ordering::Relaxed)
-    }
-
-    /// Links `id` on top of the private chain `chain` (not yet pushed).
-    pub(crate) fn prepend(&self, chain: &mut Chain, id: u32) {
-        self.link(id, chain.first);
-        if chain.len == 0 {
-            chain.last = id;
-            chain.start = id - id % self.span;
-        } else if id.wrapping_sub(chain.start) >= self.span {
-            // Another shard's id: `push` must split the chain.
-            chain.mixed = true;
-        }
-        chain.first = id;
-        chain.len += 1;
-    }
-
-    /// Pushes a private chain: each id goes back to the shard that owns it,
-    /// one CAS per run of ids with the same owner (one CAS in all when they
-    /// share one, as a sequence's blocks mostly do).
-    pub(crate) fn push(&self, chain: &Chain) {
-        if chain.len == 0 {
-            return;
-        }
-        if !chain.mixed {
-            self.push_run(self.owner(chain.first), chain.first, chain.last);
-            return;
-        }
-        let (mut run, mut shard, mut id) = (chain.first, self.owner(chain.first), chain.first);
-        while id != chain.last {
-            let below = self.below(id);
-            let owner = self.owner(below);
-            // Does the run end here? Push it (which relinks `id`, read
-            // above) and start the next one.
-            if owner != shard {
-                self.push_run(shard, run, id);
-                (run, shard) = (below, owner);
+    /// Every id comes out once, whatever the shape, and comes back.
+    #[test]
+    fn every_id_once_in_every_shape() {
+        for &(len, shards) in &[
+            (1u32, 1usize),
+            (63, 1),
+            (64, 1),
+            (65, 1),
+            (200, 3),
+            (1000, 16),
+            (5000, 7),
+            (70_000, 1),
+            (70_000, 2),
+        ] {
+            let free = list(len, shards);
+            let mut out = Vec::with_capacity(len as usize);
+            assert_eq!(free.pop(len as usize, &mut out), len as usize);
+            let mut seen = vec![false; len as usize];
+            for id in &out {
+                assert!(!std::mem::replace(&mut seen[id.index()], true));
             }
-            id = below;
+            let mut more = Vec::with_capacity(1);
+            assert_eq!(free.pop(1, &mut more), 0);
+            assert_eq!(free.pop_everywhere(1, &mut more), 0);
+            let mut give = Give::new();
+            for &id in out.iter().rev() {
+                give = give.add(&free, id);
+            }
+            free.give(give);
+            assert_eq!(give.len(), len as usize);
+            out.clear();
+            assert_eq!(
+                free.pop(len as usize, &mut out),
+                len as usize,
+                "{len} {shards}"
+            );
         }
-        self.push_run(shard, run, chain.last);
     }
 
-    /// Pushes the privately linked chain `first ..= last` onto shard
-    /// `shard` in one CAS.
-    fn push_run(&self, shard: usize, first: u32, last: u32) {
-        let head_word = &self.heads[shard];
-        let backoff = Backoff::new();
-        // Relaxed: only a guess; the CAS validates it.
-        let mut head = head_word.load(Ordering::Relaxed);
-        loop {
-            self.link(last, top(head));
-            let new = pack(self.next_tag(head), first);
-            // Release on success: the freers' writes into these blocks and
-            // the chain's links happen-before the pop that takes them.
-            // Relaxed on failure: we only relink and retry.
-            match head_word.compare_exchange_weak(
-                head,
-                new,
-                self.faults.free_ordering(Ordering::Release),
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return,
-                Err(actual) => {
-                    head = actual;
-                    backoff.spin();
-                }
-            }
-        }
+    /// A summary bit cleared while its word was empty is set again by the
+    /// give-back that fills the word.
+    #[test]
+    fn a_refilled_word_is_found_through_its_summary() {
+        let free = list(256, 1);
+        let mut out = Vec::with_capacity(256);
+        assert_eq!(free.pop(256, &mut out), 256);
+        // Every group looks empty: the next pop clears every summary bit.
+        let mut none = Vec::with_capacity(1);
+        assert_eq!(free.pop(1, &mut none), 0);
+        assert_eq!(free.summaries[0].load(Ordering::Relaxed), 0);
+        free.give(Give::new().add(&free, out[200]));
+        assert_eq!(free.pop(1, &mut none), 1);
+        assert_eq!(none, [out[200]]);
     }
 }

@@ -38,9 +38,10 @@ mod wait;
 use admission::Admission;
 pub use builder::BlockPoolBuilder;
 use fence::Fences;
-use free_list::{Chain, FreeList, NIL};
+use free_list::{FreeList, Give};
 use prefix::{Evictions, PrefixCache};
 pub use prefix::{KvEvent, PrefixStats};
+pub(crate) use refs::Holder;
 use refs::{Dropped, Refs};
 pub use stats::PoolStats;
 pub use wait::Alloc;
@@ -138,9 +139,9 @@ pub struct BlockPool {
 }
 
 impl BlockPool {
-    /// The largest number of blocks a pool can have: ids are `u32`, and one
-    /// value marks the end of the free list.
-    pub const MAX_BLOCKS: usize = NIL as usize;
+    /// The largest number of blocks a pool can have: ids are `u32` values
+    /// below `u32::MAX`.
+    pub const MAX_BLOCKS: usize = u32::MAX as usize;
 
     /// The most free-list shards [`new`](Self::new) gives a pool.
     pub const DEFAULT_SHARDS: usize = 16;
@@ -189,8 +190,8 @@ impl BlockPool {
 
     /// Like [`new`](Self::new), with the free list cut into `shards`
     /// shards instead of the default (see [`shards`](Self::shards)). A
-    /// shard is a lock-free stack of free block ids (a Treiber stack with
-    /// its own head word).
+    /// shard is a lock-free bitmap of the free block ids it owns, on cache
+    /// lines of its own (one CAS takes up to 64 of them, lowest first).
     ///
     /// Shard `s` owns the ids `s * span .. (s + 1) * span` (`span` =
     /// `num_blocks / shards`, rounded up) and a freed block always goes
@@ -198,8 +199,8 @@ impl BlockPool {
     /// first (threads are numbered in the order they first allocate from
     /// or free to any pool, and thread `i` starts at shard `i % shards`) and from the
     /// others only when its own is short, so threads that free and
-    /// reallocate do not contend on one head and walk chains in their own
-    /// part of the index array. A thread whose home shard is
+    /// reallocate do not contend on one word and keep their own part of
+    /// the bitmap in their cache. A thread whose home shard is
     /// short looks through the others, so very many shards over a nearly
     /// full pool make that slow path longer. `shards == 1` is the plain
     /// single-shard pool.
@@ -525,13 +526,36 @@ impl BlockPool {
         headroom: usize,
         out: &mut Vec<BlockId>,
     ) -> Result<(), ReserveError> {
+        self.try_alloc_for(n, headroom, out, Holder::Raw)
+    }
+
+    /// [`try_alloc_with_headroom`](Self::try_alloc_with_headroom) for a
+    /// [`Sequence`](crate::Sequence): the blocks carry the sequence flag
+    /// (see [Reference counts](crate::implementation#reference-counts)).
+    pub(crate) fn try_alloc_sequence(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        self.try_alloc_for(n, headroom, out, Holder::Sequence)
+    }
+
+    /// The body of both: blocks for `holder`.
+    fn try_alloc_for(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+        holder: Holder,
+    ) -> Result<(), ReserveError> {
         // Room for the ids first (it could panic or allocate), and only for a
         // request that can fit at all, so that nothing admitted can leak.
         if n <= self.num_blocks() {
             out.reserve(n);
         }
         self.counter.try_reserve_raw(n, headroom)?;
-        self.take_admitted(n, out);
+        self.take_admitted(n, out, holder);
         Ok(())
     }
 
@@ -550,14 +574,14 @@ impl BlockPool {
             out.reserve(n);
         }
         self.counter.try_grow_raw(n)?;
-        self.take_admitted(n, out);
+        self.take_admitted(n, out, Holder::Sequence);
         Ok(())
     }
 
     /// Appends to `out` the ids of `n` blocks whose admission the caller
     /// has made (a `try_*` call, or a grant of the wait queue), each with
-    /// one reference. `out` has room for them.
-    fn take_admitted(&self, n: usize, out: &mut Vec<BlockId>) {
+    /// one reference of `holder`'s. `out` has room for them.
+    fn take_admitted(&self, n: usize, out: &mut Vec<BlockId>, holder: Holder) {
         if n == 0 {
             return;
         }
@@ -568,13 +592,14 @@ impl BlockPool {
         let mut need = n;
         let backoff = Backoff::new();
         loop {
-            let base = out.len();
-            need -= self.free.pop(need, out);
-            for &id in &out[base..] {
-                self.refs.set_first(id);
-            }
+            need -= self.take_free(need, out, holder, FreeList::pop);
             if let (true, Some(cache)) = (need > 0, self.prefix.as_deref()) {
-                need -= self.evict_into(cache, need, out);
+                need -= self.evict_into(cache, need, out, holder);
+            }
+            if need > 0 {
+                // The last look: every word of the free list, whatever its
+                // summaries say.
+                need -= self.take_free(need, out, holder, FreeList::pop_everywhere);
             }
             if need == 0 {
                 return;
@@ -583,14 +608,31 @@ impl BlockPool {
         }
     }
 
+    /// Takes up to `k > 0` uncached free blocks with `pop` (a way of taking
+    /// from the free list), appends them to `out` with one reference of
+    /// `holder`'s each, and returns how many.
+    fn take_free(
+        &self,
+        k: usize,
+        out: &mut Vec<BlockId>,
+        holder: Holder,
+        pop: impl FnOnce(&FreeList, usize, &mut Vec<BlockId>) -> usize,
+    ) -> usize {
+        let base = out.len();
+        let taken = pop(&self.free, k, out);
+        self.refs.set_first(&out[base..], holder);
+        taken
+    }
+
     /// Drops one reference per listed id; a block whose last reference goes
     /// returns to the pool. Freeing an empty slice is a no-op.
     ///
     /// The whole call or nothing: if any id is out of range, not allocated,
-    /// or listed more times than it has references, nothing changes and the
-    /// error names the offending id (checked in this order: any id out of
-    /// range, then any block not allocated, then any block over-freed; each
-    /// the first in list order). No heap allocation happens here, and the
+    /// held by [`Sequence`](crate::Sequence)s, or listed more times than it
+    /// has references, nothing changes and the error names the offending
+    /// id (checked in this order: any id out of range, then any block not
+    /// allocated, then any block held by sequences, then any block
+    /// over-freed; each the first in list order). No heap allocation happens here, and the
     /// checks stay near linear in the list's length: pairwise for up to 16
     /// ids; otherwise one pass when no two listed ids are equal modulo 4,096,
     /// and one more per 8,192-index range it touches when some are (plus a count over the list for each listing of an id past
@@ -613,15 +655,26 @@ impl BlockPool {
     /// block that its other holders freed, and someone reallocated, in the
     /// meantime.
     ///
-    /// Whatever races, the pool's own books stay exact: no block is pushed
-    /// twice, the count of used blocks is given back once per block, and
-    /// `free_blocks() <= num_blocks()`. That includes a free racing the
-    /// [`Sequence`](crate::Sequence) that holds the block: whichever of the
-    /// two drops the last reference pushes it; if this call loses, it
-    /// returns `Raced` (or `NotAllocated`, if the block was back before its
-    /// checks); if it wins, the sequence's drop (or truncate) finds no
-    /// reference left for that block and gives back nothing, and a fork of
-    /// that sequence panics rather than share a block that may be free.
+    /// A block that sequences hold (their tables, a fork's, a match's, or
+    /// a fence's retirement) is theirs to give back: a free of it is a
+    /// double free, refused with [`FreeError::HeldBySequence`] before
+    /// anything changes. So a sequence never loses a reference to a raw
+    /// free, and gives back a block it holds alone without a
+    /// read-modify-write (see
+    /// [Reference counts](crate::implementation#reference-counts)). Blocks
+    /// taken through [`BlockAllocator`] (as a sequence takes them) are
+    /// sequences' blocks: they go back through
+    /// [`BlockAllocator::release`].
+    ///
+    /// Whatever races, the pool's own books stay exact: no block is given
+    /// back twice, the count of used blocks is given back once per block,
+    /// and `free_blocks() <= num_blocks()`. That includes a free racing a
+    /// raw holder's own free of the block: whichever of the two drops the
+    /// last reference gives it back; if this call loses, it returns `Raced`
+    /// (or `NotAllocated`, if the block was back before its checks). And a
+    /// free whose checks passed while a raw caller held the block, and that
+    /// finds it freed and taken for a sequence since, refuses that block
+    /// with `Raced` (its drop compares the whole state word).
     ///
     /// What a double free does break is the caller's own claim: once a free
     /// takes a reference its caller did not hold, the real holder names a
@@ -634,7 +687,8 @@ impl BlockPool {
     /// # Errors
     ///
     /// [`FreeError::OutOfRange`], [`FreeError::NotAllocated`],
-    /// [`FreeError::OverFreed`] (nothing changed), [`FreeError::Raced`]
+    /// [`FreeError::HeldBySequence`], [`FreeError::OverFreed`] (nothing
+    /// changed), [`FreeError::Raced`]
     /// (the other references were dropped).
     ///
     /// # Examples
@@ -661,8 +715,19 @@ impl BlockPool {
         // references? Checked with loads before anything changes, so that a
         // refused call never drops (and restores) a reference that a
         // concurrent holder could observe.
-        if let Some(&id) = ids.iter().find(|id| self.refs.count(**id) == 0) {
-            return Err(FreeError::NotAllocated { id });
+        // (Not allocated first, then held by sequences: one load per id.)
+        let mut held_by_sequence = None;
+        for &id in ids {
+            let (holders, sequence) = self.refs.holders(id);
+            if holders == 0 {
+                return Err(FreeError::NotAllocated { id });
+            }
+            if sequence && held_by_sequence.is_none() {
+                held_by_sequence = Some(id);
+            }
+        }
+        if let Some(id) = held_by_sequence {
+            return Err(FreeError::HeldBySequence { id });
         }
         if let Some(id) = over_free::first_over_freed(ids, |id| self.refs.count(id) as usize) {
             return Err(FreeError::OverFreed { id });
@@ -671,35 +736,53 @@ impl BlockPool {
     }
 
     /// Drops one reference per listed id for [`free`](Self::free), whose
-    /// checks found every listed reference present; chains the blocks that
-    /// reach zero and pushes them (one CAS per run of ids with the same
-    /// owner shard).
+    /// checks found every listed reference present; gathers the blocks that
+    /// reach zero and gives them back (one `fetch_or` per run of ids in one
+    /// word of the free list).
     fn drop_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
-        self.drop_each(ids.iter().copied(), ids, |id| self.refs.drop(id))
+        self.drop_each(Give::new(), ids.iter().copied(), ids, |id| {
+            self.refs.drop(id)
+        })
     }
 
     /// Drops the references a [`Sequence`](crate::Sequence) holds in its
     /// table (or retired), as [`drop_refs`](Self::drop_refs) does.
     ///
-    /// The caller holds each listed reference, but a public
-    /// [`free`](Self::free) that lists the same block (a double free, which
-    /// is misuse) can take it first: so every drop is a read-modify-write,
-    /// and exactly one of the two sees the count reach 0 and pushes the
-    /// block. If `free` won, the drop here finds no reference left and is
-    /// refused with `Raced` like any drop that loses that race.
+    /// A block that the sequence holds alone, neither cached nor claimed,
+    /// goes back with a plain store of its count (no raw free can touch a
+    /// sequence's block, see [Reference counts](crate::implementation#reference-counts));
+    /// every other drop is a read-modify-write. A reference that is no
+    /// longer there (a raw free took it before the block was a sequence's:
+    /// a double free) is refused with `Raced` like any drop that loses that
+    /// race, and the others are dropped all the same.
     ///
     /// The references go last listed first: a sequence's last block is
     /// released first, so that of a cached prompt the tail is evicted
     /// before the head.
     pub(crate) fn drop_held_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
-        self.drop_each(ids.iter().rev().copied(), ids, |id| self.refs.drop_held(id))
+        // The usual case, a sequence's own fresh blocks, in a tight loop.
+        let (give, rest) = self.free.gather_while(ids, self.refs.sole_dropper());
+        if rest > 0 {
+            let rest = &ids[..rest];
+            return self.drop_each(give, rest.iter().rev().copied(), rest, |id| {
+                self.refs.drop_held(id)
+            });
+        }
+        self.free.give(give);
+        // Released after the give-back, as in `drop_each`.
+        if give.len() > 0 {
+            self.counter.release_held(give.len());
+        }
+        Ok(())
     }
 
     /// The body of both drops: `drop` takes one reference and says what
     /// became of the block (`Err` if no reference was left). `order` lists
-    /// the ids of `ids` in the order of the drops.
+    /// the ids of `ids` in the order of the drops; `give` holds free blocks
+    /// that the caller has dropped already (returned with these).
     fn drop_each(
         &self,
+        mut give: Give,
         order: impl ExactSizeIterator<Item = BlockId>,
         ids: &[BlockId],
         drop: impl Fn(BlockId) -> Result<Dropped, ()>,
@@ -709,7 +792,6 @@ impl BlockPool {
         // free). The other drops still go ahead: undoing them could add a
         // reference to a block that was freed and reallocated to a new
         // owner since (an ABA on the count).
-        let mut chain = Chain::new();
         let mut raced = None;
         // The last-reference hook: a cached block whose last reference went
         // stays cached and becomes evictable, for the prefix cache to stamp
@@ -717,7 +799,7 @@ impl BlockPool {
         let mut evictions = Evictions::new(order.len());
         for (i, id) in order.enumerate() {
             match drop(id) {
-                Ok(Dropped::Free) => self.free.prepend(&mut chain, id.index() as u32),
+                Ok(Dropped::Free) => give = give.add(&self.free, id),
                 Ok(Dropped::Evictable) => evictions.push(self.cache(), id, i),
                 Ok(Dropped::Kept) => {}
                 Err(()) => {
@@ -735,13 +817,11 @@ impl BlockPool {
         if evictable > 0 {
             evictions.finish(self.cache());
         }
-        if chain.len() > 0 {
-            self.free.push(&chain);
-        }
-        // Released after the push, so that whoever admits these blocks
-        // finds them (in the free list, or evictable).
-        if chain.len() + evictable > 0 {
-            self.counter.release_held(chain.len() + evictable);
+        self.free.give(give);
+        // Released after the give-back, so that whoever admits these
+        // blocks finds them (in the free list, or evictable).
+        if give.len() + evictable > 0 {
+            self.counter.release_held(give.len() + evictable);
         }
         match raced {
             None => Ok(()),
@@ -783,7 +863,9 @@ impl BlockPool {
 /// pool's own operation: the lock-free admission, the reference counts'
 /// read-modify-writes, and the layers' (prefix cache, fenced release). A
 /// method given an id at or past `num_blocks()` panics before it changes
-/// anything.
+/// anything. The blocks these allocations take carry the sequence flag: a
+/// raw [`BlockPool::free`] refuses them (`FreeError::HeldBySequence`), and
+/// [`release`](BlockAllocator::release) gives them back.
 impl BlockAllocator for BlockPool {
     fn num_blocks(&self) -> usize {
         BlockPool::num_blocks(self)
@@ -803,7 +885,7 @@ impl BlockAllocator for BlockPool {
         headroom: usize,
         out: &mut Vec<BlockId>,
     ) -> Result<(), ReserveError> {
-        BlockPool::try_alloc_with_headroom(self, n, headroom, out)
+        self.try_alloc_sequence(n, headroom, out)
     }
 
     fn try_alloc_growth(&self, n: usize, out: &mut Vec<BlockId>) -> Result<(), ReserveError> {
@@ -817,7 +899,7 @@ impl BlockAllocator for BlockPool {
         out: &mut Vec<BlockId>,
         timeout: Option<Duration>,
     ) -> Result<(), ReserveError> {
-        BlockPool::alloc_with_headroom_blocking(self, n, headroom, out, timeout)
+        BlockPool::alloc_with_headroom_blocking(self, n, headroom, out, timeout, Holder::Sequence)
     }
 
     fn add_refs(&self, ids: &[BlockId]) -> usize {
@@ -829,9 +911,9 @@ impl BlockAllocator for BlockPool {
 
     fn release(&self, ids: &[BlockId]) {
         // `Err(Raced)` only if a raw `free` of one of these blocks (a double
-        // free, which is misuse) dropped the caller's reference first: that
-        // block was pushed once, by the free, and every other reference is
-        // dropped all the same.
+        // free, which is misuse, of a block that is not a sequence's)
+        // dropped the caller's reference first: that block went back once,
+        // by the free, and every other reference is dropped all the same.
         self.check_ids(ids);
         let _ = self.drop_held_refs(ids);
     }

@@ -3,7 +3,9 @@
 //! block.
 //!
 //! ```text
-//! bits  0..30   reference count (0 while free or evictable)
+//! bits  0..29   reference count (0 while free or evictable)
+//! bit   29      SEQUENCE: every holder is a sequence (a raw
+//!               `BlockPool::free` refuses the block)
 //! bit   30      DEFERRED: a rival publisher of the same key on a higher
 //!               block id gave up in this claim's favour
 //! bit   31      CACHED: the block holds a key that can match
@@ -24,10 +26,25 @@
 //! evictable) instead of the free list, and a `BUSY` block's claim holds
 //! one reference that is not a holder's.
 //!
-//! Every drop is a read-modify-write (a CAS), also a drop of a reference
-//! that its holder is sure of: a racing double free through the public
-//! `BlockPool::free` can change the same count, and exactly one of the two
-//! drops must see it reach 0 and give the block back.
+//! A drop is a read-modify-write (a CAS), also a drop of a reference that
+//! its holder is sure of, unless the block is a sequence's: a racing double
+//! free through the public `BlockPool::free` can change the same count,
+//! and exactly one of the two drops must see it reach 0 and give the block
+//! back.
+//!
+//! # Sequence blocks
+//!
+//! A block taken for a [`Sequence`](crate::Sequence) (allocated, evicted
+//! or revived by a match into an empty count) carries `SEQUENCE`, which
+//! the count keeps while it has references: forks and matches add holders
+//! that are sequences too. `BlockPool::free` refuses such a block, in its
+//! checks and in its CAS (which compares the whole word), so no raw free
+//! ever writes its word. A sequence that reads its block's word as
+//! `SEQUENCE` with a count of 1, neither cached nor claimed, is then its
+//! only holder and the only thread that may write the word (a match
+//! revives only cached blocks, an eviction takes only unreferenced ones, a
+//! claim and a fork need a holder): it gives the block back with a plain
+//! store, no read-modify-write. A count that reaches 0 clears the flag.
 
 use std::collections::TryReserveError;
 
@@ -35,12 +52,15 @@ use crate::array::{bytes_of, Room};
 use crate::id::BlockId;
 use crate::sync::{AtomicU64, Faults, Ordering};
 
-/// The largest reference count: the 30 bits of [`COUNT`]. A fork's
+/// The largest reference count: the 29 bits of [`COUNT`]. A fork's
 /// reference, or a claim's, is refused above it, and a revival panics.
 pub(super) const MAX_REFS: u64 = COUNT;
 
 /// The reference count's bits.
-pub(super) const COUNT: u64 = 0x3FFF_FFFF;
+pub(super) const COUNT: u64 = 0x1FFF_FFFF;
+/// Every holder of the block is a [`Sequence`](crate::Sequence) (see the
+/// module doc): a raw `BlockPool::free` refuses it.
+pub(super) const SEQUENCE: u64 = 1 << 29;
 /// A rival publisher of the same key on a higher block id gave up in
 /// favour of this claim: the claim must not give up without looking for
 /// the key's holders again (see `BlockPool::publish_block`).
@@ -69,6 +89,55 @@ pub(super) const fn holders_of(state: u64, claim_ref: u64) -> u64 {
         count_of(state).saturating_sub(claim_ref)
     } else {
         count_of(state)
+    }
+}
+
+/// `state` with `SEQUENCE` cleared if its count is 0: a block without
+/// references has no holders to be sequences.
+pub(super) const fn settle(state: u64) -> u64 {
+    if count_of(state) == 0 {
+        state & !SEQUENCE
+    } else {
+        state
+    }
+}
+
+/// [`Refs::drop_sole`] on the words `words`.
+#[inline]
+fn drop_sole_in(words: &[AtomicU64], id: BlockId) -> bool {
+    let word = &words[id.index()];
+    // Acquire: if another holder dropped its reference, its accesses to the
+    // block happen-before our give-back (its drop is a Release CAS, which
+    // this load reads from).
+    let state = word.load(Ordering::Acquire);
+    if state & (SEQUENCE | CACHED | BUSY | COUNT) != SEQUENCE | 1 {
+        return false;
+    }
+    // Relaxed: no other thread reads this word to decide anything until the
+    // block is handed out again, and the give-back that follows (a Release
+    // `fetch_or` on the free list) publishes it.
+    word.store(state & !(SEQUENCE | COUNT), Ordering::Relaxed);
+    true
+}
+
+/// Who takes a block: a [`Sequence`](crate::Sequence) (its table, a fork,
+/// a match, a fence on its behalf), or a raw caller of
+/// [`BlockPool::try_alloc`](crate::BlockPool::try_alloc) and its kin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// A raw caller, who gives blocks back with `BlockPool::free`.
+    Raw,
+    /// A sequence, which gives blocks back itself.
+    Sequence,
+}
+
+impl Holder {
+    /// The flag a fresh reference of this holder sets.
+    pub(super) const fn flag(self) -> u64 {
+        match self {
+            Holder::Raw => 0,
+            Holder::Sequence => SEQUENCE,
+        }
     }
 }
 
@@ -149,17 +218,37 @@ impl Refs {
         self.words[index].load(order)
     }
 
-    /// Gives a block just popped from the free list its first reference.
-    pub(super) fn set_first(&self, id: BlockId) {
-        let word = &self.words[id.index()];
-        // Relaxed (both): the block is exclusively ours after the Acquire
-        // pop (a free block holds no key and no claim, so no CAS of another
-        // thread can succeed on it); a plain store is cheaper than a
-        // read-modify-write.
-        let state = word.load(Ordering::Relaxed);
-        debug_assert_eq!(count_of(state), 0, "{id} handed out twice");
-        debug_assert_eq!(state & (CACHED | BUSY), 0, "{id} free but cached");
-        word.store(state | 1, Ordering::Relaxed);
+    /// Gives each block of `ids`, just taken from the free list, its first
+    /// reference, for `holder`.
+    pub(super) fn set_first(&self, ids: &[BlockId], holder: Holder) {
+        let words: &[AtomicU64] = &self.words;
+        let flag = holder.flag() | 1;
+        for &id in ids {
+            let word = &words[id.index()];
+            // Relaxed (both): the block is exclusively ours after the
+            // Acquire take (a free block holds no key and no claim, so no
+            // CAS of another thread can succeed on it); a plain store is
+            // cheaper than a read-modify-write.
+            let state = word.load(Ordering::Relaxed);
+            debug_assert_eq!(count_of(state), 0, "{id} handed out twice");
+            debug_assert_eq!(
+                state & (CACHED | BUSY | SEQUENCE),
+                0,
+                "{id} free but cached"
+            );
+            word.store(state | flag, Ordering::Relaxed);
+        }
+    }
+
+    /// A block's holders now (as [`count`](Self::count)), and whether
+    /// every one of them is a sequence (a raw free must refuse it): the
+    /// checks of a free, one load.
+    pub(super) fn holders(&self, id: BlockId) -> (u32, bool) {
+        // Relaxed: a validation read; the drops that follow are what order
+        // (and a raw drop's CAS re-checks the flag).
+        let state = self.words[id.index()].load(Ordering::Relaxed);
+        let sequence = state & SEQUENCE != 0 && !self.faults.free_ignores_sequence();
+        (holders_of(state, self.claim_ref()) as u32, sequence)
     }
 
     /// Adds a reference to a block the caller holds a reference to.
@@ -168,8 +257,8 @@ impl Refs {
     /// caller's reference can be gone after all, taken by a raw
     /// `BlockPool::free` of the same block (a double free), and then the
     /// block may sit in the free list, where a reference would let it be
-    /// handed out and pushed a second time. `Err` then, and nothing changed;
-    /// `Err` too if the count would exceed `2^30 - 1`.
+    /// handed out and given back a second time. `Err` then, and nothing
+    /// changed; `Err` too if the count would exceed `2^29 - 1`.
     pub(super) fn add(&self, id: BlockId) -> Result<(), ()> {
         let word = &self.words[id.index()];
         // Relaxed: only a guess; the CAS validates it.
@@ -204,31 +293,44 @@ impl Refs {
         holders_of(state, self.claim_ref()) > 1 || state & CACHED != 0
     }
 
-    /// Drops one reference. `Err` if the block has none (not allocated, or
-    /// already dropped in this call).
+    /// Drops one reference for a raw `BlockPool::free`. `Err` if the block
+    /// has none (not allocated, or already dropped in this call), or is a
+    /// sequence's (see the module doc).
     pub(super) fn drop(&self, id: BlockId) -> Result<Dropped, ()> {
-        self.drop_from(id)
+        self.drop_from(id, true)
     }
 
     /// Drops a reference the caller holds.
     ///
-    /// Never a load followed by a plain store of 0, even when the count
-    /// reads 1: a racing `BlockPool::free` of the same block (a double
-    /// free) can take that count from 1 to 0 in between, and both sides
-    /// would then give the block back. The CAS decides which of the two
-    /// drops the last reference.
+    /// A sole holder of a sequence's block that holds no key and no claim
+    /// is the only thread that may change its word (see the module doc): it
+    /// clears the count with a plain store. Every other drop is a CAS: a
+    /// racing `BlockPool::free` of the same block (a double free, possible
+    /// on a block that is not a sequence's) can take the count from 1 to 0
+    /// between a load and a store, and both sides would then give the block
+    /// back. The CAS decides which of the two drops the last reference.
     pub(super) fn drop_held(&self, id: BlockId) -> Result<Dropped, ()> {
-        if self.faults.plain_held_drop() {
-            let word = &self.words[id.index()];
-            // Acquire, Relaxed: the orderings of a correct last drop; the
-            // bug under test (loom's control) is the store.
-            let state = word.load(Ordering::Acquire);
-            if count_of(state) == 1 {
-                word.store(state & !COUNT, Ordering::Relaxed);
-                return Ok(Self::last(state));
-            }
+        if self.drop_sole(id) {
+            return Ok(Dropped::Free);
         }
-        self.drop_from(id)
+        self.drop_from(id, false)
+    }
+
+    /// Drops the reference of a sequence that holds block `id` alone, if
+    /// it does and the block is neither cached nor claimed: a plain store,
+    /// and `true` (the block is free). `false`, and nothing changed,
+    /// otherwise.
+    #[inline]
+    pub(super) fn drop_sole(&self, id: BlockId) -> bool {
+        drop_sole_in(&self.words, id)
+    }
+
+    /// [`drop_sole`](Self::drop_sole), as a function that holds the words
+    /// themselves (so that a loop keeps them in registers).
+    #[inline]
+    pub(super) fn sole_dropper(&self) -> impl Fn(BlockId) -> bool + '_ {
+        let words: &[AtomicU64] = &self.words;
+        move |id| drop_sole_in(words, id)
     }
 
     /// What a block whose last reference went from `state` becomes.
@@ -240,16 +342,20 @@ impl Refs {
         }
     }
 
-    /// The body of both drops.
-    fn drop_from(&self, id: BlockId) -> Result<Dropped, ()> {
+    /// The body of both drops; `raw` for a raw free, which must not touch
+    /// a sequence's block.
+    fn drop_from(&self, id: BlockId, raw: bool) -> Result<Dropped, ()> {
         let word = &self.words[id.index()];
+        let refuse_sequence = raw && !self.faults.free_ignores_sequence();
         // Relaxed: only a guess; the CAS validates it.
         let mut cur = word.load(Ordering::Relaxed);
         loop {
             // Any holder's reference left to drop? The claim's own reference
             // is the commit's or the unclaim's to drop: a drop that finds
-            // only that one left lost it to a double free.
-            if holders_of(cur, self.claim_ref()) == 0 {
+            // only that one left lost it to a double free. A raw free finds
+            // none of its own on a sequence's block: it was freed and taken
+            // for a sequence since the free's checks.
+            if holders_of(cur, self.claim_ref()) == 0 || (refuse_sequence && cur & SEQUENCE != 0) {
                 return Err(());
             }
             // AcqRel on success: Release orders this holder's accesses to
@@ -260,7 +366,7 @@ impl Refs {
             // the fresh value.
             match word.compare_exchange_weak(
                 cur,
-                cur - 1,
+                settle(cur - 1),
                 self.faults.free_ordering(Ordering::AcqRel),
                 Ordering::Relaxed,
             ) {

@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use super::BlockPool;
+use super::{BlockPool, Holder};
 use crate::error::ReserveError;
 use crate::id::BlockId;
 use crate::wait::{wait_blocking, Waiter};
@@ -65,7 +65,7 @@ impl BlockPool {
     /// assert_eq!((ids.len(), pool.used_blocks()), (3, 3));
     /// ```
     pub fn alloc<'a>(&'a self, n: usize, out: &'a mut Vec<BlockId>) -> Alloc<'a> {
-        self.alloc_with_headroom(n, 0, out)
+        self.alloc_with_headroom(n, 0, out, Holder::Raw)
     }
 
     /// [`alloc`](Self::alloc) that leaves `headroom` blocks free besides, as
@@ -76,6 +76,7 @@ impl BlockPool {
         n: usize,
         headroom: usize,
         out: &'a mut Vec<BlockId>,
+        holder: Holder,
     ) -> Alloc<'a> {
         // Room for the ids first (it could panic or allocate), and only for
         // a request that can fit at all, as in `try_alloc_with_headroom`.
@@ -86,6 +87,7 @@ impl BlockPool {
             pool: self,
             out,
             wait: Waiter::new(n, headroom),
+            holder,
         }
     }
 
@@ -99,6 +101,7 @@ impl BlockPool {
             pool: self,
             out,
             wait: Waiter::refused(err),
+            holder: Holder::Sequence,
         }
     }
 
@@ -108,6 +111,7 @@ impl BlockPool {
             pool: self,
             out,
             wait: Waiter::ready(),
+            holder: Holder::Sequence,
         }
     }
 
@@ -155,7 +159,7 @@ impl BlockPool {
         out: &mut Vec<BlockId>,
         timeout: Option<Duration>,
     ) -> Result<(), ReserveError> {
-        self.alloc_with_headroom_blocking(n, 0, out, timeout)
+        self.alloc_with_headroom_blocking(n, 0, out, timeout, Holder::Raw)
     }
 
     /// [`alloc_blocking`](Self::alloc_blocking) that leaves `headroom`
@@ -166,12 +170,13 @@ impl BlockPool {
         headroom: usize,
         out: &mut Vec<BlockId>,
         timeout: Option<Duration>,
+        holder: Holder,
     ) -> Result<(), ReserveError> {
         if n <= self.num_blocks() {
             out.reserve(n);
         }
         wait_blocking(&self.counter, n, headroom, timeout)?;
-        self.take_admitted(n, out);
+        self.take_admitted(n, out, holder);
         Ok(())
     }
 
@@ -199,6 +204,8 @@ pub struct Alloc<'a> {
     pool: &'a BlockPool,
     out: &'a mut Vec<BlockId>,
     wait: Waiter,
+    /// Who the blocks are for: a raw caller, or a sequence.
+    holder: Holder,
 }
 
 impl Future for Alloc<'_> {
@@ -207,7 +214,10 @@ impl Future for Alloc<'_> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let granted = std::task::ready!(this.wait.poll(&this.pool.counter, cx));
-        Poll::Ready(granted.map(|()| this.pool.take_admitted(this.wait.n(), this.out)))
+        Poll::Ready(granted.map(|()| {
+            this.pool
+                .take_admitted(this.wait.n(), this.out, this.holder)
+        }))
     }
 }
 

@@ -23,10 +23,13 @@ use super::atomic::{AtomicU64, Ordering};
 /// The default is no fault: the code as shipped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Faults {
-    /// Never bump the free list's generation tag (opens the ABA race).
+    /// Take free ids from a word of the free list's bitmap with a load
+    /// and a plain store (no read-modify-write): two takers can take the
+    /// same block.
     #[cfg(all(test, kvslots_loom))]
-    pub(crate) no_tag: bool,
-    /// Push and drop references with `Relaxed` instead of `Release`.
+    pub(crate) plain_bitmap_take: bool,
+    /// Give blocks back to the free list and drop references with
+    /// `Relaxed` instead of `Release`.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) relaxed_free: bool,
     /// When a free finds a listed block already freed by another thread,
@@ -35,11 +38,13 @@ pub(crate) struct Faults {
     /// the free list.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) blind_undo: bool,
-    /// Drop a sequence's reference to a block whose count reads 1 with a
-    /// plain store of 0 (no read-modify-write): a racing double free then
-    /// pushes the block a second time.
+    /// A raw `BlockPool::free` takes a reference to a block that
+    /// sequences hold (it ignores the block's sequence flag, in its checks
+    /// and in its CAS): a sequence's drop of its last reference, a load
+    /// and a plain store, can then race the free's CAS, and both give the
+    /// block back.
     #[cfg(all(test, kvslots_loom))]
-    pub(crate) plain_held_drop: bool,
+    pub(crate) free_ignores_sequence: bool,
     /// Add a reference to a block whose count is 0 (a `fetch_add` with no
     /// check), as a fork does after a raw free took the parent's reference:
     /// revives a block that sits in the free list.
@@ -153,6 +158,11 @@ pub(crate) struct Faults {
     /// sequence's append is refused behind a queued admission.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) growth_waits: bool,
+    /// A match keeps the blocks it admitted ahead for revivals and did not
+    /// use (its key's block was evicted meanwhile) instead of giving them
+    /// back: they are lost to every later admission.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) match_keeps_credits: bool,
     /// The wait queue tells new admissions to leave free only what its
     /// head asks for, without the head's headroom and without the waiters
     /// behind it: a relay of small admissions starves a head that asks for
@@ -199,20 +209,19 @@ pub(crate) struct Faults {
 const _: () = assert!(std::mem::size_of::<Faults>() == 0);
 
 impl Faults {
-    /// The tag a successful CAS on a free-list head installs: `bumped`,
-    /// or `old` under `no_tag`.
+    /// Whether a take from the free list's bitmap is a load and a plain
+    /// store: `false`, or `true` under `plain_bitmap_take`.
     #[inline]
-    pub(crate) fn next_tag(self, bumped: u32, old: u32) -> u32 {
+    pub(crate) fn plain_bitmap_take(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
-        if self.no_tag {
-            return old;
+        if self.plain_bitmap_take {
+            return true;
         }
-        let _ = old;
-        bumped
+        false
     }
 
-    /// The ordering of a push and of a reference drop: `good`, or
-    /// `Relaxed` under `relaxed_free`.
+    /// The ordering of a give-back to the free list and of a reference
+    /// drop: `good`, or `Relaxed` under `relaxed_free`.
     #[inline]
     pub(crate) fn free_ordering(self, good: Ordering) -> Ordering {
         #[cfg(all(test, kvslots_loom))]
@@ -222,14 +231,13 @@ impl Faults {
         good
     }
 
-    /// Whether a sequence drops its reference to a block whose count reads
-    /// 1 with a plain store of 0 (no read-modify-write): `false`, or `true`
-    /// under `plain_held_drop` (a racing double free then pushes the block a
-    /// second time).
+    /// Whether a raw free ignores the sequence flag of a block: `false`, or
+    /// `true` under `free_ignores_sequence` (a racing double free and a
+    /// sequence's plain last drop then both give the block back).
     #[inline]
-    pub(crate) fn plain_held_drop(self) -> bool {
+    pub(crate) fn free_ignores_sequence(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
-        if self.plain_held_drop {
+        if self.free_ignores_sequence {
             return true;
         }
         false
@@ -396,6 +404,17 @@ impl Faults {
     pub(crate) fn growth_waits(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.growth_waits {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a match keeps what it admitted ahead and did not use:
+    /// `false`, or `true` under `match_keeps_credits`.
+    #[inline]
+    pub(crate) fn match_keeps_credits(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.match_keeps_credits {
             return true;
         }
         false

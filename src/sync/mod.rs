@@ -53,4 +53,4 @@ pub(crate) use lock::{Condvar, Mutex, MutexGuard};
 pub(crate) use seed::index_seed;
 #[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
 pub(crate) use seed::MODEL_SEED;
-pub(crate) use thread_index::thread_index;
+pub(crate) use thread_index::{thread_index, Divisor};

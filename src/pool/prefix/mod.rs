@@ -22,7 +22,7 @@ use crate::hash::BlockHash;
 use crate::id::BlockId;
 use crate::sync::{self, AtomicU64, Backoff, CachePadded, Faults, Ordering};
 
-use super::refs::{count_of, CACHED};
+use super::refs::{count_of, Holder, CACHED};
 use super::BlockPool;
 
 mod events;
@@ -144,9 +144,10 @@ const STAMP_BATCH: usize = 32;
 pub(super) struct Evictions {
     /// The give-back's drops.
     total: usize,
-    /// The stamp its drop number 0 would have had, once taken.
-    base: Option<u32>,
-    batch: [u64; STAMP_BATCH],
+    /// The stamp its drop number 0 would have had, and the batch, once a
+    /// block is evictable (a give-back of uncached blocks clears no 256
+    /// bytes).
+    stamped: Option<(u32, [u64; STAMP_BATCH])>,
     batched: usize,
     /// Blocks made evictable so far.
     count: usize,
@@ -157,8 +158,7 @@ impl Evictions {
     pub(super) fn new(total: usize) -> Evictions {
         Evictions {
             total,
-            base: None,
-            batch: [0; STAMP_BATCH],
+            stamped: None,
             batched: 0,
             count: 0,
         }
@@ -173,13 +173,14 @@ impl Evictions {
     /// give-back, is evictable.
     pub(super) fn push(&mut self, cache: &PrefixCache, id: BlockId, i: usize) {
         let (total, lru) = (self.total, &cache.lru);
-        let base = *self
-            .base
-            .get_or_insert_with(|| lru.stamps(total - i).wrapping_sub(i as u32));
-        self.batch[self.batched] = Lru::word(id, base.wrapping_add(i as u32));
+        let (base, batch) = self.stamped.get_or_insert_with(|| {
+            let base = lru.stamps(total - i).wrapping_sub(i as u32);
+            (base, [0; STAMP_BATCH])
+        });
+        batch[self.batched] = Lru::word(id, base.wrapping_add(i as u32));
         self.batched += 1;
         if self.batched == STAMP_BATCH {
-            lru.stamp_all(&self.batch);
+            lru.stamp_all(batch);
             self.batched = 0;
         }
         self.count += 1;
@@ -187,7 +188,9 @@ impl Evictions {
 
     /// Appends the last batch to the ring.
     pub(super) fn finish(&mut self, cache: &PrefixCache) {
-        cache.lru.stamp_all(&self.batch[..self.batched]);
+        if let Some((_, batch)) = &self.stamped {
+            cache.lru.stamp_all(&batch[..self.batched]);
+        }
         self.batched = 0;
     }
 }
@@ -299,6 +302,15 @@ const DIRECT: usize = 32;
 /// 4 KiB on the stack, zeroed only by matches longer than [`DIRECT`]).
 const TAKEN_WORDS: usize = 512;
 
+/// What one key's revival in a match may take: the blocks the match
+/// admitted ahead and has not used (`credits`), whether it ever admitted
+/// ahead, and how many keys are left in it, this one included.
+struct Revival<'a> {
+    credits: &'a mut usize,
+    admitted_ahead: &'a mut bool,
+    ahead: usize,
+}
+
 /// The filter's word and bit for block `id`.
 fn filter_bit(id: BlockId) -> (usize, u64) {
     let bit = id.index() % (TAKEN_WORDS * 64);
@@ -327,8 +339,17 @@ impl BlockPool {
         let base = out.len();
         let mut filter: Option<[u64; TAKEN_WORDS]> = None;
         let mut hits = 0;
-        for key in hashes {
-            let Some(id) = self.match_one(&cache.keys, key) else {
+        // Blocks admitted ahead for the evictable blocks this match revives
+        // (see `match_one`); what goes unused is given back at the end.
+        let (mut credits, mut admitted_ahead) = (0, false);
+        for (i, key) in hashes.iter().enumerate() {
+            let ahead = hashes.len() - i;
+            let revival = Revival {
+                credits: &mut credits,
+                admitted_ahead: &mut admitted_ahead,
+                ahead,
+            };
+            let Some(id) = self.match_one(&cache.keys, key, revival) else {
                 break;
             };
             let taken = &out[base..];
@@ -357,6 +378,12 @@ impl BlockPool {
             out.push(id);
             hits += 1;
         }
+        if credits > 0 {
+            self.counter.give_back_ahead(credits);
+        }
+        if admitted_ahead {
+            self.counter.note_peak();
+        }
         let cell = cache.stats.mine();
         add(&cell.queried, hashes.len() as u64);
         if hits != 0 {
@@ -367,8 +394,14 @@ impl BlockPool {
         hits
     }
 
-    /// One reference on the block holding `key`, if one does now.
-    fn match_one(&self, keys: &Keys, key: &BlockHash) -> Option<BlockId> {
+    /// One reference on the block holding `key`, if one does now. An
+    /// evictable block takes one of the revival's credits, blocks of the
+    /// pool's capacity admitted ahead: when none is left, this admits the
+    /// revival's `ahead` (the keys left in the match, this one included)
+    /// with one read-modify-write (and sets its `admitted_ahead`: the peak
+    /// is raised once the match is done), or else just one, as allocating
+    /// a free block does; the caller gives back what goes unused.
+    fn match_one(&self, keys: &Keys, key: &BlockHash, revival: Revival<'_>) -> Option<BlockId> {
         let probe = keys.probe(key);
         for id in keys.candidates(probe) {
             let backoff = Backoff::new();
@@ -383,13 +416,21 @@ impl BlockPool {
                 if count_of(seen) == 0 {
                     // An evictable block: reviving it takes a block of the
                     // pool's capacity, exactly as allocating a free one.
-                    if self.counter.try_reserve_raw(1, 0).is_err() {
-                        return None;
+                    if *revival.credits == 0 {
+                        let ahead = revival.ahead;
+                        if ahead > 1 && self.counter.try_reserve_ahead(ahead).is_ok() {
+                            *revival.credits = ahead;
+                            *revival.admitted_ahead = true;
+                        } else if self.counter.try_reserve_raw(1, 0).is_ok() {
+                            *revival.credits = 1;
+                        } else {
+                            return None;
+                        }
                     }
                     if self.refs.revive(id, seen) {
+                        *revival.credits -= 1;
                         return Some(id);
                     }
-                    self.counter.release_held(1);
                 } else if self.refs.revive(id, seen) {
                     return Some(id);
                 }
@@ -403,18 +444,19 @@ impl BlockPool {
 
     /// Takes up to `k` evictable blocks for an allocation that admitted
     /// them: drops their keys and index entries and appends them to `out`
-    /// with one reference each; returns how many. Fewer if no more were
-    /// found (the caller looks again).
+    /// with one reference of `holder`'s each; returns how many. Fewer if no
+    /// more were found (the caller looks again).
     pub(super) fn evict_into(
         &self,
         cache: &PrefixCache,
         k: usize,
         out: &mut Vec<BlockId>,
+        holder: Holder,
     ) -> usize {
         let evicted = cache.lru.evict(
             &self.refs,
             k,
-            |id, seen| self.evict_reported(cache, id, seen),
+            |id, seen| self.evict_reported(cache, id, seen, holder),
             |id| {
                 cache.forget_key(id);
                 out.push(id);
@@ -428,10 +470,11 @@ impl BlockPool {
     /// `Acquire` load), as [`Refs::evict`](super::refs::Refs) does, and
     /// records the removal of its key if the pool records KV events: the
     /// record's place is taken after that load and before the CAS (see
-    /// `events.rs` for why), and becomes a void if the CAS fails.
-    fn evict_reported(&self, cache: &PrefixCache, id: BlockId, seen: u64) -> bool {
+    /// `events.rs` for why), and becomes a void if the CAS fails. The
+    /// evicted block comes with one reference of `holder`'s.
+    fn evict_reported(&self, cache: &PrefixCache, id: BlockId, seen: u64, holder: Holder) -> bool {
         let Some(events) = cache.events.as_ref() else {
-            return self.refs.evict(id, seen);
+            return self.refs.evict(id, seen, holder);
         };
         if !self.refs.may_evict(seen) {
             return false;
@@ -444,7 +487,7 @@ impl BlockPool {
         let probe = cache.keys.probe(&key);
         if events.late_removal() {
             // loom's control: the place taken after the CAS.
-            let evicted = self.refs.evict(id, seen);
+            let evicted = self.refs.evict(id, seen, holder);
             if evicted {
                 if let Some(ticket) = cache.ticket(probe) {
                     ticket.removed(&key, id);
@@ -453,7 +496,7 @@ impl BlockPool {
             return evicted;
         }
         let ticket = cache.ticket(probe);
-        if !self.refs.evict(id, seen) {
+        if !self.refs.evict(id, seen, holder) {
             return false;
         }
         if let Some(ticket) = ticket {
@@ -534,7 +577,9 @@ impl BlockPool {
                 continue;
             }
             let id = BlockId::new(index as u32);
-            if !self.evict_reported(cache, id, seen) {
+            // A reference of our own, given back below: a sequence's, so
+            // that no raw free can take it.
+            if !self.evict_reported(cache, id, seen, Holder::Sequence) {
                 self.counter.release_held(1);
                 continue;
             }

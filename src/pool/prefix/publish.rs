@@ -5,6 +5,7 @@
 
 use crate::hash::BlockHash;
 use crate::id::BlockId;
+use crate::pool::free_list::Give;
 use crate::pool::refs::{Dropped, BUSY, CACHED, KILLED};
 use crate::pool::BlockPool;
 use crate::sync::Ordering;
@@ -184,7 +185,7 @@ impl BlockPool {
     /// cached it, with its capacity released.
     fn give_back_claim(&self, id: BlockId, dropped: Dropped) {
         if dropped != Dropped::Kept {
-            let _ = self.drop_each(std::iter::once(id), &[id], |_| Ok(dropped));
+            let _ = self.drop_each(Give::new(), std::iter::once(id), &[id], |_| Ok(dropped));
         }
     }
 }

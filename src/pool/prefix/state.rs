@@ -39,7 +39,8 @@
 
 use crate::id::BlockId;
 use crate::pool::refs::{
-    count_of, Dropped, Refs, BUSY, CACHED, COUNT, DEFERRED, GEN, KILLED, MAX_REFS,
+    count_of, settle, Dropped, Holder, Refs, BUSY, CACHED, COUNT, DEFERRED, GEN, KILLED, MAX_REFS,
+    SEQUENCE,
 };
 use crate::sync::Ordering;
 
@@ -92,7 +93,9 @@ impl Refs {
     /// A matcher's revival: one more reference on a cached block whose
     /// state the matcher read as `seen` (and whose key it compared since),
     /// if the state is still exactly `seen`. A changed generation means
-    /// the key may have changed: then nothing happens and `false`.
+    /// the key may have changed: then nothing happens and `false`. The
+    /// matcher is a sequence: a revival from a count of 0 sets
+    /// `SEQUENCE` (one from a higher count keeps the flag as it is).
     pub(super) fn revive(&self, id: BlockId, seen: u64) -> bool {
         let word = &self.words[id.index()];
         if count_of(seen) >= MAX_REFS {
@@ -108,18 +111,26 @@ impl Refs {
         // evictable block), so the publisher's writes into the block and
         // every earlier holder's accesses happen-before our use. Relaxed on
         // failure: the caller reloads.
-        word.compare_exchange(seen, seen + 1, Ordering::Acquire, Ordering::Relaxed)
+        let next = if count_of(seen) == 0 {
+            (seen + 1) | SEQUENCE
+        } else {
+            seen + 1
+        };
+        word.compare_exchange(seen, next, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
     }
 
     /// An eviction: takes an evictable block whose state read `seen`,
-    /// dropping its key (a new generation) and giving the caller one
+    /// dropping its key (a new generation) and giving `holder` one
     /// reference, if the state is still exactly `seen`.
-    pub(super) fn evict(&self, id: BlockId, seen: u64) -> bool {
+    pub(super) fn evict(&self, id: BlockId, seen: u64, holder: Holder) -> bool {
         if !self.may_evict(seen) {
             return false;
         }
-        let next = (seen & !(COUNT | DEFERRED | CACHED | BUSY | KILLED)).wrapping_add(GEN) | 1;
+        let next = (seen & !(COUNT | SEQUENCE | DEFERRED | CACHED | BUSY | KILLED))
+            .wrapping_add(GEN)
+            | holder.flag()
+            | 1;
         // Acquire on success: synchronises with the last holder's drop
         // (Release), so its accesses happen-before ours. Relaxed on
         // failure: the caller looks elsewhere.
@@ -249,7 +260,7 @@ impl Refs {
             // value.
             match word.compare_exchange_weak(
                 cur,
-                ((cur & !(BUSY | DEFERRED)) | CACHED) - claim_ref,
+                settle(((cur & !(BUSY | DEFERRED)) | CACHED) - claim_ref),
                 self.faults.publish_ordering(Ordering::AcqRel),
                 Ordering::Relaxed,
             ) {
@@ -270,7 +281,7 @@ impl Refs {
         // Relaxed: only a guess; the CAS validates it.
         let mut cur = word.load(Ordering::Relaxed);
         loop {
-            let next = (cur & !(BUSY | KILLED | DEFERRED)).wrapping_add(GEN) - claim_ref;
+            let next = settle((cur & !(BUSY | KILLED | DEFERRED)).wrapping_add(GEN) - claim_ref);
             // AcqRel on success: as a drop in `drop_from` (Release orders
             // our key writes before the block's next owner, who may write
             // its own; Acquire lets us, if this is the last reference, see
@@ -306,7 +317,7 @@ impl Refs {
             let next = if deferred {
                 cur & !(DEFERRED | KILLED)
             } else {
-                (cur & !(BUSY | KILLED | DEFERRED)).wrapping_add(GEN) - claim_ref
+                settle((cur & !(BUSY | KILLED | DEFERRED)).wrapping_add(GEN) - claim_ref)
             };
             // AcqRel on success: for a deferral, the Acquire half
             // synchronises with the deferring rival's mark (Release), so
