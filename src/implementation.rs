@@ -29,8 +29,8 @@
 //!   step completes.
 //! * [Orderings](#orderings): what each atomic operation orders, type by
 //!   type.
-//! * [Model checking](#model-checking): the atomics facade and the one
-//!   seam for loom's negative controls.
+//! * [Model checking](#model-checking): the atomics facade, the loom
+//!   models inside the crate, and the faults of their negative controls.
 //!
 //! # Layout
 //!
@@ -48,6 +48,9 @@
 //!   counter/          SlotCounter, its guards and its waiting
 //!   wait/             the FIFO wait queue, over any allocator of units
 //!   sync/             the atomics facade, the model checkers' seam
+//!   loom_tests/       the loom models and their negative controls: unit
+//!                     tests under cfg(all(test, kvslots_loom)), one file a
+//!                     subject (pool.rs, prefix.rs, wait.rs, ...)
 //!   pool/             BlockPool
 //!     mod.rs          the core pool: construction, queries, allocation, the
 //!                     drop path with its last-reference hook, BlockAllocator
@@ -737,7 +740,7 @@
 //! observation would happen-before `A`'s act and could not have seen it
 //! (coherence). So a key's records lie in its ring in the order of its
 //! transitions: store, removal, store, ... The loom models
-//! (`loom-tests/tests/events.rs`) check this against an eviction and
+//! (`src/loom_tests/events.rs`) check this against an eviction and
 //! against a truncate racing a republish of the key on another block, and
 //! catch a removal reserved after its CAS and a store reserved before its
 //! claim.
@@ -1116,8 +1119,10 @@
 //!
 //! Every atomic (and the wait queue's mutex, condition variable and
 //! fence) goes through one private facade module, `sync`: `std`'s
-//! types normally, loom's with `RUSTFLAGS="--cfg kvslots_loom"`, shuttle's
-//! with `RUSTFLAGS="--cfg kvslots_shuttle"`. The cfgs are crate-specific on
+//! types normally, loom's in the crate's own unit tests under
+//! `RUSTFLAGS="--cfg kvslots_loom"` (`cfg(all(test, kvslots_loom))`, as
+//! tokio's `cfg(all(test, loom))`), shuttle's with
+//! `RUSTFLAGS="--cfg kvslots_shuttle"`. The cfgs are crate-specific on
 //! purpose: a plain `--cfg loom` would also switch every dependency that
 //! knows about loom. The facade holds the only other differences under a
 //! model checker: a retry after a possibly stale load yields (loom would
@@ -1134,18 +1139,37 @@
 //! of a referenced block, a publisher that does not kill a rival's claim,
 //! a claim without a reference of its own, a claim's last drop not given
 //! back, a publish that claims without looking its key up first, a claim
-//! that is a rival before its key is written, lookups that read only a
-//! key's first index bucket, a rescan whose read-modify-write is in the
-//! bucket of the publisher's own entry, a fenced
-//! retirement that gives its references back at once, an admission fast
-//! path that takes with a plain store, a refused gather that keeps what it
-//! took, a waiter that queues without trying again, a cancelled waiter
-//! that keeps its grant or does not re-check the waiters behind it, a
-//! close that wakes no one, a waiter without its hand-shake, a queue that
-//! owes new admissions only its head's request, a head woken before its
-//! grant is counted, a KV event removal reserved after its CAS, a store
-//! reserved before its claim, a record published `Relaxed`, a loss not
-//! counted)
-//! are switched on through hooks that are the correct behaviour
-//! in every other build. The model suites reach that seam through one
-//! hidden module, not through the API.
+//! that is a rival before its key is written, a claim that gives up on a
+//! deferral without looking again, lookups that read only a key's first
+//! index bucket, a rescan whose read-modify-write is in the bucket of the
+//! publisher's own entry, a fenced retirement that gives its references
+//! back at once, an admission fast path that takes with a plain store, a
+//! refused gather that keeps what it took, a gather that gives blocks back
+//! without re-checking the waiters, a waiter that queues without trying
+//! again, a cancelled waiter that keeps its grant or does not re-check the
+//! waiters behind it, a close that wakes no one, a waiter without its
+//! hand-shake, growth that waits behind a queued head, a queue that owes
+//! new admissions only its head's request, a head woken before its grant
+//! is counted, a panicking waker that drops the rest of its batch
+//! uncalled, a KV event removal reserved after its CAS, a store reserved
+//! before its claim, a record published `Relaxed`, a loss not counted)
+//! are switched on through hooks that are the correct behaviour in every
+//! other build.
+//!
+//! **The loom models live inside the crate**, in `src/loom_tests/`, as
+//! tokio keeps its `loom_*.rs` tests: unit tests compiled only under
+//! `cfg(all(test, kvslots_loom))`, which `scripts/loom` runs
+//! (`cargo test --lib --release` with the cfg; `scripts/loom NAME` runs
+//! the tests under `loom_tests::NAME::`). In that build, and only there,
+//! `Faults` has its fields and the models build pools and counters with
+//! them (`BlockPool::with_faults`, `BlockPoolBuilder::faults`,
+//! `SlotCounter::with_faults`, all crate-private and compiled only there);
+//! in every other build, the release build included, `Faults` is an empty
+//! type (a constant assertion checks it) and every hook a constant, so no
+//! fault reaches shipped code.
+//! Under `--cfg kvslots_loom` the crate's other unit tests are left out,
+//! so that build is the models and their controls; and any other build of
+//! the library under that cfg (its integration tests, a dependent crate)
+//! keeps `std`'s atomics. No public item exists for the model checkers:
+//! the shuttle schedules (`tests/shuttle*.rs`) drive the public API, with
+//! shuttle's own atomics for their witnesses and wrong allocators.

@@ -167,11 +167,16 @@
 //! explores every interleaving of two-thread models and of three-thread
 //! models up to a preemption bound (`LOOM_MAX_PREEMPTIONS`, 2 in CI), and
 //! under [shuttle] (`--cfg kvslots_shuttle`), which runs randomised and PCT
-//! schedules of 8 threads. Every loom model has a negative control: a known
-//! wrong way (admitting token by token, a free list that takes without a
+//! schedules of 8 threads. The loom models are the crate's own unit tests
+//! (`src/loom_tests/`, compiled only under `cfg(all(test, kvslots_loom))`,
+//! as tokio keeps its own); the shuttle schedules drive the public API from
+//! `tests/`. Every loom model has a negative control: a known wrong way
+//! (admitting token by token, a free list that takes without a
 //! read-modify-write, `Relaxed` frees, a raw free that takes a sequence's
-//! reference, a publish without its release, and others) injected
-//! into the same code, which loom must catch. Rayon stress tests drive
+//! reference, a publish without its release, and others) injected into the
+//! same code, which loom must catch. The faults are crate-private and exist
+//! only in the models' build (elsewhere their hooks are constants), and no
+//! public item exists for the model checkers. Rayon stress tests drive
 //! millions of mixed operations on many threads while an observer samples
 //! the invariants, a linearizability checker replays recorded histories,
 //! property tests compare against sequential models, and the census runs
@@ -239,6 +244,8 @@ mod error;
 mod hash;
 mod id;
 pub mod implementation;
+#[cfg(all(test, kvslots_loom))]
+mod loom_tests;
 mod pool;
 mod sequence;
 mod sync;
@@ -254,60 +261,6 @@ pub use hash::{hash_blocks, hash_blocks_with, BlockHash, ExtraKey};
 pub use id::BlockId;
 pub use pool::{Alloc, BlockPool, BlockPoolBuilder, KvEvent, PoolStats, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};
-
-/// The seam for the model-checking suites (`loom-tests`, `tests/shuttle.rs`):
-/// not part of the API, and not covered by semver.
-///
-/// It gives the suites the atomics facade's types, so that their
-/// deliberately wrong allocators use exactly the atomics the real code
-/// uses, and a pool with the faults of loom's negative controls.
-#[doc(hidden)]
-pub mod __model {
-    pub use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Faults, Ordering};
-
-    /// A [`BlockPool`](crate::BlockPool) as
-    /// [`with_shards`](crate::BlockPool::with_shards) builds it, carrying
-    /// `faults`.
-    pub fn pool_with_faults(
-        num_blocks: usize,
-        block_size: usize,
-        shards: usize,
-        faults: Faults,
-    ) -> crate::BlockPool {
-        crate::BlockPool::with_faults(num_blocks, block_size, shards, faults)
-    }
-
-    /// A pool as [`pool_with_faults`] builds it, with KV events in rings
-    /// of `capacity` records in all.
-    pub fn pool_with_events(
-        num_blocks: usize,
-        block_size: usize,
-        shards: usize,
-        capacity: usize,
-        faults: Faults,
-    ) -> crate::BlockPool {
-        crate::BlockPool::builder(num_blocks, block_size)
-            .shards(shards)
-            .prefix_cache(true)
-            .kv_events(capacity)
-            .faults(faults)
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    /// The sum of `pool`'s per-shard admission counts, without the cap at
-    /// `num_blocks` that [`free_blocks`](crate::BlockPool::free_blocks)
-    /// applies: once no call is running it must equal `free_blocks()`.
-    pub fn admission_free(pool: &crate::BlockPool) -> usize {
-        pool.admission_free_uncapped()
-    }
-
-    /// A [`SlotCounter`](crate::SlotCounter) of `capacity` slots whose wait
-    /// queue carries `faults`.
-    pub fn counter_with_faults(capacity: usize, faults: Faults) -> crate::SlotCounter {
-        crate::SlotCounter::with_faults(capacity, faults)
-    }
-}
 
 /// The admission rule, as a pure function: how many of `requested` slots to
 /// admit when `used` of `capacity` are taken.

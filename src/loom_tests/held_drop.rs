@@ -7,9 +7,7 @@
 //! given back once, and the free reports `Ok` only if it dropped a
 //! reference that was there.
 //!
-//! Run with `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2
-//! CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test
-//! held_drop`.
+//! Run with `scripts/loom held_drop`.
 //!
 //! After both threads are done, every model checks that:
 //!
@@ -42,15 +40,15 @@
 //! holder's reference and the block has been handed to a new owner, the
 //! holder's next free takes the new owner's reference (reference counts
 //! cannot tell holders apart; see `BlockPool::free`).
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 
-use kvslots::__model::{admission_free, pool_with_faults, Faults};
-use kvslots::{BlockId, BlockPool, FreeError, Sequence};
+use crate::loom_tests::pool_world::{
+    check, BLIND_ADD_REF, DOUBLE, FREE_IGNORES_SEQUENCE, LOST, SOUND,
+};
+use crate::sync::Faults;
+use crate::{BlockId, BlockPool, FreeError, Sequence};
 use loom::thread;
-use loom_tests::pool_world::{check, BLIND_ADD_REF, DOUBLE, FREE_IGNORES_SEQUENCE, LOST, SOUND};
 
 /// A pool of `num_blocks` one-slot blocks, one shard, with `faults`.
 fn pool(num_blocks: usize, faults: Faults) -> Arc<BlockPool> {
@@ -59,7 +57,7 @@ fn pool(num_blocks: usize, faults: Faults) -> Arc<BlockPool> {
 
 /// A pool of `num_blocks` blocks of `block_size` slots, one shard.
 fn pool_with(num_blocks: usize, block_size: usize, faults: Faults) -> Arc<BlockPool> {
-    Arc::new(pool_with_faults(num_blocks, block_size, 1, faults))
+    Arc::new(BlockPool::with_faults(num_blocks, block_size, 1, faults))
 }
 
 /// What a racing double free may answer: `HeldBySequence` while the
@@ -93,7 +91,7 @@ fn assert_consistent(pool: &BlockPool, held: &[BlockId], what: &str) {
         "{LOST}: used blocks ({what})"
     );
     assert_eq!(
-        admission_free(pool),
+        pool.admission_free_uncapped(),
         n - held.len(),
         "{LOST}: the admission counts ({what})"
     );

@@ -1,5 +1,5 @@
-//! The harness of the `BlockPool` and `Sequence` models (`tests/pool.rs`,
-//! `tests/sequence.rs`): a pool next to a shadow holder count and a
+//! The harness of the `BlockPool` and `Sequence` models (`pool.rs`,
+//! `sequence.rs`): a pool next to a shadow holder count and a
 //! happens-before witness per block, the conservation check, the fault sets
 //! of the negative controls, and a `check` that refuses to pass vacuously.
 //!
@@ -21,9 +21,9 @@
 
 use std::sync::Arc;
 
-use kvslots::__model::{admission_free, pool_with_faults, Faults};
-use kvslots::__model::{AtomicUsize, Ordering};
-use kvslots::{BlockHash, BlockId, BlockPool, ReserveError, Sequence};
+use crate::sync::Faults;
+use crate::sync::{AtomicUsize, Ordering};
+use crate::{BlockHash, BlockId, BlockPool, ReserveError, Sequence};
 use loom::cell::UnsafeCell;
 
 /// A block was handed out while a holder still had it (the same words as
@@ -359,7 +359,9 @@ impl PoolWorld {
         holder: &'static str,
     ) -> Arc<PoolWorld> {
         Arc::new(PoolWorld {
-            pool: Arc::new(pool_with_faults(num_blocks, block_size, shards, faults)),
+            pool: Arc::new(BlockPool::with_faults(
+                num_blocks, block_size, shards, faults,
+            )),
             holders: (0..num_blocks).map(|_| AtomicUsize::new(0)).collect(),
             payload: (0..num_blocks).map(|_| UnsafeCell::new(0)).collect(),
             holder,
@@ -449,7 +451,7 @@ impl PoolWorld {
         // The shards' admission counts, without the cap that `free_blocks`
         // applies: a count admitted twice shows here.
         assert_eq!(
-            admission_free(&self.pool),
+            self.pool.admission_free_uncapped(),
             n,
             "{LOST}: the admission counts"
         );
@@ -487,8 +489,8 @@ impl PoolWorld {
     }
 }
 
-/// The checked allocations of the pool models (`tests/pool.rs`,
-/// `tests/shards.rs`).
+/// The checked allocations of the pool models (`pool.rs`,
+/// `shards.rs`).
 pub trait Allocs {
     /// `try_alloc(n)` into a fresh vector, checked whole or nothing (a
     /// refusal is `Full`, or `BehindWaiters` while someone waits); each new
@@ -533,8 +535,8 @@ impl Allocs for PoolWorld {
     }
 }
 
-/// The body of the alloc-vs-alloc models (`tests/pool.rs`,
-/// `tests/shards.rs`): a spawned thread allocates `takes` blocks and gives
+/// The body of the alloc-vs-alloc models (`pool.rs`,
+/// `shards.rs`): a spawned thread allocates `takes` blocks and gives
 /// back the one at index `gives_back`, keeping the rest; meanwhile this
 /// thread allocates one block, which must succeed (`takes` leaves one), and
 /// then tries one more. Each keeps what it holds until both are done; then
@@ -591,7 +593,7 @@ pub fn holder_rival_publisher(pool: &Arc<BlockPool>) -> (Sequence, Sequence, Seq
 pub fn holder_gone_then_publish(faults: Faults, rival_then: Option<BlockHash>) {
     check(move || {
         let key = BlockHash([1; 32]);
-        let pool = Arc::new(pool_with_faults(3, 1, 1, faults));
+        let pool = Arc::new(BlockPool::with_faults(3, 1, 1, faults));
         let (mut c, mut r, mut p) = holder_rival_publisher(&pool);
         let holder = loom::thread::spawn(move || {
             c.publish(&[key]);
