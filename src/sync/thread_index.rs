@@ -5,8 +5,8 @@
 ///
 /// Threads are numbered in the order they first ask, which is when they
 /// first allocate from or free to any pool (admission, its release and a
-/// pop ask): a thread-local cached from a counter, so that `n` threads
-/// spread over `n` shards without registering.
+/// take from the free list ask): a thread-local cached from a counter, so
+/// that `n` threads spread over `n` shards without registering.
 ///
 /// Under loom the counter and the thread-local are loom's
 /// (`loom::lazy_static!`, `loom::thread_local!`), which start afresh in
