@@ -191,6 +191,12 @@ pub struct Faults {
     /// the consumer is never told to resync.
     #[cfg(kvslots_loom)]
     pub uncounted_loss: bool,
+    /// A sequence's drop of a block it reads as held alone is a load and a
+    /// plain store, no read-modify-write: a double release of the same
+    /// block through the public `BlockAllocator::release` does the same,
+    /// and both give the block back.
+    #[cfg(kvslots_loom)]
+    pub plain_sole_drop: bool,
 }
 
 impl Faults {
@@ -470,6 +476,17 @@ impl Faults {
             return Ordering::Relaxed;
         }
         good
+    }
+
+    /// Whether a sole holder's drop is a load and a plain store: `false`,
+    /// or `true` under `plain_sole_drop`.
+    #[inline]
+    pub(crate) fn plain_sole_drop(self) -> bool {
+        #[cfg(kvslots_loom)]
+        if self.plain_sole_drop {
+            return true;
+        }
+        false
     }
 
     /// Whether a KV event lost to a full ring goes uncounted: `false`, or
