@@ -402,18 +402,20 @@
 //! [`FreeError::Raced`](crate::FreeError::Raced). No raw free ever writes
 //! a flagged word.
 //!
-//! That is what lets a sequence give its blocks back without a
-//! read-modify-write: a sequence that reads its block's word (`Acquire`)
-//! as `SEQUENCE` with a count of 1, neither cached nor claimed, holds the
-//! only reference, and no other thread may change the word (a match
-//! revives only cached blocks, an eviction takes only unreferenced ones, a
-//! claim and a fork need a holder, a raw free refuses it). It stores the
-//! count of 0 with a plain store and gives the block back with the rest of
-//! its give-back's word (whose `Release` `fetch_or` publishes the store).
-//! A fresh block's first reference is a plain store too. So a sequence's
-//! fresh blocks cost a load and a store each, taken and given back, and
-//! the read-modify-writes of an append and a truncate are per word and per
-//! call, not per block.
+//! The flag does not make a sequence the only thread that may write its
+//! block's word: [`BlockAllocator::release`](crate::BlockAllocator::release)
+//! and [`BlockAllocator::add_refs`](crate::BlockAllocator::add_refs) are
+//! public, and a caller that lists a sequence's block (a double release,
+//! or a release of [`Sequence::blocks`](crate::Sequence::blocks) racing
+//! the sequence's drop: misuse) changes the same count. So a sequence that
+//! reads its block's word as `SEQUENCE` with a count of 1, neither cached
+//! nor claimed, clears it with one CAS from the value read (`Acquire`),
+//! not a plain store, and gives the block back with the rest of its
+//! give-back's word (whose `Release` `fetch_or` publishes it); if the CAS
+//! fails it drops as below. A fresh block's first reference is a plain
+//! store (a free block has no holder to race). So a sequence's fresh
+//! blocks cost a load and a store each when taken and a load and an
+//! uncontended CAS each when given back.
 //!
 //! Every other drop is a CAS from the count it read to one less: a shared
 //! block's (two sequences can drop their references at once), a cached
@@ -950,8 +952,8 @@
 //! one of 8 cache-padded `Mutex<HashMap<u64, Vec<BlockId>>>` (the map
 //! `fence % 8`), and [`BlockPool::complete`](crate::BlockPool::complete)
 //! takes the fence's list out and drops the references through the same
-//! path a sequence's drop takes (`release`: a plain store for a sole
-//! reference to a sequence's block, a CAS for any other, one `fetch_or`
+//! path a sequence's drop takes (`release`: one CAS for a sole
+//! reference to a sequence's block, the CAS loop for any other, one `fetch_or`
 //! per word given back, the admission count given back after them). So
 //! a fenced block stays counted as used until then, and a cached one
 //! becomes evictable only then. A retire moves the sequence's own table in

@@ -31,6 +31,7 @@
 //! | `admission.rs` | per-shard admission counts: the fast path and gathers |
 //! | `pool_wait.rs` | waiting on a pool counted over two shards |
 //! | `refused_free.rs` | a free refused after a racing double free |
+//! | `release_race.rs` | a double release through `BlockAllocator::release` (misuse): two releases of a sequence's block, and one racing the sequence's drop |
 //! | `held_drop.rs` | a sequence's give-back against a double free, which the sequence flag refuses; a stale free against a sequence that retook the block |
 //! | `sequence.rs` | `Sequence`: fork, drop, append, truncate |
 //! | `fence.rs` | fenced release against `complete` and allocation |
@@ -87,6 +88,7 @@ mod prefix;
 mod prefix_misuse;
 mod prefix_publish_attack;
 mod refused_free;
+mod release_race;
 mod sequence;
 mod shards;
 mod wait;

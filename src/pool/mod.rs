@@ -749,9 +749,9 @@ impl BlockPool {
     /// table (or retired), as [`drop_refs`](Self::drop_refs) does.
     ///
     /// A block that the sequence holds alone, neither cached nor claimed,
-    /// goes back with a plain store of its count (no raw free can touch a
-    /// sequence's block, see [Reference counts](crate::implementation#reference-counts));
-    /// every other drop is a read-modify-write. A reference that is no
+    /// goes back with one CAS of its count from the value read (see
+    /// [Reference counts](crate::implementation#reference-counts)); every
+    /// other drop is the CAS loop of a raw free. A reference that is no
     /// longer there (a raw free took it before the block was a sequence's:
     /// a double free) is refused with `Raced` like any drop that loses that
     /// race, and the others are dropped all the same.
