@@ -854,7 +854,7 @@ pub fn hash_blocks_with(
     Ok(())
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
 mod tests {
     use super::*;
 

@@ -31,8 +31,8 @@
 //!   step completes.
 //! * [Orderings](#orderings): what each atomic operation orders, type by
 //!   type.
-//! * [Model checking](#model-checking): the atomics facade and the one
-//!   seam for loom's negative controls.
+//! * [Model checking](#model-checking): the atomics facade, the loom
+//!   models inside the crate, and the faults of their negative controls.
 //!
 //! # Layout
 //!
@@ -53,6 +53,9 @@
 //!   counter/          SlotCounter, its guards and its waiting
 //!   wait/             the FIFO wait queue, over any allocator of units
 //!   sync/             the atomics facade, the model checkers' seam
+//!   loom_tests/       the loom models and their negative controls: unit
+//!                     tests under cfg(all(test, kvslots_loom)), one file a
+//!                     subject (pool.rs, prefix.rs, wait.rs, ...)
 //!   pool/             BlockPool
 //!     mod.rs          the core pool: construction, queries, allocation, the
 //!                     drop path with its last-reference hook, BlockAllocator
@@ -404,18 +407,20 @@
 //! [`FreeError::Raced`](crate::FreeError::Raced). No raw free ever writes
 //! a flagged word.
 //!
-//! That is what lets a sequence give its blocks back without a
-//! read-modify-write: a sequence that reads its block's word (`Acquire`)
-//! as `SEQUENCE` with a count of 1, neither cached nor claimed, holds the
-//! only reference, and no other thread may change the word (a match
-//! revives only cached blocks, an eviction takes only unreferenced ones, a
-//! claim and a fork need a holder, a raw free refuses it). It stores the
-//! count of 0 with a plain store and gives the block back with the rest of
-//! its give-back's word (whose `Release` `fetch_or` publishes the store).
-//! A fresh block's first reference is a plain store too. So a sequence's
-//! fresh blocks cost a load and a store each, taken and given back, and
-//! the read-modify-writes of an append and a truncate are per word and per
-//! call, not per block.
+//! The flag does not make a sequence the only thread that may write its
+//! block's word: [`BlockAllocator::release`](crate::BlockAllocator::release)
+//! and [`BlockAllocator::add_refs`](crate::BlockAllocator::add_refs) are
+//! public, and a caller that lists a sequence's block (a double release,
+//! or a release of [`Sequence::blocks`](crate::Sequence::blocks) racing
+//! the sequence's drop: misuse) changes the same count. So a sequence that
+//! reads its block's word as `SEQUENCE` with a count of 1, neither cached
+//! nor claimed, clears it with one CAS from the value read (`Acquire`),
+//! not a plain store, and gives the block back with the rest of its
+//! give-back's word (whose `Release` `fetch_or` publishes it); if the CAS
+//! fails it drops as below. A fresh block's first reference is a plain
+//! store (a free block has no holder to race). So a sequence's fresh
+//! blocks cost a load and a store each when taken and a load and an
+//! uncontended CAS each when given back.
 //!
 //! Every other drop is a CAS from the count it read to one less: a shared
 //! block's (two sequences can drop their references at once), a cached
@@ -478,10 +483,13 @@
 //! [`BlockPool::free`](crate::BlockPool::free) of one is refused
 //! (`HeldBySequence`). They go back only through the tables' `release`
 //! and `retire` (a fence's completion drops them as `release` would): a
-//! block the sequence holds alone, neither cached nor claimed, with a
-//! plain store, any other with a CAS. A window's block reused for new
+//! block the sequence holds alone, neither cached nor claimed, with one
+//! CAS from the word it read (so a racing double `release` of it, which
+//! is misuse, gives it back once), any other with the CAS loop. A
+//! window's block reused for new
 //! tokens keeps its reference and its flag; since no raw free takes a
-//! sequence's reference, nothing can drop it between the reuse's check
+//! sequence's reference, nothing but a misused `release` (as for any
+//! sequence's block) can drop it between the reuse's check
 //! (below) and the sequence's write (loom's `free_ignores_sequence`
 //! control lets a raw free take it: the window then reuses, or gives
 //! back a second time, a block that is free).
@@ -845,7 +853,7 @@
 //! observation would happen-before `A`'s act and could not have seen it
 //! (coherence). So a key's records lie in its ring in the order of its
 //! transitions: store, removal, store, ... The loom models
-//! (`loom-tests/tests/events.rs`) check this against an eviction and
+//! (`src/loom_tests/events.rs`) check this against an eviction and
 //! against a truncate racing a republish of the key on another block, and
 //! catch a removal reserved after its CAS and a store reserved before its
 //! claim.
@@ -1055,8 +1063,8 @@
 //! one of 8 cache-padded `Mutex<HashMap<u64, Vec<BlockId>>>` (the map
 //! `fence % 8`), and [`BlockPool::complete`](crate::BlockPool::complete)
 //! takes the fence's list out and drops the references through the same
-//! path a sequence's drop takes (`release`: a plain store for a sole
-//! reference to a sequence's block, a CAS for any other, one `fetch_or`
+//! path a sequence's drop takes (`release`: one CAS for a sole
+//! reference to a sequence's block, the CAS loop for any other, one `fetch_or`
 //! per word given back, the admission count given back after them). So
 //! a fenced block stays counted as used until then, and a cached one
 //! becomes evictable only then. A retire moves the sequence's own table in
@@ -1147,11 +1155,11 @@
 //! * **Freeing is `Release`**: a reference drop is an `AcqRel` CAS on the
 //!   block's count (the `Release` half orders this holder's accesses
 //!   before the last drop; the `Acquire` half lets the last dropper see
-//!   every other holder's), or, for a sequence's sole reference, an
-//!   `Acquire` load (which reads from every other holder's drop) and a
-//!   `Relaxed` store published by the give-back; the give-back to the free
-//!   list is `Release`, and the count is given back with a `Release`
-//!   `fetch_add` on the freeing thread's home shard.
+//!   every other holder's), or, for a sequence's sole reference, a CAS
+//!   `Acquire` on success (it reads from every other holder's drop) and
+//!   without `Release`, which the give-back publishes; the give-back to
+//!   the free list is `Release`, and the count is given back with a
+//!   `Release` `fetch_add` on the freeing thread's home shard.
 //! * **Allocation is `Acquire`**: the admission CAS and the free list's
 //!   take. So everything a previous owner wrote into a block happens-before
 //!   the next owner touches it.
@@ -1224,8 +1232,10 @@
 //!
 //! Every atomic (and the wait queue's mutex, condition variable and
 //! fence) goes through one private facade module, `sync`: `std`'s
-//! types normally, loom's with `RUSTFLAGS="--cfg kvslots_loom"`, shuttle's
-//! with `RUSTFLAGS="--cfg kvslots_shuttle"`. The cfgs are crate-specific on
+//! types normally, loom's in the crate's own unit tests under
+//! `RUSTFLAGS="--cfg kvslots_loom"` (`cfg(all(test, kvslots_loom))`, as
+//! tokio's `cfg(all(test, loom))`), shuttle's with
+//! `RUSTFLAGS="--cfg kvslots_shuttle"`. The cfgs are crate-specific on
 //! purpose: a plain `--cfg loom` would also switch every dependency that
 //! knows about loom. The facade holds the only other differences under a
 //! model checker: a retry after a possibly stale load yields (loom would
@@ -1236,25 +1246,45 @@
 //! bucket), and the faults of
 //! loom's negative controls (a free list whose take is a load and a plain
 //! store, `Relaxed` frees, a blind undo of a raced free, a raw free that
-//! ignores the sequence flag, a fork's reference added to a block whose
+//! ignores the sequence flag, a sequence's sole drop as a load and a plain
+//! store, a fork's reference added to a block whose
 //! count is 0, a match that keeps what it admitted ahead and did not use, a
 //! revival without the generation check, a `Relaxed` publish, an eviction
 //! of a referenced block, a publisher that does not kill a rival's claim,
 //! a claim without a reference of its own, a claim's last drop not given
 //! back, a publish that claims without looking its key up first, a claim
-//! that is a rival before its key is written, lookups that read only a
-//! key's first index bucket, a rescan whose read-modify-write is in the
-//! bucket of the publisher's own entry, a fenced
-//! retirement that gives its references back at once, an admission fast
-//! path that takes with a plain store, a refused gather that keeps what it
-//! took, a waiter that queues without trying again, a cancelled waiter
-//! that keeps its grant or does not re-check the waiters behind it, a
-//! close that wakes no one, a waiter without its hand-shake, a queue that
-//! owes new admissions only its head's request, a head woken before its
-//! grant is counted, a KV event removal reserved after its CAS, a store
-//! reserved before its claim, a record published `Relaxed`, a loss not
-//! counted, a hybrid append admitted group by group, a window's block
-//! reused without its check, a hybrid match that settles each group once)
-//! are switched on through hooks that are the correct behaviour
-//! in every other build. The model suites reach that seam through one
-//! hidden module, not through the API.
+//! that is a rival before its key is written, a claim that gives up on a
+//! deferral without looking again, lookups that read only a key's first
+//! index bucket, a rescan whose read-modify-write is in the bucket of the
+//! publisher's own entry, a fenced retirement that gives its references
+//! back at once, an admission fast path that takes with a plain store, a
+//! refused gather that keeps what it took, a gather that gives blocks back
+//! without re-checking the waiters, a waiter that queues without trying
+//! again, a cancelled waiter that keeps its grant or does not re-check the
+//! waiters behind it, a close that wakes no one, a waiter without its
+//! hand-shake, growth that waits behind a queued head, a queue that owes
+//! new admissions only its head's request, a head woken before its grant
+//! is counted, a panicking waker that drops the rest of its batch
+//! uncalled, a KV event removal reserved after its CAS, a store reserved
+//! before its claim, a record published `Relaxed`, a loss not counted, a
+//! hybrid append admitted group by group, a window's block reused without
+//! its check, a hybrid match that settles each group once) are switched
+//! on through hooks that are the correct behaviour in every other build.
+//!
+//! **The loom models live inside the crate**, in `src/loom_tests/`, as
+//! tokio keeps its `loom_*.rs` tests: unit tests compiled only under
+//! `cfg(all(test, kvslots_loom))`, which `scripts/loom` runs
+//! (`cargo test --lib --release` with the cfg; `scripts/loom NAME` runs
+//! the tests under `loom_tests::NAME::`). In that build, and only there,
+//! `Faults` has its fields and the models build pools and counters with
+//! them (`BlockPool::with_faults`, `BlockPoolBuilder::faults`,
+//! `SlotCounter::with_faults`, all crate-private and compiled only there);
+//! in every other build, the release build included, `Faults` is an empty
+//! type (a constant assertion checks it) and every hook a constant, so no
+//! fault reaches shipped code.
+//! Under `--cfg kvslots_loom` the crate's other unit tests are left out,
+//! so that build is the models and their controls; and any other build of
+//! the library under that cfg (its integration tests, a dependent crate)
+//! keeps `std`'s atomics. No public item exists for the model checkers:
+//! the shuttle schedules (`tests/shuttle*.rs`) drive the public API, with
+//! shuttle's own atomics for their witnesses and wrong allocators.

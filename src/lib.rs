@@ -181,11 +181,16 @@
 //! explores every interleaving of two-thread models and of three-thread
 //! models up to a preemption bound (`LOOM_MAX_PREEMPTIONS`, 2 in CI), and
 //! under [shuttle] (`--cfg kvslots_shuttle`), which runs randomised and PCT
-//! schedules of 8 threads. Every loom model has a negative control: a known
-//! wrong way (admitting token by token, a free list that takes without a
+//! schedules of 8 threads. The loom models are the crate's own unit tests
+//! (`src/loom_tests/`, compiled only under `cfg(all(test, kvslots_loom))`,
+//! as tokio keeps its own); the shuttle schedules drive the public API from
+//! `tests/`. Every loom model has a negative control: a known wrong way
+//! (admitting token by token, a free list that takes without a
 //! read-modify-write, `Relaxed` frees, a raw free that takes a sequence's
-//! reference, a publish without its release, and others) injected
-//! into the same code, which loom must catch. Rayon stress tests drive
+//! reference, a publish without its release, and others) injected into the
+//! same code, which loom must catch. The faults are crate-private and exist
+//! only in the models' build (elsewhere their hooks are constants), and no
+//! public item exists for the model checkers. Rayon stress tests drive
 //! millions of mixed operations on many threads while an observer samples
 //! the invariants, a linearizability checker replays recorded histories,
 //! property tests compare against sequential models, and the census runs
@@ -203,7 +208,7 @@
 //! | what a slot holder wrote happens-before the next holder's admission | loom hand-off models (guard drop and `release`); `Relaxed` admission and give-back controls must be caught |
 //! | a freed block's contents happen-before its next owner | loom `UnsafeCell` witness; a `Relaxed` free control must be caught |
 //! | the free list hands a free block to one taker: one CAS takes up to 64 blocks from a bitmap word (no ABA: a word's value names exactly its free blocks) | loom controls whose take is a load and a plain store must be caught, on one shard and across two; a real-thread storm of small takes |
-//! | a double free racing any give-back (a raw `free`, a sequence's drop, truncate or `shrink_to_fit`, a copy-on-write source, a fork, a publish) gives no block back twice, gives the used count back once per block, and leaves no key on a block that an allocation hands out; a raw `free` refuses a block that sequences hold (`FreeError::HeldBySequence`, nothing changed), in its checks and in its CAS, so a sequence gives a block it holds alone back with a plain store | loom models, with controls for a raw free that ignores the sequence flag (racing a sequence's plain drop, and a stale free of a block a sequence took since), an unchecked fork and a publisher's claim without its own reference that must be caught; real-thread races (a stale double free racing a sequence that retakes the blocks) and random misuse rounds |
+//! | a double free racing any give-back (a raw `free`, a sequence's drop, truncate or `shrink_to_fit`, a copy-on-write source, a fork, a publish) gives no block back twice, gives the used count back once per block, and leaves no key on a block that an allocation hands out; a raw `free` refuses a block that sequences hold (`FreeError::HeldBySequence`, nothing changed), in its checks and in its CAS; a double `BlockAllocator::release` (two releases of the same blocks, or one of a sequence's blocks racing its drop) gives each block back once, as every drop, a sole holder's too, is a CAS | loom models, with controls for a raw free that ignores the sequence flag (racing a sequence's plain drop, and a stale free of a block a sequence took since), an unchecked fork and a publisher's claim without its own reference that must be caught; real-thread races (a stale double free racing a sequence that retakes the blocks; a double release, and a release racing a sequence's drop, in `tests/release_race.rs`) and random misuse rounds, and a loom model of the double release with a control whose sole drop is a plain store |
 //! | bad input is a typed error and changes nothing (one exception: a double free caught racing another holder's free is `FreeError::Raced`, and the call's other references are dropped) | the census (`tests/census.rs`): every public function with 0, 1, `usize::MAX`, out-of-range, duplicated and foreign ids and after `close`, each row's typed error and unchanged state; a pool too large for memory under an address-space limit; the racing case by a loom model and the linearizability checker; the simulator's flags and trace malformations in `sim/tests/census.rs` |
 //! | a block retired under a fence is not handed out before the fence completes, in any completion order | unit tests; a real-thread stress; loom retire and fenced-truncate vs complete vs alloc, with an early-release control that must be caught; `kvslots-sim --async-depth` and its `early-release` fault |
 //! | a match returns only blocks whose key is the one asked for, and what the publisher wrote before `publish` happens-before the matcher's use; a held block is never evicted; a cached block is never written while its key can match | loom models (match vs evicting append, two revivals, release vs match, reset vs match, a match's revivals admitted ahead vs an evicting append, an `UnsafeCell` witness) with controls for a revival without the generation check, a `Relaxed` publish, eviction of a referenced block and a match that keeps what it admitted ahead and did not use; rayon and real-thread stress with per-block content stamps; linearizability checker and property tests against a sequential cache |
@@ -255,6 +260,8 @@ mod hash;
 mod hybrid;
 mod id;
 pub mod implementation;
+#[cfg(all(test, kvslots_loom))]
+mod loom_tests;
 mod pool;
 mod sequence;
 mod sync;
@@ -274,71 +281,6 @@ pub use hybrid::{GroupKeys, HybridSequence, KvGroup, KvGroups};
 pub use id::BlockId;
 pub use pool::{Alloc, BlockPool, BlockPoolBuilder, KvEvent, PoolStats, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};
-
-/// The seam for the model-checking suites (`loom-tests`, `tests/shuttle.rs`):
-/// not part of the API, and not covered by semver.
-///
-/// It gives the suites the atomics facade's types, so that their
-/// deliberately wrong allocators use exactly the atomics the real code
-/// uses, and a pool with the faults of loom's negative controls.
-#[doc(hidden)]
-pub mod __model {
-    pub use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Faults, Ordering};
-
-    /// A [`BlockPool`](crate::BlockPool) as
-    /// [`with_shards`](crate::BlockPool::with_shards) builds it, carrying
-    /// `faults`.
-    pub fn pool_with_faults(
-        num_blocks: usize,
-        block_size: usize,
-        shards: usize,
-        faults: Faults,
-    ) -> crate::BlockPool {
-        crate::BlockPool::with_faults(num_blocks, block_size, shards, faults)
-    }
-
-    /// A pool as [`pool_with_faults`] builds it, with KV events in rings
-    /// of `capacity` records in all.
-    pub fn pool_with_events(
-        num_blocks: usize,
-        block_size: usize,
-        shards: usize,
-        capacity: usize,
-        faults: Faults,
-    ) -> crate::BlockPool {
-        crate::BlockPool::builder(num_blocks, block_size)
-            .shards(shards)
-            .prefix_cache(true)
-            .kv_events(capacity)
-            .faults(faults)
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    /// The sum of `pool`'s per-shard admission counts, without the cap at
-    /// `num_blocks` that [`free_blocks`](crate::BlockPool::free_blocks)
-    /// applies: once no call is running it must equal `free_blocks()`.
-    pub fn admission_free(pool: &crate::BlockPool) -> usize {
-        pool.admission_free_uncapped()
-    }
-
-    /// An empty [`HybridSequence`](crate::HybridSequence) over `pool` whose
-    /// own calls carry `faults` (the hybrid controls: `per_group_admission`,
-    /// `recycle_shared`, `unreconciled_match`).
-    pub fn hybrid_with_faults(
-        pool: std::sync::Arc<crate::BlockPool>,
-        groups: crate::KvGroups,
-        faults: Faults,
-    ) -> crate::HybridSequence {
-        crate::HybridSequence::with_faults(pool, groups, 0, faults)
-    }
-
-    /// A [`SlotCounter`](crate::SlotCounter) of `capacity` slots whose wait
-    /// queue carries `faults`.
-    pub fn counter_with_faults(capacity: usize, faults: Faults) -> crate::SlotCounter {
-        crate::SlotCounter::with_faults(capacity, faults)
-    }
-}
 
 /// The admission rule, as a pure function: how many of `requested` slots to
 /// admit when `used` of `capacity` are taken.

@@ -292,7 +292,7 @@ fn forks_truncates_and_cow_larger_pool() {
 /// the whole pool must hand out no block that holds a key, and a matcher
 /// must share none of them. The real-thread twin of the loom model
 /// `raw_free_racing_publish_leaves_no_key_on_a_fresh_block`
-/// (loom-tests/tests/prefix_misuse.rs).
+/// (src/loom_tests/prefix_misuse.rs).
 #[test]
 fn raw_free_racing_publish_never_hands_out_a_cached_block() {
     with_watchdog(Duration::from_secs(120), || {

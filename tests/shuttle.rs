@@ -6,9 +6,9 @@
 //!     cargo test -p kvslots --test shuttle --release
 //! ```
 //!
-//! Under `--cfg kvslots_shuttle` the crate's atomics facade
-//! (`kvslots::__model`) is shuttle's, so every atomic access of the real
-//! [`SlotCounter`], [`BlockPool`] and [`Sequence`] is a scheduling point.
+//! Under `--cfg kvslots_shuttle` the crate's private atomics facade is
+//! shuttle's, so every atomic access of the real [`SlotCounter`],
+//! [`BlockPool`] and [`Sequence`] is a scheduling point.
 //! The models below mix, on 8 threads and small capacities:
 //!
 //! * admits and releases, and reservations that are split, merged, shrunk,
@@ -46,8 +46,9 @@
 //! and much longer schedules than loom can explore.
 //!
 //! Negative controls: a check-then-add counter and a check-then-set block
-//! allocator, both written here against the same facade, run the same
-//! model shapes. shuttle must catch both (`#[should_panic]`).
+//! allocator, both written here against shuttle's atomics (the ones the facade
+//! gives the crate under this cfg), run the same model shapes. shuttle must
+//! catch both (`#[should_panic]`).
 //!
 //! Schedules: the defaults below, about 110,000 in all, which take well under
 //! a minute in release. Set `KVSLOTS_SHUTTLE_ITERATIONS` to run that many of
@@ -58,9 +59,9 @@
 use std::collections::HashSet;
 use std::ops::Range;
 
-use kvslots::__model::{AtomicBool, AtomicUsize, Ordering};
 use kvslots::{BlockId, BlockPool, FreeError, ReserveError, Sequence, SlotCounter};
 use shuttle::rand::{thread_rng, Rng};
+use shuttle::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use shuttle::sync::Arc;
 use shuttle::thread;
 

@@ -13,7 +13,7 @@
 //! the holder goes and the last publish defers to the rival's claim (the
 //! lower block id wins); the rival must look again before it gives up.
 //! Shuttle's atomics are sequentially consistent, so this checks the
-//! protocol's logic; loom (`loom-tests/tests/prefix_misuse.rs`) checks the
+//! protocol's logic; loom (`src/loom_tests/prefix_misuse.rs`) checks the
 //! same race under the weaker orderings, with a negative control.
 #![cfg(kvslots_shuttle)]
 

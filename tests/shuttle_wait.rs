@@ -30,9 +30,9 @@ use std::pin::pin;
 use std::task::{Context, Wake, Waker};
 use std::time::Duration;
 
-use kvslots::__model::{AtomicBool, AtomicUsize, Ordering};
 use kvslots::{BlockPool, SlotCounter};
 use shuttle::rand::{thread_rng, Rng};
+use shuttle::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use shuttle::sync::{Arc, Mutex};
 use shuttle::thread;
 

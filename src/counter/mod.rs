@@ -131,12 +131,19 @@ impl SlotCounter {
     /// assert_eq!(counter.available(), 4096);
     /// ```
     pub fn new(capacity: usize) -> SlotCounter {
-        SlotCounter::with_faults(capacity, Faults::default())
+        SlotCounter::build(capacity, Faults::default())
     }
 
     /// [`new`](Self::new) with the faults of one of loom's negative
-    /// controls (none outside them).
+    /// controls: the loom models' build only.
+    #[cfg(all(test, kvslots_loom))]
     pub(crate) fn with_faults(capacity: usize, faults: Faults) -> SlotCounter {
+        SlotCounter::build(capacity, faults)
+    }
+
+    /// A counter of `capacity` slots whose wait queue carries `faults`
+    /// (none outside the loom models' build).
+    fn build(capacity: usize, faults: Faults) -> SlotCounter {
         assert!(
             capacity <= Self::MAX_CAPACITY,
             "SlotCounter capacity {capacity} exceeds MAX_CAPACITY"

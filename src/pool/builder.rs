@@ -199,7 +199,9 @@ impl BlockPoolBuilder {
         self
     }
 
-    /// The faults of one of loom's negative controls.
+    /// The faults of one of loom's negative controls: the loom models'
+    /// build only.
+    #[cfg(all(test, kvslots_loom))]
     pub(crate) fn faults(mut self, faults: Faults) -> BlockPoolBuilder {
         self.faults = faults;
         self

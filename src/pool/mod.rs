@@ -23,7 +23,7 @@ use crate::allocator::BlockAllocator;
 use crate::error::{FreeError, ReserveError};
 use crate::hash::BlockHash;
 use crate::id::BlockId;
-use crate::sync::{self, Backoff, Faults};
+use crate::sync::{self, Backoff};
 
 mod admission;
 mod builder;
@@ -246,12 +246,13 @@ impl BlockPool {
     }
 
     /// [`with_shards`](Self::with_shards) with the faults of one of loom's
-    /// negative controls (none outside them).
+    /// negative controls: the loom models' build only.
+    #[cfg(all(test, kvslots_loom))]
     pub(crate) fn with_faults(
         num_blocks: usize,
         block_size: usize,
         shards: usize,
-        faults: Faults,
+        faults: crate::sync::Faults,
     ) -> BlockPool {
         BlockPool::builder(num_blocks, block_size)
             .shards(shards)
@@ -398,7 +399,8 @@ impl BlockPool {
     }
 
     /// The shards' free counts summed without the cap at `num_blocks`, for
-    /// the model checks' conservation (`kvslots::__model`).
+    /// the loom models' conservation check.
+    #[cfg(all(test, kvslots_loom))]
     pub(crate) fn admission_free_uncapped(&self) -> usize {
         self.counter.free_uncapped()
     }
@@ -747,9 +749,9 @@ impl BlockPool {
     /// table (or retired), as [`drop_refs`](Self::drop_refs) does.
     ///
     /// A block that the sequence holds alone, neither cached nor claimed,
-    /// goes back with a plain store of its count (no raw free can touch a
-    /// sequence's block, see [Reference counts](crate::implementation#reference-counts));
-    /// every other drop is a read-modify-write. A reference that is no
+    /// goes back with one CAS of its count from the value read (see
+    /// [Reference counts](crate::implementation#reference-counts)); every
+    /// other drop is the CAS loop of a raw free. A reference that is no
     /// longer there (a raw free took it before the block was a sequence's:
     /// a double free) is refused with `Raced` like any drop that loses that
     /// race, and the others are dropped all the same.

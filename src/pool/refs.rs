@@ -39,12 +39,18 @@
 //! the count keeps while it has references: forks and matches add holders
 //! that are sequences too. `BlockPool::free` refuses such a block, in its
 //! checks and in its CAS (which compares the whole word), so no raw free
-//! ever writes its word. A sequence that reads its block's word as
-//! `SEQUENCE` with a count of 1, neither cached nor claimed, is then its
-//! only holder and the only thread that may write the word (a match
-//! revives only cached blocks, an eviction takes only unreferenced ones, a
-//! claim and a fork need a holder): it gives the block back with a plain
-//! store, no read-modify-write. A count that reaches 0 clears the flag.
+//! ever writes its word. A count that reaches 0 clears the flag.
+//!
+//! The flag does not make a sequence the only thread that may write its
+//! block's word: `BlockAllocator::release` and `BlockAllocator::add_refs`
+//! are public, and a caller that lists a sequence's block (a double
+//! release, or a release of `Sequence::blocks` racing the sequence's drop:
+//! misuse) changes the same count. So every drop is a read-modify-write,
+//! also a sole holder's: a sequence that reads its block's word as
+//! `SEQUENCE` with a count of 1, neither cached nor claimed, clears it with
+//! one CAS from the value read (no loop, no settle: the common case of a
+//! fresh block's give-back), and a failed CAS falls back to the general
+//! drop. Of two drops that each read a count of 1, exactly one succeeds.
 
 use std::collections::TryReserveError;
 
@@ -104,20 +110,29 @@ pub(super) const fn settle(state: u64) -> u64 {
 
 /// [`Refs::drop_sole`] on the words `words`.
 #[inline]
-fn drop_sole_in(words: &[AtomicU64], id: BlockId) -> bool {
+fn drop_sole_in(words: &[AtomicU64], faults: Faults, id: BlockId) -> bool {
     let word = &words[id.index()];
-    // Acquire: if another holder dropped its reference, its accesses to the
-    // block happen-before our give-back (its drop is a Release CAS, which
-    // this load reads from).
-    let state = word.load(Ordering::Acquire);
+    // Relaxed: only a guess; the CAS validates it (and acquires).
+    let state = word.load(Ordering::Relaxed);
     if state & (SEQUENCE | CACHED | BUSY | COUNT) != SEQUENCE | 1 {
         return false;
     }
-    // Relaxed: no other thread reads this word to decide anything until the
-    // block is handed out again, and the give-back that follows (a Release
-    // `fetch_or` on the free list) publishes it.
-    word.store(state & !(SEQUENCE | COUNT), Ordering::Relaxed);
-    true
+    let freed = state & !(SEQUENCE | COUNT);
+    if faults.plain_sole_drop() {
+        // loom's control: a plain store, no RMW.
+        // Relaxed: the bug under test is the lost race, not an ordering.
+        word.store(freed, Ordering::Relaxed);
+        return true;
+    }
+    // Acquire on success: if another holder dropped its reference, its
+    // accesses to the block happen-before our give-back (its drop is a
+    // Release CAS, which this CAS reads from). No Release: no thread acts on
+    // an uncached, unclaimed block's word until the block is handed out
+    // again, and the give-back that follows (a Release `fetch_or` on the
+    // free list) publishes it. Relaxed on failure: the caller falls back to
+    // the CAS loop of `drop_from`, which reloads.
+    word.compare_exchange(state, freed, Ordering::Acquire, Ordering::Relaxed)
+        .is_ok()
 }
 
 /// Who takes a block: a [`Sequence`](crate::Sequence) (its table, a fork,
@@ -303,12 +318,12 @@ impl Refs {
     /// Drops a reference the caller holds.
     ///
     /// A sole holder of a sequence's block that holds no key and no claim
-    /// is the only thread that may change its word (see the module doc): it
-    /// clears the count with a plain store. Every other drop is a CAS: a
-    /// racing `BlockPool::free` of the same block (a double free, possible
-    /// on a block that is not a sequence's) can take the count from 1 to 0
-    /// between a load and a store, and both sides would then give the block
-    /// back. The CAS decides which of the two drops the last reference.
+    /// clears the count with one CAS from the value it read (see the module
+    /// doc); every other drop is the CAS loop of a raw free. Either way a
+    /// racing drop of the same reference (a double free or a double
+    /// release, misuse) can take the count from 1 to 0 between a load and
+    /// a store, and both sides would then give the block back: the CAS
+    /// decides which of the two drops the last reference.
     pub(super) fn drop_held(&self, id: BlockId) -> Result<Dropped, ()> {
         if self.drop_sole(id) {
             return Ok(Dropped::Free);
@@ -317,20 +332,20 @@ impl Refs {
     }
 
     /// Drops the reference of a sequence that holds block `id` alone, if
-    /// it does and the block is neither cached nor claimed: a plain store,
-    /// and `true` (the block is free). `false`, and nothing changed,
-    /// otherwise.
+    /// it does and the block is neither cached nor claimed: one CAS, and
+    /// `true` (the block is free). `false`, and nothing changed, otherwise
+    /// (also when the CAS loses to a racing drop).
     #[inline]
     pub(super) fn drop_sole(&self, id: BlockId) -> bool {
-        drop_sole_in(&self.words, id)
+        drop_sole_in(&self.words, self.faults, id)
     }
 
     /// [`drop_sole`](Self::drop_sole), as a function that holds the words
     /// themselves (so that a loop keeps them in registers).
     #[inline]
     pub(super) fn sole_dropper(&self) -> impl Fn(BlockId) -> bool + '_ {
-        let words: &[AtomicU64] = &self.words;
-        move |id| drop_sole_in(words, id)
+        let (words, faults): (&[AtomicU64], Faults) = (&self.words, self.faults);
+        move |id| drop_sole_in(words, faults, id)
     }
 
     /// What a block whose last reference went from `state` becomes.

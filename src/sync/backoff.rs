@@ -53,9 +53,9 @@ impl Backoff {
 /// spin forever in the model. Under shuttle it yields too; otherwise it is
 /// the usual exponential spin.
 pub(crate) fn stale_retry(backoff: &Backoff) {
-    #[cfg(kvslots_loom)]
+    #[cfg(all(test, kvslots_loom))]
     loom::thread::yield_now();
-    #[cfg(all(kvslots_shuttle, not(kvslots_loom)))]
+    #[cfg(all(kvslots_shuttle, not(all(test, kvslots_loom))))]
     shuttle::thread::yield_now();
     backoff.spin();
 }

@@ -1,221 +1,242 @@
-//! The faults that loom's negative controls inject into the real pool, and
-//! the hooks through which the pool consults them.
+//! The faults that loom's negative controls inject into the real pool and
+//! counter, and the hooks through which they consult them.
 //!
-//! Outside `--cfg kvslots_loom` a [`Faults`] has no field and every hook is
-//! the correct behaviour (an identity, or "no fault here"), which the
-//! compiler inlines away. Under loom each field switches one known bug on,
-//! and `loom-tests` checks that loom catches it.
+//! Only the loom models' build (`cfg(all(test, kvslots_loom))`: the crate's
+//! own unit tests under `RUSTFLAGS="--cfg kvslots_loom"`, which
+//! `scripts/loom` runs) has faults. There each field of [`Faults`] switches
+//! one known bug on, a model in `crate::loom_tests` builds a pool or a
+//! counter with it (`BlockPool::with_faults`, `SlotCounter::with_faults`,
+//! which exist only in that build) and must be caught by loom. In every
+//! other build, the release build included, a `Faults` is an empty type
+//! (checked below), and every hook is a constant: the correct behaviour
+//! (an identity, or "no fault here"), which the compiler inlines away.
+//!
+//! A new fault is a field under `#[cfg(all(test, kvslots_loom))]` and a
+//! hook whose faulty branch has the same cfg. A field under a wider cfg
+//! (`kvslots_loom` alone) fails the check below in a build of the library
+//! under `--cfg kvslots_loom` that is not its unit tests (CI lints one).
 
 use super::atomic::{AtomicU64, Ordering};
 
 /// Faults that loom's negative controls inject into a
-/// [`BlockPool`](crate::BlockPool) (through `kvslots::__model`). The default
-/// is no fault: the pool as shipped.
+/// [`BlockPool`](crate::BlockPool) or a [`SlotCounter`](crate::SlotCounter).
+/// The default is no fault: the code as shipped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Faults {
+pub(crate) struct Faults {
     /// Take free ids from a word of the free list's bitmap with a load
     /// and a plain store (no read-modify-write): two takers can take the
     /// same block.
-    #[cfg(kvslots_loom)]
-    pub plain_bitmap_take: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) plain_bitmap_take: bool,
     /// Give blocks back to the free list and drop references with
     /// `Relaxed` instead of `Release`.
-    #[cfg(kvslots_loom)]
-    pub relaxed_free: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) relaxed_free: bool,
     /// When a free finds a listed block already freed by another thread,
     /// add the references it dropped back blindly, even to a block that
     /// another holder has freed meanwhile: resurrects a block that sits in
     /// the free list.
-    #[cfg(kvslots_loom)]
-    pub blind_undo: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) blind_undo: bool,
     /// A raw `BlockPool::free` takes a reference to a block that
     /// sequences hold (it ignores the block's sequence flag, in its checks
     /// and in its CAS): a sequence's drop of its last reference, a load
     /// and a plain store, can then race the free's CAS, and both give the
     /// block back.
-    #[cfg(kvslots_loom)]
-    pub free_ignores_sequence: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) free_ignores_sequence: bool,
     /// Add a reference to a block whose count is 0 (a `fetch_add` with no
     /// check), as a fork does after a raw free took the parent's reference:
     /// revives a block that sits in the free list.
-    #[cfg(kvslots_loom)]
-    pub blind_add_ref: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) blind_add_ref: bool,
     /// Revive a cached block by adding a reference to whatever state it is
     /// in now, without checking that its generation (and so its key) is
     /// still the one the matcher compared: a stale hit.
-    #[cfg(kvslots_loom)]
-    pub no_generation_check: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) no_generation_check: bool,
     /// Publish a key with `Relaxed` instead of `Release`: the publisher's
     /// writes into the block need not happen-before the matcher's reads.
-    #[cfg(kvslots_loom)]
-    pub relaxed_publish: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) relaxed_publish: bool,
     /// Evict a cached block whatever its reference count: takes a block
     /// that a matcher still holds.
-    #[cfg(kvslots_loom)]
-    pub evict_referenced: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) evict_referenced: bool,
     /// A publisher that finds a rival claim of the same key with a higher
     /// block id does not kill it (it only acts as if it had): both can
     /// commit, and two blocks hold one key.
-    #[cfg(kvslots_loom)]
-    pub no_kill: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) no_kill: bool,
     /// A publisher's claim sets `BUSY` without a reference of its own: a
     /// raw free (a double free) can then take the block's last reference
     /// while it is claimed and push it to the free list, and the commit
     /// sets its key on a free block.
-    #[cfg(kvslots_loom)]
-    pub unreferenced_claim: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) unreferenced_claim: bool,
     /// A commit or unclaim that drops a claimed block's last reference
     /// reports that references remain: nobody gives the block back.
-    #[cfg(kvslots_loom)]
-    pub claim_drop_kept: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) claim_drop_kept: bool,
     /// A publish claims its block without first looking its key up: a
     /// publish of a key that a committed block holds then claims and
     /// loses only in its rescan, and meanwhile beats a later publish.
-    #[cfg(kvslots_loom)]
-    pub no_held_key_check: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) no_held_key_check: bool,
     /// A publisher's claim that a rival deferred to, or that a rival
     /// killed, gives up without looking for the key's holders again: a
     /// later publish that deferred to it is lost when the holder it lost
     /// to is gone (the key ends on no block).
-    #[cfg(kvslots_loom)]
-    pub ignore_deferral: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) ignore_deferral: bool,
     /// A publisher's claim is a rival from the start, before its key words
     /// are written: a rescan that reads the claim's state through an entry
     /// that an earlier claim of the block left, with that claim's key
     /// words, defers to it (or loses to its commit) although it publishes
     /// another key.
-    #[cfg(kvslots_loom)]
-    pub armed_claim: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) armed_claim: bool,
     /// Every lookup of a key in the prefix index (a match, a publish's
     /// check for a holder, its rescan for rivals) reads only the key's
     /// first bucket: an entry that an insert put in the second bucket (the
     /// first being the fuller) is never found.
-    #[cfg(kvslots_loom)]
-    pub first_bucket_only: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) first_bucket_only: bool,
     /// A publisher's rescan makes its read-modify-write on the first slot
     /// of the bucket its own entry went into instead of the key's first
     /// bucket: two publishers of one key whose entries went into different
     /// buckets share no word, and each rescan may miss the other's entry
     /// (both commit).
-    #[cfg(kvslots_loom)]
-    pub fence_own_bucket: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) fence_own_bucket: bool,
     /// A waiter joins the wait queue without trying again after it is
     /// queued: a release that happened between its failed attempt and its
     /// enqueue found nobody waiting, and nothing wakes it (a lost wakeup).
-    #[cfg(kvslots_loom)]
-    pub late_enqueue: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) late_enqueue: bool,
     /// A waiter that is cancelled (or times out) after it was granted gives
     /// the units back but does not hand them on to the waiters behind it.
-    #[cfg(kvslots_loom)]
-    pub cancel_keeps_grant: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) cancel_keeps_grant: bool,
     /// A pending head that is cancelled (or times out) leaves the queue
     /// without re-checking the waiters behind it, which may fit now.
-    #[cfg(kvslots_loom)]
-    pub cancel_no_recheck: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) cancel_no_recheck: bool,
     /// `close` sets the closed flag but does not wake the queued waiters.
-    #[cfg(kvslots_loom)]
-    pub silent_close: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) silent_close: bool,
     /// The waiter's half of the wait queue's hand-shake (its
     /// read-modify-write of the allocator's words after it queues) is left
     /// out: a releaser that loads `owed` before the enqueue and a waiter
     /// whose attempt reads the words before the release miss each other
     /// (a lost wakeup).
-    #[cfg(kvslots_loom)]
-    pub unfenced_wait: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) unfenced_wait: bool,
     /// Give a retired sequence's references back at once, at the retire,
     /// instead of when its fence completes: a block can be handed out again
     /// while a step that reads it is still in flight.
-    #[cfg(kvslots_loom)]
-    pub early_release: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) early_release: bool,
     /// Take from the home shard's admission count with a load and a plain
     /// store (no read-modify-write): a concurrent take or release on that
     /// shard is lost, and more blocks are admitted than are free.
-    #[cfg(kvslots_loom)]
-    pub racy_take: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) racy_take: bool,
     /// A refused slow-path admission keeps the counts it took instead of
     /// giving them back: blocks stay in transit after the call returns
     /// (lost to every later admission).
-    #[cfg(kvslots_loom)]
-    pub keep_refused: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) keep_refused: bool,
     /// A slow-path admission that gave blocks back (all it held when
     /// refused, or the excess over its request) does not run the wait
     /// queue's grant loop afterwards: a waiter that looked while those
     /// blocks were in transit is not re-checked (a lost wakeup).
-    #[cfg(kvslots_loom)]
-    pub quiet_gather: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) quiet_gather: bool,
     /// The growth of blocks a caller holds leaves free what the head of
     /// the wait queue is owed, as a new admission does: a running
     /// sequence's append is refused behind a queued admission.
-    #[cfg(kvslots_loom)]
-    pub growth_waits: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) growth_waits: bool,
     /// A [`HybridSequence`](crate::HybridSequence)'s append admits each
     /// group's blocks on their own, giving back what the earlier groups
     /// took when a later one is refused: two appends that each take some
     /// groups' blocks can both be refused, although one of them fits.
-    #[cfg(kvslots_loom)]
-    pub per_group_admission: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) per_group_admission: bool,
     /// A [`HybridSequence`](crate::HybridSequence)'s append reuses the
     /// blocks its sliding windows give back without checking that it holds
     /// them alone and uncached: it writes into a block that a matcher can
     /// take, or holds, under its key.
-    #[cfg(kvslots_loom)]
-    pub recycle_shared: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) recycle_shared: bool,
     /// A [`HybridSequence`](crate::HybridSequence)'s match settles each
     /// group once: a group that matched a longer prefix than a later group
     /// keeps it, so the groups' tables disagree with the length.
-    #[cfg(kvslots_loom)]
-    pub unreconciled_match: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) unreconciled_match: bool,
     /// A match keeps the blocks it admitted ahead for revivals and did not
     /// use (its key's block was evicted meanwhile) instead of giving them
     /// back: they are lost to every later admission.
-    #[cfg(kvslots_loom)]
-    pub match_keeps_credits: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) match_keeps_credits: bool,
     /// The wait queue tells new admissions to leave free only what its
     /// head asks for, without the head's headroom and without the waiters
     /// behind it: a relay of small admissions starves a head that asks for
     /// headroom.
-    #[cfg(kvslots_loom)]
-    pub owed_without_headroom: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) owed_without_headroom: bool,
     /// The grant loop wakes the head it took units for before it counts the
     /// grant: a waker that panics leaves the units taken for an entry that
     /// still looks pending, and they are lost when it leaves.
-    #[cfg(kvslots_loom)]
-    pub wake_before_count: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) wake_before_count: bool,
     /// A waker that panics cuts its batch of wakes short: the wakers of
     /// the batch not called yet are dropped uncalled, so entries granted
     /// (or closed) beside it are never woken.
-    #[cfg(kvslots_loom)]
-    pub panic_cuts_batch: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) panic_cuts_batch: bool,
     /// An eviction (or a reset's, or a truncate's drop of a key) takes its
     /// place in the KV event ring after the CAS that drops the key instead
     /// of before it: a publish of the same key on another block, which
     /// saw the key gone, can then take an earlier place, and the key's
     /// removal is reported after its next store.
-    #[cfg(kvslots_loom)]
-    pub late_removal_record: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) late_removal_record: bool,
     /// A publish takes its place in the KV event ring before it claims its
     /// block instead of after its last look for rivals: an eviction of the
     /// key from another block, which the publish waits to see, can then
     /// take a later place, and the key's store is reported before the
     /// removal it follows.
-    #[cfg(kvslots_loom)]
-    pub early_stored_record: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) early_stored_record: bool,
     /// A KV event record is published with `Relaxed` instead of `Release`:
     /// a consumer that sees the record's position need not see its words.
-    #[cfg(kvslots_loom)]
-    pub relaxed_record: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) relaxed_record: bool,
     /// A KV event that finds its ring full is lost without being counted:
     /// the consumer is never told to resync.
-    #[cfg(kvslots_loom)]
-    pub uncounted_loss: bool,
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) uncounted_loss: bool,
+    /// A sequence's drop of a block it reads as held alone is a load and a
+    /// plain store, no read-modify-write: a double release of the same
+    /// block through the public `BlockAllocator::release` does the same,
+    /// and both give the block back.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) plain_sole_drop: bool,
 }
+
+// Outside the loom models' build a `Faults` holds nothing: the field that
+// each of the pool's parts carries takes no memory, and no hook reads one.
+#[cfg(not(all(test, kvslots_loom)))]
+const _: () = assert!(std::mem::size_of::<Faults>() == 0);
 
 impl Faults {
     /// Whether a take from the free list's bitmap is a load and a plain
     /// store: `false`, or `true` under `plain_bitmap_take`.
     #[inline]
     pub(crate) fn plain_bitmap_take(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.plain_bitmap_take {
             return true;
         }
@@ -226,7 +247,7 @@ impl Faults {
     /// drop: `good`, or `Relaxed` under `relaxed_free`.
     #[inline]
     pub(crate) fn free_ordering(self, good: Ordering) -> Ordering {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.relaxed_free {
             return Ordering::Relaxed;
         }
@@ -238,7 +259,7 @@ impl Faults {
     /// sequence's plain last drop then both give the block back).
     #[inline]
     pub(crate) fn free_ignores_sequence(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.free_ignores_sequence {
             return true;
         }
@@ -249,7 +270,7 @@ impl Faults {
     /// `true` under `blind_add_ref`.
     #[inline]
     pub(crate) fn blind_add_ref(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.blind_add_ref {
             return true;
         }
@@ -260,7 +281,7 @@ impl Faults {
     /// generation: `false`, or `true` under `no_generation_check`.
     #[inline]
     pub(crate) fn no_generation_check(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.no_generation_check {
             return true;
         }
@@ -272,7 +293,7 @@ impl Faults {
     /// `relaxed_publish`.
     #[inline]
     pub(crate) fn publish_ordering(self, good: Ordering) -> Ordering {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.relaxed_publish {
             return Ordering::Relaxed;
         }
@@ -283,7 +304,7 @@ impl Faults {
     /// `false`, or `true` under `evict_referenced`.
     #[inline]
     pub(crate) fn evict_referenced(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.evict_referenced {
             return true;
         }
@@ -294,7 +315,7 @@ impl Faults {
     /// `true` under `no_kill`.
     #[inline]
     pub(crate) fn no_kill(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.no_kill {
             return true;
         }
@@ -305,7 +326,7 @@ impl Faults {
     /// or `true` under `late_enqueue`.
     #[inline]
     pub(crate) fn late_enqueue(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.late_enqueue {
             return true;
         }
@@ -316,7 +337,7 @@ impl Faults {
     /// `false`, or `true` under `cancel_keeps_grant`.
     #[inline]
     pub(crate) fn cancel_keeps_grant(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.cancel_keeps_grant {
             return true;
         }
@@ -327,7 +348,7 @@ impl Faults {
     /// behind it: `false`, or `true` under `cancel_no_recheck`.
     #[inline]
     pub(crate) fn cancel_no_recheck(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.cancel_no_recheck {
             return true;
         }
@@ -338,7 +359,7 @@ impl Faults {
     /// under `unfenced_wait`.
     #[inline]
     pub(crate) fn unfenced_wait(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.unfenced_wait {
             return true;
         }
@@ -349,7 +370,7 @@ impl Faults {
     /// under `silent_close`.
     #[inline]
     pub(crate) fn silent_close(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.silent_close {
             return true;
         }
@@ -360,7 +381,7 @@ impl Faults {
     /// `false`, or `true` under `early_release`.
     #[inline]
     pub(crate) fn early_release(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.early_release {
             return true;
         }
@@ -371,7 +392,7 @@ impl Faults {
     /// store: `false`, or `true` under `racy_take`.
     #[inline]
     pub(crate) fn racy_take(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.racy_take {
             return true;
         }
@@ -382,7 +403,7 @@ impl Faults {
     /// or `true` under `keep_refused`.
     #[inline]
     pub(crate) fn keep_refused(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.keep_refused {
             return true;
         }
@@ -393,7 +414,7 @@ impl Faults {
     /// giving blocks back: `false`, or `true` under `quiet_gather`.
     #[inline]
     pub(crate) fn quiet_gather(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.quiet_gather {
             return true;
         }
@@ -404,7 +425,7 @@ impl Faults {
     /// `false`, or `true` under `growth_waits`.
     #[inline]
     pub(crate) fn growth_waits(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.growth_waits {
             return true;
         }
@@ -415,7 +436,7 @@ impl Faults {
     /// `false`, or `true` under `match_keeps_credits`.
     #[inline]
     pub(crate) fn match_keeps_credits(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.match_keeps_credits {
             return true;
         }
@@ -427,7 +448,7 @@ impl Faults {
     /// `owed_without_headroom`.
     #[inline]
     pub(crate) fn owed_without_headroom(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.owed_without_headroom {
             return true;
         }
@@ -438,7 +459,7 @@ impl Faults {
     /// `true` under `panic_cuts_batch`.
     #[inline]
     pub(crate) fn panic_cuts_batch(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.panic_cuts_batch {
             return true;
         }
@@ -449,7 +470,7 @@ impl Faults {
     /// `false`, or `true` under `wake_before_count`.
     #[inline]
     pub(crate) fn wake_before_count(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.wake_before_count {
             return true;
         }
@@ -460,7 +481,7 @@ impl Faults {
     /// CAS: `false`, or `true` under `late_removal_record`.
     #[inline]
     pub(crate) fn late_removal_record(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.late_removal_record {
             return true;
         }
@@ -471,7 +492,7 @@ impl Faults {
     /// claim: `false`, or `true` under `early_stored_record`.
     #[inline]
     pub(crate) fn early_stored_record(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.early_stored_record {
             return true;
         }
@@ -482,18 +503,29 @@ impl Faults {
     /// under `relaxed_record`.
     #[inline]
     pub(crate) fn record_ordering(self, good: Ordering) -> Ordering {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.relaxed_record {
             return Ordering::Relaxed;
         }
         good
     }
 
+    /// Whether a sole holder's drop is a load and a plain store: `false`,
+    /// or `true` under `plain_sole_drop`.
+    #[inline]
+    pub(crate) fn plain_sole_drop(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.plain_sole_drop {
+            return true;
+        }
+        false
+    }
+
     /// Whether a KV event lost to a full ring goes uncounted: `false`, or
     /// `true` under `uncounted_loss`.
     #[inline]
     pub(crate) fn uncounted_loss(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.uncounted_loss {
             return true;
         }
@@ -504,7 +536,7 @@ impl Faults {
     /// `false`, or `true` under `unreferenced_claim`.
     #[inline]
     pub(crate) fn unreferenced_claim(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.unreferenced_claim {
             return true;
         }
@@ -515,7 +547,7 @@ impl Faults {
     /// leaving references: `false`, or `true` under `claim_drop_kept`.
     #[inline]
     pub(crate) fn claim_drop_kept(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.claim_drop_kept {
             return true;
         }
@@ -526,7 +558,7 @@ impl Faults {
     /// `true` under `no_held_key_check`.
     #[inline]
     pub(crate) fn no_held_key_check(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.no_held_key_check {
             return true;
         }
@@ -537,7 +569,7 @@ impl Faults {
     /// `false`, or `true` under `armed_claim`.
     #[inline]
     pub(crate) fn armed_claim(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.armed_claim {
             return true;
         }
@@ -548,7 +580,7 @@ impl Faults {
     /// bucket: `false`, or `true` under `first_bucket_only`.
     #[inline]
     pub(crate) fn first_bucket_only(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.first_bucket_only {
             return true;
         }
@@ -560,7 +592,7 @@ impl Faults {
     /// `fence_own_bucket`.
     #[inline]
     pub(crate) fn fence_own_bucket(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.fence_own_bucket {
             return true;
         }
@@ -571,7 +603,7 @@ impl Faults {
     /// looking again: `false`, or `true` under `ignore_deferral`.
     #[inline]
     pub(crate) fn ignore_deferral(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.ignore_deferral {
             return true;
         }
@@ -589,7 +621,7 @@ impl Faults {
         counts: &[AtomicU64],
         dropped: impl Iterator<Item = usize>,
     ) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.blind_undo {
             for d in dropped {
                 // Relaxed: the bug under test is the missing check, not
@@ -606,7 +638,7 @@ impl Faults {
     /// under `per_group_admission`.
     #[inline]
     pub(crate) fn per_group_admission(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.per_group_admission {
             return true;
         }
@@ -617,7 +649,7 @@ impl Faults {
     /// without checking it: `false`, or `true` under `recycle_shared`.
     #[inline]
     pub(crate) fn recycle_shared(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.recycle_shared {
             return true;
         }
@@ -628,7 +660,7 @@ impl Faults {
     /// under `unreconciled_match`.
     #[inline]
     pub(crate) fn unreconciled_match(self) -> bool {
-        #[cfg(kvslots_loom)]
+        #[cfg(all(test, kvslots_loom))]
         if self.unreconciled_match {
             return true;
         }

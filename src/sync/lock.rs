@@ -6,11 +6,11 @@
 //! buckets (`crate::pool`'s fence lists); the condition variable serves
 //! the wait queue. No `try_*` path takes a lock.
 
-#[cfg(kvslots_loom)]
+#[cfg(all(test, kvslots_loom))]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};
 
-#[cfg(all(kvslots_shuttle, not(kvslots_loom)))]
+#[cfg(all(kvslots_shuttle, not(all(test, kvslots_loom))))]
 pub(crate) use shuttle::sync::{Condvar, Mutex, MutexGuard};
 
-#[cfg(not(any(kvslots_loom, kvslots_shuttle)))]
+#[cfg(not(any(all(test, kvslots_loom), kvslots_shuttle)))]
 pub(crate) use std::sync::{Condvar, Mutex, MutexGuard};

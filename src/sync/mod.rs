@@ -6,10 +6,15 @@
 //! algorithms:
 //!
 //! * normally, these are `std::sync::atomic`'s types;
-//! * with `RUSTFLAGS="--cfg kvslots_loom"`, they are [loom]'s, and every
-//!   access becomes a scheduling point that loom explores exhaustively;
+//! * in the crate's own unit tests under `RUSTFLAGS="--cfg kvslots_loom"`
+//!   (`cfg(all(test, kvslots_loom))`, the loom models of
+//!   `crate::loom_tests`), they are [loom]'s, and every access becomes a
+//!   scheduling point that loom explores exhaustively; a build of the
+//!   library for anything else (its integration tests, a dependent crate)
+//!   keeps `std`'s under that cfg;
 //! * with `RUSTFLAGS="--cfg kvslots_shuttle"`, they are [shuttle]'s, for
-//!   randomised schedules of many threads.
+//!   the randomised schedules of many threads of `tests/shuttle*.rs`, which
+//!   use the library from outside.
 //!
 //! The cfgs are crate-specific on purpose: a plain `--cfg loom` would also
 //! switch every dependency that knows about loom, and would change what is
@@ -24,8 +29,11 @@
 //! ([`stale_retry`]), how threads are numbered ([`thread_index()`]), the
 //! seed of a pool's index hash ([`index_seed`]: random, or fixed so that a
 //! schedule replays), and the faults that loom's negative controls inject
-//! ([`Faults`], whose hooks are the correct behaviour in every other
-//! build).
+//! ([`Faults`], empty and with hooks that are the correct behaviour in
+//! every build but the loom models').
+//!
+//! Nothing here is public: the model checkers reach it from inside the
+//! crate (loom) or only through its effect on the public types (shuttle).
 //!
 //! [loom]: https://docs.rs/loom
 //! [shuttle]: https://docs.rs/shuttle
@@ -38,11 +46,11 @@ mod seed;
 mod thread_index;
 
 pub(crate) use atomic::CachePadded;
-pub use atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 pub(crate) use backoff::{stale_retry, Backoff};
-pub use faults::Faults;
+pub(crate) use faults::Faults;
 pub(crate) use lock::{Condvar, Mutex, MutexGuard};
 pub(crate) use seed::index_seed;
-#[cfg(test)]
+#[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
 pub(crate) use seed::MODEL_SEED;
 pub(crate) use thread_index::{thread_index, Divisor};

@@ -5,8 +5,8 @@
 ///
 /// Threads are numbered in the order they first ask, which is when they
 /// first allocate from or free to any pool (admission, its release and a
-/// pop ask): a thread-local cached from a counter, so that `n` threads
-/// spread over `n` shards without registering.
+/// take from the free list ask): a thread-local cached from a counter, so
+/// that `n` threads spread over `n` shards without registering.
 ///
 /// Under loom the counter and the thread-local are loom's
 /// (`loom::lazy_static!`, `loom::thread_local!`), which start afresh in
@@ -16,7 +16,7 @@
 /// shuttle it is the model's own thread number.
 #[inline]
 pub(crate) fn thread_index() -> usize {
-    #[cfg(kvslots_loom)]
+    #[cfg(all(test, kvslots_loom))]
     {
         use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
         loom::lazy_static! {
@@ -28,11 +28,11 @@ pub(crate) fn thread_index() -> usize {
         }
         INDEX.with(|index| *index)
     }
-    #[cfg(all(kvslots_shuttle, not(kvslots_loom)))]
+    #[cfg(all(kvslots_shuttle, not(all(test, kvslots_loom))))]
     {
         usize::from(shuttle::thread::current().id())
     }
-    #[cfg(not(any(kvslots_loom, kvslots_shuttle)))]
+    #[cfg(not(any(all(test, kvslots_loom), kvslots_shuttle)))]
     {
         use std::sync::atomic::{AtomicUsize as StdAtomicUsize, Ordering as StdOrdering};
         static NEXT: StdAtomicUsize = StdAtomicUsize::new(0);

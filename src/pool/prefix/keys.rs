@@ -51,7 +51,7 @@ impl Probe {
 
     /// A probe whose key's records go to ring `ring`, for the rings' unit
     /// tests.
-    #[cfg(test)]
+    #[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
     pub(super) fn for_ring(ring: usize) -> Probe {
         Probe {
             first: 0,
@@ -419,7 +419,7 @@ impl Keys {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
 mod tests {
     use super::*;
 
@@ -691,7 +691,7 @@ mod tests {
 
     #[test]
     fn the_loom_models_keys_share_or_split_their_first_bucket() {
-        // `loom-tests/tests/prefix_buckets.rs` runs pools of 3 blocks (2
+        // The two-bucket models of `src/loom_tests/prefix.rs` run pools of 3 blocks (2
         // buckets) under the model checkers' seed, and relies on keys
         // `[1; 32]` and `[3; 32]` sharing their first bucket, and on
         // `[2; 32]` having the other one first.

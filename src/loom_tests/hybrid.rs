@@ -2,12 +2,12 @@
 //! the sliding windows' give-backs and eviction, each with its negative
 //! control.
 //!
-//! Run with `scripts/loom --test hybrid`.
+//! Run with `scripts/loom hybrid`.
 //!
 //! # What every model checks
 //!
 //! The pool's shadow holder counts and block payloads of
-//! `loom_tests::pool_world` (see `tests/sequence.rs`), driven through
+//! `crate::loom_tests::pool_world` (see `sequence.rs`), driven through
 //! hybrid sequences: every block a sequence gets from the pool must have
 //! had no holder ([`DOUBLE`] otherwise), the blocks a window leaves behind
 //! are read one last time and counted out before the call that gives them
@@ -24,30 +24,28 @@
 //! | [`window_vs_match`]: a sequence's append moves its window past a published block while another sequence matches it | 2, 4 | `recycle_shared` (the window's block reused unchecked) | handed out twice |
 //! | [`match_vs_evicting_append`]: a match across a sliding and a full group while another sequence's append evicts the sliding group's block | 2, 5 | `unreconciled_match` (each group settled once) | a table that disagrees with the length |
 //! | [`window_give_back_vs_append`]: a window gives a block back while another sequence's append can take it only then | 2, 3 | `relaxed_free` (the pool's give-back `Relaxed`) | causality |
-//! | [`window_vs_double_free`]: a window gives back, or reuses, a block it holds alone while a raw free lists it (a double free) and then takes a block | 2, 2 or 3 | `free_ignores_sequence` (the raw free takes the sequence's reference) | blocks not conserved |
+//! | [`window_vs_double_free`]: a window gives back, or reuses, a block it holds alone while a raw free lists it (a double free) and then takes a block | 2, 2 or 3 | `free_ignores_sequence` (the raw free takes the sequence's reference; the sequence's sole drop a plain store) | blocks not conserved |
 //!
 //! A hybrid sequence's blocks are a sequence's: they carry the pool's
 //! sequence flag, so a raw `BlockPool::free` refuses them
 //! (`HeldBySequence`), and a window gives back a block it holds alone
-//! with a plain store, or reuses it, with nothing to race.
+//! with its sole drop (one CAS), or reuses it, with nothing to race.
 //!
-//! [`DOUBLE`]: loom_tests::pool_world::DOUBLE
-//! [`LOST`]: loom_tests::pool_world::LOST
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
+//! [`DOUBLE`]: crate::loom_tests::pool_world::DOUBLE
+//! [`LOST`]: crate::loom_tests::pool_world::LOST
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use kvslots::__model::{hybrid_with_faults, Faults};
-use kvslots::{
-    hash_blocks, BlockHash, BlockId, GroupKeys, HybridSequence, KvGroup, KvGroups, ReserveError,
-};
-use loom::thread;
-use loom_tests::pool_world::{
+use crate::loom_tests::pool_world::{
     assert_double_free_answer, check, check_long, PoolWorld, FREE_IGNORES_SEQUENCE, LOST,
     PER_GROUP_ADMISSION, RECYCLE_SHARED, RELAXED_FREE, SOUND, UNRECONCILED_MATCH,
 };
+use crate::sync::Faults;
+use crate::{
+    hash_blocks, BlockHash, BlockId, GroupKeys, HybridSequence, KvGroup, KvGroups, ReserveError,
+};
+use loom::thread;
 
 /// Token slots per block in every model here.
 const BS: usize = 2;
@@ -95,7 +93,7 @@ trait HybridOps {
 
 impl HybridOps for PoolWorld {
     fn hybrid(&self, groups: &KvGroups, faults: Faults) -> HybridSequence {
-        hybrid_with_faults(Arc::clone(&self.pool), groups.clone(), faults)
+        HybridSequence::with_faults(Arc::clone(&self.pool), groups.clone(), 0, faults)
     }
 
     fn append(&self, seq: &mut HybridSequence, n: usize) -> Result<Range<usize>, ReserveError> {
@@ -363,9 +361,10 @@ fn match_vs_evicting_append_unreconciled_match_is_caught() {
 ///   whenever `a` gave it back first.
 ///
 /// `a`'s last read of `a0` must happen-before `b`'s write into it: `a`
-/// holds `a0` alone, so the window's give-back is a plain store of its
-/// count published by the free list's `Release` `fetch_or`. Under the
-/// pool's `relaxed_free` control loom reports a causality violation.
+/// holds `a0` alone, so the window's give-back drops its count with one
+/// CAS (`Acquire`, no `Release`), published by the free list's `Release`
+/// `fetch_or`. Under the pool's `relaxed_free` control loom reports a
+/// causality violation.
 fn window_give_back_vs_append(pool_faults: Faults) {
     check(move || {
         let world = PoolWorld::new(3, BS, pool_faults, "sequence");
@@ -412,7 +411,7 @@ fn assert_only_holder(world: &PoolWorld, seq: &HybridSequence, what: &str) {
         .collect();
     assert_eq!(pool.used_blocks(), held.len(), "{LOST}: used ({what})");
     assert_eq!(
-        kvslots::__model::admission_free(pool),
+        pool.admission_free_uncapped(),
         pool.num_blocks() - held.len(),
         "{LOST}: the admission counts ({what})"
     );
@@ -432,7 +431,7 @@ fn assert_only_holder(world: &PoolWorld, seq: &HybridSequence, what: &str) {
 ///
 /// * Thread 1 appends 1 token to `a`. With 3 tokens its window (2..=3)
 ///   leaves `a0` behind and the token fits in `a1`: `a0` goes back to the
-///   pool with a plain store of its count (`a` is its only holder). With
+///   pool with one CAS of its count (`a` is its only holder). With
 ///   6 the window (5..=6) leaves `a0` and `a1` behind and the token needs
 ///   a block: `a0`, held alone and uncached, is reused for it (no pool
 ///   call) and `a1` goes back.
@@ -443,9 +442,10 @@ fn assert_only_holder(world: &PoolWorld, seq: &HybridSequence, what: &str) {
 ///
 /// Afterwards `a` is the only holder of what its table lists, and once it
 /// is dropped the pool is whole. Under `free_ignores_sequence` the raw
-/// free takes `a`'s reference to `a0`: racing the plain store, both give
-/// `a0` back (the admission counts show it); before the reuse, `a` finds
-/// no other holder and reuses a block that is free.
+/// free takes `a`'s reference to `a0`, and `a`'s sole drop is a load and
+/// a plain store (the control sets `plain_sole_drop` too): racing it,
+/// both give `a0` back (the admission counts show it); before the reuse,
+/// `a` finds no other holder and reuses a block that is free.
 fn window_vs_double_free(reuse: bool, pool_faults: Faults) {
     check(move || {
         let blocks = if reuse { 3 } else { 2 };

@@ -2,23 +2,21 @@
 //! other threads' reservations and drops, and `OwnedReservation`s moved
 //! across threads, each with its negative controls.
 //!
-//! As in `counter.rs`, every shape is generic over `loom_tests::Slots` and
+//! As in `counter.rs`, every shape is generic over `crate::loom_tests::Slots` and
 //! runs at capacities 1 to 5 against the real guards (`Reservation`,
 //! `OwnedReservation`) and, as `#[should_panic]` controls, against the
-//! wrong allocators of `loom_tests::wrong` with their naive guards.
+//! wrong allocators of `crate::loom_tests::wrong` with their naive guards.
 //!
-//! Run with:
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release`
-#![cfg(kvslots_loom)]
+//! Run with `scripts/loom guards`.
 
 use std::sync::Arc;
 
-use kvslots::SlotCounter;
-use loom_tests::wrong::{AgainstCapacity, CheckThenAdd, TokenByToken};
-use loom_tests::{
+use crate::loom_tests::wrong::{AgainstCapacity, CheckThenAdd, TokenByToken};
+use crate::loom_tests::{
     assert_drained, assert_full, assert_len, caught, check_threads, spawn, sums, Guard, Shadow,
     Slots, CAPACITIES,
 };
+use crate::SlotCounter;
 
 /// What others could hold at once, given each other thread's possible
 /// holdings, shifted by `base` (what the asking thread holds itself).

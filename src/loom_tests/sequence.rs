@@ -2,12 +2,11 @@
 //! (with and without a third thread appending), and append vs truncate on
 //! different sequences, each with its negative control.
 //!
-//! Run with
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test sequence`.
+//! Run with `scripts/loom sequence`.
 //!
 //! # What every model checks
 //!
-//! The same three things as `tests/pool.rs`, driven through sequences:
+//! The same three things as `pool.rs`, driven through sequences:
 //!
 //! * **No double hand-out.** A shadow holder count per block: every block a
 //!   sequence gets from the pool (the new blocks of an append, a fork's
@@ -49,20 +48,18 @@
 //! the two threads; it then takes the block the other thread has just given
 //! back (a take starts at the lowest free id), and only the free list's
 //! orderings can order the two owners' accesses. (The free list's own
-//! control lives in `tests/pool.rs`: a sequence reaches the free list
+//! control lives in `pool.rs`: a sequence reaches the free list
 //! only through the pool's take and give-back.)
 //!
-//! [`DOUBLE`]: loom_tests::pool_world::DOUBLE
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
+//! [`DOUBLE`]: crate::loom_tests::pool_world::DOUBLE
 
 use std::ops::Range;
 use std::sync::Arc;
 
-use kvslots::__model::Faults;
-use kvslots::{BlockCopy, BlockId, ReserveError, Sequence};
+use crate::loom_tests::pool_world::{check, PoolWorld, RELAXED_FREE, SOUND};
+use crate::sync::Faults;
+use crate::{BlockCopy, BlockId, ReserveError, Sequence};
 use loom::thread;
-use loom_tests::pool_world::{check, PoolWorld, RELAXED_FREE, SOUND};
 
 /// Token slots per block in every model here.
 const BS: usize = 2;

@@ -1,14 +1,13 @@
-//! Loom models of waiting on a [`BlockPool`](kvslots::BlockPool) whose
+//! Loom models of waiting on a [`BlockPool`](crate::BlockPool) whose
 //! admission is counted over two shards: the lost-wake-up hand-shake
 //! between a waiter and a release on another shard, a waiter against a
 //! slow-path admission that holds blocks in transit, and the growth of a
 //! running sequence past a queued head. The checks are those of
-//! `tests/pool.rs` (shadow holder counts, conservation, a happens-before
-//! witness per block; see `loom_tests::pool_world`), plus: every waiter
+//! `pool.rs` (shadow holder counts, conservation, a happens-before
+//! witness per block; see `crate::loom_tests::pool_world`), plus: every waiter
 //! ends granted all it asked for, and nobody is left queued.
 //!
-//! Run with
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test pool_wait`.
+//! Run with `scripts/loom pool_wait`.
 //!
 //! A blocking waiter sleeps on loom's condition variable and an async one
 //! is driven by loom's `block_on`, which parks its thread until the waker
@@ -43,21 +42,19 @@
 //! | [`headroom_head_against_relay`] | 3, 4 | 2 | `owed_without_headroom` (head starved) |
 //! | [`panicking_waker_against_releases`] | 2, 2 | 2 | `wake_before_count` (blocks not conserved) |
 //! | [`panicking_waker_beside_a_granted_waiter`] | 2, 2 | 2 | `panic_cuts_batch` (lost wakeup) |
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
 
 use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
-use kvslots::__model::{AtomicBool, Faults, Ordering};
-use kvslots::{BlockId, ReserveError, Sequence};
-use loom::thread;
-use loom_tests::pool_world::{
+use crate::loom_tests::pool_world::{
     check, Allocs, PoolWorld, GROWTH_WAITS, LATE_ENQUEUE, OWED_WITHOUT_HEADROOM, PANIC_CUTS_BATCH,
     QUIET_GATHER, SOUND, UNFENCED_WAIT, WAKE_BEFORE_COUNT,
 };
-use loom_tests::Flag;
+use crate::loom_tests::Flag;
+use crate::sync::{AtomicBool, Faults, Ordering};
+use crate::{BlockId, ReserveError, Sequence};
+use loom::thread;
 
 /// A pool of `num_blocks` one-slot blocks over two shards.
 fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
@@ -193,7 +190,7 @@ fn release_on_other_shard_after_start_blocking_unfenced_wait_is_caught() {
 /// gatherer gives its block back and returns `Full`, waking nobody. Both
 /// blocks are free and the waiter sleeps for ever.
 fn waiter_vs_gather_in_transit(faults: Faults) {
-    loom_tests::check_bounded(1, move || {
+    crate::loom_tests::check_bounded(1, move || {
         let world = new_world(2, faults);
         let lent = world.alloc(1).expect("1 of a fresh pool of 2");
         let freer = {
@@ -250,7 +247,7 @@ const GROWTH_REFUSED: &str = "growth refused behind a queued head";
 /// Under `growth_waits` the growth leaves the head what it is owed too,
 /// and is refused.
 fn growth_past_queued_head(faults: Faults) {
-    loom_tests::check(move || {
+    crate::loom_tests::check(move || {
         let world = new_world(3, faults);
         let mut running = Sequence::new(Arc::clone(&world.pool));
         running.try_append(1).expect("1 of a fresh pool of 3");

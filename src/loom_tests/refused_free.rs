@@ -3,8 +3,7 @@
 //! resurrect a block that is back in the free list nor touch a block that
 //! was freed and reallocated in the meantime.
 //!
-//! Run with
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test refused_free`.
+//! Run with `scripts/loom refused_free`.
 //!
 //! Block `x` has two references (A's and B's), block `y` one (B's). A
 //! frees `[x, y]`, listing `y`, which it does not hold (a double free),
@@ -28,22 +27,20 @@
 //! |---|---|---|
 //! | [`refused_free_vs_free`] | 2, 2 | caught |
 //! | the same, A also freeing a block of its own first | 2, 3 | caught |
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 
-use kvslots::__model::{pool_with_faults, Faults};
-use kvslots::{BlockAllocator, BlockId, BlockPool, FreeError};
+use crate::loom_tests::pool_world::{check, BLIND_UNDO, DOUBLE, LOST, SOUND};
+use crate::sync::Faults;
+use crate::{BlockAllocator, BlockId, BlockPool, FreeError};
 use loom::thread;
-use loom_tests::pool_world::{check, BLIND_UNDO, DOUBLE, LOST, SOUND};
 
 /// The model over a pool of `num_blocks` one-slot blocks (one shard).
 /// With `own`, A also holds a block `z` alone and lists it first: its drop
 /// is a last one, which a `Raced` free still gives back.
 fn refused_free_vs_free(num_blocks: usize, own: bool, faults: Faults) {
     check(move || {
-        let pool = Arc::new(pool_with_faults(num_blocks, 1, 1, faults));
+        let pool = Arc::new(BlockPool::with_faults(num_blocks, 1, 1, faults));
         let x = shared_block(&pool);
         let mut ids = Vec::new();
         pool.try_alloc(1, &mut ids).expect("a second block");

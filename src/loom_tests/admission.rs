@@ -1,14 +1,13 @@
-//! Loom models of a [`BlockPool`](kvslots::BlockPool)'s per-shard
+//! Loom models of a [`BlockPool`](crate::BlockPool)'s per-shard
 //! admission: the fast path (one CAS on the home shard's count) racing a
 //! gather that takes from that shard, and two gathers racing each other,
 //! where each can hold counts in transit while the other looks (the
-//! transit window). The checks are those of `tests/pool.rs` (shadow holder
+//! transit window). The checks are those of `pool.rs` (shadow holder
 //! counts, conservation, which now also sums the shards' counts without
 //! the cap of `free_blocks`, and a happens-before witness per block; see
-//! `loom_tests::pool_world`), plus a check that every `Full` is justified.
+//! `crate::loom_tests::pool_world`), plus a check that every `Full` is justified.
 //!
-//! Run with
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test admission`.
+//! Run with `scripts/loom admission`.
 //!
 //! Threads are numbered in the order they first admit or release blocks,
 //! afresh in every execution, so which thread calls which shard home
@@ -18,15 +17,13 @@
 //! |---|---|---|---|
 //! | [`fast_vs_gather`] | 2, 4, 2 | caught: not conserved | |
 //! | [`gather_vs_gather`] | 2, 2, 2 | | caught: unjustified `Full` |
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 
-use kvslots::__model::{AtomicUsize, Faults, Ordering};
-use kvslots::ReserveError;
+use crate::loom_tests::pool_world::{check, Allocs, PoolWorld, KEEP_REFUSED, RACY_TAKE, SOUND};
+use crate::sync::{AtomicUsize, Faults, Ordering};
+use crate::ReserveError;
 use loom::thread;
-use loom_tests::pool_world::{check, Allocs, PoolWorld, KEEP_REFUSED, RACY_TAKE, SOUND};
 
 /// A refusal that nothing running could justify.
 const UNJUSTIFIED: &str = "unjustified Full";
@@ -105,7 +102,7 @@ impl Busy {
 /// was inside a call or held blocks at some point of it (with nothing else
 /// running and nothing held, every block was free).
 fn assert_justified(
-    result: &Result<Vec<kvslots::BlockId>, ReserveError>,
+    result: &Result<Vec<crate::BlockId>, ReserveError>,
     before: usize,
     after: usize,
 ) {

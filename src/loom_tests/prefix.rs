@@ -2,12 +2,12 @@
 //! `Sequence::publish` against evictions, releases, resets and each other,
 //! each with a negative control that loom must catch.
 //!
-//! Run with `scripts/loom --test prefix`.
+//! Run with `scripts/loom prefix`.
 //!
 //! # What every model checks
 //!
 //! * **No double hand-out.** The shadow holder counts of
-//!   [`PoolWorld`](loom_tests::pool_world::PoolWorld): a block an
+//!   [`PoolWorld`](crate::loom_tests::pool_world::PoolWorld): a block an
 //!   allocation gets (a free one, or an evicted one) must have had no
 //!   holder ([`DOUBLE`] otherwise); a match adds a holder.
 //! * **The right content.** Each block has a content tag (a loom atomic,
@@ -55,19 +55,17 @@
 //! lookups that read both buckets), and are harmless for a key whose
 //! entries all sit in one bucket.
 //!
-//! [`DOUBLE`]: loom_tests::pool_world::DOUBLE
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
+//! [`DOUBLE`]: crate::loom_tests::pool_world::DOUBLE
 
 use std::sync::Arc;
 
-use kvslots::__model::{AtomicUsize, Faults, Ordering};
-use kvslots::{BlockHash, Sequence};
-use loom::thread;
-use loom_tests::pool_world::{
+use crate::loom_tests::pool_world::{
     check, PoolWorld, EVICT_REFERENCED, FENCE_OWN_BUCKET, FIRST_BUCKET_ONLY, MATCH_KEEPS_CREDITS,
     NO_GENERATION_CHECK, NO_KILL, RELAXED_PUBLISH, SOUND,
 };
+use crate::sync::{AtomicUsize, Faults, Ordering};
+use crate::{BlockHash, Sequence};
+use loom::thread;
 
 /// A matched block whose content is another key's.
 const STALE: &str = "stale hit";

@@ -1,13 +1,12 @@
 //! Loom models of fenced release: a sequence giving its blocks up under a
-//! fence ([`Sequence::retire`](kvslots::Sequence::retire),
-//! [`Sequence::truncate_fenced`](kvslots::Sequence::truncate_fenced))
+//! fence ([`Sequence::retire`](crate::Sequence::retire),
+//! [`Sequence::truncate_fenced`](crate::Sequence::truncate_fenced))
 //! racing the device thread that declares the fence complete
-//! ([`BlockPool::complete`](kvslots::BlockPool::complete)) racing an
+//! ([`BlockPool::complete`](crate::BlockPool::complete)) racing an
 //! allocation that wants the block. The block must never be handed out
 //! before the fence is declared complete.
 //!
-//! Run with
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test fence`.
+//! Run with `scripts/loom fence`.
 //!
 //! In each model the main thread owns a sequence over a pool of one-slot
 //! blocks and writes its blocks; then three things race:
@@ -30,15 +29,13 @@
 //! | [`retire_vs_complete_vs_alloc`] | 3, 1 | caught: handed out before its fence |
 //! | [`truncate_fenced_vs_complete_vs_alloc`] | 3, 2 | caught: handed out before its fence |
 //! | [`two_fences_complete_in_either_order`] | 3, 2 | caught: handed out before its fence |
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 
-use kvslots::__model::{AtomicBool, Faults, Ordering};
-use kvslots::{BlockId, Sequence};
+use crate::loom_tests::pool_world::{check, Allocs, PoolWorld, EARLY_RELEASE, SOUND};
+use crate::sync::{AtomicBool, Faults, Ordering};
+use crate::{BlockId, Sequence};
 use loom::thread;
-use loom_tests::pool_world::{check, Allocs, PoolWorld, EARLY_RELEASE, SOUND};
 
 /// The message of a block handed out before its fence was declared
 /// complete.

@@ -1,21 +1,56 @@
-//! Loom model checks for kvslots: the shared model shapes, the shadow
-//! counter, and the deliberately wrong allocators the models must catch.
+//! The loom models: the crate's own unit tests under
+//! `cfg(all(test, kvslots_loom))`, one file per subject, with the harness
+//! they share (this file: the counter models' shapes, shadow and wrong
+//! allocators; `pool_world.rs`: the pool models' world and fault sets).
 //!
-//! Everything here exists only under `RUSTFLAGS="--cfg kvslots_loom"`; a
-//! plain build compiles this crate (and its tests) as empty crates. (So
-//! these crate docs name items without links: a plain `cargo doc` sees none
-//! of them.)
+//! Nothing here exists in any other build. `scripts/loom` runs them
+//! (`RUSTFLAGS="--cfg kvslots_loom" cargo test --lib --release`, with
+//! `LOOM_MAX_PREEMPTIONS=2`); `scripts/loom pool` runs one file's models
+//! (the tests whose path contains `loom_tests::pool::`), and
+//! `scripts/loom -- --list` lists them. Under that cfg the crate's other
+//! unit tests are left out, so the list is the models and their controls.
 //!
-//! # How the models are built
+//! The models reach what the public API does not offer from inside the
+//! crate: the atomics facade (`crate::sync`, loom's types here), the faults
+//! of the negative controls (`crate::sync::Faults`, through
+//! `BlockPool::with_faults`, `BlockPoolBuilder::faults` and
+//! `SlotCounter::with_faults`) and the pool's
+//! uncapped admission sum (`BlockPool::admission_free_uncapped`), all of
+//! them crate-private and compiled only into this build. A new model is a
+//! `#[test]` in one of these files (or a new file declared below) with its
+//! negative control: a `#[should_panic(expected = ..)]` test of the same
+//! shape with one fault on.
 //!
-//! Every model shape (in the test files: `tests/counter.rs`,
-//! `tests/guards.rs`) is written once, generically over the `Slots`
-//! trait, and run against two kinds of allocator:
+//! | file | subject |
+//! |---|---|
+//! | `counter.rs` | `SlotCounter`'s admission, release and close |
+//! | `guards.rs` | the reservation guards: split, merge, shrink, owned guards across threads |
+//! | `wait.rs` | waiting on a `SlotCounter`: the FIFO queue, grants, cancellation, close |
+//! | `pool.rs` | `BlockPool`'s allocation and free |
+//! | `shards.rs` | a free list (per-shard bitmaps) in two shards |
+//! | `admission.rs` | per-shard admission counts: the fast path and gathers |
+//! | `pool_wait.rs` | waiting on a pool counted over two shards |
+//! | `refused_free.rs` | a free refused after a racing double free |
+//! | `release_race.rs` | a double release through `BlockAllocator::release` (misuse): two releases of a sequence's block, and one racing the sequence's drop |
+//! | `held_drop.rs` | a sequence's give-back against a double free, which the sequence flag refuses; a stale free against a sequence that retook the block |
+//! | `sequence.rs` | `Sequence`: fork, drop, append, truncate |
+//! | `hybrid.rs` | `HybridSequence`: one admission across groups, a window's give-back and reuse against a match, an append and a double free, a match across groups against an evicting append |
+//! | `fence.rs` | fenced release against `complete` and allocation |
+//! | `prefix.rs` | the prefix cache: match, publish, eviction, reset |
+//! | `prefix_misuse.rs` | the prefix cache under misuse and three-way races |
+//! | `prefix_publish_attack.rs` | rivals of a publish reclaimed, killed or deferred to |
+//! | `events.rs` | KV events: the rings' records against the transitions they report, a drain, a full ring |
+//!
+//! # How the counter models are built
+//!
+//! Every model shape (in `counter.rs` and `guards.rs`) is written once,
+//! generically over the `Slots` trait, and run against two kinds of
+//! allocator:
 //!
 //! * the real `SlotCounter` with its real guards (`Reservation`,
 //!   `OwnedReservation`), which every model must pass at every capacity;
 //! * the wrong allocators of `wrong`, written against the same atomics
-//!   facade (`kvslots::__model`), which loom must catch under the same model
+//!   facade (`crate::sync`), which loom must catch under the same model
 //!   shape: the two known wrong ways of the seed contract (token by token,
 //!   against total capacity), check-then-add in two atomic steps, a closed
 //!   flag kept outside the count's word, an admission that is not
@@ -33,20 +68,35 @@
 //!
 //! The assertion messages are fixed strings (see `msg`) so that the
 //! negative controls can pin them with `#[should_panic(expected = "...")]`.
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
-#![warn(missing_docs)]
 
 use std::ops::Deref;
 use std::sync::Arc;
 
-use kvslots::__model::{AtomicBool, AtomicUsize, Ordering};
-use kvslots::{OwnedReservation, ReleaseError, Reservation, ReserveError, SlotCounter};
+use crate::sync::{AtomicBool, AtomicUsize, Ordering};
+use crate::{OwnedReservation, ReleaseError, Reservation, ReserveError, SlotCounter};
 
 pub mod pool_world;
 
+mod admission;
+mod counter;
+mod events;
+mod fence;
+mod guards;
+mod held_drop;
+mod hybrid;
+mod pool;
+mod pool_wait;
+mod prefix;
+mod prefix_misuse;
+mod prefix_publish_attack;
+mod refused_free;
+mod release_race;
+mod sequence;
+mod shards;
+mod wait;
+
 /// A waker that records that it was woken: the async waiters of the
-/// waiting models (`tests/wait.rs`, `tests/pool_wait.rs`) are polled by
+/// waiting models (`wait.rs`, `pool_wait.rs`) are polled by
 /// hand with one.
 #[derive(Debug, Default)]
 pub struct Flag(AtomicBool);
@@ -115,38 +165,39 @@ const _: () = assert!(*CAPACITIES.start() == 1 && *CAPACITIES.end() == 5);
 /// caught!(admit_token_by_token: admit_vs_admit_2::<TokenByToken>,
 ///     "partial admission", from 2);
 /// ```
-#[macro_export]
 macro_rules! caught {
     ($module:ident: $shape:ident::<$wrong:ty>, $expected:literal) => {
-        $crate::caught!($module: $shape::<$wrong>, $expected, from 1);
+        $crate::loom_tests::caught!($module: $shape::<$wrong>, $expected, from 1);
     };
     ($module:ident: $shape:ident::<$wrong:ty>, $expected:literal, from $min:tt) => {
         mod $module {
             use super::*;
-            $crate::caught!(@from $min, $shape::<$wrong>, $expected,
+            $crate::loom_tests::caught!(@from $min, $shape::<$wrong>, $expected,
                 [cap1 = 1] [cap2 = 2] [cap3 = 3] [cap4 = 4] [cap5 = 5]);
         }
     };
     (@from 1, $shape:ident::<$wrong:ty>, $expected:literal, $($cap:tt)+) => {
-        $crate::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
+        $crate::loom_tests::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
     };
     (@from 2, $shape:ident::<$wrong:ty>, $expected:literal, $skip:tt $($cap:tt)+) => {
-        $crate::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
+        $crate::loom_tests::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
     };
     (@from 3, $shape:ident::<$wrong:ty>, $expected:literal, $a:tt $b:tt $($cap:tt)+) => {
-        $crate::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
+        $crate::loom_tests::caught!(@tests $shape::<$wrong>, $expected, $($cap)+);
     };
     (@tests $shape:ident::<$wrong:ty>, $expected:literal, $([$test:ident = $c:literal])+) => {
         $(
             #[test]
             #[should_panic(expected = $expected)]
             fn $test() {
-                assert!($crate::CAPACITIES.contains(&$c));
+                assert!($crate::loom_tests::CAPACITIES.contains(&$c));
                 $shape::<$wrong>($c);
             }
         )+
     };
 }
+
+pub(crate) use caught;
 
 /// Spawns a loom thread that runs `f` on clones of a model's shared
 /// allocator and shadow.

@@ -1,13 +1,11 @@
 //! Loom models that attack the prefix cache's publish protocol: rivals
 //! that are reclaimed, killed or deferred to while a publisher rescans.
 //!
-//! Run with `scripts/loom --test prefix_publish_attack`.
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
+//! Run with `scripts/loom prefix_publish_attack`.
 
-use kvslots::__model::Faults;
-use kvslots::BlockHash;
-use loom_tests::pool_world::{holder_gone_then_publish, ARMED_CLAIM, SOUND};
+use crate::loom_tests::pool_world::{holder_gone_then_publish, ARMED_CLAIM, SOUND};
+use crate::sync::Faults;
+use crate::BlockHash;
 
 /// Three one-token blocks: holder `c`, rival `r` and publisher `p`, with
 /// `r < p`. The holder publishes key `K` while the rival does; the rival's

@@ -1,5 +1,5 @@
-//! The harness of the `BlockPool` and `Sequence` models (`tests/pool.rs`,
-//! `tests/sequence.rs`): a pool next to a shadow holder count and a
+//! The harness of the `BlockPool` and `Sequence` models (`pool.rs`,
+//! `sequence.rs`): a pool next to a shadow holder count and a
 //! happens-before witness per block, the conservation check, the fault sets
 //! of the negative controls, and a `check` that refuses to pass vacuously.
 //!
@@ -21,9 +21,9 @@
 
 use std::sync::Arc;
 
-use kvslots::__model::{admission_free, pool_with_faults, Faults};
-use kvslots::__model::{AtomicUsize, Ordering};
-use kvslots::{BlockHash, BlockId, BlockPool, FreeError, ReserveError, Sequence};
+use crate::sync::Faults;
+use crate::sync::{AtomicUsize, Ordering};
+use crate::{BlockHash, BlockId, BlockPool, FreeError, ReserveError, Sequence};
 use loom::cell::UnsafeCell;
 
 /// A block was handed out while a holder still had it (the same words as
@@ -71,6 +71,7 @@ pub const SOUND: Faults = Faults {
     early_stored_record: false,
     relaxed_record: false,
     uncounted_loss: false,
+    plain_sole_drop: false,
 };
 /// The free list's control: a take from a bitmap word with a load and a
 /// plain store, so that two takers can take the same block.
@@ -91,10 +92,21 @@ pub const BLIND_UNDO: Faults = Faults {
 };
 
 /// The sequence-flag control: a raw free takes a reference to a block
-/// that sequences hold, so it races a sequence's plain last drop and both
-/// give the block back.
+/// that sequences hold, and a sequence's sole drop is a load and a plain
+/// store, so the two race and both give the block back. (With the sole
+/// drop a CAS, as shipped, the flag alone no longer keeps the books: the
+/// CAS does; see [`PLAIN_SOLE_DROP`].)
 pub const FREE_IGNORES_SEQUENCE: Faults = Faults {
     free_ignores_sequence: true,
+    plain_sole_drop: true,
+    ..SOUND
+};
+
+/// The sole-drop control: a sequence's drop of a block it reads as held
+/// alone is a load and a plain store, so a double release of the block
+/// through the public `BlockAllocator::release` gives it back twice.
+pub const PLAIN_SOLE_DROP: Faults = Faults {
+    plain_sole_drop: true,
     ..SOUND
 };
 
@@ -398,7 +410,9 @@ impl PoolWorld {
         holder: &'static str,
     ) -> Arc<PoolWorld> {
         Arc::new(PoolWorld {
-            pool: Arc::new(pool_with_faults(num_blocks, block_size, shards, faults)),
+            pool: Arc::new(BlockPool::with_faults(
+                num_blocks, block_size, shards, faults,
+            )),
             holders: (0..num_blocks).map(|_| AtomicUsize::new(0)).collect(),
             payload: (0..num_blocks).map(|_| UnsafeCell::new(0)).collect(),
             holder,
@@ -488,7 +502,7 @@ impl PoolWorld {
         // The shards' admission counts, without the cap that `free_blocks`
         // applies: a count admitted twice shows here.
         assert_eq!(
-            admission_free(&self.pool),
+            self.pool.admission_free_uncapped(),
             n,
             "{LOST}: the admission counts"
         );
@@ -527,12 +541,11 @@ impl PoolWorld {
 }
 
 /// What a racing double free of a sequence's block may answer (the models
-/// of `tests/held_drop.rs` and `tests/hybrid.rs`): `HeldBySequence` while
-/// the sequence holds the block, `NotAllocated` once it is back; and
-/// under the `free_ignores_sequence` control, as before the flag, `Ok` if
-/// it dropped the reference before the sequence did and `Raced` if the
-/// sequence dropped it first (its checks saw the reference, its drop
-/// found none).
+/// of `held_drop.rs` and `hybrid.rs`): `HeldBySequence` while the
+/// sequence holds the block, `NotAllocated` once it is back; and under the
+/// `free_ignores_sequence` control, as before the flag, `Ok` if it dropped
+/// the reference before the sequence did and `Raced` if the sequence
+/// dropped it first (its checks saw the reference, its drop found none).
 ///
 /// # Panics
 ///
@@ -549,8 +562,8 @@ pub fn assert_double_free_answer(r: Result<(), FreeError>, id: BlockId) {
     }
 }
 
-/// The checked allocations of the pool models (`tests/pool.rs`,
-/// `tests/shards.rs`).
+/// The checked allocations of the pool models (`pool.rs`,
+/// `shards.rs`).
 pub trait Allocs {
     /// `try_alloc(n)` into a fresh vector, checked whole or nothing (a
     /// refusal is `Full`, or `BehindWaiters` while someone waits); each new
@@ -595,8 +608,8 @@ impl Allocs for PoolWorld {
     }
 }
 
-/// The body of the alloc-vs-alloc models (`tests/pool.rs`,
-/// `tests/shards.rs`): a spawned thread allocates `takes` blocks and gives
+/// The body of the alloc-vs-alloc models (`pool.rs`,
+/// `shards.rs`): a spawned thread allocates `takes` blocks and gives
 /// back the one at index `gives_back`, keeping the rest; meanwhile this
 /// thread allocates one block, which must succeed (`takes` leaves one), and
 /// then tries one more. Each keeps what it holds until both are done; then
@@ -653,7 +666,7 @@ pub fn holder_rival_publisher(pool: &Arc<BlockPool>) -> (Sequence, Sequence, Seq
 pub fn holder_gone_then_publish(faults: Faults, rival_then: Option<BlockHash>) {
     check(move || {
         let key = BlockHash([1; 32]);
-        let pool = Arc::new(pool_with_faults(3, 1, 1, faults));
+        let pool = Arc::new(BlockPool::with_faults(3, 1, 1, faults));
         let (mut c, mut r, mut p) = holder_rival_publisher(&pool);
         let holder = loom::thread::spawn(move || {
             c.publish(&[key]);

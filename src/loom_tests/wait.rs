@@ -4,8 +4,7 @@
 //! crate's facade), so that every lock, sleep and wake is a scheduling
 //! point.
 //!
-//! Run with
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test wait`.
+//! Run with `scripts/loom wait`.
 //!
 //! The async waiters are polled by hand with a waker that sets a flag: a
 //! waiter's thread polls once and hands a pending future to the main
@@ -16,7 +15,7 @@
 //! Every model also checks that nothing is left taken once every guard is
 //! gone (`used() == 0`) and that nobody is left queued (`waiters() == 0`).
 //! Each has a negative control, a fault injected through
-//! `kvslots::__model`, that loom must catch:
+//! `SlotCounter::with_faults`, that loom must catch:
 //!
 //! | model | threads | fault caught |
 //! |---|---|---|
@@ -24,8 +23,6 @@
 //! | [`close_against_waiters`] | 3 | `silent_close` (deadlock) |
 //! | [`timeout_against_grant`] | 3 | `late_enqueue` (lost wakeup) |
 //! | [`head_cancelled_against_grant`] | 3 | `cancel_no_recheck` (lost wakeup) |
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
 
 use std::future::Future;
 use std::pin::Pin;
@@ -33,11 +30,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use kvslots::__model::{counter_with_faults, Faults};
-use kvslots::{ReserveError, ReserveOwned, SlotCounter};
+use crate::loom_tests::pool_world::{check, SOUND};
+use crate::loom_tests::Flag;
+use crate::sync::Faults;
+use crate::{ReserveError, ReserveOwned, SlotCounter};
 use loom::thread;
-use loom_tests::pool_world::{check, SOUND};
-use loom_tests::Flag;
 
 /// What the models report when a queued async waiter is never woken: a
 /// deadlock, as loom reports for a blocking one.
@@ -77,7 +74,7 @@ impl Polled {
     fn poll(
         fut: &mut Pin<Box<ReserveOwned>>,
         flag: &Arc<Flag>,
-    ) -> Poll<Result<kvslots::OwnedReservation, ReserveError>> {
+    ) -> Poll<Result<crate::OwnedReservation, ReserveError>> {
         let waker = Waker::from(Arc::clone(flag));
         fut.as_mut().poll(&mut Context::from_waker(&waker))
     }
@@ -107,7 +104,7 @@ impl Polled {
 
 /// A counter of `capacity` slots with `faults` in its wait queue.
 fn new_counter(capacity: usize, faults: Faults) -> Arc<SlotCounter> {
-    Arc::new(counter_with_faults(capacity, faults))
+    Arc::new(SlotCounter::with_faults(capacity, faults))
 }
 
 /// Checks the end state: everything given back, nobody queued.

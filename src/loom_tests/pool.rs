@@ -2,8 +2,7 @@
 //! of a shared block, and three threads at once, each with its negative
 //! control.
 //!
-//! Run with
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test pool`.
+//! Run with `scripts/loom pool`.
 //!
 //! # What every model checks
 //!
@@ -34,7 +33,7 @@
 //! # Models and negative controls
 //!
 //! Each model shape runs on a sound pool and on a pool built with
-//! `kvslots::__model::pool_with_faults`, which loom
+//! `BlockPool::with_faults`, which loom
 //! must catch (`#[should_panic(expected = ..)]`). The pair shows that the
 //! control is caught for the injected fault, not for the model:
 //!
@@ -57,19 +56,17 @@
 //! other thread has just given back (a take starts at the lowest free id): only the free
 //! list's orderings could then order the two owners' accesses.
 //!
-//! [`DOUBLE`]: loom_tests::pool_world::DOUBLE
-//! [`LOST`]: loom_tests::pool_world::LOST
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
+//! [`DOUBLE`]: crate::loom_tests::pool_world::DOUBLE
+//! [`LOST`]: crate::loom_tests::pool_world::LOST
 
 use std::sync::Arc;
 
-use kvslots::__model::Faults;
-use kvslots::Sequence;
-use loom::thread;
-use loom_tests::pool_world::{
+use crate::loom_tests::pool_world::{
     alloc_then_more, check, Allocs, PoolWorld, PLAIN_BITMAP_TAKE, RELAXED_FREE, SOUND,
 };
+use crate::sync::Faults;
+use crate::Sequence;
+use loom::thread;
 
 /// Block size of every pool here (the models move whole blocks).
 const BLOCK_SIZE: usize = 1;

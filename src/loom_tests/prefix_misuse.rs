@@ -2,7 +2,7 @@
 //! `BlockPool::free` of a block (a double free, misuse) racing the
 //! holder's `Sequence::publish` of it.
 //!
-//! Run with `scripts/loom --test prefix_misuse`.
+//! Run with `scripts/loom prefix_misuse`.
 //!
 //! `BlockPool::free` promises that whatever races, the pool's own books
 //! stay exact, and that a double free hands a block to two owners only
@@ -31,16 +31,14 @@
 //! | [`truncate_sole_vs_match`] | 2 | `no_generation_check` |
 //! | [`a_publish_after_the_holder_is_gone`] | 2 | `no_held_key_check` with `ignore_deferral` |
 //! | [`a_publish_after_the_holder_is_gone_behind_a_rival`] | 3 | `ignore_deferral` |
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 
-use kvslots::{BlockHash, Sequence};
-use loom::thread;
-use loom_tests::pool_world::{
+use crate::loom_tests::pool_world::{
     check, holder_gone_then_publish, holder_rival_publisher, PoolWorld, SOUND,
 };
+use crate::{BlockHash, Sequence};
+use loom::thread;
 
 /// Pool of 2 one-token blocks. Main: a sequence appends one block and
 /// publishes it. Other thread: `pool.free(&[that block])` (a double free).
@@ -95,11 +93,11 @@ fn raw_free_racing_publish_unreferenced_claim_is_caught() {
     raw_free_racing_publish(UNREFERENCED_CLAIM);
 }
 
-use kvslots::__model::pool_with_faults;
-use kvslots::__model::{AtomicUsize, Faults, Ordering};
-use loom_tests::pool_world::{
+use crate::loom_tests::pool_world::{
     CLAIM_DROP_KEPT, IGNORE_DEFERRAL, NO_GENERATION_CHECK, UNREFERENCED_CLAIM,
 };
+use crate::sync::{AtomicUsize, Faults, Ordering};
+use crate::BlockPool;
 
 /// A pool world with a content tag per block (as in `prefix.rs`).
 struct Tagged {
@@ -117,7 +115,7 @@ impl Tagged {
     }
 
     /// The owner writes block `id` and tags it `tag`.
-    fn write(&self, id: kvslots::BlockId, tag: usize) {
+    fn write(&self, id: crate::BlockId, tag: usize) {
         self.world.write(id);
         // Relaxed: checked against the pool's own ordering.
         self.tags[id.index()].store(tag, Ordering::Relaxed);
@@ -249,7 +247,7 @@ fn raw_free_racing_publish_then_two_allocations(faults: Faults) {
         pool.try_alloc(1, &mut mine).unwrap();
         world.take(mine[0]);
         let theirs = other.join().unwrap();
-        assert_ne!(mine, theirs, "{}", loom_tests::pool_world::DOUBLE);
+        assert_ne!(mine, theirs, "{}", crate::loom_tests::pool_world::DOUBLE);
         // Every block is held now, o uncached and the two fresh ones
         // allocated: none may hold a key.
         assert_eq!(
@@ -286,7 +284,7 @@ fn raw_free_racing_publish_then_two_allocations_unreferenced_claim_is_caught() {
 /// three-thread model below needs the second defence alone.)
 fn a_publish_after_the_holder_is_gone(faults: Faults) {
     check(move || {
-        let pool = Arc::new(pool_with_faults(3, 1, 1, faults));
+        let pool = Arc::new(BlockPool::with_faults(3, 1, 1, faults));
         let key = [BlockHash([1; 32])];
         // The old holder c, and two more blocks; the rival gets the lower
         // id.
@@ -398,7 +396,7 @@ fn claim_attack(faults: Faults) {
         assert_eq!(pool.cached_blocks(), pool.evictable_blocks());
         let mut all = Vec::new();
         pool.try_alloc(2, &mut all).unwrap();
-        assert_ne!(all[0], all[1], "{}", loom_tests::pool_world::DOUBLE);
+        assert_ne!(all[0], all[1], "{}", crate::loom_tests::pool_world::DOUBLE);
         assert_eq!(
             pool.cached_blocks(),
             0,
@@ -472,7 +470,7 @@ fn raw_free_racing_a_losing_publish(faults: Faults) {
         assert_eq!((pool.cached_blocks(), pool.evictable_blocks()), (1, 1));
         let mut all = Vec::new();
         pool.try_alloc(2, &mut all).unwrap();
-        assert_ne!(all[0], all[1], "{}", loom_tests::pool_world::DOUBLE);
+        assert_ne!(all[0], all[1], "{}", crate::loom_tests::pool_world::DOUBLE);
         assert_eq!(
             pool.cached_blocks(),
             0,

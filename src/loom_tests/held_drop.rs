@@ -1,15 +1,14 @@
 //! Loom models of a `Sequence` giving back its references while a raw
 //! `BlockPool::free` lists the same blocks (a double free, which is
 //! misuse). A sequence's blocks carry the sequence flag, which a raw free
-//! refuses (`HeldBySequence`), in its checks and in its CAS; so a
-//! sequence that holds a block alone gives it back with a plain store.
+//! refuses (`HeldBySequence`), in its checks and in its CAS; a sequence
+//! that holds a block alone gives it back with one CAS from the word it
+//! read.
 //! Whatever the interleaving, the block goes back once, the used count is
 //! given back once, and the free reports `Ok` only if it dropped a
 //! reference that was there.
 //!
-//! Run with `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2
-//! CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test
-//! held_drop`.
+//! Run with `scripts/loom held_drop`.
 //!
 //! After both threads are done, every model checks that:
 //!
@@ -22,8 +21,10 @@
 //! * once the model gives back what it holds, the whole pool can be taken.
 //!
 //! The negative control `free_ignores_sequence` lets the raw free take a
-//! sequence's reference with its CAS, as it could before the flag: the
-//! sequence's plain last drop then races it, and both give the block back.
+//! sequence's reference with its CAS, as it could before the flag, and
+//! makes the sequence's sole drop a load and a plain store
+//! (`plain_sole_drop`): that drop then races the free, and both give the
+//! block back.
 //!
 //! | model | threads, blocks | negative control, caught |
 //! |---|---|---|
@@ -42,17 +43,15 @@
 //! holder's reference and the block has been handed to a new owner, the
 //! holder's next free takes the new owner's reference (reference counts
 //! cannot tell holders apart; see `BlockPool::free`).
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 
-use kvslots::__model::{admission_free, pool_with_faults, Faults};
-use kvslots::{BlockId, BlockPool, FreeError, Sequence};
-use loom::thread;
-use loom_tests::pool_world::{
+use crate::loom_tests::pool_world::{
     assert_double_free_answer, check, BLIND_ADD_REF, DOUBLE, FREE_IGNORES_SEQUENCE, LOST, SOUND,
 };
+use crate::sync::Faults;
+use crate::{BlockId, BlockPool, FreeError, Sequence};
+use loom::thread;
 
 /// A pool of `num_blocks` one-slot blocks, one shard, with `faults`.
 fn pool(num_blocks: usize, faults: Faults) -> Arc<BlockPool> {
@@ -61,7 +60,7 @@ fn pool(num_blocks: usize, faults: Faults) -> Arc<BlockPool> {
 
 /// A pool of `num_blocks` blocks of `block_size` slots, one shard.
 fn pool_with(num_blocks: usize, block_size: usize, faults: Faults) -> Arc<BlockPool> {
-    Arc::new(pool_with_faults(num_blocks, block_size, 1, faults))
+    Arc::new(BlockPool::with_faults(num_blocks, block_size, 1, faults))
 }
 
 /// The pool after the race, `held` still held: counts agree, every free
@@ -78,7 +77,7 @@ fn assert_consistent(pool: &BlockPool, held: &[BlockId], what: &str) {
         "{LOST}: used blocks ({what})"
     );
     assert_eq!(
-        admission_free(pool),
+        pool.admission_free_uncapped(),
         n - held.len(),
         "{LOST}: the admission counts ({what})"
     );
@@ -339,9 +338,10 @@ fn retired_cow_source_vs_double_free(faults: Faults) {
 
 /// A raw block `b` is freed by its holder while a stale double free of it
 /// (its checks passed while the holder held it) races; a sequence takes the
-/// block as soon as it is free and gives it back with a plain store. The
+/// block as soon as it is free and gives it back with its sole drop. The
 /// stale free's CAS must refuse the sequence's block (`Raced`): were it to
-/// take the sequence's reference, both would give the block back.
+/// take the sequence's reference, both would give the block back (under
+/// the control, whose sole drop is a plain store).
 fn stale_free_vs_sequence_retake(faults: Faults) {
     check(move || {
         let pool = pool(1, faults);

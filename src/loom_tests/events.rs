@@ -3,7 +3,7 @@
 //! cache's transitions they report, each model with a negative control
 //! that loom must catch.
 //!
-//! Run with `scripts/loom --test events`.
+//! Run with `scripts/loom events`.
 //!
 //! # What every model checks
 //!
@@ -31,18 +31,16 @@
 //!
 //! Blocks hold one token each (two in the truncate model, whose truncate
 //! cuts into a published block); every pool has one shard, so one ring.
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use kvslots::__model::{pool_with_events, Faults};
-use kvslots::{BlockHash, BlockId, BlockPool, KvEvent, Sequence};
-use loom::thread;
-use loom_tests::pool_world::{
+use crate::loom_tests::pool_world::{
     check, EARLY_STORED_RECORD, LATE_REMOVAL_RECORD, RELAXED_RECORD, SOUND, UNCOUNTED_LOSS,
 };
+use crate::sync::Faults;
+use crate::{BlockHash, BlockId, BlockPool, KvEvent, Sequence};
+use loom::thread;
 
 /// A key's events do not alternate store, removal, store, ...
 const OUT_OF_ORDER: &str = "events out of order";
@@ -61,9 +59,15 @@ fn key(n: u8) -> BlockHash {
 /// A pool of `num_blocks` blocks of `block_size` tokens, one shard, with
 /// KV event rings of `capacity` records.
 fn pool(num_blocks: usize, block_size: usize, capacity: usize, faults: Faults) -> Arc<BlockPool> {
-    Arc::new(pool_with_events(
-        num_blocks, block_size, 1, capacity, faults,
-    ))
+    Arc::new(
+        BlockPool::builder(num_blocks, block_size)
+            .shards(1)
+            .prefix_cache(true)
+            .kv_events(capacity)
+            .faults(faults)
+            .build()
+            .unwrap_or_else(|e| panic!("{e}")),
+    )
 }
 
 /// Drains `pool` into `log`.

@@ -1,12 +1,11 @@
-//! Loom models of a [`BlockPool`](kvslots::BlockPool) whose free list is
+//! Loom models of a [`BlockPool`](crate::BlockPool) whose free list is
 //! cut into two shards (`BlockPool::with_shards`): requests that take from
 //! both shards, and frees whose blocks go back to two different shards,
-//! racing each other. The checks are those of `tests/pool.rs` (shadow
+//! racing each other. The checks are those of `pool.rs` (shadow
 //! holder counts, conservation, a happens-before witness per block; see
-//! `loom_tests::pool_world`), and each model has its negative controls.
+//! `crate::loom_tests::pool_world`), and each model has its negative controls.
 //!
-//! Run with
-//! `RUSTFLAGS="--cfg kvslots_loom" LOOM_MAX_PREEMPTIONS=2 CARGO_TARGET_DIR=target/loom cargo test -p loom-tests --release --test shards`.
+//! Run with `scripts/loom shards`.
 //!
 //! With `span = ceil(num_blocks / 2)` ids per shard, shard 0 owns ids
 //! `0..span` and shard 1 the rest; a thread's pops start at its home shard
@@ -22,16 +21,14 @@
 //! | [`steal_after_free`] | 2, 3 | | caught: causality |
 //! | [`split_free_vs_alloc`] | 2, 3 | | caught: causality |
 //! | [`alloc_vs_steal`] | 2, 5 | caught: handed out twice | |
-#![cfg(kvslots_loom)]
-#![forbid(unsafe_code)]
 
 use std::sync::Arc;
 
-use kvslots::__model::Faults;
-use loom::thread;
-use loom_tests::pool_world::{
+use crate::loom_tests::pool_world::{
     alloc_then_more, check, Allocs, PoolWorld, PLAIN_BITMAP_TAKE, RELAXED_FREE, SOUND,
 };
+use crate::sync::Faults;
+use loom::thread;
 
 /// A pool of `num_blocks` one-slot blocks over two shards.
 fn new_world(num_blocks: usize, faults: Faults) -> Arc<PoolWorld> {
