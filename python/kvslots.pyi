@@ -3,11 +3,14 @@ for LLM inference schedulers.
 
 `BlockPool` hands out block ids all or nothing; `Sequence` is one request's
 block table over a pool (appends, forks, rollback, the slot mapping, prefix
-matching and publishing); `hash_blocks` computes the prefix cache's block
-keys. `BlockPool.stats()` reports a `PoolStats` for metrics, and a pool
-built with `kv_events` reports its cache's changes to a KV-aware router
-(`BlockPool.drain_events()`: vLLM's event shapes). Every refusal raises (`ReserveError` and its subclasses `Full`,
-`NeverFits`, `Closed`; `FreeError`; `CopyRequired`) and changes nothing.
+matching and publishing); `HybridSequence` is one request of a hybrid model
+(a table per `KvGroups` group: full attention or a sliding window);
+`hash_blocks` computes the prefix cache's block keys. `BlockPool.stats()`
+reports a `PoolStats` for metrics, and a pool built with `kv_events` reports
+its cache's changes to a KV-aware router (`BlockPool.drain_events()`: vLLM's
+event shapes; a hybrid sequence's blocks under their group's keys). Every
+refusal raises (`ReserveError` and its subclasses `Full`, `NeverFits`,
+`Closed`; `FreeError`; `CopyRequired`; `WindowError`) and changes nothing.
 Every object may be shared between threads; calls that wait or walk many
 blocks release the GIL.
 """
@@ -24,6 +27,9 @@ __all__ = [
     "BlockPool",
     "Sequence",
     "BlockCopy",
+    "KvGroups",
+    "GroupKeys",
+    "HybridSequence",
     "PoolStats",
     "KVEventBatch",
     "BlockStored",
@@ -39,6 +45,7 @@ __all__ = [
     "Closed",
     "FreeError",
     "CopyRequired",
+    "WindowError",
 ]
 
 _Int = SupportsIndex
@@ -103,6 +110,15 @@ class CopyRequired(RuntimeError):
     """`Sequence.try_append` refused: the last block is partly filled and
     shared (with a fork or a matched sequence) or cached, so the append needs
     a copy-on-write. Use `Sequence.append_cow`. Nothing changed."""
+
+class WindowError(ValueError):
+    """`HybridSequence.truncate` refused: the window of the token at the new
+    length reaches blocks a sliding group gave back. Nothing changed."""
+
+    len: int
+    """The length asked for."""
+    min_len: int
+    """The shortest length accepted besides 0."""
 
 @final
 class BlockCopy:
@@ -281,12 +297,12 @@ class BlockPool:
     `shards` cuts the free list into that many shards (default: one per 64
     blocks, at most 16). `kv_events` (records in all, 128 bytes each) turns
     on KV events (`drain_events`). `prefix_cache=False` builds the core pool
-    alone (12 bytes a block instead of 70): `Sequence.publish` and
-    `match_prefix` then return 0 and change nothing. Raises `ValueError` for
-    `block_size == 0`, `num_blocks > MAX_BLOCKS`, a `num_blocks * block_size`
-    too large, `shards` outside `1..=MAX_SHARDS`, `kv_events == 0` or
+    alone (8 bytes and a bit a block instead of 66): `Sequence.publish`
+    and `match_prefix` then return 0 and change nothing. Raises
+    `ValueError` for `block_size == 0`, `num_blocks > MAX_BLOCKS`, a
+    `num_blocks * block_size` too large, `shards` outside `1..=MAX_SHARDS`, `kv_events == 0` or
     `kv_events` without the prefix cache;
-    `MemoryError` when the pool's bookkeeping (70 bytes a block, and the
+    `MemoryError` when the pool's bookkeeping (66 bytes a block, and the
     event rings) cannot be allocated; `TypeError` for a non-int.
     """
 
@@ -506,6 +522,155 @@ class Sequence:
     ) -> Any:
         """`slot_mapping` as a numpy int64 array over a buffer written once.
         Raises `ImportError` without numpy."""
+    def close(self) -> None:
+        """Gives every block back now. Closing twice does nothing."""
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> bool: ...
+
+@final
+class KvGroups:
+    """A hybrid model's groups of layers, in order: each `"full"` (full
+    attention) or an int, a sliding window of that many tokens (a token
+    attends to itself and the tokens before it, that many in all).
+    `HybridSequence` keeps one block table per group over one pool.
+
+    Raises `ValueError` for no group, more than `MAX_GROUPS`, a window of 0
+    or another string; `TypeError` for an item that is neither.
+    """
+
+    MAX_GROUPS: ClassVar[int]
+    def __new__(cls, kinds: Iterable[Union[str, int]]) -> Self: ...
+    def __len__(self) -> int:
+        """How many groups."""
+    @property
+    def kinds(self) -> list[Union[str, int]]:
+        """The groups, in order: `"full"`, or a sliding window's tokens."""
+    def first_needed_block(self, group: _Int, len: _Int, block_size: _Int) -> int:
+        """The first block group `group` still needs after `len` tokens (0
+        for a full group). Raises `IndexError` past the last group."""
+    def keys(self, keys: _Keys) -> GroupKeys:
+        """Each group's prefix-cache keys of the blocks whose content keys
+        are `keys` (from `hash_blocks`)."""
+    def __eq__(self, other: object, /) -> bool: ...
+
+@final
+class GroupKeys:
+    """Each group's prefix-cache keys of a prompt's full blocks (made by
+    `KvGroups.keys`): what `HybridSequence.match_prefix` and `publish` take.
+    A block never matches in another group."""
+
+    def __len__(self) -> int:
+        """How many blocks have keys."""
+    def extend(self, keys: _Keys) -> None:
+        """Adds the next blocks' keys, from their content keys."""
+    def truncate(self, blocks: _Int) -> None:
+        """Keeps the first `blocks` blocks' keys."""
+    def group(self, group: _Int) -> list[bytes]:
+        """Group `group`'s keys. Raises `IndexError` past the last group."""
+    @property
+    def groups(self) -> KvGroups:
+        """The groups the keys are for."""
+
+@final
+class HybridSequence:
+    """One request of a hybrid model: a block table per group of layers
+    over one `BlockPool`, with one length.
+
+    Appends, reservations and forks take every group's blocks with one
+    allocation, all or none. A sliding group gives back, in the append that
+    moves past them, the blocks wholly before its window: they become `None`
+    entries of its table. `match_prefix` takes the longest prefix every
+    group can serve; `publish` caches every group's full blocks (publish
+    each step's before the next append). Every refusal raises and changes
+    nothing; a closed sequence raises `ValueError`.
+    """
+
+    def __new__(cls, pool: BlockPool, groups: KvGroups) -> Self: ...
+    @property
+    def pool(self) -> BlockPool:
+        """The pool the blocks come from."""
+    @property
+    def groups(self) -> KvGroups:
+        """The groups of layers."""
+    @property
+    def closed(self) -> bool:
+        """Whether `close()` or `retire()` has been called."""
+    def __len__(self) -> int:
+        """The number of tokens (the same in every group)."""
+    @property
+    def capacity(self) -> int:
+        """Tokens each table can hold."""
+    @property
+    def held_blocks(self) -> int:
+        """Blocks held in all the tables (the `None` entries excluded)."""
+    @property
+    def needs_copy(self) -> bool:
+        """Whether a non-empty append now needs a copy-on-write in some
+        group."""
+    def block_ids(self, group: _Int) -> list[Optional[int]]:
+        """Group `group`'s table: block ids, `None` where its window gave a
+        block back. Raises `IndexError` past the last group."""
+    def null_blocks(self, group: _Int) -> int:
+        """How many leading entries of group `group`'s table are `None`."""
+    def try_append(self, n: _Int) -> range:
+        """Appends `n` tokens to every group with one allocation, all or
+        none; returns their positions. Raises `Full`, `BehindWaiters`,
+        `NeverFits`, `Closed` or `CopyRequired`; nothing changes then."""
+    def append_cow(self, n: _Int) -> Tuple[range, list[BlockCopy]]:
+        """`try_append`, returning `(positions, copies)`: each group's
+        copy-on-write, to make before the kernel writes."""
+    def append_fenced(self, n: _Int, fence: _Int) -> Tuple[range, list[BlockCopy]]:
+        """`append_cow`, with the blocks the windows leave behind retired
+        under `fence` (given back at `pool.complete(fence)`)."""
+    def try_reserve(self, tokens: _Int, headroom: _Int = 0) -> None:
+        """Takes every group's blocks for `tokens` more tokens with one
+        allocation, all or none, only if `headroom` blocks stay free."""
+    def reserve(
+        self, tokens: _Int, headroom: _Int = 0, timeout: Optional[float] = None
+    ) -> None:
+        """`try_reserve`, waiting in the pool's queue (GIL released) for at
+        most `timeout` seconds."""
+    def truncate(self, len: _Int) -> int:
+        """Rolls every group back to `len` tokens; returns how many blocks
+        left the tables. Raises `WindowError` (nothing changed) if the
+        window of the token at `len` reaches a given-back block."""
+    def truncate_fenced(self, len: _Int, fence: _Int) -> int:
+        """`truncate`, with the references given back at
+        `pool.complete(fence)`."""
+    def retire(self, fence: _Int) -> int:
+        """Gives the sequence up while step `fence` may still read it;
+        returns how many references; closes the sequence."""
+    def retire_copy_source(self, fence: _Int) -> int:
+        """Hands every group's kept copy-on-write source to `fence`."""
+    def shrink_to_fit(self) -> int:
+        """Gives back every group's reserved blocks that hold no token."""
+    def fork(self) -> Tuple["HybridSequence", list[BlockCopy]]:
+        """A child sharing every group's full blocks, with a private copy of
+        each partly filled last one: `(child, copies)`."""
+    def match_prefix(self, keys: GroupKeys) -> int:
+        """Takes the longest prefix every group can serve into this empty
+        sequence; returns its blocks. Raises `ValueError` for another
+        `KvGroups`' keys."""
+    def publish(self, keys: GroupKeys) -> int:
+        """Caches every group's full blocks; returns how many became
+        cached. With `kv_events`, each group's stores are reported under
+        that group's keys (`keys.group(g)`, as the cache holds them), a
+        chain per group whose parent is the group's key of the block before
+        (also one a window gave back)."""
+    def slot(self, group: _Int, position: _Int) -> Optional[int]:
+        """Group `group`'s flat slot of token `position`, or None past the
+        end or in a given-back block."""
+    def slot_mapping(
+        self, group: _Int, start: Optional[_Int] = None, stop: Optional[_Int] = None
+    ) -> list[int]:
+        """Group `group`'s flat slots of positions `start..stop`. Raises
+        `IndexError` past the last group or the end, or in a given-back
+        block."""
     def close(self) -> None:
         """Gives every block back now. Closing twice does nothing."""
     def __enter__(self) -> Self: ...

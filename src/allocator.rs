@@ -204,6 +204,26 @@ pub trait BlockAllocator {
         0
     }
 
+    /// [`publish`](Self::publish) of blocks that continue a sequence past
+    /// its first block: `parent` is the key of the block before
+    /// `blocks[0]` in the sequence (held or not; `None` when `blocks[0]`
+    /// is the sequence's first block). An allocator that reports its
+    /// cache's changes names it as the parent of the first block stored
+    /// (`BlockPool` with [KV events](crate::BlockPoolBuilder::kv_events));
+    /// a [`HybridSequence`](crate::HybridSequence)'s sliding group
+    /// publishes this way from the first block its window still holds.
+    ///
+    /// The default ignores `parent` and calls `publish`.
+    fn publish_after(
+        &self,
+        parent: Option<&BlockHash>,
+        blocks: &[BlockId],
+        keys: &[BlockHash],
+    ) -> usize {
+        let _ = parent;
+        self.publish(blocks, keys)
+    }
+
     /// Drops the key of `id` if the caller is its only holder, so that the
     /// caller may write into it (a truncate into a cached block). A block
     /// that another holder shares keeps its key; writing into it takes a

@@ -477,3 +477,139 @@ impl fmt::Display for ExtraKeyError {
 }
 
 impl std::error::Error for ExtraKeyError {}
+
+/// Why [`KvGroups::new`](crate::KvGroups::new) refused a list of groups.
+///
+/// # Examples
+///
+/// ```
+/// use kvslots::{KvGroup, KvGroups, KvGroupsError};
+///
+/// assert_eq!(KvGroups::new([]).unwrap_err(), KvGroupsError::Empty);
+/// assert_eq!(
+///     KvGroups::new([KvGroup::SlidingWindow { window_tokens: 0 }]).unwrap_err(),
+///     KvGroupsError::ZeroWindow { group: 0 }
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum KvGroupsError {
+    /// No group: a model has at least one group of layers.
+    Empty,
+    /// More groups than [`KvGroups::MAX_GROUPS`](crate::KvGroups::MAX_GROUPS).
+    TooManyGroups {
+        /// The most groups accepted.
+        max: usize,
+    },
+    /// A sliding window of 0 tokens: a token attends at least to itself.
+    ZeroWindow {
+        /// The group's number.
+        group: usize,
+    },
+}
+
+impl fmt::Display for KvGroupsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            KvGroupsError::Empty => f.write_str("a model has at least one group of layers"),
+            KvGroupsError::TooManyGroups { max } => {
+                write!(f, "more than {max} groups of layers")
+            }
+            KvGroupsError::ZeroWindow { group } => write!(
+                f,
+                "group {group}: a sliding window of 0 tokens (a token attends at least to itself)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for KvGroupsError {}
+
+/// Why a [`HybridSequence`](crate::HybridSequence) call that is not an
+/// allocation refused its arguments (allocations refuse with
+/// [`ReserveError`]). A refused call changes nothing.
+///
+/// # Examples
+///
+/// ```
+/// use std::sync::Arc;
+/// use kvslots::{BlockPool, HybridError, HybridSequence, KvGroup, KvGroups};
+///
+/// let groups = KvGroups::new([KvGroup::Full]).unwrap();
+/// let seq = HybridSequence::new(Arc::new(BlockPool::new(4, 16)), groups);
+/// assert_eq!(
+///     seq.extend_slots(1, 0..1, &mut Vec::new()),
+///     Err(HybridError::NoSuchGroup { group: 1, groups: 1 })
+/// );
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum HybridError {
+    /// A group number past the last group.
+    NoSuchGroup {
+        /// The group asked for.
+        group: usize,
+        /// How many groups the sequence has.
+        groups: usize,
+    },
+    /// A position (or a range's end) at or past the sequence's length.
+    Position(PositionError),
+    /// A position whose block a sliding window gave back: the group's
+    /// table holds a null entry there.
+    OutsideWindow {
+        /// The group.
+        group: usize,
+        /// The offending position (for a range, its start).
+        position: usize,
+        /// The first position whose block the group still holds.
+        first_held: usize,
+    },
+    /// A truncate to `len` tokens would need blocks that a sliding window
+    /// gave back (the window of the token at position `len` reaches before
+    /// them): the shortest length it accepts, besides 0, is `min_len`.
+    TruncateOutsideWindow {
+        /// The length asked for.
+        len: usize,
+        /// The shortest length accepted besides 0.
+        min_len: usize,
+    },
+    /// The [`GroupKeys`](crate::GroupKeys) were made for other
+    /// [`KvGroups`](crate::KvGroups) than the sequence's.
+    OtherGroups,
+}
+
+impl fmt::Display for HybridError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            HybridError::NoSuchGroup { group, groups } => {
+                write!(f, "no group {group}: the sequence has {groups}")
+            }
+            HybridError::Position(e) => e.fmt(f),
+            HybridError::OutsideWindow {
+                group,
+                position,
+                first_held,
+            } => write!(
+                f,
+                "group {group}: position {position} is outside the sliding window (its blocks \
+                 from position {first_held} on are held)"
+            ),
+            HybridError::TruncateOutsideWindow { len, min_len } => write!(
+                f,
+                "cannot truncate to {len} tokens: a sliding window gave back blocks that length \
+                 needs (the shortest length accepted besides 0 is {min_len})"
+            ),
+            HybridError::OtherGroups => {
+                f.write_str("the keys were made for other groups than the sequence's")
+            }
+        }
+    }
+}
+
+impl std::error::Error for HybridError {}
+
+impl From<PositionError> for HybridError {
+    fn from(e: PositionError) -> Self {
+        HybridError::Position(e)
+    }
+}

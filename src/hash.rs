@@ -223,7 +223,7 @@ const EXTRA_TAG: &[u8; 16] = b"kvslots extra v1";
 
 /// SHA-256's initial state (FIPS 180-4, section 5.3.3): `sha2` does not
 /// export it. The tests check it against `sha2`'s own digest.
-const IV: [u32; 8] = [
+pub(crate) const IV: [u32; 8] = [
     0x6a09_e667,
     0xbb67_ae85,
     0x3c6e_f372,
@@ -235,7 +235,7 @@ const IV: [u32; 8] = [
 ];
 
 /// One 64-byte input of the compression function.
-type Piece = GenericArray<u8, U64>;
+pub(crate) type Piece = GenericArray<u8, U64>;
 
 /// Tokens in one [`Piece`].
 const TOKENS_PER_PIECE: usize = 16;
@@ -246,7 +246,7 @@ const TOKENS_PER_PIECE: usize = 16;
 const PIECES: usize = 8;
 
 /// SHA-256's state as a key: the words big-endian, as a digest writes them.
-fn key_of(state: &[u32; 8]) -> BlockHash {
+pub(crate) fn key_of(state: &[u32; 8]) -> BlockHash {
     let mut key = [0; 32];
     for (dst, word) in key.chunks_exact_mut(4).zip(state) {
         dst.copy_from_slice(&word.to_be_bytes());

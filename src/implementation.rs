@@ -19,6 +19,8 @@
 //! * [Reference counts](#reference-counts): sharing blocks, and why every
 //!   drop is a CAS.
 //! * [Sequences](#sequences): block tables, forks and copy-on-write.
+//! * [Hybrid models](#hybrid-models): a table per group of layers, one
+//!   admission, sliding windows, matches across groups.
 //! * [Prefix cache](#prefix-cache): the state word, keys and their index,
 //!   publishing, matching, eviction order, statistics.
 //! * [KV events](#kv-events): the rings of the cache's stores and
@@ -42,6 +44,9 @@
 //!   implementation.rs these notes
 //!   allocator.rs      BlockAllocator: the calls a Sequence makes to its pool
 //!   sequence.rs       Sequence<A = BlockPool>: block tables, copy-on-write, forks
+//!   hybrid/           hybrid models over one pool
+//!     groups.rs       KvGroups, KvGroup, GroupKeys (each group's keys)
+//!     sequence.rs     HybridSequence<A = BlockPool>: a Sequence table per group
 //!   table.rs          the block-table arithmetic Sequence applies
 //!   hash.rs           hash_blocks and BlockHash: the prefix cache's keys
 //!   error.rs          the typed errors; id.rs, BlockId
@@ -456,6 +461,112 @@
 //! A truncate into a block that was once full sets a hint that the tail
 //! may be shared; only then does an append read the block's state
 //! (`needs_copy`: shared, or cached).
+//!
+//! # Hybrid models
+//!
+//! A [`HybridSequence`](crate::HybridSequence) is a list of
+//! [`Sequence`](crate::Sequence) tables, one per group of
+//! [`KvGroups`](crate::KvGroups), all over the same `Arc<A>`, plus a list
+//! of blocks in transit and a plan per group, both sized when the sequence
+//! is made. It calls nothing of the pool that a plain sequence does not
+//! (the [`BlockAllocator`](crate::BlockAllocator) trait), so it runs over
+//! any allocator, and every rule of a table (copy-on-write, forks, fenced
+//! release, first-wins publishing) is the table's own code.
+//!
+//! **Holders.** Every block in a table is a sequence's: the hybrid
+//! sequence takes blocks only through the allocator's calls for
+//! sequences (`try_alloc_with_headroom`, `try_alloc_growth`,
+//! `alloc_with_headroom_blocking`, the waiting `reserve`'s allocation
+//! for a sequence, `match_prefix`, and `add_refs` for a fork), so in a
+//! `BlockPool` they carry the sequence flag ([Reference
+//! counts](#reference-counts)), and a raw
+//! [`BlockPool::free`](crate::BlockPool::free) of one is refused
+//! (`HeldBySequence`). They go back only through the tables' `release`
+//! and `retire` (a fence's completion drops them as `release` would): a
+//! block the sequence holds alone, neither cached nor claimed, with one
+//! CAS from the word it read (so a racing double `release` of it, which
+//! is misuse, gives it back once), any other with the CAS loop. A
+//! window's block reused for new
+//! tokens keeps its reference and its flag; since no raw free takes a
+//! sequence's reference, nothing but a misused `release` (as for any
+//! sequence's block) can drop it between the reuse's check
+//! (below) and the sequence's write (loom's `free_ignores_sequence`
+//! control lets a raw free take it: the window then reuses, or gives
+//! back a second time, a block that is free).
+//!
+//! **One admission.** An append plans every group first (the blocks each
+//! needs, and whether it copies its tail; the plan is kept, since a tail's
+//! need for a copy can change from `true` to `false` meanwhile), sums
+//! them, and asks the pool once (`try_alloc_growth`, or
+//! `try_alloc_with_headroom` for a sequence that holds nothing) into the
+//! list in transit; only then are the tables changed, each taking its
+//! planned share in group order. A refusal returns before any table or
+//! window changed. Reservations and forks do the same with one
+//! allocation. The loom control `per_group_admission` (one allocation per
+//! group, the earlier groups' blocks given back when a later one is
+//! refused) shows why: two such appends can both be refused although one
+//! of them fits.
+//!
+//! **Null entries.** A table's leading entries may be
+//! [`BlockId::NULL`](crate::BlockId::NULL): the blocks its sliding window
+//! gave back. A `Sequence` counts them (`null`), never passes them to the
+//! pool (release, retire, fork's shared blocks, publish all start after
+//! them), and a truncate or shrink only shortens the count. Entry `i` is
+//! always block `i` of the sequence, so the slot mapping and a kernel's
+//! block table keep their shape; a kernel never reads a null entry, since
+//! it lies before the window.
+//!
+//! **Windows.** The token at position `p` of a `SlidingWindow {
+//! window_tokens: w }` group reads positions `p + 1 - w..=p`. An append
+//! of tokens `old_len..` makes the blocks wholly before `(old_len + 1 -
+//! w) / block_size` unreadable by any later token, so the same call gives
+//! them back: the call is the point by which the device step that read
+//! them last has run (as for a copy-on-write's source). Those the sequence
+//! holds alone and uncached (`needs_copy` false: a snapshot that only
+//! turns from `true` to `false` while the sequence holds the block) take
+//! the place of new blocks before the pool is asked: they pass straight
+//! from one entry to another, with their reference, so a decode in steady
+//! state makes no pool call for its sliding groups, and an append that
+//! needs a block fits whenever its window frees one. The others (shared
+//! with a fork, or cached, so that a match may take them) go back through
+//! the pool's release, whose `Release` orders the sequence's last read
+//! before the next owner's write (loom's `relaxed_free` control). With
+//! `try_append_fenced` they are retired under the fence instead, and none
+//! is reused. A truncate to a length whose next token's window reaches a
+//! null entry (`len < null * block_size + w - 1`, other than 0) is refused
+//! (`HybridError::TruncateOutsideWindow`): the keys and values there are
+//! gone. A truncate back into the last append's tokens never is.
+//!
+//! **Keys.** The same tokens hold other keys and values in another group,
+//! so each group has keys of its own ([`GroupKeys`](crate::GroupKeys)): one
+//! SHA-256 compression of the block's content key with the group's number
+//! and kind, from SHA-256's initial state, under a tag of its own. All the
+//! groups' keys live in the pool's one index, and [KV events](#kv-events)
+//! name them as the index holds them: a hybrid publish stores a chain per
+//! group under that group's keys. A sliding group publishes from the first
+//! block its window still holds, through the allocator's `publish_after`
+//! with the group's key of the block before as the chain's parent (given
+//! back or not), so a router sees each group's chain unbroken.
+//!
+//! **Matching across groups.** A hit of `k` blocks needs, in a full group,
+//! blocks `0..k`; in a sliding group, the blocks of the window of the
+//! token at position `k * block_size`. The match takes: the full groups'
+//! prefixes (each group asking only for the prefix the groups before it
+//! matched, and cutting back the earlier ones when it is shorter); then,
+//! for each sliding group, a run of matched blocks ending at the candidate
+//! `k`: the window's missing head is matched forward from its first
+//! block, and a miss at block `i` means no window ending past `i` is whole,
+//! so the run above `i` goes back and the candidate becomes `i` (vLLM's
+//! backward scan, with references taken as it goes: what is held cannot
+//! be evicted before the match returns). A sliding group that lowers `k`
+//! has the full groups cut back and the sliding groups look again, until
+//! a pass lowers nothing: then every group holds exactly what `k` needs.
+//! Each step only lowers `k`, and a group's answer is the largest count
+//! at most `k` it serves, so the fixed point is the largest count every
+//! group serves. Blocks taken on the way and not kept go back (counting
+//! as recently released); the pool's statistics count their queries and
+//! hits. The loom control `unreconciled_match` (a single pass) leaves a
+//! table that disagrees with the length when an eviction races the match.
 //!
 //! # Prefix cache
 //!
@@ -1044,11 +1155,11 @@
 //! * **Freeing is `Release`**: a reference drop is an `AcqRel` CAS on the
 //!   block's count (the `Release` half orders this holder's accesses
 //!   before the last drop; the `Acquire` half lets the last dropper see
-//!   every other holder's), or, for a sequence's sole reference, an
-//!   `Acquire` load (which reads from every other holder's drop) and a
-//!   `Relaxed` store published by the give-back; the give-back to the free
-//!   list is `Release`, and the count is given back with a `Release`
-//!   `fetch_add` on the freeing thread's home shard.
+//!   every other holder's), or, for a sequence's sole reference, a CAS
+//!   `Acquire` on success (it reads from every other holder's drop) and
+//!   without `Release`, which the give-back publishes; the give-back to
+//!   the free list is `Release`, and the count is given back with a
+//!   `Release` `fetch_add` on the freeing thread's home shard.
 //! * **Allocation is `Acquire`**: the admission CAS and the free list's
 //!   take. So everything a previous owner wrote into a block happens-before
 //!   the next owner touches it.
@@ -1135,7 +1246,8 @@
 //! bucket), and the faults of
 //! loom's negative controls (a free list whose take is a load and a plain
 //! store, `Relaxed` frees, a blind undo of a raced free, a raw free that
-//! ignores the sequence flag, a fork's reference added to a block whose
+//! ignores the sequence flag, a sequence's sole drop as a load and a plain
+//! store, a fork's reference added to a block whose
 //! count is 0, a match that keeps what it admitted ahead and did not use, a
 //! revival without the generation check, a `Relaxed` publish, an eviction
 //! of a referenced block, a publisher that does not kill a rival's claim,
@@ -1154,9 +1266,10 @@
 //! new admissions only its head's request, a head woken before its grant
 //! is counted, a panicking waker that drops the rest of its batch
 //! uncalled, a KV event removal reserved after its CAS, a store reserved
-//! before its claim, a record published `Relaxed`, a loss not counted)
-//! are switched on through hooks that are the correct behaviour in every
-//! other build.
+//! before its claim, a record published `Relaxed`, a loss not counted, a
+//! hybrid append admitted group by group, a window's block reused without
+//! its check, a hybrid match that settles each group once) are switched
+//! on through hooks that are the correct behaviour in every other build.
 //!
 //! **The loom models live inside the crate**, in `src/loom_tests/`, as
 //! tokio keeps its `loom_*.rs` tests: unit tests compiled only under

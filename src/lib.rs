@@ -30,6 +30,19 @@
 //!   [`Sequence::try_append_cow`] is the append after a truncate into a
 //!   block shared with a fork, returning the copy-on-write to make
 //!   ([`Sequence::try_append`] panics there rather than lose it).
+//! * [`HybridSequence`]: one sequence of a hybrid model (Gemma 2/3,
+//!   gpt-oss, Mistral's sliding-window models: sliding-window layers beside
+//!   full-attention ones), a [`Sequence`] table per group of layers
+//!   ([`KvGroups`] of [`KvGroup::Full`] and [`KvGroup::SlidingWindow`]) over
+//!   one pool. Its appends, reservations and forks take every group's
+//!   blocks with one admission, all or nothing across the groups; a
+//!   sliding group gives back, in the same append, the blocks wholly
+//!   before its window ([`BlockId::NULL`] entries in its table), reusing
+//!   them for the append's new blocks when it holds them alone; its
+//!   prefix match ([`HybridSequence::try_match_prefix`], with each group's
+//!   [`GroupKeys`]) takes the longest prefix every group can serve (a full
+//!   group needs every block, a sliding group only its window at the
+//!   hit).
 //! * [`BlockAllocator`]: what a sequence needs from its pool, as a trait:
 //!   `Sequence<A = BlockPool>` runs over any allocator (the simulator's
 //!   mutex baseline is one), a trait object included.
@@ -46,7 +59,8 @@
 //!   [`BlockPoolBuilder::kv_events`]): the prefix cache's stores and
 //!   removals as [`KvEvent`]s in vLLM's shapes, recorded lock-free in
 //!   bounded rings and handed over in numbered batches by
-//!   [`BlockPool::drain_events`], each key's events in order.
+//!   [`BlockPool::drain_events`], each key's events in order (a hybrid
+//!   sequence's under its groups' keys, a chain per group).
 //! * Metrics: [`BlockPool::stats`] returns every gauge and counter of the
 //!   pool in one [`PoolStats`].
 //! * Fenced release, for asynchronous scheduling: [`Sequence::retire`] and
@@ -199,9 +213,10 @@
 //! | a block retired under a fence is not handed out before the fence completes, in any completion order | unit tests; a real-thread stress; loom retire and fenced-truncate vs complete vs alloc, with an early-release control that must be caught; `kvslots-sim --async-depth` and its `early-release` fault |
 //! | a match returns only blocks whose key is the one asked for, and what the publisher wrote before `publish` happens-before the matcher's use; a held block is never evicted; a cached block is never written while its key can match | loom models (match vs evicting append, two revivals, release vs match, reset vs match, a match's revivals admitted ahead vs an evicting append, an `UnsafeCell` witness) with controls for a revival without the generation check, a `Relaxed` publish, eviction of a referenced block and a match that keeps what it admitted ahead and did not use; rayon and real-thread stress with per-block content stamps; linearizability checker and property tests against a sequential cache |
 //! | a key is on at most one block (first wins), and a publish that returns without caching its key saw a block holding it: a rival it deferred to commits or looks again | loom models of two and three publishes of one key and of a rival's block reclaimed under another key (controls: a publisher that does not kill a rival, a claim that gives up on a deferral, a claim that rivals can see before its key is written); shuttle PCT and real-thread races of three publishes |
-//! | KV events report each key's stores and removals once each, in the order of its transitions (a store before its removal, a removal from one block before the store on the next); events lost to a full ring are counted and reported where they were lost, and the view rebuilt after that report never holds a removed key | loom models of an eviction and a truncate racing a republish of the key, a drain racing a publish, a full ring (controls: a removal reserved after its CAS, a store reserved before its claim, a record published `Relaxed`, an uncounted loss); real threads with a draining consumer checked against the pool's final state, with a ring that never fills and one that overflows (`tests/events.rs`); the simulator's events file on synthetic and Mooncake runs |
+//! | KV events report each key's stores and removals once each, in the order of its transitions (a store before its removal, a removal from one block before the store on the next); events lost to a full ring are counted and reported where they were lost, and the view rebuilt after that report never holds a removed key | loom models of an eviction and a truncate racing a republish of the key, a drain racing a publish, a full ring (controls: a removal reserved after its CAS, a store reserved before its claim, a record published `Relaxed`, an uncounted loss); real threads with a draining consumer checked against the pool's final state, with a ring that never fills and one that overflows, a hybrid publish's chain per group under the group keys (`tests/events.rs`); the simulator's events file on synthetic, Mooncake and hybrid runs |
 //! | no heap allocation on the hot paths | a counting global allocator (the KV event producers included) |
 //! | a layer not chosen takes no memory (8 bytes and a bit a block for the core pool, 58 more for the prefix cache); on a pool without the prefix cache its calls cache nothing and change nothing; a core pool behaves as a full one in everything else | a counting global allocator (`tests/footprint.rs`); `tests/layers.rs`: each prefix call's result and the unchanged state, random scripts with the same outcomes on both kinds of pool |
+//! | a `HybridSequence` takes every group's blocks with one admission (never some groups' blocks without the others'); a window gives back only blocks no later token reads, and reuses only blocks it holds alone and uncached; a match holds exactly what every group needs at the hit, under each group's own keys; its blocks are a sequence's, so a raw `free` of one is refused (`HeldBySequence`) on every path (appends, reservations, a window's reuse, forks, matches, a fence's retirement) | `tests/hybrid_model.rs` (random scripts against a reference model: shapes, null entries, references, the hit by brute force); `tests/hybrid.rs` (every rule and bad input, the state unchanged on refusal, a raw free refused on each path); loom models of two hybrid sequences (controls: admission group by group, reuse without the check, a match that settles each group once, a `Relaxed` give-back) and of a window's give-back and reuse against a raw double free (control: a raw free that ignores the sequence flag); the simulator's hybrid presets, checked by its oracle per group |
 //! | a `Sequence` keeps its rules over any `BlockAllocator` | `tests/allocator.rs` (a third allocator, with the trait's default prefix calls, and trait objects); the simulator runs its mutex baseline as a `MutexPool` under the same `Sequence`, checked by its oracle, with parity of results on random scripts (`sim/tests/parity.rs`) |
 //! | waiters are served whole, in arrival order, with or without headroom, with no lost wake-up; a new caller (waiting or `try_*`) never passes a queued waiter, and a `try_*` refused for the waiters says so (`BehindWaiters`); cancellation and timeouts hand on what was granted; a waker that panics loses no block and keeps no other waiter from being woken; `close` wakes every waiter | unit tests (`tests/wait.rs`: a relay of small admissions against a head with headroom, on real threads, bounded by rounds; a later waiter behind a headroom head; wakers that panic); loom models with controls for a lost wake-up (a waiter that does not try again once queued; a waiter without its hand-shake), a cancelled grant kept, a cancelled head that re-checks no one, a silent close; pool waiting over shards (loom: a release on another shard than the waiter's, a waiter against a gather holding blocks in transit, a running sequence's growth past a queued head, a headroom head against a relay of small admissions, a waker that panics against two releases and beside a waiter granted in the same batch; controls: no hand-shake, no retry once queued, a gather that gives blocks back without re-checking the waiters, growth that waits behind the head, a queue that owes admissions only its head's request, a head woken before its grant is counted, a panicking waker that drops the rest of its batch uncalled); shuttle FIFO, head-starvation and random-cancellation models; a tokio stress test |
 //!
@@ -242,6 +257,7 @@ mod array;
 mod counter;
 mod error;
 mod hash;
+mod hybrid;
 mod id;
 pub mod implementation;
 #[cfg(all(test, kvslots_loom))]
@@ -256,8 +272,12 @@ pub use allocator::BlockAllocator;
 pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::wait::{Reserve, ReserveOwned};
 pub use counter::SlotCounter;
-pub use error::{ConfigError, ExtraKeyError, FreeError, PositionError, ReleaseError, ReserveError};
+pub use error::{
+    ConfigError, ExtraKeyError, FreeError, HybridError, KvGroupsError, PositionError, ReleaseError,
+    ReserveError,
+};
 pub use hash::{hash_blocks, hash_blocks_with, BlockHash, ExtraKey};
+pub use hybrid::{GroupKeys, HybridSequence, KvGroup, KvGroups};
 pub use id::BlockId;
 pub use pool::{Alloc, BlockPool, BlockPoolBuilder, KvEvent, PoolStats, PrefixStats};
 pub use sequence::{BlockCopy, Sequence};

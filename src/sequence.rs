@@ -80,23 +80,28 @@ pub struct BlockCopy {
 /// the block's next owner gets it.
 pub struct Sequence<A: BlockAllocator + ?Sized = BlockPool> {
     pool: Arc<A>,
-    blocks: Vec<BlockId>,
-    len: usize,
+    pub(crate) blocks: Vec<BlockId>,
+    pub(crate) len: usize,
     /// The block a copy-on-write replaced: its reference is kept until the
     /// next successful non-empty append, shortening truncate or drop, so the
     /// caller's device copy can still read it even if every other holder
     /// lets go.
-    retired: Option<BlockId>,
+    pub(crate) retired: Option<BlockId>,
     /// Whether the partly filled last block may be shared. Forks share only
     /// full blocks, so a partly filled tail is ours alone unless `truncate`
     /// went back into a block that was once full; only then does an append
     /// read the block's reference count.
-    tail_may_be_shared: bool,
-    /// How many blocks at the front of the table `try_match_prefix` took
-    /// (at most the table's length). A sequence that holds no block beyond
-    /// them is new work, not a running sequence: its allocations are new
-    /// admissions, which leave the queued waiters what they are owed.
-    matched: usize,
+    pub(crate) tail_may_be_shared: bool,
+    /// How many leading table entries are [`BlockId::NULL`]: blocks a
+    /// sliding window gave back (only in a
+    /// [`HybridSequence`](crate::HybridSequence)'s tables; 0 otherwise).
+    pub(crate) null: usize,
+    /// How many entries at the front of the table `try_match_prefix` took
+    /// (at most the table's length; a hybrid match's null entries count).
+    /// A sequence that holds no block beyond them is new work, not a
+    /// running sequence: its allocations are new admissions, which leave
+    /// the queued waiters what they are owed.
+    pub(crate) matched: usize,
 }
 
 impl<A: BlockAllocator + ?Sized> Sequence<A> {
@@ -137,6 +142,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             len: 0,
             retired: None,
             tail_may_be_shared: false,
+            null: 0,
             matched: 0,
         }
     }
@@ -301,14 +307,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         if n == 0 {
             return Ok((old_len..old_len, None));
         }
-        let bs = self.pool.block_size();
-        let (new_blocks, spare) = self.blocks_for(n);
-        // Is the last block partly filled and shared? Then it needs a
-        // private copy before we write into it: into a reserved block that
-        // these tokens leave unused, if there is one, else a new one.
-        let (tail_index, tail) = table::tail(old_len, bs);
-        let cow = self.tail_needs_copy();
-        let total = new_blocks.saturating_add(usize::from(cow && spare == 0));
+        let (total, new_blocks, cow) = self.plan_append(n);
         // Nothing new needed? Then nothing to admit: the append only fills
         // blocks we hold (also on a closed pool, so workers can drain).
         if total > 0 {
@@ -326,6 +325,43 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 self.pool.try_alloc_growth(total, &mut self.blocks)?;
             }
         }
+        Ok(self.commit_append(n, cow))
+    }
+
+    /// What an append of `n > 0` tokens takes: how many blocks in all
+    /// (those the tokens need, and one for the copy of a partly filled
+    /// tail that is shared or cached, unless a reserved block the tokens
+    /// leave unused takes the copy), how many of those the tokens need,
+    /// and whether it copies the tail.
+    pub(crate) fn plan_append(&self, n: usize) -> (usize, usize, bool) {
+        let (new_blocks, spare) = self.blocks_for(n);
+        // Is the last block partly filled and shared? Then it needs a
+        // private copy before we write into it: into a reserved block that
+        // these tokens leave unused, if there is one, else a new one.
+        let cow = self.tail_needs_copy();
+        (
+            new_blocks.saturating_add(usize::from(cow && spare == 0)),
+            new_blocks,
+            cow,
+        )
+    }
+
+    /// The blocks this sequence's table holds: its entries but the null
+    /// ones (a copy-on-write source it keeps apart).
+    pub(crate) fn in_table(&self) -> usize {
+        self.blocks.len() - self.null
+    }
+
+    /// The rest of an append of `n > 0` tokens planned by
+    /// [`plan_append`](Self::plan_append), once the blocks it takes are at
+    /// the end of the table.
+    pub(crate) fn commit_append(
+        &mut self,
+        n: usize,
+        cow: bool,
+    ) -> (Range<usize>, Option<BlockCopy>) {
+        let old_len = self.len;
+        let (tail_index, tail) = table::tail(old_len, self.pool.block_size());
         // The caller's previous copy (if any) is done by now.
         self.release_retired();
         // `total` blocks fitted in the pool, so the new length fits in its
@@ -334,21 +370,21 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // The tail is ours alone now: checked, copied, or a new block.
         self.tail_may_be_shared = false;
         if !cow {
-            return Ok((old_len..self.len, None));
+            return (old_len..self.len, None);
         }
         // Put the last block (new, or reserved and unused) in place of the
         // shared tail.
         let dst = self.blocks.pop().expect("a new or spare block");
         let src = std::mem::replace(&mut self.blocks[tail_index], dst);
         self.retired = Some(src);
-        Ok((
+        (
             old_len..self.len,
             Some(BlockCopy {
                 src,
                 dst,
                 tokens: tail,
             }),
-        ))
+        )
     }
 
     /// Makes sure the table holds blocks for `tokens` more tokens, taking the
@@ -468,7 +504,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         needed: usize,
         headroom: usize,
     ) -> Result<(), ReserveError> {
-        let room = self.pool.num_blocks().saturating_sub(self.blocks.len());
+        let room = self.pool.num_blocks().saturating_sub(self.in_table());
         if needed.saturating_add(headroom) <= room {
             return Ok(());
         }
@@ -483,7 +519,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
 
     /// How many blocks [`try_reserve`](Self::try_reserve) must add for
     /// `tokens` more tokens.
-    fn missing_for(&self, tokens: usize) -> usize {
+    pub(crate) fn missing_for(&self, tokens: usize) -> usize {
         if tokens == 0 {
             return 0;
         }
@@ -660,7 +696,12 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// ```
     pub fn publish(&mut self, hashes: &[BlockHash]) -> usize {
         let full = (self.len / self.pool.block_size()).min(hashes.len());
-        self.pool.publish(&self.blocks[..full], &hashes[..full])
+        let from = self.null.min(full);
+        // After null entries (a sliding window's), the first block's parent
+        // is the key of the block before it, given back or not.
+        let parent = from.checked_sub(1).map(|p| &hashes[p]);
+        self.pool
+            .publish_after(parent, &self.blocks[from..full], &hashes[from..full])
     }
 
     /// How many tokens the blocks in the table can hold:
@@ -822,16 +863,17 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             return 0;
         }
         let keep = table::blocks_for(len, self.pool.block_size());
-        let freed = self.blocks.len() - keep;
+        let freed = self.blocks.len() - keep.max(self.null);
         match fence {
             None => {
                 self.release_retired();
                 self.give_back(keep);
             }
             Some(fence) => {
-                self.pool.retire(fence, &self.blocks[keep..]);
+                self.pool.retire(fence, &self.blocks[keep.max(self.null)..]);
                 self.retire_copy_source(fence);
                 self.blocks.truncate(keep);
+                self.null = self.null.min(keep);
                 self.matched = self.matched.min(keep);
             }
         }
@@ -919,7 +961,10 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// assert_eq!(pool.free_blocks(), 2);
     /// ```
     pub fn retire(mut self, fence: u64) -> usize {
-        let blocks = std::mem::take(&mut self.blocks);
+        let mut blocks = std::mem::take(&mut self.blocks);
+        // Null entries hold no reference.
+        blocks.drain(..self.null);
+        self.null = 0;
         self.len = 0;
         // The table first, then the copy-on-write's source, as
         // `truncate_fenced` lists them; `self` then holds nothing, and its
@@ -992,12 +1037,9 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// assert_eq!(pool.used_blocks(), 2);
     /// ```
     pub fn try_fork(&self) -> Result<(Sequence<A>, Option<BlockCopy>), ReserveError> {
-        let bs = self.pool.block_size();
-        let full = self.len / bs;
-        let tail = self.len % bs;
         let mut child = Sequence::with_capacity(Arc::clone(&self.pool), self.len);
         // The fallible part first: a private block for a partly filled tail.
-        if tail != 0 {
+        if self.len % self.pool.block_size() != 0 {
             // Growth of a running sequence, as in `try_append_cow` (a
             // sequence that holds only what it matched has no partly
             // filled tail).
@@ -1008,10 +1050,28 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 self.pool.try_alloc_with_headroom(1, 0, &mut child.blocks)?;
             }
         }
+        Ok(self.fork_into(child))
+    }
+
+    /// The rest of [`try_fork`](Self::try_fork): `child` is an empty
+    /// sequence over the same pool whose table holds the private block for
+    /// a partly filled tail (if this sequence has one) and nothing else.
+    pub(crate) fn fork_into(&self, mut child: Sequence<A>) -> (Sequence<A>, Option<BlockCopy>) {
+        let bs = self.pool.block_size();
+        let full = self.len / bs;
+        let tail = self.len % bs;
+        // Null entries (a sliding window's) stay null in the child.
+        let null = self.null.min(full);
+        if null > 0 {
+            let private = child.blocks.pop();
+            child.blocks.resize(null, BlockId::NULL);
+            child.blocks.extend(private);
+        }
         // Share the full blocks. The child owns the references added (and
         // the private block), so the panic below leaks nothing: dropping
         // the child gives them back.
-        let shared = &self.blocks[..full];
+        child.null = null;
+        let shared = &self.blocks[null..full];
         let added = self.pool.add_refs(shared);
         child.blocks.extend_from_slice(&shared[..added]);
         if let Some(&id) = shared.get(added) {
@@ -1023,13 +1083,14 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         }
         let copy = child
             .blocks
-            .first()
+            .get(null)
             .copied()
             .filter(|_| tail != 0)
             .map(|dst| {
-                // Move the private block from the front to its place after the
-                // shared ones (in place: the table has room for all of them).
-                child.blocks.rotate_left(1);
+                // Move the private block from the front of the shared ones
+                // to its place after them (in place: the table has room
+                // for all of them).
+                child.blocks[null..].rotate_left(1);
                 BlockCopy {
                     src: self.blocks[full],
                     dst,
@@ -1040,7 +1101,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // The child of a sequence that holds only what it matched is new
         // work too.
         child.matched = self.matched.min(full);
-        Ok((child, copy))
+        (child, copy)
     }
 
     /// Gives back the references of `blocks[keep..]`.
@@ -1049,15 +1110,58 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // double free, which is misuse) dropped first is skipped: that block
         // was given back once, by the free, and every other reference here
         // is dropped all the same.
-        self.pool.release(&self.blocks[keep..]);
+        self.pool.release(&self.blocks[keep.max(self.null)..]);
         self.blocks.truncate(keep);
+        self.null = self.null.min(keep);
         self.matched = self.matched.min(keep);
     }
 
     /// Whether the sequence is running: it holds a block beyond those it
     /// matched (see `matched`), so that its allocations are growth.
-    fn is_running(&self) -> bool {
+    pub(crate) fn is_running(&self) -> bool {
         self.blocks.len() > self.matched
+    }
+
+    /// Gives back the blocks before table entry `upto` (those a sliding
+    /// window left behind), at once or, with a `fence`, when it completes,
+    /// and makes their entries [`BlockId::NULL`]; returns how many blocks
+    /// left the table. Before that, without a fence, up to `*recycle`
+    /// blocks that this sequence holds alone and uncached move to the end
+    /// of `out` instead (their references with them), and `*recycle`
+    /// counts them down. `upto` is at most the table's length.
+    pub(crate) fn skip_to(
+        &mut self,
+        upto: usize,
+        fence: Option<u64>,
+        out: &mut Vec<BlockId>,
+        recycle: &mut usize,
+        recycle_shared: bool,
+    ) -> usize {
+        let from = self.null;
+        if upto <= from {
+            return 0;
+        }
+        // Compact the blocks to give back to the front of the range.
+        let mut kept = from;
+        for i in from..upto {
+            let id = self.blocks[i];
+            if *recycle > 0 && (recycle_shared || !self.pool.needs_copy(id)) {
+                out.push(id);
+                *recycle -= 1;
+            } else {
+                self.blocks[kept] = id;
+                kept += 1;
+            }
+        }
+        match fence {
+            None => self.pool.release(&self.blocks[from..kept]),
+            Some(fence) => {
+                self.pool.retire(fence, &self.blocks[from..kept]);
+            }
+        }
+        self.blocks[from..upto].fill(BlockId::NULL);
+        self.null = upto;
+        upto - from
     }
 
     /// Drops the reference a copy-on-write kept for the caller's copy: the

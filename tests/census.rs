@@ -31,9 +31,10 @@ use common::{
     assert_pool_whole, counter_snap, pool_snap, seq_snap, CounterSnap, PoolSnap, SeqSnap,
 };
 use kvslots::{
-    admit, hash_blocks, table, BlockAllocator, BlockHash, BlockId, BlockPool, ConfigError,
-    FreeError, OwnedReservation, PositionError, PrefixStats, ReleaseError, ReserveError, Sequence,
-    SlotCounter,
+    admit, hash_blocks, table, BlockAllocator, BlockCopy, BlockHash, BlockId, BlockPool,
+    ConfigError, FreeError, GroupKeys, HybridError, HybridSequence, KvGroup, KvGroups,
+    KvGroupsError, OwnedReservation, PositionError, PrefixStats, ReleaseError, ReserveError,
+    Sequence, SlotCounter,
 };
 
 // ---------------------------------------------------------------------------
@@ -49,6 +50,11 @@ const HELD: usize = 5;
 /// What the output vectors hold before a row: a refused call leaves them so.
 const OUT_SENTINEL: BlockId = BlockId::new(99);
 const SLOT_SENTINEL: usize = 77;
+const COPY_SENTINEL: BlockCopy = BlockCopy {
+    src: OUT_SENTINEL,
+    dst: OUT_SENTINEL,
+    tokens: 0,
+};
 
 struct World {
     counter: Arc<SlotCounter>,
@@ -74,6 +80,15 @@ struct World {
     out: Vec<BlockId>,
     slots: Vec<usize>,
     keys: Vec<BlockHash>,
+    /// The hybrid rows' pool (`BLOCKS` blocks of `BS` tokens, one shard):
+    /// `h` and `hk` are there once the `hybrid` setup ran, `htaken` holds
+    /// what `hybrid_fill` took.
+    hpool: Arc<BlockPool>,
+    h: Option<HybridSequence>,
+    hk: Option<GroupKeys>,
+    htaken: Vec<BlockId>,
+    /// The hybrid rows' copies (as `out`: a refused call leaves it so).
+    copies: Vec<BlockCopy>,
 }
 
 /// Keys of one or two blocks of `BS` tokens under `salt`.
@@ -120,6 +135,11 @@ impl World {
             out: vec![OUT_SENTINEL],
             slots: vec![SLOT_SENTINEL],
             keys: vec![BlockHash([9; 32])],
+            hpool: Arc::new(BlockPool::new(BLOCKS, BS)),
+            h: None,
+            hk: None,
+            htaken: Vec::new(),
+            copies: vec![COPY_SENTINEL],
         };
         // 5 blocks held (a: 2, b: 1 of its own, c: 2), 1 evictable.
         assert_eq!((w.pool.used_blocks(), w.pool.evictable_blocks()), (5, 1));
@@ -130,6 +150,7 @@ impl World {
     fn close(&mut self) {
         self.counter.close();
         self.pool.close();
+        self.hpool.close();
     }
 
     /// Takes every free block (the evictable one too) and holds it: the
@@ -160,6 +181,36 @@ struct Snap {
     out: Vec<BlockId>,
     slots: Vec<usize>,
     keys: Vec<BlockHash>,
+    hpool: PoolSnap,
+    /// The hybrid pool's cached and evictable blocks, retired ones, and
+    /// its prefix cache's hits and evictions.
+    hcache: (usize, usize, usize, u64, u64),
+    h: Option<HybridSnap>,
+    hk: Option<Vec<Vec<BlockHash>>>,
+    copies: Vec<BlockCopy>,
+}
+
+/// Everything observable about a hybrid sequence (its pool apart).
+#[derive(Debug, Clone, PartialEq)]
+struct HybridSnap {
+    len: usize,
+    capacity: usize,
+    held: usize,
+    /// Each group's table and null entries.
+    tables: Vec<(Vec<BlockId>, usize)>,
+    needs_copy: bool,
+}
+
+fn hybrid_snap(h: &HybridSequence) -> HybridSnap {
+    HybridSnap {
+        len: h.len(),
+        capacity: h.capacity(),
+        held: h.held_blocks(),
+        tables: (0..h.groups().len())
+            .map(|g| (h.blocks(g).unwrap().to_vec(), h.null_blocks(g).unwrap()))
+            .collect(),
+        needs_copy: h.append_needs_copy(),
+    }
 }
 
 fn snap(w: &World) -> Snap {
@@ -185,6 +236,28 @@ fn snap(w: &World) -> Snap {
         out: w.out.clone(),
         slots: w.slots.clone(),
         keys: w.keys.clone(),
+        hpool: pool_snap(&w.hpool),
+        hcache: {
+            let PrefixStats {
+                hit_blocks,
+                evictions,
+                ..
+            } = w.hpool.prefix_stats();
+            (
+                w.hpool.cached_blocks(),
+                w.hpool.evictable_blocks(),
+                w.hpool.pending_release_blocks(),
+                hit_blocks,
+                evictions,
+            )
+        },
+        h: w.h.as_ref().map(hybrid_snap),
+        hk: w.hk.as_ref().map(|k| {
+            (0..k.groups().len())
+                .map(|g| k.group(g).unwrap().to_vec())
+                .collect()
+        }),
+        copies: w.copies.clone(),
     }
 }
 
@@ -201,6 +274,8 @@ enum Got {
     Free(FreeError),
     Config(ConfigError),
     Position(PositionError),
+    Hybrid(HybridError),
+    Groups(KvGroupsError),
     /// A panic, with its message (an expected one names words of it).
     Panic(String),
     Value(String),
@@ -262,6 +337,11 @@ fn closed() -> Got {
 
 fn panics(words: &str) -> Got {
     Got::Panic(words.into())
+}
+
+/// `Ok` as a value, `Err` as the typed error.
+fn hybrid<T: std::fmt::Debug>(r: Result<T, HybridError>) -> Got {
+    r.map_or_else(Got::Hybrid, value)
 }
 
 fn position(position: usize, len: usize) -> Got {
@@ -571,6 +651,12 @@ fn pool_rows() -> Vec<Row> {
         "BlockAllocator::publish: nothing", none, |w| value(w.pool.publish(&[], &w.kc)) => value(0usize);
         "BlockAllocator::publish: an id out of range", none,
             |w| value(w.pool.publish(&[id(BLOCKS as u32)], &w.kc)) => panics("block 8 is out of range");
+        "BlockAllocator::publish_after: nothing", none,
+            |w| value(w.pool.publish_after(Some(&w.kc[0]), &[], &w.kc)) => value(0usize);
+        "BlockAllocator::publish_after: an id out of range", none,
+            |w| value(w.pool.publish_after(Some(&w.kc[0]), &[id(u32::MAX)], &w.kc)) => panics("out of range");
+        "BlockAllocator::publish_after: blocks cached already", none,
+            |w| value(w.pool.publish_after(None, w.c.blocks(), &w.kc)) => value(0usize);
         "BlockAllocator::match_prefix: no key", none,
             |w| value(w.pool.match_prefix(&[], &mut w.out)) => value(0usize);
         "BlockAllocator::retire: nothing", none, |w| value(w.pool.retire(1, &[])) => value(0usize);
@@ -744,6 +830,213 @@ fn table_and_hash_rows() -> Vec<Row> {
     ]
 }
 
+/// The hybrid rows' groups: a full-attention group and a sliding window of
+/// one block.
+fn hgroups() -> KvGroups {
+    KvGroups::new([KvGroup::Full, KvGroup::SlidingWindow { window_tokens: BS }]).unwrap()
+}
+
+/// `h`: 12 tokens published in both groups (under `hk`), then one more,
+/// whose window (positions 9..=12) lets the sliding group give back its
+/// cached blocks 0 and 1 (evictable now): the full group holds 4 blocks,
+/// the sliding group `[NULL, NULL, b2, b3]`, and the pool's other 2 blocks
+/// are the evictable ones.
+fn hybrid_seq(w: &mut World) {
+    let groups = hgroups();
+    let mut h = HybridSequence::new(Arc::clone(&w.hpool), groups.clone());
+    h.try_append(3 * BS).unwrap();
+    let hk = groups.keys(&keys(b"h", 3));
+    assert_eq!(h.publish(&hk), Ok(6));
+    assert_eq!(h.try_append(1).unwrap(), 12..13);
+    w.h = Some(h);
+    w.hk = Some(hk);
+}
+
+/// `h`, and every free block of its pool taken (the evictable ones too:
+/// the sliding group's blocks 0 and 1 lose their keys).
+fn hybrid_fill(w: &mut World) {
+    hybrid_seq(w);
+    let free = w.hpool.free_blocks();
+    w.hpool.try_alloc(free, &mut w.htaken).unwrap();
+}
+
+/// `h`, and one of its pool's 2 free blocks taken.
+fn hybrid_one_free(w: &mut World) {
+    hybrid_seq(w);
+    w.hpool.try_alloc(1, &mut w.htaken).unwrap();
+}
+
+/// `h`, its pool closed.
+fn hybrid_closed(w: &mut World) {
+    hybrid_seq(w);
+    w.close();
+}
+
+fn h(w: &mut World) -> &mut HybridSequence {
+    w.h.as_mut().unwrap()
+}
+
+/// The blocks `usize::MAX` more tokens add to each of `h`'s groups (13
+/// tokens: the 3 free slots of each tail take the first 3).
+const H_BEYOND: usize = (usize::MAX - 3).div_ceil(BS);
+/// What `h` may ever take: the pool less the 6 blocks it holds.
+const H_ROOM: usize = BLOCKS - 6;
+/// The block of `h`'s sliding group at entry 2.
+const H_SLIDING2_ID: u32 = 5;
+/// Block 0 of `h`'s sliding group, which its window gave back (evictable).
+const H_GIVEN_BACK_ID: u32 = 3;
+
+/// Groups, group keys and hybrid sequences: appends, reservations, slots,
+/// truncates, forks, prefix matches and publishes.
+fn hybrid_rows() -> Vec<Row> {
+    let max = KvGroups::MAX_GROUPS;
+    rows![
+        "KvGroups::new: no group", none,
+            |_w| KvGroups::new([]).map_or_else(Got::Groups, |g| value(g.len())) => Got::Groups(KvGroupsError::Empty);
+        "KvGroups::new: MAX_GROUPS + 1", none,
+            |_w| KvGroups::new(std::iter::repeat(KvGroup::Full).take(KvGroups::MAX_GROUPS + 1)).map_or_else(Got::Groups, |g| value(g.len()))
+            => Got::Groups(KvGroupsError::TooManyGroups { max });
+        "KvGroups::new: a window of 0 tokens", none,
+            |_w| KvGroups::new([KvGroup::Full, KvGroup::SlidingWindow { window_tokens: 0 }]).map_or_else(Got::Groups, |g| value(g.len()))
+            => Got::Groups(KvGroupsError::ZeroWindow { group: 1 });
+        "KvGroups::get: past the last group", none, |_w| value(hgroups().get(2)) => value(None::<KvGroup>);
+        "KvGroups::key: past the last group", none,
+            |_w| value(hgroups().key(usize::MAX, &BlockHash([1; 32]))) => value(None::<BlockHash>);
+        "KvGroups::keys: no key", none, |_w| value(hgroups().keys(&[]).blocks()) => value(0usize);
+        "KvGroup::first_needed_block: zero block size", none,
+            |_w| value(KvGroup::Full.first_needed_block(1, 0)) => panics("by zero");
+        "KvGroup::first_needed_block: usize::MAX tokens", none,
+            |_w| value((
+                KvGroup::SlidingWindow { window_tokens: 1 }.first_needed_block(usize::MAX, 1),
+                KvGroup::SlidingWindow { window_tokens: usize::MAX }.first_needed_block(usize::MAX, 1),
+            )) => value((usize::MAX - 1, 0usize));
+        "GroupKeys::group: past the last group", none,
+            |_w| value(GroupKeys::new(&hgroups()).group(2).map(<[BlockHash]>::len)) => value(None::<usize>);
+        "GroupKeys::truncate: usize::MAX", hybrid_seq,
+            |w| { let hk = w.hk.as_mut().unwrap(); hk.truncate(usize::MAX); value(hk.blocks()) } => value(3usize);
+        "HybridSequence::with_capacity: usize::MAX tokens", none,
+            |w| { let s = HybridSequence::with_capacity(Arc::clone(&w.hpool), hgroups(), usize::MAX); value((s.len(), s.held_blocks())) }
+            => value((0usize, 0usize));
+        "HybridSequence::blocks: past the last group", hybrid_seq,
+            |w| value((h(w).blocks(2).is_none(), h(w).null_blocks(usize::MAX))) => value((true, None::<usize>));
+        "HybridSequence::slot: past the last group", hybrid_seq, |w| value(h(w).slot(2, 0)) => value(None::<usize>);
+        "HybridSequence::slot: len", hybrid_seq, |w| value(h(w).slot(0, 13)) => value(None::<usize>);
+        "HybridSequence::slot: a given-back block", hybrid_seq, |w| value(h(w).slot(1, 7)) => value(None::<usize>);
+        "HybridSequence::extend_slots: past the last group", hybrid_seq,
+            |w| { let h = w.h.as_ref().unwrap(); hybrid(h.extend_slots(2, 0..1, &mut w.slots)) }
+            => Got::Hybrid(HybridError::NoSuchGroup { group: 2, groups: 2 });
+        "HybridSequence::extend_slots: one past len", hybrid_seq,
+            |w| { let h = w.h.as_ref().unwrap(); hybrid(h.extend_slots(0, 12..14, &mut w.slots)) }
+            => Got::Hybrid(HybridError::Position(PositionError { position: 13, len: 13 }));
+        "HybridSequence::extend_slots: 0..usize::MAX", hybrid_seq,
+            |w| { let h = w.h.as_ref().unwrap(); hybrid(h.extend_slots(1, 0..usize::MAX, &mut w.slots)) }
+            => Got::Hybrid(HybridError::Position(PositionError { position: usize::MAX - 1, len: 13 }));
+        "HybridSequence::extend_slots: from a given-back block", hybrid_seq,
+            |w| { let h = w.h.as_ref().unwrap(); hybrid(h.extend_slots(1, 7..13, &mut w.slots)) }
+            => Got::Hybrid(HybridError::OutsideWindow { group: 1, position: 7, first_held: 8 });
+        "HybridSequence::extend_slots: reversed, past the last group", hybrid_seq,
+            |w| { let h = w.h.as_ref().unwrap(); hybrid(h.extend_slots(2, backwards(), &mut w.slots)) }
+            => Got::Hybrid(HybridError::NoSuchGroup { group: 2, groups: 2 });
+        "HybridSequence::extend_slots: reversed", hybrid_seq,
+            |w| { let h = w.h.as_ref().unwrap(); hybrid(h.extend_slots(1, backwards(), &mut w.slots)) } => value(());
+        "HybridSequence::try_append: 0", hybrid_seq, |w| reserve(h(w).try_append(0)) => value(13..13usize);
+        "HybridSequence::try_append: usize::MAX", hybrid_seq,
+            |w| reserve(h(w).try_append(usize::MAX)) => never_fits(2 * H_BEYOND, H_ROOM);
+        "HybridSequence::try_append: more than the pool holds beside it", hybrid_seq,
+            |w| reserve(h(w).try_append(3 + BS + 1)) => never_fits(4, H_ROOM);
+        "HybridSequence::try_append: a block in each group, one free", hybrid_one_free,
+            |w| reserve(h(w).try_append(3 + 1)) => full(2, 1);
+        "HybridSequence::try_append: a new block, full pool", hybrid_fill,
+            |w| reserve(h(w).try_append(3 + 1)) => full(2, 0);
+        "HybridSequence::try_append: a new block, closed", hybrid_closed,
+            |w| reserve(h(w).try_append(3 + 1)) => closed();
+        "HybridSequence::try_append_cow: usize::MAX", hybrid_seq,
+            |w| reserve(w.h.as_mut().unwrap().try_append_cow(usize::MAX, &mut w.copies)) => never_fits(2 * H_BEYOND, H_ROOM);
+        "HybridSequence::try_append_fenced: usize::MAX, fence u64::MAX", hybrid_seq,
+            |w| reserve(h(w).try_append_fenced(usize::MAX, u64::MAX, &mut Vec::new())) => never_fits(2 * H_BEYOND, H_ROOM);
+        "HybridSequence::try_append_fenced: a new block, full pool", hybrid_fill,
+            |w| reserve(h(w).try_append_fenced(3 + 1, 0, &mut Vec::new())) => full(2, 0);
+        "HybridSequence::try_reserve: 0 tokens, usize::MAX headroom", hybrid_seq,
+            |w| reserve(h(w).try_reserve(0, usize::MAX)) => value(());
+        "HybridSequence::try_reserve: usize::MAX tokens", hybrid_seq,
+            |w| reserve(h(w).try_reserve(usize::MAX, 0)) => never_fits(2 * H_BEYOND, H_ROOM);
+        "HybridSequence::try_reserve: usize::MAX headroom", hybrid_seq,
+            |w| reserve(h(w).try_reserve(3 + 1, usize::MAX)) => never_fits(2, H_ROOM);
+        "HybridSequence::try_reserve: more than the pool holds beside it", hybrid_seq,
+            |w| reserve(h(w).try_reserve(3 + BS + 1, 0)) => never_fits(4, H_ROOM);
+        "HybridSequence::try_reserve: a block in each group, one free", hybrid_one_free,
+            |w| reserve(h(w).try_reserve(3 + 1, 0)) => full(2, 1);
+        "HybridSequence::try_reserve: closed", hybrid_closed,
+            |w| reserve(h(w).try_reserve(3 + 1, 0)) => closed();
+        "HybridSequence::reserve: usize::MAX tokens", hybrid_seq,
+            |w| polled(h(w).reserve(usize::MAX, 0)) => never_fits(2 * H_BEYOND, H_ROOM);
+        "HybridSequence::reserve: closed", hybrid_closed, |w| polled(h(w).reserve(3 + 1, 0)) => closed();
+        "HybridSequence::reserve_blocking: a block in each group, one free, no wait", hybrid_one_free,
+            |w| reserve(h(w).reserve_blocking(3 + 1, 0, NOW)) => full(2, 1);
+        "HybridSequence::reserve_blocking: closed", hybrid_closed,
+            |w| reserve(h(w).reserve_blocking(3 + 1, 0, None)) => closed();
+        "HybridSequence::truncate: len", hybrid_seq, |w| hybrid(h(w).truncate(13)) => value(0usize);
+        "HybridSequence::truncate: usize::MAX", hybrid_seq, |w| hybrid(h(w).truncate(usize::MAX)) => value(0usize);
+        "HybridSequence::truncate: into given-back blocks", hybrid_seq,
+            |w| hybrid(h(w).truncate(5)) => Got::Hybrid(HybridError::TruncateOutsideWindow { len: 5, min_len: 11 });
+        "HybridSequence::truncate_fenced: into given-back blocks, fence u64::MAX", hybrid_seq,
+            |w| hybrid(h(w).truncate_fenced(10, u64::MAX)) => Got::Hybrid(HybridError::TruncateOutsideWindow { len: 10, min_len: 11 });
+        "HybridSequence::retire_copy_source: none kept", hybrid_seq, |w| value(h(w).retire_copy_source(3)) => value(0usize);
+        "HybridSequence::retire: an empty sequence, fence u64::MAX", none,
+            |w| value(HybridSequence::new(Arc::clone(&w.hpool), hgroups()).retire(u64::MAX)) => value(0usize);
+        "HybridSequence::shrink_to_fit: nothing reserved", hybrid_seq, |w| value(h(w).shrink_to_fit()) => value(0usize);
+        "BlockPool::free: a hybrid sequence's block", hybrid_seq,
+            |w| { let b = h(w).blocks(1).unwrap()[2]; free(w.hpool.free(&[b])) } => Got::Free(FreeError::HeldBySequence { id: id(H_SLIDING2_ID) });
+        "BlockPool::free: a block a hybrid sequence's window gave back", hybrid_seq,
+            |w| free(w.hpool.free(&[id(H_GIVEN_BACK_ID)])) => Got::Free(FreeError::NotAllocated { id: id(H_GIVEN_BACK_ID) });
+        "HybridSequence::try_fork: partly filled tails, one block free", hybrid_one_free,
+            |w| reserve(w.h.as_ref().unwrap().try_fork(&mut w.copies).map(|c| c.len())) => full(2, 1);
+        "HybridSequence::try_fork: partly filled tails, closed", hybrid_closed,
+            |w| reserve(w.h.as_ref().unwrap().try_fork(&mut w.copies).map(|c| c.len())) => closed();
+        "HybridSequence::try_match_prefix: no keys", none,
+            |w| {
+                let mut s = HybridSequence::new(Arc::clone(&w.hpool), hgroups());
+                hybrid(s.try_match_prefix(&GroupKeys::new(&hgroups())).map(|k| (k, s.held_blocks())))
+            } => value((0usize, 0usize));
+        "HybridSequence::try_match_prefix: a sequence that holds tokens", hybrid_seq,
+            |w| { let hk = w.hk.clone().unwrap(); hybrid(h(w).try_match_prefix(&hk)) } => value(0usize);
+        "HybridSequence::try_match_prefix: keys of other groups", hybrid_seq,
+            |w| {
+                let mut s = HybridSequence::new(Arc::clone(&w.hpool), KvGroups::new([KvGroup::Full]).unwrap());
+                hybrid(s.try_match_prefix(w.hk.as_ref().unwrap()).map(|k| (k, s.held_blocks())))
+            } => Got::Hybrid(HybridError::OtherGroups);
+        "HybridSequence::try_match_prefix: the groups' order swapped", hybrid_seq,
+            |w| {
+                let swapped = KvGroups::new([KvGroup::SlidingWindow { window_tokens: BS }, KvGroup::Full]).unwrap();
+                let mut s = HybridSequence::new(Arc::clone(&w.hpool), swapped);
+                hybrid(s.try_match_prefix(w.hk.as_ref().unwrap()).map(|k| (k, s.held_blocks())))
+            } => Got::Hybrid(HybridError::OtherGroups);
+        "HybridSequence::try_match_prefix: keys no group holds, full pool", hybrid_fill,
+            |w| {
+                let mut s = HybridSequence::new(Arc::clone(&w.hpool), hgroups());
+                let hk = hgroups().keys(&keys(b"x", 3));
+                hybrid(s.try_match_prefix(&hk).map(|k| (k, s.held_blocks())))
+            } => value((0usize, 0usize));
+        "HybridSequence::publish: keys of other groups", hybrid_seq,
+            |w| {
+                let keys = KvGroups::new([KvGroup::Full, KvGroup::Full]).unwrap().keys(&keys(b"h", 3));
+                hybrid(h(w).publish(&keys))
+            } => Got::Hybrid(HybridError::OtherGroups);
+        "HybridSequence::publish: blocks already cached, more keys than blocks", hybrid_seq,
+            |w| {
+                let mut hk = w.hk.clone().unwrap();
+                hk.extend(&keys(b"more", 2));
+                hybrid(h(w).publish(&hk))
+            } => value(0usize);
+        "HybridSequence::publish: no full block", hybrid_seq,
+            |w| {
+                let mut s = HybridSequence::new(Arc::clone(&w.hpool), hgroups());
+                hybrid(s.publish(w.hk.as_ref().unwrap()))
+            } => value(0usize);
+        "HybridSequence::append_needs_copy: tails held alone", hybrid_seq, |w| value(h(w).append_needs_copy()) => value(false);
+    ]
+}
+
 // ---------------------------------------------------------------------------
 // The harness
 // ---------------------------------------------------------------------------
@@ -811,9 +1104,28 @@ fn teardown(w: World) -> Result<(), String> {
         b,
         c,
         taken,
+        hpool,
+        h,
+        htaken,
         ..
     } = w;
-    drop((held, a, b, c));
+    drop((held, a, b, c, h));
+    hpool
+        .free(&htaken)
+        .map_err(|e| format!("hybrid taken blocks: {e}"))?;
+    if hpool.complete_all() != 0 || hpool.pending_release_blocks() != 0 {
+        return Err("hybrid references were left retired".into());
+    }
+    let hrefs: Vec<_> = (0..BLOCKS as u32).map(|i| hpool.ref_count(id(i))).collect();
+    if hpool.free_blocks() != BLOCKS || hrefs.iter().any(|r| *r != Some(0)) {
+        return Err(format!(
+            "hybrid blocks still held: {} free, counts {hrefs:?}",
+            hpool.free_blocks()
+        ));
+    }
+    if !hpool.is_closed() {
+        assert_pool_whole(&hpool);
+    }
     pool.free(&taken)
         .map_err(|e| format!("taken blocks: {e}"))?;
     other
@@ -893,6 +1205,26 @@ fn census_of_sequences() {
 #[test]
 fn census_of_tables_and_keys() {
     census(table_and_hash_rows());
+}
+
+#[test]
+fn census_of_hybrid_sequences() {
+    census(hybrid_rows());
+}
+
+#[test]
+fn hybrid_layout_is_as_the_rows_assume() {
+    let mut w = World::new();
+    hybrid_seq(&mut w);
+    let h = w.h.as_ref().unwrap();
+    assert_eq!((h.len(), h.held_blocks()), (13, 6));
+    assert_eq!(h.blocks(1).unwrap()[..2], [BlockId::NULL; 2]);
+    assert_eq!(h.null_blocks(1), Some(2));
+    assert_eq!(h.blocks(0).unwrap().len(), 4);
+    assert_eq!(w.hpool.used_blocks(), 6);
+    assert_eq!(w.hpool.free_blocks(), 2);
+    assert_eq!(w.hpool.evictable_blocks(), 2);
+    teardown(w).unwrap();
 }
 
 /// A row that does not hold is reported: the harness itself can fail.

@@ -15,7 +15,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
 use common::{StopOnDrop, XorShift};
-use kvslots::{hash_blocks, BlockHash, BlockId, BlockPool, KvEvent, Sequence};
+use kvslots::{
+    hash_blocks, BlockHash, BlockId, BlockPool, HybridSequence, KvEvent, KvGroup, KvGroups,
+    Sequence,
+};
 
 fn events_pool(
     num_blocks: usize,
@@ -119,6 +122,58 @@ fn a_script_reports_each_store_and_removal_exactly() {
     assert_eq!(pool.drain_events(&mut out), 4);
     assert_eq!(out.len(), 1);
     assert_eq!(pool.stats().events_dropped, Some(0));
+}
+
+/// A hybrid sequence's publish reports the keys the index stores, each
+/// group's own (`GroupKeys`), never the content keys: a chain per group,
+/// a sliding group's starting after the blocks its window gave back with
+/// the group's key of the block before as its parent. Its eviction
+/// removes the same group keys.
+#[test]
+fn a_hybrid_publish_reports_a_chain_per_group_under_the_group_keys() {
+    let pool = events_pool(16, 4, 1, 64);
+    let groups =
+        KvGroups::new([KvGroup::Full, KvGroup::SlidingWindow { window_tokens: 4 }]).unwrap();
+    let content = keys_of(&(0..20).collect::<Vec<u32>>(), 4);
+    let keys = groups.keys(&content);
+    let (full, sliding) = (keys.group(0).unwrap(), keys.group(1).unwrap());
+    let mut seq = HybridSequence::new(Arc::clone(&pool), groups);
+    // Three blocks a group, unpublished; then token 12's window (9..=12)
+    // leaves the sliding group's blocks 0 and 1 behind.
+    seq.try_append(12).unwrap();
+    seq.try_append(4).unwrap();
+    assert_eq!(seq.null_blocks(1), Some(2));
+    assert_eq!(seq.publish(&keys), Ok(4 + 2));
+    let (ids0, ids1) = (seq.blocks(0).unwrap(), seq.blocks(1).unwrap());
+    assert_eq!(
+        drained(&pool),
+        [
+            KvEvent::AllBlocksCleared,
+            stored(&full[..4], None, ids0, 4),
+            // The parent is the group's key of block 1, given back.
+            stored(&sliding[2..4], Some(sliding[1]), &ids1[2..4], 4),
+        ]
+    );
+    // A match reports nothing; an eviction removes the group keys.
+    let mut again = HybridSequence::new(Arc::clone(&pool), seq.groups().clone());
+    assert_eq!(again.try_match_prefix(&keys), Ok(4));
+    drop((seq, again));
+    assert_eq!(drained(&pool), []);
+    let mut all = Vec::new();
+    pool.try_alloc(16, &mut all).unwrap();
+    let mut removed: Vec<BlockHash> = drained(&pool)
+        .into_iter()
+        .flat_map(|e| match e {
+            KvEvent::BlockRemoved { keys } => keys,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let mut cached: Vec<BlockHash> = full[..4].iter().chain(&sliding[2..4]).copied().collect();
+    removed.sort_unstable();
+    cached.sort_unstable();
+    assert_eq!(removed, cached);
+    assert!(removed.iter().all(|k| !content.contains(k)));
+    pool.free(&all).unwrap();
 }
 
 #[test]

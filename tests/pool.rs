@@ -863,7 +863,9 @@ fn block_id_is_copy_and_debug() {
 fn block_id_display_names_the_block() {
     assert_eq!(BlockId::new(0).to_string(), "block 0");
     assert_eq!(BlockId::new(42).to_string(), "block 42");
-    assert_eq!(BlockId::new(u32::MAX).to_string(), "block 4294967295");
+    // u32::MAX is no pool's block: the null entry of a hybrid table.
+    assert_eq!(BlockId::new(u32::MAX), BlockId::NULL);
+    assert_eq!(BlockId::NULL.to_string(), "the null block");
 }
 
 // ---------------------------------------------------------------------------

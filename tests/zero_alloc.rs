@@ -18,8 +18,8 @@ use std::sync::{Arc, Barrier};
 use std::thread::LocalKey;
 
 use kvslots::{
-    hash_blocks, BlockHash, BlockId, BlockPool, FreeError, PositionError, ReleaseError,
-    ReserveError, Sequence, SlotCounter,
+    hash_blocks, BlockHash, BlockId, BlockPool, FreeError, HybridSequence, KvGroup, KvGroups,
+    PositionError, ReleaseError, ReserveError, Sequence, SlotCounter,
 };
 
 /// Iterations of each measured loop.
@@ -575,6 +575,54 @@ fn prefix_rounds_allocate_nothing(pool: Arc<BlockPool>) {
     // The measured loop matched and evicted.
     assert!(after.hit_blocks > before.hit_blocks);
     assert!(after.evictions > before.evictions);
+    assert_eq!(pool.used_blocks(), 0);
+}
+
+#[test]
+fn hybrid_appends_windows_matches_and_publishes_allocate_nothing() {
+    // gpt-oss's layout in small: a sliding window of 8 tokens and full
+    // attention, blocks of 4. Each round matches a cached prompt, decodes
+    // past the window (blocks given back and reused), speculates and rolls
+    // back, publishes, and drops the tables' contents.
+    const BS: usize = 4;
+    const TOKENS: usize = 96;
+    let pool = Arc::new(BlockPool::new(256, BS));
+    let groups =
+        KvGroups::new([KvGroup::SlidingWindow { window_tokens: 8 }, KvGroup::Full]).unwrap();
+    let prompt: Vec<u32> = (0..40).collect();
+    let mut base = Vec::new();
+    hash_blocks(b"", &prompt, BS, &mut base);
+    let keys = groups.keys(&base);
+    let mut seq = HybridSequence::with_capacity(Arc::clone(&pool), groups.clone(), TOKENS);
+    let mut copies = Vec::with_capacity(4);
+    let mut slots: Vec<usize> = Vec::with_capacity(TOKENS);
+    let round = |seq: &mut HybridSequence, copies: &mut Vec<_>, slots: &mut Vec<usize>| {
+        let k = seq.try_match_prefix(&keys).unwrap();
+        seq.try_append(prompt.len() - k * BS).unwrap();
+        seq.publish(&keys).unwrap();
+        for _ in 0..30 {
+            let new = seq.try_append(1).unwrap();
+            for g in 0..2 {
+                slots.clear();
+                seq.extend_slots(g, new.clone(), slots).unwrap();
+            }
+        }
+        let drafts = seq.try_append_cow(5, copies).unwrap();
+        seq.truncate(drafts.start + 2).unwrap();
+        copies.clear();
+        assert!(seq.try_append(usize::MAX).is_err());
+        seq.truncate(0).unwrap();
+    };
+    // Warm up once: the tables and lists reach their size.
+    round(&mut seq, &mut copies, &mut slots);
+    let ops = heap_ops(|| {
+        for _ in 0..ITERS / 100 {
+            round(&mut seq, &mut copies, &mut slots);
+        }
+    });
+    assert_eq!(ops, NONE);
+    assert!(pool.prefix_stats().hit_blocks > 0);
+    drop(seq);
     assert_eq!(pool.used_blocks(), 0);
 }
 

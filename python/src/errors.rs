@@ -5,7 +5,8 @@
 //! subclass `Exception` from Rust), and the fields of a Rust error are set
 //! as attributes on the instance: `Full.requested`, `Full.available`, `BehindWaiters.owed`,
 //! `NeverFits.requested`, `NeverFits.capacity`, `FreeError.id`,
-//! `FreeError.kind` and `FreeError.num_blocks`. Attributes live in the
+//! `FreeError.kind`, `FreeError.num_blocks`, `WindowError.len` and
+//! `WindowError.min_len`. Attributes live in the
 //! instance's `__dict__`, so they survive pickling.
 
 use pyo3::create_exception;
@@ -70,6 +71,26 @@ create_exception!(
      copy-on-write. Use `Sequence.append_cow`, which returns the `BlockCopy` to \
      make. Nothing changed."
 );
+
+create_exception!(
+    kvslots,
+    WindowError,
+    PyValueError,
+    "`HybridSequence.truncate` refused: the window of the token at the new \
+     length reaches blocks a sliding group gave back (their keys and values are \
+     gone). Nothing changed.\n\n\
+     Attributes: `len` (the length asked for) and `min_len` (the shortest length \
+     accepted besides 0)."
+);
+
+/// A `WindowError` for a truncate to `len` (`min_len` the shortest
+/// accepted besides 0).
+pub(crate) fn window_error(message: String, len: usize, min_len: usize) -> PyErr {
+    Python::attach(|py| {
+        with_attrs::<WindowError>(py, message, &[("len", len), ("min_len", min_len)])
+            .unwrap_or_else(|e| e)
+    })
+}
 
 /// The Python exception for a configuration `BlockPool(...)` refused:
 /// `MemoryError` when the pool's arrays could not be allocated,

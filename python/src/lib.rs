@@ -1,13 +1,16 @@
 //! Python bindings for `kvslots` (PyO3): the extension module `kvslots`.
 //!
 //! A thin layer over the core crate: `BlockPool` wraps an
-//! `Arc<kvslots::BlockPool>`, `Sequence` a `kvslots::Sequence` behind a
-//! mutex (the core's sequence is a single-owner value), and every core
+//! `Arc<kvslots::BlockPool>`, `Sequence` a `kvslots::Sequence` and
+//! `HybridSequence` a `kvslots::HybridSequence` behind a mutex (the core's
+//! sequences are single-owner values; `hybrid.rs` also has `KvGroups` and
+//! `GroupKeys`; `events.rs` has the pool's statistics and KV events as
+//! Python values), and every core
 //! error becomes a Python exception of the same name and fields
 //! (`errors.rs`). Arguments are checked before anything changes
 //! (`convert.rs`), and nothing here can panic into Python: the one core
-//! call that can panic on misuse, `Sequence::try_append` on a tail that
-//! needs a copy, is guarded by `Sequence::append_needs_copy`; a fork
+//! call that can panic on misuse, `try_append` on a tail that needs a
+//! copy, is guarded by `append_needs_copy` (of either sequence); a fork
 //! after a double free is refused before it starts.
 //!
 //! The GIL is released around every call that waits (`wait.rs`) and every
@@ -27,6 +30,7 @@ use pyo3::types::{PyBytes, PyList};
 mod convert;
 mod errors;
 mod events;
+mod hybrid;
 mod pool;
 mod sequence;
 mod wait;
@@ -164,6 +168,9 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pool::PyBlockPool>()?;
     m.add_class::<sequence::PySequence>()?;
     m.add_class::<sequence::PyBlockCopy>()?;
+    m.add_class::<hybrid::PyKvGroups>()?;
+    m.add_class::<hybrid::PyGroupKeys>()?;
+    m.add_class::<hybrid::PyHybridSequence>()?;
     m.add_class::<events::PyPoolStats>()?;
     m.add_class::<events::PyKVEventBatch>()?;
     m.add_class::<events::PyBlockStored>()?;
@@ -179,6 +186,7 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Closed", py.get_type::<errors::Closed>())?;
     m.add("FreeError", py.get_type::<errors::FreeError>())?;
     m.add("CopyRequired", py.get_type::<errors::CopyRequired>())?;
+    m.add("WindowError", py.get_type::<errors::WindowError>())?;
     m.add(
         "__all__",
         [
@@ -186,6 +194,9 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "BlockPool",
             "Sequence",
             "BlockCopy",
+            "KvGroups",
+            "GroupKeys",
+            "HybridSequence",
             "PoolStats",
             "KVEventBatch",
             "BlockStored",
@@ -201,6 +212,7 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "Closed",
             "FreeError",
             "CopyRequired",
+            "WindowError",
         ],
     )?;
     Ok(())

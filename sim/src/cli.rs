@@ -9,22 +9,25 @@
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use kvslots::{BlockPool, Sequence};
 use serde_json::json;
 
-use crate::backend::{KvBackend, KvslotsBackend, MutexBackend};
+use crate::backend::{
+    HybridKvslotsBackend, HybridMutexBackend, KvBackend, KvslotsBackend, MutexBackend,
+};
 use crate::baseline::MutexPool;
 use crate::engine::{self, Admission, EngineConfig, MIX_SAMPLES};
 use crate::export::{Exported, Exports, DEFAULT_EVENTS_CAPACITY};
 pub use crate::fault::Fault;
 use crate::fault::Faulty;
-use crate::model::{size_pool, ModelPreset, Sizing, GIB};
+use crate::model::{layout, size_pool, Layout, ModelPreset, Sizing, GIB};
 use crate::oracle::{Oracle, Tracked};
 use crate::prefix::TRACE_BLOCK;
-use crate::report::{table, Report};
+use crate::report::{table_with, Report};
 use crate::workload::{
     read_trace_limited, request_bytes, synthetic_request_bytes, Request, SharedPrefixes,
     TraceLimits,
@@ -86,7 +89,11 @@ pub enum Allocator {
 #[derive(Debug, Clone, Parser)]
 #[command(name = "kvslots-sim", version, about, long_about)]
 pub struct Cli {
-    /// Model preset whose KV shape sizes the pool.
+    /// Model preset whose KV shape sizes the pool. A hybrid one
+    /// (`gemma-3-27b`, `gpt-oss-20b`: sliding-window layers beside full
+    /// ones) runs its sequences as one block table per group of layers,
+    /// and then the same model treated as all full attention, side by
+    /// side.
     #[arg(long, value_enum, default_value_t = ModelPreset::Llama3_8b)]
     pub model: ModelPreset,
     /// KV bytes per token, instead of a preset's (not with `--model`).
@@ -201,7 +208,8 @@ pub struct Cli {
     /// Write the kvslots pool's KV events to FILE, as JSON lines (one batch
     /// a line: `seq`, `ts`, `events` in vLLM's shapes; see sim/README.md),
     /// drained every 2 ms. Needs prefix caching on a workload that names
-    /// its prompts' content; with `--compare`, of the kvslots run; not with
+    /// its prompts' content; with `--compare`, of the kvslots run; of a
+    /// hybrid `--model`, of its hybrid run (keys per group); not with
     /// `--allocator mutex`.
     #[arg(long, value_name = "FILE")]
     pub events: Option<PathBuf>,
@@ -212,7 +220,8 @@ pub struct Cli {
     pub events_capacity: Option<usize>,
     /// Write the kvslots pool's metrics to FILE as Prometheus text
     /// (OpenMetrics, `kvslots_*` series), every second and at the end. With
-    /// `--compare`, of the kvslots run; not with `--allocator mutex`.
+    /// `--compare`, of the kvslots run; of a hybrid `--model`, of its hybrid
+    /// run; not with `--allocator mutex`.
     #[arg(long, value_name = "FILE")]
     pub metrics: Option<PathBuf>,
 }
@@ -229,11 +238,25 @@ impl std::fmt::Display for InputError {
 
 impl std::error::Error for InputError {}
 
+/// A hybrid model's run: its layout, and the same model as all full
+/// attention to run it against.
+#[derive(Debug, Clone)]
+pub struct HybridPlan {
+    /// The groups of layers (vLLM's grouping).
+    pub layout: Layout,
+    /// The pool's sizing when every layer is treated as full attention
+    /// (one table a sequence, every layer in a block).
+    pub all_full: Sizing,
+}
+
 /// Everything a run needs, checked.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// The pool's sizing.
+    /// The pool's sizing (of a hybrid model: a block holds one group's
+    /// layers).
     pub sizing: Sizing,
+    /// A hybrid model's layout and its all-full-attention twin.
+    pub hybrid: Option<HybridPlan>,
     /// The requests.
     pub requests: Vec<Request>,
     /// Where they came from, for the report.
@@ -349,15 +372,45 @@ impl Cli {
     /// Checks the flags, sizes the pool and loads or draws the requests,
     /// within the host memory the run may use.
     pub fn plan(&self) -> Result<Plan, InputError> {
-        let (model, bpt) = match self.kv_bytes_per_token {
-            Some(b) => ("custom".to_string(), b),
-            None => (
+        let kinds = self
+            .kv_bytes_per_token
+            .is_none()
+            .then(|| self.model.layer_kinds())
+            .flatten();
+        let layout = kinds.as_deref().map(layout);
+        let (model, bpt) = match (self.kv_bytes_per_token, &layout) {
+            (Some(b), _) => ("custom".to_string(), b),
+            (None, None) => (
                 self.model.name().to_string(),
                 self.model.shape().kv_bytes_per_token(),
             ),
+            (None, Some(l)) => {
+                // A block holds one group's layers.
+                let mut group = self.model.shape();
+                group.layers = l.layers_per_group;
+                (
+                    format!(
+                        "{} ({}, {} layers a group)",
+                        self.model.name(),
+                        engine::layout_words(&l.groups),
+                        l.layers_per_group
+                    ),
+                    group.kv_bytes_per_token(),
+                )
+            }
         };
         let sizing = size_pool(&model, bpt, self.memory_gib, self.block_size)
             .map_err(|e| InputError(e.to_string()))?;
+        let hybrid = match layout {
+            Some(layout) => {
+                let name = format!("{} (all full attention)", self.model.name());
+                let bpt = self.model.shape().kv_bytes_per_token();
+                let all_full = size_pool(&name, bpt, self.memory_gib, self.block_size)
+                    .map_err(|e| InputError(e.to_string()))?;
+                Some(HybridPlan { layout, all_full })
+            }
+            None => None,
+        };
         let workers = self.workers.unwrap_or_else(default_workers);
         if !(1..=MAX_WORKERS).contains(&workers) {
             return Err(InputError(format!(
@@ -450,6 +503,7 @@ impl Cli {
             .map_or_else(|| BlockPool::default_shards(sizing.num_blocks), usize::from);
         // The pool and the simulated KV memory, first: they depend on the
         // sizing flags alone.
+        // The hybrid pool has the more blocks of the two.
         let (nb, bs) = (sizing.num_blocks, sizing.block_size);
         let pool = self
             .allocators()
@@ -484,6 +538,9 @@ impl Cli {
         let mut left = host.bytes - pool;
         let watermark_blocks = self.watermark.unwrap_or(sizing.num_blocks / 100);
         check_pool(&sizing, watermark_blocks)?;
+        if let Some(h) = &hybrid {
+            check_pool(&h.all_full, watermark_blocks)?;
+        }
         let prefix_cache = !self.no_prefix_cache;
         // The synthetic workload names every prompt's content.
         if self.trace.is_none() && prefix_cache {
@@ -553,9 +610,19 @@ impl Cli {
             prefix_cache,
             async_depth: self.async_depth,
             stuck_after: std::time::Duration::from_millis(self.stuck_after_ms),
+            // A hybrid model's windows give prompt blocks back between
+            // chunks: both of its runs publish every chunk.
+            publish_chunks: hybrid.is_some(),
+            groups: hybrid.as_ref().map_or_else(
+                || EngineConfig::default().groups,
+                |h| h.layout.groups.clone(),
+            ),
             ..EngineConfig::default()
         };
         check_runnable(&sizing, &engine, &requests)?;
+        if let Some(h) = &hybrid {
+            check_runnable(&h.all_full, &all_full_engine(&engine), &requests)?;
+        }
         self.check_samples_fit(&engine, &sizing, &requests, left, &host)?;
         // The export files last, once everything else is accepted: each is
         // opened for writing (created if missing, not emptied yet), so that
@@ -574,6 +641,7 @@ impl Cli {
             engine,
             shards,
             sizing,
+            hybrid,
             requests,
             workload,
             events_capacity,
@@ -629,8 +697,11 @@ impl Cli {
             .unwrap_or(0)
             .min(nb)
             + 1;
-        // Each sample's table, in its sequence and in the oracle's record.
-        let each = sample_bytes().saturating_add(entries.saturating_mul(8));
+        // Each sample's tables (one per group), in its sequence and in the
+        // oracle's record.
+        let each = sample_bytes()
+            .saturating_add(entries.saturating_mul(8))
+            .saturating_mul(engine.groups.len());
         let bytes = running.saturating_mul(samples).saturating_mul(each);
         if bytes > left {
             return Err(InputError(format!(
@@ -646,6 +717,15 @@ impl Cli {
             )));
         }
         Ok(())
+    }
+}
+
+/// The engine's settings for the all-full-attention twin of a hybrid run:
+/// the same, with one full group.
+fn all_full_engine(hybrid: &EngineConfig) -> EngineConfig {
+    EngineConfig {
+        groups: EngineConfig::default().groups,
+        ..hybrid.clone()
     }
 }
 
@@ -680,7 +760,7 @@ fn check_runnable(
     let (nb, bs) = (sizing.num_blocks, sizing.block_size);
     let runs = |r: &Request| {
         let profile = engine.profile(r.id, bs);
-        !engine::never_fits(r, &profile, engine.watermark_blocks, nb, bs)
+        !engine::never_fits(r, &profile, engine, nb, bs)
     };
     if !requests.iter().any(runs) {
         return Err(InputError(format!(
@@ -712,11 +792,52 @@ fn progress_bar(len: usize, label: &str) -> ProgressBar {
     pb
 }
 
-fn run_one<B: KvBackend>(backend: &B, oracle: Oracle, plan: &Plan) -> Report {
-    let pb = progress_bar(plan.requests.len(), backend.name());
-    let stats = engine::run_with_oracle(backend, oracle, &plan.requests, &plan.engine, Some(&pb));
+fn run_one<B: KvBackend>(
+    backend: &B,
+    oracle: Oracle,
+    requests: &[Request],
+    engine: &EngineConfig,
+    fault: Option<Fault>,
+) -> Report {
+    let pb = progress_bar(requests.len(), backend.name());
+    let stats = match fault {
+        None => engine::run_with_oracle(backend, oracle, requests, engine, Some(&pb)),
+        Some(f) => {
+            let faulty = Faulty::new(backend.clone(), f);
+            engine::run_with_oracle(&faulty, oracle, requests, engine, Some(&pb))
+        }
+    };
     pb.finish_and_clear();
     Report::new(&stats)
+}
+
+/// Runs `run`, with `exports` (if any) written from `pool` beside it;
+/// returns its report and what was exported (`None` without exports).
+fn exporting(
+    exports: Option<&Exports>,
+    pool: &Arc<BlockPool>,
+    run: impl FnOnce() -> Report,
+) -> (Report, Option<std::io::Result<Exported>>) {
+    match exports {
+        Some(x) => {
+            let (report, done) = x.around(pool, run);
+            (report, Some(done))
+        }
+        None => (run(), None),
+    }
+}
+
+fn sizing_lines(plan: &Plan) -> String {
+    match &plan.hybrid {
+        None => sizing_line(&plan.sizing),
+        Some(h) => format!(
+            "{}\n{} ({} layers of padding in the groups)\nall full: {}",
+            sizing_line(&plan.sizing),
+            "hybrid: one block table per group, a block is one group's layers",
+            h.layout.padding_layers,
+            sizing_line(&h.all_full)
+        ),
+    }
 }
 
 fn sizing_line(s: &Sizing) -> String {
@@ -767,8 +888,9 @@ fn settings_line(plan: &Plan) -> String {
     )
 }
 
-/// What the kvslots run exported, in words (a line of its own).
-fn exports_line(exports: &Exports, e: &Exported) -> String {
+/// What the kvslots run exported, in words (a line of its own; of a
+/// hybrid model, its hybrid run's).
+fn exports_line(exports: &Exports, e: &Exported, hybrid: bool) -> String {
     let mut parts = Vec::new();
     if let Some(path) = &exports.events {
         parts.push(format!(
@@ -786,7 +908,8 @@ fn exports_line(exports: &Exports, e: &Exported) -> String {
             path.display()
         ));
     }
-    format!("\nexports: {}", parts.join("; "))
+    let of = if hybrid { " (the hybrid run's)" } else { "" };
+    format!("\nexports{of}: {}", parts.join("; "))
 }
 
 fn settings_json(plan: &Plan) -> serde_json::Value {
@@ -858,53 +981,70 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
             return EXIT_BAD_INPUT;
         }
     };
-    let nb = plan.sizing.num_blocks;
-    let bs = plan.sizing.block_size;
+    // The runs: the model as given; for a hybrid model, then the same
+    // model as all full attention.
+    let mut layouts = vec![(&plan.sizing, plan.engine.clone(), plan.hybrid.is_some())];
+    if let Some(h) = &plan.hybrid {
+        layouts.push((&h.all_full, all_full_engine(&plan.engine), false));
+    }
     let mut reports = Vec::new();
     let mut exported: Option<std::io::Result<Exported>> = None;
-    for a in cli.allocators() {
-        let oracle = match Oracle::try_new(nb, bs) {
-            Ok(o) => o,
-            Err(e) => return refused(err, cli, "the simulated KV memory", &e),
-        };
-        let report = match a {
-            // The kvslots pool has the prefix cache only when the run uses
-            // it, and KV events only with `--events`.
-            Allocator::Kvslots => {
-                let builder = BlockPool::builder(nb, bs)
-                    .shards(plan.shards)
-                    .prefix_cache(plan.engine.prefix_cache);
-                let builder = match plan.events_capacity {
-                    Some(n) => builder.kv_events(n),
-                    None => builder,
-                };
-                match builder.build().map(KvslotsBackend::from_pool) {
-                    Ok(b) => {
-                        let pool = std::sync::Arc::clone(b.pool());
-                        let run = || match cli.plant_fault {
-                            None => run_one(&b, oracle, &plan),
-                            Some(f) => run_one(&Faulty::new(b.clone(), f), oracle, &plan),
-                        };
-                        if plan.exports.any() {
-                            let (report, done) = plan.exports.around(&pool, run);
-                            exported = Some(done);
-                            report
-                        } else {
-                            run()
+    for (i, (sizing, engine, hybrid)) in layouts.iter().enumerate() {
+        let (nb, bs) = (sizing.num_blocks, sizing.block_size);
+        let groups = engine.groups.clone();
+        for a in cli.allocators() {
+            let oracle = match Oracle::try_new(nb, bs) {
+                Ok(o) => o,
+                Err(e) => return refused(err, cli, "the simulated KV memory", &e),
+            };
+            let (reqs, fault) = (&plan.requests, cli.plant_fault);
+            let report = match a {
+                // The kvslots pool has the prefix cache only when the run
+                // uses it, and KV events only with `--events`; the exports
+                // are of the first layout's run (a hybrid model as given,
+                // not its all-full twin).
+                Allocator::Kvslots => {
+                    let exports = (i == 0 && plan.exports.any()).then_some(&plan.exports);
+                    let builder = BlockPool::builder(nb, bs)
+                        .shards(plan.shards)
+                        .prefix_cache(engine.prefix_cache);
+                    let builder = match plan.events_capacity {
+                        Some(n) if i == 0 => builder.kv_events(n),
+                        _ => builder,
+                    };
+                    let (report, done) = match builder.build() {
+                        Ok(p) if *hybrid => {
+                            let b = HybridKvslotsBackend::hybrid(p, groups.clone());
+                            let pool = Arc::clone(b.pool());
+                            exporting(exports, &pool, || run_one(&b, oracle, reqs, engine, fault))
                         }
+                        Ok(p) => {
+                            let b = KvslotsBackend::from_pool(p);
+                            let pool = Arc::clone(b.pool());
+                            exporting(exports, &pool, || run_one(&b, oracle, reqs, engine, fault))
+                        }
+                        Err(e) => return refused(err, cli, "the kvslots pool", &e),
+                    };
+                    if done.is_some() {
+                        exported = done;
                     }
-                    Err(e) => return refused(err, cli, "the kvslots pool", &e),
+                    report
                 }
-            }
-            Allocator::Mutex => match MutexBackend::try_new(nb, bs) {
-                Ok(b) => match cli.plant_fault {
-                    None => run_one(&b, oracle, &plan),
-                    Some(f) => run_one(&Faulty::new(b, f), oracle, &plan),
+                Allocator::Mutex => match MutexPool::try_new(nb, bs) {
+                    Ok(p) if *hybrid => {
+                        let b = HybridMutexBackend::hybrid(p, groups.clone());
+                        run_one(&b, oracle, reqs, engine, fault)
+                    }
+                    Ok(p) => run_one(&MutexBackend::from_pool(p), oracle, reqs, engine, fault),
+                    Err(e) => return refused(err, cli, "the mutex pool", &e),
                 },
-                Err(e) => return refused(err, cli, "the mutex pool", &e),
-            },
-        };
-        reports.push(report);
+            };
+            let mut report = report.with_block_bytes(sizing.bytes_per_block);
+            if i == 1 {
+                report.column = format!("{} all-full", report.allocator);
+            }
+            reports.push(report);
+        }
     }
     for r in &reports {
         for e in &r.errors {
@@ -922,47 +1062,59 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
             return EXIT_UNWRITTEN;
         }
     };
+    let per = cli.allocators().len();
     let written = if cli.json {
-        let value = match reports.as_slice() {
-            [one] => {
-                let mut v = serde_json::to_value(one).expect("a report serialises");
-                v["sizing"] = json!(plan.sizing);
-                v["workload"] = json!(plan.workload);
-                v["settings"] = settings_json(&plan);
-                if let Some(e) = &exported {
-                    v["exported"] = json!(e);
-                }
-                v
+        let mut value = match &plan.hybrid {
+            None => allocators_json(&reports),
+            Some(h) => {
+                let (hybrid, all_full) = reports.split_at(per);
+                json!({
+                    "all_full_sizing": h.all_full,
+                    "layout": {
+                        "groups": engine::layout_words(&h.layout.groups),
+                        "layers_per_group": h.layout.layers_per_group,
+                        "padding_layers": h.layout.padding_layers,
+                    },
+                    "hybrid": allocators_json(hybrid),
+                    "all_full": allocators_json(all_full),
+                    "hybrid_vs_all_full": {
+                        "kv_bytes_per_request": hybrid[0].kv_bytes_per_request
+                            / all_full[0].kv_bytes_per_request.max(f64::MIN_POSITIVE),
+                        "running_mean": hybrid[0].running_mean
+                            / all_full[0].running_mean.max(f64::MIN_POSITIVE),
+                        "running_peak": hybrid[0].running_peak as f64
+                            / all_full[0].running_peak.max(1) as f64,
+                        "wall": hybrid[0].wall_ms / all_full[0].wall_ms.max(f64::MIN_POSITIVE),
+                    },
+                    "invariants_ok": ok,
+                })
             }
-            [a, b] => json!({
-                "sizing": plan.sizing,
-                "workload": plan.workload,
-                "settings": settings_json(&plan),
-                "kvslots": a,
-                "mutex": b,
-                "exported": exported,
-                "ratios": {
-                    "alloc_ops_per_sec": a.alloc_ops_per_sec / b.alloc_ops_per_sec.max(f64::MIN_POSITIVE),
-                    "prefix_hit_rate": a.prefix_hit_rate / b.prefix_hit_rate.max(f64::MIN_POSITIVE),
-                    "append_p999": a.append_latency_ns.p999 as f64 / b.append_latency_ns.p999.max(1) as f64,
-                    "wall": a.wall_ms / b.wall_ms.max(f64::MIN_POSITIVE),
-                },
-                "invariants_ok": ok,
-            }),
-            _ => unreachable!("one or two runs"),
         };
+        value["sizing"] = json!(plan.sizing);
+        value["workload"] = json!(plan.workload);
+        value["settings"] = settings_json(&plan);
+        if let Some(e) = &exported {
+            value["exported"] = json!(e);
+        }
         writeln!(out, "{value}")
     } else {
+        let mut ratios = Vec::new();
+        if per == 2 {
+            ratios.push((0, 1, "kvslots/mutex".to_string()));
+        }
+        if plan.hybrid.is_some() {
+            ratios.push((0, per, "hybrid/all-full".to_string()));
+        }
         writeln!(
             out,
             "{}\n{}{}\n\n{}",
-            sizing_line(&plan.sizing),
+            sizing_lines(&plan),
             settings_line(&plan),
             exported
                 .as_ref()
-                .map(|e| exports_line(&plan.exports, e))
+                .map(|e| exports_line(&plan.exports, e, plan.hybrid.is_some()))
                 .unwrap_or_default(),
-            table(&reports)
+            table_with(&reports, &ratios)
         )
     }
     .and_then(|()| out.flush());
@@ -975,5 +1127,25 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
             let _ = writeln!(err, "kvslots-sim: error: cannot write the report: {e}");
             EXIT_UNWRITTEN
         }
+    }
+}
+
+/// The JSON of one layout's runs: one report, or with `--compare` both
+/// allocators' with their ratios.
+fn allocators_json(reports: &[Report]) -> serde_json::Value {
+    match reports {
+        [a, b] => json!({
+            "kvslots": a,
+            "mutex": b,
+            "ratios": {
+                "alloc_ops_per_sec": a.alloc_ops_per_sec / b.alloc_ops_per_sec.max(f64::MIN_POSITIVE),
+                "prefix_hit_rate": a.prefix_hit_rate / b.prefix_hit_rate.max(f64::MIN_POSITIVE),
+                "append_p999": a.append_latency_ns.p999 as f64 / b.append_latency_ns.p999.max(1) as f64,
+                "wall": a.wall_ms / b.wall_ms.max(f64::MIN_POSITIVE),
+            },
+            "invariants_ok": a.invariants_ok && b.invariants_ok,
+        }),
+        [one, ..] => serde_json::to_value(one).expect("a report serialises"),
+        [] => json!(null),
     }
 }

@@ -17,7 +17,9 @@ use kvslots::ReserveError;
 
 use kvslots::BlockHash;
 
-use crate::backend::{Appended, Forked, KvBackend, KvSeq, PrefixCounts};
+use kvslots::KvGroups;
+
+use crate::backend::{Copies, KvBackend, KvSeq, PrefixCounts};
 
 /// The occasion (counted over the whole run) at which a fault fires.
 pub const FIRE_AT: u64 = 50;
@@ -263,7 +265,7 @@ impl<S: KvSeq> FaultySeq<S> {
         let Some((i, block)) = self.alias else {
             return;
         };
-        let real = self.inner.as_ref().map_or(&[][..], |s| s.table());
+        let real = self.inner.as_ref().map_or(&[][..], |s| s.table(0));
         if i < real.len() {
             self.shown.clear();
             self.shown.extend_from_slice(real);
@@ -279,28 +281,40 @@ impl<S: KvSeq> Drop for FaultySeq<S> {
         self.state.forget(self.id, |_| false);
         // The lost reference's block goes back (the count is right again).
         self.state.lost_of(self.id, |lost| *lost = None);
-        let holds = self.inner.as_ref().is_some_and(|s| !s.table().is_empty());
+        let holds = self.inner.as_ref().is_some_and(|s| !s.table(0).is_empty());
         if holds && self.state.fires(Fault::Leak) {
             std::mem::forget(self.inner.take());
         }
     }
 }
 
+/// The faults act on group 0's table (the only one of a plain model);
+/// the other groups' tables pass through.
 impl<S: KvSeq> KvSeq for FaultySeq<S> {
     type Id = S::Id;
+    type Keys = S::Keys;
 
     fn index(id: S::Id) -> usize {
         S::index(id)
     }
+    fn is_null(id: S::Id) -> bool {
+        S::is_null(id)
+    }
     fn len(&self) -> usize {
         self.seq().len()
     }
-    fn table(&self) -> &[S::Id] {
-        if self.alias.is_some() {
+    fn groups(&self) -> usize {
+        self.seq().groups()
+    }
+    fn table(&self, group: usize) -> &[S::Id] {
+        if group == 0 && self.alias.is_some() {
             &self.shown
         } else {
-            self.seq().table()
+            self.seq().table(group)
         }
+    }
+    fn first_needed_block(&self, group: usize, len: usize) -> usize {
+        self.seq().first_needed_block(group, len)
     }
     fn capacity(&self) -> usize {
         self.seq().capacity()
@@ -320,7 +334,12 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
         self.refresh();
         r
     }
-    fn try_append(&mut self, n: usize) -> Result<Appended<S::Id>, ReserveError> {
+    fn try_append(
+        &mut self,
+        n: usize,
+        fence: Option<u64>,
+        copies: &mut Copies<S::Id>,
+    ) -> Result<Range<usize>, ReserveError> {
         let state = Arc::clone(&self.state);
         if n > 0 && state.fires(Fault::WorkerPanic) {
             panic!("planted fault: worker-panic inside try_append");
@@ -331,12 +350,12 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
                 std::thread::sleep(Duration::from_millis(100));
             }
         }
-        let held = self.seq().table().len();
-        let r = self.seq_mut().try_append(n);
+        let held = self.seq().table(0).len();
+        let r = self.seq_mut().try_append(n, fence, copies);
         self.refresh();
-        let grew = self.seq().table().len() > held;
+        let grew = self.seq().table(0).len() > held;
         if r.is_ok() && grew {
-            let first_new = self.seq().table()[held];
+            let first_new = self.seq().table(0)[held];
             let me = std::thread::current().id();
             let mut last = state.last_new.lock().unwrap_or_else(|e| e.into_inner());
             let mine = last.iter().position(|&(thread, _, _)| thread == me);
@@ -378,7 +397,7 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
         self.refresh();
         // On the sequence's own thread, the only one that hands its
         // recorded block to another sequence.
-        let table = self.seq().table();
+        let table = self.seq().table(0);
         self.state.forget(self.id, |block| table.contains(block));
         self.state.lost_of(self.id, |lost| {
             if lost.is_some_and(|l| !table.iter().any(|&id| S::index(id) == l.block)) {
@@ -389,13 +408,13 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
     }
     fn truncate_fenced(&mut self, len: usize, fence: u64) -> usize {
         let gives_back =
-            len < self.len() && len.div_ceil(self.state.block_size) < self.seq().table().len();
+            len < self.len() && len.div_ceil(self.state.block_size) < self.seq().table(0).len();
         if gives_back && self.state.fires(Fault::EarlyRelease) {
             return self.truncate(len);
         }
         let r = self.seq_mut().truncate_fenced(len, fence);
         self.refresh();
-        let table = self.seq().table();
+        let table = self.seq().table(0);
         self.state.forget(self.id, |block| table.contains(block));
         self.state.lost_of(self.id, |lost| {
             if lost.is_some_and(|l| !table.iter().any(|&id| S::index(id) == l.block)) {
@@ -410,7 +429,7 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
     fn retire_copy_source(&mut self, fence: u64) -> usize {
         self.seq_mut().retire_copy_source(fence)
     }
-    fn try_fork(&self) -> Result<Forked<Self, S::Id>, ReserveError> {
+    fn try_fork(&self, copies: &mut Copies<S::Id>) -> Result<Self, ReserveError> {
         // The parent's blocks are shared from now on.
         self.state.forget(self.id, |_| false);
         self.state.lost_of(self.id, |lost| {
@@ -418,29 +437,43 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
             // Relaxed: as in `State::due`.
             self.state.fired.store(false, Ordering::Relaxed);
         });
-        let (child, copy) = self.seq().try_fork()?;
+        let before = copies.len();
+        let child = self.seq().try_fork(copies)?;
         let mut child = FaultySeq::new(child, Arc::clone(&self.state));
         let bs = self.state.block_size;
         let len = self.len();
         if !len.is_multiple_of(bs) && self.state.fires(Fault::SharedForkTail) {
-            // Share the parent's partly filled tail instead of the copy.
-            child.set_alias(len / bs, self.table()[len / bs]);
-            return Ok((child, None));
+            // Share the parent's partly filled tail (group 0's) instead of
+            // the copy.
+            child.set_alias(len / bs, self.table(0)[len / bs]);
+            let mut i = before;
+            while i < copies.len() {
+                if copies[i].0 == 0 {
+                    copies.remove(i);
+                } else {
+                    i += 1;
+                }
+            }
         }
-        Ok((child, copy))
+        Ok(child)
     }
-    fn extend_slots(&self, positions: Range<usize>, out: &mut Vec<usize>) -> Result<(), String> {
+    fn extend_slots(
+        &self,
+        group: usize,
+        positions: Range<usize>,
+        out: &mut Vec<usize>,
+    ) -> Result<(), String> {
         let last = positions
             .end
             .checked_sub(1)
             .filter(|_| !positions.is_empty());
-        self.seq().extend_slots(positions, out)?;
+        self.seq().extend_slots(group, positions, out)?;
         self.state.lost_of(self.id, |lost| {
             if let Some(l) = lost {
                 l.shown = true;
             }
         });
-        if last.is_some() && self.state.fires(Fault::ShortAppend) {
+        if group == 0 && last.is_some() && self.state.fires(Fault::ShortAppend) {
             // The last position gets the same offset in the next block.
             let (bs, nb) = (self.state.block_size, self.state.num_blocks);
             if let Some(slot) = out.last_mut() {
@@ -449,15 +482,21 @@ impl<S: KvSeq> KvSeq for FaultySeq<S> {
         }
         Ok(())
     }
-    fn try_match_prefix(&mut self, hashes: &[BlockHash]) -> usize {
-        let k = self.seq_mut().try_match_prefix(hashes);
+    fn key_blocks(keys: &S::Keys) -> usize {
+        S::key_blocks(keys)
+    }
+    fn clear_keys(keys: &mut S::Keys) {
+        S::clear_keys(keys);
+    }
+    fn try_match_prefix(&mut self, keys: &S::Keys) -> usize {
+        let k = self.seq_mut().try_match_prefix(keys);
         self.refresh();
         k
     }
-    fn publish(&mut self, hashes: &[BlockHash]) -> usize {
+    fn publish(&mut self, keys: &S::Keys) -> usize {
         // Published blocks may be matched by other sequences from now on.
         self.state.forget(self.id, |_| false);
-        self.seq_mut().publish(hashes)
+        self.seq_mut().publish(keys)
     }
 }
 
@@ -502,6 +541,15 @@ impl<B: KvBackend> KvBackend for Faulty<B> {
     }
     fn new_seq(&self, tokens: usize) -> FaultySeq<B::Seq> {
         FaultySeq::new(self.inner.new_seq(tokens), Arc::clone(&self.state))
+    }
+    fn new_keys(&self) -> <B::Seq as KvSeq>::Keys {
+        self.inner.new_keys()
+    }
+    fn extend_keys(&self, keys: &mut <B::Seq as KvSeq>::Keys, base: &[BlockHash]) {
+        self.inner.extend_keys(keys, base);
+    }
+    fn kv_groups(&self) -> &KvGroups {
+        self.inner.kv_groups()
     }
     fn complete(&self, fence: u64) -> usize {
         self.inner.complete(fence)

@@ -3,6 +3,15 @@
 //! KV bytes per token = 2 (a key and a value) x layers x KV heads x head
 //! dimension x bytes per element; blocks = memory / (bytes per token x block
 //! size), rounded down.
+//!
+//! A hybrid preset (Gemma 3 27B, gpt-oss-20b) has sliding-window layers
+//! beside its full-attention ones. Its layers are grouped as vLLM groups
+//! them ([`layout`]): the smallest number of layers of one kind is the
+//! group size (the largest, if it is less than 1.5 times the smallest),
+//! each kind's layers are cut into groups of that size (the last one padded
+//! to it), and a block holds one group's layers for `block_size` tokens.
+//! So its pool is sized at the group size's bytes per token, and every
+//! sequence holds one table per group.
 
 use std::fmt;
 
@@ -24,6 +33,77 @@ pub enum ModelPreset {
     /// Qwen2 7B: 28 layers, 4 KV heads, head dim 128, 2-byte KV.
     #[value(name = "qwen2-7b")]
     Qwen2_7b,
+    /// Gemma 3 27B: 62 layers, 16 KV heads, head dim 128, 2-byte KV; five
+    /// sliding-window layers (window 1024) to one global, 52 and 10.
+    #[value(name = "gemma-3-27b")]
+    Gemma3_27b,
+    /// gpt-oss-20b: 24 layers, 8 KV heads, head dim 64, 2-byte KV;
+    /// sliding-window (window 128) and full layers alternating, 12 and 12.
+    #[value(name = "gpt-oss-20b")]
+    GptOss20b,
+}
+
+/// The attention of one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LayerKind {
+    /// Full (global) attention.
+    Full,
+    /// Sliding-window attention over this many tokens (the token itself
+    /// included).
+    Sliding(usize),
+}
+
+/// How a model's layers are grouped into one pool's block tables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// The groups, in order: the full ones, then the sliding ones (by
+    /// window).
+    pub groups: kvslots::KvGroups,
+    /// Layers a group (and so a block) holds.
+    pub layers_per_group: u64,
+    /// Layers of padding in the last group of each kind (memory the
+    /// grouping wastes).
+    pub padding_layers: u64,
+}
+
+/// vLLM's grouping of `kinds` (see the module's docs).
+///
+/// # Panics
+///
+/// Panics if `kinds` is empty.
+pub fn layout(kinds: &[LayerKind]) -> Layout {
+    assert!(!kinds.is_empty(), "a model has layers");
+    let mut counts: Vec<(LayerKind, u64)> = Vec::new();
+    for &k in kinds {
+        match counts.iter_mut().find(|(kind, _)| *kind == k) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((k, 1)),
+        }
+    }
+    // Full first, then sliding by window, as the groups are listed.
+    counts.sort_by_key(|&(k, _)| match k {
+        LayerKind::Full => 0,
+        LayerKind::Sliding(w) => w.saturating_add(1),
+    });
+    let min = counts.iter().map(|&(_, n)| n).min().unwrap_or(1);
+    let max = counts.iter().map(|&(_, n)| n).max().unwrap_or(1);
+    let size = if 2 * max < 3 * min { max } else { min };
+    let mut groups = Vec::new();
+    let mut padding = 0;
+    for &(k, n) in &counts {
+        let g = n.div_ceil(size);
+        padding += g * size - n;
+        let kind = match k {
+            LayerKind::Full => kvslots::KvGroup::Full,
+            LayerKind::Sliding(window_tokens) => kvslots::KvGroup::SlidingWindow { window_tokens },
+        };
+        groups.extend((0..g).map(|_| kind));
+    }
+    Layout {
+        groups: kvslots::KvGroups::new(groups).expect("a window of at least 1, few groups"),
+        layers_per_group: size,
+        padding_layers: padding,
+    }
 }
 
 /// The KV-cache shape of one model.
@@ -51,19 +131,57 @@ impl ModelShape {
 }
 
 impl ModelPreset {
-    /// The preset's KV-cache shape.
+    /// The preset's KV-cache shape (every layer).
     pub fn shape(self) -> ModelShape {
-        let (layers, kv_heads) = match self {
-            ModelPreset::Llama3_8b => (32, 8),
-            ModelPreset::Llama3_70b => (80, 8),
-            ModelPreset::Mistral7b => (32, 8),
-            ModelPreset::Qwen2_7b => (28, 4),
+        let (layers, kv_heads, head_dim) = match self {
+            ModelPreset::Llama3_8b => (32, 8, 128),
+            ModelPreset::Llama3_70b => (80, 8, 128),
+            ModelPreset::Mistral7b => (32, 8, 128),
+            ModelPreset::Qwen2_7b => (28, 4, 128),
+            ModelPreset::Gemma3_27b => (62, 16, 128),
+            ModelPreset::GptOss20b => (24, 8, 64),
         };
         ModelShape {
             layers,
             kv_heads,
-            head_dim: 128,
+            head_dim,
             bytes_per_elem: 2,
+        }
+    }
+
+    /// Each layer's attention, in order; `None` for a model of full
+    /// attention only.
+    ///
+    /// Gemma 3 27B (`sliding_window` 1024, `sliding_window_pattern` 6):
+    /// layers 6, 12, ..., 60 (counted from 1) are global, the others
+    /// local. gpt-oss-20b (`sliding_window` 128, `layer_types`): the even
+    /// layers (counted from 0) slide, the odd ones are full.
+    pub fn layer_kinds(self) -> Option<Vec<LayerKind>> {
+        let layers = self.shape().layers as usize;
+        match self {
+            ModelPreset::Gemma3_27b => Some(
+                (0..layers)
+                    .map(|i| {
+                        if (i + 1) % 6 == 0 {
+                            LayerKind::Full
+                        } else {
+                            LayerKind::Sliding(1024)
+                        }
+                    })
+                    .collect(),
+            ),
+            ModelPreset::GptOss20b => Some(
+                (0..layers)
+                    .map(|i| {
+                        if i % 2 == 0 {
+                            LayerKind::Sliding(128)
+                        } else {
+                            LayerKind::Full
+                        }
+                    })
+                    .collect(),
+            ),
+            _ => None,
         }
     }
 
@@ -74,6 +192,8 @@ impl ModelPreset {
             ModelPreset::Llama3_70b => "llama-3-70b",
             ModelPreset::Mistral7b => "mistral-7b",
             ModelPreset::Qwen2_7b => "qwen2-7b",
+            ModelPreset::Gemma3_27b => "gemma-3-27b",
+            ModelPreset::GptOss20b => "gpt-oss-20b",
         }
     }
 }
@@ -195,6 +315,61 @@ mod tests {
         );
         assert_eq!(ModelPreset::Mistral7b.shape().kv_bytes_per_token(), 131_072);
         assert_eq!(ModelPreset::Qwen2_7b.shape().kv_bytes_per_token(), 57_344);
+    }
+
+    #[test]
+    fn hybrid_presets_follow_their_published_configs() {
+        let gemma = ModelPreset::Gemma3_27b;
+        // 62 layers x 16 KV heads x head dim 128 x 2 (K and V) x 2 bytes.
+        assert_eq!(gemma.shape().kv_bytes_per_token(), 62 * 8192);
+        let kinds = gemma.layer_kinds().unwrap();
+        assert_eq!(kinds.len(), 62);
+        assert_eq!(kinds.iter().filter(|k| **k == LayerKind::Full).count(), 10);
+        assert_eq!(kinds[5], LayerKind::Full);
+        assert_eq!(kinds[4], LayerKind::Sliding(1024));
+        let l = layout(&kinds);
+        // Groups of 10 layers: 1 full, 6 sliding (52 layers, 8 of padding).
+        assert_eq!((l.layers_per_group, l.padding_layers), (10, 8));
+        assert_eq!(l.groups.len(), 7);
+        assert_eq!(l.groups.get(0), Some(kvslots::KvGroup::Full));
+
+        let oss = ModelPreset::GptOss20b;
+        assert_eq!(oss.shape().kv_bytes_per_token(), 24 * 2048);
+        let kinds = oss.layer_kinds().unwrap();
+        assert_eq!(
+            (kinds[0], kinds[1]),
+            (LayerKind::Sliding(128), LayerKind::Full)
+        );
+        let l = layout(&kinds);
+        assert_eq!(
+            (l.layers_per_group, l.padding_layers, l.groups.len()),
+            (12, 0, 2)
+        );
+        assert!(ModelPreset::Llama3_8b.layer_kinds().is_none());
+    }
+
+    #[test]
+    fn vllm_grouping_pads_and_takes_the_larger_count_when_close() {
+        let kinds = |full: usize, sliding: usize| {
+            let mut k = vec![LayerKind::Full; full];
+            k.extend(vec![LayerKind::Sliding(8); sliding]);
+            k
+        };
+        // 10 full, 20 sliding: groups of 10, no padding.
+        let l = layout(&kinds(10, 20));
+        assert_eq!(
+            (l.layers_per_group, l.padding_layers, l.groups.len()),
+            (10, 0, 3)
+        );
+        // 10 and 14 (14 < 15): one group of 14 each, 4 of padding.
+        let l = layout(&kinds(10, 14));
+        assert_eq!(
+            (l.layers_per_group, l.padding_layers, l.groups.len()),
+            (14, 4, 2)
+        );
+        // One kind: one group.
+        let l = layout(&kinds(32, 0));
+        assert_eq!((l.layers_per_group, l.groups.len()), (32, 1));
     }
 
     #[test]

@@ -107,8 +107,11 @@ use crate::backend::{BlockCopy, KvBackend, KvSeq};
 /// Who wrote a slot: the fields of a stamp.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stamp {
-    /// The request's id (kept modulo 2^24).
+    /// The request's id (kept modulo 2^20).
     pub request: usize,
+    /// The group of layers whose table the slot was written through (0 for
+    /// a plain model; modulo 16).
+    pub group: usize,
     /// The sample (0 for the parent; modulo 256).
     pub sample: usize,
     /// How many times the request was preempted before (modulo 256).
@@ -118,11 +121,12 @@ pub struct Stamp {
 }
 
 const WRITTEN: u64 = 1 << 63;
-/// Set (with `WRITTEN`) in a content stamp: a content id's low 40 bits, then
-/// the position.
+/// Set (with `WRITTEN`) in a content stamp: a content id's low 36 bits,
+/// the group, then the position.
 const CONTENT: u64 = 1 << 62;
-const CONTENT_BITS: u32 = 40;
-const REQUEST_BITS: u32 = 24;
+const CONTENT_BITS: u32 = 36;
+const REQUEST_BITS: u32 = 20;
+const GROUP_BITS: u32 = 4;
 const POSITION_BITS: u32 = 22;
 
 impl Stamp {
@@ -131,7 +135,8 @@ impl Stamp {
     #[inline]
     pub fn pack(self) -> u64 {
         WRITTEN
-            | (self.request as u64 & ((1 << REQUEST_BITS) - 1)) << 38
+            | (self.request as u64 & ((1 << REQUEST_BITS) - 1)) << 42
+            | (self.group as u64 & ((1 << GROUP_BITS) - 1)) << 38
             | (self.sample as u64 & 0xff) << 30
             | u64::from(self.attempt & 0xff) << POSITION_BITS
             | (self.position as u64 & ((1 << POSITION_BITS) - 1))
@@ -141,36 +146,50 @@ impl Stamp {
     /// content stamp.
     pub fn unpack(raw: u64) -> Option<Stamp> {
         (raw & (WRITTEN | CONTENT) == WRITTEN).then_some(Stamp {
-            request: ((raw >> 38) & ((1 << REQUEST_BITS) - 1)) as usize,
+            request: ((raw >> 42) & ((1 << REQUEST_BITS) - 1)) as usize,
+            group: ((raw >> 38) & ((1 << GROUP_BITS) - 1)) as usize,
             sample: ((raw >> 30) & 0xff) as usize,
             attempt: ((raw >> POSITION_BITS) & 0xff) as u32,
             position: (raw & ((1 << POSITION_BITS) - 1)) as usize,
         })
     }
 
-    /// The content stamp of `position` in a trace block whose content id
-    /// is `content`.
+    /// The content stamp of `position`, written through group `group`'s
+    /// table, in a trace block whose content id is `content`.
     #[inline]
-    pub fn content(content: u64, position: usize) -> u64 {
+    pub fn content(content: u64, group: usize, position: usize) -> u64 {
         WRITTEN
             | CONTENT
-            | (content & ((1 << CONTENT_BITS) - 1)) << POSITION_BITS
+            | (content & ((1 << CONTENT_BITS) - 1)) << (GROUP_BITS + POSITION_BITS)
+            | (group as u64 & ((1 << GROUP_BITS) - 1)) << POSITION_BITS
             | (position as u64 & ((1 << POSITION_BITS) - 1))
     }
 
     fn describe(raw: u64) -> String {
+        let group = |g: u64| {
+            if g == 0 {
+                String::new()
+            } else {
+                format!(" group {g}")
+            }
+        };
         if raw & (WRITTEN | CONTENT) == WRITTEN | CONTENT {
             return format!(
-                "the content stamp of content {:#x} position {}",
-                (raw >> POSITION_BITS) & ((1 << CONTENT_BITS) - 1),
+                "the content stamp of content {:#x}{} position {}",
+                (raw >> (GROUP_BITS + POSITION_BITS)) & ((1 << CONTENT_BITS) - 1),
+                group((raw >> POSITION_BITS) & ((1 << GROUP_BITS) - 1)),
                 raw & ((1 << POSITION_BITS) - 1)
             );
         }
         match Stamp::unpack(raw) {
             None => "a slot never written".to_string(),
             Some(s) => format!(
-                "the stamp of request {} sample {} attempt {} position {}",
-                s.request, s.sample, s.attempt, s.position
+                "the stamp of request {}{} sample {} attempt {} position {}",
+                s.request,
+                group(s.group as u64),
+                s.sample,
+                s.attempt,
+                s.position
             ),
         }
     }
@@ -192,11 +211,13 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// The stamp position `position` of this sequence must hold.
+    /// The stamp position `position` of this sequence must hold in group
+    /// `group`.
     #[inline]
-    pub fn stamp(&self, position: usize) -> u64 {
+    pub fn stamp(&self, group: usize, position: usize) -> u64 {
         Stamp {
             request: self.request,
+            group,
             sample: if position < self.fork_len {
                 0
             } else {
@@ -209,12 +230,14 @@ impl Writer {
     }
 }
 
-/// The oracle's record of one live sequence: who it writes as, and its
-/// table as the shadow counts it.
+/// The oracle's record of one live sequence's table in one group of
+/// layers: who it writes as, and the table as the shadow counts it.
 #[derive(Debug, Clone)]
 pub struct Tracked<Id> {
     /// Who writes this sequence's positions.
     pub writer: Writer,
+    /// The group of layers whose table this is (0 for a plain model).
+    pub group: usize,
     /// The content id of each cacheable (full) trace block of the prompt:
     /// its positions get content stamps (empty without prefix caching).
     content: Arc<[u64]>,
@@ -226,6 +249,9 @@ pub struct Tracked<Id> {
     /// A block a copy-on-write replaced, which the sequence still holds
     /// until its next call.
     retired: Option<Id>,
+    /// The entries a sliding window is giving back in the call under way
+    /// (for [`Oracle::keep_window`] if it is refused).
+    leaving: Vec<(usize, Id)>,
 }
 
 impl<Id: Copy> Tracked<Id> {
@@ -239,11 +265,27 @@ impl<Id: Copy> Tracked<Id> {
     pub fn with_content(writer: Writer, content: Arc<[u64]>) -> Self {
         Tracked {
             writer,
+            group: 0,
             content,
             shared: 0,
             table: Vec::new(),
             retired: None,
+            leaving: Vec::new(),
         }
+    }
+
+    /// The records of a sequence's `groups` tables: this one's writer and
+    /// content, group `g`'s table (empty) for each `g`.
+    pub fn groups(self, groups: usize) -> Vec<Self>
+    where
+        Id: Clone,
+    {
+        (0..groups)
+            .map(|group| Tracked {
+                group,
+                ..self.clone()
+            })
+            .collect()
     }
 
     /// Records that the first `entries` table entries may be held by other
@@ -256,10 +298,12 @@ impl<Id: Copy> Tracked<Id> {
     pub fn forked(&self, writer: Writer) -> Self {
         Tracked {
             writer,
+            group: self.group,
             content: Arc::clone(&self.content),
             shared: self.shared,
             table: Vec::new(),
             retired: None,
+            leaving: Vec::new(),
         }
     }
 
@@ -268,14 +312,22 @@ impl<Id: Copy> Tracked<Id> {
     #[inline]
     pub fn stamp(&self, position: usize) -> u64 {
         match self.content.get(position / crate::prefix::TRACE_BLOCK) {
-            Some(&c) => Stamp::content(c, position),
-            None => self.writer.stamp(position),
+            Some(&c) => Stamp::content(c, self.group, position),
+            None => self.writer.stamp(self.group, position),
         }
     }
 
     /// The table as the shadow counts it.
     pub fn table(&self) -> &[Id] {
         &self.table
+    }
+}
+
+impl<Id: Copy> Tracked<Id> {
+    /// The leading null entries of the table (blocks its sliding window
+    /// gave back), given `is_null`.
+    pub fn null_entries(&self, is_null: impl Fn(Id) -> bool) -> usize {
+        self.table.iter().take_while(|&&id| is_null(id)).count()
     }
 }
 
@@ -382,7 +434,8 @@ impl Oracle {
         let retired = t.retired.map(B::Seq::index);
         let mut first = self.release_retired(backend, t).map(|_| ());
         let entries = t.table.iter().enumerate().skip(keep);
-        for (i, block) in entries.map(|(i, &id)| (i, B::Seq::index(id))) {
+        let held = entries.filter(|&(_, &id)| !B::Seq::is_null(id));
+        for (i, block) in held.map(|(i, &id)| (i, B::Seq::index(id))) {
             let shared = i < t.shared;
             let checked = self.check_and_lower(backend, &t.writer, block, i, shared);
             if first.is_ok() {
@@ -573,7 +626,7 @@ impl Oracle {
         from: usize,
         copy: Option<BlockCopy<B::Id>>,
     ) -> Result<(), String> {
-        let new = seq.table();
+        let new = seq.table(t.group);
         let w = &t.writer;
         // Entries before `from` are compared once, by `same_table`, before
         // the sequence is dropped (comparing them at every call would cost
@@ -603,7 +656,7 @@ impl Oracle {
             }
         }
         for (i, &id) in new.iter().enumerate().skip(from) {
-            if t.table.get(i) == Some(&id) {
+            if t.table.get(i) == Some(&id) || B::Seq::is_null(id) {
                 continue;
             }
             let block = B::Seq::index(id);
@@ -652,16 +705,96 @@ impl Oracle {
 
     /// Checks that the sequence's table is the one the shadow counts.
     pub fn same_table<S: KvSeq>(&self, t: &Tracked<S::Id>, seq: &S) -> Result<(), String> {
-        if seq.table() == t.table() {
+        if seq.table(t.group) == t.table() {
             return Ok(());
         }
         Err(format!(
-            "request {} sample {}: the table holds {:?}, the calls made it {:?}",
+            "request {} sample {} group {}: the table holds {:?}, the calls made it {:?}",
             t.writer.request,
             t.writer.sample,
-            seq.table(),
+            t.group,
+            seq.table(t.group),
             t.table()
         ))
+    }
+
+    /// Checks and lowers the shadow for the blocks a sliding window is
+    /// about to give back in an append (table entries from the first one
+    /// still held up to `upto`), and returns how many. Call it before the
+    /// append; then [`window_gone`](Self::window_gone) once it succeeded,
+    /// or [`keep_window`](Self::keep_window) if it was refused.
+    pub fn before_window<B: KvBackend>(
+        &self,
+        backend: &B,
+        t: &mut Tracked<B::Id>,
+        upto: usize,
+    ) -> (usize, Result<(), String>) {
+        t.leaving.clear();
+        let upto = upto.min(t.table.len());
+        let from = t.null_entries(B::Seq::is_null).min(upto);
+        let mut first = Ok(());
+        for i in from..upto {
+            let id = t.table[i];
+            let block = B::Seq::index(id);
+            let shared = i < t.shared;
+            let checked = self.check_and_lower(backend, &t.writer, block, i, shared);
+            if first.is_ok() {
+                first = checked;
+            }
+            t.leaving.push((i, id));
+        }
+        (t.leaving.len(), first)
+    }
+
+    /// After an append that succeeded: the entries
+    /// [`before_window`](Self::before_window) counted out must be null in
+    /// the sequence's table, as they become in the shadow's; with
+    /// `fenced`, the step's list, their references are in flight under
+    /// the step's fence.
+    pub fn window_gone<S: KvSeq>(
+        &self,
+        t: &mut Tracked<S::Id>,
+        seq: &S,
+        mut fenced: Option<&mut Vec<FencedRef>>,
+    ) -> Result<(), String> {
+        let new = seq.table(t.group);
+        let mut first = Ok(());
+        for &(i, id) in &t.leaving {
+            if let Some(list) = fenced.as_deref_mut() {
+                self.fly(S::index(id), i < t.shared, list);
+            }
+            match new.get(i) {
+                Some(&now) if S::is_null(now) => t.table[i] = now,
+                _ => {
+                    if first.is_ok() {
+                        first = Err(format!(
+                            "request {} sample {} group {}: table entry {i} (block {}) left the \
+                             window but the table still holds {:?}",
+                            t.writer.request,
+                            t.writer.sample,
+                            t.group,
+                            S::index(id),
+                            new.get(i)
+                        ));
+                    }
+                }
+            }
+        }
+        t.leaving.clear();
+        first
+    }
+
+    /// Undoes [`before_window`](Self::before_window) after the append was
+    /// refused (a refused append gives nothing back): the shadow's counts
+    /// come back.
+    pub fn keep_window<S: KvSeq>(&self, t: &mut Tracked<S::Id>) {
+        for &(_, id) in &t.leaving {
+            if let Some(h) = self.holders.get(S::index(id)) {
+                // Relaxed: see the module's orderings.
+                h.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        t.leaving.clear();
     }
 
     /// Checks that the table holds exactly `want` blocks.
@@ -792,10 +925,10 @@ impl Oracle {
         let mut pos = positions.start;
         while pos < positions.end {
             let (entry, offset) = (pos / bs, pos % bs);
-            let Some(&id) = t.table.get(entry) else {
+            let Some(&id) = t.table.get(entry).filter(|&&id| !S::is_null(id)) else {
                 return Err(format!(
-                    "request {} sample {} position {pos}: no block in the table",
-                    t.writer.request, t.writer.sample
+                    "request {} sample {} group {} position {pos}: no block in the table",
+                    t.writer.request, t.writer.sample, t.group
                 ));
             };
             let block = S::index(id);
@@ -849,6 +982,7 @@ mod tests {
     fn stamps_round_trip_and_zero_is_unwritten() {
         let s = Stamp {
             request: 12345,
+            group: 6,
             sample: 3,
             attempt: 2,
             position: 4095,
@@ -861,8 +995,15 @@ mod tests {
             attempt: 0,
             fork_len: 10,
         };
-        assert_eq!(Stamp::unpack(w.stamp(9)).unwrap().sample, 0);
-        assert_eq!(Stamp::unpack(w.stamp(10)).unwrap().sample, 2);
+        assert_eq!(Stamp::unpack(w.stamp(0, 9)).unwrap().sample, 0);
+        assert_eq!(Stamp::unpack(w.stamp(0, 10)).unwrap().sample, 2);
+        // The group tells stamps apart: a slot written through another
+        // group's table reads back wrong.
+        assert_ne!(w.stamp(1, 10), w.stamp(0, 10));
+        assert_eq!(Stamp::unpack(w.stamp(3, 10)).unwrap().group, 3);
+        assert_ne!(Stamp::content(5, 0, 10), Stamp::content(5, 1, 10));
+        assert!(Stamp::describe(w.stamp(3, 10)).contains("request 7 group 3 sample 2"));
+        assert!(Stamp::describe(Stamp::content(5, 2, 10)).contains("group 2 position 10"));
     }
 
     use crate::backend::{KvBackend, KvslotsBackend};
@@ -896,7 +1037,7 @@ mod tests {
             table: t.table.clone(),
             ..Tracked::new(writer(9))
         };
-        o.stamps[slots[5]].store(other.writer.stamp(5), Ordering::Relaxed);
+        o.stamps[slots[5]].store(other.writer.stamp(0, 5), Ordering::Relaxed);
         let block = t.table[1].index();
         let err = o.read::<kvslots::Sequence>(&t, 0..6).unwrap_err();
         assert!(err.contains("request 7 sample 0 position 5"), "{err}");
@@ -972,8 +1113,9 @@ mod tests {
         parent.try_append(8).unwrap();
         let mut pt = Tracked::new(writer(1));
         o.after_call(&b, &mut pt, &parent, 0, None).unwrap();
-        let (mut child, copy) = KvSeq::try_fork(&parent).unwrap();
-        assert!(copy.is_none());
+        let mut copies = Vec::new();
+        let mut child = KvSeq::try_fork(&parent, &mut copies).unwrap();
+        assert!(copies.is_empty());
         let mut ct = Tracked {
             writer: Writer {
                 sample: 1,
@@ -988,15 +1130,15 @@ mod tests {
         o.before_release(&b, &mut ct, 2).unwrap();
         KvSeq::truncate(&mut child, 6);
         let shared = ct.table[1];
-        let (_, copy) = KvSeq::try_append(&mut child, 1).unwrap();
-        let c = copy.expect("a copy-on-write");
-        assert_eq!(c.src, shared);
-        o.after_call(&b, &mut ct, &child, 1, copy).unwrap();
+        KvSeq::try_append(&mut child, 1, None, &mut copies).unwrap();
+        let (group, c) = copies[0];
+        assert_eq!((group, c.src), (0, shared));
+        o.after_call(&b, &mut ct, &child, 1, Some(c)).unwrap();
         assert_eq!(ct.retired, Some(shared));
         // A refused append gives nothing back: the shadow counts it again.
         let retired = o.release_retired(&b, &mut ct).unwrap();
         assert_eq!(retired, Some(shared));
-        assert!(KvSeq::try_append(&mut child, 100).is_err());
+        assert!(KvSeq::try_append(&mut child, 100, None, &mut copies).is_err());
         o.keep_retired::<kvslots::Sequence>(&mut ct, retired);
         assert_eq!(o.holders[shared.index()].load(Ordering::Relaxed), 2);
         o.before_release(&b, &mut ct, 0).unwrap();

@@ -38,6 +38,24 @@ pub struct OpReport {
 pub struct Report {
     /// `kvslots` or `mutex`.
     pub allocator: String,
+    /// The column's title in the table: the allocator, and for a hybrid
+    /// model's run as all full attention, `all-full` after it.
+    #[serde(skip)]
+    pub column: String,
+    /// The groups of layers of the sequences (`1 full` for a plain model).
+    pub layout: String,
+    /// Requests running at once (admitted and not completed or
+    /// preempted, over all workers), averaged over the workers' samples
+    /// (one a step).
+    pub running_mean: f64,
+    /// The most requests running at once.
+    pub running_peak: usize,
+    /// The pool's blocks in use per running request, averaged over the
+    /// same samples (blocks in use over requests running).
+    pub kv_blocks_per_request: f64,
+    /// `kv_blocks_per_request` in bytes of KV memory (the sizing's bytes a
+    /// block).
+    pub kv_bytes_per_request: f64,
     /// Worker threads.
     pub workers: usize,
     /// Requests in the workload.
@@ -94,8 +112,23 @@ impl Report {
                 o.busy_ns as f64 / o.calls as f64
             },
         };
+        let c = &s.counts;
         Report {
             allocator: s.allocator.to_string(),
+            column: s.allocator.to_string(),
+            layout: s.layout.clone(),
+            running_mean: if c.occupancy_samples == 0 {
+                0.0
+            } else {
+                c.running_sum as f64 / c.occupancy_samples as f64
+            },
+            running_peak: s.running_peak,
+            kv_blocks_per_request: if c.running_sum == 0 {
+                0.0
+            } else {
+                c.used_blocks_sum as f64 / c.running_sum as f64
+            },
+            kv_bytes_per_request: 0.0,
             workers: s.workers,
             requests: s.requests,
             counts: s.counts,
@@ -147,6 +180,19 @@ fn thousands(n: u64) -> String {
     out
 }
 
+impl Report {
+    /// Sets [`kv_bytes_per_request`](Self::kv_bytes_per_request) from the
+    /// pool's bytes a block.
+    pub fn with_block_bytes(mut self, bytes_per_block: u64) -> Report {
+        self.kv_bytes_per_request = self.kv_blocks_per_request * bytes_per_block as f64;
+        self
+    }
+}
+
+fn mib(bytes: f64) -> String {
+    format!("{:.1} MiB", bytes / (1u64 << 20) as f64)
+}
+
 fn ns(v: u64) -> String {
     if v >= 10_000_000 {
         format!("{:.1} ms", v as f64 / 1e6)
@@ -163,6 +209,22 @@ fn rows(r: &Report) -> Vec<(&'static str, String, Option<f64>)> {
     let l = &r.append_latency_ns;
     let c = &r.counts;
     vec![
+        ("layout (groups of layers)", r.layout.clone(), None),
+        (
+            "requests running at once (mean)",
+            format!("{:.1}", r.running_mean),
+            Some(r.running_mean),
+        ),
+        (
+            "requests running at once (peak)",
+            thousands(r.running_peak as u64),
+            Some(r.running_peak as f64),
+        ),
+        (
+            "KV memory per running request",
+            mib(r.kv_bytes_per_request),
+            Some(r.kv_bytes_per_request),
+        ),
         ("requests completed", thousands(c.requests_completed), None),
         (
             "requests rejected (never fit)",
@@ -254,28 +316,35 @@ fn rows(r: &Report) -> Vec<(&'static str, String, Option<f64>)> {
 /// The table for one or more runs side by side; with two runs, a last
 /// column gives the first divided by the second.
 pub fn table(reports: &[Report]) -> String {
+    let ratios: Vec<(usize, usize, String)> = match reports {
+        [a, b] => vec![(0, 1, format!("{}/{}", a.column, b.column))],
+        _ => Vec::new(),
+    };
+    table_with(reports, &ratios)
+}
+
+/// The table for runs side by side, with a ratio column for each `(i, j,
+/// title)`: report `i`'s figure divided by report `j`'s.
+pub fn table_with(reports: &[Report], ratios: &[(usize, usize, String)]) -> String {
     let all: Vec<_> = reports.iter().map(rows).collect();
     let label_w = all
         .first()
         .map(|r| r.iter().map(|(l, _, _)| l.len()).max().unwrap_or(0))
         .unwrap_or(0);
-    let mut col_w: Vec<usize> = reports.iter().map(|r| r.allocator.len()).collect();
+    let mut col_w: Vec<usize> = reports.iter().map(|r| r.column.len()).collect();
     for (i, rs) in all.iter().enumerate() {
         for (_, cell, _) in rs {
             col_w[i] = col_w[i].max(cell.len());
         }
     }
-    let ratio_title = match reports {
-        [a, b] => Some(format!("{}/{}", a.allocator, b.allocator)),
-        _ => None,
-    };
+    let ratio_w: Vec<usize> = ratios.iter().map(|(_, _, t)| t.len().max(13)).collect();
     let mut out = String::new();
     let _ = write!(out, "{:label_w$}", "");
     for (r, w) in reports.iter().zip(&col_w) {
-        let _ = write!(out, "  {:>w$}", r.allocator);
+        let _ = write!(out, "  {:>w$}", r.column);
     }
-    if let Some(t) = &ratio_title {
-        let _ = write!(out, "  {t:>13}");
+    for ((_, _, t), w) in ratios.iter().zip(&ratio_w) {
+        let _ = write!(out, "  {t:>w$}");
     }
     out.push('\n');
     for row in 0..all.first().map_or(0, Vec::len) {
@@ -283,14 +352,14 @@ pub fn table(reports: &[Report]) -> String {
         for (rs, w) in all.iter().zip(&col_w) {
             let _ = write!(out, "  {:>w$}", rs[row].1);
         }
-        if ratio_title.is_some() {
-            if let (Some(a), Some(b)) = (all[0][row].2, all[1][row].2) {
+        for (&(i, j, _), w) in ratios.iter().zip(&ratio_w) {
+            if let (Some(a), Some(b)) = (all[i][row].2, all[j][row].2) {
                 let cell = if b > 0.0 {
                     format!("{:.2}x", a / b)
                 } else {
                     "-".to_string()
                 };
-                let _ = write!(out, "  {cell:>13}");
+                let _ = write!(out, "  {cell:>w$}");
             }
         }
         out.push('\n');
@@ -298,7 +367,7 @@ pub fn table(reports: &[Report]) -> String {
     // Calls by kind: how many, and the mean time of one.
     let _ = write!(out, "\n{:label_w$}", "allocator calls by kind");
     for (r, w) in reports.iter().zip(&col_w) {
-        let _ = write!(out, "  {:>w$}", r.allocator);
+        let _ = write!(out, "  {:>w$}", r.column);
     }
     out.push('\n');
     for k in OpKind::ALL {
@@ -320,10 +389,10 @@ pub fn table(reports: &[Report]) -> String {
     }
     for r in reports {
         if !r.invariants_ok {
-            let _ = writeln!(out, "{}: invariants: {:?}", r.allocator, r.invariants);
+            let _ = writeln!(out, "{}: invariants: {:?}", r.column, r.invariants);
         }
         for e in &r.errors {
-            let _ = writeln!(out, "{}: error: {e}", r.allocator);
+            let _ = writeln!(out, "{}: error: {e}", r.column);
         }
     }
     out

@@ -3,7 +3,7 @@
 //! without a gap, each key's events alternating store and removal, and the
 //! keys it leaves stored are as many as the report's cached blocks; the
 //! metrics file is OpenMetrics text whose `kvslots_*` values are the
-//! report's.
+//! report's. A hybrid preset exports its hybrid layout's run.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -218,4 +218,38 @@ fn a_small_ring_reports_its_losses() {
         sample(&metrics, "kvslots_events_dropped_total"),
         dropped as f64
     );
+}
+
+/// A hybrid preset's run exports the pool of its hybrid layout (its keys
+/// are the groups'; the all-full twin runs on a pool of its own): the
+/// keys left stored are that run's cached blocks, and the metrics its
+/// pool's.
+#[test]
+fn a_hybrid_run_exports_its_hybrid_pool() {
+    let (report, events, metrics) = run(
+        "hybrid",
+        &[
+            "--model",
+            "gpt-oss-20b",
+            "--requests",
+            "200",
+            "--memory-gib",
+            "1",
+            "--workers",
+            "2",
+            "--events-capacity",
+            "1048576",
+        ],
+    );
+    let hybrid = &report["hybrid"];
+    assert_eq!(hybrid["layout"], "1 full + 1 sliding 128");
+    let (stores, _, dropped, at_end) = check_events(&events);
+    assert_eq!(dropped, 0);
+    assert!(stores > 0);
+    assert_eq!(at_end as u64, hybrid["cached_blocks"].as_u64().unwrap());
+    assert_eq!(
+        report["exported"]["event_batches"].as_u64().unwrap(),
+        events.lines().count() as u64
+    );
+    check_metrics(&metrics, hybrid);
 }

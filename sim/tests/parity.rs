@@ -44,7 +44,7 @@ fn shapes<B: KvBackend>(seqs: &[B::Seq]) -> Vec<Shape> {
     seqs.iter()
         .map(|s| {
             let table = s
-                .table()
+                .table(0)
                 .iter()
                 .map(|&id| {
                     let next = names.len();
@@ -60,14 +60,14 @@ fn shapes<B: KvBackend>(seqs: &[B::Seq]) -> Vec<Shape> {
 /// shared with another sequence and is not the table's last (blocks are
 /// reserved after it): the copy-on-write that must pick the tail by index.
 fn cow_before_reserved<B: KvBackend>(seqs: &[B::Seq], i: usize, bs: usize) -> bool {
-    let (len, table) = (seqs[i].len(), seqs[i].table());
+    let (len, table) = (seqs[i].len(), seqs[i].table(0));
     let tail = len / bs;
     len % bs != 0
         && tail + 1 < table.len()
         && seqs
             .iter()
             .enumerate()
-            .any(|(j, s)| j != i && s.table().contains(&table[tail]))
+            .any(|(j, s)| j != i && s.table(0).contains(&table[tail]))
 }
 
 /// What a script did: every outcome with (used blocks, shapes) after it,
@@ -81,7 +81,7 @@ fn append<B: KvBackend>(
     seq: &mut B::Seq,
     n: usize,
 ) -> Result<std::ops::Range<usize>, ReserveError> {
-    seq.try_append(n).map(|(range, _)| range)
+    seq.try_append(n, None, &mut Vec::new())
 }
 
 /// What a beam search does: fork `seqs[i]`, then roll it back into the
@@ -94,9 +94,10 @@ fn rewind<B: KvBackend>(
     bs: usize,
     rng: &mut SmallRng,
 ) -> (Outcome, bool) {
-    let fork = seqs[i].try_fork().map(|(child, copy)| {
+    let mut copies = Vec::new();
+    let fork = seqs[i].try_fork(&mut copies).map(|child| {
         seqs.push(child);
-        copy.map(|c| c.tokens)
+        copies.first().map(|(_, c)| c.tokens)
     });
     let len = seqs[i].len();
     let cut = if len > 1 { rng.random_range(1..len) } else { 0 };
@@ -145,9 +146,10 @@ fn script<B: KvBackend>(b: &B, seed: u64, steps: usize) -> Log {
             Outcome::Truncate(seqs[i].truncate(rng.random_range(0..=len + 2)))
         } else if op < 72 {
             let i = rng.random_range(0..seqs.len());
-            let r = seqs[i].try_fork().map(|(child, copy)| {
+            let mut copies = Vec::new();
+            let r = seqs[i].try_fork(&mut copies).map(|child| {
                 seqs.push(child);
-                copy.map(|c| c.tokens)
+                copies.first().map(|(_, c)| c.tokens)
             });
             Outcome::Fork(r)
         } else if op < 82 {
@@ -193,7 +195,7 @@ fn script<B: KvBackend>(b: &B, seed: u64, steps: usize) -> Log {
             Outcome::ReserveSeq(r)
         };
         for s in &seqs {
-            assert_eq!(s.capacity(), s.table().len() * bs);
+            assert_eq!(s.capacity(), s.table(0).len() * bs);
             assert!(s.capacity() >= s.len());
         }
         log.push((outcome, b.used_blocks(), shapes::<B>(&seqs)));

@@ -256,13 +256,17 @@ type Id = <MutexBackend as KvBackend>::Id;
 
 impl kvslots_sim::backend::KvSeq for WrongSeq {
     type Id = Id;
+    type Keys = Vec<kvslots::BlockHash>;
     fn index(id: Id) -> usize {
-        <<MutexBackend as KvBackend>::Seq as kvslots_sim::backend::KvSeq>::index(id)
+        id.index()
+    }
+    fn is_null(id: Id) -> bool {
+        id.is_null()
     }
     fn len(&self) -> usize {
         self.0.len()
     }
-    fn table(&self) -> &[Id] {
+    fn table(&self, _group: usize) -> &[Id] {
         self.0.blocks()
     }
     fn capacity(&self) -> usize {
@@ -274,8 +278,10 @@ impl kvslots_sim::backend::KvSeq for WrongSeq {
     fn try_append(
         &mut self,
         n: usize,
-    ) -> Result<kvslots_sim::backend::Appended<Id>, kvslots::ReserveError> {
-        kvslots_sim::backend::KvSeq::try_append(&mut self.0, n)
+        fence: Option<u64>,
+        copies: &mut kvslots_sim::backend::Copies<Id>,
+    ) -> Result<std::ops::Range<usize>, kvslots::ReserveError> {
+        kvslots_sim::backend::KvSeq::try_append(&mut self.0, n, fence, copies)
     }
     fn truncate(&mut self, len: usize) -> usize {
         self.0.truncate(len)
@@ -297,11 +303,15 @@ impl kvslots_sim::backend::KvSeq for WrongSeq {
     fn retire_copy_source(&mut self, fence: u64) -> usize {
         self.0.retire_copy_source(fence)
     }
-    fn try_fork(&self) -> Result<kvslots_sim::backend::Forked<Self, Id>, kvslots::ReserveError> {
-        kvslots_sim::backend::KvSeq::try_fork(&self.0).map(|(c, copy)| (WrongSeq(c), copy))
+    fn try_fork(
+        &self,
+        copies: &mut kvslots_sim::backend::Copies<Id>,
+    ) -> Result<Self, kvslots::ReserveError> {
+        kvslots_sim::backend::KvSeq::try_fork(&self.0, copies).map(WrongSeq)
     }
     fn extend_slots(
         &self,
+        _group: usize,
         positions: std::ops::Range<usize>,
         out: &mut Vec<usize>,
     ) -> Result<(), String> {
@@ -309,10 +319,16 @@ impl kvslots_sim::backend::KvSeq for WrongSeq {
             .extend_slots(positions, out)
             .map_err(|e| e.to_string())
     }
-    fn try_match_prefix(&mut self, hashes: &[kvslots::BlockHash]) -> usize {
+    fn key_blocks(keys: &Self::Keys) -> usize {
+        keys.len()
+    }
+    fn clear_keys(keys: &mut Self::Keys) {
+        keys.clear();
+    }
+    fn try_match_prefix(&mut self, hashes: &Self::Keys) -> usize {
         self.0.try_match_prefix(hashes.get(1..).unwrap_or(&[]))
     }
-    fn publish(&mut self, hashes: &[kvslots::BlockHash]) -> usize {
+    fn publish(&mut self, hashes: &Self::Keys) -> usize {
         self.0.publish(hashes)
     }
 }
@@ -351,6 +367,15 @@ impl KvBackend for WrongMatch {
     }
     fn new_seq(&self, tokens: usize) -> WrongSeq {
         WrongSeq(self.0.new_seq(tokens))
+    }
+    fn new_keys(&self) -> Vec<kvslots::BlockHash> {
+        Vec::new()
+    }
+    fn extend_keys(&self, keys: &mut Vec<kvslots::BlockHash>, base: &[kvslots::BlockHash]) {
+        keys.extend_from_slice(base);
+    }
+    fn kv_groups(&self) -> &kvslots::KvGroups {
+        self.0.kv_groups()
     }
     fn complete(&self, fence: u64) -> usize {
         self.0.complete(fence)

@@ -79,7 +79,7 @@ fn runs_finish(t: &Tight) {
         .iter()
         .filter(|r| {
             let profile = t.cfg.profile(r.id, 16);
-            !engine::never_fits(r, &profile, t.cfg.watermark_blocks, t.num_blocks, 16)
+            !engine::never_fits(r, &profile, &t.cfg, t.num_blocks, 16)
         })
         .count() as u64;
     assert!(fitting > 0, "no request fits a pool of {}", t.num_blocks);

@@ -1,8 +1,9 @@
 //! Loom models of a `Sequence` giving back its references while a raw
 //! `BlockPool::free` lists the same blocks (a double free, which is
 //! misuse). A sequence's blocks carry the sequence flag, which a raw free
-//! refuses (`HeldBySequence`), in its checks and in its CAS; so a
-//! sequence that holds a block alone gives it back with a plain store.
+//! refuses (`HeldBySequence`), in its checks and in its CAS; a sequence
+//! that holds a block alone gives it back with one CAS from the word it
+//! read.
 //! Whatever the interleaving, the block goes back once, the used count is
 //! given back once, and the free reports `Ok` only if it dropped a
 //! reference that was there.
@@ -20,8 +21,10 @@
 //! * once the model gives back what it holds, the whole pool can be taken.
 //!
 //! The negative control `free_ignores_sequence` lets the raw free take a
-//! sequence's reference with its CAS, as it could before the flag: the
-//! sequence's plain last drop then races it, and both give the block back.
+//! sequence's reference with its CAS, as it could before the flag, and
+//! makes the sequence's sole drop a load and a plain store
+//! (`plain_sole_drop`): that drop then races the free, and both give the
+//! block back.
 //!
 //! | model | threads, blocks | negative control, caught |
 //! |---|---|---|
@@ -44,7 +47,7 @@
 use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{
-    check, BLIND_ADD_REF, DOUBLE, FREE_IGNORES_SEQUENCE, LOST, SOUND,
+    assert_double_free_answer, check, BLIND_ADD_REF, DOUBLE, FREE_IGNORES_SEQUENCE, LOST, SOUND,
 };
 use crate::sync::Faults;
 use crate::{BlockId, BlockPool, FreeError, Sequence};
@@ -58,23 +61,6 @@ fn pool(num_blocks: usize, faults: Faults) -> Arc<BlockPool> {
 /// A pool of `num_blocks` blocks of `block_size` slots, one shard.
 fn pool_with(num_blocks: usize, block_size: usize, faults: Faults) -> Arc<BlockPool> {
     Arc::new(BlockPool::with_faults(num_blocks, block_size, 1, faults))
-}
-
-/// What a racing double free may answer: `HeldBySequence` while the
-/// sequence holds the block, `NotAllocated` once it is back; and under the
-/// `free_ignores_sequence` control, as before the flag, `Ok` if it dropped
-/// the reference before the sequence did and `Raced` if the sequence
-/// dropped it first (its checks saw the reference, its drop found none).
-fn assert_double_free_answer(r: Result<(), FreeError>, id: BlockId) {
-    match r {
-        Ok(()) => {}
-        Err(FreeError::Raced { id: raced })
-        | Err(FreeError::NotAllocated { id: raced })
-        | Err(FreeError::HeldBySequence { id: raced }) => {
-            assert_eq!(raced, id, "the refusal names the doubly freed block");
-        }
-        Err(e) => panic!("unexpected {e:?}"),
-    }
 }
 
 /// The pool after the race, `held` still held: counts agree, every free
@@ -352,9 +338,10 @@ fn retired_cow_source_vs_double_free(faults: Faults) {
 
 /// A raw block `b` is freed by its holder while a stale double free of it
 /// (its checks passed while the holder held it) races; a sequence takes the
-/// block as soon as it is free and gives it back with a plain store. The
+/// block as soon as it is free and gives it back with its sole drop. The
 /// stale free's CAS must refuse the sequence's block (`Raced`): were it to
-/// take the sequence's reference, both would give the block back.
+/// take the sequence's reference, both would give the block back (under
+/// the control, whose sole drop is a plain store).
 fn stale_free_vs_sequence_retake(faults: Faults) {
     check(move || {
         let pool = pool(1, faults);

@@ -34,6 +34,7 @@
 //! | `release_race.rs` | a double release through `BlockAllocator::release` (misuse): two releases of a sequence's block, and one racing the sequence's drop |
 //! | `held_drop.rs` | a sequence's give-back against a double free, which the sequence flag refuses; a stale free against a sequence that retook the block |
 //! | `sequence.rs` | `Sequence`: fork, drop, append, truncate |
+//! | `hybrid.rs` | `HybridSequence`: one admission across groups, a window's give-back and reuse against a match, an append and a double free, a match across groups against an evicting append |
 //! | `fence.rs` | fenced release against `complete` and allocation |
 //! | `prefix.rs` | the prefix cache: match, publish, eviction, reset |
 //! | `prefix_misuse.rs` | the prefix cache under misuse and three-way races |
@@ -82,6 +83,7 @@ mod events;
 mod fence;
 mod guards;
 mod held_drop;
+mod hybrid;
 mod pool;
 mod pool_wait;
 mod prefix;

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use crate::sync::Faults;
 use crate::sync::{AtomicUsize, Ordering};
-use crate::{BlockHash, BlockId, BlockPool, ReserveError, Sequence};
+use crate::{BlockHash, BlockId, BlockPool, FreeError, ReserveError, Sequence};
 use loom::cell::UnsafeCell;
 
 /// A block was handed out while a holder still had it (the same words as
@@ -60,6 +60,9 @@ pub const SOUND: Faults = Faults {
     keep_refused: false,
     quiet_gather: false,
     growth_waits: false,
+    per_group_admission: false,
+    recycle_shared: false,
+    unreconciled_match: false,
     match_keeps_credits: false,
     owed_without_headroom: false,
     wake_before_count: false,
@@ -233,6 +236,26 @@ pub const GROWTH_WAITS: Faults = Faults {
     growth_waits: true,
     ..SOUND
 };
+/// The hybrid admission control: a hybrid sequence's append admits each
+/// group's blocks on their own, giving the earlier groups' back when a
+/// later one is refused.
+pub const PER_GROUP_ADMISSION: Faults = Faults {
+    per_group_admission: true,
+    ..SOUND
+};
+/// The hybrid reuse control: an append reuses the blocks its sliding
+/// windows give back without checking that it holds them alone and
+/// uncached.
+pub const RECYCLE_SHARED: Faults = Faults {
+    recycle_shared: true,
+    ..SOUND
+};
+/// The hybrid match control: a match settles each group once, so a group
+/// that matched more than a later one keeps it.
+pub const UNRECONCILED_MATCH: Faults = Faults {
+    unreconciled_match: true,
+    ..SOUND
+};
 /// The headroom control of waiting: new admissions leave free only what
 /// the queue's head asks for, without its headroom (or anyone behind it).
 pub const OWED_WITHOUT_HEADROOM: Faults = Faults {
@@ -306,10 +329,26 @@ pub fn check<F>(f: F)
 where
     F: Fn() + Sync + Send + 'static,
 {
+    check_long(0, f);
+}
+
+/// [`check`] for a model whose executions are long (many atomic accesses
+/// in one path, as a hybrid sequence's calls over several groups make):
+/// loom's bound on the branches of one execution raised to at least
+/// `max_branches` (`LOOM_MAX_BRANCHES` if larger).
+///
+/// # Panics
+///
+/// As [`check`].
+pub fn check_long<F>(max_branches: usize, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
     let mut builder = loom::model::Builder::new();
     if builder.preemption_bound.is_none() {
         builder.preemption_bound = Some(2);
     }
+    builder.max_branches = builder.max_branches.max(max_branches);
     let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = Arc::clone(&runs);
     builder.check(move || {
@@ -498,6 +537,28 @@ impl PoolWorld {
         }
         self.pool.free(&all).expect("freeing every block");
         assert_eq!(self.pool.free_blocks(), n, "{LOST}: after the final free");
+    }
+}
+
+/// What a racing double free of a sequence's block may answer (the models
+/// of `held_drop.rs` and `hybrid.rs`): `HeldBySequence` while the
+/// sequence holds the block, `NotAllocated` once it is back; and under the
+/// `free_ignores_sequence` control, as before the flag, `Ok` if it dropped
+/// the reference before the sequence did and `Raced` if the sequence
+/// dropped it first (its checks saw the reference, its drop found none).
+///
+/// # Panics
+///
+/// Panics on any other answer, or on a refusal that names another block.
+pub fn assert_double_free_answer(r: Result<(), FreeError>, id: BlockId) {
+    match r {
+        Ok(()) => {}
+        Err(FreeError::Raced { id: raced })
+        | Err(FreeError::NotAllocated { id: raced })
+        | Err(FreeError::HeldBySequence { id: raced }) => {
+            assert_eq!(raced, id, "the refusal names the doubly freed block");
+        }
+        Err(e) => panic!("unexpected {e:?}"),
     }
 }
 

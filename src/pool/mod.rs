@@ -928,13 +928,25 @@ impl BlockAllocator for BlockPool {
     }
 
     fn publish(&self, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
+        self.publish_after(None, blocks, keys)
+    }
+
+    fn publish_after(
+        &self,
+        parent: Option<&BlockHash>,
+        blocks: &[BlockId],
+        keys: &[BlockHash],
+    ) -> usize {
         self.check_ids(blocks);
         blocks
             .iter()
             .zip(keys)
             .enumerate()
             .filter(|&(i, (&id, key))| {
-                let parent = i.checked_sub(1).map(|p| &keys[p]);
+                let parent = match i.checked_sub(1) {
+                    Some(p) => Some(&keys[p]),
+                    None => parent,
+                };
                 self.publish_block(id, key, parent)
             })
             .count()

@@ -158,6 +158,23 @@ pub(crate) struct Faults {
     /// sequence's append is refused behind a queued admission.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) growth_waits: bool,
+    /// A [`HybridSequence`](crate::HybridSequence)'s append admits each
+    /// group's blocks on their own, giving back what the earlier groups
+    /// took when a later one is refused: two appends that each take some
+    /// groups' blocks can both be refused, although one of them fits.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) per_group_admission: bool,
+    /// A [`HybridSequence`](crate::HybridSequence)'s append reuses the
+    /// blocks its sliding windows give back without checking that it holds
+    /// them alone and uncached: it writes into a block that a matcher can
+    /// take, or holds, under its key.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) recycle_shared: bool,
+    /// A [`HybridSequence`](crate::HybridSequence)'s match settles each
+    /// group once: a group that matched a longer prefix than a later group
+    /// keeps it, so the groups' tables disagree with the length.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) unreconciled_match: bool,
     /// A match keeps the blocks it admitted ahead for revivals and did not
     /// use (its key's block was evicted meanwhile) instead of giving them
     /// back: they are lost to every later admission.
@@ -614,6 +631,39 @@ impl Faults {
             return true;
         }
         let _ = (counts, dropped);
+        false
+    }
+
+    /// Whether a hybrid append admits group by group: `false`, or `true`
+    /// under `per_group_admission`.
+    #[inline]
+    pub(crate) fn per_group_admission(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.per_group_admission {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a hybrid append reuses a block its window gives back
+    /// without checking it: `false`, or `true` under `recycle_shared`.
+    #[inline]
+    pub(crate) fn recycle_shared(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.recycle_shared {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a hybrid match settles each group once: `false`, or `true`
+    /// under `unreconciled_match`.
+    #[inline]
+    pub(crate) fn unreconciled_match(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.unreconciled_match {
+            return true;
+        }
         false
     }
 }

@@ -75,6 +75,15 @@ pub struct EngineConfig {
     pub stall_limit: u64,
     /// Time between two monitor samples.
     pub monitor_interval: Duration,
+    /// Publish the prompt's full blocks after every prefill chunk, not
+    /// only once the prompt is in (as vLLM caches blocks as they are
+    /// computed): a sliding window gives blocks back between chunks, and
+    /// only blocks published before that can be matched.
+    pub publish_chunks: bool,
+    /// The groups of layers of the sequences (one table each): one full
+    /// group for a plain model, the preset's groups for a hybrid one. The
+    /// admission counts blocks in every group.
+    pub groups: kvslots::KvGroups,
 }
 
 impl Default for EngineConfig {
@@ -95,6 +104,8 @@ impl Default for EngineConfig {
             stuck_after: Duration::from_secs(10),
             stall_limit: 20_000_000,
             monitor_interval: Duration::from_micros(200),
+            publish_chunks: false,
+            groups: kvslots::KvGroups::new([kvslots::KvGroup::Full]).expect("one group"),
         }
     }
 }
@@ -167,5 +178,34 @@ impl EngineConfig {
                 ..plain
             },
         }
+    }
+
+    /// The blocks a reservation of a `tokens`-token prompt takes: its
+    /// blocks in every group.
+    pub fn reserve_blocks(&self, tokens: usize, block_size: usize) -> usize {
+        tokens
+            .div_ceil(block_size)
+            .saturating_mul(self.groups.len())
+    }
+
+    /// The blocks a `tokens`-token prompt holds at once while it is
+    /// prefilled in chunks (what a check-only admission checks): all of
+    /// its blocks in a full group; in a sliding group, at most the window
+    /// before a chunk and the chunk.
+    pub fn prefill_blocks(&self, tokens: usize, block_size: usize) -> usize {
+        let all = tokens.div_ceil(block_size);
+        self.groups
+            .as_slice()
+            .iter()
+            .map(|g| match *g {
+                kvslots::KvGroup::SlidingWindow { window_tokens } => all.min(
+                    window_tokens
+                        .saturating_add(self.chunk)
+                        .div_ceil(block_size)
+                        .saturating_add(1),
+                ),
+                _ => all,
+            })
+            .fold(0, usize::saturating_add)
     }
 }

@@ -48,9 +48,15 @@ impl Device {
         self.step += 1;
     }
 
-    /// The current step's fence, and the list of what is retired under it.
+    /// The current step's fence, without making it a step in flight.
+    pub(super) fn fence(&self) -> u64 {
+        self.step * self.workers + self.worker
+    }
+
+    /// The current step's fence, and the list of what is retired under it
+    /// (which makes the step one in flight).
     pub(super) fn current(&mut self) -> (u64, &mut Vec<FencedRef>) {
-        let fence = self.step * self.workers + self.worker;
+        let fence = self.fence();
         if self.in_flight.back().map(|&(f, _)| f) != Some(fence) {
             let list = self.spare.pop().unwrap_or_default();
             self.in_flight.push_back((fence, list));

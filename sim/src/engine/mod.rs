@@ -276,8 +276,10 @@ fn spawn_workers<B: KvBackend>(
             // flag values must not abort).
             slots: Vec::with_capacity(cfg.chunk.max(cfg.spec).min(1 << 16)),
             spare: None,
-            keys: (None, Vec::new()),
+            keys: (None, None),
+            base_keys: Vec::new(),
             key_bufs: Vec::new(),
+            copies: Vec::new(),
             device: Device::new(index, cfg.workers, cfg.async_depth),
         };
         let (rx, exits, shared) = (rx.clone(), exits.clone(), Arc::clone(shared));
@@ -417,6 +419,9 @@ fn summarize<B: KvBackend>(
         prefix: backend.prefix_stats(),
         cached_blocks: backend.cached_blocks(),
         pending_release_peak: backend.peak_pending_release_blocks(),
+        // Relaxed: every worker has finished.
+        running_peak: shared.running_peak.load(Ordering::Relaxed),
+        layout: layout_words(backend.kv_groups()),
     };
     stats.counts.stuck_calls = stuck as u64;
     let mut finished = vec![0u8; requests];
@@ -460,4 +465,25 @@ fn summarize<B: KvBackend>(
             .extend(leftovers.into_iter().map(|e| format!("kv memory: {e}")));
     }
     stats
+}
+
+/// A layout of groups in words: how many of each kind, in order of first
+/// appearance (`1 full`, `6 sliding 1024 + 1 full`).
+pub fn layout_words(groups: &kvslots::KvGroups) -> String {
+    let mut kinds: Vec<(String, usize)> = Vec::new();
+    for g in groups.as_slice() {
+        let name = match g {
+            kvslots::KvGroup::SlidingWindow { window_tokens } => format!("sliding {window_tokens}"),
+            _ => "full".to_string(),
+        };
+        match kinds.iter_mut().find(|(k, _)| *k == name) {
+            Some((_, n)) => *n += 1,
+            None => kinds.push((name, 1)),
+        }
+    }
+    kinds
+        .iter()
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect::<Vec<_>>()
+        .join(" + ")
 }

@@ -16,6 +16,11 @@ pub(super) struct Shared {
     pub(super) finished: AtomicUsize,
     /// Set to stop every worker early (a failure).
     pub(super) abort: AtomicBool,
+    /// Requests admitted and not yet completed or preempted, over every
+    /// worker, sampled for the report.
+    pub(super) running: AtomicUsize,
+    /// The most `running` has been.
+    pub(super) running_peak: AtomicUsize,
     /// Failures, in the order they were seen (the first few).
     errors: Mutex<Vec<String>>,
     /// The simulated device memory and the shadow of block holders.
@@ -40,6 +45,8 @@ impl Shared {
         Shared {
             finished: AtomicUsize::new(0),
             abort: AtomicBool::new(false),
+            running: AtomicUsize::new(0),
+            running_peak: AtomicUsize::new(0),
             errors: Mutex::new(Vec::new()),
             oracle,
             watch: (0..workers).map(|_| CallWatch::default()).collect(),

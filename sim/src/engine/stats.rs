@@ -76,6 +76,14 @@ counts! {
     device_syncs,
     /// Allocator calls made.
     alloc_calls,
+    /// Times a worker sampled the pool's occupancy (once a step of its
+    /// running groups): the requests running at once over all workers,
+    /// and the blocks in use.
+    occupancy_samples,
+    /// The requests running at once, summed over the samples.
+    running_sum,
+    /// The pool's blocks in use, summed over the samples.
+    used_blocks_sum,
     /// Workers the run was given up on: stuck in an allocator call (the
     /// watchdog), or not stopping within the watchdog's time once the run
     /// was being stopped.
@@ -131,6 +139,11 @@ pub struct RunStats {
     /// The high-water mark of block references retired under a fence and
     /// not yet given back (`--async-depth`).
     pub pending_release_peak: usize,
+    /// The most requests running at once, over all workers.
+    pub running_peak: usize,
+    /// The groups of layers of the run's sequences, in words (`1 full` for
+    /// a plain model).
+    pub layout: String,
 }
 
 /// The kinds of allocator call the engine makes.

@@ -16,7 +16,7 @@ use super::config::{Admission, EngineConfig, Profile};
 use super::device::Device;
 use super::shared::Shared;
 use super::stats::{OpKind, WorkerStats};
-use crate::backend::{KvBackend, KvSeq};
+use crate::backend::{BlockCopy, Copies, KvBackend, KvSeq};
 use crate::oracle::{Tracked, Writer};
 use crate::prefix;
 use crate::workload::Request;
@@ -30,18 +30,48 @@ pub fn group_blocks(prompt: usize, output: usize, samples: usize, block_size: us
 }
 
 /// Whether a request run as `profile` can never be admitted and run to
-/// completion in a pool of `num_blocks` (alone, with `watermark` blocks of
-/// headroom at admission).
+/// completion in a pool of `num_blocks` (alone, with the watermark's
+/// headroom at admission), its sequences holding a table per group of
+/// `cfg.groups`: the admission's blocks (a reservation's in every group,
+/// or the check's), or the most its samples can hold at once, is more
+/// than the pool has.
+///
+/// A full group can hold all its blocks; a sliding group, after an append
+/// of `a` tokens, at most the blocks of its window and the append's
+/// (`(a + w - 1) / block_size + 2`), and while an append is admitted also
+/// the new blocks, a copy's and a copy's kept source: the bound counts
+/// `(2a + w) / block_size + 5` a sample, `a` the longest append (a chunk,
+/// the drafts, or a token).
 pub fn never_fits(
     req: &Request,
     profile: &Profile,
-    watermark: usize,
+    cfg: &super::config::EngineConfig,
     num_blocks: usize,
     block_size: usize,
 ) -> bool {
-    let prompt_blocks = req.prompt.div_ceil(block_size);
-    prompt_blocks.saturating_add(watermark) > num_blocks
-        || group_blocks(req.prompt, req.output, profile.samples, block_size) > num_blocks
+    let admission = match profile.admission {
+        Admission::Reserve => cfg.reserve_blocks(req.prompt, block_size),
+        Admission::Check => cfg.prefill_blocks(req.prompt, block_size),
+    };
+    let all = group_blocks(req.prompt, req.output, profile.samples, block_size);
+    let append = cfg.chunk.max(profile.spec).max(1);
+    let run = cfg
+        .groups
+        .as_slice()
+        .iter()
+        .map(|g| match *g {
+            kvslots::KvGroup::SlidingWindow { window_tokens } => all.min(
+                append
+                    .saturating_mul(2)
+                    .saturating_add(window_tokens)
+                    .div_ceil(block_size)
+                    .saturating_add(5)
+                    .saturating_mul(profile.samples),
+            ),
+            _ => all,
+        })
+        .fold(0, usize::saturating_add);
+    admission.saturating_add(cfg.watermark_blocks) > num_blocks || run > num_blocks
 }
 
 /// Where a group is.
@@ -55,11 +85,20 @@ enum Phase {
 /// A waiting request and how many times it was preempted.
 pub(super) type Waiting = (Request, u32);
 
-/// A live sequence and the oracle's record of it.
+/// A live sequence and the oracle's record of each of its tables (one
+/// per group of layers).
 struct Live<B: KvBackend> {
     seq: B::Seq,
-    t: Tracked<B::Id>,
+    t: Vec<Tracked<B::Id>>,
 }
+
+/// A fork's copy of a partly filled tail, as the parent's and child's
+/// tables say it must be: the source, and the destination if the child
+/// has one.
+type ExpectedCopy<Id> = Option<(Id, Option<Id>)>;
+
+/// The key type of a backend's sequences.
+type Keys<B> = <<B as KvBackend>::Seq as KvSeq>::Keys;
 
 /// One admitted request: its sequences (the parent first) and progress.
 struct Group<B: KvBackend> {
@@ -76,9 +115,9 @@ struct Group<B: KvBackend> {
     /// a refusal was resolved by preempting another group).
     cursor: usize,
     rng: SmallRng,
-    /// The prompt's block keys, published once it is prefilled (empty
+    /// The prompt's block keys, published once it is prefilled (none
     /// without prefix caching).
-    keys: Vec<BlockHash>,
+    keys: Option<Keys<B>>,
 }
 
 /// Why a step could not go on.
@@ -137,9 +176,13 @@ pub(super) struct Worker<B: KvBackend> {
     pub(super) spare: Option<(usize, B::Seq)>,
     /// The block keys of the request `keys.0` (the waiting head's, usually),
     /// kept across refused admissions so that they are hashed once.
-    pub(super) keys: (Option<usize>, Vec<BlockHash>),
+    pub(super) keys: (Option<usize>, Option<Keys<B>>),
+    /// The content keys the request's keys are made from, for reuse.
+    pub(super) base_keys: Vec<BlockHash>,
     /// Emptied key buffers of completed groups, for reuse.
-    pub(super) key_bufs: Vec<Vec<BlockHash>>,
+    pub(super) key_bufs: Vec<Keys<B>>,
+    /// The copies a call asks for, for reuse.
+    pub(super) copies: Copies<B::Id>,
     /// The steps in flight (`--async-depth`).
     pub(super) device: Device,
 }
@@ -198,11 +241,12 @@ impl<B: KvBackend> Worker<B> {
         len.max(reserved).div_ceil(self.block_size())
     }
 
-    /// One append of `n` tokens to `live`, as a server makes it: the call,
-    /// the device copy it asks for, the stamps of every new position
-    /// written through the returned slot mapping, and one earlier position
-    /// read back. `reserved`: the tokens the table holds blocks for ahead
-    /// of the length.
+    /// One append of `n` tokens to `live`, as a server makes it: the
+    /// oracle counts out the blocks the sliding windows leave behind, the
+    /// call, the device copies it asks for, the stamps of every new
+    /// position written through each group's slot mapping, and one earlier
+    /// position of each group read back. `reserved`: the tokens the tables
+    /// hold blocks for ahead of the length.
     fn append(
         &mut self,
         live: &mut Live<B>,
@@ -211,51 +255,96 @@ impl<B: KvBackend> Worker<B> {
         what: &str,
     ) -> Result<Range<usize>, StepError> {
         let bs = self.block_size();
-        let (from, held) = (live.seq.len() / bs, live.seq.table().len());
-        // The source of an earlier copy-on-write goes back in this call
-        // (if it appends anything and is not refused).
-        let retired = if n > 0 {
-            let oracle = &self.shared.oracle;
-            oracle.release_retired(&self.backend, &mut live.t)?
-        } else {
-            None
-        };
-        let appended = self.call(OpKind::Append, || live.seq.try_append(n));
+        let old_len = live.seq.len();
+        let (from, held) = (old_len / bs, live.seq.table(0).len());
+        let fenced = self.device.fenced();
         let oracle = &self.shared.oracle;
-        let (range, copy) = appended.map_err(|e| {
-            oracle.keep_retired::<B::Seq>(&mut live.t, retired);
-            Self::refused(e, what)
-        })?;
-        oracle.after_call(&self.backend, &mut live.t, &live.seq, from, copy)?;
+        // The source of an earlier copy-on-write goes back in this call
+        // (if it appends anything and is not refused), and so do the
+        // blocks the windows leave behind (under the step's fence with
+        // asynchronous scheduling).
+        let mut retired = Vec::with_capacity(live.t.len());
+        let mut counted_out = Ok(());
+        let mut leaving = 0;
+        if n > 0 {
+            for (g, t) in live.t.iter_mut().enumerate() {
+                retired.push(oracle.release_retired(&self.backend, t)?);
+                let upto = live.seq.first_needed_block(g, old_len);
+                let (left, checked) = oracle.before_window(&self.backend, t, upto);
+                leaving += left;
+                if counted_out.is_ok() {
+                    counted_out = checked;
+                }
+            }
+        }
+        // Only a step that retires something is one in flight.
+        let fence = (fenced && leaving > 0).then(|| self.device.fence());
+        let mut copies = std::mem::take(&mut self.copies);
+        copies.clear();
+        let seq = &mut live.seq;
+        let appended = self.call(OpKind::Append, || seq.try_append(n, fence, &mut copies));
+        self.copies = copies;
+        let oracle = &self.shared.oracle;
+        let range = match appended {
+            Ok(range) => range,
+            Err(e) => {
+                for (t, r) in live.t.iter_mut().zip(retired) {
+                    oracle.keep_retired::<B::Seq>(t, r);
+                    oracle.keep_window::<B::Seq>(t);
+                }
+                counted_out?;
+                return Err(Self::refused(e, what));
+            }
+        };
+        counted_out?;
         let want = self.blocks_for(range.end, reserved);
-        oracle.expect_blocks(&live.t, want, what)?;
+        for (g, t) in live.t.iter_mut().enumerate() {
+            let list = fence.map(|_| self.device.current().1);
+            oracle.window_gone(t, &live.seq, list)?;
+            let copy = group_copy(&self.copies, g);
+            oracle.after_call(&self.backend, t, &live.seq, from, copy)?;
+            oracle.expect_blocks(t, want, what)?;
+        }
         if want >= held + 2 {
             self.stats.counts.multi_block_appends += 1;
         }
-        if let Some(c) = copy {
+        for &(_, c) in &self.copies {
             oracle.copy::<B::Seq>(c)?;
             self.stats.counts.block_copies += 1;
-            if self.device.fenced() {
-                // The step in flight makes the copy: its source goes back
-                // when the step completes.
-                let (fence, list) = self.device.current();
-                let checked = oracle.retire_copy_source(&self.backend, &mut live.t, list);
-                let seq = &mut live.seq;
-                self.call(OpKind::Append, || seq.retire_copy_source(fence));
-                checked?;
-            }
         }
-        let oracle = &self.shared.oracle;
-        self.slots.clear();
-        live.seq
-            .extend_slots(range.clone(), &mut self.slots)
-            .map_err(|e| StepError::Kv(format!("{what}: slot mapping refused: {e}")))?;
-        oracle.write::<B::Seq>(&live.t, range.clone(), &self.slots)?;
-        self.stats.counts.stamps_written += range.len() as u64;
-        if range.start > 0 {
-            let p = sampled(range.start);
-            oracle.read::<B::Seq>(&live.t, p..p + 1)?;
-            self.stats.counts.stamps_read += 1;
+        if fenced && !self.copies.is_empty() {
+            // The step in flight makes the copies: their sources go back
+            // when the step completes (every group's, in one call).
+            let mut checked = Ok(());
+            let mut fence = 0;
+            for i in 0..self.copies.len() {
+                let g = self.copies[i].0;
+                let (f, list) = self.device.current();
+                fence = f;
+                let c = oracle.retire_copy_source(&self.backend, &mut live.t[g], list);
+                if checked.is_ok() {
+                    checked = c;
+                }
+            }
+            let seq = &mut live.seq;
+            self.call(OpKind::Append, || seq.retire_copy_source(fence));
+            checked?;
+        }
+        for (g, t) in live.t.iter().enumerate() {
+            let oracle = &self.shared.oracle;
+            self.slots.clear();
+            live.seq
+                .extend_slots(g, range.clone(), &mut self.slots)
+                .map_err(|e| StepError::Kv(format!("{what}: slot mapping refused: {e}")))?;
+            oracle.write::<B::Seq>(t, range.clone(), &self.slots)?;
+            self.stats.counts.stamps_written += range.len() as u64;
+            // Attention reads an earlier position the group still holds.
+            let first_held = t.null_entries(B::Seq::is_null) * bs;
+            if range.start > first_held {
+                let p = first_held + sampled(range.start - first_held);
+                oracle.read::<B::Seq>(t, p..p + 1)?;
+                self.stats.counts.stamps_read += 1;
+            }
         }
         Ok(range)
     }
@@ -302,15 +391,23 @@ impl<B: KvBackend> Worker<B> {
         }
         g.prefilled += chunk;
         self.stats.counts.tokens_prefilled += chunk as u64;
-        if g.prefilled < g.req.prompt {
-            return Ok(false);
-        }
-        if !g.keys.is_empty() {
+        let done = g.prefilled == g.req.prompt;
+        if let Some(keys) = g.keys.as_ref().filter(|k| B::Seq::key_blocks(k) > 0) {
             // The prompt's full trace blocks are in: publish them (before
-            // any decode, so never a draft token).
-            let (seq, keys) = (&mut g.seqs[0].seq, &g.keys);
-            self.call(OpKind::Publish, || seq.publish(keys));
-            g.seqs[0].t.share(g.keys.len());
+            // any decode, so never a draft token). With `publish_chunks`,
+            // each chunk's full blocks as it is prefilled, before a sliding
+            // window moves past them.
+            if done || (self.cfg.publish_chunks && chunk > 0) {
+                let seq = &mut g.seqs[0].seq;
+                self.call(OpKind::Publish, || seq.publish(keys));
+                let published = B::Seq::key_blocks(keys).min(g.prefilled / self.block_size());
+                for t in g.seqs[0].t.iter_mut() {
+                    t.share(published);
+                }
+            }
+        }
+        if !done {
+            return Ok(false);
         }
         g.phase = if g.profile.samples > 1 {
             Phase::Fork
@@ -324,48 +421,68 @@ impl<B: KvBackend> Worker<B> {
     fn fork(&mut self, g: &mut Group<B>) -> Result<(), StepError> {
         let bs = self.block_size();
         let parent = &g.seqs[0];
-        let (child, copy) = self
-            .call(OpKind::Fork, || parent.seq.try_fork())
-            .map_err(|e| Self::refused(e, "fork"))?;
+        let mut copies = std::mem::take(&mut self.copies);
+        copies.clear();
+        let seq = &parent.seq;
+        let forked = self.call(OpKind::Fork, || seq.try_fork(&mut copies));
+        self.copies = copies;
+        let child = forked.map_err(|e| Self::refused(e, "fork"))?;
         let len = parent.seq.len();
+        let writer = Writer {
+            sample: g.seqs.len(),
+            fork_len: len,
+            ..parent.t[0].writer
+        };
         let mut live = Live {
             seq: child,
-            t: parent.t.forked(Writer {
-                sample: g.seqs.len(),
-                fork_len: len,
-                ..parent.t.writer
-            }),
+            t: parent.t.iter().map(|t| t.forked(writer)).collect(),
         };
         let oracle = &self.shared.oracle;
-        let checked = oracle
-            .after_call(&self.backend, &mut live.t, &live.seq, 0, None)
-            .and_then(|()| oracle.expect_blocks(&live.t, len.div_ceil(bs), "fork"));
+        let mut checked = Ok(());
+        for t in live.t.iter_mut() {
+            let c = oracle
+                .after_call(&self.backend, t, &live.seq, 0, None)
+                .and_then(|()| oracle.expect_blocks(t, len.div_ceil(bs), "fork"));
+            if checked.is_ok() {
+                checked = c;
+            }
+        }
+        // Per group, the copy the fork must ask for: the parent's partly
+        // filled tail into the child's own block.
+        let expected: Vec<ExpectedCopy<B::Id>> = (0..live.t.len())
+            .map(|grp| {
+                (!len.is_multiple_of(bs)).then(|| {
+                    (
+                        parent.t[grp].table()[len / bs],
+                        live.t[grp].table().get(len / bs).copied(),
+                    )
+                })
+            })
+            .collect();
         // The child holds its blocks whatever the oracle found: keep it in
         // the group so that they are given back with it.
-        let expected = (!len.is_multiple_of(bs)).then(|| {
-            (
-                parent.t.table()[len / bs],
-                live.t.table().get(len / bs).copied(),
-            )
-        });
         g.seqs.push(live);
         checked?;
         self.stats.counts.forks += 1;
-        match (copy, expected) {
-            (None, None) => Ok(()),
-            (Some(c), Some((src, Some(dst))))
-                if c.src == src && c.dst == dst && c.tokens == len % bs =>
-            {
-                oracle.copy::<B::Seq>(c)?;
-                self.stats.counts.block_copies += 1;
-                Ok(())
+        for (grp, want) in expected.into_iter().enumerate() {
+            match (group_copy(&self.copies, grp), want) {
+                (None, None) => {}
+                (Some(c), Some((src, Some(dst))))
+                    if c.src == src && c.dst == dst && c.tokens == len % bs =>
+                {
+                    oracle.copy::<B::Seq>(c)?;
+                    self.stats.counts.block_copies += 1;
+                }
+                (copy, _) => {
+                    return Err(StepError::Kv(format!(
+                        "request {}: a fork at length {len} returned the copy {copy:?} in \
+                         group {grp}, not the partly filled tail into the child's own block",
+                        g.req.id
+                    )))
+                }
             }
-            (copy, _) => Err(StepError::Kv(format!(
-                "request {}: a fork at length {len} returned the copy {copy:?}, not the partly \
-                 filled tail into the child's own block",
-                g.req.id
-            ))),
         }
+        Ok(())
     }
 
     /// One decode step of sample `s`; returns the tokens it kept.
@@ -379,10 +496,10 @@ impl<B: KvBackend> Worker<B> {
         // target's correction token, truncate the rest.
         let k = g.profile.spec.min(remaining);
         let range = self.append(&mut g.seqs[s], k, 0, "speculative append")?;
-        self.shared
-            .oracle
-            .read::<B::Seq>(&g.seqs[s].t, range.clone())?;
-        self.stats.counts.stamps_read += k as u64;
+        for t in &g.seqs[s].t {
+            self.shared.oracle.read::<B::Seq>(t, range.clone())?;
+            self.stats.counts.stamps_read += k as u64;
+        }
         let mut accepted = 0;
         while accepted < k && g.rng.random_bool(self.cfg.accept) {
             accepted += 1;
@@ -396,35 +513,48 @@ impl<B: KvBackend> Worker<B> {
     }
 
     /// Truncates `live` to `len` tokens: the shadow lets go of the blocks
-    /// the truncate gives back first, and the table must then hold exactly
-    /// the blocks `len` needs.
+    /// the truncate gives back first, and every table must then hold
+    /// exactly the blocks `len` needs.
     fn truncate(&mut self, live: &mut Live<B>, len: usize) -> Result<(), StepError> {
         let keep = len.div_ceil(self.block_size());
         // The blocks go back whatever the check finds (it lowered the
         // shadow for them); fenced, when the step that read them completes.
         let oracle = &self.shared.oracle;
         let seq = &mut live.seq;
+        let mut checked = Ok(());
         if self.device.fenced() {
             let (fence, list) = self.device.current();
-            let checked = oracle.give_back_fenced(&self.backend, &mut live.t, keep, list);
+            for t in live.t.iter_mut() {
+                let c = oracle.give_back_fenced(&self.backend, t, keep, list);
+                if checked.is_ok() {
+                    checked = c;
+                }
+            }
             self.call(OpKind::Truncate, || seq.truncate_fenced(len, fence));
-            checked?;
         } else {
-            let checked = oracle.before_release(&self.backend, &mut live.t, keep);
+            for t in live.t.iter_mut() {
+                let c = oracle.before_release(&self.backend, t, keep);
+                if checked.is_ok() {
+                    checked = c;
+                }
+            }
             self.call(OpKind::Truncate, || seq.truncate(len));
-            checked?;
         }
-        self.shared
-            .oracle
-            .expect_blocks(&live.t, live.seq.table().len(), "truncate")
-            .map_err(|_| {
-                StepError::Kv(format!(
-                    "request {} sample {}: truncate to {len} left {} blocks, its length needs {keep}",
-                    live.t.writer.request,
-                    live.t.writer.sample,
-                    live.seq.table().len()
-                ))
-            })
+        checked?;
+        for (g, t) in live.t.iter().enumerate() {
+            let held = live.seq.table(g).len();
+            self.shared
+                .oracle
+                .expect_blocks(t, held, "truncate")
+                .map_err(|_| {
+                    StepError::Kv(format!(
+                        "request {} sample {} group {g}: truncate to {len} left {held} blocks, \
+                         its length needs {keep}",
+                        t.writer.request, t.writer.sample,
+                    ))
+                })?;
+        }
+        Ok(())
     }
 
     /// Reads every position of the group's sequences back (attention's last
@@ -433,19 +563,26 @@ impl<B: KvBackend> Worker<B> {
     /// check. The blocks go back whatever the reads and checks found.
     fn release(&mut self, mut g: Group<B>) -> Result<(), String> {
         self.shared.release_priority(g.req.id);
-        if g.keys.capacity() > 0 {
-            g.keys.clear();
-            self.key_bufs.push(std::mem::take(&mut g.keys));
+        if let Some(mut keys) = g.keys.take() {
+            B::Seq::clear_keys(&mut keys);
+            self.key_bufs.push(keys);
         }
+        // Relaxed: a count of running requests, sampled for the report.
+        self.shared.running.fetch_sub(1, Ordering::Relaxed);
+        let bs = self.block_size();
         let oracle = &self.shared.oracle;
         let mut first = Ok(());
         for live in &g.seqs {
             let len = live.seq.len();
-            if first.is_ok() {
-                first = oracle
-                    .same_table(&live.t, &live.seq)
-                    .and_then(|()| oracle.read::<B::Seq>(&live.t, 0..len));
-                self.stats.counts.stamps_read += len as u64;
+            for t in &live.t {
+                // A sliding group's attention reads what it still holds.
+                let held = (t.null_entries(B::Seq::is_null) * bs).min(len);
+                if first.is_ok() {
+                    first = oracle
+                        .same_table(t, &live.seq)
+                        .and_then(|()| oracle.read::<B::Seq>(t, held..len));
+                    self.stats.counts.stamps_read += (len - held) as u64;
+                }
             }
         }
         for mut live in g.seqs {
@@ -454,15 +591,19 @@ impl<B: KvBackend> Worker<B> {
                 // A step in flight may still read them: retired under its
                 // fence.
                 let (fence, list) = self.device.current();
-                let checked = oracle.give_back_fenced(&self.backend, &mut live.t, 0, list);
-                if first.is_ok() {
-                    first = checked;
+                for t in live.t.iter_mut() {
+                    let checked = oracle.give_back_fenced(&self.backend, t, 0, list);
+                    if first.is_ok() {
+                        first = checked;
+                    }
                 }
                 self.call(OpKind::Drop, || live.seq.retire(fence));
             } else {
-                let checked = oracle.before_release(&self.backend, &mut live.t, 0);
-                if first.is_ok() {
-                    first = checked;
+                for t in live.t.iter_mut() {
+                    let checked = oracle.before_release(&self.backend, t, 0);
+                    if first.is_ok() {
+                        first = checked;
+                    }
                 }
                 self.call(OpKind::Drop, || drop(live.seq));
             }
@@ -515,9 +656,9 @@ impl<B: KvBackend> Worker<B> {
         let blocks = want.div_ceil(self.block_size());
         let exact = g.seqs.len() == g.profile.samples
             && g.generated.iter().all(|&n| n == g.req.output)
-            && g.seqs
-                .iter()
-                .all(|l| l.seq.len() == want && l.seq.table().len() == blocks);
+            && g.seqs.iter().all(|l| {
+                l.seq.len() == want && (0..l.t.len()).all(|grp| l.seq.table(grp).len() == blocks)
+            });
         if !exact {
             self.stats.counts.output_mismatches += 1;
         }
@@ -561,7 +702,7 @@ impl<B: KvBackend> Worker<B> {
         let admitted = match profile.admission {
             Admission::Reserve => self.call(OpKind::Admit, || seq.try_reserve(rest, wm)),
             Admission::Check => {
-                let prompt_blocks = rest.div_ceil(bs);
+                let prompt_blocks = self.cfg.prefill_blocks(rest, bs);
                 // A zero-block allocation pushes nothing: `none` stays empty
                 // and never allocates.
                 let mut none = Vec::new();
@@ -582,7 +723,7 @@ impl<B: KvBackend> Worker<B> {
         match admitted {
             Ok(()) => {}
             // Refused (short of blocks, or behind the allocator's waiters).
-            Err(e) if e.is_retryable() && seq.table().len() == matched => {
+            Err(e) if e.is_retryable() && seq.table(0).len() == matched => {
                 // The sequence holds only what it matched; it gives that
                 // back (as a server would) and is kept empty.
                 if matched > 0 {
@@ -612,23 +753,33 @@ impl<B: KvBackend> Worker<B> {
             (Some(ids), true) => {
                 // The keys go with the group, to be published.
                 self.keys.0 = None;
-                let spare = self.key_bufs.pop().unwrap_or_default();
-                let keys = std::mem::replace(&mut self.keys.1, spare);
+                let keys = self.keys.1.take();
                 let content = prefix::content_ids(ids, req.prompt);
-                let mut t = Tracked::with_content(writer, content.into());
-                t.share(matched);
-                (t, keys)
+                (Tracked::with_content(writer, content.into()), keys)
             }
-            _ => (Tracked::new(writer), Vec::new()),
+            _ => (Tracked::new(writer), None),
         };
-        let mut live = Live { seq, t };
+        let mut live = Live {
+            t: t.groups(seq.groups()),
+            seq,
+        };
         let oracle = &self.shared.oracle;
-        let checked = oracle
-            .after_call(&self.backend, &mut live.t, &live.seq, 0, None)
-            .and_then(|()| {
-                let want = self.blocks_for(matched * bs, reserved);
-                oracle.expect_blocks(&live.t, want, "admission")
-            });
+        let want = self.blocks_for(matched * bs, reserved);
+        let mut checked = Ok(());
+        for t in live.t.iter_mut() {
+            t.share(matched);
+            let c = oracle
+                .after_call(&self.backend, t, &live.seq, 0, None)
+                .and_then(|()| oracle.expect_blocks(t, want, "admission"));
+            if checked.is_ok() {
+                checked = c;
+            }
+        }
+        // Relaxed: a count of running requests, sampled for the report.
+        let running = self.shared.running.fetch_add(1, Ordering::Relaxed) + 1;
+        self.shared
+            .running_peak
+            .fetch_max(running, Ordering::Relaxed);
         let mut seqs = Vec::with_capacity(profile.samples);
         seqs.push(live);
         let rng = SmallRng::seed_from_u64(
@@ -690,9 +841,15 @@ impl<B: KvBackend> Worker<B> {
         seq: &mut B::Seq,
     ) -> Result<bool, StepError> {
         let (wm, bs) = (self.cfg.watermark_blocks, self.block_size());
+        // A check-only admission waits for the prompt's first block (in
+        // every group) with the rest of what it needs as headroom.
         let (tokens, headroom) = match profile.admission {
             Admission::Reserve => (req.prompt, wm),
-            Admission::Check => (bs.min(req.prompt), req.prompt.div_ceil(bs) - 1 + wm),
+            Admission::Check => {
+                let groups = self.cfg.groups.len();
+                let need = self.cfg.prefill_blocks(req.prompt, bs);
+                (bs.min(req.prompt), need.saturating_sub(groups) + wm)
+            }
         };
         self.stats.counts.idle_waits += 1;
         let waited = self.call(OpKind::Wait, || {
@@ -709,23 +866,34 @@ impl<B: KvBackend> Worker<B> {
 
     /// Matches the prompt of `req` against the prefix cache into the empty
     /// `seq` (one allocator call); returns the blocks matched. The keys
-    /// are hashed once per request and kept for its next attempts.
+    /// are made once per request (in every group) and kept for its next
+    /// attempts.
     fn match_prefix(&mut self, req: &Request, seq: &mut B::Seq) -> usize {
         let bs = self.block_size();
         let (for_id, keys) = &mut self.keys;
-        if *for_id != Some(req.id) {
-            keys.clear();
+        if *for_id != Some(req.id) || keys.is_none() {
+            let mut fresh = keys
+                .take()
+                .or_else(|| self.key_bufs.pop())
+                .unwrap_or_else(|| self.backend.new_keys());
+            B::Seq::clear_keys(&mut fresh);
+            self.base_keys.clear();
             if let Some(ids) = &req.hash_ids {
-                prefix::block_keys(ids, req.prompt, bs, keys);
+                prefix::block_keys(ids, req.prompt, bs, &mut self.base_keys);
             }
+            self.backend.extend_keys(&mut fresh, &self.base_keys);
+            *keys = Some(fresh);
             *for_id = Some(req.id);
         }
-        if keys.is_empty() {
+        let Some(keys) = self.keys.1.take() else {
             return 0;
-        }
-        let keys = std::mem::take(&mut self.keys.1);
-        let k = self.call(OpKind::Match, || seq.try_match_prefix(&keys));
-        self.keys.1 = keys;
+        };
+        let k = if B::Seq::key_blocks(&keys) == 0 {
+            0
+        } else {
+            self.call(OpKind::Match, || seq.try_match_prefix(&keys))
+        };
+        self.keys.1 = Some(keys);
         k
     }
 
@@ -760,7 +928,7 @@ impl<B: KvBackend> Worker<B> {
             };
             let req = &head.0;
             let profile = self.cfg.profile(req.id, bs);
-            if never_fits(req, &profile, self.cfg.watermark_blocks, nb, bs) {
+            if never_fits(req, &profile, &self.cfg, nb, bs) {
                 q.waiting.pop_front();
                 self.stats.counts.requests_rejected += 1;
                 self.finish_one(req.id);
@@ -833,6 +1001,11 @@ impl<B: KvBackend> Worker<B> {
     ) -> Result<(), StepError> {
         self.device.next_step();
         self.complete_steps(Drain::Due)?;
+        // Relaxed: a sampled count for the report.
+        let at_once = self.shared.running.load(Ordering::Relaxed);
+        self.stats.counts.occupancy_samples += 1;
+        self.stats.counts.running_sum += at_once as u64;
+        self.stats.counts.used_blocks_sum += self.backend.used_blocks() as u64;
         let mut i = 0;
         while i < running.len() {
             let stepped = self.step(&mut running[i]);
@@ -969,4 +1142,9 @@ impl<B: KvBackend> Worker<B> {
             self.cfg.stall_limit / 1000
         ));
     }
+}
+
+/// Group `group`'s copy among `copies`, if it has one.
+fn group_copy<Id: Copy>(copies: &Copies<Id>, group: usize) -> Option<BlockCopy<Id>> {
+    copies.iter().find(|&&(g, _)| g == group).map(|&(_, c)| c)
 }

@@ -222,9 +222,13 @@ impl Evictions {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PrefixStats {
     /// Keys passed to [`Sequence::try_match_prefix`](crate::Sequence::try_match_prefix)
-    /// on empty sequences.
+    /// on empty sequences (and those a
+    /// [`HybridSequence::try_match_prefix`](crate::HybridSequence::try_match_prefix)
+    /// looks up, group by group).
     pub queried_blocks: u64,
-    /// Blocks those calls matched.
+    /// Blocks those calls matched (a hybrid match's blocks of every group
+    /// it took, also those it gave back because another group served a
+    /// shorter prefix).
     pub hit_blocks: u64,
     /// Cached blocks whose key an allocation dropped to reuse the block.
     pub evictions: u64,
