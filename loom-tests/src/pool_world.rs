@@ -68,6 +68,7 @@ pub const SOUND: Faults = Faults {
     early_stored_record: false,
     relaxed_record: false,
     uncounted_loss: false,
+    claim_before_read: false,
 };
 /// The free list's control: a take from a bitmap word with a load and a
 /// plain store, so that two takers can take the same block.
@@ -78,6 +79,13 @@ pub const PLAIN_BITMAP_TAKE: Faults = Faults {
 /// The ordering control: freeing with `Relaxed` instead of `Release`.
 pub const RELAXED_FREE: Faults = Faults {
     relaxed_free: true,
+    ..SOUND
+};
+/// The eviction ring's control: an evictor claims its candidates'
+/// positions before it copies them, so a refill that has moved on may
+/// rewrite a slot it claimed with a younger block.
+pub const CLAIM_BEFORE_READ: Faults = Faults {
+    claim_before_read: true,
     ..SOUND
 };
 /// The undo control: a refused free adds its references back blindly,
