@@ -38,9 +38,9 @@ use lru::{Lru, LruRoom};
 use state::is_evictable;
 
 /// The prefix cache's storage: per block, its key (4 words) and a share of
-/// the index (2.5 slots), a release stamp and a quarter of a candidate
-/// slot of the eviction ring; per pool, the statistics' cells; and the KV
-/// event rings, if chosen.
+/// the index (2.5 slots), a release stamp, half a candidate slot of the
+/// eviction ring and a bit of its refill's map; per pool, the statistics'
+/// cells; and the KV event rings, if chosen.
 pub(super) struct PrefixCache {
     /// The blocks' keys and the index over them.
     keys: Keys,
