@@ -91,8 +91,8 @@ pub(super) struct Lru {
     stamps: Box<[AtomicU32]>,
     /// The release clock.
     clock: CachePadded<AtomicU32>,
-    /// The ring: `(stamp << 32) | id` at position `p % capacity`, oldest
-    /// first.
+    /// The ring: `(stamp << 32) | id` words, oldest first; position `p`
+    /// in slot `p % capacity`.
     candidates: Box<[AtomicU64]>,
     /// The position after the youngest candidate. Positions only grow.
     len: AtomicU64,
@@ -102,8 +102,8 @@ pub(super) struct Lru {
     next: CachePadded<Head>,
     /// Set while one evictor refills the ring.
     refilling: AtomicBool,
-    /// Set when an evictable block is missing from the ring that is older
-    /// than blocks released since: appends stop until the next refill.
+    /// Set when an evictable block may be missing from the ring: appends
+    /// stop until a refill finds every evictable block in it.
     overflowed: AtomicBool,
     /// Where the fallback scan starts.
     hand: AtomicUsize,
@@ -116,7 +116,7 @@ pub(super) struct Lru {
 
 /// The ring's head: the position of the next candidate to try, and the
 /// stamp of the last candidate taken (where a sweep looks first).
-pub(super) struct Head {
+struct Head {
     next: AtomicU64,
     stamp: AtomicU32,
 }
@@ -214,8 +214,10 @@ impl Lru {
         // Acquire: as in `pop`.
         let mut len = self.len.load(Ordering::Acquire);
         loop {
-            // Acquire: as in `pop` (a refill's `next` comes with its
-            // entries); only sizes the room, the CAS below decides.
+            // Acquire: evictors claim positions (Release) after they copied
+            // their entries, so the slots of positions below this `next`
+            // are ours to rewrite for positions a ring later (see `pop`);
+            // it also sizes the room, and the CAS below decides.
             let held = (len - self.next.next.load(Ordering::Acquire).min(len)) as usize;
             let fit = words.len().min(cap.saturating_sub(held));
             if fit < words.len() {
@@ -259,8 +261,11 @@ impl Lru {
     /// that a refill is filling with the blocks of its scan, not yet
     /// sorted.
     fn pop(&self, k: usize, batch: &mut [u64; POP_BATCH]) -> usize {
-        // Relaxed: only where to start; the CAS below decides.
-        let mut i = self.next.next.load(Ordering::Relaxed);
+        // Acquire: synchronises with the claim (Release) that moved `next`
+        // here, whose evictor had read a length of at least this `next`:
+        // the length loaded below is no older, so a ring with candidates
+        // left never looks empty here.
+        let mut i = self.next.next.load(Ordering::Acquire);
         loop {
             // Acquire: the entries at positions below `len` were written
             // before the Release (a refill's or an append's CAS) that
@@ -275,13 +280,13 @@ impl Lru {
                 self.copy(i, &mut batch[..n]);
             }
             // Release on success: orders the copy above before the rewrite
-            // of these slots (see above). Relaxed on failure: retry at the
-            // fresh position.
+            // of these slots (see above). Acquire on failure: retry at the
+            // fresh position, as after the load above.
             match self.next.next.compare_exchange_weak(
                 i,
                 i + n as u64,
                 Ordering::Release,
-                Ordering::Relaxed,
+                Ordering::Acquire,
             ) {
                 Ok(_) => {
                     if claim_first {
@@ -472,12 +477,14 @@ impl Lru {
                     got(id);
                     taken += 1;
                     if taken == k {
+                        // Relaxed: as above.
                         self.hand.fetch_add(looked, Ordering::Relaxed);
                         return taken;
                     }
                 }
             }
         }
+        // Relaxed: as above.
         self.hand.fetch_add(looked, Ordering::Relaxed);
         taken
     }
@@ -826,7 +833,9 @@ mod tests {
         &pool.prefix.as_deref().unwrap().lru
     }
 
-    /// Gives the pool's blocks `stamps` and sets the clock to `now`.
+    /// Gives the pool's blocks `stamps` and sets the clock to `now`. (The
+    /// tests run on one thread: every `Relaxed` access here is ordered by
+    /// the program's order alone.)
     fn restamp(pool: &BlockPool, stamps: &[u32], now: u32) {
         let lru = lru(pool);
         for (i, &s) in stamps.iter().enumerate() {
