@@ -81,7 +81,7 @@
 //! 8-byte state word and a bit of the free list's bitmap), plus a few
 //! cache lines per shard. **The prefix cache** is a layer a pool is built with or without
 //! ([`BlockPoolBuilder::prefix_cache`](crate::BlockPoolBuilder::prefix_cache)):
-//! its storage (keys, index, eviction stamps and ring, 58 bytes a block;
+//! its storage (keys, index, eviction stamps and ring, 60 bytes a block;
 //! statistics' cells) is one boxed struct that a pool without it does not
 //! allocate. The core knows of it at two places only, both off the fast
 //! paths: the drop path's *last-reference hook* (a drop that takes a
@@ -220,9 +220,9 @@
 //! blocks looks through every word of every shard (and marks what it
 //! finds) before it looks again.
 //!
-//! Bookkeeping is about 66 bytes per block: one bit of the bitmap, an
+//! Bookkeeping is about 68 bytes per block: one bit of the bitmap, an
 //! 8-byte state word (reference count, flags, generation), and the prefix
-//! cache's 58 bytes (see [Prefix cache](#prefix-cache)), plus one
+//! cache's 60 bytes (see [Prefix cache](#prefix-cache)), plus one
 //! `CachePadded` slot (a cache line, 128 bytes on x86-64) per shard for its
 //! words, per shard summary, per shard admission count and per statistics
 //! cell, two for the closed flag and the peak, and a fixed minimum for tiny
@@ -683,9 +683,17 @@
 //! size, for uniform, sequential, low-entropy, correlated and crafted
 //! keys alike (`tests/prefix_replay.rs`).
 //!
+//! An index entry lives as long as its block's key or claim: a publish
+//! that loses or is refused removes its own entry, and an eviction, a
+//! reset removes the block's entry before the block is handed out, and
+//! a truncate that drops a key removes it before the sequence writes into
+//! the block. So the index holds at most one entry a block, under any
+//! concurrency, and what fills a bucket is blocks that hold keys (or claim
+//! them) now.
+//!
 //! Bookkeeping per block: 8 (state) + 32 (key) + 20 (index) + 4 (release
-//! stamp) + 2 (eviction candidates) + a bit (the free list's bitmap) = 66
-//! bytes.
+//! stamp) + 4 (eviction candidates) + a bit (the free list's bitmap) + a
+//! bit (the refill's map) = 68 bytes.
 //!
 //! ## Publishing
 //!
@@ -762,37 +770,57 @@
 //! ## Eviction order
 //!
 //! When a cached block's last reference goes, it gets a release stamp from
-//! a pool-wide clock (a give-back takes one range of stamps for all its
-//! blocks, and a sequence gives its blocks back last block first, so that
-//! a prompt's tail is evicted before its head). An allocation pops the
-//! free list first; for the rest it evicts: a CAS from the evictable state
-//! to held (count 1, not cached, next generation), then it removes the
+//! a pool-wide clock (a give-back takes a range of stamps for each batch of
+//! up to 32 of its blocks and writes each block's stamp as soon as its drop
+//! returns; a sequence gives its blocks back last block first, so that a
+//! prompt's tail is evicted before its head). An allocation pops the free
+//! list first; for the rest it evicts: a CAS from the evictable state to
+//! held (count 1, not cached, next generation), then it removes the
 //! block's index entry before the block is handed out.
 //!
-//! Evictors take candidates from a ring of `num_blocks / 4` (at least 64)
-//! `(stamp, id)` words, oldest first. A block that becomes evictable is
-//! appended as the youngest (a give-back appends its blocks in batches of
-//! up to 32 with one CAS), unless the ring is full or *overflowed* (an
-//! older evictable block is missing from it; appends then stop). When the
-//! ring runs dry, one evictor refills it by a scan of every state word
-//! (through a bounded heap, no allocation): the oldest evictable blocks,
-//! sorted, and the ring is overflowed if more were found than fit. So with
-//! one thread the order is exactly least recently released first, as in
-//! the reference; while few blocks are evictable, releases keep the ring
-//! filled and evictions need no scan, and while many are, a scan serves
-//! `num_blocks / 4` evictions. An allocation claims as many candidates as
-//! it needs with one CAS.
+//! Evictors take candidates from a ring of `num_blocks / 2` (at least 64)
+//! `(stamp, id)` words, oldest first, at positions that only grow. An
+//! evictor copies up to 32 candidates and then claims their positions with
+//! one CAS (`Release`): a refill reads the position (`Acquire`) before it
+//! rewrites a slot for a position a ring later, so no evictor reads a slot
+//! that a refill has begun to fill. A block that becomes evictable is
+//! appended as the youngest (a give-back appends its batches with one CAS
+//! each), unless the ring is full or *overflowed* (an evictable block is
+//! missing from it; appends then stop).
+//!
+//! **Refills.** Once an overflowed ring holds at most half its capacity,
+//! the first evictor to see it claims a flag and refills it while the
+//! others go on popping the candidates left: a scan of every state word
+//! selects the oldest evictable blocks that have no current candidate (the
+//! candidates left are marked for the scan in a map of one bit a block, so
+//! a block that a race left out of the ring is found), as many as the free
+//! slots take, and appends them sorted. The selection uses no heap and
+//! allocates nothing: a pass for the range of ranks (a stamp's signed
+//! distance from the clock read when the scan began, so that a block
+//! released during the scan ranks youngest), histograms of 1,024 buckets
+//! narrowed to the oldest that fit, and a pass that places each block in
+//! its bucket's range; each bucket is then sorted in place and published at
+//! once (a `Release` CAS of the ring's length). So with one thread the
+//! order is exactly least recently released first, as in the reference;
+//! while few blocks are evictable, releases keep the ring filled and
+//! evictions need no scan, and while many are, a scan serves
+//! `num_blocks / 4` evictions or more.
+//!
+//! Nobody waits on the flag for long: an evictor that finds the ring empty
+//! while another refills gives up its time slice up to 16 times (with more
+//! threads than cores, the refiller may be the thread waiting for a core),
+//! and then sweeps the pool from a rotating hand, taking first the
+//! evictable blocks stamped shortly after the last candidate taken (the
+//! next oldest), then any.
 //!
 //! Under concurrency the order is approximate: a stamp is written just
-//! after the drop that made the block evictable, an append can be lost to
-//! a racing append or to a refill (the block waits for the next scan), a
-//! candidate read while another evictor refills may be out of order, and
-//! an evictor that finds the ring empty while another refills does not
-//! wait but sweeps the pool from a rotating hand, taking the evictable
-//! blocks it meets (and moving the hand past them, so the next sweep does
-//! not rescan the held blocks this one passed). Every
-//! candidate is re-checked against its stamp and its state's CAS, so the
-//! order is the only thing that is approximate.
+//! after the drop that made the block evictable, a batch's stamps are
+//! taken at its first drop (a give-back descheduled midway leaves up to a
+//! batch stamped early), an append can be lost to a racing one, a scan can
+//! pass a block before its release (until the next refill finds it), and
+//! a sweep takes roughly the oldest. Every candidate is re-checked against
+//! its stamp and its state's CAS, so the order is the only thing that is
+//! approximate.
 //!
 //! `reset_prefix_cache` evicts every evictable block the same way (its
 //! capacity admitted first, also on a closed pool) and frees it.

@@ -1327,8 +1327,8 @@ fn oom_child() {
             Err(ConfigError::OutOfMemory { bytes })
         );
     };
-    // The documented maximum: about 51 GB of bookkeeping for the core
-    // pool, 275 GB with the prefix cache.
+    // The documented maximum: about 35 GB of bookkeeping for the core
+    // pool, 293 GB with the prefix cache.
     oom(BlockPool::builder(BlockPool::MAX_BLOCKS, 1));
     oom(BlockPool::builder(BlockPool::MAX_BLOCKS, 1).prefix_cache(true));
     // 100M blocks with the prefix cache: room for the keys (3.2 GB) is

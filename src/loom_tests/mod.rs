@@ -37,6 +37,7 @@
 //! | `hybrid.rs` | `HybridSequence`: one admission across groups, a window's give-back and reuse against a match, an append and a double free, a match across groups against an evicting append |
 //! | `fence.rs` | fenced release against `complete` and allocation |
 //! | `prefix.rs` | the prefix cache: match, publish, eviction, reset |
+//! | `prefix_evict.rs` | the eviction ring: an evictor taking its candidates while another refills it |
 //! | `prefix_misuse.rs` | the prefix cache under misuse and three-way races |
 //! | `prefix_publish_attack.rs` | rivals of a publish reclaimed, killed or deferred to |
 //! | `events.rs` | KV events: the rings' records against the transitions they report, a drain, a full ring |
@@ -87,6 +88,7 @@ mod hybrid;
 mod pool;
 mod pool_wait;
 mod prefix;
+mod prefix_evict;
 mod prefix_misuse;
 mod prefix_publish_attack;
 mod refused_free;

@@ -72,6 +72,7 @@ pub const SOUND: Faults = Faults {
     relaxed_record: false,
     uncounted_loss: false,
     plain_sole_drop: false,
+    claim_before_read: false,
 };
 /// The free list's control: a take from a bitmap word with a load and a
 /// plain store, so that two takers can take the same block.
@@ -82,6 +83,13 @@ pub const PLAIN_BITMAP_TAKE: Faults = Faults {
 /// The ordering control: freeing with `Relaxed` instead of `Release`.
 pub const RELAXED_FREE: Faults = Faults {
     relaxed_free: true,
+    ..SOUND
+};
+/// The eviction ring's control: an evictor claims its candidates'
+/// positions before it copies them, so a refill that has moved on may
+/// rewrite a slot it claimed with a younger block.
+pub const CLAIM_BEFORE_READ: Faults = Faults {
+    claim_before_read: true,
     ..SOUND
 };
 /// The undo control: a refused free adds its references back blindly,

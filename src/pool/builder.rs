@@ -23,7 +23,7 @@ use crate::sync::Faults;
 /// | layer | option | per block | default |
 /// |---|---|---|---|
 /// | core pool, waiting, fenced release | always | 8 bytes and a bit | on |
-/// | prefix cache | [`prefix_cache`](Self::prefix_cache) | 58 bytes | off |
+/// | prefix cache | [`prefix_cache`](Self::prefix_cache) | 60 bytes | off |
 /// | KV events (with the prefix cache) | [`kv_events`](Self::kv_events) | none: 128 bytes a record of its rings | off |
 ///
 /// ([`BlockPool::new`] and [`BlockPool::with_shards`] build a pool with
@@ -131,9 +131,9 @@ impl BlockPoolBuilder {
     /// sequence's full blocks under their keys and
     /// [`Sequence::try_match_prefix`](crate::Sequence::try_match_prefix)
     /// takes them back (see [Prefix cache](BlockPool#prefix-cache)); it
-    /// takes 58 bytes a block (a key of 32 bytes, 2.5 index slots of 8, an
-    /// eviction stamp and a share of the eviction ring) and a few cache
-    /// lines per pool.
+    /// takes 60 bytes a block (a key of 32 bytes, 2.5 index slots of 8, an
+    /// eviction stamp, half a slot of the eviction ring and a bit of its
+    /// refill's map) and a few cache lines per pool.
     ///
     /// Without it, the prefix cache's calls are documented no-ops that
     /// cache nothing: `publish` returns 0, `try_match_prefix` returns 0 (a
@@ -250,7 +250,7 @@ impl BlockPoolBuilder {
     /// let core = BlockPool::builder(1 << 20, 16).memory_bytes();
     /// let cached = BlockPool::builder(1 << 20, 16).prefix_cache(true).memory_bytes();
     /// assert_eq!(core / (1 << 20), 8);
-    /// assert_eq!(cached / (1 << 20), 66);
+    /// assert_eq!(cached / (1 << 20), 68);
     /// ```
     pub fn memory_bytes(&self) -> usize {
         let n = self.num_blocks;

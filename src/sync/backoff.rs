@@ -59,3 +59,16 @@ pub(crate) fn stale_retry(backoff: &Backoff) {
     shuttle::thread::yield_now();
     backoff.spin();
 }
+
+/// Gives up the calling thread's time slice, so that another thread (one
+/// whose work it waits for, a bounded number of times) can run: the model
+/// checker's yield under loom and shuttle, the operating system's
+/// otherwise.
+pub(crate) fn yield_now() {
+    #[cfg(all(test, kvslots_loom))]
+    loom::thread::yield_now();
+    #[cfg(all(kvslots_shuttle, not(all(test, kvslots_loom))))]
+    shuttle::thread::yield_now();
+    #[cfg(not(any(all(test, kvslots_loom), kvslots_shuttle)))]
+    std::thread::yield_now();
+}

@@ -109,6 +109,12 @@ pub(crate) struct Faults {
     /// (both commit).
     #[cfg(all(test, kvslots_loom))]
     pub(crate) fence_own_bucket: bool,
+    /// An evictor claims its candidates' positions in the eviction ring
+    /// before it copies them: a refill that has moved on may be rewriting
+    /// those slots with the blocks of its scan, not yet sorted, and the
+    /// evictor takes a young block out of order.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) claim_before_read: bool,
     /// A waiter joins the wait queue without trying again after it is
     /// queued: a release that happened between its failed attempt and its
     /// enqueue found nobody waiting, and nothing wakes it (a lost wakeup).
@@ -317,6 +323,17 @@ impl Faults {
     pub(crate) fn no_kill(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.no_kill {
+            return true;
+        }
+        false
+    }
+
+    /// Whether an evictor claims its candidates before it copies them:
+    /// `false`, or `true` under `claim_before_read`.
+    #[inline]
+    pub(crate) fn claim_before_read(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.claim_before_read {
             return true;
         }
         false

@@ -24,9 +24,10 @@
 //! too (`lock`), so that loom and shuttle model the wait queue's locking
 //! and wake-ups.
 //!
-//! Besides the atomic types, this module holds the four things that differ
+//! Besides the atomic types, this module holds the five things that differ
 //! under a model checker: how a retry after a stale read waits
-//! ([`stale_retry`]), how threads are numbered ([`thread_index()`]), the
+//! ([`stale_retry`]), how a thread gives up its time slice
+//! ([`yield_now`]), how threads are numbered ([`thread_index()`]), the
 //! seed of a pool's index hash ([`index_seed`]: random, or fixed so that a
 //! schedule replays), and the faults that loom's negative controls inject
 //! ([`Faults`], empty and with hooks that are the correct behaviour in
@@ -47,7 +48,7 @@ mod thread_index;
 
 pub(crate) use atomic::CachePadded;
 pub(crate) use atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-pub(crate) use backoff::{stale_retry, Backoff};
+pub(crate) use backoff::{stale_retry, yield_now, Backoff};
 pub(crate) use faults::Faults;
 pub(crate) use lock::{Condvar, Mutex, MutexGuard};
 pub(crate) use seed::index_seed;

@@ -3,77 +3,129 @@
 //! Each block has a release stamp, taken from a pool-wide clock when its
 //! last reference goes while it holds a key (a sequence takes one range of
 //! stamps per give-back, and stamps its blocks in release order). Stamps
-//! are 32 bits and compared by age (`clock - stamp`, wrapping), so a block
-//! released more than 2^32 stamps ago looks young again.
+//! are 32 bits; a scan ranks them by their signed distance from the clock
+//! it read when it began, so that a block stamped while the scan runs
+//! ranks youngest, and a block released more than 2^31 stamps before
+//! looks young again.
 //!
 //! Evictors take blocks from a ring of candidates, oldest first, as
-//! `(stamp << 32) | id` words. A block that becomes evictable is appended
-//! (it is the youngest; a give-back appends the blocks it made evictable
-//! in batches, oldest first, with one CAS on the ring's length a batch),
-//! unless the ring is full or *overflowed*: some evictable block older
-//! than the new one is missing from it. When the
-//! ring runs dry, one evictor refills it with a scan of every block (a
-//! bounded heap keeps the `capacity` oldest, sorted); the ring is marked
-//! overflowed if the scan found more evictable blocks than fit. The
-//! refill is claimed with a flag that nobody waits for: an evictor that
-//! finds the ring empty while another refills it sweeps the pool from a
-//! rotating hand instead, taking the evictable blocks it meets, and moves
-//! the hand past what it looked at.
+//! `(stamp << 32) | id` words at positions that only grow (position `p`
+//! sits in slot `p % capacity`; the ring holds `num_blocks / 2`). An
+//! evictor copies up to [`POP_BATCH`] candidates and then claims their
+//! positions with one CAS, so that it never reads a slot that a refill has
+//! begun to rewrite for a later position. A block that becomes evictable
+//! is appended (it is the youngest; a give-back appends the blocks it made
+//! evictable in batches, oldest first, with one CAS on the ring's length a
+//! batch), unless the ring is full or *overflowed*: some evictable block is
+//! missing from it.
+//!
+//! **Refills.** Once an overflowed ring holds at most half its capacity
+//! (or nothing), one evictor claims the refill flag, scans every block and
+//! appends the oldest evictable blocks that have no candidate in the ring
+//! yet, as many as the free slots take, oldest first, while the other
+//! evictors go on popping the candidates left. The blocks of the
+//! candidates left are marked in a map of one bit a block for the scan,
+//! so a block that a race left out of the ring (a stamp taken early in a
+//! long give-back, or written after the drop that made the block
+//! evictable, a release that the last scan had passed, an append lost) is
+//! found by the next refill. The scan selects without a heap: a pass for
+//! the range of ranks, histograms of [`BUCKETS`] buckets over a range
+//! narrowed each time to the oldest buckets that fit together, and a pass
+//! that places each block in its bucket's range; each bucket is then
+//! sorted in place and published at once, oldest bucket first.
+//!
+//! Nobody holds the refill flag against anyone: an evictor that finds the
+//! ring empty while another refills it gives up its time slice a few
+//! times ([`REFILL_YIELDS`], for a refiller that waits for a core), and
+//! then sweeps the pool from a rotating hand instead, taking the
+//! evictable blocks it meets that are stamped up to a little past the
+//! last refill's youngest (the blocks the running refill will append
+//! first), then any, and moves the hand past what it looked at.
 //!
 //! So with one thread the order is exactly least recently released first:
-//! the ring holds the oldest evictable blocks in order, and a block is
-//! appended only while every older evictable block is in the ring. While
-//! few blocks are evictable, releases keep the ring filled and evictions
-//! need no scan. Under concurrency the order is approximate (a stamp taken
-//! late, an append lost to a racing one or to a refill, a candidate read
-//! during a refill, the sweep's picks); every candidate is re-checked against
-//! the block's stamp and state before it is evicted, and a block missing
-//! from the ring is found by the next scan.
+//! the ring holds the oldest evictable blocks in order, a refill appends
+//! the next oldest, and a block is appended on release only while every
+//! older evictable block is in the ring. While few blocks are evictable,
+//! releases keep the ring filled and evictions need no scan. Under
+//! concurrency the order is approximate (the races above, until the next
+//! refill finds the blocks they left out, and the sweeps' picks); every
+//! candidate is re-checked against the block's stamp and state before it
+//! is evicted.
 
 use std::collections::TryReserveError;
-use std::ops::Range;
 
 use crate::array::{bytes_of, Room};
 
 use crate::id::BlockId;
-use crate::sync::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Ordering};
+use crate::sync::{
+    self, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Faults, Ordering,
+};
 
 use crate::pool::refs::Refs;
 
 /// The fewest candidates a buffer holds.
 const MIN_CANDIDATES: usize = 64;
-/// Blocks per candidate slot (the buffer holds `num_blocks / 4`: a
-/// refill serves that many evictions, and the ring's 8-byte words cost 2
-/// bytes a block).
-const BLOCKS_PER_CANDIDATE: usize = 4;
+/// Blocks per candidate slot (the buffer holds `num_blocks / 2`: the
+/// ring's 8-byte words cost 4 bytes a block).
+const BLOCKS_PER_CANDIDATE: usize = 2;
+/// A refill begins once an overflowed ring holds at most
+/// `capacity / LOW_WATER` candidates: the candidates left keep the
+/// evictors going while it scans.
+const LOW_WATER: usize = 2;
+/// Candidates an evictor copies and claims with one CAS (256 bytes on its
+/// stack).
+const POP_BATCH: usize = 32;
+/// How many times an evictor that finds the ring empty while another
+/// refills it gives up its time slice before it sweeps.
+const REFILL_YIELDS: usize = 16;
+/// Buckets of a refill's histogram of ranks (two arrays of them on the
+/// refiller's stack, 8 KiB).
+const BUCKETS: usize = 1024;
+/// Buckets at most this long are sorted by insertion, longer ones by a
+/// heap sort.
+const INSERTION_SORT: usize = 16;
 
-/// Stamps, the candidate buffer and the fallback hand.
+/// Stamps, the ring of candidates, the refill's map and the sweeps' hand.
 pub(super) struct Lru {
     /// Per block: the clock's value when it last became evictable.
     stamps: Box<[AtomicU32]>,
     /// The release clock.
     clock: CachePadded<AtomicU32>,
-    /// The ring: `(stamp << 32) | id` at position `p % capacity`, oldest
-    /// first.
+    /// The ring: `(stamp << 32) | id` words, oldest first; position `p`
+    /// in slot `p % capacity`.
     candidates: Box<[AtomicU64]>,
-    /// The position after the youngest candidate.
-    len: AtomicUsize,
+    /// The position after the youngest candidate. Positions only grow.
+    len: AtomicU64,
     /// The position of the next candidate to try (`next <= len`, and
-    /// `len - next <= capacity`).
-    next: CachePadded<AtomicUsize>,
+    /// `len - next <= capacity`), with the stamp of the last candidate
+    /// taken.
+    next: CachePadded<Head>,
     /// Set while one evictor refills the ring.
     refilling: AtomicBool,
-    /// Set when an evictable block is missing from the ring that is older
-    /// than blocks released since: appends stop until the next refill.
+    /// Set when an evictable block may be missing from the ring: appends
+    /// stop until a refill finds every evictable block in it.
     overflowed: AtomicBool,
     /// Where the fallback scan starts.
     hand: AtomicUsize,
+    /// One bit a block, set by a refill for the blocks that have a current
+    /// candidate in the ring while it scans (see `refill`).
+    in_ring: Box<[AtomicU64]>,
+    /// The faults of loom's negative controls (none outside them).
+    faults: Faults,
+}
+
+/// The ring's head: the position of the next candidate to try, and the
+/// stamp of the last candidate taken (where a sweep looks first).
+struct Head {
+    next: AtomicU64,
+    stamp: AtomicU32,
 }
 
 /// The room of an [`Lru`]'s arrays, reserved by [`Lru::room`].
 pub(super) struct LruRoom {
     stamps: Room<AtomicU32>,
     candidates: Room<AtomicU64>,
+    in_ring: Room<AtomicU64>,
 }
 
 /// A candidate word's block.
@@ -87,17 +139,23 @@ fn stamp_of(word: u64) -> u32 {
 }
 
 impl Lru {
-    /// The eviction order of `num_blocks` blocks, none evictable.
-    pub(super) fn new(room: LruRoom) -> Lru {
+    /// The eviction order of `num_blocks` blocks, none evictable, carrying
+    /// `faults`.
+    pub(super) fn new(room: LruRoom, faults: Faults) -> Lru {
         Lru {
             stamps: room.stamps.fill(|_| AtomicU32::new(0)),
             clock: CachePadded::new(AtomicU32::new(0)),
             candidates: room.candidates.fill(|_| AtomicU64::new(0)),
-            len: AtomicUsize::new(0),
-            next: CachePadded::new(AtomicUsize::new(0)),
+            len: AtomicU64::new(0),
+            next: CachePadded::new(Head {
+                next: AtomicU64::new(0),
+                stamp: AtomicU32::new(0),
+            }),
             refilling: AtomicBool::new(false),
             overflowed: AtomicBool::new(false),
             hand: AtomicUsize::new(0),
+            in_ring: room.in_ring.fill(|_| AtomicU64::new(0)),
+            faults,
         }
     }
 
@@ -107,6 +165,7 @@ impl Lru {
         Ok(LruRoom {
             stamps: Room::reserve(num_blocks)?,
             candidates: Room::reserve(Lru::capacity(num_blocks))?,
+            in_ring: Room::reserve(num_blocks.div_ceil(64))?,
         })
     }
 
@@ -119,6 +178,7 @@ impl Lru {
     pub(super) fn heap_bytes(num_blocks: usize) -> usize {
         bytes_of::<AtomicU32>(num_blocks)
             .saturating_add(bytes_of::<AtomicU64>(Lru::capacity(num_blocks)))
+            .saturating_add(bytes_of::<AtomicU64>(num_blocks.div_ceil(64)))
     }
 
     /// Takes `n` consecutive stamps; returns the first.
@@ -133,16 +193,18 @@ impl Lru {
         (u64::from(stamp) << 32) | id.index() as u64
     }
 
-    /// Records that the blocks of `words` (candidate words, oldest first)
-    /// became evictable at their stamps, and appends them to the ring as
-    /// its youngest candidates while it has room and has not overflowed:
-    /// one CAS on the ring's length for all of them. Those that do not fit
-    /// mark it overflowed (they wait for a scan).
-    pub(super) fn stamp_all(&self, words: &[u64]) {
-        for &word in words {
-            // Relaxed: a hint, re-checked by the evictor's CAS on the state.
-            self.stamps[id_of(word).index()].store(stamp_of(word), Ordering::Relaxed);
-        }
+    /// Records that block `id` became evictable at `stamp`.
+    pub(super) fn stamp(&self, id: BlockId, stamp: u32) {
+        // Relaxed: a hint, re-checked by the evictor's CAS on the state.
+        self.stamps[id.index()].store(stamp, Ordering::Relaxed);
+    }
+
+    /// Appends the blocks of `words` (candidate words of blocks stamped
+    /// already, oldest first) to the ring as its youngest candidates while
+    /// it has room and has not overflowed: one CAS on the ring's length for
+    /// all of them. Those that do not fit mark it overflowed (they wait for
+    /// a refill).
+    pub(super) fn append_all(&self, words: &[u64]) {
         let cap = self.candidates.len();
         // Relaxed: a hint; an append lost to a race leaves the blocks for
         // the next scan.
@@ -152,9 +214,11 @@ impl Lru {
         // Acquire: as in `pop`.
         let mut len = self.len.load(Ordering::Acquire);
         loop {
-            // Acquire: as in `pop` (a refill's `next` comes with its
-            // entries); only sizes the room, the CAS below decides.
-            let held = len - self.next.load(Ordering::Acquire).min(len);
+            // Acquire: evictors claim positions (Release) after they copied
+            // their entries, so the slots of positions below this `next`
+            // are ours to rewrite for positions a ring later (see `pop`);
+            // it also sizes the room, and the CAS below decides.
+            let held = (len - self.next.next.load(Ordering::Acquire).min(len)) as usize;
             let fit = words.len().min(cap.saturating_sub(held));
             if fit < words.len() {
                 // Full: these blocks (and every later one) wait for a scan.
@@ -164,7 +228,7 @@ impl Lru {
                     return;
                 }
             }
-            let mut slot = len % cap;
+            let mut slot = self.slot(len);
             for &word in &words[..fit] {
                 // Relaxed: published by the Release CAS below.
                 self.candidates[slot].store(word, Ordering::Relaxed);
@@ -175,7 +239,7 @@ impl Lru {
             // at the fresh length.
             match self.len.compare_exchange_weak(
                 len,
-                len + fit,
+                len + fit as u64,
                 Ordering::Release,
                 Ordering::Acquire,
             ) {
@@ -185,28 +249,77 @@ impl Lru {
         }
     }
 
-    /// Takes up to `k > 0` of the next candidates with one CAS; returns
-    /// their positions in the buffer (empty when it has none left).
-    fn pop(&self, k: usize) -> Range<usize> {
-        // Acquire (both): the refill's entries are visible once its
-        // Release stores of `len` and `next` are seen.
-        let mut i = self.next.load(Ordering::Acquire);
+    /// Copies up to `min(k, POP_BATCH)` of the next candidates into
+    /// `batch` and claims their positions with one CAS; returns how many
+    /// (0 when the ring has none left).
+    ///
+    /// The copy comes before the claim: a refill or an append rewrites a
+    /// slot only for a position a whole ring later, once `next` has passed
+    /// the slot's position, and our claim's `Release` orders the copy
+    /// before any such rewrite (the writer reads `next` with `Acquire`).
+    /// An evictor that claimed first and copied after could read a slot
+    /// that a refill is filling with the blocks of its scan, not yet
+    /// sorted.
+    fn pop(&self, k: usize, batch: &mut [u64; POP_BATCH]) -> usize {
+        // Acquire: synchronises with the claim (Release) that moved `next`
+        // here, whose evictor had read a length of at least this `next`:
+        // the length loaded below is no older, so a ring with candidates
+        // left never looks empty here.
+        let mut i = self.next.next.load(Ordering::Acquire);
         loop {
+            // Acquire: the entries at positions below `len` were written
+            // before the Release (a refill's or an append's CAS) that
+            // published this length.
             let len = self.len.load(Ordering::Acquire);
             if i >= len {
-                return 0..0;
+                return 0;
             }
-            let end = len.min(i + k);
-            // Relaxed (both): taking the positions is all; the entries are
-            // hints.
-            match self
-                .next
-                .compare_exchange_weak(i, end, Ordering::Relaxed, Ordering::Acquire)
-            {
-                Ok(_) => return i..end,
+            let n = ((len - i) as usize).min(k).min(POP_BATCH);
+            let claim_first = self.faults.claim_before_read();
+            if !claim_first {
+                self.copy(i, &mut batch[..n]);
+            }
+            // Release on success: orders the copy above before the rewrite
+            // of these slots (see above). Acquire on failure: retry at the
+            // fresh position, as after the load above.
+            match self.next.next.compare_exchange_weak(
+                i,
+                i + n as u64,
+                Ordering::Release,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    if claim_first {
+                        // loom's `claim_before_read` control.
+                        self.copy(i, &mut batch[..n]);
+                    }
+                    // Relaxed: a hint for the sweeps, on the line the CAS
+                    // above just took.
+                    self.next
+                        .stamp
+                        .store(stamp_of(batch[n - 1]), Ordering::Relaxed);
+                    return n;
+                }
                 Err(actual) => i = actual,
             }
         }
+    }
+
+    /// Copies the candidates at positions `from..` into `out`.
+    fn copy(&self, from: u64, out: &mut [u64]) {
+        let cap = self.candidates.len();
+        let mut slot = self.slot(from);
+        for word in out {
+            // Relaxed: published by the Release that published `len` (see
+            // `pop`).
+            *word = self.candidates[slot].load(Ordering::Relaxed);
+            slot = if slot + 1 == cap { 0 } else { slot + 1 };
+        }
+    }
+
+    /// The slot of position `p`.
+    fn slot(&self, p: u64) -> usize {
+        (p % self.candidates.len() as u64) as usize
     }
 
     /// Whether `id` was last stamped `stamp`.
@@ -219,7 +332,7 @@ impl Lru {
     /// takes each with `take` (the eviction CAS on the state it read) and
     /// hands it to `got`; returns how many. Fewer than `k` if no more
     /// evictable blocks were found (the caller looks again elsewhere).
-    /// Candidates are claimed `k` at a time, one CAS for all of them.
+    /// Candidates are claimed [`POP_BATCH`] at a time, one CAS a batch.
     pub(super) fn evict(
         &self,
         refs: &Refs,
@@ -228,15 +341,15 @@ impl Lru {
         mut got: impl FnMut(BlockId),
     ) -> usize {
         let mut taken = 0;
+        let mut batch = [0u64; POP_BATCH];
         loop {
             loop {
-                let range = self.pop(k - taken);
-                if range.is_empty() {
+                self.refill_if_low(refs);
+                let n = self.pop(k - taken, &mut batch);
+                if n == 0 {
                     break;
                 }
-                for p in range {
-                    // Relaxed: a hint (see `refill`).
-                    let word = self.candidates[p % self.candidates.len()].load(Ordering::Relaxed);
+                for &word in &batch[..n] {
                     let (id, stamp) = (id_of(word), stamp_of(word));
                     // Acquire: the state's last writer (the last drop) is
                     // synchronised with by the eviction CAS itself; this
@@ -251,29 +364,83 @@ impl Lru {
                     return taken;
                 }
             }
-            // Refill, unless someone else is at it.
-            // Acquire on success: the previous refiller's writes are ours
-            // to overwrite. Relaxed on failure: we do not wait.
-            if self
-                .refilling
-                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-                .is_err()
-            {
+            // The ring is empty: refill, unless someone else is at it.
+            if self.claim_refill() {
+                let found = self.refill(refs);
+                self.end_refill();
+                if found == 0 {
+                    return taken;
+                }
+            } else if !self.await_refill() {
                 return taken + self.sweep(refs, k - taken, &take, &mut got);
-            }
-            let found = self.refill(refs);
-            // Release: the next refiller sees our entries as written.
-            self.refilling.store(false, Ordering::Release);
-            if found == 0 {
-                return taken;
             }
         }
     }
 
-    /// Takes up to `k` evictable blocks in one pass over the pool from the
-    /// hand, and moves the hand past the blocks it looked at, so that the
-    /// next sweep starts where this one stopped instead of rescanning the
-    /// held blocks before it. Returns how many it took.
+    /// Gives up this thread's time slice while another evictor refills the
+    /// ring and the ring is empty, at most [`REFILL_YIELDS`] times: `true`
+    /// once the ring has candidates again (a refill publishes its oldest
+    /// entries as soon as they are sorted) or nobody refills it, `false`
+    /// if the refill is still under way with nothing published. With more
+    /// threads than cores the refiller may be the one waiting for a core;
+    /// with a core of its own it is seldom waited for. A bounded wait: the
+    /// caller sweeps after it, so a refiller that stalls stops no one.
+    fn await_refill(&self) -> bool {
+        for _ in 0..REFILL_YIELDS {
+            // Relaxed (all three): only whether to look again; `pop`
+            // re-reads them with the orderings that matter.
+            if !self.refilling.load(Ordering::Relaxed)
+                || self.len.load(Ordering::Relaxed) > self.next.next.load(Ordering::Relaxed)
+            {
+                return true;
+            }
+            sync::yield_now();
+        }
+        false
+    }
+
+    /// Claims the refill flag; `false` if someone else holds it (we do not
+    /// wait).
+    fn claim_refill(&self) -> bool {
+        // Acquire on success: the previous refiller's writes are ours to
+        // overwrite. Relaxed on failure: we do not wait.
+        self.refilling
+            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Lets go of the refill flag.
+    fn end_refill(&self) {
+        // Release: the next refiller sees our entries as written.
+        self.refilling.store(false, Ordering::Release);
+    }
+
+    /// Refills the ring before it runs dry: when it is overflowed (so an
+    /// evictable block is missing from it) and holds at most
+    /// `capacity / LOW_WATER` candidates, and nobody refills it already.
+    fn refill_if_low(&self, refs: &Refs) {
+        // Relaxed (all three): only whether to begin; the refill reads
+        // them again.
+        if !self.overflowed.load(Ordering::Relaxed) {
+            return;
+        }
+        let len = self.len.load(Ordering::Relaxed);
+        let held = (len - self.next.next.load(Ordering::Relaxed).min(len)) as usize;
+        if held > self.candidates.len() / LOW_WATER || !self.claim_refill() {
+            return;
+        }
+        self.refill(refs);
+        self.end_refill();
+    }
+
+    /// Takes up to `k` evictable blocks from the hand on, and moves the
+    /// hand past the blocks it looked at, so that the next sweep starts
+    /// where this one stopped instead of rescanning the held blocks before
+    /// it. The ring ran dry: the oldest evictable blocks are those stamped
+    /// just after the last candidate taken from it. A first pass takes only
+    /// blocks stamped up to `num_blocks / 16` stamps after that one, a
+    /// second up to `num_blocks / 2` after it, and a third any evictable
+    /// block. Returns how many it took.
     fn sweep(
         &self,
         refs: &Refs,
@@ -285,109 +452,632 @@ impl Lru {
         if n == 0 || k == 0 {
             return 0;
         }
-        // Relaxed (both): the hand only spreads the sweeps.
+        // Relaxed (both): hints; the hand only spreads the sweeps.
         let start = self.hand.load(Ordering::Relaxed) % n;
+        let head = self.next.stamp.load(Ordering::Relaxed);
         let (mut taken, mut looked) = (0, 0);
-        for index in (start..n).chain(0..start) {
-            looked += 1;
-            // Acquire: as in `evict`.
-            let state = refs.state(index, Ordering::Acquire);
-            let id = BlockId::new(index as u32);
-            if refs.may_evict(state) && take(id, state) {
-                got(id);
-                taken += 1;
-                if taken == k {
-                    break;
+        let reaches = [Some(n / 16), Some(n / 2), None];
+        for reach in reaches.map(|reach| reach.map(|r| i64::try_from(r).unwrap_or(i64::MAX))) {
+            for index in (start..n).chain(0..start) {
+                looked += 1;
+                // Acquire: as in `evict`.
+                let state = refs.state(index, Ordering::Acquire);
+                if !refs.may_evict(state) {
+                    continue;
+                }
+                if let Some(reach) = reach {
+                    // Relaxed: a hint.
+                    let stamp = self.stamps[index].load(Ordering::Relaxed);
+                    if i64::from(stamp.wrapping_sub(head) as i32) > reach {
+                        continue;
+                    }
+                }
+                let id = BlockId::new(index as u32);
+                if take(id, state) {
+                    got(id);
+                    taken += 1;
+                    if taken == k {
+                        // Relaxed: as above.
+                        self.hand.fetch_add(looked, Ordering::Relaxed);
+                        return taken;
+                    }
                 }
             }
         }
+        // Relaxed: as above.
         self.hand.fetch_add(looked, Ordering::Relaxed);
         taken
     }
 
-    /// Refills the buffer with the oldest evictable blocks, oldest first;
-    /// returns how many. The caller holds the `refilling` flag.
+    /// Appends the oldest evictable blocks that have no candidate in the
+    /// ring after the candidates left, as many as the free slots take,
+    /// oldest first; returns how many. The caller holds the `refilling`
+    /// flag.
+    ///
+    /// The blocks of the candidates left are marked in the membership map
+    /// for the scan (and unmarked after it), so that the scan passes them
+    /// over: a block missing from the ring, whatever the race that left it
+    /// out, is found here. The entries are published as they are sorted,
+    /// a bucket at a time, so that evictors that ran the ring dry get the
+    /// oldest ones early.
     fn refill(&self, refs: &Refs) -> usize {
         let cap = self.candidates.len();
-        // Empty the ring first, so that evictors stop popping from it, and
-        // stop appends (a release during the scan may or may not be seen
-        // by it). Relaxed: the entries are hints; `len` is published below.
+        // Stop appends: a release during the scan may or may not be seen
+        // by it. Relaxed: a hint.
         self.overflowed.store(true, Ordering::Relaxed);
-        self.next.store(0, Ordering::Relaxed);
-        self.len.store(0, Ordering::Relaxed);
-        let mut seen = 0usize;
-        // Relaxed: a snapshot; ages are measured from it.
-        let now = self.clock.load(Ordering::Relaxed);
-        let age = |word: u64| now.wrapping_sub(stamp_of(word));
-        let get = |i: usize| self.candidates[i].load(Ordering::Relaxed);
-        let set = |i: usize, word: u64| self.candidates[i].store(word, Ordering::Relaxed);
-        // A min-heap by age of the oldest blocks seen: its root is the
-        // youngest of them, the first to be replaced. Both sifts move a
-        // hole rather than swapping, so each level costs one load and one
-        // store of the ring and one age.
-        let sift_down = |mut i: usize, word: u64, len: usize| {
-            let a = age(word);
-            loop {
-                let l = 2 * i + 1;
-                if l >= len {
-                    break;
+        let mut added = 0;
+        loop {
+            // Acquire: evictors claim positions with a Release CAS after
+            // they copied their entries, so the slots of positions below
+            // this `next` are read already and ours to rewrite (for
+            // positions a ring later).
+            let next = self.next.next.load(Ordering::Acquire);
+            // Acquire: as in `pop`. Loaded after `next`, so `next <= len`.
+            let len = self.len.load(Ordering::Acquire);
+            let room = cap - (len - next) as usize;
+            self.mark(next, len, true);
+            let mut published = len;
+            let (written, seen) = self.fill(refs, len, room, |written| {
+                // Release on success: an evictor that sees the new length
+                // sees the entries written before. Relaxed on failure: an
+                // append that read `overflowed` clear before we set it moved
+                // the length (and may have overwritten some of our entries).
+                let ok = self
+                    .len
+                    .compare_exchange(
+                        published,
+                        len + written as u64,
+                        Ordering::Release,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok();
+                if ok {
+                    published = len + written as u64;
                 }
-                let (mut c, mut child) = (l, get(l));
-                if l + 1 < len {
-                    let right = get(l + 1);
-                    if age(right) < age(child) {
-                        (c, child) = (l + 1, right);
+                ok
+            });
+            self.mark(next, len, false);
+            added += (published - len) as usize;
+            if published == len + written as u64 {
+                // Relaxed: a hint. Appends resume if every evictable block
+                // the scan saw outside the ring fit.
+                self.overflowed.store(seen > room, Ordering::Relaxed);
+                return added;
+            }
+            // An append raced: scan again.
+        }
+    }
+
+    /// Sets (`on`) or clears the membership bits of the blocks whose
+    /// candidates sit at positions `from..to` and are current (their
+    /// block's stamp is the candidate's): those the refill's scan passes
+    /// over. Clearing clears the bits of every candidate there, current or
+    /// not (only the refill sets them).
+    fn mark(&self, from: u64, to: u64, on: bool) {
+        let cap = self.candidates.len();
+        let mut slot = self.slot(from);
+        for _ in from..to {
+            // Relaxed: written before the Release that published `len`,
+            // which the refill acquired.
+            let word = self.candidates[slot].load(Ordering::Relaxed);
+            slot = if slot + 1 == cap { 0 } else { slot + 1 };
+            let id = id_of(word);
+            let (word_index, bit) = (id.index() / 64, 1u64 << (id.index() % 64));
+            // Relaxed (all): the map is the refiller's alone (under the
+            // refill flag, whose Acquire and Release order it between
+            // refillers).
+            let cell = &self.in_ring[word_index];
+            if on {
+                if self.stamped(id, stamp_of(word)) {
+                    cell.store(cell.load(Ordering::Relaxed) | bit, Ordering::Relaxed);
+                }
+            } else {
+                cell.store(cell.load(Ordering::Relaxed) & !bit, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Whether block `index` is marked as having a current candidate.
+    fn marked(&self, index: usize) -> bool {
+        // Relaxed: see `mark`.
+        self.in_ring[index / 64].load(Ordering::Relaxed) & (1 << (index % 64)) != 0
+    }
+
+    /// Writes the oldest evictable unmarked blocks, up to `room` of them,
+    /// oldest first, into the slots of positions `base..`, calling
+    /// `publish(written)` after each bucket (it stops early when that
+    /// returns `false`); returns how many it wrote and how many evictable
+    /// unmarked blocks it saw. No evictor reads those slots before they are
+    /// published (see `refill`).
+    ///
+    /// Blocks are ranked by their stamps' signed distance from the clock
+    /// read at the start, so that a block stamped while the scan runs ranks
+    /// youngest. Passes over the blocks: one for the range of ranks; then
+    /// histograms of [`BUCKETS`] buckets over a range of ranks, the range
+    /// narrowed each time to the oldest buckets that fit the room together
+    /// (or, if even the oldest bucket alone does not, to that bucket), until
+    /// every block in the range fits; and one that places the blocks, each
+    /// bucket in a range of its own. Each bucket is then closed up (a block
+    /// that stopped being evictable between the passes leaves a gap; one
+    /// that became evictable in a full bucket is left out, for the next
+    /// refill), sorted in place and published.
+    fn fill(
+        &self,
+        refs: &Refs,
+        base: u64,
+        room: usize,
+        mut publish: impl FnMut(usize) -> bool,
+    ) -> (usize, usize) {
+        let cap = self.candidates.len();
+        let room = room.min(cap);
+        // Relaxed: a snapshot; ranks are measured from it.
+        let now = self.clock.load(Ordering::Relaxed);
+        // The stamp and rank of block `index`, if it is evictable and has
+        // no current candidate; older blocks rank lower.
+        let ranked = |index: usize| {
+            // Relaxed (both): a scan for hints; the eviction CAS and the
+            // stamp check re-check.
+            if !refs.may_evict(refs.state(index, Ordering::Relaxed)) || self.marked(index) {
+                return None;
+            }
+            let stamp = self.stamps[index].load(Ordering::Relaxed);
+            Some((stamp, i64::from(stamp.wrapping_sub(now) as i32)))
+        };
+        let (mut seen, mut lo, mut hi) = (0usize, i64::MAX, i64::MIN);
+        for index in 0..refs.len() {
+            if let Some((_, rank)) = ranked(index) {
+                seen += 1;
+                lo = lo.min(rank);
+                hi = hi.max(rank);
+            }
+        }
+        if seen == 0 || room == 0 {
+            return (0, seen);
+        }
+        // Bucket `b` holds the ranks `r` in `lo..=hi` with
+        // `(r - lo) * BUCKETS / width == b`.
+        let mut counts = [0u32; BUCKETS];
+        let mut width;
+        loop {
+            width = (hi - lo + 1) as u64;
+            let bucket = |rank: i64| ((rank - lo) as u64 * BUCKETS as u64 / width) as usize;
+            counts.fill(0);
+            for index in 0..refs.len() {
+                if let Some((_, rank)) = ranked(index) {
+                    if (lo..=hi).contains(&rank) {
+                        counts[bucket(rank)] += 1;
                     }
                 }
-                if age(child) >= a {
-                    break;
-                }
-                set(i, child);
-                i = c;
             }
-            set(i, word);
+            let (mut total, mut fit) = (0usize, 0);
+            while fit < BUCKETS && total + counts[fit] as usize <= room {
+                total += counts[fit] as usize;
+                fit += 1;
+            }
+            if fit == BUCKETS {
+                break;
+            }
+            // The top rank of bucket `b`: the largest `r` with
+            // `(r - lo) * BUCKETS < (b + 1) * width`.
+            let top = |b: usize| lo + (((b + 1) as u64 * width - 1) / BUCKETS as u64) as i64;
+            if fit > 0 {
+                hi = top(fit - 1);
+            } else if width > 1 {
+                // Even the oldest bucket alone overfills the room.
+                hi = top(0);
+            } else {
+                // One rank with more blocks than room (stamps repeat only
+                // in races): take what fits.
+                counts[0] = room as u32;
+                break;
+            }
+        }
+        let bucket = |rank: i64| ((rank - lo) as u64 * BUCKETS as u64 / width) as usize;
+        // Each bucket's range: `ends[b]` is its end; `counts[b]` becomes
+        // its cursor, from its start.
+        let mut ends = [0u32; BUCKETS];
+        let mut end = 0u32;
+        for (count, bucket_end) in counts.iter_mut().zip(ends.iter_mut()) {
+            let start = end;
+            end += *count;
+            *bucket_end = end;
+            *count = start;
+        }
+        // The slot of the `i`-th position from `base` (`i < cap`), without
+        // a division.
+        let first = self.slot(base);
+        let at = |i: usize| {
+            let slot = first + i;
+            if slot >= cap {
+                slot - cap
+            } else {
+                slot
+            }
         };
-        let mut len = 0;
+        // Relaxed (both): the entries are hints, published by `publish`'s
+        // Release.
+        let get = |i: usize| self.candidates[at(i)].load(Ordering::Relaxed);
+        let set = |i: usize, word: u64| self.candidates[at(i)].store(word, Ordering::Relaxed);
         for index in 0..refs.len() {
-            // Relaxed: a scan for hints; the eviction CAS re-checks.
-            if !refs.may_evict(refs.state(index, Ordering::Relaxed)) {
+            let Some((stamp, rank)) = ranked(index) else {
+                continue;
+            };
+            if !(lo..=hi).contains(&rank) {
                 continue;
             }
-            seen += 1;
-            let id = BlockId::new(index as u32);
-            // Relaxed: a hint.
-            let stamp = self.stamps[index].load(Ordering::Relaxed);
-            let word = Self::word(id, stamp);
-            if len < cap {
-                // Sift up from a hole at the end.
-                let (mut i, a) = (len, age(word));
-                while i > 0 {
-                    let parent = get((i - 1) / 2);
-                    if age(parent) <= a {
-                        break;
-                    }
-                    set(i, parent);
-                    i = (i - 1) / 2;
-                }
-                set(i, word);
-                len += 1;
-            } else if age(word) > age(get(0)) {
-                sift_down(0, word, len);
+            let b = bucket(rank);
+            if counts[b] < ends[b] {
+                set(
+                    counts[b] as usize,
+                    Self::word(BlockId::new(index as u32), stamp),
+                );
+                counts[b] += 1;
             }
         }
-        // Heap sort: the youngest goes to the back, so the oldest ends first.
-        for end in (1..len).rev() {
-            let (root, last) = (get(0), get(end));
-            set(end, root);
-            sift_down(0, last, end);
+        let rank_of = |word: u64| stamp_of(word).wrapping_sub(now) as i32;
+        let mut written = 0usize;
+        for b in 0..BUCKETS {
+            let start = if b == 0 { 0 } else { ends[b - 1] as usize };
+            let filled = counts[b] as usize - start;
+            if filled == 0 {
+                continue;
+            }
+            if start != written {
+                for i in 0..filled {
+                    set(written + i, get(start + i));
+                }
+            }
+            sort(written, filled, &get, &set, &rank_of);
+            written += filled;
+            if !publish(written) {
+                return (written, seen);
+            }
         }
-        // Release (both): an evictor that sees these values sees the
-        // entries written above. Appends resume if every evictable block
-        // seen is in the ring.
-        self.next.store(0, Ordering::Release);
-        self.len.store(len, Ordering::Release);
-        // Relaxed: a hint.
-        self.overflowed.store(seen > cap, Ordering::Relaxed);
-        len
+        (written, seen)
+    }
+}
+
+/// Sorts the `n` words at positions `from..from + n` (read with `get`,
+/// written with `set`) by `rank`, lowest first: by insertion if they are
+/// few, else by a heap sort. In place: no allocation.
+fn sort(
+    from: usize,
+    n: usize,
+    get: &impl Fn(usize) -> u64,
+    set: &impl Fn(usize, u64),
+    rank: &impl Fn(u64) -> i32,
+) {
+    if n <= INSERTION_SORT {
+        for i in 1..n {
+            let word = get(from + i);
+            let r = rank(word);
+            let mut j = i;
+            while j > 0 {
+                let before = get(from + j - 1);
+                if rank(before) <= r {
+                    break;
+                }
+                set(from + j, before);
+                j -= 1;
+            }
+            set(from + j, word);
+        }
+        return;
+    }
+    // A max-heap by rank over `from..from + len`; each sift moves a hole
+    // rather than swapping.
+    let sift_down = |mut i: usize, word: u64, len: usize| {
+        let r = rank(word);
+        loop {
+            let l = 2 * i + 1;
+            if l >= len {
+                break;
+            }
+            let (mut c, mut child) = (l, get(from + l));
+            if l + 1 < len {
+                let right = get(from + l + 1);
+                if rank(right) > rank(child) {
+                    (c, child) = (l + 1, right);
+                }
+            }
+            if rank(child) <= r {
+                break;
+            }
+            set(from + i, child);
+            i = c;
+        }
+        set(from + i, word);
+    };
+    for i in (0..n / 2).rev() {
+        sift_down(i, get(from + i), n);
+    }
+    // The highest rank goes to the back, so the lowest ends first.
+    for end in (1..n).rev() {
+        let (root, last) = (get(from), get(from + end));
+        set(from + end, root);
+        sift_down(0, last, end);
+    }
+}
+
+#[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::hash::BlockHash;
+    use crate::pool::BlockPool;
+    use crate::sequence::Sequence;
+
+    /// Key `i`: the one block `i` holds in [`evictable_pool`].
+    fn key(i: usize) -> BlockHash {
+        let mut key = [0u8; 32];
+        key[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        key[8] = 1;
+        BlockHash(key)
+    }
+
+    /// A pool of `n` blocks of one token, every block cached (key `i` on
+    /// block `i`) and evictable.
+    fn evictable_pool(n: usize) -> Arc<BlockPool> {
+        let pool = Arc::new(BlockPool::new(n, 1));
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        seq.try_append(n).unwrap();
+        let keys: Vec<BlockHash> = seq.blocks().iter().map(|id| key(id.index())).collect();
+        assert_eq!(seq.publish(&keys), n);
+        drop(seq);
+        assert_eq!(pool.evictable_blocks(), n);
+        pool
+    }
+
+    fn lru(pool: &BlockPool) -> &Lru {
+        &pool.prefix.as_deref().unwrap().lru
+    }
+
+    /// Gives the pool's blocks `stamps` and sets the clock to `now`. (The
+    /// tests run on one thread: every `Relaxed` access here is ordered by
+    /// the program's order alone.)
+    fn restamp(pool: &BlockPool, stamps: &[u32], now: u32) {
+        let lru = lru(pool);
+        for (i, &s) in stamps.iter().enumerate() {
+            lru.stamps[i].store(s, Ordering::Relaxed);
+        }
+        lru.clock.store(now, Ordering::Relaxed);
+    }
+
+    /// Runs a fill of `room` at position `base`; returns the words written
+    /// (in ring order), `seen`, and the counts it published.
+    fn fill(pool: &BlockPool, base: u64, room: usize) -> (Vec<u64>, usize, Vec<usize>) {
+        let lru = lru(pool);
+        let mut published = Vec::new();
+        let (written, seen) = lru.fill(&pool.refs, base, room, |w| {
+            published.push(w);
+            true
+        });
+        let words = (0..written as u64)
+            .map(|i| lru.candidates[lru.slot(base + i)].load(Ordering::Relaxed))
+            .collect();
+        (words, seen, published)
+    }
+
+    /// What a fill must write: the unmarked evictable blocks ranked by
+    /// their stamps' signed distance from `now`, oldest first, as many as
+    /// fit in `room`. Ties (equal stamps) may come in any order, so each
+    /// is compared as a stamp.
+    fn expected(stamps: &[u32], now: u32, room: usize, skip: &[usize]) -> Vec<u32> {
+        let mut ranked: Vec<(i32, u32)> = stamps
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !skip.contains(i))
+            .map(|(_, &s)| (s.wrapping_sub(now) as i32, s))
+            .collect();
+        ranked.sort();
+        ranked.into_iter().take(room).map(|(_, s)| s).collect()
+    }
+
+    fn splitmix(state: &mut u64) -> u64 {
+        *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Checks a fill against [`expected`]: the same stamps in the same
+    /// order, each word naming a block with that stamp, published in
+    /// growing counts up to all of them.
+    fn check_fill(pool: &BlockPool, stamps: &[u32], now: u32, room: usize, what: &str) {
+        restamp(pool, stamps, now);
+        let base = 5 * stamps.len() as u64 + 3;
+        let (words, seen, published) = fill(pool, base, room);
+        assert_eq!(seen, stamps.len(), "{what}");
+        let got: Vec<u32> = words.iter().map(|&w| stamp_of(w)).collect();
+        let want = expected(stamps, now, room, &[]);
+        if got.len() < want.len() {
+            // Whole buckets only: what was written is the oldest of them.
+            assert!(!got.is_empty() || room == 0, "{what}: nothing written");
+            assert_eq!(got, want[..got.len()], "{what}");
+        } else {
+            assert_eq!(got, want, "{what}");
+        }
+        for &w in &words {
+            assert_eq!(
+                stamps[id_of(w).index()],
+                stamp_of(w),
+                "{what}: word of another block"
+            );
+        }
+        let mut ids: Vec<usize> = words.iter().map(|&w| id_of(w).index()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), words.len(), "{what}: a block written twice");
+        assert!(
+            published.windows(2).all(|w| w[0] < w[1]),
+            "{what}: {published:?}"
+        );
+        assert_eq!(
+            published.last().copied().unwrap_or(0),
+            words.len(),
+            "{what}"
+        );
+    }
+
+    #[test]
+    fn a_fill_writes_the_oldest_blocks_in_order() {
+        let n = 3000;
+        let pool = evictable_pool(n);
+        let mut state = 7;
+        // Distinct stamps in random order, all before `now`.
+        let mut stamps: Vec<u32> = (0..n as u32).map(|s| s * 3 + 11).collect();
+        for i in (1..n).rev() {
+            let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
+            stamps.swap(i, j);
+        }
+        let now = 3 * n as u32 + 20;
+        for room in [1, 2, 17, 64, 1000, 1499, 1500, 2999, 3000] {
+            check_fill(
+                &pool,
+                &stamps,
+                now,
+                room.min(lru(&pool).candidates.len()),
+                "shuffled",
+            );
+        }
+        // The clock wrapped: stamps just before and after zero.
+        let wrapped: Vec<u32> = stamps.iter().map(|s| s.wrapping_sub(5000)).collect();
+        check_fill(
+            &pool,
+            &wrapped,
+            now.wrapping_sub(5000),
+            700,
+            "across the wrap",
+        );
+        // Stamps taken while the scan runs (ahead of its clock) rank
+        // youngest, not oldest.
+        let mut ahead = stamps.clone();
+        for s in ahead.iter_mut().take(100) {
+            *s = now + 1 + *s % 50;
+        }
+        restamp(&pool, &ahead, now);
+        let (words, _, _) = fill(&pool, 0, 1400);
+        assert!(
+            words.iter().all(|&w| id_of(w).index() >= 100),
+            "a block stamped after the scan's clock read ranks youngest"
+        );
+        check_fill(&pool, &ahead, now, 1500, "stamps ahead of the clock");
+    }
+
+    #[test]
+    fn a_fill_copes_with_skewed_and_repeated_stamps() {
+        let n = 2000;
+        let pool = evictable_pool(n);
+        let cap = lru(&pool).candidates.len();
+        let now = 2_000_000_000u32;
+        // One block far older than the rest, which sit in a narrow range:
+        // nearly all in one bucket of the first histogram.
+        let mut skewed: Vec<u32> = (0..n as u32).map(|i| now - 10_000 + i * 3).collect();
+        skewed[1234] = 5;
+        for room in [1, 2, 300, cap] {
+            check_fill(&pool, &skewed, now, room, "one outlier");
+        }
+        // The old half in one narrow range, the young half spread: the
+        // oldest bucket alone overfills a small room (narrowed).
+        let clustered: Vec<u32> = (0..n as u32)
+            .map(|i| {
+                if i % 2 == 0 {
+                    1000 + i / 2
+                } else {
+                    1_000_000 + i * 997
+                }
+            })
+            .collect();
+        for room in [10, 999, 1000, 1001] {
+            check_fill(&pool, &clustered, now, room, "clustered");
+        }
+        // Every stamp equal (only races repeat stamps): a room's worth.
+        let same = vec![now - 1; n];
+        restamp(&pool, &same, now);
+        let (words, seen, _) = fill(&pool, 0, 300);
+        assert_eq!((words.len(), seen), (300, n));
+        // Few blocks, wide range.
+        let mut sparse = vec![0u32; n];
+        for (i, s) in sparse.iter_mut().enumerate() {
+            *s = (i as u32).wrapping_mul(2_654_435_761) % 1_000_000_000;
+        }
+        check_fill(&pool, &sparse, now, cap, "wide range");
+    }
+
+    #[test]
+    fn a_fill_passes_over_marked_and_unevictable_blocks() {
+        let n = 500;
+        let pool = evictable_pool(n);
+        let stamps: Vec<u32> = (0..n as u32).rev().collect();
+        restamp(&pool, &stamps, n as u32);
+        let lru = lru(&pool);
+        // Candidates for blocks 400..500 (the oldest), current, at
+        // positions 0..100; and one for block 399 with a stale stamp.
+        for (p, i) in (400..500).enumerate() {
+            let word = Lru::word(BlockId::new(i as u32), stamps[i]);
+            lru.candidates[p].store(word, Ordering::Relaxed);
+        }
+        let stale = Lru::word(BlockId::new(399), stamps[399] + 7);
+        lru.candidates[100].store(stale, Ordering::Relaxed);
+        lru.mark(0, 101, true);
+        assert!((400..500).all(|i| lru.marked(i)) && !lru.marked(399));
+        // Block 398 is held: not evictable.
+        let mut held = Sequence::new(Arc::clone(&pool));
+        assert_eq!(held.try_match_prefix(&[key(398)]), 1);
+        let (words, seen, _) = fill(&pool, 101, 50);
+        let ids: Vec<usize> = words.iter().map(|&w| id_of(w).index()).collect();
+        // Block 399 (its candidate is stale), then the oldest unmarked.
+        let want: Vec<usize> = std::iter::once(399).chain((349..398).rev()).collect();
+        assert_eq!(ids, want);
+        assert_eq!(seen, n - 100 - 1);
+        lru.mark(0, 101, false);
+        assert!((0..n).all(|i| !lru.marked(i)));
+        drop(held);
+    }
+
+    #[test]
+    fn a_fill_stops_when_publishing_fails() {
+        let n = 4000;
+        let pool = evictable_pool(n);
+        let stamps: Vec<u32> = (0..n as u32).collect();
+        restamp(&pool, &stamps, n as u32);
+        let mut calls = 0;
+        let (written, seen) = lru(&pool).fill(&pool.refs, 0, 1000, |_| {
+            calls += 1;
+            calls < 3
+        });
+        assert_eq!((calls, seen), (3, n));
+        assert!(written < 1000, "{written}");
+    }
+
+    #[test]
+    fn a_pop_copies_before_it_claims_and_counts_positions() {
+        let pool = evictable_pool(8);
+        let lru = lru(&pool);
+        // Ring positions 70..78 (slots wrap at 8): blocks 0..8.
+        let cap = lru.candidates.len() as u64;
+        assert_eq!(cap, 8);
+        for i in 0..8u64 {
+            let word = Lru::word(BlockId::new(i as u32), 100 + i as u32);
+            lru.candidates[lru.slot(70 + i)].store(word, Ordering::Relaxed);
+        }
+        lru.next.next.store(70, Ordering::Relaxed);
+        lru.len.store(78, Ordering::Relaxed);
+        let mut batch = [0u64; POP_BATCH];
+        assert_eq!(lru.pop(3, &mut batch), 3);
+        assert_eq!(
+            batch[..3]
+                .iter()
+                .map(|&w| id_of(w).index())
+                .collect::<Vec<_>>(),
+            [0, 1, 2]
+        );
+        assert_eq!(lru.next.stamp.load(Ordering::Relaxed), 102);
+        assert_eq!(lru.pop(100, &mut batch), 5);
+        assert_eq!(id_of(batch[4]).index(), 7);
+        assert_eq!(lru.pop(1, &mut batch), 0);
+        assert_eq!(lru.next.next.load(Ordering::Relaxed), 78);
     }
 }

@@ -38,9 +38,9 @@ use lru::{Lru, LruRoom};
 use state::is_evictable;
 
 /// The prefix cache's storage: per block, its key (4 words) and a share of
-/// the index (2.5 slots), a release stamp and a quarter of a candidate
-/// slot of the eviction ring; per pool, the statistics' cells; and the KV
-/// event rings, if chosen.
+/// the index (2.5 slots), a release stamp, half a candidate slot of the
+/// eviction ring and a bit of its refill's map; per pool, the statistics'
+/// cells; and the KV event rings, if chosen.
 pub(super) struct PrefixCache {
     /// The blocks' keys and the index over them.
     keys: Keys,
@@ -90,7 +90,7 @@ impl PrefixCache {
     pub(super) fn new(room: PrefixCacheRoom, cells: usize, faults: Faults) -> PrefixCache {
         PrefixCache {
             keys: Keys::new(room.keys, faults),
-            lru: Lru::new(room.lru),
+            lru: Lru::new(room.lru, faults),
             stats: Stats::new(cells),
             events: room.events.map(|room| Events::new(room, faults)),
         }
@@ -132,21 +132,25 @@ impl PrefixCache {
     }
 }
 
-/// Blocks that a give-back appends to the eviction ring with one CAS (a
-/// batch of candidate words on the stack, 256 bytes).
+/// Blocks that a give-back stamps with one read-modify-write of the
+/// release clock and appends to the eviction ring with one CAS (a batch of
+/// candidate words on the stack, 256 bytes).
 const STAMP_BATCH: usize = 32;
 
 /// The cached blocks that one give-back made evictable (the core's drop of
 /// their last reference): they stay cached, as the most recently released,
-/// with stamps in the order of the drops (one range taken, at the first of
-/// them, for the rest of the give-back), and join the eviction ring in
-/// batches (one CAS on its length a batch), oldest first.
+/// with stamps in the order of the drops, and join the eviction ring in
+/// batches (one CAS on its length a batch), oldest first. Each batch takes
+/// its range of stamps from the clock when its first block is dropped,
+/// and each block's stamp is written as soon as its drop returns, so that
+/// a refill's scan that sees a block evictable nearly always sees its new
+/// stamp, and a give-back that is descheduled midway gives early stamps
+/// to one batch at most.
 pub(super) struct Evictions {
     /// The give-back's drops.
     total: usize,
-    /// The stamp its drop number 0 would have had, and the batch, once a
-    /// block is evictable (a give-back of uncached blocks clears no 256
-    /// bytes).
+    /// The first stamp of the batch, and the batch, once a block is
+    /// evictable (a give-back of uncached blocks clears no 256 bytes).
     stamped: Option<(u32, [u64; STAMP_BATCH])>,
     batched: usize,
     /// Blocks made evictable so far.
@@ -172,15 +176,22 @@ impl Evictions {
     /// Block `id`, whose last reference went at drop number `i` of the
     /// give-back, is evictable.
     pub(super) fn push(&mut self, cache: &PrefixCache, id: BlockId, i: usize) {
-        let (total, lru) = (self.total, &cache.lru);
-        let (base, batch) = self.stamped.get_or_insert_with(|| {
-            let base = lru.stamps(total - i).wrapping_sub(i as u32);
-            (base, [0; STAMP_BATCH])
-        });
-        batch[self.batched] = Lru::word(id, base.wrapping_add(i as u32));
+        let lru = &cache.lru;
+        // A closure, so that the 256 bytes are zeroed once, not on every
+        // call.
+        #[allow(clippy::unnecessary_lazy_evaluations)]
+        let (base, batch) = self.stamped.get_or_insert_with(|| (0, [0; STAMP_BATCH]));
+        if self.batched == 0 {
+            // At most the drops left, this one included: a batch never
+            // outgrows its range.
+            *base = lru.stamps(STAMP_BATCH.min(self.total - i));
+        }
+        let stamp = base.wrapping_add(self.batched as u32);
+        lru.stamp(id, stamp);
+        batch[self.batched] = Lru::word(id, stamp);
         self.batched += 1;
         if self.batched == STAMP_BATCH {
-            lru.stamp_all(batch);
+            lru.append_all(batch);
             self.batched = 0;
         }
         self.count += 1;
@@ -189,7 +200,7 @@ impl Evictions {
     /// Appends the last batch to the ring.
     pub(super) fn finish(&mut self, cache: &PrefixCache) {
         if let Some((_, batch)) = &self.stamped {
-            cache.lru.stamp_all(&batch[..self.batched]);
+            cache.lru.append_all(&batch[..self.batched]);
         }
         self.batched = 0;
     }

@@ -1,0 +1,108 @@
+//! A loom model of the prefix cache's eviction ring: an evictor taking
+//! its candidates while another evictor refills the ring, with a negative
+//! control that loom must catch.
+//!
+//! Run with `scripts/loom prefix_evict`.
+//!
+//! # The model
+//!
+//! | model | threads, blocks | control (caught by) |
+//! |---|---|---|
+//! | [`refill_vs_claimed_candidate`] | 2, 3 | `claim_before_read` (evicted out of order) |
+//!
+//! A pool of 3 blocks has a ring of 3 slots. Its candidates' positions
+//! only grow, position `p` in slot `p % 3`, and a refill writes the
+//! positions after the ring's length, up to a whole ring past the next
+//! candidate to take: the slots of positions already taken. An evictor
+//! copies its candidates and then claims their positions; a refill that
+//! reads the claim (`Acquire`, the claim's CAS is `Release`) may rewrite
+//! those slots, after the copy. The control claims first and copies
+//! after: a refill that begins in between rewrites the slot with the
+//! youngest block, which the evictor then takes.
+//!
+//! The model also checks that every block comes back: free and
+//! admissible, once every sequence is gone.
+use std::sync::Arc;
+
+use crate::loom_tests::pool_world::{check, CLAIM_BEFORE_READ, LOST, SOUND};
+use crate::sync::Faults;
+use crate::{BlockHash, BlockPool, Sequence};
+use loom::thread;
+
+/// An eviction took a younger block while an older one stayed cached.
+const OUT_OF_ORDER: &str = "evicted out of order";
+
+/// Key number `n`.
+fn key(n: u8) -> BlockHash {
+    BlockHash([n; 32])
+}
+
+/// A sequence of one block published under key `n` (one token a block).
+fn published(pool: &Arc<BlockPool>, n: u8) -> Sequence {
+    let mut seq = Sequence::new(Arc::clone(pool));
+    seq.try_append(1).expect("a block for the key");
+    assert_eq!(seq.publish(&[key(n)]), 1);
+    seq
+}
+
+/// Whether key `n` is cached now (a match, let go at once).
+fn cached(pool: &Arc<BlockPool>, n: u8) -> bool {
+    Sequence::new(Arc::clone(pool)).try_match_prefix(&[key(n)]) == 1
+}
+
+/// Three cached blocks, all evictable: keys 4 and 5 (released in that
+/// order), and key 3, released last, after a revival. The ring holds
+/// key 3's first release (a stale candidate), then 4's and 5's, and is
+/// overflowed (key 3's new release found it full). Two threads each
+/// allocate a block: together they evict keys 4 and 5, the two least
+/// recently released, and key 3 stays cached.
+///
+/// Each eviction that takes 4's or 5's candidate leaves the ring at most
+/// half full, so either thread may refill it meanwhile: the refill puts
+/// the evictable blocks that have no current candidate (key 3's, and
+/// 4's or 5's if it is taken but not yet evicted) after the candidate
+/// left, in the slots of the positions taken.
+fn refill_vs_claimed_candidate(faults: Faults) {
+    check(move || {
+        let pool = Arc::new(BlockPool::with_faults(3, 1, 1, faults));
+        // Keys 1, 2 and 3 cached and released in that order: the ring's
+        // first three candidates.
+        let first: Vec<Sequence> = [1, 2, 3].map(|n| published(&pool, n)).into();
+        drop(first);
+        // An allocation of two evicts keys 1 and 2; keys 4 and 5 go on
+        // those blocks, and are released (the sequence's last block first).
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        seq.try_append(2).expect("two evictable blocks");
+        assert_eq!(seq.publish(&[key(5), key(4)]), 2);
+        drop(seq);
+        // Key 3 revived and released again: the youngest.
+        assert!(cached(&pool, 3), "key 3 still cached");
+        let evictors: Vec<_> = (0..2)
+            .map(|_| {
+                let pool = Arc::clone(&pool);
+                thread::spawn(move || {
+                    let mut seq = Sequence::new(pool);
+                    seq.try_append(1).expect("an evictable block");
+                    seq
+                })
+            })
+            .collect();
+        let held: Vec<Sequence> = evictors.into_iter().map(|e| e.join().unwrap()).collect();
+        let kept = (3..=5).filter(|&n| cached(&pool, n)).collect::<Vec<_>>();
+        assert_eq!(kept, [3], "{OUT_OF_ORDER}: keys {kept:?} cached");
+        drop(held);
+        assert_eq!(pool.free_blocks(), 3, "{LOST}");
+        assert_eq!(pool.admission_free_uncapped(), 3, "{LOST}");
+    });
+}
+
+#[test]
+fn refill_vs_claimed_candidate_sound() {
+    refill_vs_claimed_candidate(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "evicted out of order")]
+fn refill_vs_claimed_candidate_claim_before_read_is_caught() {
+    refill_vs_claimed_candidate(CLAIM_BEFORE_READ);
+}
