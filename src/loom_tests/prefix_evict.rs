@@ -106,3 +106,62 @@ fn refill_vs_claimed_candidate_sound() {
 fn refill_vs_claimed_candidate_claim_before_read_is_caught() {
     refill_vs_claimed_candidate(CLAIM_BEFORE_READ);
 }
+
+/// A release that a refill's scan misses, while the ring is overflowed:
+/// its append is skipped (the ring is overflowed) and the scan passed its
+/// block while it was held (or read its old stamp, or placed blocks
+/// after it became evictable). The refill then clears `overflowed` since
+/// everything it saw fit, and the missed block is outside the ring while
+/// the ring says none is: blocks released later are appended and evicted
+/// before it, even by one thread once the race is over.
+///
+/// Keys 1, 2 and 3 on the pool's three blocks, released 3, 2, 1; key 1
+/// revived and released again (the ring is full: overflowed); key 2
+/// revived and held by the releaser. The evictor allocates two blocks
+/// (keys 3 and 1, the least recently released evictable ones; it
+/// refills the ring once the candidate of key 3 is taken) while the
+/// releaser lets key 2 go. Then, on one thread: a block published under
+/// key 4 and released; an allocation of two blocks (one free, one
+/// evicted) must evict key 2, released before key 4.
+fn release_vs_refill_keeps_overflowed(faults: Faults) {
+    check(move || {
+        let pool = Arc::new(BlockPool::with_faults(3, 1, 1, faults));
+        let mut first = Sequence::new(Arc::clone(&pool));
+        first.try_append(3).expect("three blocks");
+        assert_eq!(first.publish(&[key(1), key(2), key(3)]), 3);
+        drop(first);
+        assert!(cached(&pool, 1), "key 1 cached");
+        let mut two = Sequence::new(Arc::clone(&pool));
+        assert_eq!(two.try_match_prefix(&[key(2)]), 1);
+        let evictor = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || {
+                let mut seq = Sequence::new(pool);
+                seq.try_append(2).expect("two evictable blocks");
+                seq
+            })
+        };
+        let releaser = thread::spawn(move || drop(two));
+        releaser.join().unwrap();
+        drop(evictor.join().unwrap());
+        let mut young = Sequence::new(Arc::clone(&pool));
+        young.try_append(1).expect("a free block");
+        assert_eq!(young.publish(&[key(4)]), 1);
+        drop(young);
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        seq.try_append(2)
+            .expect("a free block and an evictable one");
+        drop(seq);
+        let kept = [2, 4]
+            .into_iter()
+            .filter(|&n| cached(&pool, n))
+            .collect::<Vec<_>>();
+        assert_eq!(kept, [4], "{OUT_OF_ORDER}: keys {kept:?} cached");
+        assert_eq!(pool.free_blocks(), 3, "{LOST}");
+    });
+}
+
+#[test]
+fn release_vs_refill_keeps_overflowed_sound() {
+    release_vs_refill_keeps_overflowed(SOUND);
+}
