@@ -105,6 +105,10 @@ pub(super) struct Lru {
     /// Set when an evictable block may be missing from the ring: appends
     /// stop until a refill finds every evictable block in it.
     overflowed: AtomicBool,
+    /// Set by an append that left blocks out of the ring (the ring was
+    /// overflowed or full); a refill that takes it keeps `overflowed` set,
+    /// since its scan may have passed those blocks.
+    missed: AtomicBool,
     /// Where the fallback scan starts.
     hand: AtomicUsize,
     /// One bit a block, set by a refill for the blocks that have a current
@@ -153,6 +157,7 @@ impl Lru {
             }),
             refilling: AtomicBool::new(false),
             overflowed: AtomicBool::new(false),
+            missed: AtomicBool::new(false),
             hand: AtomicUsize::new(0),
             in_ring: room.in_ring.fill(|_| AtomicU64::new(0)),
             faults,
@@ -206,10 +211,19 @@ impl Lru {
     /// a refill).
     pub(super) fn append_all(&self, words: &[u64]) {
         let cap = self.candidates.len();
-        // Relaxed: a hint; an append lost to a race leaves the blocks for
-        // the next scan.
-        if cap == 0 || words.is_empty() || self.overflowed.load(Ordering::Relaxed) {
+        if cap == 0 || words.is_empty() {
             return;
+        }
+        // Relaxed: whether to look closer.
+        if self.overflowed.load(Ordering::Relaxed) {
+            self.leave_out();
+            // Acquire: if the refill that clears `overflowed` did not take
+            // our `missed` (its swap came first in `missed`'s order), our
+            // swap read its write, so its clear happens-before this load,
+            // which then reads it (or a later set) and we append.
+            if self.overflowed.load(Ordering::Acquire) {
+                return;
+            }
         }
         // Acquire: as in `pop`.
         let mut len = self.len.load(Ordering::Acquire);
@@ -222,7 +236,11 @@ impl Lru {
             let fit = words.len().min(cap.saturating_sub(held));
             if fit < words.len() {
                 // Full: these blocks (and every later one) wait for a scan.
-                // Relaxed: a hint.
+                // `missed` first: a refill whose swap did not take it
+                // cleared `overflowed` before our store below (see
+                // `leave_out`), which sets it again. Relaxed: ordered by
+                // `leave_out`'s swap.
+                self.leave_out();
                 self.overflowed.store(true, Ordering::Relaxed);
                 if fit == 0 {
                     return;
@@ -246,6 +264,30 @@ impl Lru {
                 Ok(_) => return,
                 Err(actual) => len = actual,
             }
+        }
+    }
+
+    /// Records that an append left blocks out of the ring.
+    fn leave_out(&self) {
+        // AcqRel: a read-modify-write, so that it and `end_overflow`'s swap
+        // are ordered in `missed`'s modification order: if ours comes
+        // second, it reads the refill's write (Acquire: the refill's clear
+        // of `overflowed` happens-before what we do next); if first, the
+        // refill's swap reads ours (Release: our blocks' drops and stamps
+        // happen-before the next refill's scan).
+        self.missed.swap(true, Ordering::AcqRel);
+    }
+
+    /// Ends a refill's overflow: clear if every evictable block the scan
+    /// saw fit (`fit`) and no append left blocks out since the last
+    /// refill ended (it may have done so after the scan passed them).
+    fn end_overflow(&self, fit: bool) {
+        // Relaxed: ordered before the swap below by its Release.
+        self.overflowed.store(!fit, Ordering::Relaxed);
+        // AcqRel: see `leave_out`.
+        if self.missed.swap(false, Ordering::AcqRel) {
+            // Relaxed: our own store above is the one it follows.
+            self.overflowed.store(true, Ordering::Relaxed);
         }
     }
 
@@ -539,9 +581,9 @@ impl Lru {
             self.mark(next, len, false);
             added += (published - len) as usize;
             if published == len + written as u64 {
-                // Relaxed: a hint. Appends resume if every evictable block
-                // the scan saw outside the ring fit.
-                self.overflowed.store(seen > room, Ordering::Relaxed);
+                // Appends resume if every evictable block the scan saw
+                // outside the ring fit and no append left blocks out.
+                self.end_overflow(seen <= room);
                 return added;
             }
             // An append raced: scan again.
