@@ -1,4 +1,4 @@
-//! Review: crafted key families against the keyed index (2.5 slots a
+//! Crafted key families against the keyed index (2.5 slots a
 //! block, two buckets): a whole pool of such keys must publish, round
 //! after round of evictions.
 
@@ -49,7 +49,7 @@ fn key(style: usize, c: u64) -> BlockHash {
 const STYLES: usize = 8;
 
 #[test]
-fn review_crafted_key_families_publish_whole_pools() {
+fn crafted_key_families_publish_whole_pools() {
     for &n in &[8usize, 100, 4096] {
         for style in 0..STYLES {
             let pool = Arc::new(BlockPool::new(n, 1));

@@ -1,4 +1,4 @@
-//! Review: single-thread eviction order against an exact-LRU reference on
+//! Single-thread eviction order against an exact-LRU reference on
 //! pools large enough that the eviction ring holds half the blocks (so
 //! refills, overflow and stale candidates all run), with revivals,
 //! truncates of cached blocks, resets and crafted keys.
@@ -260,7 +260,7 @@ proptest! {
     /// One thread: the blocks evicted are exactly the least recently
     /// released, on pools small and large (ring of half the blocks).
     #[test]
-    fn review_single_thread_eviction_is_exact_lru(
+    fn single_thread_eviction_is_exact_lru(
         num_blocks in prop_oneof![1usize..=64, 65usize..=140, 200usize..=400],
         ops in prop::collection::vec(op(), 1..300),
     ) {

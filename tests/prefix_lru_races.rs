@@ -1,4 +1,4 @@
-//! Review: real threads racing evictions, refills, revivals, resets and a
+//! Real threads racing evictions, refills, revivals, resets and a
 //! thread that yields between every step (a stalled refiller), then
 //! conservation and no evictable block left stuck.
 
@@ -119,8 +119,8 @@ fn round(blocks: usize, threads: usize, iters: usize, seed: u64, resetter: bool,
 }
 
 #[test]
-fn review_threads_conserve_blocks_and_leave_none_stuck() {
-    let rounds: u64 = std::env::var("REVIEW_ROUNDS")
+fn threads_conserve_blocks_and_leave_none_stuck() {
+    let rounds: u64 = std::env::var("KVSLOTS_RACE_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2);
@@ -197,8 +197,8 @@ fn after_race(blocks: usize, seed: u64) -> Option<usize> {
 }
 
 #[test]
-fn review_a_race_leaves_no_old_block_behind_younger_ones() {
-    let rounds: u64 = std::env::var("REVIEW_ROUNDS")
+fn a_race_leaves_no_old_block_behind_younger_ones() {
+    let rounds: u64 = std::env::var("KVSLOTS_RACE_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(4);
