@@ -786,15 +786,23 @@
 //! that a refill has begun to fill. A block that becomes evictable is
 //! appended as the youngest (a give-back appends its batches with one CAS
 //! each), unless the ring is full or *overflowed* (an evictable block is
-//! missing from it; appends then stop).
+//! missing from it; appends then stop). An append *misses* when it skips
+//! an overflowed or full ring, or when its CAS on the length finds another
+//! writer there (the two may have overwritten each other's entries); a
+//! miss bumps a count that sits beside the overflowed bit in one word and
+//! sets the bit.
 //!
 //! **Refills.** Once an overflowed ring holds at most half its capacity,
 //! the first evictor to see it claims a flag and refills it while the
 //! others go on popping the candidates left: a scan of every state word
 //! selects the oldest evictable blocks that have no current candidate (the
 //! candidates left are marked for the scan in a map of one bit a block, so
-//! a block that a race left out of the ring is found), as many as the free
-//! slots take, and appends them sorted. The selection uses no heap and
+//! every evictable block without a current candidate is a choice), as many
+//! as the free slots take, and appends them sorted. The refill ends the
+//! overflow only if all it saw fit and no miss came since its scan began:
+//! it clears the bit with a CAS from the word it read before the scan, so
+//! a block that a race left out after the scan passed it keeps the ring
+//! overflowed until the next refill finds it. The selection uses no heap and
 //! allocates nothing: a pass for the range of ranks (a stamp's signed
 //! distance from the clock read when the scan began, so that a block
 //! released during the scan ranks youngest), histograms of 1,024 buckets
@@ -816,8 +824,8 @@
 //! Under concurrency the order is approximate: a stamp is written just
 //! after the drop that made the block evictable, a batch's stamps are
 //! taken at its first drop (a give-back descheduled midway leaves up to a
-//! batch stamped early), an append can be lost to a racing one, a scan can
-//! pass a block before its release (until the next refill finds it), and
+//! batch stamped early), a block left out of the ring by a miss waits for
+//! the next refill (the ring stays overflowed until one finds it), and
 //! a sweep takes roughly the oldest. Every candidate is re-checked against
 //! its stamp and its state's CAS, so the order is the only thing that is
 //! approximate.

@@ -73,6 +73,7 @@ pub const SOUND: Faults = Faults {
     uncounted_loss: false,
     plain_sole_drop: false,
     claim_before_read: false,
+    unchecked_overflow_clear: false,
 };
 /// The free list's control: a take from a bitmap word with a load and a
 /// plain store, so that two takers can take the same block.
@@ -90,6 +91,12 @@ pub const RELAXED_FREE: Faults = Faults {
 /// rewrite a slot it claimed with a younger block.
 pub const CLAIM_BEFORE_READ: Faults = Faults {
     claim_before_read: true,
+    ..SOUND
+};
+/// The eviction ring's overflow control: a refill clears the overflowed
+/// bit whatever appends missed since its scan began.
+pub const UNCHECKED_OVERFLOW_CLEAR: Faults = Faults {
+    unchecked_overflow_clear: true,
     ..SOUND
 };
 /// The undo control: a refused free adds its references back blindly,

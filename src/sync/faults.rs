@@ -115,6 +115,12 @@ pub(crate) struct Faults {
     /// evictor takes a young block out of order.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) claim_before_read: bool,
+    /// A refill that found every evictable block it saw clears the eviction
+    /// ring's overflowed bit whatever appends missed since its scan began:
+    /// a block released while the ring was overflowed, which the scan
+    /// passed, stays out of the ring while appends resume.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) unchecked_overflow_clear: bool,
     /// A waiter joins the wait queue without trying again after it is
     /// queued: a release that happened between its failed attempt and its
     /// enqueue found nobody waiting, and nothing wakes it (a lost wakeup).
@@ -334,6 +340,18 @@ impl Faults {
     pub(crate) fn claim_before_read(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.claim_before_read {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a refill clears the eviction ring's overflowed bit without
+    /// checking for misses since its scan began: `false`, or `true` under
+    /// `unchecked_overflow_clear`.
+    #[inline]
+    pub(crate) fn unchecked_overflow_clear(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.unchecked_overflow_clear {
             return true;
         }
         false

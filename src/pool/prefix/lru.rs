@@ -16,8 +16,8 @@
 //! begun to rewrite for a later position. A block that becomes evictable
 //! is appended (it is the youngest; a give-back appends the blocks it made
 //! evictable in batches, oldest first, with one CAS on the ring's length a
-//! batch), unless the ring is full or *overflowed*: some evictable block is
-//! missing from it.
+//! batch), unless the ring is full or *overflowed*: some evictable block may
+//! be missing from it.
 //!
 //! **Refills.** Once an overflowed ring holds at most half its capacity
 //! (or nothing), one evictor claims the refill flag, scans every block and
@@ -25,10 +25,18 @@
 //! yet, as many as the free slots take, oldest first, while the other
 //! evictors go on popping the candidates left. The blocks of the
 //! candidates left are marked in a map of one bit a block for the scan,
-//! so a block that a race left out of the ring (a stamp taken early in a
-//! long give-back, or written after the drop that made the block
-//! evictable, a release that the last scan had passed, an append lost) is
-//! found by the next refill. The scan selects without a heap: a pass for
+//! which finds every evictable block that has no current candidate. A
+//! refill clears the overflowed state only if everything it saw fit and
+//! no append *missed* since its scan began: an append skipped because the
+//! ring was overflowed or full, or one whose CAS on the length found
+//! another writer there (it may have overwritten that writer's entries,
+//! or they its). A miss bumps a count beside the overflowed bit, and the
+//! refill clears the bit with a CAS from the value it read before its
+//! scan, so a block that a race left out of the ring keeps the ring
+//! overflowed until a refill whose scan began after the miss finds it. A
+//! block whose stamp was taken early (in a long give-back) or written
+//! after the drop that made it evictable is in the ring, at the place its
+//! stamp had when it was appended or scanned. The scan selects without a heap: a pass for
 //! the range of ranks, histograms of [`BUCKETS`] buckets over a range
 //! narrowed each time to the oldest buckets that fit together, and a pass
 //! that places each block in its bucket's range; each bucket is then
@@ -47,8 +55,9 @@
 //! the next oldest, and a block is appended on release only while every
 //! older evictable block is in the ring. While few blocks are evictable,
 //! releases keep the ring filled and evictions need no scan. Under
-//! concurrency the order is approximate (the races above, until the next
-//! refill finds the blocks they left out, and the sweeps' picks); every
+//! concurrency the order is approximate (the races above, the blocks left
+//! out of an overflowed ring until a refill finds them, and the sweeps'
+//! picks); every
 //! candidate is re-checked against the block's stamp and state before it
 //! is evicted.
 
@@ -72,6 +81,10 @@ const BLOCKS_PER_CANDIDATE: usize = 2;
 /// `capacity / LOW_WATER` candidates: the candidates left keep the
 /// evictors going while it scans.
 const LOW_WATER: usize = 2;
+/// The overflowed bit of `Lru::overflow`.
+const OVERFLOWED: u64 = 1;
+/// One miss in `Lru::overflow`'s count, above the bit.
+const MISS: u64 = 2;
 /// Candidates an evictor copies and claims with one CAS (256 bytes on its
 /// stack).
 const POP_BATCH: usize = 32;
@@ -102,9 +115,17 @@ pub(super) struct Lru {
     next: CachePadded<Head>,
     /// Set while one evictor refills the ring.
     refilling: AtomicBool,
-    /// Set when an evictable block may be missing from the ring: appends
-    /// stop until a refill finds every evictable block in it.
-    overflowed: AtomicBool,
+    /// Whether the ring is *overflowed* (bit 0: an evictable block may be
+    /// missing from it, and appends stop), and above it a count of misses:
+    /// appends that left blocks out of the ring (overflowed or full) or
+    /// may have overwritten another writer's entries (their length CAS
+    /// failed). A miss sets the bit and bumps the count with
+    /// read-modify-writes; only a refill clears the bit, with a CAS from
+    /// the value it read before its scan, so it fails if any miss came
+    /// after that read (the scan may have passed the block missed). A
+    /// block left out of the ring while the bit is clear is found only
+    /// when the ring runs dry (see `refill`).
+    overflow: AtomicU64,
     /// Where the fallback scan starts.
     hand: AtomicUsize,
     /// One bit a block, set by a refill for the blocks that have a current
@@ -152,7 +173,7 @@ impl Lru {
                 stamp: AtomicU32::new(0),
             }),
             refilling: AtomicBool::new(false),
-            overflowed: AtomicBool::new(false),
+            overflow: AtomicU64::new(0),
             hand: AtomicUsize::new(0),
             in_ring: room.in_ring.fill(|_| AtomicU64::new(0)),
             faults,
@@ -202,17 +223,24 @@ impl Lru {
     /// Appends the blocks of `words` (candidate words of blocks stamped
     /// already, oldest first) to the ring as its youngest candidates while
     /// it has room and has not overflowed: one CAS on the ring's length for
-    /// all of them. Those that do not fit mark it overflowed (they wait for
-    /// a refill).
+    /// all of them. Those that do not fit are a miss (they wait for a
+    /// refill), and so are all of them if the ring is overflowed or the
+    /// CAS finds another writer there.
     pub(super) fn append_all(&self, words: &[u64]) {
         let cap = self.candidates.len();
-        // Relaxed: a hint; an append lost to a race leaves the blocks for
-        // the next scan.
-        if cap == 0 || words.is_empty() || self.overflowed.load(Ordering::Relaxed) {
+        if cap == 0 || words.is_empty() {
+            return;
+        }
+        // Relaxed: whether to append at all. A stale clear bit is safe: a
+        // refill that set it moves the length when it publishes, and our
+        // CAS then fails (a miss) or succeeds first (its CAS fails, and it
+        // scans again).
+        if self.overflow.load(Ordering::Relaxed) & OVERFLOWED != 0 {
+            self.miss();
             return;
         }
         // Acquire: as in `pop`.
-        let mut len = self.len.load(Ordering::Acquire);
+        let len = self.len.load(Ordering::Acquire);
         loop {
             // Acquire: evictors claim positions (Release) after they copied
             // their entries, so the slots of positions below this `next`
@@ -222,8 +250,7 @@ impl Lru {
             let fit = words.len().min(cap.saturating_sub(held));
             if fit < words.len() {
                 // Full: these blocks (and every later one) wait for a scan.
-                // Relaxed: a hint.
-                self.overflowed.store(true, Ordering::Relaxed);
+                self.miss();
                 if fit == 0 {
                     return;
                 }
@@ -235,18 +262,71 @@ impl Lru {
                 slot = if slot + 1 == cap { 0 } else { slot + 1 };
             }
             // Release on success: the entries written above are visible to
-            // an evictor that sees the new length. Acquire on failure: retry
-            // at the fresh length.
+            // an evictor that sees the new length. Relaxed on failure: only
+            // whether the length moved (a miss) matters, not what was
+            // written before.
             match self.len.compare_exchange_weak(
                 len,
                 len + fit as u64,
                 Ordering::Release,
-                Ordering::Acquire,
+                Ordering::Relaxed,
             ) {
                 Ok(_) => return,
-                Err(actual) => len = actual,
+                Err(actual) => {
+                    if actual != len {
+                        // Another writer (an append or a refill) read the
+                        // same length: it may publish our words in place
+                        // of its own, or we may have overwritten entries
+                        // it had published. Their blocks may be missing
+                        // from the ring: a miss, and ours wait for a
+                        // refill too.
+                        self.miss();
+                        return;
+                    }
+                    // A spurious failure: nothing else was written.
+                }
             }
         }
+    }
+
+    /// Records that an append left blocks out of the ring (or may have
+    /// overwritten others' entries): bumps the count of misses and sets
+    /// the overflowed bit.
+    fn miss(&self) {
+        // AcqRel (both): read-modify-writes, so that each is ordered
+        // against a refill's clearing CAS in `overflow`'s modification
+        // order. Release: the drops and stamps of the blocks left out
+        // happen-before a refill's scan that reads this count (or a later
+        // one) with Acquire. The bump comes first: a clearing CAS after it
+        // fails unless its refill read the count after it (and so saw our
+        // blocks); a clearing CAS before it is undone by the `fetch_or`.
+        self.overflow.fetch_add(MISS, Ordering::AcqRel);
+        self.overflow.fetch_or(OVERFLOWED, Ordering::AcqRel);
+    }
+
+    /// Ends a refill's overflow: clears the overflowed bit if every
+    /// evictable block its scan saw outside the ring fit (`fit`) and no
+    /// miss came after `before`, the value it read before its scan.
+    fn end_overflow(&self, fit: bool, before: u64) {
+        if !fit || self.faults.unchecked_overflow_clear() {
+            if fit {
+                // loom's `unchecked_overflow_clear` control: clears the
+                // bit whatever missed since the scan began. Relaxed: the
+                // fault is the missing check, not an ordering.
+                self.overflow.fetch_and(!OVERFLOWED, Ordering::Relaxed);
+            }
+            return;
+        }
+        // Relaxed (both): only the modification order matters: the CAS
+        // fails if a miss (a read-modify-write) came after `before`. No
+        // data is handed over by the clear: an append that reads it reads
+        // the length with Acquire, and its CAS decides.
+        let _ = self.overflow.compare_exchange(
+            before,
+            before & !OVERFLOWED,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 
     /// Copies up to `min(k, POP_BATCH)` of the next candidates into
@@ -421,7 +501,7 @@ impl Lru {
     fn refill_if_low(&self, refs: &Refs) {
         // Relaxed (all three): only whether to begin; the refill reads
         // them again.
-        if !self.overflowed.load(Ordering::Relaxed) {
+        if self.overflow.load(Ordering::Relaxed) & OVERFLOWED == 0 {
             return;
         }
         let len = self.len.load(Ordering::Relaxed);
@@ -496,17 +576,26 @@ impl Lru {
     ///
     /// The blocks of the candidates left are marked in the membership map
     /// for the scan (and unmarked after it), so that the scan passes them
-    /// over: a block missing from the ring, whatever the race that left it
-    /// out, is found here. The entries are published as they are sorted,
+    /// over: a block missing from the ring that is evictable when the scan
+    /// reaches it is found here. One that a miss left out after the scan
+    /// began may be passed; the miss then keeps the ring overflowed (see
+    /// `end_overflow`), for the next refill. The entries are published as they are sorted,
     /// a bucket at a time, so that evictors that ran the ring dry get the
     /// oldest ones early.
     fn refill(&self, refs: &Refs) -> usize {
         let cap = self.candidates.len();
         // Stop appends: a release during the scan may or may not be seen
         // by it. Relaxed: a hint.
-        self.overflowed.store(true, Ordering::Relaxed);
+        // Relaxed: a hint that stops appends; the clearing CAS in
+        // `end_overflow` decides.
+        self.overflow.fetch_or(OVERFLOWED, Ordering::Relaxed);
         let mut added = 0;
         loop {
+            // Acquire: synchronises with every miss up to the value read
+            // (read-modify-writes, Release): the blocks they left out are
+            // evictable and stamped for the scan below. A later miss fails
+            // `end_overflow`'s CAS.
+            let before = self.overflow.load(Ordering::Acquire);
             // Acquire: evictors claim positions with a Release CAS after
             // they copied their entries, so the slots of positions below
             // this `next` are read already and ours to rewrite (for
@@ -520,8 +609,10 @@ impl Lru {
             let (written, seen) = self.fill(refs, len, room, |written| {
                 // Release on success: an evictor that sees the new length
                 // sees the entries written before. Relaxed on failure: an
-                // append that read `overflowed` clear before we set it moved
-                // the length (and may have overwritten some of our entries).
+                // append that read the overflowed bit clear before we set it
+                // moved the length (and may have overwritten some of our
+                // entries: we scan again, and the blocks of entries
+                // overwritten are then missing from the ring).
                 let ok = self
                     .len
                     .compare_exchange(
@@ -539,9 +630,11 @@ impl Lru {
             self.mark(next, len, false);
             added += (published - len) as usize;
             if published == len + written as u64 {
-                // Relaxed: a hint. Appends resume if every evictable block
-                // the scan saw outside the ring fit.
-                self.overflowed.store(seen > room, Ordering::Relaxed);
+                // Appends resume if every evictable block the scan saw
+                // outside the ring fit and no miss came since `before`
+                // (an append that overwrote our entries after we published
+                // them is one).
+                self.end_overflow(seen <= room, before);
                 return added;
             }
             // An append raced: scan again.
