@@ -5,11 +5,10 @@
 //! the `try_*` calls yielding to the head, cancellation, close, timeouts and
 //! bad input (a typed error, nothing changed).
 
-use std::future::Future;
 use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Poll, Wake, Waker};
 use std::thread;
 use std::time::Duration;
 
@@ -17,30 +16,7 @@ use kvslots::{BlockPool, ReserveError, Sequence, SlotCounter};
 
 mod common;
 
-/// A waker that counts its wakes.
-#[derive(Default)]
-struct Counting(AtomicUsize);
-
-impl Wake for Counting {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-/// A counting waker and the count it bumps.
-fn waker() -> (Waker, Arc<Counting>) {
-    let count = Arc::new(Counting::default());
-    (Waker::from(Arc::clone(&count)), count)
-}
-
-fn wakes(count: &Counting) -> usize {
-    count.0.load(Ordering::SeqCst)
-}
-
-/// Polls `fut` once with `waker`.
-fn poll_once<F: Future + ?Sized>(fut: Pin<&mut F>, waker: &Waker) -> Poll<F::Output> {
-    fut.poll(&mut Context::from_waker(waker))
-}
+use common::{poll_once, waker, wakes};
 
 /// Waits (yielding, no sleep) until `count()` reads `n`.
 fn spin_until(n: usize, count: impl Fn() -> usize) {

@@ -6,36 +6,16 @@
 //! can never fit. Polled by hand with counting wakers, so every step is
 //! deterministic.
 
-use std::future::Future;
-use std::pin::{pin, Pin};
+mod common;
+
+use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll, Wake, Waker};
+use std::task::{Poll, Wake, Waker};
 
 use kvslots::{hash_blocks, BlockPool, ReserveError, Sequence, SlotCounter};
 
-/// A waker that counts its wakes.
-#[derive(Default)]
-struct Counting(AtomicUsize);
-
-impl Wake for Counting {
-    fn wake(self: Arc<Self>) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-fn waker() -> (Waker, Arc<Counting>) {
-    let count = Arc::new(Counting::default());
-    (Waker::from(Arc::clone(&count)), count)
-}
-
-fn wakes(count: &Counting) -> usize {
-    count.0.load(Ordering::SeqCst)
-}
-
-fn poll_once<F: Future + ?Sized>(fut: Pin<&mut F>, waker: &Waker) -> Poll<F::Output> {
-    fut.poll(&mut Context::from_waker(waker))
-}
+use common::{poll_once, waker, wakes};
 
 /// A waker that panics the first time it is woken, and counts later wakes
 /// (an executor's waker that fails once, e.g. on a full run queue).

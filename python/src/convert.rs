@@ -248,3 +248,14 @@ pub(crate) fn timeout(seconds: Option<f64>) -> PyResult<Option<Duration>> {
         })
         .transpose()
 }
+
+/// A reservation's `tokens` and optional `headroom` (default 0), as
+/// [`uint`]s named in their errors.
+pub(crate) fn reservation(
+    tokens: &Bound<'_, PyAny>,
+    headroom: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(usize, usize)> {
+    let tokens = uint(tokens, "tokens")?;
+    let headroom = headroom.map_or(Ok(0), |h| uint(h, "headroom"))?;
+    Ok((tokens, headroom))
+}

@@ -508,8 +508,7 @@ impl PyHybridSequence {
         tokens: &Bound<'_, PyAny>,
         headroom: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let tokens: usize = convert::uint(tokens, "tokens")?;
-        let headroom: usize = headroom.map_or(Ok(0), |h| convert::uint(h, "headroom"))?;
+        let (tokens, headroom) = convert::reservation(tokens, headroom)?;
         let blocks = self.blocks_of(tokens);
         self.with(py, |seq| {
             detached(py, blocks, || seq.try_reserve(tokens, headroom))
@@ -535,8 +534,7 @@ impl PyHybridSequence {
         headroom: Option<&Bound<'_, PyAny>>,
         timeout: Option<f64>,
     ) -> PyResult<()> {
-        let tokens: usize = convert::uint(tokens, "tokens")?;
-        let headroom: usize = headroom.map_or(Ok(0), |h| convert::uint(h, "headroom"))?;
+        let (tokens, headroom) = convert::reservation(tokens, headroom)?;
         let deadline = wait::deadline(convert::timeout(timeout)?);
         self.with(py, |seq| {
             py.detach(|| {

@@ -289,8 +289,7 @@ impl PySequence {
         tokens: &Bound<'_, PyAny>,
         headroom: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let tokens: usize = convert::uint(tokens, "tokens")?;
-        let headroom: usize = headroom.map_or(Ok(0), |h| convert::uint(h, "headroom"))?;
+        let (tokens, headroom) = convert::reservation(tokens, headroom)?;
         let blocks = tokens / self.pool.get().inner.block_size();
         self.with(py, |seq| {
             detached(py, blocks, || seq.try_reserve(tokens, headroom))
@@ -318,8 +317,7 @@ impl PySequence {
         headroom: Option<&Bound<'_, PyAny>>,
         timeout: Option<f64>,
     ) -> PyResult<()> {
-        let tokens: usize = convert::uint(tokens, "tokens")?;
-        let headroom: usize = headroom.map_or(Ok(0), |h| convert::uint(h, "headroom"))?;
+        let (tokens, headroom) = convert::reservation(tokens, headroom)?;
         let deadline = wait::deadline(convert::timeout(timeout)?);
         self.with(py, |seq| {
             py.detach(|| {

@@ -241,3 +241,32 @@ pub fn one_block_sequences(pool: &std::sync::Arc<BlockPool>, n: usize) -> Vec<Se
     seqs.sort_by_key(|s| s.blocks()[0]);
     seqs
 }
+
+/// A waker that counts its wakes.
+#[derive(Default)]
+pub struct Counting(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Counting {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A counting waker and the count it bumps.
+pub fn waker() -> (std::task::Waker, std::sync::Arc<Counting>) {
+    let count = std::sync::Arc::new(Counting::default());
+    (std::task::Waker::from(std::sync::Arc::clone(&count)), count)
+}
+
+/// How many times `count`'s waker was woken.
+pub fn wakes(count: &Counting) -> usize {
+    count.0.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Polls `fut` once with `waker`.
+pub fn poll_once<F: std::future::Future + ?Sized>(
+    fut: std::pin::Pin<&mut F>,
+    waker: &std::task::Waker,
+) -> std::task::Poll<F::Output> {
+    fut.poll(&mut std::task::Context::from_waker(waker))
+}
