@@ -269,7 +269,7 @@ mod sync;
 pub mod table;
 mod wait;
 
-pub use allocator::BlockAllocator;
+pub use allocator::{BlockAllocator, SequenceCall};
 pub use counter::guard::{OwnedReservation, Reservation};
 pub use counter::wait::{Reserve, ReserveOwned};
 pub use counter::SlotCounter;

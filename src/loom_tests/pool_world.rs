@@ -71,7 +71,6 @@ pub const SOUND: Faults = Faults {
     early_stored_record: false,
     relaxed_record: false,
     uncounted_loss: false,
-    plain_sole_drop: false,
     claim_before_read: false,
     unchecked_overflow_clear: false,
 };
@@ -107,21 +106,10 @@ pub const BLIND_UNDO: Faults = Faults {
 };
 
 /// The sequence-flag control: a raw free takes a reference to a block
-/// that sequences hold, and a sequence's sole drop is a load and a plain
-/// store, so the two race and both give the block back. (With the sole
-/// drop a CAS, as shipped, the flag alone no longer keeps the books: the
-/// CAS does; see [`PLAIN_SOLE_DROP`].)
+/// that sequences hold, so it races the sequence's sole drop (a load and
+/// a plain store) and both give the block back.
 pub const FREE_IGNORES_SEQUENCE: Faults = Faults {
     free_ignores_sequence: true,
-    plain_sole_drop: true,
-    ..SOUND
-};
-
-/// The sole-drop control: a sequence's drop of a block it reads as held
-/// alone is a load and a plain store, so a double release of the block
-/// through the public `BlockAllocator::release` gives it back twice.
-pub const PLAIN_SOLE_DROP: Faults = Faults {
-    plain_sole_drop: true,
     ..SOUND
 };
 

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{check, BLIND_UNDO, DOUBLE, LOST, SOUND};
 use crate::sync::Faults;
-use crate::{BlockAllocator, BlockId, BlockPool, FreeError};
+use crate::{BlockId, BlockPool, FreeError};
 use loom::thread;
 
 /// The model over a pool of `num_blocks` one-slot blocks (one shard).
@@ -94,13 +94,13 @@ fn refused_free_vs_free(num_blocks: usize, own: bool, faults: Faults) {
 }
 
 /// A raw block with two references: allocated, and a reference added
-/// through `BlockAllocator::add_refs` (a block that no sequence holds, so
+/// through `BlockPool::add_refs` (a block that no sequence holds, so
 /// that a raw free may drop both).
 fn shared_block(pool: &Arc<BlockPool>) -> BlockId {
     let mut ids = Vec::new();
     pool.try_alloc(1, &mut ids).expect("an empty pool has room");
     let x = ids[0];
-    assert_eq!(BlockAllocator::add_refs(&**pool, &[x]), 1);
+    pool.add_refs(&[x]).expect("a raw block the caller holds");
     assert_eq!(pool.ref_count(x), Some(2));
     x
 }
