@@ -31,7 +31,7 @@
 //! | `admission.rs` | per-shard admission counts: the fast path and gathers |
 //! | `pool_wait.rs` | waiting on a pool counted over two shards |
 //! | `refused_free.rs` | a free refused after a racing double free |
-//! | `release_race.rs` | a double release through `BlockAllocator::release` (misuse): two releases of a sequence's block, and one racing the sequence's drop |
+//! | `release_race.rs` | a sequence's sole drop (a plain store) racing its block's other holder: two releases of a shared block, a sequence's drop and its fork's; controls: the double release through the token |
 //! | `held_drop.rs` | a sequence's give-back against a double free, which the sequence flag refuses; a stale free against a sequence that retook the block |
 //! | `sequence.rs` | `Sequence`: fork, drop, append, truncate |
 //! | `hybrid.rs` | `HybridSequence`: one admission across groups, a window's give-back and reuse against a match, an append and a double free, a match across groups against an evicting append |
