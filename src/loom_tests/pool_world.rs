@@ -71,6 +71,7 @@ pub const SOUND: Faults = Faults {
     early_stored_record: false,
     relaxed_record: false,
     uncounted_loss: false,
+    relaxed_sole_drop: false,
     claim_before_read: false,
     unchecked_overflow_clear: false,
 };
@@ -102,6 +103,14 @@ pub const UNCHECKED_OVERFLOW_CLEAR: Faults = Faults {
 /// resurrecting a block that another holder freed meanwhile.
 pub const BLIND_UNDO: Faults = Faults {
     blind_undo: true,
+    ..SOUND
+};
+
+/// The sole drop's ordering control: a sequence's sole drop loads the
+/// block's word `Relaxed`, so a co-holder's accesses before its drop need
+/// not happen-before the block's next owner.
+pub const RELAXED_SOLE_DROP: Faults = Faults {
+    relaxed_sole_drop: true,
     ..SOUND
 };
 
