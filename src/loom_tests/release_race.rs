@@ -38,13 +38,7 @@ fn pool() -> Arc<BlockPool> {
 /// The pool after the race: `id` has no reference, nothing is used, the
 /// admission counts are exact, and every block comes out once.
 fn assert_whole(pool: &BlockPool, id: BlockId) {
-    assert_eq!(pool.ref_count(id), Some(0), "{LOST}: {id}'s count");
-    assert_eq!(pool.used_blocks(), 0, "{LOST}: used blocks");
-    assert_eq!(
-        pool.admission_free_uncapped(),
-        pool.num_blocks(),
-        "{LOST}: the admission counts"
-    );
+    assert_books(pool, id);
     let mut all = Vec::new();
     pool.try_alloc(pool.num_blocks(), &mut all)
         .expect("every block can be taken");
@@ -130,12 +124,13 @@ fn fork_read_vs_sole_drop(faults: Faults) {
         world.read(id);
         drop(seq);
         taker.join().expect("the fork's drop does not panic");
-        assert_whole_one(&world.pool, id);
+        assert_books(&world.pool, id);
     });
 }
 
-/// [`assert_whole`] for a one-block pool.
-fn assert_whole_one(pool: &BlockPool, id: BlockId) {
+/// The books after the race: `id` has no reference, nothing is used, and
+/// the admission counts are exact.
+fn assert_books(pool: &BlockPool, id: BlockId) {
     assert_eq!(pool.ref_count(id), Some(0), "{LOST}: {id}'s count");
     assert_eq!(pool.used_blocks(), 0, "{LOST}: used blocks");
     assert_eq!(
