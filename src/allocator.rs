@@ -1,11 +1,61 @@
 //! [`BlockAllocator`]: what a [`Sequence`](crate::Sequence) needs from the
 //! pool its blocks come from.
 
+use std::fmt;
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use crate::error::ReserveError;
 use crate::hash::BlockHash;
 use crate::id::BlockId;
+
+/// The capability of a [`BlockAllocator`] call made by a
+/// [`Sequence`](crate::Sequence) or a
+/// [`HybridSequence`](crate::HybridSequence), on blocks it holds.
+///
+/// Only this crate builds one (its field is private), and only its
+/// sequences do, for the duration of one call; it is neither `Clone` nor
+/// `Copy`, and neither `Send` nor `Sync`, so an implementor that receives
+/// a `&SequenceCall` cannot keep it past the call or hand it to another
+/// thread. Code outside the crate can implement `BlockAllocator` (it
+/// receives tokens) but cannot call the calls that change a sequence's
+/// blocks (it has none to give): see the trait's docs, and what a
+/// forwarding implementor may do with the token under [The
+/// contract](BlockAllocator#the-contract).
+///
+/// Outside code cannot build one:
+///
+/// ```compile_fail
+/// let by = kvslots::SequenceCall::new();
+/// ```
+///
+/// nor spell its value:
+///
+/// ```compile_fail
+/// let by = kvslots::SequenceCall { _private: std::marker::PhantomData };
+/// ```
+pub struct SequenceCall<'a> {
+    /// Private, so that no code outside the crate builds one; a raw
+    /// pointer, so that the token is neither `Send` nor `Sync`; invariant
+    /// in `'a`, so that a borrow of it cannot be stretched.
+    _private: PhantomData<*mut &'a ()>,
+}
+
+impl SequenceCall<'_> {
+    /// A token for one call of a sequence on blocks it holds.
+    #[inline]
+    pub(crate) fn new() -> Self {
+        SequenceCall {
+            _private: PhantomData,
+        }
+    }
+}
+
+impl fmt::Debug for SequenceCall<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SequenceCall")
+    }
+}
 
 /// The pool under a [`Sequence`](crate::Sequence): the calls a sequence
 /// makes to take, share, give back and cache blocks, and nothing else.
@@ -17,14 +67,28 @@ use crate::id::BlockId;
 /// another allocator: `kvslots-sim` runs its mutex baseline this way, with
 /// every call under one lock.
 ///
-/// Users of `Sequence` never call these methods: the sequence does, on
-/// blocks it holds. Calling them directly follows the same rules as
-/// [`BlockPool::free`](crate::BlockPool::free): listing a block the caller
-/// does not hold is a logic error (it takes or lends another holder's
-/// reference), never memory unsafety. An id at or past
-/// [`num_blocks`](Self::num_blocks) is one the allocator never handed out:
-/// an implementation may panic on it (`BlockPool` does, before changing
-/// anything).
+/// Users of `Sequence` never call these methods, and cannot: every call
+/// that takes, shares, gives back, retires, matches, publishes or uncaches
+/// a sequence's blocks takes a [`SequenceCall`], which only this crate's
+/// [`Sequence`](crate::Sequence) and [`HybridSequence`](crate::HybridSequence)
+/// build, for the blocks they hold. So no code outside the crate changes a
+/// sequence-held block's reference count (short of a forwarding
+/// implementor that breaks [the contract](#the-contract) with the token
+/// it receives): not a double release, not a release of
+/// [`Sequence::blocks`](crate::Sequence::blocks) racing the sequence's
+/// drop, not a stray `add_refs`. (`BlockPool` relies on it: a
+/// sequence that holds a block alone gives it back with a load and a
+/// plain store.) The read-only calls ([`num_blocks`](Self::num_blocks),
+/// [`block_size`](Self::block_size), [`is_closed`](Self::is_closed),
+/// [`needs_copy`](Self::needs_copy)) take no token. Raw blocks have their
+/// own calls on the pool: [`BlockPool::try_alloc`](crate::BlockPool::try_alloc),
+/// [`BlockPool::add_refs`](crate::BlockPool::add_refs) and
+/// [`BlockPool::free`](crate::BlockPool::free), which refuse a sequence's
+/// block.
+///
+/// An id at or past [`num_blocks`](Self::num_blocks) is one the allocator
+/// never handed out: an implementation may panic on it (`BlockPool` does,
+/// before changing anything).
 ///
 /// # The contract
 ///
@@ -45,6 +109,17 @@ use crate::id::BlockId;
 /// * **Blocks are ids.** Every id handed out is below
 ///   [`num_blocks`](Self::num_blocks); ids of one call are distinct.
 ///   `num_blocks` and `block_size` never change, and `block_size > 0`.
+/// * **The token.** An implementor receives a `&SequenceCall` and cannot
+///   build, clone or keep one. An allocator that forwards to another (a
+///   wrapper around a `BlockPool`, say) passes the token it was given to
+///   the inner allocator's corresponding call, with the ids it was given,
+///   during its own call, and does nothing else with it: it must not call
+///   other methods of the inner allocator with it, list other blocks, or
+///   repeat a call. Each of those is a call the sequence did not make,
+///   and the token cannot stop it: it is the one way left for code
+///   outside the crate to change a sequence-held block, and then the inner
+///   allocator may give a block back twice or to two owners (a logic
+///   error, as a double free is; never memory unsafety).
 ///
 /// The prefix cache is optional: its methods have defaults that cache
 /// nothing (a match finds nothing, a publish caches nothing), which is
@@ -101,6 +176,7 @@ pub trait BlockAllocator {
     /// On error nothing changes.
     fn try_alloc_with_headroom(
         &self,
+        by: &SequenceCall<'_>,
         n: usize,
         headroom: usize,
         out: &mut Vec<BlockId>,
@@ -118,8 +194,13 @@ pub trait BlockAllocator {
     /// # Errors
     ///
     /// As [`try_alloc_with_headroom`](Self::try_alloc_with_headroom).
-    fn try_alloc_growth(&self, n: usize, out: &mut Vec<BlockId>) -> Result<(), ReserveError> {
-        self.try_alloc_with_headroom(n, 0, out)
+    fn try_alloc_growth(
+        &self,
+        by: &SequenceCall<'_>,
+        n: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        self.try_alloc_with_headroom(by, n, 0, out)
     }
 
     /// [`try_alloc_with_headroom`](Self::try_alloc_with_headroom), waiting
@@ -134,6 +215,7 @@ pub trait BlockAllocator {
     /// On error nothing changes.
     fn alloc_with_headroom_blocking(
         &self,
+        by: &SequenceCall<'_>,
         n: usize,
         headroom: usize,
         out: &mut Vec<BlockId>,
@@ -144,23 +226,26 @@ pub trait BlockAllocator {
     /// it added: all of them, unless the next block cannot take one. That
     /// happens when its count is at the allocator's maximum, or when it has
     /// no reference left although the caller listed it as held (a raw
-    /// free took the caller's reference: a double free); adding one to a
+    /// free of the allocator's own took the caller's reference: a double
+    /// free; `BlockPool`'s refuses a sequence's block); adding one to a
     /// free block would hand it to two owners. The caller (a fork) then
     /// gives back the references added and panics.
     ///
     /// Orders nothing by itself: the new holder gets the blocks through
     /// whatever hands it over, as with `Arc::clone`.
-    fn add_refs(&self, ids: &[BlockId]) -> usize;
+    fn add_refs(&self, by: &SequenceCall<'_>, ids: &[BlockId]) -> usize;
 
     /// Drops one reference to each of `ids`, which the caller holds, the
     /// last listed first (so that of a cached prompt the tail is evicted
     /// before the head). A block whose last reference goes is free again,
     /// or evictable if it is cached.
     ///
-    /// A reference that is no longer there (a raw free of the same block
-    /// took it: a double free) is skipped; the others are dropped all the
-    /// same.
-    fn release(&self, ids: &[BlockId]);
+    /// A reference that is no longer there (a raw free of the allocator's
+    /// own took it: a double free) is skipped; the others are dropped all
+    /// the same. (`BlockPool`'s raw free refuses a sequence's block, and
+    /// its `release` relies on the caller's references being there: see
+    /// [`SequenceCall`].)
+    fn release(&self, by: &SequenceCall<'_>, ids: &[BlockId]);
 
     /// Whether a holder of `id` must copy the block before writing into
     /// it: another holder shares it, or it is cached (its key can match).
@@ -183,8 +268,13 @@ pub trait BlockAllocator {
     /// happens-before this call returns it.
     ///
     /// The default caches nothing and returns 0.
-    fn match_prefix(&self, keys: &[BlockHash], out: &mut Vec<BlockId>) -> usize {
-        let _ = (keys, out);
+    fn match_prefix(
+        &self,
+        by: &SequenceCall<'_>,
+        keys: &[BlockHash],
+        out: &mut Vec<BlockId>,
+    ) -> usize {
+        let _ = (by, keys, out);
         0
     }
 
@@ -199,8 +289,8 @@ pub trait BlockAllocator {
     /// uncached block is free.
     ///
     /// The default caches nothing and returns 0.
-    fn publish(&self, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
-        let _ = (blocks, keys);
+    fn publish(&self, by: &SequenceCall<'_>, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
+        let _ = (by, blocks, keys);
         0
     }
 
@@ -216,20 +306,21 @@ pub trait BlockAllocator {
     /// The default ignores `parent` and calls `publish`.
     fn publish_after(
         &self,
+        by: &SequenceCall<'_>,
         parent: Option<&BlockHash>,
         blocks: &[BlockId],
         keys: &[BlockHash],
     ) -> usize {
         let _ = parent;
-        self.publish(blocks, keys)
+        self.publish(by, blocks, keys)
     }
 
     /// Drops the key of `id` if the caller is its only holder, so that the
     /// caller may write into it (a truncate into a cached block). A block
     /// that another holder shares keeps its key; writing into it takes a
     /// copy. The default does nothing (no block is ever cached).
-    fn uncache_if_sole(&self, id: BlockId) {
-        let _ = id;
+    fn uncache_if_sole(&self, by: &SequenceCall<'_>, id: BlockId) {
+        let _ = (by, id);
     }
 
     /// Keeps the caller's references to `ids` until `fence` completes (for
@@ -237,13 +328,139 @@ pub trait BlockAllocator {
     /// and returns how many references that is (`ids.len()`): until then
     /// the blocks count as used and are never handed out, whatever else is
     /// released. An empty list retires nothing and returns 0.
-    fn retire(&self, fence: u64, ids: &[BlockId]) -> usize;
+    fn retire(&self, by: &SequenceCall<'_>, fence: u64, ids: &[BlockId]) -> usize;
 
     /// [`retire`](Self::retire) of a table the caller gives up: an
     /// allocator that keeps lists per fence may keep the `Vec` itself
     /// (`BlockPool` does: no allocation per block). The default retires
     /// the slice.
-    fn retire_owned(&self, fence: u64, ids: Vec<BlockId>) -> usize {
-        self.retire(fence, &ids)
+    fn retire_owned(&self, by: &SequenceCall<'_>, fence: u64, ids: Vec<BlockId>) -> usize {
+        self.retire(by, fence, &ids)
+    }
+}
+
+/// `BlockPool`'s sealed calls with bad ids: only the crate can make them
+/// (outside code has no token), so their checks are tested here.
+#[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
+mod tests {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::sync::Arc;
+
+    use super::{BlockAllocator, SequenceCall};
+    use crate::{hash_blocks, BlockId, BlockPool, Sequence};
+
+    /// Every block's count, the free and used counts, and the layers'.
+    fn snap(pool: &BlockPool) -> (Vec<Option<usize>>, usize, usize, usize, usize) {
+        let refs = (0..pool.num_blocks() as u32 + 1)
+            .map(|i| pool.ref_count(BlockId::new(i)))
+            .collect();
+        (
+            refs,
+            pool.free_blocks(),
+            pool.used_blocks(),
+            pool.cached_blocks(),
+            pool.pending_release_blocks(),
+        )
+    }
+
+    /// Each call given a held block and then an id it never handed out: a
+    /// panic naming the id, before anything changed.
+    #[test]
+    fn a_sealed_call_with_an_id_out_of_range_changes_nothing() {
+        let pool = Arc::new(BlockPool::builder(4, 4).prefix_cache(true).build().unwrap());
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        seq.try_append(8).unwrap();
+        let held = seq.blocks()[0];
+        let bad = [held, BlockId::new(4)];
+        let mut keys = Vec::new();
+        hash_blocks(b"", &[1; 8], 4, &mut keys);
+        let before = snap(&pool);
+        let by = SequenceCall::new();
+        let p: &BlockPool = &pool;
+        type Call<'a> = (&'a str, Box<dyn Fn() -> usize + 'a>);
+        let calls: [Call; 9] = [
+            (
+                "add_refs",
+                Box::new(|| BlockAllocator::add_refs(p, &by, &bad)),
+            ),
+            (
+                "release",
+                Box::new(|| {
+                    BlockAllocator::release(p, &by, &bad);
+                    0
+                }),
+            ),
+            (
+                "publish",
+                Box::new(|| BlockAllocator::publish(p, &by, &bad, &keys)),
+            ),
+            (
+                "publish_after",
+                Box::new(|| BlockAllocator::publish_after(p, &by, Some(&keys[0]), &bad, &keys)),
+            ),
+            (
+                "retire",
+                Box::new(|| BlockAllocator::retire(p, &by, 1, &bad)),
+            ),
+            (
+                "retire_owned",
+                Box::new(|| BlockAllocator::retire_owned(p, &by, 1, bad.to_vec())),
+            ),
+            (
+                "uncache_if_sole",
+                Box::new(|| {
+                    BlockAllocator::uncache_if_sole(p, &by, bad[1]);
+                    0
+                }),
+            ),
+            (
+                "needs_copy",
+                Box::new(|| usize::from(BlockAllocator::needs_copy(p, bad[1]))),
+            ),
+            (
+                "release of id u32::MAX",
+                Box::new(|| {
+                    BlockAllocator::release(p, &by, &[held, BlockId::new(u32::MAX)]);
+                    0
+                }),
+            ),
+        ];
+        for (name, call) in calls {
+            let panic = catch_unwind(AssertUnwindSafe(call)).expect_err(name);
+            let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+            assert!(msg.contains("is out of range"), "{name}: {msg}");
+            assert_eq!(snap(&pool), before, "{name} changed the pool");
+        }
+        drop(seq);
+        assert_eq!(pool.free_blocks(), 4);
+    }
+
+    /// The calls' documented "nothing" outcomes, which change nothing: an
+    /// empty list, a block already cached, no key.
+    #[test]
+    fn a_sealed_call_with_nothing_to_do_changes_nothing() {
+        let pool = Arc::new(BlockPool::builder(4, 4).prefix_cache(true).build().unwrap());
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        seq.try_append(8).unwrap();
+        let mut keys = Vec::new();
+        hash_blocks(b"", &[1; 8], 4, &mut keys);
+        assert_eq!(seq.publish(&keys), 2);
+        let before = snap(&pool);
+        let by = SequenceCall::new();
+        let p: &BlockPool = &pool;
+        let mut out = Vec::new();
+        assert_eq!(BlockAllocator::add_refs(p, &by, &[]), 0);
+        BlockAllocator::release(p, &by, &[]);
+        assert_eq!(BlockAllocator::publish(p, &by, &[], &keys), 0);
+        assert_eq!(
+            BlockAllocator::publish_after(p, &by, None, seq.blocks(), &keys),
+            0
+        );
+        assert_eq!(BlockAllocator::match_prefix(p, &by, &[], &mut out), 0);
+        assert_eq!(BlockAllocator::retire(p, &by, 1, &[]), 0);
+        assert_eq!(BlockAllocator::retire_owned(p, &by, 1, Vec::new()), 0);
+        assert!(out.is_empty());
+        assert_eq!(snap(&pool), before);
+        assert_eq!(format!("{by:?}"), "SequenceCall");
     }
 }

@@ -184,7 +184,9 @@ impl fmt::Display for ReleaseError {
 
 impl std::error::Error for ReleaseError {}
 
-/// Why [`BlockPool::free`](crate::BlockPool::free) refused. A free refused
+/// Why [`BlockPool::free`](crate::BlockPool::free) (or
+/// [`BlockPool::add_refs`](crate::BlockPool::add_refs), which refuses
+/// every error with nothing changed) refused. A free refused
 /// with `OutOfRange`, `NotAllocated`, `HeldBySequence` or `OverFreed`
 /// changes nothing at all,
 /// for any of the listed ids; the error names an offending one (see
@@ -243,9 +245,18 @@ pub enum FreeError {
     /// one reference is refused; **every other listed reference
     /// was dropped**, as by a successful free, because taking them back
     /// could hand a reference to a block that has been freed and
-    /// reallocated to someone else meanwhile.
+    /// reallocated to someone else meanwhile. (From
+    /// [`BlockPool::add_refs`](crate::BlockPool::add_refs), whose block was
+    /// freed since its checks, nothing changed: see there.)
     Raced {
         /// The offending id (the first one, if several raced).
+        id: BlockId,
+    },
+    /// [`BlockPool::add_refs`](crate::BlockPool::add_refs) only: the block
+    /// has as many references as a block can have (`2^29 - 1`); nothing
+    /// changed.
+    TooManyRefs {
+        /// The offending id.
         id: BlockId,
     },
 }
@@ -268,6 +279,9 @@ impl fmt::Display for FreeError {
             ),
             FreeError::OverFreed { id } => {
                 write!(f, "{id} is listed more times than it has references")
+            }
+            FreeError::TooManyRefs { id } => {
+                write!(f, "{id} has as many references as a block can have")
             }
             FreeError::Raced { id } => write!(
                 f,

@@ -390,7 +390,9 @@
 //! then panics, as `Arc` aborts on an overflowing count, and the child
 //! gives back what it took); a free or a sequence drops them. A count of
 //! 0 there would mean that a raw `free` took the forking sequence's
-//! reference, which the sequence flag below rules out.
+//! reference, which the sequence flag below rules out. Raw holders share
+//! a block with [`BlockPool::add_refs`](crate::BlockPool::add_refs), which
+//! refuses a sequence's block.
 //!
 //! **The sequence flag.** A block taken for a
 //! [`Sequence`](crate::Sequence) (by its appends and reservations, by an
@@ -407,20 +409,25 @@
 //! [`FreeError::Raced`](crate::FreeError::Raced). No raw free ever writes
 //! a flagged word.
 //!
-//! The flag does not make a sequence the only thread that may write its
-//! block's word: [`BlockAllocator::release`](crate::BlockAllocator::release)
-//! and [`BlockAllocator::add_refs`](crate::BlockAllocator::add_refs) are
-//! public, and a caller that lists a sequence's block (a double release,
-//! or a release of [`Sequence::blocks`](crate::Sequence::blocks) racing
-//! the sequence's drop: misuse) changes the same count. So a sequence that
-//! reads its block's word as `SEQUENCE` with a count of 1, neither cached
-//! nor claimed, clears it with one CAS from the value read (`Acquire`),
-//! not a plain store, and gives the block back with the rest of its
-//! give-back's word (whose `Release` `fetch_or` publishes it); if the CAS
-//! fails it drops as below. A fresh block's first reference is a plain
-//! store (a free block has no holder to race). So a sequence's fresh
-//! blocks cost a load and a store each when taken and a load and an
-//! uncontended CAS each when given back.
+//! **The sealed calls.** The calls a sequence makes on its blocks
+//! ([`BlockAllocator`](crate::BlockAllocator)'s `release`, `add_refs`,
+//! `retire`, its allocations, matches and publishes) take a
+//! [`SequenceCall`](crate::SequenceCall), a token only this crate builds:
+//! no code outside it can list a sequence's block in a call that changes
+//! its word (a double release, or a release of
+//! [`Sequence::blocks`](crate::Sequence::blocks) racing the sequence's
+//! drop). With raw calls refusing the flag, only a block's holders write
+//! its word while it is a sequence's (the prefix cache's transitions act
+//! on cached or claimed words, which a sole drop leaves alone; see the
+//! state word's module doc in `src/pool/refs.rs` for each writer). So a
+//! sequence that reads its block's word as `SEQUENCE` with a count of 1,
+//! neither cached nor claimed (`Acquire`: a co-holder's drop happens
+//! before), is its only holder and clears it with a plain store, and
+//! gives the block back with the rest of its give-back's word (whose
+//! `Release` `fetch_or` publishes it). A fresh block's first reference is
+//! a plain store too (a free block has no holder to race). So a
+//! sequence's fresh blocks cost a load and a store each when taken and
+//! when given back.
 //!
 //! Every other drop is a CAS from the count it read to one less: a shared
 //! block's (two sequences can drop their references at once), a cached

@@ -9,7 +9,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::allocator::BlockAllocator;
+use crate::allocator::{BlockAllocator, SequenceCall};
 use crate::error::{PositionError, ReserveError};
 use crate::hash::BlockHash;
 use crate::id::BlockId;
@@ -319,10 +319,15 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             // an empty one, or one that holds only what it matched, is a
             // new admission.
             if !self.is_running() {
-                self.pool
-                    .try_alloc_with_headroom(total, 0, &mut self.blocks)?;
+                self.pool.try_alloc_with_headroom(
+                    &SequenceCall::new(),
+                    total,
+                    0,
+                    &mut self.blocks,
+                )?;
             } else {
-                self.pool.try_alloc_growth(total, &mut self.blocks)?;
+                self.pool
+                    .try_alloc_growth(&SequenceCall::new(), total, &mut self.blocks)?;
             }
         }
         Ok(self.commit_append(n, cow))
@@ -441,7 +446,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         }
         self.never_fits_beside_own(missing, missing, headroom)?;
         self.pool
-            .try_alloc_with_headroom(missing, headroom, &mut self.blocks)
+            .try_alloc_with_headroom(&SequenceCall::new(), missing, headroom, &mut self.blocks)
     }
 
     /// [`try_reserve`](Self::try_reserve), sleeping in the pool's queue
@@ -485,8 +490,13 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             return Ok(());
         }
         self.never_fits_beside_own(missing, missing, headroom)?;
-        self.pool
-            .alloc_with_headroom_blocking(missing, headroom, &mut self.blocks, timeout)
+        self.pool.alloc_with_headroom_blocking(
+            &SequenceCall::new(),
+            missing,
+            headroom,
+            &mut self.blocks,
+            timeout,
+        )
     }
 
     /// `NeverFits` for a call that asks for `asked` blocks, of which
@@ -649,7 +659,9 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // panic) halfway.
         self.blocks
             .reserve(hashes.len().min(self.pool.num_blocks()));
-        let k = self.pool.match_prefix(hashes, &mut self.blocks);
+        let k = self
+            .pool
+            .match_prefix(&SequenceCall::new(), hashes, &mut self.blocks);
         self.len = k * self.pool.block_size();
         self.tail_may_be_shared = false;
         self.matched = k;
@@ -700,8 +712,12 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // After null entries (a sliding window's), the first block's parent
         // is the key of the block before it, given back or not.
         let parent = from.checked_sub(1).map(|p| &hashes[p]);
-        self.pool
-            .publish_after(parent, &self.blocks[from..full], &hashes[from..full])
+        self.pool.publish_after(
+            &SequenceCall::new(),
+            parent,
+            &self.blocks[from..full],
+            &hashes[from..full],
+        )
     }
 
     /// How many tokens the blocks in the table can hold:
@@ -870,7 +886,11 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 self.give_back(keep);
             }
             Some(fence) => {
-                self.pool.retire(fence, &self.blocks[keep.max(self.null)..]);
+                self.pool.retire(
+                    &SequenceCall::new(),
+                    fence,
+                    &self.blocks[keep.max(self.null)..],
+                );
                 self.retire_copy_source(fence);
                 self.blocks.truncate(keep);
                 self.null = self.null.min(keep);
@@ -888,7 +908,8 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // append needs no copy). Shared, it keeps its key, and the next
         // append copies it.
         if self.tail_may_be_shared {
-            self.pool.uncache_if_sole(self.blocks[len / bs]);
+            self.pool
+                .uncache_if_sole(&SequenceCall::new(), self.blocks[len / bs]);
         }
         freed
     }
@@ -924,7 +945,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// ```
     pub fn retire_copy_source(&mut self, fence: u64) -> usize {
         match self.retired.take() {
-            Some(id) => self.pool.retire(fence, &[id]),
+            Some(id) => self.pool.retire(&SequenceCall::new(), fence, &[id]),
             None => 0,
         }
     }
@@ -969,7 +990,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // The table first, then the copy-on-write's source, as
         // `truncate_fenced` lists them; `self` then holds nothing, and its
         // drop gives back nothing.
-        let n = self.pool.retire_owned(fence, blocks);
+        let n = self.pool.retire_owned(&SequenceCall::new(), fence, blocks);
         n + self.retire_copy_source(fence)
     }
 
@@ -1045,9 +1066,11 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             // filled tail).
             self.never_fits_beside_own(1, 1, 0)?;
             if self.is_running() {
-                self.pool.try_alloc_growth(1, &mut child.blocks)?;
+                self.pool
+                    .try_alloc_growth(&SequenceCall::new(), 1, &mut child.blocks)?;
             } else {
-                self.pool.try_alloc_with_headroom(1, 0, &mut child.blocks)?;
+                self.pool
+                    .try_alloc_with_headroom(&SequenceCall::new(), 1, 0, &mut child.blocks)?;
             }
         }
         Ok(self.fork_into(child))
@@ -1072,7 +1095,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // the child gives them back.
         child.null = null;
         let shared = &self.blocks[null..full];
-        let added = self.pool.add_refs(shared);
+        let added = self.pool.add_refs(&SequenceCall::new(), shared);
         child.blocks.extend_from_slice(&shared[..added]);
         if let Some(&id) = shared.get(added) {
             panic!(
@@ -1110,7 +1133,8 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // double free, which is misuse) dropped first is skipped: that block
         // was given back once, by the free, and every other reference here
         // is dropped all the same.
-        self.pool.release(&self.blocks[keep.max(self.null)..]);
+        self.pool
+            .release(&SequenceCall::new(), &self.blocks[keep.max(self.null)..]);
         self.blocks.truncate(keep);
         self.null = self.null.min(keep);
         self.matched = self.matched.min(keep);
@@ -1154,9 +1178,12 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             }
         }
         match fence {
-            None => self.pool.release(&self.blocks[from..kept]),
+            None => self
+                .pool
+                .release(&SequenceCall::new(), &self.blocks[from..kept]),
             Some(fence) => {
-                self.pool.retire(fence, &self.blocks[from..kept]);
+                self.pool
+                    .retire(&SequenceCall::new(), fence, &self.blocks[from..kept]);
             }
         }
         self.blocks[from..upto].fill(BlockId::NULL);
@@ -1170,7 +1197,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// freed.
     fn release_retired(&mut self) {
         if let Some(id) = self.retired.take() {
-            self.pool.release(&[id]);
+            self.pool.release(&SequenceCall::new(), &[id]);
         }
     }
 }

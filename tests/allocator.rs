@@ -8,7 +8,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kvslots::{hash_blocks, BlockAllocator, BlockId, BlockPool, ReserveError, Sequence};
+use kvslots::{
+    hash_blocks, BlockAllocator, BlockHash, BlockId, BlockPool, ReserveError, Sequence,
+    SequenceCall,
+};
 
 /// Free ids, a count per block and the fences' lists, under one lock.
 struct Plain {
@@ -49,9 +52,21 @@ impl Plain {
     fn complete(&self, fence: u64) -> usize {
         let list = self.state.lock().unwrap().fenced.remove(&fence);
         list.map_or(0, |ids| {
-            self.release(&ids);
+            self.give_back(&ids);
             ids.len()
         })
+    }
+
+    /// Drops one reference to each of `ids`, the last listed first.
+    fn give_back(&self, ids: &[BlockId]) {
+        let mut s = self.state.lock().unwrap();
+        for id in ids.iter().rev() {
+            let refs = &mut s.refs[id.index()];
+            *refs -= 1;
+            if *refs == 0 {
+                s.free.push(id.index() as u32);
+            }
+        }
     }
 }
 
@@ -64,6 +79,7 @@ impl BlockAllocator for Plain {
     }
     fn try_alloc_with_headroom(
         &self,
+        _: &SequenceCall<'_>,
         n: usize,
         headroom: usize,
         out: &mut Vec<BlockId>,
@@ -91,15 +107,16 @@ impl BlockAllocator for Plain {
     }
     fn alloc_with_headroom_blocking(
         &self,
+        by: &SequenceCall<'_>,
         n: usize,
         headroom: usize,
         out: &mut Vec<BlockId>,
         _timeout: Option<Duration>,
     ) -> Result<(), ReserveError> {
         // The tests below never wait.
-        self.try_alloc_with_headroom(n, headroom, out)
+        self.try_alloc_with_headroom(by, n, headroom, out)
     }
-    fn add_refs(&self, ids: &[BlockId]) -> usize {
+    fn add_refs(&self, _: &SequenceCall<'_>, ids: &[BlockId]) -> usize {
         let mut s = self.state.lock().unwrap();
         for (added, id) in ids.iter().enumerate() {
             if s.refs[id.index()] == 0 {
@@ -109,20 +126,13 @@ impl BlockAllocator for Plain {
         }
         ids.len()
     }
-    fn release(&self, ids: &[BlockId]) {
-        let mut s = self.state.lock().unwrap();
-        for id in ids.iter().rev() {
-            let refs = &mut s.refs[id.index()];
-            *refs -= 1;
-            if *refs == 0 {
-                s.free.push(id.index() as u32);
-            }
-        }
+    fn release(&self, _: &SequenceCall<'_>, ids: &[BlockId]) {
+        self.give_back(ids);
     }
     fn needs_copy(&self, id: BlockId) -> bool {
         self.refs(id) > 1
     }
-    fn retire(&self, fence: u64, ids: &[BlockId]) -> usize {
+    fn retire(&self, _: &SequenceCall<'_>, fence: u64, ids: &[BlockId]) -> usize {
         let mut s = self.state.lock().unwrap();
         s.fenced.entry(fence).or_default().extend_from_slice(ids);
         ids.len()
@@ -198,4 +208,128 @@ fn a_sequence_over_a_trait_object() {
         assert_eq!(seq.blocks().len(), 3);
         assert!(seq.try_append(8).is_err());
     }
+}
+
+/// An allocator that forwards every call to a `BlockPool`, passing the
+/// token it receives to the same call: what a wrapper (metrics, tracing)
+/// does. It cannot build a token, so it cannot call the pool's sealed
+/// calls on its own; its sequences keep every rule.
+struct Forward {
+    inner: BlockPool,
+}
+
+impl BlockAllocator for Forward {
+    fn num_blocks(&self) -> usize {
+        self.inner.num_blocks()
+    }
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+    fn try_alloc_with_headroom(
+        &self,
+        by: &SequenceCall<'_>,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        BlockAllocator::try_alloc_with_headroom(&self.inner, by, n, headroom, out)
+    }
+    fn try_alloc_growth(
+        &self,
+        by: &SequenceCall<'_>,
+        n: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        BlockAllocator::try_alloc_growth(&self.inner, by, n, out)
+    }
+    fn alloc_with_headroom_blocking(
+        &self,
+        by: &SequenceCall<'_>,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        BlockAllocator::alloc_with_headroom_blocking(&self.inner, by, n, headroom, out, timeout)
+    }
+    fn add_refs(&self, by: &SequenceCall<'_>, ids: &[BlockId]) -> usize {
+        BlockAllocator::add_refs(&self.inner, by, ids)
+    }
+    fn release(&self, by: &SequenceCall<'_>, ids: &[BlockId]) {
+        BlockAllocator::release(&self.inner, by, ids);
+    }
+    fn needs_copy(&self, id: BlockId) -> bool {
+        BlockAllocator::needs_copy(&self.inner, id)
+    }
+    fn match_prefix(
+        &self,
+        by: &SequenceCall<'_>,
+        keys: &[BlockHash],
+        out: &mut Vec<BlockId>,
+    ) -> usize {
+        BlockAllocator::match_prefix(&self.inner, by, keys, out)
+    }
+    fn publish(&self, by: &SequenceCall<'_>, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
+        BlockAllocator::publish(&self.inner, by, blocks, keys)
+    }
+    fn publish_after(
+        &self,
+        by: &SequenceCall<'_>,
+        parent: Option<&BlockHash>,
+        blocks: &[BlockId],
+        keys: &[BlockHash],
+    ) -> usize {
+        BlockAllocator::publish_after(&self.inner, by, parent, blocks, keys)
+    }
+    fn uncache_if_sole(&self, by: &SequenceCall<'_>, id: BlockId) {
+        BlockAllocator::uncache_if_sole(&self.inner, by, id);
+    }
+    fn retire(&self, by: &SequenceCall<'_>, fence: u64, ids: &[BlockId]) -> usize {
+        BlockAllocator::retire(&self.inner, by, fence, ids)
+    }
+    fn retire_owned(&self, by: &SequenceCall<'_>, fence: u64, ids: Vec<BlockId>) -> usize {
+        BlockAllocator::retire_owned(&self.inner, by, fence, ids)
+    }
+}
+
+/// Sequences over a forwarding allocator: appends, a fork, a publish and
+/// a match, copy-on-write and fenced release reach the inner pool, whose
+/// raw calls still refuse the sequences' blocks.
+#[test]
+fn a_forwarding_allocator_passes_the_token_through() {
+    let pool = Arc::new(Forward {
+        inner: BlockPool::builder(8, 4).prefix_cache(true).build().unwrap(),
+    });
+    let tokens: Vec<u32> = (0..10).collect();
+    let mut keys = Vec::new();
+    hash_blocks(b"", &tokens, 4, &mut keys);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(10).unwrap(); // 3 blocks, the last partly filled
+    assert_eq!(seq.publish(&keys), 2);
+    let (mut child, copy) = seq.try_fork().unwrap();
+    assert!(copy.is_some(), "the partly filled tail is copied");
+    assert_eq!(pool.inner.used_blocks(), 4);
+    let id = seq.blocks()[0];
+    assert_eq!(pool.inner.ref_count(id), Some(2));
+    // Raw calls on the inner pool refuse a sequence's block.
+    assert_eq!(
+        pool.inner.free(&[id]),
+        Err(kvslots::FreeError::HeldBySequence { id })
+    );
+    assert_eq!(
+        pool.inner.add_refs(&[id]),
+        Err(kvslots::FreeError::HeldBySequence { id })
+    );
+    assert_eq!(pool.inner.ref_count(id), Some(2));
+    // A match of the published prefix shares the cached blocks.
+    let mut other = Sequence::new(Arc::clone(&pool));
+    assert_eq!(other.try_match_prefix(&keys), 2);
+    assert_eq!(pool.inner.ref_count(id), Some(3));
+    child.try_append(1).unwrap();
+    drop(child);
+    assert_eq!(seq.retire(5), 3);
+    assert_eq!(pool.inner.complete(5), 3);
+    drop(other);
+    assert_eq!(pool.inner.used_blocks(), 0);
+    assert_eq!(pool.inner.evictable_blocks(), 2);
 }

@@ -635,35 +635,29 @@ fn pool_rows() -> Vec<Row> {
             } => value((0usize, 0usize, 0usize, PrefixStats::default()));
         "BlockPoolBuilder::prefix_cache(false): a reset drops nothing", none,
             |_w| value(BlockPool::builder(BLOCKS, BS).build().unwrap().reset_prefix_cache()) => value(0usize);
-        "BlockAllocator::add_refs: nothing", none, |w| value(w.pool.add_refs(&[])) => value(0usize);
-        "BlockAllocator::add_refs: a free block", none,
-            |w| { let f = free_block(w); value(w.pool.add_refs(&[f])) } => value(0usize);
-        "BlockAllocator::add_refs: a held block, then one out of range", none,
-            |w| value(w.pool.add_refs(&[w.c.blocks()[0], id(BLOCKS as u32)])) => panics("block 8 is out of range");
-        "BlockAllocator::release: a free block (no reference to drop)", none,
-            |w| { let f = free_block(w); value(w.pool.release(&[f])) } => value(());
-        "BlockAllocator::release: a held block, then id u32::MAX", none,
-            |w| value(w.pool.release(&[w.c.blocks()[0], id(u32::MAX)])) => panics("out of range for a pool of 8 blocks");
+        "BlockPool::add_refs: nothing", none, |w| free(w.pool.add_refs(&[])) => value(());
+        "BlockPool::add_refs: a free block", none,
+            |w| { let f = free_block(w); free(w.pool.add_refs(&[f])) } => Got::Free(FreeError::NotAllocated { id: id(FREE_ID) });
+        "BlockPool::add_refs: a sequence's block", none,
+            |w| free(w.pool.add_refs(&[w.c.blocks()[1]])) => Got::Free(FreeError::HeldBySequence { id: id(C1_ID) });
+        "BlockPool::add_refs: a shared sequence's block", none,
+            |w| free(w.pool.add_refs(&[w.a.blocks()[0]])) => Got::Free(FreeError::HeldBySequence { id: id(SHARED_ID) });
+        "BlockPool::add_refs: a taken block, then a sequence's block", fill,
+            |w| free(w.pool.add_refs(&[w.taken[0], w.c.blocks()[1]])) => Got::Free(FreeError::HeldBySequence { id: id(C1_ID) });
+        "BlockPool::add_refs: a sequence's block, then a free one", none,
+            |w| { let f = free_block(w); free(w.pool.add_refs(&[w.c.blocks()[1], f])) } => Got::Free(FreeError::NotAllocated { id: id(FREE_ID) });
+        "BlockPool::add_refs: an evictable block", none,
+            |w| { let e = evictable_block(w); free(w.pool.add_refs(&[e])) } => Got::Free(FreeError::NotAllocated { id: id(EVICTABLE_ID) });
+        "BlockPool::add_refs: a taken block, then one out of range", fill,
+            |w| free(w.pool.add_refs(&[w.taken[0], id(BLOCKS as u32)])) => Got::Free(FreeError::OutOfRange { id: id(BLOCKS as u32), num_blocks: BLOCKS });
+        "BlockPool::add_refs: a foreign id out of range", none,
+            |w| free(w.pool.add_refs(&[w.foreign[11]])) => Got::Free(FreeError::OutOfRange { id: id(11), num_blocks: BLOCKS });
+        "BlockPool::add_refs: id u32::MAX", none,
+            |w| free(w.pool.add_refs(&[id(u32::MAX)])) => Got::Free(FreeError::OutOfRange { id: id(u32::MAX), num_blocks: BLOCKS });
+        "BlockPool::add_refs: a free block, closed", close,
+            |w| { let f = free_block(w); free(w.pool.add_refs(&[f])) } => Got::Free(FreeError::NotAllocated { id: id(FREE_ID) });
         "BlockAllocator::needs_copy: id num_blocks", none,
             |w| value(w.pool.needs_copy(id(BLOCKS as u32))) => panics("block 8 is out of range");
-        "BlockAllocator::uncache_if_sole: id u32::MAX", none,
-            |w| value(w.pool.uncache_if_sole(id(u32::MAX))) => panics("out of range");
-        "BlockAllocator::publish: nothing", none, |w| value(w.pool.publish(&[], &w.kc)) => value(0usize);
-        "BlockAllocator::publish: an id out of range", none,
-            |w| value(w.pool.publish(&[id(BLOCKS as u32)], &w.kc)) => panics("block 8 is out of range");
-        "BlockAllocator::publish_after: nothing", none,
-            |w| value(w.pool.publish_after(Some(&w.kc[0]), &[], &w.kc)) => value(0usize);
-        "BlockAllocator::publish_after: an id out of range", none,
-            |w| value(w.pool.publish_after(Some(&w.kc[0]), &[id(u32::MAX)], &w.kc)) => panics("out of range");
-        "BlockAllocator::publish_after: blocks cached already", none,
-            |w| value(w.pool.publish_after(None, w.c.blocks(), &w.kc)) => value(0usize);
-        "BlockAllocator::match_prefix: no key", none,
-            |w| value(w.pool.match_prefix(&[], &mut w.out)) => value(0usize);
-        "BlockAllocator::retire: nothing", none, |w| value(w.pool.retire(1, &[])) => value(0usize);
-        "BlockAllocator::retire: an id out of range", none,
-            |w| value(w.pool.retire(1, &[id(BLOCKS as u32)])) => panics("block 8 is out of range");
-        "BlockAllocator::retire_owned: id u32::MAX", none,
-            |w| value(w.pool.retire_owned(1, vec![id(u32::MAX)])) => panics("out of range");
     ]
 }
 

@@ -48,7 +48,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 use std::time::Duration;
 
-use kvslots::{BlockAllocator, BlockId, BlockPool, FreeError, Sequence};
+use kvslots::{BlockId, BlockPool, FreeError, Sequence};
 
 mod common;
 use common::{assert_pool_whole, block_refs, StopOnDrop, XorShift};
@@ -86,13 +86,13 @@ fn assert_free_refused(pool: &BlockPool, list: &[BlockId], expected: FreeError) 
 }
 
 /// `blocks` raw blocks of a fresh pool, each with `refs` references (one
-/// from the allocation, the rest added through `BlockAllocator::add_refs`:
+/// from the allocation, the rest added through `BlockPool::add_refs`:
 /// no sequence holds them, so a raw free may drop every one).
 fn shared_raw(pool: &BlockPool, blocks: usize, refs: usize) -> Vec<BlockId> {
     let mut ids = Vec::new();
     pool.try_alloc(blocks, &mut ids).unwrap();
     for _ in 1..refs {
-        assert_eq!(BlockAllocator::add_refs(pool, &ids), blocks);
+        pool.add_refs(&ids).unwrap();
     }
     assert!(ids.iter().all(|&id| pool.ref_count(id) == Some(refs)));
     ids

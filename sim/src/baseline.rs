@@ -61,7 +61,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use kvslots::{BlockAllocator, BlockHash, BlockId, ReserveError};
+use kvslots::{BlockAllocator, BlockHash, BlockId, ReserveError, SequenceCall};
 
 use crate::backend::{Pool, PrefixCounts};
 
@@ -478,17 +478,12 @@ impl MutexPool {
     }
 }
 
-/// Every call takes the lock once.
-impl BlockAllocator for MutexPool {
-    fn num_blocks(&self) -> usize {
-        self.num_blocks
-    }
-
-    fn block_size(&self) -> usize {
-        self.block_size
-    }
-
-    fn try_alloc_with_headroom(
+/// The calls of a sequence, each taking the lock once; [`BlockAllocator`]
+/// forwards to them. (Public, as the mutex baseline's own calls: it has no
+/// sequence flag, and its tests call them directly.)
+impl MutexPool {
+    /// [`BlockAllocator::try_alloc_with_headroom`], under the lock.
+    pub fn try_alloc_with_headroom(
         &self,
         n: usize,
         headroom: usize,
@@ -514,7 +509,8 @@ impl BlockAllocator for MutexPool {
         Ok(())
     }
 
-    fn alloc_with_headroom_blocking(
+    /// [`BlockAllocator::alloc_with_headroom_blocking`], waiting on the lock's condition variable.
+    pub fn alloc_with_headroom_blocking(
         &self,
         n: usize,
         headroom: usize,
@@ -556,7 +552,8 @@ impl BlockAllocator for MutexPool {
         Ok(())
     }
 
-    fn add_refs(&self, ids: &[BlockId]) -> usize {
+    /// [`BlockAllocator::add_refs`], under the lock.
+    pub fn add_refs(&self, ids: &[BlockId]) -> usize {
         let mut inner = self.lock();
         for (added, &id) in ids.iter().enumerate() {
             let refs = &mut inner.refs[id.index()];
@@ -568,7 +565,8 @@ impl BlockAllocator for MutexPool {
         ids.len()
     }
 
-    fn release(&self, ids: &[BlockId]) {
+    /// [`BlockAllocator::release`], under the lock.
+    pub fn release(&self, ids: &[BlockId]) {
         if ids.is_empty() {
             return;
         }
@@ -579,12 +577,8 @@ impl BlockAllocator for MutexPool {
         self.mirror(&mut inner);
     }
 
-    fn needs_copy(&self, id: BlockId) -> bool {
-        let inner = self.lock();
-        inner.refs[id.index()] > 1 || inner.key_of[id.index()].is_some()
-    }
-
-    fn match_prefix(&self, keys: &[BlockHash], out: &mut Vec<BlockId>) -> usize {
+    /// [`BlockAllocator::match_prefix`], under the lock.
+    pub fn match_prefix(&self, keys: &[BlockHash], out: &mut Vec<BlockId>) -> usize {
         let mut inner = self.lock();
         inner.matches += 1;
         let this = inner.matches;
@@ -614,7 +608,8 @@ impl BlockAllocator for MutexPool {
         k
     }
 
-    fn publish(&self, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
+    /// [`BlockAllocator::publish`], under the lock.
+    pub fn publish(&self, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
         let mut inner = self.lock();
         let mut published = 0;
         for (&id, key) in blocks.iter().zip(keys) {
@@ -628,14 +623,16 @@ impl BlockAllocator for MutexPool {
         published
     }
 
-    fn uncache_if_sole(&self, id: BlockId) {
+    /// [`BlockAllocator::uncache_if_sole`], under the lock.
+    pub fn uncache_if_sole(&self, id: BlockId) {
         let mut inner = self.lock();
         if inner.refs[id.index()] == 1 {
             inner.uncache(id.index() as u32);
         }
     }
 
-    fn retire(&self, fence: u64, ids: &[BlockId]) -> usize {
+    /// [`BlockAllocator::retire`], under the lock.
+    pub fn retire(&self, fence: u64, ids: &[BlockId]) -> usize {
         if ids.is_empty() {
             return 0;
         }
@@ -651,6 +648,73 @@ impl BlockAllocator for MutexPool {
     }
 }
 
+/// Every call takes the lock once (the inherent calls above); the token
+/// is not needed: the baseline has no call that relies on it.
+impl BlockAllocator for MutexPool {
+    fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn try_alloc_with_headroom(
+        &self,
+        _: &SequenceCall<'_>,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        MutexPool::try_alloc_with_headroom(self, n, headroom, out)
+    }
+
+    fn alloc_with_headroom_blocking(
+        &self,
+        _: &SequenceCall<'_>,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+        timeout: Option<Duration>,
+    ) -> Result<(), ReserveError> {
+        MutexPool::alloc_with_headroom_blocking(self, n, headroom, out, timeout)
+    }
+
+    fn add_refs(&self, _: &SequenceCall<'_>, ids: &[BlockId]) -> usize {
+        MutexPool::add_refs(self, ids)
+    }
+
+    fn release(&self, _: &SequenceCall<'_>, ids: &[BlockId]) {
+        MutexPool::release(self, ids)
+    }
+
+    fn needs_copy(&self, id: BlockId) -> bool {
+        let inner = self.lock();
+        inner.refs[id.index()] > 1 || inner.key_of[id.index()].is_some()
+    }
+
+    fn match_prefix(
+        &self,
+        _: &SequenceCall<'_>,
+        keys: &[BlockHash],
+        out: &mut Vec<BlockId>,
+    ) -> usize {
+        MutexPool::match_prefix(self, keys, out)
+    }
+
+    fn publish(&self, _: &SequenceCall<'_>, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
+        MutexPool::publish(self, blocks, keys)
+    }
+
+    fn uncache_if_sole(&self, _: &SequenceCall<'_>, id: BlockId) {
+        MutexPool::uncache_if_sole(self, id)
+    }
+
+    fn retire(&self, _: &SequenceCall<'_>, fence: u64, ids: &[BlockId]) -> usize {
+        MutexPool::retire(self, fence, ids)
+    }
+}
+
 impl Pool for MutexPool {
     const NAME: &'static str = "mutex";
 
@@ -660,7 +724,7 @@ impl Pool for MutexPool {
         headroom: usize,
         out: &mut Vec<BlockId>,
     ) -> Result<(), ReserveError> {
-        BlockAllocator::try_alloc_with_headroom(self, n, headroom, out)
+        MutexPool::try_alloc_with_headroom(self, n, headroom, out)
     }
     fn used_blocks(&self) -> usize {
         // Relaxed: a snapshot for reporting; the lock orders the real state.

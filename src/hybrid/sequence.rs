@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::groups::{GroupKeys, KvGroup, KvGroups};
-use crate::allocator::BlockAllocator;
+use crate::allocator::{BlockAllocator, SequenceCall};
 use crate::error::{HybridError, ReserveError};
 use crate::id::BlockId;
 use crate::pool::{BlockPool, Holder};
@@ -667,9 +667,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             return self.admit_per_group(n, fresh);
         }
         if fresh {
-            pool.try_alloc_with_headroom(n, 0, &mut self.scratch)
+            pool.try_alloc_with_headroom(&SequenceCall::new(), n, 0, &mut self.scratch)
         } else {
-            pool.try_alloc_growth(n, &mut self.scratch)
+            pool.try_alloc_growth(&SequenceCall::new(), n, &mut self.scratch)
         }
     }
 
@@ -685,12 +685,12 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
                 continue;
             }
             let taken = if fresh {
-                pool.try_alloc_with_headroom(share, 0, &mut self.scratch)
+                pool.try_alloc_with_headroom(&SequenceCall::new(), share, 0, &mut self.scratch)
             } else {
-                pool.try_alloc_growth(share, &mut self.scratch)
+                pool.try_alloc_growth(&SequenceCall::new(), share, &mut self.scratch)
             };
             if let Err(e) = taken {
-                pool.release(&self.scratch);
+                pool.release(&SequenceCall::new(), &self.scratch);
                 self.scratch.clear();
                 return Err(e);
             }
@@ -734,7 +734,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         self.never_fits_beside_own(missing, missing, headroom, 0)?;
         self.scratch.clear();
         let pool = Arc::clone(self.pool());
-        pool.try_alloc_with_headroom(missing, headroom, &mut self.scratch)?;
+        pool.try_alloc_with_headroom(&SequenceCall::new(), missing, headroom, &mut self.scratch)?;
         self.distribute_reserved();
         Ok(())
     }
@@ -778,7 +778,13 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         self.never_fits_beside_own(missing, missing, headroom, 0)?;
         self.scratch.clear();
         let pool = Arc::clone(self.pool());
-        pool.alloc_with_headroom_blocking(missing, headroom, &mut self.scratch, timeout)?;
+        pool.alloc_with_headroom_blocking(
+            &SequenceCall::new(),
+            missing,
+            headroom,
+            &mut self.scratch,
+            timeout,
+        )?;
         self.distribute_reserved();
         Ok(())
     }
@@ -1023,9 +1029,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             // Growth of a running sequence; new work's fork (after a
             // truncate into what it matched) is a new admission.
             if self.is_new_work() {
-                pool.try_alloc_with_headroom(private, 0, &mut child.scratch)?;
+                pool.try_alloc_with_headroom(&SequenceCall::new(), private, 0, &mut child.scratch)?;
             } else {
-                pool.try_alloc_growth(private, &mut child.scratch)?;
+                pool.try_alloc_growth(&SequenceCall::new(), private, &mut child.scratch)?;
             }
             // Popped in group order below.
             child.scratch.reverse();
@@ -1131,7 +1137,11 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             }
             let t = &mut self.tables[g];
             t.blocks.reserve(k.min(pool.num_blocks()));
-            let m = pool.match_prefix(&keys.group(g).unwrap_or(&[])[..k], &mut t.blocks);
+            let m = pool.match_prefix(
+                &SequenceCall::new(),
+                &keys.group(g).unwrap_or(&[])[..k],
+                &mut t.blocks,
+            );
             if m < k {
                 k = m;
                 self.cut_full(k);
@@ -1168,7 +1178,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     fn cut_full(&mut self, k: usize) {
         for (t, kind) in self.tables.iter_mut().zip(self.groups.as_slice()) {
             if *kind == KvGroup::Full && t.blocks.len() > k {
-                t.pool().release(&t.blocks[k..]);
+                t.pool().release(&SequenceCall::new(), &t.blocks[k..]);
                 t.blocks.truncate(k);
             }
         }
@@ -1191,7 +1201,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         // Blocks past the candidate go back.
         if t.blocks.len() > k {
             let from = t.null.max(k);
-            pool.release(&t.blocks[from..]);
+            pool.release(&SequenceCall::new(), &t.blocks[from..]);
             t.blocks.truncate(k);
             t.null = t.null.min(k);
         }
@@ -1206,7 +1216,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             let need = kind.first_needed_block(end * bs, bs);
             if t.null <= need {
                 // The window is held; what lies before it goes back.
-                pool.release(&t.blocks[t.null..need]);
+                pool.release(&SequenceCall::new(), &t.blocks[t.null..need]);
                 t.blocks[t.null..need].fill(BlockId::NULL);
                 t.null = need;
                 return end;
@@ -1215,7 +1225,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             // list holds the blocks only until they are in the table.
             self.scratch.clear();
             self.scratch.reserve(t.null - need);
-            let m = pool.match_prefix(&keys[need..t.null], &mut self.scratch);
+            let m = pool.match_prefix(&SequenceCall::new(), &keys[need..t.null], &mut self.scratch);
             if m == t.null - need {
                 t.blocks[need..t.null].copy_from_slice(&self.scratch);
                 self.scratch.clear();
@@ -1225,7 +1235,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             // Block `need + m` is missing: no window ending past it can be
             // served. The run above it goes back; the blocks matched below
             // it are the new run, ending at the new candidate.
-            pool.release(&t.blocks[t.null..]);
+            pool.release(&SequenceCall::new(), &t.blocks[t.null..]);
             t.blocks.truncate(need);
             t.blocks.extend_from_slice(&self.scratch);
             self.scratch.clear();
@@ -1338,7 +1348,7 @@ impl<A: BlockAllocator + ?Sized> Drop for HybridSequence<A> {
         // give theirs back themselves.
         if !self.scratch.is_empty() {
             if let Some(t) = self.tables.first() {
-                t.pool().release(&self.scratch);
+                t.pool().release(&SequenceCall::new(), &self.scratch);
             }
         }
     }

@@ -2,8 +2,7 @@
 //! `BlockPool::free` lists the same blocks (a double free, which is
 //! misuse). A sequence's blocks carry the sequence flag, which a raw free
 //! refuses (`HeldBySequence`), in its checks and in its CAS; a sequence
-//! that holds a block alone gives it back with one CAS from the word it
-//! read.
+//! that holds a block alone gives it back with a load and a plain store.
 //! Whatever the interleaving, the block goes back once, the used count is
 //! given back once, and the free reports `Ok` only if it dropped a
 //! reference that was there.
@@ -21,10 +20,9 @@
 //! * once the model gives back what it holds, the whole pool can be taken.
 //!
 //! The negative control `free_ignores_sequence` lets the raw free take a
-//! sequence's reference with its CAS, as it could before the flag, and
-//! makes the sequence's sole drop a load and a plain store
-//! (`plain_sole_drop`): that drop then races the free, and both give the
-//! block back.
+//! sequence's reference with its CAS, as it could before the flag: the
+//! sequence's sole drop (a load and a plain store) then races the free,
+//! and both give the block back.
 //!
 //! | model | threads, blocks | negative control, caught |
 //! |---|---|---|

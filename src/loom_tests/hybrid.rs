@@ -431,7 +431,7 @@ fn assert_only_holder(world: &PoolWorld, seq: &HybridSequence, what: &str) {
 ///
 /// * Thread 1 appends 1 token to `a`. With 3 tokens its window (2..=3)
 ///   leaves `a0` behind and the token fits in `a1`: `a0` goes back to the
-///   pool with one CAS of its count (`a` is its only holder). With
+///   pool with a plain store of its word (`a` is its only holder). With
 ///   6 the window (5..=6) leaves `a0` and `a1` behind and the token needs
 ///   a block: `a0`, held alone and uncached, is reused for it (no pool
 ///   call) and `a1` goes back.
@@ -443,7 +443,7 @@ fn assert_only_holder(world: &PoolWorld, seq: &HybridSequence, what: &str) {
 /// Afterwards `a` is the only holder of what its table lists, and once it
 /// is dropped the pool is whole. Under `free_ignores_sequence` the raw
 /// free takes `a`'s reference to `a0`, and `a`'s sole drop is a load and
-/// a plain store (the control sets `plain_sole_drop` too): racing it,
+/// a plain store: racing it,
 /// both give `a0` back (the admission counts show it); before the reuse,
 /// `a` finds no other holder and reuses a block that is free.
 fn window_vs_double_free(reuse: bool, pool_faults: Faults) {

@@ -71,7 +71,7 @@ pub const SOUND: Faults = Faults {
     early_stored_record: false,
     relaxed_record: false,
     uncounted_loss: false,
-    plain_sole_drop: false,
+    relaxed_sole_drop: false,
     claim_before_read: false,
     unchecked_overflow_clear: false,
 };
@@ -106,22 +106,19 @@ pub const BLIND_UNDO: Faults = Faults {
     ..SOUND
 };
 
-/// The sequence-flag control: a raw free takes a reference to a block
-/// that sequences hold, and a sequence's sole drop is a load and a plain
-/// store, so the two race and both give the block back. (With the sole
-/// drop a CAS, as shipped, the flag alone no longer keeps the books: the
-/// CAS does; see [`PLAIN_SOLE_DROP`].)
-pub const FREE_IGNORES_SEQUENCE: Faults = Faults {
-    free_ignores_sequence: true,
-    plain_sole_drop: true,
+/// The sole drop's ordering control: a sequence's sole drop loads the
+/// block's word `Relaxed`, so a co-holder's accesses before its drop need
+/// not happen-before the block's next owner.
+pub const RELAXED_SOLE_DROP: Faults = Faults {
+    relaxed_sole_drop: true,
     ..SOUND
 };
 
-/// The sole-drop control: a sequence's drop of a block it reads as held
-/// alone is a load and a plain store, so a double release of the block
-/// through the public `BlockAllocator::release` gives it back twice.
-pub const PLAIN_SOLE_DROP: Faults = Faults {
-    plain_sole_drop: true,
+/// The sequence-flag control: a raw free takes a reference to a block
+/// that sequences hold, so it races the sequence's sole drop (a load and
+/// a plain store) and both give the block back.
+pub const FREE_IGNORES_SEQUENCE: Faults = Faults {
+    free_ignores_sequence: true,
     ..SOUND
 };
 

@@ -19,7 +19,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::allocator::BlockAllocator;
+use crate::allocator::{BlockAllocator, SequenceCall};
 use crate::error::{FreeError, ReserveError};
 use crate::hash::BlockHash;
 use crate::id::BlockId;
@@ -42,7 +42,7 @@ use free_list::{FreeList, Give};
 use prefix::{Evictions, PrefixCache};
 pub use prefix::{KvEvent, PrefixStats};
 pub(crate) use refs::Holder;
-use refs::{Dropped, Refs};
+use refs::{Dropped, RawAddRefused, Refs};
 pub use stats::PoolStats;
 pub use wait::Alloc;
 
@@ -661,10 +661,10 @@ impl BlockPool {
     /// anything changes. So a sequence never loses a reference to a raw
     /// free, and gives back a block it holds alone without a
     /// read-modify-write (see
-    /// [Reference counts](crate::implementation#reference-counts)). Blocks
-    /// taken through [`BlockAllocator`] (as a sequence takes them) are
-    /// sequences' blocks: they go back through
-    /// [`BlockAllocator::release`].
+    /// [Reference counts](crate::implementation#reference-counts)). Only
+    /// sequences take blocks through [`BlockAllocator`] (whose calls take
+    /// a [`SequenceCall`], which only this crate builds), and give them
+    /// back themselves.
     ///
     /// Whatever races, the pool's own books stay exact: no block is given
     /// back twice, the count of used blocks is given back once per block,
@@ -704,18 +704,101 @@ impl BlockPool {
     /// assert_eq!(pool.free_blocks(), 4);
     /// ```
     pub fn free(&self, ids: &[BlockId]) -> Result<(), FreeError> {
-        // Every id in range? Checked before anything changes.
+        // Every block allocated, a raw caller's, and listed no more often
+        // than it has references? Checked with loads before anything
+        // changes, so that a refused call never drops (and restores) a
+        // reference that a concurrent holder could observe.
+        self.check_raw(ids)?;
+        if let Some(id) = over_free::first_over_freed(ids, |id| self.refs.count(id) as usize) {
+            return Err(FreeError::OverFreed { id });
+        }
+        self.drop_refs(ids)
+    }
+
+    /// Adds one reference to each listed raw block (taken by
+    /// [`try_alloc`](Self::try_alloc) and its kin), which the caller holds:
+    /// to share a block between raw holders, each of which then gives its
+    /// reference back with [`free`](Self::free). An id listed twice gets
+    /// two references. Adding to an empty slice is a no-op.
+    ///
+    /// All or nothing. The checks come first, with loads, in this order
+    /// (each the first in list order): any id out of range, then any block
+    /// not allocated, then any block held by [`Sequence`](crate::Sequence)s
+    /// (a sequence's references are its own to share, by a fork). Then the
+    /// references are added, one CAS each, which refuses a block that has
+    /// no holder left or is a sequence's (compared in the whole state
+    /// word, so that a raw call never writes a sequence's block), and one
+    /// at the most references a block can have. If one is refused there
+    /// (another thread freed the block since the checks, a double free
+    /// that races, or its count is at its maximum), the references this
+    /// call added are dropped again, as [`free`](Self::free) drops them,
+    /// and the error names the block: nothing changed, though another
+    /// thread may have seen the added references meanwhile (and a block
+    /// whose other holders freed it meanwhile goes back when this call
+    /// drops what it added).
+    ///
+    /// Orders nothing by itself: the new holder gets the blocks through
+    /// whatever hands it over, as with `Arc::clone`.
+    ///
+    /// # Errors
+    ///
+    /// [`FreeError::OutOfRange`], [`FreeError::NotAllocated`],
+    /// [`FreeError::HeldBySequence`] from the checks;
+    /// [`FreeError::Raced`] (freed since the checks) or
+    /// [`FreeError::TooManyRefs`] from the adds. Nothing changed in every
+    /// case.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{BlockPool, FreeError, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::new(4, 16));
+    /// let mut ids = Vec::new();
+    /// pool.try_alloc(1, &mut ids).unwrap();
+    /// pool.add_refs(&ids).unwrap();
+    /// assert_eq!(pool.ref_count(ids[0]), Some(2));
+    /// pool.free(&ids).unwrap();
+    /// pool.free(&ids).unwrap();
+    ///
+    /// // A sequence's blocks are its own.
+    /// let mut seq = Sequence::new(Arc::clone(&pool));
+    /// seq.try_append(16).unwrap();
+    /// let id = seq.blocks()[0];
+    /// assert_eq!(pool.add_refs(&[id]), Err(FreeError::HeldBySequence { id }));
+    /// assert_eq!(pool.ref_count(id), Some(1));
+    /// ```
+    pub fn add_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
+        self.check_raw(ids)?;
+        for (i, &id) in ids.iter().enumerate() {
+            if let Err(why) = self.refs.add_raw(id) {
+                // The references added so far are this call's own: dropping
+                // them again cannot fail but for a third party's double
+                // free of the same blocks (which `free` reports to that
+                // party), so the result has nothing to add here.
+                let _ = self.drop_refs(&ids[..i]);
+                return Err(match why {
+                    RawAddRefused::Gone => FreeError::Raced { id },
+                    RawAddRefused::Full => FreeError::TooManyRefs { id },
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The first checks of [`free`](Self::free) and
+    /// [`add_refs`](Self::add_refs), with loads, before anything changes:
+    /// every id in range, then every block allocated, then none held by
+    /// sequences (the first offender in list order for each; one load per
+    /// id for the last two).
+    fn check_raw(&self, ids: &[BlockId]) -> Result<(), FreeError> {
         if let Some(&id) = ids.iter().find(|id| id.index() >= self.num_blocks()) {
             return Err(FreeError::OutOfRange {
                 id,
                 num_blocks: self.num_blocks(),
             });
         }
-        // Every block allocated, and listed no more often than it has
-        // references? Checked with loads before anything changes, so that a
-        // refused call never drops (and restores) a reference that a
-        // concurrent holder could observe.
-        // (Not allocated first, then held by sequences: one load per id.)
         let mut held_by_sequence = None;
         for &id in ids {
             let (holders, sequence) = self.refs.holders(id);
@@ -726,13 +809,10 @@ impl BlockPool {
                 held_by_sequence = Some(id);
             }
         }
-        if let Some(id) = held_by_sequence {
-            return Err(FreeError::HeldBySequence { id });
+        match held_by_sequence {
+            Some(id) => Err(FreeError::HeldBySequence { id }),
+            None => Ok(()),
         }
-        if let Some(id) = over_free::first_over_freed(ids, |id| self.refs.count(id) as usize) {
-            return Err(FreeError::OverFreed { id });
-        }
-        self.drop_refs(ids)
     }
 
     /// Drops one reference per listed id for [`free`](Self::free), whose
@@ -749,7 +829,7 @@ impl BlockPool {
     /// table (or retired), as [`drop_refs`](Self::drop_refs) does.
     ///
     /// A block that the sequence holds alone, neither cached nor claimed,
-    /// goes back with one CAS of its count from the value read (see
+    /// goes back with a load and a plain store of its word (see
     /// [Reference counts](crate::implementation#reference-counts)); every
     /// other drop is the CAS loop of a raw free. A reference that is no
     /// longer there (a raw free took it before the block was a sequence's:
@@ -861,10 +941,13 @@ impl BlockPool {
 
 /// The pool under its [`Sequence`](crate::Sequence)s. Each method is the
 /// pool's own operation: the lock-free admission, the reference counts'
-/// read-modify-writes, and the layers' (prefix cache, fenced release). A
-/// method given an id at or past `num_blocks()` panics before it changes
-/// anything. The blocks these allocations take carry the sequence flag: a
-/// raw [`BlockPool::free`] refuses them (`FreeError::HeldBySequence`), and
+/// updates, and the layers' (prefix cache, fenced release). A method given
+/// an id at or past `num_blocks()` panics before it changes anything.
+/// Every call but the read-only ones takes a [`SequenceCall`]: only this
+/// crate's sequences make them, on blocks they hold. The blocks these
+/// allocations take carry the sequence flag: a raw [`BlockPool::free`]
+/// and [`BlockPool::add_refs`] refuse them
+/// (`FreeError::HeldBySequence`), and
 /// [`release`](BlockAllocator::release) gives them back.
 impl BlockAllocator for BlockPool {
     fn num_blocks(&self) -> usize {
@@ -881,6 +964,7 @@ impl BlockAllocator for BlockPool {
 
     fn try_alloc_with_headroom(
         &self,
+        _: &SequenceCall<'_>,
         n: usize,
         headroom: usize,
         out: &mut Vec<BlockId>,
@@ -888,12 +972,18 @@ impl BlockAllocator for BlockPool {
         self.try_alloc_sequence(n, headroom, out)
     }
 
-    fn try_alloc_growth(&self, n: usize, out: &mut Vec<BlockId>) -> Result<(), ReserveError> {
+    fn try_alloc_growth(
+        &self,
+        _: &SequenceCall<'_>,
+        n: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
         BlockPool::try_alloc_growth(self, n, out)
     }
 
     fn alloc_with_headroom_blocking(
         &self,
+        _: &SequenceCall<'_>,
         n: usize,
         headroom: usize,
         out: &mut Vec<BlockId>,
@@ -902,14 +992,14 @@ impl BlockAllocator for BlockPool {
         BlockPool::alloc_with_headroom_blocking(self, n, headroom, out, timeout, Holder::Sequence)
     }
 
-    fn add_refs(&self, ids: &[BlockId]) -> usize {
+    fn add_refs(&self, _: &SequenceCall<'_>, ids: &[BlockId]) -> usize {
         self.check_ids(ids);
         ids.iter()
             .position(|&id| self.refs.add(id).is_err())
             .unwrap_or(ids.len())
     }
 
-    fn release(&self, ids: &[BlockId]) {
+    fn release(&self, _: &SequenceCall<'_>, ids: &[BlockId]) {
         // `Err(Raced)` only if a raw `free` of one of these blocks (a double
         // free, which is misuse, of a block that is not a sequence's)
         // dropped the caller's reference first: that block went back once,
@@ -923,16 +1013,22 @@ impl BlockAllocator for BlockPool {
         self.refs.needs_copy(id)
     }
 
-    fn match_prefix(&self, keys: &[BlockHash], out: &mut Vec<BlockId>) -> usize {
+    fn match_prefix(
+        &self,
+        _: &SequenceCall<'_>,
+        keys: &[BlockHash],
+        out: &mut Vec<BlockId>,
+    ) -> usize {
         BlockPool::match_prefix(self, keys, out)
     }
 
-    fn publish(&self, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
-        self.publish_after(None, blocks, keys)
+    fn publish(&self, by: &SequenceCall<'_>, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
+        BlockAllocator::publish_after(self, by, None, blocks, keys)
     }
 
     fn publish_after(
         &self,
+        _: &SequenceCall<'_>,
         parent: Option<&BlockHash>,
         blocks: &[BlockId],
         keys: &[BlockHash],
@@ -952,17 +1048,17 @@ impl BlockAllocator for BlockPool {
             .count()
     }
 
-    fn uncache_if_sole(&self, id: BlockId) {
+    fn uncache_if_sole(&self, _: &SequenceCall<'_>, id: BlockId) {
         self.check_ids(&[id]);
         self.uncache_sole(id);
     }
 
-    fn retire(&self, fence: u64, ids: &[BlockId]) -> usize {
+    fn retire(&self, _: &SequenceCall<'_>, fence: u64, ids: &[BlockId]) -> usize {
         self.check_ids(ids);
         self.retire_slice(fence, ids, None)
     }
 
-    fn retire_owned(&self, fence: u64, ids: Vec<BlockId>) -> usize {
+    fn retire_owned(&self, _: &SequenceCall<'_>, fence: u64, ids: Vec<BlockId>) -> usize {
         self.check_ids(&ids);
         BlockPool::retire_owned(self, fence, ids, None)
     }

@@ -27,30 +27,53 @@
 //! one reference that is not a holder's.
 //!
 //! A drop is a read-modify-write (a CAS), also a drop of a reference that
-//! its holder is sure of, unless the block is a sequence's: a racing double
-//! free through the public `BlockPool::free` can change the same count,
-//! and exactly one of the two drops must see it reach 0 and give the block
-//! back.
+//! its holder is sure of, unless the block is a sequence's held by the
+//! dropper alone (below): a racing double free through the public
+//! `BlockPool::free` can change the same count, and exactly one of the two
+//! drops must see it reach 0 and give the block back.
 //!
 //! # Sequence blocks
 //!
 //! A block taken for a [`Sequence`](crate::Sequence) (allocated, evicted
 //! or revived by a match into an empty count) carries `SEQUENCE`, which
 //! the count keeps while it has references: forks and matches add holders
-//! that are sequences too. `BlockPool::free` refuses such a block, in its
-//! checks and in its CAS (which compares the whole word), so no raw free
-//! ever writes its word. A count that reaches 0 clears the flag.
+//! that are sequences too. A count that reaches 0 clears the flag.
 //!
-//! The flag does not make a sequence the only thread that may write its
-//! block's word: `BlockAllocator::release` and `BlockAllocator::add_refs`
-//! are public, and a caller that lists a sequence's block (a double
-//! release, or a release of `Sequence::blocks` racing the sequence's drop:
-//! misuse) changes the same count. So every drop is a read-modify-write,
-//! also a sole holder's: a sequence that reads its block's word as
-//! `SEQUENCE` with a count of 1, neither cached nor claimed, clears it with
-//! one CAS from the value read (no loop, no settle: the common case of a
-//! fresh block's give-back), and a failed CAS falls back to the general
-//! drop. Of two drops that each read a count of 1, exactly one succeeds.
+//! A sequence that reads its block's word as `SEQUENCE` with a count of 1,
+//! neither `CACHED` nor `BUSY`, gives it back with a plain store of the
+//! word with the count and the flag cleared: no read-modify-write, no loop
+//! (the common case of a fresh block's give-back). That is sound because
+//! from that load on no other thread writes the word until the block is
+//! handed out again; every writer of the word is one of:
+//!
+//! * **Its holders, through the sealed calls.** A sequence's `release`,
+//!   `add_refs`, `retire`, `publish` and `uncache_if_sole` take a
+//!   [`SequenceCall`](crate::SequenceCall), which only the crate's
+//!   sequences build, for blocks they hold: outside code cannot list a
+//!   sequence's block (no double release, no release of
+//!   `Sequence::blocks` racing the sequence's drop; an allocator that
+//!   forwards to a `BlockPool` passes its token on to the same call, as
+//!   the trait's contract requires). A count of 1 means
+//!   the dropper is the only holder: a fork adds a reference only from
+//!   its parent, a holder, through `&self` (so not while the parent
+//!   drops), and a co-holder that dropped its reference wrote nothing
+//!   after that drop. A fence's references are the fence's once retired,
+//!   and a completion takes the fence's list out under its lock, so each
+//!   is dropped once.
+//! * **A raw call.** `BlockPool::free` and `BlockPool::add_refs` refuse a
+//!   `SEQUENCE` block, in their checks and in their CAS (which compares
+//!   the whole word), so no raw call ever writes its word.
+//! * **The prefix cache.** A claim (`BUSY`) is a holder's publish; a
+//!   rival's deferral or kill CASes only a `BUSY` word; a match's revival
+//!   and an eviction (also `reset_prefix_cache`'s) CAS from a `CACHED`
+//!   word they read, the whole word compared; `uncache_if_sole` is a
+//!   holder's. None of them can succeed on an uncached, unclaimed word.
+//! * **An allocation's first reference.** Only on a block taken from the
+//!   free list, where this block is not until the store is followed by
+//!   its give-back.
+//!
+//! Every other drop, and any drop that reads another value, takes the CAS
+//! loop of a raw free.
 
 use std::collections::TryReserveError;
 
@@ -65,7 +88,8 @@ pub(super) const MAX_REFS: u64 = COUNT;
 /// The reference count's bits.
 pub(super) const COUNT: u64 = 0x1FFF_FFFF;
 /// Every holder of the block is a [`Sequence`](crate::Sequence) (see the
-/// module doc): a raw `BlockPool::free` refuses it.
+/// module doc): a raw `BlockPool::free` or `BlockPool::add_refs` refuses
+/// it.
 pub(super) const SEQUENCE: u64 = 1 << 29;
 /// A rival publisher of the same key on a higher block id gave up in
 /// favour of this claim: the claim must not give up without looking for
@@ -112,27 +136,22 @@ pub(super) const fn settle(state: u64) -> u64 {
 #[inline]
 fn drop_sole_in(words: &[AtomicU64], faults: Faults, id: BlockId) -> bool {
     let word = &words[id.index()];
-    // Relaxed: only a guess; the CAS validates it (and acquires).
-    let state = word.load(Ordering::Relaxed);
+    // Acquire: if another holder dropped its reference (a Release CAS, the
+    // last write of the word before this load), its accesses to the block
+    // happen-before our give-back and the block's next owner. (Relaxed
+    // under loom's `relaxed_sole_drop` control.)
+    let state = word.load(faults.sole_drop_ordering(Ordering::Acquire));
     if state & (SEQUENCE | CACHED | BUSY | COUNT) != SEQUENCE | 1 {
         return false;
     }
-    let freed = state & !(SEQUENCE | COUNT);
-    if faults.plain_sole_drop() {
-        // loom's control: a plain store, no RMW.
-        // Relaxed: the bug under test is the lost race, not an ordering.
-        word.store(freed, Ordering::Relaxed);
-        return true;
-    }
-    // Acquire on success: if another holder dropped its reference, its
-    // accesses to the block happen-before our give-back (its drop is a
-    // Release CAS, which this CAS reads from). No Release: no thread acts on
-    // an uncached, unclaimed block's word until the block is handed out
-    // again, and the give-back that follows (a Release `fetch_or` on the
-    // free list) publishes it. Relaxed on failure: the caller falls back to
-    // the CAS loop of `drop_from`, which reloads.
-    word.compare_exchange(state, freed, Ordering::Acquire, Ordering::Relaxed)
-        .is_ok()
+    // Relaxed: no other thread writes the word of a block its sequence
+    // holds alone, uncached and unclaimed (see the module doc), and none
+    // reads it to act on it until the block is handed out again; the
+    // give-back that follows (a Release `fetch_or` on the free list, which
+    // the next owner's take acquires) orders this store before that
+    // owner's first reference.
+    word.store(state & !(SEQUENCE | COUNT), Ordering::Relaxed);
+    true
 }
 
 /// Who takes a block: a [`Sequence`](crate::Sequence) (its table, a fork,
@@ -154,6 +173,16 @@ impl Holder {
             Holder::Sequence => SEQUENCE,
         }
     }
+}
+
+/// Why [`Refs::add_raw`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum RawAddRefused {
+    /// No holder's reference is left, or the block is a sequence's: it was
+    /// freed (and maybe taken for a sequence) since the caller's checks.
+    Gone,
+    /// The count is at its maximum.
+    Full,
 }
 
 /// What became of a block after one of its references was dropped.
@@ -297,6 +326,35 @@ impl Refs {
         }
     }
 
+    /// Adds a reference for a raw caller that holds one
+    /// ([`BlockPool::add_refs`](crate::BlockPool::add_refs)): as
+    /// [`add`](Self::add), but `Err` on a sequence's block too, checked in
+    /// the CAS itself (which compares the whole word), so that no raw call
+    /// ever writes the word of a block that sequences hold. `Err`, and
+    /// nothing changed, if the block has no holder's reference, is a
+    /// sequence's, or its count is at `2^29 - 1` (the error says which).
+    pub(super) fn add_raw(&self, id: BlockId) -> Result<(), RawAddRefused> {
+        let word = &self.words[id.index()];
+        let refuse_sequence = !self.faults.free_ignores_sequence();
+        // Relaxed: only a guess; the CAS validates it.
+        let mut cur = word.load(Ordering::Relaxed);
+        loop {
+            let gone = holders_of(cur, self.claim_ref()) == 0 && !self.faults.blind_add_ref();
+            if gone || (refuse_sequence && cur & SEQUENCE != 0) {
+                return Err(RawAddRefused::Gone);
+            }
+            if count_of(cur) >= MAX_REFS {
+                return Err(RawAddRefused::Full);
+            }
+            // Relaxed (both): as in `add`, the caller holds a reference and
+            // hands the new one over itself.
+            match word.compare_exchange_weak(cur, cur + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                Ok(_) => return Ok(()),
+                Err(actual) => cur = actual,
+            }
+        }
+    }
+
     /// Whether a holder of `id` must copy it before writing: more than one
     /// holder's reference to it exists now (a claim's own reference is not
     /// a holder's: a publisher writes only key words, never the block), or
@@ -318,12 +376,11 @@ impl Refs {
     /// Drops a reference the caller holds.
     ///
     /// A sole holder of a sequence's block that holds no key and no claim
-    /// clears the count with one CAS from the value it read (see the module
-    /// doc); every other drop is the CAS loop of a raw free. Either way a
-    /// racing drop of the same reference (a double free or a double
-    /// release, misuse) can take the count from 1 to 0 between a load and
-    /// a store, and both sides would then give the block back: the CAS
-    /// decides which of the two drops the last reference.
+    /// clears the count with a load and a plain store (see the module doc:
+    /// no one else writes that word); every other drop is the CAS loop of
+    /// a raw free, where a racing raw double free of the same block can
+    /// change the count between a load and a store: the CAS decides which
+    /// of the two drops the last reference.
     pub(super) fn drop_held(&self, id: BlockId) -> Result<Dropped, ()> {
         if self.drop_sole(id) {
             return Ok(Dropped::Free);
@@ -332,9 +389,9 @@ impl Refs {
     }
 
     /// Drops the reference of a sequence that holds block `id` alone, if
-    /// it does and the block is neither cached nor claimed: one CAS, and
-    /// `true` (the block is free). `false`, and nothing changed, otherwise
-    /// (also when the CAS loses to a racing drop).
+    /// it does and the block is neither cached nor claimed: a load and a
+    /// plain store, and `true` (the block is free). `false`, and nothing
+    /// changed, otherwise.
     #[inline]
     pub(super) fn drop_sole(&self, id: BlockId) -> bool {
         drop_sole_in(&self.words, self.faults, id)

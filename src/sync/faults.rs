@@ -230,12 +230,11 @@ pub(crate) struct Faults {
     /// the consumer is never told to resync.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) uncounted_loss: bool,
-    /// A sequence's drop of a block it reads as held alone is a load and a
-    /// plain store, no read-modify-write: a double release of the same
-    /// block through the public `BlockAllocator::release` does the same,
-    /// and both give the block back.
+    /// A sequence's sole drop loads the block's word `Relaxed` instead of
+    /// `Acquire`: a co-holder's accesses before its own drop no longer
+    /// happen-before the give-back, nor the block's next owner.
     #[cfg(all(test, kvslots_loom))]
-    pub(crate) plain_sole_drop: bool,
+    pub(crate) relaxed_sole_drop: bool,
 }
 
 // Outside the loom models' build a `Faults` holds nothing: the field that
@@ -261,6 +260,17 @@ impl Faults {
     pub(crate) fn free_ordering(self, good: Ordering) -> Ordering {
         #[cfg(all(test, kvslots_loom))]
         if self.relaxed_free {
+            return Ordering::Relaxed;
+        }
+        good
+    }
+
+    /// The ordering of a sequence's sole drop's load: `good`, or `Relaxed`
+    /// under `relaxed_sole_drop`.
+    #[inline]
+    pub(crate) fn sole_drop_ordering(self, good: Ordering) -> Ordering {
+        #[cfg(all(test, kvslots_loom))]
+        if self.relaxed_sole_drop {
             return Ordering::Relaxed;
         }
         good
@@ -543,17 +553,6 @@ impl Faults {
             return Ordering::Relaxed;
         }
         good
-    }
-
-    /// Whether a sole holder's drop is a load and a plain store: `false`,
-    /// or `true` under `plain_sole_drop`.
-    #[inline]
-    pub(crate) fn plain_sole_drop(self) -> bool {
-        #[cfg(all(test, kvslots_loom))]
-        if self.plain_sole_drop {
-            return true;
-        }
-        false
     }
 
     /// Whether a KV event lost to a full ring goes uncounted: `false`, or
