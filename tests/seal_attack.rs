@@ -726,3 +726,63 @@ fn a_forwarding_implementor_that_breaks_the_contract_double_hands_a_block() {
     // Both now hold `stolen` on one reference; give it back once.
     std::mem::forget(victim);
 }
+
+/// A raw `add_refs` whose checks passed while a raw caller held the block,
+/// and which finds it freed and taken by a sequence since, must refuse it
+/// in its CAS (`Raced`): the reference it would add is one the sequence
+/// does not know of, so the sequence's last drop would not be its sole
+/// drop, and the raw caller could never give it back (a raw free refuses
+/// a sequence's block). One thread allocates and frees raw blocks, one
+/// appends to and drops sequences, and a third shares whatever block it
+/// can with `add_refs` and gives the reference straight back: every
+/// `add_refs` that succeeds must be followed by a successful `free`.
+#[test]
+fn a_stale_raw_add_refs_never_lands_on_a_block_a_sequence_took_since() {
+    const N: usize = 4;
+    let pool = Arc::new(BlockPool::with_shards(N, 1, 1));
+    let stop = AtomicBool::new(false);
+    let (mut added, mut refused) = (0usize, 0usize);
+    thread::scope(|s| {
+        let raw = s.spawn(|| {
+            let mut ids = Vec::new();
+            for _ in 0..200_000 {
+                if pool.try_alloc(1, &mut ids).is_ok() {
+                    pool.free(&ids).unwrap();
+                    ids.clear();
+                }
+            }
+        });
+        let seqs = s.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                let mut seq = Sequence::new(Arc::clone(&pool));
+                let _ = seq.try_append(1);
+            }
+        });
+        while !raw.is_finished() {
+            for i in 0..N as u32 {
+                let id = BlockId::new(i);
+                match pool.add_refs(&[id]) {
+                    Ok(()) => {
+                        added += 1;
+                        assert_eq!(
+                            pool.free(&[id]),
+                            Ok(()),
+                            "add_refs added a reference to {id} that no free can take"
+                        );
+                    }
+                    Err(
+                        FreeError::HeldBySequence { .. }
+                        | FreeError::NotAllocated { .. }
+                        | FreeError::Raced { .. },
+                    ) => refused += 1,
+                    Err(e) => panic!("{e:?}"),
+                }
+            }
+        }
+        stop.store(true, Ordering::SeqCst);
+        raw.join().unwrap();
+        seqs.join().unwrap();
+    });
+    assert!(added > 0 && refused > 0, "{added} added, {refused} refused");
+    assert_whole(&pool);
+}
