@@ -24,7 +24,7 @@
 //! to its inner pool with ids the sequence never gave it (a breach of the
 //! trait's contract), which hands a block to two sequences.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::thread;
@@ -732,23 +732,42 @@ fn a_forwarding_implementor_that_breaks_the_contract_double_hands_a_block() {
 /// in its CAS (`Raced`): the reference it would add is one the sequence
 /// does not know of, so the sequence's last drop would not be its sole
 /// drop, and the raw caller could never give it back (a raw free refuses
-/// a sequence's block). One thread allocates and frees raw blocks, one
-/// appends to and drops sequences, and a third shares whatever block it
-/// can with `add_refs` and gives the reference straight back: every
-/// `add_refs` that succeeds must be followed by a successful `free`.
+/// a sequence's block). One thread takes every block raw and frees them
+/// one by one, one appends to and drops sequences, and a third shares
+/// blocks with `add_refs` (one block listed many times, so that its checks
+/// and adds take a while, then another) and gives the references straight
+/// back: every `add_refs` that succeeds must be followed by a successful
+/// `free` of the same list.
 #[test]
 fn a_stale_raw_add_refs_never_lands_on_a_block_a_sequence_took_since() {
+    for _ in 0..12 {
+        stale_raw_add_refs_round();
+    }
+}
+
+/// One run of the test above, on a fresh pool.
+fn stale_raw_add_refs_round() {
     const N: usize = 4;
     let pool = Arc::new(BlockPool::with_shards(N, 1, 1));
     let stop = AtomicBool::new(false);
+    let hint = [AtomicU32::new(0), AtomicU32::new(1)];
     let (mut added, mut refused) = (0usize, 0usize);
     thread::scope(|s| {
         let raw = s.spawn(|| {
             let mut ids = Vec::new();
-            for _ in 0..200_000 {
-                if pool.try_alloc(1, &mut ids).is_ok() {
-                    pool.free(&ids).unwrap();
-                    ids.clear();
+            let mut taken = 0;
+            while taken < 50_000 {
+                if pool.try_alloc(2, &mut ids).is_ok() {
+                    taken += 1;
+                    // A hint for the sharer (Relaxed: only which ids to try).
+                    hint[0].store(ids[0].index() as u32, Ordering::Relaxed);
+                    hint[1].store(ids[1].index() as u32, Ordering::Relaxed);
+                    for _ in 0..taken % 64 {
+                        std::hint::spin_loop();
+                    }
+                    for id in ids.drain(..).rev() {
+                        pool.free(&[id]).unwrap();
+                    }
                 }
             }
         });
@@ -758,28 +777,38 @@ fn a_stale_raw_add_refs_never_lands_on_a_block_a_sequence_took_since() {
                 let _ = seq.try_append(1);
             }
         });
-        while !raw.is_finished() {
-            for i in 0..N as u32 {
-                let id = BlockId::new(i);
-                match pool.add_refs(&[id]) {
-                    Ok(()) => {
-                        added += 1;
-                        assert_eq!(
-                            pool.free(&[id]),
-                            Ok(()),
-                            "add_refs added a reference to {id} that no free can take"
-                        );
-                    }
-                    Err(
-                        FreeError::HeldBySequence { .. }
-                        | FreeError::NotAllocated { .. }
-                        | FreeError::Raced { .. },
-                    ) => refused += 1,
-                    Err(e) => panic!("{e:?}"),
-                }
+        // Stops the sequences' thread also when an assertion below fails.
+        struct Stop<'a>(&'a AtomicBool);
+        impl Drop for Stop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
             }
         }
-        stop.store(true, Ordering::SeqCst);
+        let _stop = Stop(&stop);
+        let mut rng = Rng(0xC0FFEE);
+        while !raw.is_finished() {
+            let x = BlockId::new(hint[0].load(Ordering::Relaxed));
+            let y = BlockId::new(hint[1].load(Ordering::Relaxed));
+            let mut list = vec![x; 1 + rng.below(48)];
+            list.push(y);
+            match pool.add_refs(&list) {
+                Ok(()) => {
+                    added += 1;
+                    assert_eq!(
+                        pool.free(&list),
+                        Ok(()),
+                        "add_refs added a reference that no free can take"
+                    );
+                }
+                Err(
+                    FreeError::HeldBySequence { .. }
+                    | FreeError::NotAllocated { .. }
+                    | FreeError::Raced { .. },
+                ) => refused += 1,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        drop(_stop);
         raw.join().unwrap();
         seqs.join().unwrap();
     });
