@@ -36,6 +36,7 @@ pub const LOST: &str = "blocks not conserved";
 pub const SOUND: Faults = Faults {
     plain_bitmap_take: false,
     relaxed_free: false,
+    relaxed_sole_drop: false,
     blind_undo: false,
     free_ignores_sequence: false,
     blind_add_ref: false,
@@ -105,6 +106,12 @@ pub const BLIND_UNDO: Faults = Faults {
     ..SOUND
 };
 
+/// The sole drop's control: a sequence's sole drop loads its block's word
+/// `Relaxed` (see `Faults::relaxed_sole_drop`).
+pub const RELAXED_SOLE_DROP: Faults = Faults {
+    relaxed_sole_drop: true,
+    ..SOUND
+};
 /// The sequence-flag control: a raw free takes a reference to a block
 /// that sequences hold, so it races the sequence's sole drop (a load and
 /// a plain store) and both give the block back.

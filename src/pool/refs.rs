@@ -131,12 +131,13 @@ pub(super) const fn settle(state: u64) -> u64 {
 
 /// [`Refs::drop_sole`] on the words `words`.
 #[inline]
-fn drop_sole_in(words: &[AtomicU64], id: BlockId) -> bool {
+fn drop_sole_in(words: &[AtomicU64], faults: Faults, id: BlockId) -> bool {
     let word = &words[id.index()];
     // Acquire: if another holder dropped its reference (a Release CAS, the
     // last write of the word before this load), its accesses to the block
     // happen-before our give-back and the block's next owner.
-    let state = word.load(Ordering::Acquire);
+    // (Relaxed under loom's `relaxed_sole_drop` control.)
+    let state = word.load(faults.sole_drop_ordering(Ordering::Acquire));
     if state & (SEQUENCE | CACHED | BUSY | COUNT) != SEQUENCE | 1 {
         return false;
     }
@@ -389,15 +390,15 @@ impl Refs {
     /// changed, otherwise.
     #[inline]
     pub(super) fn drop_sole(&self, id: BlockId) -> bool {
-        drop_sole_in(&self.words, id)
+        drop_sole_in(&self.words, self.faults, id)
     }
 
     /// [`drop_sole`](Self::drop_sole), as a function that holds the words
     /// themselves (so that a loop keeps them in registers).
     #[inline]
     pub(super) fn sole_dropper(&self) -> impl Fn(BlockId) -> bool + '_ {
-        let words: &[AtomicU64] = &self.words;
-        move |id| drop_sole_in(words, id)
+        let (words, faults): (&[AtomicU64], Faults) = (&self.words, self.faults);
+        move |id| drop_sole_in(words, faults, id)
     }
 
     /// What a block whose last reference went from `state` becomes.

@@ -32,6 +32,12 @@ pub(crate) struct Faults {
     /// `Relaxed` instead of `Release`.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) relaxed_free: bool,
+    /// A sequence's sole drop loads its block's state word `Relaxed`
+    /// instead of `Acquire`: a co-holder's accesses to the block, before
+    /// its drop (a `Release` CAS that the load reads), need not
+    /// happen-before the block's next owner.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) relaxed_sole_drop: bool,
     /// When a free finds a listed block already freed by another thread,
     /// add the references it dropped back blindly, even to a block that
     /// another holder has freed meanwhile: resurrects a block that sits in
@@ -255,6 +261,17 @@ impl Faults {
     pub(crate) fn free_ordering(self, good: Ordering) -> Ordering {
         #[cfg(all(test, kvslots_loom))]
         if self.relaxed_free {
+            return Ordering::Relaxed;
+        }
+        good
+    }
+
+    /// The ordering of a sequence's sole drop's load of its block's
+    /// state word: `good`, or `Relaxed` under `relaxed_sole_drop`.
+    #[inline]
+    pub(crate) fn sole_drop_ordering(self, good: Ordering) -> Ordering {
+        #[cfg(all(test, kvslots_loom))]
+        if self.relaxed_sole_drop {
             return Ordering::Relaxed;
         }
         good
