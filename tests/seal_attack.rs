@@ -815,3 +815,73 @@ fn stale_raw_add_refs_round() {
     assert!(added > 0 && refused > 0, "{added} added, {refused} refused");
     assert_whole(&pool);
 }
+
+/// A truncate into a cached block (its key dropped by `uncache_if_sole`,
+/// a CAS from the cached state) and the sole drop that follows, in a loop
+/// on one thread, while another thread matches the same prompt (a revival
+/// is a CAS from the cached state too) and appends fresh blocks, and a
+/// third resets the prefix cache. A key dropped over a matcher's revival
+/// would lose the matcher's reference, and the truncating sequence's sole
+/// drop would then free a block the matcher holds: the shadow sees the
+/// block handed out again while held.
+#[test]
+fn uncache_and_sole_drop_loop_against_matchers_and_resets() {
+    let num_blocks = 8;
+    let pool = Arc::new(
+        BlockPool::builder(num_blocks, BS)
+            .shards(1)
+            .prefix_cache(true)
+            .build()
+            .unwrap(),
+    );
+    let shadow = Shadow::new(num_blocks);
+    let tokens: Vec<u32> = (0..(2 * BS) as u32).collect();
+    let mut keys = Vec::new();
+    hash_blocks(b"", &tokens, BS, &mut keys);
+    let stop = AtomicBool::new(false);
+    let (pool, shadow, keys, stop) = (&pool, &shadow, &keys, &stop);
+    thread::scope(|s| {
+        let truncater = s.spawn(move || {
+            for _ in 0..40_000 {
+                let mut a = Sequence::new(Arc::clone(pool));
+                let k = a.try_match_prefix(keys);
+                shadow.take_shared(&a.blocks()[..k]);
+                if a.try_append((2 - k) * BS).is_err() {
+                    shadow.give(a.blocks());
+                    continue;
+                }
+                shadow.take_fresh(&a.blocks()[k..]);
+                a.publish(keys);
+                // Into the last block: its key goes if `a` holds it alone.
+                a.truncate(BS + 1);
+                shadow.give(a.blocks());
+                drop(a);
+            }
+        });
+        let matcher = s.spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let mut c = Sequence::new(Arc::clone(pool));
+                let k = c.try_match_prefix(keys);
+                shadow.take_shared(&c.blocks()[..k]);
+                let before = c.blocks().len();
+                if c.len() % BS == 0 && c.try_append(BS).is_ok() {
+                    shadow.take_fresh(&c.blocks()[before..]);
+                }
+                shadow.give(c.blocks());
+                drop(c);
+            }
+        });
+        let reset = s.spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                pool.reset_prefix_cache();
+                thread::yield_now();
+            }
+        });
+        let r = truncater.join();
+        stop.store(true, Ordering::SeqCst);
+        matcher.join().expect("the matcher panicked");
+        reset.join().expect("the reset panicked");
+        r.expect("the truncater panicked");
+    });
+    assert_whole(pool);
+}
