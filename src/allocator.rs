@@ -72,9 +72,11 @@ impl fmt::Debug for SequenceCall<'_> {
 /// a sequence's blocks takes a [`SequenceCall`], which only this crate's
 /// [`Sequence`](crate::Sequence) and [`HybridSequence`](crate::HybridSequence)
 /// build, for the blocks they hold. So no code outside the crate changes a
-/// sequence-held block's reference count: not a double release, not a
-/// release of [`Sequence::blocks`](crate::Sequence::blocks) racing the
-/// sequence's drop, not a stray `add_refs`. (`BlockPool` relies on it: a
+/// sequence-held block's reference count (short of a forwarding
+/// implementor that breaks [the contract](#the-contract) with the token
+/// it receives): not a double release, not a release of
+/// [`Sequence::blocks`](crate::Sequence::blocks) racing the sequence's
+/// drop, not a stray `add_refs`. (`BlockPool` relies on it: a
 /// sequence that holds a block alone gives it back with a load and a
 /// plain store.) The read-only calls ([`num_blocks`](Self::num_blocks),
 /// [`block_size`](Self::block_size), [`is_closed`](Self::is_closed),
@@ -107,15 +109,17 @@ impl fmt::Debug for SequenceCall<'_> {
 /// * **Blocks are ids.** Every id handed out is below
 ///   [`num_blocks`](Self::num_blocks); ids of one call are distinct.
 ///   `num_blocks` and `block_size` never change, and `block_size > 0`.
-///
 /// * **The token.** An implementor receives a `&SequenceCall` and cannot
 ///   build, clone or keep one. An allocator that forwards to another (a
 ///   wrapper around a `BlockPool`, say) passes the token it was given to
-///   the inner allocator's same call, with the ids it was given, during
-///   its own call, and does nothing else with it: it must not call other
-///   methods of the inner allocator with it, list other blocks, or repeat
-///   a call (each is a call the sequence did not make, on blocks it holds,
-///   and the inner allocator may give such a block back twice).
+///   the inner allocator's corresponding call, with the ids it was given,
+///   during its own call, and does nothing else with it: it must not call
+///   other methods of the inner allocator with it, list other blocks, or
+///   repeat a call. Each of those is a call the sequence did not make,
+///   and the token cannot stop it: it is the one way left for code
+///   outside the crate to change a sequence-held block, and then the inner
+///   allocator may give a block back twice or to two owners (a logic
+///   error, as a double free is; never memory unsafety).
 ///
 /// The prefix cache is optional: its methods have defaults that cache
 /// nothing (a match finds nothing, a publish caches nothing), which is

@@ -30,9 +30,8 @@
 //! | `shards.rs` | a free list (per-shard bitmaps) in two shards |
 //! | `admission.rs` | per-shard admission counts: the fast path and gathers |
 //! | `pool_wait.rs` | waiting on a pool counted over two shards |
-//! | `refused_free.rs` | a free refused after a racing double free |
-//! | `release_race.rs` | a sequence's sole drop (a plain store) racing its block's other holder: two releases of a shared block, a sequence's drop and its fork's; controls: the double release through the token |
-//! | `sole_drop_order.rs` | the ordering of a sequence's sole drop: a fork's child's read of the block happens-before the next owner's write; control: the sole drop's load `Relaxed` |
+//! | `refused_free.rs` | a free refused after a racing double free; a raw `add_refs` racing a free of a listed block |
+//! | `release_race.rs` | a sequence's sole drop (a plain store) racing its block's other holder: two releases of a shared block, a sequence's drop and its fork's (controls: the double release through the token), and the sole drop's `Acquire` (control: `relaxed_sole_drop`) |
 //! | `held_drop.rs` | a sequence's give-back against a double free, which the sequence flag refuses; a stale free against a sequence that retook the block |
 //! | `sequence.rs` | `Sequence`: fork, drop, append, truncate |
 //! | `hybrid.rs` | `HybridSequence`: one admission across groups, a window's give-back and reuse against a match, an append and a double free, a match across groups against an evicting append |
@@ -96,7 +95,6 @@ mod refused_free;
 mod release_race;
 mod sequence;
 mod shards;
-mod sole_drop_order;
 mod wait;
 
 /// A waker that records that it was woken: the async waiters of the

@@ -36,7 +36,6 @@ pub const LOST: &str = "blocks not conserved";
 pub const SOUND: Faults = Faults {
     plain_bitmap_take: false,
     relaxed_free: false,
-    relaxed_sole_drop: false,
     blind_undo: false,
     free_ignores_sequence: false,
     blind_add_ref: false,
@@ -72,6 +71,7 @@ pub const SOUND: Faults = Faults {
     early_stored_record: false,
     relaxed_record: false,
     uncounted_loss: false,
+    relaxed_sole_drop: false,
     claim_before_read: false,
     unchecked_overflow_clear: false,
 };
@@ -106,12 +106,14 @@ pub const BLIND_UNDO: Faults = Faults {
     ..SOUND
 };
 
-/// The sole drop's control: a sequence's sole drop loads its block's word
-/// `Relaxed` (see `Faults::relaxed_sole_drop`).
+/// The sole drop's ordering control: a sequence's sole drop loads the
+/// block's word `Relaxed`, so a co-holder's accesses before its drop need
+/// not happen-before the block's next owner.
 pub const RELAXED_SOLE_DROP: Faults = Faults {
     relaxed_sole_drop: true,
     ..SOUND
 };
+
 /// The sequence-flag control: a raw free takes a reference to a block
 /// that sequences hold, so it races the sequence's sole drop (a load and
 /// a plain store) and both give the block back.

@@ -27,10 +27,19 @@
 //! |---|---|---|
 //! | [`refused_free_vs_free`] | 2, 2 | caught |
 //! | the same, A also freeing a block of its own first | 2, 3 | caught |
+//!
+//! The same race for a raw share: [`add_refs_vs_free`], where A adds a
+//! reference to `x` (its own) and `y` (B's, a misuse) while B frees `y`
+//! and takes a block if one is free. A refusal after the checks (`Raced`)
+//! drops the reference A added to `x` again; whatever the interleaving,
+//! A's result says what it holds, and the books stay exact. Its control,
+//! `blind_add_ref` (a reference added to a block with none), revives `y`
+//! in the free list: a block with a reference that the used count does
+//! not count, or one handed out twice.
 
 use std::sync::Arc;
 
-use crate::loom_tests::pool_world::{check, BLIND_UNDO, DOUBLE, LOST, SOUND};
+use crate::loom_tests::pool_world::{check, BLIND_ADD_REF, BLIND_UNDO, DOUBLE, LOST, SOUND};
 use crate::sync::Faults;
 use crate::{BlockId, BlockPool, FreeError};
 use loom::thread;
@@ -121,6 +130,54 @@ fn assert_consistent(pool: &BlockPool) {
     let held = referenced.iter().filter(|&&r| r).count();
     assert_eq!(pool.used_blocks(), held + free.len(), "{LOST}");
     pool.free(&free).expect("just taken");
+}
+
+/// A raw `add_refs` of `[x, y]`, where A holds `x` and B holds `y`,
+/// racing B's free of `y` and B's allocation of a block if one is free.
+fn add_refs_vs_free(faults: Faults) {
+    check(move || {
+        let pool = Arc::new(BlockPool::with_faults(2, 1, 1, faults));
+        let mut ids = Vec::new();
+        pool.try_alloc(2, &mut ids).expect("an empty pool has room");
+        let (x, y) = (ids[0], ids[1]);
+        let a = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || {
+                let r = pool.add_refs(&[x, y]);
+                // What A holds now: x, and one more reference to x and to
+                // y if the share went through.
+                let held = match r {
+                    Ok(()) => vec![x, x, y],
+                    Err(FreeError::Raced { id } | FreeError::NotAllocated { id }) => {
+                        assert_eq!(id, y, "only y can be gone");
+                        vec![x]
+                    }
+                    Err(e) => panic!("unexpected {e:?}"),
+                };
+                pool.free(&held).expect("A gives back what it holds");
+            })
+        };
+        pool.free(&[y]).expect("B holds y");
+        let mut got = Vec::new();
+        if pool.try_alloc(1, &mut got).is_ok() {
+            assert_eq!(pool.ref_count(got[0]), Some(1), "{DOUBLE}");
+            pool.free(&got).expect("just taken");
+        }
+        a.join().expect("A does not panic");
+        assert_consistent(&pool);
+        assert_eq!(pool.used_blocks(), 0, "{LOST}");
+    });
+}
+
+#[test]
+fn add_refs_vs_free_sound() {
+    add_refs_vs_free(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn add_refs_vs_free_blind_add_ref_is_caught() {
+    add_refs_vs_free(BLIND_ADD_REF);
 }
 
 #[test]

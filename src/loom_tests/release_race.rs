@@ -21,10 +21,12 @@
 //! |---|---|---|
 //! | [`double_release`]: two releases of a block with two references | 2, 2 | `plain_sole_drop`: one reference, released twice |
 //! | [`release_vs_seq_drop`]: a sequence's drop and its fork's | 2, 2 | `plain_sole_drop`: a release of the sequence's block instead of the fork |
+//! | [`fork_read_vs_sole_drop`]: a sequence reads its block and drops it, its fork drops it and retakes it | 2, 1 | `relaxed_sole_drop` (causality) |
 use std::sync::Arc;
 
 use crate::allocator::SequenceCall;
-use crate::loom_tests::pool_world::{check, DOUBLE, LOST, SOUND};
+use crate::loom_tests::pool_world::{check, PoolWorld, DOUBLE, LOST, RELAXED_SOLE_DROP, SOUND};
+use crate::sync::Faults;
 use crate::{BlockAllocator, BlockId, BlockPool, Sequence};
 use loom::thread;
 
@@ -36,13 +38,7 @@ fn pool() -> Arc<BlockPool> {
 /// The pool after the race: `id` has no reference, nothing is used, the
 /// admission counts are exact, and every block comes out once.
 fn assert_whole(pool: &BlockPool, id: BlockId) {
-    assert_eq!(pool.ref_count(id), Some(0), "{LOST}: {id}'s count");
-    assert_eq!(pool.used_blocks(), 0, "{LOST}: used blocks");
-    assert_eq!(
-        pool.admission_free_uncapped(),
-        pool.num_blocks(),
-        "{LOST}: the admission counts"
-    );
+    assert_books(pool, id);
     let mut all = Vec::new();
     pool.try_alloc(pool.num_blocks(), &mut all)
         .expect("every block can be taken");
@@ -96,6 +92,63 @@ fn release_vs_seq_drop(fork: bool) {
         t.join().expect("the drop does not panic");
         assert_whole(&pool, id);
     });
+}
+
+/// The ordering of the sole drop. A one-token sequence in a one-block
+/// pool and its fork share the block; this thread reads the block through
+/// the sequence and drops it, while another drops the fork and then takes
+/// the block back (raw) if it is free, and writes into it. If the
+/// sequence's drop came first, the fork's drop is the sole drop: the read
+/// happens-before the write only through the sequence's Release drop and
+/// the sole drop's Acquire load (loom's causality check on the block's
+/// payload); under `relaxed_sole_drop` it does not.
+fn fork_read_vs_sole_drop(faults: Faults) {
+    check(move || {
+        let world = PoolWorld::new(1, 1, faults, "sequence");
+        let mut seq = Sequence::new(Arc::clone(&world.pool));
+        seq.try_append(1).expect("the pool's one block");
+        let id = seq.blocks()[0];
+        let (child, _) = seq.try_fork().expect("a full block is shared");
+        let taker = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || {
+                drop(child);
+                let mut got = Vec::new();
+                if world.pool.try_alloc(1, &mut got).is_ok() {
+                    assert_eq!(got, [id], "{DOUBLE}");
+                    world.write(id);
+                    world.pool.free(&got).expect("just taken");
+                }
+            })
+        };
+        world.read(id);
+        drop(seq);
+        taker.join().expect("the fork's drop does not panic");
+        assert_books(&world.pool, id);
+    });
+}
+
+/// The books after the race: `id` has no reference, nothing is used, and
+/// the admission counts are exact.
+fn assert_books(pool: &BlockPool, id: BlockId) {
+    assert_eq!(pool.ref_count(id), Some(0), "{LOST}: {id}'s count");
+    assert_eq!(pool.used_blocks(), 0, "{LOST}: used blocks");
+    assert_eq!(
+        pool.admission_free_uncapped(),
+        pool.num_blocks(),
+        "{LOST}: the admission counts"
+    );
+}
+
+#[test]
+fn fork_read_vs_sole_drop_sound() {
+    fork_read_vs_sole_drop(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn fork_read_vs_sole_drop_relaxed_sole_drop_is_caught() {
+    fork_read_vs_sole_drop(RELAXED_SOLE_DROP);
 }
 
 #[test]

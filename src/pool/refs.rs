@@ -51,7 +51,9 @@
 //!   [`SequenceCall`](crate::SequenceCall), which only the crate's
 //!   sequences build, for blocks they hold: outside code cannot list a
 //!   sequence's block (no double release, no release of
-//!   `Sequence::blocks` racing the sequence's drop). A count of 1 means
+//!   `Sequence::blocks` racing the sequence's drop; an allocator that
+//!   forwards to a `BlockPool` passes its token on to the same call, as
+//!   the trait's contract requires). A count of 1 means
 //!   the dropper is the only holder: a fork adds a reference only from
 //!   its parent, a holder, through `&self` (so not while the parent
 //!   drops), and a co-holder that dropped its reference wrote nothing
@@ -86,7 +88,8 @@ pub(super) const MAX_REFS: u64 = COUNT;
 /// The reference count's bits.
 pub(super) const COUNT: u64 = 0x1FFF_FFFF;
 /// Every holder of the block is a [`Sequence`](crate::Sequence) (see the
-/// module doc): a raw `BlockPool::free` refuses it.
+/// module doc): a raw `BlockPool::free` or `BlockPool::add_refs` refuses
+/// it.
 pub(super) const SEQUENCE: u64 = 1 << 29;
 /// A rival publisher of the same key on a higher block id gave up in
 /// favour of this claim: the claim must not give up without looking for
@@ -135,8 +138,8 @@ fn drop_sole_in(words: &[AtomicU64], faults: Faults, id: BlockId) -> bool {
     let word = &words[id.index()];
     // Acquire: if another holder dropped its reference (a Release CAS, the
     // last write of the word before this load), its accesses to the block
-    // happen-before our give-back and the block's next owner.
-    // (Relaxed under loom's `relaxed_sole_drop` control.)
+    // happen-before our give-back and the block's next owner. (Relaxed
+    // under loom's `relaxed_sole_drop` control.)
     let state = word.load(faults.sole_drop_ordering(Ordering::Acquire));
     if state & (SEQUENCE | CACHED | BUSY | COUNT) != SEQUENCE | 1 {
         return false;
@@ -336,7 +339,8 @@ impl Refs {
         // Relaxed: only a guess; the CAS validates it.
         let mut cur = word.load(Ordering::Relaxed);
         loop {
-            if holders_of(cur, self.claim_ref()) == 0 || (refuse_sequence && cur & SEQUENCE != 0) {
+            let gone = holders_of(cur, self.claim_ref()) == 0 && !self.faults.blind_add_ref();
+            if gone || (refuse_sequence && cur & SEQUENCE != 0) {
                 return Err(RawAddRefused::Gone);
             }
             if count_of(cur) >= MAX_REFS {

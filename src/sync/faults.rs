@@ -32,12 +32,6 @@ pub(crate) struct Faults {
     /// `Relaxed` instead of `Release`.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) relaxed_free: bool,
-    /// A sequence's sole drop loads its block's state word `Relaxed`
-    /// instead of `Acquire`: a co-holder's accesses to the block, before
-    /// its drop (a `Release` CAS that the load reads), need not
-    /// happen-before the block's next owner.
-    #[cfg(all(test, kvslots_loom))]
-    pub(crate) relaxed_sole_drop: bool,
     /// When a free finds a listed block already freed by another thread,
     /// add the references it dropped back blindly, even to a block that
     /// another holder has freed meanwhile: resurrects a block that sits in
@@ -236,6 +230,11 @@ pub(crate) struct Faults {
     /// the consumer is never told to resync.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) uncounted_loss: bool,
+    /// A sequence's sole drop loads the block's word `Relaxed` instead of
+    /// `Acquire`: a co-holder's accesses before its own drop no longer
+    /// happen-before the give-back, nor the block's next owner.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) relaxed_sole_drop: bool,
 }
 
 // Outside the loom models' build a `Faults` holds nothing: the field that
@@ -266,8 +265,8 @@ impl Faults {
         good
     }
 
-    /// The ordering of a sequence's sole drop's load of its block's
-    /// state word: `good`, or `Relaxed` under `relaxed_sole_drop`.
+    /// The ordering of a sequence's sole drop's load: `good`, or `Relaxed`
+    /// under `relaxed_sole_drop`.
     #[inline]
     pub(crate) fn sole_drop_ordering(self, good: Ordering) -> Ordering {
         #[cfg(all(test, kvslots_loom))]
