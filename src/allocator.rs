@@ -14,14 +14,15 @@ use crate::id::BlockId;
 /// [`HybridSequence`](crate::HybridSequence), on blocks it holds.
 ///
 /// Only this crate builds one (its field is private), and only its
-/// sequences do, for the duration of one call; it is neither `Clone` nor
-/// `Copy`, and neither `Send` nor `Sync`, so an implementor that receives
-/// a `&SequenceCall` cannot keep it past the call or hand it to another
-/// thread. Code outside the crate can implement `BlockAllocator` (it
-/// receives tokens) but cannot call the calls that change a sequence's
-/// blocks (it has none to give): see the trait's docs, and what a
-/// forwarding implementor may do with the token under [The
-/// contract](BlockAllocator#the-contract).
+/// sequences do, for the duration of one call. It is neither `Clone` nor
+/// `Copy`; the borrow an implementor receives ends with the call, so it
+/// cannot keep the token past it, and the token is not `Sync`, so it
+/// cannot hand it to another thread. Code outside the crate can implement
+/// `BlockAllocator` (it receives tokens), and while one of its calls runs
+/// it holds the token it was given: what a forwarding implementor may do
+/// with it is under [The contract](BlockAllocator#the-contract). Any other
+/// outside code has no token, so it cannot make the calls that change a
+/// sequence's blocks.
 ///
 /// Outside code cannot build one:
 ///
@@ -111,15 +112,20 @@ impl fmt::Debug for SequenceCall<'_> {
 ///   `num_blocks` and `block_size` never change, and `block_size > 0`.
 /// * **The token.** An implementor receives a `&SequenceCall` and cannot
 ///   build, clone or keep one. An allocator that forwards to another (a
-///   wrapper around a `BlockPool`, say) passes the token it was given to
-///   the inner allocator's corresponding call, with the ids it was given,
-///   during its own call, and does nothing else with it: it must not call
-///   other methods of the inner allocator with it, list other blocks, or
-///   repeat a call. Each of those is a call the sequence did not make,
-///   and the token cannot stop it: it is the one way left for code
+///   wrapper around a `BlockPool`, say) passes the token it was given only
+///   to inner calls made for this call, during it, which list only the ids
+///   it was given and have the same effect on each of their references
+///   (one inner `release` for a `release`, say): it must not list other
+///   blocks, repeat a reference's drop or share, or drop a reference it
+///   was asked to share. Each breach is a call the sequence did not
+///   make, and the token cannot stop it: it is the one way left for code
 ///   outside the crate to change a sequence-held block, and then the inner
 ///   allocator may give a block back twice or to two owners (a logic
-///   error, as a double free is; never memory unsafety).
+///   error, as a double free is; never memory unsafety). A forwarder
+///   should also forward every method that has a default: the defaults
+///   call other methods of `self` (the default `try_alloc_growth` is
+///   `try_alloc_with_headroom`, a new admission, where `BlockPool`'s own
+///   is a running sequence's growth).
 ///
 /// The prefix cache is optional: its methods have defaults that cache
 /// nothing (a match finds nothing, a publish caches nothing), which is
