@@ -89,7 +89,7 @@ class Closed(ReserveError):
     """The pool was closed: it admits nothing more, while frees still work."""
 
 class FreeError(ValueError):
-    """`BlockPool.free` refused.
+    """`BlockPool.free` (or `BlockPool.add_refs`) refused.
 
     Every kind but `"raced"` changed nothing. `"raced"` is a double free
     caught racing another holder's free: that reference was refused and
@@ -99,10 +99,14 @@ class FreeError(ValueError):
     id: int
     """The offending id, as given (it may be negative or huge for
     `"out_of_range"`)."""
-    kind: Literal["out_of_range", "not_allocated", "held_by_sequence", "over_freed", "raced"]
+    kind: Literal[
+        "out_of_range", "not_allocated", "held_by_sequence", "over_freed", "raced", "too_many_refs"
+    ]
     """Why: not a block of the pool; a free block (a double free); a block
     that sequences hold (they give it back themselves: a double free);
-    listed more times than it has references; a racing double free."""
+    listed more times than it has references; a racing double free (or,
+    for `BlockPool.add_refs`, a block freed during the call); a block at
+    the most references it can have (`add_refs`)."""
     num_blocks: Optional[int]
     """The pool's size, for `"out_of_range"`; else None."""
 
@@ -394,6 +398,16 @@ class BlockPool:
 
         Raises `FreeError` (see its `kind`) or `TypeError` for a non-int id;
         nothing changes then (except for `kind == "raced"`).
+        """
+    def add_refs(self, ids: Iterable[_Int]) -> None:
+        """Adds one reference per listed id (a block listed twice gets two),
+        to share raw blocks; each holder gives its reference back with
+        `free`. All or nothing.
+
+        Raises `FreeError` (`kind` `"out_of_range"`, `"not_allocated"`,
+        `"held_by_sequence"`: sequences share with `fork`; `"raced"`,
+        `"too_many_refs"`) or `TypeError` for a non-int id; nothing changes
+        then.
         """
     def ref_count(self, id: _Int) -> Optional[int]:
         """References block `id` has now (0 when free), or None if `id` is

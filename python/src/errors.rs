@@ -163,6 +163,7 @@ pub(crate) enum FreeKind {
     HeldBySequence,
     OverFreed,
     Raced,
+    TooManyRefs,
 }
 
 /// A `FreeError` naming `id` (the Python object the caller passed, or a
@@ -187,6 +188,11 @@ pub(crate) fn free_error<'py>(py: Python<'py>, id: Bound<'py, PyAny>, kind: Free
         FreeKind::OverFreed => (
             "over_freed",
             format!("block {id} is listed more times than it has references"),
+            None,
+        ),
+        FreeKind::TooManyRefs => (
+            "too_many_refs",
+            format!("block {id} has the most references a block can have"),
             None,
         ),
         FreeKind::Raced => (
@@ -220,6 +226,7 @@ pub(crate) fn from_free_error(py: Python<'_>, err: kvslots::FreeError) -> PyErr 
         kvslots::FreeError::HeldBySequence { id } => (id, FreeKind::HeldBySequence),
         kvslots::FreeError::OverFreed { id } => (id, FreeKind::OverFreed),
         kvslots::FreeError::Raced { id } => (id, FreeKind::Raced),
+        kvslots::FreeError::TooManyRefs { id } => (id, FreeKind::TooManyRefs),
         // A kind the core added after this binding (the enum is
         // `#[non_exhaustive]`): the exception, with the core's message.
         _ => return FreeError::new_err(err.to_string()),

@@ -307,6 +307,24 @@ impl PyBlockPool {
         detached(py, ids.len(), || pool.free(&ids)).map_err(|e| errors::from_free_error(py, e))
     }
 
+    /// Adds one reference per listed id (a block listed twice gets two),
+    /// to share raw blocks between holders, each of which gives its
+    /// reference back with `free`. All or nothing.
+    ///
+    /// Raises `FreeError` (changing nothing) for an id that is not a block
+    /// of this pool (`kind == "out_of_range"`; negative ids included), a
+    /// free block (`"not_allocated"`), a block that sequences hold
+    /// (`"held_by_sequence"`: a sequence shares its blocks with `fork`), a
+    /// block another thread freed during the call (`"raced"`) or one at
+    /// the most references a block can have (`"too_many_refs"`): in the
+    /// last two cases the references this call added are dropped again.
+    /// `TypeError` for an id that is not an int.
+    fn add_refs<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<()> {
+        let ids = self.ids_in_range(py, ids)?;
+        let pool = &*self.inner;
+        detached(py, ids.len(), || pool.add_refs(&ids)).map_err(|e| errors::from_free_error(py, e))
+    }
+
     /// The number of references block `id` has now (0 when free), or
     /// `None` if `id` is not a block of this pool (negative ids included).
     fn ref_count(&self, id: &Bound<'_, PyAny>) -> PyResult<Option<usize>> {

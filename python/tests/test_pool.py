@@ -116,6 +116,45 @@ def test_free_errors_name_the_id_and_change_nothing(pool):
     assert pool.free_blocks == 16
 
 
+def test_add_refs_shares_raw_blocks(pool):
+    ids = pool.try_alloc(2)
+    pool.add_refs([ids[0], ids[0], ids[1]])
+    assert [pool.ref_count(i) for i in ids] == [3, 2]
+    pool.free(ids)
+    assert [pool.ref_count(i) for i in ids] == [2, 1]
+    pool.free([ids[0], ids[0], ids[1]])
+    assert pool.free_blocks == 16
+    pool.add_refs([])
+    assert pool.free_blocks == 16
+
+
+def test_add_refs_errors_name_the_id_and_change_nothing(pool):
+    ids = pool.try_alloc(3)
+    seq = kvslots.Sequence(pool)
+    seq.try_append(16)
+    held = seq.block_ids[0]
+    free_id = next(i for i in range(16) if pool.ref_count(i) == 0)
+    before = pool_state(pool)
+    cases = [
+        ([ids[0], 16], 16, "out_of_range"),
+        ([ids[0], -1], -1, "out_of_range"),
+        ([ids[1], free_id], free_id, "not_allocated"),
+        ([ids[2], held], held, "held_by_sequence"),
+    ]
+    for bad, bad_id, kind in cases:
+        with pytest.raises(kvslots.FreeError) as err:
+            pool.add_refs(bad)
+        assert (err.value.id, err.value.kind) == (bad_id, kind), bad
+        assert pool_state(pool) == before, bad
+    for bad in ([ids[0], 1.5], [ids[0], "1"], 5, None):
+        with pytest.raises(TypeError):
+            pool.add_refs(bad)
+        assert pool_state(pool) == before, bad
+    seq.close()
+    pool.free(ids)
+    assert pool.free_blocks == 16
+
+
 def test_free_accepts_any_iterable(pool):
     ids = pool.try_alloc(5)
     pool.free(tuple(ids[:2]))
