@@ -304,26 +304,7 @@ impl Refs {
     /// handed out and given back a second time. `Err` then, and nothing
     /// changed; `Err` too if the count would exceed `2^29 - 1`.
     pub(super) fn add(&self, id: BlockId) -> Result<(), ()> {
-        let word = &self.words[id.index()];
-        // Relaxed: only a guess; the CAS validates it.
-        let mut cur = word.load(Ordering::Relaxed);
-        loop {
-            // Any holder's reference left to add to? (A claim's own
-            // reference does not count: a raw free took the caller's.)
-            if holders_of(cur, self.claim_ref()) == 0 && !self.faults.blind_add_ref() {
-                return Err(());
-            }
-            if count_of(cur) >= MAX_REFS {
-                return Err(());
-            }
-            // Relaxed (both): the caller holds a reference, so the block is
-            // not freed under us; the new reference is handed over by
-            // whatever hands over its holder (as with `Arc::clone`).
-            match word.compare_exchange_weak(cur, cur + 1, Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => return Ok(()),
-                Err(actual) => cur = actual,
-            }
-        }
+        self.add_unless(id, false).map_err(|_| ())
     }
 
     /// Adds a reference for a raw caller that holds one
@@ -334,11 +315,20 @@ impl Refs {
     /// nothing changed, if the block has no holder's reference, is a
     /// sequence's, or its count is at `2^29 - 1` (the error says which).
     pub(super) fn add_raw(&self, id: BlockId) -> Result<(), RawAddRefused> {
+        self.add_unless(id, !self.faults.free_ignores_sequence())
+    }
+
+    /// The body of [`add`](Self::add) and [`add_raw`](Self::add_raw):
+    /// with `refuse_sequence`, a sequence's block is refused as one with
+    /// no holder's reference left.
+    #[inline]
+    fn add_unless(&self, id: BlockId, refuse_sequence: bool) -> Result<(), RawAddRefused> {
         let word = &self.words[id.index()];
-        let refuse_sequence = !self.faults.free_ignores_sequence();
         // Relaxed: only a guess; the CAS validates it.
         let mut cur = word.load(Ordering::Relaxed);
         loop {
+            // Any holder's reference left to add to? (A claim's own
+            // reference does not count: a raw free took the caller's.)
             let gone = holders_of(cur, self.claim_ref()) == 0 && !self.faults.blind_add_ref();
             if gone || (refuse_sequence && cur & SEQUENCE != 0) {
                 return Err(RawAddRefused::Gone);
@@ -346,8 +336,9 @@ impl Refs {
             if count_of(cur) >= MAX_REFS {
                 return Err(RawAddRefused::Full);
             }
-            // Relaxed (both): as in `add`, the caller holds a reference and
-            // hands the new one over itself.
+            // Relaxed (both): the caller holds a reference, so the block is
+            // not freed under us; the new reference is handed over by
+            // whatever hands over its holder (as with `Arc::clone`).
             match word.compare_exchange_weak(cur, cur + 1, Ordering::Relaxed, Ordering::Relaxed) {
                 Ok(_) => return Ok(()),
                 Err(actual) => cur = actual,
