@@ -77,8 +77,9 @@
 //! ```
 //!
 //! **The core pool** is admission, the free list, a state word per block
-//! (with its reference count) and waiting: 8 bytes and a bit a block (an
-//! 8-byte state word and a bit of the free list's bitmap), plus a few
+//! (with its reference count) and waiting: 8 bytes and two bits a block (an
+//! 8-byte state word, a bit of the free list's bitmap and a bit of its
+//! fresh bitmap), plus a few
 //! cache lines per shard. **The prefix cache** is a layer a pool is built with or without
 //! ([`BlockPoolBuilder::prefix_cache`](crate::BlockPoolBuilder::prefix_cache)):
 //! its storage (keys, index, eviction stamps and ring, 60 bytes a block;
@@ -201,6 +202,13 @@
 //! words (lowest ids first), and a give-back gathers its ids word by word
 //! before returning them. A full word is emitted as a range of ids.
 //!
+//! A second bitmap of the same shape, the *fresh* bitmap, marks the blocks
+//! that a sequence holds through an uncounted reference (see
+//! [Reference counts](#reference-counts)): a take of at least 8 blocks
+//! for a sequence sets their bits (one `fetch_or` a word) and writes no
+//! state word; the give-back clears them (one `fetch_and`) before the
+//! `fetch_or` that frees them. Only a block's holder changes its bit.
+//!
 //! There is no ABA problem to guard against, so no tag: a word's value
 //! names exactly the free blocks in it, so a CAS that finds the value it
 //! read takes blocks that are free now, whatever happened in between. (A
@@ -220,7 +228,7 @@
 //! blocks looks through every word of every shard (and marks what it
 //! finds) before it looks again.
 //!
-//! Bookkeeping is about 68 bytes per block: one bit of the bitmap, an
+//! Bookkeeping is about 68 bytes per block: a bit of each bitmap, an
 //! 8-byte state word (reference count, flags, generation), and the prefix
 //! cache's 60 bytes (see [Prefix cache](#prefix-cache)), plus one
 //! `CachePadded` slot (a cache line, 128 bytes on x86-64) per shard for its
@@ -424,10 +432,43 @@
 //! neither cached nor claimed (`Acquire`: a co-holder's drop happens
 //! before), is its only holder and clears it with a plain store, and
 //! gives the block back with the rest of its give-back's word (whose
-//! `Release` `fetch_or` publishes it). A fresh block's first reference is
-//! a plain store too (a free block has no holder to race). So a
-//! sequence's fresh blocks cost a load and a store each when taken and
-//! when given back.
+//! `Release` `fetch_or` publishes it). A block's first reference is a
+//! plain store too (a free block has no holder to race): a load and a
+//! store a block when taken and when given back.
+//!
+//! **Fresh blocks.** A take of at least 8 blocks for a sequence (a
+//! prompt's append or reservation, a prefill chunk) writes no state word
+//! at all: each block is held through one *uncounted* reference, its
+//! taker's, and its bit in the free list's fresh bitmap says so (set by
+//! the take, one `fetch_or` a word). Its state word stays *bare*, as the
+//! free list left it: no count, key or claim. The holder gives such a
+//! block back without reading or writing the word: its give-back reads
+//! the fresh bits of the word its ids are in, and a run of consecutive
+//! fresh ids (compared eight at a time) goes back with one `fetch_and` of
+//! the fresh word and one `fetch_or` of the free word. Before a fresh
+//! block is shared (a fork's `add_refs`) or claimed (a publish), its
+//! holder counts the reference: it stores `SEQUENCE` and a count of 1
+//! into the bare word, then clears the fresh bit (`Release`), and the
+//! fork or the claim proceeds on a counted word. A fence that retires a
+//! fresh block holds the uncounted reference on the sequence's behalf and
+//! gives it back the same way at `complete`.
+//!
+//! Nothing else writes a bare word: a raw free or add, a revival, an
+//! eviction and a rival publisher's deferral or kill each need a count,
+//! `CACHED` or `BUSY` in the word, which their CAS compares whole. The
+//! fresh bit itself is written only by the block's holder (the take's
+//! mark, the count's or the give-back's clear), a read-modify-write since
+//! other holders' bits share the word. A raw call's checks, and
+//! [`BlockPool::ref_count`](crate::BlockPool::ref_count), tell a fresh
+//! block from a free one by the bit: a bare word sends them to the bit,
+//! and a clear bit back to the word (`Acquire` both, after the word's
+//! `Acquire` load), so a block that its holder counted meanwhile reads as
+//! counted, and one that reads bare, clear and bare was free, or in a take
+//! or a give-back under way, at a moment of the call. So a raw free of a
+//! fresh block is refused as `HeldBySequence`, exactly as a counted
+//! sequence block is. A take of fewer than 8 blocks counts them at once:
+//! for a block or two, a store each costs less than the mark and the
+//! clear, two read-modify-writes.
 //!
 //! Every other drop is a CAS from the count it read to one less: a shared
 //! block's (two sequences can drop their references at once), a cached
@@ -1206,15 +1247,25 @@
 //! * **Allocation is `Acquire`**: the admission CAS and the free list's
 //!   take. So everything a previous owner wrote into a block happens-before
 //!   the next owner touches it.
-//! * **Setting a fresh block's count to 1 and adding a reference for a fork
-//!   are `Relaxed`**: the block is exclusively ours, or we already hold a
-//!   reference, and the new reference travels to its holder through
+//! * **Setting a taken block's count to 1 and adding a reference for a
+//!   fork are `Relaxed`**: the block is exclusively ours, or we already
+//!   hold a reference, and the new reference travels to its holder through
 //!   whatever hands over the sequence (as with `Arc::clone`).
+//! * **The fresh bitmap**: a take's mark is a `Relaxed` `fetch_or` and a
+//!   give-back's clear a `Relaxed` `fetch_and` before the give-back's
+//!   `Release` `fetch_or` of the free word, so a block's next holder, whose
+//!   take acquires that, marks it after the previous holder's clear in the
+//!   fresh word's order. Counting a fresh block's reference is a `Relaxed`
+//!   store of its state word followed by a `Release` `fetch_and` of its
+//!   bit, which a raw call's check reads with `Acquire` before it reads
+//!   the state word again: a bit read clear means the count is seen.
 //! * **`needs_copy` is `Acquire`** (one load: shared, or cached): if
 //!   another holder dropped its reference, its reads of the block
 //!   happen-before this sequence decides to write into it.
-//! * **The checks of `free` and `ref_count` are `Relaxed` loads**: a
-//!   validation read or a snapshot; the drops that follow are what order.
+//! * **The checks of `free` and `ref_count` are `Acquire` loads**: a
+//!   validation read or a snapshot (the drops that follow are what order),
+//!   `Acquire` only so that a bare word's fresh bit is read after it, and
+//!   the word again after the bit.
 //!
 //! ## The prefix cache
 //!

@@ -72,6 +72,9 @@ pub const SOUND: Faults = Faults {
     relaxed_record: false,
     uncounted_loss: false,
     relaxed_sole_drop: false,
+    plain_fresh_mark: false,
+    fresh_kept: false,
+    relaxed_fresh_clear: false,
     claim_before_read: false,
     unchecked_overflow_clear: false,
 };

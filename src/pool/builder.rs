@@ -22,7 +22,7 @@ use crate::sync::Faults;
 ///
 /// | layer | option | per block | default |
 /// |---|---|---|---|
-/// | core pool, waiting, fenced release | always | 8 bytes and a bit | on |
+/// | core pool, waiting, fenced release | always | 8 bytes and two bits | on |
 /// | prefix cache | [`prefix_cache`](Self::prefix_cache) | 60 bytes | off |
 /// | KV events (with the prefix cache) | [`kv_events`](Self::kv_events) | none: 128 bytes a record of its rings | off |
 ///

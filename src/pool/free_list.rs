@@ -27,9 +27,10 @@ const WORDS_PER_LINE: usize = 16;
 /// One line of bitmap words.
 type Line = CachePadded<[AtomicU64; WORDS_PER_LINE]>;
 
-/// The room of a [`FreeList`]'s bitmap, reserved by [`FreeList::room`].
+/// The room of a [`FreeList`]'s bitmaps, reserved by [`FreeList::room`].
 pub(crate) struct FreeRoom {
     lines: Room<Line>,
+    fresh: Room<Line>,
 }
 
 pub(crate) struct FreeList {
@@ -40,6 +41,12 @@ pub(crate) struct FreeList {
     /// bit `b` of its word `w` is id `s * span + 64 * w + b`, set while
     /// that block is free.
     lines: Box<[Line]>,
+    /// The fresh bitmap, in the layout of `lines`: a bit is set while its
+    /// block is a sequence's fresh block, held through its uncounted
+    /// reference (see `refs.rs`, "Fresh blocks"). Only that block's holder
+    /// sets or clears it: the take that marks it, then the give-back or
+    /// the count that clears it.
+    fresh: Box<[Line]>,
     /// Ids per shard: shard `s` owns ids `s * span .. (s + 1) * span`.
     span: u32,
     /// Bitmap words per shard: `ceil(span / 64)`.
@@ -76,14 +83,18 @@ struct Word {
 }
 
 /// The ids that a give-back returns to one word, gathered before the
-/// `fetch_or` that returns them all: built with [`Give::add`], given back
-/// by [`FreeList::give`] (which needs no allocation).
+/// `fetch_or` that returns them all: built with [`Give::add`] and
+/// [`Give::add_fresh`], given back by [`FreeList::give`] (which needs no
+/// allocation).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Give {
     /// The word of the ids gathered so far (meaningless while `mask == 0`).
     word: Word,
     /// Their bits.
     mask: u64,
+    /// The bits of those that are fresh (a subset of `mask`): their fresh
+    /// bits are cleared before they go back.
+    fresh: u64,
     /// How many ids were added in all.
     len: usize,
 }
@@ -98,6 +109,7 @@ impl Give {
                 limit: 0,
             },
             mask: 0,
+            fresh: 0,
             len: 0,
         }
     }
@@ -121,9 +133,21 @@ impl Give {
         if offset < self.word.limit {
             self.mask |= 1 << offset;
         } else {
-            (self.word, self.mask) = list.switch_word(self.word, self.mask, id);
+            list.flush(self);
+            self.word = list.word_of(id);
+            self.mask = 1 << (id.index() as u32 - self.word.base);
+            self.fresh = 0;
         }
         self
+    }
+
+    /// [`add`](Self::add) for a fresh block (its fresh bit set): its fresh
+    /// bit is cleared with the others of its word before they go back.
+    #[must_use]
+    pub(crate) fn add_fresh(self, list: &FreeList, id: BlockId) -> Give {
+        let mut give = self.add(list, id);
+        give.fresh |= 1 << (id.index() as u32 - give.word.base);
+        give
     }
 }
 
@@ -141,6 +165,38 @@ fn lowest(word: u64, k: usize) -> (u64, usize) {
         taken += 1;
     }
     (word & !rest, taken)
+}
+
+/// How many of the last ids of `ids` (at most `max`, at least 1 for a
+/// nonempty list) are consecutive, each one more than the one before it.
+#[inline]
+fn consecutive_before(ids: &[BlockId], max: usize) -> usize {
+    let Some(&last) = ids.last() else {
+        return 0;
+    };
+    let max = max.min(ids.len());
+    let top = last.index();
+    // Eight at a time while they are (a loop the compiler vectorises),
+    // then one at a time.
+    let mut run = 1;
+    while run + 8 <= max {
+        let chunk = &ids[ids.len() - run - 8..ids.len() - run];
+        let Some(start) = top.checked_sub(run + 7) else {
+            break;
+        };
+        if !chunk
+            .iter()
+            .enumerate()
+            .all(|(i, id)| id.index() == start + i)
+        {
+            break;
+        }
+        run += 8;
+    }
+    while run < max && top.checked_sub(run) == Some(ids[ids.len() - 1 - run].index()) {
+        run += 1;
+    }
+    run
 }
 
 impl FreeList {
@@ -164,6 +220,9 @@ impl FreeList {
                 n => (1u64 << n) - 1,
             }
         };
+        let fresh = room
+            .fresh
+            .fill(|_| CachePadded::new(std::array::from_fn(|_| AtomicU64::new(0))));
         let lines = room.lines.fill(|line| {
             let s = (line / lines_per_shard as usize) as u32;
             let first = (line % lines_per_shard as usize * WORDS_PER_LINE) as u32;
@@ -185,6 +244,7 @@ impl FreeList {
         FreeList {
             summaries,
             lines,
+            fresh,
             span,
             words,
             lines_per_shard,
@@ -208,8 +268,10 @@ impl FreeList {
     /// `shards` shards.
     pub(crate) fn room(len: usize, shards: usize) -> Result<FreeRoom, TryReserveError> {
         let (_, _, lines_per_shard) = Self::shape(len, shards);
+        let lines = shards.saturating_mul(lines_per_shard as usize);
         Ok(FreeRoom {
-            lines: Room::reserve(shards.saturating_mul(lines_per_shard as usize))?,
+            lines: Room::reserve(lines)?,
+            fresh: Room::reserve(lines)?,
         })
     }
 
@@ -217,6 +279,7 @@ impl FreeList {
     pub(crate) fn heap_bytes(len: usize, shards: usize) -> usize {
         let (_, _, lines_per_shard) = Self::shape(len, shards);
         bytes_of::<Line>(shards.saturating_mul(lines_per_shard as usize))
+            .saturating_mul(2)
             .saturating_add(bytes_of::<CachePadded<AtomicU64>>(shards))
     }
 
@@ -246,21 +309,80 @@ impl FreeList {
         }
     }
 
-    /// For [`Give::add`]: returns the ids `mask` of `word` (if any) and
-    /// starts gathering those of `id`'s word, with `id`.
+    /// For [`Give::add`]: returns the ids gathered in `give` (if any).
     #[inline]
-    fn switch_word(&self, word: Word, mask: u64, id: BlockId) -> (Word, u64) {
-        if mask != 0 {
-            self.return_word(word.place, mask);
+    fn flush(&self, give: Give) {
+        if give.mask != 0 {
+            self.return_word(give.word.place, give.mask, give.fresh);
         }
+    }
+
+    /// Whether `id` is a sequence's fresh block now (its fresh bit is
+    /// set). A snapshot, but exact for the block's holder, the only thread
+    /// that changes it.
+    pub(crate) fn is_fresh(&self, id: BlockId) -> bool {
         let word = self.word_of(id);
-        (word, 1 << (id.index() as u32 - word.base))
+        // Acquire: a count's clear of the bit (Release, see `count_fresh`)
+        // happens-before what the caller reads of the block's state word
+        // next.
+        let bits = self
+            .fresh_word(word.place.shard as usize, word.place.word)
+            .load(Ordering::Acquire);
+        bits & (1 << (id.index() as u32 - word.base)) != 0
+    }
+
+    /// Calls `count(id)` for every fresh block of `ids` (which the caller,
+    /// a sequence, holds), then clears their fresh bits, one `fetch_and`
+    /// per run of ids in one word: `count` writes the reference into the
+    /// block's state word, which stops being bare.
+    pub(crate) fn count_fresh(&self, ids: &[BlockId], mut count: impl FnMut(BlockId)) {
+        let mut word = Give::new().word;
+        let (mut bits, mut clear) = (0u64, 0u64);
+        for &id in ids {
+            let offset = (id.index() as u32).wrapping_sub(word.base);
+            let offset = if offset < word.limit {
+                offset
+            } else {
+                self.clear_fresh(word.place, clear);
+                word = self.word_of(id);
+                // Relaxed: the caller's own bits, which only it changes.
+                bits = self
+                    .fresh_word(word.place.shard as usize, word.place.word)
+                    .load(Ordering::Relaxed);
+                clear = 0;
+                id.index() as u32 - word.base
+            };
+            if bits & (1 << offset) != 0 {
+                count(id);
+                clear |= 1 << offset;
+            }
+        }
+        self.clear_fresh(word.place, clear);
+    }
+
+    /// Clears the fresh bits `mask` (of blocks the caller holds) in the
+    /// word at `place`.
+    fn clear_fresh(&self, place: Place, mask: u64) {
+        if mask != 0 && !self.faults.fresh_kept() {
+            // Release: a raw call's checks that read the bit clear
+            // (Acquire, `is_fresh`) read the count written before it in
+            // the block's state word.
+            // (Relaxed under loom's `relaxed_fresh_clear` control.)
+            self.fresh_word(place.shard as usize, place.word)
+                .fetch_and(!mask, self.faults.fresh_clear_ordering(Ordering::Release));
+        }
     }
 
     /// Word `w` of shard `s`.
     fn word(&self, s: usize, w: u32) -> &AtomicU64 {
         let w = w as usize;
         &self.lines[s * self.lines_per_shard as usize + w / WORDS_PER_LINE][w % WORDS_PER_LINE]
+    }
+
+    /// Word `w` of shard `s` in the fresh bitmap.
+    fn fresh_word(&self, s: usize, w: u32) -> &AtomicU64 {
+        let w = w as usize;
+        &self.fresh[s * self.lines_per_shard as usize + w / WORDS_PER_LINE][w % WORDS_PER_LINE]
     }
 
     /// The summary bit of word `w` (of any shard).
@@ -279,7 +401,7 @@ impl FreeList {
     /// (nothing here allocates). When this returns fewer, the caller
     /// evicts or looks again.
     #[inline]
-    pub(crate) fn pop(&self, k: usize, out: &mut Vec<BlockId>) -> usize {
+    pub(crate) fn pop(&self, k: usize, out: &mut Vec<BlockId>, fresh: bool) -> usize {
         debug_assert!(k > 0);
         let home = self.home();
         // The usual case: the first word the home shard's summary marks
@@ -301,22 +423,22 @@ impl FreeList {
                     .compare_exchange(cur, cur & !take, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
             {
-                self.emit(home, w, take, out);
+                self.emit(home, w, take, out, fresh);
                 return k;
             }
         }
-        self.pop_from(home, k, out)
+        self.pop_from(home, k, out, fresh)
     }
 
     /// [`pop`](Self::pop) past its usual case: from the home shard, then
     /// the others in turn.
     #[inline(never)]
-    fn pop_from(&self, home: usize, k: usize, out: &mut Vec<BlockId>) -> usize {
+    fn pop_from(&self, home: usize, k: usize, out: &mut Vec<BlockId>, fresh: bool) -> usize {
         let shards = self.summaries.len();
         let mut shard = home;
         let mut taken = 0;
         for _ in 0..shards {
-            taken += self.take_from_shard(shard, k - taken, out);
+            taken += self.take_from_shard(shard, k - taken, out, fresh);
             // Got them all?
             if taken == k {
                 break;
@@ -333,12 +455,12 @@ impl FreeList {
     /// summaries say (setting the summary bits of the words it finds
     /// holding ids): the last look of a caller that found too few through
     /// the summaries and the prefix cache.
-    pub(crate) fn pop_everywhere(&self, k: usize, out: &mut Vec<BlockId>) -> usize {
+    pub(crate) fn pop_everywhere(&self, k: usize, out: &mut Vec<BlockId>, fresh: bool) -> usize {
         debug_assert!(k > 0);
         let mut taken = 0;
         for s in 0..self.summaries.len() {
             for w in 0..self.words {
-                let (got, held) = self.take_from_word(s, w, k - taken, out);
+                let (got, held) = self.take_from_word(s, w, k - taken, out, fresh);
                 taken += got;
                 if held {
                     let bit = self.summary_bit(w);
@@ -359,7 +481,7 @@ impl FreeList {
     /// Takes up to `k > 0` ids from shard `s`, word after word of the
     /// groups its summary marks, lowest first; appends them to `out` and
     /// returns how many. Clears the summary bit of a group it finds empty.
-    fn take_from_shard(&self, s: usize, k: usize, out: &mut Vec<BlockId>) -> usize {
+    fn take_from_shard(&self, s: usize, k: usize, out: &mut Vec<BlockId>, fresh: bool) -> usize {
         // Relaxed: which words to look at, a hint; a stale bit costs a
         // look, a stale 0 a later look (`pop_everywhere`).
         let mut groups = self.summaries[s].load(Ordering::Relaxed);
@@ -371,7 +493,7 @@ impl FreeList {
             let end = (first + self.group).min(self.words);
             let mut held = false;
             for w in first..end {
-                let (got, had) = self.take_from_word(s, w, k - taken, out);
+                let (got, had) = self.take_from_word(s, w, k - taken, out, fresh);
                 taken += got;
                 held |= had;
                 if taken == k {
@@ -388,7 +510,14 @@ impl FreeList {
     /// Takes the lowest `min(k, free)` ids of word `w` of shard `s` with
     /// one CAS and appends them to `out`; returns how many, and whether
     /// the word held any when first read.
-    fn take_from_word(&self, s: usize, w: u32, k: usize, out: &mut Vec<BlockId>) -> (usize, bool) {
+    fn take_from_word(
+        &self,
+        s: usize,
+        w: u32,
+        k: usize,
+        out: &mut Vec<BlockId>,
+        fresh: bool,
+    ) -> (usize, bool) {
         let word = self.word(s, w);
         let backoff = Backoff::new();
         // Relaxed: only a guess; the CAS validates it (and acquires).
@@ -403,7 +532,7 @@ impl FreeList {
                 cur = word.load(Ordering::Acquire);
                 let (take, n) = lowest(cur, k);
                 word.store(cur & !take, Ordering::Relaxed);
-                self.emit(s, w, take, out);
+                self.emit(s, w, take, out, fresh);
                 return (n, held);
             }
             // Acquire on success: we now own these blocks, and whatever
@@ -414,7 +543,7 @@ impl FreeList {
             match word.compare_exchange_weak(cur, cur & !take, Ordering::Acquire, Ordering::Relaxed)
             {
                 Ok(_) => {
-                    self.emit(s, w, take, out);
+                    self.emit(s, w, take, out, fresh);
                     return (n, held);
                 }
                 Err(actual) => {
@@ -426,8 +555,13 @@ impl FreeList {
         (0, held)
     }
 
-    /// Appends the ids of the bits `taken` of word `w` of shard `s`.
-    fn emit(&self, s: usize, w: u32, taken: u64, out: &mut Vec<BlockId>) {
+    /// Appends the ids of the bits `taken` of word `w` of shard `s`, just
+    /// taken; with `fresh`, for a sequence that holds them through their
+    /// uncounted references, and marks them fresh.
+    fn emit(&self, s: usize, w: u32, taken: u64, out: &mut Vec<BlockId>, fresh: bool) {
+        if fresh {
+            self.mark_fresh(s, w, taken);
+        }
         let base = s as u32 * self.span + 64 * w;
         if taken == u64::MAX {
             out.extend((base..base + 64).map(BlockId::new));
@@ -438,6 +572,25 @@ impl FreeList {
             out.push(BlockId::new(base + rest.trailing_zeros()));
             rest &= rest - 1;
         }
+    }
+
+    /// Sets the fresh bits `taken` of word `w` of shard `s`, whose blocks
+    /// the caller has just taken.
+    fn mark_fresh(&self, s: usize, w: u32, taken: u64) {
+        let word = self.fresh_word(s, w);
+        if self.faults.plain_fresh_mark() {
+            // loom's control: a load and a plain store, no RMW.
+            // Relaxed (both): as below; the bug is the lost update.
+            word.store(word.load(Ordering::Relaxed) | taken, Ordering::Relaxed);
+            return;
+        }
+        // Relaxed: the holder is the only thread that acts on its bits
+        // (a raw call's checks only report them); and the previous
+        // holder's clear of a bit comes before this set in the word's
+        // order without more, since its give-back (a Release `fetch_or`
+        // on the free list, after the clear) happens-before our take (an
+        // Acquire CAS).
+        word.fetch_or(taken, Ordering::Relaxed);
     }
 
     /// Clears summary bit `j` of shard `s` (words `first..end`), which a
@@ -464,54 +617,103 @@ impl FreeList {
         }
     }
 
-    /// Drops the references of `ids`, last listed first, with `drop`, as
-    /// long as it says that the block is free now (a sole holder's last
-    /// reference), and gathers those blocks for [`give`](Self::give);
-    /// stops before the first id for which it says `false`. Returns what
-    /// it gathered and how many ids (the first ones) it did not reach.
+    /// Gives back the blocks of `ids` (which a sequence holds, or a fence
+    /// on its behalf), last listed first, as long as each is fresh (its
+    /// uncounted reference goes with no write of its state word) or
+    /// `drop_run` says that it is free now (a sole holder's last counted
+    /// reference), and gathers them for [`give`](Self::give); stops before
+    /// the first id that is neither. Returns what it gathered and how many
+    /// ids (the first ones) it did not reach.
+    ///
+    /// The ids are taken in runs, consecutive in one word of the bitmap
+    /// and listed in that order (a sequence's blocks mostly are: a take
+    /// hands out a word's ids in order): a run of fresh blocks costs a
+    /// comparison of its ids and no access to their state words.
+    /// `drop_run(lo, hi)` is called for a run `lo..hi` of blocks that are
+    /// not fresh, and returns how many it dropped from `hi - 1` down (all,
+    /// or it stopped before the first it left).
     #[inline]
-    pub(crate) fn gather_while(
+    pub(crate) fn gather_held(
         &self,
         ids: &[BlockId],
-        mut drop: impl FnMut(BlockId) -> bool,
+        mut drop_run: impl FnMut(usize, usize) -> usize,
     ) -> (Give, usize) {
-        // The state of a `Give`, in locals that stay in registers.
+        // The state of a `Give`, in locals that stay in registers, and the
+        // fresh bits of its word.
         let mut word = Give::new().word;
-        let mut mask = 0u64;
+        let (mut mask, mut fresh, mut fresh_bits) = (0u64, 0u64, 0u64);
         let mut rest = ids.len();
-        while let Some(&id) = rest.checked_sub(1).and_then(|i| ids.get(i)) {
-            if !drop(id) {
+        while let Some(&last) = rest.checked_sub(1).and_then(|i| ids.get(i)) {
+            let top = last.index() as u32;
+            if top.wrapping_sub(word.base) >= word.limit {
+                if mask != 0 {
+                    self.return_word(word.place, mask, fresh);
+                }
+                (word, mask, fresh) = (self.word_of(last), 0, 0);
+                // Relaxed: the bits of our own blocks, which only their
+                // holder (we) changes.
+                fresh_bits = self
+                    .fresh_word(word.place.shard as usize, word.place.word)
+                    .load(Ordering::Relaxed);
+            }
+            let offset = top - word.base;
+            // The run of consecutive ids that ends at `top` in this word,
+            // cut where the blocks stop being (or not being) fresh.
+            let up = fresh_bits << (63 - offset);
+            let is_fresh = up >> 63 != 0;
+            let same = if is_fresh {
+                (!up).leading_zeros()
+            } else {
+                up.leading_zeros().min(offset + 1)
+            };
+            let run = consecutive_before(&ids[..rest], same as usize);
+            let done = if is_fresh {
+                run
+            } else {
+                drop_run(top as usize + 1 - run, top as usize + 1)
+            };
+            // `done <= run <= offset + 1 <= 64` bits, ending at `offset`.
+            if done > 0 {
+                let bits = (u64::MAX >> (64 - done)) << (offset + 1 - done as u32);
+                mask |= bits;
+                if is_fresh {
+                    fresh |= bits;
+                }
+            }
+            rest -= done;
+            if done < run {
                 break;
             }
-            let offset = (id.index() as u32).wrapping_sub(word.base);
-            if offset < word.limit {
-                mask |= 1 << offset;
-            } else {
-                (word, mask) = self.switch_word(word, mask, id);
-            }
-            rest -= 1;
         }
         let give = Give {
             word,
             mask,
+            fresh,
             len: ids.len() - rest,
         };
         (give, rest)
     }
 
     /// Returns the blocks of `give` that it has not returned yet. The ids
-    /// were added by [`Give::add`]; each goes back to the shard that owns
-    /// it, one `fetch_or` per word.
+    /// were added by [`Give::add`] and [`Give::add_fresh`]; each goes back
+    /// to the shard that owns it, one `fetch_or` per word (after one
+    /// `fetch_and` of the fresh bitmap's word, for fresh blocks).
     pub(crate) fn give(&self, give: Give) {
-        if give.mask != 0 {
-            self.return_word(give.word.place, give.mask);
-        }
+        self.flush(give);
     }
 
     /// Sets the bits `mask` (of blocks the caller held) in the word at
-    /// `place`, and its summary bit if the word was empty.
-    fn return_word(&self, place: Place, mask: u64) {
+    /// `place`, and its summary bit if the word was empty; first clears
+    /// the fresh bits `fresh` (a subset of `mask`).
+    fn return_word(&self, place: Place, mask: u64, fresh: u64) {
         let s = place.shard as usize;
+        if fresh != 0 {
+            // Relaxed: the holder's own bits; the `fetch_or` below
+            // (Release) orders this clear before the next holder's take,
+            // and so before its own mark.
+            self.fresh_word(s, place.word)
+                .fetch_and(!fresh, Ordering::Relaxed);
+        }
         // Release (in SeqCst): the holders' accesses to these blocks
         // happen-before the take that acquires them; SeqCst for the summary
         // (see `clear_summary`). (Relaxed under loom's `relaxed_free`.)
@@ -587,14 +789,14 @@ mod tests {
         ] {
             let free = list(len, shards);
             let mut out = Vec::with_capacity(len as usize);
-            assert_eq!(free.pop(len as usize, &mut out), len as usize);
+            assert_eq!(free.pop(len as usize, &mut out, false), len as usize);
             let mut seen = vec![false; len as usize];
             for id in &out {
                 assert!(!std::mem::replace(&mut seen[id.index()], true));
             }
             let mut more = Vec::with_capacity(1);
-            assert_eq!(free.pop(1, &mut more), 0);
-            assert_eq!(free.pop_everywhere(1, &mut more), 0);
+            assert_eq!(free.pop(1, &mut more, false), 0);
+            assert_eq!(free.pop_everywhere(1, &mut more, false), 0);
             let mut give = Give::new();
             for &id in out.iter().rev() {
                 give = give.add(&free, id);
@@ -603,11 +805,97 @@ mod tests {
             assert_eq!(give.len(), len as usize);
             out.clear();
             assert_eq!(
-                free.pop(len as usize, &mut out),
+                free.pop(len as usize, &mut out, false),
                 len as usize,
                 "{len} {shards}"
             );
+            assert!(out.iter().all(|&id| !free.is_fresh(id)));
         }
+    }
+
+    /// A fresh take marks every id it takes and no other; a held
+    /// give-back returns them all as fresh (never asking `drop_run`) and
+    /// clears their marks, in any order of the list.
+    #[test]
+    fn fresh_ids_are_marked_and_given_back_unmarked() {
+        for &(len, shards) in &[(1u32, 1usize), (64, 1), (65, 1), (200, 3), (5000, 7)] {
+            for order in 0..3 {
+                let free = list(len, shards);
+                let mut out = Vec::with_capacity(len as usize);
+                let half = (len as usize).div_ceil(2);
+                assert_eq!(free.pop(half, &mut out, true), half);
+                let mut rest = Vec::with_capacity(len as usize);
+                if half < len as usize {
+                    let others = len as usize - half;
+                    assert_eq!(free.pop_everywhere(others, &mut rest, false), others);
+                }
+                for id in 0..len {
+                    let id = BlockId::new(id);
+                    assert_eq!(free.is_fresh(id), out.contains(&id), "{id}");
+                }
+                match order {
+                    0 => {}
+                    1 => out.reverse(),
+                    _ => out.sort_by_key(|id| (id.index() * 7919) % len as usize),
+                }
+                let (give, left) =
+                    free.gather_held(&out, |_, _| panic!("a fresh block was dropped"));
+                free.give(give);
+                assert_eq!((give.len(), left), (half, 0));
+                assert!((0..len).all(|id| !free.is_fresh(BlockId::new(id))));
+                let mut again = Vec::with_capacity(half);
+                assert_eq!(free.pop_everywhere(len as usize, &mut again, false), half);
+                again.sort();
+                out.sort();
+                assert_eq!(again, out);
+            }
+        }
+    }
+
+    /// A held give-back asks `drop_run` for the blocks that are not fresh,
+    /// in runs of consecutive ids within one word, last first; it stops
+    /// before the first block that `drop_run` leaves, and gives back the
+    /// fresh blocks after it.
+    #[test]
+    fn counted_blocks_go_to_drop_run_in_runs() {
+        let free = list(128, 1);
+        let mut counted = Vec::with_capacity(128);
+        assert_eq!(free.pop(4, &mut counted, false), 4); // 0..4
+        let mut fresh = Vec::with_capacity(128);
+        assert_eq!(free.pop(100, &mut fresh, true), 100); // 4..104
+                                                          // Listed: 0..4 counted, then 4..104 fresh.
+        let ids: Vec<BlockId> = counted.iter().chain(&fresh).copied().collect();
+        let mut runs = Vec::new();
+        let (give, left) = free.gather_held(&ids, |lo, hi| {
+            runs.push((lo, hi));
+            // Leave block 1 (and so everything before it).
+            hi - lo.max(2)
+        });
+        assert_eq!(runs, [(0, 4)]);
+        assert_eq!((give.len(), left), (102, 2));
+        free.give(give);
+        assert!(!free.is_fresh(BlockId::new(50)));
+        let mut back = Vec::with_capacity(128);
+        assert_eq!(free.pop_everywhere(128, &mut back, false), 102 + 24);
+    }
+
+    /// `consecutive_before` counts the consecutive ids at the end of a
+    /// list, up to its limit.
+    #[test]
+    fn consecutive_runs_are_counted_from_the_end() {
+        let ids = |v: &[u32]| v.iter().map(|&i| BlockId::new(i)).collect::<Vec<_>>();
+        assert_eq!(consecutive_before(&ids(&[]), 64), 0);
+        assert_eq!(consecutive_before(&ids(&[7]), 64), 1);
+        assert_eq!(consecutive_before(&ids(&[3, 5, 6, 7]), 64), 3);
+        assert_eq!(consecutive_before(&ids(&[3, 5, 6, 7]), 2), 2);
+        let long: Vec<u32> = (100..140).collect();
+        assert_eq!(consecutive_before(&ids(&long), 64), 40);
+        assert_eq!(consecutive_before(&ids(&long), 17), 17);
+        let mut broken = long.clone();
+        broken[29] = 0;
+        assert_eq!(consecutive_before(&ids(&broken), 64), 10);
+        broken[39] = 0;
+        assert_eq!(consecutive_before(&ids(&broken), 64), 1);
     }
 
     /// A summary bit cleared while its word was empty is set again by the
@@ -616,13 +904,13 @@ mod tests {
     fn a_refilled_word_is_found_through_its_summary() {
         let free = list(256, 1);
         let mut out = Vec::with_capacity(256);
-        assert_eq!(free.pop(256, &mut out), 256);
+        assert_eq!(free.pop(256, &mut out, false), 256);
         // Every group looks empty: the next pop clears every summary bit.
         let mut none = Vec::with_capacity(1);
-        assert_eq!(free.pop(1, &mut none), 0);
+        assert_eq!(free.pop(1, &mut none, false), 0);
         assert_eq!(free.summaries[0].load(Ordering::Relaxed), 0);
         free.give(Give::new().add(&free, out[200]));
-        assert_eq!(free.pop(1, &mut none), 1);
+        assert_eq!(free.pop(1, &mut none, false), 1);
         assert_eq!(none, [out[200]]);
     }
 }

@@ -43,6 +43,10 @@ use prefix::{Evictions, PrefixCache};
 pub use prefix::{KvEvent, PrefixStats};
 pub(crate) use refs::Holder;
 use refs::{Dropped, RawAddRefused, Refs};
+
+/// The fewest blocks that a take for a sequence leaves fresh, held through
+/// uncounted references (see [`BlockPool::take_free`]).
+const FRESH_MIN: usize = 8;
 pub use stats::PoolStats;
 pub use wait::Alloc;
 
@@ -446,7 +450,10 @@ impl BlockPool {
     /// # pool.free(&ids).unwrap();
     /// ```
     pub fn ref_count(&self, id: BlockId) -> Option<usize> {
-        self.refs.get(id.index()).map(|count| count as usize)
+        if id.index() >= self.num_blocks() {
+            return None;
+        }
+        Some(self.holders_now(id).0 as usize)
     }
 
     /// Allocates exactly `n` blocks, all or nothing, appending their
@@ -611,16 +618,26 @@ impl BlockPool {
     /// Takes up to `k > 0` uncached free blocks with `pop` (a way of taking
     /// from the free list), appends them to `out` with one reference of
     /// `holder`'s each, and returns how many.
+    ///
+    /// A take of at least [`FRESH_MIN`] blocks for a sequence leaves them
+    /// fresh: their references are uncounted, marked in the free list's
+    /// fresh bitmap (one `fetch_or` per word), and their state words are
+    /// not written (see [Reference counts](crate::implementation#reference-counts)).
+    /// Fewer get a count of 1 each, a plain store, which costs less than
+    /// the mark and the fresh give-back's clear for a block or two.
     fn take_free(
         &self,
         k: usize,
         out: &mut Vec<BlockId>,
         holder: Holder,
-        pop: impl FnOnce(&FreeList, usize, &mut Vec<BlockId>) -> usize,
+        pop: impl FnOnce(&FreeList, usize, &mut Vec<BlockId>, bool) -> usize,
     ) -> usize {
+        let fresh = holder == Holder::Sequence && k >= FRESH_MIN;
         let base = out.len();
-        let taken = pop(&self.free, k, out);
-        self.refs.set_first(&out[base..], holder);
+        let taken = pop(&self.free, k, out, fresh);
+        if !fresh {
+            self.refs.set_first(&out[base..], holder);
+        }
         taken
     }
 
@@ -709,7 +726,7 @@ impl BlockPool {
         // changes, so that a refused call never drops (and restores) a
         // reference that a concurrent holder could observe.
         self.check_raw(ids)?;
-        if let Some(id) = over_free::first_over_freed(ids, |id| self.refs.count(id) as usize) {
+        if let Some(id) = over_free::first_over_freed(ids, |id| self.holders_now(id).0 as usize) {
             return Err(FreeError::OverFreed { id });
         }
         self.drop_refs(ids)
@@ -801,7 +818,7 @@ impl BlockPool {
         }
         let mut held_by_sequence = None;
         for &id in ids {
-            let (holders, sequence) = self.refs.holders(id);
+            let (holders, sequence) = self.holders_now(id);
             if holders == 0 {
                 return Err(FreeError::NotAllocated { id });
             }
@@ -813,6 +830,32 @@ impl BlockPool {
             Some(id) => Err(FreeError::HeldBySequence { id }),
             None => Ok(()),
         }
+    }
+
+    /// Block `id`'s holders now (a claim's own reference aside), and
+    /// whether every one of them is a sequence: the count in its state
+    /// word, or the one uncounted reference of a fresh block. A snapshot,
+    /// as a raw call's checks and [`ref_count`](Self::ref_count) read it.
+    ///
+    /// A fresh block's state word is bare, as a free block's is: a bare
+    /// word sends the read to the block's fresh bit, and then back to the
+    /// word if the bit is clear. The block's holder counts a fresh
+    /// reference in the word before it clears the bit (Release, read here
+    /// with Acquire), so a block held throughout reads as held; one that
+    /// reads bare, clear and bare was free, or its take or give-back was
+    /// under way, at a moment of the read.
+    fn holders_now(&self, id: BlockId) -> (u32, bool) {
+        let state = self.refs.holders(id);
+        if !state.bare {
+            return (state.counted, state.sequence);
+        }
+        if self.free.is_fresh(id) {
+            // Under loom's `free_ignores_sequence` control, a raw call
+            // takes it for its own.
+            return (1, !self.refs.faults.free_ignores_sequence());
+        }
+        let state = self.refs.holders(id);
+        (state.counted, state.sequence)
     }
 
     /// Drops one reference per listed id for [`free`](Self::free), whose
@@ -828,8 +871,9 @@ impl BlockPool {
     /// Drops the references a [`Sequence`](crate::Sequence) holds in its
     /// table (or retired), as [`drop_refs`](Self::drop_refs) does.
     ///
-    /// A block that the sequence holds alone, neither cached nor claimed,
-    /// goes back with a load and a plain store of its word (see
+    /// A fresh block goes back with no access to its word, a run of them
+    /// at a time; a block that the sequence holds alone, counted, neither
+    /// cached nor claimed, with a load and a plain store of its word (see
     /// [Reference counts](crate::implementation#reference-counts)); every
     /// other drop is the CAS loop of a raw free. A reference that is no
     /// longer there (a raw free took it before the block was a sequence's:
@@ -840,12 +884,19 @@ impl BlockPool {
     /// released first, so that of a cached prompt the tail is evicted
     /// before the head.
     pub(crate) fn drop_held_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
-        // The usual case, a sequence's own fresh blocks, in a tight loop.
-        let (give, rest) = self.free.gather_while(ids, self.refs.sole_dropper());
+        // The usual case, a sequence's own blocks that it holds alone, in
+        // runs: fresh ones with no access to their state words.
+        let (give, rest) = self
+            .free
+            .gather_held(ids, |lo, hi| self.refs.drop_sole_run(lo, hi));
         if rest > 0 {
             let rest = &ids[..rest];
             return self.drop_each(give, rest.iter().rev().copied(), rest, |id| {
-                self.refs.drop_held(id)
+                if self.free.is_fresh(id) {
+                    Ok(Dropped::Fresh)
+                } else {
+                    self.refs.drop_held(id)
+                }
             });
         }
         self.free.give(give);
@@ -880,6 +931,7 @@ impl BlockPool {
         for (i, id) in order.enumerate() {
             match drop(id) {
                 Ok(Dropped::Free) => give = give.add(&self.free, id),
+                Ok(Dropped::Fresh) => give = give.add_fresh(&self.free, id),
                 Ok(Dropped::Evictable) => evictions.push(self.cache(), id, i),
                 Ok(Dropped::Kept) => {}
                 Err(()) => {
@@ -994,6 +1046,8 @@ impl BlockAllocator for BlockPool {
 
     fn add_refs(&self, _: &SequenceCall<'_>, ids: &[BlockId]) -> usize {
         self.check_ids(ids);
+        // A shared block's references are counted.
+        self.count_fresh(ids);
         ids.iter()
             .position(|&id| self.refs.add(id).is_err())
             .unwrap_or(ids.len())
@@ -1034,6 +1088,11 @@ impl BlockAllocator for BlockPool {
         keys: &[BlockHash],
     ) -> usize {
         self.check_ids(blocks);
+        // A claimed block's references are counted (the claim's beside
+        // them).
+        if self.prefix.is_some() {
+            self.count_fresh(&blocks[..blocks.len().min(keys.len())]);
+        }
         blocks
             .iter()
             .zip(keys)
@@ -1065,6 +1124,19 @@ impl BlockAllocator for BlockPool {
 }
 
 impl BlockPool {
+    /// Whether block `id` is fresh now (for the loom models).
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) fn is_fresh(&self, id: BlockId) -> bool {
+        self.free.is_fresh(id)
+    }
+
+    /// Counts the uncounted references of the fresh blocks among `ids`
+    /// (which a sequence holds) in their state words, before the caller
+    /// shares or claims them (see `refs.rs`, "Fresh blocks").
+    fn count_fresh(&self, ids: &[BlockId]) {
+        self.free.count_fresh(ids, |id| self.refs.count_fresh(id));
+    }
+
     /// Panics, naming it, if an id is at or past `num_blocks()`: an
     /// allocator call given an id it never handed out (see
     /// [`BlockAllocator`]'s contract), refused before anything changes. A

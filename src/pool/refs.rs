@@ -39,6 +39,27 @@
 //! the count keeps while it has references: forks and matches add holders
 //! that are sequences too. A count that reaches 0 clears the flag.
 //!
+//! # Fresh blocks: the uncounted reference
+//!
+//! A take of many blocks for a sequence (`BlockPool::take_free`) writes no
+//! state word: the blocks are *fresh*, each held through one uncounted
+//! reference, its taker's, which the free list's fresh bitmap records (a
+//! bit per block, set by the take, one `fetch_or` a word). The state word
+//! of a fresh block stays bare, as the free list left it: no count, key
+//! or claim. Its holder gives it back without touching the word either:
+//! it clears the fresh bit and sets the free bit, one `fetch_and` and one
+//! `fetch_or` a word of the bitmaps. A fence that retires it holds that
+//! reference on the sequence's behalf, and gives it back the same way.
+//!
+//! The holder counts the reference in the word, and clears the bit,
+//! before the block is shared or claimed ([`count_fresh`](Refs::count_fresh)):
+//! a fork adds its reference to a count of 1, a publish claims a counted
+//! block. Only the holder writes a bare word of a block it holds: a raw
+//! free or add, a revival, an eviction and a rival's deferral or kill
+//! each need a count, `CACHED` or `BUSY` in the word (compared whole in
+//! their CAS). A raw call's checks read a bare word's fresh bit (see
+//! `BlockPool::holders_now`).
+//!
 //! A sequence that reads its block's word as `SEQUENCE` with a count of 1,
 //! neither `CACHED` nor `BUSY`, gives it back with a plain store of the
 //! word with the count and the flag cleared: no read-modify-write, no loop
@@ -132,10 +153,15 @@ pub(super) const fn settle(state: u64) -> u64 {
     }
 }
 
-/// [`Refs::drop_sole`] on the words `words`.
+/// Whether a state word is bare: no count, no key, no claim. A free
+/// block's word is bare, and so is a fresh block's (see the module doc).
+pub(super) const fn is_bare(state: u64) -> bool {
+    state & (COUNT | CACHED | BUSY) == 0
+}
+
+/// [`Refs::drop_sole`] on a block's state word.
 #[inline]
-fn drop_sole_in(words: &[AtomicU64], faults: Faults, id: BlockId) -> bool {
-    let word = &words[id.index()];
+fn drop_sole_word(word: &AtomicU64, faults: Faults) -> bool {
     // Acquire: if another holder dropped its reference (a Release CAS, the
     // last write of the word before this load), its accesses to the block
     // happen-before our give-back and the block's next owner. (Relaxed
@@ -185,6 +211,17 @@ pub(super) enum RawAddRefused {
     Full,
 }
 
+/// What a block's state word says of its holders (see [`Refs::holders`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Holders {
+    /// The holders' references counted in the word (a claim's own aside).
+    pub(super) counted: u32,
+    /// Every holder is a sequence.
+    pub(super) sequence: bool,
+    /// The word is bare: the block is free, or fresh.
+    pub(super) bare: bool,
+}
+
 /// What became of a block after one of its references was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Dropped {
@@ -196,6 +233,10 @@ pub(super) enum Dropped {
     /// The last reference went and the block holds a key: it stays cached
     /// and becomes evictable.
     Evictable,
+    /// The block was fresh, and its uncounted reference went: back to the
+    /// free list, its fresh bit cleared (never a state word's answer: the
+    /// fresh bitmap's).
+    Fresh,
 }
 
 /// One state word per block of a pool.
@@ -240,23 +281,6 @@ impl Refs {
         }
     }
 
-    /// Block `index`'s holders now (its count without a claim's own
-    /// reference), or `None` if out of range. A snapshot.
-    pub(super) fn get(&self, index: usize) -> Option<u32> {
-        // Relaxed: a snapshot for reporting.
-        self.words
-            .get(index)
-            .map(|r| holders_of(r.load(Ordering::Relaxed), self.claim_ref()) as u32)
-    }
-
-    /// A block's holders now, for the checks of a free: a claim's own
-    /// reference is not one a free may take.
-    pub(super) fn count(&self, id: BlockId) -> u32 {
-        // Relaxed: a validation read; the drops that follow are what order.
-        let state = self.words[id.index()].load(Ordering::Relaxed);
-        holders_of(state, self.claim_ref()) as u32
-    }
-
     /// Block `index`'s whole state word, loaded with `order`.
     pub(super) fn state(&self, index: usize, order: Ordering) -> u64 {
         self.words[index].load(order)
@@ -284,15 +308,35 @@ impl Refs {
         }
     }
 
-    /// A block's holders now (as [`count`](Self::count)), and whether
-    /// every one of them is a sequence (a raw free must refuse it): the
-    /// checks of a free, one load.
-    pub(super) fn holders(&self, id: BlockId) -> (u32, bool) {
-        // Relaxed: a validation read; the drops that follow are what order
-        // (and a raw drop's CAS re-checks the flag).
-        let state = self.words[id.index()].load(Ordering::Relaxed);
-        let sequence = state & SEQUENCE != 0 && !self.faults.free_ignores_sequence();
-        (holders_of(state, self.claim_ref()) as u32, sequence)
+    /// What a block's state word says of its holders now, with one load:
+    /// the references counted (a claim's own aside: it is not one a free
+    /// may take), whether every holder is a sequence (a raw call must
+    /// refuse it), and whether the word is bare (see [`is_bare`]).
+    pub(super) fn holders(&self, id: BlockId) -> Holders {
+        // Acquire: a fresh bit read after it (`BlockPool::holders_now`)
+        // is read after it. Otherwise a validation read: the drops that
+        // follow are what order (and a raw drop's CAS re-checks the count
+        // and the flag).
+        let state = self.words[id.index()].load(Ordering::Acquire);
+        Holders {
+            counted: holders_of(state, self.claim_ref()) as u32,
+            sequence: state & SEQUENCE != 0 && !self.faults.free_ignores_sequence(),
+            bare: is_bare(state),
+        }
+    }
+
+    /// Counts a fresh block's uncounted reference in its state word, which
+    /// is bare: `SEQUENCE` and a count of 1. Only the block's holder calls
+    /// this, the only thread that writes a fresh block's word (see the
+    /// module doc); the free list clears the fresh bit after it.
+    pub(super) fn count_fresh(&self, id: BlockId) {
+        let word = &self.words[id.index()];
+        // Relaxed (both): no other thread writes the word; the clear of
+        // the fresh bit that follows (Release) publishes the count to a
+        // raw call's checks.
+        let state = word.load(Ordering::Relaxed);
+        debug_assert!(is_bare(state), "{id} fresh but not bare");
+        word.store(state | SEQUENCE | 1, Ordering::Relaxed);
     }
 
     /// Adds a reference to a block the caller holds a reference to.
@@ -385,15 +429,19 @@ impl Refs {
     /// changed, otherwise.
     #[inline]
     pub(super) fn drop_sole(&self, id: BlockId) -> bool {
-        drop_sole_in(&self.words, self.faults, id)
+        drop_sole_word(&self.words[id.index()], self.faults)
     }
 
-    /// [`drop_sole`](Self::drop_sole), as a function that holds the words
-    /// themselves (so that a loop keeps them in registers).
+    /// [`drop_sole`](Self::drop_sole) on blocks `hi - 1` down to `lo`,
+    /// stopping before the first it leaves; returns how many it dropped.
     #[inline]
-    pub(super) fn sole_dropper(&self) -> impl Fn(BlockId) -> bool + '_ {
-        let (words, faults): (&[AtomicU64], Faults) = (&self.words, self.faults);
-        move |id| drop_sole_in(words, faults, id)
+    pub(super) fn drop_sole_run(&self, lo: usize, hi: usize) -> usize {
+        let faults = self.faults;
+        self.words[lo..hi]
+            .iter()
+            .rev()
+            .take_while(|word| drop_sole_word(word, faults))
+            .count()
     }
 
     /// What a block whose last reference went from `state` becomes.
@@ -412,6 +460,12 @@ impl Refs {
         let refuse_sequence = raw && !self.faults.free_ignores_sequence();
         // Relaxed: only a guess; the CAS validates it.
         let mut cur = word.load(Ordering::Relaxed);
+        if raw && !refuse_sequence && is_bare(cur) {
+            // loom's `free_ignores_sequence` control: the raw free takes a
+            // fresh block's uncounted reference too (its checks found the
+            // block held), and gives it back while the fresh bit stays.
+            return Ok(Dropped::Free);
+        }
         loop {
             // Any holder's reference left to drop? The claim's own reference
             // is the commit's or the unclaim's to drop: a drop that finds

@@ -235,6 +235,25 @@ pub(crate) struct Faults {
     /// happen-before the give-back, nor the block's next owner.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) relaxed_sole_drop: bool,
+    /// A take for a sequence marks its blocks fresh with a load and a
+    /// plain store of the fresh bitmap's word (no read-modify-write):
+    /// another holder's mark, or clear, in the same word is lost, and a
+    /// fresh block then reads as counted (its bare word drops nothing: it
+    /// is never given back), or a given-back block as fresh.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) plain_fresh_mark: bool,
+    /// Counting a fresh block's reference (before a fork shares it or a
+    /// publish claims it) leaves its fresh bit set: its holder's
+    /// give-back then takes it for fresh and gives it back whatever its
+    /// count, while a fork's child still holds it.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) fresh_kept: bool,
+    /// Counting a fresh block's reference clears its fresh bit with
+    /// `Relaxed` instead of `Release`: a raw call's checks that read the
+    /// bit clear need not see the count written before it, and read the
+    /// block as unheld.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) relaxed_fresh_clear: bool,
 }
 
 // Outside the loom models' build a `Faults` holds nothing: the field that
@@ -252,6 +271,39 @@ impl Faults {
             return true;
         }
         false
+    }
+
+    /// Whether a take marks its fresh blocks with a load and a plain
+    /// store: `false`, or `true` under `plain_fresh_mark`.
+    #[inline]
+    pub(crate) fn plain_fresh_mark(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.plain_fresh_mark {
+            return true;
+        }
+        false
+    }
+
+    /// Whether counting a fresh block's reference leaves its fresh bit
+    /// set: `false`, or `true` under `fresh_kept`.
+    #[inline]
+    pub(crate) fn fresh_kept(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.fresh_kept {
+            return true;
+        }
+        false
+    }
+
+    /// The ordering of a count's clear of fresh bits: `good`, or `Relaxed`
+    /// under `relaxed_fresh_clear`.
+    #[inline]
+    pub(crate) fn fresh_clear_ordering(self, good: Ordering) -> Ordering {
+        #[cfg(all(test, kvslots_loom))]
+        if self.relaxed_fresh_clear {
+            return Ordering::Relaxed;
+        }
+        good
     }
 
     /// The ordering of a give-back to the free list and of a reference
