@@ -447,9 +447,13 @@
 //! fresh ids (compared eight at a time) goes back with one `fetch_and` of
 //! the fresh word and one `fetch_or` of the free word. Before a fresh
 //! block is shared (a fork's `add_refs`) or claimed (a publish), its
-//! holder counts the reference: it stores `SEQUENCE` and a count of 1
-//! into the bare word, then clears the fresh bit (`Release`), and the
-//! fork or the claim proceeds on a counted word. A fence that retires a
+//! holder counts the reference: a load of each listed block's word, and
+//! for a bare one (the caller holds it, so it is fresh) a store of
+//! `SEQUENCE` and a count of 1; then it clears those blocks' fresh bits
+//! (`Release`, one `fetch_and` a word), and the fork or the claims
+//! proceed on counted words. The bits go before any claim: once a block
+//! is cached a matcher can hold it too, and a bit still set would make
+//! the matcher give it back as fresh. A fence that retires a
 //! fresh block holds the uncounted reference on the sequence's behalf and
 //! gives it back the same way at `complete`.
 //!

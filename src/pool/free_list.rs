@@ -151,6 +151,44 @@ impl Give {
     }
 }
 
+/// Fresh blocks whose references a caller counted in their state words
+/// (before a fork or a publish), gathered by word for [`FreeList::finish_counted`],
+/// which clears their fresh bits: built with [`Counted::add`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Counted {
+    /// The word of the blocks gathered so far (meaningless while
+    /// `mask == 0`).
+    word: Word,
+    /// Their bits.
+    mask: u64,
+}
+
+impl Counted {
+    /// Nothing gathered.
+    pub(crate) const fn new() -> Counted {
+        Counted {
+            word: Give::new().word,
+            mask: 0,
+        }
+    }
+
+    /// Adds fresh block `id`, whose reference the caller has just counted:
+    /// its fresh bit is cleared now with the others gathered from its word
+    /// if it is in another, or later.
+    #[must_use]
+    pub(crate) fn add(mut self, list: &FreeList, id: BlockId) -> Counted {
+        let offset = (id.index() as u32).wrapping_sub(self.word.base);
+        if offset < self.word.limit {
+            self.mask |= 1 << offset;
+        } else {
+            list.clear_fresh(self.word.place, self.mask);
+            self.word = list.word_of(id);
+            self.mask = 1 << (id.index() as u32 - self.word.base);
+        }
+        self
+    }
+}
+
 /// The lowest `k` set bits of `word` (all of them if it has no more), and
 /// how many that is. (Without a population count: the default x86-64
 /// target has no instruction for it.)
@@ -312,8 +350,22 @@ impl FreeList {
     /// For [`Give::add`]: returns the ids gathered in `give` (if any).
     #[inline]
     fn flush(&self, give: Give) {
+        self.clear_given_fresh(give.word.place, give.fresh);
         if give.mask != 0 {
-            self.return_word(give.word.place, give.mask, give.fresh);
+            self.return_word(give.word.place, give.mask);
+        }
+    }
+
+    /// Clears the fresh bits `fresh` of blocks that the caller gives back
+    /// (before the `fetch_or` that returns them).
+    #[inline]
+    fn clear_given_fresh(&self, place: Place, fresh: u64) {
+        if fresh != 0 {
+            // Relaxed: the holder's own bits; the give-back's `fetch_or`
+            // that follows (Release) orders this clear before the next
+            // holder's take, and so before its own mark.
+            self.fresh_word(place.shard as usize, place.word)
+                .fetch_and(!fresh, Ordering::Relaxed);
         }
     }
 
@@ -322,7 +374,7 @@ impl FreeList {
     /// that changes it.
     pub(crate) fn is_fresh(&self, id: BlockId) -> bool {
         let word = self.word_of(id);
-        // Acquire: a count's clear of the bit (Release, see `count_fresh`)
+        // Acquire: a count's clear of the bit (Release, see `clear_fresh`)
         // happens-before what the caller reads of the block's state word
         // next.
         let bits = self
@@ -331,37 +383,14 @@ impl FreeList {
         bits & (1 << (id.index() as u32 - word.base)) != 0
     }
 
-    /// Calls `count(id)` for every fresh block of `ids` (which the caller,
-    /// a sequence, holds), then clears their fresh bits, one `fetch_and`
-    /// per run of ids in one word: `count` writes the reference into the
-    /// block's state word, which stops being bare.
-    pub(crate) fn count_fresh(&self, ids: &[BlockId], mut count: impl FnMut(BlockId)) {
-        let mut word = Give::new().word;
-        let (mut bits, mut clear) = (0u64, 0u64);
-        for &id in ids {
-            let offset = (id.index() as u32).wrapping_sub(word.base);
-            let offset = if offset < word.limit {
-                offset
-            } else {
-                self.clear_fresh(word.place, clear);
-                word = self.word_of(id);
-                // Relaxed: the caller's own bits, which only it changes.
-                bits = self
-                    .fresh_word(word.place.shard as usize, word.place.word)
-                    .load(Ordering::Relaxed);
-                clear = 0;
-                id.index() as u32 - word.base
-            };
-            if bits & (1 << offset) != 0 {
-                count(id);
-                clear |= 1 << offset;
-            }
-        }
-        self.clear_fresh(word.place, clear);
+    /// Clears the fresh bits of the blocks that `counted` gathered (see
+    /// [`Counted::add`]).
+    pub(crate) fn finish_counted(&self, counted: Counted) {
+        self.clear_fresh(counted.word.place, counted.mask);
     }
 
-    /// Clears the fresh bits `mask` (of blocks the caller holds) in the
-    /// word at `place`.
+    /// Clears the fresh bits `mask` (of blocks the caller holds, whose
+    /// references it has counted) in the word at `place`.
     fn clear_fresh(&self, place: Place, mask: u64) {
         if mask != 0 && !self.faults.fresh_kept() {
             // Release: a raw call's checks that read the bit clear
@@ -646,8 +675,9 @@ impl FreeList {
         while let Some(&last) = rest.checked_sub(1).and_then(|i| ids.get(i)) {
             let top = last.index() as u32;
             if top.wrapping_sub(word.base) >= word.limit {
+                self.clear_given_fresh(word.place, fresh);
                 if mask != 0 {
-                    self.return_word(word.place, mask, fresh);
+                    self.return_word(word.place, mask);
                 }
                 (word, mask, fresh) = (self.word_of(last), 0, 0);
                 // Relaxed: the bits of our own blocks, which only their
@@ -698,22 +728,15 @@ impl FreeList {
     /// were added by [`Give::add`] and [`Give::add_fresh`]; each goes back
     /// to the shard that owns it, one `fetch_or` per word (after one
     /// `fetch_and` of the fresh bitmap's word, for fresh blocks).
+    #[inline]
     pub(crate) fn give(&self, give: Give) {
         self.flush(give);
     }
 
     /// Sets the bits `mask` (of blocks the caller held) in the word at
-    /// `place`, and its summary bit if the word was empty; first clears
-    /// the fresh bits `fresh` (a subset of `mask`).
-    fn return_word(&self, place: Place, mask: u64, fresh: u64) {
+    /// `place`, and its summary bit if the word was empty.
+    fn return_word(&self, place: Place, mask: u64) {
         let s = place.shard as usize;
-        if fresh != 0 {
-            // Relaxed: the holder's own bits; the `fetch_or` below
-            // (Release) orders this clear before the next holder's take,
-            // and so before its own mark.
-            self.fresh_word(s, place.word)
-                .fetch_and(!fresh, Ordering::Relaxed);
-        }
         // Release (in SeqCst): the holders' accesses to these blocks
         // happen-before the take that acquires them; SeqCst for the summary
         // (see `clear_summary`). (Relaxed under loom's `relaxed_free`.)

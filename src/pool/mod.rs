@@ -38,7 +38,7 @@ mod wait;
 use admission::Admission;
 pub use builder::BlockPoolBuilder;
 use fence::Fences;
-use free_list::{FreeList, Give};
+use free_list::{Counted, FreeList, Give};
 use prefix::{Evictions, PrefixCache};
 pub use prefix::{KvEvent, PrefixStats};
 pub(crate) use refs::Holder;
@@ -844,11 +844,20 @@ impl BlockPool {
     /// with Acquire), so a block held throughout reads as held; one that
     /// reads bare, clear and bare was free, or its take or give-back was
     /// under way, at a moment of the read.
+    #[inline]
     fn holders_now(&self, id: BlockId) -> (u32, bool) {
         let state = self.refs.holders(id);
         if !state.bare {
             return (state.counted, state.sequence);
         }
+        self.bare_holders(id)
+    }
+
+    /// [`holders_now`](Self::holders_now) of a block whose state word read
+    /// bare: fresh, or free (kept out of the checks' loop).
+    #[cold]
+    #[inline(never)]
+    fn bare_holders(&self, id: BlockId) -> (u32, bool) {
         if self.free.is_fresh(id) {
             // Under loom's `free_ignores_sequence` control, a raw call
             // takes it for its own.
@@ -892,10 +901,11 @@ impl BlockPool {
         if rest > 0 {
             let rest = &ids[..rest];
             return self.drop_each(give, rest.iter().rev().copied(), rest, |id| {
-                if self.free.is_fresh(id) {
-                    Ok(Dropped::Fresh)
-                } else {
-                    self.refs.drop_held(id)
+                match self.refs.drop_held(id) {
+                    // No counted reference: the block is fresh (the caller
+                    // holds it), or (misuse) the caller lost it.
+                    Err(()) if self.free.is_fresh(id) => Ok(Dropped::Fresh),
+                    dropped => dropped,
                 }
             });
         }
@@ -1046,11 +1056,21 @@ impl BlockAllocator for BlockPool {
 
     fn add_refs(&self, _: &SequenceCall<'_>, ids: &[BlockId]) -> usize {
         self.check_ids(ids);
-        // A shared block's references are counted.
-        self.count_fresh(ids);
-        ids.iter()
-            .position(|&id| self.refs.add(id).is_err())
-            .unwrap_or(ids.len())
+        let mut added = 0;
+        let mut counted = false;
+        while let Some(&id) = ids.get(added) {
+            if self.refs.add(id).is_ok() {
+                added += 1;
+            } else if !counted && self.refs.is_bare(id) {
+                // A fresh block (the caller holds it): count the
+                // references of it and of the rest first, then go on.
+                self.count_fresh(&ids[added..]);
+                counted = true;
+            } else {
+                break;
+            }
+        }
+        added
     }
 
     fn release(&self, _: &SequenceCall<'_>, ids: &[BlockId]) {
@@ -1088,11 +1108,13 @@ impl BlockAllocator for BlockPool {
         keys: &[BlockHash],
     ) -> usize {
         self.check_ids(blocks);
-        // A claimed block's references are counted (the claim's beside
-        // them).
-        if self.prefix.is_some() {
-            self.count_fresh(&blocks[..blocks.len().min(keys.len())]);
-        }
+        let blocks = &blocks[..blocks.len().min(keys.len())];
+        // A claim needs a counted reference: the first fresh block a claim
+        // finds has its reference counted with those of the blocks after
+        // it, before any of them is claimed (once a block is cached, a
+        // matcher can hold it too, and a fresh bit still set would make
+        // that matcher give it back as fresh).
+        let mut counted = false;
         blocks
             .iter()
             .zip(keys)
@@ -1102,7 +1124,12 @@ impl BlockAllocator for BlockPool {
                     Some(p) => Some(&keys[p]),
                     None => parent,
                 };
-                self.publish_block(id, key, parent)
+                self.publish_block(id, key, parent, &mut || {
+                    !std::mem::replace(&mut counted, true) && {
+                        self.count_fresh(&blocks[i..]);
+                        true
+                    }
+                })
             })
             .count()
     }
@@ -1131,10 +1158,19 @@ impl BlockPool {
     }
 
     /// Counts the uncounted references of the fresh blocks among `ids`
-    /// (which a sequence holds) in their state words, before the caller
-    /// shares or claims them (see `refs.rs`, "Fresh blocks").
+    /// (which a sequence holds) in their state words, then clears their
+    /// fresh bits, before the caller shares or claims them (see `refs.rs`,
+    /// "Fresh blocks"). A load a block: a block the caller holds whose
+    /// word is bare is fresh; only those reach the free list's words.
     fn count_fresh(&self, ids: &[BlockId]) {
-        self.free.count_fresh(ids, |id| self.refs.count_fresh(id));
+        let mut counted = Counted::new();
+        for &id in ids {
+            if self.refs.count_if_bare(id) {
+                debug_assert!(self.free.is_fresh(id), "{id} bare but not fresh");
+                counted = counted.add(&self.free, id);
+            }
+        }
+        self.free.finish_counted(counted);
     }
 
     /// Panics, naming it, if an id is at or past `num_blocks()`: an

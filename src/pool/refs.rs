@@ -51,10 +51,11 @@
 //! `fetch_or` a word of the bitmaps. A fence that retires it holds that
 //! reference on the sequence's behalf, and gives it back the same way.
 //!
-//! The holder counts the reference in the word, and clears the bit,
-//! before the block is shared or claimed ([`count_fresh`](Refs::count_fresh)):
-//! a fork adds its reference to a count of 1, a publish claims a counted
-//! block. Only the holder writes a bare word of a block it holds: a raw
+//! The holder counts the reference in the word, then clears the bit,
+//! before the block is shared or claimed: it stores `SEQUENCE` and a
+//! count of 1 ([`count_if_bare`](Refs::count_if_bare)), and a fork adds
+//! its reference to that, a publisher claims the counted word. Only the
+//! holder writes a bare word of a block it holds: a raw
 //! free or add, a revival, an eviction and a rival's deferral or kill
 //! each need a count, `CACHED` or `BUSY` in the word (compared whole in
 //! their CAS). A raw call's checks read a bare word's fresh bit (see
@@ -325,18 +326,29 @@ impl Refs {
         }
     }
 
-    /// Counts a fresh block's uncounted reference in its state word, which
-    /// is bare: `SEQUENCE` and a count of 1. Only the block's holder calls
-    /// this, the only thread that writes a fresh block's word (see the
-    /// module doc); the free list clears the fresh bit after it.
-    pub(super) fn count_fresh(&self, id: BlockId) {
+    /// Whether block `id`'s state word is bare now (see [`is_bare`]).
+    pub(super) fn is_bare(&self, id: BlockId) -> bool {
+        // Relaxed: the caller's own block, whose bare word only it writes.
+        is_bare(self.words[id.index()].load(Ordering::Relaxed))
+    }
+
+    /// Counts the caller's reference to block `id` in its state word if
+    /// the word is bare (a fresh block: the caller holds it), as `SEQUENCE`
+    /// and a count of 1, and says whether it did. Only the block's holder
+    /// writes a bare word of a block it holds (see the module doc); the
+    /// caller clears the fresh bit after it.
+    #[inline]
+    pub(super) fn count_if_bare(&self, id: BlockId) -> bool {
         let word = &self.words[id.index()];
-        // Relaxed (both): no other thread writes the word; the clear of
-        // the fresh bit that follows (Release) publishes the count to a
-        // raw call's checks.
+        // Relaxed (both): no other thread writes a fresh block's word; the
+        // clear of the fresh bit that follows (Release) publishes the count
+        // to a raw call's checks.
         let state = word.load(Ordering::Relaxed);
-        debug_assert!(is_bare(state), "{id} fresh but not bare");
+        if !is_bare(state) {
+            return false;
+        }
         word.store(state | SEQUENCE | 1, Ordering::Relaxed);
+        true
     }
 
     /// Adds a reference to a block the caller holds a reference to.

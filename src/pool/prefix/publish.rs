@@ -47,11 +47,16 @@ impl BlockPool {
     /// record's place is taken after the rescan that found no rival and
     /// before the commit, and becomes a void if the commit fails (see
     /// `events.rs`).
+    ///
+    /// A claim needs the holder's reference counted: a claim that finds
+    /// the block's word bare (a fresh block) calls `count`, which counts
+    /// it (and says so) or not, and claims again if it did.
     pub(crate) fn publish_block(
         &self,
         id: BlockId,
         key: &BlockHash,
         parent: Option<&BlockHash>,
+        count: &mut impl FnMut() -> bool,
     ) -> bool {
         let Some(cache) = self.prefix.as_deref() else {
             return false;
@@ -75,7 +80,9 @@ impl BlockPool {
         }) else {
             return false;
         };
-        if !self.refs.claim(id) {
+        let claimed =
+            self.refs.claim(id) || (self.refs.is_bare(id) && count() && self.refs.claim(id));
+        if !claimed {
             return false;
         }
         keys.write(id, key);
