@@ -1,7 +1,9 @@
-//! What a [`Sequence`] pays to give its blocks back, on one thread: every
-//! reference drop is a compare-and-swap on the block's count (a racing
-//! double free through the raw `BlockPool::free` can change the same count,
-//! so a drop is never a load followed by a plain store).
+//! What a [`Sequence`] pays to give its blocks back, on one thread. A
+//! sequence's take of 8 blocks or more leaves them fresh (uncounted
+//! references, marked in the free list's fresh bitmap): they go back by
+//! runs, with no access to their state words. A smaller take counts each
+//! block at once, and a block the sequence holds alone goes back with a
+//! load and a plain store of its word; a shared one with a CAS.
 //!
 //! | id | one operation |
 //! |---|---|
