@@ -1,0 +1,265 @@
+//! Adversarial tests of fresh blocks (a sequence's take of 8 or more
+//! blocks, held through uncounted references marked in the free list's
+//! fresh bitmap): raw calls on them, tables that mix counted and fresh
+//! blocks (a match, a rival's publish, a small take, a fork, a hybrid
+//! window's recycle), truncates into a fresh run, fences, and real-thread
+//! races of raw checks against the lazy count of a fork or a publish.
+//! Every test ends with the pool whole: every block free, no reference
+//! left, every id handed out once.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread;
+
+use common::{assert_pool_whole, XorShift};
+use kvslots::{
+    hash_blocks, BlockHash, BlockId, BlockPool, FreeError, HybridSequence, KvGroup, KvGroups,
+    Sequence,
+};
+
+/// A pool of `n` one-token blocks over `shards` shards, prefix cache on.
+fn pool(n: usize, shards: usize) -> Arc<BlockPool> {
+    Arc::new(
+        BlockPool::builder(n, 1)
+            .shards(shards)
+            .prefix_cache(true)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// The keys of `tokens` in one-token blocks.
+fn keys(tokens: &[u32]) -> Vec<BlockHash> {
+    let mut out = Vec::new();
+    hash_blocks(b"fresh", tokens, 1, &mut out);
+    out
+}
+
+/// Every raw call on every block of `ids`, which sequences (or fences)
+/// hold `holders` references to, is refused as a sequence's, and changes
+/// nothing.
+fn assert_sequences_hold(pool: &BlockPool, ids: &[BlockId], holders: usize) {
+    for &id in ids {
+        assert_eq!(pool.ref_count(id), Some(holders), "{id}: ref_count");
+        assert_eq!(
+            pool.free(&[id]),
+            Err(FreeError::HeldBySequence { id }),
+            "{id}: raw free"
+        );
+        assert_eq!(
+            pool.add_refs(&[id]),
+            Err(FreeError::HeldBySequence { id }),
+            "{id}: raw add_refs"
+        );
+        assert_eq!(pool.ref_count(id), Some(holders), "{id}: changed");
+    }
+}
+
+#[test]
+fn raw_calls_on_fresh_blocks_are_refused_at_shard_and_word_boundaries() {
+    // 200 blocks over 3 shards: spans of 67 (not a multiple of 64), so
+    // shard 0's second word holds 3 ids and the last shard 66.
+    for &(n, shards, takes) in &[
+        (200usize, 3usize, &[8usize, 67, 64, 61][..]),
+        (130, 1, &[63, 9, 58]),
+        (64, 1, &[8, 8, 48]),
+    ] {
+        let pool = pool(n, shards);
+        let mut seqs = Vec::new();
+        for &k in takes {
+            let mut seq = Sequence::new(Arc::clone(&pool));
+            seq.try_append(k).unwrap();
+            assert_sequences_hold(&pool, seq.blocks(), 1);
+            seqs.push(seq);
+        }
+        assert_eq!(pool.free_blocks(), n - takes.iter().sum::<usize>());
+        // A raw caller's blocks beside them are its own.
+        let mut raw = Vec::new();
+        pool.try_alloc(pool.free_blocks(), &mut raw).unwrap();
+        for &id in &raw {
+            assert_eq!(pool.ref_count(id), Some(1));
+        }
+        // Raw free of a list that mixes raw blocks and a fresh one is
+        // refused whole.
+        let fresh = seqs[0].blocks()[3];
+        let mut mixed = raw.clone();
+        mixed.push(fresh);
+        assert_eq!(
+            pool.free(&mixed),
+            Err(FreeError::HeldBySequence { id: fresh })
+        );
+        pool.free(&raw).unwrap();
+        // Dropped on other threads.
+        thread::scope(|s| {
+            for seq in seqs.drain(..) {
+                s.spawn(move || drop(seq));
+            }
+        });
+        assert_pool_whole(&pool);
+    }
+}
+
+#[test]
+fn a_publish_that_loses_to_a_rival_leaves_earlier_blocks_fresh_and_held() {
+    let pool = pool(300, 3);
+    let a_tokens: Vec<u32> = (0..25).collect();
+    let a_keys = keys(&a_tokens);
+    // A: 5 counted blocks (a small take), then 20 fresh; publishes all.
+    let mut a = Sequence::new(Arc::clone(&pool));
+    a.try_append(5).unwrap();
+    a.try_append(20).unwrap();
+    assert_eq!(a.publish(&a_keys), 25);
+    // Cached: the key's claim aside, one holder each.
+    assert_sequences_hold(&pool, a.blocks(), 1);
+
+    // B shares A's first 20 tokens, then goes its own way.
+    let b_tokens: Vec<u32> = (0..20).chain(1000..1010).collect();
+    let b_keys = keys(&b_tokens);
+    let mut b = Sequence::new(Arc::clone(&pool));
+    assert_eq!(b.try_match_prefix(&b_keys[..10]), 10);
+    // 20 fresh blocks: 10 whose keys A holds, then 10 new ones.
+    b.try_append(20).unwrap();
+    assert_eq!(b.len(), 30);
+    let b_ids = b.blocks().to_vec();
+    assert_eq!(&b_ids[..10], &a.blocks()[..10]);
+    assert_sequences_hold(&pool, &b_ids[..10], 2);
+    assert_sequences_hold(&pool, &b_ids[10..], 1);
+    // Blocks 10..20 lose to A's; 20..30 are claimed (counted lazily):
+    // 10..20 stay fresh before them.
+    let published = b.publish(&b_keys);
+    assert_eq!(published, 10, "only B's own keys are new");
+    assert_sequences_hold(&pool, &b_ids[10..], 1);
+
+    // A fork shares them all: each of B's own blocks has 2 holders.
+    let (c, copy) = b.try_fork().unwrap();
+    assert!(copy.is_none());
+    assert_eq!(c.blocks(), &b_ids[..]);
+    assert_sequences_hold(&pool, &b_ids[..10], 3);
+    assert_sequences_hold(&pool, &b_ids[10..], 2);
+
+    // A matcher of B's own keys finds blocks 20..30 (and A's for 10..20).
+    let mut d = Sequence::new(Arc::clone(&pool));
+    assert_eq!(d.try_match_prefix(&b_keys), 30);
+    assert_eq!(&d.blocks()[20..], &b_ids[20..]);
+    assert_eq!(&d.blocks()[10..20], &a.blocks()[10..20]);
+
+    // Truncates into the middle of the (now counted) run, then drops in
+    // an order that leaves the fork's child last, on another thread.
+    b.truncate(15);
+    drop(a);
+    drop(d);
+    assert_sequences_hold(&pool, &b_ids[..15], 2);
+    assert_sequences_hold(&pool, &b_ids[15..], 1);
+    drop(b);
+    thread::spawn(move || drop(c)).join().unwrap();
+    assert_eq!(pool.reset_prefix_cache(), 35);
+    assert_pool_whole(&pool);
+}
+
+#[test]
+fn truncate_into_a_fresh_run_then_regrow_reserve_and_shrink() {
+    let pool = pool(200, 3);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(40).unwrap();
+    let first = seq.blocks().to_vec();
+    assert_eq!(seq.truncate(13), 27);
+    assert_eq!(pool.free_blocks(), 200 - 13);
+    for &id in &first[13..] {
+        assert_eq!(pool.ref_count(id), Some(0), "{id} given back");
+    }
+    assert_sequences_hold(&pool, seq.blocks(), 1);
+    // The blocks given back are free, not fresh: a raw take holds them
+    // as its own.
+    let mut raw = Vec::new();
+    pool.try_alloc(pool.free_blocks(), &mut raw).unwrap();
+    for &id in &first[13..] {
+        assert!(raw.contains(&id));
+        assert_eq!(pool.ref_count(id), Some(1));
+    }
+    pool.free(&raw).unwrap();
+    // Small (counted) and large (fresh) takes after a truncate.
+    seq.try_append(3).unwrap();
+    seq.try_append(20).unwrap();
+    // Reserve ahead, append part of it, shrink.
+    seq.try_reserve(30, 0).unwrap();
+    assert_eq!(seq.capacity(), 66);
+    seq.try_append(5).unwrap();
+    assert_eq!(seq.shrink_to_fit(), 25);
+    assert_eq!(seq.blocks().len(), 41);
+    assert_sequences_hold(&pool, seq.blocks(), 1);
+    let (child, _) = seq.try_fork().unwrap();
+    assert_sequences_hold(&pool, seq.blocks(), 2);
+    // Truncate the parent into the middle: the shared blocks stay held.
+    seq.truncate(20);
+    assert_sequences_hold(&pool, &child.blocks()[..20], 2);
+    assert_sequences_hold(&pool, &child.blocks()[20..], 1);
+    drop(child);
+    assert_sequences_hold(&pool, seq.blocks(), 1);
+    drop(seq);
+    assert_pool_whole(&pool);
+}
+
+#[test]
+fn fenced_fresh_blocks_are_held_until_their_fence_completes() {
+    let pool = pool(200, 3);
+    let mut a = Sequence::new(Arc::clone(&pool));
+    a.try_append(30).unwrap();
+    let a_ids = a.blocks().to_vec();
+    assert_eq!(a.truncate_fenced(10, 1), 20);
+    assert_sequences_hold(&pool, &a_ids, 1);
+    let mut b = Sequence::new(Arc::clone(&pool));
+    b.try_append(70).unwrap();
+    let b_ids = b.blocks().to_vec();
+    assert_eq!(b.retire(2), 70);
+    assert_eq!(a.retire(2), 10);
+    assert_sequences_hold(&pool, &a_ids, 1);
+    assert_sequences_hold(&pool, &b_ids, 1);
+    assert_eq!(pool.pending_release_blocks(), 100);
+    // Fence 2 completes on another thread first.
+    let p = Arc::clone(&pool);
+    assert_eq!(thread::spawn(move || p.complete(2)).join().unwrap(), 80);
+    assert_sequences_hold(&pool, &a_ids[10..], 1);
+    assert_eq!(pool.complete(1), 20);
+    assert_pool_whole(&pool);
+}
+
+#[test]
+fn hybrid_window_recycles_fresh_blocks_and_forks_them() {
+    let pool = pool(256, 3);
+    let groups = KvGroups::new([KvGroup::Full, KvGroup::SlidingWindow { window_tokens: 16 }])
+        .unwrap();
+    let mut seq = HybridSequence::new(Arc::clone(&pool), groups);
+    // Chunks of 12: each takes 8 or more blocks (fresh) and slides the
+    // window, whose blocks are recycled into the full group's table.
+    let mut forks = Vec::new();
+    for round in 0..8 {
+        seq.try_append(12).unwrap();
+        if round % 3 == 1 {
+            let mut copies = Vec::new();
+            forks.push(seq.try_fork(&mut copies).unwrap());
+        }
+        for g in 0..2 {
+            let held = seq.blocks(g).unwrap().to_vec();
+            for id in held.into_iter().filter(|&id| id != BlockId::NULL) {
+                let refs = pool.ref_count(id).unwrap();
+                assert!(refs >= 1, "{id} of group {g}: ref_count 0");
+                assert_eq!(
+                    pool.free(&[id]),
+                    Err(FreeError::HeldBySequence { id }),
+                    "round {round}: {id}"
+                );
+            }
+        }
+    }
+    seq.truncate(90).unwrap();
+    let p = Arc::clone(&pool);
+    let h = thread::spawn(move || {
+        drop(forks);
+        p.used_blocks()
+    });
+    h.join().unwrap();
+    drop(seq);
+    assert_pool_whole(&pool);
+}
