@@ -263,3 +263,123 @@ fn hybrid_window_recycles_fresh_blocks_and_forks_them() {
     drop(seq);
     assert_pool_whole(&pool);
 }
+
+/// Spins (yielding) until `cond` holds.
+fn spin_until(cond: impl Fn() -> bool) {
+    while !cond() {
+        thread::yield_now();
+    }
+}
+
+/// A raw observer checks a sequence's blocks while their holder counts
+/// them lazily (a fork's add, a publish's claim) and a third thread takes
+/// and gives back blocks of the same bitmap words: each check reads the
+/// blocks as a sequence's, held (`ref_count >= 1`, raw `free` and
+/// `add_refs` refused as `HeldBySequence`), never free.
+#[test]
+fn raw_checks_racing_the_lazy_count_see_a_held_block() {
+    const ROUNDS: usize = 3000;
+    let pool = pool(200, 3);
+    let ids = Mutex::new(Vec::<BlockId>::new());
+    let ready = AtomicUsize::new(0);
+    let counted = AtomicUsize::new(0);
+    let acked = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let checks = AtomicUsize::new(0);
+    thread::scope(|s| {
+        // The holder.
+        s.spawn(|| {
+            let mut rng = XorShift::new(7);
+            for r in 1..=ROUNDS {
+                let mut seq = Sequence::new(Arc::clone(&pool));
+                if r % 3 == 0 {
+                    seq.try_append(1 + rng.below(7)).unwrap();
+                }
+                seq.try_append(8 + rng.below(60)).unwrap();
+                *ids.lock().unwrap() = seq.blocks().to_vec();
+                ready.store(r, Ordering::Release);
+                // The lazy count, while the observer checks.
+                let tokens: Vec<u32> = (0..seq.len() as u32).map(|t| t + 10_000 * r as u32).collect();
+                let (fork, fenced) = match r % 4 {
+                    0 => (Some(seq.try_fork().unwrap().0), None),
+                    1 => {
+                        seq.publish(&keys(&tokens));
+                        (None, None)
+                    }
+                    2 => {
+                        let child = seq.try_fork().unwrap().0;
+                        seq.publish(&keys(&tokens));
+                        (Some(child), None)
+                    }
+                    _ => {
+                        // Retired under a fence: held on its behalf.
+                        let fence = r as u64;
+                        seq.truncate_fenced(seq.len() / 2, fence);
+                        (None, Some(fence))
+                    }
+                };
+                counted.store(r, Ordering::Release);
+                spin_until(|| acked.load(Ordering::Acquire) == r);
+                drop(fork);
+                drop(seq);
+                if let Some(fence) = fenced {
+                    pool.complete(fence);
+                }
+            }
+            stop.store(true, Ordering::Release);
+        });
+        // The observer.
+        s.spawn(|| {
+            for r in 1..=ROUNDS {
+                spin_until(|| ready.load(Ordering::Acquire) == r);
+                let held = ids.lock().unwrap().clone();
+                loop {
+                    let last = counted.load(Ordering::Acquire) == r;
+                    for &id in &held {
+                        assert!(
+                            pool.ref_count(id).unwrap() >= 1,
+                            "round {r}: {id} held throughout reads 0"
+                        );
+                        assert_eq!(
+                            pool.free(&[id]),
+                            Err(FreeError::HeldBySequence { id }),
+                            "round {r}: raw free of a held {id}"
+                        );
+                        assert_eq!(
+                            pool.add_refs(&[id]),
+                            Err(FreeError::HeldBySequence { id }),
+                            "round {r}: raw add_refs of a held {id}"
+                        );
+                        checks.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if last {
+                        break;
+                    }
+                }
+                acked.store(r, Ordering::Release);
+            }
+        });
+        // The churner: takes (fresh and counted) and gives back in the
+        // same words.
+        s.spawn(|| {
+            let mut rng = XorShift::new(11);
+            let mut held: Vec<Sequence> = Vec::new();
+            while !stop.load(Ordering::Acquire) {
+                let mut seq = Sequence::new(Arc::clone(&pool));
+                if seq.try_append(1 + rng.below(40)).is_ok() {
+                    held.push(seq);
+                }
+                if held.len() > 2 || rng.below(2) == 0 {
+                    let i = rng.below(held.len().max(1));
+                    if i < held.len() {
+                        let mut seq = held.swap_remove(i);
+                        let keep = rng.below(seq.len() + 1);
+                        seq.truncate(keep);
+                    }
+                }
+            }
+        });
+    });
+    assert!(checks.load(Ordering::Relaxed) >= ROUNDS * 8);
+    assert_pool_whole(&pool);
+}
