@@ -383,3 +383,206 @@ fn raw_checks_racing_the_lazy_count_see_a_held_block() {
     assert!(checks.load(Ordering::Relaxed) >= ROUNDS * 8);
     assert_pool_whole(&pool);
 }
+
+/// Holders per block as the test counts them: a take raises 0 to 1 (a
+/// block handed out while the test counts a holder was handed to two
+/// owners), a fork adds one per shared block, a give-back lowers them
+/// before the call that gives the blocks back.
+struct Holders(Vec<AtomicUsize>);
+
+impl Holders {
+    fn new(n: usize) -> Holders {
+        Holders((0..n).map(|_| AtomicUsize::new(0)).collect())
+    }
+
+    fn taken(&self, ids: &[BlockId], who: &str) {
+        for &id in ids {
+            let prev = self.0[id.index()].compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire);
+            assert_eq!(prev, Ok(0), "{who}: {id} handed out while held");
+        }
+    }
+
+    fn shared(&self, ids: &[BlockId]) {
+        for &id in ids.iter().filter(|&&id| id != BlockId::NULL) {
+            assert!(self.0[id.index()].fetch_add(1, Ordering::AcqRel) >= 1);
+        }
+    }
+
+    fn released(&self, ids: &[BlockId]) {
+        for &id in ids.iter().filter(|&&id| id != BlockId::NULL) {
+            assert!(self.0[id.index()].fetch_sub(1, Ordering::AcqRel) >= 1, "{id}");
+        }
+    }
+}
+
+/// Appends `n` tokens to `seq` (one-token blocks), counting the blocks
+/// taken.
+fn append(seq: &mut Sequence, n: usize, holders: &Holders, who: &str) -> bool {
+    let before = seq.blocks().len();
+    if seq.try_append(n).is_err() {
+        assert_eq!(seq.blocks().len(), before, "{who}: a refused append took blocks");
+        return false;
+    }
+    holders.taken(&seq.blocks()[before..], who);
+    true
+}
+
+/// Sequences in threads take 8 or more blocks (fresh) and fewer
+/// (counted) from the same words, fork, truncate into fresh runs, retire
+/// under fences completed later, and hand sequences to another thread to
+/// drop; a raw thread takes and frees its own blocks and tries raw calls
+/// on every other block. No block is handed to two owners, a raw call
+/// never frees or shares a block it does not hold, a held block never
+/// reads 0 references, and the pool ends whole.
+#[test]
+fn fresh_and_counted_takes_share_words_without_double_handouts() {
+    const STEPS: usize = 20000;
+    // 3 shards of 134 ids: each shard's third word holds 6.
+    const N: usize = 402;
+    let pool = Arc::new(BlockPool::with_shards(N, 1, 3));
+    let holders = Holders::new(N);
+    // Bounded: a thread that hands over a sequence waits for the dropper
+    // to take it, so that the sequences in flight stay few.
+    let (to_dropper, dropped) = mpsc::sync_channel::<Sequence>(1);
+    let fences = AtomicUsize::new(1);
+    let fresh_takes = AtomicUsize::new(0);
+    thread::scope(|s| {
+        let holders = &holders;
+        let fences = &fences;
+        let fresh_takes = &fresh_takes;
+        s.spawn(move || {
+            for seq in dropped {
+                holders.released(seq.blocks());
+                drop(seq);
+            }
+        });
+        for t in 0..2u64 {
+            let to_dropper = to_dropper.clone();
+            let pool = &pool;
+            s.spawn(move || {
+                let who = format!("thread {t}");
+                let mut rng = XorShift::new(100 + t);
+                let mut seqs: Vec<Sequence> = Vec::new();
+                let mut fenced: Vec<(usize, Vec<BlockId>)> = Vec::new();
+                for step in 0..STEPS {
+                    let op = if fenced.len() > 2 {
+                        9
+                    } else if seqs.len() > 3 || seqs.iter().map(|s| s.blocks().len()).sum::<usize>() > 100 {
+                        8
+                    } else {
+                        rng.below(10)
+                    };
+                    match op {
+                        0..=3 => {
+                            let mut seq = Sequence::new(Arc::clone(pool));
+                            let n = if rng.below(2) == 0 { 8 + rng.below(40) } else { 1 + rng.below(7) };
+                            if append(&mut seq, n, holders, &who) {
+                                if n >= 8 {
+                                    fresh_takes.fetch_add(1, Ordering::Relaxed);
+                                }
+                                seqs.push(seq);
+                            }
+                        }
+                        4 if !seqs.is_empty() => {
+                            let i = rng.below(seqs.len());
+                            let n = 1 + rng.below(if seqs[i].len() < 60 { 20 } else { 2 });
+                            append(&mut seqs[i], n, holders, &who);
+                        }
+                        5 if !seqs.is_empty() => {
+                            let i = rng.below(seqs.len());
+                            if let Ok((child, _)) = seqs[i].try_fork() {
+                                holders.shared(child.blocks());
+                                seqs.push(child);
+                            }
+                        }
+                        6 if !seqs.is_empty() => {
+                            let i = rng.below(seqs.len());
+                            let seq = &mut seqs[i];
+                            let keep = rng.below(seq.len() + 1);
+                            holders.released(&seq.blocks()[keep..]);
+                            seq.truncate(keep);
+                        }
+                        7 if !seqs.is_empty() => {
+                            let i = rng.below(seqs.len());
+                            let seq = &mut seqs[i];
+                            let keep = rng.below(seq.len() + 1);
+                            let fence = fences.fetch_add(1, Ordering::Relaxed);
+                            let tail = seq.blocks()[keep..].to_vec();
+                            seq.truncate_fenced(keep, fence as u64);
+                            fenced.push((fence, tail));
+                        }
+                        8 if !seqs.is_empty() => {
+                            let seq = seqs.swap_remove(rng.below(seqs.len()));
+                            to_dropper.send(seq).unwrap();
+                        }
+                        _ if !fenced.is_empty() => {
+                            let (fence, tail) = fenced.swap_remove(rng.below(fenced.len()));
+                            for &id in &tail {
+                                assert!(pool.ref_count(id).unwrap() >= 1, "{who}: fenced {id}");
+                            }
+                            holders.released(&tail);
+                            pool.complete(fence as u64);
+                        }
+                        _ => {}
+                    }
+                    // Every block this thread holds is held.
+                    if step % 16 == 0 {
+                        for seq in &seqs {
+                            for &id in seq.blocks() {
+                                assert!(pool.ref_count(id).unwrap() >= 1, "{who}: {id} reads 0");
+                                assert_eq!(
+                                    pool.free(&[id]),
+                                    Err(FreeError::HeldBySequence { id }),
+                                    "{who}: raw free of its {id}"
+                                );
+                            }
+                        }
+                    }
+                }
+                for (fence, tail) in fenced {
+                    holders.released(&tail);
+                    pool.complete(fence as u64);
+                }
+                for seq in seqs {
+                    to_dropper.send(seq).unwrap();
+                }
+            });
+        }
+        drop(to_dropper);
+        // The raw thread.
+        let pool = &pool;
+        s.spawn(move || {
+            let mut rng = XorShift::new(999);
+            let mut own: Vec<BlockId> = Vec::new();
+            for _ in 0..STEPS {
+                if own.len() < 16 {
+                    let mut got = Vec::new();
+                    if pool.try_alloc(1 + rng.below(4), &mut got).is_ok() {
+                        holders.taken(&got, "raw");
+                        own.extend(got);
+                    }
+                }
+                for &id in &own {
+                    assert_eq!(pool.ref_count(id), Some(1), "raw: its own {id}");
+                }
+                let id = BlockId::new(rng.below(N) as u32);
+                if !own.contains(&id) {
+                    assert!(pool.free(&[id]).is_err(), "raw: freed {id}, not its own");
+                    assert!(pool.add_refs(&[id]).is_err(), "raw: shared {id}, not its own");
+                }
+                if !own.is_empty() && rng.below(3) == 0 {
+                    let id = own.swap_remove(rng.below(own.len()));
+                    holders.released(&[id]);
+                    pool.free(&[id]).unwrap();
+                }
+            }
+            holders.released(&own);
+            pool.free(&own).unwrap();
+        });
+    });
+    assert!(holders.0.iter().all(|h| h.load(Ordering::Relaxed) == 0));
+    assert_eq!(pool.pending_release_blocks(), 0);
+    assert_pool_whole(&pool);
+    let fresh_takes = fresh_takes.load(Ordering::Relaxed);
+    assert!(fresh_takes >= STEPS / 10, "{fresh_takes} fresh takes");
+}
