@@ -586,3 +586,158 @@ fn fresh_and_counted_takes_share_words_without_double_handouts() {
     let fresh_takes = fresh_takes.load(Ordering::Relaxed);
     assert!(fresh_takes >= STEPS / 10, "{fresh_takes} fresh takes");
 }
+
+/// A sequence whose fresh blocks come before counted ones that a matcher
+/// shares (its first blocks lost their keys to a rival's, its later ones
+/// were claimed) gives the fresh ones back one by one after the shared
+/// ones (the drop's slow path), each once, their fresh bits cleared: a
+/// raw take and free of every block afterwards leaves no reference.
+#[test]
+fn fresh_blocks_before_shared_ones_go_back_once_through_the_slow_path() {
+    for shards in [1, 3] {
+        let pool = pool(190, shards);
+        let a_tokens: Vec<u32> = (0..10).collect();
+        let mut a = Sequence::new(Arc::clone(&pool));
+        a.try_append(10).unwrap();
+        assert_eq!(a.publish(&keys(&a_tokens)), 10);
+        // B: one take of 30 fresh blocks, its first 10 tokens A's.
+        let b_tokens: Vec<u32> = (0..10).chain(500..520).collect();
+        let b_keys = keys(&b_tokens);
+        let mut b = Sequence::new(Arc::clone(&pool));
+        b.try_append(30).unwrap();
+        let b_ids = b.blocks().to_vec();
+        assert_eq!(b.publish(&b_keys), 20);
+        let mut m = Sequence::new(Arc::clone(&pool));
+        assert_eq!(m.try_match_prefix(&b_keys), 30);
+        assert_eq!(&m.blocks()[10..], &b_ids[10..]);
+        assert_sequences_hold(&pool, &b_ids[..10], 1);
+        assert_sequences_hold(&pool, &b_ids[10..], 2);
+        let free_before = pool.free_blocks();
+        drop(b);
+        assert_eq!(pool.free_blocks(), free_before + 10);
+        for &id in &b_ids[..10] {
+            assert_eq!(pool.ref_count(id), Some(0), "{id} given back");
+        }
+        assert_sequences_hold(&pool, &b_ids[10..], 1);
+        // Every free block raw-taken and freed: none reads held after.
+        let mut raw = Vec::new();
+        pool.try_alloc(pool.free_blocks(), &mut raw).unwrap();
+        for &id in &b_ids[..10] {
+            assert!(raw.contains(&id));
+        }
+        pool.free(&raw).unwrap();
+        for &id in &raw {
+            assert_eq!(pool.ref_count(id), Some(0), "{id}: a fresh bit left set");
+        }
+        drop(m);
+        drop(a);
+        assert_eq!(pool.reset_prefix_cache(), 30);
+        assert_pool_whole(&pool);
+    }
+}
+
+/// Threads prefill, publish (against rivals: the prompts share a few
+/// system prefixes), match, fork and drop sequences whose tables mix
+/// matched, counted and fresh blocks, while another thread resets the
+/// prefix cache; every sequence's blocks read held by raw checks while it
+/// holds them, and the pool ends whole.
+#[test]
+fn publishes_matches_forks_and_resets_race_on_fresh_blocks() {
+    const STEPS: usize = 3000;
+    let pool = pool(334, 3);
+    let stop = AtomicBool::new(false);
+    let fresh_publishes = AtomicUsize::new(0);
+    thread::scope(|s| {
+        let mut workers = Vec::new();
+        for t in 0..2u64 {
+            let pool = &pool;
+            let fresh_publishes = &fresh_publishes;
+            workers.push(s.spawn(move || {
+                let mut rng = XorShift::new(40 + t);
+                let mut seqs: Vec<Sequence> = Vec::new();
+                for step in 0..STEPS {
+                    // A prompt: one of 3 system prefixes, then a tail of
+                    // one of 4 users.
+                    let sys = rng.below(3) as u32;
+                    let user = rng.below(4) as u32;
+                    let len = 8 + rng.below(40);
+                    let tokens: Vec<u32> = (0..len as u32)
+                        .map(|i| if i < 12 { sys * 100 + i } else { 10_000 + user * 100 + i })
+                        .collect();
+                    let prompt = keys(&tokens);
+                    match rng.below(6) {
+                        0 | 1 => {
+                            let mut seq = Sequence::new(Arc::clone(pool));
+                            let hit = if rng.below(2) == 0 {
+                                seq.try_match_prefix(&prompt)
+                            } else {
+                                0
+                            };
+                            if seq.try_append(len - hit).is_ok() {
+                                if len - hit >= 8 {
+                                    fresh_publishes.fetch_add(1, Ordering::Relaxed);
+                                }
+                                seq.publish(&prompt);
+                                seqs.push(seq);
+                            }
+                        }
+                        2 if !seqs.is_empty() => {
+                            let i = rng.below(seqs.len());
+                            if let Ok((child, _)) = seqs[i].try_fork() {
+                                seqs.push(child);
+                            }
+                        }
+                        3 if !seqs.is_empty() => {
+                            let i = rng.below(seqs.len());
+                            let keep = rng.below(seqs[i].len() + 1);
+                            seqs[i].truncate(keep);
+                            if seqs[i].try_append(8 + rng.below(10)).is_ok() && rng.below(2) == 0 {
+                                let (child, _) = match seqs[i].try_fork() {
+                                    Ok(f) => f,
+                                    Err(_) => continue,
+                                };
+                                seqs.push(child);
+                            }
+                        }
+                        _ => {
+                            if !seqs.is_empty() {
+                                let seq = seqs.swap_remove(rng.below(seqs.len()));
+                                if rng.below(2) == 0 {
+                                    thread::spawn(move || drop(seq)).join().unwrap();
+                                }
+                            }
+                        }
+                    }
+                    while seqs.len() > 4 {
+                        seqs.swap_remove(0);
+                    }
+                    if step % 8 == 0 {
+                        for seq in &seqs {
+                            for &id in seq.blocks() {
+                                assert!(pool.ref_count(id).unwrap() >= 1, "{id} reads 0");
+                                assert_eq!(
+                                    pool.free(&[id]),
+                                    Err(FreeError::HeldBySequence { id }),
+                                    "raw free of a held {id}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }));
+        }
+        s.spawn(|| {
+            while !stop.load(Ordering::Acquire) {
+                pool.reset_prefix_cache();
+                thread::yield_now();
+            }
+        });
+        for w in workers {
+            w.join().unwrap();
+        }
+        stop.store(true, Ordering::Release);
+    });
+    assert!(fresh_publishes.load(Ordering::Relaxed) >= STEPS / 10);
+    pool.reset_prefix_cache();
+    assert_pool_whole(&pool);
+}
