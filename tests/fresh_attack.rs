@@ -741,3 +741,37 @@ fn publishes_matches_forks_and_resets_race_on_fresh_blocks() {
     pool.reset_prefix_cache();
     assert_pool_whole(&pool);
 }
+
+/// A fork that finds no block for its private tail fails and changes
+/// nothing: the parent's fresh blocks read held (counted by the failed
+/// fork or not), and everything goes back once.
+#[test]
+fn a_failed_fork_of_fresh_blocks_leaves_them_held_and_whole() {
+    // Blocks of 4 slots: 34 tokens are 9 blocks (one take, fresh), the
+    // last partial.
+    let pool = Arc::new(BlockPool::builder(64, 4).shards(2).prefix_cache(true).build().unwrap());
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(34).unwrap();
+    let ids = seq.blocks().to_vec();
+    assert_eq!(ids.len(), 9);
+    let mut raw = Vec::new();
+    pool.try_alloc(pool.free_blocks(), &mut raw).unwrap();
+    assert!(seq.try_fork().is_err());
+    assert_sequences_hold(&pool, &ids, 1);
+    pool.free(&raw).unwrap();
+    // Now it fits: the child copies the tail, shares the rest.
+    let (mut child, copy) = seq.try_fork().unwrap();
+    assert!(copy.is_some());
+    assert_sequences_hold(&pool, &ids[..8], 2);
+    assert_sequences_hold(&pool, &ids[8..], 1);
+    // The child's append writes its own tail; the parent's copy-on-write
+    // append needs no copy (its tail is its own).
+    child.try_append(40).unwrap();
+    assert!(!seq.append_needs_copy());
+    seq.try_append(2).unwrap();
+    assert_sequences_hold(&pool, &ids[..8], 2);
+    drop(seq);
+    assert_sequences_hold(&pool, &ids[..8], 1);
+    thread::spawn(move || drop(child)).join().unwrap();
+    assert_pool_whole(&pool);
+}
