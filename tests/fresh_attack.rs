@@ -775,3 +775,129 @@ fn a_failed_fork_of_fresh_blocks_leaves_them_held_and_whole() {
     thread::spawn(move || drop(child)).join().unwrap();
     assert_pool_whole(&pool);
 }
+
+/// Every block `seq` holds (its null entries aside) reads held by the raw
+/// calls.
+fn assert_hybrid_held(pool: &BlockPool, seq: &HybridSequence) {
+    for g in 0..seq.groups().len() {
+        for &id in seq.blocks(g).unwrap() {
+            if id == BlockId::NULL {
+                continue;
+            }
+            assert!(pool.ref_count(id).unwrap() >= 1, "group {g}: {id} reads 0");
+            assert_eq!(
+                pool.free(&[id]),
+                Err(FreeError::HeldBySequence { id }),
+                "group {g}: raw free of a held {id}"
+            );
+        }
+    }
+}
+
+/// Hybrid sequences (a full group and a sliding window) prefill in chunks
+/// of 8 or more (fresh blocks spread over the groups), publish against
+/// each other, match, fork, slide their windows (recycling fresh blocks
+/// into the full group's table) and retire under fences, on two threads;
+/// their blocks read held throughout and the pool ends whole.
+#[test]
+fn hybrid_sequences_race_on_fresh_blocks() {
+    const STEPS: usize = 1500;
+    let pool = pool(402, 3);
+    let groups = KvGroups::new([KvGroup::Full, KvGroup::SlidingWindow { window_tokens: 12 }])
+        .unwrap();
+    let completed = Mutex::new(Vec::<u64>::new());
+    let (made, forked) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    thread::scope(|s| {
+        for t in 0..2u64 {
+            let (pool, groups, completed) = (&pool, &groups, &completed);
+            let (made, forked) = (&made, &forked);
+            s.spawn(move || {
+                let mut rng = XorShift::new(70 + t);
+                let mut seqs: Vec<HybridSequence> = Vec::new();
+                let mut fence = (t + 1) << 40;
+                for step in 0..STEPS {
+                    let sys = rng.below(2) as u32;
+                    let len = 8 + rng.below(30);
+                    let tokens: Vec<u32> = (0..len as u32)
+                        .map(|i| if i < 10 { sys * 100 + i } else { 5000 + (t as u32) * 1000 + i })
+                        .collect();
+                    let mut base = Vec::new();
+                    hash_blocks(b"", &tokens, 1, &mut base);
+                    let keys = groups.keys(&base);
+                    match rng.below(6) {
+                        0 | 1 => {
+                            let mut seq = HybridSequence::new(Arc::clone(pool), groups.clone());
+                            let hit = if rng.below(2) == 0 {
+                                seq.try_match_prefix(&keys).unwrap()
+                            } else {
+                                0
+                            };
+                            let mut ok = true;
+                            let mut at = hit;
+                            while ok && at < len {
+                                let chunk = (8 + rng.below(8)).min(len - at);
+                                ok = seq.try_append(chunk).is_ok();
+                                at += chunk;
+                            }
+                            if ok {
+                                made.fetch_add(1, Ordering::Relaxed);
+                                let _ = seq.publish(&keys);
+                                seqs.push(seq);
+                            }
+                        }
+                        2 if !seqs.is_empty() => {
+                            let i = rng.below(seqs.len());
+                            let mut copies = Vec::new();
+                            if let Ok(child) = seqs[i].try_fork(&mut copies) {
+                                forked.fetch_add(1, Ordering::Relaxed);
+                                seqs.push(child);
+                            }
+                        }
+                        3 if !seqs.is_empty() => {
+                            let i = rng.below(seqs.len());
+                            fence += 1;
+                            if seqs[i].try_append_fenced(8 + rng.below(8), fence, &mut Vec::new()).is_ok() {
+                                completed.lock().unwrap().push(fence);
+                            } else {
+                                pool.complete(fence);
+                            }
+                        }
+                        4 if !seqs.is_empty() => {
+                            let i = rng.below(seqs.len());
+                            let len = seqs[i].len();
+                            let _ = seqs[i].truncate(len - rng.below(4).min(len));
+                        }
+                        _ => {
+                            if !seqs.is_empty() {
+                                let seq = seqs.swap_remove(rng.below(seqs.len()));
+                                if rng.below(2) == 0 {
+                                    thread::spawn(move || drop(seq)).join().unwrap();
+                                }
+                            }
+                            let done: Vec<u64> = std::mem::take(&mut *completed.lock().unwrap());
+                            for f in done {
+                                pool.complete(f);
+                            }
+                        }
+                    }
+                    while seqs.len() > 3 {
+                        seqs.swap_remove(0);
+                    }
+                    if step % 4 == 0 {
+                        for seq in &seqs {
+                            assert_hybrid_held(pool, seq);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    for f in std::mem::take(&mut *completed.lock().unwrap()) {
+        pool.complete(f);
+    }
+    assert_eq!(pool.complete_all(), 0);
+    let (made, forked) = (made.into_inner(), forked.into_inner());
+    assert!(made >= STEPS / 5 && forked >= STEPS / 20, "{made} made, {forked} forked");
+    pool.reset_prefix_cache();
+    assert_pool_whole(&pool);
+}
