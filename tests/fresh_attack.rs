@@ -567,8 +567,17 @@ fn fresh_and_counted_takes_share_words_without_double_handouts() {
                 }
                 let id = BlockId::new(rng.below(N) as u32);
                 if !own.contains(&id) {
-                    assert!(pool.free(&[id]).is_err(), "raw: freed {id}, not its own");
-                    assert!(pool.add_refs(&[id]).is_err(), "raw: shared {id}, not its own");
+                    // No other raw caller: the block is free, or a
+                    // sequence's (fresh or counted), or on its way between.
+                    for (call, got) in [("free", pool.free(&[id])), ("add_refs", pool.add_refs(&[id]))] {
+                        assert!(
+                            matches!(
+                                got,
+                                Err(FreeError::NotAllocated { id: i } | FreeError::HeldBySequence { id: i }) if i == id
+                            ),
+                            "raw {call} of {id}, not its own: {got:?}"
+                        );
+                    }
                 }
                 if !own.is_empty() && rng.below(3) == 0 {
                     let id = own.swap_remove(rng.below(own.len()));
