@@ -228,8 +228,8 @@ fn fenced_fresh_blocks_are_held_until_their_fence_completes() {
 #[test]
 fn hybrid_window_recycles_fresh_blocks_and_forks_them() {
     let pool = pool(256, 3);
-    let groups = KvGroups::new([KvGroup::Full, KvGroup::SlidingWindow { window_tokens: 16 }])
-        .unwrap();
+    let groups =
+        KvGroups::new([KvGroup::Full, KvGroup::SlidingWindow { window_tokens: 16 }]).unwrap();
     let mut seq = HybridSequence::new(Arc::clone(&pool), groups);
     // Chunks of 12: each takes 8 or more blocks (fresh) and slides the
     // window, whose blocks are recycled into the full group's table.
@@ -299,7 +299,9 @@ fn raw_checks_racing_the_lazy_count_see_a_held_block() {
                 *ids.lock().unwrap() = seq.blocks().to_vec();
                 ready.store(r, Ordering::Release);
                 // The lazy count, while the observer checks.
-                let tokens: Vec<u32> = (0..seq.len() as u32).map(|t| t + 10_000 * r as u32).collect();
+                let tokens: Vec<u32> = (0..seq.len() as u32)
+                    .map(|t| t + 10_000 * r as u32)
+                    .collect();
                 let (fork, fenced) = match r % 4 {
                     0 => (Some(seq.try_fork().unwrap().0), None),
                     1 => {
@@ -397,7 +399,8 @@ impl Holders {
 
     fn taken(&self, ids: &[BlockId], who: &str) {
         for &id in ids {
-            let prev = self.0[id.index()].compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire);
+            let prev =
+                self.0[id.index()].compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire);
             assert_eq!(prev, Ok(0), "{who}: {id} handed out while held");
         }
     }
@@ -410,7 +413,10 @@ impl Holders {
 
     fn released(&self, ids: &[BlockId]) {
         for &id in ids.iter().filter(|&&id| id != BlockId::NULL) {
-            assert!(self.0[id.index()].fetch_sub(1, Ordering::AcqRel) >= 1, "{id}");
+            assert!(
+                self.0[id.index()].fetch_sub(1, Ordering::AcqRel) >= 1,
+                "{id}"
+            );
         }
     }
 }
@@ -420,7 +426,11 @@ impl Holders {
 fn append(seq: &mut Sequence, n: usize, holders: &Holders, who: &str) -> bool {
     let before = seq.blocks().len();
     if seq.try_append(n).is_err() {
-        assert_eq!(seq.blocks().len(), before, "{who}: a refused append took blocks");
+        assert_eq!(
+            seq.blocks().len(),
+            before,
+            "{who}: a refused append took blocks"
+        );
         return false;
     }
     holders.taken(&seq.blocks()[before..], who);
@@ -467,7 +477,9 @@ fn fresh_and_counted_takes_share_words_without_double_handouts() {
                 for step in 0..STEPS {
                     let op = if fenced.len() > 2 {
                         9
-                    } else if seqs.len() > 3 || seqs.iter().map(|s| s.blocks().len()).sum::<usize>() > 100 {
+                    } else if seqs.len() > 3
+                        || seqs.iter().map(|s| s.blocks().len()).sum::<usize>() > 100
+                    {
                         8
                     } else {
                         rng.below(10)
@@ -475,7 +487,11 @@ fn fresh_and_counted_takes_share_words_without_double_handouts() {
                     match op {
                         0..=3 => {
                             let mut seq = Sequence::new(Arc::clone(pool));
-                            let n = if rng.below(2) == 0 { 8 + rng.below(40) } else { 1 + rng.below(7) };
+                            let n = if rng.below(2) == 0 {
+                                8 + rng.below(40)
+                            } else {
+                                1 + rng.below(7)
+                            };
                             if append(&mut seq, n, holders, &who) {
                                 if n >= 8 {
                                     fresh_takes.fetch_add(1, Ordering::Relaxed);
@@ -671,7 +687,13 @@ fn publishes_matches_forks_and_resets_race_on_fresh_blocks() {
                     let user = rng.below(4) as u32;
                     let len = 8 + rng.below(40);
                     let tokens: Vec<u32> = (0..len as u32)
-                        .map(|i| if i < 12 { sys * 100 + i } else { 10_000 + user * 100 + i })
+                        .map(|i| {
+                            if i < 12 {
+                                sys * 100 + i
+                            } else {
+                                10_000 + user * 100 + i
+                            }
+                        })
                         .collect();
                     let prompt = keys(&tokens);
                     match rng.below(6) {
@@ -758,7 +780,13 @@ fn publishes_matches_forks_and_resets_race_on_fresh_blocks() {
 fn a_failed_fork_of_fresh_blocks_leaves_them_held_and_whole() {
     // Blocks of 4 slots: 34 tokens are 9 blocks (one take, fresh), the
     // last partial.
-    let pool = Arc::new(BlockPool::builder(64, 4).shards(2).prefix_cache(true).build().unwrap());
+    let pool = Arc::new(
+        BlockPool::builder(64, 4)
+            .shards(2)
+            .prefix_cache(true)
+            .build()
+            .unwrap(),
+    );
     let mut seq = Sequence::new(Arc::clone(&pool));
     seq.try_append(34).unwrap();
     let ids = seq.blocks().to_vec();
@@ -812,8 +840,8 @@ fn assert_hybrid_held(pool: &BlockPool, seq: &HybridSequence) {
 fn hybrid_sequences_race_on_fresh_blocks() {
     const STEPS: usize = 1500;
     let pool = pool(402, 3);
-    let groups = KvGroups::new([KvGroup::Full, KvGroup::SlidingWindow { window_tokens: 12 }])
-        .unwrap();
+    let groups =
+        KvGroups::new([KvGroup::Full, KvGroup::SlidingWindow { window_tokens: 12 }]).unwrap();
     let completed = Mutex::new(Vec::<u64>::new());
     let (made, forked) = (AtomicUsize::new(0), AtomicUsize::new(0));
     thread::scope(|s| {
@@ -828,7 +856,13 @@ fn hybrid_sequences_race_on_fresh_blocks() {
                     let sys = rng.below(2) as u32;
                     let len = 8 + rng.below(30);
                     let tokens: Vec<u32> = (0..len as u32)
-                        .map(|i| if i < 10 { sys * 100 + i } else { 5000 + (t as u32) * 1000 + i })
+                        .map(|i| {
+                            if i < 10 {
+                                sys * 100 + i
+                            } else {
+                                5000 + (t as u32) * 1000 + i
+                            }
+                        })
                         .collect();
                     let mut base = Vec::new();
                     hash_blocks(b"", &tokens, 1, &mut base);
@@ -865,7 +899,10 @@ fn hybrid_sequences_race_on_fresh_blocks() {
                         3 if !seqs.is_empty() => {
                             let i = rng.below(seqs.len());
                             fence += 1;
-                            if seqs[i].try_append_fenced(8 + rng.below(8), fence, &mut Vec::new()).is_ok() {
+                            if seqs[i]
+                                .try_append_fenced(8 + rng.below(8), fence, &mut Vec::new())
+                                .is_ok()
+                            {
                                 completed.lock().unwrap().push(fence);
                             } else {
                                 pool.complete(fence);
@@ -906,7 +943,10 @@ fn hybrid_sequences_race_on_fresh_blocks() {
     }
     assert_eq!(pool.complete_all(), 0);
     let (made, forked) = (made.into_inner(), forked.into_inner());
-    assert!(made >= STEPS / 5 && forked >= STEPS / 20, "{made} made, {forked} forked");
+    assert!(
+        made >= STEPS / 5 && forked >= STEPS / 20,
+        "{made} made, {forked} forked"
+    );
     pool.reset_prefix_cache();
     assert_pool_whole(&pool);
 }
