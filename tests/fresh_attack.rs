@@ -950,3 +950,114 @@ fn hybrid_sequences_race_on_fresh_blocks() {
     pool.reset_prefix_cache();
     assert_pool_whole(&pool);
 }
+
+/// One take of 50 for a sequence from a pool with 34 free blocks and 30
+/// evictable ones: 34 fresh from the free list, 16 evicted (counted). The
+/// table mixes them; a publish, a truncate into the middle, a fork and
+/// the drops keep every block held while it is, and the pool whole.
+#[test]
+fn a_take_that_evicts_mixes_fresh_and_counted_blocks() {
+    let pool = pool(64, 1);
+    let a_tokens: Vec<u32> = (0..30).collect();
+    let mut a = Sequence::new(Arc::clone(&pool));
+    a.try_append(30).unwrap();
+    assert_eq!(a.publish(&keys(&a_tokens)), 30);
+    drop(a);
+    assert_eq!((pool.free_blocks(), pool.evictable_blocks()), (64, 30));
+    let mut b = Sequence::new(Arc::clone(&pool));
+    b.try_append(50).unwrap();
+    assert_eq!(pool.evictable_blocks(), 14, "16 evicted");
+    let ids = b.blocks().to_vec();
+    assert_sequences_hold(&pool, &ids, 1);
+    let b_tokens: Vec<u32> = (900..950).collect();
+    assert_eq!(b.publish(&keys(&b_tokens)), 50);
+    assert_sequences_hold(&pool, &ids, 1);
+    b.truncate(25);
+    let (c, _) = b.try_fork().unwrap();
+    assert_sequences_hold(&pool, &ids[..25], 2);
+    for &id in &ids[25..] {
+        assert_eq!(pool.ref_count(id), Some(0), "{id} given back (evictable)");
+    }
+    drop(b);
+    assert_sequences_hold(&pool, &ids[..25], 1);
+    thread::spawn(move || drop(c)).join().unwrap();
+    pool.reset_prefix_cache();
+    assert_pool_whole(&pool);
+
+    // The same without a publish: the fresh and evicted blocks go back
+    // through the drop's runs.
+    let mut a = Sequence::new(Arc::clone(&pool));
+    a.try_append(30).unwrap();
+    assert_eq!(a.publish(&keys(&a_tokens)), 30);
+    drop(a);
+    let mut b = Sequence::new(Arc::clone(&pool));
+    b.try_append(50).unwrap();
+    let ids = b.blocks().to_vec();
+    assert_sequences_hold(&pool, &ids, 1);
+    b.truncate(17);
+    for &id in &ids[17..] {
+        assert_eq!(pool.ref_count(id), Some(0));
+    }
+    drop(b);
+    assert_eq!(pool.reset_prefix_cache(), 14);
+    assert_pool_whole(&pool);
+}
+
+/// Two threads take 32 fresh blocks each from one 64-block word and give
+/// them back (drop, truncate into the run), over and over, while a raw
+/// thread frees, shares and counts every block of the word: each raw
+/// call is refused as `NotAllocated` or `HeldBySequence` (never done, never
+/// another error), `ref_count` reads 0 or 1, and the pool ends whole.
+#[test]
+fn raw_calls_hammer_a_word_of_fresh_takes_and_give_backs() {
+    const ROUNDS: usize = 20_000;
+    let pool = Arc::new(BlockPool::new(64, 1));
+    let done = AtomicUsize::new(0);
+    let (held_seen, free_seen) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    thread::scope(|s| {
+        for t in 0..2u64 {
+            let (pool, done) = (&pool, &done);
+            s.spawn(move || {
+                let mut rng = XorShift::new(300 + t);
+                for _ in 0..ROUNDS {
+                    let mut seq = Sequence::new(Arc::clone(pool));
+                    seq.try_append(8 + rng.below(25)).unwrap();
+                    if rng.below(2) == 0 {
+                        let keep = rng.below(seq.len());
+                        seq.truncate(keep);
+                    }
+                    if rng.below(4) == 0 {
+                        let (child, _) = seq.try_fork().unwrap();
+                        drop(seq);
+                        drop(child);
+                    }
+                }
+                done.fetch_add(1, Ordering::Release);
+            });
+        }
+        s.spawn(|| {
+            let mut rng = XorShift::new(301);
+            while done.load(Ordering::Acquire) < 2 {
+                let id = BlockId::new(rng.below(64) as u32);
+                for (call, got) in [
+                    ("free", pool.free(&[id])),
+                    ("add_refs", pool.add_refs(&[id])),
+                ] {
+                    match got {
+                        Err(FreeError::NotAllocated { id: e }) if e == id => {
+                            free_seen.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(FreeError::HeldBySequence { id: e }) if e == id => {
+                            held_seen.fetch_add(1, Ordering::Relaxed);
+                        }
+                        other => panic!("raw {call} of {id}: {other:?}"),
+                    }
+                }
+                let count = pool.ref_count(id).unwrap();
+                assert!(count <= 2, "{id}: ref_count {count}");
+            }
+        });
+    });
+    assert!(held_seen.into_inner() > 0 && free_seen.into_inner() > 0);
+    assert_pool_whole(&pool);
+}
