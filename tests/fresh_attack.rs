@@ -1061,3 +1061,33 @@ fn raw_calls_hammer_a_word_of_fresh_takes_and_give_backs() {
     assert!(held_seen.into_inner() > 0 && free_seen.into_inner() > 0);
     assert_pool_whole(&pool);
 }
+
+/// A sequence that waits (`reserve_blocking`) for blocks that another
+/// sequence holds fresh is granted them when that one is dropped on its
+/// thread, and takes them fresh in turn: they read held by it, and go back
+/// once.
+#[test]
+fn a_waiter_granted_blocks_given_back_fresh_takes_them_fresh() {
+    let pool = Arc::new(BlockPool::with_shards(100, 1, 3));
+    for round in 0..50 {
+        let mut holder = Sequence::new(Arc::clone(&pool));
+        holder.try_append(90).unwrap();
+        let held = holder.blocks().to_vec();
+        thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let mut seq = Sequence::new(Arc::clone(&pool));
+                seq.reserve_blocking(40, 0, None).unwrap();
+                assert_sequences_hold(&pool, seq.blocks(), 1);
+                seq.try_append(40).unwrap();
+                seq
+            });
+            spin_until(|| pool.waiters() == 1 || waiter.is_finished());
+            assert_sequences_hold(&pool, &held, 1);
+            drop(holder);
+            let seq = waiter.join().unwrap();
+            assert_eq!(seq.blocks().len(), 40, "round {round}");
+            assert_sequences_hold(&pool, seq.blocks(), 1);
+        });
+    }
+    assert_pool_whole(&pool);
+}
