@@ -1091,3 +1091,82 @@ fn a_waiter_granted_blocks_given_back_fresh_takes_them_fresh() {
     }
     assert_pool_whole(&pool);
 }
+
+/// With KV events on, a publish of fresh blocks (some losing their keys
+/// to a rival's) reports exactly the blocks it cached, and their eviction
+/// exactly those keys; nothing is reported of the blocks left fresh.
+#[test]
+fn kv_events_report_exactly_the_fresh_blocks_a_publish_caches() {
+    let pool = Arc::new(
+        BlockPool::builder(128, 1)
+            .shards(2)
+            .prefix_cache(true)
+            .kv_events(1024)
+            .build()
+            .unwrap(),
+    );
+    let a_tokens: Vec<u32> = (0..12).collect();
+    let mut a = Sequence::new(Arc::clone(&pool));
+    a.try_append(12).unwrap();
+    assert_eq!(a.publish(&keys(&a_tokens)), 12);
+    let b_tokens: Vec<u32> = (0..12).chain(40..60).collect();
+    let b_keys = keys(&b_tokens);
+    let mut b = Sequence::new(Arc::clone(&pool));
+    b.try_append(32).unwrap();
+    let b_ids = b.blocks().to_vec();
+    assert_eq!(b.publish(&b_keys), 20);
+    let mut events = Vec::new();
+    pool.drain_events(&mut events);
+    let mut stored: Vec<(BlockHash, BlockId)> = Vec::new();
+    for e in &events {
+        if let kvslots::KvEvent::BlockStored {
+            keys, block_ids, ..
+        } = e
+        {
+            stored.extend(keys.iter().copied().zip(block_ids.iter().copied()));
+        }
+    }
+    let expected: Vec<(BlockHash, BlockId)> = keys(&a_tokens)
+        .into_iter()
+        .zip(a.blocks().iter().copied())
+        .chain(
+            b_keys[12..]
+                .iter()
+                .copied()
+                .zip(b_ids[12..].iter().copied()),
+        )
+        .collect();
+    let (mut got, mut want) = (stored.clone(), expected.clone());
+    got.sort_by_key(|&(_, id)| id);
+    want.sort_by_key(|&(_, id)| id);
+    assert_eq!(got, want, "stored events");
+    assert_sequences_hold(&pool, &b_ids[..12], 1);
+    drop((a, b));
+    assert_eq!(pool.reset_prefix_cache(), 32);
+    events.clear();
+    pool.drain_events(&mut events);
+    let mut removed: Vec<BlockHash> = Vec::new();
+    for e in &events {
+        match e {
+            kvslots::KvEvent::BlockRemoved { keys } => removed.extend(keys.iter().copied()),
+            kvslots::KvEvent::AllBlocksCleared => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    for k in &removed {
+        assert!(
+            expected.iter().any(|(e, _)| e == k),
+            "removed a key never stored"
+        );
+    }
+    if !events
+        .iter()
+        .any(|e| matches!(e, kvslots::KvEvent::AllBlocksCleared))
+    {
+        removed.sort();
+        let mut want: Vec<BlockHash> = expected.iter().map(|&(k, _)| k).collect();
+        want.sort();
+        assert_eq!(removed, want, "removed events");
+    }
+    assert_pool_whole(&pool);
+}
