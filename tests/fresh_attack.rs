@@ -1170,3 +1170,199 @@ fn kv_events_report_exactly_the_fresh_blocks_a_publish_caches() {
     }
     assert_pool_whole(&pool);
 }
+
+/// A sequence in [`ref_counts_match_a_shadow_of_holders`], with its tokens.
+struct Shadowed {
+    seq: Sequence,
+    tokens: Vec<u32>,
+    uid: u32,
+}
+
+/// Token `p` of a prompt of family `f` (shared for the first 20
+/// positions, the sequence's own after).
+fn token(f: u32, uid: u32, p: u32) -> u32 {
+    if p < 20 {
+        f * 1000 + p
+    } else {
+        100_000 + uid * 1000 + p
+    }
+}
+
+/// One thread, random calls (takes of every size, matches, publishes
+/// against rivals, forks, truncates, fences, reservations and shrinks,
+/// raw takes and frees, resets): after every call each block's
+/// `ref_count` equals the number of holders the test counts (sequence
+/// tables, fences' lists, the raw caller's list), and the blocks no one
+/// holds are refused by a raw free as `NotAllocated`.
+#[test]
+fn ref_counts_match_a_shadow_of_holders() {
+    for seed in 0..4 {
+        shadow_run(seed);
+    }
+}
+
+/// One run of [`ref_counts_match_a_shadow_of_holders`].
+fn shadow_run(seed: u64) {
+    const N: usize = 150;
+    let pool = pool(N, 2);
+    let mut rng = XorShift::new(2024 + seed);
+    let (mut fresh_takes, mut forks, mut cached) = (0, 0, 0);
+    let mut seqs: Vec<Shadowed> = Vec::new();
+    let mut fenced: Vec<(u64, Vec<BlockId>)> = Vec::new();
+    let mut raw: Vec<BlockId> = Vec::new();
+    let (mut next_fence, mut next_uid) = (1u64, 0u32);
+    for step in 0..2500 {
+        let op = rng.below(12);
+        match op {
+            0..=2 => {
+                next_uid += 1;
+                let (f, uid) = (rng.below(4) as u32, next_uid);
+                let len = 1 + rng.below(40);
+                let prompt: Vec<u32> = (0..len as u32).map(|p| token(f, uid, p)).collect();
+                let mut seq = Sequence::new(Arc::clone(&pool));
+                let hit = if rng.below(2) == 0 {
+                    seq.try_match_prefix(&keys(&prompt))
+                } else {
+                    0
+                };
+                if seq.try_append(len - hit).is_ok() {
+                    fresh_takes += usize::from(len - hit >= 8);
+                    if rng.below(2) == 0 {
+                        cached += seq.publish(&keys(&prompt));
+                    }
+                    seqs.push(Shadowed {
+                        seq,
+                        tokens: prompt,
+                        uid,
+                    });
+                }
+            }
+            3 if !seqs.is_empty() => {
+                let pick = rng.below(seqs.len());
+                let s = &mut seqs[pick];
+                let n = 1 + rng.below(20);
+                let start = s.tokens.len() as u32;
+                if s.seq.try_append(n).is_ok() {
+                    let f = s.tokens.first().map_or(0, |t| t / 1000 % 100);
+                    s.tokens
+                        .extend((start..start + n as u32).map(|p| token(f, s.uid, p)));
+                }
+            }
+            4 if !seqs.is_empty() => {
+                let i = rng.below(seqs.len());
+                if let Ok((child, _)) = seqs[i].seq.try_fork() {
+                    forks += 1;
+                    let tokens = seqs[i].tokens.clone();
+                    let uid = seqs[i].uid;
+                    seqs.push(Shadowed {
+                        seq: child,
+                        tokens,
+                        uid,
+                    });
+                }
+            }
+            5 if !seqs.is_empty() => {
+                let pick = rng.below(seqs.len());
+                let s = &mut seqs[pick];
+                cached += s.seq.publish(&keys(&s.tokens));
+            }
+            6 if !seqs.is_empty() => {
+                let pick = rng.below(seqs.len());
+                let s = &mut seqs[pick];
+                let keep = rng.below(s.tokens.len() + 1);
+                s.seq.truncate(keep);
+                s.tokens.truncate(keep);
+            }
+            7 if !seqs.is_empty() => {
+                let pick = rng.below(seqs.len());
+                let s = &mut seqs[pick];
+                let keep = rng.below(s.tokens.len() + 1);
+                let tail = s.seq.blocks()[keep..].to_vec();
+                s.seq.truncate_fenced(keep, next_fence);
+                s.tokens.truncate(keep);
+                fenced.push((next_fence, tail));
+                next_fence += 1;
+            }
+            8 if !seqs.is_empty() => {
+                let pick = rng.below(seqs.len());
+                let s = &mut seqs[pick];
+                if s.seq.try_reserve(8 + rng.below(20), 0).is_ok() {
+                    let n = rng.below(10);
+                    let start = s.tokens.len() as u32;
+                    if s.seq.try_append(n).is_ok() {
+                        let f = s.tokens.first().map_or(0, |t| t / 1000 % 100);
+                        s.tokens
+                            .extend((start..start + n as u32).map(|p| token(f, s.uid, p)));
+                    }
+                    s.seq.shrink_to_fit();
+                }
+            }
+            9 if !fenced.is_empty() => {
+                let (f, _) = fenced.swap_remove(rng.below(fenced.len()));
+                pool.complete(f);
+            }
+            10 => {
+                if raw.len() < 10 && rng.below(2) == 0 {
+                    let _ = pool.try_alloc(1 + rng.below(10), &mut raw);
+                } else if !raw.is_empty() {
+                    let k = rng.below(raw.len()) + 1;
+                    let gone: Vec<BlockId> = raw.drain(..k).collect();
+                    pool.free(&gone).unwrap();
+                }
+            }
+            _ => {
+                if !seqs.is_empty() && rng.below(3) > 0 {
+                    seqs.swap_remove(rng.below(seqs.len()));
+                } else {
+                    pool.reset_prefix_cache();
+                }
+            }
+        }
+        while seqs.len() > 6 {
+            seqs.swap_remove(0);
+        }
+        // The shadow: holders per block.
+        let mut holders = vec![0usize; N];
+        for s in &seqs {
+            assert!(s.seq.blocks().len() >= s.tokens.len());
+            for &id in s.seq.blocks() {
+                holders[id.index()] += 1;
+            }
+        }
+        for (_, tail) in &fenced {
+            for &id in tail {
+                holders[id.index()] += 1;
+            }
+        }
+        for &id in &raw {
+            holders[id.index()] += 1;
+        }
+        for (i, &h) in holders.iter().enumerate() {
+            let id = BlockId::new(i as u32);
+            assert_eq!(pool.ref_count(id), Some(h), "step {step} (op {op}): {id}");
+            if h == 0 {
+                assert_eq!(
+                    pool.free(&[id]),
+                    Err(FreeError::NotAllocated { id }),
+                    "step {step} (op {op}): {id} held by no one"
+                );
+            }
+        }
+        assert_eq!(
+            pool.used_blocks(),
+            holders.iter().filter(|&&h| h > 0).count(),
+            "step {step} (op {op}): used blocks"
+        );
+    }
+    drop(seqs);
+    for (f, _) in fenced {
+        pool.complete(f);
+    }
+    pool.free(&raw).unwrap();
+    pool.reset_prefix_cache();
+    assert_pool_whole(&pool);
+    assert!(
+        fresh_takes > 100 && forks > 100 && cached > 200,
+        "seed {seed}: {fresh_takes} fresh takes, {forks} forks, {cached} blocks cached"
+    );
+}
