@@ -1017,9 +1017,17 @@ fn raw_calls_hammer_a_word_of_fresh_takes_and_give_backs() {
     thread::scope(|s| {
         for t in 0..2u64 {
             let (pool, done) = (&pool, &done);
+            let (held_seen, free_seen) = (&held_seen, &free_seen);
             s.spawn(move || {
                 let mut rng = XorShift::new(300 + t);
-                for _ in 0..ROUNDS {
+                // At least ROUNDS, and on until the raw thread has seen
+                // blocks both held and free (however the threads run).
+                let mut round = 0;
+                while round < ROUNDS
+                    || held_seen.load(Ordering::Relaxed) < 1000
+                    || free_seen.load(Ordering::Relaxed) < 1000
+                {
+                    round += 1;
                     let mut seq = Sequence::new(Arc::clone(pool));
                     seq.try_append(8 + rng.below(25)).unwrap();
                     if rng.below(2) == 0 {
@@ -1037,6 +1045,7 @@ fn raw_calls_hammer_a_word_of_fresh_takes_and_give_backs() {
         }
         s.spawn(|| {
             let mut rng = XorShift::new(301);
+            let (held_seen, free_seen) = (&held_seen, &free_seen);
             while done.load(Ordering::Acquire) < 2 {
                 let id = BlockId::new(rng.below(64) as u32);
                 for (call, got) in [
@@ -1058,7 +1067,7 @@ fn raw_calls_hammer_a_word_of_fresh_takes_and_give_backs() {
             }
         });
     });
-    assert!(held_seen.into_inner() > 0 && free_seen.into_inner() > 0);
+    assert!(held_seen.into_inner() >= 1000 && free_seen.into_inner() >= 1000);
     assert_pool_whole(&pool);
 }
 
