@@ -436,9 +436,10 @@
 //! plain store too (a free block has no holder to race): a load and a
 //! store a block when taken and when given back.
 //!
-//! **Fresh blocks.** A take of at least 8 blocks for a sequence (a
-//! prompt's append or reservation, a prefill chunk) writes no state word
-//! at all: each block is held through one *uncounted* reference, its
+//! **Fresh blocks.** A take of at least 8 blocks from the free list for a
+//! sequence (a prompt's append or reservation, a prefill chunk; a take
+//! decides on what it still needs each time it looks in the free list,
+//! and the blocks it evicts are counted) writes no state word at all: each block is held through one *uncounted* reference, its
 //! taker's, and its bit in the free list's fresh bitmap says so (set by
 //! the take, one `fetch_or` a word). Its state word stays *bare*, as the
 //! free list left it: no count, key or claim. The holder gives such a
@@ -1262,7 +1263,13 @@
 //!   fresh word's order. Counting a fresh block's reference is a `Relaxed`
 //!   store of its state word followed by a `Release` `fetch_and` of its
 //!   bit, which a raw call's check reads with `Acquire` before it reads
-//!   the state word again: a bit read clear means the count is seen.
+//!   the state word again: a bit read clear means the count is seen. The
+//!   check may read a later value of the fresh word, written by another
+//!   holder's `Relaxed` mark or clear of its own bits: those are
+//!   read-modify-writes, which continue the clear's release sequence, so
+//!   the check still synchronises with the clear (the loom models
+//!   `ref_count_vs_fork_beside_a_give_back` and `ref_count_vs_publish`
+//!   race exactly that).
 //! * **`needs_copy` is `Acquire`** (one load: shared, or cached): if
 //!   another holder dropped its reference, its reads of the block
 //!   happen-before this sequence decides to write into it.

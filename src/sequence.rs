@@ -1030,12 +1030,13 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// # Panics
     ///
     /// Panics if a block to share cannot take another reference
-    /// ([`BlockAllocator::add_refs`]): in a [`BlockPool`], if it would get
-    /// more than `2^29 - 1` references (as `Arc` aborts on overflow), or if
-    /// it has no reference left because a raw [`BlockPool::free`] took this
-    /// sequence's (a double free: the block may be in the free list, and
-    /// sharing it would hand it to two owners). Nothing leaks then: the
-    /// child gives back what it took.
+    /// ([`BlockAllocator::add_refs`]): in a [`BlockPool`], only if it would
+    /// get more than `2^29 - 1` references (as `Arc` aborts on overflow;
+    /// its raw [`BlockPool::free`] refuses a sequence's block, so it never
+    /// takes this sequence's reference); over another allocator, also if
+    /// its raw free took this sequence's reference (a double free: the
+    /// block may be in the free list, and sharing it would hand it to two
+    /// owners). Nothing leaks then: the child gives back what it took.
     ///
     /// # Errors
     ///

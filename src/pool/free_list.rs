@@ -151,44 +151,6 @@ impl Give {
     }
 }
 
-/// Fresh blocks whose references a caller counted in their state words
-/// (before a fork or a publish), gathered by word for [`FreeList::finish_counted`],
-/// which clears their fresh bits: built with [`Counted::add`].
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Counted {
-    /// The word of the blocks gathered so far (meaningless while
-    /// `mask == 0`).
-    word: Word,
-    /// Their bits.
-    mask: u64,
-}
-
-impl Counted {
-    /// Nothing gathered.
-    pub(crate) const fn new() -> Counted {
-        Counted {
-            word: Give::new().word,
-            mask: 0,
-        }
-    }
-
-    /// Adds fresh block `id`, whose reference the caller has just counted:
-    /// its fresh bit is cleared now with the others gathered from its word
-    /// if it is in another, or later.
-    #[must_use]
-    pub(crate) fn add(mut self, list: &FreeList, id: BlockId) -> Counted {
-        let offset = (id.index() as u32).wrapping_sub(self.word.base);
-        if offset < self.word.limit {
-            self.mask |= 1 << offset;
-        } else {
-            list.clear_fresh(self.word.place, self.mask);
-            self.word = list.word_of(id);
-            self.mask = 1 << (id.index() as u32 - self.word.base);
-        }
-        self
-    }
-}
-
 /// The lowest `k` set bits of `word` (all of them if it has no more), and
 /// how many that is. (Without a population count: the default x86-64
 /// target has no instruction for it.)
@@ -383,10 +345,41 @@ impl FreeList {
         bits & (1 << (id.index() as u32 - word.base)) != 0
     }
 
-    /// Clears the fresh bits of the blocks that `counted` gathered (see
-    /// [`Counted::add`]).
-    pub(crate) fn finish_counted(&self, counted: Counted) {
-        self.clear_fresh(counted.word.place, counted.mask);
+    /// Calls `count(id)` for every fresh block of `ids` (which the caller,
+    /// a sequence, holds) whose state word `is_bare` says is bare, then
+    /// clears their fresh bits, one `fetch_and` a word: `count` writes the
+    /// reference into the block's state word, which stops being bare. Only
+    /// a bare word's block is looked up here (a counted one cannot be
+    /// fresh).
+    pub(crate) fn count_fresh(
+        &self,
+        ids: &[BlockId],
+        is_bare: impl Fn(BlockId) -> bool,
+        mut count: impl FnMut(BlockId),
+    ) {
+        let mut word = Give::new().word;
+        let (mut bits, mut clear) = (0u64, 0u64);
+        for &id in ids {
+            if !is_bare(id) {
+                continue;
+            }
+            let mut offset = (id.index() as u32).wrapping_sub(word.base);
+            if offset >= word.limit {
+                self.clear_fresh(word.place, clear);
+                word = self.word_of(id);
+                // Relaxed: the caller's own bits, which only it changes.
+                bits = self
+                    .fresh_word(word.place.shard as usize, word.place.word)
+                    .load(Ordering::Relaxed);
+                clear = 0;
+                offset = id.index() as u32 - word.base;
+            }
+            if bits & (1 << offset) != 0 {
+                count(id);
+                clear |= 1 << offset;
+            }
+        }
+        self.clear_fresh(word.place, clear);
     }
 
     /// Clears the fresh bits `mask` (of blocks the caller holds, whose

@@ -38,7 +38,7 @@ mod wait;
 use admission::Admission;
 pub use builder::BlockPoolBuilder;
 use fence::Fences;
-use free_list::{Counted, FreeList, Give};
+use free_list::{FreeList, Give};
 use prefix::{Evictions, PrefixCache};
 pub use prefix::{KvEvent, PrefixStats};
 pub(crate) use refs::Holder;
@@ -1160,17 +1160,16 @@ impl BlockPool {
     /// Counts the uncounted references of the fresh blocks among `ids`
     /// (which a sequence holds) in their state words, then clears their
     /// fresh bits, before the caller shares or claims them (see `refs.rs`,
-    /// "Fresh blocks"). A load a block: a block the caller holds whose
-    /// word is bare is fresh; only those reach the free list's words.
+    /// "Fresh blocks"). A load a block; only a bare word's block is looked
+    /// up in the fresh bitmap, and counted if its bit is set (a bare word
+    /// without it is not a reference the caller holds: it is left alone,
+    /// and the caller's add or claim then fails on it).
     fn count_fresh(&self, ids: &[BlockId]) {
-        let mut counted = Counted::new();
-        for &id in ids {
-            if self.refs.count_if_bare(id) {
-                debug_assert!(self.free.is_fresh(id), "{id} bare but not fresh");
-                counted = counted.add(&self.free, id);
-            }
-        }
-        self.free.finish_counted(counted);
+        self.free.count_fresh(
+            ids,
+            |id| self.refs.is_bare(id),
+            |id| self.refs.count_fresh(id),
+        );
     }
 
     /// Panics, naming it, if an id is at or past `num_blocks()`: an

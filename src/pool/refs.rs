@@ -41,19 +41,23 @@
 //!
 //! # Fresh blocks: the uncounted reference
 //!
-//! A take of many blocks for a sequence (`BlockPool::take_free`) writes no
+//! A take of 8 blocks or more from the free list for a sequence
+//! (`BlockPool::take_free`; blocks evicted for it are counted) writes no
 //! state word: the blocks are *fresh*, each held through one uncounted
 //! reference, its taker's, which the free list's fresh bitmap records (a
 //! bit per block, set by the take, one `fetch_or` a word). The state word
 //! of a fresh block stays bare, as the free list left it: no count, key
-//! or claim. Its holder gives it back without touching the word either:
-//! it clears the fresh bit and sets the free bit, one `fetch_and` and one
-//! `fetch_or` a word of the bitmaps. A fence that retires it holds that
-//! reference on the sequence's behalf, and gives it back the same way.
+//! or claim. Its holder gives it back without writing the word either: it
+//! clears the fresh bit and sets the free bit, one `fetch_and` and one
+//! `fetch_or` a word of the bitmaps; a run of fresh blocks goes back
+//! without reading their words (one listed among shared or cached blocks
+//! is read first, `BlockPool::drop_held_refs`). A fence that retires it
+//! holds that reference on the sequence's behalf, and gives it back the
+//! same way.
 //!
 //! The holder counts the reference in the word, then clears the bit,
 //! before the block is shared or claimed: it stores `SEQUENCE` and a
-//! count of 1 ([`count_if_bare`](Refs::count_if_bare)), and a fork adds
+//! count of 1 ([`count_fresh`](Refs::count_fresh)), and a fork adds
 //! its reference to that, a publisher claims the counted word. Only the
 //! holder writes a bare word of a block it holds: a raw
 //! free or add, a revival, an eviction and a rival's deferral or kill
@@ -332,23 +336,18 @@ impl Refs {
         is_bare(self.words[id.index()].load(Ordering::Relaxed))
     }
 
-    /// Counts the caller's reference to block `id` in its state word if
-    /// the word is bare (a fresh block: the caller holds it), as `SEQUENCE`
-    /// and a count of 1, and says whether it did. Only the block's holder
-    /// writes a bare word of a block it holds (see the module doc); the
-    /// caller clears the fresh bit after it.
-    #[inline]
-    pub(super) fn count_if_bare(&self, id: BlockId) -> bool {
+    /// Counts the caller's uncounted reference to fresh block `id` in its
+    /// state word, which is bare: `SEQUENCE` and a count of 1. Only the
+    /// block's holder writes its word while it is fresh (see the module
+    /// doc); the caller clears the fresh bit after it.
+    pub(super) fn count_fresh(&self, id: BlockId) {
         let word = &self.words[id.index()];
         // Relaxed (both): no other thread writes a fresh block's word; the
         // clear of the fresh bit that follows (Release) publishes the count
         // to a raw call's checks.
         let state = word.load(Ordering::Relaxed);
-        if !is_bare(state) {
-            return false;
-        }
+        debug_assert!(is_bare(state), "{id} fresh but not bare");
         word.store(state | SEQUENCE | 1, Ordering::Relaxed);
-        true
     }
 
     /// Adds a reference to a block the caller holds a reference to.
