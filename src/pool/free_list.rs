@@ -83,18 +83,14 @@ struct Word {
 }
 
 /// The ids that a give-back returns to one word, gathered before the
-/// `fetch_or` that returns them all: built with [`Give::add`] and
-/// [`Give::add_fresh`], given back by [`FreeList::give`] (which needs no
-/// allocation).
+/// `fetch_or` that returns them all: built with [`Give::add`], given back
+/// by [`FreeList::give`] (which needs no allocation).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Give {
     /// The word of the ids gathered so far (meaningless while `mask == 0`).
     word: Word,
     /// Their bits.
     mask: u64,
-    /// The bits of those that are fresh (a subset of `mask`): their fresh
-    /// bits are cleared before they go back.
-    fresh: u64,
     /// How many ids were added in all.
     len: usize,
 }
@@ -109,7 +105,6 @@ impl Give {
                 limit: 0,
             },
             mask: 0,
-            fresh: 0,
             len: 0,
         }
     }
@@ -133,21 +128,11 @@ impl Give {
         if offset < self.word.limit {
             self.mask |= 1 << offset;
         } else {
-            list.flush(self);
+            list.give(self);
             self.word = list.word_of(id);
             self.mask = 1 << (id.index() as u32 - self.word.base);
-            self.fresh = 0;
         }
         self
-    }
-
-    /// [`add`](Self::add) for a fresh block (its fresh bit set): its fresh
-    /// bit is cleared with the others of its word before they go back.
-    #[must_use]
-    pub(crate) fn add_fresh(self, list: &FreeList, id: BlockId) -> Give {
-        let mut give = self.add(list, id);
-        give.fresh |= 1 << (id.index() as u32 - give.word.base);
-        give
     }
 }
 
@@ -306,15 +291,6 @@ impl FreeList {
             place: Place { shard, word },
             base,
             limit,
-        }
-    }
-
-    /// For [`Give::add`]: returns the ids gathered in `give` (if any).
-    #[inline]
-    fn flush(&self, give: Give) {
-        self.clear_given_fresh(give.word.place, give.fresh);
-        if give.mask != 0 {
-            self.return_word(give.word.place, give.mask);
         }
     }
 
@@ -708,22 +684,32 @@ impl FreeList {
                 break;
             }
         }
+        // The fresh bits go before the free bits, which the caller returns.
+        self.clear_given_fresh(word.place, fresh);
         let give = Give {
             word,
             mask,
-            fresh,
             len: ids.len() - rest,
         };
         (give, rest)
     }
 
     /// Returns the blocks of `give` that it has not returned yet. The ids
-    /// were added by [`Give::add`] and [`Give::add_fresh`]; each goes back
-    /// to the shard that owns it, one `fetch_or` per word (after one
-    /// `fetch_and` of the fresh bitmap's word, for fresh blocks).
-    #[inline]
+    /// were added by [`Give::add`] (fresh ones with their fresh bits
+    /// cleared already); each goes back to the shard that owns it, one
+    /// `fetch_or` per word.
     pub(crate) fn give(&self, give: Give) {
-        self.flush(give);
+        if give.mask != 0 {
+            self.return_word(give.word.place, give.mask);
+        }
+    }
+
+    /// Clears the fresh bit of block `id`, which the caller holds and is
+    /// about to give back (a fresh block given back on its own, among
+    /// shared or cached ones).
+    pub(crate) fn clear_given_fresh_one(&self, id: BlockId) {
+        let word = self.word_of(id);
+        self.clear_given_fresh(word.place, 1 << (id.index() as u32 - word.base));
     }
 
     /// Sets the bits `mask` (of blocks the caller held) in the word at

@@ -816,6 +816,34 @@ impl BlockPool {
                 num_blocks: self.num_blocks(),
             });
         }
+        // The usual case, raw blocks with counts, without a call in the
+        // loop; a bare word (a fresh block, or a free one) sends the whole
+        // check to the loop that reads fresh bits.
+        let mut held_by_sequence = None;
+        for &id in ids {
+            let state = self.refs.holders(id);
+            if state.bare {
+                return self.check_held(ids);
+            }
+            if state.counted == 0 {
+                return Err(FreeError::NotAllocated { id });
+            }
+            if state.sequence && held_by_sequence.is_none() {
+                held_by_sequence = Some(id);
+            }
+        }
+        match held_by_sequence {
+            Some(id) => Err(FreeError::HeldBySequence { id }),
+            None => Ok(()),
+        }
+    }
+
+    /// The checks of [`check_raw`](Self::check_raw) after the ids' range,
+    /// with each block's holders as [`holders_now`](Self::holders_now)
+    /// reads them (a fresh block's bit looked up).
+    #[cold]
+    #[inline(never)]
+    fn check_held(&self, ids: &[BlockId]) -> Result<(), FreeError> {
         let mut held_by_sequence = None;
         for &id in ids {
             let (holders, sequence) = self.holders_now(id);
@@ -941,7 +969,10 @@ impl BlockPool {
         for (i, id) in order.enumerate() {
             match drop(id) {
                 Ok(Dropped::Free) => give = give.add(&self.free, id),
-                Ok(Dropped::Fresh) => give = give.add_fresh(&self.free, id),
+                Ok(Dropped::Fresh) => {
+                    self.free.clear_given_fresh_one(id);
+                    give = give.add(&self.free, id);
+                }
                 Ok(Dropped::Evictable) => evictions.push(self.cache(), id, i),
                 Ok(Dropped::Kept) => {}
                 Err(()) => {
