@@ -1,8 +1,8 @@
-//! What a [`Sequence`] pays to give its blocks back, on one thread. A
-//! sequence's take of 8 blocks or more leaves them fresh (uncounted
-//! references, marked in the free list's fresh bitmap): they go back by
-//! runs, with no access to their state words. A smaller take counts each
-//! block at once, and a block the sequence holds alone goes back with a
+//! What a [`Sequence`] pays to give its blocks back, on one thread. The
+//! blocks a sequence takes from one word of the free list, 8 or more, are
+//! fresh (uncounted references, marked in the free list's fresh bitmap):
+//! they go back by runs, with no access to their state words. A smaller
+//! take counts each block at once, and a block the sequence holds alone goes back with a
 //! load and a plain store of its word; a shared one with a CAS.
 //!
 //! | id | one operation |

@@ -204,9 +204,9 @@
 //!
 //! A second bitmap of the same shape, the *fresh* bitmap, marks the blocks
 //! that a sequence holds through an uncounted reference (see
-//! [Reference counts](#reference-counts)): a take of at least 8 blocks
-//! for a sequence sets their bits (one `fetch_or` a word) and writes no
-//! state word; the give-back clears them (one `fetch_and`) before the
+//! [Reference counts](#reference-counts)): a sequence that takes at
+//! least 8 blocks from one word sets their bits (one `fetch_or`) and
+//! writes no state word; the give-back clears them (one `fetch_and`) before the
 //! `fetch_or` that frees them. Only a block's holder changes its bit.
 //!
 //! There is no ABA problem to guard against, so no tag: a word's value
@@ -436,12 +436,13 @@
 //! plain store too (a free block has no holder to race): a load and a
 //! store a block when taken and when given back.
 //!
-//! **Fresh blocks.** A take of at least 8 blocks from the free list for a
-//! sequence (a prompt's append or reservation, a prefill chunk; a take
-//! decides on what it still needs each time it looks in the free list,
-//! and the blocks it evicts are counted) writes no state word at all: each block is held through one *uncounted* reference, its
-//! taker's, and its bit in the free list's fresh bitmap says so (set by
-//! the take, one `fetch_or` a word). Its state word stays *bare*, as the
+//! **Fresh blocks.** When a sequence's take (a prompt's append or
+//! reservation, a prefill chunk) gets at least 8 blocks from one word of
+//! the free list's bitmap, it writes no state word for them at all (fewer
+//! from a word, and the blocks it evicts, are counted): each is held
+//! through one *uncounted* reference, its taker's, and its bit in the free
+//! list's fresh bitmap says so (set by the take, one `fetch_or` for the
+//! word). Its state word stays *bare*, as the
 //! free list left it: no count, key or claim. The holder gives such a
 //! block back without reading or writing the word: its give-back reads
 //! the fresh bits of the word its ids are in, and a run of consecutive
@@ -471,9 +472,11 @@
 //! counted, and one that reads bare, clear and bare was free, or in a take
 //! or a give-back under way, at a moment of the call. So a raw free of a
 //! fresh block is refused as `HeldBySequence`, exactly as a counted
-//! sequence block is. A take of fewer than 8 blocks counts them at once:
-//! for a block or two, a store each costs less than the mark and the
-//! clear, two read-modify-writes.
+//! sequence block is. Fewer than 8 blocks from a word are counted at
+//! once: for a few blocks, a store each costs less than the mark and the
+//! clear, two read-modify-writes (a take of a block or two, or a take
+//! from a fragmented pool that gets a few blocks from each of many
+//! words).
 //!
 //! Every other drop is a CAS from the count it read to one less: a shared
 //! block's (two sequences can drop their references at once), a cached

@@ -1,5 +1,5 @@
-//! Fresh blocks: a sequence's take of 8 blocks or more holds each through
-//! an uncounted reference (see `implementation`, "Reference counts").
+//! Fresh blocks: a sequence that takes 8 blocks or more from one word of
+//! the free list holds each through an uncounted reference (see `implementation`, "Reference counts").
 //! Every public answer about such a block is the one a counted block
 //! gives: `ref_count` reads 1, a raw `free` or `add_refs` is refused as
 //! `HeldBySequence` and changes nothing, a fork counts 2, a publish caches

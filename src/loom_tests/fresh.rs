@@ -1,6 +1,7 @@
 //! Loom models of fresh blocks: a sequence's take of at least
-//! `FRESH_MIN` (8) blocks writes no state word, marks the blocks in the
-//! free list's fresh bitmap instead (one `fetch_or` a word), and gives them
+//! `FRESH_MIN` (8) blocks from one word of the free list writes no state
+//! word, marks the blocks in the free list's fresh bitmap instead (one
+//! `fetch_or` for the word), and gives them
 //! back by clearing those bits and setting their free bits; a fork or a
 //! publish counts the references first (a store of the state word, then a
 //! Release clear of the fresh bits). See `refs.rs`, "Fresh blocks".

@@ -33,7 +33,7 @@
 //! | `refused_free.rs` | a free refused after a racing double free; a raw `add_refs` racing a free of a listed block |
 //! | `release_race.rs` | a sequence's sole drop (a plain store) racing its block's other holder: two releases of a shared block, a sequence's drop and its fork's (controls: the double release through the token), and the sole drop's `Acquire` (control: `relaxed_sole_drop`) |
 //! | `held_drop.rs` | a sequence's give-back against a double free, which the sequence flag refuses; a stale free against a sequence that retook the block |
-//! | `fresh.rs` | fresh blocks (a sequence's take of 8 or more, uncounted, marked in the fresh bitmap): two takes' marks in one word, a fork's and a publish's count against the drops, `ref_count` against the count, a double free against the give-back |
+//! | `fresh.rs` | fresh blocks (8 or more a sequence takes from one bitmap word, uncounted, marked in the fresh bitmap): two takes' marks in one word, a fork's and a publish's count against the drops, `ref_count` against the count, a double free against the give-back |
 //! | `fresh_attack.rs` | fresh blocks: `ref_count` against a publish's count, and against a fork's count beside another sequence's give-back in the same fresh word |
 //! | `sequence.rs` | `Sequence`: fork, drop, append, truncate |
 //! | `hybrid.rs` | `HybridSequence`: one admission across groups, a window's give-back and reuse against a match, an append and a double free, a match across groups against an evicting append |

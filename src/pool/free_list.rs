@@ -136,6 +136,22 @@ impl Give {
     }
 }
 
+/// The fewest blocks that a take for a sequence must get from one word of
+/// the bitmap to leave them fresh (see [`Taker`]).
+pub(crate) const FRESH_MIN: usize = 8;
+
+/// Who takes blocks from the free list, and how they get their first
+/// references: a take for a sequence (`fresh`) marks the blocks it gets
+/// from one word fresh if they are at least [`FRESH_MIN`] (one `fetch_or`
+/// of the fresh bitmap: uncounted references, no write of their state
+/// words); every other word's blocks go to `first`, which counts them.
+pub(crate) struct Taker<F: FnMut(&[BlockId])> {
+    /// Whether the taker is a sequence, which may hold fresh blocks.
+    pub(crate) fresh: bool,
+    /// Gives blocks just taken their first counted reference.
+    pub(crate) first: F,
+}
+
 /// The lowest `k` set bits of `word` (all of them if it has no more), and
 /// how many that is. (Without a population count: the default x86-64
 /// target has no instruction for it.)
@@ -399,7 +415,12 @@ impl FreeList {
     /// (nothing here allocates). When this returns fewer, the caller
     /// evicts or looks again.
     #[inline]
-    pub(crate) fn pop(&self, k: usize, out: &mut Vec<BlockId>, fresh: bool) -> usize {
+    pub(crate) fn pop(
+        &self,
+        k: usize,
+        out: &mut Vec<BlockId>,
+        taker: &mut Taker<impl FnMut(&[BlockId])>,
+    ) -> usize {
         debug_assert!(k > 0);
         let home = self.home();
         // The usual case: the first word the home shard's summary marks
@@ -421,22 +442,28 @@ impl FreeList {
                     .compare_exchange(cur, cur & !take, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
             {
-                self.emit(home, w, take, out, fresh);
+                self.emit(home, w, take, out, taker);
                 return k;
             }
         }
-        self.pop_from(home, k, out, fresh)
+        self.pop_from(home, k, out, taker)
     }
 
     /// [`pop`](Self::pop) past its usual case: from the home shard, then
     /// the others in turn.
     #[inline(never)]
-    fn pop_from(&self, home: usize, k: usize, out: &mut Vec<BlockId>, fresh: bool) -> usize {
+    fn pop_from(
+        &self,
+        home: usize,
+        k: usize,
+        out: &mut Vec<BlockId>,
+        taker: &mut Taker<impl FnMut(&[BlockId])>,
+    ) -> usize {
         let shards = self.summaries.len();
         let mut shard = home;
         let mut taken = 0;
         for _ in 0..shards {
-            taken += self.take_from_shard(shard, k - taken, out, fresh);
+            taken += self.take_from_shard(shard, k - taken, out, taker);
             // Got them all?
             if taken == k {
                 break;
@@ -453,12 +480,17 @@ impl FreeList {
     /// summaries say (setting the summary bits of the words it finds
     /// holding ids): the last look of a caller that found too few through
     /// the summaries and the prefix cache.
-    pub(crate) fn pop_everywhere(&self, k: usize, out: &mut Vec<BlockId>, fresh: bool) -> usize {
+    pub(crate) fn pop_everywhere(
+        &self,
+        k: usize,
+        out: &mut Vec<BlockId>,
+        taker: &mut Taker<impl FnMut(&[BlockId])>,
+    ) -> usize {
         debug_assert!(k > 0);
         let mut taken = 0;
         for s in 0..self.summaries.len() {
             for w in 0..self.words {
-                let (got, held) = self.take_from_word(s, w, k - taken, out, fresh);
+                let (got, held) = self.take_from_word(s, w, k - taken, out, taker);
                 taken += got;
                 if held {
                     let bit = self.summary_bit(w);
@@ -479,7 +511,13 @@ impl FreeList {
     /// Takes up to `k > 0` ids from shard `s`, word after word of the
     /// groups its summary marks, lowest first; appends them to `out` and
     /// returns how many. Clears the summary bit of a group it finds empty.
-    fn take_from_shard(&self, s: usize, k: usize, out: &mut Vec<BlockId>, fresh: bool) -> usize {
+    fn take_from_shard(
+        &self,
+        s: usize,
+        k: usize,
+        out: &mut Vec<BlockId>,
+        taker: &mut Taker<impl FnMut(&[BlockId])>,
+    ) -> usize {
         // Relaxed: which words to look at, a hint; a stale bit costs a
         // look, a stale 0 a later look (`pop_everywhere`).
         let mut groups = self.summaries[s].load(Ordering::Relaxed);
@@ -491,7 +529,7 @@ impl FreeList {
             let end = (first + self.group).min(self.words);
             let mut held = false;
             for w in first..end {
-                let (got, had) = self.take_from_word(s, w, k - taken, out, fresh);
+                let (got, had) = self.take_from_word(s, w, k - taken, out, taker);
                 taken += got;
                 held |= had;
                 if taken == k {
@@ -514,7 +552,7 @@ impl FreeList {
         w: u32,
         k: usize,
         out: &mut Vec<BlockId>,
-        fresh: bool,
+        taker: &mut Taker<impl FnMut(&[BlockId])>,
     ) -> (usize, bool) {
         let word = self.word(s, w);
         let backoff = Backoff::new();
@@ -530,7 +568,7 @@ impl FreeList {
                 cur = word.load(Ordering::Acquire);
                 let (take, n) = lowest(cur, k);
                 word.store(cur & !take, Ordering::Relaxed);
-                self.emit(s, w, take, out, fresh);
+                self.emit(s, w, take, out, taker);
                 return (n, held);
             }
             // Acquire on success: we now own these blocks, and whatever
@@ -541,7 +579,7 @@ impl FreeList {
             match word.compare_exchange_weak(cur, cur & !take, Ordering::Acquire, Ordering::Relaxed)
             {
                 Ok(_) => {
-                    self.emit(s, w, take, out, fresh);
+                    self.emit(s, w, take, out, taker);
                     return (n, held);
                 }
                 Err(actual) => {
@@ -554,21 +592,31 @@ impl FreeList {
     }
 
     /// Appends the ids of the bits `taken` of word `w` of shard `s`, just
-    /// taken; with `fresh`, for a sequence that holds them through their
-    /// uncounted references, and marks them fresh.
-    fn emit(&self, s: usize, w: u32, taken: u64, out: &mut Vec<BlockId>, fresh: bool) {
-        if fresh {
-            self.mark_fresh(s, w, taken);
-        }
+    /// taken, and gives them their first references as `taker` says: marks
+    /// them fresh, or has them counted.
+    fn emit(
+        &self,
+        s: usize,
+        w: u32,
+        taken: u64,
+        out: &mut Vec<BlockId>,
+        taker: &mut Taker<impl FnMut(&[BlockId])>,
+    ) {
+        let start = out.len();
         let base = s as u32 * self.span + 64 * w;
         if taken == u64::MAX {
             out.extend((base..base + 64).map(BlockId::new));
-            return;
+        } else {
+            let mut rest = taken;
+            while rest != 0 {
+                out.push(BlockId::new(base + rest.trailing_zeros()));
+                rest &= rest - 1;
+            }
         }
-        let mut rest = taken;
-        while rest != 0 {
-            out.push(BlockId::new(base + rest.trailing_zeros()));
-            rest &= rest - 1;
+        if taker.fresh && out.len() - start >= FRESH_MIN {
+            self.mark_fresh(s, w, taken);
+        } else {
+            (taker.first)(&out[start..]);
         }
     }
 
@@ -738,6 +786,22 @@ impl FreeList {
 mod tests {
     use super::*;
 
+    /// A raw taker: every block counted (here: nothing done).
+    fn counted() -> Taker<impl FnMut(&[BlockId])> {
+        Taker {
+            fresh: false,
+            first: |_: &[BlockId]| {},
+        }
+    }
+
+    /// A sequence's taker; the blocks it counts are recorded nowhere.
+    fn fresh() -> Taker<impl FnMut(&[BlockId])> {
+        Taker {
+            fresh: true,
+            first: |_: &[BlockId]| {},
+        }
+    }
+
     fn list(len: u32, shards: usize) -> FreeList {
         let room = FreeList::room(len as usize, shards).unwrap();
         FreeList::new(room, len, shards, Faults::default())
@@ -791,14 +855,17 @@ mod tests {
         ] {
             let free = list(len, shards);
             let mut out = Vec::with_capacity(len as usize);
-            assert_eq!(free.pop(len as usize, &mut out, false), len as usize);
+            assert_eq!(
+                free.pop(len as usize, &mut out, &mut counted()),
+                len as usize
+            );
             let mut seen = vec![false; len as usize];
             for id in &out {
                 assert!(!std::mem::replace(&mut seen[id.index()], true));
             }
             let mut more = Vec::with_capacity(1);
-            assert_eq!(free.pop(1, &mut more, false), 0);
-            assert_eq!(free.pop_everywhere(1, &mut more, false), 0);
+            assert_eq!(free.pop(1, &mut more, &mut counted()), 0);
+            assert_eq!(free.pop_everywhere(1, &mut more, &mut counted()), 0);
             let mut give = Give::new();
             for &id in out.iter().rev() {
                 give = give.add(&free, id);
@@ -807,7 +874,7 @@ mod tests {
             assert_eq!(give.len(), len as usize);
             out.clear();
             assert_eq!(
-                free.pop(len as usize, &mut out, false),
+                free.pop(len as usize, &mut out, &mut counted()),
                 len as usize,
                 "{len} {shards}"
             );
@@ -815,38 +882,69 @@ mod tests {
         }
     }
 
-    /// A fresh take marks every id it takes and no other; a held
-    /// give-back returns them all as fresh (never asking `drop_run`) and
-    /// clears their marks, in any order of the list.
+    /// A sequence's take marks fresh the ids it gets from a word that gives
+    /// it at least `FRESH_MIN`, and no other; it hands the others to be
+    /// counted. A held give-back returns the marked ones as fresh (never
+    /// asking `drop_run`) and clears their marks, in any order of the list.
     #[test]
     fn fresh_ids_are_marked_and_given_back_unmarked() {
         for &(len, shards) in &[(1u32, 1usize), (64, 1), (65, 1), (200, 3), (5000, 7)] {
             for order in 0..3 {
                 let free = list(len, shards);
                 let mut out = Vec::with_capacity(len as usize);
+                let mut firsts = Vec::new();
                 let half = (len as usize).div_ceil(2);
-                assert_eq!(free.pop(half, &mut out, true), half);
+                let mut taker = Taker {
+                    fresh: true,
+                    first: |ids: &[BlockId]| firsts.extend_from_slice(ids),
+                };
+                assert_eq!(free.pop(half, &mut out, &mut taker), half);
                 let mut rest = Vec::with_capacity(len as usize);
                 if half < len as usize {
                     let others = len as usize - half;
-                    assert_eq!(free.pop_everywhere(others, &mut rest, false), others);
+                    assert_eq!(
+                        free.pop_everywhere(others, &mut rest, &mut counted()),
+                        others
+                    );
                 }
+                // The ids taken from each word, and which are marked.
+                let word_count = |id: BlockId| {
+                    let place = free.word_of(id).place;
+                    out.iter()
+                        .filter(|&&o| free.word_of(o).place == place)
+                        .count()
+                };
                 for id in 0..len {
                     let id = BlockId::new(id);
-                    assert_eq!(free.is_fresh(id), out.contains(&id), "{id}");
+                    let marked = out.contains(&id) && word_count(id) >= FRESH_MIN;
+                    assert_eq!(free.is_fresh(id), marked, "{id}");
+                    assert_eq!(firsts.contains(&id), out.contains(&id) && !marked, "{id}");
                 }
+                let mut marked: Vec<BlockId> = out
+                    .iter()
+                    .copied()
+                    .filter(|&id| free.is_fresh(id))
+                    .collect();
                 match order {
                     0 => {}
-                    1 => out.reverse(),
-                    _ => out.sort_by_key(|id| (id.index() * 7919) % len as usize),
+                    1 => marked.reverse(),
+                    _ => marked.sort_by_key(|id| (id.index() * 7919) % len as usize),
                 }
                 let (give, left) =
-                    free.gather_held(&out, |_, _| panic!("a fresh block was dropped"));
+                    free.gather_held(&marked, |_, _| panic!("a fresh block was dropped"));
                 free.give(give);
-                assert_eq!((give.len(), left), (half, 0));
+                assert_eq!((give.len(), left), (marked.len(), 0));
                 assert!((0..len).all(|id| !free.is_fresh(BlockId::new(id))));
+                let mut give = Give::new();
+                for &id in &firsts {
+                    give = give.add(&free, id);
+                }
+                free.give(give);
                 let mut again = Vec::with_capacity(half);
-                assert_eq!(free.pop_everywhere(len as usize, &mut again, false), half);
+                assert_eq!(
+                    free.pop_everywhere(len as usize, &mut again, &mut counted()),
+                    half
+                );
                 again.sort();
                 out.sort();
                 assert_eq!(again, out);
@@ -861,12 +959,14 @@ mod tests {
     #[test]
     fn counted_blocks_go_to_drop_run_in_runs() {
         let free = list(128, 1);
-        let mut counted = Vec::with_capacity(128);
-        assert_eq!(free.pop(4, &mut counted, false), 4); // 0..4
-        let mut fresh = Vec::with_capacity(128);
-        assert_eq!(free.pop(100, &mut fresh, true), 100); // 4..104
-                                                          // Listed: 0..4 counted, then 4..104 fresh.
-        let ids: Vec<BlockId> = counted.iter().chain(&fresh).copied().collect();
+        let mut small = Vec::with_capacity(128);
+        assert_eq!(free.pop(4, &mut small, &mut fresh()), 4); // 0..4, counted
+        assert!(small.iter().all(|&id| !free.is_fresh(id)));
+        let mut large = Vec::with_capacity(128);
+        assert_eq!(free.pop(100, &mut large, &mut fresh()), 100); // 4..104
+        assert!(large.iter().all(|&id| free.is_fresh(id)));
+        // Listed: 0..4 counted, then 4..104 fresh.
+        let ids: Vec<BlockId> = small.iter().chain(&large).copied().collect();
         let mut runs = Vec::new();
         let (give, left) = free.gather_held(&ids, |lo, hi| {
             runs.push((lo, hi));
@@ -878,7 +978,10 @@ mod tests {
         free.give(give);
         assert!(!free.is_fresh(BlockId::new(50)));
         let mut back = Vec::with_capacity(128);
-        assert_eq!(free.pop_everywhere(128, &mut back, false), 102 + 24);
+        assert_eq!(
+            free.pop_everywhere(128, &mut back, &mut counted()),
+            102 + 24
+        );
     }
 
     /// `consecutive_before` counts the consecutive ids at the end of a
@@ -906,13 +1009,13 @@ mod tests {
     fn a_refilled_word_is_found_through_its_summary() {
         let free = list(256, 1);
         let mut out = Vec::with_capacity(256);
-        assert_eq!(free.pop(256, &mut out, false), 256);
+        assert_eq!(free.pop(256, &mut out, &mut counted()), 256);
         // Every group looks empty: the next pop clears every summary bit.
         let mut none = Vec::with_capacity(1);
-        assert_eq!(free.pop(1, &mut none, false), 0);
+        assert_eq!(free.pop(1, &mut none, &mut counted()), 0);
         assert_eq!(free.summaries[0].load(Ordering::Relaxed), 0);
         free.give(Give::new().add(&free, out[200]));
-        assert_eq!(free.pop(1, &mut none, false), 1);
+        assert_eq!(free.pop(1, &mut none, &mut counted()), 1);
         assert_eq!(none, [out[200]]);
     }
 }

@@ -38,15 +38,12 @@ mod wait;
 use admission::Admission;
 pub use builder::BlockPoolBuilder;
 use fence::Fences;
-use free_list::{FreeList, Give};
+use free_list::{FreeList, Give, Taker};
 use prefix::{Evictions, PrefixCache};
 pub use prefix::{KvEvent, PrefixStats};
 pub(crate) use refs::Holder;
 use refs::{Dropped, RawAddRefused, Refs};
 
-/// The fewest blocks that a take for a sequence leaves fresh, held through
-/// uncounted references (see [`BlockPool::take_free`]).
-const FRESH_MIN: usize = 8;
 pub use stats::PoolStats;
 pub use wait::Alloc;
 
@@ -599,14 +596,14 @@ impl BlockPool {
         let mut need = n;
         let backoff = Backoff::new();
         loop {
-            need -= self.take_free(need, out, holder, FreeList::pop);
+            need -= self.take_free(need, out, holder, false);
             if let (true, Some(cache)) = (need > 0, self.prefix.as_deref()) {
                 need -= self.evict_into(cache, need, out, holder);
             }
             if need > 0 {
                 // The last look: every word of the free list, whatever its
                 // summaries say.
-                need -= self.take_free(need, out, holder, FreeList::pop_everywhere);
+                need -= self.take_free(need, out, holder, true);
             }
             if need == 0 {
                 return;
@@ -615,30 +612,34 @@ impl BlockPool {
         }
     }
 
-    /// Takes up to `k > 0` uncached free blocks with `pop` (a way of taking
-    /// from the free list), appends them to `out` with one reference of
-    /// `holder`'s each, and returns how many.
+    /// Takes up to `k > 0` uncached free blocks from the free list
+    /// (through its summaries, or with `everywhere` through every word),
+    /// appends them to `out` with one reference of `holder`'s each, and
+    /// returns how many.
     ///
-    /// A take of at least [`FRESH_MIN`] blocks for a sequence leaves them
-    /// fresh: their references are uncounted, marked in the free list's
-    /// fresh bitmap (one `fetch_or` per word), and their state words are
-    /// not written (see [Reference counts](crate::implementation#reference-counts)).
-    /// Fewer get a count of 1 each, a plain store, which costs less than
-    /// the mark and the fresh give-back's clear for a block or two.
+    /// Blocks that a sequence gets from one word of the bitmap, at least
+    /// `free_list::FRESH_MIN` (8) of them, are left fresh: their references are
+    /// uncounted, marked in the free list's fresh bitmap (one `fetch_or`
+    /// for the word), and their state words are not written (see
+    /// [Reference counts](crate::implementation#reference-counts)). Fewer
+    /// get a count of 1 each, a plain store, which costs less than the
+    /// mark and the fresh give-back's clear for a few blocks.
     fn take_free(
         &self,
         k: usize,
         out: &mut Vec<BlockId>,
         holder: Holder,
-        pop: impl FnOnce(&FreeList, usize, &mut Vec<BlockId>, bool) -> usize,
+        everywhere: bool,
     ) -> usize {
-        let fresh = holder == Holder::Sequence && k >= FRESH_MIN;
-        let base = out.len();
-        let taken = pop(&self.free, k, out, fresh);
-        if !fresh {
-            self.refs.set_first(&out[base..], holder);
+        let mut taker = Taker {
+            fresh: holder == Holder::Sequence,
+            first: |ids: &[BlockId]| self.refs.set_first(ids, holder),
+        };
+        if everywhere {
+            self.free.pop_everywhere(k, out, &mut taker)
+        } else {
+            self.free.pop(k, out, &mut taker)
         }
-        taken
     }
 
     /// Drops one reference per listed id; a block whose last reference goes

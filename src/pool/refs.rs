@@ -41,9 +41,10 @@
 //!
 //! # Fresh blocks: the uncounted reference
 //!
-//! A take of 8 blocks or more from the free list for a sequence
-//! (`BlockPool::take_free`; blocks evicted for it are counted) writes no
-//! state word: the blocks are *fresh*, each held through one uncounted
+//! A sequence's take writes no state word for the blocks it gets from one
+//! word of the free list's bitmap if they are 8 or more
+//! (`BlockPool::take_free`; fewer, and blocks evicted for it, are
+//! counted): the blocks are *fresh*, each held through one uncounted
 //! reference, its taker's, which the free list's fresh bitmap records (a
 //! bit per block, set by the take, one `fetch_or` a word). The state word
 //! of a fresh block stays bare, as the free list left it: no count, key
