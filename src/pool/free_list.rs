@@ -669,7 +669,9 @@ impl FreeList {
     /// `drop_run` says that it is free now (a sole holder's last counted
     /// reference), and gathers them for [`give`](Self::give); stops before
     /// the first id that is neither. Returns what it gathered and how many
-    /// ids (the first ones) it did not reach.
+    /// ids (the first ones) it did not reach. `is_bare` says whether a
+    /// block's state word is bare (then the block, which the caller holds,
+    /// is fresh): the fresh bitmap's word is read only once one is.
     ///
     /// The ids are taken in runs, consecutive in one word of the bitmap
     /// and listed in that order (a sequence's blocks mostly are: a take
@@ -682,12 +684,15 @@ impl FreeList {
     pub(crate) fn gather_held(
         &self,
         ids: &[BlockId],
+        is_bare: impl Fn(BlockId) -> bool,
         mut drop_run: impl FnMut(usize, usize) -> usize,
     ) -> (Give, usize) {
         // The state of a `Give`, in locals that stay in registers, and the
-        // fresh bits of its word.
+        // fresh bits of its word (read once a bare word is met in it: a
+        // give-back of counted blocks never reads the fresh bitmap).
         let mut word = Give::new().word;
-        let (mut mask, mut fresh, mut fresh_bits) = (0u64, 0u64, 0u64);
+        let (mut mask, mut fresh) = (0u64, 0u64);
+        let mut fresh_bits: Option<u64> = None;
         let mut rest = ids.len();
         while let Some(&last) = rest.checked_sub(1).and_then(|i| ids.get(i)) {
             let top = last.index() as u32;
@@ -696,13 +701,23 @@ impl FreeList {
                 if mask != 0 {
                     self.return_word(word.place, mask);
                 }
-                (word, mask, fresh) = (self.word_of(last), 0, 0);
-                // Relaxed: the bits of our own blocks, which only their
-                // holder (we) changes.
-                fresh_bits = self
-                    .fresh_word(word.place.shard as usize, word.place.word)
-                    .load(Ordering::Relaxed);
+                (word, mask, fresh, fresh_bits) = (self.word_of(last), 0, 0, None);
             }
+            // A block the caller holds with a bare word is fresh; its run's
+            // others are told apart by their fresh bits.
+            let known = fresh_bits;
+            let fresh_bits = match fresh_bits {
+                Some(bits) => bits,
+                None if is_bare(last) => {
+                    // Relaxed: the bits of our own blocks, which only their
+                    // holder (we) changes.
+                    let bits = self
+                        .fresh_word(word.place.shard as usize, word.place.word)
+                        .load(Ordering::Relaxed);
+                    *fresh_bits.insert(bits)
+                }
+                None => 0,
+            };
             let offset = top - word.base;
             // The run of consecutive ids that ends at `top` in this word,
             // cut where the blocks stop being (or not being) fresh.
@@ -728,7 +743,11 @@ impl FreeList {
                 }
             }
             rest -= done;
-            if done < run {
+            // Stopped before a block that is neither fresh nor ours alone?
+            // (`drop_run` also stops at a fresh block that the run reached
+            // before this word's fresh bits were read: the next turn reads
+            // them, and then goes on or stops for good.)
+            if done < run && (known.is_some() || !is_bare(ids[rest - 1])) {
                 break;
             }
         }
@@ -930,8 +949,11 @@ mod tests {
                     1 => marked.reverse(),
                     _ => marked.sort_by_key(|id| (id.index() * 7919) % len as usize),
                 }
-                let (give, left) =
-                    free.gather_held(&marked, |_, _| panic!("a fresh block was dropped"));
+                let (give, left) = free.gather_held(
+                    &marked,
+                    |_| true,
+                    |_, _| panic!("a fresh block was dropped"),
+                );
                 free.give(give);
                 assert_eq!((give.len(), left), (marked.len(), 0));
                 assert!((0..len).all(|id| !free.is_fresh(BlockId::new(id))));
@@ -968,11 +990,15 @@ mod tests {
         // Listed: 0..4 counted, then 4..104 fresh.
         let ids: Vec<BlockId> = small.iter().chain(&large).copied().collect();
         let mut runs = Vec::new();
-        let (give, left) = free.gather_held(&ids, |lo, hi| {
-            runs.push((lo, hi));
-            // Leave block 1 (and so everything before it).
-            hi - lo.max(2)
-        });
+        let (give, left) = free.gather_held(
+            &ids,
+            |id| large.contains(&id),
+            |lo, hi| {
+                runs.push((lo, hi));
+                // Leave block 1 (and so everything before it).
+                hi - lo.max(2)
+            },
+        );
         assert_eq!(runs, [(0, 4)]);
         assert_eq!((give.len(), left), (102, 2));
         free.give(give);
@@ -982,6 +1008,36 @@ mod tests {
             free.pop_everywhere(128, &mut back, &mut counted()),
             102 + 24
         );
+    }
+
+    /// A run of counted blocks listed after fresh ones with consecutive ids
+    /// (a prompt's fresh blocks, then a few decoded blocks counted one by
+    /// one): `drop_run` stops at the first fresh one, and the fresh run
+    /// still goes back as fresh, without `drop_run`.
+    #[test]
+    fn a_counted_run_after_a_fresh_one_goes_on_into_it() {
+        let free = list(128, 1);
+        let mut large = Vec::with_capacity(128);
+        assert_eq!(free.pop(100, &mut large, &mut fresh()), 100); // 0..100
+        let mut small = Vec::with_capacity(128);
+        assert_eq!(free.pop(4, &mut small, &mut fresh()), 4); // 100..104
+        let ids: Vec<BlockId> = large.iter().chain(&small).copied().collect();
+        let mut runs = Vec::new();
+        let (give, left) = free.gather_held(
+            &ids,
+            |id| large.contains(&id),
+            |lo, hi| {
+                runs.push((lo, hi));
+                // Counted blocks (100..) go; a fresh one stops the run.
+                hi - lo.max(100)
+            },
+        );
+        free.give(give);
+        assert_eq!((give.len(), left), (104, 0));
+        assert_eq!(runs, [(64, 104)]); // one word: 64..128
+        assert!((0..128).all(|id| !free.is_fresh(BlockId::new(id))));
+        let mut back = Vec::with_capacity(128);
+        assert_eq!(free.pop_everywhere(128, &mut back, &mut counted()), 128);
     }
 
     /// `consecutive_before` counts the consecutive ids at the end of a

@@ -924,9 +924,11 @@ impl BlockPool {
     pub(crate) fn drop_held_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
         // The usual case, a sequence's own blocks that it holds alone, in
         // runs: fresh ones with no access to their state words.
-        let (give, rest) = self
-            .free
-            .gather_held(ids, |lo, hi| self.refs.drop_sole_run(lo, hi));
+        let (give, rest) = self.free.gather_held(
+            ids,
+            |id| self.refs.is_bare(id),
+            |lo, hi| self.refs.drop_sole_run(lo, hi),
+        );
         if rest > 0 {
             let rest = &ids[..rest];
             return self.drop_each(give, rest.iter().rev().copied(), rest, |id| {
