@@ -693,6 +693,9 @@ impl FreeList {
         let mut word = Give::new().word;
         let (mut mask, mut fresh) = (0u64, 0u64);
         let mut fresh_bits: Option<u64> = None;
+        // The run found by the last turn, when it stopped at a bare word
+        // before the fresh bits were read (its ids are not compared again).
+        let mut pending: Option<usize> = None;
         let mut rest = ids.len();
         while let Some(&last) = rest.checked_sub(1).and_then(|i| ids.get(i)) {
             let top = last.index() as u32;
@@ -703,32 +706,24 @@ impl FreeList {
                 }
                 (word, mask, fresh, fresh_bits) = (self.word_of(last), 0, 0, None);
             }
-            // A block the caller holds with a bare word is fresh; its run's
-            // others are told apart by their fresh bits.
+            // Until this word's fresh bits are read, the blocks are taken
+            // for counted ones (`drop_run` stops at a bare word).
             let known = fresh_bits;
-            let fresh_bits = match fresh_bits {
-                Some(bits) => bits,
-                None if is_bare(last) => {
-                    // Relaxed: the bits of our own blocks, which only their
-                    // holder (we) changes.
-                    let bits = self
-                        .fresh_word(word.place.shard as usize, word.place.word)
-                        .load(Ordering::Relaxed);
-                    *fresh_bits.insert(bits)
-                }
-                None => 0,
-            };
+            let bits = fresh_bits.unwrap_or(0);
             let offset = top - word.base;
             // The run of consecutive ids that ends at `top` in this word,
             // cut where the blocks stop being (or not being) fresh.
-            let up = fresh_bits << (63 - offset);
+            let up = bits << (63 - offset);
             let is_fresh = up >> 63 != 0;
             let same = if is_fresh {
                 (!up).leading_zeros()
             } else {
                 up.leading_zeros().min(offset + 1)
             };
-            let run = consecutive_before(&ids[..rest], same as usize);
+            let run = match pending.take() {
+                Some(run) => run.min(same as usize),
+                None => consecutive_before(&ids[..rest], same as usize),
+            };
             let done = if is_fresh {
                 run
             } else {
@@ -744,11 +739,21 @@ impl FreeList {
             }
             rest -= done;
             // Stopped before a block that is neither fresh nor ours alone?
-            // (`drop_run` also stops at a fresh block that the run reached
-            // before this word's fresh bits were read: the next turn reads
-            // them, and then goes on or stops for good.)
-            if done < run && (known.is_some() || !is_bare(ids[rest - 1])) {
-                break;
+            // `drop_run` also stops at a bare word (a block the caller holds
+            // with a bare word is fresh) before this word's fresh bits are
+            // read: they are read then, and the next turn goes on or stops
+            // for good.
+            if done < run {
+                if known.is_some() || !is_bare(ids[rest - 1]) {
+                    break;
+                }
+                // Relaxed: the bits of our own blocks, which only their
+                // holder (we) changes.
+                fresh_bits = Some(
+                    self.fresh_word(word.place.shard as usize, word.place.word)
+                        .load(Ordering::Relaxed),
+                );
+                pending = Some(run - done);
             }
         }
         // The fresh bits go before the free bits, which the caller returns.
@@ -903,8 +908,9 @@ mod tests {
 
     /// A sequence's take marks fresh the ids it gets from a word that gives
     /// it at least `FRESH_MIN`, and no other; it hands the others to be
-    /// counted. A held give-back returns the marked ones as fresh (never
-    /// asking `drop_run`) and clears their marks, in any order of the list.
+    /// counted. A held give-back returns the marked ones as fresh (none of
+    /// them dropped by `drop_run`) and clears their marks, in any order of
+    /// the list.
     #[test]
     fn fresh_ids_are_marked_and_given_back_unmarked() {
         for &(len, shards) in &[(1u32, 1usize), (64, 1), (65, 1), (200, 3), (5000, 7)] {
@@ -952,7 +958,8 @@ mod tests {
                 let (give, left) = free.gather_held(
                     &marked,
                     |_| true,
-                    |_, _| panic!("a fresh block was dropped"),
+                    // A bare word stops a drop at once.
+                    |_, _| 0,
                 );
                 free.give(give);
                 assert_eq!((give.len(), left), (marked.len(), 0));
@@ -995,11 +1002,13 @@ mod tests {
             |id| large.contains(&id),
             |lo, hi| {
                 runs.push((lo, hi));
-                // Leave block 1 (and so everything before it).
-                hi - lo.max(2)
+                // Drops from `hi - 1` down to a bare word (a fresh block,
+                // 4 and up) or to block 1, which it leaves.
+                (lo..hi).rev().take_while(|&i| (2..4).contains(&i)).count()
             },
         );
-        assert_eq!(runs, [(0, 4)]);
+        // The fresh runs are tried as counted first (0 dropped: bare).
+        assert_eq!(runs, [(64, 104), (0, 64), (0, 4)]);
         assert_eq!((give.len(), left), (102, 2));
         free.give(give);
         assert!(!free.is_fresh(BlockId::new(50)));
@@ -1029,12 +1038,12 @@ mod tests {
             |lo, hi| {
                 runs.push((lo, hi));
                 // Counted blocks (100..) go; a fresh one stops the run.
-                hi - lo.max(100)
+                (lo..hi).rev().take_while(|&i| i >= 100).count()
             },
         );
         free.give(give);
         assert_eq!((give.len(), left), (104, 0));
-        assert_eq!(runs, [(64, 104)]); // one word: 64..128
+        assert_eq!(runs, [(64, 104), (0, 64)]); // words of 64
         assert!((0..128).all(|id| !free.is_fresh(BlockId::new(id))));
         let mut back = Vec::with_capacity(128);
         assert_eq!(free.pop_everywhere(128, &mut back, &mut counted()), 128);
