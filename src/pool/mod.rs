@@ -922,6 +922,15 @@ impl BlockPool {
     /// released first, so that of a cached prompt the tail is evicted
     /// before the head.
     pub(crate) fn drop_held_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
+        // One block counted and held alone (a decode step's block rolled
+        // back, a copy-on-write's source): a load and a store, no runs.
+        if let &[id] = ids {
+            if self.refs.drop_sole(id) {
+                self.free.give(Give::new().add(&self.free, id));
+                self.counter.release_held(1);
+                return Ok(());
+            }
+        }
         // The usual case, a sequence's own blocks that it holds alone, in
         // runs: fresh ones with no access to their state words.
         let (give, rest) = self.free.gather_held(
