@@ -39,18 +39,18 @@ const FRESH_KEPT: Faults = Faults {
 };
 
 /// The relaxed-clear control (see the module doc).
-const RELAXED_FRESH_CLEAR: Faults = Faults {
+pub(super) const RELAXED_FRESH_CLEAR: Faults = Faults {
     relaxed_fresh_clear: true,
     ..SOUND
 };
 
 /// What a model asserts when `ref_count` reads no reference on a block
 /// that a sequence holds throughout.
-const UNHELD: &str = "read as unheld";
+pub(super) const UNHELD: &str = "read as unheld";
 
 /// A pool of `num_blocks` blocks of `block_size` slots, one shard (one
 /// bitmap word), built with `faults`.
-fn pool(num_blocks: usize, block_size: usize, faults: Faults) -> Arc<BlockPool> {
+pub(super) fn pool(num_blocks: usize, block_size: usize, faults: Faults) -> Arc<BlockPool> {
     Arc::new(BlockPool::with_faults(num_blocks, block_size, 1, faults))
 }
 
@@ -65,7 +65,7 @@ fn fresh_sequence(pool: &Arc<BlockPool>, blocks: usize) -> Sequence {
 
 /// [`fresh_sequence`], on a thread with no other: checks that its blocks
 /// are marked fresh.
-fn fresh_sequence_alone(pool: &Arc<BlockPool>, blocks: usize) -> Sequence {
+pub(super) fn fresh_sequence_alone(pool: &Arc<BlockPool>, blocks: usize) -> Sequence {
     let seq = fresh_sequence(pool, blocks);
     assert!(
         seq.blocks().iter().all(|&id| pool.is_fresh(id)),
@@ -76,7 +76,7 @@ fn fresh_sequence_alone(pool: &Arc<BlockPool>, blocks: usize) -> Sequence {
 
 /// The pool once everything is back: every block free, unreferenced and
 /// unmarked, the books exact, and every block handed out once.
-fn assert_whole(pool: &BlockPool) {
+pub(super) fn assert_whole(pool: &BlockPool) {
     let n = pool.num_blocks();
     for i in 0..n {
         let id = BlockId::new(i as u32);

@@ -12,44 +12,13 @@
 //! | [`ref_count_vs_fork_beside_a_give_back`]: `ref_count` of a fresh block while its sequence forks and another gives back its fresh blocks of the same word | 3, 16 | `relaxed_fresh_clear`: the reader reads 0 |
 use std::sync::Arc;
 
-use crate::loom_tests::pool_world::{check, LOST, SOUND};
-use crate::sync::Faults;
-use crate::{hash_blocks, BlockHash, BlockId, BlockPool, Sequence};
-use loom::thread;
-
-/// The relaxed-clear control.
-const RELAXED_FRESH_CLEAR: Faults = Faults {
-    relaxed_fresh_clear: true,
-    ..SOUND
+use crate::loom_tests::fresh::{
+    assert_whole, fresh_sequence_alone, pool, RELAXED_FRESH_CLEAR, UNHELD,
 };
-
-/// What a model asserts when `ref_count` reads no reference on a block
-/// that a sequence holds throughout.
-const UNHELD: &str = "read as unheld";
-
-/// A one-shard pool (one bitmap word) with `faults`.
-fn pool(num_blocks: usize, block_size: usize, faults: Faults) -> Arc<BlockPool> {
-    Arc::new(BlockPool::with_faults(num_blocks, block_size, 1, faults))
-}
-
-/// A sequence over `pool` holding `blocks` fresh blocks.
-fn fresh_sequence(pool: &Arc<BlockPool>, blocks: usize) -> Sequence {
-    let mut seq = Sequence::new(Arc::clone(pool));
-    seq.try_append(blocks * pool.block_size())
-        .expect("room for the sequence");
-    assert!(seq.blocks().iter().all(|&id| pool.is_fresh(id)));
-    seq
-}
-
-/// Every block free and unmarked, the used count 0.
-fn assert_back(pool: &BlockPool) {
-    for i in 0..pool.num_blocks() {
-        let id = BlockId::new(i as u32);
-        assert_eq!(pool.ref_count(id), Some(0), "{LOST}: {id}'s count");
-        assert!(!pool.is_fresh(id), "{LOST}: {id} still marked fresh");
-    }
-    assert_eq!(pool.used_blocks(), 0, "{LOST}: used blocks");
-}
+use crate::loom_tests::pool_world::{check, SOUND};
+use crate::sync::Faults;
+use crate::{hash_blocks, BlockHash};
+use loom::thread;
 
 /// `ref_count` of a fresh block while its sequence publishes it (counts
 /// it, then claims and commits it) on another thread: the read finds the
@@ -59,7 +28,7 @@ fn ref_count_vs_publish(faults: Faults) {
         let pool = pool(8, 1, faults);
         let mut keys: Vec<BlockHash> = Vec::new();
         hash_blocks(b"", &[7], 1, &mut keys);
-        let mut seq = fresh_sequence(&pool, 8);
+        let mut seq = fresh_sequence_alone(&pool, 8);
         let id = seq.blocks()[0];
         let reader = {
             let pool = Arc::clone(&pool);
@@ -70,7 +39,7 @@ fn ref_count_vs_publish(faults: Faults) {
         assert_eq!(count, 1, "{id} {UNHELD}: ref_count {count}");
         drop(seq);
         assert_eq!(pool.reset_prefix_cache(), 1);
-        assert_back(&pool);
+        assert_whole(&pool);
     });
 }
 
@@ -82,8 +51,8 @@ fn ref_count_vs_publish(faults: Faults) {
 fn ref_count_vs_fork_beside_a_give_back(faults: Faults) {
     check(move || {
         let pool = pool(16, 1, faults);
-        let seq = fresh_sequence(&pool, 8);
-        let other = fresh_sequence(&pool, 8);
+        let seq = fresh_sequence_alone(&pool, 8);
+        let other = fresh_sequence_alone(&pool, 8);
         let id = seq.blocks()[0];
         let reader = {
             let pool = Arc::clone(&pool);
@@ -95,7 +64,7 @@ fn ref_count_vs_fork_beside_a_give_back(faults: Faults) {
         giver.join().expect("the drop does not panic");
         drop((seq, child));
         assert!((1..=2).contains(&count), "{id} {UNHELD}: ref_count {count}");
-        assert_back(&pool);
+        assert_whole(&pool);
     });
 }
 
