@@ -4,7 +4,9 @@
 //! partly filled tail copies it on write (see [`crate::implementation`],
 //! "Sequences").
 
+use std::cell::Cell;
 use std::fmt;
+use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,6 +80,22 @@ pub struct BlockCopy {
 /// blocks follow the pool's rule (see [`BlockPool`]): what a sequence's
 /// thread did with a block before the sequence gave it back happens-before
 /// the block's next owner gets it.
+///
+/// It is not `Sync`: even the calls that take `&self` and write the pool
+/// ([`try_fork`](Self::try_fork), which counts the references of the
+/// sequence's fresh blocks before sharing them) rely on no other thread
+/// calling the sequence meanwhile. Share a sequence between threads behind
+/// a lock, or fork it and send the child:
+///
+/// ```compile_fail
+/// fn shared_by_threads<T: Sync>() {}
+/// shared_by_threads::<kvslots::Sequence>();
+/// ```
+///
+/// ```
+/// fn sent_to_a_thread<T: Send>() {}
+/// sent_to_a_thread::<kvslots::Sequence>();
+/// ```
 pub struct Sequence<A: BlockAllocator + ?Sized = BlockPool> {
     pool: Arc<A>,
     pub(crate) blocks: Vec<BlockId>,
@@ -102,6 +120,8 @@ pub struct Sequence<A: BlockAllocator + ?Sized = BlockPool> {
     /// running sequence: its allocations are new admissions, which leave
     /// the queued waiters what they are owed.
     pub(crate) matched: usize,
+    /// Not `Sync` (see above); `Send` as before.
+    pub(crate) single_thread: PhantomData<Cell<()>>,
 }
 
 impl<A: BlockAllocator + ?Sized> Sequence<A> {
@@ -144,6 +164,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             tail_may_be_shared: false,
             null: 0,
             matched: 0,
+            single_thread: PhantomData,
         }
     }
 

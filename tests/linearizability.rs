@@ -2204,7 +2204,9 @@ fn refused_free_leaves_a_shared_block_allocated() {
                 }
                 None
             });
-            let y = s.spawn(|| {
+            // Y alone calls the parent meanwhile (a sequence is not `Sync`).
+            let (barrier, done, pool, parent) = (&barrier, &done, &pool, &mut parent);
+            let y = s.spawn(move || {
                 barrier.wait();
                 let mut saw = None;
                 for _ in 0..PROBES {

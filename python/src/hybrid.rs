@@ -611,9 +611,10 @@ impl PyHybridSequence {
         let forked = self.with(py, |seq| {
             let mut copies = Vec::new();
             let blocks = seq.held_blocks();
-            let seq = &*seq;
-            detached(py, blocks, || {
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| seq.try_fork(&mut copies)))
+            // Moved in as `&mut` (a sequence is `Send`, not `Sync`).
+            let out = &mut copies;
+            detached(py, blocks, move || {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| seq.try_fork(out)))
             })
             .map(|r| r.map(|child| (child, copies)))
         })?;
@@ -698,7 +699,9 @@ impl PyHybridSequence {
         self.with(py, |seq| {
             let positions = start..stop.unwrap_or(seq.len());
             let blocks = positions.len() / block_size;
-            detached(py, blocks, || seq.extend_slots(g, positions, &mut out))
+            // Moved in as `&mut` (a sequence is `Send`, not `Sync`).
+            let out = &mut out;
+            detached(py, blocks, move || seq.extend_slots(g, positions, out))
         })?
         .map_err(hybrid_error)?;
         PyList::new(py, out)

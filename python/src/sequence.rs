@@ -148,7 +148,10 @@ impl PySequence {
             let positions = start..stop.unwrap_or(seq.len());
             // About a nanosecond a token: release the GIL for long ranges.
             let blocks = positions.len() / seq.pool().block_size();
-            detached(py, blocks, || seq.extend_slots(positions, &mut out))
+            // The closure holds the `&mut` (a sequence is `Send`, not
+            // `Sync`): no other thread can call it meanwhile.
+            let out = &mut out;
+            detached(py, blocks, move || seq.extend_slots(positions, out))
         })?
         .map_err(errors::position_error)?;
         Ok(out)
@@ -406,8 +409,8 @@ impl PySequence {
             {
                 return Err(ForkError::Freed(id));
             }
-            let seq = &*seq;
-            detached(py, full, || {
+            // Moved in as `&mut` (a sequence is `Send`, not `Sync`).
+            detached(py, full, move || {
                 catch_unwind(AssertUnwindSafe(|| seq.try_fork()))
                     .map_err(|_| ForkError::Panicked)?
                     .map_err(ForkError::Reserve)

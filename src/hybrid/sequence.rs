@@ -66,8 +66,8 @@ use crate::sync::Faults;
 ///
 /// # Memory ordering
 ///
-/// As [`Sequence`]'s: a plain `Send` value used by one thread at a time,
-/// whose blocks follow the pool's rules. They are a sequence's blocks in
+/// As [`Sequence`]'s: a plain `Send` value used by one thread at a time
+/// (not `Sync`), whose blocks follow the pool's rules. They are a sequence's blocks in
 /// every table (also a window's block reused for new tokens, a fork's,
 /// a match's and those retired under a fence): a raw
 /// [`BlockPool::free`] of one is refused with
