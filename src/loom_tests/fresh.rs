@@ -1,10 +1,15 @@
 //! Loom models of fresh blocks: a sequence's take of at least
 //! `FRESH_MIN` (8) blocks from one word of the free list writes no state
 //! word, marks the blocks in the free list's fresh bitmap instead (one
-//! `fetch_or` for the word), and gives them
+//! `fetch_or` for the word, a store when the take emptied the word), and
+//! gives them
 //! back by clearing those bits and setting their free bits; a fork or a
 //! publish counts the references first (a store of the state word, then a
 //! Release clear of the fresh bits). See `refs.rs`, "Fresh blocks".
+//!
+//! The models of 8 blocks take the whole word (its marks, counts and
+//! clears are stores); the models of 16 blocks take part of it
+//! (read-modify-writes).
 //!
 //! Run with `scripts/loom fresh`.
 //!
@@ -14,7 +19,7 @@
 //!
 //! | model | threads, blocks | negative control, caught |
 //! |---|---|---|
-//! | [`two_takes_in_one_word`]: two sequences take 8 fresh blocks each from one bitmap word and give them back | 2, 16 | `plain_fresh_mark`: a mark with a load and a plain store loses the other's mark or clear |
+//! | [`two_takes_in_one_word`]: two sequences take 8 fresh blocks each from one bitmap word and give them back | 2, 16 | `plain_fresh_mark`: a mark with a load and a plain store loses the other's mark or clear; `fresh_store_any_word`: a mark or clear that stores the whole word while the other holds part of it does too |
 //! | [`fork_of_fresh_blocks`]: a sequence of 8 fresh blocks forks; parent and child drop at once | 2, 8 | `fresh_kept`: the count leaves the fresh bits set, so the parent gives back blocks the child holds |
 //! | [`publish_of_a_fresh_block_vs_match`]: a sequence publishes the first of its 8 fresh blocks and drops them while another matches the key | 2, 8 | `fresh_kept`: the published block is given back as fresh while it is cached |
 //! | [`ref_count_vs_fork`]: `ref_count` of a fresh block while its sequence forks | 2, 8 | `relaxed_fresh_clear`: the reader sees the bit cleared but the word still bare, and reads 0 |
@@ -35,6 +40,12 @@ const PLAIN_FRESH_MARK: Faults = Faults {
 /// The kept-bit control (see the module doc).
 const FRESH_KEPT: Faults = Faults {
     fresh_kept: true,
+    ..SOUND
+};
+
+/// The store-anywhere control (see the module doc).
+const FRESH_STORE_ANY_WORD: Faults = Faults {
+    fresh_store_any_word: true,
     ..SOUND
 };
 
@@ -224,6 +235,12 @@ fn two_takes_in_one_word_sound() {
 #[should_panic(expected = "blocks not conserved")]
 fn two_takes_in_one_word_plain_fresh_mark_is_caught() {
     two_takes_in_one_word(PLAIN_FRESH_MARK);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn two_takes_in_one_word_fresh_store_any_word_is_caught() {
+    two_takes_in_one_word(FRESH_STORE_ANY_WORD);
 }
 
 #[test]

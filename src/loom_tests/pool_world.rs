@@ -75,6 +75,7 @@ pub const SOUND: Faults = Faults {
     plain_fresh_mark: false,
     fresh_kept: false,
     relaxed_fresh_clear: false,
+    fresh_store_any_word: false,
     claim_before_read: false,
     unchecked_overflow_clear: false,
 };

@@ -47,6 +47,8 @@ pub(crate) struct FreeList {
     /// sets or clears it: the take that marks it, then the give-back or
     /// the count that clears it.
     fresh: Box<[Line]>,
+    /// Ids in all: `0..len`.
+    len: u32,
     /// Ids per shard: shard `s` owns ids `s * span .. (s + 1) * span`.
     span: u32,
     /// Bitmap words per shard: `ceil(span / 64)`.
@@ -168,6 +170,20 @@ fn lowest(word: u64, k: usize) -> (u64, usize) {
     (word & !rest, taken)
 }
 
+/// The bits of every id that word `w` of shard `s` holds, in a free list
+/// of `len` ids, `span` a shard (all 64 but at the end of a shard or of
+/// the ids; none past them).
+fn whole_bits(len: u32, span: u32, s: u32, w: u32) -> u64 {
+    let lo = u64::from(s) * u64::from(span) + 64 * u64::from(w);
+    let shard_end = (u64::from(s) + 1) * u64::from(span);
+    let end = u64::from(len).min(shard_end).min(lo + 64);
+    match end.saturating_sub(lo) {
+        0 => 0,
+        64 => u64::MAX,
+        n => (1u64 << n) - 1,
+    }
+}
+
 /// How many of the last ids of `ids` (at most `max`, at least 1 for a
 /// nonempty list) are consecutive, each one more than the one before it.
 #[inline]
@@ -176,25 +192,33 @@ fn consecutive_before(ids: &[BlockId], max: usize) -> usize {
         return 0;
     };
     let max = max.min(ids.len());
-    let top = last.index();
-    // Eight at a time while they are (a loop the compiler vectorises),
-    // then one at a time.
-    let mut run = 1;
-    while run + 8 <= max {
-        let chunk = &ids[ids.len() - run - 8..ids.len() - run];
-        let Some(start) = top.checked_sub(run + 7) else {
-            break;
-        };
-        if !chunk
-            .iter()
-            .enumerate()
-            .all(|(i, id)| id.index() == start + i)
-        {
+    // Position `p` of the last `max` ids holds id `top - (end - p)` where
+    // they are consecutive; `top` is at least `max - 1` for the whole run.
+    let top = last.index() as u32;
+    let max = max.min(top as usize + 1);
+    let end = ids.len() - 1;
+    // Sixteen at a time while they are (the differences folded without a
+    // branch, over 32-bit lanes: a loop the compiler vectorises), then one
+    // at a time.
+    const STEP: [u32; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+    let mut run = 0;
+    while run + 16 <= max {
+        let chunk: &[BlockId; 16] = ids[end + 1 - run - 16..=end - run]
+            .try_into()
+            .expect("sixteen ids");
+        // The id expected at the chunk's first position (no wrap: `run + 15
+        // < max <= top + 1`).
+        let start = top - (run as u32 + 15);
+        let mut off = 0;
+        for (id, step) in chunk.iter().zip(STEP) {
+            off |= id.index() as u32 ^ (start + step);
+        }
+        if off != 0 {
             break;
         }
-        run += 8;
+        run += 16;
     }
-    while run < max && top.checked_sub(run) == Some(ids[ids.len() - 1 - run].index()) {
+    while run < max && ids[end - run].index() as u32 == top - run as u32 {
         run += 1;
     }
     run
@@ -212,14 +236,7 @@ impl FreeList {
             if w >= words {
                 return 0;
             }
-            let lo = u64::from(s) * u64::from(span) + 64 * u64::from(w);
-            let shard_end = (u64::from(s) + 1) * u64::from(span);
-            let end = u64::from(len).min(shard_end).min(lo + 64);
-            match end.saturating_sub(lo) {
-                0 => 0,
-                64 => u64::MAX,
-                n => (1u64 << n) - 1,
-            }
+            whole_bits(len, span, s, w)
         };
         let fresh = room
             .fresh
@@ -246,6 +263,7 @@ impl FreeList {
             summaries,
             lines,
             fresh,
+            len,
             span,
             words,
             lines_per_shard,
@@ -314,13 +332,32 @@ impl FreeList {
     /// (before the `fetch_or` that returns them).
     #[inline]
     fn clear_given_fresh(&self, place: Place, fresh: u64) {
-        if fresh != 0 {
-            // Relaxed: the holder's own bits; the give-back's `fetch_or`
-            // that follows (Release) orders this clear before the next
-            // holder's take, and so before its own mark.
-            self.fresh_word(place.shard as usize, place.word)
-                .fetch_and(!fresh, Ordering::Relaxed);
+        if fresh == 0 {
+            return;
         }
+        let word = self.fresh_word(place.shard as usize, place.word);
+        // Relaxed (both): the holder's own bits; the give-back's
+        // `fetch_or` that follows (Release) orders this clear before the
+        // next holder's take, and so before its own mark.
+        if self.is_whole(place, fresh) {
+            // Every block of the word is the caller's: no other thread
+            // writes the word until the blocks are given back, so a store
+            // clears it (no read-modify-write).
+            word.store(0, Ordering::Relaxed);
+        } else {
+            word.fetch_and(!fresh, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether `bits` are every id of the word at `place` (or, under
+    /// loom's `fresh_store_any_word` control, any bits at all): then the
+    /// caller, who holds the blocks of `bits`, holds the whole word, and
+    /// writes its fresh bits with a store.
+    #[inline]
+    fn is_whole(&self, place: Place, bits: u64) -> bool {
+        bits == u64::MAX
+            || bits == whole_bits(self.len, self.span, place.shard, place.word)
+            || self.faults.fresh_store_any_word()
     }
 
     /// Whether `id` is a sequence's fresh block now (its fresh bit is
@@ -378,12 +415,18 @@ impl FreeList {
     /// references it has counted) in the word at `place`.
     fn clear_fresh(&self, place: Place, mask: u64) {
         if mask != 0 && !self.faults.fresh_kept() {
+            let word = self.fresh_word(place.shard as usize, place.word);
             // Release: a raw call's checks that read the bit clear
             // (Acquire, `is_fresh`) read the count written before it in
             // the block's state word.
             // (Relaxed under loom's `relaxed_fresh_clear` control.)
-            self.fresh_word(place.shard as usize, place.word)
-                .fetch_and(!mask, self.faults.fresh_clear_ordering(Ordering::Release));
+            let order = self.faults.fresh_clear_ordering(Ordering::Release);
+            if self.is_whole(place, mask) {
+                // The caller's whole word (see `clear_given_fresh`).
+                word.store(0, order);
+            } else {
+                word.fetch_and(!mask, order);
+            }
         }
     }
 
@@ -614,16 +657,29 @@ impl FreeList {
             }
         }
         if taker.fresh && out.len() - start >= FRESH_MIN {
-            self.mark_fresh(s, w, taken);
+            let place = Place {
+                shard: s as u32,
+                word: w,
+            };
+            self.mark_fresh(place, taken);
         } else {
             (taker.first)(&out[start..]);
         }
     }
 
-    /// Sets the fresh bits `taken` of word `w` of shard `s`, whose blocks
+    /// Sets the fresh bits `taken` of the word at `place`, whose blocks
     /// the caller has just taken.
-    fn mark_fresh(&self, s: usize, w: u32, taken: u64) {
-        let word = self.fresh_word(s, w);
+    fn mark_fresh(&self, place: Place, taken: u64) {
+        let word = self.fresh_word(place.shard as usize, place.word);
+        if self.is_whole(place, taken) {
+            // The take emptied the word: every block of it is the
+            // caller's, and their previous holders' clears happen-before
+            // the take (below), so the word is 0 and no other thread
+            // writes it until the blocks are given back.
+            // Relaxed: as below.
+            word.store(taken, Ordering::Relaxed);
+            return;
+        }
         if self.faults.plain_fresh_mark() {
             // loom's control: a load and a plain store, no RMW.
             // Relaxed (both): as below; the bug is the lost update.
@@ -1066,6 +1122,37 @@ mod tests {
         assert_eq!(consecutive_before(&ids(&broken), 64), 10);
         broken[39] = 0;
         assert_eq!(consecutive_before(&ids(&broken), 64), 1);
+        // Runs that reach id 0, and ids at the top of the range.
+        let low: Vec<u32> = (0..20).collect();
+        assert_eq!(consecutive_before(&ids(&low), 64), 20);
+        assert_eq!(consecutive_before(&ids(&low[3..]), 64), 17);
+        let high: Vec<u32> = (u32::MAX - 30..=u32::MAX).collect();
+        assert_eq!(consecutive_before(&ids(&high), 64), 31);
+        // Against one id at a time, for every break and limit.
+        let naive = |v: &[BlockId], max: usize| {
+            let mut run = usize::from(!v.is_empty());
+            while run < max.min(v.len())
+                && v[v.len() - 1 - run].index() + run == v[v.len() - 1].index()
+            {
+                run += 1;
+            }
+            run
+        };
+        for len in 0..80 {
+            let base: Vec<u32> = (1000..1000 + len).collect();
+            for cut in 0..len as usize {
+                let mut v = base.clone();
+                v[cut] = 5;
+                for max in [1, 7, 8, 9, 16, 63, 64, 100] {
+                    let v = ids(&v);
+                    assert_eq!(
+                        consecutive_before(&v, max),
+                        naive(&v, max),
+                        "len {len} cut {cut} max {max}"
+                    );
+                }
+            }
+        }
     }
 
     /// A summary bit cleared while its word was empty is set again by the

@@ -1221,10 +1221,15 @@ impl BlockPool {
     /// comparison per id, no atomic: nothing a `Sequence` notices.
     fn check_ids(&self, ids: &[BlockId]) {
         let n = self.num_blocks();
-        // The largest id first, without a branch an id (a loop the compiler
-        // vectorises); the offender is looked for only if there is one.
-        let top = ids.iter().fold(0, |top, id| top.max(id.index()));
-        if top >= n {
+        // `num_blocks() <= MAX_BLOCKS`, which is `u32::MAX`.
+        let n32 = n as u32;
+        // Whether any id is out of range, without a branch an id (a loop
+        // the compiler vectorises, over 32-bit lanes); the offender is
+        // looked for only if there is one.
+        let out = ids
+            .iter()
+            .fold(false, |out, id| out | (id.index() as u32 >= n32));
+        if out {
             if let Some(id) = ids.iter().find(|id| id.index() >= n) {
                 panic!("{id} is out of range for a pool of {n} blocks");
             }

@@ -254,6 +254,12 @@ pub(crate) struct Faults {
     /// block as unheld.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) relaxed_fresh_clear: bool,
+    /// A take's mark and a give-back's or a count's clear of fresh bits
+    /// are plain stores of the word even when the caller holds only some
+    /// of its blocks (the store is right only for a caller that holds them
+    /// all): another holder's marks in the word are overwritten.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) fresh_store_any_word: bool,
 }
 
 // Outside the loom models' build a `Faults` holds nothing: the field that
@@ -279,6 +285,18 @@ impl Faults {
     pub(crate) fn plain_fresh_mark(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.plain_fresh_mark {
+            return true;
+        }
+        false
+    }
+
+    /// Whether every write of fresh bits is a store of the word, whoever
+    /// holds its other blocks: `false`, or `true` under
+    /// `fresh_store_any_word`.
+    #[inline]
+    pub(crate) fn fresh_store_any_word(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.fresh_store_any_word {
             return true;
         }
         false
