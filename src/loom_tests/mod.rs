@@ -100,6 +100,7 @@ mod release_race;
 mod sequence;
 mod shards;
 mod wait;
+mod whole_attack;
 
 /// A waker that records that it was woken: the async waiters of the
 /// waiting models (`wait.rs`, `pool_wait.rs`) are polled by
