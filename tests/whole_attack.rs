@@ -368,3 +368,64 @@ fn threads_run_hybrid_sequences_on_short_words() {
         assert_pool_whole(&pool);
     }
 }
+
+#[test]
+fn fences_of_whole_words_complete_on_another_thread_beside_takes() {
+    for (n, shards) in SHAPES {
+        let pool = Arc::new(BlockPool::with_shards(n, 1, shards));
+        let sizes = word_sizes(n, shards);
+        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        thread::scope(|s| {
+            for t in 0..2u64 {
+                let pool = Arc::clone(&pool);
+                let sizes = sizes.clone();
+                let tx = tx.clone();
+                s.spawn(move || {
+                    let mut rng = XorShift::new(t * 31 + n as u64);
+                    for round in 0..4_000u64 {
+                        let fence = t << 32 | round;
+                        let mut seq = Sequence::new(Arc::clone(&pool));
+                        // One word's size, or two, or all that is free.
+                        let k = match rng.below(3) {
+                            0 => sizes[rng.below(sizes.len())],
+                            1 => sizes.iter().sum::<usize>().min(n / 2),
+                            _ => pool.free_blocks().max(1),
+                        };
+                        if seq.try_append(k).is_err() {
+                            continue;
+                        }
+                        assert_held_alone(&pool, seq.blocks());
+                        match rng.below(3) {
+                            0 => {
+                                // Part of the word fenced, then the rest.
+                                let len = rng.below(seq.len() + 1);
+                                seq.truncate_fenced(len, fence);
+                                assert_held_alone(&pool, seq.blocks());
+                                seq.retire(fence);
+                            }
+                            1 => {
+                                seq.retire(fence);
+                            }
+                            _ => {
+                                let (child, _) = seq.try_fork().unwrap();
+                                seq.retire(fence);
+                                child.retire(fence);
+                            }
+                        }
+                        tx.send(fence).unwrap();
+                    }
+                });
+            }
+            drop(tx);
+            // The completer: each fence completed once, on its own thread.
+            let pool = Arc::clone(&pool);
+            s.spawn(move || {
+                for fence in rx {
+                    pool.complete(fence);
+                }
+            });
+        });
+        assert_eq!(pool.pending_release_blocks(), 0);
+        assert_pool_whole(&pool);
+    }
+}

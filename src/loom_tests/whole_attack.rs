@@ -10,13 +10,14 @@
 //! | model | threads, blocks | negative control, caught |
 //! |---|---|---|
 //! | [`short_word_fork_vs_reader_and_rival`]: a sequence holding a whole short word forks while a reader reads `ref_count` of its first block; then parent and child drop while a rival sequence takes 8 blocks | 3, 20 | `relaxed_fresh_clear`: the reader sees the bit cleared but the word still bare, and reads 0 |
+//! | [`short_word_fence_complete_vs_drop_and_rival`]: a sequence holding a whole short word fences its last 8 blocks; the fence completes on one thread while the sequence drops the rest on another and a rival takes 8 blocks on a third | 3, 20 | `fresh_store_any_word`: the completion's clear stores the whole word while the sequence still holds the rest, which then reads as counted |
 //! | [`short_word_truncate_then_rest_vs_rival`]: a sequence holding a whole short word gives back 8 of its blocks, then the rest, while a rival sequence takes 8 blocks and gives them back | 2, 20 | `fresh_store_any_word`: the truncate's clear, or the rival's mark or clear, stores the whole word while the other holds part of it |
 use std::sync::Arc;
 
 use crate::loom_tests::fresh::{
     assert_whole, fresh_sequence_alone, pool, RELAXED_FRESH_CLEAR, UNHELD,
 };
-use crate::loom_tests::pool_world::{check, SOUND};
+use crate::loom_tests::pool_world::{check, LOST, SOUND};
 use crate::sync::Faults;
 use crate::{BlockPool, Sequence};
 use loom::thread;
@@ -32,13 +33,19 @@ const FRESH_STORE_ANY_WORD: Faults = Faults {
 const N: usize = 20;
 
 /// A rival sequence that takes 8 blocks if they are free (fresh: they come
-/// from one word), checks that each reads one reference, and drops them.
+/// from one word), checks that each reads one reference (a block of the
+/// rival's read as unheld is a block the pool lost track of), and drops
+/// them.
 fn rival(pool: Arc<BlockPool>) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         let mut seq = Sequence::new(Arc::clone(&pool));
         if seq.try_append(8 * pool.block_size()).is_ok() {
             for &id in seq.blocks() {
-                assert_eq!(pool.ref_count(id), Some(1), "{id} {UNHELD}");
+                assert_eq!(
+                    pool.ref_count(id),
+                    Some(1),
+                    "{LOST}: the rival's {id} {UNHELD}"
+                );
             }
         }
     })
@@ -85,6 +92,40 @@ fn short_word_truncate_then_rest_vs_rival(faults: Faults) {
         rival.join().expect("the rival does not panic");
         assert_whole(&pool);
     });
+}
+
+/// A sequence takes the whole short word, fences its last 8 blocks (the
+/// fence holds their uncounted references); a completer gives them back
+/// (a clear of part of the word) while the sequence drops the other 12 (a
+/// clear of the rest) and a rival takes 8 fresh blocks if they are free.
+fn short_word_fence_complete_vs_drop_and_rival(faults: Faults) {
+    check(move || {
+        let pool = pool(N, 1, faults);
+        let mut seq = fresh_sequence_alone(&pool, N);
+        let bs = pool.block_size();
+        assert_eq!(seq.truncate_fenced((N - 8) * bs, 1), 8);
+        let completer = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || pool.complete(1))
+        };
+        let rival = rival(Arc::clone(&pool));
+        drop(seq);
+        assert_eq!(completer.join().expect("the completion does not panic"), 8);
+        rival.join().expect("the rival does not panic");
+        assert_eq!(pool.pending_release_blocks(), 0, "{LOST}: fenced blocks");
+        assert_whole(&pool);
+    });
+}
+
+#[test]
+fn short_word_fence_complete_vs_drop_and_rival_sound() {
+    short_word_fence_complete_vs_drop_and_rival(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn short_word_fence_complete_vs_drop_and_rival_fresh_store_any_word_is_caught() {
+    short_word_fence_complete_vs_drop_and_rival(FRESH_STORE_ANY_WORD);
 }
 
 #[test]
