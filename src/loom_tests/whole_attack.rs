@@ -11,6 +11,7 @@
 //! |---|---|---|
 //! | [`short_word_fork_vs_reader_and_rival`]: a sequence holding a whole short word forks while a reader reads `ref_count` of its first block; then parent and child drop while a rival sequence takes 8 blocks | 3, 20 | `relaxed_fresh_clear`: the reader sees the bit cleared but the word still bare, and reads 0 |
 //! | [`short_word_fence_complete_vs_drop_and_rival`]: a sequence holding a whole short word fences its last 8 blocks; the fence completes on one thread while the sequence drops the rest on another and a rival takes 8 blocks on a third | 3, 20 | `fresh_store_any_word`: the completion's clear stores the whole word while the sequence still holds the rest, which then reads as counted |
+//! | [`two_shards_whole_and_partial_give_back_vs_rival`]: in a pool of two shards of 8 blocks (a whole word each), a sequence takes both words, gives back one word and half of the other in one truncate, while a rival takes 8 blocks | 2, 16 | `fresh_store_any_word`: the truncate's clear of half a word stores 0 over the sequence's other half |
 //! | [`short_word_truncate_then_rest_vs_rival`]: a sequence holding a whole short word gives back 8 of its blocks, then the rest, while a rival sequence takes 8 blocks and gives them back | 2, 20 | `fresh_store_any_word`: the truncate's clear, or the rival's mark or clear, stores the whole word while the other holds part of it |
 use std::sync::Arc;
 
@@ -126,6 +127,41 @@ fn short_word_fence_complete_vs_drop_and_rival_sound() {
 #[should_panic(expected = "blocks not conserved")]
 fn short_word_fence_complete_vs_drop_and_rival_fresh_store_any_word_is_caught() {
     short_word_fence_complete_vs_drop_and_rival(FRESH_STORE_ANY_WORD);
+}
+
+/// A pool of 16 blocks in two shards of 8 (each shard one word, taken
+/// whole by a take of 8): a sequence takes all 16 (two whole words, two
+/// stores), gives back 12 in one truncate (a whole word, a store of 0, and
+/// half of the other, a read-modify-write) while a rival sequence takes 8
+/// fresh blocks if they are free (a whole word) and gives them back; then
+/// the sequence forks what it kept (fewer than a word: counted) and both
+/// drop.
+fn two_shards_whole_and_partial_give_back_vs_rival(faults: Faults) {
+    check(move || {
+        let pool = Arc::new(BlockPool::with_faults(16, 1, 2, faults));
+        let mut seq = fresh_sequence_alone(&pool, 16);
+        let rival = rival(Arc::clone(&pool));
+        assert_eq!(seq.truncate(4), 12);
+        for &id in seq.blocks() {
+            assert_eq!(pool.ref_count(id), Some(1), "{LOST}: {id} {UNHELD}");
+        }
+        let (child, _) = seq.try_fork().expect("full blocks are shared");
+        drop(seq);
+        drop(child);
+        rival.join().expect("the rival does not panic");
+        assert_whole(&pool);
+    });
+}
+
+#[test]
+fn two_shards_whole_and_partial_give_back_vs_rival_sound() {
+    two_shards_whole_and_partial_give_back_vs_rival(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn two_shards_whole_and_partial_give_back_vs_rival_fresh_store_any_word_is_caught() {
+    two_shards_whole_and_partial_give_back_vs_rival(FRESH_STORE_ANY_WORD);
 }
 
 #[test]
