@@ -429,3 +429,67 @@ fn fences_of_whole_words_complete_on_another_thread_beside_takes() {
         assert_pool_whole(&pool);
     }
 }
+
+#[test]
+fn raw_double_frees_of_any_block_are_refused_while_sequences_churn_whole_words() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for (n, shards) in SHAPES {
+        let pool = Arc::new(BlockPool::with_shards(n, 1, shards));
+        let sizes = word_sizes(n, shards);
+        let done = AtomicBool::new(false);
+        thread::scope(|s| {
+            let workers: Vec<_> = (0..2u64)
+                .map(|t| {
+                    let pool = Arc::clone(&pool);
+                    let sizes = sizes.clone();
+                    s.spawn(move || {
+                        let mut rng = XorShift::new(t * 13 + n as u64);
+                        let mut seq = Sequence::new(Arc::clone(&pool));
+                        for round in 0..4_000u64 {
+                            let k = match rng.below(3) {
+                                0 => sizes[rng.below(sizes.len())],
+                                1 => pool.free_blocks().max(1),
+                                _ => 1 + rng.below(16),
+                            };
+                            let _ = seq.try_append(k);
+                            match rng.below(5) {
+                                0 => drop(seq.try_fork().unwrap()),
+                                1 => {
+                                    let len = rng.below(seq.len() + 1);
+                                    seq.truncate_fenced(len, t << 32 | round);
+                                    pool.complete(t << 32 | round);
+                                }
+                                2 => {
+                                    seq.truncate(rng.below(seq.len() + 1));
+                                }
+                                3 => seq = Sequence::new(Arc::clone(&pool)),
+                                _ => {}
+                            }
+                        }
+                    })
+                })
+                .collect();
+            // No raw caller holds a block: every raw free or add of any
+            // block is a double free (or of a free block), refused.
+            let pool = Arc::clone(&pool);
+            let done = &done;
+            s.spawn(move || {
+                let mut rng = XorShift::new(n as u64 + 99);
+                while !done.load(Ordering::Relaxed) {
+                    let a = BlockId::new(rng.below(n) as u32);
+                    let b = BlockId::new(rng.below(n) as u32);
+                    assert!(pool.free(&[a]).is_err(), "raw free of {a} taken");
+                    assert!(pool.add_refs(&[a]).is_err(), "raw add of {a} taken");
+                    assert!(pool.free(&[a, b]).is_err(), "raw free of {a} {b}");
+                    assert!(pool.ref_count(a).unwrap() <= 2);
+                }
+            });
+            for w in workers {
+                w.join().unwrap();
+            }
+            done.store(true, Ordering::Relaxed);
+        });
+        assert_eq!(pool.pending_release_blocks(), 0);
+        assert_pool_whole(&pool);
+    }
+}
