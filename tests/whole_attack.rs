@@ -4,7 +4,7 @@
 //! fresh bits with a store, its give-back of the whole word clears them
 //! with a store, and a fork's or publish's count of all of them clears
 //! them with a store. These tests give pools whose words are short
-//! (70, 72, 100, 130, 136 blocks, one to three shards), mix whole words
+//! (9 to 200 blocks, one to four shards, words of 8 to 64 ids), mix whole words
 //! with partial ones in one take, truncate part of a whole word then the
 //! rest, fork and publish whole-word fresh sequences, fence them, and race
 //! raw callers on the same words. Every test ends with the pool whole.
@@ -22,7 +22,10 @@ use kvslots::{
 
 /// Pool shapes whose last word (of a shard, or of the pool) is short:
 /// `(num_blocks, shards)`.
-const SHAPES: [(usize, usize); 8] = [
+const SHAPES: [(usize, usize); 11] = [
+    (9, 1),
+    (33, 2),
+    (40, 4),
     (70, 1),
     (72, 1),
     (100, 1),
@@ -99,7 +102,7 @@ fn whole_short_words_taken_truncated_and_forked_alone() {
         assert_held_alone(&pool, seq.blocks());
         // Give back part of every word, then the rest, a block at a time
         // near the words' ends.
-        for keep in [n - 1, n - 7, n / 2 + 3, n / 3, 9, 1] {
+        for keep in [n - 1, n - 7, n / 2 + 3, n / 3, 9.min(n), 1] {
             seq.truncate(keep);
             assert_eq!(pool.used_blocks(), keep, "{n}/{shards} keep {keep}");
             assert_held_alone(&pool, seq.blocks());
@@ -112,9 +115,10 @@ fn whole_short_words_taken_truncated_and_forked_alone() {
             // And taken again fresh (whole words and partial ones).
             seq.try_append(n - keep).unwrap();
             assert_held_alone(&pool, seq.blocks());
-            seq.truncate(keep);
         }
-        // Regrow to the whole pool, fork it all: every block counts 2.
+        // Down to one block and back to the whole pool, then fork it all:
+        // every block counts 2.
+        seq.truncate(1);
         seq.try_append(n - 1).unwrap();
         let (child, copy) = seq.try_fork().unwrap();
         assert!(copy.is_none(), "one-token blocks are full");
