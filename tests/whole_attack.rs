@@ -497,3 +497,45 @@ fn raw_double_frees_of_any_block_are_refused_while_sequences_churn_whole_words()
         assert_pool_whole(&pool);
     }
 }
+
+#[test]
+fn a_take_that_evicts_a_published_whole_word_beside_a_whole_short_word() {
+    for shards in [1, 2] {
+        let n = 72 * shards;
+        let pool = cached_pool(n, shards);
+        // A publishes whole words (counted, claimed, cached), then drops
+        // them: they stay cached, evictable.
+        let tokens: Vec<u32> = (0..n as u32 - 8 * shards as u32).collect();
+        let hashes = keys(&tokens);
+        let mut a = Sequence::new(Arc::clone(&pool));
+        a.try_append(tokens.len()).unwrap();
+        assert_held_alone(&pool, a.blocks());
+        assert_eq!(a.publish(&hashes), tokens.len());
+        let published = a.blocks().to_vec();
+        drop(a);
+        assert_eq!(pool.evictable_blocks(), tokens.len());
+        // B takes the whole pool: the short words' 8 ids each fresh (a
+        // whole word), the published blocks evicted and counted.
+        let mut b = Sequence::new(Arc::clone(&pool));
+        b.try_append(n).unwrap();
+        assert_eq!(pool.cached_blocks(), 0);
+        assert_held_alone(&pool, b.blocks());
+        assert!(published.iter().all(|id| b.blocks().contains(id)));
+        // A match finds nothing; a fork counts every block twice.
+        let mut c = Sequence::new(Arc::clone(&pool));
+        assert_eq!(c.try_match_prefix(&hashes), 0);
+        let (child, _) = b.try_fork().unwrap();
+        assert!(b.blocks().iter().all(|&id| pool.ref_count(id) == Some(2)));
+        // Republish from the child (its blocks are counted now).
+        let mut child = child;
+        assert_eq!(child.publish(&hashes[..8]), 8);
+        b.truncate(n / 2);
+        drop(b);
+        assert_held_alone(&pool, &child.blocks()[8..]);
+        drop(child);
+        assert_eq!(c.try_match_prefix(&hashes), 8);
+        drop(c);
+        pool.reset_prefix_cache();
+        assert_pool_whole(&pool);
+    }
+}
