@@ -539,3 +539,27 @@ fn a_take_that_evicts_a_published_whole_word_beside_a_whole_short_word() {
         assert_pool_whole(&pool);
     }
 }
+
+/// A sequence is `Send` (not `Sync`), and so are the futures of its
+/// waiting reserves, which hold it across their awaits: a scheduler can
+/// await them on a multi-threaded runtime.
+#[test]
+fn the_waiting_reserves_of_send_sequences_are_send() {
+    fn assert_send<T: Send>(_: &T) {}
+    let pool = Arc::new(BlockPool::with_shards(72, 1, 1));
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    assert_send(&seq);
+    {
+        let alloc = seq.reserve(8, 0);
+        assert_send(&alloc);
+    }
+    let groups = KvGroups::new([KvGroup::Full]).unwrap();
+    let mut hybrid = HybridSequence::new(Arc::clone(&pool), groups);
+    assert_send(&hybrid);
+    {
+        let fut = hybrid.reserve(8, 0);
+        assert_send(&fut);
+    }
+    drop((seq, hybrid));
+    assert_pool_whole(&pool);
+}
