@@ -35,6 +35,7 @@
 //! | `held_drop.rs` | a sequence's give-back against a double free, which the sequence flag refuses; a stale free against a sequence that retook the block |
 //! | `fresh.rs` | fresh blocks (8 or more a sequence takes from one bitmap word, uncounted, marked in the fresh bitmap): two takes' marks in one word, a fork's and a publish's count against the drops, `ref_count` against the count, a double free against the give-back |
 //! | `fresh_attack.rs` | fresh blocks: `ref_count` against a publish's count, and against a fork's count beside another sequence's give-back in the same fresh word |
+//! | `whole_attack.rs` | whole-word fresh bits (stores) on short words: a fork's count against `ref_count` and a rival's take, a truncate of part of a whole word then the rest, a fence's completion against the sequence's drop, a whole word and half a word given back in one truncate over two shards |
 //! | `sequence.rs` | `Sequence`: fork, drop, append, truncate |
 //! | `hybrid.rs` | `HybridSequence`: one admission across groups, a window's give-back and reuse against a match, an append and a double free, a match across groups against an evicting append |
 //! | `fence.rs` | fenced release against `complete` and allocation |
