@@ -442,17 +442,20 @@
 //! from a word, and the blocks it evicts, are counted): each is held
 //! through one *uncounted* reference, its taker's, and its bit in the free
 //! list's fresh bitmap says so (set by the take, one `fetch_or` for the
-//! word). Its state word stays *bare*, as the
+//! word, or a plain store when the take emptied the word). Its state word
+//! stays *bare*, as the
 //! free list left it: no count, key or claim. The holder gives such a
 //! block back without reading or writing the word: its give-back reads
 //! the fresh bits of the word its ids are in, and a run of consecutive
-//! fresh ids (compared eight at a time) goes back with one `fetch_and` of
-//! the fresh word and one `fetch_or` of the free word. Before a fresh
+//! fresh ids (compared sixteen at a time) goes back with one `fetch_and`
+//! of the fresh word (a store of 0 when the run is the whole word) and one
+//! `fetch_or` of the free word. Before a fresh
 //! block is shared (a fork's `add_refs`) or claimed (a publish), its
 //! holder counts the reference: a load of each listed block's word, and
 //! for a bare one (the caller holds it, so it is fresh) a store of
 //! `SEQUENCE` and a count of 1; then it clears those blocks' fresh bits
-//! (`Release`, one `fetch_and` a word), and the fork or the claims
+//! (`Release`, one `fetch_and` a word, or a store of 0 for a word whose
+//! blocks are all the caller's), and the fork or the claims
 //! proceed on counted words. The bits go before any claim: once a block
 //! is cached a matcher can hold it too, and a bit still set would make
 //! the matcher give it back as fresh. A fence that retires a
@@ -463,8 +466,11 @@
 //! eviction and a rival publisher's deferral or kill each need a count,
 //! `CACHED` or `BUSY` in the word, which their CAS compares whole. The
 //! fresh bit itself is written only by the block's holder (the take's
-//! mark, the count's or the give-back's clear), a read-modify-write since
-//! other holders' bits share the word. A raw call's checks, and
+//! mark, the count's or the give-back's clear): a read-modify-write while
+//! other holders' bits may share the word, a plain store when the caller
+//! holds every block of the word (no other thread writes the word then,
+//! and the blocks' previous holders cleared their bits before giving them
+//! back, which the take acquired). A raw call's checks, and
 //! [`BlockPool::ref_count`](crate::BlockPool::ref_count), tell a fresh
 //! block from a free one by the bit: a bare word sends them to the bit,
 //! and a clear bit back to the word (`Acquire` both, after the word's
@@ -1263,13 +1269,18 @@
 //!   give-back's clear a `Relaxed` `fetch_and` before the give-back's
 //!   `Release` `fetch_or` of the free word, so a block's next holder, whose
 //!   take acquires that, marks it after the previous holder's clear in the
-//!   fresh word's order. Counting a fresh block's reference is a `Relaxed`
+//!   fresh word's order. A caller that holds every block of a word (its
+//!   take emptied the word) marks and clears with plain stores of the
+//!   same orderings: no other thread writes the word until those blocks
+//!   go back, and every earlier write of it happens-before the take. Counting a fresh block's reference is a `Relaxed`
 //!   store of its state word followed by a `Release` `fetch_and` of its
 //!   bit, which a raw call's check reads with `Acquire` before it reads
 //!   the state word again: a bit read clear means the count is seen. The
 //!   check may read a later value of the fresh word, written by another
 //!   holder's `Relaxed` mark or clear of its own bits: those are
-//!   read-modify-writes, which continue the clear's release sequence, so
+//!   read-modify-writes, which continue the clear's release sequence (a
+//!   plain store of the word needs a holder of all its blocks, so none
+//!   comes between a count's clear and the give-back of that block), so
 //!   the check still synchronises with the clear (the loom models
 //!   `ref_count_vs_fork_beside_a_give_back` and `ref_count_vs_publish`
 //!   race exactly that).

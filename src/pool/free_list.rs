@@ -184,8 +184,9 @@ fn whole_bits(len: u32, span: u32, s: u32, w: u32) -> u64 {
     }
 }
 
-/// How many of the last ids of `ids` (at most `max`, at least 1 for a
-/// nonempty list) are consecutive, each one more than the one before it.
+/// How many of the last ids of `ids` (at most `max`; at least 1 for a
+/// nonempty list and `max > 0`) are consecutive, each one more than the
+/// one before it.
 #[inline]
 fn consecutive_before(ids: &[BlockId], max: usize) -> usize {
     let Some(&last) = ids.last() else {
@@ -195,7 +196,7 @@ fn consecutive_before(ids: &[BlockId], max: usize) -> usize {
     // Position `p` of the last `max` ids holds id `top - (end - p)` where
     // they are consecutive; `top` is at least `max - 1` for the whole run.
     let top = last.index() as u32;
-    let max = max.min(top as usize + 1);
+    let max = (u64::from(top) + 1).min(max as u64) as usize;
     let end = ids.len() - 1;
     // Sixteen at a time while they are (the differences folded without a
     // branch, over 32-bit lanes: a loop the compiler vectorises), then one

@@ -620,7 +620,8 @@ impl BlockPool {
     /// Blocks that a sequence gets from one word of the bitmap, at least
     /// `free_list::FRESH_MIN` (8) of them, are left fresh: their references are
     /// uncounted, marked in the free list's fresh bitmap (one `fetch_or`
-    /// for the word), and their state words are not written (see
+    /// for the word, a store if the take emptied it), and their state
+    /// words are not written (see
     /// [Reference counts](crate::implementation#reference-counts)). Fewer
     /// get a count of 1 each, a plain store, which costs less than the
     /// mark and the fresh give-back's clear for a few blocks.

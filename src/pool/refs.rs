@@ -46,11 +46,13 @@
 //! (`BlockPool::take_free`; fewer, and blocks evicted for it, are
 //! counted): the blocks are *fresh*, each held through one uncounted
 //! reference, its taker's, which the free list's fresh bitmap records (a
-//! bit per block, set by the take, one `fetch_or` a word). The state word
+//! bit per block, set by the take, one `fetch_or` a word, a store when the
+//! take emptied the word). The state word
 //! of a fresh block stays bare, as the free list left it: no count, key
 //! or claim. Its holder gives it back without writing the word either: it
-//! clears the fresh bit and sets the free bit, one `fetch_and` and one
-//! `fetch_or` a word of the bitmaps; a run of fresh blocks goes back
+//! clears the fresh bit and sets the free bit, one `fetch_and` (a store
+//! for a whole word) and one `fetch_or` a word of the bitmaps; a run of
+//! fresh blocks goes back
 //! without reading their words (one listed among shared or cached blocks
 //! is read first, `BlockPool::drop_held_refs`). A fence that retires it
 //! holds that reference on the sequence's behalf, and gives it back the
