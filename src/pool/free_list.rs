@@ -196,7 +196,13 @@ fn consecutive_before(ids: &[BlockId], max: usize) -> usize {
     // Position `p` of the last `max` ids holds id `top - (end - p)` where
     // they are consecutive; `top` is at least `max - 1` for the whole run.
     let top = last.index() as u32;
-    let max = (u64::from(top) + 1).min(max as u64) as usize;
+    // (`top + 1` only where it is at most `max`: no overflow on any
+    // target.)
+    let max = if (top as usize) < max {
+        top as usize + 1
+    } else {
+        max
+    };
     let end = ids.len() - 1;
     // Sixteen at a time while they are (the differences folded without a
     // branch, over 32-bit lanes: a loop the compiler vectorises), then one
