@@ -685,12 +685,12 @@ impl Lru {
     ///
     /// Blocks are ranked by their stamps' signed distance from the clock
     /// read at the start, so that a block stamped while the scan runs ranks
-    /// youngest. Passes over the blocks: one for the range of ranks; then
-    /// histograms of [`BUCKETS`] buckets over a range of ranks, the range
-    /// narrowed each time to the oldest buckets that fit the room together
-    /// (or, if even the oldest bucket alone does not, to that bucket), until
-    /// every block in the range fits; and one that places the blocks, each
-    /// bucket in a range of its own. Each bucket is then closed up (a block
+    /// youngest. Passes over the blocks: one for the range of ranks; then a
+    /// histogram of [`BUCKETS`] buckets over the range, whose oldest
+    /// buckets that fit the room together are kept (if even the oldest
+    /// bucket alone does not fit, the range narrows to it and the
+    /// histogram is taken again); and one that places the kept blocks,
+    /// each bucket in a range of its own. Each bucket is then closed up (a block
     /// that stopped being evictable between the passes leaves a gap; one
     /// that became evictable in a full bucket is left out, for the next
     /// refill), sorted in place and published.
@@ -754,7 +754,12 @@ impl Lru {
             // `(r - lo) * BUCKETS < (b + 1) * width`.
             let top = |b: usize| lo + (((b + 1) as u64 * width - 1) / BUCKETS as u64) as i64;
             if fit > 0 {
+                // The oldest `fit` buckets fit the room together: they are
+                // placed on this pass's grid (ranks up to the top of the
+                // last one), with no pass to refine it.
                 hi = top(fit - 1);
+                counts[fit..].fill(0);
+                break;
             } else if width > 1 {
                 // Even the oldest bucket alone overfills the room.
                 hi = top(0);
