@@ -728,12 +728,16 @@ impl Lru {
             return (0, seen);
         }
         // Bucket `b` holds the ranks `r` in `lo..=hi` with
-        // `(r - lo) * BUCKETS / width == b`.
+        // `(r - lo) * BUCKETS / width == b`, `width` the power of two at or
+        // above the range's (a shift, where any width would divide).
         let mut counts = [0u32; BUCKETS];
         let mut width;
+        // The buckets that hold kept blocks: `counts[..used]`.
+        let mut used = BUCKETS;
         loop {
-            width = (hi - lo + 1) as u64;
-            let bucket = |rank: i64| ((rank - lo) as u64 * BUCKETS as u64 / width) as usize;
+            width = ((hi - lo + 1) as u64).next_power_of_two();
+            let shift = width.trailing_zeros();
+            let bucket = |rank: i64| (((rank - lo) as u64 * BUCKETS as u64) >> shift) as usize;
             counts.fill(0);
             for index in 0..refs.len() {
                 if let Some((_, rank)) = ranked(index) {
@@ -759,6 +763,7 @@ impl Lru {
                 // last one), with no pass to refine it.
                 hi = top(fit - 1);
                 counts[fit..].fill(0);
+                used = fit;
                 break;
             } else if width > 1 {
                 // Even the oldest bucket alone overfills the room.
@@ -767,15 +772,17 @@ impl Lru {
                 // One rank with more blocks than room (stamps repeat only
                 // in races): take what fits.
                 counts[0] = room as u32;
+                used = 1;
                 break;
             }
         }
-        let bucket = |rank: i64| ((rank - lo) as u64 * BUCKETS as u64 / width) as usize;
-        // Each bucket's range: `ends[b]` is its end; `counts[b]` becomes
-        // its cursor, from its start.
+        let shift = width.trailing_zeros();
+        let bucket = |rank: i64| (((rank - lo) as u64 * BUCKETS as u64) >> shift) as usize;
+        // Each kept bucket's range: `ends[b]` is its end; `counts[b]`
+        // becomes its cursor, from its start.
         let mut ends = [0u32; BUCKETS];
         let mut end = 0u32;
-        for (count, bucket_end) in counts.iter_mut().zip(ends.iter_mut()) {
+        for (count, bucket_end) in counts[..used].iter_mut().zip(ends.iter_mut()) {
             let start = end;
             end += *count;
             *bucket_end = end;
@@ -814,7 +821,7 @@ impl Lru {
         }
         let rank_of = |word: u64| stamp_of(word).wrapping_sub(now) as i32;
         let mut written = 0usize;
-        for b in 0..BUCKETS {
+        for b in 0..used {
             let start = if b == 0 { 0 } else { ends[b - 1] as usize };
             let filled = counts[b] as usize - start;
             if filled == 0 {
