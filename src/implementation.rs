@@ -867,8 +867,10 @@
 //! overflowed until the next refill finds it. The selection uses no heap and
 //! allocates nothing: a pass for the range of ranks (a stamp's signed
 //! distance from the clock read when the scan began, so that a block
-//! released during the scan ranks youngest), histograms of 1,024 buckets
-//! narrowed to the oldest that fit, and a pass that places each block in
+//! released during the scan ranks youngest), a histogram of 1,024 buckets
+//! (of a power-of-two width, a shift a block) whose oldest buckets that
+//! fit are kept (taken again over a narrower range only if even the
+//! oldest bucket does not fit), and a pass that places each kept block in
 //! its bucket's range; each bucket is then sorted in place and published at
 //! once (a `Release` CAS of the ring's length). So with one thread the
 //! order is exactly least recently released first, as in the reference;

@@ -37,9 +37,10 @@
 //! block whose stamp was taken early (in a long give-back) or written
 //! after the drop that made it evictable is in the ring, at the place its
 //! stamp had when it was appended or scanned. The scan selects without a heap: a pass for
-//! the range of ranks, histograms of [`BUCKETS`] buckets over a range
-//! narrowed each time to the oldest buckets that fit together, and a pass
-//! that places each block in its bucket's range; each bucket is then
+//! the range of ranks, a histogram of [`BUCKETS`] buckets whose oldest
+//! buckets that fit together are kept (over a range narrowed to the
+//! oldest bucket while even that one does not fit), and a pass that
+//! places each kept block in its bucket's range; each bucket is then
 //! sorted in place and published at once, oldest bucket first.
 //!
 //! Nobody holds the refill flag against anyone: an evictor that finds the
