@@ -1005,7 +1005,13 @@ mod tests {
         } else {
             assert_eq!(got, want, "{what}");
         }
-        for &w in &words {
+        check_words(stamps, &words, &published, what);
+    }
+
+    /// Checks what a fill wrote: each word names a block with that stamp,
+    /// no block twice, published in growing counts up to all of them.
+    fn check_words(stamps: &[u32], words: &[u64], published: &[usize], what: &str) {
+        for &w in words {
             assert_eq!(
                 stamps[id_of(w).index()],
                 stamp_of(w),
@@ -1185,5 +1191,257 @@ mod tests {
         assert_eq!(id_of(batch[4]).index(), 7);
         assert_eq!(lru.pop(1, &mut batch), 0);
         assert_eq!(lru.next.next.load(Ordering::Relaxed), 78);
+    }
+
+    /// Marks exactly the blocks of `skip` in the membership map (as a
+    /// refill marks the blocks of the candidates left), clearing the rest.
+    fn mark_only(pool: &BlockPool, skip: &[usize]) {
+        let lru = lru(pool);
+        for cell in lru.in_ring.iter() {
+            cell.store(0, Ordering::Relaxed);
+        }
+        for &i in skip {
+            let cell = &lru.in_ring[i / 64];
+            cell.store(
+                cell.load(Ordering::Relaxed) | 1 << (i % 64),
+                Ordering::Relaxed,
+            );
+        }
+    }
+
+    /// A fill of `room` against the naive selection (every unmarked block
+    /// ranked, sorted, the first `room` taken): what it writes is a
+    /// nonempty prefix of it when anything is eligible and there is room,
+    /// all of it when it all fits, and never splits a rank between the
+    /// written and the left out except for a single rank that overfills
+    /// the room; each block once, with its own stamp; published in growing
+    /// counts up to everything written; `seen` counts the eligible blocks.
+    fn check_against_naive(
+        pool: &BlockPool,
+        stamps: &[u32],
+        now: u32,
+        room: usize,
+        skip: &[usize],
+        what: &str,
+    ) {
+        restamp(pool, stamps, now);
+        mark_only(pool, skip);
+        let base = 7 * stamps.len() as u64 + 5;
+        let (words, seen, published) = fill(pool, base, room);
+        let eligible = stamps.len() - skip.len();
+        assert_eq!(seen, eligible, "{what}: seen");
+        let mut marked = vec![false; stamps.len()];
+        for &i in skip {
+            marked[i] = true;
+        }
+        let mut want: Vec<(i32, u32)> = (0..stamps.len())
+            .filter(|&i| !marked[i])
+            .map(|i| (stamps[i].wrapping_sub(now) as i32, stamps[i]))
+            .collect();
+        want.sort_unstable();
+        let want: Vec<u32> = want.into_iter().map(|(_, s)| s).collect();
+        let got: Vec<u32> = words.iter().map(|&w| stamp_of(w)).collect();
+        let room = room.min(lru(pool).candidates.len());
+        assert!(
+            got.len() <= room,
+            "{what}: {} written, room {room}",
+            got.len()
+        );
+        assert_eq!(got, want[..got.len()], "{what}: not the oldest, in order");
+        if eligible <= room {
+            assert_eq!(got.len(), eligible, "{what}: everything fit");
+        } else if room > 0 {
+            assert!(!got.is_empty(), "{what}: nothing written");
+            // Whole ranks only, unless one rank alone overfills the room.
+            let last = got.len() - 1;
+            let rank = |s: u32| s.wrapping_sub(now) as i32;
+            if got.len() < want.len() && rank(want[last + 1]) == rank(want[last]) {
+                let tied = want
+                    .iter()
+                    .filter(|&&s| rank(s) == rank(want[last]))
+                    .count();
+                assert!(
+                    tied > room && got.iter().all(|&s| rank(s) == rank(want[last])),
+                    "{what}: a rank split at the room's edge"
+                );
+            }
+        } else {
+            assert!(got.is_empty(), "{what}: room 0");
+        }
+        for &w in &words {
+            assert!(!marked[id_of(w).index()], "{what}: a marked block written");
+        }
+        check_words(stamps, &words, &published, what);
+        mark_only(pool, &[]);
+    }
+
+    /// Ranks for `n` blocks: `lo` and `lo + width - 1` present, the rest
+    /// drawn by `shape` (0 spread, 1 a cluster at the bottom, 2 nested
+    /// clusters that take several narrowing rounds, 3 few distinct ranks,
+    /// 4 a cluster at the top).
+    fn ranks(n: usize, lo: i64, width: u64, shape: u64, state: &mut u64) -> Vec<i64> {
+        let top = lo + width as i64 - 1;
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let r = match i {
+                0 => lo,
+                1 => top,
+                _ => {
+                    let x = splitmix(state);
+                    let off = match shape {
+                        0 => x % width,
+                        1 => {
+                            if x % 3 == 0 {
+                                x % width
+                            } else {
+                                (x >> 8) % (width / 4096).max(1)
+                            }
+                        }
+                        2 => {
+                            // Half within width/1024, a quarter within
+                            // width/2^20, an eighth within width/2^30...
+                            let level = (x % 4) as u32;
+                            let span = (width >> (10 * level)).max(1);
+                            (x >> 8) % span
+                        }
+                        3 => ((x >> 8) % 5) * (width / 5),
+                        _ => width - 1 - (x >> 8) % (width / 4096).max(1),
+                    };
+                    lo + off.min(width - 1) as i64
+                }
+            };
+            out.push(r);
+        }
+        out
+    }
+
+    #[test]
+    fn a_fill_agrees_with_the_naive_selection_on_every_range() {
+        let n = 600;
+        let pool = evictable_pool(n);
+        let cap = lru(&pool).candidates.len();
+        let mut state = 0x5eed;
+        let min = i64::from(i32::MIN);
+        let max = i64::from(i32::MAX);
+        let mut widths: Vec<u64> = vec![1, 2, 3, 4, 5, 7, 8, 9, 1000];
+        for k in [10u32, 11, 12, 16, 20, 21, 30, 31, 32] {
+            let p = 1u64 << k;
+            widths.extend([p - 1, p, p + 1]);
+        }
+        widths.retain(|w| (1..=1 << 32).contains(w));
+        let mut cases = 0;
+        for &width in &widths {
+            // Where the range sits: oldest possible, before the clock,
+            // around it (some blocks stamped after it), after it, youngest
+            // possible.
+            let span = width as i64;
+            let los = [
+                min,
+                -span,
+                -span / 2,
+                0,
+                1,
+                max - span + 1,
+                // Anywhere the range fits.
+                min + (splitmix(&mut state) % (max - span + 2 - min) as u64) as i64,
+            ];
+            for lo in los {
+                if lo < min || lo + span - 1 > max {
+                    continue;
+                }
+                for shape in 0..5 {
+                    let now = splitmix(&mut state) as u32;
+                    let mut r = ranks(n, lo, width, shape, &mut state);
+                    // Shuffle which block gets which rank.
+                    for i in (1..n).rev() {
+                        let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
+                        r.swap(i, j);
+                    }
+                    let stamps: Vec<u32> = r
+                        .iter()
+                        .map(|&x| now.wrapping_add(x as i32 as u32))
+                        .collect();
+                    // Some blocks marked (their candidates in the ring), so
+                    // that the eligible count varies around the room.
+                    let marked = (splitmix(&mut state) % (n as u64 - cap as u64 + 40)) as usize;
+                    let mut skip: Vec<usize> = (0..n).collect();
+                    for i in (1..n).rev() {
+                        let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
+                        skip.swap(i, j);
+                    }
+                    skip.truncate(marked);
+                    let eligible = n - marked;
+                    let x = splitmix(&mut state) as usize;
+                    for room in [
+                        0,
+                        1,
+                        2,
+                        eligible.saturating_sub(1),
+                        eligible,
+                        eligible + 1,
+                        cap - 1,
+                        cap,
+                        1 + x % cap,
+                    ] {
+                        let room = room.min(cap);
+                        let what = format!(
+                            "width {width} lo {lo} shape {shape} now {now} room {room} eligible {eligible}"
+                        );
+                        check_against_naive(&pool, &stamps, now, room, &skip, &what);
+                        cases += 1;
+                    }
+                }
+            }
+        }
+        assert!(cases > 1000, "{cases}");
+    }
+
+    /// Stamps for the blocks of a pool of 300: around a few centres
+    /// anywhere on the clock, each spread over its own width (one rank to
+    /// the whole clock), so that ranks wrap, repeat, sit after the clock
+    /// and cluster in the oldest bucket.
+    fn clustered_stamps() -> impl proptest::strategy::Strategy<Value = Vec<u32>> {
+        use proptest::prelude::*;
+        prop::collection::vec((any::<u32>(), 0u32..=32), 1..=4).prop_flat_map(|centres| {
+            let centres = std::sync::Arc::new(centres);
+            prop::collection::vec((any::<prop::sample::Index>(), any::<u64>()), 300).prop_map(
+                move |picks| {
+                    picks
+                        .into_iter()
+                        .map(|(i, x)| {
+                            let (centre, log) = *i.get(&centres);
+                            let off = if log == 32 {
+                                x as u32
+                            } else {
+                                (x % (1u64 << log)) as u32
+                            };
+                            centre.wrapping_add(off)
+                        })
+                        .collect()
+                },
+            )
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(400))]
+
+        /// Any stamps, clock, room and marked blocks: the fill agrees with
+        /// the naive selection (see [`check_against_naive`]).
+        #[test]
+        fn a_fill_agrees_with_the_naive_selection_on_any_stamps(
+            stamps in clustered_stamps(),
+            now in proptest::prelude::any::<u32>(),
+            room in 0usize..=150,
+            marked in proptest::collection::btree_set(0usize..300, 0..=200),
+        ) {
+            thread_local! {
+                static POOL: Arc<BlockPool> = evictable_pool(300);
+            }
+            let skip: Vec<usize> = marked.into_iter().collect();
+            POOL.with(|pool| {
+                check_against_naive(pool, &stamps, now, room, &skip, &format!("now {now} room {room}"));
+            });
+        }
     }
 }

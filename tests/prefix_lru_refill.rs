@@ -1,0 +1,229 @@
+//! Single-thread eviction order against an exact-LRU reference over long
+//! runs on pools of many sizes, so that the eviction ring (half the
+//! blocks) overflows and is refilled many times: each refill must append
+//! the next least recently released blocks, oldest first, whatever the
+//! spread of their release stamps (releases of one block, of long
+//! sequences, revivals that leave stale candidates, raw allocations that
+//! evict in bulk).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use kvslots::{BlockHash, BlockId, BlockPool, Sequence};
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A distinct key for each `c`.
+fn key(c: u64) -> BlockHash {
+    let mut b = [0u8; 32];
+    let mut z = c.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x1234_5678;
+    for w in b.chunks_mut(8) {
+        z ^= z >> 29;
+        z = z.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        w.copy_from_slice(&z.to_le_bytes());
+    }
+    b[0] = c as u8;
+    b[1] = (c >> 8) as u8;
+    b[2] = (c >> 16) as u8;
+    BlockHash(b)
+}
+
+/// The reference: references, keys, and the evictable blocks by release
+/// time.
+struct Model {
+    refs: Vec<u32>,
+    keys: Vec<Option<BlockHash>>,
+    index: HashMap<BlockHash, BlockId>,
+    lru: BTreeMap<u64, BlockId>,
+    released_at: Vec<Option<u64>>,
+    clock: u64,
+    evictions: usize,
+}
+
+impl Model {
+    fn new(n: usize) -> Model {
+        Model {
+            refs: vec![0; n],
+            keys: vec![None; n],
+            index: HashMap::new(),
+            lru: BTreeMap::new(),
+            released_at: vec![None; n],
+            clock: 0,
+            evictions: 0,
+        }
+    }
+
+    fn drop_ref(&mut self, id: BlockId) {
+        let i = id.index();
+        self.refs[i] -= 1;
+        if self.refs[i] == 0 && self.keys[i].is_some() {
+            self.clock += 1;
+            self.lru.insert(self.clock, id);
+            self.released_at[i] = Some(self.clock);
+        }
+    }
+
+    fn hold(&mut self, id: BlockId) {
+        let i = id.index();
+        if let Some(t) = self.released_at[i].take() {
+            self.lru.remove(&t);
+        }
+        self.refs[i] += 1;
+    }
+
+    /// Checks fresh blocks: the cached ones among them are exactly the
+    /// least recently released evictable blocks.
+    fn fresh(&mut self, ids: &[BlockId], what: &str) {
+        let uncached_free = (0..self.refs.len())
+            .filter(|&b| self.refs[b] == 0 && self.keys[b].is_none())
+            .count();
+        let evicted = ids.len().saturating_sub(uncached_free);
+        let mut want: Vec<BlockId> = self.lru.values().take(evicted).copied().collect();
+        let mut got: Vec<BlockId> = ids
+            .iter()
+            .copied()
+            .filter(|id| self.keys[id.index()].is_some())
+            .collect();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "{what}: evicted not the LRU blocks");
+        self.evictions += evicted;
+        for &id in ids {
+            if let Some(k) = self.keys[id.index()].take() {
+                self.index.remove(&k);
+            }
+            self.hold(id);
+        }
+    }
+}
+
+/// `steps` random operations on a pool of `num_blocks` blocks, checked
+/// against the model after each; returns how many blocks were evicted.
+fn run(num_blocks: usize, steps: usize, seed: u64) -> usize {
+    let pool = Arc::new(BlockPool::new(num_blocks, 1));
+    let mut m = Model::new(num_blocks);
+    let mut seqs: Vec<Sequence> = Vec::new();
+    let mut chains: Vec<Vec<BlockHash>> = Vec::new();
+    let mut counter = 0u64;
+    let mut state = seed;
+    let most = (num_blocks / 6).max(2);
+    for step in 0..steps {
+        let what = format!("{num_blocks} blocks, seed {seed}, step {step}");
+        let roll = splitmix(&mut state) % 100;
+        let x = splitmix(&mut state) as usize;
+        let held = m.refs.iter().filter(|&&r| r > 0).count();
+        let avail = num_blocks - held;
+        if roll < 35 || seqs.is_empty() {
+            // A new sequence of fresh blocks, published.
+            let n = (1 + x % most).min(avail);
+            if n == 0 {
+                continue;
+            }
+            let mut s = Sequence::new(Arc::clone(&pool));
+            s.try_append(n).unwrap();
+            m.fresh(s.blocks(), &what);
+            let keys: Vec<BlockHash> = (0..n)
+                .map(|_| {
+                    counter += 1;
+                    key(counter)
+                })
+                .collect();
+            assert_eq!(s.publish(&keys), n, "{what}: publish");
+            for (k, &b) in keys.iter().zip(s.blocks()) {
+                m.keys[b.index()] = Some(*k);
+                m.index.insert(*k, b);
+            }
+            chains.push(keys);
+            if chains.len() > 400 {
+                chains.remove(0);
+            }
+            seqs.push(s);
+        } else if roll < 55 && !chains.is_empty() {
+            // A revival: some earlier chain matched (its hits leave the
+            // eviction order; their candidates in the ring go stale).
+            let keys = &chains[x % chains.len()];
+            let len = 1 + (x >> 20) % keys.len();
+            let keys = &keys[..len];
+            let mut s = Sequence::new(Arc::clone(&pool));
+            let got = s.try_match_prefix(keys);
+            let want: Vec<BlockId> = keys.iter().map_while(|k| m.index.get(k).copied()).collect();
+            assert_eq!(got, want.len(), "{what}: match");
+            assert_eq!(s.blocks(), &want[..], "{what}: matched blocks");
+            for b in want {
+                m.hold(b);
+            }
+            seqs.push(s);
+        } else if roll < 90 {
+            let s = seqs.remove(x % seqs.len());
+            let blocks = s.blocks().to_vec();
+            drop(s);
+            for &b in blocks.iter().rev() {
+                m.drop_ref(b);
+            }
+        } else if roll < 95 {
+            let i = x % seqs.len();
+            let before = seqs[i].blocks().to_vec();
+            let len = (x >> 20) % (before.len() + 1);
+            seqs[i].truncate(len);
+            for &b in before[len..].iter().rev() {
+                m.drop_ref(b);
+            }
+        } else {
+            // Raw blocks taken and given back: evicts in bulk.
+            let n = (1 + x % (num_blocks / 2).max(1)).min(avail);
+            let mut out = Vec::new();
+            pool.try_alloc(n, &mut out).unwrap();
+            m.fresh(&out, &what);
+            pool.free(&out).unwrap();
+            for &b in &out {
+                m.refs[b.index()] -= 1;
+            }
+        }
+        // Keep the held blocks few, so that most are evictable.
+        while m.refs.iter().filter(|&&r| r > 0).count() > num_blocks / 3 {
+            let s = seqs.remove(0);
+            let blocks = s.blocks().to_vec();
+            drop(s);
+            for &b in blocks.iter().rev() {
+                m.drop_ref(b);
+            }
+        }
+        assert_eq!(pool.evictable_blocks(), m.lru.len(), "{what}: evictable");
+    }
+    drop(seqs);
+    assert_eq!(pool.used_blocks(), 0);
+    m.evictions
+}
+
+/// Every size: the ring's floor of 64, odd sizes, sizes about powers of
+/// two, and large pools where one refill scans thousands of blocks.
+#[test]
+fn long_runs_evict_in_exact_lru_order_on_pools_of_every_size() {
+    for (num_blocks, steps) in [
+        (64, 3000),
+        (65, 3000),
+        (100, 3000),
+        (127, 3000),
+        (129, 3000),
+        (512, 3000),
+        (1000, 2500),
+        (1023, 2500),
+        (1025, 2500),
+        (4096, 1500),
+    ] {
+        for seed in [1, 2] {
+            let evicted = run(num_blocks, steps, seed * 0x1000 + num_blocks as u64);
+            // Enough evictions that the ring was refilled many times.
+            assert!(
+                evicted > 10 * num_blocks,
+                "{num_blocks} blocks: only {evicted} evictions"
+            );
+        }
+    }
+}
