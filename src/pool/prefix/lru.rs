@@ -22,7 +22,9 @@
 //! **Refills.** Once an overflowed ring holds at most half its capacity
 //! (or nothing), one evictor claims the refill flag, scans every block and
 //! appends the oldest evictable blocks that have no candidate in the ring
-//! yet, as many as the free slots take, oldest first, while the other
+//! yet, oldest first, up to as many as the free slots take (whole
+//! buckets of ranks: it stops before the first bucket of its histogram
+//! that would overflow them), while the other
 //! evictors go on popping the candidates left. The blocks of the
 //! candidates left are marked in a map of one bit a block for the scan,
 //! which finds every evictable block that has no current candidate. A
@@ -571,8 +573,10 @@ impl Lru {
     }
 
     /// Appends the oldest evictable blocks that have no candidate in the
-    /// ring after the candidates left, as many as the free slots take,
-    /// oldest first; returns how many. The caller holds the `refilling`
+    /// ring after the candidates left, oldest first, up to as many as the
+    /// free slots take (whole buckets of `fill`'s histogram: it stops
+    /// before the first bucket that would overflow them, so a refill can
+    /// write fewer); returns how many. The caller holds the `refilling`
     /// flag.
     ///
     /// The blocks of the candidates left are marked in the membership map
