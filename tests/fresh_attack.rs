@@ -21,20 +21,12 @@ use kvslots::{
 
 /// A pool of `n` one-token blocks over `shards` shards, prefix cache on.
 fn pool(n: usize, shards: usize) -> Arc<BlockPool> {
-    Arc::new(
-        BlockPool::builder(n, 1)
-            .shards(shards)
-            .prefix_cache(true)
-            .build()
-            .unwrap(),
-    )
+    common::one_token_cached_pool(n, shards)
 }
 
 /// The keys of `tokens` in one-token blocks.
 fn keys(tokens: &[u32]) -> Vec<BlockHash> {
-    let mut out = Vec::new();
-    hash_blocks(b"fresh", tokens, 1, &mut out);
-    out
+    common::one_token_keys(b"fresh", tokens)
 }
 
 /// Every raw call on every block of `ids`, which sequences (or fences)

@@ -16,8 +16,7 @@ use std::thread;
 
 use common::{assert_pool_whole, XorShift};
 use kvslots::{
-    hash_blocks, BlockHash, BlockId, BlockPool, FreeError, HybridSequence, KvGroup, KvGroups,
-    Sequence,
+    BlockHash, BlockId, BlockPool, FreeError, HybridSequence, KvGroup, KvGroups, Sequence,
 };
 
 /// Pool shapes whose last word (of a shard, or of the pool) is short:
@@ -38,20 +37,12 @@ const SHAPES: [(usize, usize); 11] = [
 
 /// A pool of `n` one-token blocks over `shards` shards, prefix cache on.
 fn cached_pool(n: usize, shards: usize) -> Arc<BlockPool> {
-    Arc::new(
-        BlockPool::builder(n, 1)
-            .shards(shards)
-            .prefix_cache(true)
-            .build()
-            .unwrap(),
-    )
+    common::one_token_cached_pool(n, shards)
 }
 
 /// The keys of `tokens` in one-token blocks.
 fn keys(tokens: &[u32]) -> Vec<BlockHash> {
-    let mut out = Vec::new();
-    hash_blocks(b"whole", tokens, 1, &mut out);
-    out
+    common::one_token_keys(b"whole", tokens)
 }
 
 /// Ids per shard of a pool of `n` blocks over `shards` shards, and the

@@ -270,3 +270,21 @@ pub fn poll_once<F: std::future::Future + ?Sized>(
 ) -> std::task::Poll<F::Output> {
     fut.poll(&mut std::task::Context::from_waker(waker))
 }
+
+/// A pool of `n` one-token blocks over `shards` shards, prefix cache on.
+pub fn one_token_cached_pool(n: usize, shards: usize) -> std::sync::Arc<BlockPool> {
+    std::sync::Arc::new(
+        BlockPool::builder(n, 1)
+            .shards(shards)
+            .prefix_cache(true)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// The keys of `tokens` in one-token blocks, under `salt`.
+pub fn one_token_keys(salt: &[u8], tokens: &[u32]) -> Vec<kvslots::BlockHash> {
+    let mut out = Vec::new();
+    kvslots::hash_blocks(salt, tokens, 1, &mut out);
+    out
+}
