@@ -33,20 +33,7 @@ fn keys(tokens: &[u32]) -> Vec<BlockHash> {
 /// hold `holders` references to, is refused as a sequence's, and changes
 /// nothing.
 fn assert_sequences_hold(pool: &BlockPool, ids: &[BlockId], holders: usize) {
-    for &id in ids {
-        assert_eq!(pool.ref_count(id), Some(holders), "{id}: ref_count");
-        assert_eq!(
-            pool.free(&[id]),
-            Err(FreeError::HeldBySequence { id }),
-            "{id}: raw free"
-        );
-        assert_eq!(
-            pool.add_refs(&[id]),
-            Err(FreeError::HeldBySequence { id }),
-            "{id}: raw add_refs"
-        );
-        assert_eq!(pool.ref_count(id), Some(holders), "{id}: changed");
-    }
+    common::assert_sequences_hold(pool, ids, holders);
 }
 
 #[test]

@@ -61,20 +61,7 @@ fn word_sizes(n: usize, shards: usize) -> Vec<usize> {
 /// Every block of `ids`, held by one sequence alone, reads one reference,
 /// and every raw call on it is refused as a sequence's and changes nothing.
 fn assert_held_alone(pool: &BlockPool, ids: &[BlockId]) {
-    for &id in ids {
-        assert_eq!(pool.ref_count(id), Some(1), "{id}: ref_count");
-        assert_eq!(
-            pool.free(&[id]),
-            Err(FreeError::HeldBySequence { id }),
-            "{id}: raw free"
-        );
-        assert_eq!(
-            pool.add_refs(&[id]),
-            Err(FreeError::HeldBySequence { id }),
-            "{id}: raw add_refs"
-        );
-        assert_eq!(pool.ref_count(id), Some(1), "{id}: changed by a refusal");
-    }
+    common::assert_sequences_hold(pool, ids, 1);
 }
 
 #[test]

@@ -288,3 +288,26 @@ pub fn one_token_keys(salt: &[u8], tokens: &[u32]) -> Vec<kvslots::BlockHash> {
     kvslots::hash_blocks(salt, tokens, 1, &mut out);
     out
 }
+
+/// Every block of `ids` has `holders` references, all sequences', and
+/// every raw call on it is refused as a sequence's and changes nothing.
+pub fn assert_sequences_hold(pool: &BlockPool, ids: &[BlockId], holders: usize) {
+    for &id in ids {
+        assert_eq!(pool.ref_count(id), Some(holders), "{id}: ref_count");
+        assert_eq!(
+            pool.free(&[id]),
+            Err(kvslots::FreeError::HeldBySequence { id }),
+            "{id}: raw free"
+        );
+        assert_eq!(
+            pool.add_refs(&[id]),
+            Err(kvslots::FreeError::HeldBySequence { id }),
+            "{id}: raw add_refs"
+        );
+        assert_eq!(
+            pool.ref_count(id),
+            Some(holders),
+            "{id}: changed by a refusal"
+        );
+    }
+}
