@@ -276,6 +276,8 @@ fn raw_checks_racing_the_lazy_count_see_a_held_block() {
                 }
                 seq.try_append(8 + rng.below(60)).unwrap();
                 *ids.lock().unwrap() = seq.blocks().to_vec();
+                // Release (test code): the take above happens-before the
+                // checker's calls of round `r`.
                 ready.store(r, Ordering::Release);
                 // The lazy count, while the observer checks.
                 let tokens: Vec<u32> = (0..seq.len() as u32)
@@ -300,6 +302,8 @@ fn raw_checks_racing_the_lazy_count_see_a_held_block() {
                     }
                 };
                 counted.store(r, Ordering::Release);
+                // Acquire (test code): the checker's calls of round `r` happen-
+                // before the next change.
                 spin_until(|| acked.load(Ordering::Acquire) == r);
                 drop(fork);
                 drop(seq);
@@ -307,6 +311,8 @@ fn raw_checks_racing_the_lazy_count_see_a_held_block() {
                     pool.complete(fence);
                 }
             }
+            // Release (test code): ends the checker's loop; orders nothing it
+            // reads.
             stop.store(true, Ordering::Release);
         });
         // The observer.
@@ -331,12 +337,16 @@ fn raw_checks_racing_the_lazy_count_see_a_held_block() {
                             Err(FreeError::HeldBySequence { id }),
                             "round {r}: raw add_refs of a held {id}"
                         );
+                        // Relaxed (test code): a count read after the threads
+                        // are joined.
                         checks.fetch_add(1, Ordering::Relaxed);
                     }
                     if last {
                         break;
                     }
                 }
+                // Release (test code): this round's checks happen-before the
+                // owner's next change.
                 acked.store(r, Ordering::Release);
             }
         });
@@ -361,6 +371,7 @@ fn raw_checks_racing_the_lazy_count_see_a_held_block() {
             }
         });
     });
+    // Relaxed (test code): the threads are joined.
     assert!(checks.load(Ordering::Relaxed) >= ROUNDS * 8);
     assert_pool_whole(&pool);
 }
@@ -378,6 +389,9 @@ impl Holders {
 
     fn taken(&self, ids: &[BlockId], who: &str) {
         for &id in ids {
+            // AcqRel/Acquire (test code): a block's shadow count passes between
+            // threads with the block, which the pool's own orderings hand over;
+            // these only make the counts' reads exact.
             let prev =
                 self.0[id.index()].compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire);
             assert_eq!(prev, Ok(0), "{who}: {id} handed out while held");
@@ -386,6 +400,7 @@ impl Holders {
 
     fn shared(&self, ids: &[BlockId]) {
         for &id in ids.iter().filter(|&&id| id != BlockId::NULL) {
+            // AcqRel (test code): as in `taken`.
             assert!(self.0[id.index()].fetch_add(1, Ordering::AcqRel) >= 1);
         }
     }
@@ -393,6 +408,7 @@ impl Holders {
     fn released(&self, ids: &[BlockId]) {
         for &id in ids.iter().filter(|&&id| id != BlockId::NULL) {
             assert!(
+                // AcqRel (test code): as in `taken`.
                 self.0[id.index()].fetch_sub(1, Ordering::AcqRel) >= 1,
                 "{id}"
             );
@@ -473,6 +489,8 @@ fn fresh_and_counted_takes_share_words_without_double_handouts() {
                             };
                             if append(&mut seq, n, holders, &who) {
                                 if n >= 8 {
+                                    // Relaxed (test code): a count read after
+                                    // the threads are joined.
                                     fresh_takes.fetch_add(1, Ordering::Relaxed);
                                 }
                                 seqs.push(seq);
@@ -501,6 +519,7 @@ fn fresh_and_counted_takes_share_words_without_double_handouts() {
                             let i = rng.below(seqs.len());
                             let seq = &mut seqs[i];
                             let keep = rng.below(seq.len() + 1);
+                            // Relaxed (test code): only unique fence numbers.
                             let fence = fences.fetch_add(1, Ordering::Relaxed);
                             let tail = seq.blocks()[keep..].to_vec();
                             seq.truncate_fenced(keep, fence as u64);
@@ -584,9 +603,11 @@ fn fresh_and_counted_takes_share_words_without_double_handouts() {
             pool.free(&own).unwrap();
         });
     });
+    // Relaxed (test code): the threads are joined.
     assert!(holders.0.iter().all(|h| h.load(Ordering::Relaxed) == 0));
     assert_eq!(pool.pending_release_blocks(), 0);
     assert_pool_whole(&pool);
+    // Relaxed (test code): the threads are joined.
     let fresh_takes = fresh_takes.load(Ordering::Relaxed);
     assert!(fresh_takes >= STEPS / 10, "{fresh_takes} fresh takes");
 }
@@ -685,6 +706,8 @@ fn publishes_matches_forks_and_resets_race_on_fresh_blocks() {
                             };
                             if seq.try_append(len - hit).is_ok() {
                                 if len - hit >= 8 {
+                                    // Relaxed (test code): a count read after
+                                    // the threads are joined.
                                     fresh_publishes.fetch_add(1, Ordering::Relaxed);
                                 }
                                 seq.publish(&prompt);
@@ -737,6 +760,8 @@ fn publishes_matches_forks_and_resets_race_on_fresh_blocks() {
             }));
         }
         s.spawn(|| {
+            // Acquire (test code): pairs with the stop's Release; ends the
+            // loop.
             while !stop.load(Ordering::Acquire) {
                 pool.reset_prefix_cache();
                 thread::yield_now();
@@ -745,8 +770,11 @@ fn publishes_matches_forks_and_resets_race_on_fresh_blocks() {
         for w in workers {
             w.join().unwrap();
         }
+        // Release (test code): ends the checker's loop after the workers' last
+        // calls.
         stop.store(true, Ordering::Release);
     });
+    // Relaxed (test code): the threads are joined.
     assert!(fresh_publishes.load(Ordering::Relaxed) >= STEPS / 10);
     pool.reset_prefix_cache();
     assert_pool_whole(&pool);
@@ -862,6 +890,8 @@ fn hybrid_sequences_race_on_fresh_blocks() {
                                 at += chunk;
                             }
                             if ok {
+                                // Relaxed (test code): a count read after the
+                                // threads are joined.
                                 made.fetch_add(1, Ordering::Relaxed);
                                 let _ = seq.publish(&keys);
                                 seqs.push(seq);
@@ -871,6 +901,8 @@ fn hybrid_sequences_race_on_fresh_blocks() {
                             let i = rng.below(seqs.len());
                             let mut copies = Vec::new();
                             if let Ok(child) = seqs[i].try_fork(&mut copies) {
+                                // Relaxed (test code): a count read after the
+                                // threads are joined.
                                 forked.fetch_add(1, Ordering::Relaxed);
                                 seqs.push(child);
                             }
@@ -1019,12 +1051,16 @@ fn raw_calls_hammer_a_word_of_fresh_takes_and_give_backs() {
                         drop(child);
                     }
                 }
+                // Release (test code): this worker's calls happen-before the
+                // checker's end.
                 done.fetch_add(1, Ordering::Release);
             });
         }
         s.spawn(|| {
             let mut rng = XorShift::new(301);
             let (held_seen, free_seen) = (&held_seen, &free_seen);
+            // Acquire (test code): pairs with the workers' Release; ends the
+            // loop.
             while done.load(Ordering::Acquire) < 2 {
                 let id = BlockId::new(rng.below(64) as u32);
                 for (call, got) in [
@@ -1033,9 +1069,13 @@ fn raw_calls_hammer_a_word_of_fresh_takes_and_give_backs() {
                 ] {
                     match got {
                         Err(FreeError::NotAllocated { id: e }) if e == id => {
+                            // Relaxed (test code): a count read after the
+                            // threads are joined.
                             free_seen.fetch_add(1, Ordering::Relaxed);
                         }
                         Err(FreeError::HeldBySequence { id: e }) if e == id => {
+                            // Relaxed (test code): a count read after the
+                            // threads are joined.
                             held_seen.fetch_add(1, Ordering::Relaxed);
                         }
                         other => panic!("raw {call} of {id}: {other:?}"),

@@ -469,6 +469,8 @@ fn raw_double_frees_of_any_block_are_refused_while_sequences_churn_whole_words()
             for w in workers {
                 w.join().unwrap();
             }
+            // Relaxed (test code): only ends the raw caller's loop; orders
+            // nothing.
             done.store(true, Ordering::Relaxed);
         });
         assert_eq!(pool.pending_release_blocks(), 0);

@@ -1201,6 +1201,8 @@ mod tests {
     /// refill marks the blocks of the candidates left), clearing the rest.
     fn mark_only(pool: &BlockPool, skip: &[usize]) {
         let lru = lru(pool);
+        // Relaxed (all, test code): the map is the refiller's alone, and
+        // no refill runs here.
         for cell in lru.in_ring.iter() {
             cell.store(0, Ordering::Relaxed);
         }
