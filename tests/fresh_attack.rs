@@ -302,8 +302,8 @@ fn raw_checks_racing_the_lazy_count_see_a_held_block() {
                     }
                 };
                 counted.store(r, Ordering::Release);
-                // Acquire (test code): the checker's calls of round `r` happen-
-                // before the next change.
+                // Acquire (test code): the checker's calls of round `r`
+                // happen-before the next change.
                 spin_until(|| acked.load(Ordering::Acquire) == r);
                 drop(fork);
                 drop(seq);
