@@ -205,7 +205,8 @@ class BlockStored:
     block). The pool never sees tokens: `token_count` is
     `len(block_hashes) * block_size` instead of vLLM's `token_ids`.
     `lora_id` and `medium` are always None, kept for code written against
-    vLLM's class.
+    vLLM's class. `group_idx` is the index of the `HybridSequence` group
+    whose blocks these are (in its `KvGroups`), None for a `Sequence`'s.
     """
 
     __match_args__: ClassVar[Tuple[str, ...]]
@@ -230,11 +231,18 @@ class BlockStored:
     @property
     def medium(self) -> Optional[str]:
         """Always None."""
+    @property
+    def group_idx(self) -> Optional[int]:
+        """The group of layers (a `HybridSequence`'s group index), or
+        None for a `Sequence`'s blocks."""
     def __eq__(self, other: object, /) -> bool: ...
 
 @final
 class BlockRemoved:
-    """Keys no block holds any more: vLLM's `BlockRemoved`."""
+    """Keys no block holds any more: vLLM's `BlockRemoved`. `group_idx`
+    is the group of the publish that stored the keys (as in
+    `BlockStored`), None for keys a `Sequence` published; one event never
+    mixes groups."""
 
     __match_args__: ClassVar[Tuple[str, ...]]
     @property
@@ -243,6 +251,9 @@ class BlockRemoved:
     @property
     def medium(self) -> Optional[str]:
         """Always None."""
+    @property
+    def group_idx(self) -> Optional[int]:
+        """The group of layers whose blocks held the keys, or None."""
     def __eq__(self, other: object, /) -> bool: ...
 
 @final

@@ -321,6 +321,27 @@ pub trait BlockAllocator {
         self.publish(by, blocks, keys)
     }
 
+    /// [`publish_after`](Self::publish_after) of the blocks of one group
+    /// of layers of a [`HybridSequence`](crate::HybridSequence) (`group`,
+    /// the index in its [`KvGroups`](crate::KvGroups)): an allocator that
+    /// reports its cache's changes names the group in the stores and in
+    /// the later removals of these keys (`BlockPool` with [KV
+    /// events](crate::BlockPoolBuilder::kv_events):
+    /// [`KvEvent`](crate::KvEvent)'s `group`).
+    ///
+    /// The default ignores `group` and calls `publish_after`.
+    fn publish_in_group(
+        &self,
+        by: &SequenceCall<'_>,
+        group: usize,
+        parent: Option<&BlockHash>,
+        blocks: &[BlockId],
+        keys: &[BlockHash],
+    ) -> usize {
+        let _ = group;
+        self.publish_after(by, parent, blocks, keys)
+    }
+
     /// Drops the key of `id` if the caller is its only holder, so that the
     /// caller may write into it (a truncate into a cached block). A block
     /// that another holder shares keeps its key; writing into it takes a

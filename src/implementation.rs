@@ -967,8 +967,24 @@
 //! a store whose parent key is stored by a record still to come in another
 //! ring waits for it (unless every ring's next record waits: a cycle only
 //! unrelated concurrent chains can form), a store whose parent is the key
-//! just stored joins its [`KvEvent::BlockStored`](crate::KvEvent), and
-//! consecutive removals form one [`KvEvent::BlockRemoved`](crate::KvEvent).
+//! just stored (for the same group) joins its
+//! [`KvEvent::BlockStored`](crate::KvEvent), and consecutive removals of
+//! one group form one [`KvEvent::BlockRemoved`](crate::KvEvent).
+//!
+//! **Groups.** A record's meta word carries, beside its kind and block id,
+//! the group of layers of the publish that stored the key (16 bits: none,
+//! or a [`HybridSequence`](crate::HybridSequence)'s group index plus one).
+//! A store knows it from its publisher. A removal reads it from a per-block
+//! tag (two bytes a block, allocated with the rings) that the publisher
+//! writes after its claim and before its commit, as it writes the key's
+//! words: the tag's store is `Relaxed`, published by the commit's
+//! `Release`, and a remover reads it once the block is its own (its
+//! eviction CAS succeeded, or it holds the block alone and dropped the
+//! key), so no claim can rewrite it between the publish it reports and
+//! the read. A claim that fails writes nothing; the loom control
+//! `early_group_tag` (the tag written before the claim, so a holder whose
+//! claim loses overwrites the winner's) is caught by
+//! `group_of_a_shared_block`.
 //!
 //! **Losses.** A loss counts into its ring's `lost` and raises `lost_at` to
 //! the tail it found (`fetch_max`, then the count's `Release` add). The

@@ -728,17 +728,26 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// assert_eq!(pool.cached_blocks(), 2);
     /// ```
     pub fn publish(&mut self, hashes: &[BlockHash]) -> usize {
+        self.publish_in(None, hashes)
+    }
+
+    /// [`publish`](Self::publish) as the table of group `group` of a
+    /// [`HybridSequence`](crate::HybridSequence) (`Some`), or as a
+    /// sequence of its own (`None`).
+    pub(crate) fn publish_in(&mut self, group: Option<usize>, hashes: &[BlockHash]) -> usize {
         let full = (self.len / self.pool.block_size()).min(hashes.len());
         let from = self.null.min(full);
         // After null entries (a sliding window's), the first block's parent
         // is the key of the block before it, given back or not.
         let parent = from.checked_sub(1).map(|p| &hashes[p]);
-        self.pool.publish_after(
-            &SequenceCall::new(),
-            parent,
-            &self.blocks[from..full],
-            &hashes[from..full],
-        )
+        let (blocks, hashes) = (&self.blocks[from..full], &hashes[from..full]);
+        let call = SequenceCall::new();
+        match group {
+            Some(group) => self
+                .pool
+                .publish_in_group(&call, group, parent, blocks, hashes),
+            None => self.pool.publish_after(&call, parent, blocks, hashes),
+        }
     }
 
     /// How many tokens the blocks in the table can hold:

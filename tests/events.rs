@@ -49,12 +49,24 @@ fn drained(pool: &BlockPool) -> Vec<KvEvent> {
 }
 
 fn stored(keys: &[BlockHash], parent: Option<BlockHash>, ids: &[BlockId], bs: usize) -> KvEvent {
+    stored_in(None, keys, parent, ids, bs)
+}
+
+/// A store of a hybrid sequence's group `group` (`None`: a `Sequence`'s).
+fn stored_in(
+    group: Option<usize>,
+    keys: &[BlockHash],
+    parent: Option<BlockHash>,
+    ids: &[BlockId],
+    bs: usize,
+) -> KvEvent {
     KvEvent::BlockStored {
         keys: keys.to_vec(),
         parent,
         block_ids: ids.to_vec(),
         block_size: bs,
         token_count: keys.len() * bs,
+        group,
     }
 }
 
@@ -89,7 +101,8 @@ fn a_script_reports_each_store_and_removal_exactly() {
     assert_eq!(
         out,
         [KvEvent::BlockRemoved {
-            keys: vec![keys[2]]
+            keys: vec![keys[2]],
+            group: None
         }]
     );
     // Released, the first two stay cached; an allocation of the two left
@@ -105,7 +118,8 @@ fn a_script_reports_each_store_and_removal_exactly() {
     assert_eq!(
         drained(&pool),
         [KvEvent::BlockRemoved {
-            keys: vec![keys[1]]
+            keys: vec![keys[1]],
+            group: None
         }]
     );
     // The reset drops the last key; nothing is left to report.
@@ -116,7 +130,8 @@ fn a_script_reports_each_store_and_removal_exactly() {
     assert_eq!(
         out,
         [KvEvent::BlockRemoved {
-            keys: vec![keys[0]]
+            keys: vec![keys[0]],
+            group: None
         }]
     );
     assert_eq!(pool.drain_events(&mut out), 4);
@@ -149,9 +164,9 @@ fn a_hybrid_publish_reports_a_chain_per_group_under_the_group_keys() {
         drained(&pool),
         [
             KvEvent::AllBlocksCleared,
-            stored(&full[..4], None, ids0, 4),
+            stored_in(Some(0), &full[..4], None, ids0, 4),
             // The parent is the group's key of block 1, given back.
-            stored(&sliding[2..4], Some(sliding[1]), &ids1[2..4], 4),
+            stored_in(Some(1), &sliding[2..4], Some(sliding[1]), &ids1[2..4], 4),
         ]
     );
     // A match reports nothing; an eviction removes the group keys.
@@ -161,19 +176,95 @@ fn a_hybrid_publish_reports_a_chain_per_group_under_the_group_keys() {
     assert_eq!(drained(&pool), []);
     let mut all = Vec::new();
     pool.try_alloc(16, &mut all).unwrap();
-    let mut removed: Vec<BlockHash> = drained(&pool)
+    // Each removal names the group of the keys it removes.
+    let mut removed: Vec<(Option<usize>, BlockHash)> = drained(&pool)
         .into_iter()
         .flat_map(|e| match e {
-            KvEvent::BlockRemoved { keys } => keys,
+            KvEvent::BlockRemoved { keys, group } => keys.into_iter().map(move |k| (group, k)),
             other => panic!("{other:?}"),
         })
         .collect();
-    let mut cached: Vec<BlockHash> = full[..4].iter().chain(&sliding[2..4]).copied().collect();
+    let mut cached: Vec<(Option<usize>, BlockHash)> = full[..4]
+        .iter()
+        .map(|k| (Some(0), *k))
+        .chain(sliding[2..4].iter().map(|k| (Some(1), *k)))
+        .collect();
     removed.sort_unstable();
     cached.sort_unstable();
     assert_eq!(removed, cached);
-    assert!(removed.iter().all(|k| !content.contains(k)));
+    assert!(removed.iter().all(|(_, k)| !content.contains(k)));
     pool.free(&all).unwrap();
+}
+
+#[test]
+fn a_block_reused_by_another_group_or_a_plain_sequence_reports_its_new_group() {
+    // One block of 4 tokens: each publish below reuses it. First group 0
+    // of a one-group model, then a plain sequence, which a truncate into
+    // the block makes drop its key: each removal names the group of the
+    // publish that stored its key, never an earlier one's.
+    let pool = events_pool(1, 4, 1, 64);
+    let content = keys_of(&[1, 2, 3, 4], 4);
+    let one = KvGroups::new([KvGroup::Full]).unwrap();
+    let one_keys = one.keys(&content);
+    let key0 = one_keys.group(0).unwrap()[0];
+    drained(&pool);
+    let mut hybrid = HybridSequence::new(Arc::clone(&pool), one);
+    hybrid.try_append(4).unwrap();
+    assert_eq!(hybrid.publish(&one_keys), Ok(1));
+    let id = hybrid.blocks(0).unwrap()[0];
+    drop(hybrid);
+    let mut plain = Sequence::new(Arc::clone(&pool));
+    plain.try_append(4).unwrap(); // evicts key0
+    assert_eq!(plain.blocks(), [id]);
+    assert_eq!(plain.publish(&content), 1);
+    plain.truncate(3);
+    assert_eq!(
+        drained(&pool),
+        [
+            stored_in(Some(0), &[key0], None, &[id], 4),
+            KvEvent::BlockRemoved {
+                keys: vec![key0],
+                group: Some(0)
+            },
+            stored(&content, None, &[id], 4),
+            KvEvent::BlockRemoved {
+                keys: content.clone(),
+                group: None
+            },
+        ]
+    );
+    drop(plain);
+
+    // Two blocks: a two-group model caches one a group; a plain sequence
+    // then takes both (evicting both keys) and publishes on one, which a
+    // reset removes. Every key's events name its own group.
+    let pool = events_pool(2, 4, 1, 64);
+    let two = KvGroups::new([KvGroup::Full, KvGroup::Full]).unwrap();
+    let keys = two.keys(&content);
+    drained(&pool);
+    let mut hybrid = HybridSequence::new(Arc::clone(&pool), two);
+    hybrid.try_append(4).unwrap();
+    assert_eq!(hybrid.publish(&keys), Ok(2));
+    drop(hybrid);
+    let mut plain = Sequence::new(Arc::clone(&pool));
+    plain.try_append(8).unwrap();
+    assert_eq!(plain.publish(&content), 1);
+    drop(plain);
+    assert_eq!(pool.reset_prefix_cache(), 1);
+    let log = drained(&pool);
+    let groups_of = |wanted: &BlockHash| -> Vec<Option<usize>> {
+        log.iter()
+            .filter_map(|e| match e {
+                KvEvent::BlockStored { keys, group, .. }
+                | KvEvent::BlockRemoved { keys, group } => keys.contains(wanted).then_some(*group),
+                _ => None,
+            })
+            .collect()
+    };
+    let (k0, k1) = (keys.group(0).unwrap()[0], keys.group(1).unwrap()[0]);
+    assert_eq!(groups_of(&k0), [Some(0), Some(0)], "{log:?}");
+    assert_eq!(groups_of(&k1), [Some(1), Some(1)], "{log:?}");
+    assert_eq!(groups_of(&content[0]), [None, None], "{log:?}");
 }
 
 #[test]
@@ -220,7 +311,8 @@ fn a_full_ring_loses_events_and_says_how_many_where() {
     assert_eq!(
         drained(&pool),
         [KvEvent::BlockRemoved {
-            keys: vec![keys[4]]
+            keys: vec![keys[4]],
+            group: None
         }]
     );
     assert_eq!(pool.stats().events_dropped, Some(3));
@@ -253,7 +345,7 @@ fn replay(log: &[KvEvent]) -> (HashMap<BlockHash, Option<BlockId>>, usize, usize
                     stores += 1;
                 }
             }
-            KvEvent::BlockRemoved { keys } => {
+            KvEvent::BlockRemoved { keys, .. } => {
                 for k in keys {
                     let before = view.insert(*k, None).flatten();
                     assert!(before.is_some(), "{k:?} removed while not stored");
@@ -452,7 +544,9 @@ fn an_overflowing_ring_counts_its_losses_and_the_view_rebuilt_after_them_is_safe
     let reported = log
         .iter()
         .map(|e| match e {
-            KvEvent::BlockStored { keys, .. } | KvEvent::BlockRemoved { keys } => keys.len() as u64,
+            KvEvent::BlockStored { keys, .. } | KvEvent::BlockRemoved { keys, .. } => {
+                keys.len() as u64
+            }
             _ => 0,
         })
         .sum::<u64>();
@@ -469,7 +563,7 @@ fn an_overflowing_ring_counts_its_losses_and_the_view_rebuilt_after_them_is_safe
             KvEvent::BlockStored {
                 keys, block_ids, ..
             } => view.extend(keys.iter().zip(block_ids).map(|(k, id)| (*k, Some(*id)))),
-            KvEvent::BlockRemoved { keys } => view.extend(keys.iter().map(|k| (*k, None))),
+            KvEvent::BlockRemoved { keys, .. } => view.extend(keys.iter().map(|k| (*k, None))),
             _ => {}
         }
     }
@@ -477,5 +571,100 @@ fn an_overflowing_ring_counts_its_losses_and_the_view_rebuilt_after_them_is_safe
         if id.is_some() {
             assert_eq!(holder_now(&pool, key), id, "{key:?}");
         }
+    }
+}
+
+/// One worker's rounds of hybrid sequences (and, one round in four, plain
+/// ones) on `pool`: match, append the rest of the 8-token prompt, publish,
+/// now and then truncate or reset, keeping up to two alive.
+fn hybrid_work(pool: &Arc<BlockPool>, groups: &KvGroups, prompts: &[Vec<BlockHash>], seed: u64) {
+    let mut rng = XorShift::new(seed);
+    // Sequences of either kind kept alive (their blocks held) for a while.
+    let mut held: Vec<Box<dyn std::any::Any>> = Vec::new();
+    for _ in 0..2_000 {
+        let content = &prompts[rng.below(prompts.len())];
+        let seq: Box<dyn std::any::Any> = if rng.below(4) == 0 {
+            let mut seq = Sequence::new(Arc::clone(pool));
+            seq.try_match_prefix(content);
+            if seq.try_append(8 - seq.len()).is_err() {
+                continue;
+            }
+            seq.publish(content);
+            if rng.below(4) == 0 {
+                seq.truncate(7);
+            }
+            Box::new(seq)
+        } else {
+            let keys = groups.keys(content);
+            let mut seq = HybridSequence::new(Arc::clone(pool), groups.clone());
+            seq.try_match_prefix(&keys).unwrap();
+            if seq.try_append(8 - seq.len()).is_err() {
+                continue;
+            }
+            seq.publish(&keys).unwrap();
+            if rng.below(4) == 0 {
+                seq.truncate(7).unwrap();
+            }
+            Box::new(seq)
+        };
+        if rng.below(16) == 0 {
+            pool.reset_prefix_cache();
+        }
+        held.push(seq);
+        if held.len() > 2 {
+            held.remove(rng.below(held.len()));
+        }
+    }
+}
+
+#[test]
+fn hybrid_threads_report_each_key_under_its_group() {
+    const THREADS: usize = 3;
+    // 40 blocks of 2 tokens over 2 shards: a hybrid prompt takes up to 9
+    // (4 + 1 + 4), so blocks pass between groups and plain sequences.
+    let pool = events_pool(40, 2, 2, 1 << 16);
+    let groups = KvGroups::new([
+        KvGroup::Full,
+        KvGroup::SlidingWindow { window_tokens: 2 },
+        KvGroup::Full,
+    ])
+    .unwrap();
+    let prompts = families(8);
+    // Each key's group: the content keys are the plain sequences'.
+    let mut group_of: HashMap<BlockHash, Option<usize>> = HashMap::new();
+    for content in &prompts {
+        let keys = groups.keys(content);
+        for g in 0..groups.len() {
+            group_of.extend(keys.group(g).unwrap().iter().map(|k| (*k, Some(g))));
+        }
+        group_of.extend(content.iter().map(|k| (*k, None)));
+    }
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (pool, groups, prompts) = (&pool, &groups, &prompts);
+            s.spawn(move || hybrid_work(pool, groups, prompts, 7 + t as u64));
+        }
+    });
+    let log = drained(&pool);
+    assert!(
+        !log.iter().any(|e| matches!(e, KvEvent::Dropped { .. })),
+        "a ring of 65,536 records overflowed"
+    );
+    let mut seen = [0usize; 4];
+    for event in &log {
+        if let KvEvent::BlockStored { keys, group, .. } | KvEvent::BlockRemoved { keys, group } =
+            event
+        {
+            for k in keys {
+                assert_eq!(group_of[k], *group, "{k:?} in {event:?}");
+            }
+            seen[group.map_or(3, |g| g)] += keys.len();
+        }
+    }
+    assert!(seen.iter().all(|&n| n > 0), "events by group: {seen:?}");
+    let (view, stores, removals) = replay(&log);
+    assert!(removals > 0 && stores > removals);
+    for (key, id) in view {
+        assert_eq!(holder_now(&pool, key), id, "{key:?}");
     }
 }

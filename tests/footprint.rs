@@ -124,8 +124,8 @@ fn new_takes_what_a_pool_with_every_layer_takes() {
 }
 
 /// KV events take their rings (128 bytes a record, shared among the
-/// shards' rings) and nothing else: exactly what `memory_bytes` says, and
-/// nothing when not chosen.
+/// shards' rings) and a 2-byte group tag a block, and nothing else:
+/// exactly what `memory_bytes` says, and nothing when not chosen.
 #[test]
 fn kv_events_take_their_rings_and_nothing_when_off() {
     let with = |events: Option<usize>| {
@@ -145,8 +145,8 @@ fn kv_events_take_their_rings_and_nothing_when_off() {
     assert_eq!(off, footprint(BLOCKS, true).0);
     let (on, on_predicted) = with(Some(4096));
     // 16 rings of 256 records of 128 bytes, a cache line pair per ring
-    // head, and the consumer's cursors.
-    let rings = on - off;
+    // head, and the consumer's cursors; the blocks' group tags.
+    let rings = on - off - 2 * BLOCKS;
     assert!(
         (4096 * 128..4096 * 128 + 16 * 256).contains(&rings),
         "{rings} bytes of rings"

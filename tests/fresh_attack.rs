@@ -1176,7 +1176,7 @@ fn kv_events_report_exactly_the_fresh_blocks_a_publish_caches() {
     let mut removed: Vec<BlockHash> = Vec::new();
     for e in &events {
         match e {
-            kvslots::KvEvent::BlockRemoved { keys } => removed.extend(keys.iter().copied()),
+            kvslots::KvEvent::BlockRemoved { keys, .. } => removed.extend(keys.iter().copied()),
             kvslots::KvEvent::AllBlocksCleared => {}
             other => panic!("unexpected {other:?}"),
         }

@@ -157,7 +157,9 @@ impl PyPoolStats {
 /// `token_count` is `len(block_hashes) * block_size`. `lora_id` and
 /// `medium` are always `None` (LoRA adapters are folded into the keys by
 /// `hash_blocks`' callers; the pool is one medium), kept for code written
-/// against vLLM's class.
+/// against vLLM's class. `group_idx` is the index of the `HybridSequence`
+/// group whose blocks these are (its `KvGroups`), `None` for a
+/// `Sequence`'s.
 #[pyclass(name = "BlockStored", module = "kvslots", frozen, eq)]
 #[derive(Clone, PartialEq)]
 pub(crate) struct PyBlockStored {
@@ -170,6 +172,9 @@ pub(crate) struct PyBlockStored {
     /// Tokens the stored blocks hold.
     #[pyo3(get)]
     token_count: usize,
+    /// The group of layers (a `HybridSequence`'s group index), or `None`.
+    #[pyo3(get)]
+    group_idx: Option<usize>,
 }
 
 #[pymethods]
@@ -216,22 +221,32 @@ impl PyBlockStored {
 
     fn __repr__(&self) -> String {
         format!(
-            "BlockStored(block_hashes=<{} keys>, parent_block_hash={}, block_ids={:?}, block_size={}, token_count={})",
+            "BlockStored(block_hashes=<{} keys>, parent_block_hash={}, block_ids={:?}, block_size={}, token_count={}, group_idx={})",
             self.keys.len(),
             if self.parent.is_some() { "<32 bytes>" } else { "None" },
             self.ids.iter().map(|id| id.index()).collect::<Vec<_>>(),
             self.block_size,
-            self.token_count
+            self.token_count,
+            group_repr(self.group_idx)
         )
     }
 }
 
+/// A group index as Python writes it.
+fn group_repr(group: Option<usize>) -> String {
+    group.map_or_else(|| "None".to_string(), |g| g.to_string())
+}
+
 /// Keys that no block holds any more: vLLM's `BlockRemoved`. `medium` is
-/// always `None`.
+/// always `None`; `group_idx` is the group of the publish that stored the
+/// keys (as in `BlockStored`), `None` for a `Sequence`'s.
 #[pyclass(name = "BlockRemoved", module = "kvslots", frozen, eq)]
 #[derive(Clone, PartialEq)]
 pub(crate) struct PyBlockRemoved {
     keys: Vec<BlockHash>,
+    /// The group of layers (a `HybridSequence`'s group index), or `None`.
+    #[pyo3(get)]
+    group_idx: Option<usize>,
 }
 
 #[pymethods]
@@ -254,7 +269,11 @@ impl PyBlockRemoved {
     }
 
     fn __repr__(&self) -> String {
-        format!("BlockRemoved(block_hashes=<{} keys>)", self.keys.len())
+        format!(
+            "BlockRemoved(block_hashes=<{} keys>, group_idx={})",
+            self.keys.len(),
+            group_repr(self.group_idx)
+        )
     }
 }
 
@@ -346,6 +365,7 @@ fn event_object<'py>(py: Python<'py>, event: KvEvent) -> PyResult<Bound<'py, PyA
             block_ids,
             block_size,
             token_count,
+            group,
         } => Bound::new(
             py,
             PyBlockStored {
@@ -354,10 +374,18 @@ fn event_object<'py>(py: Python<'py>, event: KvEvent) -> PyResult<Bound<'py, PyA
                 ids: block_ids,
                 block_size,
                 token_count,
+                group_idx: group,
             },
         )?
         .into_any(),
-        KvEvent::BlockRemoved { keys } => Bound::new(py, PyBlockRemoved { keys })?.into_any(),
+        KvEvent::BlockRemoved { keys, group } => Bound::new(
+            py,
+            PyBlockRemoved {
+                keys,
+                group_idx: group,
+            },
+        )?
+        .into_any(),
         KvEvent::AllBlocksCleared => Bound::new(py, PyAllBlocksCleared)?.into_any(),
         KvEvent::Dropped { count } => Bound::new(py, PyEventsDropped { count })?.into_any(),
         // A kind the core added after this binding (`#[non_exhaustive]`):

@@ -44,7 +44,7 @@ def test_a_pool_reports_stores_and_removals_in_vllm_shapes():
     assert stored.parent_block_hash is None
     assert stored.block_ids == blocks
     assert (stored.block_size, stored.token_count) == (2, 6)
-    assert (stored.lora_id, stored.medium) == (None, None)
+    assert (stored.lora_id, stored.medium, stored.group_idx) == (None, None, None)
     assert BlockStored.__match_args__ == ("block_hashes", "parent_block_hash", "block_ids", "block_size")
 
     # A truncate into the last block, which the sequence holds alone,
@@ -55,11 +55,49 @@ def test_a_pool_reports_stores_and_removals_in_vllm_shapes():
     (removed,) = batch.events
     assert isinstance(removed, BlockRemoved)
     assert removed.block_hashes == [keys[2]] and removed.medium is None
+    assert removed.group_idx is None
 
     # Nothing new: an empty batch carries the next number.
     empty = pool.drain_events()
     assert (empty.seq, empty.events) == (2, [])
     seq.close()
+
+
+def test_a_hybrid_sequence_names_the_group_of_each_store_and_removal():
+    pool = kvslots.BlockPool(8, 2, shards=1, kv_events=64)
+    groups = kvslots.KvGroups(["full", 2])  # a full group, a 2-token window
+    content = keys_of(range(4), 2)
+    keys = groups.keys(content)
+    seq = kvslots.HybridSequence(pool, groups)
+    seq.try_append(4)
+    # Each group caches its two blocks under its own keys.
+    assert seq.publish(keys) == 4
+    stored = {e.group_idx: e for e in pool.drain_events().events if isinstance(e, BlockStored)}
+    assert sorted(stored) == [0, 1]
+    assert stored[0].block_hashes == keys.group(0)
+    assert stored[1].block_hashes == keys.group(1)
+    assert stored[1].block_ids == seq.block_ids(1)
+    assert "group_idx=1" in repr(stored[1])
+    seq.close()
+
+    # The reset removes every key, each event naming its group.
+    assert pool.reset_prefix_cache() == 4
+    removed = {}
+    for event in pool.drain_events().events:
+        assert isinstance(event, BlockRemoved)
+        assert f"group_idx={event.group_idx}" in repr(event)
+        removed.setdefault(event.group_idx, []).extend(event.block_hashes)
+    assert set(removed) == {0, 1}
+    assert sorted(removed[0]) == sorted(keys.group(0))
+    assert sorted(removed[1]) == sorted(keys.group(1))
+
+    # A plain sequence on the same blocks: no group.
+    plain = kvslots.Sequence(pool)
+    plain.try_append(4)
+    assert plain.publish(content) == 2
+    (event,) = pool.drain_events().events
+    assert event.group_idx is None
+    plain.close()
 
 
 def test_a_parent_chain_continues_across_publishes():

@@ -84,6 +84,14 @@ fn push_hashes(out: &mut Vec<u8>, keys: &[BlockHash]) {
     out.push(b']');
 }
 
+/// Appends `,"group_idx":G` for an event of a group of layers (vLLM's
+/// field); nothing for a plain sequence's.
+fn push_group(out: &mut Vec<u8>, group: Option<usize>) {
+    if let Some(g) = group {
+        let _ = write!(out, r#","group_idx":{g}"#);
+    }
+}
+
 /// Appends one event's JSON object.
 fn push_event(out: &mut Vec<u8>, event: &KvEvent) {
     match event {
@@ -93,6 +101,7 @@ fn push_event(out: &mut Vec<u8>, event: &KvEvent) {
             block_ids,
             block_size,
             token_count,
+            group,
         } => {
             out.extend_from_slice(br#"{"type":"BlockStored","block_hashes":"#);
             push_hashes(out, keys);
@@ -114,12 +123,15 @@ fn push_event(out: &mut Vec<u8>, event: &KvEvent) {
             }
             let _ = write!(
                 out,
-                r#"],"block_size":{block_size},"token_count":{token_count}}}"#
+                r#"],"block_size":{block_size},"token_count":{token_count}"#
             );
+            push_group(out, *group);
+            out.push(b'}');
         }
-        KvEvent::BlockRemoved { keys } => {
+        KvEvent::BlockRemoved { keys, group } => {
             out.extend_from_slice(br#"{"type":"BlockRemoved","block_hashes":"#);
             push_hashes(out, keys);
+            push_group(out, *group);
             out.push(b'}');
         }
         KvEvent::AllBlocksCleared => out.extend_from_slice(br#"{"type":"AllBlocksCleared"}"#),
@@ -354,7 +366,8 @@ impl Exports {
                     exported.event_batches += 1;
                     for event in &batch {
                         match event {
-                            KvEvent::BlockStored { keys, .. } | KvEvent::BlockRemoved { keys } => {
+                            KvEvent::BlockStored { keys, .. }
+                            | KvEvent::BlockRemoved { keys, .. } => {
                                 exported.events += keys.len() as u64
                             }
                             KvEvent::Dropped { count } => exported.events_dropped += count,

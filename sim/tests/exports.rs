@@ -42,10 +42,19 @@ fn run(name: &str, args: &[&str]) -> (Value, String, String) {
     )
 }
 
-/// Checks the events file; returns (stores, removals, dropped, keys stored
-/// at the end).
+/// Checks the events file (a key's removal names its store's
+/// `group_idx`); returns (stores, removals, dropped, keys stored at the
+/// end).
 fn check_events(text: &str) -> (u64, u64, u64, usize) {
+    check_events_by_group(text).0
+}
+
+/// [`check_events`], and the `group_idx` values its events carry (`None`
+/// for events without one), sorted.
+fn check_events_by_group(text: &str) -> ((u64, u64, u64, usize), Vec<Option<u64>>) {
     let mut stored: HashMap<String, bool> = HashMap::new();
+    let mut group_of: HashMap<String, Option<u64>> = HashMap::new();
+    let mut groups: Vec<Option<u64>> = Vec::new();
     let (mut stores, mut removals, mut dropped) = (0, 0, 0);
     for (n, line) in text.lines().enumerate() {
         let batch: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("line {n}: {e}"));
@@ -62,6 +71,10 @@ fn check_events(text: &str) -> (u64, u64, u64, usize) {
             if n == 0 && i == 0 {
                 assert_eq!(kind, "AllBlocksCleared");
                 continue;
+            }
+            let group = event.get("group_idx").map(|g| g.as_u64().unwrap());
+            if matches!(kind, "BlockStored" | "BlockRemoved") && !groups.contains(&group) {
+                groups.push(group);
             }
             match kind {
                 "BlockStored" => {
@@ -81,6 +94,7 @@ fn check_events(text: &str) -> (u64, u64, u64, usize) {
                         if dropped == 0 {
                             let before = stored.insert(k.to_string(), true);
                             assert_ne!(before, Some(true), "line {n}: {k} stored twice");
+                            group_of.insert(k.to_string(), group);
                         }
                         stores += 1;
                     }
@@ -91,6 +105,7 @@ fn check_events(text: &str) -> (u64, u64, u64, usize) {
                         if dropped == 0 {
                             let before = stored.insert(k.to_string(), false);
                             assert_eq!(before, Some(true), "line {n}: {k} removed unstored");
+                            assert_eq!(group_of[k], group, "line {n}: {k}'s group");
                         }
                         removals += 1;
                     }
@@ -101,7 +116,8 @@ fn check_events(text: &str) -> (u64, u64, u64, usize) {
         }
     }
     let at_end = stored.values().filter(|&&s| s).count();
-    (stores, removals, dropped, at_end)
+    groups.sort_unstable();
+    ((stores, removals, dropped, at_end), groups)
 }
 
 /// The value of the sample `name` in OpenMetrics text.
@@ -153,7 +169,8 @@ fn a_synthetic_run_exports_its_events_and_metrics() {
             "1048576",
         ],
     );
-    let (stores, removals, dropped, at_end) = check_events(&events);
+    let ((stores, removals, dropped, at_end), groups) = check_events_by_group(&events);
+    assert_eq!(groups, [None], "a plain model's events name no group");
     assert_eq!(dropped, 0);
     assert!(
         stores > 0 && removals > 0,
@@ -243,9 +260,11 @@ fn a_hybrid_run_exports_its_hybrid_pool() {
     );
     let hybrid = &report["hybrid"];
     assert_eq!(hybrid["layout"], "1 full + 1 sliding 128");
-    let (stores, _, dropped, at_end) = check_events(&events);
+    let ((stores, _, dropped, at_end), groups) = check_events_by_group(&events);
     assert_eq!(dropped, 0);
     assert!(stores > 0);
+    // gpt-oss: a full group and a sliding one, each event naming its own.
+    assert_eq!(groups, [Some(0), Some(1)]);
     assert_eq!(at_end as u64, hybrid["cached_blocks"].as_u64().unwrap());
     assert_eq!(
         report["exported"]["event_batches"].as_u64().unwrap(),

@@ -1259,7 +1259,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// reported under the keys the index holds, the groups' own
     /// ([`GroupKeys::group`]), never the content keys: a chain per group,
     /// each block's parent that group's key of the block before it in the
-    /// sequence (also when a sliding window gave that block back).
+    /// sequence (also when a sliding window gave that block back), and
+    /// each event names its group ([`KvEvent`](crate::KvEvent)'s `group`,
+    /// also in the removals of these keys).
     ///
     /// # Errors
     ///
@@ -1290,7 +1292,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             .tables
             .iter_mut()
             .enumerate()
-            .map(|(g, t)| t.publish(keys.group(g).unwrap_or(&[])))
+            .map(|(g, t)| t.publish_in(Some(g), keys.group(g).unwrap_or(&[])))
             .sum())
     }
 }

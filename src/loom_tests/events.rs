@@ -19,6 +19,8 @@
 //!   truncates), less what a `Dropped` event counts.
 //! * **The pool's state** ([`DISAGREES`]): a key whose last event is a store
 //!   is cached now, on the block that event names; any other is not.
+//! * **One group per key** ([`OTHER_GROUP`]): a key's removal names the
+//!   group of layers its store named.
 //!
 //! # Models and negative controls
 //!
@@ -28,6 +30,7 @@
 //! | [`republish_after_truncate`] | 2, 2 | `late_removal_record` (order) |
 //! | [`drain_while_publishing`] | 2, 1 | `relaxed_record` ([`NOT_WRITTEN`]: the consumer reads a record's position without its words) |
 //! | [`full_ring_counts_its_losses`] | 2, 3 | `uncounted_loss` (miscounted) |
+//! | [`group_of_a_shared_block`] | 2, 1 | `early_group_tag` (other group) |
 //!
 //! Blocks hold one token each (two in the truncate model, whose truncate
 //! cuts into a published block); every pool has one shard, so one ring.
@@ -36,7 +39,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{
-    check, EARLY_STORED_RECORD, LATE_REMOVAL_RECORD, RELAXED_RECORD, SOUND, UNCOUNTED_LOSS,
+    check, EARLY_GROUP_TAG, EARLY_STORED_RECORD, LATE_REMOVAL_RECORD, RELAXED_RECORD, SOUND,
+    UNCOUNTED_LOSS,
 };
 use crate::sync::Faults;
 use crate::{BlockHash, BlockId, BlockPool, KvEvent, Sequence};
@@ -50,6 +54,8 @@ const MISCOUNTED: &str = "events miscounted";
 const DISAGREES: &str = "events disagree with the pool";
 /// The log is not the one record written.
 const NOT_WRITTEN: &str = "a record read as it was not written";
+/// A key's removal names another group than its store.
+const OTHER_GROUP: &str = "a removal names another group";
 
 /// Key number `n`.
 fn key(n: u8) -> BlockHash {
@@ -92,13 +98,18 @@ fn check_log(pool: &Arc<BlockPool>, log: &[KvEvent], made: &Made) {
         Some(&KvEvent::AllBlocksCleared),
         "{OUT_OF_ORDER}: {log:?}"
     );
-    // Per key: the block of its last store, while it is stored.
+    // Per key: the block of its last store, while it is stored, and that
+    // store's group.
     let mut holder: HashMap<BlockHash, Option<BlockId>> = HashMap::new();
+    let mut group_of: HashMap<BlockHash, Option<usize>> = HashMap::new();
     let (mut stored, mut removed, mut dropped) = (0, 0, 0);
     for event in &log[1..] {
         match event {
             KvEvent::BlockStored {
-                keys, block_ids, ..
+                keys,
+                block_ids,
+                group,
+                ..
             } => {
                 for (k, id) in keys.iter().zip(block_ids) {
                     let before = holder.insert(*k, Some(*id)).flatten();
@@ -106,16 +117,20 @@ fn check_log(pool: &Arc<BlockPool>, log: &[KvEvent], made: &Made) {
                         before.is_none(),
                         "{OUT_OF_ORDER}: {k:?} stored twice: {log:?}"
                     );
+                    group_of.insert(*k, *group);
                     stored += 1;
                 }
             }
-            KvEvent::BlockRemoved { keys } => {
+            KvEvent::BlockRemoved { keys, group } => {
                 for k in keys {
                     let before = holder.insert(*k, None).flatten();
                     assert!(
                         before.is_some(),
                         "{OUT_OF_ORDER}: {k:?} removed unstored: {log:?}"
                     );
+                    if dropped == 0 {
+                        assert_eq!(group_of.get(k), Some(group), "{OTHER_GROUP}: {log:?}");
+                    }
                     removed += 1;
                 }
             }
@@ -155,7 +170,7 @@ fn check_log(pool: &Arc<BlockPool>, log: &[KvEvent], made: &Made) {
                 KvEvent::BlockStored {
                     keys, block_ids, ..
                 } => view.extend(keys.iter().zip(block_ids).map(|(k, id)| (*k, Some(*id)))),
-                KvEvent::BlockRemoved { keys } => view.extend(keys.iter().map(|k| (*k, None))),
+                KvEvent::BlockRemoved { keys, .. } => view.extend(keys.iter().map(|k| (*k, None))),
                 _ => {}
             }
         }
@@ -299,6 +314,7 @@ fn drain_while_publishing(faults: Faults) {
                 block_ids: vec![block],
                 block_size: 1,
                 token_count: 1,
+                group: None,
             },
         ];
         assert_eq!(log, expected, "{NOT_WRITTEN}");
@@ -356,4 +372,47 @@ fn full_ring_counts_its_losses_sound() {
 #[should_panic(expected = "events miscounted")]
 fn full_ring_counts_its_losses_uncounted_loss_is_caught() {
     full_ring_counts_its_losses(UNCOUNTED_LOSS);
+}
+
+/// Two holders of one block (a sequence and its fork) publish it at once,
+/// as the tables of two groups of layers (keys 1 and 2, groups 0 and 1),
+/// and the block is then dropped and its key removed by a reset: exactly
+/// one publish caches its key, and the removal must name that publish's
+/// group. Under `early_group_tag` the loser writes its group before its
+/// claim fails, over the winner's.
+fn group_of_a_shared_block(faults: Faults) {
+    check(move || {
+        let pool = pool(1, 1, 8, faults);
+        let mut a = one_block(&pool, 1);
+        let (mut b, copy) = a.try_fork().expect("a full block is shared");
+        assert_eq!(copy, None);
+        let publisher = thread::spawn(move || {
+            let cached = b.publish_in(Some(1), &[key(2)]);
+            (b, cached)
+        });
+        let cached_a = a.publish_in(Some(0), &[key(1)]);
+        let (b, cached_b) = publisher.join().unwrap();
+        assert_eq!(cached_a + cached_b, 1, "one publish caches the block");
+        drop((a, b));
+        assert_eq!(pool.reset_prefix_cache(), 1);
+        let mut log = Vec::new();
+        drain(&pool, &mut log);
+        let made = Made {
+            stored: 1,
+            removed: 1,
+            keys: vec![key(1), key(2)],
+        };
+        check_log(&pool, &log, &made);
+    });
+}
+
+#[test]
+fn group_of_a_shared_block_sound() {
+    group_of_a_shared_block(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "a removal names another group")]
+fn group_of_a_shared_block_early_group_tag_is_caught() {
+    group_of_a_shared_block(EARLY_GROUP_TAG);
 }

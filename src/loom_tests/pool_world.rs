@@ -69,6 +69,7 @@ pub const SOUND: Faults = Faults {
     panic_cuts_batch: false,
     late_removal_record: false,
     early_stored_record: false,
+    early_group_tag: false,
     relaxed_record: false,
     uncounted_loss: false,
     relaxed_sole_drop: false,
@@ -300,6 +301,12 @@ pub const LATE_REMOVAL_RECORD: Faults = Faults {
 /// the ring before it claims its block.
 pub const EARLY_STORED_RECORD: Faults = Faults {
     early_stored_record: true,
+    ..SOUND
+};
+/// The KV events' group control: a publish writes its block's group tag
+/// before it claims the block.
+pub const EARLY_GROUP_TAG: Faults = Faults {
+    early_group_tag: true,
     ..SOUND
 };
 /// The KV events' publication control: a record's position word stored

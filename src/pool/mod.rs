@@ -39,7 +39,7 @@ use admission::Admission;
 pub use builder::BlockPoolBuilder;
 use fence::Fences;
 use free_list::{FreeList, Give, Taker};
-use prefix::{Evictions, PrefixCache};
+use prefix::{Evictions, GroupTag, PrefixCache};
 pub use prefix::{KvEvent, PrefixStats};
 pub(crate) use refs::Holder;
 use refs::{Dropped, RawAddRefused, Refs};
@@ -1151,31 +1151,18 @@ impl BlockAllocator for BlockPool {
         blocks: &[BlockId],
         keys: &[BlockHash],
     ) -> usize {
-        self.check_ids(blocks);
-        let blocks = &blocks[..blocks.len().min(keys.len())];
-        // A claim needs a counted reference: the first fresh block a claim
-        // finds has its reference counted with those of the blocks after
-        // it, before any of them is claimed (once a block is cached, a
-        // matcher can hold it too, and a fresh bit still set would make
-        // that matcher give it back as fresh).
-        let mut counted = false;
-        blocks
-            .iter()
-            .zip(keys)
-            .enumerate()
-            .filter(|&(i, (&id, key))| {
-                let parent = match i.checked_sub(1) {
-                    Some(p) => Some(&keys[p]),
-                    None => parent,
-                };
-                self.publish_block(id, key, parent, &mut || {
-                    !std::mem::replace(&mut counted, true) && {
-                        self.count_fresh(&blocks[i..]);
-                        true
-                    }
-                })
-            })
-            .count()
+        self.publish_chain(GroupTag::NONE, parent, blocks, keys)
+    }
+
+    fn publish_in_group(
+        &self,
+        _: &SequenceCall<'_>,
+        group: usize,
+        parent: Option<&BlockHash>,
+        blocks: &[BlockId],
+        keys: &[BlockHash],
+    ) -> usize {
+        self.publish_chain(GroupTag::of(group), parent, blocks, keys)
     }
 
     fn uncache_if_sole(&self, _: &SequenceCall<'_>, id: BlockId) {
@@ -1195,6 +1182,42 @@ impl BlockAllocator for BlockPool {
 }
 
 impl BlockPool {
+    /// The body of the sequence calls' publishes: the chain of `blocks`
+    /// under `keys` (`parent` before the first), reported as `group`'s.
+    fn publish_chain(
+        &self,
+        group: GroupTag,
+        parent: Option<&BlockHash>,
+        blocks: &[BlockId],
+        keys: &[BlockHash],
+    ) -> usize {
+        self.check_ids(blocks);
+        let blocks = &blocks[..blocks.len().min(keys.len())];
+        // A claim needs a counted reference: the first fresh block a claim
+        // finds has its reference counted with those of the blocks after
+        // it, before any of them is claimed (once a block is cached, a
+        // matcher can hold it too, and a fresh bit still set would make
+        // that matcher give it back as fresh).
+        let mut counted = false;
+        blocks
+            .iter()
+            .zip(keys)
+            .enumerate()
+            .filter(|&(i, (&id, key))| {
+                let parent = match i.checked_sub(1) {
+                    Some(p) => Some(&keys[p]),
+                    None => parent,
+                };
+                self.publish_block(id, key, parent, group, &mut || {
+                    !std::mem::replace(&mut counted, true) && {
+                        self.count_fresh(&blocks[i..]);
+                        true
+                    }
+                })
+            })
+            .count()
+    }
+
     /// Whether block `id` is fresh now (for the loom models).
     #[cfg(all(test, kvslots_loom))]
     pub(crate) fn is_fresh(&self, id: BlockId) -> bool {

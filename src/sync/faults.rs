@@ -222,6 +222,12 @@ pub(crate) struct Faults {
     /// removal it follows.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) early_stored_record: bool,
+    /// A publish writes its block's group tag (for the KV events'
+    /// removals) before it claims the block: a publish whose claim then
+    /// fails, because another holder of the block published it, overwrites
+    /// the winner's tag, and the key's removal names the loser's group.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) early_group_tag: bool,
     /// A KV event record is published with `Relaxed` instead of `Release`:
     /// a consumer that sees the record's position need not see its words.
     #[cfg(all(test, kvslots_loom))]
@@ -609,6 +615,17 @@ impl Faults {
     pub(crate) fn early_stored_record(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.early_stored_record {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a publish writes its group tag before its claim: `false`,
+    /// or `true` under `early_group_tag`.
+    #[inline]
+    pub(crate) fn early_group_tag(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.early_group_tag {
             return true;
         }
         false

@@ -54,7 +54,7 @@ use std::fmt;
 use crate::array::{bytes_of, Room};
 use crate::hash::BlockHash;
 use crate::id::BlockId;
-use crate::sync::{AtomicU64, CachePadded, Faults, Mutex, Ordering};
+use crate::sync::{AtomicU16, AtomicU64, CachePadded, Faults, Mutex, Ordering};
 
 use super::keys::Probe;
 use super::BlockPool;
@@ -93,9 +93,53 @@ use super::BlockPool;
 ///             block_ids: blocks,
 ///             block_size: 4,
 ///             token_count: 8,
+///             group: None, // a `Sequence`'s blocks: no group of layers
 ///         },
 ///     ]
 /// );
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// A [`HybridSequence`](crate::HybridSequence) publishes each group's
+/// blocks under that group's keys ([`GroupKeys`](crate::GroupKeys)), and
+/// its events name the group (vLLM's `group_idx`), in stores and in
+/// removals alike:
+///
+/// ```
+/// use std::sync::Arc;
+/// use kvslots::{hash_blocks, BlockPool, HybridSequence, KvEvent, KvGroup, KvGroups};
+///
+/// let pool = Arc::new(BlockPool::builder(8, 4).prefix_cache(true).kv_events(64).build()?);
+/// let groups = KvGroups::new([KvGroup::Full, KvGroup::SlidingWindow { window_tokens: 4 }])?;
+/// let mut base = Vec::new();
+/// hash_blocks(b"", &[1, 2, 3, 4], 4, &mut base);
+/// let keys = groups.keys(&base);
+/// let mut seq = HybridSequence::new(Arc::clone(&pool), groups);
+/// seq.try_append(4)?;
+/// assert_eq!(seq.publish(&keys)?, 2);
+/// drop(seq);
+/// assert_eq!(pool.reset_prefix_cache(), 2);
+///
+/// let mut events = Vec::new();
+/// pool.drain_events(&mut events);
+/// let mut stored: Vec<_> = events
+///     .iter()
+///     .filter_map(|e| match e {
+///         KvEvent::BlockStored { keys, group, .. } => Some((*group, keys[0])),
+///         _ => None,
+///     })
+///     .collect();
+/// stored.sort();
+/// assert_eq!(stored, [(Some(0), keys.group(0).unwrap()[0]), (Some(1), keys.group(1).unwrap()[0])]);
+/// let mut removed: Vec<_> = events
+///     .iter()
+///     .filter_map(|e| match e {
+///         KvEvent::BlockRemoved { group, .. } => *group,
+///         _ => None,
+///     })
+///     .collect();
+/// removed.sort();
+/// assert_eq!(removed, [0, 1]);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -117,6 +161,12 @@ pub enum KvEvent {
         /// The tokens the stored blocks hold: `keys.len() * block_size`
         /// (only full blocks are cached).
         token_count: usize,
+        /// The group of layers the blocks belong to: the index of the
+        /// [`HybridSequence`](crate::HybridSequence)'s group that
+        /// published them (vLLM's `group_idx`), `None` for a
+        /// [`Sequence`](crate::Sequence)'s blocks. A chain never spans
+        /// two groups.
+        group: Option<usize>,
     },
     /// Keys that no block holds any more (evicted, dropped by
     /// [`BlockPool::reset_prefix_cache`], or by a truncate into a block
@@ -124,6 +174,12 @@ pub enum KvEvent {
     BlockRemoved {
         /// The keys removed.
         keys: Vec<BlockHash>,
+        /// The group of layers whose blocks held the keys (as in
+        /// [`BlockStored`](Self::BlockStored): the group of the publish
+        /// that stored them), `None` for keys a
+        /// [`Sequence`](crate::Sequence) published. One event never mixes
+        /// groups.
+        group: Option<usize>,
     },
     /// No block holds a key: the first event a pool reports (its cache
     /// starts empty), so that a router forgets what it knew of a worker
@@ -152,6 +208,33 @@ const STORED: u64 = 2;
 const REMOVED: u64 = 3;
 /// The kind's bits.
 const KIND: u64 = 0b11;
+/// Where a record's group tag sits in its meta word (see [`GroupTag`]).
+const GROUP_SHIFT: u32 = 8;
+
+/// A block's group of layers as the rings record it: 0 for none, `g + 1`
+/// for group `g` (groups are fewer than
+/// [`KvGroups::MAX_GROUPS`](crate::KvGroups::MAX_GROUPS), so they fit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct GroupTag(u16);
+
+impl GroupTag {
+    /// No group: a [`Sequence`](crate::Sequence)'s blocks.
+    pub(crate) const NONE: GroupTag = GroupTag(0);
+
+    /// The tag of group `group`; `NONE` for a group that has no tag (past
+    /// `u16::MAX - 1`, which no [`KvGroups`](crate::KvGroups) reaches).
+    pub(crate) fn of(group: usize) -> GroupTag {
+        u16::try_from(group)
+            .ok()
+            .and_then(|g| g.checked_add(1))
+            .map_or(GroupTag::NONE, GroupTag)
+    }
+
+    /// The group the tag names.
+    fn group(self) -> Option<usize> {
+        self.0.checked_sub(1).map(usize::from)
+    }
+}
 
 /// One record: a position word and the payload.
 struct Slot {
@@ -159,7 +242,8 @@ struct Slot {
     /// record at position `p` is written; `p + capacity` once the consumer
     /// has read it (free for the next lap).
     seq: AtomicU64,
-    /// The kind (bits 0..2) and the block id (bits 32..64).
+    /// The kind (bits 0..2), the group tag (bits 8..24) and the block id
+    /// (bits 32..64).
     meta: AtomicU64,
     /// The key's four little-endian words.
     key: [AtomicU64; 4],
@@ -211,9 +295,11 @@ enum Record {
         key: BlockHash,
         parent: Option<BlockHash>,
         id: BlockId,
+        group: GroupTag,
     },
     Removed {
         key: BlockHash,
+        group: GroupTag,
     },
     Dropped {
         count: u64,
@@ -227,13 +313,18 @@ pub(super) struct Events {
     slots: Box<[CachePadded<Slot>]>,
     /// Slots per ring (at least 2).
     capacity: usize,
+    /// Per block, the [`GroupTag`] of the publish that stored its key: a
+    /// removal reports the group with the key.
+    groups: Box<[AtomicU16]>,
     consumer: Mutex<Consumer>,
     faults: Faults,
 }
 
-/// The room of [`Events`]' slots, reserved by [`Events::room`].
+/// The room of [`Events`]' slots and group tags, reserved by
+/// [`Events::room`].
 pub(super) struct EventsRoom {
     slots: Room<CachePadded<Slot>>,
+    groups: Room<AtomicU16>,
     rings: usize,
     capacity: usize,
 }
@@ -281,20 +372,27 @@ impl Events {
         capacity.div_ceil(rings.max(1)).max(2)
     }
 
-    /// Reserves the room of `rings` rings sharing `capacity` records.
-    pub(super) fn room(capacity: usize, rings: usize) -> Result<EventsRoom, TryReserveError> {
+    /// Reserves the room of `rings` rings sharing `capacity` records, and
+    /// of the group tags of `num_blocks` blocks.
+    pub(super) fn room(
+        capacity: usize,
+        rings: usize,
+        num_blocks: usize,
+    ) -> Result<EventsRoom, TryReserveError> {
         let per_ring = Events::per_ring(capacity, rings);
         Ok(EventsRoom {
             slots: Room::reserve(per_ring.saturating_mul(rings))?,
+            groups: Room::reserve(num_blocks)?,
             rings,
             capacity: per_ring,
         })
     }
 
     /// The heap bytes [`room`](Self::room) and [`new`](Self::new) ask for.
-    pub(super) fn heap_bytes(capacity: usize, rings: usize) -> usize {
+    pub(super) fn heap_bytes(capacity: usize, rings: usize, num_blocks: usize) -> usize {
         let per_ring = Events::per_ring(capacity, rings);
         bytes_of::<CachePadded<Slot>>(per_ring.saturating_mul(rings))
+            .saturating_add(bytes_of::<AtomicU16>(num_blocks))
             .saturating_add(bytes_of::<CachePadded<Ring>>(rings))
             .saturating_add(
                 rings.saturating_mul(
@@ -326,6 +424,7 @@ impl Events {
                 .collect(),
             slots,
             capacity,
+            groups: room.groups.fill(|_| AtomicU16::new(0)),
             consumer: Mutex::new(Consumer {
                 next_batch: 0,
                 started: false,
@@ -344,6 +443,22 @@ impl Events {
             // Relaxed: a statistic.
             .map(|ring| ring.lost.load(Ordering::Relaxed))
             .sum()
+    }
+
+    /// Sets the group tag of block `id`, which the caller has claimed to
+    /// publish and not committed yet.
+    pub(super) fn set_group(&self, id: BlockId, group: GroupTag) {
+        // Relaxed: published with the key words by the claim's commit
+        // (Release); a remover reads it after it has seen that commit
+        // (Acquire) and before any later claim can rewrite it (a removal
+        // takes the block first, see `Ticket::removed`).
+        self.groups[id.index()].store(group.0, Ordering::Relaxed);
+    }
+
+    /// Whether a publish writes its group tag before its claim: `false`,
+    /// or `true` under loom's `early_group_tag` control.
+    pub(super) fn early_group_tag(&self) -> bool {
+        self.faults.early_group_tag()
     }
 
     /// Whether an eviction takes its place after its CAS: `false`, or
@@ -495,14 +610,17 @@ impl Events {
             }
             // Relaxed (all): ordered by the Acquire load above.
             let meta = slot.meta.load(Ordering::Relaxed);
+            let group = GroupTag((meta >> GROUP_SHIFT) as u16);
             let record = match meta & KIND {
                 STORED_ROOT | STORED => Some(Record::Stored {
                     key: load_key(&slot.key),
                     parent: (meta & KIND == STORED).then(|| load_key(&slot.parent)),
                     id: BlockId::new((meta >> 32) as u32),
+                    group,
                 }),
                 REMOVED => Some(Record::Removed {
                     key: load_key(&slot.key),
+                    group,
                 }),
                 _ => None,
             };
@@ -535,9 +653,15 @@ pub(super) struct Ticket<'a> {
 }
 
 impl Ticket<'_> {
-    /// The transition stored `key` on block `id`, whose parent key is
-    /// `parent`.
-    pub(super) fn stored(mut self, key: &BlockHash, parent: Option<&BlockHash>, id: BlockId) {
+    /// The transition stored `key` on block `id` for group `group`, whose
+    /// parent key is `parent`.
+    pub(super) fn stored(
+        mut self,
+        key: &BlockHash,
+        parent: Option<&BlockHash>,
+        id: BlockId,
+        group: GroupTag,
+    ) {
         let mut kind = STORED_ROOT;
         if let Place::Slot { slot, .. } = self.place {
             store_key(&slot.key, key);
@@ -546,15 +670,21 @@ impl Ticket<'_> {
                 kind = STORED;
             }
         }
-        self.publish((u64::from(id.index() as u32) << 32) | kind);
+        self.publish(meta(id, group, kind));
     }
 
-    /// The transition removed `key` from block `id`.
+    /// The transition removed `key` from block `id`, which the caller has
+    /// taken (an eviction's CAS succeeded, or it holds the block alone and
+    /// dropped the key): no claim can rewrite the block's group tag until
+    /// the caller lets it go, so the tag read here is the one its key's
+    /// publish wrote.
     pub(super) fn removed(mut self, key: &BlockHash, id: BlockId) {
         if let Place::Slot { slot, .. } = self.place {
             store_key(&slot.key, key);
         }
-        self.publish((u64::from(id.index() as u32) << 32) | REMOVED);
+        // Relaxed: see `Events::set_group`.
+        let group = GroupTag(self.events.groups[id.index()].load(Ordering::Relaxed));
+        self.publish(meta(id, group, REMOVED));
     }
 
     /// Writes the meta word and publishes the record; or counts the loss.
@@ -579,6 +709,11 @@ impl Ticket<'_> {
             }
         }
     }
+}
+
+/// A record's meta word.
+fn meta(id: BlockId, group: GroupTag, kind: u64) -> u64 {
+    (u64::from(id.index() as u32) << 32) | (u64::from(group.0) << GROUP_SHIFT) | kind
 }
 
 impl Drop for Ticket<'_> {
@@ -654,22 +789,30 @@ fn fingerprint(key: &BlockHash) -> u64 {
 }
 
 /// Appends `record` to `out`, joining the last event if it is one this
-/// drain appended (`joinable`) and of the same run: a store whose parent is
-/// the last key stored, a removal after removals.
+/// drain appended (`joinable`) and of the same run: a store of the same
+/// group whose parent is the last key stored, a removal of the same group
+/// after removals.
 fn emit(record: Record, block_size: usize, joinable: bool, out: &mut Vec<KvEvent>) {
     match record {
-        Record::Stored { key, parent, id } => {
+        Record::Stored {
+            key,
+            parent,
+            id,
+            group,
+        } => {
+            let group = group.group();
             if let (
                 true,
                 Some(KvEvent::BlockStored {
                     keys,
                     block_ids,
                     token_count,
+                    group: last_group,
                     ..
                 }),
             ) = (joinable, out.last_mut())
             {
-                if parent.is_some() && keys.last() == parent.as_ref() {
+                if parent.is_some() && keys.last() == parent.as_ref() && *last_group == group {
                     keys.push(key);
                     block_ids.push(id);
                     *token_count += block_size;
@@ -682,14 +825,28 @@ fn emit(record: Record, block_size: usize, joinable: bool, out: &mut Vec<KvEvent
                 block_ids: vec![id],
                 block_size,
                 token_count: block_size,
+                group,
             });
         }
-        Record::Removed { key } => {
-            if let (true, Some(KvEvent::BlockRemoved { keys })) = (joinable, out.last_mut()) {
-                keys.push(key);
-                return;
+        Record::Removed { key, group } => {
+            let group = group.group();
+            if let (
+                true,
+                Some(KvEvent::BlockRemoved {
+                    keys,
+                    group: last_group,
+                }),
+            ) = (joinable, out.last_mut())
+            {
+                if *last_group == group {
+                    keys.push(key);
+                    return;
+                }
             }
-            out.push(KvEvent::BlockRemoved { keys: vec![key] });
+            out.push(KvEvent::BlockRemoved {
+                keys: vec![key],
+                group,
+            });
         }
         Record::Dropped { count } => out.push(KvEvent::Dropped { count }),
     }
@@ -762,7 +919,7 @@ impl BlockPool {
     /// pool.try_alloc(2, &mut ids)?;
     /// events.clear();
     /// assert_eq!(pool.drain_events(&mut events), 1);
-    /// assert!(matches!(&events[..], [KvEvent::BlockRemoved { keys }] if keys.len() == 2));
+    /// assert!(matches!(&events[..], [KvEvent::BlockRemoved { keys, group: None }] if keys.len() == 2));
     ///
     /// events.clear();
     /// assert_eq!(pool.drain_events(&mut events), 2); // nothing new: the next number
@@ -809,7 +966,7 @@ mod tests {
 
     /// One ring of `capacity` slots.
     fn ring(capacity: usize) -> Events {
-        Events::new(Events::room(capacity, 1).unwrap(), Faults::default())
+        Events::new(Events::room(capacity, 1, 16).unwrap(), Faults::default())
     }
 
     /// A probe for the one ring.
@@ -838,7 +995,7 @@ mod tests {
         // The consumer stops at the unwritten position 0: nothing yet, and
         // the loss waits behind it.
         assert!(drain(&events).is_empty());
-        first.stored(&key(1), None, BlockId::new(0));
+        first.stored(&key(1), None, BlockId::new(0), GroupTag::NONE);
         assert_eq!(
             drain(&events),
             [
@@ -848,8 +1005,12 @@ mod tests {
                     block_ids: vec![BlockId::new(0)],
                     block_size: 4,
                     token_count: 4,
+                    group: None,
                 },
-                KvEvent::BlockRemoved { keys: vec![key(2)] },
+                KvEvent::BlockRemoved {
+                    keys: vec![key(2)],
+                    group: None
+                },
                 KvEvent::Dropped { count: 1 },
             ]
         );
@@ -857,7 +1018,10 @@ mod tests {
         events.reserve(probe()).removed(&key(1), BlockId::new(0));
         assert_eq!(
             drain(&events),
-            [KvEvent::BlockRemoved { keys: vec![key(1)] }]
+            [KvEvent::BlockRemoved {
+                keys: vec![key(1)],
+                group: None
+            }]
         );
     }
 
@@ -869,7 +1033,10 @@ mod tests {
         events.reserve(probe()).removed(&key(3), BlockId::new(0));
         assert_eq!(
             drain(&events),
-            [KvEvent::BlockRemoved { keys: vec![key(3)] }]
+            [KvEvent::BlockRemoved {
+                keys: vec![key(3)],
+                group: None
+            }]
         );
     }
 
@@ -893,13 +1060,17 @@ mod tests {
             key: key(k),
             parent: p.map(key),
             id: BlockId::new(id),
+            group: GroupTag::NONE,
         };
         // Ring 0 has the chain's second and fourth keys, ring 1 the first
         // and third, and a removal of another key first.
         let lists = vec![
             vec![stored(2, Some(1), 1), stored(4, Some(3), 3)],
             vec![
-                Record::Removed { key: key(9) },
+                Record::Removed {
+                    key: key(9),
+                    group: GroupTag::NONE,
+                },
                 stored(1, None, 0),
                 stored(3, Some(2), 2),
             ],
@@ -909,13 +1080,17 @@ mod tests {
         assert_eq!(
             out,
             [
-                KvEvent::BlockRemoved { keys: vec![key(9)] },
+                KvEvent::BlockRemoved {
+                    keys: vec![key(9)],
+                    group: None
+                },
                 KvEvent::BlockStored {
                     keys: vec![key(1), key(2), key(3), key(4)],
                     parent: None,
                     block_ids: (0..4).map(BlockId::new).collect(),
                     block_size: 4,
                     token_count: 16,
+                    group: None,
                 },
             ]
         );
@@ -927,6 +1102,7 @@ mod tests {
             key: key(k),
             parent: Some(key(p)),
             id: BlockId::new(u32::from(k)),
+            group: GroupTag::NONE,
         };
         // Each ring's head waits for a store behind the other's head.
         let lists = vec![
@@ -945,5 +1121,55 @@ mod tests {
         let pos = |k: u8| order.iter().position(|&x| x == key(k)).unwrap();
         assert_eq!(order.len(), 4);
         assert!(pos(1) < pos(3) && pos(2) < pos(4));
+    }
+
+    #[test]
+    fn group_tags_round_trip_and_keep_groups_apart() {
+        assert_eq!(GroupTag::NONE.group(), None);
+        for g in [0, 1, 1023, usize::from(u16::MAX) - 1] {
+            assert_eq!(GroupTag::of(g).group(), Some(g));
+        }
+        assert_eq!(GroupTag::of(usize::from(u16::MAX)), GroupTag::NONE);
+        let events = ring(8);
+        drain(&events);
+        // A chain whose second key is stored for another group, and
+        // removals of two groups: nothing joins across groups.
+        let tags = [GroupTag::of(0), GroupTag::of(1), GroupTag::of(1)];
+        for (i, tag) in tags.into_iter().enumerate() {
+            let id = BlockId::new(i as u32);
+            events.set_group(id, tag);
+            let parent = i.checked_sub(1).map(|p| key(p as u8));
+            events
+                .reserve(probe())
+                .stored(&key(i as u8), parent.as_ref(), id, tag);
+        }
+        for i in 0..3 {
+            events
+                .reserve(probe())
+                .removed(&key(i), BlockId::new(u32::from(i)));
+        }
+        let stored = |keys: &[u8], parent: Option<u8>, group| KvEvent::BlockStored {
+            keys: keys.iter().map(|&k| key(k)).collect(),
+            parent: parent.map(key),
+            block_ids: keys.iter().map(|&k| BlockId::new(u32::from(k))).collect(),
+            block_size: 4,
+            token_count: 4 * keys.len(),
+            group,
+        };
+        assert_eq!(
+            drain(&events),
+            [
+                stored(&[0], None, Some(0)),
+                stored(&[1, 2], Some(0), Some(1)),
+                KvEvent::BlockRemoved {
+                    keys: vec![key(0)],
+                    group: Some(0)
+                },
+                KvEvent::BlockRemoved {
+                    keys: vec![key(1), key(2)],
+                    group: Some(1)
+                },
+            ]
+        );
     }
 }

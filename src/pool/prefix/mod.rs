@@ -31,6 +31,7 @@ mod lru;
 mod publish;
 mod state;
 
+pub(crate) use events::GroupTag;
 pub use events::KvEvent;
 use events::{Events, EventsRoom, Ticket};
 use keys::{Keys, KeysRoom};
@@ -80,7 +81,7 @@ impl PrefixCache {
             keys: Keys::room(num_blocks)?,
             lru: Lru::room(num_blocks)?,
             events: events
-                .map(|shape| Events::room(shape.capacity, shape.rings))
+                .map(|shape| Events::room(shape.capacity, shape.rings, num_blocks))
                 .transpose()?,
         })
     }
@@ -106,9 +107,9 @@ impl PrefixCache {
         Keys::heap_bytes(num_blocks)
             .saturating_add(Lru::heap_bytes(num_blocks))
             .saturating_add(Stats::heap_bytes(cells))
-            .saturating_add(
-                events.map_or(0, |shape| Events::heap_bytes(shape.capacity, shape.rings)),
-            )
+            .saturating_add(events.map_or(0, |shape| {
+                Events::heap_bytes(shape.capacity, shape.rings, num_blocks)
+            }))
     }
 
     /// The KV events lost to full rings so far, if the cache records

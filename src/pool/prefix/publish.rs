@@ -12,6 +12,7 @@ use crate::sync::Ordering;
 
 use super::keys::{Keys, Probe};
 use super::state::{Defer, Kill};
+use super::GroupTag;
 
 impl BlockPool {
     /// Makes `key` the key of block `id`, which the caller holds, unless
@@ -43,7 +44,9 @@ impl BlockPool {
     /// kill, that is by another publish's progress: the loop is lock-free.
     ///
     /// With KV events, a commit is recorded as a store of `key` (with
-    /// `parent`, the key of the block before it in its sequence): the
+    /// `parent`, the key of the block before it in its sequence, and
+    /// `group`, which the claim also writes beside the key for the
+    /// removal's record to find): the
     /// record's place is taken after the rescan that found no rival and
     /// before the commit, and becomes a void if the commit fails (see
     /// `events.rs`).
@@ -56,6 +59,7 @@ impl BlockPool {
         id: BlockId,
         key: &BlockHash,
         parent: Option<&BlockHash>,
+        group: GroupTag,
         count: &mut impl FnMut() -> bool,
     ) -> bool {
         let Some(cache) = self.prefix.as_deref() else {
@@ -80,12 +84,19 @@ impl BlockPool {
         }) else {
             return false;
         };
+        if let Some(events) = cache.events.as_ref().filter(|e| e.early_group_tag()) {
+            // loom's `early_group_tag` control: the tag written unclaimed.
+            events.set_group(id, group);
+        }
         let claimed =
             self.refs.claim(id) || (self.refs.is_bare(id) && count() && self.refs.claim(id));
         if !claimed {
             return false;
         }
         keys.write(id, key);
+        if let Some(events) = &cache.events {
+            events.set_group(id, group);
+        }
         self.refs.arm(id);
         let Some(mut slot) = keys.insert_into(probe, order, id) else {
             self.give_back_claim(id, self.refs.unclaim(id));
@@ -97,7 +108,7 @@ impl BlockPool {
                 match self.refs.commit(id) {
                     Ok(dropped) => {
                         if let Some(ticket) = ticket {
-                            ticket.stored(key, parent, id);
+                            ticket.stored(key, parent, id, group);
                         }
                         self.give_back_claim(id, dropped);
                         return true;
