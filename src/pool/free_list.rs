@@ -35,7 +35,7 @@ pub(crate) struct FreeRoom {
 
 pub(crate) struct FreeList {
     /// Per shard, on a line of its own: bit `j` says that the `j`-th group
-    /// of the shard's words may hold a free id (see [`summary_bit`]).
+    /// of the shard's words may hold a free id (see [`FreeList::summary_bit`]).
     summaries: Box<[CachePadded<AtomicU64>]>,
     /// The bitmap: shard `s`'s words start at line `s * lines_per_shard`;
     /// bit `b` of its word `w` is id `s * span + 64 * w + b`, set while

@@ -78,7 +78,7 @@ pub use wait::Alloc;
 ///
 /// # Prefix cache
 ///
-/// A full block can be given a content key ([`BlockHash`](crate::BlockHash))
+/// A full block can be given a content key ([`BlockHash`])
 /// with [`Sequence::publish`](crate::Sequence::publish); a later sequence
 /// with the same prompt prefix takes the cached blocks with
 /// [`Sequence::try_match_prefix`](crate::Sequence::try_match_prefix)
