@@ -469,10 +469,11 @@ fn forks_and_rivals_on_threads_cache_each_key_once_under_its_group() {
             }
             cached
         });
-        // 4 plain keys, 4 full-attention keys, 4 windowed keys of which
-        // 3 left the window by the publish (their blocks given back, so
-        // their keys unpublished by the holders still holding them).
-        assert!(cached >= 4 + 4 + 1, "{cached} cached");
+        // At least 4 plain keys, 4 full-attention keys and the windowed
+        // group's last key (its first 3 blocks left the window with the
+        // append, so they are never published); more if a key a truncate
+        // dropped was cached again by a later publish.
+        assert!(cached >= 9, "{cached} cached");
         pool.reset_prefix_cache();
         let mut log = Vec::new();
         pool.drain_events(&mut log);
