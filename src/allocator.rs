@@ -33,13 +33,19 @@ use crate::id::BlockId;
 /// nor spell its value:
 ///
 /// ```compile_fail
-/// let by = kvslots::SequenceCall { _private: std::marker::PhantomData };
+/// let by = kvslots::SequenceCall { _private: std::marker::PhantomData, group: None };
 /// ```
+///
+/// The token also says on whose behalf a publish is made
+/// ([`group`](Self::group)), so that a forwarding implementor that passes
+/// its token on passes that on too.
 pub struct SequenceCall<'a> {
     /// Private, so that no code outside the crate builds one; a raw
     /// pointer, so that the token is neither `Send` nor `Sync`; invariant
     /// in `'a`, so that a borrow of it cannot be stretched.
     _private: PhantomData<*mut &'a ()>,
+    /// See [`group`](Self::group).
+    group: Option<u16>,
 }
 
 impl SequenceCall<'_> {
@@ -48,13 +54,43 @@ impl SequenceCall<'_> {
     pub(crate) fn new() -> Self {
         SequenceCall {
             _private: PhantomData,
+            group: None,
         }
+    }
+
+    /// A token for a publish by the table of group `group` of a
+    /// [`HybridSequence`](crate::HybridSequence) (fewer than
+    /// [`KvGroups::MAX_GROUPS`](crate::KvGroups::MAX_GROUPS)).
+    #[inline]
+    pub(crate) fn in_group(group: usize) -> Self {
+        debug_assert!(group < crate::KvGroups::MAX_GROUPS);
+        SequenceCall {
+            _private: PhantomData,
+            group: u16::try_from(group).ok(),
+        }
+    }
+
+    /// The group of layers on whose behalf this call caches blocks: the
+    /// index, in its [`KvGroups`](crate::KvGroups), of the
+    /// [`HybridSequence`](crate::HybridSequence) table that makes a
+    /// [`publish`](BlockAllocator::publish) or
+    /// [`publish_after`](BlockAllocator::publish_after); `None` for a plain
+    /// [`Sequence`](crate::Sequence)'s publish and for every other call
+    /// (a hybrid append, for one, takes every group's blocks at once).
+    /// [`BlockPool`](crate::BlockPool) names it in its [KV
+    /// events](crate::KvEvent) (vLLM's `group_idx`); an allocator that
+    /// forwards its calls to another passes it on with the token.
+    #[inline]
+    pub fn group(&self) -> Option<usize> {
+        self.group.map(usize::from)
     }
 }
 
 impl fmt::Debug for SequenceCall<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("SequenceCall")
+        f.debug_struct("SequenceCall")
+            .field("group", &self.group())
+            .finish()
     }
 }
 
@@ -321,27 +357,6 @@ pub trait BlockAllocator {
         self.publish(by, blocks, keys)
     }
 
-    /// [`publish_after`](Self::publish_after) of the blocks of one group
-    /// of layers of a [`HybridSequence`](crate::HybridSequence) (`group`,
-    /// the index in its [`KvGroups`](crate::KvGroups)): an allocator that
-    /// reports its cache's changes names the group in the stores and in
-    /// the later removals of these keys (`BlockPool` with [KV
-    /// events](crate::BlockPoolBuilder::kv_events):
-    /// [`KvEvent`](crate::KvEvent)'s `group`).
-    ///
-    /// The default ignores `group` and calls `publish_after`.
-    fn publish_in_group(
-        &self,
-        by: &SequenceCall<'_>,
-        group: usize,
-        parent: Option<&BlockHash>,
-        blocks: &[BlockId],
-        keys: &[BlockHash],
-    ) -> usize {
-        let _ = group;
-        self.publish_after(by, parent, blocks, keys)
-    }
-
     /// Drops the key of `id` if the caller is its only holder, so that the
     /// caller may write into it (a truncate into a cached block). A block
     /// that another holder shares keeps its key; writing into it takes a
@@ -488,6 +503,8 @@ mod tests {
         assert_eq!(BlockAllocator::retire_owned(p, &by, 1, Vec::new()), 0);
         assert!(out.is_empty());
         assert_eq!(snap(&pool), before);
-        assert_eq!(format!("{by:?}"), "SequenceCall");
+        assert_eq!(format!("{by:?}"), "SequenceCall { group: None }");
+        assert_eq!(SequenceCall::in_group(3).group(), Some(3));
+        assert_eq!(by.group(), None);
     }
 }

@@ -741,13 +741,8 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // is the key of the block before it, given back or not.
         let parent = from.checked_sub(1).map(|p| &hashes[p]);
         let (blocks, hashes) = (&self.blocks[from..full], &hashes[from..full]);
-        let call = SequenceCall::new();
-        match group {
-            Some(group) => self
-                .pool
-                .publish_in_group(&call, group, parent, blocks, hashes),
-            None => self.pool.publish_after(&call, parent, blocks, hashes),
-        }
+        let call = group.map_or_else(SequenceCall::new, SequenceCall::in_group);
+        self.pool.publish_after(&call, parent, blocks, hashes)
     }
 
     /// How many tokens the blocks in the table can hold:

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kvslots::{
-    hash_blocks, BlockAllocator, BlockHash, BlockId, BlockPool, ReserveError, Sequence,
-    SequenceCall,
+    hash_blocks, BlockAllocator, BlockHash, BlockId, BlockPool, HybridSequence, KvEvent, KvGroup,
+    KvGroups, ReserveError, Sequence, SequenceCall,
 };
 
 /// Free ids, a count per block and the fences' lists, under one lock.
@@ -213,9 +213,20 @@ fn a_sequence_over_a_trait_object() {
 /// An allocator that forwards every call to a `BlockPool`, passing the
 /// token it receives to the same call: what a wrapper (metrics, tracing)
 /// does. It cannot build a token, so it cannot call the pool's sealed
-/// calls on its own; its sequences keep every rule.
+/// calls on its own; its sequences keep every rule. It records the group
+/// each publish names (`SequenceCall::group`), as a tracing wrapper would.
 struct Forward {
     inner: BlockPool,
+    groups: Mutex<Vec<Option<usize>>>,
+}
+
+impl Forward {
+    fn new(inner: BlockPool) -> Arc<Forward> {
+        Arc::new(Forward {
+            inner,
+            groups: Mutex::new(Vec::new()),
+        })
+    }
 }
 
 impl BlockAllocator for Forward {
@@ -279,6 +290,7 @@ impl BlockAllocator for Forward {
         blocks: &[BlockId],
         keys: &[BlockHash],
     ) -> usize {
+        self.groups.lock().unwrap().push(by.group());
         BlockAllocator::publish_after(&self.inner, by, parent, blocks, keys)
     }
     fn uncache_if_sole(&self, by: &SequenceCall<'_>, id: BlockId) {
@@ -297,9 +309,7 @@ impl BlockAllocator for Forward {
 /// raw calls still refuse the sequences' blocks.
 #[test]
 fn a_forwarding_allocator_passes_the_token_through() {
-    let pool = Arc::new(Forward {
-        inner: BlockPool::builder(8, 4).prefix_cache(true).build().unwrap(),
-    });
+    let pool = Forward::new(BlockPool::builder(8, 4).prefix_cache(true).build().unwrap());
     let tokens: Vec<u32> = (0..10).collect();
     let mut keys = Vec::new();
     hash_blocks(b"", &tokens, 4, &mut keys);
@@ -332,4 +342,40 @@ fn a_forwarding_allocator_passes_the_token_through() {
     drop(other);
     assert_eq!(pool.inner.used_blocks(), 0);
     assert_eq!(pool.inner.evictable_blocks(), 2);
+}
+
+/// The token names the group of a hybrid sequence's publish, and nothing
+/// for a plain sequence's: a wrapper sees it, and the pool behind the
+/// wrapper names it in its KV events.
+#[test]
+fn a_forwarding_allocator_sees_and_passes_on_each_publishs_group() {
+    let pool = Forward::new(
+        BlockPool::builder(8, 4)
+            .prefix_cache(true)
+            .kv_events(64)
+            .build()
+            .unwrap(),
+    );
+    let groups =
+        KvGroups::new([KvGroup::Full, KvGroup::SlidingWindow { window_tokens: 4 }]).unwrap();
+    let mut base = Vec::new();
+    hash_blocks(b"", &[1, 2, 3, 4, 5, 6, 7, 8], 4, &mut base);
+    let keys = groups.keys(&base);
+    let mut hybrid = HybridSequence::new(Arc::clone(&pool), groups);
+    hybrid.try_append(4).unwrap();
+    assert_eq!(hybrid.publish(&keys), Ok(2));
+    let mut plain = Sequence::new(Arc::clone(&pool));
+    plain.try_append(8).unwrap();
+    assert_eq!(plain.publish(&base), 2);
+    assert_eq!(*pool.groups.lock().unwrap(), [Some(0), Some(1), None]);
+    let mut events = Vec::new();
+    pool.inner.drain_events(&mut events);
+    let stored: Vec<Option<usize>> = events
+        .iter()
+        .filter_map(|e| match e {
+            KvEvent::BlockStored { group, .. } => Some(*group),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stored, [Some(0), Some(1), None]);
 }

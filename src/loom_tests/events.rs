@@ -379,7 +379,10 @@ fn full_ring_counts_its_losses_uncounted_loss_is_caught() {
 /// and the block is then dropped and its key removed by a reset: exactly
 /// one publish caches its key, and the removal must name that publish's
 /// group. Under `early_group_tag` the loser writes its group before its
-/// claim fails, over the winner's.
+/// claim fails, over the winner's. (No public call makes two groups
+/// publish one uncached block: a block is shared across tables only once
+/// it is cached. The model drives the crate's `Sequence::publish_in`, as
+/// two tables would, to check that a claim that fails writes no tag.)
 fn group_of_a_shared_block(faults: Faults) {
     check(move || {
         let pool = pool(1, 1, 8, faults);

@@ -1146,23 +1146,13 @@ impl BlockAllocator for BlockPool {
 
     fn publish_after(
         &self,
-        _: &SequenceCall<'_>,
+        by: &SequenceCall<'_>,
         parent: Option<&BlockHash>,
         blocks: &[BlockId],
         keys: &[BlockHash],
     ) -> usize {
-        self.publish_chain(GroupTag::NONE, parent, blocks, keys)
-    }
-
-    fn publish_in_group(
-        &self,
-        _: &SequenceCall<'_>,
-        group: usize,
-        parent: Option<&BlockHash>,
-        blocks: &[BlockId],
-        keys: &[BlockHash],
-    ) -> usize {
-        self.publish_chain(GroupTag::of(group), parent, blocks, keys)
+        let group = by.group().map_or(GroupTag::NONE, GroupTag::of);
+        self.publish_chain(group, parent, blocks, keys)
     }
 
     fn uncache_if_sole(&self, _: &SequenceCall<'_>, id: BlockId) {
