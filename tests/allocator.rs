@@ -8,9 +8,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+mod common;
+
+use common::Forward;
 use kvslots::{
-    hash_blocks, BlockAllocator, BlockHash, BlockId, BlockPool, HybridSequence, KvEvent, KvGroup,
-    KvGroups, ReserveError, Sequence, SequenceCall,
+    hash_blocks, BlockAllocator, BlockId, BlockPool, HybridSequence, KvEvent, KvGroup, KvGroups,
+    ReserveError, Sequence, SequenceCall,
 };
 
 /// Free ids, a count per block and the fences' lists, under one lock.
@@ -207,100 +210,6 @@ fn a_sequence_over_a_trait_object() {
         assert_eq!(seq.try_append(9).unwrap(), 0..9);
         assert_eq!(seq.blocks().len(), 3);
         assert!(seq.try_append(8).is_err());
-    }
-}
-
-/// An allocator that forwards every call to a `BlockPool`, passing the
-/// token it receives to the same call: what a wrapper (metrics, tracing)
-/// does. It cannot build a token, so it cannot call the pool's sealed
-/// calls on its own; its sequences keep every rule. It records the group
-/// each publish names (`SequenceCall::group`), as a tracing wrapper would.
-struct Forward {
-    inner: BlockPool,
-    groups: Mutex<Vec<Option<usize>>>,
-}
-
-impl Forward {
-    fn new(inner: BlockPool) -> Arc<Forward> {
-        Arc::new(Forward {
-            inner,
-            groups: Mutex::new(Vec::new()),
-        })
-    }
-}
-
-impl BlockAllocator for Forward {
-    fn num_blocks(&self) -> usize {
-        self.inner.num_blocks()
-    }
-    fn block_size(&self) -> usize {
-        self.inner.block_size()
-    }
-    fn try_alloc_with_headroom(
-        &self,
-        by: &SequenceCall<'_>,
-        n: usize,
-        headroom: usize,
-        out: &mut Vec<BlockId>,
-    ) -> Result<(), ReserveError> {
-        BlockAllocator::try_alloc_with_headroom(&self.inner, by, n, headroom, out)
-    }
-    fn try_alloc_growth(
-        &self,
-        by: &SequenceCall<'_>,
-        n: usize,
-        out: &mut Vec<BlockId>,
-    ) -> Result<(), ReserveError> {
-        BlockAllocator::try_alloc_growth(&self.inner, by, n, out)
-    }
-    fn alloc_with_headroom_blocking(
-        &self,
-        by: &SequenceCall<'_>,
-        n: usize,
-        headroom: usize,
-        out: &mut Vec<BlockId>,
-        timeout: Option<Duration>,
-    ) -> Result<(), ReserveError> {
-        BlockAllocator::alloc_with_headroom_blocking(&self.inner, by, n, headroom, out, timeout)
-    }
-    fn add_refs(&self, by: &SequenceCall<'_>, ids: &[BlockId]) -> usize {
-        BlockAllocator::add_refs(&self.inner, by, ids)
-    }
-    fn release(&self, by: &SequenceCall<'_>, ids: &[BlockId]) {
-        BlockAllocator::release(&self.inner, by, ids);
-    }
-    fn needs_copy(&self, id: BlockId) -> bool {
-        BlockAllocator::needs_copy(&self.inner, id)
-    }
-    fn match_prefix(
-        &self,
-        by: &SequenceCall<'_>,
-        keys: &[BlockHash],
-        out: &mut Vec<BlockId>,
-    ) -> usize {
-        BlockAllocator::match_prefix(&self.inner, by, keys, out)
-    }
-    fn publish(&self, by: &SequenceCall<'_>, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
-        BlockAllocator::publish(&self.inner, by, blocks, keys)
-    }
-    fn publish_after(
-        &self,
-        by: &SequenceCall<'_>,
-        parent: Option<&BlockHash>,
-        blocks: &[BlockId],
-        keys: &[BlockHash],
-    ) -> usize {
-        self.groups.lock().unwrap().push(by.group());
-        BlockAllocator::publish_after(&self.inner, by, parent, blocks, keys)
-    }
-    fn uncache_if_sole(&self, by: &SequenceCall<'_>, id: BlockId) {
-        BlockAllocator::uncache_if_sole(&self.inner, by, id);
-    }
-    fn retire(&self, by: &SequenceCall<'_>, fence: u64, ids: &[BlockId]) -> usize {
-        BlockAllocator::retire(&self.inner, by, fence, ids)
-    }
-    fn retire_owned(&self, by: &SequenceCall<'_>, fence: u64, ids: Vec<BlockId>) -> usize {
-        BlockAllocator::retire_owned(&self.inner, by, fence, ids)
     }
 }
 

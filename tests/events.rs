@@ -14,27 +14,11 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
-use common::{StopOnDrop, XorShift};
+use common::{events_pool, families, StopOnDrop, XorShift};
 use kvslots::{
     hash_blocks, BlockHash, BlockId, BlockPool, HybridSequence, KvEvent, KvGroup, KvGroups,
     Sequence,
 };
-
-fn events_pool(
-    num_blocks: usize,
-    block_size: usize,
-    shards: usize,
-    capacity: usize,
-) -> Arc<BlockPool> {
-    Arc::new(
-        BlockPool::builder(num_blocks, block_size)
-            .shards(shards)
-            .prefix_cache(true)
-            .kv_events(capacity)
-            .build()
-            .unwrap(),
-    )
-}
 
 fn keys_of(tokens: &[u32], block_size: usize) -> Vec<BlockHash> {
     let mut keys = Vec::new();
@@ -363,24 +347,6 @@ fn holder_now(pool: &Arc<BlockPool>, key: BlockHash) -> Option<BlockId> {
     let mut probe = Sequence::new(Arc::clone(pool));
     probe.try_match_prefix(&[key]);
     probe.blocks().first().copied()
-}
-
-/// The prompts of the stress tests: `families` prompts of 4 blocks of 2
-/// tokens, sharing their first block by fours and their second by twos,
-/// so that chains share parents and publishes of one key race.
-fn families(families: u32) -> Vec<Vec<BlockHash>> {
-    (0..families)
-        .map(|f| {
-            let tokens: Vec<u32> = (0..8u32)
-                .map(|t| match t / 2 {
-                    0 => f / 4 * 100 + t,
-                    1 => f / 2 * 100 + t,
-                    _ => f * 100 + t,
-                })
-                .collect();
-            keys_of(&tokens, 2)
-        })
-        .collect()
 }
 
 /// The prompts' keys, each once (prompts share their first blocks).

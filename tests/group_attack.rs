@@ -18,49 +18,12 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 
-use common::{StopOnDrop, XorShift};
-use std::time::Duration;
+use common::{events_pool, families, Forward, StopOnDrop, XorShift};
 
 use kvslots::{
-    hash_blocks, BlockAllocator, BlockHash, BlockId, BlockPool, GroupKeys, HybridSequence, KvEvent,
-    KvGroup, KvGroups, ReserveError, Sequence, SequenceCall,
+    hash_blocks, BlockHash, BlockPool, GroupKeys, HybridSequence, KvEvent, KvGroup, KvGroups,
+    Sequence,
 };
-
-fn events_pool(
-    num_blocks: usize,
-    block_size: usize,
-    shards: usize,
-    capacity: usize,
-) -> Arc<BlockPool> {
-    Arc::new(
-        BlockPool::builder(num_blocks, block_size)
-            .shards(shards)
-            .prefix_cache(true)
-            .kv_events(capacity)
-            .build()
-            .unwrap(),
-    )
-}
-
-/// The content keys of `prompts` prompts of 4 blocks of 2 tokens that
-/// share their first block by fours and their second by twos (so that
-/// publishes of one key race, and chains share parents).
-fn prompts(n: u32) -> Vec<Vec<BlockHash>> {
-    (0..n)
-        .map(|f| {
-            let tokens: Vec<u32> = (0..8u32)
-                .map(|t| match t / 2 {
-                    0 => f / 4 * 100 + t,
-                    1 => f / 2 * 100 + t,
-                    _ => f * 100 + t,
-                })
-                .collect();
-            let mut keys = Vec::new();
-            hash_blocks(b"", &tokens, 2, &mut keys);
-            keys
-        })
-        .collect()
-}
 
 /// The layouts the workers use: two hybrid models whose group keys differ
 /// (the group's index and kind are hashed in).
@@ -342,7 +305,7 @@ fn run(
 
 #[test]
 fn intended_use_names_each_keys_group_in_every_store_and_removal() {
-    let prompts = prompts(8);
+    let prompts = families(8);
     let intended = intended_groups(&prompts);
     for shards in 1..=3 {
         // 24 blocks of 2 tokens: a hybrid prompt takes up to 12, so
@@ -360,7 +323,7 @@ fn intended_use_names_each_keys_group_in_every_store_and_removal() {
 
 #[test]
 fn group_keys_misused_by_plain_sequences_are_removed_under_the_group_that_stored_them() {
-    let prompts = prompts(8);
+    let prompts = families(8);
     let intended = intended_groups(&prompts);
     // A content key is a plain sequence's; a group key is stored by its
     // group or, misused, by a plain sequence.
@@ -389,7 +352,7 @@ fn group_keys_misused_by_plain_sequences_are_removed_under_the_group_that_stored
 
 #[test]
 fn overflowing_rings_name_each_keys_group_and_the_tail_after_the_last_drop_is_right() {
-    let prompts = prompts(8);
+    let prompts = families(8);
     let intended = intended_groups(&prompts);
     for shards in 1..=3 {
         // Rings of 2 to 8 records, drained every 16 rounds by the
@@ -573,88 +536,6 @@ fn matches_of_keys_another_thread_published_then_truncated_name_the_publishers_g
     }
 }
 
-/// An allocator that forwards every call it implements to a `BlockPool`
-/// (as tests/allocator.rs's wrapper, written before groups existed): the
-/// group rides in the token it passes on (`SequenceCall::group`), so the
-/// pool still names it.
-struct Forward {
-    inner: BlockPool,
-}
-
-impl BlockAllocator for Forward {
-    fn num_blocks(&self) -> usize {
-        self.inner.num_blocks()
-    }
-    fn block_size(&self) -> usize {
-        self.inner.block_size()
-    }
-    fn try_alloc_with_headroom(
-        &self,
-        by: &SequenceCall<'_>,
-        n: usize,
-        headroom: usize,
-        out: &mut Vec<BlockId>,
-    ) -> Result<(), ReserveError> {
-        BlockAllocator::try_alloc_with_headroom(&self.inner, by, n, headroom, out)
-    }
-    fn try_alloc_growth(
-        &self,
-        by: &SequenceCall<'_>,
-        n: usize,
-        out: &mut Vec<BlockId>,
-    ) -> Result<(), ReserveError> {
-        BlockAllocator::try_alloc_growth(&self.inner, by, n, out)
-    }
-    fn alloc_with_headroom_blocking(
-        &self,
-        by: &SequenceCall<'_>,
-        n: usize,
-        headroom: usize,
-        out: &mut Vec<BlockId>,
-        timeout: Option<Duration>,
-    ) -> Result<(), ReserveError> {
-        BlockAllocator::alloc_with_headroom_blocking(&self.inner, by, n, headroom, out, timeout)
-    }
-    fn add_refs(&self, by: &SequenceCall<'_>, ids: &[BlockId]) -> usize {
-        BlockAllocator::add_refs(&self.inner, by, ids)
-    }
-    fn release(&self, by: &SequenceCall<'_>, ids: &[BlockId]) {
-        BlockAllocator::release(&self.inner, by, ids);
-    }
-    fn needs_copy(&self, id: BlockId) -> bool {
-        BlockAllocator::needs_copy(&self.inner, id)
-    }
-    fn match_prefix(
-        &self,
-        by: &SequenceCall<'_>,
-        keys: &[BlockHash],
-        out: &mut Vec<BlockId>,
-    ) -> usize {
-        BlockAllocator::match_prefix(&self.inner, by, keys, out)
-    }
-    fn publish(&self, by: &SequenceCall<'_>, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
-        BlockAllocator::publish(&self.inner, by, blocks, keys)
-    }
-    fn publish_after(
-        &self,
-        by: &SequenceCall<'_>,
-        parent: Option<&BlockHash>,
-        blocks: &[BlockId],
-        keys: &[BlockHash],
-    ) -> usize {
-        BlockAllocator::publish_after(&self.inner, by, parent, blocks, keys)
-    }
-    fn uncache_if_sole(&self, by: &SequenceCall<'_>, id: BlockId) {
-        BlockAllocator::uncache_if_sole(&self.inner, by, id);
-    }
-    fn retire(&self, by: &SequenceCall<'_>, fence: u64, ids: &[BlockId]) -> usize {
-        BlockAllocator::retire(&self.inner, by, fence, ids)
-    }
-    fn retire_owned(&self, by: &SequenceCall<'_>, fence: u64, ids: Vec<BlockId>) -> usize {
-        BlockAllocator::retire_owned(&self.inner, by, fence, ids)
-    }
-}
-
 #[test]
 fn a_hybrid_sequence_over_a_forwarding_allocator_names_its_groups() {
     let inner = BlockPool::builder(8, 4)
@@ -662,7 +543,7 @@ fn a_hybrid_sequence_over_a_forwarding_allocator_names_its_groups() {
         .kv_events(64)
         .build()
         .unwrap();
-    let pool = Arc::new(Forward { inner });
+    let pool = Forward::new(inner);
     let groups = KvGroups::new([KvGroup::Full, KvGroup::Full]).unwrap();
     let mut base = Vec::new();
     hash_blocks(b"", &[1, 2, 3, 4], 4, &mut base);

@@ -22,7 +22,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Barrier;
 use std::thread;
 
-use kvslots::{BlockId, BlockPool, Sequence, SlotCounter};
+use std::sync::{Arc, Mutex};
+
+use kvslots::{
+    BlockAllocator, BlockHash, BlockId, BlockPool, ReserveError, Sequence, SequenceCall,
+    SlotCounter,
+};
 
 // ---------------------------------------------------------------------------
 // Snapshots
@@ -309,5 +314,142 @@ pub fn assert_sequences_hold(pool: &BlockPool, ids: &[BlockId], holders: usize) 
             Some(holders),
             "{id}: changed by a refusal"
         );
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Pools of the KV events' tests, and a forwarding allocator
+// ---------------------------------------------------------------------------
+
+/// The prompts of the stress tests: `families` prompts of 4 blocks of 2
+/// tokens, sharing their first block by fours and their second by twos,
+/// so that chains share parents and publishes of one key race.
+pub fn families(families: u32) -> Vec<Vec<BlockHash>> {
+    (0..families)
+        .map(|f| {
+            let tokens: Vec<u32> = (0..8u32)
+                .map(|t| match t / 2 {
+                    0 => f / 4 * 100 + t,
+                    1 => f / 2 * 100 + t,
+                    _ => f * 100 + t,
+                })
+                .collect();
+            let mut keys = Vec::new();
+            kvslots::hash_blocks(b"", &tokens, 2, &mut keys);
+            keys
+        })
+        .collect()
+}
+
+/// A pool of `num_blocks` blocks of `block_size` tokens over `shards`
+/// shards, with the prefix cache and KV event rings of `capacity` records.
+pub fn events_pool(
+    num_blocks: usize,
+    block_size: usize,
+    shards: usize,
+    capacity: usize,
+) -> Arc<BlockPool> {
+    Arc::new(
+        BlockPool::builder(num_blocks, block_size)
+            .shards(shards)
+            .prefix_cache(true)
+            .kv_events(capacity)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// An allocator that forwards every call to a `BlockPool`, passing the
+/// token it receives to the same call: what a wrapper (metrics, tracing)
+/// does. It cannot build a token, so it cannot call the pool's sealed
+/// calls on its own; its sequences keep every rule. It records the group
+/// each publish names (`SequenceCall::group`), as a tracing wrapper would.
+pub struct Forward {
+    pub inner: BlockPool,
+    /// The groups the publishes named, in order.
+    pub groups: Mutex<Vec<Option<usize>>>,
+}
+
+impl Forward {
+    pub fn new(inner: BlockPool) -> Arc<Forward> {
+        Arc::new(Forward {
+            inner,
+            groups: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+impl BlockAllocator for Forward {
+    fn num_blocks(&self) -> usize {
+        self.inner.num_blocks()
+    }
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+    fn try_alloc_with_headroom(
+        &self,
+        by: &SequenceCall<'_>,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        BlockAllocator::try_alloc_with_headroom(&self.inner, by, n, headroom, out)
+    }
+    fn try_alloc_growth(
+        &self,
+        by: &SequenceCall<'_>,
+        n: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        BlockAllocator::try_alloc_growth(&self.inner, by, n, out)
+    }
+    fn alloc_with_headroom_blocking(
+        &self,
+        by: &SequenceCall<'_>,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+        timeout: Option<std::time::Duration>,
+    ) -> Result<(), ReserveError> {
+        BlockAllocator::alloc_with_headroom_blocking(&self.inner, by, n, headroom, out, timeout)
+    }
+    fn add_refs(&self, by: &SequenceCall<'_>, ids: &[BlockId]) -> usize {
+        BlockAllocator::add_refs(&self.inner, by, ids)
+    }
+    fn release(&self, by: &SequenceCall<'_>, ids: &[BlockId]) {
+        BlockAllocator::release(&self.inner, by, ids);
+    }
+    fn needs_copy(&self, id: BlockId) -> bool {
+        BlockAllocator::needs_copy(&self.inner, id)
+    }
+    fn match_prefix(
+        &self,
+        by: &SequenceCall<'_>,
+        keys: &[BlockHash],
+        out: &mut Vec<BlockId>,
+    ) -> usize {
+        BlockAllocator::match_prefix(&self.inner, by, keys, out)
+    }
+    fn publish(&self, by: &SequenceCall<'_>, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
+        BlockAllocator::publish(&self.inner, by, blocks, keys)
+    }
+    fn publish_after(
+        &self,
+        by: &SequenceCall<'_>,
+        parent: Option<&BlockHash>,
+        blocks: &[BlockId],
+        keys: &[BlockHash],
+    ) -> usize {
+        self.groups.lock().unwrap().push(by.group());
+        BlockAllocator::publish_after(&self.inner, by, parent, blocks, keys)
+    }
+    fn uncache_if_sole(&self, by: &SequenceCall<'_>, id: BlockId) {
+        BlockAllocator::uncache_if_sole(&self.inner, by, id);
+    }
+    fn retire(&self, by: &SequenceCall<'_>, fence: u64, ids: &[BlockId]) -> usize {
+        BlockAllocator::retire(&self.inner, by, fence, ids)
+    }
+    fn retire_owned(&self, by: &SequenceCall<'_>, fence: u64, ids: Vec<BlockId>) -> usize {
+        BlockAllocator::retire_owned(&self.inner, by, fence, ids)
     }
 }
