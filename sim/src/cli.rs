@@ -122,9 +122,11 @@ pub struct Cli {
     /// request are not read).
     #[arg(long, allow_negative_numbers = true)]
     pub requests: Option<usize>,
-    /// Seed for the synthetic workload and the acceptance draws.
-    #[arg(long, default_value_t = DEFAULT_SEED, allow_negative_numbers = true)]
-    pub seed: u64,
+    /// Seed for the synthetic workload, the default mix's draws and the
+    /// acceptance draws (default 42; refused where nothing is drawn: a
+    /// trace run without the mix or draft tokens).
+    #[arg(long, allow_negative_numbers = true)]
+    pub seed: Option<u64>,
     /// Worker threads (default: available parallelism, at least 4).
     #[arg(long, allow_negative_numbers = true)]
     pub workers: Option<usize>,
@@ -442,6 +444,16 @@ impl Cli {
                  or leave out --spec, --samples and --admission for the default mix"
             )));
         }
+        if let (Some(seed), Some(_), false, 0) =
+            (self.seed, &self.trace, mix, self.spec.unwrap_or(0))
+        {
+            return Err(InputError(format!(
+                "--seed {seed} has no effect: the trace fixes the requests, and without draft \
+                 tokens or the default mix nothing is drawn: leave it out, give --spec K (K \
+                 above 0), or leave out --spec, --samples and --admission for the default mix"
+            )));
+        }
+        let seed = self.seed.unwrap_or(DEFAULT_SEED);
         if let (Some(shards), false, Allocator::Mutex) = (self.shards, self.compare, self.allocator)
         {
             return Err(InputError(format!(
@@ -572,10 +584,10 @@ impl Cli {
                     )));
                 }
                 (
-                    shape.generate(n, self.seed),
+                    shape.generate(n, seed),
                     format!(
                         "synthetic log-normal with shared prefixes, {n} requests, seed {}",
-                        self.seed
+                        seed
                     ),
                 )
             }
@@ -605,7 +617,7 @@ impl Cli {
             accept,
             samples: self.samples.unwrap_or(1),
             max_running: self.max_running,
-            seed: self.seed,
+            seed,
             mix,
             prefix_cache,
             async_depth: self.async_depth,

@@ -904,6 +904,47 @@ fn census_of_samples_past_memory() {
     ]);
 }
 
+/// `--seed` where nothing is drawn (a trace, no draft tokens, no mix) is
+/// refused; where something is (the mix, drafts, a synthetic workload) it
+/// is accepted, and the plan carries it.
+#[test]
+fn census_of_a_seed_without_effect() {
+    let path = dir().join("seed_trace.csv");
+    std::fs::write(
+        &path,
+        format!(
+            "{TRACE_HEADER}
+x,16,4
+x,32,4
+"
+        ),
+    )
+    .unwrap();
+    let path = path.to_str().unwrap();
+    census(vec![
+        row(
+            "--seed with a trace and --spec 0",
+            &["--trace", path, "--spec", "0", "--seed", "7"],
+            &["--seed 7 has no effect", "--spec"],
+        ),
+        row(
+            "--seed with a trace and --samples",
+            &["--trace", path, "--samples", "2", "--seed", "7"],
+            &["--seed 7 has no effect", "--spec"],
+        ),
+    ]);
+    for args in [
+        vec!["--trace", path, "--seed", "7"],
+        vec!["--trace", path, "--spec", "2", "--seed", "7"],
+        vec!["--requests", "10", "--seed", "7"],
+    ] {
+        let argv = std::iter::once("kvslots-sim").chain(args.iter().copied());
+        let plan = Cli::try_parse_from(argv).unwrap().plan();
+        let plan = plan.unwrap_or_else(|e| panic!("{args:?}: {e:?}"));
+        assert_eq!(plan.engine.seed, 7, "{args:?}");
+    }
+}
+
 /// The harness fails a row that does not hold.
 #[test]
 fn the_census_catches_a_wrong_row() {
