@@ -99,7 +99,7 @@ fn check_log(pool: &Arc<BlockPool>, log: &[KvEvent], made: &Made) {
         "{OUT_OF_ORDER}: {log:?}"
     );
     // Per key: the block of its last store, while it is stored, and that
-    // store's group.
+    // store's group (forgotten at a `Dropped`: the store may be lost).
     let mut holder: HashMap<BlockHash, Option<BlockId>> = HashMap::new();
     let mut group_of: HashMap<BlockHash, Option<usize>> = HashMap::new();
     let (mut stored, mut removed, mut dropped) = (0, 0, 0);
@@ -128,13 +128,16 @@ fn check_log(pool: &Arc<BlockPool>, log: &[KvEvent], made: &Made) {
                         before.is_some(),
                         "{OUT_OF_ORDER}: {k:?} removed unstored: {log:?}"
                     );
-                    if dropped == 0 {
-                        assert_eq!(group_of.get(k), Some(group), "{OTHER_GROUP}: {log:?}");
+                    if let Some(stored) = group_of.get(k) {
+                        assert_eq!(stored, group, "{OTHER_GROUP}: {log:?}");
                     }
                     removed += 1;
                 }
             }
-            KvEvent::Dropped { count } => dropped += count,
+            KvEvent::Dropped { count } => {
+                dropped += count;
+                group_of.clear();
+            }
             other => panic!("{OUT_OF_ORDER}: {other:?} after the first event"),
         }
     }
