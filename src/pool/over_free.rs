@@ -12,6 +12,9 @@ const PAIRWISE: usize = 16;
 const SCREEN_BITS: usize = 64 * 64;
 /// The indices one exact pass tallies.
 const WINDOW: usize = 8 * 1024;
+/// The indices of one pass whose listings a wide count keeps once their
+/// tally saturates.
+const HEAVY: usize = 32;
 
 /// The first id (in list order) listed more times than `count(id)`, its
 /// number of references, if any. Every id must be in range for `count`,
@@ -27,11 +30,14 @@ const WINDOW: usize = 8 * 1024;
 ///   consecutive indices that holds a listed id, in index order, with a
 ///   tally per index of the window (8 KiB on the stack): an id whose
 ///   tally passes its reference count is over-freed. A pass stops at the
-///   earliest over-freed position found so far (no later one can win).
+///   earliest over-freed position found so far (no later one can win). An
+///   index listed 255 times moves from its one-byte tally to a wide count
+///   in a table of [`HEAVY`] (512 bytes on the stack).
 ///
 /// That is O(n · windows) for `n` ids: a pool of a million blocks has at
-/// most 123 windows. Only an id listed more than 254 times in one list
-/// (its tally saturated) is counted the slow way, over the list so far.
+/// most 123 windows. Only the listings of a 33rd index of one window
+/// listed 255 times or more (the table full) are counted the slow way,
+/// over the list so far.
 pub(super) fn first_over_freed(
     ids: &[BlockId],
     count: impl Fn(BlockId) -> usize,
@@ -59,10 +65,12 @@ pub(super) fn first_over_freed(
     // covered, and `end` the earliest over-freed position found so far
     // (the list's length while there is none).
     let mut tally = [0u8; WINDOW];
+    let mut heavy = [(0usize, 0usize); HEAVY];
     let mut end = ids.len();
     let mut lo = ids.iter().map(|id| id.index()).min()?;
     loop {
         let mut next = usize::MAX;
+        let mut heavy_len = 0;
         for (i, &id) in ids[..end].iter().enumerate() {
             let index = id.index();
             if index < lo {
@@ -73,13 +81,34 @@ pub(super) fn first_over_freed(
                 continue;
             }
             let listed = &mut tally[index - lo];
-            *listed = listed.saturating_add(1);
+            // How often listed so far: the tally up to 254; from the 255th
+            // listing on, the wide count in `heavy` (or, the table full,
+            // counted over the list so far).
+            let so_far = if *listed < u8::MAX - 1 {
+                *listed += 1;
+                Some(usize::from(*listed))
+            } else if *listed == u8::MAX - 1 {
+                *listed = u8::MAX;
+                if heavy_len < HEAVY {
+                    heavy[heavy_len] = (index, usize::from(u8::MAX));
+                    heavy_len += 1;
+                }
+                Some(usize::from(u8::MAX))
+            } else {
+                heavy[..heavy_len]
+                    .iter_mut()
+                    .find(|(x, _)| *x == index)
+                    .map(|(_, n)| {
+                        *n += 1;
+                        *n
+                    })
+            };
             // Listed more often than referenced? (A repeat only: the
             // first listing was checked against zero references already.)
-            let over_freed = match *listed {
-                1 => false,
-                u8::MAX => over(i, id),
-                n => usize::from(n) > count(id),
+            let over_freed = match so_far {
+                Some(1) => false,
+                Some(n) => n > count(id),
+                None => over(i, id),
             };
             if over_freed {
                 end = i;
@@ -169,6 +198,45 @@ mod tests {
             first_over_freed(&list, |id| if id.index() == 9 { 280 } else { 1 }),
             Some(BlockId::new(9))
         );
+    }
+
+    #[test]
+    fn a_long_run_of_one_id_is_counted_in_one_pass() {
+        // Four million listings of one id: one pass, no count over the
+        // list so far (which would take about 8 * 10^12 comparisons).
+        let n = 1 << 22;
+        let list = vec![BlockId::new(5); n];
+        assert_eq!(first_over_freed(&list, |_| n), None);
+        assert_eq!(first_over_freed(&list, |_| n - 1), Some(BlockId::new(5)));
+        let mut both = list.clone();
+        both.insert(n / 2, BlockId::new(6));
+        both.push(BlockId::new(6));
+        assert_eq!(
+            first_over_freed(&both, |id| if id.index() == 6 { 1 } else { n }),
+            Some(BlockId::new(6))
+        );
+    }
+
+    #[test]
+    fn more_heavy_ids_than_the_table_holds_agree_with_the_definition() {
+        // 40 ids of one window, each listed 300 times, interleaved: the
+        // table keeps 32 of them, the rest are counted the slow way.
+        let list: Vec<BlockId> = (0..300)
+            .flat_map(|_| (0..40).map(|i| BlockId::new(100 + i)))
+            .collect();
+        for refs in [299, 300] {
+            for over in [None, Some(37), Some(3)] {
+                let count = |id: BlockId| match over {
+                    Some(o) if id.index() == 100 + o => refs - 1,
+                    _ => refs,
+                };
+                assert_eq!(
+                    first_over_freed(&list, count),
+                    naive(&list, count),
+                    "refs {refs}, over {over:?}"
+                );
+            }
+        }
     }
 
     #[test]
