@@ -330,12 +330,19 @@ fn extra_keys_at_the_ends_of_the_positions() {
         hash: &image,
         positions: 0..usize::MAX,
     };
-    hash_blocks_with(b"", &tokens, 16, &[all.clone()], &mut out).unwrap();
+    hash_blocks_with(b"", &tokens, 16, std::slice::from_ref(&all), &mut out).unwrap();
     assert_eq!(out.len(), 4);
     assert!(out.iter().zip(&plain).all(|(a, b)| a != b));
     // Blocks of usize::MAX tokens: none full, no key.
     out.clear();
-    hash_blocks_with(b"", &tokens, usize::MAX, &[all.clone()], &mut out).unwrap();
+    hash_blocks_with(
+        b"",
+        &tokens,
+        usize::MAX,
+        std::slice::from_ref(&all),
+        &mut out,
+    )
+    .unwrap();
     assert!(out.is_empty());
     // An empty range at usize::MAX: refused, `out` as it was.
     let mut out = plain.clone();
