@@ -315,8 +315,8 @@ class BlockPool:
     alone (8 bytes and two bits a block instead of 68): `Sequence.publish`
     and `match_prefix` then return 0 and change nothing. Raises
     `ValueError` for `block_size == 0`, `num_blocks > MAX_BLOCKS`, a
-    `num_blocks * block_size` too large, `shards` outside `1..=MAX_SHARDS`, `kv_events == 0` or
-    `kv_events` without the prefix cache;
+    `num_blocks * block_size` too large, `shards` outside `1..=MAX_SHARDS`, `kv_events == 0`,
+    `kv_events` without the prefix cache, or any size of `2**64` or more;
     `MemoryError` when the pool's bookkeeping (68 bytes a block, and the
     event rings) cannot be allocated; `TypeError` for a non-int.
     """
@@ -715,8 +715,9 @@ def hash_blocks(
     """The 32-byte keys of the full blocks of `tokens`, identical to Rust's
     `kvslots::hash_blocks`.
 
-    `tokens`: ints in `0..2**32`, `bytes` of little-endian uint32s, or a
-    buffer of integers (numpy array, `array.array`). With `parent` (the key of
+    `tokens`: ints in `0..2**32`, `bytes` of little-endian uint32s (or a
+    `memoryview` of them), or a buffer of integers (numpy array,
+    `array.array`; one token an item, one-byte items included). With `parent` (the key of
     the block before `tokens[0]`) the keys continue that chain; `salt` must
     then be empty.
     """

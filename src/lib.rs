@@ -17,8 +17,8 @@
 //!   [`BlockPool::free`] drops references, all or nothing (see
 //!   [`FreeError::Raced`] for the one exception). [`BlockPool::new`] builds
 //!   a pool with every layer; [`BlockPool::builder`] picks its shards and
-//!   layers ([`BlockPoolBuilder::prefix_cache`]: the core pool takes 12
-//!   bytes a block, the prefix cache 60 more) and returns a
+//!   layers ([`BlockPoolBuilder::prefix_cache`]: the core pool takes 8
+//!   bytes and two bits a block, the prefix cache 60 more) and returns a
 //!   [`ConfigError`] for a configuration it refuses (a zero block size, too
 //!   many blocks or shards, too little memory) where `new` panics.
 //! * [`Sequence`]: one sequence's block table over a shared pool: the

@@ -136,9 +136,10 @@ pub(crate) fn key(item: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
 }
 
 /// Token ids: a list (or any iterable) of ints in `0..2**32`; `bytes` or
-/// `bytearray` holding little-endian `uint32`s; or any other buffer of
-/// integers (a numpy array, `array.array`, a `memoryview`) of item size 1
-/// (raw bytes, as `bytes`), 2, 4 or 8, each value in `0..2**32`.
+/// `bytearray` holding little-endian `uint32`s (also through a
+/// `memoryview` of one, or a buffer of `char`s, format `c`); or any other
+/// buffer of integers (a numpy array, `array.array`) of item size 1, 2, 4
+/// or 8, one token an item, each value in `0..2**32`.
 pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     if let Ok(b) = obj.cast::<PyBytes>() {
         return raw_u32(b.as_bytes());
@@ -148,7 +149,12 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     }
     if obj.cast::<PyList>().is_err() && obj.cast::<PyTuple>().is_err() {
         if let Ok(view) = PyMemoryView::from(obj) {
-            return buffer_tokens(&view);
+            // A memoryview of `bytes` or `bytearray` reads as they do.
+            let of_bytes = obj.cast::<PyMemoryView>().is_ok() && {
+                let under = view.getattr("obj")?;
+                under.cast::<PyBytes>().is_ok() || under.cast::<PyByteArray>().is_ok()
+            };
+            return buffer_tokens(&view, of_bytes);
         }
     }
     let mut out = Vec::new();
@@ -183,8 +189,9 @@ fn raw_u32(bytes: &[u8]) -> PyResult<Vec<u32>> {
         .collect())
 }
 
-/// The integers of a buffer, by its `struct` format.
-fn buffer_tokens(view: &Bound<'_, PyMemoryView>) -> PyResult<Vec<u32>> {
+/// The integers of a buffer, by its `struct` format; a buffer of `bytes`
+/// (`of_bytes`) or of `char`s as little-endian `uint32`s.
+fn buffer_tokens(view: &Bound<'_, PyMemoryView>, of_bytes: bool) -> PyResult<Vec<u32>> {
     let format: String = view.getattr("format")?.extract()?;
     let itemsize: usize = view.getattr("itemsize")?.extract()?;
     let ndim: usize = view.getattr("ndim")?.extract()?;
@@ -204,12 +211,14 @@ fn buffer_tokens(view: &Bound<'_, PyMemoryView>) -> PyResult<Vec<u32>> {
             )))
         }
     };
-    if itemsize == 1 {
-        // Raw bytes (`memoryview(bytes)`, a uint8 array): as `bytes`.
+    if code == "c" || (of_bytes && code == "B") {
+        // Raw bytes: as `bytes`.
         return raw_u32(&bytes);
     }
     let value = |c: &[u8]| -> Option<i128> {
         Some(match (itemsize, signed) {
+            (1, true) => i8::from_ne_bytes(c.try_into().ok()?).into(),
+            (1, false) => u8::from_ne_bytes(c.try_into().ok()?).into(),
             (2, true) => i16::from_ne_bytes(c.try_into().ok()?).into(),
             (2, false) => u16::from_ne_bytes(c.try_into().ok()?).into(),
             (4, true) => i32::from_ne_bytes(c.try_into().ok()?).into(),
@@ -219,7 +228,7 @@ fn buffer_tokens(view: &Bound<'_, PyMemoryView>) -> PyResult<Vec<u32>> {
             _ => return None,
         })
     };
-    if !matches!(itemsize, 2 | 4 | 8) {
+    if !matches!(itemsize, 1 | 2 | 4 | 8) {
         return Err(PyTypeError::new_err(format!(
             "a token buffer's items must be 1, 2, 4 or 8 bytes, got {itemsize}"
         )));

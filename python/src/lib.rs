@@ -58,8 +58,9 @@ where
 /// block 0's first, identical to Rust's `kvslots::hash_blocks`.
 ///
 /// `tokens` is a list (or any iterable) of ints in `0..2**32`, `bytes` /
-/// `bytearray` of little-endian `uint32`s, or a buffer of integers (a
-/// numpy array, `array.array`). Key `i` depends on `salt`, `block_size`
+/// `bytearray` of little-endian `uint32`s (or a `memoryview` of one), or a
+/// buffer of integers (a numpy array, `array.array`; one token an item,
+/// one-byte items included). Key `i` depends on `salt`, `block_size`
 /// and every token of blocks `0..=i`. With `parent` (the key of the block
 /// before `tokens[0]`), the keys continue that chain instead (decode: key
 /// the blocks a sequence fills); `salt` must then be empty, since the

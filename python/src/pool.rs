@@ -29,7 +29,8 @@ use crate::wait;
 /// return 0 and change nothing. Raises `ValueError` for `block_size == 0`, `num_blocks`
 /// above `BlockPool.MAX_BLOCKS`, a `num_blocks * block_size` too large,
 /// `shards` outside `1..=BlockPool.MAX_SHARDS`, `kv_events == 0`, or
-/// `kv_events` without the prefix cache, and
+/// `kv_events` without the prefix cache (and for any size of `2**64` or
+/// more), and
 /// `MemoryError` when the pool's bookkeeping (68 bytes a block, and the
 /// event rings) cannot be allocated; nothing is left allocated then.
 ///
@@ -93,15 +94,26 @@ impl PyBlockPool {
         kv_events: Option<&Bound<'_, PyAny>>,
         prefix_cache: bool,
     ) -> PyResult<Self> {
-        let num_blocks: usize = convert::uint(num_blocks, "num_blocks")?;
-        let block_size: usize = convert::uint(block_size, "block_size")?;
+        // A size past `2**64` is a bad size, as one past the limits below
+        // it: `ValueError`, not the conversion's `OverflowError`.
+        let size = |obj: &Bound<'_, PyAny>, what: &str| -> PyResult<usize> {
+            convert::uint(obj, what).map_err(|e| {
+                if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(py) {
+                    pyo3::exceptions::PyValueError::new_err(e.value(py).to_string())
+                } else {
+                    e
+                }
+            })
+        };
+        let num_blocks = size(num_blocks, "num_blocks")?;
+        let block_size = size(block_size, "block_size")?;
         let mut builder =
             kvslots::BlockPool::builder(num_blocks, block_size).prefix_cache(prefix_cache);
         if let Some(s) = shards {
-            builder = builder.shards(convert::uint(s, "shards")?);
+            builder = builder.shards(size(s, "shards")?);
         }
         if let Some(capacity) = kv_events {
-            builder = builder.kv_events(convert::uint(capacity, "kv_events")?);
+            builder = builder.kv_events(size(capacity, "kv_events")?);
         }
         // The builder checks the sizes before it asks for any memory, and
         // asks for all of it fallibly: bad sizes and a pool too large for

@@ -187,11 +187,6 @@ def test_pool_sizes_at_and_past_their_maxima():
         assert p.free_blocks == 0
 
 
-@pytest.mark.skip(
-    reason="reproduces: BlockPool(n) for n >= 2**64 raises OverflowError, not the "
-    "ValueError its docstring promises for num_blocks above MAX_BLOCKS (same for "
-    "block_size, shards, kv_events >= 2**64; python/src/convert.rs)"
-)
 @pytest.mark.parametrize(
     "args,kw",
     [((2**64, 4), {}), ((4, 2**64), {}), ((4, 4), {"shards": 2**64}), ((4, 4), {"kv_events": 2**64})],
@@ -370,14 +365,34 @@ def test_hash_blocks_at_the_extremes():
         ), code
 
 
-@pytest.mark.skip(
-    reason="reproduces: hash_blocks reads a buffer of 1-byte integers (array('b'/'B'), "
-    "numpy int8/uint8) as raw little-endian uint32 bytes, not as one token per item: "
-    "array('B', [1, 2, 3, 4]) hashes as the one token 0x04030201, and int8 -1 is not "
-    "refused (python/src/convert.rs buffer_tokens, `itemsize == 1`)"
-)
 @pytest.mark.parametrize("code", ["b", "B"])
 def test_hash_blocks_of_a_one_byte_integer_buffer_is_one_token_per_item(code):
     assert kvslots.hash_blocks(array.array(code, [1, 2, 3, 4]), 1) == kvslots.hash_blocks(
         [1, 2, 3, 4], 1
     )
+    assert kvslots.hash_blocks_packed(array.array(code, [1, 2, 3]), 1) == b"".join(
+        kvslots.hash_blocks([1, 2, 3], 1)
+    )
+
+
+def test_a_negative_one_byte_token_is_refused():
+    with pytest.raises(ValueError, match="0..2"):
+        kvslots.hash_blocks(array.array("b", [1, -1, 3, 4]), 1)
+
+
+def test_bytes_and_a_memoryview_of_them_stay_little_endian_uint32s():
+    raw = (7).to_bytes(4, "little") + (9).to_bytes(4, "little")
+    want = kvslots.hash_blocks([7, 9], 1)
+    for form in (raw, bytearray(raw), memoryview(raw), memoryview(bytearray(raw))):
+        assert kvslots.hash_blocks(form, 1) == want, type(form)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        kvslots.hash_blocks(memoryview(raw[:5]), 1)
+
+
+def test_numpy_one_byte_arrays_are_one_token_per_item():
+    np = pytest.importorskip("numpy")
+    want = kvslots.hash_blocks([1, 2, 3, 4], 1)
+    for dtype in (np.uint8, np.int8):
+        assert kvslots.hash_blocks(np.array([1, 2, 3, 4], dtype=dtype), 1) == want
+    with pytest.raises(ValueError):
+        kvslots.hash_blocks(np.array([1, -2], dtype=np.int8), 1)

@@ -233,11 +233,13 @@ impl BlockPoolBuilder {
     }
 
     /// The heap memory, in bytes, that [`build`](Self::build) allocates for
-    /// the pool's bookkeeping, saturating at `usize::MAX`: per block, 12
-    /// bytes for the core pool (a state word and a free-list link) and 58
-    /// more with the prefix cache (a key, index slots, an eviction stamp
-    /// and a share of the eviction ring); per shard and per pool, a few
-    /// cache lines; with KV events, 128 bytes a record of their rings. The
+    /// the pool's bookkeeping, saturating at `usize::MAX`: per block, 8
+    /// bytes and two bits for the core pool (a state word, and a bit of
+    /// the free list's bitmap and one of its fresh blocks' map) and 60 more with the prefix cache (a key, index
+    /// slots, an eviction stamp, a share of the eviction ring and a bit of
+    /// its refill's map); per shard and per pool, a few cache lines; with
+    /// KV events, 128 bytes a record of their rings and 2 bytes a block
+    /// (the blocks' groups of layers). The
     /// structures that grow with use (the wait queue, the
     /// fences' lists) are not counted. The KV cache itself is the caller's
     /// device memory, and not counted either.
