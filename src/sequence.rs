@@ -120,6 +120,13 @@ pub struct Sequence<A: BlockAllocator + ?Sized = BlockPool> {
     /// running sequence: its allocations are new admissions, which leave
     /// the queued waiters what they are owed.
     pub(crate) matched: usize,
+    /// How many entries at the front of the table are known to hold a key
+    /// (null entries aside): blocks this sequence matched, or offered to
+    /// `publish` in a call that cached every block it offered. A block we
+    /// hold keeps its key until our own truncate into it drops it, which
+    /// lowers this; so `publish` starts here, and a decode step that
+    /// publishes its full blocks walks only the new ones.
+    pub(crate) published: usize,
     /// Not `Sync` (see above); `Send` as before.
     pub(crate) single_thread: PhantomData<Cell<()>>,
 }
@@ -164,6 +171,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             tail_may_be_shared: false,
             null: 0,
             matched: 0,
+            published: 0,
             single_thread: PhantomData,
         }
     }
@@ -686,6 +694,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         self.len = k * self.pool.block_size();
         self.tail_may_be_shared = false;
         self.matched = k;
+        self.published = k;
         k
     }
 
@@ -705,6 +714,12 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// [`BlockPool::reset_prefix_cache`], or dropped by a
     /// [`truncate`](Self::truncate) into it. No heap allocation happens
     /// here.
+    ///
+    /// The blocks the sequence knows hold their keys (those it matched,
+    /// and those of an earlier publish that cached every block it offered)
+    /// are not offered again, so a decode that publishes after every step
+    /// walks only the blocks filled since; a block that stayed uncached
+    /// (its key on another block) is offered again by the next publish.
     ///
     /// # Memory ordering
     ///
@@ -736,13 +751,19 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// sequence of its own (`None`).
     pub(crate) fn publish_in(&mut self, group: Option<usize>, hashes: &[BlockHash]) -> usize {
         let full = (self.len / self.pool.block_size()).min(hashes.len());
-        let from = self.null.min(full);
-        // After null entries (a sliding window's), the first block's parent
-        // is the key of the block before it, given back or not.
+        // Past the null entries (a sliding window's) and the blocks known
+        // to hold their keys (see `published`).
+        let from = self.null.max(self.published).min(full);
+        // The first block's parent is the key of the block before it
+        // (cached, or given back by a window).
         let parent = from.checked_sub(1).map(|p| &hashes[p]);
         let (blocks, hashes) = (&self.blocks[from..full], &hashes[from..full]);
         let call = group.map_or_else(SequenceCall::new, SequenceCall::in_group);
-        self.pool.publish_after(&call, parent, blocks, hashes)
+        let cached = self.pool.publish_after(&call, parent, blocks, hashes);
+        if cached == blocks.len() {
+            self.published = full;
+        }
+        cached
     }
 
     /// How many tokens the blocks in the table can hold:
@@ -922,6 +943,9 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 self.matched = self.matched.min(keep);
             }
         }
+        // Only whole blocks stay known to hold their keys: a cached tail
+        // we hold alone loses its key below.
+        self.published = self.published.min(len / self.pool.block_size());
         // A partly filled tail that was once full may be shared by a fork
         // or a matcher, or cached.
         let bs = self.pool.block_size();
@@ -1150,6 +1174,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // The child of a sequence that holds only what it matched is new
         // work too.
         child.matched = self.matched.min(full);
+        child.published = self.published.min(full);
         (child, copy)
     }
 
@@ -1164,6 +1189,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         self.blocks.truncate(keep);
         self.null = self.null.min(keep);
         self.matched = self.matched.min(keep);
+        self.published = self.published.min(keep);
     }
 
     /// Whether the sequence is running: it holds a block beyond those it

@@ -508,3 +508,56 @@ fn the_pool_is_whole_after_mixed_use() {
     ids.dedup();
     assert_eq!(ids.len(), 6);
 }
+
+/// A decode that publishes after every token caches each block once, as
+/// it fills; a truncate into a published block (held alone) drops its
+/// key, and the next publish caches the new content there.
+#[test]
+fn a_decode_publishing_every_step_caches_each_block_as_it_fills() {
+    let pool = pool(64);
+    let tokens = prompt(3, 20);
+    let keys = keys(b"", &tokens);
+    let mut seq = Sequence::with_capacity(Arc::clone(&pool), tokens.len());
+    for t in 1..=tokens.len() {
+        seq.try_append(1).unwrap();
+        let want = usize::from(t % BS == 0);
+        assert_eq!(seq.publish(&keys), want, "step {t}");
+        assert_eq!(pool.cached_blocks(), t / BS, "step {t}");
+    }
+    // Back into block 12 (sole holder: its key goes; blocks 13.. go back
+    // to the pool, cached), then other tokens.
+    seq.truncate(12 * BS + 1);
+    assert_eq!((pool.cached_blocks(), pool.evictable_blocks()), (19, 7));
+    let mut other = tokens[..12 * BS + 1].to_vec();
+    other.extend((0..(BS - 1) as u32).map(|t| 777_000 + t));
+    let other_keys = self::keys(b"", &other);
+    seq.try_append(BS - 1).unwrap();
+    assert_eq!(seq.publish(&other_keys), 1);
+    let mut m = Sequence::new(Arc::clone(&pool));
+    assert_eq!(m.try_match_prefix(&other_keys), 13);
+    assert_eq!(m.blocks(), &seq.blocks()[..13]);
+}
+
+/// A block whose key another block held when it was offered is offered
+/// again by the next publish: once the other block is evicted, it caches.
+#[test]
+fn a_block_that_lost_its_key_to_another_is_offered_again() {
+    let pool = pool(4);
+    let tokens = prompt(4, 2);
+    let keys = keys(b"", &tokens);
+    let (first, n) = published(&pool, b"", &tokens);
+    assert_eq!(n, 2);
+    let (mut second, n) = published(&pool, b"", &tokens);
+    assert_eq!(n, 0);
+    // The first's blocks are evicted by an allocation that needs them.
+    drop(first);
+    let mut ids = Vec::new();
+    pool.try_alloc(2, &mut ids).unwrap();
+    assert_eq!(pool.cached_blocks(), 0);
+    assert_eq!(second.publish(&keys), 2);
+    let mut m = Sequence::new(Arc::clone(&pool));
+    assert_eq!(m.try_match_prefix(&keys), 2);
+    assert_eq!(m.blocks(), second.blocks());
+    drop(m);
+    pool.free(&ids).unwrap();
+}

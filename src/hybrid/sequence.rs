@@ -1168,8 +1168,10 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         for t in self.tables.iter_mut() {
             t.len = k * bs;
             t.tail_may_be_shared = false;
-            // New work until it holds a block beyond the match.
+            // New work until it holds a block beyond the match; every
+            // block it holds is cached.
             t.matched = t.blocks.len();
+            t.published = t.blocks.len();
         }
         Ok(k)
     }
