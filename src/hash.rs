@@ -785,7 +785,10 @@ pub fn hash_blocks(salt: &[u8], tokens: &[u32], block_size: usize, out: &mut Vec
 /// that is still arriving): it applies to the full blocks it overlaps, if
 /// any. A block with extras costs one more compression than its tokens,
 /// plus one per 64 bytes of its extras' entries (a multimodal entry with a
-/// 32-byte hash fits in one).
+/// 32-byte hash fits in one). With the positional extras listed in order
+/// of their first positions (as a prompt holds its images), a block looks
+/// only at the extras near it; in any other order every block looks at
+/// every extra (time in blocks times extras).
 ///
 /// # Errors
 ///
@@ -840,15 +843,42 @@ pub fn hash_blocks_with(
     }
     let mut state = header_state(salt, block_size);
     let mut buf = [Piece::default(); PIECES];
+    // With the positional extras in order of their first position (as a
+    // prompt lists its images), each block looks only at a window of the
+    // list: `lo` passes the extras that apply to no later block, `hi` stops
+    // at the first positional one that starts past this block. Block 0,
+    // which the whole-prompt extras enter wherever they are listed, looks
+    // at them all; so do the blocks of a list out of order.
+    let mut starts = extras
+        .iter()
+        .filter_map(ExtraKey::positions)
+        .map(|p| p.start);
+    let in_order = starts.next().map_or(true, |first| {
+        starts
+            .try_fold(first, |last, s| (last <= s).then_some(s))
+            .is_some()
+    });
+    let (mut lo, mut hi) = (0, 0);
     for (i, block) in blocks.enumerate() {
-        absorb_block(
-            &mut state,
-            block_size,
-            i * block_size,
-            block,
-            extras,
-            &mut buf,
-        );
+        let start = i * block_size;
+        let window = if in_order && start > 0 {
+            let ends_before = |e: &ExtraKey<'_>| e.positions().map_or(true, |p| p.end <= start);
+            while lo < extras.len() && ends_before(&extras[lo]) {
+                lo += 1;
+            }
+            hi = hi.max(lo);
+            let starts_before = |e: &ExtraKey<'_>| {
+                e.positions()
+                    .map_or(true, |p| p.start < start.saturating_add(block_size))
+            };
+            while hi < extras.len() && starts_before(&extras[hi]) {
+                hi += 1;
+            }
+            &extras[lo..hi]
+        } else {
+            extras
+        };
+        absorb_block(&mut state, block_size, start, block, window, &mut buf);
         out.push(key_of(&state));
     }
     Ok(())
@@ -1657,6 +1687,78 @@ mod tests {
                 chain.push(key);
             }
             assert_eq!(batch, chain, "block_size {block_size}");
+        }
+    }
+
+    /// The batch's window over extras listed in position order gives the
+    /// keys of the incremental chain (which looks at every extra for every
+    /// block), for random lists: in order or not, disjoint, overlapping and
+    /// nested, whole-prompt extras anywhere in them.
+    #[test]
+    fn the_window_over_ordered_extras_changes_no_key() {
+        let tokens: Vec<u32> = (0..700u32).map(|i| i.wrapping_mul(0x9e37_79b9)).collect();
+        let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+        let mut next = move |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        let names: Vec<[u8; 1]> = (0..16u8).map(|n| [n]).collect();
+        for round in 0..300 {
+            let count = next(12) as usize;
+            let mut ranges: Vec<Range<usize>> = (0..count)
+                .map(|_| {
+                    let start = next(760) as usize;
+                    let span = if next(4) == 0 { 400 } else { 40 };
+                    start..start + 1 + next(span) as usize
+                })
+                .collect();
+            if round % 3 != 0 {
+                ranges.sort_by_key(|r| r.start);
+            }
+            let mut extras: Vec<ExtraKey<'_>> = ranges
+                .into_iter()
+                .enumerate()
+                .map(|(i, positions)| {
+                    if i % 2 == 0 {
+                        ExtraKey::Multimodal {
+                            hash: &names[i],
+                            positions,
+                        }
+                    } else {
+                        ExtraKey::Custom {
+                            tag: b"t",
+                            bytes: &names[i],
+                            positions,
+                        }
+                    }
+                })
+                .collect();
+            for _ in 0..next(3) {
+                let slots = extras.len() as u64 + 1;
+                let at = next(slots) as usize;
+                let whole = if next(2) == 0 {
+                    ExtraKey::Lora(b"l")
+                } else {
+                    ExtraKey::CacheSalt(b"c")
+                };
+                extras.insert(at, whole);
+            }
+            let block_size = [1, 7, 16, 64][next(4) as usize];
+            let batch = keys_with(b"s", &tokens, block_size, &extras);
+            let mut chain: Vec<BlockHash> = Vec::new();
+            for (i, block) in tokens.chunks_exact(block_size).enumerate() {
+                let key = match chain.last() {
+                    None => BlockHash::first_with(b"s", block, &extras).unwrap(),
+                    Some(parent) => parent.next_with(i * block_size, block, &extras).unwrap(),
+                };
+                chain.push(key);
+            }
+            assert_eq!(
+                batch, chain,
+                "round {round}: {extras:?}, block_size {block_size}"
+            );
         }
     }
 
