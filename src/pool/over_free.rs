@@ -12,6 +12,8 @@ const PAIRWISE: usize = 16;
 const SCREEN_BITS: usize = 64 * 64;
 /// The indices one exact pass tallies.
 const WINDOW: usize = 8 * 1024;
+/// The indices one pass marks in a bitmap (the tally's bytes as bits).
+const SPAN: usize = 8 * WINDOW;
 /// The indices of one pass whose listings a wide count keeps once their
 /// tally saturates.
 const HEAVY: usize = 32;
@@ -26,21 +28,24 @@ const HEAVY: usize = 32;
 /// - a longer list is screened once through a filter of `index % 4096`
 ///   (512 bytes on the stack): if no two ids share a bit, none is listed
 ///   twice;
-/// - otherwise it is checked exactly, one pass per window of 8,192
-///   consecutive indices that holds a listed id, in index order, with a
-///   tally per index of the window (8 KiB on the stack): an id whose
-///   tally passes its reference count is over-freed. A pass stops at the
-///   earliest over-freed position found so far (no later one can win). An
-///   index listed 255 times moves from its one-byte tally to a wide count
-///   in a table of [`HEAVY`] (512 bytes on the stack); past the table's
-///   room, it is deferred to further passes over the list, which count
-///   the deferred indices exactly, [`HEAVY`] at a time.
+/// - otherwise it is checked exactly, a span of 65,536 consecutive indices
+///   that holds a listed id at a time, in index order: one pass marks the
+///   span's listed indices in a bitmap (8 KiB on the stack), and only a
+///   window of 8,192 indices of the span where an index is listed twice
+///   gets a pass that tallies each index of the window (the same 8 KiB):
+///   an id whose tally passes its reference count is over-freed. A pass
+///   stops at the earliest over-freed position found so far (no later one
+///   can win). An index listed 255 times moves from its one-byte tally to
+///   a wide count in a table of [`HEAVY`] (512 bytes on the stack); past
+///   the table's room, it is deferred to further passes over the list,
+///   which count the deferred indices exactly, [`HEAVY`] at a time.
 ///
-/// That is O(n · windows) for `n` ids (a pool of a million blocks has at
-/// most 123 windows), plus a pass per [`HEAVY`] indices of a window
-/// listed 255 times or more beyond the first [`HEAVY`]: at most
-/// `n / 8,160` passes, and none unless such a list names more than 32
-/// blocks 255 times each.
+/// That is O(n · spans) for `n` ids of distinct blocks (a pool of a
+/// million blocks has at most 16 spans), plus a pass per window where a
+/// block is listed twice (at most 8 a span), plus a pass per [`HEAVY`]
+/// indices of a window listed 255 times or more beyond the first
+/// [`HEAVY`]: at most `n / 8,160` passes, and none unless such a list
+/// names more than 32 blocks 255 times each.
 pub(super) fn first_over_freed(
     ids: &[BlockId],
     count: impl Fn(BlockId) -> usize,
@@ -64,73 +69,110 @@ pub(super) fn first_over_freed(
     {
         return None;
     }
-    // Exactly, window by window: `lo` is the lowest listed index not yet
-    // covered, and `end` the earliest over-freed position found so far
-    // (the list's length while there is none).
+    // Exactly, a span of `SPAN` indices at a time: `lo` is the lowest
+    // listed index not yet covered, and `end` the earliest over-freed
+    // position found so far (the list's length while there is none). A
+    // pass marks the span's listed indices in a bitmap (the tally's bytes
+    // as bits); only the windows of the span where an index is listed
+    // twice are then tallied.
     let mut tally = [0u8; WINDOW];
     let mut heavy = [(0usize, 0usize); HEAVY];
     let mut end = ids.len();
     let mut lo = ids.iter().map(|id| id.index()).min()?;
     loop {
-        let mut next = usize::MAX;
-        let (mut heavy_len, mut deferred) = (0, false);
-        for (i, &id) in ids[..end].iter().enumerate() {
+        tally.fill(0);
+        let (mut next, mut repeats) = (usize::MAX, 0u8);
+        for &id in &ids[..end] {
             let index = id.index();
             if index < lo {
                 continue;
             }
-            if index - lo >= WINDOW {
+            let offset = index - lo;
+            if offset >= SPAN {
                 next = next.min(index);
                 continue;
             }
-            let listed = &mut tally[index - lo];
-            // How often listed so far: the tally up to 254; from the 255th
-            // listing on, the wide count in `heavy`, or, the table full,
-            // `None`: the index is deferred (its tally stays at 255).
-            let so_far = if *listed < u8::MAX - 1 {
-                *listed += 1;
-                Some(usize::from(*listed))
-            } else if *listed == u8::MAX - 1 {
-                *listed = u8::MAX;
-                if heavy_len < HEAVY {
-                    heavy[heavy_len] = (index, usize::from(u8::MAX));
-                    heavy_len += 1;
-                    Some(usize::from(u8::MAX))
-                } else {
-                    deferred = true;
-                    None
-                }
-            } else {
-                heavy[..heavy_len]
-                    .iter_mut()
-                    .find(|(x, _)| *x == index)
-                    .map(|(_, n)| {
-                        *n += 1;
-                        *n
-                    })
-            };
-            // Listed more often than referenced? (A repeat only: the
-            // first listing was checked against zero references already.)
-            if so_far.is_some_and(|n| n > 1 && n > count(id)) {
-                end = i;
-                break;
+            let (byte, bit) = (offset / 8, 1u8 << (offset % 8));
+            if tally[byte] & bit != 0 {
+                repeats |= 1 << (offset / WINDOW);
             }
+            tally[byte] |= bit;
         }
-        if deferred {
-            // The table's indices are done; the deferred ones (tally 255)
-            // are counted from the list's start, `HEAVY` at a time.
-            for &(index, _) in &heavy[..heavy_len] {
-                tally[index - lo] = 0;
+        for window in 0..SPAN / WINDOW {
+            if repeats & (1 << window) != 0 {
+                let at = lo + window * WINDOW;
+                end = tally_window(&ids[..end], at, &mut tally, &mut heavy, &count);
             }
-            end = count_deferred(&ids[..end], lo, &mut tally, &mut heavy, &count);
         }
         // Every listed index before `end` covered?
         if next == usize::MAX {
             return ids.get(end).copied();
         }
         lo = next;
-        tally.fill(0);
     }
+}
+
+/// The exact pass over the window of indices `lo..lo + WINDOW`, with a
+/// tally per index of it: returns the earliest position of `ids` whose id
+/// in the window is listed more often so far than it has references, or
+/// `ids.len()` if none is.
+fn tally_window(
+    ids: &[BlockId],
+    lo: usize,
+    tally: &mut [u8; WINDOW],
+    heavy: &mut [(usize, usize); HEAVY],
+    count: &impl Fn(BlockId) -> usize,
+) -> usize {
+    tally.fill(0);
+    let mut end = ids.len();
+    let (mut heavy_len, mut deferred) = (0, false);
+    for (i, &id) in ids.iter().enumerate() {
+        let index = id.index();
+        if index < lo || index - lo >= WINDOW {
+            continue;
+        }
+        let listed = &mut tally[index - lo];
+        // How often listed so far: the tally up to 254; from the 255th
+        // listing on, the wide count in `heavy`, or, the table full,
+        // `None`: the index is deferred (its tally stays at 255).
+        let so_far = if *listed < u8::MAX - 1 {
+            *listed += 1;
+            Some(usize::from(*listed))
+        } else if *listed == u8::MAX - 1 {
+            *listed = u8::MAX;
+            if heavy_len < HEAVY {
+                heavy[heavy_len] = (index, usize::from(u8::MAX));
+                heavy_len += 1;
+                Some(usize::from(u8::MAX))
+            } else {
+                deferred = true;
+                None
+            }
+        } else {
+            heavy[..heavy_len]
+                .iter_mut()
+                .find(|(x, _)| *x == index)
+                .map(|(_, n)| {
+                    *n += 1;
+                    *n
+                })
+        };
+        // Listed more often than referenced? (A repeat only: the first
+        // listing was checked against zero references already.)
+        if so_far.is_some_and(|n| n > 1 && n > count(id)) {
+            end = i;
+            break;
+        }
+    }
+    if deferred {
+        // The table's indices are done; the deferred ones (tally 255) are
+        // counted from the list's start, `HEAVY` at a time.
+        for &(index, _) in &heavy[..heavy_len] {
+            tally[index - lo] = 0;
+        }
+        end = count_deferred(&ids[..end], lo, tally, heavy, count);
+    }
+    end
 }
 
 /// The passes of one window (indices `lo..lo + WINDOW`) over `ids` for
@@ -347,8 +389,9 @@ mod tests {
 
     #[test]
     fn agrees_with_the_definition() {
-        // A small deterministic generator: lists of 0..64 ids over a range
-        // of indices that makes repeats likely, and several windows.
+        // A small deterministic generator: lists of 0..64 ids (one in
+        // eight of 0..3000) over a range of indices that makes repeats
+        // likely, and several windows and spans.
         let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
         let mut next = move || {
             x ^= x << 13;
@@ -356,9 +399,9 @@ mod tests {
             x ^= x << 17;
             x
         };
-        for _ in 0..2000 {
-            let len = (next() % 64) as usize;
-            let spread = [8, 40, 5000, 40_000][(next() % 4) as usize];
+        for round in 0..2000 {
+            let len = (next() % if round % 8 == 0 { 3000 } else { 64 }) as usize;
+            let spread = [8, 40, 5000, 40_000, 300_000, 3_000_000][(next() % 6) as usize];
             let list: Vec<BlockId> = (0..len)
                 .map(|_| BlockId::new((next() % spread) as u32))
                 .collect();
@@ -370,5 +413,26 @@ mod tests {
                 "{list:?}"
             );
         }
+    }
+
+    #[test]
+    fn repeats_in_several_windows_of_spans_keep_the_earliest() {
+        // Distinct ids over three spans, then repeats in windows 7 and 2
+        // of the second span and window 0 of the third, in that order.
+        let span = SPAN as u32;
+        let mut list: Vec<BlockId> = (0..3 * span).step_by(97).map(BlockId::new).collect();
+        let (a, b, c) = (span + 7 * 8192 + 5, span + 2 * 8192 + 1, 2 * span + 3);
+        list.extend(ids(&[a, b, c]));
+        list.extend(ids(&[a, b, c]));
+        list.extend(ids(&[a, b, c]));
+        for refs in 1..=3 {
+            assert_eq!(
+                first_over_freed(&list, |_| refs),
+                naive(&list, |_| refs),
+                "refs {refs}"
+            );
+        }
+        let distinct: Vec<BlockId> = (0..4 * span).step_by(3).map(BlockId::new).collect();
+        assert_eq!(first_over_freed(&distinct, |_| 1), None);
     }
 }
