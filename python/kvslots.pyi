@@ -127,7 +127,11 @@ class WindowError(ValueError):
 @final
 class BlockCopy:
     """A device copy the caller must make: the first `tokens` token slots of
-    block `src` into block `dst`, before the kernel writes into `dst`."""
+    block `src` into block `dst`, before the kernel writes into `dst`.
+
+    Built by hand, `src` and `dst` must be block ids (ints in
+    `0..2**32 - 1`) and `tokens` an int >= 0: `ValueError` otherwise
+    (`TypeError` for a non-int)."""
 
     def __new__(cls, src: int, dst: int, tokens: int) -> Self: ...
     @property
@@ -407,8 +411,9 @@ class BlockPool:
         """Drops one reference per listed id, all or nothing; a block whose
         last reference goes is free again (or evictable, if cached).
 
-        Raises `FreeError` (see its `kind`) or `TypeError` for a non-int id;
-        nothing changes then (except for `kind == "raced"`).
+        Raises `FreeError` (see its `kind`) or `TypeError` for a non-int id
+        (or ids given as `bytes`, `bytearray` or `str`); nothing changes then
+        (except for `kind == "raced"`).
         """
     def add_refs(self, ids: Iterable[_Int]) -> None:
         """Adds one reference per listed id (a block listed twice gets two),
@@ -417,8 +422,8 @@ class BlockPool:
 
         Raises `FreeError` (`kind` `"out_of_range"`, `"not_allocated"`,
         `"held_by_sequence"`: sequences share with `fork`; `"raced"`,
-        `"too_many_refs"`) or `TypeError` for a non-int id; nothing changes
-        then.
+        `"too_many_refs"`) or `TypeError` for a non-int id (or ids given as
+        `bytes`, `bytearray` or `str`); nothing changes then.
         """
     def ref_count(self, id: _Int) -> Optional[int]:
         """References block `id` has now (0 when free), or None if `id` is

@@ -51,6 +51,17 @@ impl PyBlockPool {
         ids: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<BlockId>> {
         let num_blocks = self.inner.num_blocks();
+        // `bytes` iterate as ints: a list of ids in one is almost surely a
+        // key or a token buffer passed by mistake.
+        if ids.cast::<pyo3::types::PyBytes>().is_ok()
+            || ids.cast::<pyo3::types::PyByteArray>().is_ok()
+            || ids.cast::<pyo3::types::PyString>().is_ok()
+        {
+            let ty = ids.get_type().name()?;
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "block ids must be an iterable of ints, not {ty}"
+            )));
+        }
         let mut out = Vec::new();
         convert::for_each(ids, |item| {
             match convert::block_id(&item)? {

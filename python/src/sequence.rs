@@ -54,9 +54,28 @@ impl From<BlockCopy> for PyBlockCopy {
 
 #[pymethods]
 impl PyBlockCopy {
+    /// Raises `ValueError` for a `src` or `dst` that is no block id (not
+    /// in `0..2**32 - 1`) or a negative `tokens`, `TypeError` for a
+    /// non-int, `OverflowError` for a `tokens` past `2**64`.
     #[new]
-    fn new(src: usize, dst: usize, tokens: usize) -> Self {
-        PyBlockCopy { src, dst, tokens }
+    fn new(
+        src: &Bound<'_, PyAny>,
+        dst: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<Self> {
+        let id = |obj: &Bound<'_, PyAny>, what: &str| -> PyResult<usize> {
+            match convert::block_id(obj)? {
+                Some(id) if !id.is_null() => Ok(id.index()),
+                _ => Err(pyo3::exceptions::PyValueError::new_err(format!(
+                    "{what} must be a block id (an int in 0..2**32 - 1), got {obj}"
+                ))),
+            }
+        };
+        Ok(PyBlockCopy {
+            src: id(src, "src")?,
+            dst: id(dst, "dst")?,
+            tokens: convert::uint(tokens, "tokens")?,
+        })
     }
 
     fn __repr__(&self) -> String {

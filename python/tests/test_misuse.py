@@ -81,3 +81,38 @@ def test_random_misuse_never_panics_and_balances():
     pool.complete_all()
     assert pool.free_blocks == pool.num_blocks
     assert pool.pending_release_blocks == 0
+
+
+def test_ids_given_as_bytes_or_str_are_refused_and_change_nothing():
+    pool = kvslots.BlockPool(4, 4)
+    held = pool.try_alloc(2)
+    for ids in (bytes(held), bytearray(held), "01"):
+        for call in (pool.free, pool.add_refs):
+            try:
+                call(ids)
+            except TypeError as e:
+                assert "iterable of ints" in str(e)
+            else:
+                raise AssertionError(f"{call.__name__}({ids!r}) was accepted")
+            assert [pool.ref_count(i) for i in held] == [1, 1]
+            assert pool.used_blocks == 2
+    pool.free(held)
+    assert pool.free_blocks == 4
+
+
+def test_a_block_copy_built_by_hand_takes_block_ids_only():
+    assert kvslots.BlockCopy(0, 2**32 - 2, 0).dst == 2**32 - 2
+    for args in [(2**32 - 1, 0, 1), (0, 2**32, 1), (-1, 0, 1), (0, 0, -1)]:
+        try:
+            kvslots.BlockCopy(*args)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"BlockCopy{args} was accepted")
+    for args in [(0.0, 0, 1), (0, "1", 1), (0, 0, None)]:
+        try:
+            kvslots.BlockCopy(*args)
+        except TypeError:
+            pass
+        else:
+            raise AssertionError(f"BlockCopy{args} was accepted")
