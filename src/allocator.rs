@@ -143,6 +143,14 @@ impl fmt::Debug for SequenceCall<'_> {
 /// * **Orderings.** What the holders of a block did with it before its last
 ///   reference went happens-before the call that hands it to its next
 ///   owner returns (a `Release` drop and an `Acquire` take, or one lock).
+/// * **Keys stay while held.** A cached block that a caller holds keeps
+///   its key until its last reference goes (it is then evictable) or the
+///   holder's [`uncache_if_sole`](Self::uncache_if_sole) drops it: an
+///   index that runs out of room forgets only keys whose blocks no one
+///   holds, or caches nothing more (a [`publish`](Self::publish) may leave
+///   a block uncached). A sequence relies on it: its publish does not
+///   offer again the blocks it knows hold their keys (those it matched,
+///   and those of a publish that cached every block it offered).
 /// * **Blocks are ids.** Every id handed out is below
 ///   [`num_blocks`](Self::num_blocks); ids of one call are distinct.
 ///   `num_blocks` and `block_size` never change, and `block_size > 0`.
