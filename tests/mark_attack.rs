@@ -276,10 +276,8 @@ fn random_scripts_publish_exactly_the_uncached() {
                 hash_blocks(SALT, &want, bs, &mut keys);
                 let k = t.seq.try_match_prefix(&keys);
                 t.tokens = want[..k * bs].to_vec();
-                if t.append(&want[k * bs..], &mem) || want.len() == k * bs {
-                    if live.len() < 8 {
-                        live.push(t);
-                    }
+                if (t.append(&want[k * bs..], &mem) || want.len() == k * bs) && live.len() < 8 {
+                    live.push(t);
                 }
                 continue;
             }
@@ -594,6 +592,118 @@ impl Hybrid {
     }
 }
 
+/// One thread's hybrid script: its live sequences and fences, and the
+/// steps every hybrid script shares (all but admissions and publishes).
+struct HybridScript<'a> {
+    pool: &'a Arc<BlockPool>,
+    mem: &'a Mem,
+    groups: KvGroups,
+    rng: Rng,
+    live: Vec<Hybrid>,
+    /// This script's fences: `first_fence..=fence`.
+    first_fence: u64,
+    fence: u64,
+    max_live: usize,
+    /// An evicting allocation takes at most this many blocks.
+    evict_max: usize,
+}
+
+impl HybridScript<'_> {
+    fn next_fence(&mut self) -> Option<u64> {
+        (self.rng.below(3) == 0).then(|| {
+            self.fence += 1;
+            self.fence
+        })
+    }
+
+    /// A new sequence that matches what it can of `want` and appends the
+    /// rest; kept if it got all of it and there is room.
+    fn admit(&mut self, want: &[u32]) {
+        let bs = self.pool.block_size();
+        let mut h = Hybrid {
+            seq: HybridSequence::new(Arc::clone(self.pool), self.groups.clone()),
+            tokens: Vec::new(),
+        };
+        let mut base = Vec::new();
+        hash_blocks(SALT, want, bs, &mut base);
+        let k = h.seq.try_match_prefix(&self.groups.keys(&base)).unwrap();
+        h.tokens = want[..k * bs].to_vec();
+        h.append(&want[k * bs..], None, self.mem);
+        if h.tokens.len() == want.len() && self.live.len() < self.max_live {
+            self.live.push(h);
+        }
+    }
+
+    /// Step `op` (1 to 6, 10 to 12) on live sequence `i`: appends, plain
+    /// and fenced truncates, forks, drops, resets, evicting allocations,
+    /// reservations, `shrink_to_fit` and `retire_copy_source`.
+    fn step(&mut self, op: usize, i: usize) {
+        let bs = self.pool.block_size();
+        match op {
+            1..=3 => {
+                let n = 1 + self.rng.below(2 * bs);
+                let new: Vec<u32> = (0..n).map(|_| self.rng.below(2) as u32).collect();
+                let f = self.next_fence();
+                self.live[i].append(&new, f, self.mem);
+            }
+            4 | 5 => {
+                let to = self.rng.below(self.live[i].tokens.len() + 1);
+                let r = match self.next_fence() {
+                    None => self.live[i].seq.truncate(to),
+                    Some(f) => self.live[i].seq.truncate_fenced(to, f),
+                };
+                if r.is_ok() {
+                    self.live[i].tokens.truncate(to);
+                }
+            }
+            6 => {
+                let mut copies = Vec::new();
+                if self.live.len() < self.max_live {
+                    if let Ok(seq) = self.live[i].seq.try_fork(&mut copies) {
+                        for c in &copies {
+                            self.mem.copy(c);
+                        }
+                        let tokens = self.live[i].tokens.clone();
+                        self.live.push(Hybrid { seq, tokens });
+                    }
+                }
+            }
+            10 => drop(self.live.swap_remove(i)),
+            11 => {
+                if self.rng.below(2) == 0 {
+                    self.pool.reset_prefix_cache();
+                } else {
+                    let mut v = Vec::new();
+                    let n = 1 + self.rng.below(self.evict_max);
+                    let n = n.min(self.pool.free_blocks());
+                    if self.pool.try_alloc(n, &mut v).is_ok() {
+                        self.pool.free(&v).unwrap();
+                    }
+                }
+            }
+            _ => {
+                match self.rng.below(3) {
+                    0 => {
+                        let _ = self.live[i].seq.try_reserve(self.rng.below(3 * bs), 0);
+                    }
+                    1 => {
+                        self.live[i].seq.shrink_to_fit();
+                    }
+                    _ => {
+                        self.fence += 1;
+                        self.live[i].seq.retire_copy_source(self.fence);
+                    }
+                }
+                // Only this script's fences (others' steps may still be
+                // in flight).
+                for f in self.first_fence..=self.fence {
+                    self.pool.complete(f);
+                }
+            }
+        }
+    }
+}
+
 /// Hybrid publishes checked as the plain ones, group by group: a group's
 /// entries from its first non-null one to its last full block.
 fn publish_hybrid_checked(pool: &Arc<BlockPool>, h: &mut Hybrid, mem: &Mem, what: &str) {
@@ -657,109 +767,43 @@ fn hybrid_random_scripts_publish_exactly_the_uncached() {
     ];
     for seed in 1..=30u64 {
         let bs = 1 + (seed as usize % 4);
-        let groups = KvGroups::new(layouts[seed as usize % 3].clone()).unwrap();
         let pool = Arc::new(BlockPool::new(96, bs));
         let mem = Mem::new(&pool);
-        let mut rng = Rng(seed.wrapping_mul(0xd1b5_4a32_d192_ed03) | 1);
-        let mut live: Vec<Hybrid> = Vec::new();
-        let mut fence = 0u64;
+        let mut sc = HybridScript {
+            pool: &pool,
+            mem: &mem,
+            groups: KvGroups::new(layouts[seed as usize % 3].clone()).unwrap(),
+            rng: Rng(seed.wrapping_mul(0xd1b5_4a32_d192_ed03) | 1),
+            live: Vec::new(),
+            first_fence: 1,
+            fence: 0,
+            max_live: 6,
+            evict_max: pool.num_blocks(),
+        };
         for step in 0..300 {
             let what = format!("hybrid seed {seed} step {step}");
-            let op = rng.below(13);
-            if live.is_empty() || op == 0 {
-                let mut want: Vec<u32> = match live.len() {
+            let op = sc.rng.below(13);
+            if sc.live.is_empty() || op == 0 {
+                // A prefix of a live sequence's tokens, and more.
+                let mut want: Vec<u32> = match sc.live.len() {
                     0 => Vec::new(),
                     n => {
-                        let o = &live[rng.below(n)];
-                        o.tokens[..rng.below(o.tokens.len() + 1)].to_vec()
+                        let o = &sc.live[sc.rng.below(n)];
+                        o.tokens[..sc.rng.below(o.tokens.len() + 1)].to_vec()
                     }
                 };
-                let extra = rng.below(3 * bs + 1);
-                want.extend((0..extra).map(|_| rng.below(2) as u32));
-                let mut h = Hybrid {
-                    seq: HybridSequence::new(Arc::clone(&pool), groups.clone()),
-                    tokens: Vec::new(),
-                };
-                let mut base = Vec::new();
-                hash_blocks(SALT, &want, bs, &mut base);
-                let k = h.seq.try_match_prefix(&groups.keys(&base)).unwrap();
-                h.tokens = want[..k * bs].to_vec();
-                h.append(&want[k * bs..], None, &mem);
-                if h.tokens.len() == want.len() && live.len() < 6 {
-                    live.push(h);
-                }
+                let extra = sc.rng.below(3 * bs + 1);
+                want.extend((0..extra).map(|_| sc.rng.below(2) as u32));
+                sc.admit(&want);
                 continue;
             }
-            let i = rng.below(live.len());
+            let i = sc.rng.below(sc.live.len());
             match op {
-                1..=3 => {
-                    let n = 1 + rng.below(2 * bs);
-                    let new: Vec<u32> = (0..n).map(|_| rng.below(2) as u32).collect();
-                    let f = (rng.below(3) == 0).then(|| {
-                        fence += 1;
-                        fence
-                    });
-                    live[i].append(&new, f, &mem);
-                }
-                4 | 5 => {
-                    let to = rng.below(live[i].tokens.len() + 1);
-                    let f = (rng.below(3) == 0).then(|| {
-                        fence += 1;
-                        fence
-                    });
-                    let r = match f {
-                        None => live[i].seq.truncate(to),
-                        Some(f) => live[i].seq.truncate_fenced(to, f),
-                    };
-                    if r.is_ok() {
-                        live[i].tokens.truncate(to);
-                    }
-                }
-                6 => {
-                    let mut copies = Vec::new();
-                    if live.len() < 6 {
-                        if let Ok(seq) = live[i].seq.try_fork(&mut copies) {
-                            for c in &copies {
-                                mem.copy(c);
-                            }
-                            let tokens = live[i].tokens.clone();
-                            live.push(Hybrid { seq, tokens });
-                        }
-                    }
-                }
-                7..=9 => publish_hybrid_checked(&pool, &mut live[i], &mem, &what),
-                10 => {
-                    drop(live.swap_remove(i));
-                }
-                11 => {
-                    if rng.below(2) == 0 {
-                        pool.reset_prefix_cache();
-                    } else {
-                        let mut v = Vec::new();
-                        let n = 1 + rng.below(pool.num_blocks());
-                        if pool.try_alloc(n.min(pool.free_blocks()), &mut v).is_ok() {
-                            pool.free(&v).unwrap();
-                        }
-                    }
-                }
-                _ => {
-                    match rng.below(3) {
-                        0 => {
-                            let _ = live[i].seq.try_reserve(rng.below(3 * bs), 0);
-                        }
-                        1 => {
-                            live[i].seq.shrink_to_fit();
-                        }
-                        _ => {
-                            fence += 1;
-                            live[i].seq.retire_copy_source(fence);
-                        }
-                    }
-                    pool.complete_all();
-                }
+                7..=9 => publish_hybrid_checked(&pool, &mut sc.live[i], &mem, &what),
+                _ => sc.step(op, i),
             }
         }
-        for h in live.iter_mut() {
+        for h in sc.live.iter_mut() {
             publish_hybrid_checked(&pool, h, &mem, &format!("hybrid seed {seed} end"));
         }
     }
@@ -999,14 +1043,15 @@ fn publish_hybrid_concurrent(pool: &Arc<BlockPool>, h: &mut Hybrid, mem: &Mem, w
     h.seq.publish(&keys).unwrap();
     for g in 0..h.seq.groups().len() {
         let gk = keys.group(g).unwrap();
-        for i in h.seq.null_blocks(g).unwrap().min(full)..full {
+        let start = h.seq.null_blocks(g).unwrap().min(full);
+        for (i, key) in gk.iter().enumerate().take(full).skip(start) {
             let want: Vec<u32> = h.tokens[i * bs..(i + 1) * bs]
                 .iter()
                 .map(|&x| x + 1)
                 .collect();
             let mut tries = 0;
             let (b, content) = loop {
-                if let Some(found) = holder_content(pool, &gk[i], mem) {
+                if let Some(found) = holder_content(pool, key, mem) {
                     break found;
                 }
                 tries += 1;
@@ -1040,99 +1085,33 @@ fn hybrid_threads_publish_match_fork_truncate() {
             let (pool, mem, groups) = (&pool, &mem, groups.clone());
             s.spawn(move || {
                 let bs = pool.block_size();
-                let mut rng = Rng((th as u64 + 7).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-                let mut live: Vec<Hybrid> = Vec::new();
-                let mut fence = (th as u64 + 1) << 40;
+                let mut sc = HybridScript {
+                    pool,
+                    mem,
+                    groups,
+                    rng: Rng((th as u64 + 7).wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+                    live: Vec::new(),
+                    first_fence: (th as u64 + 1) << 40,
+                    fence: (th as u64 + 1) << 40,
+                    max_live: 5,
+                    evict_max: pool.num_blocks() / 2,
+                };
                 for step in 0..1500 {
                     let what = format!("hybrid thread {th} step {step}");
-                    let op = rng.below(13);
-                    if live.is_empty() || op == 0 {
-                        let n = rng.below(6 * bs + 1);
-                        let want: Vec<u32> = (0..n).map(|_| rng.below(2) as u32).collect();
-                        let mut h = Hybrid {
-                            seq: HybridSequence::new(Arc::clone(pool), groups.clone()),
-                            tokens: Vec::new(),
-                        };
-                        let mut base = Vec::new();
-                        hash_blocks(SALT, &want, bs, &mut base);
-                        let k = h.seq.try_match_prefix(&groups.keys(&base)).unwrap();
-                        h.tokens = want[..k * bs].to_vec();
-                        h.append(&want[k * bs..], None, mem);
-                        if h.tokens.len() == want.len() && live.len() < 5 {
-                            live.push(h);
-                        }
+                    let op = sc.rng.below(13);
+                    if sc.live.is_empty() || op == 0 {
+                        let n = sc.rng.below(6 * bs + 1);
+                        let want: Vec<u32> = (0..n).map(|_| sc.rng.below(2) as u32).collect();
+                        sc.admit(&want);
                         continue;
                     }
-                    let i = rng.below(live.len());
+                    let i = sc.rng.below(sc.live.len());
                     match op {
-                        1..=3 => {
-                            let n = 1 + rng.below(2 * bs);
-                            let new: Vec<u32> = (0..n).map(|_| rng.below(2) as u32).collect();
-                            let f = (rng.below(3) == 0).then(|| {
-                                fence += 1;
-                                fence
-                            });
-                            live[i].append(&new, f, mem);
-                        }
-                        4 | 5 => {
-                            let to = rng.below(live[i].tokens.len() + 1);
-                            let f = (rng.below(3) == 0).then(|| {
-                                fence += 1;
-                                fence
-                            });
-                            let r = match f {
-                                None => live[i].seq.truncate(to),
-                                Some(f) => live[i].seq.truncate_fenced(to, f),
-                            };
-                            if r.is_ok() {
-                                live[i].tokens.truncate(to);
-                            }
-                        }
-                        6 => {
-                            let mut copies = Vec::new();
-                            if live.len() < 5 {
-                                if let Ok(seq) = live[i].seq.try_fork(&mut copies) {
-                                    for c in &copies {
-                                        mem.copy(c);
-                                    }
-                                    let tokens = live[i].tokens.clone();
-                                    live.push(Hybrid { seq, tokens });
-                                }
-                            }
-                        }
-                        7..=9 => publish_hybrid_concurrent(pool, &mut live[i], mem, &what),
-                        10 => drop(live.swap_remove(i)),
-                        11 => {
-                            if rng.below(2) == 0 {
-                                pool.reset_prefix_cache();
-                            } else {
-                                let mut v = Vec::new();
-                                let n = 1 + rng.below(pool.num_blocks() / 2);
-                                if pool.try_alloc(n.min(pool.free_blocks()), &mut v).is_ok() {
-                                    pool.free(&v).unwrap();
-                                }
-                            }
-                        }
-                        _ => {
-                            match rng.below(3) {
-                                0 => {
-                                    let _ = live[i].seq.try_reserve(rng.below(3 * bs), 0);
-                                }
-                                1 => {
-                                    live[i].seq.shrink_to_fit();
-                                }
-                                _ => {
-                                    fence += 1;
-                                    live[i].seq.retire_copy_source(fence);
-                                }
-                            }
-                            for f in ((th as u64 + 1) << 40)..=fence {
-                                pool.complete(f);
-                            }
-                        }
+                        7..=9 => publish_hybrid_concurrent(pool, &mut sc.live[i], mem, &what),
+                        _ => sc.step(op, i),
                     }
                 }
-                for h in live.iter_mut() {
+                for h in sc.live.iter_mut() {
                     publish_hybrid_concurrent(pool, h, mem, &format!("hybrid thread {th} end"));
                 }
             });
