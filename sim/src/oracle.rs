@@ -881,6 +881,7 @@ impl Oracle {
                         slot / self.block_size
                     ));
                 }
+                // Relaxed: see the module's orderings.
                 stamp.store(t.stamp(first + k), Ordering::Relaxed);
             }
             Ok(())
