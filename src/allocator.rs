@@ -1,6 +1,7 @@
 //! [`BlockAllocator`]: what a [`Sequence`](crate::Sequence) needs from the
 //! pool its blocks come from.
 
+use std::cell::Cell;
 use std::fmt;
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -46,6 +47,18 @@ pub struct SequenceCall<'a> {
     _private: PhantomData<*mut &'a ()>,
     /// See [`group`](Self::group).
     group: Option<u16>,
+    /// What a `BlockPool` publish reports back to the sequence that made
+    /// it: see [`keyed`](Self::keyed).
+    keyed: Cell<Option<KeyedRun>>,
+}
+
+/// The blocks of a publish that hold keys after it: the first `run` of
+/// the `offered` blocks that begin with `first`.
+#[derive(Clone, Copy, Debug)]
+struct KeyedRun {
+    first: BlockId,
+    offered: usize,
+    run: usize,
 }
 
 impl SequenceCall<'_> {
@@ -55,6 +68,7 @@ impl SequenceCall<'_> {
         SequenceCall {
             _private: PhantomData,
             group: None,
+            keyed: Cell::new(None),
         }
     }
 
@@ -67,7 +81,33 @@ impl SequenceCall<'_> {
         SequenceCall {
             _private: PhantomData,
             group: u16::try_from(group).ok(),
+            keyed: Cell::new(None),
         }
+    }
+
+    /// Notes that the first `run` of `blocks`, which a publish was given,
+    /// hold keys now (each cached by it or before it, under any key).
+    #[inline]
+    pub(crate) fn note_keyed(&self, blocks: &[BlockId], run: usize) {
+        if let Some(&first) = blocks.first() {
+            self.keyed.set(Some(KeyedRun {
+                first,
+                offered: blocks.len(),
+                run,
+            }));
+        }
+    }
+
+    /// How many of `blocks`, from the first, the allocator noted holding
+    /// keys after the publish this token made, if it noted it for exactly
+    /// these blocks (an allocator other than `BlockPool` notes nothing; a
+    /// forwarder that passed on other blocks noted them).
+    #[inline]
+    pub(crate) fn keyed(&self, blocks: &[BlockId]) -> Option<usize> {
+        self.keyed
+            .get()
+            .filter(|k| blocks.first() == Some(&k.first) && blocks.len() == k.offered)
+            .map(|k| k.run)
     }
 
     /// The group of layers on whose behalf this call caches blocks: the
@@ -150,7 +190,8 @@ impl fmt::Debug for SequenceCall<'_> {
 ///   holds, or caches nothing more (a [`publish`](Self::publish) may leave
 ///   a block uncached). A sequence relies on it: its publish does not
 ///   offer again the blocks it knows hold their keys (those it matched,
-///   and those of a publish that cached every block it offered).
+///   and those of a publish that cached every block it offered, or that
+///   `BlockPool` reported cached by it or before it).
 /// * **Blocks are ids.** Every id handed out is below
 ///   [`num_blocks`](Self::num_blocks); ids of one call are distinct.
 ///   `num_blocks` and `block_size` never change, and `block_size > 0`.

@@ -121,8 +121,8 @@ pub struct Sequence<A: BlockAllocator + ?Sized = BlockPool> {
     /// the queued waiters what they are owed.
     pub(crate) matched: usize,
     /// How many entries at the front of the table are known to hold a key
-    /// (null entries aside): blocks this sequence matched, or offered to
-    /// `publish` in a call that cached every block it offered. A block we
+    /// (null entries aside): blocks this sequence matched, or that a
+    /// `publish` left cached (as `SequenceCall::keyed` says). A block we
     /// hold keeps its key until our own truncate into it drops it, which
     /// lowers this; so `publish` starts here, and a decode step that
     /// publishes its full blocks walks only the new ones.
@@ -715,11 +715,18 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// [`truncate`](Self::truncate) into it. No heap allocation happens
     /// here.
     ///
-    /// The blocks the sequence knows hold their keys (those it matched,
-    /// and those of an earlier publish that cached every block it offered)
-    /// are not offered again, so a decode that publishes after every step
-    /// walks only the blocks filled since; a block that stayed uncached
-    /// (its key on another block) is offered again by the next publish.
+    /// The blocks the sequence knows hold their keys are not offered
+    /// again: those it matched, and the leading blocks that an earlier
+    /// publish found cached (by it, or before it by another holder, a
+    /// fork's parent say). So a decode that publishes after every step
+    /// walks only the blocks filled since. A block that stayed uncached
+    /// (its key on another block, or no room in the index) is offered
+    /// again by the next publish, with every block after it: a sequence
+    /// whose prompt blocks lost their keys to another sequence's (two
+    /// requests of one prompt admitted before either published) walks
+    /// them at each publish while it holds them. Over an allocator other
+    /// than `BlockPool`, a publish counts as knowing its blocks' keys only
+    /// when it cached every one.
     ///
     /// # Memory ordering
     ///
@@ -760,9 +767,12 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         let (blocks, hashes) = (&self.blocks[from..full], &hashes[from..full]);
         let call = group.map_or_else(SequenceCall::new, SequenceCall::in_group);
         let cached = self.pool.publish_after(&call, parent, blocks, hashes);
-        if cached == blocks.len() {
-            self.published = full;
-        }
+        // The leading blocks that hold keys now, as the allocator noted
+        // them (`BlockPool` does), or else all if it cached every one.
+        let keyed = call
+            .keyed(blocks)
+            .unwrap_or(if cached == blocks.len() { cached } else { 0 });
+        self.published = self.published.max(from + keyed);
         cached
     }
 

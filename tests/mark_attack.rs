@@ -22,6 +22,10 @@ use kvslots::{
     Sequence,
 };
 
+mod common;
+
+use common::Forward;
+
 const SALT: &[u8] = b"mark";
 
 /// A small deterministic generator (xorshift64*).
@@ -1117,4 +1121,71 @@ fn hybrid_threads_publish_match_fork_truncate() {
             });
         }
     });
+}
+
+/// A sequence over a `Forward` (a `BlockPool` behind a forwarding
+/// allocator, which records how many blocks each publish offers) with 10
+/// full blocks of the tokens `0..40`, and their keys.
+fn forwarded_ten_blocks() -> (Arc<Forward>, Sequence<Forward>, Vec<BlockHash>) {
+    let pool = Forward::new(
+        BlockPool::builder(256, 4)
+            .prefix_cache(true)
+            .build()
+            .unwrap(),
+    );
+    let tokens: Vec<u32> = (0..400).collect();
+    let mut keys = Vec::new();
+    hash_blocks(SALT, &tokens, 4, &mut keys);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(40).unwrap();
+    (pool, seq, keys)
+}
+
+/// A fork taken before its parent publishes: the child's first publish
+/// finds the shared blocks cached by the parent, and its later publishes
+/// (a decode step each) offer only the block filled since.
+#[test]
+fn a_fork_taken_before_the_parent_publishes_then_offers_only_new_blocks() {
+    let (pool, mut parent, keys) = forwarded_ten_blocks();
+    let (mut child, copy) = parent.try_fork().unwrap();
+    assert!(copy.is_none(), "every block full: nothing to copy");
+    assert_eq!(parent.publish(&keys), 10);
+    pool.offered.lock().unwrap().clear();
+    for _ in 0..5 {
+        child.try_append(4).unwrap();
+        assert_eq!(child.publish(&keys), 1, "the new block only");
+    }
+    assert_eq!(*pool.offered.lock().unwrap(), [11, 1, 1, 1, 1]);
+    // The parent's own decode steps likewise.
+    pool.offered.lock().unwrap().clear();
+    parent.try_append(4).unwrap();
+    assert_eq!(parent.publish(&keys), 0, "the child cached this key first");
+    parent.try_append(4).unwrap();
+    assert_eq!(parent.publish(&keys), 0);
+    // Its eleventh block lost its key to the child's: offered again, with
+    // the blocks after it.
+    assert_eq!(*pool.offered.lock().unwrap(), [1, 2]);
+}
+
+/// Two sequences of one prompt, both filled before either publishes: the
+/// second's blocks lose their keys to the first's, and are offered again
+/// by each publish, so that they get their keys once the first's are
+/// gone.
+#[test]
+fn blocks_that_lost_their_keys_get_them_once_the_winner_is_gone() {
+    let (pool, mut a, keys) = forwarded_ten_blocks();
+    let mut b = Sequence::new(Arc::clone(&pool));
+    b.try_append(40).unwrap();
+    assert_eq!(a.publish(&keys), 10);
+    assert_eq!(b.publish(&keys), 0, "every key on a's blocks");
+    b.try_append(4).unwrap();
+    assert_eq!(b.publish(&keys), 1, "the eleventh block");
+    drop(a);
+    assert_eq!(pool.inner.reset_prefix_cache(), 10, "a's blocks evicted");
+    assert_eq!(b.publish(&keys), 10, "b's first ten blocks, offered again");
+    assert_eq!(pool.inner.cached_blocks(), 11);
+    pool.offered.lock().unwrap().clear();
+    b.try_append(4).unwrap();
+    assert_eq!(b.publish(&keys), 1);
+    assert_eq!(*pool.offered.lock().unwrap(), [1]);
 }

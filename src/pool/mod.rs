@@ -39,7 +39,7 @@ use admission::Admission;
 pub use builder::BlockPoolBuilder;
 use fence::Fences;
 use free_list::{FreeList, Give, Taker};
-use prefix::{Evictions, GroupTag, PrefixCache};
+use prefix::{Evictions, GroupTag, PrefixCache, Published};
 pub use prefix::{KvEvent, PrefixStats};
 pub(crate) use refs::Holder;
 use refs::{Dropped, RawAddRefused, Refs};
@@ -1152,7 +1152,9 @@ impl BlockAllocator for BlockPool {
         keys: &[BlockHash],
     ) -> usize {
         let group = by.group().map_or(GroupTag::NONE, GroupTag::of);
-        self.publish_chain(group, parent, blocks, keys)
+        let (cached, keyed) = self.publish_chain(group, parent, blocks, keys);
+        by.note_keyed(blocks, keyed);
+        cached
     }
 
     fn uncache_if_sole(&self, _: &SequenceCall<'_>, id: BlockId) {
@@ -1174,13 +1176,15 @@ impl BlockAllocator for BlockPool {
 impl BlockPool {
     /// The body of the sequence calls' publishes: the chain of `blocks`
     /// under `keys` (`parent` before the first), reported as `group`'s.
+    /// Returns how many blocks it cached, and how many of the first
+    /// blocks hold keys after it (cached by it or before it).
     fn publish_chain(
         &self,
         group: GroupTag,
         parent: Option<&BlockHash>,
         blocks: &[BlockId],
         keys: &[BlockHash],
-    ) -> usize {
+    ) -> (usize, usize) {
         self.check_ids(blocks);
         let blocks = &blocks[..blocks.len().min(keys.len())];
         // A claim needs a counted reference: the first fresh block a claim
@@ -1189,23 +1193,27 @@ impl BlockPool {
         // matcher can hold it too, and a fresh bit still set would make
         // that matcher give it back as fresh).
         let mut counted = false;
-        blocks
-            .iter()
-            .zip(keys)
-            .enumerate()
-            .filter(|&(i, (&id, key))| {
-                let parent = match i.checked_sub(1) {
-                    Some(p) => Some(&keys[p]),
-                    None => parent,
-                };
-                self.publish_block(id, key, parent, group, &mut || {
-                    !std::mem::replace(&mut counted, true) && {
-                        self.count_fresh(&blocks[i..]);
-                        true
-                    }
-                })
-            })
-            .count()
+        let (mut cached, mut keyed) = (0, None);
+        for (i, (&id, key)) in blocks.iter().zip(keys).enumerate() {
+            let parent = match i.checked_sub(1) {
+                Some(p) => Some(&keys[p]),
+                None => parent,
+            };
+            let published = self.publish_block(id, key, parent, group, &mut || {
+                !std::mem::replace(&mut counted, true) && {
+                    self.count_fresh(&blocks[i..]);
+                    true
+                }
+            });
+            match published {
+                Published::Now => cached += 1,
+                Published::Already => {}
+                Published::Not => {
+                    keyed.get_or_insert(i);
+                }
+            }
+        }
+        (cached, keyed.unwrap_or(blocks.len()))
     }
 
     /// Whether block `id` is fresh now (for the loom models).

@@ -368,6 +368,8 @@ pub struct Forward {
     pub inner: BlockPool,
     /// The groups the publishes named, in order.
     pub groups: Mutex<Vec<Option<usize>>>,
+    /// How many blocks each publish offered, in order.
+    pub offered: Mutex<Vec<usize>>,
 }
 
 impl Forward {
@@ -375,6 +377,7 @@ impl Forward {
         Arc::new(Forward {
             inner,
             groups: Mutex::new(Vec::new()),
+            offered: Mutex::new(Vec::new()),
         })
     }
 }
@@ -441,6 +444,7 @@ impl BlockAllocator for Forward {
         keys: &[BlockHash],
     ) -> usize {
         self.groups.lock().unwrap().push(by.group());
+        self.offered.lock().unwrap().push(blocks.len());
         BlockAllocator::publish_after(&self.inner, by, parent, blocks, keys)
     }
     fn uncache_if_sole(&self, by: &SequenceCall<'_>, id: BlockId) {

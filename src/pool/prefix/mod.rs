@@ -36,6 +36,7 @@ pub use events::KvEvent;
 use events::{Events, EventsRoom, Ticket};
 use keys::{Keys, KeysRoom};
 use lru::{Lru, LruRoom};
+pub(crate) use publish::Published;
 use state::is_evictable;
 
 /// The prefix cache's storage: per block, its key (4 words) and a share of

@@ -14,10 +14,23 @@ use super::keys::{Keys, Probe};
 use super::state::{Defer, Kill};
 use super::GroupTag;
 
+/// What a publish did with a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Published {
+    /// The block got the key.
+    Now,
+    /// The block was cached already, under any key.
+    Already,
+    /// The block stays uncached: another block holds the key (or a
+    /// rival's claim won), the index had no room, or another holder of
+    /// the block was publishing it.
+    Not,
+}
+
 impl BlockPool {
     /// Makes `key` the key of block `id`, which the caller holds, unless
     /// the block is cached already, or another block holds `key` (first
-    /// wins), or the index has no room. Returns whether it did.
+    /// wins), or the index has no room. Returns which.
     ///
     /// A key that a committed block holds when the publish begins loses at
     /// once: nothing is claimed and no index entry is made (the lookup of
@@ -34,14 +47,15 @@ impl BlockPool {
     ///
     /// Nobody gives up on trust alone: a claim that was deferred to, or
     /// killed, looks again before it gives up (a killed one may then
-    /// commit, if its killer is gone). So a publish that returns `false`
+    /// commit, if its killer is gone). So a publish that returns `Not`
     /// either saw a block holding the key, during the publish or during a
-    /// look that began after it gave up, or was refused: the block cached
-    /// already, or the key's two index buckets full, when it inserted its
-    /// entry or when a claim it deferred to put its own back to look again
-    /// (that claim then gives up: a miss until the key is published again,
-    /// never a wrong hit). Each new look is caused by a rival's mark or
-    /// kill, that is by another publish's progress: the loop is lock-free.
+    /// look that began after it gave up, or found the block claimed by
+    /// another of its holders' publishes, or was refused: the key's two
+    /// index buckets full when it inserted its entry or when a claim it
+    /// deferred to put its own back to look again (that claim then gives
+    /// up: a miss until the key is published again, never a wrong hit).
+    /// Each new look is caused by a rival's mark or kill, that is by
+    /// another publish's progress: the loop is lock-free.
     ///
     /// With KV events, a commit is recorded as a store of `key` (with
     /// `parent`, the key of the block before it in its sequence, and
@@ -61,15 +75,15 @@ impl BlockPool {
         parent: Option<&BlockHash>,
         group: GroupTag,
         count: &mut impl FnMut() -> bool,
-    ) -> bool {
+    ) -> Published {
         let Some(cache) = self.prefix.as_deref() else {
-            return false;
+            return Published::Not;
         };
         // Already cached (this key or another), or the key held by another
         // block? (A key that another block commits after this lookup is
         // found by the rescan below.)
         if self.refs.is_cached(id) {
-            return false;
+            return Published::Already;
         }
         let keys = &cache.keys;
         let probe = keys.probe(key);
@@ -82,7 +96,7 @@ impl BlockPool {
         let Some(order) = keys.look_before_insert(probe, |rival| {
             !keys.skip_held_key_check() && self.is_holder(keys, rival, key)
         }) else {
-            return false;
+            return Published::Not;
         };
         if let Some(events) = cache.events.as_ref().filter(|e| e.early_group_tag()) {
             // loom's `early_group_tag` control: the tag written unclaimed.
@@ -91,7 +105,7 @@ impl BlockPool {
         let claimed =
             self.refs.claim(id) || (self.refs.is_bare(id) && count() && self.refs.claim(id));
         if !claimed {
-            return false;
+            return Published::Not;
         }
         keys.write(id, key);
         if let Some(events) = &cache.events {
@@ -100,7 +114,7 @@ impl BlockPool {
         self.refs.arm(id);
         let Some(mut slot) = keys.insert_into(probe, order, id) else {
             self.give_back_claim(id, self.refs.unclaim(id));
-            return false;
+            return Published::Not;
         };
         loop {
             if !self.loses_to_a_rival(keys, id, key, probe, slot) {
@@ -111,7 +125,7 @@ impl BlockPool {
                             ticket.stored(key, parent, id, group);
                         }
                         self.give_back_claim(id, dropped);
-                        return true;
+                        return Published::Now;
                     }
                     // Killed by a rival on a lower id since the rescan. If
                     // that rival is still there, the next rescan defers to
@@ -124,7 +138,7 @@ impl BlockPool {
             keys.remove(probe, id, Some(slot));
             if let Ok(dropped) = self.refs.unclaim_unless_deferred(id) {
                 self.give_back_claim(id, dropped);
-                return false;
+                return Published::Not;
             }
             // A rival deferred to this claim, perhaps after the holder we
             // lost to went: look again, with the entry back in the index.
@@ -133,7 +147,7 @@ impl BlockPool {
                 Some(again) => slot = again,
                 None => {
                     self.give_back_claim(id, self.refs.unclaim(id));
-                    return false;
+                    return Published::Not;
                 }
             }
         }
