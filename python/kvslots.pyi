@@ -321,8 +321,9 @@ class BlockPool:
     `ValueError` for `block_size == 0`, `num_blocks > MAX_BLOCKS`, a
     `num_blocks * block_size` too large, `shards` outside `1..=MAX_SHARDS`, `kv_events == 0`,
     `kv_events` without the prefix cache, or any size of `2**64` or more;
-    `MemoryError` when the pool's bookkeeping (68 bytes a block, and the
-    event rings) cannot be allocated; `TypeError` for a non-int.
+    `MemoryError` when the pool's bookkeeping (68 bytes a block, 70 with
+    `kv_events`, and the event rings) cannot be allocated; `TypeError` for
+    a non-int.
     """
 
     MAX_BLOCKS: ClassVar[int]
@@ -412,8 +413,8 @@ class BlockPool:
         last reference goes is free again (or evictable, if cached).
 
         Raises `FreeError` (see its `kind`) or `TypeError` for a non-int id
-        (or ids given as `bytes`, `bytearray` or `str`); nothing changes then
-        (except for `kind == "raced"`).
+        (or ids given as `bytes`, `bytearray`, a `memoryview` of either, or
+        `str`); nothing changes then (except for `kind == "raced"`).
         """
     def add_refs(self, ids: Iterable[_Int]) -> None:
         """Adds one reference per listed id (a block listed twice gets two),
@@ -423,7 +424,8 @@ class BlockPool:
         Raises `FreeError` (`kind` `"out_of_range"`, `"not_allocated"`,
         `"held_by_sequence"`: sequences share with `fork`; `"raced"`,
         `"too_many_refs"`) or `TypeError` for a non-int id (or ids given as
-        `bytes`, `bytearray` or `str`); nothing changes then.
+        `bytes`, `bytearray`, a `memoryview` of either, or `str`); nothing
+        changes then.
         """
     def ref_count(self, id: _Int) -> Optional[int]:
         """References block `id` has now (0 when free), or None if `id` is

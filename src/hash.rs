@@ -415,10 +415,19 @@ impl ExtraKey<'_> {
     /// Whether it enters the key of the block of `len` tokens whose first
     /// token is at position `start`.
     fn applies(&self, start: usize, len: usize) -> bool {
-        match self.positions() {
-            None => start == 0,
-            Some(p) => p.start < start.saturating_add(len) && start < p.end,
-        }
+        !self.ends_by(start) && self.starts_before(start.saturating_add(len))
+    }
+
+    /// Whether it enters no block that begins at `start` or later (a
+    /// whole-prompt extra enters the first block only).
+    fn ends_by(&self, start: usize) -> bool {
+        self.positions().map_or(start > 0, |p| p.end <= start)
+    }
+
+    /// Whether it may enter a block that ends before `end`: it is
+    /// whole-prompt, or its first position is before `end`.
+    fn starts_before(&self, end: usize) -> bool {
+        self.positions().map_or(true, |p| p.start < end)
     }
 
     /// The entry's length in bytes (see [`encode`](Self::encode)).
@@ -862,16 +871,12 @@ pub fn hash_blocks_with(
     for (i, block) in blocks.enumerate() {
         let start = i * block_size;
         let window = if in_order && start > 0 {
-            let ends_before = |e: &ExtraKey<'_>| e.positions().map_or(true, |p| p.end <= start);
-            while lo < extras.len() && ends_before(&extras[lo]) {
+            while lo < extras.len() && extras[lo].ends_by(start) {
                 lo += 1;
             }
             hi = hi.max(lo);
-            let starts_before = |e: &ExtraKey<'_>| {
-                e.positions()
-                    .map_or(true, |p| p.start < start.saturating_add(block_size))
-            };
-            while hi < extras.len() && starts_before(&extras[hi]) {
+            let end = start.saturating_add(block_size);
+            while hi < extras.len() && extras[hi].starts_before(end) {
                 hi += 1;
             }
             &extras[lo..hi]

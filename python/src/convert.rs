@@ -150,11 +150,7 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     if obj.cast::<PyList>().is_err() && obj.cast::<PyTuple>().is_err() {
         if let Ok(view) = PyMemoryView::from(obj) {
             // A memoryview of `bytes` or `bytearray` reads as they do.
-            let of_bytes = obj.cast::<PyMemoryView>().is_ok() && {
-                let under = view.getattr("obj")?;
-                under.cast::<PyBytes>().is_ok() || under.cast::<PyByteArray>().is_ok()
-            };
-            return buffer_tokens(&view, of_bytes);
+            return buffer_tokens(&view, is_byte_string(obj)?);
         }
     }
     let mut out = Vec::new();
@@ -163,6 +159,20 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
         Ok(())
     })?;
     Ok(out)
+}
+
+/// Whether `obj` is `bytes`, a `bytearray`, or a `memoryview` of one:
+/// raw bytes, which iterate as ints.
+pub(crate) fn is_byte_string(obj: &Bound<'_, PyAny>) -> PyResult<bool> {
+    let bytes =
+        |o: &Bound<'_, PyAny>| o.cast::<PyBytes>().is_ok() || o.cast::<PyByteArray>().is_ok();
+    if bytes(obj) {
+        return Ok(true);
+    }
+    match obj.cast::<PyMemoryView>() {
+        Ok(view) => Ok(bytes(&view.getattr("obj")?)),
+        Err(_) => Ok(false),
+    }
 }
 
 fn token(item: &Bound<'_, PyAny>) -> PyResult<u32> {

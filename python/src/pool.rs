@@ -31,8 +31,9 @@ use crate::wait;
 /// `shards` outside `1..=BlockPool.MAX_SHARDS`, `kv_events == 0`, or
 /// `kv_events` without the prefix cache (and for any size of `2**64` or
 /// more), and
-/// `MemoryError` when the pool's bookkeeping (68 bytes a block, and the
-/// event rings) cannot be allocated; nothing is left allocated then.
+/// `MemoryError` when the pool's bookkeeping (68 bytes a block, 70 with
+/// `kv_events`, and the event rings) cannot be allocated; nothing is left
+/// allocated then.
 ///
 /// Safe to share between threads: no call takes a lock (waiting and the
 /// fence table aside), and calls that wait or walk many blocks release the
@@ -51,12 +52,10 @@ impl PyBlockPool {
         ids: &Bound<'py, PyAny>,
     ) -> PyResult<Vec<BlockId>> {
         let num_blocks = self.inner.num_blocks();
-        // `bytes` iterate as ints: a list of ids in one is almost surely a
-        // key or a token buffer passed by mistake.
-        if ids.cast::<pyo3::types::PyBytes>().is_ok()
-            || ids.cast::<pyo3::types::PyByteArray>().is_ok()
-            || ids.cast::<pyo3::types::PyString>().is_ok()
-        {
+        // `bytes` (and a memoryview of them) iterate as ints: a list of
+        // ids in one is almost surely a key or a token buffer passed by
+        // mistake.
+        if convert::is_byte_string(ids)? || ids.cast::<pyo3::types::PyString>().is_ok() {
             let ty = ids.get_type().name()?;
             return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                 "block ids must be an iterable of ints, not {ty}"
@@ -323,7 +322,8 @@ impl PyBlockPool {
     /// (`"over_freed"`). The one exception,
     /// `"raced"`, is a double free caught racing another holder's free:
     /// every other listed reference was dropped. `TypeError` for an id that
-    /// is not an int.
+    /// is not an int, or ids given as `bytes`, `bytearray`, a `memoryview`
+    /// of either, or `str`.
     fn free<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<()> {
         let ids = self.ids_in_range(py, ids)?;
         let pool = &*self.inner;
@@ -341,7 +341,8 @@ impl PyBlockPool {
     /// block another thread freed during the call (`"raced"`) or one at
     /// the most references a block can have (`"too_many_refs"`): in the
     /// last two cases the references this call added are dropped again.
-    /// `TypeError` for an id that is not an int.
+    /// `TypeError` for an id that is not an int, or ids given as `bytes`,
+    /// `bytearray`, a `memoryview` of either, or `str`.
     fn add_refs<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>) -> PyResult<()> {
         let ids = self.ids_in_range(py, ids)?;
         let pool = &*self.inner;

@@ -86,7 +86,8 @@ def test_random_misuse_never_panics_and_balances():
 def test_ids_given_as_bytes_or_str_are_refused_and_change_nothing():
     pool = kvslots.BlockPool(4, 4)
     held = pool.try_alloc(2)
-    for ids in (bytes(held), bytearray(held), "01"):
+    raw = (bytes(held), bytearray(held), memoryview(bytes(held)), memoryview(bytearray(held)))
+    for ids in (*raw, "01"):
         for call in (pool.free, pool.add_refs):
             try:
                 call(ids)

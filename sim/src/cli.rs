@@ -438,15 +438,15 @@ impl Cli {
             )));
         }
         let mix = self.spec.is_none() && self.samples.is_none() && self.admission.is_none();
-        if self.accept.is_some() && !mix && self.spec.unwrap_or(0) == 0 {
+        // Draft tokens or the default mix: what `--accept` and `--seed` act on.
+        let draws = mix || self.spec.unwrap_or(0) > 0;
+        if self.accept.is_some() && !draws {
             return Err(InputError(format!(
                 "--accept {accept} has no effect without draft tokens: give --spec K (K above 0), \
                  or leave out --spec, --samples and --admission for the default mix"
             )));
         }
-        if let (Some(seed), Some(_), false, 0) =
-            (self.seed, &self.trace, mix, self.spec.unwrap_or(0))
-        {
+        if let (Some(seed), Some(_), false) = (self.seed, &self.trace, draws) {
             return Err(InputError(format!(
                 "--seed {seed} has no effect: the trace fixes the requests, and without draft \
                  tokens or the default mix nothing is drawn: leave it out, give --spec K (K \

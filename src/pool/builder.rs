@@ -24,7 +24,7 @@ use crate::sync::Faults;
 /// |---|---|---|---|
 /// | core pool, waiting, fenced release | always | 8 bytes and two bits | on |
 /// | prefix cache | [`prefix_cache`](Self::prefix_cache) | 60 bytes | off |
-/// | KV events (with the prefix cache) | [`kv_events`](Self::kv_events) | none: 128 bytes a record of its rings | off |
+/// | KV events (with the prefix cache) | [`kv_events`](Self::kv_events) | 2 bytes, and 128 bytes a record of its rings | off |
 ///
 /// ([`BlockPool::new`] and [`BlockPool::with_shards`] build a pool with
 /// every layer; [`memory_bytes`](Self::memory_bytes) says what a pool
@@ -172,7 +172,9 @@ impl BlockPoolBuilder {
     /// key's records all go to one ring, picked by a hash of the key),
     /// `capacity / shards` each, rounded up and at least 2; a record is
     /// 128 bytes (one cache line pair: its key, its parent key, its block
-    /// id and kind, and a position word), so 4,096 records take 512 KiB.
+    /// id, kind and group, and a position word), so 4,096 records take
+    /// 512 KiB. Each block also keeps 2 bytes: the group of layers its key
+    /// was published for, which its removal's record names.
     /// Size it for the events of the longest pause between two drains: a
     /// ring that fills loses the events that find it full, and the
     /// consumer is told how many ([`KvEvent::Dropped`](crate::KvEvent::Dropped)).
