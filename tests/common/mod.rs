@@ -370,6 +370,10 @@ pub struct Forward {
     pub groups: Mutex<Vec<Option<usize>>>,
     /// How many blocks each publish offered, in order.
     pub offered: Mutex<Vec<usize>>,
+    /// Whether `publish_after` forwards the blocks after the first in
+    /// reverse order, each with its own key (the same pairs, so the same
+    /// effect on each block: a forward the contract allows).
+    pub reorder: AtomicBool,
 }
 
 impl Forward {
@@ -378,6 +382,7 @@ impl Forward {
             inner,
             groups: Mutex::new(Vec::new()),
             offered: Mutex::new(Vec::new()),
+            reorder: AtomicBool::new(false),
         })
     }
 }
@@ -445,6 +450,16 @@ impl BlockAllocator for Forward {
     ) -> usize {
         self.groups.lock().unwrap().push(by.group());
         self.offered.lock().unwrap().push(blocks.len());
+        // Relaxed: a switch the test sets on the thread that publishes; it
+        // orders nothing.
+        if self.reorder.load(Ordering::Relaxed) && blocks.len() > 1 {
+            let n = blocks.len().min(keys.len());
+            let mut b: Vec<BlockId> = blocks[..n].to_vec();
+            let mut k: Vec<BlockHash> = keys[..n].to_vec();
+            b[1..].reverse();
+            k[1..].reverse();
+            return BlockAllocator::publish_after(&self.inner, by, parent, &b, &k);
+        }
         BlockAllocator::publish_after(&self.inner, by, parent, blocks, keys)
     }
     fn uncache_if_sole(&self, by: &SequenceCall<'_>, id: BlockId) {
