@@ -1264,7 +1264,7 @@ fn a_family_and_a_rival_publish_the_same_blocks_at_once() {
     const N: usize = 6;
     for bs in [1usize, 4] {
         let pool = Arc::new(BlockPool::new(64, bs));
-        for round in 0..1500u32 {
+        for round in 0..4000u32 {
             let what = format!("bs {bs} round {round}");
             // A partial tail too (the forks copy it), on odd rounds.
             let len = N * bs + (round as usize % 2) * (bs - 1).min(1);
@@ -1324,6 +1324,113 @@ fn a_family_and_a_rival_publish_the_same_blocks_at_once() {
                 assert_eq!(holder(&pool, key), Some(family[i]), "{what}: key {i}");
             }
             drop((parent, child, grandchild));
+            pool.reset_prefix_cache();
+        }
+    }
+}
+
+/// A parent and its fork publish their shared blocks at the same moment
+/// as the fork's fork truncates into one of them (fenced or not),
+/// re-appends other tokens (a copy-on-write) and publishes its own keys,
+/// and a fourth thread resets the cache and makes evicting allocations.
+/// Checked: the returns add up to one cache per distinct key, every key
+/// is on the block of a sequence that holds it, and republishes cache
+/// nothing.
+#[test]
+fn a_family_publishes_while_a_twin_rewrites_and_the_cache_is_reset() {
+    use std::sync::Barrier;
+    const N: usize = 6;
+    for bs in [1usize, 4] {
+        let pool = Arc::new(BlockPool::new(96, bs));
+        let mut rng = Rng(0x5eed_0000 + bs as u64);
+        let mut fence = 0u64;
+        for round in 0..4000u32 {
+            let what = format!("bs {bs} round {round}");
+            let len = N * bs + rng.below(bs);
+            let tokens: Vec<u32> = (0..len as u32).map(|j| round * 1000 + j).collect();
+            let mut keys = Vec::new();
+            hash_blocks(SALT, &tokens, bs, &mut keys);
+            let keys = &keys[..N];
+            let mut parent = Sequence::new(Arc::clone(&pool));
+            parent.try_append(len).unwrap();
+            // Some of the blocks cached before the race, on some rounds.
+            let pre = if rng.below(3) == 0 {
+                parent.publish(&keys[..rng.below(N)])
+            } else {
+                0
+            };
+            let (mut child, _) = parent.try_fork().unwrap();
+            let (mut twin, _) = child.try_fork().unwrap();
+            let cut = rng.below(N * bs);
+            let extra = 1 + rng.below(3 * bs);
+            let mut twin_tokens = tokens[..cut].to_vec();
+            twin_tokens.extend((0..extra as u32).map(|j| 900_000_000 + round * 16 + j));
+            let mut twin_keys = Vec::new();
+            hash_blocks(SALT, &twin_tokens, bs, &mut twin_keys);
+            let f = (rng.below(2) == 0).then(|| {
+                fence += 1;
+                fence
+            });
+            let allocs = 1 + rng.below(pool.num_blocks() / 2);
+            let barrier = Barrier::new(4);
+            let (got_parent, got_child, got_twin) = std::thread::scope(|s| {
+                let b = &barrier;
+                let hp = s.spawn(|| {
+                    b.wait();
+                    parent.publish(keys)
+                });
+                let hc = s.spawn(|| {
+                    b.wait();
+                    child.publish(keys)
+                });
+                let ht = s.spawn(|| {
+                    b.wait();
+                    match f {
+                        Some(f) => twin.truncate_fenced(cut, f),
+                        None => twin.truncate(cut),
+                    };
+                    twin.try_append_cow(extra).unwrap();
+                    twin.publish(&twin_keys)
+                });
+                s.spawn(|| {
+                    b.wait();
+                    pool.reset_prefix_cache();
+                    let mut v = Vec::new();
+                    if pool.try_alloc(allocs.min(pool.free_blocks()), &mut v).is_ok() {
+                        pool.free(&v).unwrap();
+                    }
+                });
+                (hp.join().unwrap(), hc.join().unwrap(), ht.join().unwrap())
+            });
+            if let Some(f) = f {
+                pool.complete(f);
+            }
+            let family = parent.blocks()[..N].to_vec();
+            for (i, key) in keys.iter().enumerate() {
+                assert_eq!(holder(&pool, key), Some(family[i]), "{what}: key {i}");
+            }
+            let shared = cut / bs;
+            for (i, key) in twin_keys.iter().enumerate() {
+                let want = if i < shared {
+                    family[i]
+                } else {
+                    twin.blocks()[i]
+                };
+                assert_eq!(holder(&pool, key), Some(want), "{what}: twin key {i}");
+            }
+            // Those cached before the race count in none of the returns;
+            // every other key once.
+            let got = got_parent + got_child + got_twin;
+            let new = N + twin_keys.len() - shared - pre;
+            assert_eq!(
+                got, new,
+                "{what}: returns {got_parent} + {got_child} + {got_twin}, {new} keys uncached \
+                 before the race"
+            );
+            assert_eq!(parent.publish(keys), 0, "{what}: parent republish");
+            assert_eq!(child.publish(keys), 0, "{what}: child republish");
+            assert_eq!(twin.publish(&twin_keys), 0, "{what}: twin republish");
+            drop((parent, child, twin));
             pool.reset_prefix_cache();
         }
     }
