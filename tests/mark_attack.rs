@@ -1255,9 +1255,11 @@ fn a_forwarder_that_reorders_a_publish_leaves_no_block_uncached_for_good() {
 /// a block whose key the rival won stays uncached, and must be offered
 /// again. Checked: the returns add up to one cache per key; every key is
 /// held by the family's block or the rival's; republishes then cache
-/// nothing; and once the rival is gone and its blocks evicted, the
-/// family's publishes cache exactly the blocks that lost, so that every
-/// key is on the family's block.
+/// nothing; and once the rival and all but one of the family are gone and
+/// the rival's blocks evicted, the one left caches exactly the blocks that
+/// lost, so that every key is on the family's block. (The window where a
+/// claim in flight then loses is narrow for real threads: the loom model
+/// `loom_tests::mark` covers it.)
 #[test]
 fn a_family_and_a_rival_publish_the_same_blocks_at_once() {
     use std::sync::Barrier;
@@ -1309,21 +1311,24 @@ fn a_family_and_a_rival_publish_the_same_blocks_at_once() {
             for seq in [&mut parent, &mut child, &mut grandchild, &mut rival] {
                 assert_eq!(seq.publish(keys), 0, "{what}: republish");
             }
+            // One of the family stays, the last holder of its blocks: its
+            // mark alone decides what it offers again.
+            let mut family_seqs = vec![parent, child, grandchild];
+            let mut last = family_seqs.swap_remove(round as usize % 3);
+            drop(family_seqs);
             drop(rival);
             pool.reset_prefix_cache();
-            let again: Vec<usize> = [&mut grandchild, &mut child, &mut parent]
-                .into_iter()
-                .map(|seq| seq.publish(keys))
-                .collect();
+            let again = last.publish(keys);
             assert_eq!(
-                again.iter().sum::<usize>(),
+                again,
                 lost,
-                "{what}: the family's blocks that lost their keys, offered again ({again:?})"
+                "{what}: the family's blocks that lost their keys, offered again by member {}",
+                round % 3
             );
             for (i, key) in keys.iter().enumerate() {
                 assert_eq!(holder(&pool, key), Some(family[i]), "{what}: key {i}");
             }
-            drop((parent, child, grandchild));
+            drop(last);
             pool.reset_prefix_cache();
         }
     }
@@ -1396,7 +1401,10 @@ fn a_family_publishes_while_a_twin_rewrites_and_the_cache_is_reset() {
                     b.wait();
                     pool.reset_prefix_cache();
                     let mut v = Vec::new();
-                    if pool.try_alloc(allocs.min(pool.free_blocks()), &mut v).is_ok() {
+                    if pool
+                        .try_alloc(allocs.min(pool.free_blocks()), &mut v)
+                        .is_ok()
+                    {
                         pool.free(&v).unwrap();
                     }
                 });

@@ -43,6 +43,7 @@
 //! | `prefix_evict.rs` | the eviction ring: an evictor taking its candidates while another refills it |
 //! | `prefix_misuse.rs` | the prefix cache under misuse and three-way races |
 //! | `prefix_publish_attack.rs` | rivals of a publish reclaimed, killed or deferred to |
+//! | `mark.rs` | `Sequence::publish`'s mark: a fork's publish that finds its parent's claim in flight, which then loses to a rival |
 //! | `events.rs` | KV events: the rings' records against the transitions they report, a drain, a full ring |
 //!
 //! # How the counter models are built
@@ -90,6 +91,7 @@ mod fresh_attack;
 mod guards;
 mod held_drop;
 mod hybrid;
+mod mark;
 mod pool;
 mod pool_wait;
 mod prefix;
