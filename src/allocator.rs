@@ -53,10 +53,13 @@ pub struct SequenceCall<'a> {
 }
 
 /// The blocks of a publish that hold keys after it: the first `run` of
-/// the `offered` blocks that begin with `first`.
+/// the `offered` blocks of the slice at address `at`. While a sequence's
+/// call runs, its table is borrowed, so only that very slice has this
+/// address and length: a forwarder's own list of the same blocks (in
+/// another order, say) is never taken for it.
 #[derive(Clone, Copy, Debug)]
 struct KeyedRun {
-    first: BlockId,
+    at: usize,
     offered: usize,
     run: usize,
 }
@@ -85,28 +88,27 @@ impl SequenceCall<'_> {
         }
     }
 
-    /// Notes that the first `run` of `blocks`, which a publish was given,
-    /// hold keys now (each cached by it or before it, under any key).
+    /// Notes that the first `run` of `blocks`, the slice a publish was
+    /// given, hold keys now (each cached by it or before it, under any
+    /// key).
     #[inline]
     pub(crate) fn note_keyed(&self, blocks: &[BlockId], run: usize) {
-        if let Some(&first) = blocks.first() {
-            self.keyed.set(Some(KeyedRun {
-                first,
-                offered: blocks.len(),
-                run,
-            }));
-        }
+        self.keyed.set(Some(KeyedRun {
+            at: blocks.as_ptr() as usize,
+            offered: blocks.len(),
+            run,
+        }));
     }
 
     /// How many of `blocks`, from the first, the allocator noted holding
-    /// keys after the publish this token made, if it noted it for exactly
-    /// these blocks (an allocator other than `BlockPool` notes nothing; a
-    /// forwarder that passed on other blocks noted them).
+    /// keys after the publish this token made, if it noted it for this
+    /// very slice (an allocator other than `BlockPool` notes nothing; a
+    /// forwarder that passed on a list of its own noted that list).
     #[inline]
     pub(crate) fn keyed(&self, blocks: &[BlockId]) -> Option<usize> {
         self.keyed
             .get()
-            .filter(|k| blocks.first() == Some(&k.first) && blocks.len() == k.offered)
+            .filter(|k| k.at == blocks.as_ptr() as usize && k.offered == blocks.len())
             .map(|k| k.run)
     }
 

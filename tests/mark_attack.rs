@@ -1192,18 +1192,13 @@ fn blocks_that_lost_their_keys_get_them_once_the_winner_is_gone() {
 
 /// A forwarder the contract allows (it lists only the ids it was given,
 /// each published under its own key) that passes the blocks after the
-/// first on in another order: `BlockPool`'s note then counts the leading
-/// run of the reordered blocks, and `SequenceCall::keyed` checks only the
-/// first id and the length, which the reorder keeps. Here the sequence
-/// offers `[a, b, c]`, the forwarder publishes `[a, c, b]`: `a` and `c`
-/// get their keys, `b` does not (its key is on another sequence's block),
-/// so the note says 2, and the mark moves past `b`. Once the other block
-/// is gone, no publish offers `b` again: its key stays unheld while the
-/// sequence holds it uncached.
+/// first on in another order, in a list of its own: `BlockPool`'s note
+/// then describes that list, not the sequence's table, and must not move
+/// the sequence's mark. Here the sequence offers `[a, b, c]`, the
+/// forwarder publishes `[a, c, b]`: `a` and `c` get their keys, `b` does
+/// not (its key is on another sequence's block). Once the other block is
+/// gone, the next publish must offer `b` again.
 #[test]
-#[ignore = "reproduces: a reordering forwarder's note passes keyed()'s first-id-and-length \
-            check and moves the mark past an uncached block, which is then never offered \
-            again (expected 1 newly cached, got 0; block 1's key unheld)"]
 fn a_forwarder_that_reorders_a_publish_leaves_no_block_uncached_for_good() {
     let pool = Forward::new(
         BlockPool::builder(16, 4)

@@ -5,11 +5,11 @@
 //!
 //! Run with `scripts/loom mark`.
 //!
-//! No fault of `Faults` breaks the mark; its negative control is a mutant
-//! made by hand (a claim refused because another holder's claim is in
-//! flight reported as `Published::Already` in `publish_block`), which
-//! [`a_fork_stops_its_mark_at_its_parents_claim_that_loses`] catches
-//! with "never offered again".
+//! The negative control, `claim_refused_as_cached`, reports a claim
+//! refused because another holder's claim is in flight as
+//! `Published::Already`, so the mark moves past the block:
+//! [`a_fork_stops_its_mark_at_its_parents_claim_that_loses_claim_refused_as_cached_is_caught`]
+//! must fail with "never offered again".
 
 use std::sync::Arc;
 
@@ -69,4 +69,13 @@ fn fork_stops_its_mark_at_its_parents_claim(faults: Faults) {
 #[test]
 fn a_fork_stops_its_mark_at_its_parents_claim_that_loses() {
     fork_stops_its_mark_at_its_parents_claim(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "never offered again")]
+fn a_fork_stops_its_mark_at_its_parents_claim_that_loses_claim_refused_as_cached_is_caught() {
+    fork_stops_its_mark_at_its_parents_claim(Faults {
+        claim_refused_as_cached: true,
+        ..SOUND
+    });
 }

@@ -77,6 +77,7 @@ pub const SOUND: Faults = Faults {
     fresh_kept: false,
     relaxed_fresh_clear: false,
     fresh_store_any_word: false,
+    claim_refused_as_cached: false,
     claim_before_read: false,
     unchecked_overflow_clear: false,
 };

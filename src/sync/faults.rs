@@ -266,6 +266,11 @@ pub(crate) struct Faults {
     /// all): another holder's marks in the word are overwritten.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) fresh_store_any_word: bool,
+    /// A publish that cannot claim a block (another holder's claim is in
+    /// flight) reports it cached already, so the sequence's mark moves
+    /// past it, though that claim may lose.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) claim_refused_as_cached: bool,
 }
 
 // Outside the loom models' build a `Faults` holds nothing: the field that
@@ -303,6 +308,17 @@ impl Faults {
     pub(crate) fn fresh_store_any_word(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.fresh_store_any_word {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a publish reports a block it could not claim as cached
+    /// already: `false`, or `true` under `claim_refused_as_cached`.
+    #[inline]
+    pub(crate) fn claim_refused_as_cached(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.claim_refused_as_cached {
             return true;
         }
         false

@@ -105,6 +105,10 @@ impl BlockPool {
         let claimed =
             self.refs.claim(id) || (self.refs.is_bare(id) && count() && self.refs.claim(id));
         if !claimed {
+            if self.refs.faults.claim_refused_as_cached() {
+                // loom's `claim_refused_as_cached` control.
+                return Published::Already;
+            }
             return Published::Not;
         }
         keys.write(id, key);
