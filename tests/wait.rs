@@ -882,6 +882,18 @@ fn a_panicking_waker_leaves_no_blocking_waiter_asleep() {
         }
     });
     spin_until(2, || pool.waiters());
+    // The sleeper holds the queue's lock from its enqueue through its
+    // first look, whose grant loop would run the task's waker on the
+    // sleeper's thread had the release below come first. Another
+    // waiter's enqueue takes the lock, so it comes after that look, and
+    // the release's own grant loop (on this thread) wakes the task.
+    {
+        let mut probe_ids = Vec::new();
+        let mut probe = Box::pin(pool.alloc(1, &mut probe_ids));
+        let (probe_waker, _) = waker();
+        assert!(poll_once(probe.as_mut(), &probe_waker).is_pending());
+    }
+    assert_eq!(pool.waiters(), 2);
     expect_panic(|| pool.free(&held));
     finished
         .recv_timeout(Duration::from_secs(60))
