@@ -1123,16 +1123,16 @@ fn hybrid_threads_publish_match_fork_truncate() {
     });
 }
 
+/// A cached pool of `blocks` blocks of 4 tokens behind a `Forward`.
+fn forwarded_pool(blocks: usize) -> Arc<Forward> {
+    Forward::new(BlockPool::new(blocks, 4))
+}
+
 /// A sequence over a `Forward` (a `BlockPool` behind a forwarding
 /// allocator, which records how many blocks each publish offers) with 10
 /// full blocks of the tokens `0..40`, and their keys.
 fn forwarded_ten_blocks() -> (Arc<Forward>, Sequence<Forward>, Vec<BlockHash>) {
-    let pool = Forward::new(
-        BlockPool::builder(256, 4)
-            .prefix_cache(true)
-            .build()
-            .unwrap(),
-    );
+    let pool = forwarded_pool(256);
     let tokens: Vec<u32> = (0..400).collect();
     let mut keys = Vec::new();
     hash_blocks(SALT, &tokens, 4, &mut keys);
@@ -1200,12 +1200,7 @@ fn blocks_that_lost_their_keys_get_them_once_the_winner_is_gone() {
 /// gone, the next publish must offer `b` again.
 #[test]
 fn a_forwarder_that_reorders_a_publish_leaves_no_block_uncached_for_good() {
-    let pool = Forward::new(
-        BlockPool::builder(16, 4)
-            .prefix_cache(true)
-            .build()
-            .unwrap(),
-    );
+    let pool = forwarded_pool(16);
     let tokens: Vec<u32> = (0..12).collect();
     let mut keys = Vec::new();
     hash_blocks(SALT, &tokens, 4, &mut keys);
