@@ -449,7 +449,14 @@
 //! the fresh bits of the word its ids are in, and a run of consecutive
 //! fresh ids (compared sixteen at a time) goes back with one `fetch_and`
 //! of the fresh word (a store of 0 when the run is the whole word) and one
-//! `fetch_or` of the free word. Before a fresh
+//! `fetch_or` of the free word. A give-back whose whole list is one run
+//! of consecutive ids, all fresh (a prompt's blocks as its take left them,
+//! given back by a truncate or the sequence's drop), skips even that: one
+//! pass compares the ids with the run from the first (sixteen at a time,
+//! with no branch), which also finds them in range; the fresh bits of each
+//! word of the run are read, then cleared and the free bits set, and no
+//! per-block step is left. A list that is not such a run takes the path
+//! above, with nothing changed by the look. Before a fresh
 //! block is shared (a fork's `add_refs`) or claimed (a publish), its
 //! holder counts the reference: a load of each listed block's word, and
 //! for a bare one (the caller holds it, so it is fresh) a store of

@@ -184,6 +184,34 @@ fn whole_bits(len: u32, span: u32, s: u32, w: u32) -> u64 {
     }
 }
 
+/// Whether `ids` are `lo`, `lo + 1`, ... in order (the caller checked
+/// that `lo + ids.len() - 1` does not overflow). Sixteen at a time with no
+/// branch (a loop the compiler vectorises, over 32-bit lanes), stopping at
+/// the first chunk of 64 that is not.
+#[inline]
+fn is_run(ids: &[BlockId], lo: u32) -> bool {
+    const STEP: [u32; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+    let mut next = lo;
+    let mut blocks = ids.chunks_exact(64);
+    for block in &mut blocks {
+        let mut off = 0;
+        for chunk in block.chunks_exact(16) {
+            for (id, step) in chunk.iter().zip(STEP) {
+                off |= id.index() as u32 ^ (next + step);
+            }
+            next += 16;
+        }
+        if off != 0 {
+            return false;
+        }
+    }
+    blocks
+        .remainder()
+        .iter()
+        .zip(next..)
+        .all(|(id, want)| id.index() as u32 == want)
+}
+
 /// How many of the last ids of `ids` (at most `max`; at least 1 for a
 /// nonempty list and `max > 0`) are consecutive, each one more than the
 /// one before it.
@@ -829,6 +857,80 @@ impl FreeList {
         (give, rest)
     }
 
+    /// Gives back `ids`, blocks the caller holds, if they are one run of
+    /// consecutive ids (each one more than the one before it, all in
+    /// range) that are all fresh: a prompt's blocks as a sequence took
+    /// them. One pass over the ids, then for each word of the run a load
+    /// of its fresh bits, a clear of them and one `fetch_or`; no state
+    /// word is read. Returns whether it did; `false` having changed
+    /// nothing (the caller gives them back block by block).
+    pub(crate) fn give_fresh_run(&self, ids: &[BlockId]) -> bool {
+        let (Some(first), Some(last)) = (ids.first(), ids.last()) else {
+            return false;
+        };
+        let (lo, hi) = (first.index() as u32, last.index() as u32);
+        // In range, and as many ids as the run from `lo` to `hi` holds (so
+        // `lo + i` below never overflows); the first block fresh (a list
+        // of counted blocks stops here, before the pass over its ids).
+        if hi >= self.len
+            || hi < lo
+            || (hi - lo) as usize != ids.len() - 1
+            || !self.is_fresh_relaxed(lo)
+            || !is_run(ids, lo)
+        {
+            return false;
+        }
+        // Every block of the run fresh? (Before any write: a refusal
+        // changes nothing.) Then the same words again, to give them back.
+        self.run_words(lo, hi, |place, mask| {
+            // Relaxed: the caller's own bits, which only it changes.
+            let fresh = self
+                .fresh_word(place.shard as usize, place.word)
+                .load(Ordering::Relaxed);
+            fresh & mask == mask
+        }) && self.run_words(lo, hi, |place, mask| {
+            // The fresh bits before the free bits, as in `gather_held`.
+            self.clear_given_fresh(place, mask);
+            self.return_word(place, mask);
+            true
+        })
+    }
+
+    /// Whether block `id` (in range, held by the caller) is fresh: a look
+    /// at the caller's own bit, which only it changes (`Relaxed`, unlike
+    /// [`is_fresh`](Self::is_fresh), whose callers go on to read the
+    /// block's state word).
+    fn is_fresh_relaxed(&self, id: u32) -> bool {
+        let word = self.word_of(BlockId::new(id));
+        // Relaxed: as above.
+        let bits = self
+            .fresh_word(word.place.shard as usize, word.place.word)
+            .load(Ordering::Relaxed);
+        bits & (1 << (id - word.base)) != 0
+    }
+
+    /// Calls `each(place, mask)` for the words of ids `lo..=hi` (in
+    /// range), the bits of the run in each, lowest word first, while it
+    /// returns `true`; returns whether every call did.
+    #[inline]
+    fn run_words(&self, lo: u32, hi: u32, mut each: impl FnMut(Place, u64) -> bool) -> bool {
+        let mut id = lo;
+        loop {
+            let word = self.word_of(BlockId::new(id));
+            // The run's last id in this word (`limit >= 1`).
+            let end = hi.min(word.base + (word.limit - 1));
+            let (from, to) = (id - word.base, end - word.base);
+            let mask = (u64::MAX >> (63 - to)) & (u64::MAX << from);
+            if !each(word.place, mask) {
+                return false;
+            }
+            if end == hi {
+                return true;
+            }
+            id = end + 1;
+        }
+    }
+
     /// Returns the blocks of `give` that it has not returned yet. The ids
     /// were added by [`Give::add`] (fresh ones with their fresh bits
     /// cleared already); each goes back to the shard that owns it, one
@@ -1176,5 +1278,90 @@ mod tests {
         free.give(Give::new().add(&free, out[200]));
         assert_eq!(free.pop(1, &mut none, &mut counted()), 1);
         assert_eq!(none, [out[200]]);
+    }
+
+    /// Every word of both bitmaps: what a refused give-back must leave as
+    /// it was.
+    fn bitmaps(free: &FreeList) -> Vec<(u64, u64)> {
+        (0..free.shards())
+            .flat_map(|s| (0..free.words).map(move |w| (s, w)))
+            .map(|(s, w)| {
+                (
+                    free.word(s, w).load(Ordering::Relaxed),
+                    free.fresh_word(s, w).load(Ordering::Relaxed),
+                )
+            })
+            .collect()
+    }
+
+    /// A run of consecutive fresh ids goes back whole, across words and
+    /// shards (fresh bits cleared, free bits set); a list that is not one
+    /// (a block not fresh, ids out of order, repeated or out of range, no
+    /// ids) is refused with both bitmaps unchanged.
+    #[test]
+    fn a_fresh_run_goes_back_whole_or_not_at_all() {
+        for &(len, shards) in &[(64u32, 1usize), (65, 1), (200, 3), (5000, 7)] {
+            let free = list(len, shards);
+            let mut out = Vec::with_capacity(len as usize);
+            assert_eq!(free.pop(len as usize, &mut out, &mut fresh()), len as usize);
+            out.sort();
+            let fresh_ids: Vec<BlockId> = out
+                .iter()
+                .copied()
+                .filter(|&id| free.is_fresh(id))
+                .collect();
+            let before = bitmaps(&free);
+            let refuse = |ids: &[BlockId], why: &str| {
+                assert!(!free.give_fresh_run(ids), "{len}/{shards}: {why}");
+                assert_eq!(bitmaps(&free), before, "{len}/{shards}: {why}");
+            };
+            refuse(&[], "no ids");
+            // Every id: a run, but with counted blocks where a word held
+            // fewer than `FRESH_MIN` (all but the first shape).
+            if fresh_ids.len() < out.len() {
+                refuse(&out, "a counted block");
+            }
+            let mut swapped = fresh_ids.clone();
+            swapped.swap(3, 40);
+            refuse(&swapped, "out of order");
+            let mut repeated = fresh_ids[..20].to_vec();
+            repeated[19] = repeated[18];
+            refuse(&repeated, "repeated");
+            let past: Vec<BlockId> = (len - 2..len + 2).map(BlockId::new).collect();
+            refuse(&past, "out of range");
+            // A block whose reference was counted (its fresh bit cleared).
+            let word = free.word_of(fresh_ids[30]);
+            free.clear_fresh(word.place, 1 << (fresh_ids[30].index() as u32 - word.base));
+            let before = bitmaps(&free);
+            assert!(!free.give_fresh_run(&fresh_ids[..40]));
+            assert_eq!(bitmaps(&free), before, "{len}/{shards}: a counted block");
+            // The fresh ids in their maximal runs, each given back in
+            // pieces of up to 100 (which start and end inside words).
+            let mut runs: Vec<Vec<BlockId>> = Vec::new();
+            for &id in &fresh_ids {
+                match runs.last_mut() {
+                    Some(run)
+                        if id.index() == run[run.len() - 1].index() + 1 && id != fresh_ids[30] =>
+                    {
+                        run.push(id)
+                    }
+                    _ if id == fresh_ids[30] => {}
+                    _ => runs.push(vec![id]),
+                }
+            }
+            let mut given = Vec::new();
+            for run in &runs {
+                for piece in run.chunks(100) {
+                    assert!(free.give_fresh_run(piece), "{len}/{shards}: {piece:?}");
+                    given.extend_from_slice(piece);
+                }
+            }
+            assert!(given.iter().all(|&id| !free.is_fresh(id)));
+            let mut again = Vec::with_capacity(len as usize);
+            free.pop_everywhere(len as usize, &mut again, &mut counted());
+            again.sort();
+            given.sort();
+            assert_eq!(again, given, "{len}/{shards}");
+        }
     }
 }

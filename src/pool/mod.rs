@@ -1122,6 +1122,15 @@ impl BlockAllocator for BlockPool {
         // free, which is misuse, of a block that is not a sequence's)
         // dropped the caller's reference first: that block went back once,
         // by the free, and every other reference is dropped all the same.
+        //
+        // First the usual give-back of a prompt's blocks, as its take left
+        // them: one run of consecutive fresh ids (which that look finds in
+        // range), a word of the bitmaps at a time.
+        if self.free.give_fresh_run(ids) {
+            // Released after the give-back, as in `drop_each`.
+            self.counter.release_held(ids.len());
+            return;
+        }
         self.check_ids(ids);
         let _ = self.drop_held_refs(ids);
     }

@@ -54,7 +54,9 @@
 //! for a whole word) and one `fetch_or` a word of the bitmaps; a run of
 //! fresh blocks goes back
 //! without reading their words (one listed among shared or cached blocks
-//! is read first, `BlockPool::drop_held_refs`). A fence that retires it
+//! is read first, `BlockPool::drop_held_refs`; a list that is one run of
+//! fresh blocks goes back a word at a time, `FreeList::give_fresh_run`).
+//! A fence that retires it
 //! holds that reference on the sequence's behalf, and gives it back the
 //! same way.
 //!
