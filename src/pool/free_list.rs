@@ -875,7 +875,7 @@ impl FreeList {
         if hi >= self.len
             || hi < lo
             || (hi - lo) as usize != ids.len() - 1
-            || !self.is_fresh_relaxed(lo)
+            || !self.is_fresh(*first)
             || !is_run(ids, lo)
         {
             return false;
@@ -894,19 +894,6 @@ impl FreeList {
             self.return_word(place, mask);
             true
         })
-    }
-
-    /// Whether block `id` (in range, held by the caller) is fresh: a look
-    /// at the caller's own bit, which only it changes (`Relaxed`, unlike
-    /// [`is_fresh`](Self::is_fresh), whose callers go on to read the
-    /// block's state word).
-    fn is_fresh_relaxed(&self, id: u32) -> bool {
-        let word = self.word_of(BlockId::new(id));
-        // Relaxed: as above.
-        let bits = self
-            .fresh_word(word.place.shard as usize, word.place.word)
-            .load(Ordering::Relaxed);
-        bits & (1 << (id - word.base)) != 0
     }
 
     /// Calls `each(place, mask)` for the words of ids `lo..=hi` (in
