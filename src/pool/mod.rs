@@ -1118,11 +1118,6 @@ impl BlockAllocator for BlockPool {
     }
 
     fn release(&self, _: &SequenceCall<'_>, ids: &[BlockId]) {
-        // `Err(Raced)` only if a raw `free` of one of these blocks (a double
-        // free, which is misuse, of a block that is not a sequence's)
-        // dropped the caller's reference first: that block went back once,
-        // by the free, and every other reference is dropped all the same.
-        //
         // First the usual give-back of a prompt's blocks, as its take left
         // them: one run of consecutive fresh ids (which that look finds in
         // range), a word of the bitmaps at a time.
@@ -1132,6 +1127,10 @@ impl BlockAllocator for BlockPool {
             return;
         }
         self.check_ids(ids);
+        // `Err(Raced)` only if a raw `free` of one of these blocks (a double
+        // free, which is misuse, of a block that is not a sequence's)
+        // dropped the caller's reference first: that block went back once,
+        // by the free, and every other reference is dropped all the same.
         let _ = self.drop_held_refs(ids);
     }
 
