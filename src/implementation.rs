@@ -861,8 +861,8 @@
 //! miss bumps a count that sits beside the overflowed bit in one word and
 //! sets the bit.
 //!
-//! **Refills.** Once an overflowed ring holds at most half its capacity,
-//! the first evictor to see it claims a flag and refills it while the
+//! **Refills.** Once an overflowed ring holds at most an eighth of its
+//! capacity, the first evictor to see it claims a flag and refills it while the
 //! others go on popping the candidates left: a scan of every state word
 //! selects the oldest evictable blocks that have no current candidate (the
 //! candidates left are marked for the scan in a map of one bit a block, so

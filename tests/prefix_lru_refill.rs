@@ -201,11 +201,19 @@ fn run(num_blocks: usize, steps: usize, seed: u64) -> usize {
     m.evictions
 }
 
-/// Every size: the ring's floor of 64, odd sizes, sizes about powers of
+/// Every size: small pools (a ring slot a block), the ring's floor of
+/// 64, odd sizes, sizes about powers of
 /// two, and large pools where one refill scans thousands of blocks.
 #[test]
 fn long_runs_evict_in_exact_lru_order_on_pools_of_every_size() {
     for (num_blocks, steps) in [
+        // Rings of one slot a block, where a refill begins with one
+        // candidate left (under 16 slots) or with an eighth of them.
+        (8, 2000),
+        (15, 2000),
+        (16, 2000),
+        (17, 2000),
+        (40, 2000),
         (64, 3000),
         (65, 3000),
         (100, 3000),

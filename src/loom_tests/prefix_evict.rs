@@ -65,8 +65,9 @@ fn cached(pool: &Arc<BlockPool>, n: u8) -> bool {
 /// allocate a block: together they evict keys 4 and 5, the two least
 /// recently released, and key 3 stays cached.
 ///
-/// Each eviction that takes 4's or 5's candidate leaves the ring at most
-/// half full, so either thread may refill it meanwhile: the refill puts
+/// Each eviction that takes 4's or 5's candidate leaves at most one
+/// candidate in the ring (a refill's threshold for a ring this small), so
+/// either thread may refill it meanwhile: the refill puts
 /// the evictable blocks that have no current candidate (key 3's, and
 /// 4's or 5's if it is taken but not yet evicted) after the candidate
 /// left, in the slots of the positions taken.

@@ -19,10 +19,10 @@
 //! batch), unless the ring is full or *overflowed*: some evictable block may
 //! be missing from it.
 //!
-//! **Refills.** Once an overflowed ring holds at most half its capacity
-//! (or nothing), one evictor claims the refill flag, scans every block and
-//! appends the oldest evictable blocks that have no candidate in the ring
-//! yet, oldest first, up to as many as the free slots take (whole
+//! **Refills.** Once an overflowed ring holds at most an eighth of its
+//! capacity (one candidate, in a ring of fewer than 16 slots), one
+//! evictor claims the refill flag, scans every block and appends the
+//! oldest evictable blocks that have no candidate in the ring yet, oldest first, up to as many as the free slots take (whole
 //! buckets of ranks: it stops before the first bucket of its histogram
 //! that would overflow them), while the other
 //! evictors go on popping the candidates left. The blocks of the
@@ -81,9 +81,13 @@ const MIN_CANDIDATES: usize = 64;
 /// ring's 8-byte words cost 4 bytes a block).
 const BLOCKS_PER_CANDIDATE: usize = 2;
 /// A refill begins once an overflowed ring holds at most
-/// `capacity / LOW_WATER` candidates: the candidates left keep the
-/// evictors going while it scans.
-const LOW_WATER: usize = 2;
+/// `capacity / LOW_WATER` candidates (or one): the candidates left keep the
+/// evictors going while it scans. A refill's scan visits every block
+/// whatever it appends, so the later it begins, the more evictions each
+/// scan serves (an eighth left: up to seven eighths of the ring appended
+/// a scan, where half left appended up to half); an evictor that finds the
+/// ring empty during a scan sweeps instead (see the module doc).
+const LOW_WATER: usize = 8;
 /// The overflowed bit of `Lru::overflow`.
 const OVERFLOWED: u64 = 1;
 /// One miss in `Lru::overflow`'s count, above the bit.
@@ -500,7 +504,8 @@ impl Lru {
 
     /// Refills the ring before it runs dry: when it is overflowed (so an
     /// evictable block is missing from it) and holds at most
-    /// `capacity / LOW_WATER` candidates, and nobody refills it already.
+    /// `capacity / LOW_WATER` candidates (at least one, for the rings of
+    /// pools under 16 blocks), and nobody refills it already.
     fn refill_if_low(&self, refs: &Refs) {
         // Relaxed (all three): only whether to begin; the refill reads
         // them again.
@@ -509,7 +514,7 @@ impl Lru {
         }
         let len = self.len.load(Ordering::Relaxed);
         let held = (len - self.next.next.load(Ordering::Relaxed).min(len)) as usize;
-        if held > self.candidates.len() / LOW_WATER || !self.claim_refill() {
+        if held > (self.candidates.len() / LOW_WATER).max(1) || !self.claim_refill() {
             return;
         }
         self.refill(refs);
