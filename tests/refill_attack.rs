@@ -16,11 +16,11 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 
+use common::lru_model::Model;
 use common::{assert_pool_whole, XorShift};
 use kvslots::{BlockHash, BlockId, BlockPool, Sequence};
 
@@ -36,78 +36,6 @@ fn key(chain: u64, n: u64) -> BlockHash {
 // ---------------------------------------------------------------------------
 // One thread: exact LRU
 // ---------------------------------------------------------------------------
-
-/// The reference: references, keys, and the evictable blocks by release.
-struct Model {
-    refs: Vec<u32>,
-    keys: Vec<Option<BlockHash>>,
-    index: HashMap<BlockHash, BlockId>,
-    lru: BTreeMap<u64, BlockId>,
-    released_at: Vec<Option<u64>>,
-    clock: u64,
-    evictions: usize,
-}
-
-impl Model {
-    fn new(n: usize) -> Model {
-        Model {
-            refs: vec![0; n],
-            keys: vec![None; n],
-            index: HashMap::new(),
-            lru: BTreeMap::new(),
-            released_at: vec![None; n],
-            clock: 0,
-            evictions: 0,
-        }
-    }
-
-    fn drop_ref(&mut self, id: BlockId) {
-        let i = id.index();
-        self.refs[i] -= 1;
-        if self.refs[i] == 0 && self.keys[i].is_some() {
-            self.clock += 1;
-            self.lru.insert(self.clock, id);
-            self.released_at[i] = Some(self.clock);
-        }
-    }
-
-    fn hold(&mut self, id: BlockId) {
-        let i = id.index();
-        if let Some(t) = self.released_at[i].take() {
-            self.lru.remove(&t);
-        }
-        self.refs[i] += 1;
-    }
-
-    /// Fresh blocks: the cached ones among them must be exactly the least
-    /// recently released evictable blocks.
-    fn fresh(&mut self, ids: &[BlockId], what: &str) {
-        let uncached_free = (0..self.refs.len())
-            .filter(|&b| self.refs[b] == 0 && self.keys[b].is_none())
-            .count();
-        let evicted = ids.len().saturating_sub(uncached_free);
-        let mut want: Vec<BlockId> = self.lru.values().take(evicted).copied().collect();
-        let mut got: Vec<BlockId> = ids
-            .iter()
-            .copied()
-            .filter(|id| self.keys[id.index()].is_some())
-            .collect();
-        want.sort();
-        got.sort();
-        assert_eq!(got, want, "{what}: evicted not the LRU blocks");
-        self.evictions += evicted;
-        for &id in ids {
-            if let Some(k) = self.keys[id.index()].take() {
-                self.index.remove(&k);
-            }
-            self.hold(id);
-        }
-    }
-
-    fn held(&self) -> usize {
-        self.refs.iter().filter(|&&r| r > 0).count()
-    }
-}
 
 /// `steps` operations on a pool of `n` blocks, at most `max_held` of them
 /// held, sequences of at most `most` blocks; returns the evictions.

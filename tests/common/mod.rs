@@ -1,9 +1,10 @@
 //! What the integration tests share: snapshots of everything observable
 //! about a counter, a pool and a sequence (what a refusal must leave
 //! unchanged), the check that a pool is whole again, a tiny deterministic
-//! PRNG, and for the real-thread tests the stop flag, the observer thread
-//! that samples a structure's invariants while the workers run, and the
-//! worker pool.
+//! PRNG, an exact-LRU reference of one thread's eviction order
+//! (`lru_model`), and for the real-thread tests the stop flag, the
+//! observer thread that samples a structure's invariants while the workers
+//! run, and the worker pool.
 //!
 //! The test binaries are named for what they test: an API's unit tests by
 //! the type or call (`counter`, `reservation`, `pool`, `pool_free`,
@@ -16,6 +17,8 @@
 //! leaves unused another uses.
 
 #![allow(dead_code)]
+
+pub mod lru_model;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
