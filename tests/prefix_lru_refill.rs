@@ -68,10 +68,7 @@ fn run(num_blocks: usize, steps: usize, seed: u64) -> usize {
                 })
                 .collect();
             assert_eq!(s.publish(&keys), n, "{what}: publish");
-            for (k, &b) in keys.iter().zip(s.blocks()) {
-                m.keys[b.index()] = Some(*k);
-                m.index.insert(*k, b);
-            }
+            m.published(&keys, s.blocks());
             chains.push(keys);
             if chains.len() > 400 {
                 chains.remove(0);

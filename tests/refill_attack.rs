@@ -66,10 +66,7 @@ fn lru_run(n: usize, max_held: usize, most: usize, steps: usize, seed: u64) -> u
                 })
                 .collect();
             assert_eq!(s.publish(&keys), len, "{what}: publish");
-            for (k, &b) in keys.iter().zip(s.blocks()) {
-                m.keys[b.index()] = Some(*k);
-                m.index.insert(*k, b);
-            }
+            m.published(&keys, s.blocks());
             chains.push(keys);
             if chains.len() > 64 {
                 chains.remove(0);
@@ -174,8 +171,7 @@ fn one_at_a_time_evictions_cross_the_threshold_in_order() {
                 let k = key(7, counter);
                 assert_eq!(s.publish(&[k]), 1);
                 let b = s.blocks()[0];
-                m.keys[b.index()] = Some(k);
-                m.index.insert(k, b);
+                m.published(&[k], &[b]);
                 held.push(s);
             }
             // Release them all in a shuffled order (the ring overflows
@@ -209,8 +205,7 @@ fn one_at_a_time_evictions_cross_the_threshold_in_order() {
                     m.fresh(s.blocks(), &what);
                     assert_eq!(s.publish(&[k]), 1);
                     let b = s.blocks()[0];
-                    m.keys[b.index()] = Some(k);
-                    m.index.insert(k, b);
+                    m.published(&[k], &[b]);
                     drop(s);
                     m.drop_ref(b);
                 } else {

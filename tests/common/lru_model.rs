@@ -73,7 +73,16 @@ impl Model {
         }
     }
 
+    /// Blocks the pool holds now (a reference or more).
     pub fn held(&self) -> usize {
         self.refs.iter().filter(|&&r| r > 0).count()
+    }
+
+    /// Records a publish that cached `keys` on `blocks`, in order.
+    pub fn published(&mut self, keys: &[BlockHash], blocks: &[BlockId]) {
+        for (&k, &b) in keys.iter().zip(blocks) {
+            self.keys[b.index()] = Some(k);
+            self.index.insert(k, b);
+        }
     }
 }
