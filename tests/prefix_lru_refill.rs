@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 
 use common::lru_model::Model;
-use kvslots::{BlockHash, BlockId, BlockPool, Sequence};
+use kvslots::{BlockHash, BlockPool, Sequence};
 
 fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -81,13 +81,7 @@ fn run(num_blocks: usize, steps: usize, seed: u64) -> usize {
             let len = 1 + (x >> 20) % keys.len();
             let keys = &keys[..len];
             let mut s = Sequence::new(Arc::clone(&pool));
-            let got = s.try_match_prefix(keys);
-            let want: Vec<BlockId> = keys.iter().map_while(|k| m.index.get(k).copied()).collect();
-            assert_eq!(got, want.len(), "{what}: match");
-            assert_eq!(s.blocks(), &want[..], "{what}: matched blocks");
-            for b in want {
-                m.hold(b);
-            }
+            m.matched(&mut s, keys, &what);
             seqs.push(s);
         } else if roll < 90 {
             let s = seqs.remove(x % seqs.len());

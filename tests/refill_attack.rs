@@ -77,13 +77,7 @@ fn lru_run(n: usize, max_held: usize, most: usize, steps: usize, seed: u64) -> u
             let len = 1 + rng.below(keys.len());
             let keys = &keys[..len];
             let mut s = Sequence::new(Arc::clone(&pool));
-            let got = s.try_match_prefix(keys);
-            let want: Vec<BlockId> = keys.iter().map_while(|k| m.index.get(k).copied()).collect();
-            assert_eq!(got, want.len(), "{what}: match");
-            assert_eq!(s.blocks(), &want[..], "{what}: matched blocks");
-            for b in want {
-                m.hold(b);
-            }
+            m.matched(&mut s, keys, &what);
             seqs.push(s);
         } else if roll < 85 {
             let s = seqs.remove(rng.below(seqs.len()));

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use kvslots::{BlockHash, BlockId};
+use kvslots::{BlockAllocator, BlockHash, BlockId, Sequence};
 
 /// The reference: references, keys, and the evictable blocks by release.
 pub struct Model {
@@ -76,6 +76,27 @@ impl Model {
     /// Blocks the pool holds now (a reference or more).
     pub fn held(&self) -> usize {
         self.refs.iter().filter(|&&r| r > 0).count()
+    }
+
+    /// Matches `keys` on `seq` (empty) and checks that it took exactly the
+    /// blocks the reference holds for the longest cached prefix, which
+    /// the reference then counts as held.
+    pub fn matched<A: BlockAllocator>(
+        &mut self,
+        seq: &mut Sequence<A>,
+        keys: &[BlockHash],
+        what: &str,
+    ) {
+        let got = seq.try_match_prefix(keys);
+        let want: Vec<BlockId> = keys
+            .iter()
+            .map_while(|k| self.index.get(k).copied())
+            .collect();
+        assert_eq!(got, want.len(), "{what}: match");
+        assert_eq!(seq.blocks(), &want[..], "{what}: matched blocks");
+        for b in want {
+            self.hold(b);
+        }
     }
 
     /// Records a publish that cached `keys` on `blocks`, in order.
