@@ -77,13 +77,17 @@ class BehindWaiters(Full):
     """Blocks the queued waiters are owed (their headroom included)."""
 
 class NeverFits(ReserveError):
-    """The request (plus any headroom) is larger than the whole pool: it can
-    never be admitted, so reject it instead of retrying."""
+    """The request (plus any headroom) is larger than all the caller could
+    ever be given: it can never be admitted, so reject it instead of
+    retrying. A sequence cannot be given the blocks it holds while it asks,
+    so its appends, reservations and forks are measured against the pool's
+    blocks less those."""
 
     requested: int
     """Blocks asked for (with the headroom)."""
     capacity: int
-    """The pool's number of blocks."""
+    """The most the caller could ever be given: the pool's number of blocks,
+    less those the sequence holds for a sequence's call."""
 
 class Closed(ReserveError):
     """The pool was closed: it admits nothing more, while frees still work."""

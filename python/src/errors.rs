@@ -42,8 +42,10 @@ create_exception!(
     kvslots,
     NeverFits,
     ReserveError,
-    "The request (plus any headroom) is larger than the whole pool: it can never \
-     be admitted.\n\nAttributes: `requested` and `capacity` (the pool's blocks)."
+    "The request (plus any headroom) is larger than all the caller could ever be \
+     given: it can never be admitted, so reject it instead of retrying.\n\n\
+     Attributes: `requested` and `capacity` (the pool's blocks; for a sequence's \
+     calls, the pool's blocks less those the sequence holds)."
 );
 create_exception!(
     kvslots,
