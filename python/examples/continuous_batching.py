@@ -1,0 +1,415 @@
+#!/usr/bin/env python3
+"""A continuous-batching scheduler on kvslots, in the shape of vLLM's v1
+scheduler: one thread that, each step, grows the running requests, admits
+waiting ones, and hands the model runner a batch and its slot mapping.
+
+What it shows, call by call:
+
+* **Admission with a watermark.** A waiting request gets a `Sequence`,
+  takes its cached prefix with `match_prefix` (the keys of the full blocks
+  before its last token: the last token is always computed), then its
+  first prefill chunk with `try_reserve(chunk, headroom)` + `try_append`:
+  all its blocks or none, and only if `headroom` blocks stay free for the
+  running requests to grow. A refusal (`kvslots.Full`) leaves the pool
+  unchanged; the request goes back to the head of the queue (FIFO: nobody
+  passes it).
+* **Refusal.** A request that the whole pool cannot hold raises
+  `kvslots.NeverFits`: at its admission (a prompt chunk past the pool, with
+  the headroom), or when a later chunk or a decode step needs more blocks
+  than the pool has beside those the request holds. It is refused, its
+  blocks given back.
+* **Chunked prefill and decode** within a token budget a step; each
+  scheduled range gets its slots with `slot_mapping(start, stop)`.
+* **Preemption by recompute.** When a running request cannot get the
+  block its next tokens need, the most recently admitted running request is
+  preempted: its sequence is closed (its blocks go back at once, and the
+  blocks it published stay cached, so its recompute matches them again) and
+  it goes back to the head of the queue.
+* **Prefix caching.** After a step, every request publishes the full
+  blocks whose tokens the step computed, under keys extended a block at a
+  time (`hash_blocks(..., parent=last_key)`).
+* **KV events** for a KV-aware router: the pool is built with `kv_events`,
+  and a `Router` replays `drain_events()` into the set of keys it believes
+  cached.
+
+The "model" is a stand-in that checks the KV cache: the kernel writes each
+scheduled token id into a flat KV memory at its slot, and the next token is
+computed from the context read back through the block table. A block
+handed to two requests, or a prefix match that returned the wrong blocks,
+reads back a wrong context and changes the outputs, which `run` compares
+with outputs computed from the true tokens.
+
+Run it: `python python/examples/continuous_batching.py` (or `--help`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Deque, Dict, List, Optional, Set, Tuple
+
+import kvslots
+
+
+def next_token(context: List[int]) -> int:
+    """The stand-in model: a token from the whole context (a rolling hash)."""
+    h = 0
+    for t in context:
+        h = (h * 1_000_003 + t) % 2_147_483_647
+    return h % 50_000
+
+
+@dataclass
+class Request:
+    """One request: its prompt, the tokens generated so far, and its
+    sequence while it runs."""
+
+    rid: int
+    prompt: List[int]
+    max_new_tokens: int
+    output: List[int] = field(default_factory=list)
+    seq: Optional[kvslots.Sequence] = None
+    # Tokens whose KV is computed (the sequence's length after a step).
+    computed: int = 0
+    # Keys of the computed full blocks, the first `len(keys)` blocks.
+    keys: List[bytes] = field(default_factory=list)
+    preemptions: int = 0
+    hit_tokens: int = 0
+
+    @property
+    def tokens(self) -> List[int]:
+        return self.prompt + self.output
+
+    @property
+    def finished(self) -> bool:
+        return len(self.output) >= self.max_new_tokens
+
+
+@dataclass
+class Scheduled:
+    """A request's share of a step: positions `start..stop` of its tokens."""
+
+    req: Request
+    start: int
+    stop: int
+
+
+@dataclass
+class Batch:
+    """What the model runner gets for one step."""
+
+    scheduled: List[Scheduled]
+    # The flat KV slot of every scheduled token, in batch order.
+    slot_mapping: List[int]
+
+
+class Router:
+    """A KV-aware router's view of one worker: the keys it holds cached,
+    replayed from the worker's KV events."""
+
+    def __init__(self) -> None:
+        self.cached: Set[bytes] = set()
+        self.resyncs = 0
+
+    def apply(self, batch: kvslots.KVEventBatch) -> None:
+        for event in batch.events:
+            if isinstance(event, kvslots.BlockStored):
+                self.cached.update(event.block_hashes)
+            elif isinstance(event, kvslots.BlockRemoved):
+                self.cached.difference_update(event.block_hashes)
+            else:
+                # AllBlocksCleared (the stream's start) or EventsDropped
+                # (lost events): start over from an empty view.
+                self.cached.clear()
+                self.resyncs += 1
+
+
+class Scheduler:
+    """Continuous batching over one `BlockPool`, from one thread."""
+
+    def __init__(
+        self,
+        pool: kvslots.BlockPool,
+        token_budget: int = 512,
+        max_running: int = 64,
+        headroom: int = 4,
+    ) -> None:
+        self.pool = pool
+        self.block_size = pool.block_size
+        self.token_budget = token_budget
+        self.max_running = max_running
+        self.headroom = headroom
+        self.waiting: Deque[Request] = deque()
+        self.running: List[Request] = []
+        self.rejected: List[Request] = []
+        self.preemptions = 0
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _preempt(self, victim: Request) -> None:
+        """Gives the victim's blocks back now; it recomputes from its cached
+        prefix when admitted again."""
+        assert victim.seq is not None
+        victim.seq.close()
+        victim.seq = None
+        victim.computed = 0
+        victim.keys = []
+        victim.preemptions += 1
+        self.preemptions += 1
+        self.running.remove(victim)
+        self.waiting.appendleft(victim)
+
+    def _abort(self, req: Request) -> None:
+        """Refuses a running request for good, giving its blocks back."""
+        assert req.seq is not None
+        req.seq.close()
+        req.seq = None
+        self.running.remove(req)
+        self.rejected.append(req)
+
+    def schedule(self) -> Batch:
+        budget = self.token_budget
+        scheduled: List[Scheduled] = []
+
+        # The running requests first, oldest first: the rest of a prefill,
+        # or one decode token.
+        for req in list(self.running):
+            if budget == 0:
+                break
+            if req not in self.running:  # preempted for an older one
+                continue
+            assert req.seq is not None
+            n = min(len(req.tokens) - req.computed, budget)
+            while True:
+                try:
+                    positions = req.seq.try_append(n)
+                    break
+                except kvslots.NeverFits:
+                    # It needs more blocks than the pool has beside those it
+                    # holds: it can never finish here, so it is aborted.
+                    self._abort(req)
+                    positions = None
+                    break
+                except kvslots.Full:
+                    # Preempt the newest running request; if that is this
+                    # one, it waits for the blocks it needs.
+                    victim = self.running[-1]
+                    self._preempt(victim)
+                    if victim is req:
+                        positions = None
+                        break
+            if positions is None:
+                continue
+            scheduled.append(Scheduled(req, positions.start, positions.stop))
+            budget -= n
+
+        # Then the waiting ones, first come first served.
+        while self.waiting and budget > 0 and len(self.running) < self.max_running:
+            req = self.waiting[0]
+            tokens = req.tokens
+            seq = kvslots.Sequence(self.pool)
+            # Keys of the full blocks before the last token: at least that
+            # token is computed, to sample from.
+            matchable = (len(tokens) - 1) // self.block_size
+            keys = kvslots.hash_blocks(tokens[: matchable * self.block_size], self.block_size)
+            hit = seq.match_prefix(keys)
+            n = min(len(tokens) - len(seq), budget)
+            try:
+                seq.try_reserve(n, headroom=self.headroom)
+            except kvslots.Full:
+                seq.close()  # gives the matched blocks back; nothing else changed
+                break
+            except kvslots.NeverFits:
+                # Longer than the whole pool (with the headroom): refused,
+                # as a server refuses a prompt past its context length.
+                seq.close()
+                self.rejected.append(self.waiting.popleft())
+                continue
+            positions = seq.try_append(n)  # within the reservation
+            self.waiting.popleft()
+            req.seq = seq
+            req.keys = keys[:hit]
+            req.computed = hit * self.block_size
+            req.hit_tokens += req.computed
+            self.running.append(req)
+            scheduled.append(Scheduled(req, positions.start, positions.stop))
+            budget -= n
+
+        slot_mapping: List[int] = []
+        for s in scheduled:
+            assert s.req.seq is not None
+            slot_mapping += s.req.seq.slot_mapping(s.start, s.stop)
+        return Batch(scheduled, slot_mapping)
+
+    def update(self, batch: Batch, sampled: Dict[int, int]) -> List[Request]:
+        """After the model ran `batch`: records the sampled tokens, publishes
+        the full blocks the step computed, and closes finished requests.
+        Returns them."""
+        done = []
+        for s in batch.scheduled:
+            req = s.req
+            assert req.seq is not None
+            req.computed = s.stop
+            if req.rid in sampled:
+                req.output.append(sampled[req.rid])
+            # Publish the computed full blocks (committed tokens only).
+            full = req.computed // self.block_size
+            if full > len(req.keys):
+                start, stop = len(req.keys) * self.block_size, full * self.block_size
+                parent = req.keys[-1] if req.keys else None
+                req.keys += kvslots.hash_blocks(
+                    req.tokens[start:stop], self.block_size, parent=parent
+                )
+                req.seq.publish(req.keys)
+            if req.finished:
+                req.seq.close()
+                req.seq = None
+                self.running.remove(req)
+                done.append(req)
+        return done
+
+
+class Model:
+    """The stand-in model runner over a flat KV memory of token ids."""
+
+    def __init__(self, pool: kvslots.BlockPool) -> None:
+        self.kv: List[int] = [-1] * (pool.num_blocks * pool.block_size)
+
+    def execute(self, batch: Batch) -> Dict[int, int]:
+        # The kernel writes each scheduled token's KV (here its id) at its slot.
+        slots = iter(batch.slot_mapping)
+        for s in batch.scheduled:
+            tokens = s.req.tokens
+            for pos in range(s.start, s.stop):
+                self.kv[next(slots)] = tokens[pos]
+        # A request whose scheduled range reaches its last token samples the
+        # next one from the context read back through its block table.
+        sampled = {}
+        for s in batch.scheduled:
+            if s.stop == len(s.req.tokens):
+                assert s.req.seq is not None
+                context = [self.kv[slot] for slot in s.req.seq.slot_mapping(0, s.stop)]
+                sampled[s.req.rid] = next_token(context)
+        return sampled
+
+
+def reference_output(prompt: List[int], max_new_tokens: int) -> List[int]:
+    """The outputs computed from the true tokens."""
+    tokens = list(prompt)
+    for _ in range(max_new_tokens):
+        tokens.append(next_token(tokens))
+    return tokens[len(prompt) :]
+
+
+def workload(
+    n: int, seed: int = 0, shared_prefixes: int = 3, block_size: int = 16
+) -> List[Tuple[List[int], int]]:
+    """`n` requests: a system prompt among `shared_prefixes`, then a user
+    turn of its own; each with its number of tokens to generate."""
+    rng = random.Random(seed)
+    systems = [
+        [rng.randrange(50_000) for _ in range(rng.randrange(2, 9) * block_size)]
+        for _ in range(shared_prefixes)
+    ]
+    requests = []
+    for _ in range(n):
+        user = [rng.randrange(50_000) for _ in range(rng.randrange(1, 120))]
+        requests.append((rng.choice(systems) + user, rng.randrange(1, 24)))
+    return requests
+
+
+@dataclass
+class RunStats:
+    """What a run did."""
+
+    steps: int
+    finished: int
+    rejected: int
+    preemptions: int
+    prompt_tokens: int
+    hit_tokens: int
+    outputs_correct: bool
+    # After every step: the router's view matched the pool's cached blocks.
+    router_in_sync: bool
+    used_blocks_after: int
+    cached_blocks_after: int
+
+
+def run(
+    requests: List[Tuple[List[int], int]],
+    num_blocks: int = 256,
+    block_size: int = 16,
+    token_budget: int = 256,
+    max_running: int = 32,
+    headroom: int = 4,
+    max_steps: int = 100_000,
+) -> RunStats:
+    """Serves `requests` (prompt, tokens to generate) to completion."""
+    pool = kvslots.BlockPool(num_blocks, block_size, kv_events=1 << 16)
+    scheduler = Scheduler(pool, token_budget, max_running, headroom)
+    model = Model(pool)
+    router = Router()
+    reqs = [Request(rid, prompt, max_new) for rid, (prompt, max_new) in enumerate(requests)]
+    for req in reqs:
+        scheduler.add(req)
+    steps, finished, in_sync = 0, 0, True
+    while scheduler.has_work():
+        if steps == max_steps:
+            raise RuntimeError(f"no progress after {steps} steps")
+        batch = scheduler.schedule()
+        if not batch.scheduled:
+            if not scheduler.has_work():
+                break  # the last requests were refused
+            raise RuntimeError("nothing scheduled: the pool cannot hold one request")
+        finished += len(scheduler.update(batch, model.execute(batch)))
+        router.apply(pool.drain_events())
+        in_sync = in_sync and len(router.cached) == pool.cached_blocks
+        steps += 1
+    served = [req for req in reqs if req not in scheduler.rejected]
+    correct = all(req.output == reference_output(req.prompt, req.max_new_tokens) for req in served)
+    return RunStats(
+        steps=steps,
+        finished=finished,
+        rejected=len(scheduler.rejected),
+        preemptions=scheduler.preemptions,
+        prompt_tokens=sum(len(req.prompt) for req in reqs),
+        hit_tokens=sum(req.hit_tokens for req in reqs),
+        outputs_correct=correct,
+        router_in_sync=in_sync,
+        used_blocks_after=pool.used_blocks,
+        cached_blocks_after=pool.cached_blocks,
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--num-blocks", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--token-budget", type=int, default=256)
+    ap.add_argument("--max-running", type=int, default=32)
+    ap.add_argument("--headroom", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    stats = run(
+        workload(args.requests, args.seed, block_size=args.block_size),
+        num_blocks=args.num_blocks,
+        block_size=args.block_size,
+        token_budget=args.token_budget,
+        max_running=args.max_running,
+        headroom=args.headroom,
+    )
+    for name, value in vars(stats).items():
+        print(f"{name:>20}: {value}")
+    ok = stats.outputs_correct and stats.router_in_sync and stats.used_blocks_after == 0
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""The continuous-batching example (python/examples/continuous_batching.py):
+a scheduler over the pool that serves every request to completion with the
+outputs the true tokens give, preempts and recomputes on a tight pool, keeps
+a router's view from the KV events equal to the pool's cache, and gives
+every block back."""
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "continuous_batching.py"
+
+
+@pytest.fixture(scope="module")
+def example():
+    spec = importlib.util.spec_from_file_location("continuous_batching", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def test_a_roomy_pool_serves_every_request_from_the_cache(example):
+    requests = example.workload(60, seed=1)
+    stats = example.run(requests, num_blocks=1024, token_budget=256, headroom=4)
+    assert stats.finished == 60
+    assert stats.outputs_correct
+    assert stats.router_in_sync
+    assert stats.preemptions == 0
+    # Requests admitted after the first of their system prompt was
+    # published match it.
+    assert 0 < stats.hit_tokens < stats.prompt_tokens
+    assert stats.used_blocks_after == 0
+    assert stats.cached_blocks_after > 0
+
+
+@pytest.mark.parametrize("num_blocks, token_budget", [(40, 256), (48, 64), (64, 256)])
+def test_a_tight_pool_preempts_and_recomputes_the_same_outputs(example, num_blocks, token_budget):
+    requests = example.workload(120, seed=2)
+    stats = example.run(
+        requests, num_blocks=num_blocks, token_budget=token_budget, headroom=0, max_running=32
+    )
+    assert stats.finished == 120
+    assert stats.preemptions > 0
+    assert stats.outputs_correct
+    assert stats.router_in_sync
+    assert stats.used_blocks_after == 0
+    assert stats.cached_blocks_after <= num_blocks
+
+
+def test_the_oracle_catches_a_kernel_writing_the_wrong_slots(example, monkeypatch):
+    """The negative control: writes that land one block off read back a
+    wrong context, and the outputs differ from the true tokens'."""
+    schedule = example.Scheduler.schedule
+
+    def off_by_a_block(self):
+        batch = schedule(self)
+        size = self.pool.num_blocks * self.block_size
+        batch.slot_mapping = [(s + self.block_size) % size for s in batch.slot_mapping]
+        return batch
+
+    monkeypatch.setattr(example.Scheduler, "schedule", off_by_a_block)
+    stats = example.run(example.workload(20, seed=3), num_blocks=256)
+    assert not stats.outputs_correct
+
+
+def test_a_prompt_longer_than_the_pool_is_refused_and_the_rest_served(example):
+    # 100 tokens need 7 blocks of 16: a pool of 3 refuses it at admission.
+    requests = [(list(range(20)), 3), (list(range(100)), 3), (list(range(30)), 2)]
+    stats = example.run(requests, num_blocks=3, headroom=0)
+    assert (stats.finished, stats.rejected) == (2, 1)
+    assert stats.outputs_correct
+    assert stats.used_blocks_after == 0
+
+
+def test_a_request_that_outgrows_the_pool_is_refused_when_it_does(example):
+    # Its first two chunks fit (64 tokens a step, 8 blocks in all); the
+    # third needs blocks beyond the pool: NeverFits, and it is refused.
+    requests = [(list(range(200)), 4), (list(range(40)), 2)]
+    stats = example.run(requests, num_blocks=8, token_budget=64, headroom=0)
+    assert (stats.finished, stats.rejected) == (1, 1)
+    assert stats.outputs_correct
+    assert stats.used_blocks_after == 0
+
+
+def test_the_script_runs_and_exits_zero():
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--requests", "40", "--num-blocks", "48"]
+        + ["--headroom", "0"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "outputs_correct: True" in done.stdout
+
+
+def test_the_example_type_checks_against_the_stubs(tmp_path):
+    pytest.importorskip("mypy")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-error-summary",
+            "--cache-dir",
+            str(tmp_path),
+            str(EXAMPLE),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
