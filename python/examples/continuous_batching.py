@@ -25,6 +25,9 @@ What it shows, call by call:
   preempted: its sequence is closed (its blocks go back at once, and the
   blocks it published stay cached, so its recompute matches them again) and
   it goes back to the head of the queue.
+* **Speculative decoding** (`spec_tokens`): a decode step appends the last
+  token and a few draft tokens; after the model verifies them, `truncate`
+  rolls back the rejected drafts (and gives back a block they alone used).
 * **Prefix caching.** After a step, every request publishes the full
   blocks whose tokens the step computed, under keys extended a block at a
   time (`hash_blocks(..., parent=last_key)`).
@@ -39,7 +42,8 @@ handed to two requests, or a prefix match that returned the wrong blocks,
 reads back a wrong context and changes the outputs, which `run` compares
 with outputs computed from the true tokens.
 
-Run it: `python python/examples/continuous_batching.py` (or `--help`).
+Run it: `python python/examples/continuous_batching.py` (or `--help`;
+`--spec-tokens 3` for speculative decoding).
 """
 
 from __future__ import annotations
@@ -59,6 +63,18 @@ def next_token(context: List[int]) -> int:
     for t in context:
         h = (h * 1_000_003 + t) % 2_147_483_647
     return h % 50_000
+
+
+def draft(rid: int, tokens: List[int], k: int) -> List[int]:
+    """The stand-in draft model: `k` guesses at the next tokens, right about
+    three times in four."""
+    context = list(tokens)
+    for _ in range(k):
+        guess = next_token(context)
+        if (rid * 7919 + len(context)) % 4 == 0:
+            guess = (guess + 1) % 50_000
+        context.append(guess)
+    return context[len(tokens) :]
 
 
 @dataclass
@@ -89,11 +105,18 @@ class Request:
 
 @dataclass
 class Scheduled:
-    """A request's share of a step: positions `start..stop` of its tokens."""
+    """A request's share of a step: positions `start..stop` of its tokens,
+    followed by `drafts` (speculative tokens, decode only)."""
 
     req: Request
     start: int
     stop: int
+    drafts: List[int] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> List[int]:
+        """The token ids the step writes at `start..stop`."""
+        return (self.req.tokens + self.drafts)[self.start : self.stop]
 
 
 @dataclass
@@ -135,8 +158,12 @@ class Scheduler:
         token_budget: int = 512,
         max_running: int = 64,
         headroom: int = 4,
+        spec_tokens: int = 0,
     ) -> None:
         self.pool = pool
+        self.spec_tokens = spec_tokens
+        self.drafted = 0
+        self.accepted = 0
         self.block_size = pool.block_size
         self.token_budget = token_budget
         self.max_running = max_running
@@ -186,6 +213,13 @@ class Scheduler:
                 continue
             assert req.seq is not None
             n = min(len(req.tokens) - req.computed, budget)
+            drafts: List[int] = []
+            if n == 1 and self.spec_tokens:
+                # A decode step: the last token and up to `spec_tokens`
+                # drafts, never past the tokens still to generate.
+                k = min(self.spec_tokens, budget - 1, req.max_new_tokens - len(req.output) - 1)
+                drafts = draft(req.rid, req.tokens, k)
+                n += len(drafts)
             while True:
                 try:
                     positions = req.seq.try_append(n)
@@ -206,7 +240,8 @@ class Scheduler:
                         break
             if positions is None:
                 continue
-            scheduled.append(Scheduled(req, positions.start, positions.stop))
+            scheduled.append(Scheduled(req, positions.start, positions.stop, drafts))
+            self.drafted += len(drafts)
             budget -= n
 
         # Then the waiting ones, first come first served.
@@ -247,17 +282,26 @@ class Scheduler:
             slot_mapping += s.req.seq.slot_mapping(s.start, s.stop)
         return Batch(scheduled, slot_mapping)
 
-    def update(self, batch: Batch, sampled: Dict[int, int]) -> List[Request]:
-        """After the model ran `batch`: records the sampled tokens, publishes
-        the full blocks the step computed, and closes finished requests.
-        Returns them."""
+    def update(self, batch: Batch, sampled: Dict[int, List[int]]) -> List[Request]:
+        """After the model ran `batch`: records the sampled tokens (the
+        accepted drafts and one more), rolls back the rejected drafts,
+        publishes the full blocks the step computed, and closes finished
+        requests. Returns them."""
         done = []
         for s in batch.scheduled:
             req = s.req
             assert req.seq is not None
             req.computed = s.stop
             if req.rid in sampled:
-                req.output.append(sampled[req.rid])
+                new = sampled[req.rid]
+                accepted = len(new) - 1
+                self.accepted += accepted
+                req.output += new
+                # The rejected drafts' KV is wrong: roll it back (their
+                # blocks, if any, go back to the pool).
+                req.computed = s.stop - (len(s.drafts) - accepted)
+                if len(req.seq) > req.computed:
+                    req.seq.truncate(req.computed)
             # Publish the computed full blocks (committed tokens only).
             full = req.computed // self.block_size
             if full > len(req.keys):
@@ -281,21 +325,30 @@ class Model:
     def __init__(self, pool: kvslots.BlockPool) -> None:
         self.kv: List[int] = [-1] * (pool.num_blocks * pool.block_size)
 
-    def execute(self, batch: Batch) -> Dict[int, int]:
+    def execute(self, batch: Batch) -> Dict[int, List[int]]:
         # The kernel writes each scheduled token's KV (here its id) at its slot.
         slots = iter(batch.slot_mapping)
         for s in batch.scheduled:
-            tokens = s.req.tokens
-            for pos in range(s.start, s.stop):
-                self.kv[next(slots)] = tokens[pos]
-        # A request whose scheduled range reaches its last token samples the
-        # next one from the context read back through its block table.
+            for token in s.tokens:
+                self.kv[next(slots)] = token
+        # A request whose scheduled range reaches its last token (and its
+        # drafts) samples from the context read back through its block
+        # table: each draft that matches the model's own token is accepted,
+        # and the first that does not is replaced (greedy verification).
         sampled = {}
         for s in batch.scheduled:
-            if s.stop == len(s.req.tokens):
-                assert s.req.seq is not None
-                context = [self.kv[slot] for slot in s.req.seq.slot_mapping(0, s.stop)]
-                sampled[s.req.rid] = next_token(context)
+            end = len(s.req.tokens)
+            if s.stop != end + len(s.drafts):
+                continue
+            assert s.req.seq is not None
+            context = [self.kv[slot] for slot in s.req.seq.slot_mapping(0, s.stop)]
+            new = []
+            for j in range(len(s.drafts) + 1):
+                token = next_token(context[: end + j])
+                new.append(token)
+                if j == len(s.drafts) or token != s.drafts[j]:
+                    break
+            sampled[s.req.rid] = new
         return sampled
 
 
@@ -332,6 +385,9 @@ class RunStats:
     finished: int
     rejected: int
     preemptions: int
+    # Speculative decoding: draft tokens scheduled, and accepted.
+    drafted: int
+    accepted: int
     prompt_tokens: int
     hit_tokens: int
     outputs_correct: bool
@@ -348,11 +404,12 @@ def run(
     token_budget: int = 256,
     max_running: int = 32,
     headroom: int = 4,
+    spec_tokens: int = 0,
     max_steps: int = 100_000,
 ) -> RunStats:
     """Serves `requests` (prompt, tokens to generate) to completion."""
     pool = kvslots.BlockPool(num_blocks, block_size, kv_events=1 << 16)
-    scheduler = Scheduler(pool, token_budget, max_running, headroom)
+    scheduler = Scheduler(pool, token_budget, max_running, headroom, spec_tokens)
     model = Model(pool)
     router = Router()
     reqs = [Request(rid, prompt, max_new) for rid, (prompt, max_new) in enumerate(requests)]
@@ -378,6 +435,8 @@ def run(
         finished=finished,
         rejected=len(scheduler.rejected),
         preemptions=scheduler.preemptions,
+        drafted=scheduler.drafted,
+        accepted=scheduler.accepted,
         prompt_tokens=sum(len(req.prompt) for req in reqs),
         hit_tokens=sum(req.hit_tokens for req in reqs),
         outputs_correct=correct,
@@ -395,6 +454,7 @@ def main() -> int:
     ap.add_argument("--token-budget", type=int, default=256)
     ap.add_argument("--max-running", type=int, default=32)
     ap.add_argument("--headroom", type=int, default=4)
+    ap.add_argument("--spec-tokens", type=int, default=0, help="draft tokens a decode step")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     stats = run(
@@ -404,6 +464,7 @@ def main() -> int:
         token_budget=args.token_budget,
         max_running=args.max_running,
         headroom=args.headroom,
+        spec_tokens=args.spec_tokens,
     )
     for name, value in vars(stats).items():
         print(f"{name:>20}: {value}")

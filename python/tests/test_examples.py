@@ -52,6 +52,39 @@ def test_a_tight_pool_preempts_and_recomputes_the_same_outputs(example, num_bloc
     assert stats.cached_blocks_after <= num_blocks
 
 
+@pytest.mark.parametrize("num_blocks, headroom", [(1024, 4), (48, 0), (40, 0)])
+def test_speculative_decoding_rolls_back_the_rejected_drafts(example, num_blocks, headroom):
+    requests = example.workload(120, seed=4)
+    plain = example.run(requests, num_blocks=num_blocks, headroom=headroom)
+    spec = example.run(requests, num_blocks=num_blocks, headroom=headroom, spec_tokens=3)
+    # Some drafts rejected (rolled back with truncate), most accepted.
+    assert 0 < spec.accepted < spec.drafted
+    assert spec.outputs_correct and plain.outputs_correct
+    assert spec.router_in_sync
+    assert spec.finished == 120
+    assert spec.used_blocks_after == 0
+    # The accepted drafts save steps.
+    assert spec.steps < plain.steps
+
+
+def test_the_check_catches_a_verifier_that_accepts_wrong_drafts(example, monkeypatch):
+    """The negative control of the speculative runs: a verifier that accepts
+    every draft, the wrong ones too, keeps them (and their KV) and changes
+    the outputs."""
+    execute = example.Model.execute
+
+    def accept_all(self, batch):
+        sampled = execute(self, batch)
+        for s in batch.scheduled:
+            if s.req.rid in sampled and s.drafts:
+                sampled[s.req.rid] = s.drafts + sampled[s.req.rid][-1:]
+        return sampled
+
+    monkeypatch.setattr(example.Model, "execute", accept_all)
+    stats = example.run(example.workload(20, seed=5), num_blocks=256, spec_tokens=3)
+    assert not stats.outputs_correct
+
+
 def test_the_oracle_catches_a_kernel_writing_the_wrong_slots(example, monkeypatch):
     """The negative control: writes that land one block off read back a
     wrong context, and the outputs differ from the true tokens'."""
