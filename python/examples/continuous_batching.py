@@ -35,12 +35,16 @@ What it shows, call by call:
   and a `Router` replays `drain_events()` into the set of keys it believes
   cached.
 
-The "model" is a stand-in that checks the KV cache: the kernel writes each
-scheduled token id into a flat KV memory at its slot, and the next token is
-computed from the context read back through the block table. A block
-handed to two requests, or a prefix match that returned the wrong blocks,
-reads back a wrong context and changes the outputs, which `run` compares
-with outputs computed from the true tokens.
+The "model" is a stand-in that checks the KV cache. Its KV at a position
+depends on every token up to it, as a transformer's does: the kernel
+computes it from the KV of the position before, read back through the
+block table, and the token, and writes it into a flat KV memory at the
+token's slot; the next token is sampled from the KV of the last position,
+read back the same way. A block handed to two requests, a prefix match
+that returned the wrong blocks, a key that names a block's tokens but not
+those before them, or a bad rollback, reads back a wrong KV and changes
+the outputs, which `run` compares with outputs computed from the true
+tokens.
 
 Run it: `python python/examples/continuous_batching.py` (or `--help`;
 `--spec-tokens 3` for speculative decoding).
@@ -57,12 +61,24 @@ from typing import Deque, Dict, List, Optional, Set, Tuple
 import kvslots
 
 
+def kv_step(prev: int, token: int) -> int:
+    """The stand-in model's KV at a position: from the KV of the position
+    before (0 before the first) and the position's token."""
+    return (prev * 1_000_003 + token + 1) % 2_147_483_647
+
+
+def sample(kv: int) -> int:
+    """The stand-in model's next token, from the KV of the last position."""
+    return kv % 50_000
+
+
 def next_token(context: List[int]) -> int:
-    """The stand-in model: a token from the whole context (a rolling hash)."""
-    h = 0
-    for t in context:
-        h = (h * 1_000_003 + t) % 2_147_483_647
-    return h % 50_000
+    """The token the stand-in model samples after `context`, computed from
+    the true tokens."""
+    kv = 0
+    for token in context:
+        kv = kv_step(kv, token)
+    return sample(kv)
 
 
 def draft(rid: int, tokens: List[int], k: int) -> List[int]:
@@ -77,7 +93,7 @@ def draft(rid: int, tokens: List[int], k: int) -> List[int]:
     return context[len(tokens) :]
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
     """One request: its prompt, the tokens generated so far, and its
     sequence while it runs."""
@@ -92,6 +108,8 @@ class Request:
     # Keys of the computed full blocks, the first `len(keys)` blocks.
     keys: List[bytes] = field(default_factory=list)
     preemptions: int = 0
+    # Tokens taken from the cache at admissions (a recompute after a
+    # preemption counts again).
     hit_tokens: int = 0
 
     @property
@@ -172,6 +190,8 @@ class Scheduler:
         self.running: List[Request] = []
         self.rejected: List[Request] = []
         self.preemptions = 0
+        # Every key published, for checking a router's view.
+        self.published: Set[bytes] = set()
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -203,6 +223,7 @@ class Scheduler:
     def schedule(self) -> Batch:
         budget = self.token_budget
         scheduled: List[Scheduled] = []
+        preempted = self.preemptions
 
         # The running requests first, oldest first: the rest of a prefill,
         # or one decode token.
@@ -222,6 +243,8 @@ class Scheduler:
                 n += len(drafts)
             while True:
                 try:
+                    # (No `CopyRequired` here: this scheduler never forks,
+                    # and its matches and rollbacks leave no shared tail.)
                     positions = req.seq.try_append(n)
                     break
                 except kvslots.NeverFits:
@@ -244,8 +267,14 @@ class Scheduler:
             self.drafted += len(drafts)
             budget -= n
 
-        # Then the waiting ones, first come first served.
-        while self.waiting and budget > 0 and len(self.running) < self.max_running:
+        # Then the waiting ones, first come first served, unless this step
+        # preempted (the blocks it freed are for the running requests).
+        while (
+            self.waiting
+            and budget > 0
+            and len(self.running) < self.max_running
+            and self.preemptions == preempted
+        ):
             req = self.waiting[0]
             tokens = req.tokens
             seq = kvslots.Sequence(self.pool)
@@ -255,14 +284,16 @@ class Scheduler:
             keys = kvslots.hash_blocks(tokens[: matchable * self.block_size], self.block_size)
             hit = seq.match_prefix(keys)
             n = min(len(tokens) - len(seq), budget)
+            assert n >= 1
             try:
                 seq.try_reserve(n, headroom=self.headroom)
             except kvslots.Full:
                 seq.close()  # gives the matched blocks back; nothing else changed
                 break
             except kvslots.NeverFits:
-                # Longer than the whole pool (with the headroom): refused,
-                # as a server refuses a prompt past its context length.
+                # Longer than the whole pool with the headroom: refused, as
+                # vLLM's v0 block manager refused a prompt that left less
+                # than its watermark of the whole pool free.
                 seq.close()
                 self.rejected.append(self.waiting.popleft())
                 continue
@@ -307,9 +338,13 @@ class Scheduler:
             if full > len(req.keys):
                 start, stop = len(req.keys) * self.block_size, full * self.block_size
                 parent = req.keys[-1] if req.keys else None
-                req.keys += kvslots.hash_blocks(
+                new_keys = kvslots.hash_blocks(
                     req.tokens[start:stop], self.block_size, parent=parent
                 )
+                req.keys += new_keys
+                self.published.update(new_keys)
+                # The whole chain: the sequence skips the blocks it knows
+                # are cached.
                 req.seq.publish(req.keys)
             if req.finished:
                 req.seq.close()
@@ -320,31 +355,38 @@ class Scheduler:
 
 
 class Model:
-    """The stand-in model runner over a flat KV memory of token ids."""
+    """The stand-in model runner over a flat KV memory."""
 
     def __init__(self, pool: kvslots.BlockPool) -> None:
         self.kv: List[int] = [-1] * (pool.num_blocks * pool.block_size)
 
     def execute(self, batch: Batch) -> Dict[int, List[int]]:
-        # The kernel writes each scheduled token's KV (here its id) at its slot.
+        # The kernel computes each scheduled token's KV from the KV before
+        # it (read back through the block table) and writes it at its slot.
         slots = iter(batch.slot_mapping)
         for s in batch.scheduled:
+            assert s.req.seq is not None and s.stop > s.start
+            slot = s.req.seq.slot(s.start - 1) if s.start > 0 else None
+            kv = 0 if slot is None else self.kv[slot]
             for token in s.tokens:
-                self.kv[next(slots)] = token
+                kv = kv_step(kv, token)
+                self.kv[next(slots)] = kv
         # A request whose scheduled range reaches its last token (and its
-        # drafts) samples from the context read back through its block
-        # table: each draft that matches the model's own token is accepted,
-        # and the first that does not is replaced (greedy verification).
+        # drafts) samples from the KV of its last positions, read back
+        # through its block table: each draft that matches the model's own
+        # token is accepted, and the first that does not is replaced
+        # (greedy verification).
         sampled = {}
         for s in batch.scheduled:
             end = len(s.req.tokens)
             if s.stop != end + len(s.drafts):
                 continue
             assert s.req.seq is not None
-            context = [self.kv[slot] for slot in s.req.seq.slot_mapping(0, s.stop)]
             new = []
             for j in range(len(s.drafts) + 1):
-                token = next_token(context[: end + j])
+                slot = s.req.seq.slot(end - 1 + j)
+                assert slot is not None
+                token = sample(self.kv[slot])
                 new.append(token)
                 if j == len(s.drafts) or token != s.drafts[j]:
                     break
@@ -363,8 +405,10 @@ def reference_output(prompt: List[int], max_new_tokens: int) -> List[int]:
 def workload(
     n: int, seed: int = 0, shared_prefixes: int = 3, block_size: int = 16
 ) -> List[Tuple[List[int], int]]:
-    """`n` requests: a system prompt among `shared_prefixes`, then a user
-    turn of its own; each with its number of tokens to generate."""
+    """`n` requests: a system prompt among `shared_prefixes` (one in four
+    after another one, so that a system prompt's blocks also come at other
+    offsets, after other tokens), then a user turn of its own; each with
+    its number of tokens to generate."""
     rng = random.Random(seed)
     systems = [
         [rng.randrange(50_000) for _ in range(rng.randrange(2, 9) * block_size)]
@@ -372,8 +416,11 @@ def workload(
     ]
     requests = []
     for _ in range(n):
+        system = rng.choice(systems)
+        if rng.randrange(4) == 0:
+            system = rng.choice(systems) + system
         user = [rng.randrange(50_000) for _ in range(rng.randrange(1, 120))]
-        requests.append((rng.choice(systems) + user, rng.randrange(1, 24)))
+        requests.append((system + user, rng.randrange(1, 24)))
     return requests
 
 
@@ -391,7 +438,8 @@ class RunStats:
     prompt_tokens: int
     hit_tokens: int
     outputs_correct: bool
-    # After every step: the router's view matched the pool's cached blocks.
+    # After every step: the router's view held as many keys as the pool had
+    # cached blocks, all of them keys the scheduler published.
     router_in_sync: bool
     used_blocks_after: int
     cached_blocks_after: int
@@ -426,7 +474,11 @@ def run(
             raise RuntimeError("nothing scheduled: the pool cannot hold one request")
         finished += len(scheduler.update(batch, model.execute(batch)))
         router.apply(pool.drain_events())
-        in_sync = in_sync and len(router.cached) == pool.cached_blocks
+        in_sync = (
+            in_sync
+            and len(router.cached) == pool.cached_blocks
+            and router.cached <= scheduler.published
+        )
         steps += 1
     served = [req for req in reqs if req not in scheduler.rejected]
     correct = all(req.output == reference_output(req.prompt, req.max_new_tokens) for req in served)
@@ -437,7 +489,7 @@ def run(
         preemptions=scheduler.preemptions,
         drafted=scheduler.drafted,
         accepted=scheduler.accepted,
-        prompt_tokens=sum(len(req.prompt) for req in reqs),
+        prompt_tokens=sum(len(req.prompt) for req in served),
         hit_tokens=sum(req.hit_tokens for req in reqs),
         outputs_correct=correct,
         router_in_sync=in_sync,
