@@ -84,12 +84,7 @@ fn run(num_blocks: usize, steps: usize, seed: u64) -> usize {
             m.matched(&mut s, keys, &what);
             seqs.push(s);
         } else if roll < 90 {
-            let s = seqs.remove(x % seqs.len());
-            let blocks = s.blocks().to_vec();
-            drop(s);
-            for &b in blocks.iter().rev() {
-                m.drop_ref(b);
-            }
+            m.dropped(seqs.remove(x % seqs.len()));
         } else if roll < 95 {
             let i = x % seqs.len();
             let before = seqs[i].blocks().to_vec();
@@ -105,18 +100,11 @@ fn run(num_blocks: usize, steps: usize, seed: u64) -> usize {
             pool.try_alloc(n, &mut out).unwrap();
             m.fresh(&out, &what);
             pool.free(&out).unwrap();
-            for &b in &out {
-                m.refs[b.index()] -= 1;
-            }
+            m.freed(&out);
         }
         // Keep the held blocks few, so that most are evictable.
         while m.refs.iter().filter(|&&r| r > 0).count() > num_blocks / 3 {
-            let s = seqs.remove(0);
-            let blocks = s.blocks().to_vec();
-            drop(s);
-            for &b in blocks.iter().rev() {
-                m.drop_ref(b);
-            }
+            m.dropped(seqs.remove(0));
         }
         assert_eq!(pool.evictable_blocks(), m.lru.len(), "{what}: evictable");
     }

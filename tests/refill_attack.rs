@@ -80,12 +80,7 @@ fn lru_run(n: usize, max_held: usize, most: usize, steps: usize, seed: u64) -> u
             m.matched(&mut s, keys, &what);
             seqs.push(s);
         } else if roll < 85 {
-            let s = seqs.remove(rng.below(seqs.len()));
-            let blocks = s.blocks().to_vec();
-            drop(s);
-            for &b in blocks.iter().rev() {
-                m.drop_ref(b);
-            }
+            m.dropped(seqs.remove(rng.below(seqs.len())));
         } else if roll < 92 {
             let i = rng.below(seqs.len());
             let before = seqs[i].blocks().to_vec();
@@ -105,17 +100,10 @@ fn lru_run(n: usize, max_held: usize, most: usize, steps: usize, seed: u64) -> u
             pool.try_alloc(k, &mut out).unwrap();
             m.fresh(&out, &what);
             pool.free(&out).unwrap();
-            for &b in &out {
-                m.refs[b.index()] -= 1;
-            }
+            m.freed(&out);
         }
         while m.held() > max_held {
-            let s = seqs.remove(0);
-            let blocks = s.blocks().to_vec();
-            drop(s);
-            for &b in blocks.iter().rev() {
-                m.drop_ref(b);
-            }
+            m.dropped(seqs.remove(0));
         }
         assert_eq!(pool.evictable_blocks(), m.lru.len(), "{what}: evictable");
     }
@@ -208,9 +196,7 @@ fn one_at_a_time_evictions_cross_the_threshold_in_order() {
                 assert_eq!(pool.evictable_blocks(), m.lru.len(), "{what}: evictable");
             }
             pool.free(&raw).unwrap();
-            for b in raw {
-                m.refs[b.index()] -= 1;
-            }
+            m.freed(&raw);
         }
         assert!(m.evictions > 3 * n, "{n}: {} evictions", m.evictions);
         assert_pool_whole(&pool);

@@ -40,6 +40,22 @@ impl Model {
         }
     }
 
+    /// Drops `seq`, whose references go last block first.
+    pub fn dropped<A: BlockAllocator>(&mut self, seq: Sequence<A>) {
+        let blocks = seq.blocks().to_vec();
+        drop(seq);
+        for &b in blocks.iter().rev() {
+            self.drop_ref(b);
+        }
+    }
+
+    /// A raw caller freed `ids` (uncached blocks: no release to record).
+    pub fn freed(&mut self, ids: &[BlockId]) {
+        for &b in ids {
+            self.refs[b.index()] -= 1;
+        }
+    }
+
     pub fn hold(&mut self, id: BlockId) {
         let i = id.index();
         if let Some(t) = self.released_at[i].take() {
