@@ -185,7 +185,8 @@
 //! words start on a cache line of their own (16 words, 1,024 ids, to a
 //! line), and a summary word per shard, on its own line, marks the groups
 //! of words that may hold a free id (bit `j` for words `j * g .. (j + 1) *
-//! g`, `g = ceil(words / 64)`: one word a bit for shards of up to 4,096
+//! g`, `g` the least power of two at least `ceil(words / 64)`, so that a
+//! shift finds a word's bit: one word a bit for shards of up to 4,096
 //! ids).
 //!
 //! ```text

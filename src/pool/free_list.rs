@@ -55,8 +55,10 @@ pub(crate) struct FreeList {
     words: u32,
     /// Lines per shard: `ceil(words / WORDS_PER_LINE)`.
     lines_per_shard: u32,
-    /// Words per summary bit: `ceil(words / 64)`.
-    group: u32,
+    /// Words per summary bit, `1 << group_shift`: the least power of two
+    /// at least `ceil(words / 64)` (a shift, not a division, finds a
+    /// word's bit).
+    group_shift: u32,
     /// Which shard a thread calls home.
     homes: Divisor,
     /// Division by `span`: which shard owns an id.
@@ -185,27 +187,34 @@ fn whole_bits(len: u32, span: u32, s: u32, w: u32) -> u64 {
 }
 
 /// Whether `ids` are `lo`, `lo + 1`, ... in order (the caller checked
-/// that `lo + ids.len() - 1` does not overflow). Sixteen at a time with no
-/// branch (a loop the compiler vectorises, over 32-bit lanes), stopping at
-/// the first chunk of 64 that is not.
+/// that `lo + ids.len() - 1` does not overflow). Sixty-four at a time with
+/// no branch (the id at position `p` of a chunk, less `p`, is the chunk's
+/// first id: a loop the compiler vectorises, over 32-bit lanes), stopping
+/// at the first chunk that is not.
 #[inline]
 fn is_run(ids: &[BlockId], lo: u32) -> bool {
-    const STEP: [u32; 16] = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15];
+    const POSITION: [u32; 64] = {
+        let mut p = [0; 64];
+        let mut i = 0;
+        while i < 64 {
+            p[i] = i as u32;
+            i += 1;
+        }
+        p
+    };
     let mut next = lo;
-    let mut blocks = ids.chunks_exact(64);
-    for block in &mut blocks {
+    let mut chunks = ids.chunks_exact(64);
+    for chunk in &mut chunks {
         let mut off = 0;
-        for chunk in block.chunks_exact(16) {
-            for (id, step) in chunk.iter().zip(STEP) {
-                off |= id.index() as u32 ^ (next + step);
-            }
-            next += 16;
+        for (id, p) in chunk.iter().zip(POSITION) {
+            off |= (id.index() as u32).wrapping_sub(p) ^ next;
         }
         if off != 0 {
             return false;
         }
+        next += 64;
     }
-    blocks
+    chunks
         .remainder()
         .iter()
         .zip(next..)
@@ -265,7 +274,11 @@ impl FreeList {
     pub(crate) fn new(room: FreeRoom, len: u32, shards: usize, faults: Faults) -> FreeList {
         debug_assert!(shards > 0);
         let (span, words, lines_per_shard) = Self::shape(len as usize, shards);
-        let group = words.div_ceil(64).max(1);
+        let group_shift = words
+            .div_ceil(64)
+            .max(1)
+            .next_power_of_two()
+            .trailing_zeros();
         // The bits of the ids of shard `s` in its word `w`.
         let free = |s: u32, w: u32| -> u64 {
             if w >= words {
@@ -288,7 +301,7 @@ impl FreeList {
                 let mut summary = 0u64;
                 for w in 0..words {
                     if free(s, w) != 0 {
-                        summary |= 1 << (w / group);
+                        summary |= 1 << (w >> group_shift);
                     }
                 }
                 CachePadded::new(AtomicU64::new(summary))
@@ -302,7 +315,7 @@ impl FreeList {
             span,
             words,
             lines_per_shard,
-            group,
+            group_shift,
             homes: Divisor::new(shards),
             by_span: Divisor::new(span as usize),
             faults,
@@ -479,7 +492,7 @@ impl FreeList {
 
     /// The summary bit of word `w` (of any shard).
     fn summary_bit(&self, w: u32) -> u64 {
-        1 << (w / self.group)
+        1 << (w >> self.group_shift)
     }
 
     /// Takes up to `k > 0` free ids and appends them to `out`; returns how
@@ -507,7 +520,7 @@ impl FreeList {
         // Relaxed: a hint, as in `take_from_shard`.
         let groups = self.summaries[home].load(Ordering::Relaxed);
         if groups != 0 && k < 64 {
-            let w = groups.trailing_zeros() * self.group;
+            let w = groups.trailing_zeros() << self.group_shift;
             let word = self.word(home, w);
             // Relaxed: only a guess; the CAS validates it (and acquires).
             let cur = word.load(Ordering::Relaxed);
@@ -603,8 +616,8 @@ impl FreeList {
         while groups != 0 {
             let j = groups.trailing_zeros();
             groups &= groups - 1;
-            let first = j * self.group;
-            let end = (first + self.group).min(self.words);
+            let first = j << self.group_shift;
+            let end = (first + (1 << self.group_shift)).min(self.words);
             let mut held = false;
             for w in first..end {
                 let (got, had) = self.take_from_word(s, w, k - taken, out, taker);
@@ -901,12 +914,12 @@ impl FreeList {
     /// returns `true`; returns whether every call did.
     #[inline]
     fn run_words(&self, lo: u32, hi: u32, mut each: impl FnMut(Place, u64) -> bool) -> bool {
-        let mut id = lo;
+        let mut word = self.word_of(BlockId::new(lo));
+        let mut from = lo - word.base;
         loop {
-            let word = self.word_of(BlockId::new(id));
             // The run's last id in this word (`limit >= 1`).
             let end = hi.min(word.base + (word.limit - 1));
-            let (from, to) = (id - word.base, end - word.base);
+            let to = end - word.base;
             let mask = (u64::MAX >> (63 - to)) & (u64::MAX << from);
             if !each(word.place, mask) {
                 return false;
@@ -914,7 +927,29 @@ impl FreeList {
             if end == hi {
                 return true;
             }
-            id = end + 1;
+            // The run goes on at the next word's bit 0.
+            word = self.word_after(word);
+            from = 0;
+        }
+    }
+
+    /// The word that holds the id after `word`'s last one (which is in
+    /// range): [`word_of`](Self::word_of) of that id, without its division.
+    #[inline]
+    fn word_after(&self, word: Word) -> Word {
+        let Place { shard, word: w } = word.place;
+        let base = word.base + word.limit;
+        // In u64: the last shard's end may pass u32::MAX.
+        let shard_end = (u64::from(shard) + 1) * u64::from(self.span);
+        let (shard, w, end) = if u64::from(base) == shard_end {
+            (shard + 1, 0, shard_end + u64::from(self.span))
+        } else {
+            (shard, w + 1, shard_end)
+        };
+        Word {
+            place: Place { shard, word: w },
+            base,
+            limit: (end - u64::from(base)).min(64) as u32,
         }
     }
 
@@ -981,6 +1016,41 @@ mod tests {
     fn list(len: u32, shards: usize) -> FreeList {
         let room = FreeList::room(len as usize, shards).unwrap();
         FreeList::new(room, len, shards, Faults::default())
+    }
+
+    #[test]
+    fn word_after_steps_as_word_of() {
+        // Shards whose last word is whole or short, one shard or several,
+        // and shards of more than 64 words (more than one word a summary
+        // bit).
+        for (len, shards) in [
+            (64, 1),
+            (200, 1),
+            (200, 3),
+            (256, 4),
+            (1000, 7),
+            (9000, 2),
+            (20_000, 2),
+        ] {
+            let free = list(len, shards);
+            let mut word = free.word_of(BlockId::new(0));
+            let mut id = 0;
+            loop {
+                assert_eq!(word.base, id, "{len}/{shards}");
+                let of = free.word_of(BlockId::new(id));
+                assert_eq!(
+                    (word.place, word.limit),
+                    (of.place, of.limit),
+                    "{len}/{shards} at {id}"
+                );
+                assert!(word.place.word >> free.group_shift < 64, "{len}/{shards}");
+                id += word.limit;
+                if id >= len {
+                    break;
+                }
+                word = free.word_after(word);
+            }
+        }
     }
 
     #[test]
