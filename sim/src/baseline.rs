@@ -79,6 +79,12 @@ pub enum MutexFreeError {
         /// The offending id.
         id: BlockId,
     },
+    /// The block is held by sequences (taken through [`BlockAllocator`]),
+    /// which give it back themselves, as `kvslots::FreeError::HeldBySequence`.
+    HeldBySequence {
+        /// The offending id.
+        id: BlockId,
+    },
 }
 
 impl fmt::Display for MutexFreeError {
@@ -87,6 +93,9 @@ impl fmt::Display for MutexFreeError {
             MutexFreeError::OutOfRange { id } => write!(f, "{id} is out of range"),
             MutexFreeError::NotAllocated { id } => {
                 write!(f, "{id} is freed more times than it is referenced")
+            }
+            MutexFreeError::HeldBySequence { id } => {
+                write!(f, "{id} is held by sequences, which give it back")
             }
         }
     }
@@ -128,6 +137,9 @@ struct Inner {
     free: Vec<u32>,
     /// References per block; 0 = free (uncached, or cached and evictable).
     refs: Vec<u32>,
+    /// Per allocated block, whether a raw caller took it (its references
+    /// are given back with [`MutexPool::free`]) rather than a sequence.
+    raw: Vec<bool>,
     /// The key each block holds, if cached.
     key_of: Vec<Option<BlockHash>>,
     /// The cached blocks by key.
@@ -206,15 +218,16 @@ impl Inner {
     }
 
     /// Takes `n` blocks (the caller has checked they are available) into
-    /// `out`, one reference each: the uncached free ones first, in stack
-    /// order, then evictable ones, least recently released first (their
-    /// keys dropped).
-    fn take_n(&mut self, n: usize, out: &mut Vec<BlockId>) {
+    /// `out`, one reference each, for a raw caller or a sequence: the
+    /// uncached free ones first, in stack order, then evictable ones, least
+    /// recently released first (their keys dropped).
+    fn take_n(&mut self, n: usize, out: &mut Vec<BlockId>, raw: bool) {
         let from_free = n.min(self.free.len());
         let start = self.free.len() - from_free;
         for i in start..self.free.len() {
             let id = self.free[i];
             self.refs[id as usize] = 1;
+            self.raw[id as usize] = raw;
             out.push(BlockId::new(id));
         }
         self.free.truncate(start);
@@ -225,18 +238,17 @@ impl Inner {
             self.uncache(id);
             self.stats.evictions += 1;
             self.refs[id as usize] = 1;
+            self.raw[id as usize] = raw;
             out.push(BlockId::new(id));
         }
     }
 
-    /// Drops one reference to `id` (none if it has none: a reference a raw
-    /// free took); a block whose last reference goes becomes evictable if
-    /// it holds a key (the most recently released), else free.
+    /// Drops one reference to `id`; a block whose last reference goes
+    /// becomes evictable if it holds a key (the most recently released),
+    /// else free.
     fn drop_ref(&mut self, id: BlockId) {
         let i = id.index();
-        if self.refs[i] == 0 {
-            return;
-        }
+        debug_assert!(self.refs[i] > 0, "{id} dropped without a reference");
         self.refs[i] -= 1;
         if self.refs[i] == 0 {
             if self.key_of[i].is_some() {
@@ -313,6 +325,7 @@ impl MutexPool {
             inner: Mutex::new(Inner {
                 free,
                 refs: filled(num_blocks, 0)?,
+                raw: filled(num_blocks, false)?,
                 key_of: filled(num_blocks, None)?,
                 index,
                 prev: filled(num_blocks, NIL)?,
@@ -343,9 +356,12 @@ impl MutexPool {
         // A hash table keeps at most 7/8 of its buckets full, each a key, a
         // value and a control byte.
         let index = (size_of::<(BlockHash, u32)>() + 1).saturating_mul(num_blocks / 7 * 8 + 8);
-        (4 * size_of::<u32>() + size_of::<u64>() + size_of::<Option<BlockHash>>())
-            .saturating_mul(num_blocks)
-            .saturating_add(index)
+        (4 * size_of::<u32>()
+            + size_of::<u64>()
+            + size_of::<bool>()
+            + size_of::<Option<BlockHash>>())
+        .saturating_mul(num_blocks)
+        .saturating_add(index)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -426,6 +442,8 @@ impl MutexPool {
                 Some(MutexFreeError::OutOfRange { id })
             } else if inner.refs[id.index()] == 0 {
                 Some(MutexFreeError::NotAllocated { id })
+            } else if !inner.raw[id.index()] {
+                Some(MutexFreeError::HeldBySequence { id })
             } else {
                 None
             };
@@ -479,8 +497,9 @@ impl MutexPool {
 }
 
 /// The calls of a sequence, each taking the lock once; [`BlockAllocator`]
-/// forwards to them. (Public, as the mutex baseline's own calls: it has no
-/// sequence flag, and its tests call them directly.)
+/// forwards to them. (Public, as the mutex baseline's own calls, which
+/// its tests call directly; the blocks they take are a sequence's, which
+/// [`free`](MutexPool::free) refuses.)
 impl MutexPool {
     /// [`BlockAllocator::try_alloc_with_headroom`], under the lock.
     pub fn try_alloc_with_headroom(
@@ -488,6 +507,28 @@ impl MutexPool {
         n: usize,
         headroom: usize,
         out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        self.try_take(n, headroom, out, false)
+    }
+
+    /// [`Pool::try_alloc_raw`], under the lock: blocks that
+    /// [`free`](MutexPool::free) gives back.
+    pub fn try_alloc_raw(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<(), ReserveError> {
+        self.try_take(n, headroom, out, true)
+    }
+
+    /// The body of both: `n` blocks for a raw caller or a sequence.
+    fn try_take(
+        &self,
+        n: usize,
+        headroom: usize,
+        out: &mut Vec<BlockId>,
+        raw: bool,
     ) -> Result<(), ReserveError> {
         self.never_fits(n, headroom)?;
         // Reserve outside the lock, so that the critical section does not
@@ -503,7 +544,7 @@ impl MutexPool {
         }
         // Nothing to take (a pure headroom check)?
         if n > 0 {
-            inner.take_n(n, out);
+            inner.take_n(n, out, raw);
             self.mirror(&mut inner);
         }
         Ok(())
@@ -546,7 +587,7 @@ impl MutexPool {
             inner.waiting -= 1;
         }
         if n > 0 {
-            inner.take_n(n, out);
+            inner.take_n(n, out, false);
             self.mirror(&mut inner);
         }
         Ok(())
@@ -724,7 +765,7 @@ impl Pool for MutexPool {
         headroom: usize,
         out: &mut Vec<BlockId>,
     ) -> Result<(), ReserveError> {
-        MutexPool::try_alloc_with_headroom(self, n, headroom, out)
+        MutexPool::try_alloc_raw(self, n, headroom, out)
     }
     fn used_blocks(&self) -> usize {
         // Relaxed: a snapshot for reporting; the lock orders the real state.
@@ -769,7 +810,7 @@ mod tests {
     }
 
     fn alloc(p: &MutexPool, n: usize, out: &mut Vec<BlockId>) -> Result<(), ReserveError> {
-        p.try_alloc_with_headroom(n, 0, out)
+        p.try_alloc_raw(n, 0, out)
     }
 
     #[test]
@@ -897,6 +938,16 @@ mod tests {
             p.free(&[idle]),
             Err(MutexFreeError::NotAllocated { id: idle })
         );
+        // A sequence's block is the sequence's to give back.
+        let mut seq = Sequence::new(Arc::clone(&p));
+        seq.try_append(16).unwrap();
+        let held = seq.blocks()[0];
+        assert_eq!(
+            p.free(&[a[0], held]),
+            Err(MutexFreeError::HeldBySequence { id: held })
+        );
+        assert_eq!(p.refs(held), Some(1));
+        drop(seq);
         assert_eq!(p.free_blocks(), free);
         assert_eq!(p.refs(a[0]), Some(1));
         p.free(&a).unwrap();
@@ -918,7 +969,7 @@ mod tests {
         // A block with no reference left takes none: the count stops there.
         assert_eq!(p.add_refs(&a), 1);
         assert_eq!((p.refs(a[0]), p.refs(a[1])), (Some(2), Some(0)));
-        p.release(&[a[0], a[0], a[1]]);
+        p.release(&[a[0], a[0]]);
         assert_eq!((p.used_blocks(), p.refs(a[0])), (0, Some(0)));
     }
 

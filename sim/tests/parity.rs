@@ -271,6 +271,17 @@ fn both_backends_refuse_bad_frees_and_change_nothing() {
             "{}: out of range",
             b.name()
         );
+        // A sequence's block is the sequence's to give back.
+        let mut seq = b.new_seq(16);
+        seq.try_append(16, None, &mut Vec::new()).unwrap();
+        let held = seq.table(0)[0];
+        assert!(
+            b.free(&[ids[1], held]).is_err(),
+            "{}: a sequence's block",
+            b.name()
+        );
+        assert_eq!(b.ref_count(B::Seq::index(held)), Some(1), "{}", b.name());
+        drop(seq);
         assert_eq!(b.used_blocks(), 2);
         b.free(&ids).unwrap();
         assert!(b.free(&ids).is_err(), "{}: double free", b.name());
