@@ -1421,4 +1421,268 @@ mod tests {
             assert_eq!(again, given, "{len}/{shards}");
         }
     }
+
+    /// `is_run` agrees with the one-by-one definition for every length up
+    /// to 200 (full chunks of 64, 128, 192 and every tail), a wrong id at
+    /// every position (off by one either way, by 64, by a high bit, or two
+    /// neighbours swapped), for starts at 0 and near `u32::MAX`.
+    #[test]
+    fn is_run_catches_every_wrong_position() {
+        let slow = |ids: &[BlockId], lo: u32| {
+            ids.iter()
+                .enumerate()
+                .all(|(i, id)| u64::from(id.index() as u32) == u64::from(lo) + i as u64)
+        };
+        for n in 0..=200u32 {
+            // The last start whose run ends at `u32::MAX - 1` (callers'
+            // ids stay below `len <= MAX_BLOCKS`).
+            for lo in [0, 63, u32::MAX - 1 - n] {
+                let good: Vec<BlockId> = (0..n).map(|i| BlockId::new(lo + i)).collect();
+                assert!(is_run(&good, lo), "{n} from {lo}");
+                if n > 0 {
+                    assert!(!is_run(&good, lo + 1), "{n} from {lo}: lo off");
+                    if lo > 0 {
+                        assert!(!is_run(&good, lo - 1), "{n} from {lo}: lo off");
+                    }
+                }
+                for pos in 0..n as usize {
+                    let id = good[pos].index() as u32;
+                    let mut wrongs = vec![
+                        id.wrapping_add(1),
+                        id.wrapping_sub(1),
+                        id.wrapping_add(64),
+                        id.wrapping_sub(64),
+                        id ^ (1 << 31),
+                        id ^ 1,
+                        lo,
+                    ];
+                    wrongs.retain(|&w| w != id && w != BlockId::NULL.index() as u32);
+                    for w in wrongs {
+                        let mut bad = good.clone();
+                        bad[pos] = BlockId::new(w);
+                        assert!(!is_run(&bad, lo), "{n} from {lo}: {w} at {pos}");
+                        assert_eq!(is_run(&bad, lo), slow(&bad, lo));
+                    }
+                    if pos + 1 < n as usize {
+                        let mut bad = good.clone();
+                        bad.swap(pos, pos + 1);
+                        assert!(!is_run(&bad, lo), "{n} from {lo}: swap at {pos}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// `run_words` yields, for any run `lo..=hi`, exactly the words and
+    /// masks that grouping its ids by `word_of` gives (runs that start
+    /// and end mid-word, cover short last words, cross shards, in pools
+    /// whose last shard is shorter and shards of more than 64 words).
+    #[test]
+    fn run_words_matches_word_of_per_id() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut rand = move |n: u32| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % u64::from(n)) as u32
+        };
+        for &(len, shards) in &[
+            (1u32, 1usize),
+            (63, 1),
+            (64, 2),
+            (65, 1),
+            (130, 3),
+            (1000, 7),
+            (4097, 3),
+            (8193, 2),
+            (20_000, 2),
+            (20_001, 3),
+            (300_001, 7),
+            (300_000, 2),
+        ] {
+            let free = list(len, shards);
+            let check = |lo: u32, hi: u32| {
+                let mut got: Vec<(Place, u64)> = Vec::new();
+                assert!(free.run_words(lo, hi, |place, mask| {
+                    got.push((place, mask));
+                    true
+                }));
+                let mut want: Vec<(Place, u64)> = Vec::new();
+                for id in lo..=hi {
+                    let w = free.word_of(BlockId::new(id));
+                    let bit = 1u64 << (id - w.base);
+                    match want.last_mut() {
+                        Some((p, m)) if *p == w.place => *m |= bit,
+                        _ => want.push((w.place, bit)),
+                    }
+                }
+                assert_eq!(got, want, "{len}/{shards}: {lo}..={hi}");
+            };
+            // Runs from and to every shard boundary +- 1 and random runs.
+            let span = free.span;
+            let mut edges = vec![0, len - 1];
+            for s in 1..shards as u32 {
+                for d in [0i64, -1, 1, -64, 63, 64] {
+                    let e = i64::from(s * span) + d;
+                    if (0..i64::from(len)).contains(&e) {
+                        edges.push(e as u32);
+                    }
+                }
+            }
+            for &a in &edges {
+                for &b in &edges {
+                    if a <= b && b - a <= 5000 {
+                        check(a, b);
+                    }
+                }
+            }
+            for _ in 0..300 {
+                let lo = rand(len);
+                let n = 1 + rand(300.min(len - lo));
+                check(lo, lo + n - 1);
+            }
+        }
+    }
+
+    /// Fresh runs given back in random pieces (crossing words, short last
+    /// words and shards) come back through the summaries alone: `pop`
+    /// (never `pop_everywhere`) finds every id, each once, in shards of
+    /// up to 157 words (4 words a summary bit).
+    #[test]
+    fn fresh_runs_given_back_are_found_through_the_summaries() {
+        let mut seed = 0x2545_F491_4F6C_DD1Du64;
+        let mut rand = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        for &(len, shards) in &[
+            (1000u32, 7usize),
+            (4097, 3),
+            (8200, 1),
+            (20_000, 2),
+            (20_001, 3),
+            (40_000, 1),
+            (65_537, 4),
+        ] {
+            let free = list(len, shards);
+            for round in 0..3 {
+                let mut out = Vec::with_capacity(len as usize);
+                let mut t = fresh();
+                let mut got = 0;
+                // Several pops (so through the summaries and the fast path).
+                while got < len as usize {
+                    let k = (1 + rand(200)).min(len as usize - got);
+                    let n = free.pop(k, &mut out, &mut t);
+                    assert_eq!(n, k, "{len}/{shards} round {round}: pop after {got}");
+                    got += n;
+                }
+                assert_eq!(free.pop(1, &mut out, &mut counted()), 0);
+                out.sort();
+                out.dedup();
+                assert_eq!(out.len(), len as usize, "{len}/{shards}: an id twice");
+                // Give back: fresh runs in random pieces (in a random order
+                // of pieces), the counted ones through `Give`.
+                let mut pieces: Vec<Vec<BlockId>> = Vec::new();
+                let mut counted_ids = Vec::new();
+                let mut i = 0;
+                while i < out.len() {
+                    if !free.is_fresh(out[i]) {
+                        counted_ids.push(out[i]);
+                        i += 1;
+                        continue;
+                    }
+                    let mut j = i + 1;
+                    let cap = i + 1 + rand(300);
+                    while j < out.len()
+                        && j < cap
+                        && free.is_fresh(out[j])
+                        && out[j].index() == out[j - 1].index() + 1
+                    {
+                        j += 1;
+                    }
+                    pieces.push(out[i..j].to_vec());
+                    i = j;
+                }
+                for k in (1..pieces.len()).rev() {
+                    pieces.swap(k, rand(k + 1));
+                }
+                for piece in &pieces {
+                    assert!(free.give_fresh_run(piece), "{len}/{shards}: {piece:?}");
+                }
+                let mut give = Give::new();
+                for &id in &counted_ids {
+                    give = give.add(&free, id);
+                }
+                free.give(give);
+            }
+            // Everything back, each once: through the summaries alone.
+            let mut again = Vec::with_capacity(len as usize);
+            assert_eq!(
+                free.pop(len as usize, &mut again, &mut counted()),
+                len as usize,
+                "{len}/{shards}"
+            );
+            again.sort();
+            again.dedup();
+            assert_eq!(again.len(), len as usize);
+        }
+    }
+
+    /// A single word given back to an otherwise empty list whose summary
+    /// bits were all cleared is found by `pop` through the summaries
+    /// alone, for every word of shards of 65 to 2,344 words (2 to 64 words
+    /// a summary bit, a group count that is not a power of two, a short
+    /// last group): its summary bit is the one whose group holds it.
+    #[test]
+    fn each_lone_word_is_found_through_its_summary_bit() {
+        for &(len, shards) in &[
+            (4097u32, 1usize),
+            (9000, 1),
+            (20_000, 2),
+            (20_801, 1),
+            (40_000, 3),
+            (300_000, 2),
+        ] {
+            let free = list(len, shards);
+            let mut all = Vec::with_capacity(len as usize);
+            assert_eq!(
+                free.pop(len as usize, &mut all, &mut counted()),
+                len as usize
+            );
+            // Nothing left: this take finds every group empty and clears
+            // every summary bit.
+            assert_eq!(free.pop(1, &mut all, &mut counted()), 0);
+            assert!(free
+                .summaries
+                .iter()
+                .all(|s| s.load(Ordering::Relaxed) == 0));
+            all.sort();
+            let mut by_word: Vec<Vec<BlockId>> = Vec::new();
+            let mut last: Option<Place> = None;
+            for &id in &all {
+                let place = free.word_of(id).place;
+                if last != Some(place) {
+                    by_word.push(Vec::new());
+                    last = Some(place);
+                }
+                by_word.last_mut().unwrap().push(id);
+            }
+            for ids in &by_word {
+                let mut give = Give::new();
+                for &id in ids {
+                    give = give.add(&free, id);
+                }
+                free.give(give);
+                let mut out = Vec::with_capacity(ids.len());
+                let n = free.pop(ids.len(), &mut out, &mut counted());
+                let at = free.word_of(ids[0]).place;
+                assert_eq!(n, ids.len(), "{len}/{shards}: word {at:?} not found");
+                out.sort();
+                assert_eq!(&out, ids, "{len}/{shards}");
+                assert_eq!(free.pop(1, &mut out, &mut counted()), 0);
+            }
+        }
+    }
 }
