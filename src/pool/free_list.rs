@@ -1331,6 +1331,7 @@ mod tests {
         // Every group looks empty: the next pop clears every summary bit.
         let mut none = Vec::with_capacity(1);
         assert_eq!(free.pop(1, &mut none, &mut counted()), 0);
+        // Relaxed: one thread; nothing else to order.
         assert_eq!(free.summaries[0].load(Ordering::Relaxed), 0);
         free.give(Give::new().add(&free, out[200]));
         assert_eq!(free.pop(1, &mut none, &mut counted()), 1);
@@ -1343,6 +1344,7 @@ mod tests {
         (0..free.shards())
             .flat_map(|s| (0..free.words).map(move |w| (s, w)))
             .map(|(s, w)| {
+                // Relaxed (both): one thread; nothing else to order.
                 (
                     free.word(s, w).load(Ordering::Relaxed),
                     free.fresh_word(s, w).load(Ordering::Relaxed),
@@ -1654,6 +1656,7 @@ mod tests {
             // Nothing left: this take finds every group empty and clears
             // every summary bit.
             assert_eq!(free.pop(1, &mut all, &mut counted()), 0);
+            // Relaxed: one thread; nothing else to order.
             assert!(free
                 .summaries
                 .iter()
