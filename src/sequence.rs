@@ -777,7 +777,8 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     }
 
     /// How many tokens the blocks in the table can hold:
-    /// `blocks().len() * block_size`, at least [`len`](Self::len).
+    /// `blocks().len() * block_size` (saturating at `usize::MAX`), at least
+    /// [`len`](Self::len).
     ///
     /// # Examples
     ///
@@ -788,7 +789,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// assert_eq!(seq.capacity(), 32);
     /// ```
     pub fn capacity(&self) -> usize {
-        self.blocks.len() * self.pool.block_size()
+        self.blocks.len().saturating_mul(self.pool.block_size())
     }
 
     /// The flat slot index of token `position`:

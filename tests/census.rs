@@ -903,7 +903,7 @@ fn hybrid_rows() -> Vec<Row> {
             |_w| value((
                 KvGroup::SlidingWindow { window_tokens: 1 }.first_needed_block(usize::MAX, 1),
                 KvGroup::SlidingWindow { window_tokens: usize::MAX }.first_needed_block(usize::MAX, 1),
-            )) => value((usize::MAX - 1, 0usize));
+            )) => value((usize::MAX, 1usize));
         "GroupKeys::group: past the last group", none,
             |_w| value(GroupKeys::new(&hgroups()).group(2).map(<[BlockHash]>::len)) => value(None::<usize>);
         "GroupKeys::truncate: usize::MAX", hybrid_seq,

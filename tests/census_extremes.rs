@@ -51,8 +51,11 @@ fn a_window_of_usize_max_tokens_never_gives_a_block_back() {
     let window = KvGroup::SlidingWindow {
         window_tokens: usize::MAX,
     };
-    assert_eq!(window.first_needed_block(usize::MAX, 1), 0);
+    // Every position a sequence can append at (`len < usize::MAX`) reads
+    // from position 0; only position `usize::MAX`, which no sequence
+    // reaches (its length would pass `usize::MAX`), reads from 1.
     assert_eq!(window.first_needed_block(usize::MAX - 1, 1), 0);
+    assert_eq!(window.first_needed_block(usize::MAX, 1), 1);
     let pool = Arc::new(BlockPool::new(64, 4));
     let groups = KvGroups::new([KvGroup::Full, window]).unwrap();
     let mut h = HybridSequence::new(Arc::clone(&pool), groups);

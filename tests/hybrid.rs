@@ -81,7 +81,95 @@ fn first_needed_block_follows_the_window() {
     }
     // A window of 1 reads only the token itself.
     assert_eq!(sliding(1).first_needed_block(8, BS), 2);
-    assert_eq!(sliding(usize::MAX).first_needed_block(usize::MAX, 1), 0);
+    // Position `usize::MAX` with a window of `usize::MAX` tokens reads
+    // `1..=usize::MAX`.
+    assert_eq!(sliding(usize::MAX).first_needed_block(usize::MAX, 1), 1);
+    assert_eq!(sliding(usize::MAX).first_needed_block(usize::MAX - 1, 1), 0);
+    // At the last position, where `len + 1` does not fit: exact.
+    assert_eq!(sliding(1).first_needed_block(usize::MAX, 1), usize::MAX);
+    assert_eq!(sliding(2).first_needed_block(usize::MAX, 1), usize::MAX - 1);
+    assert_eq!(sliding(1).first_needed_block(usize::MAX, 2), usize::MAX / 2);
+    assert_eq!(
+        sliding(3).first_needed_block(usize::MAX, 2),
+        usize::MAX / 2 - 1
+    );
+    assert_eq!(
+        sliding(1).first_needed_block(usize::MAX - 1, 1),
+        usize::MAX - 1
+    );
+    // A window of no token (which `KvGroups` refuses) reads nothing.
+    assert_eq!(sliding(0).first_needed_block(usize::MAX, 1), usize::MAX);
+    assert_eq!(
+        sliding(0).first_needed_block(usize::MAX, 2),
+        1 << (usize::BITS - 1)
+    );
+    assert_eq!(sliding(0).first_needed_block(usize::MAX, 3), usize::MAX / 3);
+    assert_eq!(sliding(0).first_needed_block(7, 4), 2);
+}
+
+#[test]
+fn a_hybrid_length_past_usize_max_never_fits_and_changes_nothing() {
+    // A window gives its blocks back, so one block of 2^63 tokens holds a
+    // sliding group's every window: only the length bounds it.
+    let half = 1usize << (usize::BITS - 1);
+    let pool = Arc::new(BlockPool::new(1, half));
+    let mut seq = HybridSequence::new(Arc::clone(&pool), groups(&[sliding(1)]));
+    assert_eq!(seq.try_append(half).unwrap(), 0..half);
+    let before = (
+        seq.len(),
+        tables(&seq),
+        seq.held_blocks(),
+        pool.used_blocks(),
+    );
+    // The capacity: the pool's one block, which the window would give back.
+    let never: Result<std::ops::Range<usize>, _> = Err(ReserveError::NeverFits {
+        requested: usize::MAX,
+        capacity: 1,
+    });
+    for n in [half, usize::MAX] {
+        assert_eq!(seq.try_append(n), never);
+        assert_eq!(seq.try_append_cow(n, &mut Vec::new()), never);
+        // Fenced, the window's block is not reused: `usize::MAX` more
+        // tokens ask for 2 new blocks, which never fit first.
+        let fenced = if n == half {
+            never.clone()
+        } else {
+            Err(ReserveError::NeverFits {
+                requested: 2,
+                capacity: 1,
+            })
+        };
+        assert_eq!(seq.try_append_fenced(n, 1, &mut Vec::new()), fenced);
+        assert_eq!(
+            (
+                seq.len(),
+                tables(&seq),
+                seq.held_blocks(),
+                pool.used_blocks()
+            ),
+            before
+        );
+    }
+    // Up to the last position it still appends, moving its one block on.
+    assert_eq!(seq.try_append(half - 1).unwrap(), half..usize::MAX);
+    assert_eq!(
+        (seq.len(), seq.held_blocks(), pool.used_blocks()),
+        (usize::MAX, 1, 1)
+    );
+    // Two entries of 2^63 tokens, the first null: more than usize holds.
+    assert_eq!(seq.capacity(), usize::MAX);
+    assert_eq!(seq.null_blocks(0), Some(1));
+    assert_eq!(
+        seq.try_append(1),
+        Err(ReserveError::NeverFits {
+            requested: usize::MAX,
+            capacity: 0
+        })
+    );
+    pool.close();
+    assert_eq!(seq.try_append(1), Err(ReserveError::Closed));
+    drop(seq);
+    assert_eq!(pool.free_blocks(), 1);
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! [`KvGroups`]: the groups of layers of a hybrid model, and
 //! [`GroupKeys`]: the prefix cache's keys of each group.
 
+use std::collections::TryReserveError;
 use std::fmt;
 use std::sync::Arc;
 
@@ -76,9 +77,20 @@ impl KvGroup {
                 let _ = len / block_size;
                 0
             }
-            KvGroup::SlidingWindow { window_tokens } => {
-                len.saturating_add(1).saturating_sub(window_tokens) / block_size
-            }
+            // `(len + 1 - window_tokens) / block_size`, 0 when the window
+            // reaches back to position 0.
+            KvGroup::SlidingWindow { window_tokens } => match len.checked_add(1) {
+                Some(next) => next.saturating_sub(window_tokens) / block_size,
+                // `len == usize::MAX`: `len + 1` does not fit, but
+                // `len + 1 - window_tokens` does for a window of at least one
+                // token.
+                None if window_tokens > 0 => (len - (window_tokens - 1)) / block_size,
+                // A window of no token (which `KvGroups` refuses):
+                // `2^64 / block_size`, saturating.
+                None => {
+                    (len / block_size).saturating_add((len % block_size + 1 == block_size) as usize)
+                }
+            },
         }
     }
 
@@ -435,6 +447,38 @@ impl GroupKeys {
         for b in base {
             self.push(b);
         }
+    }
+
+    /// Reserves room for the keys of at least `blocks` more blocks in
+    /// every group, so that an [`extend`](Self::extend) by that many
+    /// allocates nothing; as [`Vec::try_reserve`], an error (capacity
+    /// overflow, or the allocator's failure) instead of a panic or an
+    /// abort. The keys take `blocks * 32` bytes a group, so a key list
+    /// that fits in memory can be too many for many groups.
+    ///
+    /// # Errors
+    ///
+    /// The first group's [`TryReserveError`]; the keys are unchanged (the
+    /// groups before it may keep the room they got).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use kvslots::{hash_blocks, GroupKeys, KvGroup, KvGroups};
+    ///
+    /// let mut base = Vec::new();
+    /// hash_blocks(b"", &[5; 64], 16, &mut base);
+    /// let mut keys = GroupKeys::new(&KvGroups::new([KvGroup::Full, KvGroup::Full]).unwrap());
+    /// keys.try_reserve(base.len()).unwrap();
+    /// keys.extend(&base);
+    /// assert!(keys.try_reserve(usize::MAX).is_err()); // no panic
+    /// assert_eq!(keys.blocks(), 4);
+    /// ```
+    pub fn try_reserve(&mut self, blocks: usize) -> Result<(), TryReserveError> {
+        for keys in self.keys.iter_mut() {
+            keys.try_reserve(blocks)?;
+        }
+        Ok(())
     }
 
     /// Keeps the first `blocks` blocks' keys (a prompt rolled back); no-op

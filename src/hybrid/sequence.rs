@@ -271,7 +271,8 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     }
 
     /// How many tokens the tables can hold (the same in every group):
-    /// `blocks(g).len() * block_size`, null entries included.
+    /// `blocks(g).len() * block_size`, null entries included (saturating
+    /// at `usize::MAX`: a sliding window's table reaches that far).
     ///
     /// # Examples
     ///
@@ -439,7 +440,10 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// [`try_match_prefix`](Self::try_match_prefix) took: an empty one, or
     /// a new request whose prompt hit the cache; its append is a new
     /// admission) while the free blocks are owed to queued waiters;
-    /// `Closed`. On error nothing changes: no table, no window.
+    /// `Closed`. A length past `usize::MAX`, which the windows'
+    /// give-backs let a hybrid sequence reach with the blocks it holds, is
+    /// `NeverFits` with `requested: usize::MAX`. On error nothing changes:
+    /// no table, no window.
     ///
     /// # Examples
     ///
@@ -589,13 +593,22 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         // One admission for every group (growth, unless the sequence holds
         // no block: then a new admission).
         let asked = total - recycle;
-        self.scratch.clear();
         if asked > 0 {
             // Only the new blocks can never come (a copy of a shared tail
             // is not needed once its other holders let go), beside what
             // the sequence keeps once its windows moved on.
             let needed = new_blocks.saturating_sub(recycle);
             self.never_fits_beside_own(asked, needed, 0, leaving)?;
+        }
+        // The windows give their blocks back, so the pool does not bound
+        // the length as it bounds a `Sequence`'s: with blocks enough, a
+        // position past `usize::MAX` is what never fits, as many blocks as
+        // there can be.
+        let Some(new_len) = old_len.checked_add(n) else {
+            return Err(self.never_fits(usize::MAX, self.room_beside_own(leaving)));
+        };
+        self.scratch.clear();
+        if asked > 0 {
             self.admit(asked)?;
         }
         // Commit: the windows first (their reusable blocks join the
@@ -615,7 +628,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         }
         debug_assert_eq!(next, self.scratch.len());
         self.scratch.clear();
-        Ok(old_len..old_len + n)
+        Ok(old_len..new_len)
     }
 
     /// `NeverFits` for a call that asks the pool for `asked` blocks, of
@@ -633,21 +646,32 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         headroom: usize,
         leaving: usize,
     ) -> Result<(), ReserveError> {
-        let held = self.tables.iter().map(Sequence::in_table).sum::<usize>();
-        let pool = self.pool();
-        let room = pool
-            .num_blocks()
-            .saturating_sub(held.saturating_sub(leaving));
+        let room = self.room_beside_own(leaving);
         if needed.saturating_add(headroom) <= room {
             return Ok(());
         }
-        if pool.is_closed() {
-            return Err(ReserveError::Closed);
+        Err(self.never_fits(asked, room))
+    }
+
+    /// The blocks of the pool the sequence could ever get: all but those
+    /// its tables hold, less the `leaving` ones its windows give back.
+    fn room_beside_own(&self, leaving: usize) -> usize {
+        let held = self.tables.iter().map(Sequence::in_table).sum::<usize>();
+        self.pool()
+            .num_blocks()
+            .saturating_sub(held.saturating_sub(leaving))
+    }
+
+    /// `NeverFits` for `asked` blocks beside a `room` of blocks, or
+    /// `Closed` after `close`.
+    fn never_fits(&self, asked: usize, room: usize) -> ReserveError {
+        if self.pool().is_closed() {
+            return ReserveError::Closed;
         }
-        Err(ReserveError::NeverFits {
+        ReserveError::NeverFits {
             requested: asked,
             capacity: room,
-        })
+        }
     }
 
     /// Whether the sequence is new work: no table holds a block beyond the
