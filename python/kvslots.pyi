@@ -410,7 +410,8 @@ class BlockPool:
 
         Raises `NeverFits` at once, `Closed`, or `Full` when the timeout runs
         out; Ctrl-C (`KeyboardInterrupt`) ends the wait. Nothing is taken when
-        it raises. `ValueError` for a negative or non-finite timeout.
+        it raises. `ValueError` for a negative or non-finite timeout (one
+        too large for a deadline waits without limit, as None).
         """
     def free(self, ids: Iterable[_Int]) -> None:
         """Drops one reference per listed id, all or nothing; a block whose
@@ -546,7 +547,8 @@ class Sequence:
         self, start: Optional[_Int] = None, stop: Optional[_Int] = None
     ) -> list[int]:
         """The flat slots of positions `start..stop` (`stop` defaults to
-        `len(seq)`). Raises `IndexError` past the end."""
+        `len(seq)`). Raises `IndexError` past the end, `MemoryError` for a
+        range too long to hold (nothing changes)."""
     def slot_mapping_buffer(
         self, start: Optional[_Int] = None, stop: Optional[_Int] = None
     ) -> memoryview:
@@ -576,7 +578,8 @@ class KvGroups:
     `HybridSequence` keeps one block table per group over one pool.
 
     Raises `ValueError` for no group, more than `MAX_GROUPS`, a window of 0
-    or another string; `TypeError` for an item that is neither.
+    or another string; `TypeError` for an item that is neither, or for kinds
+    given as one `str`, `bytes` or `bytearray`.
     """
 
     MAX_GROUPS: ClassVar[int]
@@ -591,7 +594,8 @@ class KvGroups:
         for a full group). Raises `IndexError` past the last group."""
     def keys(self, keys: _Keys) -> GroupKeys:
         """Each group's prefix-cache keys of the blocks whose content keys
-        are `keys` (from `hash_blocks`)."""
+        are `keys` (from `hash_blocks`). Raises `MemoryError` when the keys
+        of every group (32 bytes a block and a group) do not fit."""
     def __eq__(self, other: object, /) -> bool: ...
 
 @final
@@ -603,7 +607,8 @@ class GroupKeys:
     def __len__(self) -> int:
         """How many blocks have keys."""
     def extend(self, keys: _Keys) -> None:
-        """Adds the next blocks' keys, from their content keys."""
+        """Adds the next blocks' keys, from their content keys. Raises
+        `MemoryError` (adding none) when they do not fit."""
     def truncate(self, blocks: _Int) -> None:
         """Keeps the first `blocks` blocks' keys."""
     def group(self, group: _Int) -> list[bytes]:
@@ -706,7 +711,7 @@ class HybridSequence:
     ) -> list[int]:
         """Group `group`'s flat slots of positions `start..stop`. Raises
         `IndexError` past the last group or the end, or in a given-back
-        block."""
+        block; `MemoryError` for a range too long to hold."""
     def close(self) -> None:
         """Gives every block back now. Closing twice does nothing."""
     def __enter__(self) -> Self: ...

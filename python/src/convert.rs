@@ -255,15 +255,19 @@ fn buffer_tokens(view: &Bound<'_, PyMemoryView>, of_bytes: bool) -> PyResult<Vec
 }
 
 /// A timeout in seconds: `None` waits without limit; otherwise a finite
-/// number of seconds, at least 0.
+/// number of seconds, at least 0. One past `Duration`'s range (over
+/// 584 billion years) is `Duration::MAX`, which no deadline can reach: no
+/// limit, as `None`.
 pub(crate) fn timeout(seconds: Option<f64>) -> PyResult<Option<Duration>> {
     seconds
         .map(|s| {
-            Duration::try_from_secs_f64(s).map_err(|_| {
-                PyValueError::new_err(format!(
+            if s.is_finite() && s >= 0.0 {
+                Ok(Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX))
+            } else {
+                Err(PyValueError::new_err(format!(
                     "timeout must be None or a finite number of seconds >= 0, got {s}"
-                ))
-            })
+                )))
+            }
         })
         .transpose()
 }

@@ -94,6 +94,12 @@ pub(crate) fn window_error(message: String, len: usize, min_len: usize) -> PyErr
     })
 }
 
+/// `MemoryError` for a result of `len` items that could not be allocated
+/// (`what` names it), as a Python list's growth raises it.
+pub(crate) fn out_of_memory(what: &str, len: usize) -> PyErr {
+    PyMemoryError::new_err(format!("{what} of {len} items does not fit in memory"))
+}
+
 /// The Python exception for a configuration `BlockPool(...)` refused:
 /// `MemoryError` when the pool's arrays could not be allocated,
 /// `ValueError` for every bad size, with the core's message.

@@ -28,7 +28,8 @@ use crate::wait;
 /// per group over one pool.
 ///
 /// Raises `ValueError` for no group, more than `MAX_GROUPS`, a window of
-/// 0 or an unknown kind; `TypeError` for an item that is neither.
+/// 0 or an unknown kind; `TypeError` for an item that is neither, or for
+/// kinds given as one `str`, `bytes` or `bytearray`.
 #[pyclass(name = "KvGroups", module = "kvslots", frozen, eq)]
 #[derive(PartialEq, Eq)]
 pub(crate) struct PyKvGroups {
@@ -43,6 +44,15 @@ impl PyKvGroups {
 
     #[new]
     fn new(kinds: &Bound<'_, PyAny>) -> PyResult<Self> {
+        // A `str` iterates as one-letter strings and `bytes` as ints: a
+        // group list in one is almost surely one group passed without its
+        // list (`KvGroups("full")`, `KvGroups(b"...")`).
+        if kinds.is_instance_of::<PyString>() || convert::is_byte_string(kinds)? {
+            return Err(PyTypeError::new_err(format!(
+                "kinds must be an iterable of groups (\"full\" or an int), not {}",
+                kinds.get_type().name()?
+            )));
+        }
         let mut groups = Vec::new();
         for item in kinds.try_iter()? {
             let item = item?;
@@ -128,7 +138,9 @@ impl PyKvGroups {
     /// `keys` (from `hash_blocks`, in one list or packed): a `GroupKeys`.
     fn keys(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<PyGroupKeys> {
         let base = convert::keys(keys)?;
-        let inner = detached(py, base.len(), || self.inner.keys(&base));
+        let mut inner = kvslots::GroupKeys::new(&self.inner);
+        reserve_keys(&mut inner, base.len())?;
+        detached(py, base.len(), || inner.extend(&base));
         Ok(PyGroupKeys {
             inner: Mutex::new(inner),
         })
@@ -146,6 +158,17 @@ impl PyKvGroups {
             .collect();
         format!("KvGroups([{}])", kinds.join(", "))
     }
+}
+
+/// Room in `keys` for `blocks` more blocks' keys in every group, or
+/// `MemoryError` (then `extend` takes no more memory: a group's keys are
+/// `blocks` times the groups' count, which can pass memory for an input
+/// that fits).
+fn reserve_keys(keys: &mut kvslots::GroupKeys, blocks: usize) -> PyResult<()> {
+    keys.try_reserve(blocks).map_err(|_| {
+        let all = blocks.saturating_mul(keys.groups().len());
+        errors::out_of_memory("group keys", all)
+    })
 }
 
 /// `IndexError` for a group past the last.
@@ -174,7 +197,9 @@ impl PyGroupKeys {
     /// block and a group, with the GIL held.
     fn extend(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
         let base = convert::keys(keys)?;
-        self.lock(py).extend(&base);
+        let mut inner = self.lock(py);
+        reserve_keys(&mut inner, base.len())?;
+        inner.extend(&base);
         Ok(())
     }
 
@@ -553,9 +578,11 @@ impl PyHybridSequence {
     /// back; a truncate back into the last append, or to 0, never does.
     fn truncate(&self, py: Python<'_>, len: &Bound<'_, PyAny>) -> PyResult<usize> {
         let len: usize = convert::uint(len, "len")?;
-        let blocks = self.groups.len();
-        self.with(py, |seq| detached(py, blocks, || seq.truncate(len)))?
-            .map_err(hybrid_error)
+        self.with(py, |seq| {
+            let blocks = seq.held_blocks();
+            detached(py, blocks, || seq.truncate(len))
+        })?
+        .map_err(hybrid_error)
     }
 
     /// `truncate` for a device step that may still read the blocks given
@@ -568,8 +595,11 @@ impl PyHybridSequence {
     ) -> PyResult<usize> {
         let len: usize = convert::uint(len, "len")?;
         let fence: u64 = convert::uint(fence, "fence")?;
-        self.with(py, |seq| seq.truncate_fenced(len, fence))?
-            .map_err(hybrid_error)
+        self.with(py, |seq| {
+            let blocks = seq.held_blocks();
+            detached(py, blocks, || seq.truncate_fenced(len, fence))
+        })?
+        .map_err(hybrid_error)
     }
 
     /// Gives the sequence up while device step `fence` may still read its
@@ -596,7 +626,10 @@ impl PyHybridSequence {
     /// Gives back every group's reserved blocks that hold no token; returns
     /// how many.
     fn shrink_to_fit(&self, py: Python<'_>) -> PyResult<usize> {
-        self.with(py, |seq| seq.shrink_to_fit())
+        self.with(py, |seq| {
+            let blocks = seq.held_blocks();
+            detached(py, blocks, || seq.shrink_to_fit())
+        })
     }
 
     /// Forks a child: it shares every full block of every group (a sliding
@@ -698,12 +731,20 @@ impl PyHybridSequence {
         let mut out = Vec::new();
         self.with(py, |seq| {
             let positions = start..stop.unwrap_or(seq.len());
+            // Room for a range the group holds (its first position's block
+            // is held, so are the later ones: a window gives back leading
+            // blocks only), taken here so that a range too long for memory
+            // is a `MemoryError` (`extend_slots` grows `out` as `Vec` does,
+            // which aborts); other ranges stay `extend_slots`' errors.
+            let held = positions.end <= seq.len() && seq.slot(g, positions.start).is_some();
+            if held && out.try_reserve_exact(positions.len()).is_err() {
+                return Err(errors::out_of_memory("a slot mapping", positions.len()));
+            }
             let blocks = positions.len() / block_size;
             // Moved in as `&mut` (a sequence is `Send`, not `Sync`).
             let out = &mut out;
-            detached(py, blocks, move || seq.extend_slots(g, positions, out))
-        })?
-        .map_err(hybrid_error)?;
+            detached(py, blocks, move || seq.extend_slots(g, positions, out)).map_err(hybrid_error)
+        })??;
         PyList::new(py, out)
     }
 

@@ -165,14 +165,21 @@ impl PySequence {
         let mut out = Vec::new();
         self.with(py, |seq| {
             let positions = start..stop.unwrap_or(seq.len());
+            // Room for a range the sequence holds, taken here so that a
+            // range too long for memory is a `MemoryError` (`extend_slots`
+            // grows `out` as `Vec` does, which aborts); a range past the
+            // length stays `extend_slots`' `IndexError`.
+            if positions.end <= seq.len() && out.try_reserve_exact(positions.len()).is_err() {
+                return Err(errors::out_of_memory("a slot mapping", positions.len()));
+            }
             // About a nanosecond a token: release the GIL for long ranges.
             let blocks = positions.len() / seq.pool().block_size();
             // The closure holds the `&mut` (a sequence is `Send`, not
             // `Sync`): no other thread can call it meanwhile.
             let out = &mut out;
             detached(py, blocks, move || seq.extend_slots(positions, out))
-        })?
-        .map_err(errors::position_error)?;
+                .map_err(errors::position_error)
+        })??;
         Ok(out)
     }
 }
@@ -583,15 +590,15 @@ impl PySequence {
 /// `slots` as a writable `memoryview` of native-endian `int64`s over a new
 /// `bytearray`.
 fn int64_view<'py>(py: Python<'py>, slots: &[usize]) -> PyResult<Bound<'py, PyAny>> {
-    let mut values = Vec::with_capacity(slots.len());
-    for &s in slots {
-        values
-            .push(i64::try_from(s).map_err(|_| {
-                PyOverflowError::new_err(format!("slot {s} does not fit an int64"))
-            })?);
-    }
-    let bytes = PyByteArray::new_with(py, values.len() * 8, |buf| {
-        for (dst, v) in buf.chunks_exact_mut(8).zip(&values) {
+    // Python's allocation failing is its `MemoryError`.
+    let len = slots
+        .len()
+        .checked_mul(8)
+        .ok_or_else(|| errors::out_of_memory("a slot mapping", slots.len()))?;
+    let bytes = PyByteArray::new_with(py, len, |buf| {
+        for (dst, &s) in buf.chunks_exact_mut(8).zip(slots) {
+            let v = i64::try_from(s)
+                .map_err(|_| PyOverflowError::new_err(format!("slot {s} does not fit an int64")))?;
             dst.copy_from_slice(&v.to_ne_bytes());
         }
         Ok(())

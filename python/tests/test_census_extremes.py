@@ -162,12 +162,25 @@ def test_u64_max_is_accepted_where_it_means_nothing_or_never(world):
     assert (pool_state(pool), seq_state(seq)) == before
 
 
-@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), -1.0, 1e300])
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), -1.0, -1e300])
 def test_a_timeout_that_is_not_finite_seconds_is_refused(world, timeout):
     pool, seq, raw = world
     refused(lambda: pool.alloc(1, timeout=timeout), ValueError, lambda: pool_state(pool))
     refused(lambda: seq.reserve(100, timeout=timeout), ValueError, lambda: pool_state(pool),
             lambda: seq_state(seq))
+
+
+@pytest.mark.parametrize("timeout", [1e20, 1e300, 2**1000])
+def test_a_finite_timeout_past_any_deadline_is_no_limit(world, timeout):
+    # Finite seconds are accepted, however many: past what a deadline can
+    # hold, the wait has no limit, as with None. Free blocks come at once.
+    pool, seq, raw = world
+    assert len(pool.alloc(2, timeout=timeout)) == 2
+    seq.reserve(10, timeout=timeout)
+    assert seq.capacity >= len(seq) + 10
+    h = kvslots.HybridSequence(pool, kvslots.KvGroups(["full"]))
+    h.reserve(4, timeout=timeout)
+    assert h.capacity == 4
 
 
 def test_pool_sizes_at_and_past_their_maxima():
@@ -244,10 +257,153 @@ def test_a_parent_key_of_the_wrong_length_is_refused(parent):
 # ---------------------------------------------------------------------------
 
 
+def test_the_first_needed_block_at_the_last_position():
+    # Position 2**64 - 1 reads `2**64 - window ..= 2**64 - 1`.
+    groups = kvslots.KvGroups([1, 2, 2**64 - 1])
+    last = 2**64 - 1
+    assert groups.first_needed_block(0, last, 1) == last
+    assert groups.first_needed_block(1, last, 1) == last - 1
+    assert groups.first_needed_block(2, last, 1) == 1
+    assert groups.first_needed_block(0, last, 2) == last // 2
+
+
+def test_a_hybrid_length_past_u64_is_never_fits_and_changes_nothing():
+    # A window gives its blocks back, so one block of 2**63 tokens holds a
+    # one-token window's every position: only the length bounds it.
+    pool = kvslots.BlockPool(1, 2**63)
+    h = kvslots.HybridSequence(pool, kvslots.KvGroups([1]))
+    assert h.try_append(2**63) == range(0, 2**63)
+
+    def state():
+        # Not `len(h)`: Python's `len` stops at 2**63 - 1 (OverflowError).
+        return (h.capacity, h.held_blocks, h.block_ids(0), h.null_blocks(0), pool_state(pool))
+
+    for call in (
+        lambda: h.try_append(2**63),
+        lambda: h.append_cow(2**64 - 1),
+        lambda: h.append_fenced(2**63, 1),
+    ):
+        before = state()
+        with pytest.raises(kvslots.NeverFits) as e:
+            call()
+        # The capacity: the pool's one block, which the window would give
+        # back.
+        assert (e.value.requested, e.value.capacity) == (2**64 - 1, 1)
+        assert state() == before
+    # Up to the last position it appends; the capacity saturates.
+    assert h.try_append(2**63 - 1) == range(2**63, 2**64 - 1)
+    assert (h.capacity, h.held_blocks) == (2**64 - 1, 1)
+    assert h.block_ids(0) == [None, 0]
+    assert h.slot(0, 2**64 - 2) == 2**63 - 2
+    h.close()
+    assert pool.free_blocks == 1
+
+
+def run_limited(code):
+    """`code` in a fresh interpreter whose address space is 4 GiB, so that
+    an allocation too large fails there instead of growing this machine's
+    memory: the process's exit code and output (an abort is -6)."""
+    import resource
+    import subprocess
+    import sys
+    import textwrap
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
+
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=limit,
+    )
+
+
+@pytest.mark.parametrize("form", ["slot_mapping", "slot_mapping_buffer", "hybrid"])
+def test_a_slot_mapping_too_long_for_memory_is_a_memory_error(form):
+    # 2**41 positions of 8 bytes: 16 TiB.
+    p = run_limited(
+        f"""
+        import kvslots
+        pool = kvslots.BlockPool(4, 2**40)
+        if {form!r} == "hybrid":
+            seq = kvslots.HybridSequence(pool, kvslots.KvGroups(["full"]))
+            call = lambda: seq.slot_mapping(0, 0, 2**41)
+        else:
+            seq = kvslots.Sequence(pool)
+            call = lambda: seq.{form}(0, 2**41)
+        seq.try_append(2**41)
+        try:
+            call()
+        except MemoryError as e:
+            print("MemoryError:", e)
+        assert (len(seq), pool.free_blocks) == (2**41, 2)
+        """
+    )
+    assert p.returncode == 0, (p.returncode, p.stderr[-800:])
+    assert "MemoryError: a slot mapping of 2199023255552 items" in p.stdout
+
+
+@pytest.mark.parametrize("form", ["slot_mapping", "slot_mapping_buffer", "slot_mapping_array", "hybrid"])
+def test_a_slot_mapping_past_any_vector_is_a_memory_error(form):
+    # 2**62 positions: more bytes than a vector can hold (past isize).
+    if form == "slot_mapping_array":
+        pytest.importorskip("numpy")
+    pool = kvslots.BlockPool(4, 2**61)
+    if form == "hybrid":
+        seq = kvslots.HybridSequence(pool, kvslots.KvGroups(["full"]))
+        call = lambda: seq.slot_mapping(0, 0, 2**62)  # noqa: E731
+        state = lambda: hybrid_state(seq)  # noqa: E731
+    else:
+        seq = kvslots.Sequence(pool)
+        call = lambda: getattr(seq, form)(0, 2**62)  # noqa: E731
+        state = lambda: seq_state(seq)  # noqa: E731
+    seq.try_append(2**62)
+    refused(call, MemoryError, state, lambda: pool_state(pool))
+    # A range past the length stays an IndexError, however long.
+    if form == "hybrid":
+        refused(lambda: seq.slot_mapping(0, 0, 2**62 + 1), IndexError, state)
+    else:
+        refused(lambda: getattr(seq, form)(0, 2**62 + 1), IndexError, state)
+
+
+def test_group_keys_too_large_for_memory_are_a_memory_error():
+    # MAX_GROUPS groups of 2**18 keys of 32 bytes: 8 GiB from 8 MiB.
+    p = run_limited(
+        """
+        import kvslots
+        g = kvslots.KvGroups(["full"] * kvslots.KvGroups.MAX_GROUPS)
+        base = bytes(32 * 2**18)
+        try:
+            g.keys(base)
+        except MemoryError as e:
+            print("keys: MemoryError:", e)
+        keys = g.keys(base[:64])
+        try:
+            keys.extend(base)
+        except MemoryError:
+            print("extend: MemoryError")
+        assert len(keys) == 2
+        """
+    )
+    assert p.returncode == 0, (p.returncode, p.stderr[-800:])
+    assert "keys: MemoryError: group keys of" in p.stdout
+    assert "extend: MemoryError" in p.stdout
+
+
+@pytest.mark.parametrize("kinds", ["full", b"ab", bytearray(b"\x08"), memoryview(b"ab")])
+def test_groups_given_as_one_string_are_refused(kinds):
+    with pytest.raises(TypeError, match="iterable of groups"):
+        kvslots.KvGroups(kinds)
+
+
 def test_a_window_of_u64_max_tokens_never_gives_a_block_back():
     groups = kvslots.KvGroups(["full", 2**64 - 1])
     assert groups.kinds == ["full", 2**64 - 1]
-    assert groups.first_needed_block(1, 2**64 - 1, 1) == 0
+    # Position 2**64 - 2 reads from 0; the last, from 1.
+    assert groups.first_needed_block(1, 2**64 - 2, 1) == 0
+    assert groups.first_needed_block(1, 2**64 - 1, 1) == 1
     pool = kvslots.BlockPool(64, 4)
     h = kvslots.HybridSequence(pool, groups)
     assert h.try_append(41) == range(0, 41)

@@ -209,7 +209,7 @@ def test_alloc_times_out_with_full_and_leaves_the_queue(pool):
     assert pool_state(pool) == before
     with pytest.raises(kvslots.NeverFits):
         pool.alloc(17)  # at once, with no timeout
-    for bad in (-1.0, float("nan"), float("inf"), 1e300):
+    for bad in (-1.0, float("nan"), float("inf"), -1e300):
         with pytest.raises(ValueError):
             pool.alloc(1, timeout=bad)
     assert pool_state(pool) == before
