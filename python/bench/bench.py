@@ -7,7 +7,10 @@ Two workloads, each run on every pool in turn (one thread):
   replayed request by request through the calls a scheduler makes: match
   the prompt's cached prefix, append the rest of the prompt (all its blocks),
   publish the full blocks, free the request. 4 calls a request.
-* **alloc/free**: allocate k blocks and free them, for k in 1, 16, 128.
+* **alloc/free**: allocate k blocks and free them, for k in 1, 16, 128;
+  beside the pools, the floor of any pool whose `alloc(k)` returns a list
+  of ints (`floor_alloc_free`: the list of k new ints and two calls, no
+  pool work), which bounds the ratio any such pool can reach.
 
 The pools:
 
@@ -293,6 +296,18 @@ class VllmPool:
         return None
 
 
+def floor_alloc_free(k: int, rounds: int) -> None:
+    """The Python-side work of any pool whose `alloc(k)` returns a new list
+    of `k` ints and whose `free(ids)` takes it, with no pool work at all:
+    one C call that builds a list of `k` new int objects (ids above 256,
+    which CPython does not cache) and one C call that takes the list. A
+    lower bound of an alloc+free pair through such an API: `free` also
+    reads each id, which this does not."""
+    make, ids, take = list, range(1 << 20, (1 << 20) + k), len
+    for _ in range(rounds):
+        take(make(ids))
+
+
 # ---------------------------------------------------------------------------
 # vLLM from a wheel's sources, with the rest of vllm.* stubbed
 # ---------------------------------------------------------------------------
@@ -448,9 +463,19 @@ def main() -> int:
             "alloc_free_ns": alloc_free,
         }
 
+    floor = {}
+    for k in (1, 16, 128):
+        runs = []
+        for _ in range(args.repeats):
+            gc.collect()
+            t = time.perf_counter()
+            floor_alloc_free(k, args.rounds)
+            runs.append(time.perf_counter() - t)
+        floor[k] = min(runs) / args.rounds * 1e9
+
     base = results["kvslots"]
     if args.json:
-        print(json.dumps({"vllm": vllm_note, "results": results}, indent=2))
+        print(json.dumps({"vllm": vllm_note, "results": results, "floor_alloc_free_ns": floor}, indent=2))
         return 0
     print(f"python {platform.python_version()}, kvslots {kvslots.__version__}, {os.cpu_count()} CPUs")
     print(f"peer: {vllm_note}")
@@ -479,6 +504,14 @@ def main() -> int:
             ns = r["alloc_free_ns"][k]
             cells.append(f"{ns:,.0f} | {ns / base['alloc_free_ns'][k]:.1f}x")
         print(f"| {name} | " + " | ".join(cells) + " |")
+    cells = [f"{floor[k]:,.0f} | {floor[k] / base['alloc_free_ns'][k]:.2f}x" for k in (1, 16, 128)]
+    print("| floor: a list of k new ints, two calls, no pool | " + " | ".join(cells) + " |")
+    lru = results["python-lru"]["alloc_free_ns"]
+    print()
+    print(
+        "python-lru over the floor (the most any pool whose alloc returns a list can gain on it): "
+        + ", ".join(f"{lru[k] / floor[k]:.1f}x (k = {k})" for k in (1, 16, 128))
+    )
     hits = {r["hit_blocks"] for r in results.values()}
     print()
     print("hit counts equal" if len(hits) == 1 else "hit counts DIFFER")

@@ -1,0 +1,82 @@
+"""The Python benchmark's pools (python/bench/bench.py), run short: kvslots
+and the Python LRU pool written with vLLM's policy make the same hits and
+evictions on a slice of the Mooncake trace, request by request, so the
+benchmark compares equal work; every alloc/free loop, the floor's
+included, leaves its pool as it found it."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench" / "bench.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("kvslots_bench", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+# The full run's pool (16 GiB of llama-3-8b KV cache): most admissions evict.
+NUM_BLOCKS, BLOCK_SIZE, REQUESTS = 8192, 16, 300
+
+
+@pytest.fixture(scope="module")
+def batches(bench):
+    requests = bench.load_trace(bench.DEFAULT_TRACE, REQUESTS)
+    assert len(requests) == REQUESTS
+    return list(bench.chunks(requests, BLOCK_SIZE, size=100))
+
+
+def per_request(bench, pool, batches):
+    """Each request's hit blocks, and the pool's evictions after all."""
+    hits = []
+    for batch in batches:
+        for n, keys in batch:
+            max_hit = min(len(keys) // 32, (n - 1) // BLOCK_SIZE)
+            given = keys if getattr(pool, "packed", False) else bench.unpack(keys)
+            hits.append(pool.request(n, given, max_hit))
+    return hits, pool.evictions()
+
+
+def test_kvslots_and_the_python_lru_pool_hit_alike_request_by_request(bench, batches):
+    lru_hits, lru_evictions = per_request(bench, bench.PythonLruPool(NUM_BLOCKS, BLOCK_SIZE), batches)
+    for cls in (bench.KvslotsPool, bench.KvslotsPackedPool):
+        pool = cls(NUM_BLOCKS, BLOCK_SIZE)
+        hits, evictions = per_request(bench, pool, batches)
+        assert hits == lru_hits, cls.name
+        assert evictions == lru_evictions, cls.name
+        # Every request's blocks went back: only cached ones are held.
+        assert pool.pool.used_blocks == 0
+    # The slice exercises both: hits, and evictions.
+    assert sum(lru_hits) > 0
+    assert lru_evictions > 0
+
+
+def test_the_replay_counts_what_it_served(bench, batches):
+    elapsed, served, hits, queried = bench.replay(
+        bench.KvslotsPool(NUM_BLOCKS, BLOCK_SIZE), batches, BLOCK_SIZE
+    )
+    expected, _ = per_request(bench, bench.PythonLruPool(NUM_BLOCKS, BLOCK_SIZE), batches)
+    assert (served, hits) == (REQUESTS, sum(expected))
+    assert hits <= queried
+    assert elapsed > 0
+
+
+@pytest.mark.parametrize("k", [1, 16, 128])
+def test_alloc_free_loops_leave_their_pools_as_found(bench, k):
+    pool = bench.KvslotsPool(NUM_BLOCKS, BLOCK_SIZE)
+    pool.alloc_free(k, 10)
+    assert pool.pool.free_blocks == NUM_BLOCKS
+    lru = bench.PythonLruPool(NUM_BLOCKS, BLOCK_SIZE)
+    lru.alloc_free(k, 10)
+    assert lru.num_free == NUM_BLOCKS
+    assert all(b.ref_cnt == 0 for b in lru.blocks)
+    # The floor builds and drops its list without a pool.
+    bench.floor_alloc_free(k, 10)
