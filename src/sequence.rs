@@ -815,7 +815,11 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
 
     /// Appends the flat slot indices of `positions` to `out` (the slot
     /// mapping of a batch of new tokens), allocating nothing but `out`'s
-    /// growth. An empty range appends nothing.
+    /// growth. An empty range appends nothing. `out` grows as
+    /// [`Vec::reserve`] grows it (a panic past `isize::MAX` bytes, an
+    /// abort when memory runs out); a caller that takes ranges it does not
+    /// bound reserves first with [`Vec::try_reserve`] (the Python package
+    /// does, for its `MemoryError`).
     ///
     /// # Errors
     ///

@@ -319,7 +319,8 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// Appends group `group`'s flat slot indices of `positions` to `out`
     /// (the slot mapping of a batch of new tokens in that group's layers),
     /// allocating nothing but `out`'s growth. An empty range appends
-    /// nothing.
+    /// nothing. `out` grows as [`Vec::reserve`] grows it, as in
+    /// [`Sequence::extend_slots`].
     ///
     /// # Errors
     ///
