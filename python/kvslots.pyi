@@ -320,12 +320,12 @@ class BlockPool:
     `shards` cuts the free list into that many shards (default: one per 64
     blocks, at most 16). `kv_events` (records in all, 128 bytes each) turns
     on KV events (`drain_events`). `prefix_cache=False` builds the core pool
-    alone (8 bytes and two bits a block instead of 68): `Sequence.publish`
+    alone (8 bytes and two bits a block instead of 74): `Sequence.publish`
     and `match_prefix` then return 0 and change nothing. Raises
     `ValueError` for `block_size == 0`, `num_blocks > MAX_BLOCKS`, a
     `num_blocks * block_size` too large, `shards` outside `1..=MAX_SHARDS`, `kv_events == 0`,
     `kv_events` without the prefix cache, or any size of `2**64` or more;
-    `MemoryError` when the pool's bookkeeping (68 bytes a block, 70 with
+    `MemoryError` when the pool's bookkeeping (74 bytes a block, 76 with
     `kv_events`, and the event rings) cannot be allocated; `TypeError` for
     a non-int.
     """

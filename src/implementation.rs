@@ -82,7 +82,7 @@
 //! fresh bitmap), plus a few
 //! cache lines per shard. **The prefix cache** is a layer a pool is built with or without
 //! ([`BlockPoolBuilder::prefix_cache`](crate::BlockPoolBuilder::prefix_cache)):
-//! its storage (keys, index, eviction stamps and ring, 60 bytes a block;
+//! its storage (keys, index, eviction stamps and ring, 66 bytes a block;
 //! statistics' cells) is one boxed struct that a pool without it does not
 //! allocate. The core knows of it at two places only, both off the fast
 //! paths: the drop path's *last-reference hook* (a drop that takes a
@@ -229,9 +229,9 @@
 //! blocks looks through every word of every shard (and marks what it
 //! finds) before it looks again.
 //!
-//! Bookkeeping is about 68 bytes per block: a bit of each bitmap, an
+//! Bookkeeping is about 74 bytes per block: a bit of each bitmap, an
 //! 8-byte state word (reference count, flags, generation), and the prefix
-//! cache's 60 bytes (see [Prefix cache](#prefix-cache)), plus one
+//! cache's 66 bytes (see [Prefix cache](#prefix-cache)), plus one
 //! `CachePadded` slot (a cache line, 128 bytes on x86-64) per shard for its
 //! words, per shard summary, per shard admission count and per statistics
 //! cell, two for the closed flag and the peak, and a fixed minimum for tiny
@@ -762,8 +762,8 @@
 //! them) now.
 //!
 //! Bookkeeping per block: 8 (state) + 32 (key) + 20 (index) + 4 (release
-//! stamp) + 4 (eviction candidates) + a bit (the free list's bitmap) + a
-//! bit (the refill's map) = 68 bytes.
+//! stamp) + 10 (eviction candidates: 1.25 slots of 8) + a bit (the free
+//! list's bitmap) + a bit (the refill's map) = 74 bytes.
 //!
 //! ## Publishing
 //!
@@ -848,8 +848,9 @@
 //! held (count 1, not cached, next generation), then it removes the
 //! block's index entry before the block is handed out.
 //!
-//! Evictors take candidates from a ring of `num_blocks / 2` (at least 64)
-//! `(stamp, id)` words, oldest first, at positions that only grow. An
+//! Evictors take candidates from a ring of `num_blocks + num_blocks / 4`
+//! `(stamp, id)` words (every evictable block fits, with room for stale
+//! candidates: those of blocks revived and released again since), oldest first, at positions that only grow. An
 //! evictor copies up to 32 candidates and then claims their positions with
 //! one CAS (`Release`): a refill reads the position (`Acquire`) before it
 //! rewrites a slot for a position a ring later, so no evictor reads a slot

@@ -1,6 +1,6 @@
 //! Single-thread eviction order against an exact-LRU reference on
-//! pools large enough that the eviction ring holds half the blocks (so
-//! refills, overflow and stale candidates all run), with revivals,
+//! pools small and large (revivals leave stale candidates in the eviction
+//! ring, so refills, overflow and stale candidates all run), with revivals,
 //! truncates of cached blocks, resets and crafted keys.
 
 use std::collections::HashMap;
@@ -258,7 +258,7 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     /// One thread: the blocks evicted are exactly the least recently
-    /// released, on pools small and large (ring of half the blocks).
+    /// released, on pools small and large.
     #[test]
     fn single_thread_eviction_is_exact_lru(
         num_blocks in prop_oneof![1usize..=64, 65usize..=140, 200usize..=400],

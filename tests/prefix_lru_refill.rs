@@ -1,6 +1,6 @@
 //! Single-thread eviction order against an exact-LRU reference over long
-//! runs on pools of many sizes, so that the eviction ring (half the
-//! blocks) overflows and is refilled many times: each refill must append
+//! runs on pools of many sizes, so that the eviction ring (a slot a block
+//! and a quarter more) overflows and is refilled many times: each refill must append
 //! the next least recently released blocks, oldest first, whatever the
 //! spread of their release stamps (releases of one block, of long
 //! sequences, revivals that leave stale candidates, raw allocations that

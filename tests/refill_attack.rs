@@ -112,9 +112,9 @@ fn lru_run(n: usize, max_held: usize, most: usize, steps: usize, seed: u64) -> u
     m.evictions
 }
 
-/// Pools about the threshold: rings of one slot a block under 16 blocks
-/// (refill with one candidate left) and above (with an eighth left), the
-/// ring's floor of 64, and the first rings of half the blocks.
+/// Pools about the threshold: rings under 16 slots (13 blocks: refill
+/// with one candidate left) and above (with an eighth left), and larger
+/// pools.
 #[test]
 fn exact_lru_on_pools_about_the_threshold() {
     let sizes = (8..=20).chain([31, 32, 33, 63, 64, 65, 127, 128, 129, 130]);
@@ -129,8 +129,8 @@ fn exact_lru_on_pools_about_the_threshold() {
     }
 }
 
-/// Fills the ring exactly: `n` one-block sequences released in order
-/// overflow a ring of half the blocks; then evicts one block at a time,
+/// Overflows the ring: `n` one-block sequences released, matched again
+/// and released again leave `n` stale candidates; then evicts one block at a time,
 /// re-checking against the release order, so that a refill begins at
 /// every fill level, exactly at the threshold included; with releases
 /// interleaved so that the ring is topped up between refills.
@@ -142,6 +142,7 @@ fn one_at_a_time_evictions_cross_the_threshold_in_order() {
         let mut counter = 0u64;
         let mut rng = XorShift::new(n as u64);
         let mut held: Vec<Sequence> = Vec::new();
+        let mut keys: Vec<BlockHash> = Vec::new();
         for round in 0..6 {
             // Fill every free block with a cached one-block sequence.
             while m.held() < n {
@@ -154,16 +155,30 @@ fn one_at_a_time_evictions_cross_the_threshold_in_order() {
                 assert_eq!(s.publish(&[k]), 1);
                 let b = s.blocks()[0];
                 m.published(&[k], &[b]);
+                keys.push(k);
                 held.push(s);
             }
-            // Release them all in a shuffled order (the ring overflows
-            // once half are released).
-            while !held.is_empty() {
-                let s = held.swap_remove(rng.below(held.len()));
-                let b = s.blocks()[0];
-                drop(s);
-                m.drop_ref(b);
+            // Release them all in a shuffled order, then match each again
+            // and release them again in another: their first candidates
+            // are then stale, and the ring (a slot a block and a quarter
+            // more) overflows once a quarter are released again.
+            for pass in 0..2 {
+                while !held.is_empty() {
+                    let s = held.swap_remove(rng.below(held.len()));
+                    let b = s.blocks()[0];
+                    drop(s);
+                    m.drop_ref(b);
+                }
+                if pass == 0 {
+                    for &k in &keys {
+                        let what = format!("{n} blocks, round {round}, match {k:?}");
+                        let mut s = Sequence::new(Arc::clone(&pool));
+                        m.matched(&mut s, &[k], &what);
+                        held.push(s);
+                    }
+                }
             }
+            keys.clear();
             // Evict one at a time; every few evictions release one block
             // taken earlier, so that appends and refills interleave.
             let mut raw: Vec<BlockId> = Vec::new();

@@ -170,7 +170,7 @@ impl BlockPool {
     /// [`BlockPool::MAX_BLOCKS`] ("num_blocks .. does not fit the block id
     /// type"), if `num_blocks * block_size` (the number of flat slot
     /// indices) overflows `usize` ("num_blocks * block_size overflows
-    /// usize"), or if the pool's bookkeeping (68 bytes a block) cannot be
+    /// usize"), or if the pool's bookkeeping (74 bytes a block) cannot be
     /// allocated ("out of memory: ..."). The arguments are checked before
     /// any memory is asked for.
     ///

@@ -10,7 +10,8 @@
 //!
 //! Evictors take blocks from a ring of candidates, oldest first, as
 //! `(stamp << 32) | id` words at positions that only grow (position `p`
-//! sits in slot `p % capacity`; the ring holds `num_blocks / 2`). An
+//! sits in slot `p % capacity`; the ring holds `num_blocks` and a quarter
+//! more, for stale candidates). An
 //! evictor copies up to [`POP_BATCH`] candidates and then claims their
 //! positions with one CAS, so that it never reads a slot that a refill has
 //! begun to rewrite for a later position. A block that becomes evictable
@@ -75,11 +76,14 @@ use crate::sync::{
 
 use crate::pool::refs::Refs;
 
-/// The fewest candidates a buffer holds.
-const MIN_CANDIDATES: usize = 64;
-/// Blocks per candidate slot (the buffer holds `num_blocks / 2`: the
-/// ring's 8-byte words cost 4 bytes a block).
-const BLOCKS_PER_CANDIDATE: usize = 2;
+/// The ring holds a slot for every block and one more for every
+/// `STALE_ROOM` blocks. Every evictable block fits, and the rest is room
+/// for stale candidates: a block revived by a match and released again is
+/// appended anew, and its older candidate keeps its slot until the evictors
+/// pass it. A ring with no such room overflows as soon as any candidate is
+/// stale while every block is evictable, and each overflow costs a refill's
+/// scan of every block.
+const STALE_ROOM: usize = 4;
 /// A refill begins once an overflowed ring holds at most
 /// `capacity / LOW_WATER` candidates (or one): the candidates left keep the
 /// evictors going while it scans. A refill's scan visits every block
@@ -199,7 +203,7 @@ impl Lru {
 
     /// The ring's capacity for `num_blocks` blocks.
     fn capacity(num_blocks: usize) -> usize {
-        (num_blocks / BLOCKS_PER_CANDIDATE).max(MIN_CANDIDATES.min(num_blocks))
+        num_blocks.saturating_add(num_blocks / STALE_ROOM)
     }
 
     /// The heap bytes [`room`](Self::room) asks for.
@@ -1177,15 +1181,15 @@ mod tests {
     fn a_pop_copies_before_it_claims_and_counts_positions() {
         let pool = evictable_pool(8);
         let lru = lru(&pool);
-        // Ring positions 70..78 (slots wrap at 8): blocks 0..8.
+        // Ring positions 76..84 (slots wrap at 10): blocks 0..8.
         let cap = lru.candidates.len() as u64;
-        assert_eq!(cap, 8);
+        assert_eq!(cap, 10);
         for i in 0..8u64 {
             let word = Lru::word(BlockId::new(i as u32), 100 + i as u32);
-            lru.candidates[lru.slot(70 + i)].store(word, Ordering::Relaxed);
+            lru.candidates[lru.slot(76 + i)].store(word, Ordering::Relaxed);
         }
-        lru.next.next.store(70, Ordering::Relaxed);
-        lru.len.store(78, Ordering::Relaxed);
+        lru.next.next.store(76, Ordering::Relaxed);
+        lru.len.store(84, Ordering::Relaxed);
         let mut batch = [0u64; POP_BATCH];
         assert_eq!(lru.pop(3, &mut batch), 3);
         assert_eq!(
@@ -1199,7 +1203,7 @@ mod tests {
         assert_eq!(lru.pop(100, &mut batch), 5);
         assert_eq!(id_of(batch[4]).index(), 7);
         assert_eq!(lru.pop(1, &mut batch), 0);
-        assert_eq!(lru.next.next.load(Ordering::Relaxed), 78);
+        assert_eq!(lru.next.next.load(Ordering::Relaxed), 84);
     }
 
     /// Marks exactly the blocks of `skip` in the membership map (as a
@@ -1374,7 +1378,7 @@ mod tests {
                         .collect();
                     // Some blocks marked (their candidates in the ring), so
                     // that the eligible count varies around the room.
-                    let marked = (splitmix(&mut state) % (n as u64 - cap as u64 + 40)) as usize;
+                    let marked = (splitmix(&mut state) % (n as u64 / 2 + 40)) as usize;
                     let mut skip: Vec<usize> = (0..n).collect();
                     for i in (1..n).rev() {
                         let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
