@@ -732,10 +732,11 @@ def hash_blocks(
     `kvslots::hash_blocks`.
 
     `tokens`: ints in `0..2**32`, `bytes` of little-endian uint32s (or a
-    `memoryview` of them), or a buffer of integers (numpy array,
-    `array.array`; one token an item, one-byte items included). With `parent` (the key of
-    the block before `tokens[0]`) the keys continue that chain; `salt` must
-    then be empty.
+    `memoryview` of them), or a one-dimensional buffer of integers (numpy
+    array of any byte order, `array.array`; one token an item, one-byte
+    items included; `ValueError` for another number of dimensions). With
+    `parent` (the key of the block before `tokens[0]`) the keys continue
+    that chain; `salt` must then be empty.
     """
 
 def hash_blocks_packed(

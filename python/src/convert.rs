@@ -138,8 +138,9 @@ pub(crate) fn key(item: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
 /// Token ids: a list (or any iterable) of ints in `0..2**32`; `bytes` or
 /// `bytearray` holding little-endian `uint32`s (also through a
 /// `memoryview` of one, or a buffer of `char`s, format `c`); or any other
-/// buffer of integers (a numpy array, `array.array`) of item size 1, 2, 4
-/// or 8, one token an item, each value in `0..2**32`.
+/// one-dimensional buffer of integers (a numpy array of any byte order,
+/// `array.array`) of item size 1, 2, 4 or 8, one token an item, each value
+/// in `0..2**32`.
 pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     if let Ok(b) = obj.cast::<PyBytes>() {
         return raw_u32(b.as_bytes());
@@ -199,19 +200,32 @@ fn raw_u32(bytes: &[u8]) -> PyResult<Vec<u32>> {
         .collect())
 }
 
-/// The integers of a buffer, by its `struct` format; a buffer of `bytes`
-/// (`of_bytes`) or of `char`s as little-endian `uint32`s.
+/// The byte order of a buffer's items, from its `struct` format's prefix.
+#[derive(Clone, Copy)]
+enum Order {
+    Native,
+    Little,
+    Big,
+}
+
+/// The integers of a buffer, by its `struct` format (any byte order:
+/// native, `<`, `>` or `!`); a buffer of `bytes` (`of_bytes`) or of
+/// `char`s as little-endian `uint32`s.
 fn buffer_tokens(view: &Bound<'_, PyMemoryView>, of_bytes: bool) -> PyResult<Vec<u32>> {
     let format: String = view.getattr("format")?.extract()?;
     let itemsize: usize = view.getattr("itemsize")?.extract()?;
     let ndim: usize = view.getattr("ndim")?.extract()?;
-    if ndim > 1 {
+    if ndim != 1 {
         return Err(PyValueError::new_err(format!(
             "a token buffer must be one-dimensional, got {ndim} dimensions"
         )));
     }
-    let bytes: Vec<u8> = view.call_method0("tobytes")?.extract()?;
-    let code = format.trim_start_matches(['@', '=', '<']);
+    let (order, code) = match format.as_bytes().first() {
+        Some(b'@' | b'=') => (Order::Native, &format[1..]),
+        Some(b'<') => (Order::Little, &format[1..]),
+        Some(b'>' | b'!') => (Order::Big, &format[1..]),
+        _ => (Order::Native, &format[..]),
+    };
     let signed = match code {
         "b" | "h" | "i" | "l" | "q" | "n" => true,
         "B" | "H" | "I" | "L" | "Q" | "N" | "c" => false,
@@ -221,32 +235,53 @@ fn buffer_tokens(view: &Bound<'_, PyMemoryView>, of_bytes: bool) -> PyResult<Vec
             )))
         }
     };
-    if code == "c" || (of_bytes && code == "B") {
-        // Raw bytes: as `bytes`.
-        return raw_u32(&bytes);
-    }
-    let value = |c: &[u8]| -> Option<i128> {
-        Some(match (itemsize, signed) {
-            (1, true) => i8::from_ne_bytes(c.try_into().ok()?).into(),
-            (1, false) => u8::from_ne_bytes(c.try_into().ok()?).into(),
-            (2, true) => i16::from_ne_bytes(c.try_into().ok()?).into(),
-            (2, false) => u16::from_ne_bytes(c.try_into().ok()?).into(),
-            (4, true) => i32::from_ne_bytes(c.try_into().ok()?).into(),
-            (4, false) => u32::from_ne_bytes(c.try_into().ok()?).into(),
-            (8, true) => i64::from_ne_bytes(c.try_into().ok()?).into(),
-            (8, false) => u64::from_ne_bytes(c.try_into().ok()?).into(),
-            _ => return None,
-        })
-    };
     if !matches!(itemsize, 1 | 2 | 4 | 8) {
         return Err(PyTypeError::new_err(format!(
             "a token buffer's items must be 1, 2, 4 or 8 bytes, got {itemsize}"
         )));
     }
+    let bytes: Vec<u8> = view.call_method0("tobytes")?.extract()?;
+    if code == "c" || (of_bytes && code == "B") {
+        // Raw bytes: as `bytes`.
+        return raw_u32(&bytes);
+    }
+    let value = |c: &[u8]| -> i128 {
+        // An item as an unsigned integer in native order, then
+        // sign-extended from its width if the format is signed.
+        let mut word = [0u8; 8];
+        let raw = match order {
+            Order::Native => {
+                if cfg!(target_endian = "little") {
+                    word[..itemsize].copy_from_slice(c);
+                    u64::from_le_bytes(word)
+                } else {
+                    word[8 - itemsize..].copy_from_slice(c);
+                    u64::from_be_bytes(word)
+                }
+            }
+            Order::Little => {
+                word[..itemsize].copy_from_slice(c);
+                u64::from_le_bytes(word)
+            }
+            Order::Big => {
+                word[8 - itemsize..].copy_from_slice(c);
+                u64::from_be_bytes(word)
+            }
+        };
+        let bits = 8 * itemsize as u32;
+        if signed && bits < 64 {
+            let shift = 64 - bits;
+            i128::from(((raw << shift) as i64) >> shift)
+        } else if signed {
+            i128::from(raw as i64)
+        } else {
+            i128::from(raw)
+        }
+    };
     bytes
         .chunks_exact(itemsize)
         .map(|c| {
-            let v = value(c).unwrap_or(-1);
+            let v = value(c);
             u32::try_from(v).map_err(|_| {
                 PyValueError::new_err(format!("a token id must be in 0..2**32, got {v}"))
             })

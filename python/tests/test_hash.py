@@ -50,6 +50,29 @@ def test_numpy_arrays():
         kvslots.hash_blocks(np.zeros(16, np.float32), 16)
 
 
+def test_numpy_arrays_of_either_byte_order():
+    np = pytest.importorskip("numpy")
+    want = kvslots.hash_blocks(TOKENS, 16, b"tenant")
+    for dtype in (">i4", "<i4", ">u4", "<u4", ">i8", "<u8", "=i4", ">u2", "<i2"):
+        tokens = [t % 30000 for t in TOKENS] if dtype[-1] == "2" else TOKENS
+        got = kvslots.hash_blocks(np.array(tokens, dtype), 16, b"tenant")
+        assert got == kvslots.hash_blocks(tokens, 16, b"tenant"), dtype
+    assert kvslots.hash_blocks(np.array(TOKENS, ">u4"), 16, b"tenant") == want
+    # Signed items are sign-extended in their own byte order.
+    for dtype in (">i2", "<i2", ">i4", ">i8", "i1"):
+        with pytest.raises(ValueError, match="got -2"):
+            kvslots.hash_blocks(np.array([1, -2] * 8, dtype), 16)
+
+
+def test_a_zero_dimensional_buffer_is_refused():
+    np = pytest.importorskip("numpy")
+    for obj in (np.array(5, np.uint32), memoryview(b"abcd").cast("I", shape=[])):
+        with pytest.raises(ValueError, match="one-dimensional, got 0"):
+            kvslots.hash_blocks(obj, 1)
+        with pytest.raises(ValueError, match="one-dimensional, got 0"):
+            kvslots.hash_blocks_packed(obj, 1)
+
+
 def test_chain_structure():
     keys = kvslots.hash_blocks(list(range(40)), 16)
     assert len(keys) == 2  # a partly filled block gets no key
