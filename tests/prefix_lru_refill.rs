@@ -83,6 +83,16 @@ fn run(num_blocks: usize, steps: usize, seed: u64) -> usize {
             let mut s = Sequence::new(Arc::clone(&pool));
             m.matched(&mut s, keys, &what);
             seqs.push(s);
+        } else if roll < 70 && !chains.is_empty() {
+            // Revivals of the latest chains, each released at once: their
+            // blocks are appended to the ring again, and their older
+            // candidates go stale; enough of these overflow the ring,
+            // which has room for every block and a quarter more.
+            for keys in chains.iter().rev().take(1 + x % 16) {
+                let mut s = Sequence::new(Arc::clone(&pool));
+                m.matched(&mut s, keys, &what);
+                m.dropped(s);
+            }
         } else if roll < 90 {
             m.dropped(seqs.remove(x % seqs.len()));
         } else if roll < 95 {
@@ -113,14 +123,13 @@ fn run(num_blocks: usize, steps: usize, seed: u64) -> usize {
     m.evictions
 }
 
-/// Every size: small pools (a ring slot a block), the ring's floor of
-/// 64, odd sizes, sizes about powers of
-/// two, and large pools where one refill scans thousands of blocks.
+/// Every size: small pools, odd sizes, sizes about powers of two, and
+/// large pools where one refill scans thousands of blocks.
 #[test]
 fn long_runs_evict_in_exact_lru_order_on_pools_of_every_size() {
     for (num_blocks, steps) in [
-        // Rings of one slot a block, where a refill begins with one
-        // candidate left (under 16 slots) or with an eighth of them.
+        // A refill begins with one candidate left in a ring under 16
+        // slots (under 13 blocks), with an eighth of them above.
         (8, 2000),
         (15, 2000),
         (16, 2000),

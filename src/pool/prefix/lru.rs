@@ -617,7 +617,10 @@ impl Lru {
             let next = self.next.next.load(Ordering::Acquire);
             // Acquire: as in `pop`. Loaded after `next`, so `next <= len`.
             let len = self.len.load(Ordering::Acquire);
-            let room = cap - (len - next) as usize;
+            // An append that read the overflowed bit clear before it was
+            // set may have filled the ring between the two loads (from a
+            // `next` past ours): then there is no room.
+            let room = cap.saturating_sub((len - next) as usize);
             self.mark(next, len, true);
             let mut published = len;
             let (written, seen) = self.fill(refs, len, room, |written| {
