@@ -8,7 +8,8 @@ use std::time::Duration;
 use kvslots::{BlockHash, BlockId};
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PyTuple};
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PyTuple, PyType};
 
 /// A non-negative integer argument (a count, a length, a position, a
 /// fence): any int or object with `__index__` (numpy integers included),
@@ -51,6 +52,55 @@ pub(crate) fn block_id(obj: &Bound<'_, PyAny>) -> PyResult<Option<BlockId>> {
         Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Ok(None),
         Err(_) => Err(not_an_int("a block id", obj)),
     }
+}
+
+/// The fewest ids a list or tuple has for [`many_ids`] to read them in one
+/// C call: below it, building the array costs more than it saves.
+const MANY_IDS: usize = 32;
+
+/// Block ids from a long exact `list` or `tuple` of ints, all of them
+/// below `num_blocks`, read in one C call (`array.array("I", ids)`, which
+/// converts each item as `int` does, and one copy of its bytes) instead of
+/// one conversion per item: about a third of the cost. `None` when `ids`
+/// is anything else, or when any item is not such an id (not an int,
+/// negative, too large or out of range): the caller then reads them one by
+/// one and reports the first bad item, as for any iterable.
+pub(crate) fn many_ids(
+    py: Python<'_>,
+    ids: &Bound<'_, PyAny>,
+    num_blocks: usize,
+) -> Option<Vec<BlockId>> {
+    static ARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let len = if let Ok(list) = ids.cast_exact::<PyList>() {
+        list.len()
+    } else if let Ok(tuple) = ids.cast_exact::<PyTuple>() {
+        tuple.len()
+    } else {
+        return None;
+    };
+    if len < MANY_IDS {
+        return None;
+    }
+    let array = ARRAY
+        .import(py, "array", "array")
+        .ok()?
+        .call1(("I", ids))
+        .ok()?;
+    let bytes = array.call_method0("tobytes").ok()?;
+    let bytes = bytes.cast::<PyBytes>().ok()?.as_bytes();
+    if bytes.len() != len * 4 {
+        // An `unsigned int` of another size than 4 bytes.
+        return None;
+    }
+    let mut out = Vec::with_capacity(len);
+    for c in bytes.chunks_exact(4) {
+        let id = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
+        if id as usize >= num_blocks {
+            return None;
+        }
+        out.push(BlockId::new(id));
+    }
+    Some(out)
 }
 
 /// Calls `f` on every item of `obj` (a list or tuple quickly, else any

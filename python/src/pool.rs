@@ -61,6 +61,9 @@ impl PyBlockPool {
                 "block ids must be an iterable of ints, not {ty}"
             )));
         }
+        if let Some(out) = convert::many_ids(py, ids, num_blocks) {
+            return Ok(out);
+        }
         let mut out = Vec::new();
         convert::for_each(ids, |item| {
             match convert::block_id(&item)? {

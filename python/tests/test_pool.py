@@ -164,6 +164,59 @@ def test_free_accepts_any_iterable(pool):
     assert pool.free_blocks == 16
 
 
+@pytest.mark.parametrize("n", [31, 32, 33, 100])
+@pytest.mark.parametrize("method", ["free", "add_refs"])
+def test_long_id_lists_are_read_as_short_ones(n, method):
+    """Lists and tuples of 32 ids or more are read in one C call; every
+    result and error is the same as item by item."""
+    pool = kvslots.BlockPool(256, 16)
+    ids = pool.try_alloc(n)
+    call = getattr(pool, method)
+    before = pool_state(pool)
+    np = pytest.importorskip("numpy")
+    for where in (0, n // 2, n - 1):
+        for bad, check in [
+            (256, lambda e: (e.id, e.kind, e.num_blocks) == (256, "out_of_range", 256)),
+            (-5, lambda e: (e.id, e.kind) == (-5, "out_of_range")),
+            (2**32, lambda e: (e.id, e.kind) == (2**32, "out_of_range")),
+            (2**70, lambda e: (e.id, e.kind) == (2**70, "out_of_range")),
+        ]:
+            listed = list(ids)
+            listed[where] = bad
+            for form in (listed, tuple(listed)):
+                with pytest.raises(kvslots.FreeError) as err:
+                    call(form)
+                assert check(err.value), (where, bad)
+                assert pool_state(pool) == before
+        for bad in (1.5, "1", None, b"x"):
+            listed = list(ids)
+            listed[where] = bad
+            with pytest.raises(TypeError, match="block id must be an int"):
+                call(listed)
+            assert pool_state(pool) == before
+    # The first bad item in list order is the one reported.
+    listed = list(ids)
+    listed[3], listed[n - 2] = 300, 1.5
+    with pytest.raises(kvslots.FreeError) as err:
+        call(listed)
+    assert err.value.id == 300
+    # A list subclass, a tuple, and numpy ints among plain ones.
+    class Ids(list):
+        pass
+
+    forms = (Ids, tuple, lambda xs: [np.uint32(x) if k % 2 else x for k, x in enumerate(xs)])
+    for form in forms:
+        call(form(ids))
+        if method == "add_refs":
+            assert [pool.ref_count(i) for i in ids] == [2] * n
+            pool.free(ids)
+        else:
+            assert pool.used_blocks == 0
+            ids = pool.try_alloc(n)
+    pool.free(ids)
+    assert pool.used_blocks == 0
+
+
 def test_errors_pickle_with_their_fields(pool):
     held = pool.try_alloc(15)
     with pytest.raises(kvslots.Full) as err:
