@@ -250,14 +250,6 @@ fn raw_u32(bytes: &[u8]) -> PyResult<Vec<u32>> {
         .collect())
 }
 
-/// The byte order of a buffer's items, from its `struct` format's prefix.
-#[derive(Clone, Copy)]
-enum Order {
-    Native,
-    Little,
-    Big,
-}
-
 /// The integers of a buffer, by its `struct` format (any byte order:
 /// native, `<`, `>` or `!`); a buffer of `bytes` (`of_bytes`) or of
 /// `char`s as little-endian `uint32`s.
@@ -270,11 +262,13 @@ fn buffer_tokens(view: &Bound<'_, PyMemoryView>, of_bytes: bool) -> PyResult<Vec
             "a token buffer must be one-dimensional, got {ndim} dimensions"
         )));
     }
-    let (order, code) = match format.as_bytes().first() {
-        Some(b'@' | b'=') => (Order::Native, &format[1..]),
-        Some(b'<') => (Order::Little, &format[1..]),
-        Some(b'>' | b'!') => (Order::Big, &format[1..]),
-        _ => (Order::Native, &format[..]),
+    // The items' byte order, from the format's prefix (none: native).
+    let native_little = cfg!(target_endian = "little");
+    let (little, code) = match format.as_bytes().first() {
+        Some(b'@' | b'=') => (native_little, &format[1..]),
+        Some(b'<') => (true, &format[1..]),
+        Some(b'>' | b'!') => (false, &format[1..]),
+        _ => (native_little, &format[..]),
     };
     let signed = match code {
         "b" | "h" | "i" | "l" | "q" | "n" => true,
@@ -299,24 +293,12 @@ fn buffer_tokens(view: &Bound<'_, PyMemoryView>, of_bytes: bool) -> PyResult<Vec
         // An item as an unsigned integer in native order, then
         // sign-extended from its width if the format is signed.
         let mut word = [0u8; 8];
-        let raw = match order {
-            Order::Native => {
-                if cfg!(target_endian = "little") {
-                    word[..itemsize].copy_from_slice(c);
-                    u64::from_le_bytes(word)
-                } else {
-                    word[8 - itemsize..].copy_from_slice(c);
-                    u64::from_be_bytes(word)
-                }
-            }
-            Order::Little => {
-                word[..itemsize].copy_from_slice(c);
-                u64::from_le_bytes(word)
-            }
-            Order::Big => {
-                word[8 - itemsize..].copy_from_slice(c);
-                u64::from_be_bytes(word)
-            }
+        let raw = if little {
+            word[..itemsize].copy_from_slice(c);
+            u64::from_le_bytes(word)
+        } else {
+            word[8 - itemsize..].copy_from_slice(c);
+            u64::from_be_bytes(word)
         };
         let bits = 8 * itemsize as u32;
         if signed && bits < 64 {
