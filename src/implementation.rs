@@ -850,9 +850,9 @@
 //!
 //! Evictors take candidates from a ring of `num_blocks + num_blocks / 4`
 //! `(stamp, id)` words (every evictable block fits, with room for stale
-//! candidates: those of blocks revived and released again since), oldest first, at positions that only grow. An
-//! evictor copies up to 32 candidates and then claims their positions with
-//! one CAS (`Release`): a refill reads the position (`Acquire`) before it
+//! candidates: those of blocks revived and released again since), oldest
+//! first, at positions that only grow. An evictor copies up to 32
+//! candidates and then claims their positions with one CAS (`Release`): a refill reads the position (`Acquire`) before it
 //! rewrites a slot for a position a ring later, so no evictor reads a slot
 //! that a refill has begun to fill. A block that becomes evictable is
 //! appended as the youngest (a give-back appends its batches with one CAS
