@@ -462,7 +462,9 @@ class Sequence:
 
     Usable from many threads: the sequence sits behind a mutex inside the
     binding, so calls on one sequence take turns while calls on different
-    sequences run in parallel. A closed sequence raises `ValueError`.
+    sequences run in parallel. A call waiting for its turn (behind another
+    thread's `reserve`) runs the signal handlers: Ctrl-C interrupts it. A
+    closed sequence raises `ValueError`.
     """
 
     def __new__(cls, pool: BlockPool) -> Self: ...

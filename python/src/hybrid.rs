@@ -2,9 +2,9 @@
 //! hybrid models (sliding-window layers beside full-attention ones), a
 //! block table per group of layers over one pool.
 //!
-//! As `Sequence`, the core sequence sits behind a mutex, taken without
-//! blocking while attached, and nothing that can run Python code happens
-//! while it is held.
+//! As `Sequence`, the core sequence sits behind a mutex (`lock.rs`), taken
+//! without blocking while attached, and nothing that can run Python code
+//! happens while it is held.
 
 use std::sync::{Mutex, PoisonError};
 
@@ -17,6 +17,7 @@ use pyo3::types::{PyBytes, PyList, PyRange, PyString, PyTuple};
 use crate::convert;
 use crate::detached;
 use crate::errors;
+use crate::lock::SeqLock;
 use crate::pool::PyBlockPool;
 use crate::sequence::PyBlockCopy;
 use crate::wait;
@@ -266,7 +267,7 @@ pub(crate) struct PyHybridSequence {
     pool: Py<PyBlockPool>,
     groups: kvslots::KvGroups,
     /// `None` once closed or retired.
-    inner: Mutex<Option<kvslots::HybridSequence>>,
+    inner: SeqLock<Option<kvslots::HybridSequence>>,
 }
 
 impl PyHybridSequence {
@@ -277,11 +278,7 @@ impl PyHybridSequence {
         py: Python<'_>,
         f: impl FnOnce(&mut kvslots::HybridSequence) -> R,
     ) -> PyResult<R> {
-        let mut guard = self
-            .inner
-            .lock_py_attached(py)
-            .unwrap_or_else(PoisonError::into_inner);
-        match guard.as_mut() {
+        match self.inner.lock(py)?.as_mut() {
             Some(seq) => Ok(f(seq)),
             None => Err(PyValueError::new_err(
                 "operation on a closed HybridSequence (after close() or retire())",
@@ -289,11 +286,8 @@ impl PyHybridSequence {
         }
     }
 
-    fn take(&self, py: Python<'_>) -> Option<kvslots::HybridSequence> {
-        self.inner
-            .lock_py_attached(py)
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
+    fn take(&self, py: Python<'_>) -> PyResult<Option<kvslots::HybridSequence>> {
+        Ok(self.inner.lock(py)?.take())
     }
 
     /// A call's work, in blocks, for `detached`: `tokens` in every group.
@@ -368,7 +362,7 @@ impl PyHybridSequence {
         PyHybridSequence {
             pool: pool.unbind(),
             groups,
-            inner: Mutex::new(Some(core)),
+            inner: SeqLock::new(Some(core)),
         }
     }
 
@@ -388,11 +382,8 @@ impl PyHybridSequence {
 
     /// Whether `close()` or `retire()` has been called.
     #[getter]
-    fn closed(&self, py: Python<'_>) -> bool {
-        self.inner
-            .lock_py_attached(py)
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_none()
+    fn closed(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.inner.lock(py)?.is_none())
     }
 
     /// The number of tokens in the sequence (the same in every group).
@@ -607,7 +598,7 @@ impl PyHybridSequence {
     /// Returns how many; the sequence is closed afterwards.
     fn retire(&self, py: Python<'_>, fence: &Bound<'_, PyAny>) -> PyResult<usize> {
         let fence: u64 = convert::uint(fence, "fence")?;
-        let seq = self.take(py).ok_or_else(|| {
+        let seq = self.take(py)?.ok_or_else(|| {
             PyValueError::new_err(
                 "operation on a closed HybridSequence (after close() or retire())",
             )
@@ -658,7 +649,7 @@ impl PyHybridSequence {
                     PyHybridSequence {
                         pool: self.pool.clone_ref(py),
                         groups: self.groups.clone(),
-                        inner: Mutex::new(Some(child)),
+                        inner: SeqLock::new(Some(child)),
                     },
                 )?;
                 let copies = PyList::new(py, copies.into_iter().map(PyBlockCopy::from))?;
@@ -749,11 +740,12 @@ impl PyHybridSequence {
     }
 
     /// Gives every block back now. Closing twice does nothing.
-    fn close(&self, py: Python<'_>) {
-        if let Some(seq) = self.take(py) {
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if let Some(seq) = self.take(py)? {
             let blocks = seq.held_blocks();
             detached(py, blocks, || drop(seq));
         }
+        Ok(())
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -767,19 +759,21 @@ impl PyHybridSequence {
         exc_type: &Bound<'_, PyAny>,
         exc: &Bound<'_, PyAny>,
         tb: &Bound<'_, PyAny>,
-    ) -> bool {
+    ) -> PyResult<bool> {
         let _ = (exc_type, exc, tb);
-        self.close(py);
-        false
+        self.close(py)?;
+        Ok(false)
     }
 
-    fn __repr__(&self, py: Python<'_>) -> String {
-        match self.with(py, |seq| (seq.len(), seq.held_blocks())) {
-            Ok((len, held)) => format!(
-                "HybridSequence(len={len}, groups={}, held_blocks={held})",
-                self.groups.len()
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(match self.inner.lock(py)?.as_ref() {
+            Some(seq) => format!(
+                "HybridSequence(len={}, groups={}, held_blocks={})",
+                seq.len(),
+                self.groups.len(),
+                seq.held_blocks()
             ),
-            Err(_) => "HybridSequence(closed)".to_owned(),
-        }
+            None => "HybridSequence(closed)".to_owned(),
+        })
     }
 }

@@ -31,6 +31,7 @@ mod convert;
 mod errors;
 mod events;
 mod hybrid;
+mod lock;
 mod pool;
 mod sequence;
 mod wait;

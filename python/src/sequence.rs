@@ -4,24 +4,23 @@
 //! mutex, so that one Python object can be used from many threads (calls
 //! on one sequence take turns; calls on different sequences do not). The
 //! mutex is taken without blocking while attached to the interpreter (a
-//! contended lock is waited for detached, as PyO3's `lock_py_attached`
-//! does), and nothing that can run Python code (allocating Python objects,
-//! raising) happens while it is held, so a finalizer that touches the same
-//! sequence cannot deadlock.
+//! contended lock is waited for detached, and Ctrl-C interrupts that wait:
+//! `lock.rs`), and nothing that can run Python code (allocating Python
+//! objects, raising) happens while it is held, so a finalizer that touches
+//! the same sequence cannot deadlock.
 
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, PoisonError};
 
 use kvslots::{BlockCopy, BlockId, ReserveError};
 use pyo3::exceptions::{PyImportError, PyOverflowError, PyRuntimeError};
 use pyo3::prelude::*;
-use pyo3::sync::MutexExt;
 use pyo3::types::{PyByteArray, PyList, PyMemoryView, PyRange, PyTuple};
 
 use crate::convert;
 use crate::detached;
 use crate::errors;
+use crate::lock::SeqLock;
 use crate::pool::{id_list, PyBlockPool};
 use crate::wait;
 
@@ -98,12 +97,13 @@ impl PyBlockCopy {
 /// sequence is a single-owner value, so it is kept behind a mutex: calls on
 /// one sequence take turns, calls on different sequences run in parallel,
 /// and a call that waits (`reserve`) or walks many blocks releases the GIL
-/// (and holds the sequence's mutex meanwhile).
+/// (and holds the sequence's mutex meanwhile; a call waiting for the mutex
+/// runs the signal handlers, so Ctrl-C interrupts it).
 #[pyclass(name = "Sequence", module = "kvslots", frozen, weakref)]
 pub(crate) struct PySequence {
     pool: Py<PyBlockPool>,
     /// `None` once closed or retired.
-    inner: Mutex<Option<kvslots::Sequence>>,
+    inner: SeqLock<Option<kvslots::Sequence>>,
 }
 
 /// Why `fork` failed.
@@ -120,22 +120,15 @@ impl PySequence {
     /// Runs `f` on the open sequence, under its mutex. `f` must not call
     /// into Python, except to detach.
     fn with<R>(&self, py: Python<'_>, f: impl FnOnce(&mut kvslots::Sequence) -> R) -> PyResult<R> {
-        let mut guard = self
-            .inner
-            .lock_py_attached(py)
-            .unwrap_or_else(PoisonError::into_inner);
-        match guard.as_mut() {
+        match self.inner.lock(py)?.as_mut() {
             Some(seq) => Ok(f(seq)),
             None => Err(errors::closed_sequence()),
         }
     }
 
     /// Takes the sequence out (closing this object), or `None` if closed.
-    fn take(&self, py: Python<'_>) -> Option<kvslots::Sequence> {
-        self.inner
-            .lock_py_attached(py)
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
+    fn take(&self, py: Python<'_>) -> PyResult<Option<kvslots::Sequence>> {
+        Ok(self.inner.lock(py)?.take())
     }
 
     /// A Python object for a core sequence over the same pool.
@@ -144,7 +137,7 @@ impl PySequence {
             py,
             PySequence {
                 pool: self.pool.clone_ref(py),
-                inner: Mutex::new(Some(seq)),
+                inner: SeqLock::new(Some(seq)),
             },
         )
     }
@@ -209,7 +202,7 @@ impl PySequence {
         let core = kvslots::Sequence::new(pool.get().inner.clone());
         PySequence {
             pool: pool.unbind(),
-            inner: Mutex::new(Some(core)),
+            inner: SeqLock::new(Some(core)),
         }
     }
 
@@ -221,11 +214,8 @@ impl PySequence {
 
     /// Whether `close()` or `retire()` has been called.
     #[getter]
-    fn closed(&self, py: Python<'_>) -> bool {
-        self.inner
-            .lock_py_attached(py)
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_none()
+    fn closed(&self, py: Python<'_>) -> PyResult<bool> {
+        Ok(self.inner.lock(py)?.is_none())
     }
 
     /// The number of tokens in the sequence.
@@ -394,7 +384,7 @@ impl PySequence {
     /// closed afterwards.
     fn retire(&self, py: Python<'_>, fence: &Bound<'_, PyAny>) -> PyResult<usize> {
         let fence: u64 = convert::uint(fence, "fence")?;
-        let seq = self.take(py).ok_or_else(errors::closed_sequence)?;
+        let seq = self.take(py)?.ok_or_else(errors::closed_sequence)?;
         let blocks = seq.blocks().len();
         Ok(detached(py, blocks, || seq.retire(fence)))
     }
@@ -553,11 +543,12 @@ impl PySequence {
 
     /// Gives every block back now (the device must be done with them; see
     /// `retire` otherwise). Closing twice does nothing.
-    fn close(&self, py: Python<'_>) {
-        if let Some(seq) = self.take(py) {
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        if let Some(seq) = self.take(py)? {
             let blocks = seq.blocks().len();
             detached(py, blocks, || drop(seq));
         }
+        Ok(())
     }
 
     fn __enter__(slf: Py<Self>) -> Py<Self> {
@@ -571,19 +562,22 @@ impl PySequence {
         exc_type: &Bound<'_, PyAny>,
         exc: &Bound<'_, PyAny>,
         tb: &Bound<'_, PyAny>,
-    ) -> bool {
+    ) -> PyResult<bool> {
         let _ = (exc_type, exc, tb);
-        self.close(py);
-        false
+        self.close(py)?;
+        Ok(false)
     }
 
-    fn __repr__(&self, py: Python<'_>) -> String {
-        match self.with(py, |seq| (seq.len(), seq.blocks().len(), seq.capacity())) {
-            Ok((len, blocks, capacity)) => {
-                format!("Sequence(len={len}, blocks={blocks}, capacity={capacity})")
-            }
-            Err(_) => "Sequence(closed)".to_owned(),
-        }
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(match self.inner.lock(py)?.as_ref() {
+            Some(seq) => format!(
+                "Sequence(len={}, blocks={}, capacity={})",
+                seq.len(),
+                seq.blocks().len(),
+                seq.capacity()
+            ),
+            None => "Sequence(closed)".to_owned(),
+        })
     }
 }
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use pyo3::prelude::*;
 
 /// How often a waiting thread runs Python's signal handlers.
-const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+pub(crate) const SIGNAL_CHECK: Duration = Duration::from_millis(50);
 
 /// Wakes the waiting thread.
 struct Unpark(Thread);

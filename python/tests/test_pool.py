@@ -8,7 +8,7 @@ import threading
 import pytest
 
 import kvslots
-from conftest import pool_state
+from conftest import Interrupted, alarm, pool_state
 
 
 def test_construction_and_properties():
@@ -351,20 +351,8 @@ def test_a_signal_handler_interrupts_a_wait(pool):
     held = pool.try_alloc(16)
     before = pool_state(pool)
 
-    class Interrupted(Exception):
-        pass
-
-    def handler(signum, frame):
-        raise Interrupted
-
-    old = signal.signal(signal.SIGALRM, handler)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.05)
-        with pytest.raises(Interrupted):
-            pool.alloc(1, timeout=60)  # (the timeout only keeps a bug from hanging)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+    with pytest.raises(Interrupted), alarm(0.05):
+        pool.alloc(1, timeout=60)  # (the timeout only keeps a bug from hanging)
     # The wait was cancelled: out of the queue, nothing taken.
     assert pool.waiters == 0
     assert pool_state(pool) == before

@@ -3,13 +3,14 @@ mapping in its three forms, closing, and every bad input, each refusal
 checked for its exception and the unchanged state of sequence and pool."""
 
 import gc
+import signal
 import threading
 import weakref
 
 import pytest
 
 import kvslots
-from conftest import pool_state, seq_state
+from conftest import Interrupted, alarm, pool_state, seq_state
 
 
 def test_append_and_slot_mapping(pool):
@@ -294,3 +295,42 @@ def test_sequence_needs_a_pool():
         kvslots.Sequence(None)
     with pytest.raises(TypeError):
         kvslots.Sequence("pool")
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs signal.setitimer")
+@pytest.mark.parametrize("hybrid", [False, True], ids=["Sequence", "HybridSequence"])
+def test_a_signal_handler_interrupts_a_call_waiting_for_a_busy_sequence(pool, hybrid):
+    # Another thread's `reserve` holds the sequence while it waits for
+    # blocks; a call on the same sequence waits for it, and a signal handler's
+    # exception (Ctrl-C's KeyboardInterrupt) ends that wait, not the reserve.
+    if hybrid:
+        seq = kvslots.HybridSequence(pool, kvslots.KvGroups(["full"]))
+    else:
+        seq = kvslots.Sequence(pool)
+    held = pool.try_alloc(16)
+    outcome = []
+
+    def reserver():
+        try:
+            # (The timeout only keeps a bug from hanging the suite.)
+            seq.reserve(4, timeout=30)
+            outcome.append("reserved")
+        except kvslots.Full:
+            outcome.append("timed out")
+
+    thread = threading.Thread(target=reserver)
+    thread.start()
+    while pool.waiters == 0:  # the reserve has queued (a condition, not a sleep)
+        assert thread.is_alive()
+
+    with pytest.raises(Interrupted), alarm(0.05):
+        len(seq)  # waits for the reserve's hold on the sequence
+    # Interrupted while the reserve still waits: it was the call's own wait
+    # that ended, not the reserve's (which would have let `len` return).
+    assert pool.waiters == 1 and outcome == []
+    pool.free(held)
+    thread.join()
+    assert outcome == ["reserved"]
+    assert len(seq) == 0 and seq.capacity == 4 and not seq.closed
+    seq.close()
+    assert pool.free_blocks == 16
