@@ -9,6 +9,7 @@
 //! |---|---|
 //! | `drop/128` | a 2,048-token sequence (128 blocks of 16) is built and dropped |
 //! | `truncate/128` | the same sequence truncated to 0 tokens (all 128 blocks back), then dropped empty |
+//! | `retire/128` | the same sequence retired under a fence (`Sequence::retire`), and the fence completed (`BlockPool::complete`): an asynchronous scheduler's finished request |
 //! | `truncate/1` | a 17-token sequence (2 blocks) truncated to 16 (1 block back) and extended again |
 //!
 //! Each measures the append too, which is the same on both sides of a
@@ -44,6 +45,16 @@ fn give_back(c: &mut Criterion) {
         b.iter(|| {
             seq.try_append(PROMPT).expect("the pool has room");
             black_box(seq.truncate(0));
+        })
+    });
+    group.bench_function(BenchmarkId::new("retire", 128), |b| {
+        let mut fence = 0;
+        b.iter(|| {
+            let mut seq = Sequence::new(Arc::clone(&pool));
+            seq.try_append(PROMPT).expect("the pool has room");
+            fence += 1;
+            black_box(seq.retire(fence));
+            black_box(pool.complete(fence));
         })
     });
     group.throughput(Throughput::Elements(1));

@@ -69,6 +69,54 @@ fn retired_blocks_are_not_reallocated_until_their_fence_completes_out_of_order()
     assert_pool_whole(&pool);
 }
 
+/// The fence gives back what its sequences took, however they took it:
+/// runs of fresh blocks (a whole bitmap word, part of one, two words),
+/// counted blocks, shared blocks and cached ones, one sequence under a
+/// fence or several.
+#[test]
+fn a_completed_fence_gives_back_fresh_runs_and_counted_blocks_alike() {
+    let pool = Arc::new(BlockPool::new(512, 1));
+    // One sequence a fence: a whole word, part of one, two words.
+    for (fence, tokens) in [(1, 64), (2, 20), (3, 128), (4, 3)] {
+        let seq = seq_of(&pool, tokens);
+        let ids = seq.blocks().to_vec();
+        assert_eq!(seq.retire(fence), tokens);
+        assert_eq!(pool.used_blocks(), tokens);
+        assert_eq!(pool.complete(fence), tokens);
+        assert_eq!(pool.pending_release_blocks(), 0);
+        for id in ids {
+            assert_eq!(pool.ref_count(id), Some(0), "{id} back after its fence");
+        }
+        assert_pool_whole(&pool);
+    }
+    // Several under one fence: two fresh runs that meet (one run in the
+    // fence's list), a forked pair that shares blocks, a cached prompt.
+    let first = seq_of(&pool, 32);
+    let second = seq_of(&pool, 32);
+    let parent = seq_of(&pool, 40);
+    let (child, copy) = parent.try_fork().unwrap();
+    assert!(copy.is_none());
+    let mut keys = Vec::new();
+    hash_blocks(b"", &[7; 16], 1, &mut keys);
+    let mut cached = seq_of(&pool, 16);
+    assert_eq!(cached.publish(&keys), 16);
+    let held = 32 + 32 + 40 + 16;
+    let references = held + 40;
+    assert_eq!(
+        first.retire(9) + second.retire(9) + parent.retire(9) + child.retire(9) + cached.retire(9),
+        references
+    );
+    assert_eq!(pool.used_blocks(), held);
+    assert_eq!(pool.complete(9), references);
+    assert_eq!(pool.cached_blocks(), 16, "the prompt stays cached");
+    assert_eq!(pool.evictable_blocks(), 16);
+    let mut hit = Sequence::new(Arc::clone(&pool));
+    assert_eq!(hit.try_match_prefix(&keys), 16);
+    drop(hit);
+    assert_eq!(pool.reset_prefix_cache(), 16);
+    assert_pool_whole(&pool);
+}
+
 #[test]
 fn a_fenced_pool_is_full_and_says_how_much_is_available() {
     let pool = Arc::new(BlockPool::new(3, 4));

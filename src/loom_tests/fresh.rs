@@ -24,6 +24,12 @@
 //! | [`publish_of_a_fresh_block_vs_match`]: a sequence publishes the first of its 8 fresh blocks and drops them while another matches the key | 2, 8 | `fresh_kept`: the published block is given back as fresh while it is cached |
 //! | [`ref_count_vs_fork`]: `ref_count` of a fresh block while its sequence forks | 2, 8 | `relaxed_fresh_clear`: the reader sees the bit cleared but the word still bare, and reads 0 |
 //! | [`raw_free_vs_fresh_drop`]: a raw free of a fresh block (a double free) while its sequence drops | 2, 8 | `free_ignores_sequence`: the raw free takes the uncounted reference, and the block goes back twice |
+//!
+//! `two_takes_in_one_word` and `raw_free_vs_fresh_drop` also run with the
+//! main thread's sequence retired under a fence that the same thread then
+//! completes (`*_one_retired_*`, `raw_free_vs_fresh_retire_*`): a
+//! completed fence gives back a run of fresh blocks as the sequence's own
+//! release does, with the same controls caught.
 use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{check, DOUBLE, FREE_IGNORES_SEQUENCE, LOST, SOUND};
@@ -110,18 +116,43 @@ pub(super) fn assert_whole(pool: &BlockPool) {
     pool.free(&all).expect("just taken");
 }
 
+/// How a model's sequence gives its blocks back.
+#[derive(Clone, Copy)]
+enum GiveBack {
+    /// Dropped.
+    Drop,
+    /// Retired under fence 1, which the same thread then completes (an
+    /// asynchronous scheduler's finished request).
+    Retire,
+}
+
+impl GiveBack {
+    /// Gives `seq`'s blocks back to `pool` this way.
+    fn give(self, pool: &BlockPool, seq: Sequence) {
+        match self {
+            GiveBack::Drop => drop(seq),
+            GiveBack::Retire => {
+                let held = seq.blocks().len();
+                assert_eq!(seq.retire(1), held, "every block retired");
+                assert_eq!(pool.complete(1), held, "{LOST}: the fence's blocks");
+            }
+        }
+    }
+}
+
 /// Two sequences each take 8 fresh blocks of the same bitmap word (a
-/// 16-block pool) and give them back, on two threads: their marks and
-/// clears of the fresh word interleave with each other's takes and
-/// give-backs. Under `plain_fresh_mark` a mark can overwrite the other's
-/// mark or clear: a fresh block then reads as counted and is never given
-/// back, or a given-back one stays marked.
-fn two_takes_in_one_word(faults: Faults) {
+/// 16-block pool) and give them back, on two threads (the main thread's
+/// dropped or retired and its fence completed): their marks and clears of
+/// the fresh word interleave with each other's takes and give-backs.
+/// Under `plain_fresh_mark` a mark can overwrite the other's mark or
+/// clear: a fresh block then reads as counted and is never given back, or
+/// a given-back one stays marked.
+fn two_takes_in_one_word(faults: Faults, how: GiveBack) {
     check(move || {
         let pool = pool(16, 1, faults);
         let other = Arc::clone(&pool);
         let t = thread::spawn(move || drop(fresh_sequence(&other, 8)));
-        drop(fresh_sequence(&pool, 8));
+        how.give(&pool, fresh_sequence(&pool, 8));
         t.join().expect("the other sequence does not panic");
         assert_whole(&pool);
     });
@@ -201,11 +232,12 @@ fn ref_count_vs_fork(faults: Faults) {
 }
 
 /// A raw free lists a fresh block of a sequence (a double free: the
-/// caller does not hold it) while the sequence drops on another thread:
-/// the free is refused (`HeldBySequence`, or `NotAllocated` once the
-/// block is back) and drops nothing. Under `free_ignores_sequence` it
-/// takes the uncounted reference, and the block goes back twice.
-fn raw_free_vs_fresh_drop(faults: Faults) {
+/// caller does not hold it) while the sequence drops (or is retired and
+/// its fence completed) on another thread: the free is refused
+/// (`HeldBySequence`, or `NotAllocated` once the block is back) and drops
+/// nothing. Under `free_ignores_sequence` it takes the uncounted
+/// reference, and the block goes back twice.
+fn raw_free_vs_fresh_drop(faults: Faults, how: GiveBack) {
     check(move || {
         let pool = pool(8, 1, faults);
         let seq = fresh_sequence_alone(&pool, 8);
@@ -214,7 +246,7 @@ fn raw_free_vs_fresh_drop(faults: Faults) {
             let pool = Arc::clone(&pool);
             thread::spawn(move || pool.free(&[id]))
         };
-        drop(seq);
+        how.give(&pool, seq);
         let freed = freer.join().expect("the free does not panic");
         match freed {
             Err(FreeError::HeldBySequence { id: e } | FreeError::NotAllocated { id: e }) => {
@@ -228,19 +260,36 @@ fn raw_free_vs_fresh_drop(faults: Faults) {
 
 #[test]
 fn two_takes_in_one_word_sound() {
-    two_takes_in_one_word(SOUND);
+    two_takes_in_one_word(SOUND, GiveBack::Drop);
 }
 
 #[test]
 #[should_panic(expected = "blocks not conserved")]
 fn two_takes_in_one_word_plain_fresh_mark_is_caught() {
-    two_takes_in_one_word(PLAIN_FRESH_MARK);
+    two_takes_in_one_word(PLAIN_FRESH_MARK, GiveBack::Drop);
 }
 
 #[test]
 #[should_panic(expected = "blocks not conserved")]
 fn two_takes_in_one_word_fresh_store_any_word_is_caught() {
-    two_takes_in_one_word(FRESH_STORE_ANY_WORD);
+    two_takes_in_one_word(FRESH_STORE_ANY_WORD, GiveBack::Drop);
+}
+
+#[test]
+fn two_takes_in_one_word_one_retired_sound() {
+    two_takes_in_one_word(SOUND, GiveBack::Retire);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn two_takes_in_one_word_one_retired_plain_fresh_mark_is_caught() {
+    two_takes_in_one_word(PLAIN_FRESH_MARK, GiveBack::Retire);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn two_takes_in_one_word_one_retired_fresh_store_any_word_is_caught() {
+    two_takes_in_one_word(FRESH_STORE_ANY_WORD, GiveBack::Retire);
 }
 
 #[test]
@@ -278,11 +327,22 @@ fn ref_count_vs_fork_relaxed_fresh_clear_is_caught() {
 
 #[test]
 fn raw_free_vs_fresh_drop_sound() {
-    raw_free_vs_fresh_drop(SOUND);
+    raw_free_vs_fresh_drop(SOUND, GiveBack::Drop);
 }
 
 #[test]
 #[should_panic(expected = "handed out twice")]
 fn raw_free_vs_fresh_drop_free_ignores_sequence_is_caught() {
-    raw_free_vs_fresh_drop(FREE_IGNORES_SEQUENCE);
+    raw_free_vs_fresh_drop(FREE_IGNORES_SEQUENCE, GiveBack::Drop);
+}
+
+#[test]
+fn raw_free_vs_fresh_retire_sound() {
+    raw_free_vs_fresh_drop(SOUND, GiveBack::Retire);
+}
+
+#[test]
+#[should_panic(expected = "handed out twice")]
+fn raw_free_vs_fresh_retire_free_ignores_sequence_is_caught() {
+    raw_free_vs_fresh_drop(FREE_IGNORES_SEQUENCE, GiveBack::Retire);
 }

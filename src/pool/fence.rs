@@ -145,6 +145,21 @@ impl BlockPool {
         n
     }
 
+    /// Gives back the references retired under a completed fence, as a
+    /// sequence's release gives back its own: a run of consecutive fresh
+    /// ids (a prompt's blocks, as its take left them) a word of the
+    /// bitmaps at a time, any other list by runs and block by block.
+    fn give_back_retired(&self, ids: &[BlockId]) {
+        if self.free.give_fresh_run(ids) {
+            // Released after the give-back, as in `drop_each`.
+            self.counter.release_held(ids.len());
+            return;
+        }
+        // As in `Sequence::give_back`: `Err` only after a racing double
+        // free of one of these blocks, and the others go all the same.
+        let _ = self.drop_held_refs(ids);
+    }
+
     /// Loom's `early_release` control: the references go at once.
     fn release_now(&self, ids: &[BlockId], extra: Option<BlockId>) {
         // As in `Sequence::give_back`: `Err` only after a racing double
@@ -208,9 +223,7 @@ impl BlockPool {
         let Some(ids) = self.fences.with_map(fence, |map| map.remove(&fence)) else {
             return 0;
         };
-        // As in `Sequence::give_back`: `Err` only after a racing double
-        // free of one of these blocks, and the others go all the same.
-        let _ = self.drop_held_refs(&ids);
+        self.give_back_retired(&ids);
         self.fences.sub(ids.len());
         ids.len()
     }
@@ -240,7 +253,7 @@ impl BlockPool {
         for shard in 0..FENCE_SHARDS as u64 {
             let lists = self.fences.with_map(shard, std::mem::take);
             for ids in lists.into_values() {
-                let _ = self.drop_held_refs(&ids);
+                self.give_back_retired(&ids);
                 self.fences.sub(ids.len());
                 released += ids.len();
             }
