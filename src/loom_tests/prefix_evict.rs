@@ -1,13 +1,14 @@
 //! Loom models of the prefix cache's eviction ring: an evictor taking
 //! its candidates while another evictor refills the ring, and a release
-//! racing a refill of an overflowed ring, each with a negative control
-//! that loom must catch.
+//! racing a refill of an overflowed ring, each in a ring of as many slots
+//! as blocks and in one with a slot of stale room, each with a negative
+//! control that loom must catch.
 //!
 //! Run with `scripts/loom prefix_evict`.
 //!
-//! The second model's executions are long (two evictions, a refill and
-//! the steps after the race): it raises loom's bound on an execution's
-//! branches to 20,000 (`check_long`).
+//! Every model but the first has long executions (several evictions, a
+//! refill, and the steps before or after the race): they raise loom's
+//! bound on an execution's branches to 20,000 (`check_long`).
 //!
 //! # The models
 //!
@@ -15,6 +16,8 @@
 //! |---|---|---|
 //! | [`refill_vs_claimed_candidate`] | 2, 3 | `claim_before_read` (evicted out of order) |
 //! | [`release_vs_refill_keeps_overflowed`] | 2, 3 | `unchecked_overflow_clear` (evicted out of order) |
+//! | [`stale_room_refill_vs_claimed_candidate`] | 2, 4 | `claim_before_read` (evicted out of order) |
+//! | [`stale_room_release_vs_refill_keeps_overflowed`] | 2, 4 | `unchecked_overflow_clear` (evicted out of order) |
 //!
 //! A pool of 3 blocks has a ring of 3 slots. Its candidates' positions
 //! only grow, position `p` in slot `p % 3`, and a refill writes the
@@ -25,6 +28,17 @@
 //! those slots, after the copy. The control claims first and copies
 //! after: a refill that begins in between rewrites the slot with the
 //! youngest block, which the evictor then takes.
+//!
+//! A pool of 4 blocks has a ring of 5 slots (a slot for each block and
+//! one of stale room for every 4 blocks). The `stale_room_` models run
+//! the same races in it, with the ring's fifth slot holding a revived
+//! block's new candidate (so that a second revival overflows the ring),
+//! and check the ring's capacity, fullness and overflow as they set it
+//! up. There a refill reaches a claimed position's slot only with its
+//! fourth entry, a whole ring past the claim: in
+//! [`stale_room_refill_vs_claimed_candidate`] the candidate left after
+//! the claim is stale and the claimed block is not evicted yet, so that
+//! all four blocks are evictable without a current candidate.
 //!
 //! The model also checks that every block comes back: free and
 //! admissible, once every sequence is gone.
@@ -183,4 +197,157 @@ fn release_vs_refill_keeps_overflowed_sound() {
 #[should_panic(expected = "evicted out of order")]
 fn release_vs_refill_keeps_overflowed_unchecked_overflow_clear_is_caught() {
     release_vs_refill_keeps_overflowed(UNCHECKED_OVERFLOW_CLEAR);
+}
+
+/// The ring's slots for a pool of 4 blocks: one for each block and one of
+/// stale room.
+const WIDE_RING: usize = 5;
+
+/// As [`refill_vs_claimed_candidate`], in a ring with more slots than
+/// blocks (4 blocks, [`WIDE_RING`] slots), where the refill that races
+/// the claim must write four candidates, a whole ring past the claimed
+/// position, to reach its slot: it can only because the one candidate
+/// left is stale (its block is evictable and unmarked, so the refill
+/// writes it again) and the claimed block is not evicted yet.
+///
+/// Keys 1, 2, 3 and 4 on the pool's four blocks, released in that order
+/// (positions 0 to 3); key 1 revived and released (position 4, the slot
+/// of stale room: the ring is full); key 2 revived and released (its
+/// append misses: the ring is overflowed). One allocation passes the
+/// stale candidates of keys 1 and 2 and evicts key 3 (it leaves two
+/// candidates: no refill); key 5 goes on that block and is released (a
+/// miss), and key 1 is revived and released again (a miss: its candidate
+/// at position 4 is now stale). The ring holds key 4's candidate and a
+/// stale one, and is overflowed; the blocks were released in the order
+/// 4, 2, 5, 1. Two threads each allocate a block: together they evict
+/// keys 4 and 2, the two least recently released, and keys 5 and 1 stay
+/// cached.
+///
+/// The evictor that claims key 4's candidate (position 3) leaves the stale
+/// one: the other refills the ring. While key 4's block is claimed but
+/// not yet evicted, the refill finds four evictable blocks with no
+/// current candidate (keys 4, 2, 5 and 1) and four free slots, and writes
+/// them oldest first at positions 5 to 8: key 1, the youngest, lands in
+/// slot 3, key 4's. The control
+/// copies key 4's candidate only after its claim, so it may copy key 1's
+/// and evict key 1, keeping key 2.
+fn stale_room_refill_vs_claimed_candidate(faults: Faults) {
+    check_long(20_000, move || {
+        let pool = Arc::new(BlockPool::with_faults(4, 1, 1, faults));
+        let first: Vec<Sequence> = [1, 2, 3, 4].map(|n| published(&pool, n)).into();
+        drop(first);
+        assert!(cached(&pool, 1), "key 1 cached");
+        assert_eq!(pool.eviction_ring(), (WIDE_RING, 5, false), "full");
+        assert!(cached(&pool, 2), "key 2 cached");
+        assert_eq!(pool.eviction_ring(), (WIDE_RING, 5, true), "overflowed");
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        seq.try_append(1).expect("an evictable block");
+        assert_eq!(seq.publish(&[key(5)]), 1);
+        drop(seq);
+        assert!(cached(&pool, 1), "key 1 cached");
+        assert!(!cached(&pool, 3), "key 3 evicted");
+        // Key 4's candidate and key 1's stale one.
+        assert_eq!(pool.eviction_ring(), (WIDE_RING, 2, true));
+        let evictors: Vec<_> = (0..2)
+            .map(|_| {
+                let pool = Arc::clone(&pool);
+                thread::spawn(move || {
+                    let mut seq = Sequence::new(pool);
+                    seq.try_append(1).expect("an evictable block");
+                    seq
+                })
+            })
+            .collect();
+        let held: Vec<Sequence> = evictors.into_iter().map(|e| e.join().unwrap()).collect();
+        let kept = (1..=5).filter(|&n| cached(&pool, n)).collect::<Vec<_>>();
+        assert_eq!(kept, [1, 5], "{OUT_OF_ORDER}: keys {kept:?} cached");
+        drop(held);
+        assert_eq!(pool.free_blocks(), 4, "{LOST}");
+        assert_eq!(pool.admission_free_uncapped(), 4, "{LOST}");
+    });
+}
+
+#[test]
+fn stale_room_refill_vs_claimed_candidate_sound() {
+    stale_room_refill_vs_claimed_candidate(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "evicted out of order")]
+fn stale_room_refill_vs_claimed_candidate_claim_before_read_is_caught() {
+    stale_room_refill_vs_claimed_candidate(CLAIM_BEFORE_READ);
+}
+
+/// As [`release_vs_refill_keeps_overflowed`], in a ring with more slots
+/// than blocks (4 blocks, [`WIDE_RING`] slots): the slot of stale room
+/// holds a revived block's new candidate, so it is a second revival that
+/// overflows the ring.
+///
+/// Keys 1, 2, 3 and 4 on the pool's four blocks, released 4, 3, 2, 1
+/// (positions 0 to 3); key 1 revived and released (position 4: the ring
+/// is full); key 4 revived and released (a miss: the ring is
+/// overflowed); key 2 revived and held by the releaser. The evictor
+/// allocates two blocks while the releaser lets key 2 go (its append is
+/// skipped: a miss). The evictor passes key 4's stale candidate and
+/// evicts key 3, passes key 2's (held, or released and so stale) and key
+/// 1's stale one, refills the ring once only key 1's candidate is left
+/// (key 4, and key 2 if its scan sees it released) and evicts key 1. Or,
+/// racing the release, it takes key 2 at its old candidate (evictable
+/// before its new stamp is written) and key 1 stays. Then, on one thread:
+/// key 5 on a free block, released; an allocation of three blocks (one
+/// free, two evicted) must evict the two cached keys left, both released
+/// before key 5 (keys 4 and 2, or 4 and 1): only key 5 stays.
+///
+/// The control clears the overflow after a refill whose scan passed key
+/// 2 while it was held, although key 2's release missed meanwhile: key 2
+/// is outside the ring and the ring says none is, so key 5's release is
+/// appended after key 4's candidate and the last allocation evicts keys 4
+/// and 5, keeping key 2.
+fn stale_room_release_vs_refill_keeps_overflowed(faults: Faults) {
+    check_long(20_000, move || {
+        let pool = Arc::new(BlockPool::with_faults(4, 1, 1, faults));
+        let mut first = Sequence::new(Arc::clone(&pool));
+        first.try_append(4).expect("four blocks");
+        assert_eq!(first.publish(&[key(1), key(2), key(3), key(4)]), 4);
+        drop(first);
+        assert!(cached(&pool, 1), "key 1 cached");
+        assert_eq!(pool.eviction_ring(), (WIDE_RING, 5, false), "full");
+        assert!(cached(&pool, 4), "key 4 cached");
+        assert_eq!(pool.eviction_ring(), (WIDE_RING, 5, true), "overflowed");
+        let mut two = Sequence::new(Arc::clone(&pool));
+        assert_eq!(two.try_match_prefix(&[key(2)]), 1);
+        let evictor = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || {
+                let mut seq = Sequence::new(pool);
+                seq.try_append(2).expect("two evictable blocks");
+                seq
+            })
+        };
+        let releaser = thread::spawn(move || drop(two));
+        releaser.join().unwrap();
+        drop(evictor.join().unwrap());
+        let mut young = Sequence::new(Arc::clone(&pool));
+        young.try_append(1).expect("a free block");
+        assert_eq!(young.publish(&[key(5)]), 1);
+        drop(young);
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        seq.try_append(3)
+            .expect("a free block and two evictable ones");
+        drop(seq);
+        let kept = (1..=5).filter(|&n| cached(&pool, n)).collect::<Vec<_>>();
+        assert_eq!(kept, [5], "{OUT_OF_ORDER}: keys {kept:?} cached");
+        assert_eq!(pool.free_blocks(), 4, "{LOST}");
+    });
+}
+
+#[test]
+fn stale_room_release_vs_refill_keeps_overflowed_sound() {
+    stale_room_release_vs_refill_keeps_overflowed(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "evicted out of order")]
+fn stale_room_release_vs_refill_keeps_overflowed_unchecked_overflow_clear_is_caught() {
+    stale_room_release_vs_refill_keeps_overflowed(UNCHECKED_OVERFLOW_CLEAR);
 }

@@ -406,6 +406,17 @@ impl BlockPool {
         self.counter.free_uncapped()
     }
 
+    /// The prefix cache's eviction ring: its capacity, how many candidates
+    /// it holds (stale ones included) and whether it is overflowed, for the
+    /// loom models of the ring. Panics without a prefix cache.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) fn eviction_ring(&self) -> (usize, usize, bool) {
+        self.prefix
+            .as_deref()
+            .expect("a prefix cache")
+            .eviction_ring()
+    }
+
     /// The high-water mark of [`used_blocks`](Self::used_blocks), never
     /// above [`num_blocks`](Self::num_blocks).
     ///

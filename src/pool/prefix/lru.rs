@@ -213,6 +213,18 @@ impl Lru {
             .saturating_add(bytes_of::<AtomicU64>(num_blocks.div_ceil(64)))
     }
 
+    /// The ring's capacity, how many candidates it holds (stale ones
+    /// included) and whether it is overflowed, for the loom models' checks
+    /// of the states they set up.
+    #[cfg(all(test, kvslots_loom))]
+    pub(super) fn ring(&self) -> (usize, usize, bool) {
+        // Relaxed (all three): read by a model's only running thread.
+        let len = self.len.load(Ordering::Relaxed);
+        let next = self.next.next.load(Ordering::Relaxed);
+        let overflowed = self.overflow.load(Ordering::Relaxed) & OVERFLOWED != 0;
+        (self.candidates.len(), (len - next) as usize, overflowed)
+    }
+
     /// Takes `n` consecutive stamps; returns the first.
     pub(super) fn stamps(&self, n: usize) -> u32 {
         // Relaxed: stamps only order evictions, a hint; uniqueness comes

@@ -113,6 +113,13 @@ impl PrefixCache {
             }))
     }
 
+    /// The eviction ring's capacity, candidates and overflowed state (see
+    /// `Lru::ring`), for the loom models.
+    #[cfg(all(test, kvslots_loom))]
+    pub(super) fn eviction_ring(&self) -> (usize, usize, bool) {
+        self.lru.ring()
+    }
+
     /// The KV events lost to full rings so far, if the cache records
     /// events.
     pub(super) fn events_lost(&self) -> Option<u64> {
