@@ -677,7 +677,10 @@ class HybridSequence:
         self, tokens: _Int, headroom: _Int = 0, timeout: Optional[float] = None
     ) -> None:
         """`try_reserve`, waiting in the pool's queue (GIL released) for at
-        most `timeout` seconds."""
+        most `timeout` seconds. Raises `NeverFits` at once, `Closed`, or
+        `Full` on timeout; Ctrl-C ends the wait; nothing changes when it
+        raises. Other calls on this sequence wait for it (a signal handler
+        must not call this sequence meanwhile)."""
     def truncate(self, len: _Int) -> int:
         """Rolls every group back to `len` tokens; returns how many blocks
         left the tables. Raises `WindowError` (nothing changed) if the

@@ -4,7 +4,8 @@
 //!
 //! As `Sequence`, the core sequence sits behind a mutex (`lock.rs`), taken
 //! without blocking while attached, and nothing that can run Python code
-//! happens while it is held.
+//! happens while it is held, except the signal handlers that `reserve`
+//! runs while it waits (see `sequence.rs`).
 
 use std::sync::{Mutex, PoisonError};
 
@@ -538,7 +539,10 @@ impl PyHybridSequence {
     ///
     /// Raises `NeverFits` at once, `Closed`, or `Full` when the timeout
     /// runs out; a signal handler's exception ends the wait. Nothing
-    /// changes when it raises.
+    /// changes when it raises. Other calls on this sequence wait for it to
+    /// return (so a signal handler that runs during the wait must not call
+    /// this sequence: it would wait for itself, until a later handler
+    /// raises).
     #[pyo3(
         signature = (tokens, headroom = None, timeout = None),
         text_signature = "(self, tokens, headroom=0, timeout=None)"

@@ -7,7 +7,10 @@
 //! contended lock is waited for detached, and Ctrl-C interrupts that wait:
 //! `lock.rs`), and nothing that can run Python code (allocating Python
 //! objects, raising) happens while it is held, so a finalizer that touches
-//! the same sequence cannot deadlock.
+//! the same sequence cannot deadlock, with one exception: `reserve` runs
+//! the signal handlers while it waits, holding the mutex. A handler (or a
+//! finalizer that a handler's allocations run) that calls the same
+//! sequence waits for itself, until a later handler raises (Ctrl-C).
 
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -324,7 +327,8 @@ impl PySequence {
     /// runs out; a signal handler's exception (Ctrl-C) ends the wait.
     /// Nothing changes when it raises. Other calls on this sequence wait
     /// for it to return (so a signal handler that runs during the wait must
-    /// not call this sequence: it would wait for itself).
+    /// not call this sequence: it would wait for itself, until a later
+    /// handler raises).
     #[pyo3(
         signature = (tokens, headroom = None, timeout = None),
         text_signature = "(self, tokens, headroom=0, timeout=None)"
@@ -529,6 +533,11 @@ impl PySequence {
         stop: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let numpy = py.import("numpy").map_err(|e| {
+            // Only a missing numpy is this `ImportError`; anything else
+            // raised by its import (Ctrl-C's `KeyboardInterrupt`) goes as is.
+            if !e.is_instance_of::<PyImportError>(py) {
+                return e;
+            }
             let err = PyImportError::new_err(
                 "Sequence.slot_mapping_array needs numpy (pip install numpy); \
                  slot_mapping_buffer gives the same int64s without it",

@@ -4,6 +4,7 @@ checked for its exception and the unchanged state of sequence and pool."""
 
 import gc
 import signal
+import sys
 import threading
 import weakref
 
@@ -42,6 +43,34 @@ def test_slot_mapping_array_is_int64_over_the_buffer(pool):
     assert arr.flags.writeable
     # numpy views the buffer the binding wrote: no copy was made.
     assert arr.base is not None and not arr.flags.owndata
+
+
+def test_slot_mapping_array_without_numpy_says_how_to_get_it(pool, monkeypatch):
+    seq = kvslots.Sequence(pool)
+    seq.try_append(10)
+    monkeypatch.setitem(sys.modules, "numpy", None)  # `import numpy` fails
+    with pytest.raises(ImportError, match="needs numpy") as err:
+        seq.slot_mapping_array()
+    assert isinstance(err.value.__cause__, ImportError)
+    assert seq_state(seq) == (10, tuple(seq.block_ids), 12)
+
+
+def test_slot_mapping_array_passes_on_what_else_numpys_import_raises(pool, monkeypatch):
+    # Ctrl-C during numpy's first import must stay a KeyboardInterrupt, not
+    # become the ImportError that says numpy is missing.
+    class Interrupting:
+        def find_spec(self, name, path=None, target=None):
+            if name == "numpy":
+                raise Interrupted
+            return None
+
+    seq = kvslots.Sequence(pool)
+    seq.try_append(10)
+    monkeypatch.delitem(sys.modules, "numpy", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
+    with pytest.raises(Interrupted):
+        seq.slot_mapping_array()
+    assert len(seq) == 10
 
 
 def test_slot_mapping_past_the_end_raises_index_error(pool):

@@ -611,8 +611,7 @@ impl Lru {
     fn refill(&self, refs: &Refs) -> usize {
         let cap = self.candidates.len();
         // Stop appends: a release during the scan may or may not be seen
-        // by it. Relaxed: a hint.
-        // Relaxed: a hint that stops appends; the clearing CAS in
+        // by it. Relaxed: a hint that stops appends; the clearing CAS in
         // `end_overflow` decides.
         self.overflow.fetch_or(OVERFLOWED, Ordering::Relaxed);
         let mut added = 0;
