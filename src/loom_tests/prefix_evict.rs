@@ -72,6 +72,43 @@ fn cached(pool: &Arc<BlockPool>, n: u8) -> bool {
     Sequence::new(Arc::clone(pool)).try_match_prefix(&[key(n)]) == 1
 }
 
+/// The keys of `keys` cached now.
+fn kept(pool: &Arc<BlockPool>, keys: impl IntoIterator<Item = u8>) -> Vec<u8> {
+    keys.into_iter().filter(|&n| cached(pool, n)).collect()
+}
+
+/// Two threads each allocate one block (evicting, the pool being full);
+/// returns their sequences once both are done.
+fn two_evictors(pool: &Arc<BlockPool>) -> Vec<Sequence> {
+    let evictors: Vec<_> = (0..2)
+        .map(|_| {
+            let pool = Arc::clone(pool);
+            thread::spawn(move || {
+                let mut seq = Sequence::new(pool);
+                seq.try_append(1).expect("an evictable block");
+                seq
+            })
+        })
+        .collect();
+    evictors.into_iter().map(|e| e.join().unwrap()).collect()
+}
+
+/// One thread allocates `k` blocks (evicting) while another lets `held`
+/// go; both done, the allocated blocks are given back.
+fn evict_while_released(pool: &Arc<BlockPool>, k: usize, held: Sequence) {
+    let evictor = {
+        let pool = Arc::clone(pool);
+        thread::spawn(move || {
+            let mut seq = Sequence::new(pool);
+            seq.try_append(k).expect("evictable blocks");
+            seq
+        })
+    };
+    let releaser = thread::spawn(move || drop(held));
+    releaser.join().unwrap();
+    drop(evictor.join().unwrap());
+}
+
 /// Three cached blocks, all evictable: keys 4 and 5 (released in that
 /// order), and key 3, released last, after a revival. The ring holds
 /// key 3's first release (a stale candidate), then 4's and 5's, and is
@@ -100,18 +137,8 @@ fn refill_vs_claimed_candidate(faults: Faults) {
         drop(seq);
         // Key 3 revived and released again: the youngest.
         assert!(cached(&pool, 3), "key 3 still cached");
-        let evictors: Vec<_> = (0..2)
-            .map(|_| {
-                let pool = Arc::clone(&pool);
-                thread::spawn(move || {
-                    let mut seq = Sequence::new(pool);
-                    seq.try_append(1).expect("an evictable block");
-                    seq
-                })
-            })
-            .collect();
-        let held: Vec<Sequence> = evictors.into_iter().map(|e| e.join().unwrap()).collect();
-        let kept = (3..=5).filter(|&n| cached(&pool, n)).collect::<Vec<_>>();
+        let held = two_evictors(&pool);
+        let kept = kept(&pool, 3..=5);
         assert_eq!(kept, [3], "{OUT_OF_ORDER}: keys {kept:?} cached");
         drop(held);
         assert_eq!(pool.free_blocks(), 3, "{LOST}");
@@ -160,29 +187,13 @@ fn release_vs_refill_keeps_overflowed(faults: Faults) {
         assert!(cached(&pool, 1), "key 1 cached");
         let mut two = Sequence::new(Arc::clone(&pool));
         assert_eq!(two.try_match_prefix(&[key(2)]), 1);
-        let evictor = {
-            let pool = Arc::clone(&pool);
-            thread::spawn(move || {
-                let mut seq = Sequence::new(pool);
-                seq.try_append(2).expect("two evictable blocks");
-                seq
-            })
-        };
-        let releaser = thread::spawn(move || drop(two));
-        releaser.join().unwrap();
-        drop(evictor.join().unwrap());
-        let mut young = Sequence::new(Arc::clone(&pool));
-        young.try_append(1).expect("a free block");
-        assert_eq!(young.publish(&[key(4)]), 1);
-        drop(young);
+        evict_while_released(&pool, 2, two);
+        drop(published(&pool, 4));
         let mut seq = Sequence::new(Arc::clone(&pool));
         seq.try_append(2)
             .expect("a free block and an evictable one");
         drop(seq);
-        let kept = [2, 4]
-            .into_iter()
-            .filter(|&n| cached(&pool, n))
-            .collect::<Vec<_>>();
+        let kept = kept(&pool, [2, 4]);
         assert_eq!(kept, [4], "{OUT_OF_ORDER}: keys {kept:?} cached");
         assert_eq!(pool.free_blocks(), 3, "{LOST}");
     });
@@ -248,18 +259,8 @@ fn stale_room_refill_vs_claimed_candidate(faults: Faults) {
         assert!(!cached(&pool, 3), "key 3 evicted");
         // Key 4's candidate and key 1's stale one.
         assert_eq!(pool.eviction_ring(), (WIDE_RING, 2, true));
-        let evictors: Vec<_> = (0..2)
-            .map(|_| {
-                let pool = Arc::clone(&pool);
-                thread::spawn(move || {
-                    let mut seq = Sequence::new(pool);
-                    seq.try_append(1).expect("an evictable block");
-                    seq
-                })
-            })
-            .collect();
-        let held: Vec<Sequence> = evictors.into_iter().map(|e| e.join().unwrap()).collect();
-        let kept = (1..=5).filter(|&n| cached(&pool, n)).collect::<Vec<_>>();
+        let held = two_evictors(&pool);
+        let kept = kept(&pool, 1..=5);
         assert_eq!(kept, [1, 5], "{OUT_OF_ORDER}: keys {kept:?} cached");
         drop(held);
         assert_eq!(pool.free_blocks(), 4, "{LOST}");
@@ -316,26 +317,13 @@ fn stale_room_release_vs_refill_keeps_overflowed(faults: Faults) {
         assert_eq!(pool.eviction_ring(), (WIDE_RING, 5, true), "overflowed");
         let mut two = Sequence::new(Arc::clone(&pool));
         assert_eq!(two.try_match_prefix(&[key(2)]), 1);
-        let evictor = {
-            let pool = Arc::clone(&pool);
-            thread::spawn(move || {
-                let mut seq = Sequence::new(pool);
-                seq.try_append(2).expect("two evictable blocks");
-                seq
-            })
-        };
-        let releaser = thread::spawn(move || drop(two));
-        releaser.join().unwrap();
-        drop(evictor.join().unwrap());
-        let mut young = Sequence::new(Arc::clone(&pool));
-        young.try_append(1).expect("a free block");
-        assert_eq!(young.publish(&[key(5)]), 1);
-        drop(young);
+        evict_while_released(&pool, 2, two);
+        drop(published(&pool, 5));
         let mut seq = Sequence::new(Arc::clone(&pool));
         seq.try_append(3)
             .expect("a free block and two evictable ones");
         drop(seq);
-        let kept = (1..=5).filter(|&n| cached(&pool, n)).collect::<Vec<_>>();
+        let kept = kept(&pool, 1..=5);
         assert_eq!(kept, [5], "{OUT_OF_ORDER}: keys {kept:?} cached");
         assert_eq!(pool.free_blocks(), 4, "{LOST}");
     });
