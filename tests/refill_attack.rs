@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 
+use common::chains;
 use common::lru_model::Model;
 use common::{assert_pool_whole, XorShift};
 use kvslots::{BlockHash, BlockId, BlockPool, Sequence};
@@ -225,11 +226,6 @@ fn one_at_a_time_evictions_cross_the_threshold_in_order() {
 /// Chains the threads share (match and publish).
 const CHAINS: u64 = 24;
 
-/// The content tag of key `n` of chain `c` (never 0).
-fn tag(c: u64, n: u64) -> u64 {
-    (c << 20) | (n + 1)
-}
-
 /// One thread's work on a shared pool of `n` blocks; it holds at most
 /// `budget` blocks (counting every sequence's length, forks included),
 /// so every admission must succeed.
@@ -263,33 +259,8 @@ fn worker(
             };
             let len = (1 + rng.below(chain_len)).min(room);
             let keys: Vec<BlockHash> = (0..len as u64).map(|i| key(chain, i)).collect();
-            let mut s = Sequence::new(Arc::clone(pool));
-            let matched = s.try_match_prefix(&keys);
-            assert!(matched <= len, "{what}: matched {matched} of {len}");
-            for (i, &b) in s.blocks().iter().enumerate() {
-                // Acquire: pairs with the Release store of the publisher
-                // (published after, so the match sees it anyway).
-                let got = content[b.index()].load(Ordering::Acquire);
-                assert_eq!(
-                    got,
-                    tag(chain, i as u64),
-                    "{what}: matched block {b} (key {i} of chain {chain}) holds another key's content"
-                );
-            }
+            let (s, matched) = chains::request(pool, content, chain, &keys, &what);
             hits.fetch_add(matched, Ordering::Relaxed);
-            if let Err(e) = s.try_append(len - matched) {
-                panic!(
-                    "{what}: appending {} blocks failed ({e:?}) within budget: free {} used {} evictable {}",
-                    len - matched,
-                    pool.free_blocks(),
-                    pool.used_blocks(),
-                    pool.evictable_blocks()
-                );
-            }
-            for (i, &b) in s.blocks().iter().enumerate().skip(matched) {
-                content[b.index()].store(tag(chain, i as u64), Ordering::Release);
-            }
-            s.publish(&keys);
             seqs.push(s);
         } else if roll < 55 && !seqs.is_empty() && room > 0 {
             let i = rng.below(seqs.len());

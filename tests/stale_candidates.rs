@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 
+use common::chains::{self, tag};
 use common::lru_model::Model;
 use common::{assert_pool_whole, XorShift};
 use kvslots::{BlockHash, BlockId, BlockPool, Sequence};
@@ -268,11 +269,6 @@ fn every_block_revived_many_times_then_evicted() {
 // Real threads
 // ---------------------------------------------------------------------------
 
-/// The content a block holding key `n` of chain `c` carries (never 0).
-fn tag(c: u64, n: u64) -> u64 {
-    (c << 20) | (n + 1)
-}
-
 /// Revivers match and release shared chains over and over (stale
 /// candidates pile up far past the ring's extra quarter) and re-check the
 /// content before each release; evictors take raw blocks in bulk (up to
@@ -302,28 +298,7 @@ fn revivers_and_evictors(n: usize, shards: usize, revivers: usize, evictors: usi
                         let chain = rng.below(3 * n / chain_len + 2) as u64;
                         let len = 1 + rng.below(chain_len);
                         let keys: Vec<BlockHash> = (0..len as u64).map(|i| key(chain, i)).collect();
-                        let mut s = Sequence::new(Arc::clone(pool));
-                        let matched = s.try_match_prefix(&keys);
-                        for (i, &b) in s.blocks().iter().enumerate() {
-                            assert_eq!(
-                                content[b.index()].load(Ordering::Acquire),
-                                tag(chain, i as u64),
-                                "{what}: match {b}"
-                            );
-                        }
-                        s.try_append(len - matched).unwrap_or_else(|e| {
-                            panic!(
-                                "{what}: append {} failed {e:?}: free {} used {} evictable {}",
-                                len - matched,
-                                pool.free_blocks(),
-                                pool.used_blocks(),
-                                pool.evictable_blocks()
-                            )
-                        });
-                        for (i, &b) in s.blocks().iter().enumerate().skip(matched) {
-                            content[b.index()].store(tag(chain, i as u64), Ordering::Release);
-                        }
-                        s.publish(&keys);
+                        let (s, _) = chains::request(pool, content, chain, &keys, &what);
                         if rng.below(2) == 0 {
                             // Revive the same chain again while held (a second holder).
                             let mut s2 = Sequence::new(Arc::clone(pool));

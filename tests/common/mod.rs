@@ -18,6 +18,7 @@
 
 #![allow(dead_code)]
 
+pub mod chains;
 pub mod lru_model;
 
 use std::collections::HashSet;
