@@ -259,7 +259,7 @@ fn worker(
             };
             let len = (1 + rng.below(chain_len)).min(room);
             let keys: Vec<BlockHash> = (0..len as u64).map(|i| key(chain, i)).collect();
-            let (s, matched) = chains::request(pool, content, chain, &keys, &what);
+            let (s, matched, _) = chains::request(pool, content, chain, &keys, &what);
             hits.fetch_add(matched, Ordering::Relaxed);
             seqs.push(s);
         } else if roll < 55 && !seqs.is_empty() && room > 0 {

@@ -298,9 +298,13 @@ fn revivers_and_evictors(n: usize, shards: usize, revivers: usize, evictors: usi
                         let chain = rng.below(3 * n / chain_len + 2) as u64;
                         let len = 1 + rng.below(chain_len);
                         let keys: Vec<BlockHash> = (0..len as u64).map(|i| key(chain, i)).collect();
-                        let (s, _) = chains::request(pool, content, chain, &keys, &what);
-                        if rng.below(2) == 0 {
-                            // Revive the same chain again while held (a second holder).
+                        let (s, matched, cached) =
+                            chains::request(pool, content, chain, &keys, &what);
+                        // Revive the same chain again while held (a second
+                        // holder of the same blocks): only if this request's
+                        // blocks hold every key, or the match would hold a
+                        // rival copy's blocks too, past the thread's budget.
+                        if rng.below(2) == 0 && matched + cached == len {
                             let mut s2 = Sequence::new(Arc::clone(pool));
                             let m2 = s2.try_match_prefix(&keys);
                             assert!(m2 <= len);

@@ -19,15 +19,17 @@ pub fn tag(c: u64, n: u64) -> u64 {
 /// cached prefix and checks each matched block's tag, appends the rest
 /// (panicking with the pool's counts if that fails: the callers stay
 /// within their budgets, so an append must succeed), writes their tags
-/// and publishes every key. Returns the sequence and how many blocks it
-/// matched. `what` names the request in the panics.
+/// and publishes every key. Returns the sequence, how many blocks it
+/// matched and how many its publish cached (all the others, unless a
+/// rival's copy of the chain won a key). `what` names the request in the
+/// panics.
 pub fn request(
     pool: &Arc<BlockPool>,
     content: &[AtomicU64],
     chain: u64,
     keys: &[BlockHash],
     what: &str,
-) -> (Sequence, usize) {
+) -> (Sequence, usize, usize) {
     let len = keys.len();
     let mut s = Sequence::new(Arc::clone(pool));
     let matched = s.try_match_prefix(keys);
@@ -56,6 +58,6 @@ pub fn request(
         // the publish below.
         content[b.index()].store(tag(chain, i as u64), Ordering::Release);
     }
-    s.publish(keys);
-    (s, matched)
+    let cached = s.publish(keys);
+    (s, matched, cached)
 }
