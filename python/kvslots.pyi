@@ -464,7 +464,9 @@ class Sequence:
     binding, so calls on one sequence take turns while calls on different
     sequences run in parallel. A call waiting for its turn (behind another
     thread's `reserve`) runs the signal handlers: Ctrl-C interrupts it. A
-    closed sequence raises `ValueError`.
+    call from a thread that holds the sequence already (a signal handler run
+    during its own `reserve`) raises `RuntimeError` instead of waiting for
+    itself. A closed sequence raises `ValueError`.
     """
 
     def __new__(cls, pool: BlockPool) -> Self: ...
@@ -511,8 +513,9 @@ class Sequence:
         """`try_reserve`, waiting in the pool's queue (GIL released) for at
         most `timeout` seconds. Raises `NeverFits` at once, `Closed`, or
         `Full` on timeout; Ctrl-C ends the wait; nothing changes when it
-        raises. Other calls on this sequence wait for it (a signal handler
-        must not call this sequence meanwhile)."""
+        raises. Other calls on this sequence wait for it; a call on it from
+        a signal handler (or a finalizer) that runs in this thread during
+        the wait raises `RuntimeError` at once and changes nothing."""
     def truncate(self, len: _Int) -> int:
         """Rolls back to `len` tokens and gives back the blocks no longer
         needed; returns how many left the table."""
@@ -679,8 +682,9 @@ class HybridSequence:
         """`try_reserve`, waiting in the pool's queue (GIL released) for at
         most `timeout` seconds. Raises `NeverFits` at once, `Closed`, or
         `Full` on timeout; Ctrl-C ends the wait; nothing changes when it
-        raises. Other calls on this sequence wait for it (a signal handler
-        must not call this sequence meanwhile)."""
+        raises. Other calls on this sequence wait for it; a call on it from
+        a signal handler (or a finalizer) that runs in this thread during
+        the wait raises `RuntimeError` at once and changes nothing."""
     def truncate(self, len: _Int) -> int:
         """Rolls every group back to `len` tokens; returns how many blocks
         left the tables. Raises `WindowError` (nothing changed) if the

@@ -540,9 +540,9 @@ impl PyHybridSequence {
     /// Raises `NeverFits` at once, `Closed`, or `Full` when the timeout
     /// runs out; a signal handler's exception ends the wait. Nothing
     /// changes when it raises. Other calls on this sequence wait for it to
-    /// return (so a signal handler that runs during the wait must not call
-    /// this sequence: it would wait for itself, until a later handler
-    /// raises).
+    /// return; a call on it from a signal handler (or a finalizer) that
+    /// runs in this thread during the wait raises `RuntimeError` at once
+    /// and changes nothing.
     #[pyo3(
         signature = (tokens, headroom = None, timeout = None),
         text_signature = "(self, tokens, headroom=0, timeout=None)"

@@ -10,38 +10,130 @@
 //! handlers: Ctrl-C (`KeyboardInterrupt`) interrupts a call that waits
 //! behind another thread's `reserve`, as it interrupts the `reserve`
 //! itself. An uncontended lock is one compare-and-swap, taken attached.
+//!
+//! The mutex remembers which thread holds it. A `reserve` runs the signal
+//! handlers of its own thread while it holds the mutex, so a handler (or
+//! a finalizer that a handler's garbage collection runs) can call the
+//! sequence that its thread holds: waiting would wait for itself, so that
+//! call raises `RuntimeError` instead, as CPython's buffered files do on a
+//! reentrant call.
+
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, MutexGuard};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 use crate::wait::SIGNAL_CHECK;
 
+/// No thread holds the mutex (no thread has token 0).
+const NOBODY: u64 = 0;
+
+/// The next thread's token.
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// This thread's token: a number no other thread of the process has.
+    // Relaxed: only the counter's atomicity matters (each RMW reads a
+    // value no other has read); nothing is published through it.
+    static TOKEN: u64 = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The calling thread's token.
+fn this_thread() -> u64 {
+    TOKEN.with(|token| *token)
+}
+
 /// A mutex whose contended wait runs detached from the interpreter and
-/// can be interrupted by a signal handler's exception.
-pub(crate) struct SeqLock<T>(Mutex<T>);
+/// can be interrupted by a signal handler's exception, and which refuses
+/// a thread that holds it already.
+pub(crate) struct SeqLock<T> {
+    value: Mutex<T>,
+    /// The token of the thread that holds `value`, or [`NOBODY`]. Written
+    /// only by the holder, under the mutex: set after it locks, cleared
+    /// before it unlocks.
+    holder: AtomicU64,
+}
+
+/// The held mutex: the value, and the holder's mark, cleared on drop.
+pub(crate) struct SeqGuard<'a, T> {
+    holder: &'a AtomicU64,
+    guard: MutexGuard<'a, T>,
+}
 
 impl<T: Send> SeqLock<T> {
     /// A mutex holding `value`.
     pub(crate) fn new(value: T) -> SeqLock<T> {
-        SeqLock(Mutex::new(value))
+        SeqLock {
+            value: Mutex::new(value),
+            holder: AtomicU64::new(NOBODY),
+        }
     }
 
     /// Locks the mutex: at once if it is free, else waiting detached, in
     /// turns of [`SIGNAL_CHECK`] between which Python's signal handlers
     /// run. Raises what a handler raises (Ctrl-C: `KeyboardInterrupt`),
-    /// without the lock.
-    pub(crate) fn lock(&self, py: Python<'_>) -> PyResult<MutexGuard<'_, T>> {
-        if let Some(guard) = self.0.try_lock() {
-            return Ok(guard);
+    /// without the lock; raises `RuntimeError` at once, without waiting,
+    /// if this thread holds the mutex already (a call from a signal
+    /// handler or a finalizer run during this thread's `reserve`).
+    pub(crate) fn lock(&self, py: Python<'_>) -> PyResult<SeqGuard<'_, T>> {
+        if let Some(guard) = self.value.try_lock() {
+            return Ok(self.held(guard));
+        }
+        let me = this_thread();
+        // Relaxed: only this thread ever writes its own token here, and it
+        // reads its own writes in program order; another thread's token,
+        // or a stale one, never equals ours.
+        if self.holder.load(Ordering::Relaxed) == me {
+            return Err(PyRuntimeError::new_err(
+                "reentrant call on a Sequence that this thread holds: a signal handler \
+                 (or a finalizer it ran) called the sequence during its own reserve(); \
+                 nothing changed",
+            ));
         }
         loop {
             // The closure runs on this thread; its guard must be `Send`
             // only to leave it (`Ungil`), which parking_lot's `send_guard`
             // feature makes it.
-            if let Some(guard) = py.detach(|| self.0.try_lock_for(SIGNAL_CHECK)) {
-                return Ok(guard);
+            if let Some(guard) = py.detach(|| self.value.try_lock_for(SIGNAL_CHECK)) {
+                return Ok(self.held(guard));
             }
             py.check_signals()?;
         }
+    }
+
+    /// Marks this thread as the holder of `guard`'s mutex.
+    fn held<'a>(&'a self, guard: MutexGuard<'a, T>) -> SeqGuard<'a, T> {
+        // Relaxed: read only by this thread (see `lock`); the mutex orders
+        // the value itself.
+        self.holder.store(this_thread(), Ordering::Relaxed);
+        SeqGuard {
+            holder: &self.holder,
+            guard,
+        }
+    }
+}
+
+impl<T> Deref for SeqGuard<'_, T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.guard
+    }
+}
+
+impl<T> DerefMut for SeqGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.guard
+    }
+}
+
+impl<T> Drop for SeqGuard<'_, T> {
+    fn drop(&mut self) {
+        // Relaxed: as in `held`. This runs before the fields drop, so the
+        // mark is cleared before the unlock and never overwrites the next
+        // holder's.
+        self.holder.store(NOBODY, Ordering::Relaxed);
     }
 }

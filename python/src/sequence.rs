@@ -10,7 +10,8 @@
 //! the same sequence cannot deadlock, with one exception: `reserve` runs
 //! the signal handlers while it waits, holding the mutex. A handler (or a
 //! finalizer that a handler's allocations run) that calls the same
-//! sequence waits for itself, until a later handler raises (Ctrl-C).
+//! sequence gets `RuntimeError` from the mutex, which knows its holding
+//! thread, rather than waiting for itself.
 
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -326,9 +327,9 @@ impl PySequence {
     /// Raises `NeverFits` at once, `Closed`, or `Full` when the timeout
     /// runs out; a signal handler's exception (Ctrl-C) ends the wait.
     /// Nothing changes when it raises. Other calls on this sequence wait
-    /// for it to return (so a signal handler that runs during the wait must
-    /// not call this sequence: it would wait for itself, until a later
-    /// handler raises).
+    /// for it to return; a call on it from a signal handler (or a
+    /// finalizer) that runs in this thread during the wait raises
+    /// `RuntimeError` at once and changes nothing.
     #[pyo3(
         signature = (tokens, headroom = None, timeout = None),
         text_signature = "(self, tokens, headroom=0, timeout=None)"

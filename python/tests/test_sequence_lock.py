@@ -327,53 +327,94 @@ def test_interrupted_exit_leaves_sequence_open_until_dropped():
 REENTRANT = textwrap.dedent(
     """
     import signal, sys, threading, kvslots
-    mode = sys.argv[1]
+    mode, kind = sys.argv[1], sys.argv[2]
     pool = kvslots.BlockPool(8, 4)
-    seq = kvslots.Sequence(pool)
+    if kind == "hybrid":
+        seq = kvslots.HybridSequence(pool, kvslots.KvGroups(["full"]))
+    else:
+        seq = kvslots.Sequence(pool)
     held = pool.try_alloc(8)
     calls = []
     class Interrupted(Exception): pass
     def handler(signum, frame):
         calls.append(1)
         if len(calls) == 1:
-            # The main thread's reserve holds seq: this waits for itself.
+            # The main thread's reserve holds seq: a call that waited for
+            # it would wait for itself.
             print("handler-enter", flush=True)
-            len(seq)
-            print("handler-len-returned", flush=True)
-        elif mode == "raise":
+            if mode == "finalizer":
+                # A finalizer that closes the sequence, run by the handler.
+                class Owner:
+                    def __del__(self):
+                        try:
+                            seq.close()
+                            print("handler-len-returned", flush=True)
+                        except RuntimeError as e:
+                            print("handler-raised", "reentrant" in str(e), flush=True)
+                owner = Owner()
+                del owner
+                return
+            try:
+                len(seq)
+                print("handler-len-returned", flush=True)
+            except RuntimeError as e:
+                print("handler-raised", "reentrant" in str(e), flush=True)
+                if mode == "propagate":
+                    raise
+        else:
+            # Only a regression gets here (the first call stuck): unwind.
             raise Interrupted
     signal.signal(signal.SIGALRM, handler)
     def releaser():
         while not calls:
             pass
         pool.free(held)
-    threading.Thread(target=releaser, daemon=True).start()
+    if mode != "propagate":
+        threading.Thread(target=releaser, daemon=True).start()
     signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
     try:
         seq.reserve(4, timeout=None)
-        print("reserved", flush=True)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        print("reserved", len(seq), seq.capacity, pool.waiters, seq.closed,
+              flush=True)
+    except RuntimeError:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        print("raised", len(seq), seq.capacity, pool.waiters,
+              pool.free_blocks, seq.closed, flush=True)
     except Interrupted:
-        print("interrupted", len(seq), seq.capacity, pool.waiters,
-              pool.free_blocks, flush=True)
+        print("interrupted", flush=True)
     """
 )
 
 
-def test_a_handler_reentering_a_sequence_its_thread_holds_is_interrupted_by_a_later_one():
+@pytest.mark.parametrize("kind", ["plain", "hybrid"])
+@pytest.mark.parametrize("mode", ["catch", "propagate", "finalizer"])
+def test_a_handler_calling_the_sequence_its_thread_reserves_raises(mode, kind):
     # The main thread's reserve holds the sequence while it waits and runs
     # the signal handlers (check_signals in wait::block_on); a handler that
-    # calls the same sequence waits for the lock its own thread holds.
-    # (The timeout only keeps a bug from hanging the suite.)
+    # calls the same sequence gets RuntimeError at once instead of waiting
+    # for its own thread. Caught, the reserve goes on and completes; let
+    # through, it ends the reserve, which changed nothing. A finalizer that
+    # the handler runs (closing the sequence it owned) gets the same error,
+    # and the sequence stays open. (A subprocess
+    # and its timeout only keep a regression from hanging the suite.)
     r = subprocess.run(
-        [sys.executable, "-c", REENTRANT, "raise"],
+        [sys.executable, "-c", REENTRANT, mode, kind],
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert "handler-enter" in r.stdout
-    assert "handler-len-returned" not in r.stdout
-    # A later signal's exception unwinds both waits; nothing changed.
-    assert "interrupted 0 0 0 8" in r.stdout, r.stdout + r.stderr
+    out = r.stdout + r.stderr
+    assert "handler-enter" in r.stdout, out
+    assert "handler-len-returned" not in r.stdout, out
+    assert "interrupted" not in r.stdout, out
+    assert "handler-raised True" in r.stdout, out
+    if mode != "propagate":
+        assert "reserved 0 4 0 False" in r.stdout, out
+    else:
+        # Nothing changed: empty, no capacity, no waiter left, every block
+        # still held by the raw allocation, the sequence open.
+        assert "raised 0 0 0 0 False" in r.stdout, out
 
 
 def test_handler_of_a_waiting_call_closes_the_same_sequence():
