@@ -30,6 +30,15 @@
 //! completes (`*_one_retired_*`, `raw_free_vs_fresh_retire_*`): a
 //! completed fence gives back a run of fresh blocks as the sequence's own
 //! release does, with the same controls caught.
+//!
+//! Two more models put the fence's retire and complete on different
+//! threads (the completer sees the fresh bits that the retirer's thread
+//! marked only through the fence map's mutex):
+//!
+//! | model | threads, blocks | negative control, caught |
+//! |---|---|---|
+//! | [`retire_vs_complete_vs_take`]: a sequence of 8 fresh blocks is retired under fence 1 on one thread while another completes fence 1 and the main thread takes and drops the other 8 blocks of the word | 3, 16 | `plain_fresh_mark`, `fresh_store_any_word` (as above) |
+//! | [`two_retirements_vs_complete`]: two sequences of 8 fresh blocks each (the whole word between them) are retired under fence 1 on two threads while the main thread completes it: the fence's list may be one run of the whole word (its fresh bits cleared with a store) or two lists given back by two completes | 3, 16 | `fresh_store_any_word`: the first list's clear stores over the word and wipes the other sequence's marks |
 use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{check, DOUBLE, FREE_IGNORES_SEQUENCE, LOST, SOUND};
@@ -345,4 +354,70 @@ fn raw_free_vs_fresh_retire_sound() {
 #[should_panic(expected = "handed out twice")]
 fn raw_free_vs_fresh_retire_free_ignores_sequence_is_caught() {
     raw_free_vs_fresh_drop(FREE_IGNORES_SEQUENCE, GiveBack::Retire);
+}
+
+/// See the module doc. A complete that runs before the retire gives back
+/// nothing; the main thread completes again at the end.
+fn retire_vs_complete_vs_take(faults: Faults) {
+    check(move || {
+        let pool = pool(16, 1, faults);
+        let seq = fresh_sequence_alone(&pool, 8);
+        let retirer = thread::spawn(move || seq.retire(1));
+        let completer = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || pool.complete(1))
+        };
+        drop(fresh_sequence(&pool, 8));
+        assert_eq!(retirer.join().unwrap(), 8, "the retirement");
+        let first = completer.join().unwrap();
+        assert_eq!(first + pool.complete(1), 8, "{LOST}: the fence's blocks");
+        assert_whole(&pool);
+    });
+}
+
+/// See the module doc.
+fn two_retirements_vs_complete(faults: Faults) {
+    check(move || {
+        let pool = pool(16, 1, faults);
+        let a = fresh_sequence(&pool, 8);
+        let b = fresh_sequence(&pool, 8);
+        let ta = thread::spawn(move || a.retire(1));
+        let tb = thread::spawn(move || b.retire(1));
+        let first = pool.complete(1);
+        assert_eq!(
+            ta.join().unwrap() + tb.join().unwrap(),
+            16,
+            "the retirements"
+        );
+        assert_eq!(first + pool.complete(1), 16, "{LOST}: the fence's blocks");
+        assert_whole(&pool);
+    });
+}
+
+#[test]
+fn retire_vs_complete_vs_take_sound() {
+    retire_vs_complete_vs_take(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn retire_vs_complete_vs_take_plain_fresh_mark_is_caught() {
+    retire_vs_complete_vs_take(PLAIN_FRESH_MARK);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn retire_vs_complete_vs_take_fresh_store_any_word_is_caught() {
+    retire_vs_complete_vs_take(FRESH_STORE_ANY_WORD);
+}
+
+#[test]
+fn two_retirements_vs_complete_sound() {
+    two_retirements_vs_complete(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn two_retirements_vs_complete_fresh_store_any_word_is_caught() {
+    two_retirements_vs_complete(FRESH_STORE_ANY_WORD);
 }

@@ -33,7 +33,7 @@
 //! | `refused_free.rs` | a free refused after a racing double free; a raw `add_refs` racing a free of a listed block |
 //! | `release_race.rs` | a sequence's sole drop (a plain store) racing its block's other holder: two releases of a shared block, a sequence's drop and its fork's (controls: the double release through the token), and the sole drop's `Acquire` (control: `relaxed_sole_drop`) |
 //! | `held_drop.rs` | a sequence's give-back against a double free, which the sequence flag refuses; a stale free against a sequence that retook the block |
-//! | `fresh.rs` | fresh blocks (8 or more a sequence takes from one bitmap word, uncounted, marked in the fresh bitmap): two takes' marks in one word, a fork's and a publish's count against the drops, `ref_count` against the count, a double free against the give-back |
+//! | `fresh.rs` | fresh blocks (8 or more a sequence takes from one bitmap word, uncounted, marked in the fresh bitmap): two takes' marks in one word, a fork's and a publish's count against the drops, `ref_count` against the count, a double free against the give-back, a fence's retire and complete of fresh runs on different threads |
 //! | `fresh_attack.rs` | fresh blocks: `ref_count` against a publish's count, and against a fork's count beside another sequence's give-back in the same fresh word |
 //! | `whole_attack.rs` | whole-word fresh bits (stores) on short words: a fork's count against `ref_count` and a rival's take, a truncate of part of a whole word then the rest, a fence's completion against the sequence's drop, a whole word and half a word given back in one truncate over two shards |
 //! | `sequence.rs` | `Sequence`: fork, drop, append, truncate |
