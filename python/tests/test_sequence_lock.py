@@ -111,7 +111,9 @@ SEQ_OPS = {
         s.append_fenced(1, 0) if g else s.slot_mapping_buffer()
     ),
     "slot_mapping_array/null_blocks": lambda s, g: (
-        s.null_blocks(0) if g or numpy is None else s.slot_mapping_array()
+        s.null_blocks(0)
+        if g
+        else s.slot_mapping_array() if numpy is not None else s.slot_mapping(0)
     ),
     "held_blocks": lambda s, g: s.held_blocks if g else len(s.block_ids),
 }
