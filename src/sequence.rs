@@ -336,6 +336,20 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         if n == 0 {
             return Ok((old_len..old_len, None));
         }
+        // A decode step's usual case: the tokens fit in the blocks held,
+        // and no copy is pending or needed (`tail_may_be_shared` false).
+        // What `commit_append` does then, without planning.
+        if !self.tail_may_be_shared && self.retired.is_none() {
+            let room = self
+                .blocks
+                .len()
+                .checked_mul(self.pool.block_size())
+                .and_then(|slots| slots.checked_sub(old_len));
+            if room.is_some_and(|room| n <= room) {
+                self.len = old_len + n;
+                return Ok((old_len..self.len, None));
+            }
+        }
         let (total, new_blocks, cow) = self.plan_append(n);
         // Nothing new needed? Then nothing to admit: the append only fills
         // blocks we hold (also on a closed pool, so workers can drain).
@@ -616,7 +630,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// cached to not cached under us.
     fn tail_needs_copy(&self) -> bool {
         let bs = self.pool.block_size();
-        if self.len % bs == 0 || !self.tail_may_be_shared {
+        if !self.tail_may_be_shared || self.len % bs == 0 {
             return false;
         }
         let tail = self.blocks[self.len / bs];
