@@ -5,7 +5,8 @@ for LLM inference schedulers.
 block table over a pool (appends, forks, rollback, the slot mapping, prefix
 matching and publishing); `HybridSequence` is one request of a hybrid model
 (a table per `KvGroups` group: full attention or a sliding window);
-`hash_blocks` computes the prefix cache's block keys. `BlockPool.stats()`
+`hash_blocks` computes the prefix cache's block keys, and
+`try_append_each` makes a decode step's appends in one call. `BlockPool.stats()`
 reports a `PoolStats` for metrics, and a pool built with `kv_events` reports
 its cache's changes to a KV-aware router (`BlockPool.drain_events()`: vLLM's
 event shapes; a hybrid sequence's blocks under their group's keys). Every
@@ -38,6 +39,7 @@ __all__ = [
     "EventsDropped",
     "hash_blocks",
     "hash_blocks_packed",
+    "try_append_each",
     "ReserveError",
     "Full",
     "BehindWaiters",
@@ -757,3 +759,35 @@ def hash_blocks_packed(
     """`hash_blocks`'s keys laid end to end (key `i` is
     `packed[32 * i : 32 * i + 32]`), which `Sequence.match_prefix` and
     `Sequence.publish` read in one copy. Same arguments and errors."""
+
+def try_append_each(
+    seqs: Iterable[Union[Sequence, HybridSequence]],
+    n: Union[_Int, Iterable[_Int]] = 1,
+) -> int:
+    """Appends `n` tokens to each sequence of `seqs` in turn (`n` one int
+    for all, or one int a sequence), each append all or nothing as in
+    `try_append`, and stops at the first sequence that cannot append now.
+    Returns how many appended: the first `k` did, the rest are unchanged.
+
+    A sequence cannot append now if its pool lacks the blocks, its last
+    block needs a copy first, it is closed, or another call (of any thread)
+    holds it: this call never waits. `seqs[k].try_append(n)` raises the
+    reason (waiting for a held sequence). A decode step that preempts the
+    last-admitted sequences when the pool runs out:
+
+        done = kvslots.try_append_each(running)
+        while done < len(running):
+            try:
+                running[done].try_append(1)  # the reason (or a late success)
+                done += 1
+            except kvslots.Full:
+                running.pop().close()  # preempted: its blocks come back
+            except kvslots.NeverFits:
+                running.pop(done).close()  # the pool is too small for it
+            done += kvslots.try_append_each(running[done:])
+
+    Raises `TypeError` for an item that is no sequence or a count that is
+    no int, `ValueError` for a negative count or counts of another length
+    than `seqs`, `OverflowError` past `2**64`: before any append. The GIL
+    is released for 32 sequences or more.
+    """

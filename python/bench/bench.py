@@ -7,6 +7,12 @@ Two workloads, each run on every pool in turn (one thread):
   replayed request by request through the calls a scheduler makes: match
   the prompt's cached prefix, append the rest of the prompt (all its blocks),
   publish the full blocks, free the request. 4 calls a request.
+* **decode**: a decode step's appends, one token to each of `--decode-batch`
+  running sequences, `--decode-steps` steps (a new block every
+  `block_size` steps): kvslots through one `try_append_each` call a step
+  and through one `try_append` call a sequence, against the Python pools'
+  per-request bookkeeping (a token count, and a block from the pool when
+  the count passes the last block).
 * **alloc/free**: allocate k blocks and free them, for k in 1, 16, 128;
   beside the pools, the floor of any pool whose `alloc(k)` returns a list
   of ints (`floor_alloc_free`: the list of k new ints and two calls, no
@@ -296,6 +302,79 @@ class VllmPool:
         return None
 
 
+class _Running:
+    """A Python pool's running request in the decode workload."""
+
+    __slots__ = ("n", "blocks")
+
+    def __init__(self):
+        self.n = 0
+        self.blocks = []
+
+
+def decode_kvslots_each(num_blocks: int, block_size: int, batch: int, steps: int):
+    """Seconds for `steps` decode steps of `batch` sequences, one
+    `try_append_each` call a step; and the blocks they hold at the end."""
+    pool = kvslots.BlockPool(num_blocks, block_size)
+    seqs = [kvslots.Sequence(pool) for _ in range(batch)]
+    each = kvslots.try_append_each
+    gc.collect()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        if each(seqs) != batch:
+            raise MemoryError("the pool ran out")
+    elapsed = time.perf_counter() - t0
+    return elapsed, pool.used_blocks
+
+
+def decode_kvslots_loop(num_blocks: int, block_size: int, batch: int, steps: int):
+    """As `decode_kvslots_each`, one `try_append(1)` call a sequence."""
+    pool = kvslots.BlockPool(num_blocks, block_size)
+    seqs = [kvslots.Sequence(pool) for _ in range(batch)]
+    gc.collect()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        for seq in seqs:
+            seq.try_append(1)
+    elapsed = time.perf_counter() - t0
+    return elapsed, pool.used_blocks
+
+
+def decode_python_lru(num_blocks: int, block_size: int, batch: int, steps: int):
+    """The Python LRU pool: each request's token count, and a block from
+    the pool when it passes the last block."""
+    pool = PythonLruPool(num_blocks, block_size)
+    running = [_Running() for _ in range(batch)]
+    alloc, bs = pool.allocate, block_size
+    gc.collect()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        for r in running:
+            n = r.n + 1
+            if n > len(r.blocks) * bs:
+                r.blocks += alloc(1)
+            r.n = n
+    elapsed = time.perf_counter() - t0
+    return elapsed, sum(len(r.blocks) for r in running)
+
+
+def decode_vllm(block_pool_cls, num_blocks: int, block_size: int, batch: int, steps: int):
+    """vLLM's BlockPool: as `decode_python_lru`, its `get_new_blocks(1)`."""
+    pool = block_pool_cls(num_blocks + 1, True, block_size)
+    running = [_Running() for _ in range(batch)]
+    new, bs = pool.get_new_blocks, block_size
+    gc.collect()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        for r in running:
+            n = r.n + 1
+            if n > len(r.blocks) * bs:
+                r.blocks += new(1)
+            r.n = n
+    elapsed = time.perf_counter() - t0
+    return elapsed, sum(len(r.blocks) for r in running)
+
+
 def floor_alloc_free(k: int, rounds: int) -> None:
     """The Python-side work of any pool whose `alloc(k)` returns a new list
     of `k` ints and whose `free(ids)` takes it, with no pool work at all:
@@ -415,6 +494,8 @@ def main() -> int:
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=20000, help="alloc/free pairs per run")
+    ap.add_argument("--decode-batch", type=int, default=256, help="running sequences")
+    ap.add_argument("--decode-steps", type=int, default=256, help="decode steps per run")
     ap.add_argument("--vllm-src", default=None, help="a directory holding a vllm wheel's vllm/")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args()
@@ -473,9 +554,37 @@ def main() -> int:
             runs.append(time.perf_counter() - t)
         floor[k] = min(runs) / args.rounds * 1e9
 
+    decoders = [
+        ("kvslots: try_append_each", decode_kvslots_each),
+        ("kvslots: try_append a sequence", decode_kvslots_loop),
+        ("python-lru", decode_python_lru),
+    ]
+    if block_pool_cls is not None:
+        decoders.append(
+            ("vllm", lambda *a: decode_vllm(block_pool_cls, *a)),
+        )
+    decode = {}
+    for name, run in decoders:
+        runs = [
+            run(args.num_blocks, args.block_size, args.decode_batch, args.decode_steps)
+            for _ in range(args.repeats)
+        ]
+        blocks = {b for _, b in runs}
+        decode[name] = {
+            "ns_per_sequence_step": min(t for t, _ in runs)
+            / (args.decode_batch * args.decode_steps)
+            * 1e9,
+            "blocks": blocks.pop() if len(blocks) == 1 else None,
+        }
+
     base = results["kvslots"]
     if args.json:
-        print(json.dumps({"vllm": vllm_note, "results": results, "floor_alloc_free_ns": floor}, indent=2))
+        print(
+            json.dumps(
+                {"vllm": vllm_note, "results": results, "floor_alloc_free_ns": floor, "decode": decode},
+                indent=2,
+            )
+        )
         return 0
     print(f"python {platform.python_version()}, kvslots {kvslots.__version__}, {os.cpu_count()} CPUs")
     print(f"peer: {vllm_note}")
@@ -512,6 +621,19 @@ def main() -> int:
         "python-lru over the floor (the most any pool whose alloc returns a list can gain on it): "
         + ", ".join(f"{lru[k] / floor[k]:.1f}x (k = {k})" for k in (1, 16, 128))
     )
+    each = decode["kvslots: try_append_each"]["ns_per_sequence_step"]
+    print()
+    print(
+        f"decode: {args.decode_batch} sequences, {args.decode_steps} steps of one token each"
+    )
+    print()
+    print("| pool | ns a sequence and step | peer / try_append_each | blocks at the end |")
+    print("|---|---:|---:|---:|")
+    for name, r in decode.items():
+        ns = r["ns_per_sequence_step"]
+        print(f"| {name} | {ns:.1f} | {ns / each:.1f}x | {r['blocks']} |")
+    blocks = {r["blocks"] for r in decode.values()}
+    print("decode blocks equal" if len(blocks) == 1 else "decode blocks DIFFER")
     hits = {r["hit_blocks"] for r in results.values()}
     print()
     print("hit counts equal" if len(hits) == 1 else "hit counts DIFFER")

@@ -272,6 +272,19 @@ pub(crate) struct PyHybridSequence {
 }
 
 impl PyHybridSequence {
+    /// Appends `n` tokens as `Sequence::try_append_now` does: if the
+    /// sequence is free now, open, needs no copy-on-write and its pool has
+    /// the blocks of every group; whether it did (else nothing changed).
+    pub(crate) fn try_append_now(&self, n: usize) -> bool {
+        let Some(mut guard) = self.inner.try_lock() else {
+            return false;
+        };
+        match guard.as_mut() {
+            Some(seq) if n == 0 || !seq.append_needs_copy() => seq.try_append(n).is_ok(),
+            _ => false,
+        }
+    }
+
     /// Runs `f` on the open sequence, under its mutex. `f` must not call
     /// into Python, except to detach.
     fn with<R>(
@@ -292,7 +305,7 @@ impl PyHybridSequence {
     }
 
     /// A call's work, in blocks, for `detached`: `tokens` in every group.
-    fn blocks_of(&self, tokens: usize) -> usize {
+    pub(crate) fn blocks_of(&self, tokens: usize) -> usize {
         (tokens / self.pool_block_size()).saturating_mul(self.groups.len())
     }
 

@@ -7,7 +7,8 @@
 //! `GroupKeys`; `events.rs` has the pool's statistics and KV events as
 //! Python values), and every core
 //! error becomes a Python exception of the same name and fields
-//! (`errors.rs`). Arguments are checked before anything changes
+//! (`errors.rs`); `batch.rs` has the calls over many sequences at once.
+//! Arguments are checked before anything changes
 //! (`convert.rs`), and nothing here can panic into Python: the one core
 //! call that can panic on misuse, `try_append` on a tail that needs a
 //! copy, is guarded by `append_needs_copy` (of either sequence); a fork
@@ -27,6 +28,7 @@ use pyo3::marker::Ungil;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
+mod batch;
 mod convert;
 mod errors;
 mod events;
@@ -156,7 +158,8 @@ fn block_keys<'py>(
 /// `BlockPool` hands out block ids all or nothing; `Sequence` is one
 /// request's block table over a pool (appends, forks, rollback, the slot
 /// mapping, prefix matching and publishing); `hash_blocks` computes the
-/// prefix cache's block keys; `BlockPool.stats()` is a `PoolStats` for
+/// prefix cache's block keys; `try_append_each` makes a decode step's
+/// appends in one call; `BlockPool.stats()` is a `PoolStats` for
 /// metrics, and a pool built with `kv_events` reports its cache's changes
 /// as vLLM-shaped events (`BlockPool.drain_events()`). Every refusal raises (`ReserveError` and its
 /// subclasses `Full` (and `BehindWaiters`), `NeverFits`, `Closed`;
@@ -181,6 +184,7 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::PyEventsDropped>()?;
     m.add_function(wrap_pyfunction!(hash_blocks, m)?)?;
     m.add_function(wrap_pyfunction!(hash_blocks_packed, m)?)?;
+    m.add_function(wrap_pyfunction!(batch::try_append_each, m)?)?;
     m.add("ReserveError", py.get_type::<errors::ReserveError>())?;
     m.add("Full", py.get_type::<errors::Full>())?;
     m.add("BehindWaiters", py.get_type::<errors::BehindWaiters>())?;
@@ -207,6 +211,7 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "EventsDropped",
             "hash_blocks",
             "hash_blocks_packed",
+            "try_append_each",
             "ReserveError",
             "Full",
             "BehindWaiters",

@@ -78,8 +78,8 @@ impl<T: Send> SeqLock<T> {
     /// if this thread holds the mutex already (a call from a signal
     /// handler or a finalizer run during this thread's `reserve`).
     pub(crate) fn lock(&self, py: Python<'_>) -> PyResult<SeqGuard<'_, T>> {
-        if let Some(guard) = self.value.try_lock() {
-            return Ok(self.held(guard));
+        if let Some(guard) = self.try_lock() {
+            return Ok(guard);
         }
         let me = this_thread();
         // Relaxed: only this thread ever writes its own token here, and it
@@ -101,6 +101,13 @@ impl<T: Send> SeqLock<T> {
             }
             py.check_signals()?;
         }
+    }
+
+    /// Locks the mutex if it is free now, without waiting (and without
+    /// the interpreter: it never calls into Python); `None` if another
+    /// call, of this thread or another, holds it.
+    pub(crate) fn try_lock(&self) -> Option<SeqGuard<'_, T>> {
+        self.value.try_lock().map(|guard| self.held(guard))
     }
 
     /// Marks this thread as the holder of `guard`'s mutex.

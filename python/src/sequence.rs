@@ -130,6 +130,25 @@ impl PySequence {
         }
     }
 
+    /// Appends `n` tokens if the sequence is free now (no other call holds
+    /// it), open, needs no copy-on-write and its pool has the blocks;
+    /// whether it did (else nothing changed). Never waits and never calls
+    /// into Python: `try_append_each` runs it detached.
+    pub(crate) fn try_append_now(&self, n: usize) -> bool {
+        let Some(mut guard) = self.inner.try_lock() else {
+            return false;
+        };
+        match guard.as_mut() {
+            Some(seq) if n == 0 || !seq.append_needs_copy() => seq.try_append(n).is_ok(),
+            _ => false,
+        }
+    }
+
+    /// The blocks an append of `n` tokens walks, for [`detached`].
+    pub(crate) fn blocks_of(&self, n: usize) -> usize {
+        n / self.pool.get().inner.block_size()
+    }
+
     /// Takes the sequence out (closing this object), or `None` if closed.
     fn take(&self, py: Python<'_>) -> PyResult<Option<kvslots::Sequence>> {
         Ok(self.inner.lock(py)?.take())

@@ -3,6 +3,7 @@ every refused call can be checked to have changed nothing."""
 
 import contextlib
 import signal
+import threading
 
 import pytest
 
@@ -47,6 +48,34 @@ def alarm(seconds):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+class Busy:
+    """Another thread's reserve holds `seq` while it waits for blocks."""
+
+    def __init__(self, pool, seq):
+        self.pool, self.seq = pool, seq
+        self.held = pool.try_alloc(pool.free_blocks)
+        self.outcome = []
+        self.thread = threading.Thread(target=self.run)
+        self.thread.start()
+        while pool.waiters == 0:  # the reserve has queued
+            assert self.thread.is_alive()
+
+    def run(self):
+        try:
+            self.seq.reserve(self.seq.capacity - len(self.seq) + 1, timeout=30)  # hang guard
+            self.outcome.append("reserved")
+        except BaseException as e:  # noqa: BLE001
+            self.outcome.append(repr(e))
+
+    def finish(self):
+        assert self.thread.is_alive() and self.outcome == []
+        assert self.pool.waiters == 1
+        self.pool.free(self.held)
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+        assert self.outcome == ["reserved"]
 
 
 @pytest.fixture

@@ -80,3 +80,19 @@ def test_alloc_free_loops_leave_their_pools_as_found(bench, k):
     assert all(b.ref_cnt == 0 for b in lru.blocks)
     # The floor builds and drops its list without a pool.
     bench.floor_alloc_free(k, 10)
+
+
+@pytest.mark.parametrize(("batch", "steps"), [(3, 1), (5, 17), (64, 40)])
+def test_decode_loops_take_the_same_blocks(bench, batch, steps):
+    # Each decoder appends one token a sequence and step: every pool ends
+    # holding ceil(steps / block_size) blocks a sequence.
+    want = batch * -(-steps // BLOCK_SIZE)
+    for run in (bench.decode_kvslots_each, bench.decode_kvslots_loop, bench.decode_python_lru):
+        elapsed, blocks = run(NUM_BLOCKS, BLOCK_SIZE, batch, steps)
+        assert blocks == want, run.__name__
+        assert elapsed > 0
+
+
+def test_the_batched_decoder_refuses_a_pool_that_runs_out(bench):
+    with pytest.raises(MemoryError):
+        bench.decode_kvslots_each(4, BLOCK_SIZE, 5, 1)

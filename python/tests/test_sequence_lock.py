@@ -17,7 +17,7 @@ import weakref
 import pytest
 
 import kvslots
-from conftest import Interrupted, alarm, pool_state
+from conftest import Busy, Interrupted, alarm, pool_state
 
 try:  # imported here, so that no alarm lands in numpy's first import
     import numpy
@@ -47,34 +47,6 @@ def sstate(seq, hybrid):
 def keys_for(groups):
     keys = kvslots.hash_blocks(TOKENS, BS)
     return groups.keys(keys) if groups is not None else keys
-
-
-class Busy:
-    """Another thread's reserve holds `seq` while it waits for blocks."""
-
-    def __init__(self, pool, seq):
-        self.pool, self.seq = pool, seq
-        self.held = pool.try_alloc(pool.free_blocks)
-        self.outcome = []
-        self.thread = threading.Thread(target=self.run)
-        self.thread.start()
-        while pool.waiters == 0:  # the reserve has queued
-            assert self.thread.is_alive()
-
-    def run(self):
-        try:
-            self.seq.reserve(self.seq.capacity - len(self.seq) + 1, timeout=30)  # hang guard
-            self.outcome.append("reserved")
-        except BaseException as e:  # noqa: BLE001
-            self.outcome.append(repr(e))
-
-    def finish(self):
-        assert self.thread.is_alive() and self.outcome == []
-        assert self.pool.waiters == 1
-        self.pool.free(self.held)
-        self.thread.join(30)
-        assert not self.thread.is_alive()
-        assert self.outcome == ["reserved"]
 
 
 def prepared(pool, hybrid):
