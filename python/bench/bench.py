@@ -340,12 +340,11 @@ def decode_kvslots_loop(num_blocks: int, block_size: int, batch: int, steps: int
     return elapsed, pool.used_blocks
 
 
-def decode_python_lru(num_blocks: int, block_size: int, batch: int, steps: int):
-    """The Python LRU pool: each request's token count, and a block from
-    the pool when it passes the last block."""
-    pool = PythonLruPool(num_blocks, block_size)
+def decode_python(alloc, block_size: int, batch: int, steps: int):
+    """A Python pool's decode steps: each request's token count, and a
+    block from `alloc(1)` when it passes the last block."""
     running = [_Running() for _ in range(batch)]
-    alloc, bs = pool.allocate, block_size
+    bs = block_size
     gc.collect()
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -358,21 +357,16 @@ def decode_python_lru(num_blocks: int, block_size: int, batch: int, steps: int):
     return elapsed, sum(len(r.blocks) for r in running)
 
 
+def decode_python_lru(num_blocks: int, block_size: int, batch: int, steps: int):
+    """The Python LRU pool's `allocate(1)` in `decode_python`."""
+    pool = PythonLruPool(num_blocks, block_size)
+    return decode_python(pool.allocate, block_size, batch, steps)
+
+
 def decode_vllm(block_pool_cls, num_blocks: int, block_size: int, batch: int, steps: int):
-    """vLLM's BlockPool: as `decode_python_lru`, its `get_new_blocks(1)`."""
+    """vLLM's BlockPool's `get_new_blocks(1)` in `decode_python`."""
     pool = block_pool_cls(num_blocks + 1, True, block_size)
-    running = [_Running() for _ in range(batch)]
-    new, bs = pool.get_new_blocks, block_size
-    gc.collect()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        for r in running:
-            n = r.n + 1
-            if n > len(r.blocks) * bs:
-                r.blocks += new(1)
-            r.n = n
-    elapsed = time.perf_counter() - t0
-    return elapsed, sum(len(r.blocks) for r in running)
+    return decode_python(pool.get_new_blocks, block_size, batch, steps)
 
 
 def floor_alloc_free(k: int, rounds: int) -> None:
