@@ -16,22 +16,37 @@ use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PyTuple, PyType};
 /// but not a float.
 pub(crate) fn uint<T: TryFrom<u64>>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<T> {
     match obj.extract::<u64>() {
-        Ok(v) => T::try_from(v).map_err(|_| too_large(what, obj)),
+        Ok(v) => T::try_from(v).map_err(|_| too_large(what, v)),
         Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => {
-            if obj.lt(0)? {
+            // The int the object stands for, compared as an int: an object
+            // with `__index__` need not support `<` itself.
+            let value = index(obj)?;
+            if value.lt(0)? {
                 Err(PyValueError::new_err(format!(
-                    "{what} must be >= 0, got {obj}"
+                    "{what} must be >= 0, got {value}"
                 )))
             } else {
-                Err(too_large(what, obj))
+                Err(too_large(what, value))
             }
         }
         Err(_) => Err(not_an_int(what, obj)),
     }
 }
 
-fn too_large(what: &str, obj: &Bound<'_, PyAny>) -> PyErr {
-    PyOverflowError::new_err(format!("{what} {obj} is too large"))
+/// `operator.index(obj)`: the int an int-like object stands for.
+fn index<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    static INDEX: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let py = obj.py();
+    INDEX
+        .get_or_try_init(py, || {
+            py.import("operator")?.getattr("index").map(Bound::unbind)
+        })?
+        .bind(py)
+        .call1((obj,))
+}
+
+fn too_large(what: &str, value: impl std::fmt::Display) -> PyErr {
+    PyOverflowError::new_err(format!("{what} {value} is too large"))
 }
 
 fn not_an_int(what: &str, obj: &Bound<'_, PyAny>) -> PyErr {

@@ -79,6 +79,30 @@ def test_bad_counts_raise_and_change_nothing(pool, bad, error):
     pool.free(held)
 
 
+class IndexOnly:
+    """An int-like with `__index__` and nothing else (no `<`, no `__int__`)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __index__(self):
+        return self.value
+
+
+@pytest.mark.parametrize("value, error, message", [(-1, ValueError, "must be >= 0, got -1"),
+                                                   (-(2**70), ValueError, f"got {-(2**70)}"),
+                                                   (2**70, OverflowError, f"{2**70} is too large")])
+def test_bad_int_likes_raise_the_int_error_and_change_nothing(pool, value, error, message):
+    held = pool.try_alloc(3)
+    before = pool_state(pool)
+    with pytest.raises(error, match=message):
+        pool.try_alloc(IndexOnly(value))
+    with pytest.raises(error, match=message):
+        pool.alloc(IndexOnly(value), timeout=0)
+    assert pool_state(pool) == before
+    pool.free(held)
+
+
 def test_numpy_style_ints_are_accepted(pool):
     class Index:
         def __index__(self):
