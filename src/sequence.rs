@@ -336,19 +336,9 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         if n == 0 {
             return Ok((old_len..old_len, None));
         }
-        // A decode step's usual case: the tokens fit in the blocks held,
-        // and no copy is pending or needed (`tail_may_be_shared` false).
-        // What `commit_append` does then, without planning.
-        if !self.tail_may_be_shared && self.retired.is_none() {
-            let room = self
-                .blocks
-                .len()
-                .checked_mul(self.pool.block_size())
-                .and_then(|slots| slots.checked_sub(old_len));
-            if room.is_some_and(|room| n <= room) {
-                self.len = old_len + n;
-                return Ok((old_len..self.len, None));
-            }
+        if self.fits_in_place(n) {
+            self.len = old_len + n;
+            return Ok((old_len..self.len, None));
         }
         let (total, new_blocks, cow) = self.plan_append(n);
         // Nothing new needed? Then nothing to admit: the append only fills
@@ -374,6 +364,22 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             }
         }
         Ok(self.commit_append(n, cow))
+    }
+
+    /// Whether an append of `n` tokens is a decode step's usual case,
+    /// which only sets the length: the tokens fit in the blocks held, and
+    /// no copy is pending or needed (`tail_may_be_shared` false, nothing
+    /// retired). What `commit_append` does then, without planning.
+    pub(crate) fn fits_in_place(&self, n: usize) -> bool {
+        if self.tail_may_be_shared || self.retired.is_some() {
+            return false;
+        }
+        let room = self
+            .blocks
+            .len()
+            .checked_mul(self.pool.block_size())
+            .and_then(|slots| slots.checked_sub(self.len));
+        room.is_some_and(|room| n <= room)
     }
 
     /// What an append of `n > 0` tokens takes: how many blocks in all

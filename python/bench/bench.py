@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """kvslots from Python against Python block pools, on a scheduler's calls.
 
-Two workloads, each run on every pool in turn (one thread):
+Three workloads, each run on every pool in turn (one thread):
 
 * **trace**: the Mooncake conversation trace (traces/mooncake-conversation.jsonl)
   replayed request by request through the calls a scheduler makes: match
@@ -12,7 +12,11 @@ Two workloads, each run on every pool in turn (one thread):
   `block_size` steps): kvslots through one `try_append_each` call a step
   and through one `try_append` call a sequence, against the Python pools'
   per-request bookkeeping (a token count, and a block from the pool when
-  the count passes the last block).
+  the count passes the last block). The same over two groups of layers
+  (**hybrid decode**, gpt-oss's: a 128-token sliding window and full
+  attention): `HybridSequence`s through `try_append_each`, against the
+  Python pools' bookkeeping as vLLM's sliding-window manager keeps it (the
+  blocks that leave the window freed, a block a group allocated).
 * **alloc/free**: allocate k blocks and free them, for k in 1, 16, 128;
   beside the pools, the floor of any pool whose `alloc(k)` returns a list
   of ints (`floor_alloc_free`: the list of k new ints and two calls, no
@@ -369,6 +373,83 @@ def decode_vllm(block_pool_cls, num_blocks: int, block_size: int, batch: int, st
     return decode_python(pool.get_new_blocks, block_size, batch, steps)
 
 
+# gpt-oss's sliding window, in tokens.
+WINDOW = 128
+
+
+def decode_kvslots_hybrid(num_blocks: int, block_size: int, batch: int, steps: int):
+    """As `decode_kvslots_each`, over `HybridSequence`s of two groups: a
+    sliding window of `WINDOW` tokens and full attention."""
+    pool = kvslots.BlockPool(num_blocks, block_size)
+    groups = kvslots.KvGroups([WINDOW, "full"])
+    seqs = [kvslots.HybridSequence(pool, groups) for _ in range(batch)]
+    each = kvslots.try_append_each
+    gc.collect()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        if each(seqs) != batch:
+            raise MemoryError("the pool ran out")
+    elapsed = time.perf_counter() - t0
+    return elapsed, pool.used_blocks
+
+
+class _RunningHybrid:
+    """A Python pool's running request of two groups in the hybrid decode
+    workload: the sliding group's table, its entries before `null` given
+    back (None), and the full group's."""
+
+    __slots__ = ("n", "window", "null", "full")
+
+    def __init__(self):
+        self.n = 0
+        self.window = []
+        self.null = 0
+        self.full = []
+
+
+def decode_python_hybrid(alloc, free, block_size: int, batch: int, steps: int):
+    """A Python pool's hybrid decode steps, as vLLM's sliding-window
+    manager keeps them: the sliding group's blocks wholly before the window
+    of the new token go back to the pool (`free`), then a block for each
+    group from `alloc(2)` when the count passes the last block."""
+    running = [_RunningHybrid() for _ in range(batch)]
+    bs = block_size
+    # `(old + 1 - WINDOW) // bs` is negative while the window reaches back
+    # to token 0: below `null`, as 0 would be.
+    reach = 1 - WINDOW
+    gc.collect()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        for r in running:
+            old = r.n
+            upto = (old + reach) // bs
+            if upto > r.null:
+                free(r.window[r.null : upto])
+                r.window[r.null : upto] = [None] * (upto - r.null)
+                r.null = upto
+            if old + 1 > len(r.full) * bs:
+                window, full = alloc(2)
+                r.window.append(window)
+                r.full.append(full)
+            r.n = old + 1
+    elapsed = time.perf_counter() - t0
+    return elapsed, sum(len(r.full) + len(r.window) - r.null for r in running)
+
+
+def decode_python_lru_hybrid(num_blocks: int, block_size: int, batch: int, steps: int):
+    """The Python LRU pool's `allocate(2)` and `free` in
+    `decode_python_hybrid`."""
+    pool = PythonLruPool(num_blocks, block_size)
+    return decode_python_hybrid(pool.allocate, pool.free, block_size, batch, steps)
+
+
+def decode_vllm_hybrid(block_pool_cls, num_blocks: int, block_size: int, batch: int, steps: int):
+    """vLLM's BlockPool's `get_new_blocks(2)` and `free_blocks` in
+    `decode_python_hybrid`."""
+    pool = block_pool_cls(num_blocks + 1, True, block_size)
+    return decode_python_hybrid(pool.get_new_blocks, pool.free_blocks, block_size, batch, steps)
+
+
 def floor_alloc_free(k: int, rounds: int) -> None:
     """The Python-side work of any pool whose `alloc(k)` returns a new list
     of `k` ints and whose `free(ids)` takes it, with no pool work at all:
@@ -557,25 +638,45 @@ def main() -> int:
         decoders.append(
             ("vllm", lambda *a: decode_vllm(block_pool_cls, *a)),
         )
-    decode = {}
-    for name, run in decoders:
-        runs = [
-            run(args.num_blocks, args.block_size, args.decode_batch, args.decode_steps)
-            for _ in range(args.repeats)
-        ]
-        blocks = {b for _, b in runs}
-        decode[name] = {
-            "ns_per_sequence_step": min(t for t, _ in runs)
-            / (args.decode_batch * args.decode_steps)
-            * 1e9,
-            "blocks": blocks.pop() if len(blocks) == 1 else None,
-        }
+    hybrid_decoders = [
+        ("kvslots: try_append_each", decode_kvslots_hybrid),
+        ("python-lru", decode_python_lru_hybrid),
+    ]
+    if block_pool_cls is not None:
+        hybrid_decoders.append(
+            ("vllm", lambda *a: decode_vllm_hybrid(block_pool_cls, *a)),
+        )
+
+    def time_decode(decoders) -> dict[str, dict]:
+        out = {}
+        for name, run in decoders:
+            runs = [
+                run(args.num_blocks, args.block_size, args.decode_batch, args.decode_steps)
+                for _ in range(args.repeats)
+            ]
+            blocks = {b for _, b in runs}
+            out[name] = {
+                "ns_per_sequence_step": min(t for t, _ in runs)
+                / (args.decode_batch * args.decode_steps)
+                * 1e9,
+                "blocks": blocks.pop() if len(blocks) == 1 else None,
+            }
+        return out
+
+    decode = time_decode(decoders)
+    decode_hybrid = time_decode(hybrid_decoders)
 
     base = results["kvslots"]
     if args.json:
         print(
             json.dumps(
-                {"vllm": vllm_note, "results": results, "floor_alloc_free_ns": floor, "decode": decode},
+                {
+                    "vllm": vllm_note,
+                    "results": results,
+                    "floor_alloc_free_ns": floor,
+                    "decode": decode,
+                    "decode_hybrid": decode_hybrid,
+                },
                 indent=2,
             )
         )
@@ -615,19 +716,23 @@ def main() -> int:
         "python-lru over the floor (the most any pool whose alloc returns a list can gain on it): "
         + ", ".join(f"{lru[k] / floor[k]:.1f}x (k = {k})" for k in (1, 16, 128))
     )
-    each = decode["kvslots: try_append_each"]["ns_per_sequence_step"]
-    print()
-    print(
-        f"decode: {args.decode_batch} sequences, {args.decode_steps} steps of one token each"
-    )
-    print()
-    print("| pool | ns a sequence and step | peer / try_append_each | blocks at the end |")
-    print("|---|---:|---:|---:|")
-    for name, r in decode.items():
-        ns = r["ns_per_sequence_step"]
-        print(f"| {name} | {ns:.1f} | {ns / each:.1f}x | {r['blocks']} |")
-    blocks = {r["blocks"] for r in decode.values()}
-    print("decode blocks equal" if len(blocks) == 1 else "decode blocks DIFFER")
+    for title, table in (
+        ("decode", decode),
+        (f"hybrid decode (a sliding window of {WINDOW} tokens and full attention)", decode_hybrid),
+    ):
+        each = table["kvslots: try_append_each"]["ns_per_sequence_step"]
+        print()
+        print(
+            f"{title}: {args.decode_batch} sequences, {args.decode_steps} steps of one token each"
+        )
+        print()
+        print("| pool | ns a sequence and step | peer / try_append_each | blocks at the end |")
+        print("|---|---:|---:|---:|")
+        for name, r in table.items():
+            ns = r["ns_per_sequence_step"]
+            print(f"| {name} | {ns:.1f} | {ns / each:.1f}x | {r['blocks']} |")
+        blocks = {r["blocks"] for r in table.values()}
+        print(f"{title.split(' (')[0]} blocks equal" if len(blocks) == 1 else "decode blocks DIFFER")
     hits = {r["hit_blocks"] for r in results.values()}
     print()
     print("hit counts equal" if len(hits) == 1 else "hit counts DIFFER")

@@ -559,6 +559,20 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             return Ok(old_len..old_len);
         }
         let bs = self.pool().block_size();
+        // A decode step's usual case: every group's tokens fit in the
+        // blocks it holds, no copy is pending or needed, and no window
+        // moves past a block. Only the lengths change.
+        if self
+            .tables
+            .iter()
+            .zip(self.groups.as_slice())
+            .all(|(t, kind)| t.fits_in_place(n) && kind.first_needed_block(old_len, bs) <= t.null)
+        {
+            for t in self.tables.iter_mut() {
+                t.len = old_len + n;
+            }
+            return Ok(old_len..old_len + n);
+        }
         // Plan: the blocks each group takes, and whether it copies its
         // tail (nothing changes until the admission succeeded).
         let (mut total, mut new_blocks) = (0usize, 0usize);
