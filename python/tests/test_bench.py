@@ -96,3 +96,17 @@ def test_decode_loops_take_the_same_blocks(bench, batch, steps):
 def test_the_batched_decoder_refuses_a_pool_that_runs_out(bench):
     with pytest.raises(MemoryError):
         bench.decode_kvslots_each(4, BLOCK_SIZE, 5, 1)
+
+
+@pytest.mark.parametrize(("batch", "steps"), [(3, 1), (5, 129), (7, 145), (16, 300)])
+def test_hybrid_decode_loops_hold_the_same_blocks(bench, batch, steps):
+    # Each sequence holds ceil(steps / block_size) blocks in its full
+    # group, and in its sliding group those from the block of the window's
+    # first token (of the last token appended, steps - 1) on.
+    full = -(-steps // BLOCK_SIZE)
+    before_window = max(0, steps - bench.WINDOW) // BLOCK_SIZE
+    want = batch * (2 * full - before_window)
+    for run in (bench.decode_kvslots_hybrid, bench.decode_python_lru_hybrid):
+        elapsed, blocks = run(NUM_BLOCKS, BLOCK_SIZE, batch, steps)
+        assert blocks == want, run.__name__
+        assert elapsed > 0
