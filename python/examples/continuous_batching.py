@@ -18,8 +18,11 @@ What it shows, call by call:
   the headroom), or when a later chunk or a decode step needs more blocks
   than the pool has beside those the request holds. It is refused, its
   blocks given back.
-* **Chunked prefill and decode** within a token budget a step; each
-  scheduled range gets its slots with `slot_mapping(start, stop)`.
+* **Chunked prefill and decode** within a token budget a step: the
+  running requests' appends in one `try_append_each(seqs, counts)` call,
+  which stops at the first request that cannot append now; that one goes
+  through `try_append`, whose exception says why. Each scheduled range
+  gets its slots with `slot_mapping(start, stop)`.
 * **Preemption by recompute.** When a running request cannot get the
   block its next tokens need, the most recently admitted running request is
   preempted: its sequence is closed (its blocks go back at once, and the
@@ -220,52 +223,87 @@ class Scheduler:
         self.running.remove(req)
         self.rejected.append(req)
 
+    def _step_tokens(self, req: Request, budget: int) -> Tuple[int, List[int]]:
+        """The tokens a running request appends this step, within `budget`:
+        the rest of its prefill, or its last token and, with speculative
+        decoding, up to `spec_tokens` drafts never past the tokens still to
+        generate; and the drafts."""
+        n = min(len(req.tokens) - req.computed, budget)
+        drafts: List[int] = []
+        if n == 1 and self.spec_tokens:
+            k = min(self.spec_tokens, budget - 1, req.max_new_tokens - len(req.output) - 1)
+            drafts = draft(req.rid, req.tokens, k)
+            n += len(drafts)
+        return n, drafts
+
+    def _append_or_preempt(self, req: Request, n: int) -> Optional[range]:
+        """Appends `n` tokens to a running request that could not append
+        them at once: preempts the newest running request until they fit,
+        and returns their positions; None if the request itself was
+        preempted, or aborted because it can never fit."""
+        assert req.seq is not None
+        while True:
+            try:
+                # (No `CopyRequired` here: this scheduler never forks, and
+                # its matches and rollbacks leave no shared tail.)
+                return req.seq.try_append(n)
+            except kvslots.NeverFits:
+                # It needs more blocks than the pool has beside those it
+                # holds: it can never finish here, so it is aborted.
+                self._abort(req)
+                return None
+            except kvslots.Full:
+                # Preempt the newest running request; if that is this one,
+                # it waits for the blocks it needs.
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is req:
+                    return None
+
     def schedule(self) -> Batch:
         budget = self.token_budget
         scheduled: List[Scheduled] = []
         preempted = self.preemptions
 
         # The running requests first, oldest first: the rest of a prefill,
-        # or one decode token.
-        for req in list(self.running):
-            if budget == 0:
+        # or one decode token. Their appends go in one `try_append_each`
+        # call, which stops at the first that cannot append now; that one
+        # goes through `try_append`, whose exception says why, and the
+        # rest in another call.
+        running = list(self.running)
+        start = 0
+        while start < len(running) and budget > 0:
+            plan: List[Tuple[Request, int, List[int]]] = []
+            seqs: List[kvslots.Sequence] = []
+            left = budget
+            for req in running[start:]:
+                if left == 0:
+                    break
+                if req not in self.running:  # preempted for an older one
+                    continue
+                assert req.seq is not None
+                n, drafts = self._step_tokens(req, left)
+                plan.append((req, n, drafts))
+                seqs.append(req.seq)
+                left -= n
+            if not plan:
                 break
-            if req not in self.running:  # preempted for an older one
-                continue
-            assert req.seq is not None
-            n = min(len(req.tokens) - req.computed, budget)
-            drafts: List[int] = []
-            if n == 1 and self.spec_tokens:
-                # A decode step: the last token and up to `spec_tokens`
-                # drafts, never past the tokens still to generate.
-                k = min(self.spec_tokens, budget - 1, req.max_new_tokens - len(req.output) - 1)
-                drafts = draft(req.rid, req.tokens, k)
-                n += len(drafts)
-            while True:
-                try:
-                    # (No `CopyRequired` here: this scheduler never forks,
-                    # and its matches and rollbacks leave no shared tail.)
-                    positions = req.seq.try_append(n)
-                    break
-                except kvslots.NeverFits:
-                    # It needs more blocks than the pool has beside those it
-                    # holds: it can never finish here, so it is aborted.
-                    self._abort(req)
-                    positions = None
-                    break
-                except kvslots.Full:
-                    # Preempt the newest running request; if that is this
-                    # one, it waits for the blocks it needs.
-                    victim = self.running[-1]
-                    self._preempt(victim)
-                    if victim is req:
-                        positions = None
-                        break
-            if positions is None:
-                continue
-            scheduled.append(Scheduled(req, positions.start, positions.stop, drafts))
-            self.drafted += len(drafts)
-            budget -= n
+            appended = kvslots.try_append_each(seqs, [n for _, n, _ in plan])
+            for req, n, drafts in plan[:appended]:
+                assert req.seq is not None
+                stop = len(req.seq)
+                scheduled.append(Scheduled(req, stop - n, stop, drafts))
+                self.drafted += len(drafts)
+                budget -= n
+            if appended == len(plan):
+                break
+            req, n, drafts = plan[appended]
+            positions = self._append_or_preempt(req, n)
+            if positions is not None:
+                scheduled.append(Scheduled(req, positions.start, positions.stop, drafts))
+                self.drafted += len(drafts)
+                budget -= n
+            start = running.index(req) + 1
 
         # Then the waiting ones, first come first served, unless this step
         # preempted (the blocks it freed are for the running requests).
