@@ -786,8 +786,8 @@ def try_append_each(
                 running.pop(done).close()  # the pool is too small for it
             done += kvslots.try_append_each(running[done:])
 
-    Raises `TypeError` for an item that is no sequence or a count that is
-    no int, `ValueError` for a negative count or counts of another length
+    Raises `TypeError` for an item that is no sequence, a count that is no
+    int, or a set as `seqs` or `n` (its order is arbitrary), `ValueError` for a negative count or counts of another length
     than `seqs`, `OverflowError` past `2**64`: before any append. The GIL
     is released for 32 sequences or more.
     """

@@ -4,6 +4,7 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::{PyFrozenSet, PySet};
 
 use crate::hybrid::PyHybridSequence;
 use crate::sequence::PySequence;
@@ -43,10 +44,11 @@ impl Target<'_> {
 /// `seqs[k].try_append(n)` for the reason, raised as its exception (it
 /// waits for a held sequence).
 ///
-/// Raises `TypeError` for an item that is no sequence or a count that is
-/// no int, `ValueError` for a negative count or a list of counts whose
-/// length is not `len(seqs)`, `OverflowError` for a count past `2**64`:
-/// all before any append, so nothing changes.
+/// Raises `TypeError` for an item that is no sequence, a count that is no
+/// int, or a set as `seqs` or `n` (whose order is arbitrary); `ValueError`
+/// for a negative count or a list of counts whose length is not
+/// `len(seqs)`; `OverflowError` for a count past `2**64`: all before any
+/// append, so nothing changes.
 ///
 /// The sequences are appended with the GIL released when there are at
 /// least 32 of them, or their appends take at least 32 blocks.
@@ -57,6 +59,7 @@ pub(crate) fn try_append_each(
     seqs: &Bound<'_, PyAny>,
     n: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<usize> {
+    unordered("seqs", seqs)?;
     let items: Vec<Bound<'_, PyAny>> = seqs.try_iter()?.collect::<PyResult<_>>()?;
     let mut targets = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
@@ -88,6 +91,19 @@ pub(crate) fn try_append_each(
             .take_while(|&i| targets[i].try_append_now(counts.get(i)))
             .count()
     }))
+}
+
+/// Refuses a set (or frozenset) as `what`: its order is arbitrary, so the
+/// count of sequences appended would name no sequence in particular, and
+/// counts would go to arbitrary sequences.
+fn unordered(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+    if obj.is_instance_of::<PySet>() || obj.is_instance_of::<PyFrozenSet>() {
+        let ty = obj.get_type().name()?;
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be ordered (a list, a tuple), not a {ty}"
+        )));
+    }
+    Ok(())
 }
 
 /// The token count of each sequence.
@@ -127,6 +143,7 @@ fn each(n: &Bound<'_, PyAny>, len: usize, not_int: PyErr) -> PyResult<Vec<usize>
     let Ok(iter) = n.try_iter() else {
         return Err(not_int);
     };
+    unordered("n", n)?;
     let mut counts = Vec::with_capacity(len);
     for k in iter {
         if counts.len() == len {

@@ -181,6 +181,12 @@ def bad_calls(seqs):
         ),
         "a float in the list": (TypeError, lambda: kvslots.try_append_each(seqs, [1, 1, 1.5])),
         "None in the list": (TypeError, lambda: kvslots.try_append_each(seqs, [1, None, 1])),
+        "a set of sequences": (TypeError, lambda: kvslots.try_append_each(set(seqs))),
+        "a frozenset of sequences": (
+            TypeError,
+            lambda: kvslots.try_append_each(frozenset(seqs), 1),
+        ),
+        "a set of counts": (TypeError, lambda: kvslots.try_append_each(seqs, {1, 2, 3})),
     }
 
 
