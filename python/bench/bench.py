@@ -316,19 +316,24 @@ class _Running:
         self.blocks = []
 
 
-def decode_kvslots_each(num_blocks: int, block_size: int, batch: int, steps: int):
-    """Seconds for `steps` decode steps of `batch` sequences, one
-    `try_append_each` call a step; and the blocks they hold at the end."""
-    pool = kvslots.BlockPool(num_blocks, block_size)
-    seqs = [kvslots.Sequence(pool) for _ in range(batch)]
+def decode_each(pool, seqs, steps: int):
+    """Seconds for `steps` decode steps of `seqs` (sequences of `pool`),
+    one `try_append_each` call a step; and the blocks the pool has in use
+    at the end."""
     each = kvslots.try_append_each
     gc.collect()
     t0 = time.perf_counter()
     for _ in range(steps):
-        if each(seqs) != batch:
+        if each(seqs) != len(seqs):
             raise MemoryError("the pool ran out")
     elapsed = time.perf_counter() - t0
     return elapsed, pool.used_blocks
+
+
+def decode_kvslots_each(num_blocks: int, block_size: int, batch: int, steps: int):
+    """`decode_each` over `batch` new sequences."""
+    pool = kvslots.BlockPool(num_blocks, block_size)
+    return decode_each(pool, [kvslots.Sequence(pool) for _ in range(batch)], steps)
 
 
 def decode_kvslots_loop(num_blocks: int, block_size: int, batch: int, steps: int):
@@ -378,19 +383,11 @@ WINDOW = 128
 
 
 def decode_kvslots_hybrid(num_blocks: int, block_size: int, batch: int, steps: int):
-    """As `decode_kvslots_each`, over `HybridSequence`s of two groups: a
+    """`decode_each` over `batch` new `HybridSequence`s of two groups: a
     sliding window of `WINDOW` tokens and full attention."""
     pool = kvslots.BlockPool(num_blocks, block_size)
     groups = kvslots.KvGroups([WINDOW, "full"])
-    seqs = [kvslots.HybridSequence(pool, groups) for _ in range(batch)]
-    each = kvslots.try_append_each
-    gc.collect()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        if each(seqs) != batch:
-            raise MemoryError("the pool ran out")
-    elapsed = time.perf_counter() - t0
-    return elapsed, pool.used_blocks
+    return decode_each(pool, [kvslots.HybridSequence(pool, groups) for _ in range(batch)], steps)
 
 
 class _RunningHybrid:
