@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyFrozenSet, PySet};
 
 use crate::hybrid::PyHybridSequence;
+use crate::lock::ThreadToken;
 use crate::sequence::PySequence;
 use crate::{convert, detached, DETACH_BLOCKS};
 
@@ -17,10 +18,10 @@ enum Target<'a> {
 }
 
 impl Target<'_> {
-    fn try_append_now(&self, n: usize) -> bool {
+    fn try_append_now(&self, n: usize, me: ThreadToken) -> bool {
         match self {
-            Target::Plain(seq) => seq.try_append_now(n),
-            Target::Hybrid(seq) => seq.try_append_now(n),
+            Target::Plain(seq) => seq.try_append_now(n, me),
+            Target::Hybrid(seq) => seq.try_append_now(n, me),
         }
     }
 
@@ -86,9 +87,11 @@ pub(crate) fn try_append_each(
                 .saturating_add(targets[i].blocks_of(counts.get(i)))
         })
     };
+    // The closure runs on this thread, detached or not.
+    let me = ThreadToken::current();
     Ok(detached(py, work, || {
         (0..targets.len())
-            .take_while(|&i| targets[i].try_append_now(counts.get(i)))
+            .take_while(|&i| targets[i].try_append_now(counts.get(i), me))
             .count()
     }))
 }

@@ -18,7 +18,7 @@ use pyo3::types::{PyBytes, PyList, PyRange, PyString, PyTuple};
 use crate::convert;
 use crate::detached;
 use crate::errors;
-use crate::lock::SeqLock;
+use crate::lock::{SeqLock, ThreadToken};
 use crate::pool::PyBlockPool;
 use crate::sequence::PyBlockCopy;
 use crate::wait;
@@ -275,8 +275,8 @@ impl PyHybridSequence {
     /// Appends `n` tokens as `Sequence::try_append_now` does: if the
     /// sequence is free now, open, needs no copy-on-write and its pool has
     /// the blocks of every group; whether it did (else nothing changed).
-    pub(crate) fn try_append_now(&self, n: usize) -> bool {
-        let Some(mut guard) = self.inner.try_lock() else {
+    pub(crate) fn try_append_now(&self, n: usize, me: ThreadToken) -> bool {
+        let Some(mut guard) = self.inner.try_lock_as(me) else {
             return false;
         };
         match guard.as_mut() {

@@ -40,9 +40,16 @@ thread_local! {
     static TOKEN: u64 = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
 }
 
-/// The calling thread's token.
-fn this_thread() -> u64 {
-    TOKEN.with(|token| *token)
+/// A thread's token: a number no other thread of the process has, read
+/// once for calls that lock many mutexes on the same thread.
+#[derive(Clone, Copy)]
+pub(crate) struct ThreadToken(u64);
+
+impl ThreadToken {
+    /// The calling thread's token.
+    pub(crate) fn current() -> ThreadToken {
+        ThreadToken(TOKEN.with(|token| *token))
+    }
 }
 
 /// A mutex whose contended wait runs detached from the interpreter and
@@ -78,10 +85,11 @@ impl<T: Send> SeqLock<T> {
     /// if this thread holds the mutex already (a call from a signal
     /// handler or a finalizer run during this thread's `reserve`).
     pub(crate) fn lock(&self, py: Python<'_>) -> PyResult<SeqGuard<'_, T>> {
-        if let Some(guard) = self.try_lock() {
+        let me = ThreadToken::current();
+        if let Some(guard) = self.try_lock_as(me) {
             return Ok(guard);
         }
-        let me = this_thread();
+        let ThreadToken(me) = me;
         // Relaxed: only this thread ever writes its own token here, and it
         // reads its own writes in program order; another thread's token,
         // or a stale one, never equals ours.
@@ -97,24 +105,30 @@ impl<T: Send> SeqLock<T> {
             // only to leave it (`Ungil`), which parking_lot's `send_guard`
             // feature makes it.
             if let Some(guard) = py.detach(|| self.value.try_lock_for(SIGNAL_CHECK)) {
-                return Ok(self.held(guard));
+                return Ok(self.held(guard, ThreadToken(me)));
             }
             py.check_signals()?;
         }
     }
 
     /// Locks the mutex if it is free now, without waiting (and without
-    /// the interpreter: it never calls into Python); `None` if another
-    /// call, of this thread or another, holds it.
-    pub(crate) fn try_lock(&self) -> Option<SeqGuard<'_, T>> {
-        self.value.try_lock().map(|guard| self.held(guard))
+    /// the interpreter: it never calls into Python), for the calling
+    /// thread, whose token `me` is; `None` if another call, of this thread
+    /// or another, holds it.
+    pub(crate) fn try_lock_as(&self, me: ThreadToken) -> Option<SeqGuard<'_, T>> {
+        self.value.try_lock().map(|guard| self.held(guard, me))
     }
 
-    /// Marks this thread as the holder of `guard`'s mutex.
-    fn held<'a>(&'a self, guard: MutexGuard<'a, T>) -> SeqGuard<'a, T> {
+    /// Marks the calling thread, whose token `me` is, as the holder of
+    /// `guard`'s mutex.
+    fn held<'a>(
+        &'a self,
+        guard: MutexGuard<'a, T>,
+        ThreadToken(me): ThreadToken,
+    ) -> SeqGuard<'a, T> {
         // Relaxed: read only by this thread (see `lock`); the mutex orders
         // the value itself.
-        self.holder.store(this_thread(), Ordering::Relaxed);
+        self.holder.store(me, Ordering::Relaxed);
         SeqGuard {
             holder: &self.holder,
             guard,

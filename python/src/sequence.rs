@@ -24,7 +24,7 @@ use pyo3::types::{PyByteArray, PyList, PyMemoryView, PyRange, PyTuple};
 use crate::convert;
 use crate::detached;
 use crate::errors;
-use crate::lock::SeqLock;
+use crate::lock::{SeqLock, ThreadToken};
 use crate::pool::{id_list, PyBlockPool};
 use crate::wait;
 
@@ -134,8 +134,8 @@ impl PySequence {
     /// it), open, needs no copy-on-write and its pool has the blocks;
     /// whether it did (else nothing changed). Never waits and never calls
     /// into Python: `try_append_each` runs it detached.
-    pub(crate) fn try_append_now(&self, n: usize) -> bool {
-        let Some(mut guard) = self.inner.try_lock() else {
+    pub(crate) fn try_append_now(&self, n: usize, me: ThreadToken) -> bool {
+        let Some(mut guard) = self.inner.try_lock_as(me) else {
             return false;
         };
         match guard.as_mut() {
