@@ -8,8 +8,8 @@
 //!
 //! Run with `scripts/loom fence`.
 //!
-//! In each model the main thread owns a sequence over a pool of one-slot
-//! blocks and writes its blocks; then three things race:
+//! In the first two models the main thread owns a sequence over a pool of
+//! one-slot blocks and writes its blocks; then three things race:
 //!
 //! * the scheduler (a spawned thread) gives a block up under fence 1;
 //! * the device (another spawned thread) reads the block (the step in
@@ -24,15 +24,25 @@
 //! allocation is refused; the model completes the fence again once every
 //! thread is done and checks conservation.
 //!
+//! In the others the retirements come first (two sequences' blocks, or one
+//! block that a sequence and its fork share) and two device threads, each
+//! reading its step's block before it declares its fence complete, race
+//! each other and the allocating main thread.
+//!
 //! | model | threads, blocks | `early_release` |
 //! |---|---|---|
 //! | [`retire_vs_complete_vs_alloc`] | 3, 1 | caught: handed out before its fence |
 //! | [`truncate_fenced_vs_complete_vs_alloc`] | 3, 2 | caught: handed out before its fence |
 //! | [`two_fences_complete_in_either_order`] | 3, 2 | caught: handed out before its fence |
+//! | [`shared_block_two_completers`] | 3, 1 | caught: handed out before its fence |
+//!
+//! [`shared_block_two_completers`] has a second
+//! control, `relaxed_free`: the first completer's drop, `Relaxed`, does not
+//! order its step's read before the new owner's write.
 
 use std::sync::Arc;
 
-use crate::loom_tests::pool_world::{check, Allocs, PoolWorld, EARLY_RELEASE, SOUND};
+use crate::loom_tests::pool_world::{check, Allocs, PoolWorld, EARLY_RELEASE, RELAXED_FREE, SOUND};
 use crate::sync::{AtomicBool, Faults, Ordering};
 use crate::{BlockId, Sequence};
 use loom::thread;
@@ -155,6 +165,29 @@ fn truncate_fenced_vs_complete_vs_alloc_early_release_is_caught() {
     truncate_fenced_vs_complete_vs_alloc(EARLY_RELEASE);
 }
 
+/// Two device threads: device `i` reads `blocks[i]` (its step in flight),
+/// sets `declared[i]`, lowers the block's shadow and completes
+/// `fences[i]`, returning what the complete gave back.
+fn two_devices(
+    world: &Arc<PoolWorld>,
+    blocks: [BlockId; 2],
+    fences: [u64; 2],
+) -> (Arc<[AtomicBool; 2]>, [thread::JoinHandle<usize>; 2]) {
+    let declared = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
+    let devices = [0, 1].map(|i| {
+        let (world, declared) = (Arc::clone(world), Arc::clone(&declared));
+        thread::spawn(move || {
+            world.read(blocks[i]);
+            // Relaxed: as in `fenced_vs_complete_vs_alloc`.
+            // Release / Acquire: as in `fenced_vs_complete_vs_alloc`.
+            declared[i].store(true, Ordering::Release);
+            world.drop_ref(blocks[i]);
+            world.pool.complete(fences[i])
+        })
+    });
+    (declared, devices)
+}
+
 /// Two fences that share a map (1 and 9; there are 8 maps), each holding
 /// one retired block, completed by two device threads in either order
 /// while the main thread allocates one block: whichever block it gets, that
@@ -174,25 +207,11 @@ fn two_fences_complete_in_either_order(faults: Faults) {
                 seq
             })
             .collect();
-        let blocks: Vec<BlockId> = seqs.iter().map(|s| s.blocks()[0]).collect();
+        let blocks: [BlockId; 2] = [seqs[0].blocks()[0], seqs[1].blocks()[0]];
         for (seq, fence) in seqs.into_iter().zip(fences) {
             seq.retire(fence);
         }
-        let declared: Arc<[AtomicBool; 2]> =
-            Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
-        let devices: Vec<_> = (0..2)
-            .map(|i| {
-                let (world, declared, id) = (Arc::clone(&world), Arc::clone(&declared), blocks[i]);
-                thread::spawn(move || {
-                    world.read(id);
-                    // Relaxed: as in `fenced_vs_complete_vs_alloc`.
-                    // Release / Acquire: as in `fenced_vs_complete_vs_alloc`.
-                    declared[i].store(true, Ordering::Release);
-                    world.drop_ref(id);
-                    world.pool.complete(fences[i])
-                })
-            })
-            .collect();
+        let (declared, devices) = two_devices(&world, blocks, fences);
         let mut got = Vec::new();
         if world.pool.try_alloc(1, &mut got).is_ok() {
             let i = blocks
@@ -222,4 +241,73 @@ fn two_fences_complete_in_either_order_sound() {
 #[should_panic(expected = "handed out before its fence completed")]
 fn two_fences_complete_in_either_order_early_release_is_caught() {
     two_fences_complete_in_either_order(EARLY_RELEASE);
+}
+
+/// One block that a sequence and its fork share, retired under two fences
+/// (1 by the parent, 2 by the fork; a request and its beam, or a
+/// request and the prefix it shares, each in its own step), completed by
+/// two device threads at once while the main thread allocates one block.
+/// The two completes drop the block's two references on the lock-free
+/// path; whichever drops the last gives the block back, exactly once, and
+/// only after both steps have read it: a new owner must see both fences
+/// declared, and both reads must happen-before its write.
+fn shared_block_two_completers(faults: Faults) {
+    let handed_out = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&handed_out);
+    check(move || {
+        let world = PoolWorld::new(1, 1, faults, "sequence");
+        let mut seq = Sequence::new(Arc::clone(&world.pool));
+        seq.try_append(1).expect("a fresh pool of 1");
+        let id = seq.blocks()[0];
+        world.take(id);
+        world.write(id);
+        let (child, copy) = seq.try_fork().expect("a full block needs no copy");
+        assert!(copy.is_none(), "a full block needs no copy");
+        assert_eq!(child.blocks(), [id]);
+        world.share(id);
+        let fences = [1u64, 2];
+        seq.retire(fences[0]);
+        child.retire(fences[1]);
+        let (declared, devices) = two_devices(&world, [id, id], fences);
+        let mut got = Vec::new();
+        if world.pool.try_alloc(1, &mut got).is_ok() {
+            assert_eq!(got, [id]);
+            for flag in declared.iter() {
+                // Relaxed: see the store.
+                assert!(flag.load(Ordering::Acquire), "{id} {EARLY}");
+            }
+            world.take(id);
+            world.write(id);
+            // Relaxed: a std counter of loom's executions, run one at a time.
+            counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let released: usize = devices.into_iter().map(|d| d.join().unwrap()).sum();
+        assert_eq!(released, 2, "each retired reference given back once");
+        world.give_back(&got);
+        assert_eq!(world.pool.pending_release_blocks(), 0);
+        world.assert_conserved();
+    });
+    // Relaxed: every execution is done.
+    let handed_out = handed_out.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(handed_out > 0, "no execution handed the shared block out");
+}
+
+#[test]
+fn shared_block_two_completers_sound() {
+    shared_block_two_completers(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "handed out")]
+fn shared_block_two_completers_early_release_is_caught() {
+    shared_block_two_completers(EARLY_RELEASE);
+}
+
+#[test]
+// The first drop's `Relaxed` decrement starts no release sequence that the
+// last drop's give-back continues: the allocation sees the last
+// completer's flag but not necessarily the first's.
+#[should_panic(expected = "handed out before its fence completed")]
+fn shared_block_two_completers_relaxed_free_is_caught() {
+    shared_block_two_completers(RELAXED_FREE);
 }

@@ -38,7 +38,7 @@
 //! | `whole_attack.rs` | whole-word fresh bits (stores) on short words: a fork's count against `ref_count` and a rival's take, a truncate of part of a whole word then the rest, a fence's completion against the sequence's drop, a whole word and half a word given back in one truncate over two shards |
 //! | `sequence.rs` | `Sequence`: fork, drop, append, truncate |
 //! | `hybrid.rs` | `HybridSequence`: one admission across groups, a window's give-back and reuse against a match, an append and a double free, a match across groups against an evicting append |
-//! | `fence.rs` | fenced release against `complete` and allocation |
+//! | `fence.rs` | fenced release against `complete` and allocation; two completers of a block a sequence and its fork share |
 //! | `prefix.rs` | the prefix cache: match, publish, eviction, reset |
 //! | `prefix_evict.rs` | the eviction ring: an evictor taking its candidates while another refills it |
 //! | `prefix_misuse.rs` | the prefix cache under misuse and three-way races |
