@@ -66,9 +66,13 @@ class Full(ReserveError):
     """Not enough free blocks right now; retrying later may succeed."""
 
     requested: int
-    """Blocks asked for."""
+    """Blocks asked for (without the headroom)."""
     available: int
     """Blocks free when the request was refused."""
+    headroom: int
+    """Blocks the call asked to stay free besides (`reserve`, `try_reserve`;
+    0 for every other call): it was refused because `available` was less
+    than `requested + headroom`."""
 
 class BehindWaiters(Full):
     """The blocks are free, but callers queued in `alloc`/`reserve` are owed
@@ -86,7 +90,10 @@ class NeverFits(ReserveError):
     blocks less those."""
 
     requested: int
-    """Blocks asked for (with the headroom)."""
+    """Blocks asked for (without the headroom)."""
+    headroom: int
+    """Blocks the call asked to stay free besides (`reserve`, `try_reserve`;
+    0 for every other call): `requested + headroom` exceeds `capacity`."""
     capacity: int
     """The most the caller could ever be given: the pool's number of blocks,
     less those the sequence holds for a sequence's call."""
@@ -412,8 +419,9 @@ class BlockPool:
 
         Raises `NeverFits` at once, `Closed`, or `Full` when the timeout runs
         out; Ctrl-C (`KeyboardInterrupt`) ends the wait. Nothing is taken when
-        it raises. `ValueError` for a negative or non-finite timeout (one
-        too large for a deadline waits without limit, as None).
+        it raises. `ValueError` for a negative or non-finite timeout (a
+        float too large for a deadline waits without limit, as None; an int
+        beyond a float's range raises `OverflowError`, as `time.sleep`).
         """
     def free(self, ids: Iterable[_Int]) -> None:
         """Drops one reference per listed id, all or nothing; a block whose

@@ -3,8 +3,9 @@
 //!
 //! The classes are plain exception classes (abi3 before Python 3.12 cannot
 //! subclass `Exception` from Rust), and the fields of a Rust error are set
-//! as attributes on the instance: `Full.requested`, `Full.available`, `BehindWaiters.owed`,
-//! `NeverFits.requested`, `NeverFits.capacity`, `FreeError.id`,
+//! as attributes on the instance: `Full.requested`, `Full.available`,
+//! `Full.headroom`, `BehindWaiters.owed`, `NeverFits.requested`,
+//! `NeverFits.headroom`, `NeverFits.capacity`, `FreeError.id`,
 //! `FreeError.kind`, `FreeError.num_blocks`, `WindowError.len` and
 //! `WindowError.min_len`. Attributes live in the
 //! instance's `__dict__`, so they survive pickling.
@@ -25,8 +26,9 @@ create_exception!(
     Full,
     ReserveError,
     "Not enough free blocks right now; retrying later may succeed.\n\n\
-     Attributes: `requested` (blocks asked for) and `available` (blocks free \
-     when the request was refused)."
+     Attributes: `requested` (blocks asked for), `available` (blocks free \
+     when the request was refused) and `headroom` (blocks the call asked to \
+     stay free besides; 0 but for `reserve` and `try_reserve`)."
 );
 create_exception!(
     kvslots,
@@ -35,8 +37,9 @@ create_exception!(
     "The blocks are free, but callers queued in `alloc`/`reserve` are owed \
      them first: a new caller never passes a queued waiter. Retrying later (or \
      waiting with `alloc`/`reserve`) may succeed.\n\n\
-     Attributes: `requested`, `available` (blocks free when refused) and \
-     `owed` (blocks the queued waiters are owed, their headroom included)."
+     Attributes: `requested`, `available` (blocks free when refused), \
+     `headroom` (as `Full`'s) and `owed` (blocks the queued waiters are owed, \
+     their headroom included)."
 );
 create_exception!(
     kvslots,
@@ -44,8 +47,11 @@ create_exception!(
     ReserveError,
     "The request (plus any headroom) is larger than all the caller could ever be \
      given: it can never be admitted, so reject it instead of retrying.\n\n\
-     Attributes: `requested` and `capacity` (the pool's blocks; for a sequence's \
-     calls, the pool's blocks less those the sequence holds)."
+     Attributes: `requested` (blocks asked for), `headroom` (blocks the call \
+     asked to stay free besides; 0 but for `reserve` and `try_reserve`: the \
+     refusal compared `requested + headroom` with the capacity) and \
+     `capacity` (the pool's blocks; for a sequence's calls, the pool's blocks \
+     less those the sequence holds)."
 );
 create_exception!(
     kvslots,
@@ -57,12 +63,13 @@ create_exception!(
     kvslots,
     FreeError,
     PyValueError,
-    "`BlockPool.free` refused.\n\n\
+    "`BlockPool.free` (or `BlockPool.add_refs`) refused.\n\n\
      Attributes: `id` (the offending id, as given), `kind` (`\"out_of_range\"`, \
-     `\"not_allocated\"`, `\"over_freed\"` or `\"raced\"`) and `num_blocks` \
-     (the pool's size, for `\"out_of_range\"`; else None). Every kind but \
-     `\"raced\"` changed nothing; `\"raced\"` (a double free caught racing \
-     another holder's free) dropped every other listed reference."
+     `\"not_allocated\"`, `\"held_by_sequence\"`, `\"over_freed\"`, \
+     `\"raced\"` or `\"too_many_refs\"`) and `num_blocks` (the pool's size, \
+     for `\"out_of_range\"`; else None). Every kind but `\"raced\"` changed \
+     nothing; `\"raced\"` (a double free caught racing another holder's free) \
+     dropped every other listed reference."
 );
 create_exception!(
     kvslots,
@@ -110,16 +117,46 @@ pub(crate) fn config_error(err: kvslots::ConfigError) -> PyErr {
     }
 }
 
-/// The Python exception for a refused allocation (counts in blocks).
+/// The Python exception for a refused allocation (counts in blocks) of a
+/// call that asked for no headroom.
 pub(crate) fn reserve_error(py: Python<'_>, err: kvslots::ReserveError) -> PyErr {
+    reserve_error_with_headroom(py, err, 0)
+}
+
+/// The Python exception for a refused allocation (counts in blocks) of a
+/// call that asked for `headroom` blocks to stay free besides: the core's
+/// `requested` leaves the headroom out, so the exception carries it as
+/// its own attribute, and its message names it when it is not 0.
+pub(crate) fn reserve_error_with_headroom(
+    py: Python<'_>,
+    err: kvslots::ReserveError,
+    headroom: usize,
+) -> PyErr {
+    // The core's message, or one that names the headroom.
+    let message = |with_headroom: &dyn Fn() -> String| {
+        if headroom == 0 {
+            err.to_string()
+        } else {
+            with_headroom()
+        }
+    };
     let built = match err {
         kvslots::ReserveError::Full {
             requested,
             available,
         } => with_attrs::<Full>(
             py,
-            err.to_string(),
-            &[("requested", requested), ("available", available)],
+            message(&|| {
+                format!(
+                    "requested {requested} with a headroom of {headroom} but only \
+                     {available} available"
+                )
+            }),
+            &[
+                ("requested", requested),
+                ("available", available),
+                ("headroom", headroom),
+            ],
         ),
         kvslots::ReserveError::BehindWaiters {
             requested,
@@ -127,10 +164,16 @@ pub(crate) fn reserve_error(py: Python<'_>, err: kvslots::ReserveError) -> PyErr
             owed,
         } => with_attrs::<BehindWaiters>(
             py,
-            err.to_string(),
+            message(&|| {
+                format!(
+                    "requested {requested} with a headroom of {headroom}; {available} \
+                     available, but {owed} are owed to queued waiters"
+                )
+            }),
             &[
                 ("requested", requested),
                 ("available", available),
+                ("headroom", headroom),
                 ("owed", owed),
             ],
         ),
@@ -139,8 +182,17 @@ pub(crate) fn reserve_error(py: Python<'_>, err: kvslots::ReserveError) -> PyErr
             capacity,
         } => with_attrs::<NeverFits>(
             py,
-            err.to_string(),
-            &[("requested", requested), ("capacity", capacity)],
+            message(&|| {
+                format!(
+                    "requested {requested} with a headroom of {headroom} can never fit \
+                     in a capacity of {capacity}"
+                )
+            }),
+            &[
+                ("requested", requested),
+                ("headroom", headroom),
+                ("capacity", capacity),
+            ],
         ),
         kvslots::ReserveError::Closed => Ok(Closed::new_err(err.to_string())),
         // A kind the core added after this binding (the enum is

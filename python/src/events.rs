@@ -330,9 +330,9 @@ pub(crate) struct PyKVEventBatch {
     /// When it was drained, in seconds since the epoch.
     #[pyo3(get)]
     ts: f64,
-    /// The events, oldest first.
-    #[pyo3(get)]
-    events: Py<PyList>,
+    /// The events, oldest first (a new list on each read, as
+    /// `BlockStored.block_hashes` is: the batch itself never changes).
+    events: Py<PyTuple>,
 }
 
 #[pymethods]
@@ -340,6 +340,12 @@ impl PyKVEventBatch {
     #[classattr]
     fn __match_args__() -> (&'static str, &'static str, &'static str) {
         ("seq", "ts", "events")
+    }
+
+    /// The events, oldest first: a new list on each read.
+    #[getter]
+    fn events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        PyList::new(py, self.events.bind(py))
     }
 
     fn __len__(&self, py: Python<'_>) -> usize {
@@ -401,16 +407,16 @@ pub(crate) fn batch<'py>(
     ts: f64,
     events: Vec<KvEvent>,
 ) -> PyResult<Bound<'py, PyKVEventBatch>> {
-    let list = PyList::empty(py);
-    for event in events {
-        list.append(event_object(py, event)?)?;
-    }
+    let objects = events
+        .into_iter()
+        .map(|event| event_object(py, event))
+        .collect::<PyResult<Vec<_>>>()?;
     Bound::new(
         py,
         PyKVEventBatch {
             seq,
             ts,
-            events: list.unbind(),
+            events: PyTuple::new(py, objects)?.unbind(),
         },
     )
 }

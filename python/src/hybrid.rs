@@ -543,7 +543,7 @@ impl PyHybridSequence {
         self.with(py, |seq| {
             detached(py, blocks, || seq.try_reserve(tokens, headroom))
         })?
-        .map_err(|e| errors::reserve_error(py, e))
+        .map_err(|e| errors::reserve_error_with_headroom(py, e, headroom))
     }
 
     /// `try_reserve`, waiting in the pool's queue (GIL released) until
@@ -577,7 +577,7 @@ impl PyHybridSequence {
                     .map(|done| done.unwrap_or_else(|| seq.try_reserve(tokens, headroom)))
             })
         })??
-        .map_err(|e| errors::reserve_error(py, e))
+        .map_err(|e| errors::reserve_error_with_headroom(py, e, headroom))
     }
 
     /// Rolls every group back to `len` tokens and returns how many blocks

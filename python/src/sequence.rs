@@ -336,7 +336,7 @@ impl PySequence {
         self.with(py, |seq| {
             detached(py, blocks, || seq.try_reserve(tokens, headroom))
         })?
-        .map_err(|e| errors::reserve_error(py, e))
+        .map_err(|e| errors::reserve_error_with_headroom(py, e, headroom))
     }
 
     /// `try_reserve`, waiting in the pool's queue (GIL released) until the
@@ -370,7 +370,7 @@ impl PySequence {
                     .map(|done| done.unwrap_or_else(|| seq.try_reserve(tokens, headroom)))
             })
         })??
-        .map_err(|e| errors::reserve_error(py, e))
+        .map_err(|e| errors::reserve_error_with_headroom(py, e, headroom))
     }
 
     /// Rolls the sequence back to `len` tokens (rejected draft tokens,

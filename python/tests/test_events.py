@@ -47,6 +47,11 @@ def test_a_pool_reports_stores_and_removals_in_vllm_shapes():
     assert (stored.lora_id, stored.medium, stored.group_idx) == (None, None, None)
     assert BlockStored.__match_args__ == ("block_hashes", "parent_block_hash", "block_ids", "block_size")
 
+    # The batch does not change: each read of `events` is a new list.
+    batch.events.clear()
+    assert len(batch) == 2 and batch.events == [cleared, stored]
+    assert batch.events is not batch.events
+
     # A truncate into the last block, which the sequence holds alone,
     # drops its key.
     seq.truncate(5)

@@ -194,7 +194,17 @@ def test_reservations_and_waiting():
     hog = pool.try_alloc(1)
     with pytest.raises(kvslots.Full):
         other.try_reserve(16)  # a block a group, 1 free
+    with pytest.raises(kvslots.NeverFits) as never:
+        other.try_reserve(16, headroom=7)  # 2 blocks and 7 besides: 9 > 8
+    assert (never.value.requested, never.value.headroom, never.value.capacity) == (2, 7, 8)
+    assert "headroom of 7" in str(never.value)
+    with pytest.raises(kvslots.NeverFits) as never:
+        other.reserve(16, headroom=7, timeout=0)
+    assert (never.value.requested, never.value.headroom) == (2, 7)
     pool.free(hog)
+    with pytest.raises(kvslots.Full) as full:
+        other.try_reserve(16, headroom=1)  # 2 blocks and 1 besides, 2 free
+    assert (full.value.requested, full.value.headroom, full.value.available) == (2, 1, 2)
     assert pool_state(pool) == state and other.held_blocks == 0
     assert seq.shrink_to_fit() == 6
     first = kvslots.HybridSequence(pool, groups)

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 import kvslots
-from conftest import Interrupted, alarm, pool_state
+from conftest import Interrupted, alarm, pool_state, seq_state
 
 
 def test_construction_and_properties():
@@ -397,7 +397,17 @@ def test_a_new_caller_never_passes_a_queued_waiter():
         pool.try_alloc(1)  # 2 are free, but the queued head is owed 3
     assert isinstance(err.value, kvslots.Full)
     assert (err.value.requested, err.value.available, err.value.owed) == (1, 2, 3)
+    assert err.value.headroom == 0
     assert pool_state(pool) == before
+    # A reservation with headroom: the exception carries it, and says so.
+    seq = kvslots.Sequence(pool)
+    with pytest.raises(kvslots.BehindWaiters) as err:
+        seq.try_reserve(16, headroom=1)  # 1 block and 1 free besides: 2 free, 3 owed
+    assert (err.value.requested, err.value.headroom, err.value.available, err.value.owed) == (
+        1, 1, 2, 3)
+    assert "headroom of 1" in str(err.value)
+    assert pool_state(pool) == before and seq_state(seq) == (0, (), 0)
+    seq.close()
     pool.free(held[2:])
     waiter.join()
     assert len(got[0]) == 3 and pool.used_blocks == 3

@@ -87,6 +87,39 @@ def test_slot_mapping_past_the_end_raises_index_error(pool):
         seq.slot(-1)
 
 
+def test_a_refused_reservation_names_its_headroom(pool):
+    # `requested` counts the blocks asked for; `headroom` the blocks that
+    # were to stay free besides (0 for every call without one).
+    seq = kvslots.Sequence(pool)
+    seq.try_append(8)  # 2 of the 16 blocks
+    other = pool.try_alloc(4)  # 10 free
+    before = (seq_state(seq), pool_state(pool))
+    with pytest.raises(kvslots.NeverFits) as never:
+        seq.try_reserve(4, headroom=14)  # 1 block + 14 > the 14 it could have
+    assert (never.value.requested, never.value.headroom, never.value.capacity) == (1, 14, 14)
+    assert str(never.value) == "requested 1 with a headroom of 14 can never fit in a capacity of 14"
+    with pytest.raises(kvslots.NeverFits) as never:
+        seq.reserve(4, headroom=14, timeout=0)
+    assert (never.value.requested, never.value.headroom) == (1, 14)
+    with pytest.raises(kvslots.Full) as full:
+        seq.try_reserve(8, headroom=9)  # 2 blocks + 9 > 10 free
+    assert (full.value.requested, full.value.headroom, full.value.available) == (2, 9, 10)
+    assert str(full.value) == "requested 2 with a headroom of 9 but only 10 available"
+    with pytest.raises(kvslots.Full) as full:
+        seq.reserve(8, headroom=9, timeout=0)
+    assert (full.value.requested, full.value.headroom) == (2, 9)
+    with pytest.raises(kvslots.Full) as full:
+        seq.try_append(4 * 11)  # no headroom: the core's message
+    assert (full.value.requested, full.value.headroom) == (11, 0)
+    assert str(full.value) == "requested 11 but only 10 available"
+    with pytest.raises(kvslots.NeverFits) as never:
+        pool.try_alloc(17)
+    assert never.value.headroom == 0
+    assert (seq_state(seq), pool_state(pool)) == before
+    pool.free(other)
+    seq.close()
+
+
 def test_append_refusals_change_nothing(pool):
     seq = kvslots.Sequence(pool)
     seq.try_append(10)
