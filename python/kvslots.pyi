@@ -56,7 +56,8 @@ _Int = SupportsIndex
 _Keys = Union[Iterable[Union[bytes, bytearray]], bytes, bytearray]
 """Block keys: 32-byte keys, as `hash_blocks` returns them, or one bytes
 object of keys laid end to end, as `hash_blocks_packed` returns them (read
-in one copy instead of one conversion per key)."""
+in one copy instead of one conversion per key). Keys are a chain, in
+order: a set of them is refused with `TypeError`."""
 
 class ReserveError(Exception):
     """An allocation was refused; nothing changed. Subclasses: `Full` (and
@@ -594,7 +595,8 @@ class KvGroups:
 
     Raises `ValueError` for no group, more than `MAX_GROUPS`, a window of 0
     or another string; `TypeError` for an item that is neither, or for kinds
-    given as one `str`, `bytes` or `bytearray`.
+    given as one `str`, `bytes` or `bytearray`, or as a set (the groups'
+    order is their indices).
     """
 
     MAX_GROUPS: ClassVar[int]
@@ -753,7 +755,8 @@ def hash_blocks(
     `tokens`: ints in `0..2**32`, `bytes` of little-endian uint32s (or a
     `memoryview` of them), or a one-dimensional buffer of integers (numpy
     array of any byte order, `array.array`; one token an item, one-byte
-    items included; `ValueError` for another number of dimensions). With
+    items included; `ValueError` for another number of dimensions;
+    `TypeError` for a set, whose order is arbitrary). With
     `parent` (the key of the block before `tokens[0]`) the keys continue
     that chain; `salt` must then be empty.
     """

@@ -4,7 +4,6 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyFrozenSet, PySet};
 
 use crate::hybrid::PyHybridSequence;
 use crate::lock::ThreadToken;
@@ -60,7 +59,7 @@ pub(crate) fn try_append_each(
     seqs: &Bound<'_, PyAny>,
     n: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<usize> {
-    unordered("seqs", seqs)?;
+    convert::ordered("seqs", seqs)?;
     let items: Vec<Bound<'_, PyAny>> = seqs.try_iter()?.collect::<PyResult<_>>()?;
     let mut targets = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
@@ -94,19 +93,6 @@ pub(crate) fn try_append_each(
             .take_while(|&i| targets[i].try_append_now(counts.get(i), me))
             .count()
     }))
-}
-
-/// Refuses a set (or frozenset) as `what`: its order is arbitrary, so the
-/// count of sequences appended would name no sequence in particular, and
-/// counts would go to arbitrary sequences.
-fn unordered(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<()> {
-    if obj.is_instance_of::<PySet>() || obj.is_instance_of::<PyFrozenSet>() {
-        let ty = obj.get_type().name()?;
-        return Err(PyTypeError::new_err(format!(
-            "{what} must be ordered (a list, a tuple), not a {ty}"
-        )));
-    }
-    Ok(())
 }
 
 /// The token count of each sequence.
@@ -146,7 +132,7 @@ fn each(n: &Bound<'_, PyAny>, len: usize, not_int: PyErr) -> PyResult<Vec<usize>
     let Ok(iter) = n.try_iter() else {
         return Err(not_int);
     };
-    unordered("n", n)?;
+    convert::ordered("n", n)?;
     let mut counts = Vec::with_capacity(len);
     for k in iter {
         if counts.len() == len {

@@ -9,7 +9,9 @@ use kvslots::{BlockHash, BlockId};
 use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyByteArray, PyBytes, PyList, PyMemoryView, PyTuple, PyType};
+use pyo3::types::{
+    PyByteArray, PyBytes, PyFrozenSet, PyList, PyMemoryView, PySet, PyTuple, PyType,
+};
 
 /// A non-negative integer argument (a count, a length, a position, a
 /// fence): any int or object with `__index__` (numpy integers included),
@@ -140,7 +142,24 @@ pub(crate) fn for_each<'py>(
     Ok(())
 }
 
-/// Block keys: a list (or any iterable) of 32-byte `bytes` (or
+/// Refuses a set (or frozenset) as `what`, an argument whose order
+/// matters (tokens, keys, groups, sequences): a set's order is arbitrary,
+/// so what was built from it would belong to no order in particular.
+pub(crate) fn ordered(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+    // The common arguments first: two pointer compares.
+    if obj.is_exact_instance_of::<PyList>() || obj.is_exact_instance_of::<PyTuple>() {
+        return Ok(());
+    }
+    if obj.is_instance_of::<PySet>() || obj.is_instance_of::<PyFrozenSet>() {
+        let ty = obj.get_type().name()?;
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be ordered (a list, a tuple), not a {ty}"
+        )));
+    }
+    Ok(())
+}
+
+/// Block keys: a list (or any iterable but a set) of 32-byte `bytes` (or
 /// `bytearray`), as `hash_blocks` returns them; or one `bytes` /
 /// `bytearray` of keys laid end to end, as `hash_blocks_packed` returns
 /// them, which is read in one copy instead of one conversion per key.
@@ -151,6 +170,7 @@ pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
     if let Ok(b) = obj.cast::<PyByteArray>() {
         return packed_keys(&b.to_vec());
     }
+    ordered("keys", obj)?;
     let mut out = Vec::new();
     for_each(obj, |item| {
         out.push(key(&item)?);
@@ -200,7 +220,7 @@ pub(crate) fn key(item: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
     Ok(BlockHash(key))
 }
 
-/// Token ids: a list (or any iterable) of ints in `0..2**32`; `bytes` or
+/// Token ids: a list (or any iterable but a set) of ints in `0..2**32`; `bytes` or
 /// `bytearray` holding little-endian `uint32`s (also through a
 /// `memoryview` of one, or a buffer of `char`s, format `c`); or any other
 /// one-dimensional buffer of integers (a numpy array of any byte order,
@@ -219,6 +239,7 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
             return buffer_tokens(&view, is_byte_string(obj)?);
         }
     }
+    ordered("tokens", obj)?;
     let mut out = Vec::new();
     for_each(obj, |item| {
         out.push(token(&item)?);

@@ -55,6 +55,7 @@ impl PyKvGroups {
                 kinds.get_type().name()?
             )));
         }
+        convert::ordered("kinds", kinds)?;
         let mut groups = Vec::new();
         for item in kinds.try_iter()? {
             let item = item?;

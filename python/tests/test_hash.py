@@ -99,6 +99,8 @@ def test_chain_structure():
         (([1], 1), {"parent": bytes(32), "salt": b"s"}, ValueError),
         (([1], 1), {"salt": "s"}, TypeError),
         (([1], 1.0), {}, TypeError),
+        (({1, 2}, 1), {}, TypeError),  # a set's order is arbitrary
+        ((frozenset([1, 2]), 1), {}, TypeError),
     ],
 )
 def test_bad_input_raises(args, kwargs, error):

@@ -120,6 +120,32 @@ def test_a_refused_reservation_names_its_headroom(pool):
     seq.close()
 
 
+def test_keys_and_groups_in_a_set_are_refused(pool):
+    # Keys are a chain and groups are indexed by their order: a set of
+    # either has no order to read, so it is refused before anything changes.
+    seq = kvslots.Sequence(pool)
+    seq.try_append(8)
+    keys = kvslots.hash_blocks(list(range(8)), 4)
+    before = (seq_state(seq), pool_state(pool), pool.prefix_stats())
+    for call in (
+        lambda: seq.publish(set(keys)),
+        lambda: seq.publish(frozenset(keys)),
+        lambda: seq.match_prefix(set(keys)),
+        lambda: kvslots.Sequence(pool).match_prefix(frozenset(keys)),
+        lambda: kvslots.KvGroups({"full"}),
+        lambda: kvslots.KvGroups(["full", 8]).keys(set(keys)),
+    ):
+        with pytest.raises(TypeError, match="must be ordered"):
+            call()
+    assert (seq_state(seq), pool_state(pool), pool.prefix_stats()) == before
+    group_keys = kvslots.KvGroups(["full"]).keys(keys[:1])
+    with pytest.raises(TypeError, match="must be ordered"):
+        group_keys.extend({keys[1]})
+    assert len(group_keys) == 1
+    assert seq.publish(keys) == 2  # the same keys in order
+    seq.close()
+
+
 def test_append_refusals_change_nothing(pool):
     seq = kvslots.Sequence(pool)
     seq.try_append(10)
