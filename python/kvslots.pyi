@@ -662,7 +662,8 @@ class HybridSequence:
         """The number of tokens (the same in every group)."""
     @property
     def capacity(self) -> int:
-        """Tokens each table can hold."""
+        """Tokens every group's table can hold (the least over the groups:
+        a block kept for one group's copy-on-write holds no token)."""
     @property
     def held_blocks(self) -> int:
         """Blocks held in all the tables (the `None` entries excluded)."""

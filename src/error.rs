@@ -10,7 +10,11 @@ use crate::id::BlockId;
 /// A refused call changes nothing: no slot is taken and no output is
 /// written. Counts are in the unit of the allocator that refused: token
 /// slots for a [`SlotCounter`](crate::SlotCounter), blocks for a
-/// [`BlockPool`](crate::BlockPool).
+/// [`BlockPool`](crate::BlockPool). `requested` never includes the
+/// headroom a call asked to leave free besides (the `_with_headroom` and
+/// `reserve` calls): the refusal compared `requested + headroom` with what
+/// was free, or with the capacity, and the caller knows its headroom. The
+/// messages say so where the numbers alone would not explain the refusal.
 ///
 /// # Examples
 ///
@@ -39,7 +43,7 @@ pub enum ReserveError {
     /// leave free (so `available >= requested` only when headroom was asked
     /// for).
     Full {
-        /// What the caller asked for.
+        /// What the caller asked for, without its headroom.
         requested: usize,
         /// What was free when the request was refused.
         available: usize,
@@ -61,7 +65,7 @@ pub enum ReserveError {
     /// it matched, a fork of one) does not
     /// wait behind the queue, and a waiting call never resolves to it.
     BehindWaiters {
-        /// What the caller asked for.
+        /// What the caller asked for, without its headroom.
         requested: usize,
         /// What was free when the request was refused.
         available: usize,
@@ -80,7 +84,8 @@ pub enum ReserveError {
     /// of 8 and asks for 8 more gets `NeverFits { requested: 8, capacity:
     /// 7 }`, from the `try_*`, blocking and async forms alike).
     NeverFits {
-        /// What the caller asked for.
+        /// What the caller asked for, without its headroom (so
+        /// `requested <= capacity` only when headroom was asked for).
         requested: usize,
         /// The most the caller could ever be given.
         capacity: usize,
@@ -120,6 +125,13 @@ impl fmt::Display for ReserveError {
             ReserveError::Full {
                 requested,
                 available,
+            } if requested <= available => write!(
+                f,
+                "requested {requested} (plus the headroom asked for) but only {available} available"
+            ),
+            ReserveError::Full {
+                requested,
+                available,
             } => write!(f, "requested {requested} but only {available} available"),
             ReserveError::BehindWaiters {
                 requested,
@@ -128,6 +140,14 @@ impl fmt::Display for ReserveError {
             } => write!(
                 f,
                 "requested {requested} with {available} available, but {owed} are owed to queued waiters"
+            ),
+            ReserveError::NeverFits {
+                requested,
+                capacity,
+            } if requested <= capacity => write!(
+                f,
+                "requested {requested} (plus the headroom asked for) can never fit in a capacity \
+                 of {capacity}"
             ),
             ReserveError::NeverFits {
                 requested,
@@ -285,8 +305,9 @@ impl fmt::Display for FreeError {
             }
             FreeError::Raced { id } => write!(
                 f,
-                "{id} was freed by another thread during this free (a racing \
-                 double free); the other listed references were dropped"
+                "{id} was freed by another thread during this call (a racing \
+                 double free): a free dropped the other listed references, an \
+                 add_refs changed nothing"
             ),
         }
     }

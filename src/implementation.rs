@@ -1057,6 +1057,7 @@
 //!
 //! **Who gets what.** While anyone is pending, a new admission
 //! ([`try_reserve`](crate::SlotCounter::try_reserve),
+//! [`admit`](crate::SlotCounter::admit),
 //! [`try_alloc`](crate::BlockPool::try_alloc), an append to a
 //! [`Sequence`](crate::Sequence) that holds no block beyond a prefix it
 //! matched (an empty one, or a new request whose prompt hit the prefix

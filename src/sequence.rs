@@ -262,7 +262,8 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     ///   usize::MAX`), with that rest of the pool as the capacity (a block
     ///   for the copy of a shared tail is not counted there: it is not
     ///   needed once the tail's other holders let go, so without room for
-    ///   it the append is `Full`);
+    ///   it the append is `Full`); its `requested` is every block the
+    ///   append takes, the copy's included, as `Full`'s is;
     /// * `Full` if not enough blocks are free now;
     /// * `BehindWaiters` for the first append of a sequence that holds no
     ///   block beyond the prefix it matched (an empty one, or a new request
@@ -652,8 +653,11 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// [`hash_blocks`](crate::hash_blocks) with the pool's block size. A
     /// cached block that no one holds (evictable) stops being evictable,
     /// and taking it counts against the pool's capacity exactly as taking
-    /// a free block does: when the pool is full or
-    /// [closed](BlockPool::close), the match stops before it. A block that
+    /// a free block does: when the pool is full,
+    /// [closed](BlockPool::close), or its free blocks are owed to queued
+    /// waiters (a revival is a new admission; see
+    /// [Waiting](crate::implementation#waiting)), the match stops before
+    /// it. A block that
     /// another sequence holds is shared without touching the capacity.
     ///
     /// On a sequence that is not empty (it holds tokens or reserved

@@ -778,6 +778,39 @@ fn reserve_error_display_texts() {
 }
 
 #[test]
+fn reserve_error_display_names_the_headroom_where_the_numbers_do_not_explain_a_refusal() {
+    // `requested` leaves out the headroom: a refusal whose request alone
+    // would fit was refused for the headroom, and says so.
+    let c = SlotCounter::new(8);
+    let _held = c.try_reserve(4).unwrap();
+    let full = c.try_reserve_with_headroom(1, 4).unwrap_err();
+    assert_eq!(
+        full,
+        ReserveError::Full {
+            requested: 1,
+            available: 4
+        }
+    );
+    assert_eq!(
+        full.to_string(),
+        "requested 1 (plus the headroom asked for) but only 4 available"
+    );
+    let never = c.try_reserve_with_headroom(1, 8).unwrap_err();
+    assert_eq!(
+        never,
+        ReserveError::NeverFits {
+            requested: 1,
+            capacity: 8
+        }
+    );
+    assert_eq!(
+        never.to_string(),
+        "requested 1 (plus the headroom asked for) can never fit in a capacity of 8"
+    );
+    assert_eq!(c.used(), 4, "the refusals took nothing");
+}
+
+#[test]
 fn release_error_display_text() {
     assert_eq!(
         ReleaseError::ExceedsUsed {

@@ -1160,3 +1160,31 @@ fn a_hybrid_sequence_runs_over_a_trait_object() {
     assert_eq!(seq.truncate(12), Ok(2));
     let _ = seq.reserve_blocking(4, 0, None);
 }
+
+#[test]
+fn capacity_is_what_every_group_can_hold_with_a_copys_block_reserved_in_one() {
+    // A reservation after a truncate into a block the full group shares
+    // (with a matcher) but the sliding group holds alone keeps a block for
+    // the full group's copy only: the tables differ in length, and the
+    // capacity is what both can hold.
+    let pool = pool(16);
+    let gs = groups(&[KvGroup::Full, sliding(4)]);
+    let keys = gs.keys(&base_keys(&[1; 8]));
+    let mut a = HybridSequence::new(Arc::clone(&pool), gs.clone());
+    a.try_append(8).unwrap();
+    assert_eq!(a.publish(&keys), Ok(4));
+    let mut b = HybridSequence::new(Arc::clone(&pool), gs);
+    assert_eq!(b.try_match_prefix(&keys), Ok(2));
+    assert_eq!(a.truncate(2), Ok(2));
+    a.try_reserve(1, 0).unwrap();
+    let lens: Vec<usize> = (0..2).map(|g| a.blocks(g).unwrap().len()).collect();
+    assert_eq!(lens, [2, 1], "the full group keeps the copy's block");
+    assert_eq!(a.capacity(), BS);
+    // An append up to the capacity takes no block; the copy is the reserved one.
+    let used = pool.used_blocks();
+    let mut copies = Vec::new();
+    assert_eq!(a.try_append_cow(BS - 2, &mut copies), Ok(2..BS));
+    assert_eq!(copies.len(), 1);
+    assert_eq!(pool.used_blocks(), used);
+    assert_eq!(a.capacity(), BS);
+}

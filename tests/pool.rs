@@ -890,7 +890,7 @@ fn free_error_display_names_the_id() {
         .contains('8'));
     assert!(FreeError::Raced { id }
         .to_string()
-        .contains("other listed references were dropped"));
+        .contains("a free dropped the other listed references"));
     // The four are told apart.
     let texts: HashSet<String> = cases.iter().map(|e| e.to_string()).collect();
     assert_eq!(texts.len(), 4);
@@ -1332,5 +1332,42 @@ fn shards_of_four_ids_follow_the_model() {
     };
     for _ in 0..4 {
         thread::spawn(run).join().unwrap();
+    }
+}
+
+#[test]
+fn free_error_display_texts() {
+    let id = BlockId::new(3);
+    let texts = [
+        (
+            FreeError::OutOfRange { id, num_blocks: 2 },
+            "block 3 is out of range for a pool of 2 blocks",
+        ),
+        (
+            FreeError::NotAllocated { id },
+            "block 3 is not allocated (never allocated, or a double free)",
+        ),
+        (
+            FreeError::HeldBySequence { id },
+            "block 3 is held by a sequence, which gives it back itself (a double free)",
+        ),
+        (
+            FreeError::OverFreed { id },
+            "block 3 is listed more times than it has references",
+        ),
+        (
+            FreeError::TooManyRefs { id },
+            "block 3 has as many references as a block can have",
+        ),
+        // The one variant both `free` and `add_refs` return, which differ
+        // in what they did: the message says what each did.
+        (
+            FreeError::Raced { id },
+            "block 3 was freed by another thread during this call (a racing double free): \
+             a free dropped the other listed references, an add_refs changed nothing",
+        ),
+    ];
+    for (err, text) in texts {
+        assert_eq!(err.to_string(), text);
     }
 }

@@ -258,8 +258,9 @@ pub(crate) fn free_error<'py>(py: Python<'py>, id: Bound<'py, PyAny>, kind: Free
         FreeKind::Raced => (
             "raced",
             format!(
-                "block {id} was freed by another thread during this free (a racing \
-                 double free); the other listed references were dropped"
+                "block {id} was freed by another thread during this call (a racing \
+                 double free): a free dropped the other listed references, an \
+                 add_refs changed nothing"
             ),
             None,
         ),

@@ -406,7 +406,7 @@ impl PyHybridSequence {
         self.with(py, |seq| seq.len())
     }
 
-    /// How many tokens each table can hold.
+    /// How many tokens every group's table can hold (the least over the groups).
     #[getter]
     fn capacity(&self, py: Python<'_>) -> PyResult<usize> {
         self.with(py, |seq| seq.capacity())

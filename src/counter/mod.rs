@@ -230,7 +230,13 @@ impl SlotCounter {
     /// nothing. Give the slots back with [`release`](Self::release).
     ///
     /// This is [`kvslots::admit`](crate::admit) applied to the counter's
-    /// state in one compare-and-swap loop.
+    /// state in one compare-and-swap loop, with one addition: while callers
+    /// wait in [`reserve`](Self::reserve) (or its kin), it leaves free what
+    /// they are owed, as every new admission does, so it returns 0 where
+    /// [`try_reserve`](Self::try_reserve) refuses with
+    /// [`ReserveError::BehindWaiters`] (see
+    /// [Waiting](crate::implementation#waiting)). With nobody waiting, it
+    /// is exactly `kvslots::admit`.
     ///
     /// # Examples
     ///

@@ -270,9 +270,14 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         self.tables.iter().map(Sequence::in_table).sum()
     }
 
-    /// How many tokens the tables can hold (the same in every group):
-    /// `blocks(g).len() * block_size`, null entries included (saturating
-    /// at `usize::MAX`: a sliding window's table reaches that far).
+    /// How many tokens every group's table can hold: the least of
+    /// `blocks(g).len() * block_size` over the groups, null entries
+    /// included (saturating at `usize::MAX`: a sliding window's table
+    /// reaches that far). The tables hold as many entries but while a
+    /// [`try_reserve`](Self::try_reserve) has kept a block for the copy of
+    /// one group's shared tail, which a group that holds its tail alone
+    /// does not need: that block holds no token of its own, and the group
+    /// with the fewest entries bounds an append that takes no new block.
     ///
     /// # Examples
     ///
@@ -286,7 +291,11 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// assert_eq!(seq.capacity(), 32);
     /// ```
     pub fn capacity(&self) -> usize {
-        self.tables[0].capacity()
+        self.tables
+            .iter()
+            .map(Sequence::capacity)
+            .min()
+            .unwrap_or(0)
     }
 
     /// The flat slot index of token `position` in group `group`
@@ -436,7 +445,8 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// [`Sequence::try_append`] counts them: `NeverFits` if the new blocks
     /// can never fit beside the blocks the sequence keeps (the pool's
     /// blocks less those, the error's capacity; copy-on-write sources it
-    /// keeps are not counted); `Full`; `BehindWaiters` for new work (a
+    /// keeps are not counted, and its `requested` is every block the append
+    /// takes, the copies' included, as `Full`'s is); `Full`; `BehindWaiters` for new work (a
     /// sequence whose tables hold no block beyond the prefix
     /// [`try_match_prefix`](Self::try_match_prefix) took: an empty one, or
     /// a new request whose prompt hit the cache; its append is a new

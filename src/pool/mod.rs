@@ -159,7 +159,8 @@ impl BlockPool {
     /// shards and every layer: the prefix cache and fenced release.
     /// `num_blocks == 0` is a valid pool that refuses every allocation.
     /// [`builder`](Self::builder) is the fallible form, and picks the
-    /// layers (a pool without a prefix cache takes a fifth of the memory).
+    /// layers (a pool without a prefix cache takes about a ninth of the
+    /// memory: 8 bytes a block against 74).
     ///
     /// # Panics
     ///
