@@ -311,3 +311,27 @@ def test_threads_share_a_pool():
     for t in threads:
         t.join()
     assert errors == [] and pool.used_blocks == 0
+
+
+def test_capacity_is_what_every_group_can_hold():
+    # After a truncate into a tail the full group shares (with a matcher)
+    # and the sliding group holds alone, a reservation keeps a block for
+    # the full group's copy only: the capacity is what both tables hold.
+    pool = kvslots.BlockPool(16, 4)
+    groups = kvslots.KvGroups(["full", 4])
+    keys = groups.keys(kvslots.hash_blocks([1] * 8, 4))
+    a = kvslots.HybridSequence(pool, groups)
+    a.try_append(8)
+    assert a.publish(keys) == 4
+    b = kvslots.HybridSequence(pool, groups)
+    assert b.match_prefix(keys) == 2
+    a.truncate(2)
+    a.try_reserve(1)
+    assert (len(a.block_ids(0)), len(a.block_ids(1))) == (2, 1)
+    assert a.capacity == 4
+    used = pool.used_blocks
+    positions, copies = a.append_cow(2)  # up to the capacity: no new block
+    assert positions == range(2, 4) and len(copies) == 1
+    assert pool.used_blocks == used and a.capacity == 4
+    a.close()
+    b.close()
