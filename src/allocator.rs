@@ -304,7 +304,8 @@ pub trait BlockAllocator {
     ///
     /// [`ReserveError::NeverFits`] at once, [`ReserveError::Closed`] (also
     /// when the allocator is closed while the caller waits), or
-    /// [`ReserveError::Full`] when `timeout` runs out (never with `None`).
+    /// [`ReserveError::Full`] or [`ReserveError::BehindWaiters`] when
+    /// `timeout` runs out (never with `None`).
     /// On error nothing changes.
     fn alloc_with_headroom_blocking(
         &self,

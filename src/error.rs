@@ -63,7 +63,9 @@ pub enum ReserveError {
     /// holds (the `try_grow` of a guard that holds slots, an append to a
     /// [`Sequence`](crate::Sequence) that holds a block beyond the prefix
     /// it matched, a fork of one) does not
-    /// wait behind the queue, and a waiting call never resolves to it.
+    /// wait behind the queue. A future never resolves to it; a blocking
+    /// call whose timeout runs out returns its last attempt's refusal,
+    /// which may be this one.
     BehindWaiters {
         /// What the caller asked for, without its headroom.
         requested: usize,
@@ -332,7 +334,7 @@ impl std::error::Error for FreeError {}
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PositionError {
-    /// The offending position (for a range, its end).
+    /// The offending position (for a range, its last one: `end - 1`).
     pub position: usize,
     /// The sequence's length.
     pub len: usize,

@@ -17,7 +17,7 @@
 //!   path, the gather and its transit window.
 //! * [Allocating and freeing blocks](#allocating-and-freeing-blocks).
 //! * [Reference counts](#reference-counts): sharing blocks, and why every
-//!   drop is a CAS.
+//!   shared drop is a CAS.
 //! * [Sequences](#sequences): block tables, forks and copy-on-write.
 //! * [Hybrid models](#hybrid-models): a table per group of layers, one
 //!   admission, sliding windows, matches across groups.
@@ -48,6 +48,7 @@
 //!     groups.rs       KvGroups, KvGroup, GroupKeys (each group's keys)
 //!     sequence.rs     HybridSequence<A = BlockPool>: a Sequence table per group
 //!   table.rs          the block-table arithmetic Sequence applies
+//!   array.rs          the per-block arrays, allocated fallibly
 //!   hash.rs           hash_blocks and BlockHash: the prefix cache's keys
 //!   error.rs          the typed errors; id.rs, BlockId
 //!   counter/          SlotCounter, its guards and its waiting
@@ -110,7 +111,7 @@
 //! the prefix calls (`match_prefix`, `publish`, `uncache_if_sole`, which
 //! default to caching nothing) and the fence calls (`retire`,
 //! `retire_owned`). Each is one operation of the pool, so a sequence over
-//! a `BlockPool` runs exactly the calls it ran before the trait existed;
+//! a `BlockPool` makes one pool operation a call, with no indirection:
 //! `Sequence<BlockPool>` is monomorphised (no dynamic dispatch), and only
 //! its async `reserve` is `BlockPool`'s alone (its future is the pool's
 //! wait-queue entry). The simulator runs its mutex baseline as another
@@ -553,9 +554,10 @@
 //! [`BlockPool::free`](crate::BlockPool::free) of one is refused
 //! (`HeldBySequence`). They go back only through the tables' `release`
 //! and `retire` (a fence's completion drops them as `release` would): a
-//! block the sequence holds alone, neither cached nor claimed, with one
-//! CAS from the word it read (so a racing double `release` of it, which
-//! is misuse, gives it back once), any other with the CAS loop. A
+//! block the sequence holds alone, neither cached nor claimed, with an
+//! `Acquire` load and a plain store of its word (a racing double
+//! `release` of it, which only the crate could write, is not survived:
+//! loom's `release_race` control), any other with the CAS loop. A
 //! window's block reused for new
 //! tokens keeps its reference and its flag; since no raw free takes a
 //! sequence's reference, nothing but a misused `release` (as for any
@@ -763,7 +765,8 @@
 //!
 //! Bookkeeping per block: 8 (state) + 32 (key) + 20 (index) + 4 (release
 //! stamp) + 10 (eviction candidates: 1.25 slots of 8) + a bit (the free
-//! list's bitmap) + a bit (the refill's map) = 74 bytes.
+//! list's bitmap) + a bit (its map of fresh blocks) + a bit (the refill's
+//! map) = 74 bytes and three bits.
 //!
 //! ## Publishing
 //!
@@ -891,8 +894,9 @@
 //! while another refills gives up its time slice up to 16 times (with more
 //! threads than cores, the refiller may be the thread waiting for a core),
 //! and then sweeps the pool from a rotating hand, taking first the
-//! evictable blocks stamped shortly after the last candidate taken (the
-//! next oldest), then any.
+//! evictable blocks stamped within `num_blocks / 16` stamps after the last
+//! candidate taken (the next oldest), then within `num_blocks / 2`, then
+//! any.
 //!
 //! Under concurrency the order is approximate: a stamp is written just
 //! after the drop that made the block evictable, a batch's stamps are
@@ -1189,8 +1193,8 @@
 //! one of 8 cache-padded `Mutex<HashMap<u64, Vec<BlockId>>>` (the map
 //! `fence % 8`), and [`BlockPool::complete`](crate::BlockPool::complete)
 //! takes the fence's list out and drops the references through the same
-//! path a sequence's drop takes (`release`: one CAS for a sole
-//! reference to a sequence's block, the CAS loop for any other, one `fetch_or`
+//! path a sequence's drop takes (`release`: a load and a plain store for
+//! a sole reference to a sequence's block, the CAS loop for any other, one `fetch_or`
 //! per word given back, the admission count given back after them). So
 //! a fenced block stays counted as used until then, and a cached one
 //! becomes evictable only then. A retire moves the sequence's own table in
@@ -1219,8 +1223,10 @@
 //!   the `Release` of whoever gave the slots back, so everything the
 //!   previous holder wrote into those slots happens-before the new holder
 //!   uses them.
-//! * **Giving back is `Release`** (a guard's `fetch_sub`, the CAS in
-//!   `release`), for the same reason, seen from the other side.
+//! * **Giving back is `AcqRel`** (a guard's `fetch_sub`, the CAS in
+//!   `release`): `Release` for the same reason, seen from the other side,
+//!   and `Acquire` for the wait queue's hand-shake (see
+//!   [Waiting](#waiting)).
 //! * **Failed CASes and refusals are `Relaxed`**: a refusal hands out
 //!   nothing, so there is nothing to order; the value it reports was really
 //!   held.
@@ -1248,8 +1254,9 @@
 //!   a take continues the release sequence of every earlier give-back to
 //!   that shard); the total order places each take against the closed
 //!   flag (see [Admission](#admission)).
-//! * **Giving back is a `Release` `fetch_add`**, for the same reason, seen
-//!   from the other side. A count that a gather moves keeps its chain:
+//! * **Giving back is an `AcqRel` `fetch_add`**: `Release` for the same
+//!   reason, seen from the other side, and `Acquire` for the wait queue's
+//!   hand-shake (see [Waiting](#waiting)). A count that a gather moves keeps its chain:
 //!   the gatherer acquired it and releases it again.
 //! * **The closed flag is `SeqCst`** (the store in `close`, both reads in
 //!   an admission, `is_closed`): the two reads bracket the take in the
@@ -1281,9 +1288,9 @@
 //! * **Freeing is `Release`**: a reference drop is an `AcqRel` CAS on the
 //!   block's count (the `Release` half orders this holder's accesses
 //!   before the last drop; the `Acquire` half lets the last dropper see
-//!   every other holder's), or, for a sequence's sole reference, a CAS
-//!   `Acquire` on success (it reads from every other holder's drop) and
-//!   without `Release`, which the give-back publishes; the give-back to
+//!   every other holder's), or, for a sequence's sole reference, an
+//!   `Acquire` load (it reads from every other holder's drop) and a
+//!   `Relaxed` store, which the give-back's `Release` publishes; the give-back to
 //!   the free list is `Release`, and the count is given back with a
 //!   `Release` `fetch_add` on the freeing thread's home shard.
 //! * **Allocation is `Acquire`**: the admission CAS and the free list's

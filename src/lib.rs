@@ -180,8 +180,9 @@
 //!
 //! `kvslots` is `#![forbid(unsafe_code)]`. Its atomics go through one facade
 //! module, so the same code runs under [loom] (`--cfg kvslots_loom`), which
-//! explores every interleaving of two-thread models and of three-thread
-//! models up to a preemption bound (`LOOM_MAX_PREEMPTIONS`, 2 in CI), and
+//! explores every interleaving of the counter's two-thread models and the
+//! other models' interleavings up to a preemption bound
+//! (`LOOM_MAX_PREEMPTIONS`, 2 in CI and by default), and
 //! under [shuttle] (`--cfg kvslots_shuttle`), which runs randomised and PCT
 //! schedules of 8 threads. The loom models are the crate's own unit tests
 //! (`src/loom_tests/`, compiled only under `cfg(all(test, kvslots_loom))`,
@@ -227,8 +228,8 @@
 //! # Performance
 //!
 //! Admission is one compare-and-swap on one cache-padded word, with
-//! exponential backoff on contention; giving back a guard is one
-//! `fetch_sub`, then a fence and one load to see whether anyone waits. No
+//! exponential backoff on contention; giving back a guard is one `AcqRel`
+//! `fetch_sub`, then one load to see whether anyone waits. No
 //! lock is taken and nothing is allocated on these paths.
 //! A block allocation is that admission plus one CAS on a bitmap word of
 //! the calling thread's home shard of the free list (for up to 64 blocks),

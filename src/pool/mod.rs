@@ -6,8 +6,8 @@
 //! per-block state words with their reference counts (`refs`), and the
 //! over-free check of [`BlockPool::free`] (`over_free`); waiting for
 //! blocks is `wait`. The layers a pool is built with or without sit on
-//! top: the prefix cache (the folder `prefix`) and fenced release
-//! (`fence`). The core hands a cached block whose last reference goes to
+//! top: the prefix cache (the folder `prefix`, optional) and fenced
+//! release (`fence`, in every pool). The core hands a cached block whose last reference goes to
 //! the prefix cache instead of the free list (the last-reference hook in
 //! `drop_each`), and asks it to evict when the free list runs short (in
 //! `take_admitted`); nothing else in the core knows about it.

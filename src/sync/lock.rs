@@ -4,7 +4,8 @@
 //!
 //! The mutex guards the wait queue (`crate::wait`) and the fenced-release
 //! buckets (`crate::pool`'s fence lists); the condition variable serves
-//! the wait queue. No `try_*` path takes a lock.
+//! the wait queue. No `try_*` path takes a lock while nobody waits (one
+//! that gives blocks back while somebody does runs the queue's grant loop).
 
 #[cfg(all(test, kvslots_loom))]
 pub(crate) use loom::sync::{Condvar, Mutex, MutexGuard};

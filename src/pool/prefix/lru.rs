@@ -50,9 +50,9 @@
 //! ring empty while another refills it gives up its time slice a few
 //! times ([`REFILL_YIELDS`], for a refiller that waits for a core), and
 //! then sweeps the pool from a rotating hand instead, taking the
-//! evictable blocks it meets that are stamped up to a little past the
-//! last refill's youngest (the blocks the running refill will append
-//! first), then any, and moves the hand past what it looked at.
+//! evictable blocks it meets that are stamped within `num_blocks / 16`
+//! stamps after the last candidate taken (the next oldest), then within
+//! `num_blocks / 2`, then any, and moves the hand past what it looked at.
 //!
 //! So with one thread the order is exactly least recently released first:
 //! the ring holds the oldest evictable blocks in order, a refill appends
