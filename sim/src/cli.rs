@@ -3,7 +3,8 @@
 //! Exit codes: [`EXIT_OK`] (0) when every run's invariants hold,
 //! [`EXIT_FAILED`] (1) when one does not, [`EXIT_BAD_INPUT`] (2) for bad
 //! input (a flag's value, a malformed trace, a run too large for the host's
-//! memory) before any work, and [`EXIT_UNWRITTEN`] (3) when every invariant
+//! memory) before any work, or after the run for a `--plant-fault` that the
+//! workload never let fire, and [`EXIT_UNWRITTEN`] (3) when every invariant
 //! held but the report could not be written.
 
 use std::ffi::OsString;
@@ -177,7 +178,7 @@ pub struct Cli {
     #[arg(long)]
     pub json: bool,
     /// Plant a fault in the backend (the check of the checker): the run
-    /// must fail, naming it.
+    /// must fail, naming it (exit 2 if the workload never let it fire).
     #[arg(long, value_enum, value_name = "KIND")]
     pub plant_fault: Option<Fault>,
     /// Asynchronous scheduling: the device runs K steps behind the
@@ -478,6 +479,16 @@ impl Cli {
                 )));
             }
         }
+        if let Some(f) = self.plant_fault.filter(|f| f.needs_drafts()) {
+            if !draws {
+                return Err(InputError(format!(
+                    "--plant-fault {} fires at the rollback of rejected drafts: give --spec K \
+                     (K above 0), or leave out --spec, --samples and --admission for the \
+                     default mix",
+                    f.name()
+                )));
+            }
+        }
         if self.allocator == Allocator::Mutex && !self.compare {
             for (flag, given) in [
                 ("--events", self.events.is_some()),
@@ -536,6 +547,23 @@ impl Cli {
             .max()
             .unwrap_or(0)
             .saturating_add(Oracle::memory_bytes(nb, bs));
+        // The KV event rings, sized by their own flag.
+        if let Some(n) = events_capacity {
+            let without = BlockPool::builder(nb, bs).shards(shards).prefix_cache(true);
+            let rings = without
+                .clone()
+                .kv_events(n)
+                .memory_bytes()
+                .saturating_sub(without.memory_bytes());
+            if rings > host.bytes / 2 {
+                return Err(InputError(format!(
+                    "--events-capacity {n}: the KV event rings take about {} of host memory \
+                     (128 bytes a record), more than half the {}: lower --events-capacity",
+                    gib(rings),
+                    host.words()
+                )));
+            }
+        }
         if pool > host.bytes {
             return Err(InputError(format!(
                 "a pool of {nb} blocks of {bs} tokens (--memory-gib {} at {bpt} bytes a token) \
@@ -629,6 +657,7 @@ impl Cli {
                 || EngineConfig::default().groups,
                 |h| h.layout.groups.clone(),
             ),
+            stall_limit: stall_limit(&requests),
             ..EngineConfig::default()
         };
         check_runnable(&sizing, &engine, &requests)?;
@@ -636,19 +665,7 @@ impl Cli {
             check_runnable(&h.all_full, &all_full_engine(&engine), &requests)?;
         }
         self.check_samples_fit(&engine, &sizing, &requests, left, &host)?;
-        // The export files last, once everything else is accepted: each is
-        // opened for writing (created if missing, not emptied yet), so that
-        // one that cannot be written is refused before any work.
-        for (flag, path) in [("--events", &self.events), ("--metrics", &self.metrics)] {
-            if let Some(path) = path {
-                std::fs::OpenOptions::new()
-                    .write(true)
-                    .create(true)
-                    .truncate(false)
-                    .open(path)
-                    .map_err(|e| InputError(format!("{flag} {}: {e}", path.display())))?;
-            }
-        }
+        let (events, metrics) = self.check_exports()?;
         Ok(Plan {
             engine,
             shards,
@@ -657,11 +674,64 @@ impl Cli {
             requests,
             workload,
             events_capacity,
-            exports: Exports {
-                events: self.events.clone(),
-                metrics: self.metrics.clone(),
-            },
+            exports: Exports { events, metrics },
         })
+    }
+
+    /// The export files, checked last, once everything else is accepted:
+    /// each is opened for writing (created if missing, not emptied yet), so
+    /// that one that cannot be written is refused before any work. The
+    /// metrics file is replaced whole at each write (a file beside it,
+    /// renamed over it), so it must be a regular file, and is returned as
+    /// the file a link names (the rename replaces that file, not the
+    /// link). No export may be the trace or the other export: the events
+    /// file is emptied before the run, and each would overwrite the other.
+    fn check_exports(&self) -> Result<(Option<PathBuf>, Option<PathBuf>), InputError> {
+        let mut seen: Vec<(&str, PathBuf)> = Vec::new();
+        if let Some(trace) = &self.trace {
+            if let Ok(real) = std::fs::canonicalize(trace) {
+                seen.push(("--trace", real));
+            }
+        }
+        let mut real_paths = [None, None];
+        for (i, (flag, path)) in [("--events", &self.events), ("--metrics", &self.metrics)]
+            .into_iter()
+            .enumerate()
+        {
+            let Some(path) = path else { continue };
+            let shown = path.display();
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(|e| InputError(format!("{flag} {shown}: {e}")))?;
+            if flag == "--metrics" && !file.metadata().is_ok_and(|m| m.is_file()) {
+                return Err(InputError(format!(
+                    "--metrics {shown}: not a regular file (the metrics file is replaced whole \
+                     at each write): name a file"
+                )));
+            }
+            let real = std::fs::canonicalize(path)
+                .map_err(|e| InputError(format!("{flag} {shown}: {e}")))?;
+            if let Some((other, _)) = seen.iter().find(|(_, p)| *p == real) {
+                return Err(InputError(format!(
+                    "{flag} {shown} is the file {other} names: give {flag} a file of its own"
+                )));
+            }
+            seen.push((flag, real.clone()));
+            // The events file is written through its path (a device or a
+            // pipe is fine); the metrics file is renamed over, at the
+            // path a link names.
+            let link = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink());
+            real_paths[i] = Some(if flag == "--metrics" && link {
+                real
+            } else {
+                path.clone()
+            });
+        }
+        let [events, metrics] = real_paths;
+        Ok((events, metrics))
     }
 
     /// Refuses a block size that does not cut the trace's 512-token blocks
@@ -734,6 +804,22 @@ impl Cli {
 
 /// The engine's settings for the all-full-attention twin of a hybrid run:
 /// the same, with one full group.
+/// The stall guard's limit for `requests`: the engine's default, or twice
+/// the tokens of the longest request (prompt and output) if that is more.
+/// A worker may step through a request one iteration a token, so a long
+/// request's own steps between two finished requests are not taken for a
+/// livelock.
+fn stall_limit(requests: &[Request]) -> u64 {
+    let longest = requests
+        .iter()
+        .map(|r| r.prompt.saturating_add(r.output) as u64)
+        .max()
+        .unwrap_or(0);
+    EngineConfig::default()
+        .stall_limit
+        .max(longest.saturating_mul(2))
+}
+
 fn all_full_engine(hybrid: &EngineConfig) -> EngineConfig {
     EngineConfig {
         groups: EngineConfig::default().groups,
@@ -812,15 +898,22 @@ fn run_one<B: KvBackend>(
     fault: Option<Fault>,
 ) -> Report {
     let pb = progress_bar(requests.len(), backend.name());
-    let stats = match fault {
-        None => engine::run_with_oracle(backend, oracle, requests, engine, Some(&pb)),
+    let (stats, unfired) = match fault {
+        None => (
+            engine::run_with_oracle(backend, oracle, requests, engine, Some(&pb)),
+            None,
+        ),
         Some(f) => {
             let faulty = Faulty::new(backend.clone(), f);
-            engine::run_with_oracle(&faulty, oracle, requests, engine, Some(&pb))
+            let stats = engine::run_with_oracle(&faulty, oracle, requests, engine, Some(&pb));
+            (stats, (!faulty.fired()).then(|| (f, faulty.occasions())))
         }
     };
     pb.finish_and_clear();
-    Report::new(&stats)
+    Report {
+        unfired_fault: unfired,
+        ..Report::new(&stats)
+    }
 }
 
 /// Runs `run`, with `exports` (if any) written from `pool` beside it;
@@ -1062,6 +1155,21 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
         for e in &r.errors {
             let _ = writeln!(err, "kvslots-sim: {}: {e}", r.allocator);
         }
+    }
+    // A planted fault that never fired checked nothing: whatever the run
+    // found, it is no answer to `--plant-fault`.
+    if let Some((r, (fault, occasions))) =
+        reports.iter().find_map(|r| r.unfired_fault.map(|u| (r, u)))
+    {
+        let _ = writeln!(
+            err,
+            "kvslots-sim: error: --plant-fault {} never fired on the {} run: the workload gave \
+             it {occasions} occasions, and it fires at the {}th; run more requests",
+            fault.name(),
+            r.column,
+            crate::fault::FIRE_AT
+        );
+        return EXIT_BAD_INPUT;
     }
     let ok = reports.iter().all(|r| r.invariants_ok);
     let exported = match exported.transpose() {

@@ -106,6 +106,13 @@ impl Fault {
     pub fn needs_async(self) -> bool {
         self == Fault::EarlyRelease
     }
+
+    /// Whether the fault has occasions only with draft tokens (`--spec`
+    /// above 0, or the default mix): it fires at the rollback of rejected
+    /// drafts.
+    pub fn needs_drafts(self) -> bool {
+        self == Fault::EarlyRelease
+    }
 }
 
 /// What the fault's sequences share.
@@ -213,6 +220,20 @@ impl<B: KvBackend> Faulty<B> {
             block_size: inner.block_size(),
         });
         Faulty { inner, state }
+    }
+
+    /// Whether the fault has fired (and stayed fired: a lost reference
+    /// taken back before its check fires again later).
+    pub fn fired(&self) -> bool {
+        // Relaxed: read once the run is over (its threads joined).
+        self.state.fired.load(Ordering::Relaxed)
+    }
+
+    /// The occasions for the fault the run gave it before it fired (all of
+    /// them, if it never did).
+    pub fn occasions(&self) -> u64 {
+        // Relaxed: as in `fired`.
+        self.state.occasions.load(Ordering::Relaxed)
     }
 }
 

@@ -96,6 +96,10 @@ pub struct Report {
     pub invariants_ok: bool,
     /// Failures, the first one first.
     pub errors: Vec<String>,
+    /// A fault planted with `--plant-fault` that never fired, and the
+    /// occasions the run gave it: the check of the checker did not happen.
+    #[serde(skip)]
+    pub unfired_fault: Option<(crate::fault::Fault, u64)>,
 }
 
 impl Report {
@@ -164,6 +168,7 @@ impl Report {
             invariants,
             invariants_ok: invariants.ok(),
             errors: s.errors.clone(),
+            unfired_fault: None,
         }
     }
 }

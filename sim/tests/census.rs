@@ -440,7 +440,37 @@ fn flag_rows() -> Vec<Row> {
                 "--events-capacity",
                 "100000000000",
             ]),
-            &["--host-memory-gib"],
+            &["--events-capacity 100000000000", "lower --events-capacity"],
+        ),
+        row(
+            "--events-capacity: the most a usize holds",
+            &[
+                "--events",
+                "/tmp/x.jsonl",
+                "--events-capacity",
+                "18446744073709551615",
+            ],
+            &[
+                "--events-capacity 18446744073709551615",
+                "lower --events-capacity",
+            ],
+        ),
+        row(
+            "--metrics: a device",
+            &["--requests", "10", "--metrics", "/dev/null"],
+            &["--metrics /dev/null", "not a regular file"],
+        ),
+        row(
+            "--events and --metrics: one file",
+            &[
+                "--requests",
+                "10",
+                "--events",
+                "/tmp/kvslots-census-same.out",
+                "--metrics",
+                "/tmp/kvslots-census-same.out",
+            ],
+            &["--metrics /tmp/kvslots-census-same.out is the file --events names"],
         ),
         row(
             "--trace: no such file",
@@ -942,6 +972,53 @@ x,32,4
         let plan = Cli::try_parse_from(argv).unwrap().plan();
         let plan = plan.unwrap_or_else(|e| panic!("{args:?}: {e:?}"));
         assert_eq!(plan.engine.seed, 7, "{args:?}");
+    }
+}
+
+/// The stall guard leaves a long request the iterations it needs: the
+/// limit is at least twice the longest request's tokens (a worker may step
+/// through one a token an iteration), else the engine's default.
+#[test]
+fn the_stall_limit_covers_the_longest_request() {
+    let default = kvslots_sim::engine::EngineConfig::default().stall_limit;
+    for (output, limit) in [(5, default), (25_000_000, 50_000_002)] {
+        let path = dir().join(format!("stall_limit_{output}.csv"));
+        std::fs::write(&path, format!("{TRACE_HEADER}\n0,1,{output}\n")).unwrap();
+        let path = path.display().to_string();
+        // A pool that holds the long request (1 byte a token).
+        let argv = [
+            "kvslots-sim",
+            "--trace",
+            path.as_str(),
+            "--kv-bytes-per-token",
+            "1",
+            "--memory-gib",
+            "0.03",
+        ];
+        let plan = Cli::try_parse_from(argv).unwrap().plan();
+        let plan = plan.unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(plan.engine.stall_limit, limit, "output {output}");
+    }
+}
+
+/// An export that is the trace is refused before the trace is touched.
+#[test]
+fn an_export_that_is_the_trace_is_refused() {
+    // A Mooncake trace: `--events` needs prompts whose content is named.
+    let text =
+        "{\"timestamp\": 0, \"input_length\": 16, \"output_length\": 4, \"hash_ids\": [0]}\n";
+    for flag in ["--events", "--metrics"] {
+        let path = dir().join(format!("export_is_trace{flag}.jsonl"));
+        std::fs::write(&path, text).unwrap();
+        let path = path.display().to_string();
+        let argv = ["kvslots-sim", "--trace", path.as_str(), flag, path.as_str()];
+        let e = Cli::try_parse_from(argv).unwrap().plan().unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(&format!("{flag} {path} is the file --trace names")),
+            "{e}"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
     }
 }
 

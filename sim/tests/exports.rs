@@ -272,3 +272,32 @@ fn a_hybrid_run_exports_its_hybrid_pool() {
     );
     check_metrics(&metrics, hybrid);
 }
+
+/// A metrics file given as a link is written where the link points (the
+/// file is replaced whole at each write: the link stays a link).
+#[cfg(unix)]
+#[test]
+fn a_metrics_link_stays_a_link() {
+    let target = dir().join("link_target.prom");
+    let link = dir().join("link.prom");
+    std::fs::write(&target, "").unwrap();
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let argv = [
+        "kvslots-sim",
+        "--json",
+        "--requests",
+        "50",
+        "--memory-gib",
+        "1",
+        "--metrics",
+        link.to_str().unwrap(),
+    ];
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = main_with(argv, &mut out, &mut err);
+    assert_eq!(code, EXIT_OK, "{}", String::from_utf8_lossy(&err));
+    let meta = std::fs::symlink_metadata(&link).unwrap();
+    assert!(meta.file_type().is_symlink(), "the link was replaced");
+    let report: Value = serde_json::from_slice(&out).unwrap();
+    check_metrics(&std::fs::read_to_string(&target).unwrap(), &report);
+}

@@ -163,6 +163,37 @@ fn every_planted_fault_fails_the_run_promptly_naming_it() {
     }
 }
 
+/// A planted fault the workload gives no chance to fire checks nothing: the
+/// run says so and exits 2 (bad input), never 0 (which would read as the
+/// checks missing the fault) nor 1. A fault that needs draft tokens is
+/// refused before the run without them.
+#[test]
+fn a_fault_that_cannot_fire_is_an_error() {
+    let few = ["--requests", "5", "--plant-fault", "leak", "--json"];
+    let out = run_bounded(&few).expect("the run hung");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--plant-fault leak never fired") && err.contains("run more requests"),
+        "{err}"
+    );
+    let no_drafts = [
+        "--requests",
+        "100",
+        "--plant-fault",
+        "early-release",
+        "--async-depth",
+        "2",
+        "--spec",
+        "0",
+    ];
+    let out = run_bounded(&no_drafts).expect("the run hung");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("rollback of rejected drafts"), "{err}");
+    assert!(out.stdout.is_empty(), "refused before the run");
+}
+
 /// The small run with asynchronous scheduling passes without a fault, and
 /// retires blocks under its steps' fences (the occasions `early-release`
 /// waits for).

@@ -71,7 +71,9 @@ pub struct EngineConfig {
     pub stuck_after: Duration,
     /// Iterations a worker may run without any request finishing anywhere
     /// (or, while it waits for blocks, a thousandth as many waits) before it
-    /// declares a livelock and stops the run.
+    /// declares a livelock and stops the run. The command line sets it to
+    /// at least twice the tokens of the longest request: a worker may step
+    /// through a request one iteration a token.
     pub stall_limit: u64,
     /// Time between two monitor samples.
     pub monitor_interval: Duration,
