@@ -45,7 +45,8 @@ impl Target<'_> {
 /// waits for a held sequence).
 ///
 /// Raises `TypeError` for an item that is no sequence, a count that is no
-/// int, or a set as `seqs` or `n` (whose order is arbitrary); `ValueError`
+/// int, a set as `seqs` or `n` (whose order is arbitrary), or raw bytes as
+/// `n` (`bytes`, `bytearray`: one byte is no count); `ValueError`
 /// for a negative count or a list of counts whose length is not
 /// `len(seqs)`; `OverflowError` for a count past `2**64`: all before any
 /// append, so nothing changes.
@@ -133,6 +134,14 @@ fn each(n: &Bound<'_, PyAny>, len: usize, not_int: PyErr) -> PyResult<Vec<usize>
         return Err(not_int);
     };
     convert::ordered("n", n)?;
+    // Raw bytes iterate as ints, one a byte: not counts (`hash_blocks`
+    // reads them as 4-byte tokens), so a `bytes` here is a mistake.
+    if convert::is_byte_string(n)? {
+        return Err(PyTypeError::new_err(format!(
+            "n must be an int or an iterable of ints, not {}",
+            n.get_type().name()?
+        )));
+    }
     let mut counts = Vec::with_capacity(len);
     for k in iter {
         if counts.len() == len {

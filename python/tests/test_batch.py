@@ -187,6 +187,12 @@ def bad_calls(seqs):
             lambda: kvslots.try_append_each(frozenset(seqs), 1),
         ),
         "a set of counts": (TypeError, lambda: kvslots.try_append_each(seqs, {1, 2, 3})),
+        # Three bytes would be three counts of one byte each.
+        "bytes as counts": (TypeError, lambda: kvslots.try_append_each(seqs, b"\x01\x01\x01")),
+        "a bytearray as counts": (
+            TypeError,
+            lambda: kvslots.try_append_each(seqs, bytearray(b"\x01\x01\x01")),
+        ),
     }
 
 
