@@ -35,7 +35,7 @@
 //! | [`retired_cow_source_vs_double_free`]: a copy-on-write's source | 3, 3 | `free_ignores_sequence` |
 //! | [`stale_free_vs_sequence_retake`]: a stale raw free of a block a sequence took since | 2, 1 | `free_ignores_sequence` |
 //! | [`fork_vs_double_free`]: a fork of the block being freed | 2, 2 | `blind_add_ref` with `free_ignores_sequence` (a fork raises a count of 0) |
-//! | [`fork_drop_vs_double_free`]: a fork's shared block | 2, 2 | none (the free never takes a reference; with the flag ignored, the shared count is never 1 on a racing drop) |
+//! | [`fork_drop_vs_double_free`]: a fork's shared block | 2, 2 | `free_ignores_sequence` (the free takes one of the two references, and the parent's and the fork's drops then both find the count at 1 and give the block back) |
 //!
 //! What no model here can promise: once a raw free has taken a raw
 //! holder's reference and the block has been handed to a new owner, the
@@ -432,6 +432,12 @@ fn truncate_vs_double_free_sound() {
 #[test]
 fn fork_drop_vs_double_free_sound() {
     fork_drop_vs_double_free(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn fork_drop_vs_double_free_free_ignores_sequence_is_caught() {
+    fork_drop_vs_double_free(FREE_IGNORES_SEQUENCE);
 }
 
 #[test]

@@ -41,8 +41,9 @@
 //! |---|---|---|---|
 //! | [`alloc_vs_alloc`] | 2, 3 | caught: handed out twice | |
 //! | [`alloc_vs_alloc_full_pool`] | 2, 4 | caught: two owners' concurrent writes | caught: causality |
-//! | [`alloc_vs_free`] | 2, 1 or 2 | | caught: causality |
+//! | [`alloc_vs_free`] | 2, 1 or 2 | | caught: causality (where the allocation needs the freed block, with `relaxed_count_release` too) |
 //! | [`free_vs_free_shared`] | 3, 2 | | caught: causality |
+//! | [`free_vs_free_shared_alone`] | 2, 1 | `plain_shared_drop` instead: caught, not conserved | |
 //! | [`three_way`] | 3, 2 | | caught: causality |
 //!
 //! `plain_bitmap_take` takes free ids from a word of the free list's bitmap
@@ -62,7 +63,8 @@
 use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{
-    alloc_then_more, check, Allocs, PoolWorld, PLAIN_BITMAP_TAKE, RELAXED_FREE, SOUND,
+    alloc_then_more, check, Allocs, PoolWorld, LOST, PLAIN_BITMAP_TAKE, PLAIN_SHARED_DROP,
+    RELAXED_FREE, RELAXED_RELEASES, SOUND,
 };
 use crate::sync::Faults;
 use crate::Sequence;
@@ -200,6 +202,21 @@ fn alloc_vs_free_needs_the_freed_block_sound() {
     alloc_vs_free(2, 1, 2, SOUND);
 }
 
+// `relaxed_free` alone is not caught here: the admission count's give-back
+// (`AcqRel`) orders the freer before the allocator that needs its block.
+// Without that `Release` too, nothing does.
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn alloc_vs_free_needs_the_freed_block_relaxed_releases_is_caught() {
+    alloc_vs_free(1, 1, 1, RELAXED_RELEASES);
+}
+
+#[test]
+#[should_panic(expected = "Causality violation")]
+fn alloc_vs_free_needs_both_blocks_relaxed_releases_is_caught() {
+    alloc_vs_free(2, 1, 2, RELAXED_RELEASES);
+}
+
 /// Free vs free of a shared block. A pool of 2: block `s` is shared by a
 /// sequence and its fork (two references), the other block is free. Two
 /// threads each read `s` and drop their sequence (one reference each) while
@@ -258,10 +275,9 @@ fn free_vs_free_shared_relaxed_free_is_caught() {
 
 /// Free vs free of a shared block, with nobody allocating: two references
 /// dropped at once on a pool of 1 give the block back exactly once.
-#[test]
-fn free_vs_free_shared_alone_sound() {
-    check(|| {
-        let world = new_world(1, SOUND);
+fn free_vs_free_shared_alone(faults: Faults) {
+    check(move || {
+        let world = new_world(1, faults);
         let mut parent = Sequence::new(Arc::clone(&world.pool));
         parent.try_append(BLOCK_SIZE).expect("one block");
         let (child, _) = parent.try_fork().expect("a fork on a block boundary");
@@ -269,9 +285,21 @@ fn free_vs_free_shared_alone_sound() {
         let other = thread::spawn(move || drop(child));
         drop(parent);
         other.join().unwrap();
-        assert_eq!(world.pool.ref_count(s), Some(0));
+        assert_eq!(world.pool.ref_count(s), Some(0), "{LOST}: {s}");
         world.assert_conserved_and_bounded();
     });
+}
+
+#[test]
+fn free_vs_free_shared_alone_sound() {
+    free_vs_free_shared_alone(SOUND);
+}
+
+// Both drops read a count of 2 and store 1: the block stays referenced.
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn free_vs_free_shared_alone_plain_shared_drop_is_caught() {
+    free_vs_free_shared_alone(PLAIN_SHARED_DROP);
 }
 
 /// Three threads on a pool of 2: each allocates one block and, if it got

@@ -36,7 +36,7 @@
 //!
 //! | model | threads, blocks | preemptions | fault caught |
 //! |---|---|---|---|
-//! | [`release_on_other_shard`] | 2, 2 | 2 | `unfenced_wait`, `late_enqueue` (deadlock, blocking waiter) |
+//! | [`release_on_other_shard`] | 2, 2 | 2 | `late_enqueue` (deadlock, blocking waiter, with and without `after_start`), `unfenced_wait` (deadlock, blocking waiter, `after_start`); the async waiters share the shape and its controls |
 //! | [`waiter_vs_gather_in_transit`] | 3, 2 | 1 | `quiet_gather` (deadlock) |
 //! | [`growth_past_queued_head`] | 1, 3 | - | `growth_waits` (growth refused) |
 //! | [`headroom_head_against_relay`] | 3, 4 | 2 | `owed_without_headroom` (head starved) |
@@ -158,6 +158,12 @@ fn release_on_other_shard_after_start_blocking_sound() {
 #[test]
 fn release_on_other_shard_after_start_async_sound() {
     release_on_other_shard(SOUND, Way::Async, true);
+}
+
+#[test]
+#[should_panic(expected = "deadlock")]
+fn release_on_other_shard_blocking_late_enqueue_is_caught() {
+    release_on_other_shard(LATE_ENQUEUE, Way::Blocking, false);
 }
 
 #[test]

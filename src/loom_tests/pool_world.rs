@@ -80,6 +80,8 @@ pub const SOUND: Faults = Faults {
     claim_refused_as_cached: false,
     claim_before_read: false,
     unchecked_overflow_clear: false,
+    plain_shared_drop: false,
+    relaxed_count_release: false,
 };
 /// The free list's control: a take from a bitmap word with a load and a
 /// plain store, so that two takers can take the same block.
@@ -90,6 +92,22 @@ pub const PLAIN_BITMAP_TAKE: Faults = Faults {
 /// The ordering control: freeing with `Relaxed` instead of `Release`.
 pub const RELAXED_FREE: Faults = Faults {
     relaxed_free: true,
+    ..SOUND
+};
+/// The shared drop's control: a drop of one of several references is a
+/// load and a plain store, so two racing drops can both keep a reference
+/// and nobody gives the block back.
+pub const PLAIN_SHARED_DROP: Faults = Faults {
+    plain_shared_drop: true,
+    ..SOUND
+};
+/// Every release without `Release`: the free list's give-back and the
+/// reference drops (`relaxed_free`) and the admission count's give-back
+/// (`relaxed_count_release`), so that nothing orders a holder's accesses
+/// before the next owner's, even where the count alone would.
+pub const RELAXED_RELEASES: Faults = Faults {
+    relaxed_free: true,
+    relaxed_count_release: true,
     ..SOUND
 };
 /// The eviction ring's control: an evictor claims its candidates'

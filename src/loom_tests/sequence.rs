@@ -39,6 +39,7 @@
 //! | [`fork_vs_drop`] over two free-list shards | 2, 4 | caught: causality |
 //! | [`fork_vs_drop_vs_append`] | 3, 5 | caught: causality |
 //! | [`append_vs_truncate`] | 2, 4 | caught: causality |
+//! | [`append_vs_truncate`], contended (both appends may be refused) | 2, 4 | `keep_refused` instead: caught, not conserved |
 //!
 //! Each model also runs on a pool built with `relaxed_free` (the reference
 //! drops and the free list's give-back `Relaxed` instead of `Release`), which
@@ -56,7 +57,7 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use crate::loom_tests::pool_world::{check, PoolWorld, RELAXED_FREE, SOUND};
+use crate::loom_tests::pool_world::{check, PoolWorld, KEEP_REFUSED, RELAXED_FREE, SOUND};
 use crate::sync::Faults;
 use crate::{BlockCopy, BlockId, ReserveError, Sequence};
 use loom::thread;
@@ -347,6 +348,14 @@ fn append_vs_truncate_relaxed_free_is_caught() {
 #[test]
 fn append_vs_truncate_contended_sound() {
     append_vs_truncate(5, BS + 1, SOUND);
+}
+
+/// The contended shape's refusals go through the admission's gathers: a
+/// refused gather that keeps the counts it took loses them.
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn append_vs_truncate_contended_keep_refused_is_caught() {
+    append_vs_truncate(5, BS + 1, KEEP_REFUSED);
 }
 
 /// Fork vs drop vs append, three threads over a pool of 5 blocks of 2

@@ -496,9 +496,10 @@ impl Admission {
         //
         // Acquire too, for the wait queue's hand-shake (see
         // `WaitQueue::first_look`).
-        let prev = self.shards[s]
-            .word
-            .fetch_add(VERSION + n as u64, Ordering::AcqRel);
+        let prev = self.shards[s].word.fetch_add(
+            VERSION + n as u64,
+            self.faults.count_release_ordering(Ordering::AcqRel),
+        );
         debug_assert!(
             free_of(prev) + n <= self.capacity,
             "admission released more blocks than the pool has"

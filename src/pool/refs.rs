@@ -491,6 +491,16 @@ impl Refs {
             if holders_of(cur, self.claim_ref()) == 0 || (refuse_sequence && cur & SEQUENCE != 0) {
                 return Err(());
             }
+            if !raw && self.faults.plain_shared_drop() {
+                // loom's `plain_shared_drop` control: a load and a plain
+                // store, which a racing drop's store can overwrite.
+                word.store(settle(cur - 1), Ordering::Release);
+                return Ok(if count_of(cur) == 1 {
+                    Self::last(cur)
+                } else {
+                    Dropped::Kept
+                });
+            }
             // AcqRel on success: Release orders this holder's accesses to
             // the block before the last drop; Acquire lets the last dropper
             // (who gives the block back) see every other holder's

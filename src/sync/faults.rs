@@ -271,6 +271,18 @@ pub(crate) struct Faults {
     /// past it, though that claim may lose.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) claim_refused_as_cached: bool,
+    /// A drop of one of a block's several references (a sequence's
+    /// shared block, or any holder's) is a load and a plain store of the
+    /// decremented word instead of the CAS: two racing drops can both
+    /// store the same count, and the block is never given back.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) plain_shared_drop: bool,
+    /// The pool's admission count is given back (`fetch_add`) with
+    /// `Acquire` alone, without its `Release` half: the next taker's
+    /// admission no longer orders the previous holder's accesses before
+    /// its own (with `relaxed_free`, nothing does).
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) relaxed_count_release: bool,
 }
 
 // Outside the loom models' build a `Faults` holds nothing: the field that
@@ -353,6 +365,28 @@ impl Faults {
         #[cfg(all(test, kvslots_loom))]
         if self.relaxed_free {
             return Ordering::Relaxed;
+        }
+        good
+    }
+
+    /// Whether a drop of one of several references is a load and a plain
+    /// store: `false`, or `true` under `plain_shared_drop`.
+    #[inline]
+    pub(crate) fn plain_shared_drop(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.plain_shared_drop {
+            return true;
+        }
+        false
+    }
+
+    /// The ordering of the give-back of a pool's admission count: `good`,
+    /// or `Acquire` under `relaxed_count_release`.
+    #[inline]
+    pub(crate) fn count_release_ordering(self, good: Ordering) -> Ordering {
+        #[cfg(all(test, kvslots_loom))]
+        if self.relaxed_count_release {
+            return Ordering::Acquire;
         }
         good
     }
