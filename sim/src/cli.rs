@@ -5,7 +5,7 @@
 //! input (a flag's value, a malformed trace, a run too large for the host's
 //! memory) before any work, or after the run for a `--plant-fault` that the
 //! workload never let fire, and [`EXIT_UNWRITTEN`] (3) when every invariant
-//! held but the report could not be written.
+//! held but the report or the exports could not be written.
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
@@ -46,7 +46,8 @@ pub const EXIT_FAILED: i32 = 1;
 /// command line it cannot parse.
 pub const EXIT_BAD_INPUT: i32 = 2;
 /// The exit code of a run whose every invariant held but whose report could
-/// not be written (stdout closed or full).
+/// not be written (stdout closed or full), or whose exports (`--events`,
+/// `--metrics`) could not (the report is written then, without them).
 pub const EXIT_UNWRITTEN: i32 = 3;
 
 /// Synthetic requests in a default run: every token of them is written to
@@ -1172,14 +1173,13 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
         return EXIT_BAD_INPUT;
     }
     let ok = reports.iter().all(|r| r.invariants_ok);
-    let exported = match exported.transpose() {
-        Ok(e) => e,
+    // Exports that could not be written leave the report to write (it
+    // says nothing of them), and the exit code says so.
+    let (exported, unexported) = match exported.transpose() {
+        Ok(e) => (e, false),
         Err(e) => {
             let _ = writeln!(err, "kvslots-sim: error: cannot write the exports: {e}");
-            if !ok {
-                return EXIT_FAILED;
-            }
-            return EXIT_UNWRITTEN;
+            (None, true)
         }
     };
     let per = cli.allocators().len();
@@ -1242,6 +1242,7 @@ pub fn run(cli: &Cli, out: &mut dyn Write, err: &mut dyn Write) -> i32 {
         return EXIT_FAILED;
     }
     match written {
+        Ok(()) if unexported => EXIT_UNWRITTEN,
         Ok(()) => EXIT_OK,
         Err(e) => {
             let _ = writeln!(err, "kvslots-sim: error: cannot write the report: {e}");

@@ -1122,6 +1122,18 @@ fn an_unwritable_report_exits_3() {
             .unwrap();
         assert_eq!(out.status.code(), Some(EXIT_UNWRITTEN));
         assert!(String::from_utf8_lossy(&out.stderr).contains("cannot write the report"));
+        // Exports that cannot be written: exit 3 too, and the report is
+        // written all the same.
+        let out = Command::new(BIN)
+            .args(args)
+            .args(["--json", "--events", "/dev/full"])
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(EXIT_UNWRITTEN));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("cannot write the exports"));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["invariants_ok"], true);
     }
 }
 
