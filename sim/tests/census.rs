@@ -443,6 +443,18 @@ fn flag_rows() -> Vec<Row> {
             &["--events-capacity 100000000000", "lower --events-capacity"],
         ),
         row(
+            // Rings of about 6 GiB: within the budget of 8 beside the
+            // pool, but more than half of it.
+            "--events-capacity: more than half the host budget",
+            &host(&[
+                "--events",
+                "/tmp/x.jsonl",
+                "--events-capacity",
+                "50000000",
+            ]),
+            &["--events-capacity 50000000", "lower --events-capacity"],
+        ),
+        row(
             "--events-capacity: the most a usize holds",
             &[
                 "--events",

@@ -273,6 +273,29 @@ fn a_hybrid_run_exports_its_hybrid_pool() {
     check_metrics(&metrics, hybrid);
 }
 
+/// The report names the metrics file as it was given (a path that is no
+/// link is not rewritten).
+#[test]
+fn the_report_names_the_metrics_file_as_given() {
+    std::fs::create_dir_all(dir().join("sub")).unwrap();
+    let given = dir().join("sub").join("..").join("as_given.prom");
+    let given = given.to_str().unwrap();
+    let argv = [
+        "kvslots-sim",
+        "--requests",
+        "50",
+        "--memory-gib",
+        "1",
+        "--metrics",
+        given,
+    ];
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = main_with(argv, &mut out, &mut err);
+    assert_eq!(code, EXIT_OK, "{}", String::from_utf8_lossy(&err));
+    let out = String::from_utf8_lossy(&out);
+    assert!(out.contains(&format!("to {given}")), "{out}");
+}
+
 /// A metrics file given as a link is written where the link points (the
 /// file is replaced whole at each write: the link stays a link).
 #[cfg(unix)]
