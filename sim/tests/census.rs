@@ -446,12 +446,7 @@ fn flag_rows() -> Vec<Row> {
             // Rings of about 6 GiB: within the budget of 8 beside the
             // pool, but more than half of it.
             "--events-capacity: more than half the host budget",
-            &host(&[
-                "--events",
-                "/tmp/x.jsonl",
-                "--events-capacity",
-                "50000000",
-            ]),
+            &host(&["--events", "/tmp/x.jsonl", "--events-capacity", "50000000"]),
             &["--events-capacity 50000000", "lower --events-capacity"],
         ),
         row(
