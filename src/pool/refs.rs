@@ -494,6 +494,9 @@ impl Refs {
             if !raw && self.faults.plain_shared_drop() {
                 // loom's `plain_shared_drop` control: a load and a plain
                 // store, which a racing drop's store can overwrite.
+                // Release: as the CAS's Release half (this holder's
+                // accesses before the last drop), so that the control is
+                // caught for the lost update, not for an ordering.
                 word.store(settle(cur - 1), Ordering::Release);
                 return Ok(if count_of(cur) == 1 {
                     Self::last(cur)
