@@ -1185,3 +1185,98 @@ fn memory_stays_bounded_under_an_address_space_limit() {
         "{err}"
     );
 }
+
+/// Every scheduler flag reaches the engine's settings, each with a value
+/// other than its default (so that a flag the plan dropped would show as
+/// the default).
+#[test]
+fn every_scheduler_flag_reaches_the_engine() {
+    use kvslots_sim::engine::{Admission, EngineConfig};
+    let argv = [
+        "kvslots-sim",
+        "--requests",
+        "10",
+        "--admission",
+        "check",
+        "--workers",
+        "3",
+        "--watermark",
+        "5",
+        "--chunk",
+        "64",
+        "--spec",
+        "3",
+        "--accept",
+        "0.25",
+        "--samples",
+        "2",
+        "--max-running",
+        "7",
+        "--seed",
+        "11",
+        "--async-depth",
+        "2",
+        "--stuck-after-ms",
+        "1234",
+        "--no-prefix-cache",
+        "--host-memory-gib",
+        "8",
+    ];
+    let plan = Cli::try_parse_from(argv).unwrap().plan();
+    let e = plan.unwrap_or_else(|e| panic!("{e:?}")).engine;
+    let default = EngineConfig::default();
+    let got = (
+        e.admission,
+        e.workers,
+        e.watermark_blocks,
+        e.chunk,
+        e.spec,
+        e.accept,
+        e.samples,
+        e.max_running,
+        e.seed,
+        e.async_depth,
+        e.stuck_after,
+    );
+    let want = (
+        Admission::Check,
+        3,
+        5,
+        64,
+        3,
+        0.25,
+        2,
+        7,
+        11,
+        2,
+        std::time::Duration::from_millis(1234),
+    );
+    assert_eq!(got, want);
+    assert!(!e.mix && !e.prefix_cache && !e.publish_chunks);
+    assert_eq!(e.groups, default.groups);
+    // The defaults this test's values differ from.
+    assert_ne!(default.admission, want.0);
+    assert_ne!(
+        (default.chunk, default.max_running, default.async_depth),
+        (64, 7, 2)
+    );
+    assert_ne!(default.stuck_after, want.10);
+
+    // The default mix, prefix caching, and a hybrid model's groups, which
+    // publish every chunk.
+    let argv = [
+        "kvslots-sim",
+        "--requests",
+        "10",
+        "--model",
+        "gpt-oss-20b",
+        "--host-memory-gib",
+        "8",
+    ];
+    let plan = Cli::try_parse_from(argv).unwrap().plan();
+    let plan = plan.unwrap_or_else(|e| panic!("{e:?}"));
+    let e = plan.engine;
+    assert!(e.mix && e.prefix_cache && e.publish_chunks);
+    assert_eq!(e.groups, plan.hybrid.expect("a hybrid model").layout.groups);
+    assert_ne!(e.groups, default.groups);
+}
