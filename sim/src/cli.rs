@@ -316,12 +316,12 @@ impl HostMemory {
 
     /// The budget in words, for a refusal.
     fn words(&self) -> String {
-        let gib = self.bytes as f64 / GIB;
+        let size = gib(self.bytes);
         if self.from_flag {
-            format!("{gib:.2} GiB of --host-memory-gib")
+            format!("{size} of --host-memory-gib")
         } else {
             format!(
-                "{gib:.2} GiB of host memory available (MemAvailable; --host-memory-gib sets \
+                "{size} of host memory available (MemAvailable; --host-memory-gib sets \
                  another budget)"
             )
         }
@@ -353,9 +353,19 @@ fn sample_bytes() -> usize {
         + std::mem::size_of::<usize>()
 }
 
-/// GiB, for messages.
+/// A size for messages: in GiB, or in MiB or bytes where it is too small
+/// to show as a hundredth of a GiB (a budget of a few MiB is not "0.00
+/// GiB").
 fn gib(bytes: usize) -> String {
-    format!("{:.2} GiB", bytes as f64 / GIB)
+    const MIB: f64 = 1024.0 * 1024.0;
+    let b = bytes as f64;
+    if b >= GIB / 100.0 {
+        format!("{:.2} GiB", b / GIB)
+    } else if b >= MIB / 100.0 {
+        format!("{:.2} MiB", b / MIB)
+    } else {
+        format!("{bytes} bytes")
+    }
 }
 
 impl Cli {
@@ -834,10 +844,11 @@ fn check_pool(sizing: &Sizing, watermark_blocks: usize) -> Result<(), InputError
     let nb = sizing.num_blocks;
     if nb == 0 {
         return Err(InputError(format!(
-            "the pool has no block ({} GiB at {} bytes a block): no request can run; raise \
-             --memory-gib, or lower --block-size or --kv-bytes-per-token",
+            "the pool has no block ({} GiB at {} bytes a token, {} tokens a block): no request \
+             can run; raise --memory-gib, or lower --block-size or --kv-bytes-per-token",
             sizing.memory_bytes as f64 / GIB,
-            sizing.bytes_per_block
+            sizing.kv_bytes_per_token,
+            sizing.block_size
         )));
     }
     if watermark_blocks >= nb {

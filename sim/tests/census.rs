@@ -119,6 +119,14 @@ fn flag_rows() -> Vec<Row> {
             &["u32 block id", "--memory-gib"],
         ),
         row(
+            "--kv-bytes-per-token: u64::MAX (no block; the figures as given)",
+            &["--kv-bytes-per-token", "18446744073709551615"],
+            &[
+                "no block",
+                "18446744073709551615 bytes a token, 16 tokens a block",
+            ],
+        ),
+        row(
             "--block-size: 0",
             &["--block-size", "0"],
             &["--block-size must be at least 1"],
@@ -371,6 +379,16 @@ fn flag_rows() -> Vec<Row> {
             "--host-memory-gib: -1",
             &["--host-memory-gib", "-1"],
             &["--host-memory-gib", "-1"],
+        ),
+        row(
+            "--host-memory-gib: a budget below a hundredth of a GiB",
+            &["--host-memory-gib", "0.001"],
+            &["1.02 MiB of --host-memory-gib"],
+        ),
+        row(
+            "--host-memory-gib: a budget of a few bytes",
+            &["--host-memory-gib", "1e-8"],
+            &["10 bytes of --host-memory-gib"],
         ),
         row(
             "--host-memory-gib: NaN",
