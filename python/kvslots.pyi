@@ -799,8 +799,10 @@ def try_append_each(
             done += kvslots.try_append_each(running[done:])
 
     Raises `TypeError` for an item that is no sequence, a count that is no
-    int, a set as `seqs` or `n` (its order is arbitrary), or `bytes` or
-    `bytearray` as `n` (a byte is no count); `ValueError` for a negative
-    count or counts of another length than `seqs`, `OverflowError` past `2**64`: before any append. The GIL
+    int, a set as `seqs` or `n` (its order is arbitrary), a dict as `seqs`
+    or `n` (it iterates its keys: pass the sequences and their counts as
+    two lists), or `bytes` or `bytearray` as `n` (a byte is no count);
+    `ValueError` for a negative count or counts of another length than
+    `seqs`, `OverflowError` past `2**64`: before any append. The GIL
     is released for 32 sequences or more.
     """

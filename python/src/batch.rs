@@ -4,6 +4,7 @@
 
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::hybrid::PyHybridSequence;
 use crate::lock::ThreadToken;
@@ -45,8 +46,9 @@ impl Target<'_> {
 /// waits for a held sequence).
 ///
 /// Raises `TypeError` for an item that is no sequence, a count that is no
-/// int, a set as `seqs` or `n` (whose order is arbitrary), or raw bytes as
-/// `n` (`bytes`, `bytearray`: one byte is no count); `ValueError`
+/// int, a set as `seqs` or `n` (whose order is arbitrary), a dict as
+/// `seqs` or `n` (which iterates its keys), or raw bytes as `n` (`bytes`,
+/// `bytearray`: one byte is no count); `ValueError`
 /// for a negative count or a list of counts whose length is not
 /// `len(seqs)`; `OverflowError` for a count past `2**64`: all before any
 /// append, so nothing changes.
@@ -61,6 +63,7 @@ pub(crate) fn try_append_each(
     n: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<usize> {
     convert::ordered("seqs", seqs)?;
+    not_a_dict("seqs", seqs)?;
     let items: Vec<Bound<'_, PyAny>> = seqs.try_iter()?.collect::<PyResult<_>>()?;
     let mut targets = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
@@ -134,6 +137,7 @@ fn each(n: &Bound<'_, PyAny>, len: usize, not_int: PyErr) -> PyResult<Vec<usize>
         return Err(not_int);
     };
     convert::ordered("n", n)?;
+    not_a_dict("n", n)?;
     // Raw bytes iterate as ints, one a byte: not counts (`hash_blocks`
     // reads them as 4-byte tokens), so a `bytes` here is a mistake.
     if convert::is_byte_string(n)? {
@@ -158,4 +162,18 @@ fn each(n: &Bound<'_, PyAny>, len: usize, not_int: PyErr) -> PyResult<Vec<usize>
         )));
     }
     Ok(counts)
+}
+
+/// Refuses a dict as `what`: it iterates its keys, so `{seq: n}` as `seqs`
+/// would append the default count, and as `n` would read the keys as
+/// counts, where the caller meant the values.
+fn not_a_dict(what: &str, obj: &Bound<'_, PyAny>) -> PyResult<()> {
+    if obj.is_instance_of::<PyDict>() {
+        let ty = obj.get_type().name()?;
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be a list or a tuple, not a {ty} (which iterates its keys): \
+             pass the sequences and their counts as two lists"
+        )));
+    }
+    Ok(())
 }

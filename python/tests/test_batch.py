@@ -187,6 +187,15 @@ def bad_calls(seqs):
             lambda: kvslots.try_append_each(frozenset(seqs), 1),
         ),
         "a set of counts": (TypeError, lambda: kvslots.try_append_each(seqs, {1, 2, 3})),
+        # A dict iterates its keys: `{seq: n}` would append 1 to each.
+        "a dict of sequences to counts": (
+            TypeError,
+            lambda: kvslots.try_append_each({s: 2 for s in seqs}),
+        ),
+        "a dict as counts": (
+            TypeError,
+            lambda: kvslots.try_append_each(seqs, {1: "a", 2: "b", 3: "c"}),
+        ),
         # Three bytes would be three counts of one byte each.
         "bytes as counts": (TypeError, lambda: kvslots.try_append_each(seqs, b"\x01\x01\x01")),
         "a bytearray as counts": (
