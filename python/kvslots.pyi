@@ -523,10 +523,12 @@ class Sequence:
     ) -> None:
         """`try_reserve`, waiting in the pool's queue (GIL released) for at
         most `timeout` seconds. Raises `NeverFits` at once, `Closed`, or
-        `Full` on timeout; Ctrl-C ends the wait; nothing changes when it
-        raises. Other calls on this sequence wait for it; a call on it from
-        a signal handler (or a finalizer) that runs in this thread during
-        the wait raises `RuntimeError` at once and changes nothing."""
+        `Full` on timeout; `TimeoutError` if the timeout ran out while
+        another thread's call held this sequence; Ctrl-C ends the wait;
+        nothing changes when it raises. Other calls on this sequence wait
+        for it; a call on it from a signal handler (or a finalizer) that
+        runs in this thread during the wait raises `RuntimeError` at once
+        and changes nothing."""
     def truncate(self, len: _Int) -> int:
         """Rolls back to `len` tokens and gives back the blocks no longer
         needed; returns how many left the table."""
@@ -624,8 +626,9 @@ class GroupKeys:
     def __len__(self) -> int:
         """How many blocks have keys."""
     def extend(self, keys: _Keys) -> None:
-        """Adds the next blocks' keys, from their content keys. Raises
-        `MemoryError` (adding none) when they do not fit."""
+        """Adds the next blocks' keys, from their content keys (GIL released
+        for 32 compressions or more). Raises `MemoryError` (adding none)
+        when they do not fit."""
     def truncate(self, blocks: _Int) -> None:
         """Keeps the first `blocks` blocks' keys."""
     def group(self, group: _Int) -> list[bytes]:
@@ -694,10 +697,12 @@ class HybridSequence:
     ) -> None:
         """`try_reserve`, waiting in the pool's queue (GIL released) for at
         most `timeout` seconds. Raises `NeverFits` at once, `Closed`, or
-        `Full` on timeout; Ctrl-C ends the wait; nothing changes when it
-        raises. Other calls on this sequence wait for it; a call on it from
-        a signal handler (or a finalizer) that runs in this thread during
-        the wait raises `RuntimeError` at once and changes nothing."""
+        `Full` on timeout; `TimeoutError` if the timeout ran out while
+        another thread's call held this sequence; Ctrl-C ends the wait;
+        nothing changes when it raises. Other calls on this sequence wait
+        for it; a call on it from a signal handler (or a finalizer) that
+        runs in this thread during the wait raises `RuntimeError` at once
+        and changes nothing."""
     def truncate(self, len: _Int) -> int:
         """Rolls every group back to `len` tokens; returns how many blocks
         left the tables. Raises `WindowError` (nothing changed) if the

@@ -167,8 +167,11 @@ pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
     if let Ok(b) = obj.cast::<PyBytes>() {
         return packed_keys(b.as_bytes());
     }
-    if let Ok(b) = obj.cast::<PyByteArray>() {
-        return packed_keys(&b.to_vec());
+    if obj.cast::<PyByteArray>().is_ok() {
+        // One copy, by Python (which raises `MemoryError` if it does not
+        // fit), read in place.
+        let bytes = PyMemoryView::from(obj)?.call_method0("tobytes")?;
+        return packed_keys(bytes.cast::<PyBytes>()?.as_bytes());
     }
     ordered("keys", obj)?;
     let mut out = Vec::new();
@@ -187,14 +190,13 @@ fn packed_keys(bytes: &[u8]) -> PyResult<Vec<BlockHash>> {
             bytes.len()
         )));
     }
-    Ok(bytes
-        .chunks_exact(32)
-        .map(|c| {
-            let mut key = [0; 32];
-            key.copy_from_slice(c);
-            BlockHash(key)
-        })
-        .collect())
+    let mut out = with_room(bytes.len() / 32, "block keys")?;
+    out.extend(bytes.chunks_exact(32).map(|c| {
+        let mut key = [0; 32];
+        key.copy_from_slice(c);
+        BlockHash(key)
+    }));
+    Ok(out)
 }
 
 /// One block key.
@@ -230,9 +232,7 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     if let Ok(b) = obj.cast::<PyBytes>() {
         return raw_u32(b.as_bytes());
     }
-    if let Ok(b) = obj.cast::<PyByteArray>() {
-        return raw_u32(&b.to_vec());
-    }
+    // A `bytearray` reads as its memoryview does, below.
     if obj.cast::<PyList>().is_err() && obj.cast::<PyTuple>().is_err() {
         if let Ok(view) = PyMemoryView::from(obj) {
             // A memoryview of `bytes` or `bytearray` reads as they do.
@@ -242,7 +242,10 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u32>> {
     ordered("tokens", obj)?;
     let mut out = Vec::new();
     for_each(obj, |item| {
-        out.push(token(&item)?);
+        let token = token(&item)?;
+        out.try_reserve(1)
+            .map_err(|_| crate::errors::out_of_memory("tokens", out.len() + 1))?;
+        out.push(token);
         Ok(())
     })?;
     Ok(out)
@@ -280,10 +283,22 @@ fn raw_u32(bytes: &[u8]) -> PyResult<Vec<u32>> {
             bytes.len()
         )));
     }
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    let mut out = with_room(bytes.len() / 4, "tokens")?;
+    out.extend(
+        bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+    );
+    Ok(out)
+}
+
+/// An empty vector with room for `n` items, or `MemoryError` (naming
+/// `what`) if they do not fit: never the allocator's abort.
+pub(crate) fn with_room<T>(n: usize, what: &str) -> PyResult<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(n)
+        .map_err(|_| crate::errors::out_of_memory(what, n))?;
+    Ok(out)
 }
 
 /// The integers of a buffer, by its `struct` format (any byte order:
@@ -320,10 +335,13 @@ fn buffer_tokens(view: &Bound<'_, PyMemoryView>, of_bytes: bool) -> PyResult<Vec
             "a token buffer's items must be 1, 2, 4 or 8 bytes, got {itemsize}"
         )));
     }
-    let bytes: Vec<u8> = view.call_method0("tobytes")?.extract()?;
+    // One copy, by Python (which raises `MemoryError` if it does not fit),
+    // read in place.
+    let bytes = view.call_method0("tobytes")?;
+    let bytes = bytes.cast::<PyBytes>()?.as_bytes();
     if code == "c" || (of_bytes && code == "B") {
         // Raw bytes: as `bytes`.
-        return raw_u32(&bytes);
+        return raw_u32(bytes);
     }
     let value = |c: &[u8]| -> i128 {
         // An item as an unsigned integer in native order, then
@@ -346,15 +364,14 @@ fn buffer_tokens(view: &Bound<'_, PyMemoryView>, of_bytes: bool) -> PyResult<Vec
             i128::from(raw)
         }
     };
-    bytes
-        .chunks_exact(itemsize)
-        .map(|c| {
-            let v = value(c);
-            u32::try_from(v).map_err(|_| {
-                PyValueError::new_err(format!("a token id must be in 0..2**32, got {v}"))
-            })
-        })
-        .collect()
+    let mut out = with_room(bytes.len() / itemsize, "tokens")?;
+    for c in bytes.chunks_exact(itemsize) {
+        let v = value(c);
+        out.push(u32::try_from(v).map_err(|_| {
+            PyValueError::new_err(format!("a token id must be in 0..2**32, got {v}"))
+        })?);
+    }
+    Ok(out)
 }
 
 /// A timeout in seconds: `None` waits without limit; otherwise a finite

@@ -11,7 +11,9 @@
 //! instance's `__dict__`, so they survive pickling.
 
 use pyo3::create_exception;
-use pyo3::exceptions::{PyException, PyIndexError, PyMemoryError, PyRuntimeError, PyValueError};
+use pyo3::exceptions::{
+    PyException, PyIndexError, PyMemoryError, PyRuntimeError, PyTimeoutError, PyValueError,
+};
 use pyo3::prelude::*;
 
 create_exception!(
@@ -208,12 +210,14 @@ fn with_attrs<E: pyo3::PyTypeInfo>(
     message: String,
     attrs: &[(&str, usize)],
 ) -> PyResult<PyErr> {
-    let err = PyErr::from_type(py.get_type::<E>(), (message,));
-    let value = err.value(py);
+    // Built as an instance, not as a lazy error read back with `value`:
+    // reading a lazy error detaches and re-attaches, which panics during
+    // the interpreter's finalization (a refusal in a finalizer at exit).
+    let value = py.get_type::<E>().call1((message,))?;
     for &(name, v) in attrs {
         value.setattr(name, v)?;
     }
-    Ok(err)
+    Ok(PyErr::from_value(value))
 }
 
 /// What a `FreeError` says about its id.
@@ -265,16 +269,17 @@ pub(crate) fn free_error<'py>(py: Python<'py>, id: Bound<'py, PyAny>, kind: Free
             None,
         ),
     };
-    let err = FreeError::new_err(message);
-    let value = err.value(py);
-    let set = value
-        .setattr("id", id)
-        .and_then(|()| value.setattr("kind", name))
-        .and_then(|()| value.setattr("num_blocks", num_blocks));
-    match set {
-        Ok(()) => err,
-        Err(e) => e,
-    }
+    // An instance, as in `with_attrs`.
+    let built = py
+        .get_type::<FreeError>()
+        .call1((message,))
+        .and_then(|value| {
+            value.setattr("id", id)?;
+            value.setattr("kind", name)?;
+            value.setattr("num_blocks", num_blocks)?;
+            Ok(PyErr::from_value(value))
+        });
+    built.unwrap_or_else(|e| e)
 }
 
 /// The Python exception for a core `FreeError`.
@@ -304,4 +309,13 @@ pub(crate) fn position_error(err: kvslots::PositionError) -> PyErr {
 /// An operation on a sequence after `close()` or `retire()`.
 pub(crate) fn closed_sequence() -> PyErr {
     PyValueError::new_err("operation on a closed Sequence (after close() or retire())")
+}
+
+/// The error of a `reserve` whose timeout ran out while another thread's
+/// call held the sequence (of type `kind`): `TimeoutError`, as a lock's
+/// timed acquire reports it; nothing changed.
+pub(crate) fn busy_sequence(kind: &str) -> PyErr {
+    PyTimeoutError::new_err(format!(
+        "the timeout ran out while another thread's call held this {kind}; nothing changed"
+    ))
 }

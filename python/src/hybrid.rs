@@ -197,12 +197,18 @@ impl PyGroupKeys {
 
     /// Adds the next blocks' keys, from their content keys (`hash_blocks`
     /// with `parent=`, as decode fills blocks): one SHA-256 compression a
-    /// block and a group, with the GIL held.
+    /// block and a group, with the GIL released for 32 compressions or
+    /// more.
     fn extend(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<()> {
         let base = convert::keys(keys)?;
-        let mut inner = self.lock(py);
-        reserve_keys(&mut inner, base.len())?;
-        inner.extend(&base);
+        let mut guard = self.lock(py);
+        reserve_keys(&mut guard, base.len())?;
+        let work = base.len().saturating_mul(guard.groups().len());
+        // Detached with the mutex held: every other call takes it with
+        // `lock_py_attached`, which waits detached, so none can hold the
+        // GIL while it waits for this one.
+        let inner: &mut kvslots::GroupKeys = &mut guard;
+        detached(py, work, || inner.extend(&base));
         Ok(())
     }
 
@@ -295,9 +301,7 @@ impl PyHybridSequence {
     ) -> PyResult<R> {
         match self.inner.lock(py)?.as_mut() {
             Some(seq) => Ok(f(seq)),
-            None => Err(PyValueError::new_err(
-                "operation on a closed HybridSequence (after close() or retire())",
-            )),
+            None => Err(closed_hybrid()),
         }
     }
 
@@ -552,7 +556,8 @@ impl PyHybridSequence {
     /// granted together, for at most `timeout` seconds (`None`: no limit).
     ///
     /// Raises `NeverFits` at once, `Closed`, or `Full` when the timeout
-    /// runs out; a signal handler's exception ends the wait. Nothing
+    /// runs out (`TimeoutError` if it ran out while another thread's call
+    /// held this sequence); a signal handler's exception ends the wait. Nothing
     /// changes when it raises. Other calls on this sequence wait for it to
     /// return; a call on it from a signal handler (or a finalizer) that
     /// runs in this thread during the wait raises `RuntimeError` at once
@@ -570,14 +575,16 @@ impl PyHybridSequence {
     ) -> PyResult<()> {
         let (tokens, headroom) = convert::reservation(tokens, headroom)?;
         let deadline = wait::deadline(convert::timeout(timeout)?);
-        self.with(py, |seq| {
-            py.detach(|| {
-                // The deadline passed: one last try, whose refusal is the
-                // `Full` to report.
-                wait::block_on(seq.reserve(tokens, headroom), deadline)
-                    .map(|done| done.unwrap_or_else(|| seq.try_reserve(tokens, headroom)))
-            })
-        })??
+        let Some(mut guard) = self.inner.lock_until(py, deadline)? else {
+            return Err(errors::busy_sequence("HybridSequence"));
+        };
+        let seq = guard.as_mut().ok_or_else(closed_hybrid)?;
+        // The deadline passed: one last try, whose refusal is the `Full` to
+        // report.
+        match wait::block_on(py, seq.reserve(tokens, headroom), deadline)? {
+            Some(done) => done,
+            None => seq.try_reserve(tokens, headroom),
+        }
         .map_err(|e| errors::reserve_error_with_headroom(py, e, headroom))
     }
 
@@ -794,4 +801,9 @@ impl PyHybridSequence {
             None => "HybridSequence(closed)".to_owned(),
         })
     }
+}
+
+/// The error of a call on a closed `HybridSequence`.
+fn closed_hybrid() -> PyErr {
+    PyValueError::new_err("operation on a closed HybridSequence (after close() or retire())")
 }

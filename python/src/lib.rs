@@ -136,8 +136,8 @@ fn block_keys<'py>(
     }
     let tokens = convert::tokens(tokens)?;
     let blocks = tokens.len() / block_size;
+    let mut keys = convert::with_room(blocks, "block keys")?;
     Ok(detached(py, blocks, || {
-        let mut keys = Vec::with_capacity(blocks);
         match parent {
             None => kvslots::hash_blocks(salt, &tokens, block_size, &mut keys),
             Some(parent) => {

@@ -20,6 +20,7 @@
 
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use parking_lot::{Mutex, MutexGuard};
 use pyo3::exceptions::PyRuntimeError;
@@ -85,9 +86,25 @@ impl<T: Send> SeqLock<T> {
     /// if this thread holds the mutex already (a call from a signal
     /// handler or a finalizer run during this thread's `reserve`).
     pub(crate) fn lock(&self, py: Python<'_>) -> PyResult<SeqGuard<'_, T>> {
+        loop {
+            // Without a deadline, `lock_until` returns only with the lock
+            // or an error.
+            if let Some(guard) = self.lock_until(py, None)? {
+                return Ok(guard);
+            }
+        }
+    }
+
+    /// [`lock`](Self::lock), waiting no later than `deadline` (`None`: no
+    /// limit): `Ok(None)` if the deadline passes first.
+    pub(crate) fn lock_until(
+        &self,
+        py: Python<'_>,
+        deadline: Option<Instant>,
+    ) -> PyResult<Option<SeqGuard<'_, T>>> {
         let me = ThreadToken::current();
         if let Some(guard) = self.try_lock_as(me) {
-            return Ok(guard);
+            return Ok(Some(guard));
         }
         let ThreadToken(me) = me;
         // Relaxed: only this thread ever writes its own token here, and it
@@ -101,11 +118,18 @@ impl<T: Send> SeqLock<T> {
             ));
         }
         loop {
+            let mut turn = SIGNAL_CHECK;
+            if let Some(deadline) = deadline {
+                match deadline.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => turn = turn.min(left),
+                    _ => return Ok(None),
+                }
+            }
             // The closure runs on this thread; its guard must be `Send`
             // only to leave it (`Ungil`), which parking_lot's `send_guard`
             // feature makes it.
-            if let Some(guard) = py.detach(|| self.value.try_lock_for(SIGNAL_CHECK)) {
-                return Ok(self.held(guard, ThreadToken(me)));
+            if let Some(guard) = py.detach(|| self.value.try_lock_for(turn)) {
+                return Ok(Some(self.held(guard, ThreadToken(me))));
             }
             py.check_signals()?;
         }

@@ -303,12 +303,12 @@ impl PyBlockPool {
         let deadline = wait::deadline(convert::timeout(timeout)?);
         let pool = &*self.inner;
         let mut ids = Vec::new();
-        py.detach(|| {
-            // The deadline passed: one last try, whose refusal is the
-            // `Full` to report.
-            wait::block_on(pool.alloc(n, &mut ids), deadline)
-                .map(|done| done.unwrap_or_else(|| pool.try_alloc(n, &mut ids)))
-        })?
+        // The deadline passed: one last try, whose refusal is the `Full` to
+        // report.
+        match wait::block_on(py, pool.alloc(n, &mut ids), deadline)? {
+            Some(done) => done,
+            None => pool.try_alloc(n, &mut ids),
+        }
         .map_err(|e| errors::reserve_error(py, e))?;
         id_list(py, &ids)
     }

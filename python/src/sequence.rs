@@ -344,7 +344,9 @@ impl PySequence {
     /// most `timeout` seconds (`None`: no limit).
     ///
     /// Raises `NeverFits` at once, `Closed`, or `Full` when the timeout
-    /// runs out; a signal handler's exception (Ctrl-C) ends the wait.
+    /// runs out (`TimeoutError` if it ran out while another thread's call
+    /// held this sequence); a signal handler's exception (Ctrl-C) ends the
+    /// wait.
     /// Nothing changes when it raises. Other calls on this sequence wait
     /// for it to return; a call on it from a signal handler (or a
     /// finalizer) that runs in this thread during the wait raises
@@ -362,14 +364,16 @@ impl PySequence {
     ) -> PyResult<()> {
         let (tokens, headroom) = convert::reservation(tokens, headroom)?;
         let deadline = wait::deadline(convert::timeout(timeout)?);
-        self.with(py, |seq| {
-            py.detach(|| {
-                // The deadline passed: one last try, whose refusal is the
-                // `Full` to report.
-                wait::block_on(seq.reserve(tokens, headroom), deadline)
-                    .map(|done| done.unwrap_or_else(|| seq.try_reserve(tokens, headroom)))
-            })
-        })??
+        let Some(mut guard) = self.inner.lock_until(py, deadline)? else {
+            return Err(errors::busy_sequence("Sequence"));
+        };
+        let seq = guard.as_mut().ok_or_else(errors::closed_sequence)?;
+        // The deadline passed: one last try, whose refusal is the `Full` to
+        // report.
+        match wait::block_on(py, seq.reserve(tokens, headroom), deadline)? {
+            Some(done) => done,
+            None => seq.try_reserve(tokens, headroom),
+        }
         .map_err(|e| errors::reserve_error_with_headroom(py, e, headroom))
     }
 

@@ -36,31 +36,52 @@ impl Wake for Unpark {
 /// Polls `future` on this thread until it resolves (`Ok(Some(output))`),
 /// `deadline` passes (`Ok(None)`; the future is dropped, which cancels the
 /// wait) or a signal handler raises (Ctrl-C: `KeyboardInterrupt`; the
-/// future is dropped too). Call it with the interpreter detached.
-pub(crate) fn block_on<F: Future>(
+/// future is dropped too). Call it attached: it detaches for each turn of
+/// polling and parking, and runs the signal handlers attached between
+/// turns, so that it never attaches from a detached closure (which, during
+/// the interpreter's finalization, would panic).
+pub(crate) fn block_on<F: Future + Send>(
+    py: Python<'_>,
     future: F,
     deadline: Option<Instant>,
-) -> PyResult<Option<F::Output>> {
+) -> PyResult<Option<F::Output>>
+where
+    F::Output: Send,
+{
     let waker = Waker::from(Arc::new(Unpark(thread::current())));
-    let mut cx = Context::from_waker(&waker);
     let mut future = pin!(future);
     loop {
-        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
-            return Ok(Some(out));
-        }
-        let mut nap = SIGNAL_CHECK;
-        if let Some(deadline) = deadline {
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(None);
+        let turn = py.detach(|| {
+            let mut cx = Context::from_waker(&waker);
+            if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+                return Turn::Ready(out);
             }
-            nap = nap.min(deadline - now);
+            let mut nap = SIGNAL_CHECK;
+            if let Some(deadline) = deadline {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Turn::TimedOut;
+                }
+                nap = nap.min(deadline - now);
+            }
+            // A wake before the park makes it return at once (the unpark
+            // token), so no wake-up is lost between the poll and the park.
+            thread::park_timeout(nap);
+            Turn::Again
+        });
+        match turn {
+            Turn::Ready(out) => return Ok(Some(out)),
+            Turn::TimedOut => return Ok(None),
+            Turn::Again => py.check_signals()?,
         }
-        // A wake before the park makes it return at once (the unpark
-        // token), so no wake-up is lost between the poll and the park.
-        thread::park_timeout(nap);
-        Python::attach(|py| py.check_signals())?;
     }
+}
+
+/// How a turn of [`block_on`] ended.
+enum Turn<T> {
+    Ready(T),
+    TimedOut,
+    Again,
 }
 
 /// The deadline `timeout` from now; `None` (no limit) for `None` or a

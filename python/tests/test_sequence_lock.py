@@ -478,3 +478,105 @@ def test_main_thread_holder_interrupted_lets_a_worker_in():
     seq.close()
     pool.reset_prefix_cache()
     assert pool.free_blocks == pool.num_blocks
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["Sequence", "Hybrid"])
+@pytest.mark.parametrize("timeout", [0, 0.05])
+def test_reserve_timeout_bounds_the_wait_for_a_held_sequence(hybrid, timeout):
+    # From a helper's attack: the timeout covered only the pool's queue, so
+    # a reserve behind another thread's reserve waited as long as that one.
+    pool = kvslots.BlockPool(16, BS)
+    seq, _ = prepared(pool, hybrid)
+    before_seq = sstate(seq, hybrid)
+    busy = Busy(pool, seq)  # holds `seq` until finish(), with a 30 s guard
+    before_pool = pool_state(pool)
+    with pytest.raises(TimeoutError, match="another thread's call held this"):
+        seq.reserve(1, timeout=timeout)
+    # The holder is still waiting: the timeout ended the call, not the hold.
+    assert busy.thread.is_alive() and busy.outcome == []
+    finish_and_check(pool, seq, hybrid, busy, before_seq, before_pool)
+
+
+SHUTDOWN_WAIT = """
+import os, sys
+import kvslots
+
+pool = kvslots.BlockPool(8, 4)
+held = pool.try_alloc(8)
+seq = kvslots.Sequence(pool)
+
+
+class Cleanup:
+    # Collected in the interpreter's finalization: the process's first
+    # timed wait runs there.
+    def __del__(self, pool=pool, seq=seq, write=os.write):
+        for call in (lambda: pool.alloc(1, timeout=0.06),
+                     lambda: seq.reserve(4, timeout=0.06),
+                     lambda: pool.try_alloc(1),
+                     lambda: pool.free([8])):
+            try:
+                call()
+                write(1, b"returned\\n")
+            except BaseException as e:
+                write(1, type(e).__name__.encode() + b"\\n")
+
+
+c = Cleanup()
+c.me = c
+del c
+"""
+
+
+def test_refusals_during_finalization_raise_their_errors():
+    # From a helper's attack: during the interpreter's finalization a timed
+    # wait, and every refusal whose exception carries attributes, panicked
+    # (`PanicException`): the wait attached to the interpreter from a
+    # detached closure, and the exception was read back from a lazy error,
+    # which detaches and re-attaches.
+    r = subprocess.run(
+        [sys.executable, "-c", SHUTDOWN_WAIT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert r.stdout.split() == ["Full", "Full", "Full", "FreeError"], out
+    assert "panicked" not in r.stderr, out
+
+
+OUT_OF_MEMORY = """
+import array, resource, sys
+import kvslots
+
+tokens = array.array("b", bytes(1 << 28))  # 256 MiB of 1-byte tokens
+# The address space now, plus 1 GiB: room for the buffer's one copy
+# (256 MiB), not for the 1 GiB of uint32 tokens.
+with open("/proc/self/statm") as f:
+    pages = int(f.read().split()[0])
+now = pages * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (now + (1 << 30), resource.RLIM_INFINITY))
+try:
+    kvslots.hash_blocks(tokens, 16)
+    print("hashed")
+except MemoryError as e:
+    print("MemoryError", e)
+"""
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc, limits RLIMIT_AS"
+)
+def test_tokens_that_do_not_fit_raise_memory_error_not_abort():
+    # From a helper's attack: the tokens were collected into vectors whose
+    # allocation failure aborts the process.
+    r = subprocess.run(
+        [sys.executable, "-c", OUT_OF_MEMORY],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert r.stdout.startswith("MemoryError"), out
+    assert "tokens of 268435456 items" in r.stdout, out
