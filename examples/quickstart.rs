@@ -36,7 +36,8 @@ fn main() {
     let counter = Arc::new(SlotCounter::new(CAPACITY));
     // Start every worker at once, so that their appends really race, and
     // hold every guard until all workers are done asking, so that the 138
-    // slots asked for in all compete for the 64 there are.
+    // slots of the requests that can fit (238 asked for in all, with the
+    // one of 100) compete for the 64 there are.
     let start = Arc::new(Barrier::new(WORKERS));
     let done = Arc::new(Barrier::new(WORKERS));
 
