@@ -45,12 +45,31 @@ fn wait_for(cell: &AtomicU64, value: u64) {
     }
 }
 
+/// The most rounds a run takes: enough for any measurement (2^33 handoffs
+/// take minutes at best), and far from `2 * round + 1` overflowing.
+const MAX_ROUNDS: u64 = 1 << 32;
+
+const USAGE: &str = "usage: core_latency [ROUNDS]\n\n\
+    Measures the mean one-way handoff of a cache line between two threads.\n\
+    ROUNDS: round trips to time, an integer in 1..=4294967296 (default 200000)";
+
 fn main() {
-    let rounds: u64 = match std::env::args().nth(1).map(|a| a.parse()) {
-        None => 200_000,
-        Some(Ok(n)) if n > 0 => n,
-        Some(_) => {
-            eprintln!("usage: core_latency [ROUNDS] (a positive integer)");
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let rounds: u64 = match args.as_slice() {
+        [] => 200_000,
+        [flag] if flag == "-h" || flag == "--help" => {
+            println!("{USAGE}");
+            return;
+        }
+        [n] => match n.parse() {
+            Ok(n) if (1..=MAX_ROUNDS).contains(&n) => n,
+            _ => {
+                eprintln!("core_latency: bad ROUNDS {n:?}\n{USAGE}");
+                std::process::exit(2);
+            }
+        },
+        _ => {
+            eprintln!("core_latency: too many arguments\n{USAGE}");
             std::process::exit(2);
         }
     };

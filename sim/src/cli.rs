@@ -658,7 +658,9 @@ impl Cli {
             max_running: self.max_running,
             seed,
             mix,
-            prefix_cache,
+            // On for a workload that names its prompts' content (as `--help`
+            // says); a trace without it has nothing to cache.
+            prefix_cache: prefix_cache && keyed,
             async_depth: self.async_depth,
             stuck_after: std::time::Duration::from_millis(self.stuck_after_ms),
             // A hybrid model's windows give prompt blocks back between

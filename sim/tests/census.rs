@@ -1297,4 +1297,19 @@ fn every_scheduler_flag_reaches_the_engine() {
     assert!(e.mix && e.prefix_cache && e.publish_chunks);
     assert_eq!(e.groups, plan.hybrid.expect("a hybrid model").layout.groups);
     assert_ne!(e.groups, default.groups);
+
+    // A trace that names no prompt content has nothing to cache: the
+    // prefix cache is off, as `--help` says, and the report says so.
+    let path = dir().join("engine_flags_csv.csv");
+    std::fs::write(&path, format!("{TRACE_HEADER}\n0,20,4\n")).unwrap();
+    let path = path.display().to_string();
+    let argv = [
+        "kvslots-sim",
+        "--trace",
+        path.as_str(),
+        "--host-memory-gib",
+        "8",
+    ];
+    let plan = Cli::try_parse_from(argv).unwrap().plan();
+    assert!(!plan.unwrap_or_else(|e| panic!("{e:?}")).engine.prefix_cache);
 }
