@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Deque, Dict, List, Optional, Set, Tuple
@@ -536,17 +537,88 @@ def run(
     )
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a non-negative integer, got {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
+    return value
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--num-blocks", type=int, default=128)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--token-budget", type=int, default=256)
-    ap.add_argument("--max-running", type=int, default=32)
-    ap.add_argument("--headroom", type=int, default=4)
-    ap.add_argument("--spec-tokens", type=int, default=0, help="draft tokens a decode step")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--requests",
+        type=positive_int,
+        default=200,
+        help="requests in the generated workload (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--num-blocks",
+        type=positive_int,
+        default=128,
+        help="KV-cache blocks in the pool (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--block-size",
+        type=positive_int,
+        default=16,
+        help="token slots a block; the workload's system prompts are 2 to 8 blocks long"
+        " (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--token-budget",
+        type=positive_int,
+        default=256,
+        help="tokens scheduled a step, prefill and decode together (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--max-running",
+        type=positive_int,
+        default=32,
+        help="requests running at once (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--headroom",
+        type=non_negative_int,
+        default=4,
+        help="blocks an admission leaves free for the running requests to grow"
+        " (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--spec-tokens",
+        type=non_negative_int,
+        default=0,
+        help="draft tokens a decode step, for speculative decoding; 0 turns it off"
+        " (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the generated workload (default: %(default)s)",
+    )
     args = ap.parse_args()
+    if args.num_blocks > kvslots.BlockPool.MAX_BLOCKS:
+        ap.error(
+            f"argument --num-blocks: at most {kvslots.BlockPool.MAX_BLOCKS}, got {args.num_blocks}"
+        )
     stats = run(
         workload(args.requests, args.seed, block_size=args.block_size),
         num_blocks=args.num_blocks,
@@ -556,6 +628,17 @@ def main() -> int:
         headroom=args.headroom,
         spec_tokens=args.spec_tokens,
     )
+    if stats.finished == 0:
+        # Every request was refused: nothing was served, so nothing was
+        # checked, and "outputs_correct: True" would claim a pass.
+        print(
+            f"error: no request finished: all {stats.rejected} were refused, the pool"
+            f" ({args.num_blocks} blocks of {args.block_size} tokens, {args.headroom} kept"
+            " free at admission) cannot hold any of them; nothing was checked"
+            " (try a larger --num-blocks or a smaller --headroom)",
+            file=sys.stderr,
+        )
+        return 1
     for name, value in vars(stats).items():
         print(f"{name:>20}: {value}")
     ok = stats.outputs_correct and stats.router_in_sync and stats.used_blocks_after == 0

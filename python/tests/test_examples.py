@@ -167,6 +167,67 @@ def test_the_script_runs_and_exits_zero():
     assert "outputs_correct: True" in done.stdout
 
 
+def run_script(*args: str) -> "subprocess.CompletedProcess[str]":
+    return subprocess.run(
+        [sys.executable, str(EXAMPLE), *args], capture_output=True, text=True, check=False
+    )
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("--block-size", "0"),
+        ("--num-blocks", "0"),
+        ("--num-blocks", "-1"),
+        ("--requests", "-5"),
+        ("--requests", "0"),
+        ("--token-budget", "0"),
+        ("--max-running", "0"),
+        ("--headroom", "-1"),
+        ("--spec-tokens", "-2"),
+        ("--block-size", "x"),
+        ("--num-blocks", str(2**32)),
+    ],
+)
+def test_the_script_refuses_a_bad_option_value(option, value):
+    done = run_script(option, value)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"argument {option}:" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_the_script_help_describes_every_option():
+    done = run_script("--help")
+    assert done.returncode == 0, done.stderr
+    for option in [
+        "--requests",
+        "--num-blocks",
+        "--block-size",
+        "--token-budget",
+        "--max-running",
+        "--headroom",
+        "--spec-tokens",
+        "--seed",
+    ]:
+        assert option in done.stdout
+    # A help string for each (argparse prints none without one).
+    assert done.stdout.count("(default: ") == 8
+
+
+@pytest.mark.parametrize(
+    "args", [["--num-blocks", "8"], ["--headroom", "200"], ["--num-blocks", "1", "--headroom", "0"]]
+)
+def test_the_script_fails_when_the_pool_holds_no_request(args):
+    # Every request refused: nothing served, nothing checked, no pass.
+    done = run_script("--requests", "20", *args)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "no request finished" in done.stderr
+    assert "all 20 were refused" in done.stderr
+    assert "outputs_correct" not in done.stdout
+    assert "Traceback" not in done.stderr
+
+
 def test_the_example_type_checks_against_the_stubs(tmp_path):
     pytest.importorskip("mypy")
     done = subprocess.run(
