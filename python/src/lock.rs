@@ -5,12 +5,11 @@
 //! that waits (`reserve`) or walks many blocks holds that mutex with the
 //! interpreter detached. Another thread's call on the same sequence then
 //! waits for the mutex. It waits detached (so that the holder, and every
-//! other Python thread, can run); on Python's main thread, the only one
-//! that runs signal handlers, it re-attaches every
-//! [`SIGNAL_CHECK`](crate::wait::SIGNAL_CHECK) to run them: Ctrl-C
-//! (`KeyboardInterrupt`) interrupts a call that waits behind another
-//! thread's `reserve`, as it interrupts the `reserve` itself. An
-//! uncontended lock is one compare-and-swap, taken attached.
+//! other Python thread, can run) and re-attaches every
+//! [`SIGNAL_CHECK`](crate::wait::SIGNAL_CHECK) to run Python's signal
+//! handlers: Ctrl-C (`KeyboardInterrupt`) interrupts a call that waits
+//! behind another thread's `reserve`, as it interrupts the `reserve`
+//! itself. An uncontended lock is one compare-and-swap, taken attached.
 //!
 //! The mutex remembers which thread holds it. A `reserve` runs the signal
 //! handlers of its own thread while it holds the mutex, so a handler (or
@@ -27,7 +26,7 @@ use parking_lot::{Mutex, MutexGuard};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-use crate::wait::{self, SIGNAL_CHECK};
+use crate::wait::SIGNAL_CHECK;
 
 /// No thread holds the mutex (no thread has token 0).
 const NOBODY: u64 = 0;
@@ -118,17 +117,6 @@ impl<T: Send> SeqLock<T> {
                  nothing changed",
             ));
         }
-        if !wait::runs_signal_handlers(py) {
-            // No signal handler to run: one wait, detached. The closure
-            // runs on this thread; its guard must be `Send` only to leave
-            // it (`Ungil`), which parking_lot's `send_guard` feature makes
-            // it.
-            let guard = py.detach(|| match deadline {
-                Some(deadline) => self.value.try_lock_until(deadline),
-                None => Some(self.value.lock()),
-            });
-            return Ok(guard.map(|guard| self.held(guard, ThreadToken(me))));
-        }
         loop {
             let mut turn = SIGNAL_CHECK;
             if let Some(deadline) = deadline {
@@ -137,7 +125,9 @@ impl<T: Send> SeqLock<T> {
                     _ => return Ok(None),
                 }
             }
-            // As above, in turns between which the handlers run.
+            // The closure runs on this thread; its guard must be `Send`
+            // only to leave it (`Ungil`), which parking_lot's `send_guard`
+            // feature makes it.
             if let Some(guard) = py.detach(|| self.value.try_lock_for(turn)) {
                 return Ok(Some(self.held(guard, ThreadToken(me))));
             }
