@@ -176,7 +176,10 @@ pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
     ordered("keys", obj)?;
     let mut out = Vec::new();
     for_each(obj, |item| {
-        out.push(key(&item)?);
+        let key = key(&item)?;
+        out.try_reserve(1)
+            .map_err(|_| crate::errors::out_of_memory("block keys", out.len() + 1))?;
+        out.push(key);
         Ok(())
     })?;
     Ok(out)

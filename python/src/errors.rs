@@ -213,11 +213,14 @@ fn with_attrs<E: pyo3::PyTypeInfo>(
     // Built as an instance, not as a lazy error read back with `value`:
     // reading a lazy error detaches and re-attaches, which panics during
     // the interpreter's finalization (a refusal in a finalizer at exit).
+    // Raised as a lazy error whose value is the instance, so that restoring
+    // it calls `PyErr_SetObject`, which chains it to the exception being
+    // handled (`__context__`).
     let value = py.get_type::<E>().call1((message,))?;
     for &(name, v) in attrs {
         value.setattr(name, v)?;
     }
-    Ok(PyErr::from_value(value))
+    Ok(PyErr::from_type(value.get_type(), value.unbind()))
 }
 
 /// What a `FreeError` says about its id.
@@ -277,7 +280,7 @@ pub(crate) fn free_error<'py>(py: Python<'py>, id: Bound<'py, PyAny>, kind: Free
             value.setattr("id", id)?;
             value.setattr("kind", name)?;
             value.setattr("num_blocks", num_blocks)?;
-            Ok(PyErr::from_value(value))
+            Ok(PyErr::from_type(value.get_type(), value.unbind()))
         });
     built.unwrap_or_else(|e| e)
 }
