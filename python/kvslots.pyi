@@ -387,7 +387,9 @@ class BlockPool:
         """The high-water mark of `pending_release_blocks`."""
     @property
     def waiters(self) -> int:
-        """Calls waiting in `alloc` / `Sequence.reserve` now."""
+        """Calls waiting in the pool's queue (`alloc`, `reserve`) now; a
+        `reserve` waiting for another thread's call on its sequence is not
+        in the queue yet."""
     @property
     def closed(self) -> bool:
         """Whether `close()` has been called."""

@@ -205,7 +205,9 @@ impl PyBlockPool {
         self.inner.peak_pending_release_blocks()
     }
 
-    /// Threads (and sequences) waiting in `alloc` / `Sequence.reserve` now.
+    /// Calls waiting in the pool's queue (`alloc`, `reserve`) now; a
+    /// `reserve` waiting for another thread's call on its sequence is not
+    /// in the queue yet.
     #[getter]
     fn waiters(&self) -> usize {
         self.inner.waiters()
