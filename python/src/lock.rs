@@ -6,7 +6,7 @@
 //! interpreter detached. Another thread's call on the same sequence then
 //! waits for the mutex. It waits detached (so that the holder, and every
 //! other Python thread, can run) and re-attaches every
-//! [`SIGNAL_CHECK`](crate::wait::SIGNAL_CHECK) to run Python's signal
+//! [`signal_check`](crate::wait::signal_check) to run Python's signal
 //! handlers: Ctrl-C (`KeyboardInterrupt`) interrupts a call that waits
 //! behind another thread's `reserve`, as it interrupts the `reserve`
 //! itself. An uncontended lock is one compare-and-swap, taken attached.
@@ -26,7 +26,7 @@ use parking_lot::{Mutex, MutexGuard};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
-use crate::wait::SIGNAL_CHECK;
+use crate::wait::signal_check;
 
 /// No thread holds the mutex (no thread has token 0).
 const NOBODY: u64 = 0;
@@ -80,7 +80,7 @@ impl<T: Send> SeqLock<T> {
     }
 
     /// Locks the mutex: at once if it is free, else waiting detached, in
-    /// turns of [`SIGNAL_CHECK`] between which Python's signal handlers
+    /// turns of [`signal_check`] between which Python's signal handlers
     /// run. Raises what a handler raises (Ctrl-C: `KeyboardInterrupt`),
     /// without the lock; raises `RuntimeError` at once, without waiting,
     /// if this thread holds the mutex already (a call from a signal
@@ -118,7 +118,7 @@ impl<T: Send> SeqLock<T> {
             ));
         }
         loop {
-            let mut turn = SIGNAL_CHECK;
+            let mut turn = signal_check();
             if let Some(deadline) = deadline {
                 match deadline.checked_duration_since(Instant::now()) {
                     Some(left) if !left.is_zero() => turn = turn.min(left),

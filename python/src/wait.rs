@@ -4,9 +4,15 @@
 //! the pool's FIFO queue.
 //!
 //! The thread parks between polls (the pool's release wakes it through the
-//! future's waker) and re-attaches every [`SIGNAL_CHECK`] to run Python's
+//! future's waker) and re-attaches every [`signal_check`] to run Python's
 //! signal handlers, so that Ctrl-C interrupts a wait: the future is then
 //! dropped, which cancels the wait and hands on anything granted to it.
+//!
+//! Python runs signal handlers only on its main thread, and each
+//! re-attach takes the GIL from whichever thread runs Python, so the
+//! threads that cannot run a handler re-attach rarely: a thousand threads
+//! waiting in the pool then cost the thread running Python next to
+//! nothing (`python/bench/waiters.py`).
 
 use std::future::Future;
 use std::pin::pin;
@@ -17,8 +23,60 @@ use std::time::{Duration, Instant};
 
 use pyo3::prelude::*;
 
-/// How often a waiting thread runs Python's signal handlers.
-pub(crate) const SIGNAL_CHECK: Duration = Duration::from_millis(50);
+/// How often a waiting thread on which Python runs signal handlers
+/// re-attaches to run them: soon enough that Ctrl-C feels immediate.
+const MAIN_THREAD_CHECK: Duration = Duration::from_millis(50);
+
+/// How often any other waiting thread re-attaches. Python runs no signal
+/// handler there, so this only bounds the wait for Ctrl-C should the
+/// thread be Python's main thread after all ([`is_first_thread`] names
+/// the process's first thread, which an embedding program may not have
+/// started Python on).
+const OTHER_THREAD_CHECK: Duration = Duration::from_secs(1);
+
+/// How long the calling thread waits, detached, between two runs of
+/// Python's signal handlers.
+pub(crate) fn signal_check() -> Duration {
+    thread_local! {
+        static FIRST: bool = is_first_thread();
+    }
+    // A bool has no destructor, so the value outlives nothing; should it
+    // be out of reach all the same, check as often as the main thread.
+    if FIRST.try_with(|first| *first).unwrap_or(true) {
+        MAIN_THREAD_CHECK
+    } else {
+        OTHER_THREAD_CHECK
+    }
+}
+
+/// Whether the calling thread is the process's first thread, the one the
+/// `python` executable runs Python's main thread (and so its signal
+/// handlers) on. Decided without the interpreter: asking Python would run
+/// Python code, inside which a pending signal's handler could run and its
+/// exception be lost. On Linux the first thread's id is the process id;
+/// `/proc/thread-self` links to `<pid>/task/<tid>`. Where that cannot be
+/// read, or elsewhere than Linux, every thread counts as the first (each
+/// re-attaches as often as the main thread).
+fn is_first_thread() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        let Ok(link) = std::fs::read_link("/proc/thread-self") else {
+            return true;
+        };
+        let tid = link
+            .file_name()
+            .and_then(|name| name.to_str())
+            .and_then(|name| name.parse::<u32>().ok());
+        match tid {
+            Some(tid) => tid == std::process::id(),
+            None => true,
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        true
+    }
+}
 
 /// Wakes the waiting thread.
 struct Unpark(Thread);
@@ -56,7 +114,7 @@ where
             if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
                 return Turn::Ready(out);
             }
-            let mut nap = SIGNAL_CHECK;
+            let mut nap = signal_check();
             if let Some(deadline) = deadline {
                 let now = Instant::now();
                 if now >= deadline {
