@@ -45,6 +45,7 @@ __all__ = [
     "BehindWaiters",
     "NeverFits",
     "Closed",
+    "SequenceBusy",
     "FreeError",
     "CopyRequired",
     "WindowError",
@@ -61,7 +62,7 @@ order: a set of them is refused with `TypeError`."""
 
 class ReserveError(Exception):
     """An allocation was refused; nothing changed. Subclasses: `Full` (and
-    its subclass `BehindWaiters`), `NeverFits`, `Closed`."""
+    its subclass `BehindWaiters`), `NeverFits`, `Closed`, `SequenceBusy`."""
 
 class Full(ReserveError):
     """Not enough free blocks right now; retrying later may succeed."""
@@ -101,6 +102,16 @@ class NeverFits(ReserveError):
 
 class Closed(ReserveError):
     """The pool was closed: it admits nothing more, while frees still work."""
+
+class SequenceBusy(ReserveError, TimeoutError):
+    """`Sequence.reserve` (or `HybridSequence.reserve`) refused: its
+    `timeout` ran out while another thread's call held the sequence, before
+    the reservation could start. Nothing changed; retrying later may
+    succeed.
+
+    A `ReserveError`, so that `except kvslots.ReserveError` catches every
+    refusal of a reservation, and a `TimeoutError`, as a lock's timed
+    acquire reports running out of time."""
 
 class FreeError(ValueError):
     """`BlockPool.free` (or `BlockPool.add_refs`) refused.
@@ -525,7 +536,7 @@ class Sequence:
     ) -> None:
         """`try_reserve`, waiting in the pool's queue (GIL released) for at
         most `timeout` seconds. Raises `NeverFits` at once, `Closed`, or
-        `Full` on timeout; `TimeoutError` if the timeout ran out while
+        `Full` on timeout; `SequenceBusy` if the timeout ran out while
         another thread's call held this sequence; Ctrl-C ends the wait;
         nothing changes when it raises. Other calls on this sequence wait
         for it; a call on it from a signal handler (or a finalizer) that
@@ -699,7 +710,7 @@ class HybridSequence:
     ) -> None:
         """`try_reserve`, waiting in the pool's queue (GIL released) for at
         most `timeout` seconds. Raises `NeverFits` at once, `Closed`, or
-        `Full` on timeout; `TimeoutError` if the timeout ran out while
+        `Full` on timeout; `SequenceBusy` if the timeout ran out while
         another thread's call held this sequence; Ctrl-C ends the wait;
         nothing changes when it raises. Other calls on this sequence wait
         for it; a call on it from a signal handler (or a finalizer) that

@@ -15,13 +15,15 @@ use pyo3::exceptions::{
     PyException, PyIndexError, PyMemoryError, PyRuntimeError, PyTimeoutError, PyValueError,
 };
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyTuple, PyType};
 
 create_exception!(
     kvslots,
     ReserveError,
     PyException,
     "An allocation was refused; nothing changed. Subclasses: `Full` (and its \
-     subclass `BehindWaiters`), `NeverFits`, `Closed`."
+     subclass `BehindWaiters`), `NeverFits`, `Closed`, `SequenceBusy`."
 );
 create_exception!(
     kvslots,
@@ -314,11 +316,47 @@ pub(crate) fn closed_sequence() -> PyErr {
     PyValueError::new_err("operation on a closed Sequence (after close() or retire())")
 }
 
+/// The docstring of `SequenceBusy`.
+const SEQUENCE_BUSY_DOC: &str = "`Sequence.reserve` (or `HybridSequence.reserve`) refused: its \
+     `timeout` ran out while another thread's call held the sequence, before \
+     the reservation could start. Nothing changed; retrying later may succeed.\n\n\
+     A `ReserveError`, so that `except kvslots.ReserveError` catches every \
+     refusal of a reservation, and a `TimeoutError`, as a lock's timed \
+     acquire reports running out of time.";
+
+/// The class `SequenceBusy(ReserveError, TimeoutError)`, made once. Two
+/// bases, which `create_exception!` cannot give, so the class is made as
+/// a Python class statement makes it (`type(name, bases, namespace)`).
+pub(crate) fn sequence_busy_type(py: Python<'_>) -> PyResult<&Bound<'_, PyType>> {
+    static TYPE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    TYPE.get_or_try_init(py, || {
+        let bases = PyTuple::new(
+            py,
+            [
+                py.get_type::<ReserveError>(),
+                py.get_type::<PyTimeoutError>(),
+            ],
+        )?;
+        let namespace = PyDict::new(py);
+        namespace.set_item("__module__", "kvslots")?;
+        namespace.set_item("__doc__", SEQUENCE_BUSY_DOC)?;
+        let class = py
+            .get_type::<PyType>()
+            .call1(("SequenceBusy", bases, namespace))?;
+        Ok(class.cast_into::<PyType>()?.unbind())
+    })
+    .map(|class| class.bind(py))
+}
+
 /// The error of a `reserve` whose timeout ran out while another thread's
-/// call held the sequence (of type `kind`): `TimeoutError`, as a lock's
-/// timed acquire reports it; nothing changed.
-pub(crate) fn busy_sequence(kind: &str) -> PyErr {
-    PyTimeoutError::new_err(format!(
+/// call held the sequence (of type `kind`): `SequenceBusy`; nothing
+/// changed.
+pub(crate) fn busy_sequence(py: Python<'_>, kind: &str) -> PyErr {
+    let message = format!(
         "the timeout ran out while another thread's call held this {kind}; nothing changed"
-    ))
+    );
+    match sequence_busy_type(py) {
+        Ok(class) => PyErr::from_type(class.clone(), message),
+        Err(err) => err,
+    }
 }

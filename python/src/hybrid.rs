@@ -556,7 +556,7 @@ impl PyHybridSequence {
     /// granted together, for at most `timeout` seconds (`None`: no limit).
     ///
     /// Raises `NeverFits` at once, `Closed`, or `Full` when the timeout
-    /// runs out (`TimeoutError` if it ran out while another thread's call
+    /// runs out (`SequenceBusy` if it ran out while another thread's call
     /// held this sequence); a signal handler's exception ends the wait. Nothing
     /// changes when it raises. Other calls on this sequence wait for it to
     /// return; a call on it from a signal handler (or a finalizer) that
@@ -576,7 +576,7 @@ impl PyHybridSequence {
         let (tokens, headroom) = convert::reservation(tokens, headroom)?;
         let deadline = wait::deadline(convert::timeout(timeout)?);
         let Some(mut guard) = self.inner.lock_until(py, deadline)? else {
-            return Err(errors::busy_sequence("HybridSequence"));
+            return Err(errors::busy_sequence(py, "HybridSequence"));
         };
         let seq = guard.as_mut().ok_or_else(closed_hybrid)?;
         // The deadline passed: one last try, whose refusal is the `Full` to

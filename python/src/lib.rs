@@ -162,7 +162,8 @@ fn block_keys<'py>(
 /// appends in one call; `BlockPool.stats()` is a `PoolStats` for
 /// metrics, and a pool built with `kv_events` reports its cache's changes
 /// as vLLM-shaped events (`BlockPool.drain_events()`). Every refusal raises (`ReserveError` and its
-/// subclasses `Full` (and `BehindWaiters`), `NeverFits`, `Closed`;
+/// subclasses `Full` (and `BehindWaiters`), `NeverFits`, `Closed`,
+/// `SequenceBusy`;
 /// `FreeError`; `CopyRequired`)
 /// and changes nothing. Every object may be shared between threads.
 #[pymodule(gil_used = false)]
@@ -190,6 +191,7 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BehindWaiters", py.get_type::<errors::BehindWaiters>())?;
     m.add("NeverFits", py.get_type::<errors::NeverFits>())?;
     m.add("Closed", py.get_type::<errors::Closed>())?;
+    m.add("SequenceBusy", errors::sequence_busy_type(py)?)?;
     m.add("FreeError", py.get_type::<errors::FreeError>())?;
     m.add("CopyRequired", py.get_type::<errors::CopyRequired>())?;
     m.add("WindowError", py.get_type::<errors::WindowError>())?;
@@ -217,6 +219,7 @@ fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "BehindWaiters",
             "NeverFits",
             "Closed",
+            "SequenceBusy",
             "FreeError",
             "CopyRequired",
             "WindowError",

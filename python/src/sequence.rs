@@ -344,7 +344,7 @@ impl PySequence {
     /// most `timeout` seconds (`None`: no limit).
     ///
     /// Raises `NeverFits` at once, `Closed`, or `Full` when the timeout
-    /// runs out (`TimeoutError` if it ran out while another thread's call
+    /// runs out (`SequenceBusy` if it ran out while another thread's call
     /// held this sequence); a signal handler's exception (Ctrl-C) ends the
     /// wait.
     /// Nothing changes when it raises. Other calls on this sequence wait
@@ -365,7 +365,7 @@ impl PySequence {
         let (tokens, headroom) = convert::reservation(tokens, headroom)?;
         let deadline = wait::deadline(convert::timeout(timeout)?);
         let Some(mut guard) = self.inner.lock_until(py, deadline)? else {
-            return Err(errors::busy_sequence("Sequence"));
+            return Err(errors::busy_sequence(py, "Sequence"));
         };
         let seq = guard.as_mut().ok_or_else(errors::closed_sequence)?;
         // The deadline passed: one last try, whose refusal is the `Full` to

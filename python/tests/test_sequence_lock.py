@@ -201,9 +201,9 @@ def test_many_threads_contend_with_signals_flying(hybrid):
                 if i % 5 == 0:
                     try:
                         seq.reserve(8, timeout=0.01)
-                    except (kvslots.ReserveError, TimeoutError):
-                        # TimeoutError: another worker's call held `seq`
-                        # for the whole timeout.
+                    except kvslots.ReserveError:
+                        # SequenceBusy among them: another worker's call
+                        # held `seq` for the whole timeout.
                         pass
                 if i % 11 == 0:
                     seq.shrink_to_fit()
@@ -492,8 +492,13 @@ def test_reserve_timeout_bounds_the_wait_for_a_held_sequence(hybrid, timeout):
     before_seq = sstate(seq, hybrid)
     busy = Busy(pool, seq)  # holds `seq` until finish(), with a 30 s guard
     before_pool = pool_state(pool)
-    with pytest.raises(TimeoutError, match="another thread's call held this"):
+    with pytest.raises(kvslots.SequenceBusy, match="another thread's call held this") as err:
         seq.reserve(1, timeout=timeout)
+    # Caught by `except ReserveError` with every refusal of a reservation,
+    # and by `except TimeoutError` as a lock's timed acquire is.
+    assert isinstance(err.value, kvslots.ReserveError)
+    assert isinstance(err.value, TimeoutError)
+    assert not isinstance(err.value, kvslots.Full)
     # The holder is still waiting: the timeout ended the call, not the hold.
     assert busy.thread.is_alive() and busy.outcome == []
     finish_and_check(pool, seq, hybrid, busy, before_seq, before_pool)
@@ -614,3 +619,15 @@ def test_a_refusal_in_an_except_block_keeps_its_context():
         assert isinstance(info.value.__context__, KeyError)
     pool.free(held)
     assert pool.free_blocks == 4
+
+
+def test_sequence_busy_is_a_reserve_error_and_a_timeout_error_that_pickles():
+    import pickle
+
+    cls = kvslots.SequenceBusy
+    assert cls.__module__ == "kvslots" and cls.__name__ == "SequenceBusy"
+    assert issubclass(cls, kvslots.ReserveError) and issubclass(cls, TimeoutError)
+    assert "SequenceBusy" in kvslots.__all__
+    err = cls("the timeout ran out")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is cls and back.args == err.args
