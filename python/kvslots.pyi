@@ -122,7 +122,8 @@ class FreeError(ValueError):
     """
 
     id: int
-    """The offending id, as given (it may be negative or huge for
+    """The offending id, as an int (`operator.index` of the item given: a
+    numpy integer becomes an int; it may be negative or huge for
     `"out_of_range"`)."""
     kind: Literal[
         "out_of_range", "not_allocated", "held_by_sequence", "over_freed", "raced", "too_many_refs"

@@ -36,7 +36,7 @@ pub(crate) fn uint<T: TryFrom<u64>>(obj: &Bound<'_, PyAny>, what: &str) -> PyRes
 }
 
 /// `operator.index(obj)`: the int an int-like object stands for.
-fn index<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn index<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     static INDEX: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
     let py = obj.py();
     INDEX

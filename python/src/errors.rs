@@ -68,7 +68,7 @@ create_exception!(
     FreeError,
     PyValueError,
     "`BlockPool.free` (or `BlockPool.add_refs`) refused.\n\n\
-     Attributes: `id` (the offending id, as given), `kind` (`\"out_of_range\"`, \
+     Attributes: `id` (the offending id, as an int), `kind` (`\"out_of_range\"`, \
      `\"not_allocated\"`, `\"held_by_sequence\"`, `\"over_freed\"`, \
      `\"raced\"` or `\"too_many_refs\"`) and `num_blocks` (the pool's size, \
      for `\"out_of_range\"`; else None). Every kind but `\"raced\"` changed \
@@ -235,8 +235,8 @@ pub(crate) enum FreeKind {
     TooManyRefs,
 }
 
-/// A `FreeError` naming `id` (the Python object the caller passed, or a
-/// block index).
+/// A `FreeError` naming `id` (an int: the one the caller's item stands
+/// for, or a block index).
 pub(crate) fn free_error<'py>(py: Python<'py>, id: Bound<'py, PyAny>, kind: FreeKind) -> PyErr {
     let (name, message, num_blocks) = match kind {
         FreeKind::OutOfRange { num_blocks } => (

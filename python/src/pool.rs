@@ -69,11 +69,14 @@ impl PyBlockPool {
             match convert::block_id(&item)? {
                 Some(id) if id.index() < num_blocks => out.push(id),
                 _ => {
+                    // `id` is an int for every kind: the int the item
+                    // stands for (`block_id` read it as one).
+                    let id = convert::index(&item).unwrap_or(item);
                     return Err(errors::free_error(
                         py,
-                        item,
+                        id,
                         FreeKind::OutOfRange { num_blocks },
-                    ))
+                    ));
                 }
             }
             Ok(())

@@ -140,6 +140,29 @@ def test_free_errors_name_the_id_and_change_nothing(pool):
     assert pool.free_blocks == 16
 
 
+def test_free_error_ids_are_ints_for_every_kind(pool):
+    class Index:
+        def __init__(self, value):
+            self.value = value
+
+        def __index__(self):
+            return self.value
+
+    ids = pool.try_alloc(2)
+    free_id = next(i for i in range(16) if pool.ref_count(i) == 0)
+    before = pool_state(pool)
+    for bad_id, kind in ((free_id, "not_allocated"), (99, "out_of_range"), (-2, "out_of_range"),
+                         (2**70, "out_of_range")):
+        for call in (pool.free, pool.add_refs):
+            with pytest.raises(kvslots.FreeError) as err:
+                call([ids[0], Index(bad_id)])
+            assert err.value.kind == kind
+            assert type(err.value.id) is int and err.value.id == bad_id
+            assert pool_state(pool) == before
+    pool.free(ids)
+    assert pool.free_blocks == 16
+
+
 def test_add_refs_shares_raw_blocks(pool):
     ids = pool.try_alloc(2)
     pool.add_refs([ids[0], ids[0], ids[1]])
