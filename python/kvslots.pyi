@@ -420,7 +420,9 @@ class BlockPool:
         in the order of the key's changes (its store before its removal),
         nothing twice, losses to full rings as an `EventsDropped` in their
         place; a block's store after its parent's when both are in the
-        batch. A pool without `kv_events` returns an empty batch."""
+        batch (unless a removal of the parent's key, or lost events, come
+        before the parent's store). A pool without `kv_events` returns an
+        empty batch."""
     def try_alloc(self, n: _Int) -> list[int]:
         """Takes exactly `n` free blocks, all or none, and returns their
         distinct ids, each with one reference.

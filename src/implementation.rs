@@ -976,10 +976,15 @@
 //! consumer reads each ring from its head up to the first position not
 //! yet written (a record whose producer is between its reservation and
 //! its write, one CAS long, holds back its ring's later records until the
-//! next drain), then merges the rings' records keeping each ring's order:
-//! a store whose parent key is stored by a record still to come in another
-//! ring waits for it (unless every ring's next record waits: a cycle only
-//! unrelated concurrent chains can form), a store whose parent is the key
+//! next drain), then merges the rings' records keeping each ring's order
+//! but for one move: a store whose parent key is stored by a record still
+//! to come waits for it. When every ring's next record waits, the parent's
+//! store that one of them waits for (in its own ring or another, and up
+//! the chain should that store wait too) is moved ahead of the records
+//! before it in its ring, unless a removal of its key or lost events come
+//! first there, so that each key's records keep their order; failing that
+//! (a cycle only keys sharing the merge's 64-bit fingerprint can form),
+//! the first ring's next record goes. A store whose parent is the key
 //! just stored (for the same group) joins its
 //! [`KvEvent::BlockStored`](crate::KvEvent), and consecutive removals of
 //! one group form one [`KvEvent::BlockRemoved`](crate::KvEvent).

@@ -255,7 +255,9 @@ impl PyBlockPool {
     /// store on another), nothing is reported twice, and events lost
     /// because the rings were full are reported as an `EventsDropped` in
     /// their place. Across keys there is no order, except that a block's
-    /// store comes after its parent's when both are in the batch. Calls
+    /// store comes after its parent's when both are in the batch (unless a
+    /// removal of the parent's key, or lost events, come before the
+    /// parent's store). Calls
     /// take turns with each other (the pool's publishes and evictions
     /// never wait for them); the GIL is released while the rings are read.
     fn drain_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyKVEventBatch>> {

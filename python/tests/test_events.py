@@ -119,6 +119,40 @@ def test_a_parent_chain_continues_across_publishes():
     seq.close()
 
 
+@pytest.mark.parametrize("shards", [None, 1, 4])
+def test_a_parent_stored_after_its_child_comes_first_in_the_batch(shards):
+    # From a helper's attack: with one ring (a small pool, or shards=1) the
+    # batch kept the ring's order, the child's store before its parent's.
+    pool = kvslots.BlockPool(64, 4, kv_events=256, shards=shards)
+    pool.drain_events()
+    groups = kvslots.KvGroups(["full", 4])
+    keys = groups.keys(kvslots.hash_blocks(list(range(12)), 4))
+    a = kvslots.HybridSequence(pool, groups)
+    a.try_append(8)
+    a.try_append(4)  # the 4-token window gives group 1's first block back
+    assert a.block_ids(1)[0] is None
+    a.publish(keys)  # group 1 stores blocks 1 and 2, parent block 0's key
+    b = kvslots.HybridSequence(pool, groups)
+    b.try_append(4)
+    b.publish(keys)  # group 1 stores block 0's key
+    stores = [
+        (e.parent_block_hash, e.block_hashes)
+        for e in pool.drain_events().events
+        if isinstance(e, BlockStored) and e.group_idx == 1
+    ]
+    order = [k for _, hashes in stores for k in hashes]
+    k0, k1, k2 = keys.group(1)[:3]
+    assert sorted(order) == sorted([k0, k1, k2])
+    assert order.index(k0) < order.index(k1) < order.index(k2)
+    # Every store's parent is known by the time it comes.
+    seen = set()
+    for parent, hashes in stores:
+        assert parent is None or parent in seen
+        seen.update(hashes)
+    a.close()
+    b.close()
+
+
 def test_a_full_ring_reports_how_many_events_it_lost():
     pool = kvslots.BlockPool(8, 2, shards=1, kv_events=2)
     pool.drain_events()

@@ -725,15 +725,17 @@ impl Drop for Ticket<'_> {
 }
 
 /// Merges the rings' records of one drain into `out`, each ring's order
-/// kept: next comes a store whose parent is the key just stored (it joins
-/// that key's event), else the first ring's next record that does not wait
-/// (a store waits while a store of its parent key is still to come in
-/// this drain), else, if every ring's next record waits (a cycle), the
-/// first ring's. A removal joins the removals just before it.
+/// kept but for one move: next comes a store whose parent is the key just
+/// stored (it joins that key's event), else the first ring's next record
+/// that does not wait (a store waits while a store of its parent key is
+/// still to come in this drain), else, every ring's next record waiting,
+/// the parent's store a next record waits for, moved ahead of its ring's
+/// records before it (see [`hoistable`]), else (a cycle) the first ring's
+/// next record. A removal joins the removals just before it.
 ///
 /// `to_come` counts the stores still to come by a 64-bit fingerprint of
 /// their keys: two keys that share one only make a store wait for the
-/// other's (the order of a ring's records is kept whatever waits).
+/// other's.
 fn merge(
     lists: &[Vec<Record>],
     to_come: &mut HashMap<u64, u32>,
@@ -747,30 +749,40 @@ fn merge(
             *to_come.entry(fingerprint(key)).or_default() += 1;
         }
     }
+    // The records moved ahead of their ring's order, emitted already.
+    let mut taken: Vec<Vec<bool>> = lists.iter().map(|list| vec![false; list.len()]).collect();
     let mut next = vec![0usize; lists.len()];
     let mut live: Vec<usize> = (0..lists.len()).filter(|&r| !lists[r].is_empty()).collect();
     let mut last_stored: Option<BlockHash> = None;
     while !live.is_empty() {
+        let waits = |record: &Record| match record {
+            Record::Stored {
+                parent: Some(parent),
+                ..
+            } => to_come.get(&fingerprint(parent)).is_some_and(|&n| n > 0),
+            _ => false,
+        };
         let head = |i: usize| -> &Record { &lists[live[i]][next[live[i]]] };
-        let parent_of = |i: usize| match head(i) {
-            Record::Stored { parent, .. } => parent.as_ref(),
-            _ => None,
+        let continues = |i: usize| {
+            matches!(head(i), Record::Stored { parent: Some(parent), .. }
+                if last_stored.as_ref() == Some(parent))
         };
-        let continues = |i: usize| last_stored.is_some() && parent_of(i) == last_stored.as_ref();
-        let ready = |i: usize| {
-            parent_of(i).map_or(true, |p| {
-                to_come.get(&fingerprint(p)).map_or(true, |&n| n == 0)
-            })
-        };
-        let pick = (0..live.len())
+        let (r, at) = match (0..live.len())
             .find(|&i| continues(i))
-            .or_else(|| (0..live.len()).find(|&i| ready(i)))
-            .unwrap_or(0);
-        let r = live[pick];
-        let record = lists[r][next[r]];
-        next[r] += 1;
+            .or_else(|| (0..live.len()).find(|&i| !waits(head(i))))
+        {
+            Some(i) => (live[i], next[live[i]]),
+            None => (0..live.len())
+                .find_map(|i| hoistable(lists, &taken, &next, &live, head(i), &waits))
+                .unwrap_or((live[0], next[live[0]])),
+        };
+        let record = lists[r][at];
+        taken[r][at] = true;
+        while next[r] < lists[r].len() && taken[r][next[r]] {
+            next[r] += 1;
+        }
         if next[r] == lists[r].len() {
-            live.remove(pick);
+            live.retain(|&l| l != r);
         }
         last_stored = None;
         if let Record::Stored { key, .. } = record {
@@ -781,6 +793,58 @@ fn merge(
         }
         emit(record, block_size, out.len() > start, out);
     }
+}
+
+/// Where the store that `waiting` (a ring's next record, waiting for its
+/// parent's store) waits for lies, as `(ring, index)`, if it may be moved
+/// ahead of the records before it in its ring; and when that store waits
+/// in turn, where the store it waits for lies, and so on up the chain as
+/// far as stores may be moved: the last one found. A store moves ahead of
+/// other keys' records only: not past a removal of its key, nor past
+/// lost events (which may have held one), so each key's records keep
+/// their order, as [`crate::BlockPool::drain_events`] documents. `None`
+/// when the first is not found (a removal or lost events in the way).
+fn hoistable(
+    lists: &[Vec<Record>],
+    taken: &[Vec<bool>],
+    next: &[usize],
+    live: &[usize],
+    waiting: &Record,
+    waits: &dyn Fn(&Record) -> bool,
+) -> Option<(usize, usize)> {
+    let mut record = waiting;
+    let mut found = None;
+    // Each step climbs one parent; a chain longer than the drain's records
+    // is a cycle (keys sharing a fingerprint).
+    for _ in 0..lists.iter().map(Vec::len).sum::<usize>() {
+        let Record::Stored {
+            parent: Some(parent),
+            ..
+        } = record
+        else {
+            break;
+        };
+        let Some(at) = live.iter().find_map(|&r| {
+            (next[r]..lists[r].len())
+                .filter(|&j| !taken[r][j])
+                .map(|j| (j, &lists[r][j]))
+                .take_while(|(_, rec)| match rec {
+                    Record::Removed { key, .. } => key != parent,
+                    Record::Dropped { .. } => false,
+                    Record::Stored { .. } => true,
+                })
+                .find(|(_, rec)| matches!(rec, Record::Stored { key, .. } if key == parent))
+                .map(|(j, _)| (r, j))
+        }) else {
+            break;
+        };
+        found = Some(at);
+        record = &lists[at.0][at.1];
+        if !waits(record) {
+            break;
+        }
+    }
+    found
 }
 
 /// The merge's fingerprint of a key: its four words folded into one.
@@ -879,9 +943,15 @@ impl BlockPool {
     /// * **Across keys**: a key's events all go to one ring (one per
     ///   free-list shard, picked by a hash of the key). Within a ring, the
     ///   order is that of the reservations, which agrees with
-    ///   happens-before; across rings there is no order, except that a
-    ///   store comes after the store of its parent key when both are in
-    ///   the same batch. A batch holds what was written when the call
+    ///   happens-before; across rings there is no order. One rule holds
+    ///   across rings and within one: a store comes after the store of its
+    ///   parent key when both are in the same batch, unless a removal of
+    ///   the parent's key, or lost events, come before the parent's store
+    ///   in its ring. (A parent's store recorded after its child's, as
+    ///   when a [`HybridSequence`](crate::HybridSequence)'s sliding group
+    ///   publishes blocks past one its window gave back and another
+    ///   request then publishes that one, is moved ahead of the child's.)
+    ///   A batch holds what was written when the call
     ///   read each ring: a record whose producer is still writing it (for
     ///   the length of one CAS) waits for the next call, with the records
     ///   of its ring behind it.
@@ -1096,31 +1166,176 @@ mod tests {
         );
     }
 
-    #[test]
-    fn merge_keeps_each_ring_in_order_when_every_head_waits() {
-        let stored = |k: u8, p: u8| Record::Stored {
-            key: key(k),
-            parent: Some(key(p)),
-            id: BlockId::new(u32::from(k)),
-            group: GroupTag::NONE,
-        };
-        // Each ring's head waits for a store behind the other's head.
-        let lists = vec![
-            vec![stored(1, 4), stored(3, 9)],
-            vec![stored(2, 3), stored(4, 9)],
-        ];
+    /// The keys of `lists` merged, in the order of their records: `(true,
+    /// k)` a store of `key(k)`, `(false, k)` a removal, `(false, 255)` lost
+    /// events.
+    fn merged_keys(lists: &[Vec<Record>]) -> Vec<(bool, u8)> {
         let mut out = Vec::new();
-        merge(&lists, &mut HashMap::new(), 4, &mut out);
-        let order: Vec<BlockHash> = out
-            .iter()
+        merge(lists, &mut HashMap::new(), 4, &mut out);
+        let name = |k: &BlockHash| (0..u8::MAX).find(|&i| key(i) == *k).unwrap();
+        out.iter()
             .flat_map(|e| match e {
-                KvEvent::BlockStored { keys, .. } => keys.clone(),
+                KvEvent::BlockStored { keys, .. } => keys.iter().map(|k| (true, name(k))).collect(),
+                KvEvent::BlockRemoved { keys, .. } => {
+                    keys.iter().map(|k| (false, name(k))).collect()
+                }
+                KvEvent::Dropped { .. } => vec![(false, u8::MAX)],
                 _ => Vec::new(),
             })
-            .collect();
-        let pos = |k: u8| order.iter().position(|&x| x == key(k)).unwrap();
+            .collect()
+    }
+
+    fn stored(k: u8, p: Option<u8>) -> Record {
+        Record::Stored {
+            key: key(k),
+            parent: p.map(key),
+            id: BlockId::new(u32::from(k)),
+            group: GroupTag::NONE,
+        }
+    }
+
+    fn removed(k: u8) -> Record {
+        Record::Removed {
+            key: key(k),
+            group: GroupTag::NONE,
+        }
+    }
+
+    #[test]
+    fn merge_moves_a_parent_ahead_when_every_head_waits() {
+        // Each ring's head waits for a store behind the other's head.
+        let lists = vec![
+            vec![stored(1, Some(4)), stored(3, Some(9))],
+            vec![stored(2, Some(3)), stored(4, Some(9))],
+        ];
+        let order = merged_keys(&lists);
+        let pos = |k: u8| order.iter().position(|&x| x == (true, k)).unwrap();
         assert_eq!(order.len(), 4);
-        assert!(pos(1) < pos(3) && pos(2) < pos(4));
+        assert!(pos(4) < pos(1) && pos(3) < pos(2));
+    }
+
+    #[test]
+    fn merge_moves_a_parent_ahead_within_one_ring() {
+        // A sliding window's chain published before its first block, then
+        // that block (its parent none): one ring, one chain.
+        let lists = vec![vec![
+            stored(1, Some(0)),
+            stored(2, Some(1)),
+            removed(7),
+            stored(0, None),
+        ]];
+        assert_eq!(
+            merged_keys(&lists),
+            [(true, 0), (true, 1), (true, 2), (false, 7)]
+        );
+        // And up a chain: the parent's own parent is later still.
+        let lists = vec![vec![
+            stored(2, Some(1)),
+            stored(1, Some(0)),
+            stored(0, None),
+        ]];
+        assert_eq!(merged_keys(&lists), [(true, 0), (true, 1), (true, 2)]);
+    }
+
+    #[test]
+    fn merge_moves_no_store_past_its_keys_removal_or_a_loss() {
+        // The parent's key is removed before its store: its records keep
+        // their order, so the child goes first, as its ring had it.
+        let lists = vec![vec![stored(1, Some(0)), removed(0), stored(0, None)]];
+        assert_eq!(merged_keys(&lists), [(true, 1), (false, 0), (true, 0)]);
+        // Lost events may have held such a removal.
+        let lists = vec![vec![
+            stored(1, Some(0)),
+            Record::Dropped { count: 1 },
+            stored(0, None),
+        ]];
+        assert_eq!(
+            merged_keys(&lists),
+            [(true, 1), (false, u8::MAX), (true, 0)]
+        );
+    }
+
+    proptest::proptest! {
+        /// Random drains (keys 0..12, each key's records in one ring, a
+        /// key's parent a smaller key, so no cycle): each key's records
+        /// keep their ring's order, and a store comes after its parent's
+        /// store in the batch unless, in the parent's ring, a removal of
+        /// the parent's key or lost events come before that store.
+        #[test]
+        fn merge_keeps_each_keys_order_and_puts_parents_first(
+            rings in 1usize..4,
+            ops in proptest::collection::vec((0u8..12, 0u8..13, 0u8..10), 0..40),
+        ) {
+            let ring_of = |k: u8| usize::from(k) % rings;
+            let mut lists = vec![Vec::new(); rings];
+            for (k, p, kind) in ops {
+                let record = match kind {
+                    0 => Record::Dropped { count: 1 },
+                    1..=3 => removed(k),
+                    _ => stored(k, (p < k).then_some(p)),
+                };
+                lists[ring_of(k)].push(record);
+            }
+            let order = merged_keys(&lists);
+            // Dropped records make one event each; the rest one a key.
+            let records = lists.iter().flatten().count();
+            proptest::prop_assert_eq!(order.len(), records);
+            for k in 0..12u8 {
+                let want: Vec<(bool, u8)> = lists[ring_of(k)]
+                    .iter()
+                    .filter_map(|r| match r {
+                        Record::Stored { key: x, .. } if *x == key(k) => Some((true, k)),
+                        Record::Removed { key: x, .. } if *x == key(k) => Some((false, k)),
+                        _ => None,
+                    })
+                    .collect();
+                let got: Vec<(bool, u8)> = order.iter().copied().filter(|e| e.1 == k).collect();
+                proptest::prop_assert_eq!(got, want);
+            }
+            for list in &lists {
+                for (i, record) in list.iter().enumerate() {
+                    let Record::Stored { key: child, parent: Some(parent), .. } = record else {
+                        continue;
+                    };
+                    // This is the child key's `nth` store (of its ring, so
+                    // of the batch: its records keep their order).
+                    let nth = list[..i]
+                        .iter()
+                        .filter(|r| matches!(r, Record::Stored { key, .. } if key == child))
+                        .count();
+                    let p = parent.0[0];
+                    // The parent's first store in its ring, and whether a
+                    // removal of its key or lost events come before it.
+                    let ring = &lists[ring_of(p)];
+                    let Some(first) = ring.iter().position(
+                        |r| matches!(r, Record::Stored { key, .. } if key == parent),
+                    ) else {
+                        continue;
+                    };
+                    let blocked = ring[..first].iter().any(|r| match r {
+                        Record::Removed { key, .. } => key == parent,
+                        Record::Dropped { .. } => true,
+                        Record::Stored { .. } => false,
+                    });
+                    if blocked {
+                        continue;
+                    }
+                    let c = child.0[0];
+                    let parent_at = order.iter().position(|&e| e == (true, p)).unwrap();
+                    let child_at = order
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &e)| e == (true, c))
+                        .nth(nth)
+                        .unwrap()
+                        .0;
+                    proptest::prop_assert!(
+                        parent_at < child_at,
+                        "{c}'s store before its parent {p}'s: {order:?} from {lists:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
