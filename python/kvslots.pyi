@@ -137,13 +137,16 @@ class FreeError(ValueError):
     """The pool's size, for `"out_of_range"`; else None."""
 
 class CopyRequired(RuntimeError):
-    """`Sequence.try_append` refused: the last block is partly filled and
-    shared (with a fork or a matched sequence) or cached, so the append needs
-    a copy-on-write. Use `Sequence.append_cow`. Nothing changed."""
+    """`Sequence.try_append` (or `HybridSequence.try_append`) refused: the
+    last block is partly filled and shared (with a fork or a matched
+    sequence) or cached, so the append needs a copy-on-write. Use
+    `append_cow` (of the same class), which returns the copies to make.
+    Nothing changed."""
 
 class WindowError(ValueError):
-    """`HybridSequence.truncate` refused: the window of the token at the new
-    length reaches blocks a sliding group gave back. Nothing changed."""
+    """`HybridSequence.truncate` (or `truncate_fenced`) refused: the window
+    of the token at the new length reaches blocks a sliding group gave
+    back. Nothing changed."""
 
     len: int
     """The length asked for."""
@@ -340,8 +343,9 @@ class BlockPool:
     one holds count as free and are evicted least recently released first.
 
     `shards` cuts the free list into that many shards (default: one per 64
-    blocks, at most 16). `kv_events` (records in all, 128 bytes each) turns
-    on KV events (`drain_events`). `prefix_cache=False` builds the core pool
+    blocks, at most 16). `kv_events` (records in all, 128 bytes each,
+    shared among the shards' rings: `kv_events / shards` each, rounded up,
+    at least 2) turns on KV events (`drain_events`). `prefix_cache=False` builds the core pool
     alone (8 bytes and two bits a block instead of 74): `Sequence.publish`
     and `match_prefix` then return 0 and change nothing. Raises
     `ValueError` for `block_size == 0`, `num_blocks > MAX_BLOCKS`, a
@@ -570,7 +574,9 @@ class Sequence:
     def match_prefix(self, keys: _Keys) -> int:
         """Takes the cached blocks of the longest prefix of `keys` into this
         empty sequence and returns how many (`len(seq)` becomes that times
-        `block_size`). A non-empty sequence returns 0."""
+        `block_size`). A sequence that holds tokens or blocks (blocks a
+        `try_reserve` or `reserve` took, with `len(seq) == 0`, included)
+        matches nothing and returns 0."""
     def publish(self, keys: _Keys) -> int:
         """Caches the full blocks under `keys` (`keys[i]` for block `i`) and
         returns how many became cached. Publish only committed tokens."""
@@ -725,7 +731,7 @@ class HybridSequence:
         window of the token at `len` reaches a given-back block."""
     def truncate_fenced(self, len: _Int, fence: _Int) -> int:
         """`truncate`, with the references given back at
-        `pool.complete(fence)`."""
+        `pool.complete(fence)`; raises `WindowError` as `truncate` does."""
     def retire(self, fence: _Int) -> int:
         """Gives the sequence up while step `fence` may still read it;
         returns how many references; closes the sequence."""
@@ -738,8 +744,9 @@ class HybridSequence:
         each partly filled last one: `(child, copies)`."""
     def match_prefix(self, keys: GroupKeys) -> int:
         """Takes the longest prefix every group can serve into this empty
-        sequence; returns its blocks. Raises `ValueError` for another
-        `KvGroups`' keys."""
+        sequence; returns its blocks. A sequence that holds tokens or blocks
+        (a reservation's included) matches nothing and returns 0. Raises
+        `ValueError` for another `KvGroups`' keys."""
     def publish(self, keys: GroupKeys) -> int:
         """Caches every group's full blocks; returns how many became
         cached. With `kv_events`, each group's stores are reported under

@@ -6,7 +6,9 @@ Three workloads, each run on every pool in turn (one thread):
 * **trace**: the Mooncake conversation trace (traces/mooncake-conversation.jsonl)
   replayed request by request through the calls a scheduler makes: match
   the prompt's cached prefix, append the rest of the prompt (all its blocks),
-  publish the full blocks, free the request. 4 calls a request.
+  publish the full blocks, free the request. 4 scheduler calls a request
+  (kvslots makes them through 6 calls into the package: `Sequence`,
+  `match_prefix`, `len`, `try_append`, `publish`, `close`).
 * **decode**: a decode step's appends, one token to each of `--decode-batch`
   running sequences, `--decode-steps` steps (a new block every
   `block_size` steps): kvslots through one `try_append_each` call a step
@@ -76,6 +78,8 @@ from pathlib import Path
 import kvslots
 
 TRACE_BLOCK = 512
+# The alloc/free loops' sizes, in blocks.
+ALLOC_FREE = (1, 16, 128)
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE = REPO / "traces" / "mooncake-conversation.jsonl"
 
@@ -96,9 +100,9 @@ def load_trace(path: Path, limit: int | None) -> list[tuple[int, list[int]]]:
             r = json.loads(line)
             n = r["input_length"]
             requests.append((n, r["hash_ids"][: n // TRACE_BLOCK]))
-            if limit is not None and len(requests) == limit:
+            if limit is not None and len(requests) >= limit:
                 break
-    return requests
+    return requests if limit is None or limit > 0 else []
 
 
 def request_keys(ids: list[int], block_size: int) -> bytes:
@@ -558,19 +562,41 @@ def replay(pool, batches, block_size: int) -> tuple[float, int, int, int]:
     return elapsed, served, hits, queried
 
 
+def positive(text: str) -> int:
+    """An option's value: an int of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE)
-    ap.add_argument("--requests", type=int, default=None, help="replay only the first N")
-    ap.add_argument("--num-blocks", type=int, default=8192)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=20000, help="alloc/free pairs per run")
-    ap.add_argument("--decode-batch", type=int, default=256, help="running sequences")
-    ap.add_argument("--decode-steps", type=int, default=256, help="decode steps per run")
+    ap.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="a Mooncake JSONL trace")
+    ap.add_argument("--requests", type=positive, default=None, help="replay only the first N")
+    ap.add_argument("--num-blocks", type=positive, default=8192, help="the pools' blocks")
+    ap.add_argument("--block-size", type=positive, default=16, help="tokens a block")
+    ap.add_argument("--repeats", type=positive, default=3, help="runs of each workload (best kept)")
+    ap.add_argument("--rounds", type=positive, default=20000, help="alloc/free pairs per run")
+    ap.add_argument("--decode-batch", type=positive, default=256, help="running sequences")
+    ap.add_argument("--decode-steps", type=positive, default=256, help="decode steps per run")
     ap.add_argument("--vllm-src", default=None, help="a directory holding a vllm wheel's vllm/")
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = ap.parse_args()
+    # The hybrid decoders' sequences hold the most: every block of their
+    # tokens in the full group, and the window's (two more at most, the
+    # block it starts in and the one being filled) in the sliding one.
+    full = -(-args.decode_steps // args.block_size)
+    need = args.decode_batch * (full + min(full, -(-WINDOW // args.block_size) + 2))
+    if need > args.num_blocks:
+        ap.error(
+            f"--decode-batch {args.decode_batch} sequences of --decode-steps "
+            f"{args.decode_steps} tokens need up to {need} blocks of {args.block_size} tokens "
+            f"(two groups of layers): more than --num-blocks {args.num_blocks}"
+        )
 
     block_pool_cls, vllm_note = vllm_block_pool(args.vllm_src)
     makers = [
@@ -581,7 +607,18 @@ def main() -> int:
     if block_pool_cls is not None:
         makers.append(lambda: VllmPool(args.num_blocks, args.block_size, block_pool_cls))
 
-    requests = load_trace(args.trace, args.requests)
+    try:
+        requests = load_trace(args.trace, args.requests)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        ap.error(f"--trace {args.trace}: {err!r}")
+    largest = max((-(-n // args.block_size) for n, _ in requests), default=0)
+    if largest > args.num_blocks:
+        ap.error(
+            f"--num-blocks {args.num_blocks} holds no request of {largest} blocks of "
+            f"{args.block_size} tokens (the trace's longest prompt)"
+        )
+    if args.num_blocks < max(ALLOC_FREE):
+        ap.error(f"--num-blocks {args.num_blocks} is under the alloc/free loops' {max(ALLOC_FREE)} blocks")
     t0 = time.perf_counter()
     batches = list(chunks(requests, args.block_size))
     keying = time.perf_counter() - t0
@@ -597,7 +634,7 @@ def main() -> int:
                 best = (elapsed, served, hits, queried, pool.evictions())
         elapsed, served, hits, queried, evictions = best
         alloc_free = {}
-        for k in () if name.endswith("(packed keys)") else (1, 16, 128):
+        for k in () if name.endswith("(packed keys)") else ALLOC_FREE:
             runs = []
             for _ in range(args.repeats):
                 pool = make()
@@ -617,7 +654,7 @@ def main() -> int:
         }
 
     floor = {}
-    for k in (1, 16, 128):
+    for k in ALLOC_FREE:
         runs = []
         for _ in range(args.repeats):
             gc.collect()
@@ -685,7 +722,10 @@ def main() -> int:
         f"keys computed in {keying:.1f} s (outside the timing)"
     )
     print()
-    print("| pool | us / request (4 calls) | peer / kvslots | hit blocks | queried | hit rate | evictions |")
+    print(
+        "| pool | us / request (4 scheduler calls) | peer / kvslots | hit blocks | queried | hit rate "
+        "| evictions |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, r in results.items():
         ratio = r["us_per_request"] / base["us_per_request"]
@@ -701,17 +741,17 @@ def main() -> int:
         if not r["alloc_free_ns"]:
             continue
         cells = []
-        for k in (1, 16, 128):
+        for k in ALLOC_FREE:
             ns = r["alloc_free_ns"][k]
             cells.append(f"{ns:,.0f} | {ns / base['alloc_free_ns'][k]:.1f}x")
         print(f"| {name} | " + " | ".join(cells) + " |")
-    cells = [f"{floor[k]:,.0f} | {floor[k] / base['alloc_free_ns'][k]:.2f}x" for k in (1, 16, 128)]
+    cells = [f"{floor[k]:,.0f} | {floor[k] / base['alloc_free_ns'][k]:.2f}x" for k in ALLOC_FREE]
     print("| floor: a list of k new ints, two calls, no pool | " + " | ".join(cells) + " |")
     lru = results["python-lru"]["alloc_free_ns"]
     print()
     print(
         "python-lru over the floor (the most any pool whose alloc returns a list can gain on it): "
-        + ", ".join(f"{lru[k] / floor[k]:.1f}x (k = {k})" for k in (1, 16, 128))
+        + ", ".join(f"{lru[k] / floor[k]:.1f}x (k = {k})" for k in ALLOC_FREE)
     )
     for title, table in (
         ("decode", decode),

@@ -79,18 +79,18 @@ create_exception!(
     kvslots,
     CopyRequired,
     PyRuntimeError,
-    "`Sequence.try_append` refused: the last block is partly filled and shared \
-     (with a fork or a matched sequence) or cached, so the append needs a \
-     copy-on-write. Use `Sequence.append_cow`, which returns the `BlockCopy` to \
-     make. Nothing changed."
+    "`Sequence.try_append` (or `HybridSequence.try_append`) refused: the last \
+     block is partly filled and shared (with a fork or a matched sequence) or \
+     cached, so the append needs a copy-on-write. Use `append_cow` (of the same \
+     class), which returns the copies to make. Nothing changed."
 );
 
 create_exception!(
     kvslots,
     WindowError,
     PyValueError,
-    "`HybridSequence.truncate` refused: the window of the token at the new \
-     length reaches blocks a sliding group gave back (their keys and values are \
+    "`HybridSequence.truncate` (or `truncate_fenced`) refused: the window of \
+     the token at the new length reaches blocks a sliding group gave back (their keys and values are \
      gone). Nothing changed.\n\n\
      Attributes: `len` (the length asked for) and `min_len` (the shortest length \
      accepted besides 0)."

@@ -603,6 +603,7 @@ impl PyHybridSequence {
 
     /// `truncate` for a device step that may still read the blocks given
     /// back: their references are dropped at `pool.complete(fence)`.
+    /// Raises `WindowError` as `truncate` does (nothing changed).
     fn truncate_fenced(
         &self,
         py: Python<'_>,
@@ -692,8 +693,9 @@ impl PyHybridSequence {
     /// Takes the longest prefix every group can serve from the cache into
     /// this empty sequence (a full group needs every block, a sliding group
     /// only the window ending at the hit), one reference each; sets
-    /// `len(seq)` to `k * block_size` and returns `k`. A sequence that is
-    /// not empty matches nothing and returns 0. Raises `ValueError` for
+    /// `len(seq)` to `k * block_size` and returns `k`. A sequence that
+    /// holds tokens or blocks (blocks a reservation took, with a length of
+    /// 0, included) matches nothing and returns 0. Raises `ValueError` for
     /// keys made for other groups (nothing changes then).
     fn match_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyGroupKeys>) -> PyResult<usize> {
         let keys = self.keys_of(py, keys)?;

@@ -23,8 +23,9 @@ use crate::wait;
 ///
 /// `shards` cuts the free list into that many shards (default: one per 64
 /// blocks, at most 16); any thread can take every block whatever the
-/// shards. `kv_events` (records in all, 128 bytes each) turns KV events
-/// on. `prefix_cache=False` builds the core pool alone (8 bytes and two bits
+/// shards. `kv_events` (records in all, 128 bytes each, shared among the
+/// shards' rings: `kv_events / shards` each, rounded up, at least 2)
+/// turns KV events on. `prefix_cache=False` builds the core pool alone (8 bytes and two bits
 /// a block instead of 74): `Sequence.publish` and `match_prefix` then
 /// return 0 and change nothing. Raises `ValueError` for `block_size == 0`, `num_blocks`
 /// above `BlockPool.MAX_BLOCKS`, a `num_blocks * block_size` too large,

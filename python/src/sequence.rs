@@ -488,7 +488,8 @@ impl PySequence {
     /// Takes the longest prefix of `keys` (from `hash_blocks` with the
     /// pool's block size) whose blocks are cached into this empty sequence,
     /// one reference each; sets `len(seq)` to `k * block_size` and returns
-    /// `k`. A sequence that is not empty matches nothing and returns 0.
+    /// `k`. A sequence that holds tokens or blocks (blocks a reservation
+    /// took, with a length of 0, included) matches nothing and returns 0.
     /// Raises `TypeError` / `ValueError` for a key that is not 32 bytes
     /// (nothing changes then).
     fn match_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {

@@ -5,6 +5,7 @@ benchmark compares equal work; every alloc/free loop, the floor's
 included, leaves its pool as it found it."""
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -110,3 +111,39 @@ def test_hybrid_decode_loops_hold_the_same_blocks(bench, batch, steps):
         elapsed, blocks = run(NUM_BLOCKS, BLOCK_SIZE, batch, steps)
         assert blocks == want, run.__name__
         assert elapsed > 0
+
+
+def test_a_trace_limit_below_one_loads_nothing(bench):
+    # From a helper's attack: a limit of 0 (or below) loaded the whole trace.
+    assert bench.load_trace(bench.DEFAULT_TRACE, 0) == []
+    assert bench.load_trace(bench.DEFAULT_TRACE, -3) == []
+    assert len(bench.load_trace(bench.DEFAULT_TRACE, 2)) == 2
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        ["--repeats", "0"],
+        ["--decode-batch", "0"],
+        ["--decode-steps", "0"],
+        ["--rounds", "0"],
+        ["--requests", "-1"],
+        ["--requests", "0"],
+        ["--block-size", "0"],
+        ["--num-blocks", "x"],
+        ["--num-blocks", "10"],  # under the trace's longest prompt
+        ["--decode-batch", "100000"],  # more blocks than the pool's
+        ["--trace", "/nonexistent/trace.jsonl"],
+    ],
+)
+def test_the_benchmark_refuses_a_bad_option(option):
+    # From a helper's attack: bad values ended in tracebacks (or, for
+    # --requests 0, replayed the whole trace).
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--requests", "5", "--repeats", "1", "--rounds", "10",
+         "--decode-batch", "2", "--decode-steps", "2", *option],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 2, done.stderr[-500:]
+    assert option[0] in done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""

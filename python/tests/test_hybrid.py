@@ -335,3 +335,33 @@ def test_capacity_is_what_every_group_can_hold():
     assert pool.used_blocks == used and a.capacity == 4
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["Sequence", "Hybrid"])
+def test_match_prefix_on_a_sequence_holding_only_reserved_blocks_matches_nothing(hybrid):
+    # From a helper's attack: the docstrings said "a non-empty sequence
+    # returns 0"; a sequence of length 0 holding reserved blocks does too.
+    pool = kvslots.BlockPool(32, 4)
+    if hybrid:
+        groups = kvslots.KvGroups(["full"])
+        keys = groups.keys(kvslots.hash_blocks(list(range(8)), 4))
+
+        def make():
+            return kvslots.HybridSequence(pool, groups)
+    else:
+        keys = kvslots.hash_blocks(list(range(8)), 4)
+
+        def make():
+            return kvslots.Sequence(pool)
+    with make() as a:
+        a.try_append(8)
+        a.publish(keys)
+    b = make()
+    b.try_reserve(8)
+    assert len(b) == 0
+    before = (pool.free_blocks, pool.prefix_stats())
+    assert b.match_prefix(keys) == 0
+    assert len(b) == 0 and (pool.free_blocks, pool.prefix_stats()) == before
+    b.shrink_to_fit()
+    assert b.match_prefix(keys) == 2
+    b.close()
