@@ -1143,11 +1143,18 @@
 //! settled beside it is woken all the same (nothing else would wake it:
 //! with nobody pending no release runs the grant loop, and after `close`
 //! nothing does), and is then resumed in the caller whose step settled
-//! the entry (a release, a poll, a drop, or a pool's `try_*` call whose
-//! gather gave blocks back, see "Where locks are taken"). A waiter
-//! records its ticket before the wakes of its own first look run, so that
-//! if they unwind it is queued, and its drop (a future's, or a blocking
-//! call's guard) leaves the queue.
+//! the entry (a release, a poll, a drop, a blocking call that queues or
+//! whose timeout runs out, or a pool's `try_*` call whose gather gave
+//! blocks back, see "Where locks are taken"). A waiter records its ticket
+//! before the wakes of its own first look run, so that if they unwind it
+//! is queued, and its drop (a future's, or a blocking call's guard)
+//! leaves the queue. A poll that collects its grant (or its `Closed`)
+//! marks its wait done before it lets go of the lock; if the wakes after
+//! the lock then unwind (its own replaced waker's drop included), the
+//! grant it collected is handed on, as a release would, before the panic
+//! goes on: the caller never gets it. A poll clones its new waker before
+//! it takes the lock, and a waker it does not keep is dropped after the
+//! lock, as every other.
 //!
 //! **No lost wake-up.** A waiter that finds the allocator short (or
 //! someone queued) queues (writing `owed` under the lock), makes a read-modify-write that changes

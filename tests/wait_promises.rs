@@ -363,3 +363,225 @@ fn never_fits_is_not_reported_for_a_request_that_fits_once_the_copy_source_goes(
         );
     }
 }
+
+// ---------------------------------------------------------------------------
+// From a helper's attack: a poll that collects its outcome and then unwinds
+// (its own replaced waker's drop panics after the lock), and a new waker
+// whose clone runs the caller's code.
+// ---------------------------------------------------------------------------
+
+/// A waker whose drop panics (a task whose drop panics), unless the thread
+/// is unwinding already.
+struct PanicsOnDrop;
+
+impl Wake for PanicsOnDrop {
+    fn wake(self: Arc<Self>) {}
+}
+
+impl Drop for PanicsOnDrop {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("waker dropped");
+        }
+    }
+}
+
+type Parked<F> = std::sync::Mutex<Option<std::pin::Pin<Box<F>>>>;
+
+/// A waker that polls the future parked in it inline, with a waker that
+/// does nothing (a second executor thread could poll it as well), and
+/// records whether that poll unwound.
+struct PollsParked<F: std::future::Future + Send> {
+    parked: Parked<F>,
+    unwound: AtomicBool,
+}
+
+impl<F: std::future::Future + Send> Wake for PollsParked<F> {
+    fn wake(self: Arc<Self>) {
+        let mut parked = self.parked.lock().unwrap();
+        if let Some(fut) = parked.as_mut() {
+            let noop = Waker::from(Arc::new(Noop));
+            let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                let _ = poll_once(fut.as_mut(), &noop);
+            }));
+            self.unwound.store(polled.is_err(), Ordering::SeqCst);
+        }
+    }
+}
+
+struct Noop;
+
+impl Wake for Noop {
+    fn wake(self: Arc<Self>) {}
+}
+
+/// 40 waiters for one unit each queue on a full allocator, the first with
+/// a waker that polls the 34th inline, the 34th with a waker whose drop
+/// panics; then `settle` (a release of all 40, or `close`) settles them
+/// all. Only 32 wakers go in the first batch, so the 34th keeps its stored
+/// waker until the inline poll collects its outcome and replaces it: that
+/// waker's drop, after the lock, unwinds out of the poll. Returns the
+/// other 39 futures, the 34th (parked), and whether its poll unwound.
+#[allow(clippy::type_complexity)]
+fn poll_unwinds_after_collecting<F: std::future::Future + Send + 'static>(
+    mut wait: impl FnMut() -> F,
+    settle: impl FnOnce(),
+) -> (Vec<std::pin::Pin<Box<F>>>, std::pin::Pin<Box<F>>, bool) {
+    const N: usize = 40;
+    let poller = Arc::new(PollsParked::<F> {
+        parked: std::sync::Mutex::new(None),
+        unwound: AtomicBool::new(false),
+    });
+    let noop = Waker::from(Arc::new(Noop));
+    let mut others = Vec::new();
+    for i in 0..N {
+        let mut fut = Box::pin(wait());
+        let waker = match i {
+            0 => Waker::from(Arc::clone(&poller)),
+            33 => Waker::from(Arc::new(PanicsOnDrop)),
+            _ => noop.clone(),
+        };
+        assert!(poll_once(fut.as_mut(), &waker).is_pending());
+        if i == 33 {
+            *poller.parked.lock().unwrap() = Some(fut);
+        } else {
+            others.push(fut);
+        }
+    }
+    settle();
+    let parked = poller.parked.lock().unwrap().take().unwrap();
+    (others, parked, poller.unwound.load(Ordering::SeqCst))
+}
+
+#[test]
+fn a_poll_that_unwinds_after_collecting_its_grant_hands_it_on() {
+    let counter: &'static SlotCounter = Box::leak(Box::new(SlotCounter::new(40)));
+    let held = std::cell::Cell::new(Some(counter.try_reserve(40).unwrap()));
+    let (others, parked, unwound) =
+        poll_unwinds_after_collecting(|| counter.reserve(1), || drop(held.take()));
+    assert!(
+        unwound,
+        "the inline poll unwound with its old waker's panic"
+    );
+    // The unit it collected went back, and on to nobody (all are granted).
+    assert_eq!(counter.used(), 39);
+    let noop = Waker::from(Arc::new(Noop));
+    for mut fut in others {
+        let Poll::Ready(Ok(reservation)) = poll_once(fut.as_mut(), &noop) else {
+            panic!("a granted waiter resolves to its reservation");
+        };
+        drop(reservation);
+    }
+    // Done: its drop leaves nothing to cancel (it panicked on the missing
+    // entry, and aborted the process where the future was dropped while
+    // unwinding).
+    drop(parked);
+    assert_eq!((counter.used(), counter.waiters()), (0, 0));
+    assert_eq!(counter.reserve_blocking(40, None).unwrap().len(), 40);
+}
+
+#[test]
+fn a_poll_that_unwinds_after_collecting_its_grant_hands_the_blocks_on() {
+    let pool: &'static BlockPool = Box::leak(Box::new(BlockPool::new(40, 4)));
+    let mut held = Vec::new();
+    pool.try_alloc(40, &mut held).unwrap();
+    let held = std::cell::Cell::new(held);
+    let (others, parked, unwound) = poll_unwinds_after_collecting(
+        || async move {
+            let mut ids = Vec::new();
+            pool.alloc(1, &mut ids).await.map(|()| ids)
+        },
+        || pool.free(&held.take()).unwrap(),
+    );
+    assert!(unwound);
+    assert_eq!(pool.used_blocks(), 39);
+    let noop = Waker::from(Arc::new(Noop));
+    for mut fut in others {
+        let Poll::Ready(Ok(ids)) = poll_once(fut.as_mut(), &noop) else {
+            panic!("a granted waiter resolves to its block");
+        };
+        pool.free(&ids).unwrap();
+    }
+    drop(parked);
+    assert_eq!((pool.used_blocks(), pool.waiters()), (0, 0));
+    let mut all = Vec::new();
+    pool.try_alloc(40, &mut all).unwrap();
+    pool.free(&all).unwrap();
+}
+
+#[test]
+fn a_poll_that_unwinds_after_collecting_closed_is_done() {
+    let counter: &'static SlotCounter = Box::leak(Box::new(SlotCounter::new(40)));
+    let held = counter.try_reserve(40).unwrap();
+    let (others, parked, unwound) =
+        poll_unwinds_after_collecting(|| counter.reserve(1), || counter.close());
+    assert!(unwound);
+    let noop = Waker::from(Arc::new(Noop));
+    for mut fut in others {
+        assert!(matches!(
+            poll_once(fut.as_mut(), &noop),
+            Poll::Ready(Err(ReserveError::Closed))
+        ));
+    }
+    drop(parked);
+    drop(held);
+    assert_eq!((counter.used(), counter.waiters()), (0, 0));
+}
+
+mod clone_runs_callers_code {
+    use super::*;
+    use kvslots::OwnedReservation;
+    use std::sync::Mutex;
+    use std::task::{RawWaker, RawWakerVTable};
+
+    static ARMED: AtomicBool = AtomicBool::new(false);
+    static HELD: Mutex<Option<OwnedReservation>> = Mutex::new(None);
+
+    // SAFETY (all four): the data pointer is null and never read.
+    unsafe fn clone(data: *const ()) -> RawWaker {
+        if ARMED.swap(false, Ordering::SeqCst) {
+            // The caller's code in the waker's clone: a release.
+            drop(HELD.lock().unwrap().take());
+        }
+        RawWaker::new(data, &VTABLE)
+    }
+
+    unsafe fn nothing(_: *const ()) {}
+
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, nothing, nothing, nothing);
+
+    /// A re-poll with a new waker clones it; the clone ran under the
+    /// queue's lock, and a clone that releases units took that lock again
+    /// on the same thread: a deadlock (the test's thread never finished).
+    #[test]
+    fn a_new_wakers_clone_that_releases_units_runs_after_the_lock() {
+        let counter = Arc::new(SlotCounter::new(2));
+        let mut held = counter.try_reserve_owned(2).unwrap();
+        *HELD.lock().unwrap() = Some(held.split(1).unwrap());
+        let (done, finished) = std::sync::mpsc::channel();
+        let waiting = Arc::clone(&counter);
+        std::thread::spawn(move || {
+            let mut fut = Box::pin(waiting.reserve_owned(2));
+            assert!(poll_once(fut.as_mut(), &Waker::from(Arc::new(Noop))).is_pending());
+            // SAFETY: the vtable's functions ignore the (null) data.
+            let cloning = unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) };
+            ARMED.store(true, Ordering::SeqCst);
+            // The clone released one slot; one more is needed.
+            let polled = poll_once(fut.as_mut(), &cloning).is_pending();
+            done.send(polled).unwrap();
+            drop(fut);
+        });
+        // A bound on a deadlock, not a timing: the poll takes microseconds.
+        let polled = finished.recv_timeout(std::time::Duration::from_secs(60));
+        if polled.is_err() {
+            // The queue's lock is held for good: leave it be.
+            std::mem::forget(held);
+            std::mem::forget(counter);
+            panic!("the re-poll deadlocked: the waker's clone ran under the queue's lock");
+        }
+        assert_eq!(polled, Ok(true));
+        assert_eq!((counter.used(), counter.waiters()), (1, 0));
+        drop(held);
+        assert_eq!(counter.used(), 0);
+    }
+}

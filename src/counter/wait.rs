@@ -107,6 +107,14 @@ impl SlotCounter {
     ///   [`ReserveError::BehindWaiters`] (free, but owed to waiters still
     ///   queued), is returned, and the caller holds nothing.
     ///
+    /// # Panics
+    ///
+    /// If the waker of an async waiter that this call wakes panics: its
+    /// queueing, and its leaving the queue when `timeout` runs out, can
+    /// grant the waiters behind it, whose wakers then run on this thread.
+    /// The panic comes once every other waker has run, with nothing held
+    /// by this call (see [Waiting](crate::implementation#waiting)).
+    ///
     /// # Examples
     ///
     /// ```
@@ -231,5 +239,46 @@ impl fmt::Debug for ReserveOwned {
             .field("n", &self.wait.n())
             .field("counter", &*self.counter)
             .finish()
+    }
+}
+
+#[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
+mod tests {
+    use super::*;
+    use std::task::{Wake, Waker};
+
+    struct Noop;
+
+    impl Wake for Noop {
+        fn wake(self: Arc<Self>) {}
+    }
+
+    /// `owed` is 0 once nobody is pending: after `close`, the drop of a
+    /// closed waiter that never collected its `Closed` recounted the
+    /// entries left, and published what they were owed for good (every
+    /// later release then took the queue's lock). From a helper's attack.
+    #[test]
+    fn nothing_is_owed_after_close_whatever_entries_are_left() {
+        let counter = SlotCounter::new(2);
+        let held = counter.try_reserve(2).unwrap();
+        let waker = Waker::from(Arc::new(Noop));
+        let mut cx = Context::from_waker(&waker);
+        let mut a = Box::pin(counter.reserve(1));
+        let mut b = Box::pin(counter.reserve(1));
+        assert!(a.as_mut().poll(&mut cx).is_pending());
+        assert!(b.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(counter.queue.owed(), 2);
+        counter.close();
+        assert_eq!(counter.queue.owed(), 0);
+        drop(a);
+        assert_eq!(counter.queue.owed(), 0);
+        assert!(matches!(
+            b.as_mut().poll(&mut cx),
+            Poll::Ready(Err(ReserveError::Closed))
+        ));
+        drop(b);
+        assert_eq!((counter.waiters(), counter.queue.owed()), (0, 0));
+        drop(held);
+        assert_eq!(counter.used(), 0);
     }
 }

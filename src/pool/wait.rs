@@ -133,6 +133,14 @@ impl BlockPool {
     ///
     /// On error `out`'s contents and the pool are unchanged.
     ///
+    /// # Panics
+    ///
+    /// If the waker of an async waiter that this call wakes panics: its
+    /// queueing, and its leaving the queue when `timeout` runs out, can
+    /// grant the waiters behind it, whose wakers then run on this thread.
+    /// The panic comes once every other waker has run, with nothing held
+    /// by this call (see [Waiting](crate::implementation#waiting)).
+    ///
     /// # Examples
     ///
     /// ```

@@ -2,10 +2,13 @@
 //! futures (`Reserve`, `ReserveOwned`, `Alloc`), which add what to do with
 //! a grant.
 
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::task::{Context, Poll};
 
 use crate::error::ReserveError;
+use crate::sync::MutexGuard;
 
+use super::queue::Inner;
 use super::{first_attempt, Status, Units, Wake};
 
 /// One async wait for `n` units with `headroom`: not yet polled, queued
@@ -75,9 +78,11 @@ impl Waiter {
     ///
     /// # Panics
     ///
-    /// If polled again after it resolved. Another waiter's waker that
-    /// panics when this poll's grant loop wakes it propagates out of the
-    /// poll; the wait is then queued, and dropping it leaves the queue.
+    /// If polled again after it resolved. A waker that panics when this
+    /// poll wakes or drops it (another waiter's, which this poll's grant
+    /// loop woke, or this wait's own, replaced) propagates out of the
+    /// poll: the wait is then queued, and dropping it leaves the queue, or
+    /// it is done, and a grant it collected was handed on.
     pub(crate) fn poll<U: Units + ?Sized>(
         &mut self,
         units: &U,
@@ -106,12 +111,7 @@ impl Waiter {
                                 inner = queue.lock();
                             }
                             let status = queue.status(&mut inner, ticket);
-                            queue.unlock(inner);
-                            match status {
-                                Status::Granted => Ok(()),
-                                Status::Closed => Err(ReserveError::Closed),
-                                Status::Waiting => return Poll::Pending,
-                            }
+                            return self.settle(units, inner, status);
                         }
                         Err(err) => {
                             queue.unlock(inner);
@@ -121,24 +121,59 @@ impl Waiter {
                 }
             },
             State::Queued(ticket) => {
+                // Cloned before the lock: a waker's clone is the caller's
+                // code, which may release units (and so take the lock).
+                let waker = cx.waker().clone();
                 let queue = units.queue();
                 let mut inner = queue.lock();
                 let status = queue.status(&mut inner, ticket);
                 if status == Status::Waiting {
-                    queue.set_waker(&mut inner, ticket, cx.waker());
+                    queue.set_waker(&mut inner, ticket, waker);
+                } else {
+                    // Dropped after the lock, as every waker.
+                    queue.retire(&mut inner, waker);
                 }
-                // Any waker removed or replaced under the lock is dropped
-                // after it.
-                queue.unlock(inner);
-                match status {
-                    Status::Granted => Ok(()),
-                    Status::Closed => Err(ReserveError::Closed),
-                    Status::Waiting => return Poll::Pending,
-                }
+                return self.settle(units, inner, status);
             }
         };
         self.state = State::Done;
         Poll::Ready(result)
+    }
+
+    /// Ends a poll that asked the queue for this wait's `status` under
+    /// `inner`: lets go of the lock (running the wakes left for after it,
+    /// and dropping the wakers let go of) and returns the outcome.
+    ///
+    /// A granted or closed wait is `Done` before the lock goes, its entry
+    /// being gone. If the wakes after the lock unwind (a waker that panics,
+    /// this wait's own replaced one included), the poll unwinds; a grant it
+    /// collected is handed on first, as a release would, since the caller
+    /// never gets it.
+    fn settle<U: Units + ?Sized>(
+        &mut self,
+        units: &U,
+        inner: MutexGuard<'_, Inner>,
+        status: Status,
+    ) -> Poll<Result<(), ReserveError>> {
+        if status != Status::Waiting {
+            self.state = State::Done;
+        }
+        let queue = units.queue();
+        if let Err(panic) = catch_unwind(AssertUnwindSafe(|| queue.unlock(inner))) {
+            if status == Status::Granted {
+                let mut inner = queue.lock();
+                queue.hand_back(&mut inner, units, self.n);
+                // The first panic is the one resumed; the wakes of this
+                // hand-back all run (see `WaitQueue::unlock`).
+                let _ = catch_unwind(AssertUnwindSafe(|| queue.unlock(inner)));
+            }
+            resume_unwind(panic);
+        }
+        match status {
+            Status::Granted => Poll::Ready(Ok(())),
+            Status::Closed => Poll::Ready(Err(ReserveError::Closed)),
+            Status::Waiting => Poll::Pending,
+        }
     }
 
     /// Leaves the queue if the wait is queued: gives back a grant that was

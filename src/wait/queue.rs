@@ -378,15 +378,29 @@ impl WaitQueue {
         }
     }
 
-    /// Replaces the waker of the pending waiter with `ticket`, unless the
-    /// stored one would wake the same task.
-    pub(crate) fn set_waker(&self, inner: &mut Inner, ticket: u64, waker: &Waker) {
+    /// Replaces the waker of the pending waiter with `ticket` by `waker`
+    /// (cloned by the caller before the lock), unless the stored one would
+    /// wake the same task; the one let go of is dropped after the lock.
+    pub(crate) fn set_waker(&self, inner: &mut Inner, ticket: u64, waker: Waker) {
         let index = Self::index(inner, ticket);
         let old = match &mut inner.entries[index].wake {
-            Wake::Task(stored) if stored.will_wake(waker) => return,
-            wake => std::mem::replace(wake, Wake::Task(waker.clone())),
+            Wake::Task(stored) if stored.will_wake(&waker) => Wake::Task(waker),
+            wake => std::mem::replace(wake, Wake::Task(waker)),
         };
         inner.retire(old);
+    }
+
+    /// Keeps `waker` to be dropped after the lock.
+    pub(crate) fn retire(&self, inner: &mut Inner, waker: Waker) {
+        inner.retire(Wake::Task(waker));
+    }
+
+    /// Gives back `n` units that a waiter collected (its entry gone) but
+    /// whose call unwinds before handing them to its caller, and hands them
+    /// on to the waiters, as a release would.
+    pub(crate) fn hand_back<U: Units + ?Sized>(&self, inner: &mut Inner, units: &U, n: usize) {
+        units.give_back(n);
+        self.grant(inner, units);
     }
 
     /// Removes the waiter with `ticket` (a dropped future, a timed-out
@@ -553,6 +567,12 @@ impl WaitQueue {
     /// Recomputes [`Inner::owed`] from the pending entries, after a grant
     /// or a removal: the scan stops once the need reaches the capacity.
     fn recount(&self, inner: &mut Inner) {
+        if inner.closed {
+            // Nobody is pending after `close`, whatever entries are left
+            // to collect their `Closed`.
+            inner.owed = 0;
+            return;
+        }
         if self.faults.owed_without_headroom() {
             // The fault: the head's `n` alone.
             inner.owed = inner.entries.get(inner.granted).map_or(0, |head| head.n);
