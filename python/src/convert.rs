@@ -35,16 +35,33 @@ pub(crate) fn uint<T: TryFrom<u64>>(obj: &Bound<'_, PyAny>, what: &str) -> PyRes
     }
 }
 
-/// `operator.index(obj)`: the int an int-like object stands for.
-pub(crate) fn index<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    static INDEX: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let py = obj.py();
+/// `operator.index`.
+static INDEX: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// `array.array`.
+static ARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+
+/// Imports what the conversions call, once, when the module is imported:
+/// an import during the interpreter's finalization (a finalizer's call at
+/// exit) fails, and would turn a bad argument's `ValueError` into an
+/// `ImportError`.
+pub(crate) fn import_helpers(py: Python<'_>) -> PyResult<()> {
+    operator_index(py)?;
+    ARRAY.import(py, "array", "array")?;
+    Ok(())
+}
+
+fn operator_index(py: Python<'_>) -> PyResult<&Bound<'_, PyAny>> {
     INDEX
         .get_or_try_init(py, || {
             py.import("operator")?.getattr("index").map(Bound::unbind)
-        })?
-        .bind(py)
-        .call1((obj,))
+        })
+        .map(|index| index.bind(py))
+}
+
+/// `operator.index(obj)`: the int an int-like object stands for.
+pub(crate) fn index<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    operator_index(obj.py())?.call1((obj,))
 }
 
 fn too_large(what: &str, value: impl std::fmt::Display) -> PyErr {
@@ -87,7 +104,6 @@ pub(crate) fn many_ids(
     ids: &Bound<'_, PyAny>,
     num_blocks: usize,
 ) -> Option<Vec<BlockId>> {
-    static ARRAY: PyOnceLock<Py<PyType>> = PyOnceLock::new();
     let len = if let Ok(list) = ids.cast_exact::<PyList>() {
         list.len()
     } else if let Ok(tuple) = ids.cast_exact::<PyTuple>() {

@@ -170,6 +170,7 @@ fn block_keys<'py>(
 #[pyo3(name = "kvslots")]
 fn kvslots_python(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    convert::import_helpers(py)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<pool::PyBlockPool>()?;
     m.add_class::<sequence::PySequence>()?;

@@ -117,3 +117,57 @@ def test_a_block_copy_built_by_hand_takes_block_ids_only():
             pass
         else:
             raise AssertionError(f"BlockCopy{args} was accepted")
+
+
+FINALIZER_MISUSE = """
+import os
+import kvslots
+
+pool = kvslots.BlockPool(8, 4)
+seq = kvslots.Sequence(pool)
+groups = kvslots.KvGroups(["full", 4])
+hybrid = kvslots.HybridSequence(pool, groups)
+
+
+class Cleanup:
+    # Collected in the interpreter's finalization, where nothing can be
+    # imported any more.
+    def __del__(self, pool=pool, seq=seq, hybrid=hybrid, write=os.write):
+        for call in (lambda: pool.free([2**70]),
+                     lambda: pool.free(list(range(40)) + [-1]),
+                     lambda: pool.try_alloc(2**70),
+                     lambda: seq.try_append(-1),
+                     lambda: seq.slot_mapping(0, 2**80),
+                     lambda: hybrid.try_append(-1),
+                     lambda: kvslots.hash_blocks([1, 2], -4)):
+            try:
+                call()
+            except BaseException as e:
+                write(1, (type(e).__name__ + "\\n").encode())
+
+
+c = Cleanup()
+c.cycle = c
+"""
+
+
+def test_bad_arguments_in_a_finalizer_at_exit_raise_their_own_errors():
+    # From a check of the conversions at exit: they imported `operator` (and
+    # `array`) on first use, and an import during finalization fails, so a
+    # bad argument raised ImportError instead of its ValueError.
+    import subprocess
+    import sys
+
+    run = subprocess.run(
+        [sys.executable, "-c", FINALIZER_MISUSE], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == [
+        "FreeError",
+        "FreeError",
+        "OverflowError",
+        "ValueError",
+        "OverflowError",
+        "ValueError",
+        "ValueError",
+    ], run.stdout + run.stderr
