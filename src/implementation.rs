@@ -979,12 +979,16 @@
 //! next drain), then merges the rings' records keeping each ring's order
 //! but for one move: a store whose parent key is stored by a record still
 //! to come waits for it. When every ring's next record waits, the parent's
-//! store that one of them waits for (in its own ring or another, and up
-//! the chain should that store wait too) is moved ahead of the records
-//! before it in its ring, unless a removal of its key or lost events come
-//! first there, so that each key's records keep their order; failing that
-//! (a cycle only keys sharing the merge's 64-bit fingerprint can form),
-//! the first ring's next record goes. A store whose parent is the key
+//! store that one of them waits for (in its own ring or another), and up
+//! the chain the stores that one waits for in turn, are moved ahead of the
+//! records before them in their rings, the topmost first, as far as no
+//! removal of a store's key and no lost events come before it there, so
+//! that each key's records keep their order; failing that (a cycle only
+//! keys sharing the merge's 64-bit fingerprint can form), the first
+//! ring's next record goes. An index of the records by key, built at the
+//! first such move, finds each parent's store in one lookup a ring, and
+//! every lookup of a climb but its last moves a store, so a drain's merge
+//! stays linear in its records however its chains lie. A store whose parent is the key
 //! just stored (for the same group) joins its
 //! [`KvEvent::BlockStored`](crate::KvEvent), and consecutive removals of
 //! one group form one [`KvEvent::BlockRemoved`](crate::KvEvent).
@@ -1152,9 +1156,12 @@
 //! marks its wait done before it lets go of the lock; if the wakes after
 //! the lock then unwind (its own replaced waker's drop included), the
 //! grant it collected is handed on, as a release would, before the panic
-//! goes on: the caller never gets it. A poll clones its new waker before
-//! it takes the lock, and a waker it does not keep is dropped after the
-//! lock, as every other.
+//! goes on: the caller never gets it. A drop that runs while its thread
+//! unwinds already (a future whose task panicked, a blocking call's entry
+//! as the call unwinds) runs every wake all the same but drops a waker's
+//! panic: resumed there, it would abort the process. A poll clones its
+//! new waker before it takes the lock, and a waker it does not keep is
+//! dropped after the lock, as every other.
 //!
 //! **No lost wake-up.** A waiter that finds the allocator short (or
 //! someone queued) queues (writing `owed` under the lock), makes a read-modify-write that changes

@@ -634,3 +634,44 @@ fn hybrid_threads_report_each_key_under_its_group() {
         assert_eq!(holder_now(&pool, key), id, "{key:?}");
     }
 }
+
+/// Sliding-window requests (a one-token window) that each hold and publish
+/// only their last block, run from the end of the prompt backwards: each
+/// ring holds its part of the chain child first. The drained batch gives
+/// every store after its parent's, one chain, whatever the shards.
+#[test]
+fn a_chain_published_child_first_drains_parent_first() {
+    for shards in [1, 4] {
+        let n = 256;
+        let pool = Arc::new(
+            BlockPool::builder(4 * n, 1)
+                .shards(shards)
+                .prefix_cache(true)
+                .kv_events(2 * n * shards)
+                .build()
+                .unwrap(),
+        );
+        let groups = KvGroups::new([KvGroup::SlidingWindow { window_tokens: 1 }]).unwrap();
+        let tokens: Vec<u32> = (0..n as u32).collect();
+        let keys = groups.keys(&keys_of(&tokens, 1));
+        drained(&pool);
+        for j in (0..n).rev() {
+            let mut seq = HybridSequence::new(Arc::clone(&pool), groups.clone());
+            for _ in 0..=j {
+                seq.try_append(1).unwrap();
+            }
+            assert_eq!(seq.publish(&keys).unwrap(), 1);
+        }
+        let events = drained(&pool);
+        let [KvEvent::BlockStored {
+            keys: stored,
+            parent,
+            ..
+        }] = &events[..]
+        else {
+            panic!("shards {shards}: one chain, not {events:?}");
+        };
+        assert_eq!(*parent, None, "shards {shards}");
+        assert_eq!(Some(stored.as_slice()), keys.group(0), "shards {shards}");
+    }
+}

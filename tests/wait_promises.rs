@@ -568,8 +568,8 @@ mod clone_runs_callers_code {
             ARMED.store(true, Ordering::SeqCst);
             // The clone released one slot; one more is needed.
             let polled = poll_once(fut.as_mut(), &cloning).is_pending();
-            done.send(polled).unwrap();
             drop(fut);
+            done.send(polled).unwrap();
         });
         // A bound on a deadlock, not a timing: the poll takes microseconds.
         let polled = finished.recv_timeout(std::time::Duration::from_secs(60));
@@ -584,4 +584,47 @@ mod clone_runs_callers_code {
         drop(held);
         assert_eq!(counter.used(), 0);
     }
+}
+
+/// A waker that panics the first time it is woken (no count kept).
+#[derive(Default)]
+struct PanicsFirstTime(AtomicBool);
+
+impl Wake for PanicsFirstTime {
+    fn wake(self: Arc<Self>) {
+        if !self.0.swap(true, Ordering::SeqCst) {
+            panic!("the executor's run queue is full");
+        }
+    }
+}
+
+/// A queued future dropped while its task unwinds (the task's own panic)
+/// grants the waiter behind it, whose waker panics: that panic, resumed in
+/// the drop during unwinding, aborted the process. From a helper's attack;
+/// with the fault back, this test binary aborts.
+#[test]
+fn a_future_dropped_while_its_task_unwinds_does_not_abort() {
+    let counter = Arc::new(SlotCounter::new(3));
+    let held = counter.try_reserve_owned(2).unwrap(); // 1 free
+    let noop = Waker::from(Arc::new(Noop));
+    let panicky = Arc::new(PanicsFirstTime::default());
+    let mut head = Box::pin(counter.reserve_owned(2));
+    assert!(poll_once(head.as_mut(), &noop).is_pending());
+    let mut behind = Box::pin(counter.reserve_owned(1));
+    assert!(poll_once(behind.as_mut(), &Waker::from(Arc::clone(&panicky))).is_pending());
+    let task = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _head = head;
+        panic!("the task's own bug");
+    }));
+    // The task's panic, not the waker's, and the waker ran.
+    let payload = task.unwrap_err();
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the task's own bug"));
+    assert!(panicky.0.load(Ordering::SeqCst));
+    // `behind` was granted: its unit is its own.
+    let Poll::Ready(Ok(one)) = poll_once(behind.as_mut(), &noop) else {
+        panic!("the waiter behind was granted");
+    };
+    assert_eq!((counter.used(), counter.waiters()), (3, 0));
+    drop((one, held));
+    assert_eq!(counter.used(), 0);
 }

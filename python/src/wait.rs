@@ -14,6 +14,7 @@
 //! waiting in the pool then cost the thread running Python next to
 //! nothing (`python/bench/waiters.py`).
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
@@ -38,11 +39,25 @@ const OTHER_THREAD_CHECK: Duration = Duration::from_secs(1);
 /// Python's signal handlers.
 pub(crate) fn signal_check() -> Duration {
     thread_local! {
-        static FIRST: bool = is_first_thread();
+        /// The process this thread last looked in, and whether it is that
+        /// process's first thread. A thread that forks becomes the child's
+        /// only (and main) thread, so the answer is kept per process.
+        static FIRST: Cell<Option<(u32, bool)>> = const { Cell::new(None) };
     }
-    // A bool has no destructor, so the value outlives nothing; should it
+    let pid = std::process::id();
+    // A `Cell` has no destructor, so the value outlives nothing; should it
     // be out of reach all the same, check as often as the main thread.
-    if FIRST.try_with(|first| *first).unwrap_or(true) {
+    let first = FIRST
+        .try_with(|cell| match cell.get() {
+            Some((seen, first)) if seen == pid => first,
+            _ => {
+                let first = is_first_thread();
+                cell.set(Some((pid, first)));
+                first
+            }
+        })
+        .unwrap_or(true);
+    if first {
         MAIN_THREAD_CHECK
     } else {
         OTHER_THREAD_CHECK

@@ -2,9 +2,13 @@
 freeing on one pool (and on shared sequences): every block's references are
 conserved, no block is in two private tables, and all is given back."""
 
+import os
 import random
+import subprocess
 import sys
 import threading
+
+import pytest
 
 import kvslots
 
@@ -112,3 +116,57 @@ def test_eight_threads_conserve_blocks():
     assert pool.free_blocks == pool.num_blocks
     assert all(pool.ref_count(i) == 0 for i in range(pool.num_blocks))
     assert pool.cached_blocks == pool.evictable_blocks
+
+
+FORKED_WAIT = """
+import os, signal, sys, threading, warnings
+import pytest
+
+import kvslots
+
+warnings.simplefilter("ignore")  # fork() in a process with threads
+pool = kvslots.BlockPool(4, 16)
+held = pool.try_alloc(4)
+
+
+def worker():
+    try:
+        pool.alloc(1, timeout=0.01)  # this thread waited once before the fork
+    except kvslots.ReserveError:
+        pass
+    pid = os.fork()
+    if pid == 0:
+        # The child's only thread, so its main thread: Ctrl-C reaches it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
+        # Half a second after the signal: is the wait still queued? (The
+        # main thread looks for signals every 50 ms, others every second.)
+        later = threading.Timer(0.6, lambda: print("waiters", pool.waiters, flush=True))
+        later.start()
+        try:
+            pool.alloc(1, timeout=2)
+            print("granted", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        later.join()
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+t = threading.Thread(target=worker)
+t.start()
+t.join()
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_ctrl_c_interrupts_a_wait_in_a_child_forked_from_a_thread():
+    # From a helper's attack: a thread that had waited remembered that it
+    # was not the process's first thread; forked, it is the child's main
+    # thread, which runs the signal handlers, but it looked for them once a
+    # second only, so half a second after the signal the wait still waited.
+    run = subprocess.run(
+        [sys.executable, "-c", FORKED_WAIT], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["interrupted", "waiters", "0"], run.stdout + run.stderr

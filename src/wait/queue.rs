@@ -262,6 +262,19 @@ impl WaitQueue {
         Batch { queue: self, wakes }.run();
     }
 
+    /// [`unlock`](Self::unlock) for a drop: while the thread unwinds
+    /// already (the drop of a future whose task panicked, or of a blocking
+    /// call's entry as the call unwinds), a waker's panic cannot be resumed
+    /// (a second panic aborts the process), so it is dropped once every
+    /// wake has run; otherwise it is resumed as `unlock` does.
+    pub(crate) fn unlock_in_drop(&self, inner: MutexGuard<'_, Inner>) {
+        if std::thread::panicking() {
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.unlock(inner)));
+        } else {
+            self.unlock(inner);
+        }
+    }
+
     /// Whether a step left wakes to run (then the caller lets go of the
     /// lock before it looks again, see [`unlock`](Self::unlock)).
     pub(crate) fn has_wakes(&self, inner: &Inner) -> bool {

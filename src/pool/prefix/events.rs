@@ -729,19 +729,23 @@ impl Drop for Ticket<'_> {
 /// stored (it joins that key's event), else the first ring's next record
 /// that does not wait (a store waits while a store of its parent key is
 /// still to come in this drain), else, every ring's next record waiting,
-/// the parent's store a next record waits for, moved ahead of its ring's
-/// records before it (see [`hoistable`]), else (a cycle) the first ring's
-/// next record. A removal joins the removals just before it.
+/// the parents' stores a next record waits for, up its chain as far as
+/// they may be moved ([`Merge::climb`]), moved ahead of their rings'
+/// records before them, the topmost first; else (a cycle) the first
+/// ring's next record. A removal joins the removals just before it.
 ///
 /// `to_come` counts the stores still to come by a 64-bit fingerprint of
 /// their keys: two keys that share one only make a store wait for the
-/// other's.
+/// other's. Returns the number of parent lookups the moves made: each
+/// step of a climb moves a store, so they are at most the number of
+/// records plus one a climb (its last lookup may find nothing), however
+/// the chains lie.
 fn merge(
     lists: &[Vec<Record>],
     to_come: &mut HashMap<u64, u32>,
     block_size: usize,
     out: &mut Vec<KvEvent>,
-) {
+) -> usize {
     let start = out.len();
     to_come.clear();
     for record in lists.iter().flatten() {
@@ -749,11 +753,10 @@ fn merge(
             *to_come.entry(fingerprint(key)).or_default() += 1;
         }
     }
-    // The records moved ahead of their ring's order, emitted already.
-    let mut taken: Vec<Vec<bool>> = lists.iter().map(|list| vec![false; list.len()]).collect();
-    let mut next = vec![0usize; lists.len()];
+    let mut merge = Merge::new(lists);
     let mut live: Vec<usize> = (0..lists.len()).filter(|&r| !lists[r].is_empty()).collect();
     let mut last_stored: Option<BlockHash> = None;
+    let mut path = Vec::new();
     while !live.is_empty() {
         let waits = |record: &Record| match record {
             Record::Stored {
@@ -762,89 +765,272 @@ fn merge(
             } => to_come.get(&fingerprint(parent)).is_some_and(|&n| n > 0),
             _ => false,
         };
-        let head = |i: usize| -> &Record { &lists[live[i]][next[live[i]]] };
-        let continues = |i: usize| {
-            matches!(head(i), Record::Stored { parent: Some(parent), .. }
-                if last_stored.as_ref() == Some(parent))
+        let picked = {
+            let head = |i: usize| -> (usize, usize) { (live[i], merge.next[live[i]]) };
+            let continues = |i: usize| {
+                let (r, j) = head(i);
+                matches!(&lists[r][j], Record::Stored { parent: Some(parent), .. }
+                    if last_stored.as_ref() == Some(parent))
+            };
+            (0..live.len())
+                .find(|&i| continues(i))
+                .or_else(|| {
+                    (0..live.len()).find(|&i| {
+                        let (r, j) = head(i);
+                        !waits(&lists[r][j])
+                    })
+                })
+                .map(head)
         };
-        let (r, at) = match (0..live.len())
-            .find(|&i| continues(i))
-            .or_else(|| (0..live.len()).find(|&i| !waits(head(i))))
-        {
-            Some(i) => (live[i], next[live[i]]),
-            None => (0..live.len())
-                .find_map(|i| hoistable(lists, &taken, &next, &live, head(i), &waits))
-                .unwrap_or((live[0], next[live[0]])),
+        if picked.is_none() {
+            path.clear();
+            for i in 0..live.len() {
+                let (r, j) = (live[i], merge.next[live[i]]);
+                merge.climb(&lists[r][j], &live, &waits, &mut path);
+                if !path.is_empty() {
+                    break;
+                }
+            }
+            if path.is_empty() {
+                path.push((live[0], merge.next[live[0]]));
+            }
+        }
+        let mut merging = Merging {
+            merge: &mut merge,
+            live: &mut live,
+            to_come,
+            last_stored: &mut last_stored,
+            block_size,
+            start,
+            out,
         };
-        let record = lists[r][at];
-        taken[r][at] = true;
-        while next[r] < lists[r].len() && taken[r][next[r]] {
-            next[r] += 1;
+        match picked {
+            Some((r, j)) => merging.merge_one(r, j),
+            // The topmost first: each next one's parent is the key before.
+            None => {
+                for &(r, j) in path.iter().rev() {
+                    merging.merge_one(r, j);
+                }
+            }
         }
-        if next[r] == lists[r].len() {
-            live.retain(|&l| l != r);
+    }
+    merge.lookups
+}
+
+/// Where [`merge`] stands: what it merges a record with.
+struct Merging<'m, 'a> {
+    merge: &'m mut Merge<'a>,
+    live: &'m mut Vec<usize>,
+    to_come: &'m mut HashMap<u64, u32>,
+    last_stored: &'m mut Option<BlockHash>,
+    block_size: usize,
+    /// Where this drain's events begin in `out`.
+    start: usize,
+    out: &'m mut Vec<KvEvent>,
+}
+
+impl Merging<'_, '_> {
+    /// Merges record `j` of ring `r` into `out`.
+    fn merge_one(&mut self, r: usize, j: usize) {
+        let lists = self.merge.lists;
+        self.merge.take(r, j);
+        if self.merge.next[r] == lists[r].len() {
+            self.live.retain(|&l| l != r);
         }
-        last_stored = None;
+        let record = lists[r][j];
+        *self.last_stored = None;
         if let Record::Stored { key, .. } = record {
-            if let Some(n) = to_come.get_mut(&fingerprint(&key)) {
+            if let Some(n) = self.to_come.get_mut(&fingerprint(&key)) {
                 *n -= 1;
             }
-            last_stored = Some(key);
+            *self.last_stored = Some(key);
         }
-        emit(record, block_size, out.len() > start, out);
+        let joinable = self.out.len() > self.start;
+        emit(record, self.block_size, joinable, self.out);
     }
 }
 
-/// Where the store that `waiting` (a ring's next record, waiting for its
-/// parent's store) waits for lies, as `(ring, index)`, if it may be moved
-/// ahead of the records before it in its ring; and when that store waits
-/// in turn, where the store it waits for lies, and so on up the chain as
-/// far as stores may be moved: the last one found. A store moves ahead of
-/// other keys' records only: not past a removal of its key, nor past
-/// lost events (which may have held one), so each key's records keep
-/// their order, as [`crate::BlockPool::drain_events`] documents. `None`
-/// when the first is not found (a removal or lost events in the way).
-fn hoistable(
-    lists: &[Vec<Record>],
-    taken: &[Vec<bool>],
-    next: &[usize],
-    live: &[usize],
-    waiting: &Record,
-    waits: &dyn Fn(&Record) -> bool,
-) -> Option<(usize, usize)> {
-    let mut record = waiting;
-    let mut found = None;
-    // Each step climbs one parent; a chain longer than the drain's records
-    // is a cycle (keys sharing a fingerprint).
-    for _ in 0..lists.iter().map(Vec::len).sum::<usize>() {
-        let Record::Stored {
+/// What [`merge`] knows of the records besides their lists: which are
+/// merged and, once a store must be moved ([`Merge::climb`]), an index to
+/// find a parent's store in one lookup.
+struct Merge<'a> {
+    lists: &'a [Vec<Record>],
+    /// Per ring, the first record not merged yet.
+    next: Vec<usize>,
+    /// Built at the first climb: most drains never move a store.
+    index: Option<Index>,
+    /// The parent lookups the climbs made.
+    lookups: usize,
+}
+
+/// The records not merged yet, by key and ring.
+struct Index {
+    /// Per ring, whether each record is merged (before the index, a ring's
+    /// records are merged in order: those before `next`).
+    taken: Vec<Vec<bool>>,
+    /// Per ring and key fingerprint, the first record of that key (a store
+    /// or a removal) not merged yet; [`NONE`] once all are.
+    first: HashMap<(usize, u64), usize>,
+    /// Per ring, per record of a key, the next record of that key in the
+    /// ring ([`NONE`] for the last).
+    next_of_key: Vec<Vec<usize>>,
+    /// Per ring, where its lost-events markers not merged when the index
+    /// was built lie, and how many of them are merged since (they are
+    /// merged in order, never moved).
+    losses: Vec<Vec<usize>>,
+    losses_merged: Vec<usize>,
+    /// Per ring, per record, the climb that last put it on its path (a
+    /// record met twice in one climb is a cycle).
+    on_path: Vec<Vec<usize>>,
+    /// The climbs so far.
+    climbs: usize,
+}
+
+/// No record.
+const NONE: usize = usize::MAX;
+
+impl<'a> Merge<'a> {
+    fn new(lists: &'a [Vec<Record>]) -> Merge<'a> {
+        Merge {
+            lists,
+            next: vec![0; lists.len()],
+            index: None,
+            lookups: 0,
+        }
+    }
+
+    /// The index of the records not merged yet: those from each ring's
+    /// next record on, none of them merged (no store was moved before).
+    fn build_index(&self) -> Index {
+        let mut first = HashMap::new();
+        let mut next_of_key = Vec::with_capacity(self.lists.len());
+        let mut losses = Vec::with_capacity(self.lists.len());
+        for (r, list) in self.lists.iter().enumerate() {
+            let mut links = vec![NONE; list.len()];
+            let mut lost = Vec::new();
+            // Backwards: each record links to the later one met before it.
+            for j in (self.next[r]..list.len()).rev() {
+                match record_key(&list[j]) {
+                    Some(key) => {
+                        let later = first.insert((r, fingerprint(key)), j);
+                        links[j] = later.unwrap_or(NONE);
+                    }
+                    None => lost.push(j),
+                }
+            }
+            lost.reverse();
+            next_of_key.push(links);
+            losses.push(lost);
+        }
+        Index {
+            taken: self
+                .lists
+                .iter()
+                .zip(&self.next)
+                .map(|(list, &next)| (0..list.len()).map(|j| j < next).collect())
+                .collect(),
+            first,
+            next_of_key,
+            losses,
+            losses_merged: vec![0; self.lists.len()],
+            on_path: self.lists.iter().map(|list| vec![0; list.len()]).collect(),
+            climbs: 0,
+        }
+    }
+
+    /// Marks record `j` of ring `r` merged: the first of its key in its
+    /// ring not merged yet (its ring's next record, or a store moved
+    /// ahead).
+    fn take(&mut self, r: usize, j: usize) {
+        let Some(index) = &mut self.index else {
+            debug_assert_eq!(j, self.next[r], "before a move, records merge in order");
+            self.next[r] += 1;
+            return;
+        };
+        index.taken[r][j] = true;
+        match record_key(&self.lists[r][j]) {
+            Some(key) => {
+                let first = index
+                    .first
+                    .insert((r, fingerprint(key)), index.next_of_key[r][j]);
+                debug_assert_eq!(first, Some(j), "a key's records merge in order");
+            }
+            None => index.losses_merged[r] += 1,
+        }
+        let list = &self.lists[r];
+        while self.next[r] < list.len() && index.taken[r][self.next[r]] {
+            self.next[r] += 1;
+        }
+    }
+
+    /// Fills `path` (empty) with the stores that `waiting` (a ring's next
+    /// record, waiting for its parent's store) waits for, up its chain: its
+    /// parent's store, if it may be moved ahead of the records before it
+    /// in its ring, then that store's parent's if it waits in turn, and so
+    /// on while the next may be moved. A store moves ahead of other keys'
+    /// records only: not past a removal of its key, nor past lost events
+    /// (which may have held one), so each key's records keep their order,
+    /// as [`crate::BlockPool::drain_events`] documents. Left empty when the
+    /// first is not found (a removal or lost events in the way).
+    fn climb(
+        &mut self,
+        waiting: &Record,
+        live: &[usize],
+        waits: &dyn Fn(&Record) -> bool,
+        path: &mut Vec<(usize, usize)>,
+    ) {
+        let lists = self.lists;
+        if self.index.is_none() {
+            self.index = Some(self.build_index());
+        }
+        let Some(index) = &mut self.index else {
+            return;
+        };
+        index.climbs += 1;
+        let mut record = waiting;
+        while let Record::Stored {
             parent: Some(parent),
             ..
         } = record
-        else {
-            break;
-        };
-        let Some(at) = live.iter().find_map(|&r| {
-            (next[r]..lists[r].len())
-                .filter(|&j| !taken[r][j])
-                .map(|j| (j, &lists[r][j]))
-                .take_while(|(_, rec)| match rec {
-                    Record::Removed { key, .. } => key != parent,
-                    Record::Dropped { .. } => false,
-                    Record::Stored { .. } => true,
-                })
-                .find(|(_, rec)| matches!(rec, Record::Stored { key, .. } if key == parent))
-                .map(|(j, _)| (r, j))
-        }) else {
-            break;
-        };
-        found = Some(at);
-        record = &lists[at.0][at.1];
-        if !waits(record) {
-            break;
+        {
+            // Where the store of `parent` that may be merged now lies: the
+            // first record of that key not merged yet in a live ring, if it
+            // is a store of that very key, before any lost events not
+            // merged yet in its ring.
+            self.lookups += 1;
+            let fp = fingerprint(parent);
+            let found = live.iter().find_map(|&r| {
+                let j = *index.first.get(&(r, fp))?;
+                let before_losses = index.losses[r]
+                    .get(index.losses_merged[r])
+                    .map_or(true, |&lost| j < lost);
+                let is_store =
+                    matches!(lists[r].get(j)?, Record::Stored { key, .. } if key == parent);
+                (is_store && before_losses).then_some((r, j))
+            });
+            let Some(at) = found else {
+                break;
+            };
+            // A record met again is a cycle (keys sharing a fingerprint).
+            if index.on_path[at.0][at.1] == index.climbs {
+                break;
+            }
+            index.on_path[at.0][at.1] = index.climbs;
+            path.push(at);
+            record = &lists[at.0][at.1];
+            if !waits(record) {
+                break;
+            }
         }
     }
-    found
+}
+
+/// The key a record stores or removes (`None` for lost events).
+fn record_key(record: &Record) -> Option<&BlockHash> {
+    match record {
+        Record::Stored { key, .. } | Record::Removed { key, .. } => Some(key),
+        Record::Dropped { .. } => None,
+    }
 }
 
 /// The merge's fingerprint of a key: its four words folded into one.
@@ -1235,6 +1421,42 @@ mod tests {
             stored(0, None),
         ]];
         assert_eq!(merged_keys(&lists), [(true, 0), (true, 1), (true, 2)]);
+    }
+
+    #[test]
+    fn merge_moves_a_long_chain_in_lookups_linear_in_its_length() {
+        // From a helper's attack: one ring holding a chain stored child
+        // first (a sliding window's requests, each publishing its last
+        // block, run from the end backwards) took a climb per record, each
+        // rescanning the ring: 26 s for 4,096 records.
+        let n = 1 << 12;
+        let chain_key = |i: u32| {
+            let mut k = [0u8; 32];
+            k[..4].copy_from_slice(&i.to_le_bytes());
+            k[4] = 1;
+            BlockHash(k)
+        };
+        let lists = vec![(0..n)
+            .rev()
+            .map(|i| Record::Stored {
+                key: chain_key(i),
+                parent: i.checked_sub(1).map(chain_key),
+                id: BlockId::new(i),
+                group: GroupTag::NONE,
+            })
+            .collect::<Vec<_>>()];
+        let mut out = Vec::new();
+        let lookups = merge(&lists, &mut HashMap::new(), 4, &mut out);
+        assert!(
+            lookups <= 2 * n as usize,
+            "{lookups} lookups for {n} records"
+        );
+        // One chain, parent first.
+        let [KvEvent::BlockStored { keys, parent, .. }] = &out[..] else {
+            panic!("one event: {}", out.len());
+        };
+        assert_eq!(*parent, None);
+        assert!(keys.iter().copied().eq((0..n).map(chain_key)));
     }
 
     #[test]
