@@ -1156,10 +1156,11 @@
 //! marks its wait done before it lets go of the lock; if the wakes after
 //! the lock then unwind (its own replaced waker's drop included), the
 //! grant it collected is handed on, as a release would, before the panic
-//! goes on: the caller never gets it. A drop that runs while its thread
-//! unwinds already (a future whose task panicked, a blocking call's entry
-//! as the call unwinds) runs every wake all the same but drops a waker's
-//! panic: resumed there, it would abort the process. A poll clones its
+//! goes on: the caller never gets it. A step that runs while its thread
+//! unwinds already (the drop of a future, a reservation or a sequence
+//! whose task panicked, or of a blocking call's entry as the call unwinds)
+//! runs every wake all the same but drops a waker's panic: resumed there,
+//! it would abort the process. A poll clones its
 //! new waker before it takes the lock, and a waker it does not keep is
 //! dropped after the lock, as every other.
 //!

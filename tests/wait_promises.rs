@@ -628,3 +628,28 @@ fn a_future_dropped_while_its_task_unwinds_does_not_abort() {
     drop((one, held));
     assert_eq!(counter.used(), 0);
 }
+
+/// As above, with a reservation (not a queued future) dropped as its task
+/// unwinds: its release grants the waiter whose waker panics.
+#[test]
+fn a_reservation_dropped_while_its_task_unwinds_does_not_abort() {
+    let counter = Arc::new(SlotCounter::new(2));
+    let held = counter.try_reserve_owned(2).unwrap();
+    let panicky = Arc::new(PanicsFirstTime::default());
+    let mut waiting = Box::pin(counter.reserve_owned(2));
+    assert!(poll_once(waiting.as_mut(), &Waker::from(Arc::clone(&panicky))).is_pending());
+    let task = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _held = held;
+        panic!("the task's own bug");
+    }));
+    let payload = task.unwrap_err();
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the task's own bug"));
+    assert!(panicky.0.load(Ordering::SeqCst));
+    let noop = Waker::from(Arc::new(Noop));
+    let Poll::Ready(Ok(two)) = poll_once(waiting.as_mut(), &noop) else {
+        panic!("the waiter was granted");
+    };
+    assert_eq!((counter.used(), counter.waiters()), (2, 0));
+    drop(two);
+    assert_eq!(counter.used(), 0);
+}

@@ -97,7 +97,7 @@ impl<U: Units + ?Sized> Drop for Queued<'_, U> {
             let queue = self.units.queue();
             let mut inner = queue.lock();
             queue.cancel(&mut inner, self.units, ticket);
-            queue.unlock_in_drop(inner);
+            queue.unlock(inner);
         }
     }
 }

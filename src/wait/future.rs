@@ -187,7 +187,7 @@ impl Waiter {
             queue.cancel(&mut inner, units, ticket);
             // The entry's waker is dropped, and the waiters granted after
             // it are woken, after the lock.
-            queue.unlock_in_drop(inner);
+            queue.unlock(inner);
         }
     }
 }

@@ -252,7 +252,10 @@ impl WaitQueue {
     /// # Panics
     ///
     /// If a waker panics, once every other waker has run. The queue is
-    /// consistent then (see the module doc).
+    /// consistent then (see the module doc). Not while the thread unwinds
+    /// already (a drop during unwinding: of a future or a reservation
+    /// whose task panicked), where a second panic would abort the process:
+    /// the waker's panic is dropped then.
     pub(crate) fn unlock(&self, mut inner: MutexGuard<'_, Inner>) {
         if inner.wakes.is_empty() {
             return;
@@ -260,19 +263,6 @@ impl WaitQueue {
         let wakes = std::mem::replace(&mut inner.wakes, Wakes::new());
         drop(inner);
         Batch { queue: self, wakes }.run();
-    }
-
-    /// [`unlock`](Self::unlock) for a drop: while the thread unwinds
-    /// already (the drop of a future whose task panicked, or of a blocking
-    /// call's entry as the call unwinds), a waker's panic cannot be resumed
-    /// (a second panic aborts the process), so it is dropped once every
-    /// wake has run; otherwise it is resumed as `unlock` does.
-    pub(crate) fn unlock_in_drop(&self, inner: MutexGuard<'_, Inner>) {
-        if std::thread::panicking() {
-            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.unlock(inner)));
-        } else {
-            self.unlock(inner);
-        }
     }
 
     /// Whether a step left wakes to run (then the caller lets go of the
@@ -689,7 +679,11 @@ impl Batch<'_> {
             drop(inner);
         }
         if let Some(payload) = panicked {
-            std::panic::resume_unwind(payload);
+            // During unwinding (this batch runs in a drop) a second panic
+            // would abort the process: the wakes all ran, the panic goes.
+            if !std::thread::panicking() {
+                std::panic::resume_unwind(payload);
+            }
         }
     }
 }
