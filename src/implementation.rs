@@ -986,9 +986,11 @@
 //! that each key's records keep their order; failing that (a cycle only
 //! keys sharing the merge's 64-bit fingerprint can form), the first
 //! ring's next record goes. An index of the records by key, built at the
-//! first such move, finds each parent's store in one lookup a ring, and
-//! every lookup of a climb but its last moves a store, so a drain's merge
-//! stays linear in its records however its chains lie. A store whose parent is the key
+//! first such move, finds each parent's store in one lookup; every lookup
+//! of a climb but its last moves a store, and a climb that moves nothing
+//! is not made again until a record it depends on (its parent key's, or
+//! the lost events in the way) is merged, so a drain's merge stays within
+//! a few lookups a record and a ring however its chains lie. A store whose parent is the key
 //! just stored (for the same group) joins its
 //! [`KvEvent::BlockStored`](crate::KvEvent), and consecutive removals of
 //! one group form one [`KvEvent::BlockRemoved`](crate::KvEvent).

@@ -653,3 +653,39 @@ fn a_reservation_dropped_while_its_task_unwinds_does_not_abort() {
     drop(two);
     assert_eq!(counter.used(), 0);
 }
+
+/// A panic payload whose drop panics (a second attack): the payload of a
+/// waker's panic that is dropped, not resumed (here, in a reservation's
+/// drop as its task unwinds), panicked again in its drop and aborted the
+/// process. With the fault back, this test binary aborts.
+#[test]
+fn a_wakers_panic_payload_that_panics_in_its_drop_does_not_abort() {
+    struct Bomb;
+    impl Drop for Bomb {
+        fn drop(&mut self) {
+            panic!("the payload's drop");
+        }
+    }
+    struct ThrowsBomb;
+    impl Wake for ThrowsBomb {
+        fn wake(self: Arc<Self>) {
+            std::panic::panic_any(Bomb);
+        }
+    }
+    let counter = Arc::new(SlotCounter::new(1));
+    let held = counter.try_reserve_owned(1).unwrap();
+    let mut waiting = Box::pin(counter.reserve_owned(1));
+    assert!(poll_once(waiting.as_mut(), &Waker::from(Arc::new(ThrowsBomb))).is_pending());
+    let task = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _held = held;
+        panic!("the task's own bug");
+    }));
+    let payload = task.unwrap_err();
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the task's own bug"));
+    let noop = Waker::from(Arc::new(Noop));
+    let Poll::Ready(Ok(one)) = poll_once(waiting.as_mut(), &noop) else {
+        panic!("the waiter was granted");
+    };
+    drop(one);
+    assert_eq!((counter.used(), counter.waiters()), (0, 0));
+}

@@ -681,7 +681,9 @@ impl Batch<'_> {
         if let Some(payload) = panicked {
             // During unwinding (this batch runs in a drop) a second panic
             // would abort the process: the wakes all ran, the panic goes.
-            if !std::thread::panicking() {
+            if std::thread::panicking() {
+                drop_payload(payload);
+            } else {
                 std::panic::resume_unwind(payload);
             }
         }
@@ -694,9 +696,23 @@ fn catch(first: &mut Option<Box<dyn std::any::Any + Send>>, f: impl FnOnce()) ->
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
         Ok(()) => true,
         Err(payload) => {
-            first.get_or_insert(payload);
+            if first.is_none() {
+                *first = Some(payload);
+            } else {
+                drop_payload(payload);
+            }
             false
         }
+    }
+}
+
+/// Drops a panic's payload that is not resumed. Its drop is the caller's
+/// code and may panic too: that panic is caught, and its own payload
+/// forgotten (a panic escaping here, in a drop during unwinding, would
+/// abort the process).
+fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
+    if let Err(again) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(payload))) {
+        std::mem::forget(again);
     }
 }
 
