@@ -804,14 +804,18 @@ fn merge(
             start,
             out,
         };
-        match picked {
-            Some((r, j)) => merging.merge_one(r, j),
-            // The topmost first: each next one's parent is the key before.
-            None => {
-                for &(r, j) in path.iter().rev() {
-                    merging.merge_one(r, j);
-                }
+        // One call site, so that the common case (one record) inlines.
+        let one;
+        let records = match picked {
+            Some(at) => {
+                one = [at];
+                &one[..]
             }
+            None => &path[..],
+        };
+        // The topmost first: each next one's parent is the key before.
+        for &(r, j) in records.iter().rev() {
+            merging.merge_one(r, j);
         }
     }
     merge.lookups
