@@ -598,6 +598,17 @@ impl Wake for PanicsFirstTime {
     }
 }
 
+/// A task that holds `held` panics (its own bug), dropping `held` as it
+/// unwinds; the task's panic is the one that comes out.
+fn task_panics_holding<T>(held: T) {
+    let task = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        let _held = held;
+        panic!("the task's own bug");
+    }));
+    let payload = task.unwrap_err();
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the task's own bug"));
+}
+
 /// A queued future dropped while its task unwinds (the task's own panic)
 /// grants the waiter behind it, whose waker panics: that panic, resumed in
 /// the drop during unwinding, aborted the process. From a helper's attack;
@@ -612,13 +623,8 @@ fn a_future_dropped_while_its_task_unwinds_does_not_abort() {
     assert!(poll_once(head.as_mut(), &noop).is_pending());
     let mut behind = Box::pin(counter.reserve_owned(1));
     assert!(poll_once(behind.as_mut(), &Waker::from(Arc::clone(&panicky))).is_pending());
-    let task = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
-        let _head = head;
-        panic!("the task's own bug");
-    }));
     // The task's panic, not the waker's, and the waker ran.
-    let payload = task.unwrap_err();
-    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the task's own bug"));
+    task_panics_holding(head);
     assert!(panicky.0.load(Ordering::SeqCst));
     // `behind` was granted: its unit is its own.
     let Poll::Ready(Ok(one)) = poll_once(behind.as_mut(), &noop) else {
@@ -638,12 +644,7 @@ fn a_reservation_dropped_while_its_task_unwinds_does_not_abort() {
     let panicky = Arc::new(PanicsFirstTime::default());
     let mut waiting = Box::pin(counter.reserve_owned(2));
     assert!(poll_once(waiting.as_mut(), &Waker::from(Arc::clone(&panicky))).is_pending());
-    let task = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
-        let _held = held;
-        panic!("the task's own bug");
-    }));
-    let payload = task.unwrap_err();
-    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the task's own bug"));
+    task_panics_holding(held);
     assert!(panicky.0.load(Ordering::SeqCst));
     let noop = Waker::from(Arc::new(Noop));
     let Poll::Ready(Ok(two)) = poll_once(waiting.as_mut(), &noop) else {
@@ -676,12 +677,7 @@ fn a_wakers_panic_payload_that_panics_in_its_drop_does_not_abort() {
     let held = counter.try_reserve_owned(1).unwrap();
     let mut waiting = Box::pin(counter.reserve_owned(1));
     assert!(poll_once(waiting.as_mut(), &Waker::from(Arc::new(ThrowsBomb))).is_pending());
-    let task = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
-        let _held = held;
-        panic!("the task's own bug");
-    }));
-    let payload = task.unwrap_err();
-    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the task's own bug"));
+    task_panics_holding(held);
     let noop = Waker::from(Arc::new(Noop));
     let Poll::Ready(Ok(one)) = poll_once(waiting.as_mut(), &noop) else {
         panic!("the waiter was granted");
