@@ -3,6 +3,8 @@ every refused call can be checked to have changed nothing."""
 
 import contextlib
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -81,3 +83,16 @@ class Busy:
 @pytest.fixture
 def pool():
     return kvslots.BlockPool(16, 4)
+
+
+def run_python(source, *args, timeout=120, **kwargs):
+    """`source` run by a fresh interpreter (this one's executable) with
+    `args`, its output captured as text; the timeout keeps a regression
+    that hangs from hanging the suite."""
+    return subprocess.run(
+        [sys.executable, "-c", source, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
+    )

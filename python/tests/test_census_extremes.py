@@ -14,7 +14,7 @@ import array
 import pytest
 
 import kvslots
-from conftest import pool_state, seq_state
+from conftest import pool_state, run_python, seq_state
 
 BIG = [2**64, 2**100]
 NEGATIVE = [-1, -(2**70)]
@@ -304,20 +304,12 @@ def run_limited(code):
     an allocation too large fails there instead of growing this machine's
     memory: the process's exit code and output (an abort is -6)."""
     import resource
-    import subprocess
-    import sys
     import textwrap
 
     def limit():
         resource.setrlimit(resource.RLIMIT_AS, (4 * 2**30, 4 * 2**30))
 
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=limit,
-    )
+    return run_python(textwrap.dedent(code), preexec_fn=limit)
 
 
 @pytest.mark.parametrize("form", ["slot_mapping", "slot_mapping_buffer", "hybrid"])

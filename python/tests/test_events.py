@@ -3,14 +3,13 @@
 `ValueError`, a pool too large for memory `MemoryError`, and nothing is
 built either way."""
 
-import subprocess
-import sys
 import textwrap
 import threading
 
 import pytest
 
 import kvslots
+from conftest import run_python
 from kvslots import (
     AllBlocksCleared,
     BlockRemoved,
@@ -304,7 +303,7 @@ def run_limited(code):
         import kvslots
         """
     ) + textwrap.dedent(code)
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    return run_python(script)
 
 
 def test_a_pool_too_large_for_memory_raises_memory_error():

@@ -8,6 +8,7 @@ block breaks its holder's claim, by design, and the final count with it.)"""
 import random
 
 import kvslots
+from conftest import run_python
 
 VALUES = [0, 1, 2, 3, 5, 7, 16, 40, 63, 64, 65, 1000, -1, -(2**70), 2**32, 2**64, 2**64 - 1,
           2**100, 1.0, 0.5, float("nan"), None, "1", b"1", [1], True]
@@ -155,12 +156,7 @@ def test_bad_arguments_in_a_finalizer_at_exit_raise_their_own_errors():
     # From a check of the conversions at exit: they imported `operator` (and
     # `array`) on first use, and an import during finalization fails, so a
     # bad argument raised ImportError instead of its ValueError.
-    import subprocess
-    import sys
-
-    run = subprocess.run(
-        [sys.executable, "-c", FINALIZER_MISUSE], capture_output=True, text=True, timeout=120
-    )
+    run = run_python(FINALIZER_MISUSE)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == [
         "FreeError",

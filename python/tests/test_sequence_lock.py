@@ -8,7 +8,6 @@ on the sequences' mutex (`python/src/lock.rs`)."""
 import gc
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -17,7 +16,7 @@ import weakref
 import pytest
 
 import kvslots
-from conftest import Busy, Interrupted, alarm, pool_state
+from conftest import Busy, Interrupted, alarm, pool_state, run_python
 
 try:  # imported here, so that no alarm lands in numpy's first import
     import numpy
@@ -374,12 +373,7 @@ def test_a_handler_calling_the_sequence_its_thread_reserves_raises(mode, kind):
     # the handler runs (closing the sequence it owned) gets the same error,
     # and the sequence stays open. (A subprocess
     # and its timeout only keep a regression from hanging the suite.)
-    r = subprocess.run(
-        [sys.executable, "-c", REENTRANT, mode, kind],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = run_python(REENTRANT, mode, kind, timeout=60)
     out = r.stdout + r.stderr
     assert "handler-enter" in r.stdout, out
     assert "handler-len-returned" not in r.stdout, out
@@ -540,12 +534,7 @@ def test_refusals_during_finalization_raise_their_errors():
     # (`PanicException`): the wait attached to the interpreter from a
     # detached closure, and the exception was read back from a lazy error,
     # which detaches and re-attaches.
-    r = subprocess.run(
-        [sys.executable, "-c", SHUTDOWN_WAIT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    r = run_python(SHUTDOWN_WAIT, timeout=60)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     assert r.stdout.split() == ["Full", "Full", "Full", "FreeError"], out
@@ -586,12 +575,7 @@ for call in (lambda keys: kvslots.KvGroups(["full"]).keys(keys), seq.match_prefi
 def test_tokens_that_do_not_fit_raise_memory_error_not_abort():
     # From a helper's attack: the tokens were collected into vectors whose
     # allocation failure aborts the process.
-    r = subprocess.run(
-        [sys.executable, "-c", OUT_OF_MEMORY],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = run_python(OUT_OF_MEMORY)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
     lines = r.stdout.splitlines()

@@ -4,13 +4,13 @@ conserved, no block is in two private tables, and all is given back."""
 
 import os
 import random
-import subprocess
 import sys
 import threading
 
 import pytest
 
 import kvslots
+from conftest import run_python
 
 THREADS = 8
 ROUNDS = 300
@@ -165,8 +165,6 @@ def test_ctrl_c_interrupts_a_wait_in_a_child_forked_from_a_thread():
     # was not the process's first thread; forked, it is the child's main
     # thread, which runs the signal handlers, but it looked for them once a
     # second only, so half a second after the signal the wait still waited.
-    run = subprocess.run(
-        [sys.executable, "-c", FORKED_WAIT], capture_output=True, text=True, timeout=120
-    )
+    run = run_python(FORKED_WAIT)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["interrupted", "waiters", "0"], run.stdout + run.stderr
