@@ -873,7 +873,11 @@
 //! candidates left are marked for the scan in a map of one bit a block, so
 //! every evictable block without a current candidate is a choice), as many
 //! as the free slots take, and appends them sorted. The refill ends the
-//! overflow only if all it saw fit and no miss came since its scan began:
+//! overflow only if its placing pass wrote every such block it saw (a
+//! block released between its passes may be ranked by its old stamp and
+//! take the place the histogram counted for an older one; the map is
+//! cleared whole after the scan, since a racing append may have rewritten
+//! the slots it marked from) and no miss came since its scan began:
 //! it clears the bit with a CAS from the word it read before the scan, so
 //! a block that a race left out after the scan passed it keeps the ring
 //! overflowed until the next refill finds it. The selection uses no heap and

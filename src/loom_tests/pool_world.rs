@@ -80,6 +80,7 @@ pub const SOUND: Faults = Faults {
     claim_refused_as_cached: false,
     claim_before_read: false,
     unchecked_overflow_clear: false,
+    fill_counts_first_pass: false,
     plain_shared_drop: false,
     relaxed_count_release: false,
 };
@@ -121,6 +122,12 @@ pub const CLAIM_BEFORE_READ: Faults = Faults {
 /// bit whatever appends missed since its scan began.
 pub const UNCHECKED_OVERFLOW_CLEAR: Faults = Faults {
     unchecked_overflow_clear: true,
+    ..SOUND
+};
+/// The eviction ring's fill control: a refill judges its fit by its first
+/// pass's count of the blocks outside the ring against the room.
+pub const FILL_COUNTS_FIRST_PASS: Faults = Faults {
+    fill_counts_first_pass: true,
     ..SOUND
 };
 /// The undo control: a refused free adds its references back blindly,

@@ -18,6 +18,7 @@
 //! | [`release_vs_refill_keeps_overflowed`] | 2, 3 | `unchecked_overflow_clear` (evicted out of order) |
 //! | [`stale_room_refill_vs_claimed_candidate`] | 2, 4 | `claim_before_read` (evicted out of order) |
 //! | [`stale_room_release_vs_refill_keeps_overflowed`] | 2, 4 | `unchecked_overflow_clear` (evicted out of order) |
+//! | [`release_in_a_full_range`] | 2, 3 | `fill_counts_first_pass` (evicted out of order) |
 //!
 //! A pool of 3 blocks has a ring of 3 slots. Its candidates' positions
 //! only grow, position `p` in slot `p % 3`, and a refill writes the
@@ -45,7 +46,8 @@
 use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{
-    check, check_long, CLAIM_BEFORE_READ, LOST, SOUND, UNCHECKED_OVERFLOW_CLEAR,
+    check, check_long, CLAIM_BEFORE_READ, FILL_COUNTS_FIRST_PASS, LOST, SOUND,
+    UNCHECKED_OVERFLOW_CLEAR,
 };
 use crate::sync::Faults;
 use crate::{BlockHash, BlockPool, Sequence};
@@ -338,4 +340,82 @@ fn stale_room_release_vs_refill_keeps_overflowed_sound() {
 #[should_panic(expected = "evicted out of order")]
 fn stale_room_release_vs_refill_keeps_overflowed_unchecked_overflow_clear_is_caught() {
     stale_room_release_vs_refill_keeps_overflowed(UNCHECKED_OVERFLOW_CLEAR);
+}
+
+/// A release that a refill's scan sees at the wrong moment: between the
+/// pass that counts the blocks in each range of ranks and the pass that
+/// places them, its block evictable but its new stamp not yet written. The
+/// scan ranks it by its old stamp, which shares a range with an older
+/// block's, places it there, and so has no room left in that range for
+/// the older block, which it counted. That block stays out of the ring:
+/// the refill must leave the ring overflowed. The control compares the
+/// blocks its first pass saw with the room, finds that they fit and
+/// clears the overflow, so the block left out stays out while appends
+/// resume: blocks released later are evicted before it, even by one
+/// thread once the race is over.
+///
+/// Keys 1, 2 and 3 on blocks 0, 1 and 2 (the scan's order), released and
+/// revived; then key 2 released (the ring is full: a miss, the ring
+/// overflows) and key 1; key 1 revived again and held by
+/// the releaser (its stamp stays the one just after key 2's); 2,048
+/// stamps later, key 3 released. So keys 2 and 3 are evictable, without
+/// a current candidate, with stamps 2,050 apart: a range of ranks 4,096
+/// wide, ranges of 4 ranks each, key 1's old stamp in key 2's range. The
+/// evictor allocates one block (it passes the stale candidates and
+/// refills the ring, with room for two) while the releaser lets key 1 go.
+/// Then, on one thread: key 4 on the evictor's block, released; an
+/// allocation of two blocks (both evicted) must keep key 4, released last.
+fn release_in_a_full_range(faults: Faults) {
+    check_long(20_000, move || {
+        let pool = Arc::new(BlockPool::with_faults(3, 1, 1, faults));
+        let mut first = Sequence::new(Arc::clone(&pool));
+        first.try_append(3).expect("three blocks");
+        let ids: Vec<usize> = first.blocks().iter().map(|id| id.index()).collect();
+        assert_eq!(ids, [0, 1, 2], "keys 1, 2, 3 on blocks 0, 1, 2");
+        assert_eq!(first.publish(&[key(1), key(2), key(3)]), 3);
+        drop(first);
+        let mut one = Sequence::new(Arc::clone(&pool));
+        let mut two = Sequence::new(Arc::clone(&pool));
+        let mut three = Sequence::new(Arc::clone(&pool));
+        assert_eq!(one.try_match_prefix(&[key(1)]), 1);
+        assert_eq!(two.try_match_prefix(&[key(2)]), 1);
+        assert_eq!(three.try_match_prefix(&[key(3)]), 1);
+        drop(two);
+        assert_eq!(pool.eviction_ring(), (3, 3, true), "overflowed");
+        drop(one);
+        let mut one = Sequence::new(Arc::clone(&pool));
+        assert_eq!(one.try_match_prefix(&[key(1)]), 1);
+        pool.skip_release_stamps(2048);
+        drop(three);
+        let evictor = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || {
+                let mut seq = Sequence::new(pool);
+                seq.try_append(1).expect("an evictable block");
+                seq
+            })
+        };
+        let releaser = thread::spawn(move || drop(one));
+        releaser.join().unwrap();
+        let mut seq = evictor.join().unwrap();
+        assert_eq!(seq.publish(&[key(4)]), 1);
+        drop(seq);
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        seq.try_append(2).expect("two evictable blocks");
+        drop(seq);
+        let kept = kept(&pool, 1..=4);
+        assert_eq!(kept, [4], "{OUT_OF_ORDER}: keys {kept:?} cached");
+        assert_eq!(pool.free_blocks(), 3, "{LOST}");
+    });
+}
+
+#[test]
+fn release_in_a_full_range_sound() {
+    release_in_a_full_range(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "evicted out of order")]
+fn release_in_a_full_range_fill_counts_first_pass_is_caught() {
+    release_in_a_full_range(FILL_COUNTS_FIRST_PASS);
 }

@@ -418,6 +418,17 @@ impl BlockPool {
             .eviction_ring()
     }
 
+    /// Takes `n` stamps of the prefix cache's release clock, as `n`
+    /// releases of cached blocks would, for the loom models that need
+    /// stamps far apart. Panics without a prefix cache.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) fn skip_release_stamps(&self, n: u32) {
+        self.prefix
+            .as_deref()
+            .expect("a prefix cache")
+            .skip_release_stamps(n);
+    }
+
     /// The high-water mark of [`used_blocks`](Self::used_blocks), never
     /// above [`num_blocks`](Self::num_blocks).
     ///

@@ -121,6 +121,14 @@ pub(crate) struct Faults {
     /// passed, stays out of the ring while appends resume.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) unchecked_overflow_clear: bool,
+    /// A refill judges whether every evictable block it saw outside the
+    /// ring fit by its first pass's count of them against the room, not by
+    /// what its placing pass saw and wrote: a block released between the
+    /// passes, ranked by its old stamp, takes the place of an older block
+    /// that the first pass counted, and the refill clears the overflowed
+    /// bit with that block left out.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) fill_counts_first_pass: bool,
     /// A waiter joins the wait queue without trying again after it is
     /// queued: a release that happened between its failed attempt and its
     /// enqueue found nobody waiting, and nothing wakes it (a lost wakeup).
@@ -488,6 +496,17 @@ impl Faults {
     pub(crate) fn unchecked_overflow_clear(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.unchecked_overflow_clear {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a refill judges its fit by its first pass's count: `false`,
+    /// or `true` under `fill_counts_first_pass`.
+    #[inline]
+    pub(crate) fn fill_counts_first_pass(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.fill_counts_first_pass {
             return true;
         }
         false

@@ -28,9 +28,11 @@
 //! that would overflow them), while the other
 //! evictors go on popping the candidates left. The blocks of the
 //! candidates left are marked in a map of one bit a block for the scan,
-//! which finds every evictable block that has no current candidate. A
-//! refill clears the overflowed state only if everything it saw fit and
-//! no append *missed* since its scan began: an append skipped because the
+//! which finds every evictable block that has no current candidate (the
+//! whole map is cleared after the scan). A refill clears the overflowed
+//! state only if its placing pass wrote every such block it saw (a block
+//! released between the passes can be ranked by its old stamp and take an
+//! older block's place) and no append *missed* since its scan began: an append skipped because the
 //! ring was overflowed or full, or one whose CAS on the length found
 //! another writer there (it may have overwritten that writer's entries,
 //! or they its). A miss bumps a count beside the overflowed bit, and the
@@ -601,7 +603,7 @@ impl Lru {
     /// flag.
     ///
     /// The blocks of the candidates left are marked in the membership map
-    /// for the scan (and unmarked after it), so that the scan passes them
+    /// for the scan (and the map cleared after it), so that the scan passes them
     /// over: a block missing from the ring that is evictable when the scan
     /// reaches it is found here. One that a miss left out after the scan
     /// began may be passed; the miss then keeps the ring overflowed (see
@@ -632,9 +634,9 @@ impl Lru {
             // set may have filled the ring between the two loads (from a
             // `next` past ours): then there is no room.
             let room = cap.saturating_sub((len - next) as usize);
-            self.mark(next, len, true);
+            self.mark(next, len);
             let mut published = len;
-            let (written, seen) = self.fill(refs, len, room, |written| {
+            let (written, missed) = self.fill(refs, len, room, |written| {
                 // Release on success: an evictor that sees the new length
                 // sees the entries written before. Relaxed on failure: an
                 // append that read the overflowed bit clear before we set it
@@ -655,26 +657,24 @@ impl Lru {
                 }
                 ok
             });
-            self.mark(next, len, false);
+            self.unmark_all();
             added += (published - len) as usize;
             if published == len + written as u64 {
-                // Appends resume if every evictable block the scan saw
-                // outside the ring fit and no miss came since `before`
+                // Appends resume if the scan wrote every evictable block it
+                // saw outside the ring and no miss came since `before`
                 // (an append that overwrote our entries after we published
                 // them is one).
-                self.end_overflow(seen <= room, before);
+                self.end_overflow(missed == 0, before);
                 return added;
             }
             // An append raced: scan again.
         }
     }
 
-    /// Sets (`on`) or clears the membership bits of the blocks whose
-    /// candidates sit at positions `from..to` and are current (their
-    /// block's stamp is the candidate's): those the refill's scan passes
-    /// over. Clearing clears the bits of every candidate there, current or
-    /// not (only the refill sets them).
-    fn mark(&self, from: u64, to: u64, on: bool) {
+    /// Sets the membership bits of the blocks whose candidates sit at
+    /// positions `from..to` and are current (their block's stamp is the
+    /// candidate's): those the refill's scan passes over.
+    fn mark(&self, from: u64, to: u64) {
         let cap = self.candidates.len();
         let mut slot = self.slot(from);
         for _ in from..to {
@@ -688,13 +688,21 @@ impl Lru {
             // refill flag, whose Acquire and Release order it between
             // refillers).
             let cell = &self.in_ring[word_index];
-            if on {
-                if self.stamped(id, stamp_of(word)) {
-                    cell.store(cell.load(Ordering::Relaxed) | bit, Ordering::Relaxed);
-                }
-            } else {
-                cell.store(cell.load(Ordering::Relaxed) & !bit, Ordering::Relaxed);
+            if self.stamped(id, stamp_of(word)) {
+                cell.store(cell.load(Ordering::Relaxed) | bit, Ordering::Relaxed);
             }
+        }
+    }
+
+    /// Clears every membership bit: the whole map, not the bits of the
+    /// candidates that [`mark`](Self::mark) read, because an append that
+    /// read an old length may have rewritten those slots since (its CAS
+    /// then fails), and a bit left set would hide its block from every
+    /// later scan. A store a word: a sixty-fourth of a scan's loads.
+    fn unmark_all(&self) {
+        for cell in self.in_ring.iter() {
+            // Relaxed: see `mark`.
+            cell.store(0, Ordering::Relaxed);
         }
     }
 
@@ -707,9 +715,11 @@ impl Lru {
     /// Writes the oldest evictable unmarked blocks, up to `room` of them,
     /// oldest first, into the slots of positions `base..`, calling
     /// `publish(written)` after each bucket (it stops early when that
-    /// returns `false`); returns how many it wrote and how many evictable
-    /// unmarked blocks it saw. No evictor reads those slots before they are
-    /// published (see `refill`).
+    /// returns `false`); returns how many it wrote and how many it
+    /// *missed*: evictable unmarked blocks that its placing pass saw and
+    /// did not write (they did not fit, or a block that became evictable
+    /// since the histogram took their place). No evictor reads those slots
+    /// before they are published (see `refill`).
     ///
     /// Blocks are ranked by their stamps' signed distance from the clock
     /// read at the start, so that a block stamped while the scan runs ranks
@@ -718,10 +728,13 @@ impl Lru {
     /// buckets that fit the room together are kept (if even the oldest
     /// bucket alone does not fit, the range narrows to it and the
     /// histogram is taken again); and one that places the kept blocks,
-    /// each bucket in a range of its own. Each bucket is then closed up (a block
-    /// that stopped being evictable between the passes leaves a gap; one
-    /// that became evictable in a full bucket is left out, for the next
-    /// refill), sorted in place and published.
+    /// each bucket in a range of its own. Each bucket is then closed up (a
+    /// block that stopped being evictable between the passes leaves a gap),
+    /// sorted in place and published. A block that became evictable
+    /// between the passes may be ranked by its old stamp (its new one is
+    /// written after its drop) and fill a place in a bucket that the
+    /// histogram counted for another block: that block is missed, and so
+    /// is every block outside the kept buckets.
     fn fill(
         &self,
         refs: &Refs,
@@ -755,6 +768,9 @@ impl Lru {
         if seen == 0 || room == 0 {
             return (0, seen);
         }
+        // loom's `fill_counts_first_pass` control: the first pass's count
+        // against the room, whatever the placing pass finds.
+        let first_missed = seen.saturating_sub(room);
         // Bucket `b` holds the ranks `r` in `lo..=hi` with
         // `(r - lo) * BUCKETS / width == b`, `width` the power of two at or
         // above the range's (a shift, where any width would divide).
@@ -831,10 +847,13 @@ impl Lru {
         // Release.
         let get = |i: usize| self.candidates[at(i)].load(Ordering::Relaxed);
         let set = |i: usize, word: u64| self.candidates[at(i)].store(word, Ordering::Relaxed);
+        // What the placing pass sees: each block it writes is one of them.
+        let mut placing_seen = 0usize;
         for index in 0..refs.len() {
             let Some((stamp, rank)) = ranked(index) else {
                 continue;
             };
+            placing_seen += 1;
             if !(lo..=hi).contains(&rank) {
                 continue;
             }
@@ -848,6 +867,13 @@ impl Lru {
             }
         }
         let rank_of = |word: u64| stamp_of(word).wrapping_sub(now) as i32;
+        let missed = |written: usize| {
+            if self.faults.fill_counts_first_pass() {
+                first_missed
+            } else {
+                placing_seen - written
+            }
+        };
         let mut written = 0usize;
         for b in 0..used {
             let start = if b == 0 { 0 } else { ends[b - 1] as usize };
@@ -863,10 +889,10 @@ impl Lru {
             sort(written, filled, &get, &set, &rank_of);
             written += filled;
             if !publish(written) {
-                return (written, seen);
+                return (written, missed(written));
             }
         }
-        (written, seen)
+        (written, missed(written))
     }
 }
 
@@ -978,18 +1004,18 @@ mod tests {
     }
 
     /// Runs a fill of `room` at position `base`; returns the words written
-    /// (in ring order), `seen`, and the counts it published.
+    /// (in ring order), how many it missed, and the counts it published.
     fn fill(pool: &BlockPool, base: u64, room: usize) -> (Vec<u64>, usize, Vec<usize>) {
         let lru = lru(pool);
         let mut published = Vec::new();
-        let (written, seen) = lru.fill(&pool.refs, base, room, |w| {
+        let (written, missed) = lru.fill(&pool.refs, base, room, |w| {
             published.push(w);
             true
         });
         let words = (0..written as u64)
             .map(|i| lru.candidates[lru.slot(base + i)].load(Ordering::Relaxed))
             .collect();
-        (words, seen, published)
+        (words, missed, published)
     }
 
     /// What a fill must write: the unmarked evictable blocks ranked by
@@ -1021,8 +1047,8 @@ mod tests {
     fn check_fill(pool: &BlockPool, stamps: &[u32], now: u32, room: usize, what: &str) {
         restamp(pool, stamps, now);
         let base = 5 * stamps.len() as u64 + 3;
-        let (words, seen, published) = fill(pool, base, room);
-        assert_eq!(seen, stamps.len(), "{what}");
+        let (words, missed, published) = fill(pool, base, room);
+        assert_eq!(missed, stamps.len() - words.len(), "{what}");
         let got: Vec<u32> = words.iter().map(|&w| stamp_of(w)).collect();
         let want = expected(stamps, now, room, &[]);
         if got.len() < want.len() {
@@ -1135,8 +1161,8 @@ mod tests {
         // Every stamp equal (only races repeat stamps): a room's worth.
         let same = vec![now - 1; n];
         restamp(&pool, &same, now);
-        let (words, seen, _) = fill(&pool, 0, 300);
-        assert_eq!((words.len(), seen), (300, n));
+        let (words, missed, _) = fill(&pool, 0, 300);
+        assert_eq!((words.len(), missed), (300, n - 300));
         // Few blocks, wide range.
         let mut sparse = vec![0u32; n];
         for (i, s) in sparse.iter_mut().enumerate() {
@@ -1160,18 +1186,22 @@ mod tests {
         }
         let stale = Lru::word(BlockId::new(399), stamps[399] + 7);
         lru.candidates[100].store(stale, Ordering::Relaxed);
-        lru.mark(0, 101, true);
+        lru.mark(0, 101);
         assert!((400..500).all(|i| lru.marked(i)) && !lru.marked(399));
         // Block 398 is held: not evictable.
         let mut held = Sequence::new(Arc::clone(&pool));
         assert_eq!(held.try_match_prefix(&[key(398)]), 1);
-        let (words, seen, _) = fill(&pool, 101, 50);
+        let (words, missed, _) = fill(&pool, 101, 50);
         let ids: Vec<usize> = words.iter().map(|&w| id_of(w).index()).collect();
         // Block 399 (its candidate is stale), then the oldest unmarked.
         let want: Vec<usize> = std::iter::once(399).chain((349..398).rev()).collect();
         assert_eq!(ids, want);
-        assert_eq!(seen, n - 100 - 1);
-        lru.mark(0, 101, false);
+        assert_eq!(missed, n - 100 - 1 - 50);
+        // An append that read an old length rewrote a marked candidate's
+        // slot during the scan (its CAS then failed): the bit of the block
+        // it displaced is cleared all the same.
+        lru.candidates[7].store(Lru::word(BlockId::new(3), 9), Ordering::Relaxed);
+        lru.unmark_all();
         assert!((0..n).all(|i| !lru.marked(i)));
         drop(held);
     }
@@ -1183,11 +1213,11 @@ mod tests {
         let stamps: Vec<u32> = (0..n as u32).collect();
         restamp(&pool, &stamps, n as u32);
         let mut calls = 0;
-        let (written, seen) = lru(&pool).fill(&pool.refs, 0, 1000, |_| {
+        let (written, missed) = lru(&pool).fill(&pool.refs, 0, 1000, |_| {
             calls += 1;
             calls < 3
         });
-        assert_eq!((calls, seen), (3, n));
+        assert_eq!((calls, missed), (3, n - written));
         assert!(written < 1000, "{written}");
     }
 
@@ -1244,7 +1274,8 @@ mod tests {
     /// all of it when it all fits, and never splits a rank between the
     /// written and the left out except for a single rank that overfills
     /// the room; each block once, with its own stamp; published in growing
-    /// counts up to everything written; `seen` counts the eligible blocks.
+    /// counts up to everything written; the eligible blocks not written
+    /// are missed.
     fn check_against_naive(
         pool: &BlockPool,
         stamps: &[u32],
@@ -1256,9 +1287,9 @@ mod tests {
         restamp(pool, stamps, now);
         mark_only(pool, skip);
         let base = 7 * stamps.len() as u64 + 5;
-        let (words, seen, published) = fill(pool, base, room);
+        let (words, missed, published) = fill(pool, base, room);
         let eligible = stamps.len() - skip.len();
-        assert_eq!(seen, eligible, "{what}: seen");
+        assert_eq!(missed, eligible - words.len(), "{what}: missed");
         let mut marked = vec![false; stamps.len()];
         for &i in skip {
             marked[i] = true;

@@ -120,6 +120,13 @@ impl PrefixCache {
         self.lru.ring()
     }
 
+    /// Takes `n` stamps of the release clock (see
+    /// `BlockPool::skip_release_stamps`).
+    #[cfg(all(test, kvslots_loom))]
+    pub(super) fn skip_release_stamps(&self, n: u32) {
+        self.lru.stamps(n as usize);
+    }
+
     /// The KV events lost to full rings so far, if the cache records
     /// events.
     pub(super) fn events_lost(&self) -> Option<u64> {
