@@ -149,7 +149,7 @@ def test_keys_and_groups_in_a_set_are_refused(pool):
 def test_append_refusals_change_nothing(pool):
     seq = kvslots.Sequence(pool)
     seq.try_append(10)
-    other = pool.try_alloc(2)
+    assert len(pool.try_alloc(2)) == 2  # held outside the sequence: 11 free
     before = (seq_state(seq), pool_state(pool))
     with pytest.raises(kvslots.Full) as err:
         seq.try_append(4 * 12)  # 12 more blocks, 11 free
