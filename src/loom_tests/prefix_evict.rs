@@ -111,6 +111,26 @@ fn evict_while_released(pool: &Arc<BlockPool>, k: usize, held: Sequence) {
     drop(evictor.join().unwrap());
 }
 
+/// On one thread, once the race is over: an allocation of `n` blocks
+/// (`what`: free ones and evicted ones), given back; then of the keys
+/// `keys` only `young` (the last released) is cached, and all `blocks` of
+/// the pool are free.
+fn only_the_youngest_kept(
+    pool: &Arc<BlockPool>,
+    n: usize,
+    what: &str,
+    keys: impl IntoIterator<Item = u8>,
+    young: u8,
+    blocks: usize,
+) {
+    let mut seq = Sequence::new(Arc::clone(pool));
+    seq.try_append(n).expect(what);
+    drop(seq);
+    let kept = kept(pool, keys);
+    assert_eq!(kept, [young], "{OUT_OF_ORDER}: keys {kept:?} cached");
+    assert_eq!(pool.free_blocks(), blocks, "{LOST}");
+}
+
 /// Three cached blocks, all evictable: keys 4 and 5 (released in that
 /// order), and key 3, released last, after a revival. The ring holds
 /// key 3's first release (a stale candidate), then 4's and 5's, and is
@@ -191,13 +211,7 @@ fn release_vs_refill_keeps_overflowed(faults: Faults) {
         assert_eq!(two.try_match_prefix(&[key(2)]), 1);
         evict_while_released(&pool, 2, two);
         drop(published(&pool, 4));
-        let mut seq = Sequence::new(Arc::clone(&pool));
-        seq.try_append(2)
-            .expect("a free block and an evictable one");
-        drop(seq);
-        let kept = kept(&pool, [2, 4]);
-        assert_eq!(kept, [4], "{OUT_OF_ORDER}: keys {kept:?} cached");
-        assert_eq!(pool.free_blocks(), 3, "{LOST}");
+        only_the_youngest_kept(&pool, 2, "a free block and an evictable one", [2, 4], 4, 3);
     });
 }
 
@@ -321,13 +335,7 @@ fn stale_room_release_vs_refill_keeps_overflowed(faults: Faults) {
         assert_eq!(two.try_match_prefix(&[key(2)]), 1);
         evict_while_released(&pool, 2, two);
         drop(published(&pool, 5));
-        let mut seq = Sequence::new(Arc::clone(&pool));
-        seq.try_append(3)
-            .expect("a free block and two evictable ones");
-        drop(seq);
-        let kept = kept(&pool, 1..=5);
-        assert_eq!(kept, [5], "{OUT_OF_ORDER}: keys {kept:?} cached");
-        assert_eq!(pool.free_blocks(), 4, "{LOST}");
+        only_the_youngest_kept(&pool, 3, "a free block and two evictable ones", 1..=5, 5, 4);
     });
 }
 
@@ -400,12 +408,7 @@ fn release_in_a_full_range(faults: Faults) {
         let mut seq = evictor.join().unwrap();
         assert_eq!(seq.publish(&[key(4)]), 1);
         drop(seq);
-        let mut seq = Sequence::new(Arc::clone(&pool));
-        seq.try_append(2).expect("two evictable blocks");
-        drop(seq);
-        let kept = kept(&pool, 1..=4);
-        assert_eq!(kept, [4], "{OUT_OF_ORDER}: keys {kept:?} cached");
-        assert_eq!(pool.free_blocks(), 3, "{LOST}");
+        only_the_youngest_kept(&pool, 2, "two evictable blocks", 1..=4, 4, 3);
     });
 }
 
