@@ -599,7 +599,8 @@ class Sequence:
         self, start: Optional[_Int] = None, stop: Optional[_Int] = None
     ) -> Any:
         """`slot_mapping` as a numpy int64 array over a buffer written once.
-        Raises `ImportError` without numpy."""
+        Raises `ImportError` without numpy; once a call has found numpy, later
+        calls import nothing."""
     def close(self) -> None:
         """Gives every block back now. Closing twice does nothing."""
     def __enter__(self) -> Self: ...

@@ -19,6 +19,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use kvslots::{BlockCopy, BlockId, ReserveError};
 use pyo3::exceptions::{PyImportError, PyOverflowError, PyRuntimeError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyByteArray, PyList, PyMemoryView, PyRange, PyTuple};
 
 use crate::convert;
@@ -557,22 +558,10 @@ impl PySequence {
         start: Option<&Bound<'py, PyAny>>,
         stop: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let numpy = py.import("numpy").map_err(|e| {
-            // Only a missing numpy is this `ImportError`; anything else
-            // raised by its import (Ctrl-C's `KeyboardInterrupt`) goes as is.
-            if !e.is_instance_of::<PyImportError>(py) {
-                return e;
-            }
-            let err = PyImportError::new_err(
-                "Sequence.slot_mapping_array needs numpy (pip install numpy); \
-                 slot_mapping_buffer gives the same int64s without it",
-            );
-            err.set_cause(py, Some(e));
-            err
-        })?;
+        let (frombuffer, int64) = numpy_frombuffer(py)?;
         let slots = self.slots(py, start, stop)?;
         let view = int64_view(py, &slots)?;
-        numpy.call_method1("frombuffer", (view, numpy.getattr("int64")?))
+        frombuffer.call1((view, int64))
     }
 
     /// Gives every block back now (the device must be done with them; see
@@ -613,6 +602,34 @@ impl PySequence {
             None => "Sequence(closed)".to_owned(),
         })
     }
+}
+
+/// `numpy.frombuffer` and `numpy.int64`, looked up at the first
+/// `slot_mapping_array` that finds numpy and kept (numpy is optional, so
+/// it is not imported with the module; a call after the first one skips
+/// the import's lookups). `ImportError` if numpy is not installed.
+fn numpy_frombuffer(py: Python<'_>) -> PyResult<(&Bound<'_, PyAny>, &Bound<'_, PyAny>)> {
+    static FROMBUFFER: PyOnceLock<(Py<PyAny>, Py<PyAny>)> = PyOnceLock::new();
+    let (frombuffer, int64) = FROMBUFFER.get_or_try_init(py, || {
+        let numpy = py.import("numpy").map_err(|e| {
+            // Only a missing numpy is this `ImportError`; anything else
+            // raised by its import (Ctrl-C's `KeyboardInterrupt`) goes as is.
+            if !e.is_instance_of::<PyImportError>(py) {
+                return e;
+            }
+            let err = PyImportError::new_err(
+                "Sequence.slot_mapping_array needs numpy (pip install numpy); \
+                 slot_mapping_buffer gives the same int64s without it",
+            );
+            err.set_cause(py, Some(e));
+            err
+        })?;
+        PyResult::Ok((
+            numpy.getattr("frombuffer")?.unbind(),
+            numpy.getattr("int64")?.unbind(),
+        ))
+    })?;
+    Ok((frombuffer.bind(py), int64.bind(py)))
 }
 
 /// `slots` as a writable `memoryview` of native-endian `int64`s over a new
