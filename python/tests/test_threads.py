@@ -139,9 +139,11 @@ def worker():
         # The child's only thread, so its main thread: Ctrl-C reaches it.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
-        # Half a second after the signal: is the wait still queued? (The
-        # main thread looks for signals every 50 ms, others every second.)
-        later = threading.Timer(0.6, lambda: print("waiters", pool.waiters, flush=True))
+        # 0.8 s after the signal: is the wait still queued? The main thread
+        # looks for signals every 50 ms; any other thread once a second
+        # after its wait began, which is after this timer started, so not
+        # before 1 s from now.
+        later = threading.Timer(0.9, lambda: print("waiters", pool.waiters, flush=True))
         later.start()
         try:
             pool.alloc(1, timeout=2)
@@ -164,7 +166,7 @@ def test_ctrl_c_interrupts_a_wait_in_a_child_forked_from_a_thread():
     # From a helper's attack: a thread that had waited remembered that it
     # was not the process's first thread; forked, it is the child's main
     # thread, which runs the signal handlers, but it looked for them once a
-    # second only, so half a second after the signal the wait still waited.
+    # second only, so 0.8 s after the signal the wait still waited.
     run = run_python(FORKED_WAIT)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["interrupted", "waiters", "0"], run.stdout + run.stderr
