@@ -1199,7 +1199,8 @@ mod tests {
         assert_eq!(missed, n - 100 - 1 - 50);
         // An append that read an old length rewrote a marked candidate's
         // slot during the scan (its CAS then failed): the bit of the block
-        // it displaced is cleared all the same.
+        // it displaced is cleared all the same. (Relaxed: one thread, as in
+        // `restamp`.)
         lru.candidates[7].store(Lru::word(BlockId::new(3), 9), Ordering::Relaxed);
         lru.unmark_all();
         assert!((0..n).all(|i| !lru.marked(i)));
