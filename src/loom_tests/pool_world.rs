@@ -81,6 +81,7 @@ pub const SOUND: Faults = Faults {
     claim_before_read: false,
     unchecked_overflow_clear: false,
     fill_counts_first_pass: false,
+    no_rescan_after_raced_publish: false,
     plain_shared_drop: false,
     relaxed_count_release: false,
 };
@@ -128,6 +129,13 @@ pub const UNCHECKED_OVERFLOW_CLEAR: Faults = Faults {
 /// pass's count of the blocks outside the ring against the room.
 pub const FILL_COUNTS_FIRST_PASS: Faults = Faults {
     fill_counts_first_pass: true,
+    ..SOUND
+};
+/// The eviction ring's rescan control: a refill whose publishing CAS
+/// fails (an append moved the length) does not scan again, and ends the
+/// overflow as if what it published were all it had found.
+pub const NO_RESCAN_AFTER_RACED_PUBLISH: Faults = Faults {
+    no_rescan_after_raced_publish: true,
     ..SOUND
 };
 /// The undo control: a refused free adds its references back blindly,

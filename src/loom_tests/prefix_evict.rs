@@ -1,8 +1,10 @@
 //! Loom models of the prefix cache's eviction ring: an evictor taking
 //! its candidates while another evictor refills the ring, and a release
 //! racing a refill of an overflowed ring, each in a ring of as many slots
-//! as blocks and in one with a slot of stale room, each with a negative
-//! control that loom must catch.
+//! as blocks and in one with a slot of stale room; a release racing a
+//! refill's placing pass; and a release whose append reads the
+//! overflowed bit clear while a refill publishes its buckets one at a
+//! time. Each has a negative control that loom must catch.
 //!
 //! Run with `scripts/loom prefix_evict`.
 //!
@@ -19,6 +21,7 @@
 //! | [`stale_room_refill_vs_claimed_candidate`] | 2, 4 | `claim_before_read` (evicted out of order) |
 //! | [`stale_room_release_vs_refill_keeps_overflowed`] | 2, 4 | `unchecked_overflow_clear` (evicted out of order) |
 //! | [`release_in_a_full_range`] | 2, 3 | `fill_counts_first_pass` (evicted out of order) |
+//! | [`release_between_refill_buckets`] | 2, 3 | `no_rescan_after_raced_publish` (evicted out of order) |
 //!
 //! A pool of 3 blocks has a ring of 3 slots. Its candidates' positions
 //! only grow, position `p` in slot `p % 3`, and a refill writes the
@@ -46,8 +49,8 @@
 use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{
-    check, check_long, CLAIM_BEFORE_READ, FILL_COUNTS_FIRST_PASS, LOST, SOUND,
-    UNCHECKED_OVERFLOW_CLEAR,
+    check, check_long, CLAIM_BEFORE_READ, FILL_COUNTS_FIRST_PASS, LOST,
+    NO_RESCAN_AFTER_RACED_PUBLISH, SOUND, UNCHECKED_OVERFLOW_CLEAR,
 };
 use crate::sync::Faults;
 use crate::{BlockHash, BlockPool, Sequence};
@@ -421,4 +424,107 @@ fn release_in_a_full_range_sound() {
 #[should_panic(expected = "evicted out of order")]
 fn release_in_a_full_range_fill_counts_first_pass_is_caught() {
     release_in_a_full_range(FILL_COUNTS_FIRST_PASS);
+}
+
+/// A release whose append reads the ring's overflowed bit clear (before
+/// a refill sets it, or a stale value) while the refill publishes its
+/// entries a bucket at a time: after the refill's first bucket is
+/// published, the append reads the new length and writes its block into
+/// the slot where the refill placed its next bucket, and publishes it.
+/// The refill's sort of that bucket may then rewrite the entry the append
+/// published (with the bucket's older block); either way one of the two
+/// blocks is outside the ring, the refill's publishing CAS fails (the
+/// append moved the length), and the refill scans again and finds that
+/// block. The control takes what it published for the whole refill and
+/// clears the overflow: the displaced block stays outside the ring while
+/// appends resume, so blocks released later are evicted before it, even
+/// by one thread once the race is over.
+///
+/// The refill runs with the bit clear because the ring ran dry: keys 1,
+/// 3 and 2 on blocks 0, 1 and 2 (the scan's order), released and revived;
+/// the ring's head moved past every candidate
+/// (`BlockPool::pass_eviction_candidates`); key 1 released, then 2,048
+/// stamps later key 2, then key 3 (appended to the emptied ring, which
+/// they fill); key 3 revived and held by the releaser, and the head moved
+/// past every candidate again. So keys 1 and 2 are evictable outside an
+/// empty ring that is not overflowed. The refill's range of ranks is then
+/// over 2,048 wide: ranges of 4 ranks, key 1's in the first, key 2 and
+/// key 3 (if the scan sees it released, by its old stamp or its new one)
+/// together in another, so that the
+/// refill publishes key 1 alone, and then key 2, or keys 2 and 3 sorted
+/// (key 3 placed first, on the lower block, and moved after key 2).
+///
+/// The evictor allocates one block while the releaser lets key 3 go.
+/// Then, on one thread: key 4 on the evictor's block, released; an
+/// allocation of two blocks (both evicted) must keep key 4, released
+/// last. The evictor may take key 1 (the refill's first entry), key 3
+/// (appended before the refill's entries), or key 2 (when an append that
+/// read the length from before the refill's publishes wrote over key 1's
+/// published entry: its CAS fails, a miss, and the ring stays overflowed
+/// until a refill finds key 1). Unless the ring is empty and not
+/// overflowed after the race: then the release's append reached the
+/// empty ring first, the evictor took key 3 from it and ran no refill,
+/// and keys 1 and 2 are still outside the ring, the state the model
+/// starts from (which a later refill finds), not a race's outcome; only
+/// the blocks' return is checked.
+fn release_between_refill_buckets(faults: Faults) {
+    check_long(20_000, move || {
+        let pool = Arc::new(BlockPool::with_faults(3, 1, 1, faults));
+        let mut first = Sequence::new(Arc::clone(&pool));
+        first.try_append(3).expect("three blocks");
+        let ids: Vec<usize> = first.blocks().iter().map(|id| id.index()).collect();
+        assert_eq!(ids, [0, 1, 2], "keys 1, 3, 2 on blocks 0, 1, 2");
+        assert_eq!(first.publish(&[key(1), key(3), key(2)]), 3);
+        drop(first);
+        let mut one = Sequence::new(Arc::clone(&pool));
+        let mut two = Sequence::new(Arc::clone(&pool));
+        let mut three = Sequence::new(Arc::clone(&pool));
+        assert_eq!(one.try_match_prefix(&[key(1)]), 1);
+        assert_eq!(two.try_match_prefix(&[key(2)]), 1);
+        assert_eq!(three.try_match_prefix(&[key(3)]), 1);
+        pool.pass_eviction_candidates();
+        drop(one);
+        pool.skip_release_stamps(2048);
+        drop(two);
+        drop(three);
+        assert_eq!(pool.eviction_ring(), (3, 3, false), "full, not overflowed");
+        let mut three = Sequence::new(Arc::clone(&pool));
+        assert_eq!(three.try_match_prefix(&[key(3)]), 1);
+        pool.pass_eviction_candidates();
+        assert_eq!(pool.eviction_ring(), (3, 0, false), "empty");
+        let evictor = {
+            let pool = Arc::clone(&pool);
+            thread::spawn(move || {
+                let mut seq = Sequence::new(pool);
+                seq.try_append(1).expect("an evictable block");
+                seq
+            })
+        };
+        let releaser = thread::spawn(move || drop(three));
+        releaser.join().unwrap();
+        let mut seq = evictor.join().unwrap();
+        if pool.eviction_ring() == (3, 0, false) {
+            // The start state stands: the evictor took key 3, appended to
+            // the empty ring first, and left the ring empty.
+            let taken = seq.blocks()[0].index();
+            assert_eq!(taken, 1, "{OUT_OF_ORDER}: block {taken}, ring left empty");
+            drop(seq);
+            assert_eq!(pool.free_blocks(), 3, "{LOST}");
+        } else {
+            assert_eq!(seq.publish(&[key(4)]), 1);
+            drop(seq);
+            only_the_youngest_kept(&pool, 2, "two evictable blocks", 1..=4, 4, 3);
+        }
+    });
+}
+
+#[test]
+fn release_between_refill_buckets_sound() {
+    release_between_refill_buckets(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "evicted out of order")]
+fn release_between_refill_buckets_no_rescan_after_raced_publish_is_caught() {
+    release_between_refill_buckets(NO_RESCAN_AFTER_RACED_PUBLISH);
 }

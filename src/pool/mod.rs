@@ -418,6 +418,19 @@ impl BlockPool {
             .eviction_ring()
     }
 
+    /// Empties the prefix cache's eviction ring without evicting: its
+    /// head moves past every candidate, and the blocks they name stay
+    /// evictable, outside the ring, with its overflowed bit as it was, for
+    /// the loom models that start from a ring run dry while evictable
+    /// blocks are left out of it. Panics without a prefix cache.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) fn pass_eviction_candidates(&self) {
+        self.prefix
+            .as_deref()
+            .expect("a prefix cache")
+            .pass_eviction_candidates();
+    }
+
     /// Takes `n` stamps of the prefix cache's release clock, as `n`
     /// releases of cached blocks would, for the loom models that need
     /// stamps far apart. Panics without a prefix cache.

@@ -129,6 +129,15 @@ pub(crate) struct Faults {
     /// bit with that block left out.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) fill_counts_first_pass: bool,
+    /// A refill whose publishing CAS fails (an append that read the
+    /// overflowed bit clear moved the ring's length, and may have written
+    /// over the slots of the entries not yet published) does not scan
+    /// again: it takes what it published for the whole refill and ends the
+    /// overflow as if it had written every block it saw. A block whose
+    /// entry the append displaced stays out of the ring while appends
+    /// resume.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) no_rescan_after_raced_publish: bool,
     /// A waiter joins the wait queue without trying again after it is
     /// queued: a release that happened between its failed attempt and its
     /// enqueue found nobody waiting, and nothing wakes it (a lost wakeup).
@@ -507,6 +516,17 @@ impl Faults {
     pub(crate) fn fill_counts_first_pass(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.fill_counts_first_pass {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a refill whose publishing CAS failed stops without scanning
+    /// again: `false`, or `true` under `no_rescan_after_raced_publish`.
+    #[inline]
+    pub(crate) fn no_rescan_after_raced_publish(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.no_rescan_after_raced_publish {
             return true;
         }
         false

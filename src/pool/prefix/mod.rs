@@ -120,6 +120,13 @@ impl PrefixCache {
         self.lru.ring()
     }
 
+    /// Moves the eviction ring's head past every candidate (see
+    /// `BlockPool::pass_eviction_candidates`).
+    #[cfg(all(test, kvslots_loom))]
+    pub(super) fn pass_eviction_candidates(&self) {
+        self.lru.pass_candidates();
+    }
+
     /// Takes `n` stamps of the release clock (see
     /// `BlockPool::skip_release_stamps`).
     #[cfg(all(test, kvslots_loom))]
