@@ -50,6 +50,9 @@ pub struct SequenceCall<'a> {
     /// What a `BlockPool` publish reports back to the sequence that made
     /// it: see [`keyed`](Self::keyed).
     keyed: Cell<Option<KeyedRun>>,
+    /// The allocator the sequence calls, as its address and size, where a
+    /// publish says it: see [`is_straight_to`](Self::is_straight_to).
+    to: Option<(usize, usize)>,
 }
 
 /// The blocks of a publish that hold keys after it: the first `run` of
@@ -72,6 +75,7 @@ impl SequenceCall<'_> {
             _private: PhantomData,
             group: None,
             keyed: Cell::new(None),
+            to: None,
         }
     }
 
@@ -85,7 +89,35 @@ impl SequenceCall<'_> {
             _private: PhantomData,
             group: u16::try_from(group).ok(),
             keyed: Cell::new(None),
+            to: None,
         }
+    }
+
+    /// This token, for a call that the sequence makes on `allocator`, its
+    /// own.
+    #[inline]
+    pub(crate) fn straight_to<A: BlockAllocator + ?Sized>(mut self, allocator: &A) -> Self {
+        self.to = Some((
+            allocator as *const A as *const () as usize,
+            std::mem::size_of_val(allocator),
+        ));
+        self
+    }
+
+    /// Whether the sequence that made this call made it on `pool` itself,
+    /// not on an allocator that forwards to it: its allocator is the
+    /// object at `pool`'s address, of `pool`'s size. A forwarder may count
+    /// some holders of a block itself (a fork's, say) and let the pool see
+    /// one reference for them; the pool's own count is every holder's only
+    /// when the sequence calls the pool. (Only an allocator that is the
+    /// pool's bytes exactly, a field-less wrapper of it, is taken for it.)
+    #[inline]
+    pub(crate) fn is_straight_to(&self, pool: &crate::BlockPool) -> bool {
+        self.to
+            == Some((
+                pool as *const crate::BlockPool as usize,
+                std::mem::size_of::<crate::BlockPool>(),
+            ))
     }
 
     /// Notes that the first `run` of `blocks`, the slice a publish was
@@ -157,7 +189,10 @@ impl fmt::Debug for SequenceCall<'_> {
 /// [`Sequence::blocks`](crate::Sequence::blocks) racing the sequence's
 /// drop, not a stray `add_refs`. (`BlockPool` relies on it: a
 /// sequence that holds a block alone gives it back with a load and a
-/// plain store.) The read-only calls ([`num_blocks`](Self::num_blocks),
+/// plain store. A sequence that calls a `BlockPool` itself, not through a
+/// forwarder, also claims a block it holds alone for its publish with a
+/// plain store: then the pool has counted every holder itself, where a
+/// forwarder may count some shares on its own.) The read-only calls ([`num_blocks`](Self::num_blocks),
 /// [`block_size`](Self::block_size), [`is_closed`](Self::is_closed),
 /// [`needs_copy`](Self::needs_copy)) take no token. Raw blocks have their
 /// own calls on the pool: [`BlockPool::try_alloc`](crate::BlockPool::try_alloc),
@@ -558,5 +593,24 @@ mod tests {
         assert_eq!(format!("{by:?}"), "SequenceCall { group: None }");
         assert_eq!(SequenceCall::in_group(3).group(), Some(3));
         assert_eq!(by.group(), None);
+    }
+
+    /// A call is straight to a pool when the sequence's allocator is that
+    /// pool, also behind a trait object; not when it is another pool, or
+    /// no allocator was named. (A wrapper at the pool's own address:
+    /// `tests/forwarded_publish.rs`.)
+    #[test]
+    fn a_call_is_straight_only_to_the_pool_itself() {
+        let pool = BlockPool::new(4, 1);
+        let other = BlockPool::new(4, 1);
+        let dyn_pool: &dyn BlockAllocator = &pool;
+        assert!(SequenceCall::new().straight_to(&pool).is_straight_to(&pool));
+        assert!(SequenceCall::in_group(1)
+            .straight_to(dyn_pool)
+            .is_straight_to(&pool));
+        assert!(!SequenceCall::new()
+            .straight_to(&other)
+            .is_straight_to(&pool));
+        assert!(!SequenceCall::new().is_straight_to(&pool));
     }
 }

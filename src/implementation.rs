@@ -711,8 +711,10 @@
 //! them from a prompt's tokens, a salt and tagged extra keys (LoRA
 //! adapters, cache salts, multimodal inputs; `BlockHash`'s docs give the
 //! layout). A block's key is kept in four `AtomicU64` words per block,
-//! written only while the block is claimed (`BUSY`, by its publisher) and
-//! read after an `Acquire` of the state word or of an index slot. The
+//! written only by its publisher: while the block is claimed (`BUSY`), or
+//! just before the claim by a sequence that holds the block alone (see
+//! [Publishing](#publishing)); read after an `Acquire` of the state word
+//! or of an index slot. The
 //! index is a fixed array of `AtomicU64` slots, 2.5 per block, in buckets
 //! of 8 (one cache line; fewer slots per bucket in pools under 8 blocks):
 //! a slot is empty or holds a block id and a 32-bit fingerprint of its
@@ -774,7 +776,11 @@
 //! a match would (without taking a reference); if a committed block holds
 //! it, `b` loses at once, having claimed nothing. Otherwise claim `b` (CAS
 //! in `BUSY`, `KILLED` and the claim's reference), write `K`'s words, arm
-//! the claim (clear `KILLED`, a `Release` RMW), insert `(fingerprint, b)`
+//! the claim (clear `KILLED`, a `Release` RMW); or, if the publishing
+//! sequence holds `b` alone (its state word `SEQUENCE` with a count of 1
+//! and no flag) and called the pool itself, write `K`'s words first and
+//! claim `b` armed with one `Release` store of `BUSY` and the claim's
+//! reference. Then insert `(fingerprint, b)`
 //! into a bucket (a `Release` CAS), make a read-modify-write that changes nothing
 //! (`fetch_add(0)`, `AcqRel`) on the first slot of `K`'s first bucket, then
 //! rescan both buckets (`Acquire` loads) for rivals holding `K`:
@@ -794,6 +800,25 @@
 //! a rival. A rescan that reads the state after the arm (`Acquire`) sees
 //! the later claim's key words, and one that reads it before sees a killed
 //! claim; the entry the later claim inserts after its arm is found as any.
+//!
+//! A sole holder needs neither the CAS nor the arm. From its `Acquire`
+//! load of `SEQUENCE` with a count of 1 until its claim, no other thread
+//! writes the block's state or key words: a raw call refuses a sequence's
+//! block, a fork adds a reference only through the publishing sequence
+//! (busy publishing) and, the sequence calling the pool itself, in the
+//! pool's count (an allocator that forwards to the pool may count a
+//! fork's share on its own and let the pool see one reference for two
+//! holders: the pool tells a straight call by the address and size of
+//! the allocator the sequence names in its `SequenceCall`, and takes the
+//! CAS claim for any other, `tests/forwarded_publish.rs`), a revival, an eviction and a rival's deferral or
+//! kill each need `CACHED` or `BUSY` in the word, and a key is written
+//! only by a publisher of the block (the same argument as a sole holder's
+//! give-back, [Reference counts](#reference-counts)). Its key words,
+//! written before the claim's `Release` store, are seen by any rescan that
+//! reads the claim. The claim saves two read-modify-writes of a publish's
+//! five; a shared block (a fork's) is claimed with the CAS, and loom's
+//! `shared_sole_claim` control, a store claim on a shared block, lets two
+//! holders claim it at once.
 //!
 //! Then `b` commits (CAS from `BUSY` to `CACHED`, dropping the claim's
 //! reference, `AcqRel`) unless it was killed. A loser removes its entry
@@ -1364,14 +1389,19 @@
 //!   a commit that drops the block's last reference see every holder's
 //!   accesses before it gives the block back; so does the unclaim's
 //!   `AcqRel`.
-//! * **The claim is `Relaxed`**: its caller holds a reference, so the
-//!   block is not free, and it publishes nothing.
+//! * **The CAS claim is `Relaxed`**: its caller holds a reference, so the
+//!   block is not free, and it publishes nothing (the arm after the key
+//!   words is the `Release`). **A sole holder's claim is a `Release`
+//!   store** after its key words, in place of the arm, and its load of the
+//!   state before them is `Acquire`: a co-holder's last drop, and the key
+//!   words of any claim it gave up, happen-before the new key words.
 //! * **A match loads the state with `Acquire` and revives with an
 //!   `Acquire` CAS**: it sees the publisher's writes before it compares
 //!   the key, and a revival of an evictable block synchronises with the
 //!   last holder's drop (`AcqRel`), as an allocation does.
-//! * **The key words are `Relaxed`**: written while the block is claimed,
-//!   published by the insert and the commit, and read after an `Acquire`;
+//! * **The key words are `Relaxed`**: written while the block is claimed
+//!   (or just before a sole holder's claim), published by the arm or the
+//!   sole claim, the insert and the commit, and read after an `Acquire`;
 //!   a key rewritten since the read implies a new generation, which the
 //!   reader's CAS on the exact state catches.
 //! * **An eviction is an `Acquire` CAS** on the state word: the last

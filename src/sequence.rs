@@ -797,7 +797,9 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // (cached, or given back by a window).
         let parent = from.checked_sub(1).map(|p| &hashes[p]);
         let (blocks, hashes) = (&self.blocks[from..full], &hashes[from..full]);
-        let call = group.map_or_else(SequenceCall::new, SequenceCall::in_group);
+        let call = group
+            .map_or_else(SequenceCall::new, SequenceCall::in_group)
+            .straight_to(&*self.pool);
         let cached = self.pool.publish_after(&call, parent, blocks, hashes);
         // The leading blocks that hold keys now, as the allocator noted
         // them (`BlockPool` does), or else all if it cached every one.

@@ -84,6 +84,7 @@ pub const SOUND: Faults = Faults {
     no_rescan_after_raced_publish: false,
     plain_shared_drop: false,
     relaxed_count_release: false,
+    shared_sole_claim: false,
 };
 /// The free list's control: a take from a bitmap word with a load and a
 /// plain store, so that two takers can take the same block.
@@ -235,6 +236,14 @@ pub const IGNORE_DEFERRAL: Faults = Faults {
 /// an earlier claim of the block published.
 pub const ARMED_CLAIM: Faults = Faults {
     armed_claim: true,
+    ..SOUND
+};
+
+/// The sole claim's control: a publishing sequence claims a block it
+/// shares with a plain store, as if it held it alone, so two holders that
+/// publish it at once both claim it.
+pub const SHARED_SOLE_CLAIM: Faults = Faults {
+    shared_sole_claim: true,
     ..SOUND
 };
 
@@ -720,11 +729,15 @@ pub fn holder_rival_publisher(pool: &Arc<BlockPool>) -> (Sequence, Sequence, Seq
 /// given: its tokens rewritten); the holder goes and its key is reset; only
 /// then does the publisher publish. The key must end on exactly one of the
 /// rival's and the publisher's blocks ("nobody holds the key" otherwise).
-pub fn holder_gone_then_publish(faults: Faults, rival_then: Option<BlockHash>) {
+/// With `rival_forked`, a fork of the rival shares its block (held by the
+/// model's thread until the end), so the rival's claims are the CAS of a
+/// shared block, not a sole holder's store.
+pub fn holder_gone_then_publish(faults: Faults, rival_then: Option<BlockHash>, rival_forked: bool) {
     check(move || {
         let key = BlockHash([1; 32]);
         let pool = Arc::new(BlockPool::with_faults(3, 1, 1, faults));
         let (mut c, mut r, mut p) = holder_rival_publisher(&pool);
+        let fork = rival_forked.then(|| r.try_fork().expect("a full block is shared").0);
         let holder = loom::thread::spawn(move || {
             c.publish(&[key]);
             c
@@ -747,5 +760,6 @@ pub fn holder_gone_then_publish(faults: Faults, rival_then: Option<BlockHash>) {
             r.blocks(),
             p.blocks()
         );
+        drop(fork);
     });
 }

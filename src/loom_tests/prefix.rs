@@ -37,6 +37,7 @@
 //! | [`two_publishes_in_two_buckets`] | 2, 3 | `fence_own_bucket` (first wins), `first_bucket_only` (first wins) |
 //! | [`publish_in_the_second_bucket_vs_match`] | 3, 3 | `relaxed_publish` (causality), `first_bucket_only` (not found) |
 //! | [`match_vs_evicting_republish_in_two_buckets`] | 2, 3 | `no_generation_check` (stale hit), `evict_referenced` (causality) |
+//! | [`two_holders_publish_one_block`] | 2, 1 | `shared_sole_claim` (first wins: both claims stored, both commit) |
 //!
 //! Blocks hold one token each, so every block is full.
 //!
@@ -61,7 +62,7 @@ use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{
     check, PoolWorld, EVICT_REFERENCED, FENCE_OWN_BUCKET, FIRST_BUCKET_ONLY, MATCH_KEEPS_CREDITS,
-    NO_GENERATION_CHECK, NO_KILL, RELAXED_PUBLISH, SOUND,
+    NO_GENERATION_CHECK, NO_KILL, RELAXED_PUBLISH, SHARED_SOLE_CLAIM, SOUND,
 };
 use crate::sync::{AtomicUsize, Faults, Ordering};
 use crate::{BlockHash, Sequence};
@@ -602,4 +603,48 @@ fn match_vs_evicting_republish_in_two_buckets_no_generation_check_is_caught() {
 #[should_panic(expected = "Causality violation")]
 fn match_vs_evicting_republish_in_two_buckets_evict_referenced_is_caught() {
     match_vs_evicting_republish_in_two_buckets(EVICT_REFERENCED);
+}
+
+/// A sequence and its fork publish their shared block under one key at
+/// once: each claim is a CAS (the block is not held alone), so one of them
+/// caches it and the other finds it claimed or cached; once both let go
+/// the block is evictable and the pool whole.
+fn two_holders_publish_one_block(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(1, faults);
+        let mut a = Sequence::new(Arc::clone(&cache.world.pool));
+        assert!(cache.append(&mut a, 1), "one free block");
+        let (mut b, copy) = a.try_fork().expect("a full block is shared");
+        assert_eq!(copy, None, "a fork on a block boundary copies nothing");
+        cache.world.hold(b.blocks()[0]);
+        let other = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || {
+                let n = cache.publish(&mut b, 7);
+                (b, n)
+            })
+        };
+        let mine = cache.publish(&mut a, 7);
+        let (b, theirs) = other.join().unwrap();
+        let cached = mine + theirs;
+        assert_eq!(
+            cached, 1,
+            "{FIRST_WINS}: {cached} publishes cached one block"
+        );
+        cache.let_go(a);
+        cache.let_go(b);
+        assert_eq!(cache.world.pool.cached_blocks(), 1);
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn two_holders_publish_one_block_sound() {
+    two_holders_publish_one_block(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "first wins")]
+fn two_holders_publish_one_block_shared_sole_claim_is_caught() {
+    two_holders_publish_one_block(SHARED_SOLE_CLAIM);
 }

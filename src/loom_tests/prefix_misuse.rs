@@ -333,7 +333,7 @@ fn a_publish_after_the_holder_is_gone_without_either_defence_is_caught() {
 /// the rival, deferred to, looks again before it gives up, finds the
 /// holder gone and commits (or the third publish commits).
 fn a_publish_after_the_holder_is_gone_behind_a_rival(faults: Faults) {
-    holder_gone_then_publish(faults, None);
+    holder_gone_then_publish(faults, None, false);
 }
 
 #[test]

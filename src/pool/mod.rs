@@ -1196,7 +1196,8 @@ impl BlockAllocator for BlockPool {
         keys: &[BlockHash],
     ) -> usize {
         let group = by.group().map_or(GroupTag::NONE, GroupTag::of);
-        let (cached, keyed) = self.publish_chain(group, parent, blocks, keys);
+        let (cached, keyed) =
+            self.publish_chain(group, parent, blocks, keys, by.is_straight_to(self));
         by.note_keyed(blocks, keyed);
         cached
     }
@@ -1221,13 +1222,17 @@ impl BlockPool {
     /// The body of the sequence calls' publishes: the chain of `blocks`
     /// under `keys` (`parent` before the first), reported as `group`'s.
     /// Returns how many blocks it cached, and how many of the first
-    /// blocks hold keys after it (cached by it or before it).
+    /// blocks hold keys after it (cached by it or before it). `straight`
+    /// says that the sequence called this pool itself (see
+    /// [`SequenceCall::is_straight_to`]): then a block it holds alone may
+    /// take the sole holder's claim.
     fn publish_chain(
         &self,
         group: GroupTag,
         parent: Option<&BlockHash>,
         blocks: &[BlockId],
         keys: &[BlockHash],
+        straight: bool,
     ) -> (usize, usize) {
         self.check_ids(blocks);
         let blocks = &blocks[..blocks.len().min(keys.len())];
@@ -1243,7 +1248,7 @@ impl BlockPool {
                 Some(p) => Some(&keys[p]),
                 None => parent,
             };
-            let published = self.publish_block(id, key, parent, group, &mut || {
+            let published = self.publish_block(id, key, parent, group, straight, &mut || {
                 !std::mem::replace(&mut counted, true) && {
                     self.count_fresh(&blocks[i..]);
                     true

@@ -94,7 +94,10 @@
 //! * **A raw call.** `BlockPool::free` and `BlockPool::add_refs` refuse a
 //!   `SEQUENCE` block, in their checks and in their CAS (which compares
 //!   the whole word), so no raw call ever writes its word.
-//! * **The prefix cache.** A claim (`BUSY`) is a holder's publish; a
+//! * **The prefix cache.** A claim (`BUSY`) is a holder's publish (a
+//!   store, not a CAS, by a sequence that called the pool itself and read
+//!   its block as `SEQUENCE` with a count of 1: no one else writes the
+//!   word until it claims); a
 //!   rival's deferral or kill CASes only a `BUSY` word; a match's revival
 //!   and an eviction (also `reset_prefix_cache`'s) CAS from a `CACHED`
 //!   word they read, the whole word compared; `uncache_if_sole` is a

@@ -300,6 +300,13 @@ pub(crate) struct Faults {
     /// its own (with `relaxed_free`, nothing does).
     #[cfg(all(test, kvslots_loom))]
     pub(crate) relaxed_count_release: bool,
+    /// A publishing sequence takes its block for its own alone whatever
+    /// the count (any `SEQUENCE` word, neither cached nor claimed), and
+    /// claims it with a plain store: two holders of a shared block that
+    /// publish it at once both claim it, each overwriting the other's
+    /// count and key words.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) shared_sole_claim: bool,
 }
 
 // Outside the loom models' build a `Faults` holds nothing: the field that
@@ -781,6 +788,17 @@ impl Faults {
     pub(crate) fn armed_claim(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.armed_claim {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a publishing sequence takes a shared block for its own
+    /// alone: `false`, or `true` under `shared_sole_claim`.
+    #[inline]
+    pub(crate) fn shared_sole_claim(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.shared_sole_claim {
             return true;
         }
         false

@@ -446,10 +446,12 @@ impl Events {
     }
 
     /// Sets the group tag of block `id`, which the caller has claimed to
-    /// publish and not committed yet.
+    /// publish and not committed yet, or holds alone and is about to claim
+    /// (see `Refs::sole_unclaimed`).
     pub(super) fn set_group(&self, id: BlockId, group: GroupTag) {
         // Relaxed: published with the key words by the claim's commit
-        // (Release); a remover reads it after it has seen that commit
+        // (Release; a sole holder's claim, written after it, is a Release
+        // store too); a remover reads it after it has seen that commit
         // (Acquire) and before any later claim can rewrite it (a removal
         // takes the block first, see `Ticket::removed`).
         self.groups[id.index()].store(group.0, Ordering::Relaxed);

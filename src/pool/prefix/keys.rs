@@ -109,7 +109,8 @@ impl Mix {
 
 /// The keys of a pool's blocks and the index over them.
 pub(super) struct Keys {
-    /// Four words per block: its key, written while the block is claimed.
+    /// Four words per block: its key, written by its publisher while the
+    /// block is claimed, or just before a sole holder's claim.
     words: Box<[AtomicU64]>,
     /// `buckets * width` slots.
     slots: Box<[AtomicU64]>,
@@ -239,11 +240,12 @@ impl Keys {
     }
 
     /// Writes `key` as block `id`'s key. The caller has claimed the block
-    /// (or holds it alone), so no one else writes these words now.
+    /// or, a sequence, holds it alone and unclaimed, so no one else writes
+    /// these words now.
     pub(super) fn write(&self, id: BlockId, key: &BlockHash) {
         for i in 0..4 {
-            // Relaxed: published by the index insert and the commit, both
-            // Release.
+            // Relaxed: published by the claim's arm (or a sole holder's
+            // claim), the index insert and the commit, all Release.
             self.words[id.index() * 4 + i].store(key_word(key, i), Ordering::Relaxed);
         }
     }

@@ -35,8 +35,10 @@ impl BlockPool {
     /// A key that a committed block holds when the publish begins loses at
     /// once: nothing is claimed and no index entry is made (the lookup of
     /// a match, without its reference). Otherwise, two publishers of one
-    /// key on two blocks race like this: each claims its block (`BUSY`),
-    /// writes its key, inserts an index entry, makes a read-modify-write on
+    /// key on two blocks race like this: each claims its block (`BUSY`) and
+    /// writes its key (a sequence that holds its block alone writes the key
+    /// first and claims with a store; see `Refs::sole_unclaimed`), inserts
+    /// an index entry, makes a read-modify-write on
     /// one word that every publisher of the key touches, and then rescans
     /// the key's buckets, so the later of the two sees the earlier. One
     /// that sees a committed rival loses; one that sees a claimed rival on
@@ -68,12 +70,19 @@ impl BlockPool {
     /// A claim needs the holder's reference counted: a claim that finds
     /// the block's word bare (a fresh block) calls `count`, which counts
     /// it (and says so) or not, and claims again if it did.
+    ///
+    /// `straight` says that the publishing sequence called this pool
+    /// itself, not an allocator that forwards to it: only then does the
+    /// pool's count of the block's references count every holder (a
+    /// forwarder may count a fork's share itself), so that a count of 1
+    /// means the publisher holds the block alone.
     pub(crate) fn publish_block(
         &self,
         id: BlockId,
         key: &BlockHash,
         parent: Option<&BlockHash>,
         group: GroupTag,
+        straight: bool,
         count: &mut impl FnMut() -> bool,
     ) -> Published {
         let Some(cache) = self.prefix.as_deref() else {
@@ -102,20 +111,41 @@ impl BlockPool {
             // loom's `early_group_tag` control: the tag written unclaimed.
             events.set_group(id, group);
         }
-        let claimed =
-            self.refs.claim(id) || (self.refs.is_bare(id) && count() && self.refs.claim(id));
-        if !claimed {
+        // A fresh block's reference is counted before any claim.
+        if self.refs.is_bare(id) && !count() {
+            return Published::Not;
+        }
+        // The block held alone by the sequence that called this pool
+        // itself: its key words and tag are written first, and it is
+        // claimed and armed with one store. Else a CAS claims it, and the
+        // arm follows the key words.
+        let sole = if straight {
+            self.refs.sole_unclaimed(id)
+        } else {
+            None
+        };
+        if sole.is_none() && !self.refs.claim(id) {
             if self.refs.faults.claim_refused_as_cached() {
                 // loom's `claim_refused_as_cached` control.
                 return Published::Already;
             }
             return Published::Not;
         }
+        let armed_early = self.refs.faults.armed_claim();
+        if let (Some(seen), true) = (sole, armed_early) {
+            // loom's `armed_claim` control: the claim a rival before its
+            // key words are written.
+            self.refs.claim_sole(id, seen);
+        }
         keys.write(id, key);
         if let Some(events) = &cache.events {
             events.set_group(id, group);
         }
-        self.refs.arm(id);
+        match sole {
+            Some(seen) if !armed_early => self.refs.claim_sole(id, seen),
+            Some(_) => {}
+            None => self.refs.arm(id),
+        }
         let Some(mut slot) = keys.insert_into(probe, order, id) else {
             self.give_back_claim(id, self.refs.unclaim(id));
             return Published::Not;

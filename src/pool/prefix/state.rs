@@ -183,7 +183,9 @@ impl Refs {
     /// visible): were the claim a rival from the start, the rescan would
     /// defer to it, or lose to its commit, although it publishes another
     /// key. A rescan ignores a killed claim; one that reads the state after
-    /// the arm sees this claim's key words.
+    /// the arm sees this claim's key words. (A sequence that holds the
+    /// block alone writes its key words first and claims armed, with
+    /// [`claim_sole`](Self::claim_sole).)
     pub(super) fn claim(&self, id: BlockId) -> bool {
         let word = &self.words[id.index()];
         let claim_ref = self.claim_ref();
@@ -209,6 +211,51 @@ impl Refs {
                 Err(actual) => cur = actual,
             }
         }
+    }
+
+    /// The state of block `id`, which the caller holds, if it holds it
+    /// alone and the block is neither cached nor claimed: `SEQUENCE`, a
+    /// count of 1 and no other flag. The caller is a sequence that called
+    /// this pool itself (not through a forwarder, which may count a fork's
+    /// share on its own: see `SequenceCall::is_straight_to`), so the count
+    /// is every holder's. From this load on no other thread writes the
+    /// word, or the block's key words, until the caller claims the block:
+    /// a raw call refuses a sequence's block, a fork adds a reference only
+    /// from its parent (the caller, busy here), and every other writer of
+    /// the word needs a count above 1, `CACHED` or `BUSY` in it (see
+    /// `refs.rs`, "Fresh blocks"). `None` otherwise (the caller claims with
+    /// a CAS).
+    pub(super) fn sole_unclaimed(&self, id: BlockId) -> Option<u64> {
+        // Acquire: a co-holder's drop (a Release CAS, the last write of the
+        // word before this load) and its accesses to the block, the key
+        // words of a claim it gave up included, happen-before the key words
+        // we write next.
+        let state = self.words[id.index()].load(Ordering::Acquire);
+        let flags = state & (GEN - 1);
+        let sole = if self.faults.shared_sole_claim() {
+            // loom's control: any count.
+            flags & !COUNT == SEQUENCE && count_of(flags) > 0
+        } else {
+            flags == SEQUENCE | 1
+        };
+        sole.then_some(state)
+    }
+
+    /// The claim of a block that the caller holds alone, whose state it
+    /// read as `seen` ([`sole_unclaimed`](Self::sole_unclaimed)): one store
+    /// of `BUSY` and the claim's reference, armed, since the caller has
+    /// written the claim's key words already (no other thread wrote the
+    /// word since `seen`). From here on rivals may defer to or kill the
+    /// claim, as any.
+    pub(super) fn claim_sole(&self, id: BlockId, seen: u64) {
+        // Release: a rescan that reads this state or a later one of its
+        // release sequence (Acquire) sees the key words written before,
+        // not those of an earlier claim of the block; as the arm's.
+        // (Relaxed under loom's `relaxed_publish` control.)
+        self.words[id.index()].store(
+            (seen | BUSY) + self.claim_ref(),
+            self.faults.publish_ordering(Ordering::Release),
+        );
     }
 
     /// Makes a claim a rival of its key's other publishers: clears the
