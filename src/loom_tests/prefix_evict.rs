@@ -64,6 +64,23 @@ fn key(n: u8) -> BlockHash {
     BlockHash([n; 32])
 }
 
+/// Keys `keys` published on blocks 0, 1 and 2 of `pool` (three free
+/// one-token blocks) and let go, then each matched by a sequence of its
+/// own, returned in the order of `keys`.
+fn three_matched(pool: &Arc<BlockPool>, keys: [u8; 3]) -> [Sequence; 3] {
+    let mut first = Sequence::new(Arc::clone(pool));
+    first.try_append(3).expect("three blocks");
+    let ids: Vec<usize> = first.blocks().iter().map(|id| id.index()).collect();
+    assert_eq!(ids, [0, 1, 2], "keys {keys:?} on blocks 0, 1, 2");
+    assert_eq!(first.publish(&keys.map(key)), 3);
+    drop(first);
+    keys.map(|n| {
+        let mut seq = Sequence::new(Arc::clone(pool));
+        assert_eq!(seq.try_match_prefix(&[key(n)]), 1);
+        seq
+    })
+}
+
 /// A sequence of one block published under key `n` (one token a block).
 fn published(pool: &Arc<BlockPool>, n: u8) -> Sequence {
     let mut seq = Sequence::new(Arc::clone(pool));
@@ -379,18 +396,7 @@ fn stale_room_release_vs_refill_keeps_overflowed_unchecked_overflow_clear_is_cau
 fn release_in_a_full_range(faults: Faults) {
     check_long(20_000, move || {
         let pool = Arc::new(BlockPool::with_faults(3, 1, 1, faults));
-        let mut first = Sequence::new(Arc::clone(&pool));
-        first.try_append(3).expect("three blocks");
-        let ids: Vec<usize> = first.blocks().iter().map(|id| id.index()).collect();
-        assert_eq!(ids, [0, 1, 2], "keys 1, 2, 3 on blocks 0, 1, 2");
-        assert_eq!(first.publish(&[key(1), key(2), key(3)]), 3);
-        drop(first);
-        let mut one = Sequence::new(Arc::clone(&pool));
-        let mut two = Sequence::new(Arc::clone(&pool));
-        let mut three = Sequence::new(Arc::clone(&pool));
-        assert_eq!(one.try_match_prefix(&[key(1)]), 1);
-        assert_eq!(two.try_match_prefix(&[key(2)]), 1);
-        assert_eq!(three.try_match_prefix(&[key(3)]), 1);
+        let [one, two, three] = three_matched(&pool, [1, 2, 3]);
         drop(two);
         assert_eq!(pool.eviction_ring(), (3, 3, true), "overflowed");
         drop(one);
@@ -470,18 +476,7 @@ fn release_in_a_full_range_fill_counts_first_pass_is_caught() {
 fn release_between_refill_buckets(faults: Faults) {
     check_long(20_000, move || {
         let pool = Arc::new(BlockPool::with_faults(3, 1, 1, faults));
-        let mut first = Sequence::new(Arc::clone(&pool));
-        first.try_append(3).expect("three blocks");
-        let ids: Vec<usize> = first.blocks().iter().map(|id| id.index()).collect();
-        assert_eq!(ids, [0, 1, 2], "keys 1, 3, 2 on blocks 0, 1, 2");
-        assert_eq!(first.publish(&[key(1), key(3), key(2)]), 3);
-        drop(first);
-        let mut one = Sequence::new(Arc::clone(&pool));
-        let mut two = Sequence::new(Arc::clone(&pool));
-        let mut three = Sequence::new(Arc::clone(&pool));
-        assert_eq!(one.try_match_prefix(&[key(1)]), 1);
-        assert_eq!(two.try_match_prefix(&[key(2)]), 1);
-        assert_eq!(three.try_match_prefix(&[key(3)]), 1);
+        let [one, three, two] = three_matched(&pool, [1, 3, 2]);
         pool.pass_eviction_candidates();
         drop(one);
         pool.skip_release_stamps(2048);
