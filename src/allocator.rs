@@ -10,6 +10,17 @@ use crate::error::ReserveError;
 use crate::hash::BlockHash;
 use crate::id::BlockId;
 
+/// The seal of [`BlockAllocator::is_block_pool`]: a type that code
+/// outside the crate cannot name, so it cannot override that method (nor
+/// call it).
+mod seal {
+    /// The argument of `BlockAllocator::is_block_pool`.
+    #[derive(Clone, Copy, Debug)]
+    pub struct Pool(pub(crate) ());
+}
+
+pub(crate) use seal::Pool as Seal;
+
 /// The capability of a [`BlockAllocator`] call made by a
 /// [`Sequence`](crate::Sequence) or a
 /// [`HybridSequence`](crate::HybridSequence), on blocks it holds.
@@ -50,9 +61,9 @@ pub struct SequenceCall<'a> {
     /// What a `BlockPool` publish reports back to the sequence that made
     /// it: see [`keyed`](Self::keyed).
     keyed: Cell<Option<KeyedRun>>,
-    /// The allocator the sequence calls, as its address and size, where a
-    /// publish says it: see [`is_straight_to`](Self::is_straight_to).
-    to: Option<(usize, usize)>,
+    /// The address of the `BlockPool` the sequence calls, where a publish
+    /// names it: see [`is_straight_to`](Self::is_straight_to).
+    to: Option<usize>,
 }
 
 /// The blocks of a publish that hold keys after it: the first `run` of
@@ -94,30 +105,27 @@ impl SequenceCall<'_> {
     }
 
     /// This token, for a call that the sequence makes on `allocator`, its
-    /// own.
+    /// own: it names the allocator if that is a `BlockPool` (of that type,
+    /// also behind a trait object; see
+    /// [`BlockAllocator::is_block_pool`]), and nothing otherwise.
     #[inline]
     pub(crate) fn straight_to<A: BlockAllocator + ?Sized>(mut self, allocator: &A) -> Self {
-        self.to = Some((
-            allocator as *const A as *const () as usize,
-            std::mem::size_of_val(allocator),
-        ));
+        if allocator.is_block_pool(seal::Pool(())) {
+            self.to = Some(allocator as *const A as *const () as usize);
+        }
         self
     }
 
     /// Whether the sequence that made this call made it on `pool` itself,
-    /// not on an allocator that forwards to it: its allocator is the
-    /// object at `pool`'s address, of `pool`'s size. A forwarder may count
+    /// not through an allocator that forwards to it. A forwarder may count
     /// some holders of a block itself (a fork's, say) and let the pool see
     /// one reference for them; the pool's own count is every holder's only
-    /// when the sequence calls the pool. (Only an allocator that is the
-    /// pool's bytes exactly, a field-less wrapper of it, is taken for it.)
+    /// when the sequence's allocator is the pool. The type decides (only
+    /// `BlockPool` says it is one), then the address (a sequence over
+    /// another pool names that one).
     #[inline]
     pub(crate) fn is_straight_to(&self, pool: &crate::BlockPool) -> bool {
-        self.to
-            == Some((
-                pool as *const crate::BlockPool as usize,
-                std::mem::size_of::<crate::BlockPool>(),
-            ))
+        self.to == Some(pool as *const crate::BlockPool as usize)
     }
 
     /// Notes that the first `run` of `blocks`, the slice a publish was
@@ -383,6 +391,17 @@ pub trait BlockAllocator {
     /// gains no holder and no key without the caller.
     fn needs_copy(&self, id: BlockId) -> bool;
 
+    /// Whether this allocator is a [`BlockPool`](crate::BlockPool): `true`
+    /// only for `BlockPool`'s own implementation. Code outside the crate
+    /// cannot name the argument's type, so it can neither override nor
+    /// call this method: a forwarder is never taken for the pool it
+    /// forwards to (a publish through one claims with a CAS; see
+    /// [`SequenceCall`]).
+    #[doc(hidden)]
+    fn is_block_pool(&self, _: seal::Pool) -> bool {
+        false
+    }
+
     /// Takes the blocks of the longest prefix of `keys` that the allocator
     /// holds cached, one new reference each, appends them to `out` and
     /// returns how many. `out` has room for `min(keys.len(), num_blocks())`
@@ -597,8 +616,8 @@ mod tests {
 
     /// A call is straight to a pool when the sequence's allocator is that
     /// pool, also behind a trait object; not when it is another pool, or
-    /// no allocator was named. (A wrapper at the pool's own address:
-    /// `tests/forwarded_publish.rs`.)
+    /// no allocator was named. (Forwarders, one of them the pool's bytes
+    /// exactly: `tests/forwarded_publish.rs`.)
     #[test]
     fn a_call_is_straight_only_to_the_pool_itself() {
         let pool = BlockPool::new(4, 1);

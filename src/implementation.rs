@@ -808,10 +808,12 @@
 //! (busy publishing) and, the sequence calling the pool itself, in the
 //! pool's count (an allocator that forwards to the pool may count a
 //! fork's share on its own and let the pool see one reference for two
-//! holders: the pool tells a straight call by the address and size of
-//! the allocator the sequence names in its `SequenceCall`, and takes the
-//! CAS claim for any other, `tests/forwarded_publish.rs`), a revival, an eviction and a rival's deferral or
-//! kill each need `CACHED` or `BUSY` in the word, and a key is written
+//! holders: the sequence names its allocator in its `SequenceCall` only
+//! if that is a `BlockPool`, which a hidden trait method says and which
+//! code outside the crate can neither override nor call, and the pool
+//! takes the store claim only when it is the one named; any other call
+//! takes the CAS claim, `tests/forwarded_publish.rs`), a revival, an
+//! eviction and a rival's deferral or kill each need `CACHED` or `BUSY` in the word, and a key is written
 //! only by a publisher of the block (the same argument as a sole holder's
 //! give-back, [Reference counts](#reference-counts)). Its key words,
 //! written before the claim's `Release` store, are seen by any rescan that

@@ -6,16 +6,19 @@
 //! and the pool's count of a shared block is then 1. A parent and its
 //! fork publish their shared block at once: exactly one publish may cache
 //! it, and the block must stay held (not evictable) while both hold it.
-//! The pool takes a sole holder's store claim only for a sequence that
-//! calls it itself, so both publishes here take the CAS claim.
+//! The pool takes a sole holder's store claim only for a sequence whose
+//! allocator is the pool itself, so both publishes here take the CAS
+//! claim.
 //!
-//! Two forwarders: one that holds the pool in an `Arc`, and one that holds
-//! it by value as its first field (`repr(C)`), so that the forwarder's
-//! address is the pool's: the pool tells it from itself by its size.
+//! Three forwarders: one that holds the pool in an `Arc`; one that holds
+//! it by value as its first field (`repr(C)`), at the forwarder's own
+//! address; and one that is the pool's bytes exactly (`repr(transparent)`,
+//! the same address and size), with its counts in a static. The pool
+//! tells each from itself by its type.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::Duration;
 
@@ -90,6 +93,25 @@ impl Inner for Inside {
     }
     fn shares(&self) -> &Shares {
         &self.shares
+    }
+}
+
+/// The shares of the field-less forwarder, outside it.
+static STATIC_SHARES: OnceLock<Shares> = OnceLock::new();
+
+/// The pool by value and nothing else: the forwarder is the pool's bytes
+/// exactly, yet counts shares (in a static).
+#[repr(transparent)]
+struct Bare {
+    inner: BlockPool,
+}
+
+impl Inner for Bare {
+    fn pool(&self) -> &BlockPool {
+        &self.inner
+    }
+    fn shares(&self) -> &Shares {
+        STATIC_SHARES.get_or_init(Shares::default)
     }
 }
 
@@ -178,12 +200,12 @@ impl<I: Inner> BlockAllocator for Sharing<I> {
     }
 }
 
-/// Rounds of the race: `KVSLOTS_STRESS_ROUNDS`, or 500.
+/// Rounds of the race: `KVSLOTS_STRESS_ROUNDS`, or 2,000.
 fn rounds() -> usize {
     std::env::var("KVSLOTS_STRESS_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
-        .unwrap_or(500)
+        .unwrap_or(2_000)
 }
 
 /// A parent and its fork over `alloc` publish their shared block at once,
@@ -251,6 +273,27 @@ fn a_forwarder_at_the_pools_address_is_not_taken_for_the_pool() {
         Sharing(Inside {
             inner: BlockPool::new(4, 1),
             shares: Shares::default(),
+        })
+    });
+}
+
+#[test]
+fn a_forwarder_that_is_the_pools_bytes_is_not_taken_for_the_pool() {
+    let bare = Sharing(Bare {
+        inner: BlockPool::new(4, 1),
+    });
+    assert_eq!(
+        (std::mem::size_of_val(&bare), &bare as *const _ as usize),
+        (
+            std::mem::size_of::<BlockPool>(),
+            &bare.0.inner as *const _ as usize
+        ),
+        "the forwarder's address and size are its pool's"
+    );
+    drop(bare);
+    parent_and_fork_publish(|| {
+        Sharing(Bare {
+            inner: BlockPool::new(4, 1),
         })
     });
 }

@@ -1175,6 +1175,10 @@ impl BlockAllocator for BlockPool {
         self.refs.needs_copy(id)
     }
 
+    fn is_block_pool(&self, _: crate::allocator::Seal) -> bool {
+        true
+    }
+
     fn match_prefix(
         &self,
         _: &SequenceCall<'_>,
