@@ -12,7 +12,7 @@ use crate::id::BlockId;
 
 /// The seal of [`BlockAllocator::is_block_pool`]: a type that code
 /// outside the crate cannot name, so it cannot override that method (nor
-/// call it).
+/// call it in safe code).
 mod seal {
     /// The argument of `BlockAllocator::is_block_pool`.
     #[derive(Clone, Copy, Debug)]
@@ -237,6 +237,18 @@ impl fmt::Debug for SequenceCall<'_> {
 ///   offer again the blocks it knows hold their keys (those it matched,
 ///   and those of a publish that cached every block it offered, or that
 ///   `BlockPool` reported cached by it or before it).
+/// * **A pool's sequences hold their blocks.** The blocks that a
+///   [`Sequence`](crate::Sequence) over a [`BlockPool`](crate::BlockPool)
+///   itself holds are shared only through that pool's own
+///   [`add_refs`](Self::add_refs) (a fork of the sequence) and matches: an
+///   allocator that forwards to the same pool must not hand them to its
+///   own sequences, nor count shares of them. The pool decides from its
+///   count whether such a sequence holds a block alone: to give it back
+///   with a plain store, to drop its key before a truncate writes into it
+///   ([`uncache_if_sole`](Self::uncache_if_sole)), and to claim it for a
+///   publish with a plain store. (A forwarder may count the shares of the
+///   blocks its own sequences hold: their calls do not reach the pool as
+///   the calls of a sequence over it.)
 /// * **Blocks are ids.** Every id handed out is below
 ///   [`num_blocks`](Self::num_blocks); ids of one call are distinct.
 ///   `num_blocks` and `block_size` never change, and `block_size > 0`.
@@ -393,9 +405,9 @@ pub trait BlockAllocator {
 
     /// Whether this allocator is a [`BlockPool`](crate::BlockPool): `true`
     /// only for `BlockPool`'s own implementation. Code outside the crate
-    /// cannot name the argument's type, so it can neither override nor
-    /// call this method: a forwarder is never taken for the pool it
-    /// forwards to (a publish through one claims with a CAS; see
+    /// cannot name the argument's type, so it cannot override this method,
+    /// nor call it in safe code: a forwarder is never taken for the pool
+    /// it forwards to (a publish through one claims with a CAS; see
     /// [`SequenceCall`]).
     #[doc(hidden)]
     fn is_block_pool(&self, _: seal::Pool) -> bool {

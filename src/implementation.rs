@@ -812,7 +812,10 @@
 //! if that is a `BlockPool`, which a hidden trait method says and which
 //! code outside the crate can neither override nor call, and the pool
 //! takes the store claim only when it is the one named; any other call
-//! takes the CAS claim, `tests/forwarded_publish.rs`), a revival, an
+//! takes the CAS claim, `tests/forwarded_publish.rs`; and no allocator
+//! hands a block that such a sequence holds to a sequence of its own,
+//! `BlockAllocator`'s contract, as the sole give-back and
+//! `uncache_if_sole` already need), a revival, an
 //! eviction and a rival's deferral or kill each need `CACHED` or `BUSY` in the word, and a key is written
 //! only by a publisher of the block (the same argument as a sole holder's
 //! give-back, [Reference counts](#reference-counts)). Its key words,
