@@ -116,8 +116,8 @@ fn two_evictors(pool: &Arc<BlockPool>) -> Vec<Sequence> {
 }
 
 /// One thread allocates `k` blocks (evicting) while another lets `held`
-/// go; both done, the allocated blocks are given back.
-fn evict_while_released(pool: &Arc<BlockPool>, k: usize, held: Sequence) {
+/// go; both done, returns the sequence holding the allocated blocks.
+fn evict_while_released(pool: &Arc<BlockPool>, k: usize, held: Sequence) -> Sequence {
     let evictor = {
         let pool = Arc::clone(pool);
         thread::spawn(move || {
@@ -128,7 +128,7 @@ fn evict_while_released(pool: &Arc<BlockPool>, k: usize, held: Sequence) {
     };
     let releaser = thread::spawn(move || drop(held));
     releaser.join().unwrap();
-    drop(evictor.join().unwrap());
+    evictor.join().unwrap()
 }
 
 /// On one thread, once the race is over: an allocation of `n` blocks
@@ -229,7 +229,7 @@ fn release_vs_refill_keeps_overflowed(faults: Faults) {
         assert!(cached(&pool, 1), "key 1 cached");
         let mut two = Sequence::new(Arc::clone(&pool));
         assert_eq!(two.try_match_prefix(&[key(2)]), 1);
-        evict_while_released(&pool, 2, two);
+        drop(evict_while_released(&pool, 2, two));
         drop(published(&pool, 4));
         only_the_youngest_kept(&pool, 2, "a free block and an evictable one", [2, 4], 4, 3);
     });
@@ -353,7 +353,7 @@ fn stale_room_release_vs_refill_keeps_overflowed(faults: Faults) {
         assert_eq!(pool.eviction_ring(), (WIDE_RING, 5, true), "overflowed");
         let mut two = Sequence::new(Arc::clone(&pool));
         assert_eq!(two.try_match_prefix(&[key(2)]), 1);
-        evict_while_released(&pool, 2, two);
+        drop(evict_while_released(&pool, 2, two));
         drop(published(&pool, 5));
         only_the_youngest_kept(&pool, 3, "a free block and two evictable ones", 1..=5, 5, 4);
     });
@@ -404,17 +404,7 @@ fn release_in_a_full_range(faults: Faults) {
         assert_eq!(one.try_match_prefix(&[key(1)]), 1);
         pool.skip_release_stamps(2048);
         drop(three);
-        let evictor = {
-            let pool = Arc::clone(&pool);
-            thread::spawn(move || {
-                let mut seq = Sequence::new(pool);
-                seq.try_append(1).expect("an evictable block");
-                seq
-            })
-        };
-        let releaser = thread::spawn(move || drop(one));
-        releaser.join().unwrap();
-        let mut seq = evictor.join().unwrap();
+        let mut seq = evict_while_released(&pool, 1, one);
         assert_eq!(seq.publish(&[key(4)]), 1);
         drop(seq);
         only_the_youngest_kept(&pool, 2, "two evictable blocks", 1..=4, 4, 3);
@@ -487,17 +477,7 @@ fn release_between_refill_buckets(faults: Faults) {
         assert_eq!(three.try_match_prefix(&[key(3)]), 1);
         pool.pass_eviction_candidates();
         assert_eq!(pool.eviction_ring(), (3, 0, false), "empty");
-        let evictor = {
-            let pool = Arc::clone(&pool);
-            thread::spawn(move || {
-                let mut seq = Sequence::new(pool);
-                seq.try_append(1).expect("an evictable block");
-                seq
-            })
-        };
-        let releaser = thread::spawn(move || drop(three));
-        releaser.join().unwrap();
-        let mut seq = evictor.join().unwrap();
+        let mut seq = evict_while_released(&pool, 1, three);
         if pool.eviction_ring() == (3, 0, false) {
             // The start state stands: the evictor took key 3, appended to
             // the empty ring first, and left the ring empty.
