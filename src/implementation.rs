@@ -917,8 +917,10 @@
 //! (of a power-of-two width, a shift a block) whose oldest buckets that
 //! fit are kept (taken again over a narrower range only if even the
 //! oldest bucket does not fit), and a pass that places each kept block in
-//! its bucket's range; each bucket is then sorted in place and published at
-//! once (a `Release` CAS of the ring's length). So with one thread the
+//! its bucket's range; each bucket is then sorted in place, and the sorted
+//! entries published with a `Release` CAS of the ring's length: the first
+//! bucket at once, then each time their count doubles, and the rest at the
+//! end. So with one thread the
 //! order is exactly least recently released first, as in the reference;
 //! while few blocks are evictable, releases keep the ring filled and
 //! evictions need no scan, and while many are, a scan serves

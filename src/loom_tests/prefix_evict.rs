@@ -424,7 +424,7 @@ fn release_in_a_full_range_fill_counts_first_pass_is_caught() {
 
 /// A release whose append reads the ring's overflowed bit clear (before
 /// a refill sets it, or a stale value) while the refill publishes its
-/// entries a bucket at a time: after the refill's first bucket is
+/// entries in steps (the first bucket at once): after that bucket is
 /// published, the append reads the new length and writes its block into
 /// the slot where the refill placed its next bucket, and publishes it.
 /// The refill's sort of that bucket may then rewrite the entry the append

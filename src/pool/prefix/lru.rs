@@ -46,7 +46,10 @@
 //! buckets that fit together are kept (over a range narrowed to the
 //! oldest bucket while even that one does not fit), and a pass that
 //! places each kept block in its bucket's range; each bucket is then
-//! sorted in place and published at once, oldest bucket first.
+//! sorted in place, oldest bucket first, and the sorted entries published
+//! with one CAS on the ring's length: the first bucket at once, then
+//! whenever the entries sorted since the last publish at least match those
+//! published (a CAS for every doubling), and the rest at the end.
 //!
 //! Nobody holds the refill flag against anyone: an evictor that finds the
 //! ring empty while another refills it gives up its time slice a few
@@ -620,9 +623,11 @@ impl Lru {
     /// over: a block missing from the ring that is evictable when the scan
     /// reaches it is found here. One that a miss left out after the scan
     /// began may be passed; the miss then keeps the ring overflowed (see
-    /// `end_overflow`), for the next refill. The entries are published as they are sorted,
-    /// a bucket at a time, so that evictors that ran the ring dry get the
-    /// oldest ones early.
+    /// `end_overflow`), for the next refill. The entries are published as
+    /// they are sorted, the first bucket at once and then each time their
+    /// count doubles, so that evictors that ran the ring dry get the oldest
+    /// ones early, with a CAS on the length for every doubling rather than
+    /// one a bucket.
     fn refill(&self, refs: &Refs) -> usize {
         let cap = self.candidates.len();
         // Stop appends: a release during the scan may or may not be seen
@@ -734,8 +739,9 @@ impl Lru {
 
     /// Writes the oldest evictable unmarked blocks, up to `room` of them,
     /// oldest first, into the slots of positions `base..`, calling
-    /// `publish(written)` after each bucket (it stops early when that
-    /// returns `false`); returns how many it wrote and how many it
+    /// `publish(written)` after the first bucket, after each bucket that
+    /// brings `written` to at least twice its last publish, and at the end
+    /// (it stops early when that returns `false`); returns how many it wrote and how many it
     /// *missed*: evictable unmarked blocks that its placing pass saw and
     /// did not write (they did not fit, or a block that became evictable
     /// since the histogram took their place). No evictor reads those slots
@@ -750,7 +756,7 @@ impl Lru {
     /// histogram is taken again); and one that places the kept blocks,
     /// each bucket in a range of its own. Each bucket is then closed up (a
     /// block that stopped being evictable between the passes leaves a gap),
-    /// sorted in place and published. A block that became evictable
+    /// sorted in place, and published as above. A block that became evictable
     /// between the passes may be ranked by its old stamp (its new one is
     /// written after its drop) and fill a place in a bucket that the
     /// histogram counted for another block: that block is missed, and so
@@ -894,7 +900,7 @@ impl Lru {
                 placing_seen - written
             }
         };
-        let mut written = 0usize;
+        let (mut written, mut published) = (0usize, 0usize);
         for b in 0..used {
             let start = if b == 0 { 0 } else { ends[b - 1] as usize };
             let filled = counts[b] as usize - start;
@@ -908,9 +914,18 @@ impl Lru {
             }
             sort(written, filled, &get, &set, &rank_of);
             written += filled;
-            if !publish(written) {
-                return (written, missed(written));
+            // The first bucket at once, then whenever the entries sorted
+            // since the last publish at least match those published: a
+            // publish for every doubling, not one a bucket.
+            if written >= 2 * published {
+                if !publish(written) {
+                    return (written, missed(written));
+                }
+                published = written;
             }
+        }
+        if written > published && !publish(written) {
+            return (written, missed(written));
         }
         (written, missed(written))
     }
