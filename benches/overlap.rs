@@ -31,24 +31,35 @@
 //! `parking_lot::Mutex<usize>` and `tokio::sync::Semaphore`), and
 //! `try_alloc(2)` + `free` on a pool of 4,096 blocks (against
 //! `std::sync::Mutex<Vec<u32>>` and `parking_lot::Mutex<Vec<u32>>` free
-//! lists, and a one-shard `BlockPool`).
+//! lists, and a one-shard `BlockPool`); a 2,048-token prompt (128 blocks)
+//! appended to a sequence and truncated to 0 on the same pools (against
+//! 128 ids taken from those free lists and given back), a tenth as many
+//! operations a round; and `benches/prefix.rs`'s mixed request (match a
+//! prompt's cached prefix, append the rest, publish, drop) on a 512-block
+//! pool (against the same policy under one lock a call), a fiftieth as
+//! many operations a round.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
-use kvslots::{BlockId, BlockPool, SlotCounter};
+use kvslots::{BlockHash, BlockId, BlockPool, Sequence, SlotCounter};
 
 mod support;
 
-use support::{PlMutexCounter, PlMutexFreeList, StdMutexCounter, StdMutexFreeList};
+use support::cache::{mixed_prompts, Cache, BS, EXTRA, MIXED_POOL, PROMPT_BLOCKS};
+use support::{
+    Lock, MutexFreeList, PlMutexCounter, PlMutexFreeList, StdMutexCounter, StdMutexFreeList,
+};
 
 const THREADS: usize = 2;
 const CAPACITY: usize = 1 << 20;
 const BLOCKS: usize = 4096;
+/// Tokens of the prompt group's prompt: 128 blocks of 16.
+const PROMPT: usize = 2048;
 
 /// One thread's share of a round: `ops` operations, given its index.
 type Work<'a> = &'a (dyn Fn(usize, u64) + Sync);
@@ -238,4 +249,89 @@ fn main() {
         rounds,
         ops,
     );
+
+    let (pool, one_shard) = (Arc::new(pool), Arc::new(one_shard));
+    let prompt = |pool: &Arc<BlockPool>, n: u64| {
+        let mut seq = Sequence::with_capacity(Arc::clone(pool), PROMPT);
+        for _ in 0..n {
+            if black_box(seq.try_append(PROMPT).is_ok()) {
+                seq.truncate(0);
+            }
+        }
+    };
+    compare(
+        "prompt: 128 blocks appended, truncated to 0",
+        &[
+            ("kvslots", &|_, n| prompt(&pool, n)),
+            ("kvslots_1_shard", &|_, n| prompt(&one_shard, n)),
+            ("std_mutex", &|_, n| locked_prompt(&std_list, n)),
+            ("parking_lot_mutex", &|_, n| locked_prompt(&pl_list, n)),
+        ],
+        rounds,
+        (ops / 10).max(1),
+    );
+
+    let prompts = mixed_prompts();
+    let mixed_pool = Arc::new(BlockPool::new(MIXED_POOL, BS));
+    let std_cache = std::sync::Mutex::new(Cache::new(MIXED_POOL));
+    let pl_cache = parking_lot::Mutex::new(Cache::new(MIXED_POOL));
+    compare(
+        "mixed: match, append, publish, drop",
+        &[
+            ("kvslots", &|t, n| {
+                let mut seq =
+                    Sequence::with_capacity(Arc::clone(&mixed_pool), PROMPT_BLOCKS * BS + EXTRA);
+                for i in 0..n {
+                    let keys = &prompts[prompt_of(t, i, prompts.len())];
+                    let k = seq.try_match_prefix(keys);
+                    if seq.try_append(PROMPT_BLOCKS * BS + EXTRA - k * BS).is_ok() {
+                        seq.publish(keys);
+                    }
+                    black_box(seq.truncate(0));
+                }
+            }),
+            ("std_mutex", &|t, n| {
+                locked_mixed(&std_cache, &prompts, t, n)
+            }),
+            ("parking_lot_mutex", &|t, n| {
+                locked_mixed(&pl_cache, &prompts, t, n)
+            }),
+        ],
+        rounds,
+        (ops / 50).max(1),
+    );
+}
+
+/// `n` prompts' 128 ids taken from a locked free list and given back.
+fn locked_prompt<L: Lock<Vec<u32>>>(list: &MutexFreeList<L>, n: u64) {
+    let mut ids: Vec<u32> = Vec::with_capacity(PROMPT / BS);
+    for _ in 0..n {
+        if black_box(list.take(PROMPT / BS, &mut ids)) {
+            list.give(&ids);
+            ids.clear();
+        }
+    }
+}
+
+/// The prompt of thread `t`'s `i`-th mixed request: each thread walks the
+/// prompts from its own offset, as in `benches/prefix.rs`.
+fn prompt_of(t: usize, i: u64, prompts: usize) -> usize {
+    ((i * 7 + t as u64 * 13) % prompts as u64) as usize
+}
+
+/// `n` mixed requests of thread `t` on a locked cache: four calls, one
+/// lock each, as the library is called.
+fn locked_mixed<L: Lock<Cache>>(cache: &L, prompts: &[Vec<BlockHash>], t: usize, n: u64) {
+    let mut table = Vec::with_capacity(PROMPT_BLOCKS + 1);
+    let blocks = (PROMPT_BLOCKS * BS + EXTRA).div_ceil(BS);
+    for i in 0..n {
+        let keys = &prompts[prompt_of(t, i, prompts.len())];
+        table.clear();
+        let k = cache.with(|c| c.match_prefix(keys, &mut table));
+        if cache.with(|c| c.allocate(blocks - k, &mut table)) {
+            cache.with(|c| c.publish(&table[..keys.len()], keys));
+        }
+        cache.with(|c| c.release(&table));
+        black_box(&table);
+    }
 }
