@@ -22,6 +22,8 @@
 //! | [`stale_room_release_vs_refill_keeps_overflowed`] | 2, 4 | `unchecked_overflow_clear` (evicted out of order) |
 //! | [`release_in_a_full_range`] | 2, 3 | `fill_counts_first_pass` (evicted out of order) |
 //! | [`release_between_refill_buckets`] | 2, 3 | `no_rescan_after_raced_publish` (evicted out of order) |
+//! | [`release_before_deferred_publish`] (3 keys) | 2, 4 | `no_rescan_after_raced_publish` (evicted out of order) |
+//! | [`release_before_deferred_publish`] (4 keys) | 2, 5 | `no_rescan_after_raced_publish` (evicted out of order) |
 //!
 //! A pool of 3 blocks has a ring of 3 slots. Its candidates' positions
 //! only grow, position `p` in slot `p % 3`, and a refill writes the
@@ -502,4 +504,126 @@ fn release_between_refill_buckets_sound() {
 #[should_panic(expected = "evicted out of order")]
 fn release_between_refill_buckets_no_rescan_after_raced_publish_is_caught() {
     release_between_refill_buckets(NO_RESCAN_AFTER_RACED_PUBLISH);
+}
+
+/// As [`release_between_refill_buckets`], with refills whose publishes
+/// follow the doubling schedule past a bucket published with no CAS of its
+/// own: keys `1..=outside` each alone in a bucket of the refill's
+/// histogram. With three, the refill publishes one entry (the first
+/// bucket, at once), then two (the count doubled), and sorts the third
+/// bucket without publishing it (three is less than twice two): the third
+/// entry goes out with the publish at the end. With four, it skips the
+/// third bucket's publish and publishes all four with the fourth (the
+/// count doubled again). The release of key `outside + 1` (its append
+/// reading the overflowed bit clear) may land after the second publish,
+/// writing its block into the slot where the refill placed key 3 and
+/// publishing it; the refill's next CAS (the one at the end, or the
+/// fourth bucket's) then fails and it must scan again, or key 3 (and key
+/// 4) stay outside the ring. The control takes what it published for the
+/// whole refill and clears the overflow: the keys left out stay outside
+/// the ring while key `outside + 2`, released later, is appended and
+/// evicted before them. (No other model here makes a CAS fail after a
+/// bucket whose publish was deferred.)
+///
+/// Keys `1..=outside + 1` on blocks `0..=outside` (the scan's order),
+/// released and revived; the ring's head moved past every candidate; key
+/// 1 released, then each key `2..=outside` 2,048 stamps after the one
+/// before, then key `outside + 1` (all appended to the emptied ring); key
+/// `outside + 1` revived and held by the releaser, and the head moved past
+/// every candidate again. So keys `1..=outside` are evictable outside an
+/// empty ring that is not overflowed, over a range of ranks over 4,096
+/// wide: ranges of 8 ranks, one key in each (the held key, if the scan
+/// sees it released, by its old stamp or its new one, shares the last
+/// key's). The evictor allocates one block while the releaser lets the
+/// held key go. Then, on one thread: key `outside + 2` on the evictor's
+/// block, released; an allocation of `outside` blocks (all evicted) must
+/// keep key `outside + 2`, released last. Unless the ring is empty and
+/// not overflowed after the race: the release's append reached the empty
+/// ring first and the evictor took the held key from it with no refill
+/// (the start state stands; only the blocks' return is checked).
+fn release_before_deferred_publish(faults: Faults, outside: u8) {
+    check_long(20_000, move || {
+        let blocks = usize::from(outside) + 1;
+        let ring = blocks + blocks / 4;
+        let (held, young) = (outside + 1, outside + 2);
+        let pool = Arc::new(BlockPool::with_faults(blocks, 1, 1, faults));
+        let mut first = Sequence::new(Arc::clone(&pool));
+        first.try_append(blocks).expect("a block for each key");
+        let ids: Vec<usize> = first.blocks().iter().map(|id| id.index()).collect();
+        assert_eq!(ids, (0..blocks).collect::<Vec<_>>(), "key n on block n - 1");
+        let keys: Vec<BlockHash> = (1..=held).map(key).collect();
+        assert_eq!(first.publish(&keys), blocks);
+        drop(first);
+        let mut matched: Vec<Sequence> = (1..=held)
+            .map(|n| {
+                let mut seq = Sequence::new(Arc::clone(&pool));
+                assert_eq!(seq.try_match_prefix(&[key(n)]), 1);
+                seq
+            })
+            .collect();
+        pool.pass_eviction_candidates();
+        let last = matched.pop().expect("the held key");
+        for (i, seq) in matched.into_iter().enumerate() {
+            if i > 0 {
+                pool.skip_release_stamps(2048);
+            }
+            drop(seq);
+        }
+        drop(last);
+        assert_eq!(
+            pool.eviction_ring(),
+            (ring, blocks, false),
+            "not overflowed"
+        );
+        let mut last = Sequence::new(Arc::clone(&pool));
+        assert_eq!(last.try_match_prefix(&[key(held)]), 1);
+        pool.pass_eviction_candidates();
+        assert_eq!(pool.eviction_ring(), (ring, 0, false), "empty");
+        let mut seq = evict_while_released(&pool, 1, last);
+        if pool.eviction_ring() == (ring, 0, false) {
+            // The start state stands: the evictor took the held key,
+            // appended to the empty ring first, and left the ring empty.
+            let taken = seq.blocks()[0].index();
+            assert_eq!(
+                taken,
+                blocks - 1,
+                "{OUT_OF_ORDER}: block {taken}, ring left empty"
+            );
+            drop(seq);
+            assert_eq!(pool.free_blocks(), blocks, "{LOST}");
+        } else {
+            assert_eq!(seq.publish(&[key(young)]), 1);
+            drop(seq);
+            only_the_youngest_kept(
+                &pool,
+                blocks - 1,
+                "evictable blocks",
+                1..=young,
+                young,
+                blocks,
+            );
+        }
+    });
+}
+
+#[test]
+fn release_before_deferred_publish_sound() {
+    release_before_deferred_publish(SOUND, 3);
+}
+
+#[test]
+#[should_panic(expected = "evicted out of order")]
+fn release_before_deferred_publish_no_rescan_after_raced_publish_is_caught() {
+    release_before_deferred_publish(NO_RESCAN_AFTER_RACED_PUBLISH, 3);
+}
+
+#[test]
+fn release_after_skipped_publish_sound() {
+    release_before_deferred_publish(SOUND, 4);
+}
+
+#[test]
+#[should_panic(expected = "evicted out of order")]
+fn release_after_skipped_publish_no_rescan_after_raced_publish_is_caught() {
+    release_before_deferred_publish(NO_RESCAN_AFTER_RACED_PUBLISH, 4);
 }
