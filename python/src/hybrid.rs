@@ -13,13 +13,14 @@ use kvslots::{BlockCopy, HybridError, KvGroup};
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
-use pyo3::types::{PyBytes, PyList, PyRange, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
 use crate::convert;
 use crate::detached;
 use crate::errors;
 use crate::lock::{SeqLock, ThreadToken};
 use crate::pool::PyBlockPool;
+use crate::sequence::range;
 use crate::sequence::PyBlockCopy;
 use crate::wait;
 
@@ -351,14 +352,6 @@ fn hybrid_error(err: HybridError) -> PyErr {
         // No group, a position past the length or outside a window, and
         // kinds the core may add later.
         _ => PyIndexError::new_err(err.to_string()),
-    }
-}
-
-/// `range(start, stop)`.
-fn range<'py>(py: Python<'py>, r: std::ops::Range<usize>) -> PyResult<Bound<'py, PyAny>> {
-    match (isize::try_from(r.start), isize::try_from(r.end)) {
-        (Ok(start), Ok(stop)) => Ok(PyRange::new(py, start, stop)?.into_any()),
-        _ => py.get_type::<PyRange>().call1((r.start, r.end)),
     }
 }
 

@@ -201,12 +201,10 @@ impl PySequence {
     }
 }
 
-/// A Python `range(start, stop)`.
-fn range<'py>(py: Python<'py>, r: Range<usize>) -> PyResult<Bound<'py, PyAny>> {
-    match (isize::try_from(r.start), isize::try_from(r.end)) {
-        (Ok(start), Ok(stop)) => Ok(PyRange::new(py, start, stop)?.into_any()),
-        _ => py.get_type::<PyRange>().call1((r.start, r.end)),
-    }
+/// A Python `range(start, stop)`, called with two arguments (its step
+/// defaults to 1 without one to convert and check).
+pub(crate) fn range<'py>(py: Python<'py>, r: Range<usize>) -> PyResult<Bound<'py, PyAny>> {
+    py.get_type::<PyRange>().call1((r.start, r.end))
 }
 
 /// `(range, BlockCopy | None)`.
