@@ -46,10 +46,11 @@
 //! buckets that fit together are kept (over a range narrowed to the
 //! oldest bucket while even that one does not fit), and a pass that
 //! places each kept block in its bucket's range; each bucket is then
-//! sorted in place, oldest bucket first, and the sorted entries published
-//! with one CAS on the ring's length: the first bucket at once, then
-//! whenever the entries sorted since the last publish at least match those
-//! published (a CAS for every doubling), and the rest at the end.
+//! sorted in place, oldest bucket first, and the sorted entries published,
+//! each time with a CAS on the ring's length: the first nonempty bucket at
+//! once, then whenever the entries sorted since the last publish at least
+//! match those published (a CAS for every doubling), and the rest at the
+//! end.
 //!
 //! Nobody holds the refill flag against anyone: an evictor that finds the
 //! ring empty while another refills it gives up its time slice a few
@@ -624,10 +625,10 @@ impl Lru {
     /// reaches it is found here. One that a miss left out after the scan
     /// began may be passed; the miss then keeps the ring overflowed (see
     /// `end_overflow`), for the next refill. The entries are published as
-    /// they are sorted, the first bucket at once and then each time their
-    /// count doubles, so that evictors that ran the ring dry get the oldest
-    /// ones early, with a CAS on the length for every doubling rather than
-    /// one a bucket.
+    /// they are sorted, the first nonempty bucket at once and then each time
+    /// their count doubles, so that evictors that ran the ring dry get the
+    /// oldest ones early, with a CAS on the length for every doubling (about
+    /// the base-2 logarithm of the entries written, and one at the end).
     fn refill(&self, refs: &Refs) -> usize {
         let cap = self.candidates.len();
         // Stop appends: a release during the scan may or may not be seen
@@ -739,12 +740,12 @@ impl Lru {
 
     /// Writes the oldest evictable unmarked blocks, up to `room` of them,
     /// oldest first, into the slots of positions `base..`, calling
-    /// `publish(written)` after the first bucket, after each bucket that
-    /// brings `written` to at least twice its last publish, and at the end
-    /// (it stops early when that returns `false`); returns how many it wrote and how many it
-    /// *missed*: evictable unmarked blocks that its placing pass saw and
-    /// did not write (they did not fit, or a block that became evictable
-    /// since the histogram took their place). No evictor reads those slots
+    /// `publish(written)` after the first nonempty bucket, after each
+    /// bucket that brings `written` to at least twice its last publish, and
+    /// at the end (it stops early when that returns `false`); returns how
+    /// many it wrote and how many it *missed*: evictable unmarked blocks
+    /// that its placing pass saw and did not write (they did not fit, or a
+    /// block that became evictable since the histogram took their place). No evictor reads those slots
     /// before they are published (see `refill`).
     ///
     /// Blocks are ranked by their stamps' signed distance from the clock
@@ -914,9 +915,9 @@ impl Lru {
             }
             sort(written, filled, &get, &set, &rank_of);
             written += filled;
-            // The first bucket at once, then whenever the entries sorted
-            // since the last publish at least match those published: a
-            // publish for every doubling, not one a bucket.
+            // The first nonempty bucket at once, then whenever the entries
+            // sorted since the last publish at least match those published:
+            // a publish for every doubling.
             if written >= 2 * published {
                 if !publish(written) {
                     return (written, missed(written));
