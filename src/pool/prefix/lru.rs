@@ -745,8 +745,9 @@ impl Lru {
     /// at the end (it stops early when that returns `false`); returns how
     /// many it wrote and how many it *missed*: evictable unmarked blocks
     /// that its placing pass saw and did not write (they did not fit, or a
-    /// block that became evictable since the histogram took their place). No evictor reads those slots
-    /// before they are published (see `refill`).
+    /// block that became evictable since the histogram took their place).
+    /// No evictor reads those slots before they are published (see
+    /// `refill`).
     ///
     /// Blocks are ranked by their stamps' signed distance from the clock
     /// read at the start, so that a block stamped while the scan runs ranks
@@ -757,11 +758,11 @@ impl Lru {
     /// histogram is taken again); and one that places the kept blocks,
     /// each bucket in a range of its own. Each bucket is then closed up (a
     /// block that stopped being evictable between the passes leaves a gap),
-    /// sorted in place, and published as above. A block that became evictable
-    /// between the passes may be ranked by its old stamp (its new one is
-    /// written after its drop) and fill a place in a bucket that the
-    /// histogram counted for another block: that block is missed, and so
-    /// is every block outside the kept buckets.
+    /// sorted in place, and published as above. A block that became
+    /// evictable between the passes may be ranked by its old stamp (its new
+    /// one is written after its drop) and fill a place in a bucket that the
+    /// histogram counted for another block: that block is missed, and so is
+    /// every block outside the kept buckets.
     fn fill(
         &self,
         refs: &Refs,
