@@ -708,9 +708,7 @@ fn raw_misuse_of_retired_blocks_races_complete() {
                     let (pool, completed, go, finished) = (&pool, &completed, &go, &finished);
                     s.spawn(move || {
                         let _i = Inc(finished);
-                        while !go.load(SeqCst) {
-                            std::hint::spin_loop();
-                        }
+                        common::wait_until(|| go.load(SeqCst));
                         let k = if c == 0 {
                             pool.complete(fence)
                         } else {

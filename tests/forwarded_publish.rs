@@ -16,8 +16,10 @@
 //! the same address and size), with its counts in a static. The pool
 //! tells each from itself by its type.
 
+mod common;
+
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::Duration;
@@ -219,16 +221,10 @@ fn parent_and_fork_publish<I: Inner + Send + Sync + 'static>(make: impl Fn() -> 
         let b = parent.blocks()[0];
         let (mut child, copy) = parent.try_fork().unwrap();
         assert_eq!(copy, None, "a full block is shared");
-        // Both threads begin their publishes together (a spin on a shared
-        // count; no sleep).
+        // Both threads begin their publishes together (a rendezvous on a
+        // shared count; no sleep).
         let ready = Arc::new(AtomicUsize::new(0));
-        let start = |ready: &AtomicUsize| {
-            // SeqCst: only a rendezvous.
-            ready.fetch_add(1, Ordering::SeqCst);
-            while ready.load(Ordering::SeqCst) < 2 {
-                std::hint::spin_loop();
-            }
-        };
+        let start = |ready: &AtomicUsize| common::meet(ready, 2);
         let other = {
             let ready = Arc::clone(&ready);
             thread::spawn(move || {

@@ -592,10 +592,10 @@ fn race_stale(rounds: usize, blocks: usize, other_held: usize) {
                 let mut seq = Sequence::new(Arc::clone(&pool));
                 // The stale free may still be giving some back.
                 let backoff = std::time::Instant::now();
-                while seq.try_append(blocks).is_err() {
+                common::wait_until(|| {
                     assert!(backoff.elapsed() < Duration::from_secs(10), "blocks lost");
-                    std::hint::spin_loop();
-                }
+                    seq.try_append(blocks).is_ok()
+                });
                 drop(seq);
                 answer
             });

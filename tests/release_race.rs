@@ -24,7 +24,9 @@
 //! allocation admitted for a block that is not there spins forever), and
 //! taking every block hands each out once.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod common;
+
+use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::thread;
 
@@ -69,13 +71,7 @@ fn check_whole(pool: &BlockPool, ids: &[BlockId], round: usize) {
 /// debug build asserts that no free block is returned twice).
 fn together(a: impl FnOnce() + Send, b: impl FnOnce() + Send, delay: usize, round: usize) {
     let arrived = AtomicUsize::new(0);
-    let meet = || {
-        // SeqCst (both): a rendezvous, not the code under test.
-        arrived.fetch_add(1, Ordering::SeqCst);
-        while arrived.load(Ordering::SeqCst) < 2 {
-            std::hint::spin_loop();
-        }
-    };
+    let meet = || common::meet(&arrived, 2);
     thread::scope(|s| {
         let ha = s.spawn(|| {
             meet();

@@ -24,6 +24,8 @@
 //! to its inner pool with ids the sequence never gave it (a breach of the
 //! trait's contract), which hands a block to two sequences.
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -379,12 +381,7 @@ fn a_fork_drop_races_a_fence_completion_of_the_parent() {
         let (child, _) = seq.try_fork().unwrap();
         assert_eq!(seq.retire(round), 64);
         let go = AtomicUsize::new(0);
-        let meet = || {
-            go.fetch_add(1, Ordering::SeqCst);
-            while go.load(Ordering::SeqCst) < 2 {
-                std::hint::spin_loop();
-            }
-        };
+        let meet = || common::meet(&go, 2);
         thread::scope(|s| {
             let a = s.spawn(|| {
                 meet();
@@ -432,12 +429,7 @@ fn reset_and_match_race_a_sole_drop_of_a_block_cached_a_moment_ago() {
         let mut b = Sequence::new(Arc::clone(&pool));
         b.try_match_prefix(&keys);
         let go = AtomicUsize::new(0);
-        let meet = || {
-            go.fetch_add(1, Ordering::SeqCst);
-            while go.load(Ordering::SeqCst) < 4 {
-                std::hint::spin_loop();
-            }
-        };
+        let meet = || common::meet(&go, 4);
         thread::scope(|s| {
             let hs = [
                 s.spawn(|| {
@@ -501,12 +493,7 @@ fn rival_publishers_race_their_forks_drops() {
     hash_blocks(b"", &tokens, BS, &mut keys);
     for round in 0..600usize {
         let go = AtomicUsize::new(0);
-        let meet = || {
-            go.fetch_add(1, Ordering::SeqCst);
-            while go.load(Ordering::SeqCst) < 4 {
-                std::hint::spin_loop();
-            }
-        };
+        let meet = || common::meet(&go, 4);
         let mut pubs = Vec::new();
         for _ in 0..2 {
             let mut s = Sequence::new(Arc::clone(&pool));

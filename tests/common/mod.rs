@@ -22,7 +22,7 @@ pub mod chains;
 pub mod lru_model;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::thread;
 
@@ -32,6 +32,43 @@ use kvslots::{
     BlockAllocator, BlockHash, BlockId, BlockPool, ReserveError, Sequence, SequenceCall,
     SlotCounter,
 };
+
+// ---------------------------------------------------------------------------
+// Rendezvous
+// ---------------------------------------------------------------------------
+
+/// How many spin hints [`wait_until`] spends before it yields at each
+/// check: threads on cores of their own meet well within them.
+const SPINS: u32 = 1 << 10;
+
+/// Counts this thread in at `arrived` and waits until `n` threads have
+/// arrived, so that the threads of one round start their racing calls
+/// together (see [`wait_until`]).
+pub fn meet(arrived: &AtomicUsize, n: usize) {
+    // SeqCst (both): a rendezvous of the test's threads, not the code under
+    // test.
+    arrived.fetch_add(1, Ordering::SeqCst);
+    wait_until(|| arrived.load(Ordering::SeqCst) >= n);
+}
+
+/// Waits until `cond()` holds (a condition another of the test's threads
+/// makes true). It spins for a short while, so that threads running on
+/// cores of their own go on within a few hints of each other and their
+/// next accesses race; then it yields the core at each check: where more
+/// threads wait than there are cores (the test harness runs tests in
+/// parallel), a thread that only spins would keep its core for a whole
+/// scheduler time slice while the thread it waits for cannot run.
+pub fn wait_until(mut cond: impl FnMut() -> bool) {
+    let mut spins = 0;
+    while !cond() {
+        if spins < SPINS {
+            spins += 1;
+            std::hint::spin_loop();
+        } else {
+            thread::yield_now();
+        }
+    }
+}
 
 // ---------------------------------------------------------------------------
 // Snapshots
