@@ -41,7 +41,9 @@
 //! | [`two_retirements_vs_complete`]: two sequences of 8 fresh blocks each (the whole word between them) are retired under fence 1 on two threads while the main thread completes it: the fence's list may be one run of the whole word (its fresh bits cleared with a store) or two lists given back by two completes | 3, 16 | `fresh_store_any_word`: the first list's clear stores over the word and wipes the other sequence's marks |
 use std::sync::Arc;
 
-use crate::loom_tests::pool_world::{check, DOUBLE, FREE_IGNORES_SEQUENCE, LOST, SOUND};
+use crate::loom_tests::pool_world::{
+    check, check_one_preemption, DOUBLE, FREE_IGNORES_SEQUENCE, LOST, SOUND,
+};
 use crate::sync::Faults;
 use crate::{hash_blocks, BlockHash, BlockId, BlockPool, FreeError, Sequence};
 use loom::thread;
@@ -172,7 +174,9 @@ fn two_takes_in_one_word(faults: Faults, how: GiveBack) {
 /// two threads. Under `fresh_kept` the blocks stay marked after the count:
 /// the parent gives them back as fresh while the child holds them.
 fn fork_of_fresh_blocks(faults: Faults) {
-    check(move || {
+    // Two give-backs of a run of eight blocks (the smallest run taken
+    // fresh): one preemption (see `check_one_preemption`).
+    check_one_preemption(move || {
         let pool = pool(8, 1, faults);
         let parent = fresh_sequence_alone(&pool, 8);
         let (child, copy) = parent.try_fork().expect("full blocks are shared");

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use crate::sync::Faults;
 use crate::{BlockHash, BlockPool, Sequence};
 
-use crate::loom_tests::pool_world::{check, SOUND};
+use crate::loom_tests::pool_world::{check_one_preemption, SOUND};
 
 /// A rival's one-token block `r` (the lower id), and a parent's `a` that
 /// the parent shares with its fork. The parent, the fork and the rival
@@ -26,7 +26,8 @@ use crate::loom_tests::pool_world::{check, SOUND};
 /// last holder of `a`, must offer it again and cache it (its mark must
 /// not have moved past `a` on the parent's claim).
 fn fork_stops_its_mark_at_its_parents_claim(faults: Faults) {
-    check(move || {
+    // Three publishes at once: one preemption (see `check_one_preemption`).
+    check_one_preemption(move || {
         let key = BlockHash([1; 32]);
         let pool = Arc::new(BlockPool::with_faults(2, 1, 1, faults));
         let one_block = || {

@@ -415,6 +415,36 @@ where
         builder.preemption_bound = Some(2);
     }
     builder.max_branches = builder.max_branches.max(max_branches);
+    counted_check(builder, f);
+}
+
+/// [`check`] at preemption bound 1, whatever the environment's, for a
+/// model whose search at bound 2 would take longer than all the other
+/// models' together: three threads that each publish (or one that
+/// publishes twice), or two threads that each give back a run of eight
+/// blocks. At bound 1 loom explores every schedule with one preemption,
+/// which holds the interleaving the model is about: its negative control
+/// is caught there. (`pool_wait.rs` has another model at bound 1, for the
+/// same reason.)
+///
+/// # Panics
+///
+/// As [`check`].
+pub fn check_one_preemption<F>(f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(1);
+    counted_check(builder, f);
+}
+
+/// Runs `f` under `builder`, prints how many executions loom explored and
+/// checks that it explored more than one.
+fn counted_check<F>(builder: loom::model::Builder, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
     let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = Arc::clone(&runs);
     builder.check(move || {
@@ -731,8 +761,15 @@ pub fn holder_rival_publisher(pool: &Arc<BlockPool>) -> (Sequence, Sequence, Seq
 /// rival's and the publisher's blocks ("nobody holds the key" otherwise).
 /// With `rival_forked`, a fork of the rival shares its block (held by the
 /// model's thread until the end), so the rival's claims are the CAS of a
-/// shared block, not a sole holder's store.
+/// shared block, not a sole holder's store. With `rival_then` the search
+/// is at one preemption ([`check_one_preemption`]).
 pub fn holder_gone_then_publish(faults: Faults, rival_then: Option<BlockHash>, rival_forked: bool) {
+    // A rival that publishes twice makes the search long: one preemption.
+    let check = if rival_then.is_some() {
+        check_one_preemption
+    } else {
+        check
+    };
     check(move || {
         let key = BlockHash([1; 32]);
         let pool = Arc::new(BlockPool::with_faults(3, 1, 1, faults));
