@@ -182,8 +182,8 @@
 //! module, so the same code runs under [loom] (`--cfg kvslots_loom`), which
 //! explores every interleaving of the counter's two-thread models and the
 //! other models' interleavings up to a preemption bound
-//! (`LOOM_MAX_PREEMPTIONS`, 2 in CI and by default; five long models
-//! search at 1), and
+//! (`LOOM_MAX_PREEMPTIONS`, 2 in CI and by default; five models search at
+//! 1), and
 //! under [shuttle] (`--cfg kvslots_shuttle`), which runs randomised and PCT
 //! schedules of 8 threads. The loom models are the crate's own unit tests
 //! (`src/loom_tests/`, compiled only under `cfg(all(test, kvslots_loom))`,

@@ -65,8 +65,8 @@ fn check_whole(pool: &BlockPool, ids: &[BlockId], round: usize) {
     pool.free(&all).expect("just taken");
 }
 
-/// Runs `a` and `b` at once: both threads spin until the other arrives,
-/// then `b` waits `delay` spin hints, so that over the rounds its calls land
+/// Runs `a` and `b` at once: both threads meet (`common::meet`), then `b`
+/// waits `delay` spin hints, so that over the rounds its calls land
 /// before, among and after `a`'s. Fails the test if either panicked (a
 /// debug build asserts that no free block is returned twice).
 fn together(a: impl FnOnce() + Send, b: impl FnOnce() + Send, delay: usize, round: usize) {

@@ -174,8 +174,8 @@ fn two_takes_in_one_word(faults: Faults, how: GiveBack) {
 /// two threads. Under `fresh_kept` the blocks stay marked after the count:
 /// the parent gives them back as fresh while the child holds them.
 fn fork_of_fresh_blocks(faults: Faults) {
-    // Two give-backs of a run of eight blocks (the smallest run taken
-    // fresh): one preemption (see `check_one_preemption`).
+    // Two drops of references to a run of eight blocks (the smallest run
+    // taken fresh): one preemption (see `check_one_preemption`).
     check_one_preemption(move || {
         let pool = pool(8, 1, faults);
         let parent = fresh_sequence_alone(&pool, 8);

@@ -5,9 +5,9 @@
 //!
 //! Nothing here exists in any other build. `scripts/loom` runs them
 //! (`RUSTFLAGS="--cfg kvslots_loom" cargo test --lib --release`, with
-//! `LOOM_MAX_PREEMPTIONS=2`; five long models search at 1 whatever it
-//! is: `pool_world::check_one_preemption` and `pool_wait.rs`'s
-//! `check_bounded(1, ..)`); `scripts/loom pool` runs one file's models
+//! `LOOM_MAX_PREEMPTIONS=2`; five models search at 1 whatever it is:
+//! `pool_world::check_one_preemption`, unless `KVSLOTS_LOOM_FULL` is set,
+//! and `pool_wait.rs`'s `check_bounded(1, ..)`); `scripts/loom pool` runs one file's models
 //! (the tests whose path contains `loom_tests::pool::`), and
 //! `scripts/loom -- --list` lists them. Under that cfg the crate's other
 //! unit tests are left out, so the list is the models and their controls.

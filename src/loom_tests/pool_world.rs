@@ -418,14 +418,15 @@ where
     counted_check(builder, f);
 }
 
-/// [`check`] at preemption bound 1, whatever the environment's, for a
-/// model whose search at bound 2 would take longer than all the other
-/// models' together: three threads that each publish (or one that
-/// publishes twice), or two threads that each give back a run of eight
-/// blocks. At bound 1 loom explores every schedule with one preemption,
-/// which holds the interleaving the model is about: its negative control
-/// is caught there. (`pool_wait.rs` has another model at bound 1, for the
-/// same reason.)
+/// [`check`] at preemption bound 1, for a model whose search at bound 2
+/// is by far the longest of the models': three publishes at once, a rival
+/// that publishes twice while others publish, or two threads that each
+/// drop their references to the same run of eight fresh blocks. At bound 1
+/// loom explores every schedule with one preemption, which holds the
+/// interleaving the model is about: its negative control is caught there.
+/// With `KVSLOTS_LOOM_FULL` set (to anything) the model searches at the
+/// environment's bound instead, as [`check`] does
+/// (`KVSLOTS_LOOM_FULL=1 scripts/loom mark`).
 ///
 /// # Panics
 ///
@@ -434,6 +435,9 @@ pub fn check_one_preemption<F>(f: F)
 where
     F: Fn() + Sync + Send + 'static,
 {
+    if std::env::var_os("KVSLOTS_LOOM_FULL").is_some() {
+        return check(f);
+    }
     let mut builder = loom::model::Builder::new();
     builder.preemption_bound = Some(1);
     counted_check(builder, f);

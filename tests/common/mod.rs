@@ -2,9 +2,10 @@
 //! about a counter, a pool and a sequence (what a refusal must leave
 //! unchanged), the check that a pool is whole again, a tiny deterministic
 //! PRNG, an exact-LRU reference of one thread's eviction order
-//! (`lru_model`), and for the real-thread tests the stop flag, the
-//! observer thread that samples a structure's invariants while the workers
-//! run, and the worker pool.
+//! (`lru_model`), and for the real-thread tests the rendezvous of a
+//! round's threads (`meet`, `wait_until`), the stop flag, the observer
+//! thread that samples a structure's invariants while the workers run,
+//! and the worker pool.
 //!
 //! The test binaries are named for what they test: an API's unit tests by
 //! the type or call (`counter`, `reservation`, `pool`, `pool_free`,
