@@ -243,13 +243,6 @@ fn hybrid_window_recycles_fresh_blocks_and_forks_them() {
     assert_pool_whole(&pool);
 }
 
-/// Spins (yielding) until `cond` holds.
-fn spin_until(cond: impl Fn() -> bool) {
-    while !cond() {
-        thread::yield_now();
-    }
-}
-
 /// A raw observer checks a sequence's blocks while their holder counts
 /// them lazily (a fork's add, a publish's claim) and a third thread takes
 /// and gives back blocks of the same bitmap words: each check reads the
@@ -304,7 +297,7 @@ fn raw_checks_racing_the_lazy_count_see_a_held_block() {
                 counted.store(r, Ordering::Release);
                 // Acquire (test code): the checker's calls of round `r`
                 // happen-before the next change.
-                spin_until(|| acked.load(Ordering::Acquire) == r);
+                common::wait_until(|| acked.load(Ordering::Acquire) == r);
                 drop(fork);
                 drop(seq);
                 if let Some(fence) = fenced {
@@ -318,7 +311,7 @@ fn raw_checks_racing_the_lazy_count_see_a_held_block() {
         // The observer.
         s.spawn(|| {
             for r in 1..=ROUNDS {
-                spin_until(|| ready.load(Ordering::Acquire) == r);
+                common::wait_until(|| ready.load(Ordering::Acquire) == r);
                 let held = ids.lock().unwrap().clone();
                 loop {
                     let last = counted.load(Ordering::Acquire) == r;
@@ -1109,7 +1102,7 @@ fn a_waiter_granted_blocks_given_back_fresh_takes_them_fresh() {
                 seq.try_append(40).unwrap();
                 seq
             });
-            spin_until(|| pool.waiters() == 1 || waiter.is_finished());
+            common::wait_until(|| pool.waiters() == 1 || waiter.is_finished());
             assert_sequences_hold(&pool, &held, 1);
             drop(holder);
             let seq = waiter.join().unwrap();

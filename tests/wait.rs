@@ -18,13 +18,6 @@ mod common;
 
 use common::{poll_once, waker, wakes};
 
-/// Waits (yielding, no sleep) until `count()` reads `n`.
-fn spin_until(n: usize, count: impl Fn() -> usize) {
-    while count() != n {
-        thread::yield_now();
-    }
-}
-
 #[test]
 fn reserve_resolves_at_once_when_free() {
     let counter = SlotCounter::new(4);
@@ -307,7 +300,7 @@ fn reserve_blocking_is_woken_by_a_release() {
         let counter = Arc::clone(&counter);
         move || counter.reserve_blocking(2, None).map(|r| r.forget())
     });
-    spin_until(1, || counter.waiters());
+    common::wait_until(|| counter.waiters() == 1);
     drop(held);
     assert_eq!(waiter.join().unwrap(), Ok(2));
     assert_eq!((counter.used(), counter.waiters()), (2, 0));
@@ -322,7 +315,7 @@ fn reserve_blocking_is_woken_by_close() {
         let counter = Arc::clone(&counter);
         move || counter.reserve_blocking(1, None).map(|r| r.forget())
     });
-    spin_until(1, || counter.waiters());
+    common::wait_until(|| counter.waiters() == 1);
     counter.close();
     assert_eq!(waiter.join().unwrap(), Err(ReserveError::Closed));
     assert_eq!((counter.used(), counter.waiters()), (1, 0));
@@ -336,7 +329,7 @@ fn blocking_and_async_waiters_share_one_fifo() {
         let counter = Arc::clone(&counter);
         move || counter.reserve_blocking(2, None).map(|r| r.forget())
     });
-    spin_until(1, || counter.waiters());
+    common::wait_until(|| counter.waiters() == 1);
     let (w, count) = waker();
     let mut later = pin!(counter.reserve(1));
     assert!(poll_once(later.as_mut(), &w).is_pending());
@@ -358,7 +351,7 @@ fn reserve_owned_crosses_tokio_spawn() {
     let counter = Arc::new(SlotCounter::new(4));
     let held = counter.try_reserve_owned(4).unwrap();
     let task = runtime.spawn(counter.reserve_owned(3));
-    spin_until(1, || counter.waiters());
+    common::wait_until(|| counter.waiters() == 1);
     drop(held);
     let granted = runtime.block_on(task).unwrap().unwrap();
     assert_eq!(
@@ -458,7 +451,7 @@ fn pool_alloc_blocking_times_out_and_is_woken() {
             pool.alloc_blocking(2, &mut ids, None).map(|()| ids)
         }
     });
-    spin_until(1, || pool.waiters());
+    common::wait_until(|| pool.waiters() == 1);
     pool.free(&held).unwrap();
     let ids = waiter.join().unwrap().unwrap();
     assert_eq!((ids.len(), pool.used_blocks(), pool.waiters()), (2, 2, 0));
@@ -779,7 +772,7 @@ fn a_relay_of_small_admissions_does_not_starve_a_headroom_head() {
                 seq.reserve_blocking(16, 8, None).map(|()| seq)
             }
         });
-        spin_until(1, || pool.waiters());
+        common::wait_until(|| pool.waiters() == 1);
         let mut next = Vec::new();
         let mut rounds = 0;
         // Only the relay and the head hold blocks, and the relay's calls
@@ -881,7 +874,7 @@ fn a_panicking_waker_leaves_no_blocking_waiter_asleep() {
             out.map(|()| ids)
         }
     });
-    spin_until(2, || pool.waiters());
+    common::wait_until(|| pool.waiters() == 2);
     // The sleeper holds the queue's lock from its enqueue through its
     // first look, whose grant loop would run the task's waker on the
     // sleeper's thread had the release below come first. Another

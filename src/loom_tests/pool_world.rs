@@ -769,12 +769,12 @@ pub fn holder_rival_publisher(pool: &Arc<BlockPool>) -> (Sequence, Sequence, Seq
 /// is at one preemption ([`check_one_preemption`]).
 pub fn holder_gone_then_publish(faults: Faults, rival_then: Option<BlockHash>, rival_forked: bool) {
     // A rival that publishes twice makes the search long: one preemption.
-    let check = if rival_then.is_some() {
+    let search = if rival_then.is_some() {
         check_one_preemption
     } else {
         check
     };
-    check(move || {
+    search(move || {
         let key = BlockHash([1; 32]);
         let pool = Arc::new(BlockPool::with_faults(3, 1, 1, faults));
         let (mut c, mut r, mut p) = holder_rival_publisher(&pool);
