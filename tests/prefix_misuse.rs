@@ -10,7 +10,7 @@
 //! written while its key can match, a stale hit, or an eviction of a held
 //! block shows up as a wrong stamp.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +18,7 @@ use std::time::Duration;
 use kvslots::{hash_blocks, BlockHash, BlockId, BlockPool, Sequence};
 
 mod common;
-use common::{key_stamp, XorShift};
+use common::{key_stamp, meet, wait_until, XorShift};
 
 struct World {
     pool: Arc<BlockPool>,
@@ -297,34 +297,51 @@ fn forks_truncates_and_cow_larger_pool() {
 fn raw_free_racing_publish_never_hands_out_a_cached_block() {
     with_watchdog(Duration::from_secs(120), || {
         let key = BlockHash([5; 32]);
-        for iter in 0..200_000u32 {
-            let pool = Arc::new(BlockPool::new(2, 1));
-            let mut seq = Sequence::new(Arc::clone(&pool));
-            seq.try_append(1).unwrap();
-            let id = seq.blocks()[0];
-            let barrier = std::sync::Barrier::new(2);
-            std::thread::scope(|s| {
-                s.spawn(|| {
-                    barrier.wait();
+        // One freeing thread for every round: it gets each round's pool
+        // and block through `rounds`, meets the publisher at `arrived`
+        // (two arrivals a round), frees, and says so in `freed`.
+        let (rounds, next) = mpsc::channel::<(Arc<BlockPool>, BlockId)>();
+        let arrived = AtomicUsize::new(0);
+        let freed = AtomicUsize::new(0);
+        let (arrived, freed) = (&arrived, &freed);
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                for (round, (pool, id)) in next.iter().enumerate() {
+                    meet(arrived, 2 * (round + 1));
                     let _ = pool.free(&[id]); // misuse: the sequence holds it
-                });
-                barrier.wait();
-                seq.publish(&[key]);
+                    drop(pool);
+                    // SeqCst: the test's own hand-off, not the code under test.
+                    freed.store(round + 1, Ordering::SeqCst);
+                }
             });
-            drop(seq);
-            assert_eq!(pool.used_blocks(), 0);
-            let mut fresh = Vec::new();
-            pool.try_alloc(2, &mut fresh).unwrap();
-            let mut m = Sequence::new(Arc::clone(&pool));
-            let k = m.try_match_prefix(&[key]);
-            assert_eq!(
-                (pool.cached_blocks(), k),
-                (0, 0),
-                "iteration {iter}: fresh blocks {fresh:?}, one holds a key; \
-                 a matcher took {:?} from its new owner",
-                m.blocks()
-            );
-        }
+            // Dropped when this closure ends (or unwinds), which ends the
+            // freeing thread's loop before the scope joins it.
+            let rounds = rounds;
+            for iter in 0..200_000usize {
+                let pool = Arc::new(BlockPool::new(2, 1));
+                let mut seq = Sequence::new(Arc::clone(&pool));
+                seq.try_append(1).unwrap();
+                let id = seq.blocks()[0];
+                rounds.send((Arc::clone(&pool), id)).unwrap();
+                meet(arrived, 2 * (iter + 1));
+                seq.publish(&[key]);
+                // SeqCst: as the store's.
+                wait_until(|| freed.load(Ordering::SeqCst) == iter + 1);
+                drop(seq);
+                assert_eq!(pool.used_blocks(), 0);
+                let mut fresh = Vec::new();
+                pool.try_alloc(2, &mut fresh).unwrap();
+                let mut m = Sequence::new(Arc::clone(&pool));
+                let k = m.try_match_prefix(&[key]);
+                assert_eq!(
+                    (pool.cached_blocks(), k),
+                    (0, 0),
+                    "iteration {iter}: fresh blocks {fresh:?}, one holds a key; \
+                     a matcher took {:?} from its new owner",
+                    m.blocks()
+                );
+            }
+        });
     });
 }
 
