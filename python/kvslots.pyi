@@ -568,8 +568,10 @@ class Sequence:
         """A child sharing every full block, with a private copy of a partly
         filled last one: `(child, copy)`.
 
-        Raises `Full` / `Closed`, or `FreeError` if a block of this sequence
-        was freed with `BlockPool.free`; nothing changes then.
+        Raises `Full`, `BehindWaiters` or `Closed` when no block is free for
+        the private tail, `NeverFits` when every block of the pool is this
+        sequence's own, and `RuntimeError` if a block to share already has
+        the most references a block can have; nothing changes then.
         """
     def match_prefix(self, keys: _Keys) -> int:
         """Takes the cached blocks of the longest prefix of `keys` into this

@@ -12,7 +12,7 @@
 //! * [The admission counter](#the-admission-counter): the state word and
 //!   its compare-and-swap loops.
 //! * [The free list](#the-free-list): per-shard bitmaps of free block ids.
-//! * [Shards](#shards): why the free list is cut in several stacks.
+//! * [Shards](#shards): why the free list is cut in several bitmaps.
 //! * [Admission](#admission): the pool's free counts per shard, the fast
 //!   path, the gather and its transit window.
 //! * [Allocating and freeing blocks](#allocating-and-freeing-blocks).
@@ -951,7 +951,10 @@
 //! Keys queried, blocks hit and evictions are counted in cache-padded
 //! cells (one per free-list shard, at least 16), written with `Relaxed`
 //! adds by the threads whose number picks them (as a thread's number picks
-//! its home shard); `prefix_stats` sums the cells. A match thus adds no
+//! its home shard), except the hits: a match adds them with `Release`
+//! after its `Relaxed` add of the keys it queried, and `prefix_stats`
+//! reads each cell's hits with `Acquire` before its queries, so a snapshot
+//! never shows more hits than queries. `prefix_stats` sums the cells. A match thus adds no
 //! write to a line that other threads write, as long as there are no more
 //! threads than cells.
 //!
@@ -1256,7 +1259,8 @@
 //! per word given back, the admission count given back after them). So
 //! a fenced block stays counted as used until then, and a cached one
 //! becomes evictable only then. A retire moves the sequence's own table in
-//! as the fence's list when the fence has none yet (no allocation), and
+//! as the fence's list when the fence has none yet (no allocation but the
+//! fence map's entry, which may grow the map), and
 //! appends it otherwise; a truncate appends the ids it drops (the list's
 //! growth is the only allocation).
 //!
@@ -1423,7 +1427,10 @@
 //!   and the kill an `AcqRel` CAS: they order the race between two
 //!   publishers (see [Publishing](#publishing)).
 //! * **Stamps, candidates and statistics are `Relaxed`**: hints and
-//!   counters, re-checked by the CASes above or ordering nothing.
+//!   counters, re-checked by the CASes above or ordering nothing; except
+//!   a match's add of its hits (`Release`) and the snapshot's load of them
+//!   (`Acquire`), which order a cell's queries before its hits (see
+//!   [Statistics](#statistics)).
 //!
 //! ## KV events
 //!

@@ -16,7 +16,7 @@
 //!   slots; [`BlockPool::try_alloc`] takes `n` distinct block ids or none,
 //!   [`BlockPool::free`] drops references, all or nothing (see
 //!   [`FreeError::Raced`] for the one exception). [`BlockPool::new`] builds
-//!   a pool with every layer; [`BlockPool::builder`] picks its shards and
+//!   a pool with the prefix cache (KV events are the builder's); [`BlockPool::builder`] picks its shards and
 //!   layers ([`BlockPoolBuilder::prefix_cache`]: the core pool takes 8
 //!   bytes and two bits a block, the prefix cache 66 more) and returns a
 //!   [`ConfigError`] for a configuration it refuses (a zero block size, too
@@ -230,8 +230,10 @@
 //!
 //! Admission is one compare-and-swap on one cache-padded word, with
 //! exponential backoff on contention; giving back a guard is one `AcqRel`
-//! `fetch_sub`, then one load to see whether anyone waits. No
-//! lock is taken and nothing is allocated on these paths.
+//! `fetch_sub`, then one load to see whether anyone waits. While nobody
+//! waits, no lock is taken and nothing is allocated on these paths (a
+//! give-back that finds waiters grants them what it freed under the wait
+//! queue's mutex).
 //! A block allocation is that admission plus one CAS on a bitmap word of
 //! the calling thread's home shard of the free list (for up to 64 blocks),
 //! whatever the pool size.

@@ -943,8 +943,8 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// The blocks that stay in the table are not fenced: the next append
     /// writes into the tail's free slots, which the caller's next step
     /// does after the one in flight on the same device stream. No heap
-    /// allocation happens here beyond the fence's list (one per fence,
-    /// not per block).
+    /// allocation happens here beyond the fence's list and its entry in
+    /// the pool's map of fences (one per fence, not per block).
     ///
     /// # Examples
     ///

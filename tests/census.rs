@@ -460,6 +460,12 @@ fn counter_rows() -> Vec<Row> {
             |w| reserve(w.counter.reserve_blocking(4, NOW).map(|r| r.len())) => full(4, 3);
         "SlotCounter::reserve_blocking: closed", close,
             |w| reserve(w.counter.reserve_blocking(1, None).map(|r| r.len())) => closed();
+        "SlotCounter::reserve_owned_blocking: usize::MAX", none,
+            |w| reserve(w.counter.reserve_owned_blocking(usize::MAX, None).map(|r| r.len())) => never_fits(usize::MAX, SLOTS);
+        "SlotCounter::reserve_owned_blocking: one more than free, no wait", none,
+            |w| reserve(w.counter.reserve_owned_blocking(4, NOW).map(|r| r.len())) => full(4, 3);
+        "SlotCounter::reserve_owned_blocking: closed", close,
+            |w| reserve(w.counter.reserve_owned_blocking(1, None).map(|r| r.len())) => closed();
         "SlotCounter::close: twice", close, |w| value(w.counter.close()) => value(());
         "OwnedReservation::split: one more than held", none,
             |w| value(w.held.as_mut().unwrap().split(HELD + 1).map(|r| r.len())) => value(None::<usize>);

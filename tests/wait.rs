@@ -43,7 +43,7 @@ fn reserve_zero_takes_nothing() {
 
 #[test]
 fn reserve_never_fits_at_once_and_changes_nothing() {
-    let counter = SlotCounter::new(4);
+    let counter = Arc::new(SlotCounter::new(4));
     let _held = counter.try_reserve(1).unwrap();
     let (w, _) = waker();
     for n in [5, usize::MAX] {
@@ -59,13 +59,20 @@ fn reserve_never_fits_at_once_and_changes_nothing() {
                 capacity: 4
             }
         );
+        assert_eq!(
+            counter.reserve_owned_blocking(n, None).unwrap_err(),
+            ReserveError::NeverFits {
+                requested: n,
+                capacity: 4
+            }
+        );
         assert_eq!((counter.used(), counter.waiters()), (1, 0));
     }
 }
 
 #[test]
 fn reserve_after_close_fails_at_once_and_changes_nothing() {
-    let counter = SlotCounter::new(4);
+    let counter = Arc::new(SlotCounter::new(4));
     let _held = counter.try_reserve(1).unwrap();
     counter.close();
     let (w, _) = waker();
@@ -75,6 +82,10 @@ fn reserve_after_close_fails_at_once_and_changes_nothing() {
     ));
     assert_eq!(
         counter.reserve_blocking(1, None).unwrap_err(),
+        ReserveError::Closed
+    );
+    assert_eq!(
+        counter.reserve_owned_blocking(1, None).unwrap_err(),
         ReserveError::Closed
     );
     assert_eq!((counter.used(), counter.waiters()), (1, 0));
@@ -270,15 +281,23 @@ fn polling_after_completion_panics() {
 
 #[test]
 fn reserve_blocking_times_out_with_full_and_leaves_the_queue() {
-    let counter = SlotCounter::new(3);
+    let counter = Arc::new(SlotCounter::new(3));
     let _held = counter.try_reserve(2).unwrap();
     for timeout in [Duration::ZERO, Duration::from_millis(2)] {
+        let full = ReserveError::Full {
+            requested: 2,
+            available: 1,
+        };
         assert_eq!(
             counter.reserve_blocking(2, Some(timeout)).unwrap_err(),
-            ReserveError::Full {
-                requested: 2,
-                available: 1
-            }
+            full
+        );
+        assert_eq!((counter.used(), counter.waiters()), (2, 0));
+        assert_eq!(
+            counter
+                .reserve_owned_blocking(2, Some(timeout))
+                .unwrap_err(),
+            full
         );
         assert_eq!((counter.used(), counter.waiters()), (2, 0));
     }
@@ -305,6 +324,25 @@ fn reserve_blocking_is_woken_by_a_release() {
     assert_eq!(waiter.join().unwrap(), Ok(2));
     assert_eq!((counter.used(), counter.waiters()), (2, 0));
     counter.release(2).unwrap();
+}
+
+/// The owned form: the waiting thread gets a guard it can keep (it holds
+/// the counter), and its drop, on another thread, gives the slots back.
+#[test]
+fn reserve_owned_blocking_is_woken_by_a_release_and_its_guard_outlives_the_call() {
+    let counter = Arc::new(SlotCounter::new(3));
+    let held = counter.try_reserve_owned(3).unwrap();
+    let waiter = thread::spawn({
+        let counter = Arc::clone(&counter);
+        move || counter.reserve_owned_blocking(2, None)
+    });
+    common::wait_until(|| counter.waiters() == 1);
+    drop(held);
+    let granted = waiter.join().unwrap().unwrap();
+    assert_eq!(granted.len(), 2);
+    assert_eq!((counter.used(), counter.waiters()), (2, 0));
+    thread::spawn(move || drop(granted)).join().unwrap();
+    assert_eq!(counter.used(), 0);
 }
 
 #[test]

@@ -36,9 +36,11 @@ use crate::wait;
 /// `kv_events`, and the event rings) cannot be allocated; nothing is left
 /// allocated then.
 ///
-/// Safe to share between threads: no call takes a lock (waiting and the
-/// fence table aside), and calls that wait or walk many blocks release the
-/// GIL.
+/// Safe to share between threads: no call takes a lock while no thread
+/// waits in the pool, apart from the fence table's calls and
+/// `drain_events` (waiting calls, and a give-back that finds waiters
+/// queued, take the wait queue's); calls that wait or walk many blocks
+/// release the GIL.
 #[pyclass(name = "BlockPool", module = "kvslots", frozen, weakref)]
 pub(crate) struct PyBlockPool {
     pub(crate) inner: Arc<kvslots::BlockPool>,

@@ -438,8 +438,11 @@ impl PySequence {
     /// Returns `(child, copy)`: `copy` is the `BlockCopy` that fills the
     /// child's private block, or None on a block boundary.
     ///
-    /// Raises `Full` / `Closed` when no block is free for the private tail;
-    /// nothing changes then. (`BlockPool.free` refuses a sequence's blocks,
+    /// Raises `Full`, `BehindWaiters` or `Closed` when no block is free for
+    /// the private tail, `NeverFits` when every block of the pool is this
+    /// sequence's own, and `RuntimeError` if a block to share already has
+    /// the most references a block can have; nothing changes then.
+    /// (`BlockPool.free` refuses a sequence's blocks,
     /// `kind == "held_by_sequence"`, so a fork never finds one gone; it
     /// would raise `FreeError`, `kind == "not_allocated"`.)
     fn fork<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyTuple>> {

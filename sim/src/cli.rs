@@ -53,7 +53,8 @@ pub const EXIT_UNWRITTEN: i32 = 3;
 /// Synthetic requests in a default run: every token of them is written to
 /// and read back from the oracle's KV memory, which makes a request cost
 /// about three times what the allocator calls alone cost; this many keep
-/// the default run at about 15 seconds on a 2-core machine.
+/// the default run short (its time on the development machine is in
+/// `BENCHMARKS.md`).
 pub const DEFAULT_REQUESTS: usize = 500_000;
 
 /// The most worker threads a run may start.

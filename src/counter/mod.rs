@@ -27,8 +27,10 @@ const SHIFT: u32 = 1;
 ///
 /// Many threads share one counter (by reference or in an [`Arc`](std::sync::Arc)) and admit
 /// multi-token appends concurrently: each request is admitted whole or not
-/// at all, `used() <= capacity()` holds at every instant, and no lock is
-/// ever taken.
+/// at all, and `used() <= capacity()` holds at every instant. The `try_*`
+/// calls and the guards' give-backs take no lock while nobody waits; the
+/// waiting calls, and a give-back that finds waiters queued (it grants
+/// them what it freed), take the wait queue's mutex.
 ///
 /// Slots can be taken in two ways:
 ///
@@ -43,7 +45,8 @@ const SHIFT: u32 = 1;
 ///   and [`release`](Self::release) gives them back;
 /// * waiting, in arrival order, until the slots are free:
 ///   [`reserve`](Self::reserve) and [`reserve_owned`](Self::reserve_owned)
-///   (futures) and [`reserve_blocking`](Self::reserve_blocking) (see
+///   (futures) and [`reserve_blocking`](Self::reserve_blocking) and
+///   [`reserve_owned_blocking`](Self::reserve_owned_blocking) (see
 ///   [Waiting](#waiting)).
 ///
 /// # Examples
@@ -78,7 +81,8 @@ const SHIFT: u32 = 1;
 ///
 /// A request that does not fit can wait instead of retrying:
 /// [`reserve`](Self::reserve) / [`reserve_owned`](Self::reserve_owned)
-/// return a future, [`reserve_blocking`](Self::reserve_blocking) puts the
+/// return a future, [`reserve_blocking`](Self::reserve_blocking) /
+/// [`reserve_owned_blocking`](Self::reserve_owned_blocking) put the
 /// thread to sleep. Waiters are served strictly in arrival order, each
 /// granted whole or not at all; a new waiter queues behind those already
 /// queued, and while anyone waits the `try_*` calls leave free what the

@@ -139,6 +139,47 @@ impl SlotCounter {
         Ok(Reservation::new(self, n))
     }
 
+    /// Like [`reserve_blocking`](Self::reserve_blocking), returning an
+    /// [`OwnedReservation`], which holds an [`Arc`] of the counter and so
+    /// can be moved to another thread or kept past the borrow.
+    ///
+    /// # Errors
+    ///
+    /// As [`reserve_blocking`](Self::reserve_blocking).
+    ///
+    /// # Panics
+    ///
+    /// As [`reserve_blocking`](Self::reserve_blocking).
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::thread;
+    /// use kvslots::SlotCounter;
+    ///
+    /// let counter = Arc::new(SlotCounter::new(4));
+    /// let held = counter.reserve_owned_blocking(4, None).unwrap();
+    /// let waiter = thread::spawn({
+    ///     let counter = Arc::clone(&counter);
+    ///     move || counter.reserve_owned_blocking(2, None)
+    /// });
+    /// while counter.waiters() == 0 {
+    ///     thread::yield_now();
+    /// }
+    /// drop(held); // wakes the waiter
+    /// let second = waiter.join().unwrap().unwrap();
+    /// assert_eq!((second.len(), counter.used()), (2, 2));
+    /// ```
+    pub fn reserve_owned_blocking(
+        self: &Arc<Self>,
+        n: usize,
+        timeout: Option<Duration>,
+    ) -> Result<OwnedReservation, ReserveError> {
+        wait_blocking(&**self, n, 0, timeout)?;
+        Ok(OwnedReservation::new(Arc::clone(self), n))
+    }
+
     /// How many waiters are queued: futures from the first poll that
     /// returned `Pending` until they are dropped or resolve, and blocking
     /// calls while they sleep. A snapshot.

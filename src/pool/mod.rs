@@ -687,11 +687,13 @@ impl BlockPool {
     /// has references, nothing changes and the error names the offending
     /// id (checked in this order: any id out of range, then any block not
     /// allocated, then any block held by sequences, then any block
-    /// over-freed; each the first in list order). No heap allocation happens here, and the
-    /// checks stay near linear in the list's length: pairwise for up to 16
-    /// ids; otherwise one pass when no two listed ids are equal modulo 4,096,
-    /// and one more per 8,192-index range it touches when some are (plus a count over the list for each listing of an id past
-    /// its 254th).
+    /// over-freed; each the first in list order). No heap allocation happens
+    /// here, and the checks stay near linear in the list's length: pairwise
+    /// for up to 16 ids; otherwise one pass when no two listed ids are equal
+    /// modulo 4,096; when some are, one marking pass per span of 65,536
+    /// indices that holds a listed id, and a tallying pass per window of
+    /// 8,192 indices where an id is listed twice (plus, for ids listed 255
+    /// times or more beyond the first 32 such, a pass per 32 of them).
     ///
     /// The checks are made with loads before any reference is dropped, so a
     /// call refused by them changes nothing that another thread could

@@ -649,8 +649,7 @@ mod tests {
     fn a_full_index_under_churn_keeps_room_in_the_emptier_bucket() {
         // 2 million inserts into full indexes: the emptier bucket never
         // holds more than 6 of its 8 entries, so no insert comes near a
-        // refusal (with 1.75 slots a block instead of 2.5, about one
-        // insert in a thousand finds 7).
+        // refusal.
         for num_blocks in [1000, 4096] {
             for seed in seeds() {
                 let histogram = churn(num_blocks, seed, 250_000);
@@ -660,9 +659,9 @@ mod tests {
     }
 
     /// The distribution behind `BENCHMARKS.md`'s index figures:
-    /// `cargo test --release --lib pool::keys -- --ignored --nocapture`.
+    /// `cargo test --release --lib pool::prefix::keys -- --ignored --nocapture`.
     #[test]
-    #[ignore = "a measurement (about a minute in release)"]
+    #[ignore = "a measurement, to run in release"]
     fn churn_histogram() {
         for num_blocks in [1000, 64_000] {
             let mut total = [0u64; 9];
