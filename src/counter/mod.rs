@@ -28,9 +28,10 @@ const SHIFT: u32 = 1;
 /// Many threads share one counter (by reference or in an [`Arc`](std::sync::Arc)) and admit
 /// multi-token appends concurrently: each request is admitted whole or not
 /// at all, and `used() <= capacity()` holds at every instant. The `try_*`
-/// calls and the guards' give-backs take no lock while nobody waits; the
-/// waiting calls, and a give-back that finds waiters queued (it grants
-/// them what it freed), take the wait queue's mutex.
+/// calls never take a lock, and give-backs (a guard's drop,
+/// [`release`](Self::release)) take none while nobody waits; the waiting
+/// calls, and a give-back that finds waiters queued (it grants them what
+/// it freed), take the wait queue's mutex.
 ///
 /// Slots can be taken in two ways:
 ///
