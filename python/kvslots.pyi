@@ -616,7 +616,8 @@ class Sequence:
 @final
 class KvGroups:
     """A hybrid model's groups of layers, in order: each `"full"` (full
-    attention) or an int, a sliding window of that many tokens (a token
+    attention) or an int (or an object with `__index__`, such as a numpy
+    integer), a sliding window of that many tokens (a token
     attends to itself and the tokens before it, that many in all).
     `HybridSequence` keeps one block table per group over one pool.
 
@@ -627,7 +628,7 @@ class KvGroups:
     """
 
     MAX_GROUPS: ClassVar[int]
-    def __new__(cls, kinds: Iterable[Union[str, int]]) -> Self: ...
+    def __new__(cls, kinds: Iterable[Union[str, _Int]]) -> Self: ...
     def __len__(self) -> int:
         """How many groups."""
     @property
@@ -785,7 +786,8 @@ def hash_blocks(
     `kvslots::hash_blocks`.
 
     `tokens`: ints in `0..2**32`, `bytes` of little-endian uint32s (or a
-    `memoryview` of them), or a one-dimensional buffer of integers (numpy
+    one-dimensional `memoryview` of them, read as the same bytes whatever
+    its format), or a one-dimensional buffer of integers (numpy
     array of any byte order, `array.array`; one token an item, one-byte
     items included; `ValueError` for another number of dimensions;
     `TypeError` for a set, whose order is arbitrary). With

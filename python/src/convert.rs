@@ -31,7 +31,20 @@ pub(crate) fn uint<T: TryFrom<u64>>(obj: &Bound<'_, PyAny>, what: &str) -> PyRes
                 Err(too_large(what, value))
             }
         }
-        Err(_) => Err(not_an_int(what, obj)),
+        Err(e) => Err(not_an_int(e, what, obj)),
+    }
+}
+
+/// A sequence's token count as `len()` returns it: an `OverflowError`
+/// that says so past `sys.maxsize` (a pool of huge blocks, or a sliding
+/// window's tokens), where CPython's own has no message.
+pub(crate) fn py_len(tokens: usize) -> PyResult<usize> {
+    if isize::try_from(tokens).is_ok() {
+        Ok(tokens)
+    } else {
+        Err(PyOverflowError::new_err(format!(
+            "the sequence holds {tokens} tokens, more than len() can return (sys.maxsize)"
+        )))
     }
 }
 
@@ -68,7 +81,17 @@ fn too_large(what: &str, value: impl std::fmt::Display) -> PyErr {
     PyOverflowError::new_err(format!("{what} {value} is too large"))
 }
 
-fn not_an_int(what: &str, obj: &Bound<'_, PyAny>) -> PyErr {
+/// The error of an int argument that did not convert (`e`, not an
+/// `OverflowError`): `e` itself when `obj` has `__index__` (what its
+/// `__index__` raised, a `KeyboardInterrupt` included, or that it returned
+/// no int), else a `TypeError` naming `what` and `obj`'s type.
+fn not_an_int(e: PyErr, what: &str, obj: &Bound<'_, PyAny>) -> PyErr {
+    if obj
+        .hasattr(pyo3::intern!(obj.py(), "__index__"))
+        .unwrap_or(false)
+    {
+        return e;
+    }
     let ty = obj
         .get_type()
         .name()
@@ -84,7 +107,7 @@ pub(crate) fn block_id(obj: &Bound<'_, PyAny>) -> PyResult<Option<BlockId>> {
     match obj.extract::<u32>() {
         Ok(v) => Ok(Some(BlockId::new(v))),
         Err(e) if e.is_instance_of::<PyOverflowError>(obj.py()) => Ok(None),
-        Err(_) => Err(not_an_int("a block id", obj)),
+        Err(e) => Err(not_an_int(e, "a block id", obj)),
     }
 }
 
@@ -95,45 +118,54 @@ const MANY_IDS: usize = 32;
 /// Block ids from a long exact `list` or `tuple` of ints, all of them
 /// below `num_blocks`, read in one C call (`array.array("I", ids)`, which
 /// converts each item as `int` does, and one copy of its bytes) instead of
-/// one conversion per item: about a third of the cost. `None` when `ids`
-/// is anything else, or when any item is not such an id (not an int,
-/// negative, too large or out of range): the caller then reads them one by
-/// one and reports the first bad item, as for any iterable.
+/// one conversion per item: about a third of the cost. `Ok(None)` when
+/// `ids` is anything else, or when any item is not such an id (not an int,
+/// negative, too large or out of range: the array's `TypeError`,
+/// `OverflowError` or `ValueError`): the caller then reads them one by one
+/// and reports the first bad item, as for any iterable. Any other
+/// exception (one an item's `__index__` raised, a `KeyboardInterrupt`
+/// included, or a `MemoryError`) is the caller's.
 pub(crate) fn many_ids(
     py: Python<'_>,
     ids: &Bound<'_, PyAny>,
     num_blocks: usize,
-) -> Option<Vec<BlockId>> {
+) -> PyResult<Option<Vec<BlockId>>> {
     let len = if let Ok(list) = ids.cast_exact::<PyList>() {
         list.len()
     } else if let Ok(tuple) = ids.cast_exact::<PyTuple>() {
         tuple.len()
     } else {
-        return None;
+        return Ok(None);
     };
     if len < MANY_IDS {
-        return None;
+        return Ok(None);
     }
-    let array = ARRAY
-        .import(py, "array", "array")
-        .ok()?
-        .call1(("I", ids))
-        .ok()?;
-    let bytes = array.call_method0("tobytes").ok()?;
-    let bytes = bytes.cast::<PyBytes>().ok()?.as_bytes();
+    let array = match ARRAY.import(py, "array", "array")?.call1(("I", ids)) {
+        Ok(array) => array,
+        Err(e)
+            if e.is_instance_of::<PyTypeError>(py)
+                || e.is_instance_of::<PyOverflowError>(py)
+                || e.is_instance_of::<PyValueError>(py) =>
+        {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
+    let bytes = array.call_method0("tobytes")?;
+    let bytes = bytes.cast::<PyBytes>()?.as_bytes();
     if bytes.len() != len * 4 {
         // An `unsigned int` of another size than 4 bytes.
-        return None;
+        return Ok(None);
     }
-    let mut out = Vec::with_capacity(len);
+    let mut out = with_room(len, "block ids")?;
     for c in bytes.chunks_exact(4) {
         let id = u32::from_ne_bytes([c[0], c[1], c[2], c[3]]);
         if id as usize >= num_blocks {
-            return None;
+            return Ok(None);
         }
         out.push(BlockId::new(id));
     }
-    Some(out)
+    Ok(Some(out))
 }
 
 /// Calls `f` on every item of `obj` (a list or tuple quickly, else any
@@ -243,7 +275,8 @@ pub(crate) fn key(item: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
 
 /// Token ids: a list (or any iterable but a set) of ints in `0..2**32`; `bytes` or
 /// `bytearray` holding little-endian `uint32`s (also through a
-/// `memoryview` of one, or a buffer of `char`s, format `c`); or any other
+/// one-dimensional `memoryview` of one, whatever its format, or a buffer
+/// of `char`s, format `c`); or any other
 /// one-dimensional buffer of integers (a numpy array of any byte order,
 /// `array.array`) of item size 1, 2, 4 or 8, one token an item, each value
 /// in `0..2**32`.
@@ -290,7 +323,7 @@ fn token(item: &Bound<'_, PyAny>) -> PyResult<u32> {
         Err(e) if e.is_instance_of::<PyOverflowError>(item.py()) => Err(PyValueError::new_err(
             format!("a token id must be in 0..2**32, got {item}"),
         )),
-        Err(_) => Err(not_an_int("a token id", item)),
+        Err(e) => Err(not_an_int(e, "a token id", item)),
     }
 }
 
@@ -321,8 +354,8 @@ pub(crate) fn with_room<T>(n: usize, what: &str) -> PyResult<Vec<T>> {
 }
 
 /// The integers of a buffer, by its `struct` format (any byte order:
-/// native, `<`, `>` or `!`); a buffer of `bytes` (`of_bytes`) or of
-/// `char`s as little-endian `uint32`s.
+/// native, `<`, `>` or `!`); a buffer of `bytes` (`of_bytes`, whatever
+/// the view's format) or of `char`s as little-endian `uint32`s.
 fn buffer_tokens(view: &Bound<'_, PyMemoryView>, of_bytes: bool) -> PyResult<Vec<u32>> {
     let format: String = view.getattr("format")?.extract()?;
     let itemsize: usize = view.getattr("itemsize")?.extract()?;
@@ -331,6 +364,12 @@ fn buffer_tokens(view: &Bound<'_, PyMemoryView>, of_bytes: bool) -> PyResult<Vec
         return Err(PyValueError::new_err(format!(
             "a token buffer must be one-dimensional, got {ndim} dimensions"
         )));
+    }
+    if of_bytes {
+        // Raw bytes, as `bytes` reads, whatever format a cast gave the
+        // view: one copy, by Python.
+        let bytes = view.call_method0("tobytes")?;
+        return raw_u32(bytes.cast::<PyBytes>()?.as_bytes());
     }
     // The items' byte order, from the format's prefix (none: native).
     let native_little = cfg!(target_endian = "little");
@@ -358,7 +397,7 @@ fn buffer_tokens(view: &Bound<'_, PyMemoryView>, of_bytes: bool) -> PyResult<Vec
     // read in place.
     let bytes = view.call_method0("tobytes")?;
     let bytes = bytes.cast::<PyBytes>()?.as_bytes();
-    if code == "c" || (of_bytes && code == "B") {
+    if code == "c" {
         // Raw bytes: as `bytes`.
         return raw_u32(bytes);
     }

@@ -71,7 +71,9 @@ impl PyKvGroups {
                         )))
                     }
                 }
-            } else if item.is_instance_of::<pyo3::types::PyInt>() {
+            } else if item.hasattr(pyo3::intern!(item.py(), "__index__"))? {
+                // An int, or an int-like (a numpy integer from a model's
+                // config).
                 KvGroup::SlidingWindow {
                     window_tokens: convert::uint(&item, "window_tokens")?,
                 }
@@ -400,7 +402,7 @@ impl PyHybridSequence {
 
     /// The number of tokens in the sequence (the same in every group).
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        self.with(py, |seq| seq.len())
+        convert::py_len(self.with(py, |seq| seq.len())?)
     }
 
     /// How many tokens every group's table can hold (the least over the groups).

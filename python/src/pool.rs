@@ -64,7 +64,7 @@ impl PyBlockPool {
                 "block ids must be an iterable of ints, not {ty}"
             )));
         }
-        if let Some(out) = convert::many_ids(py, ids, num_blocks) {
+        if let Some(out) = convert::many_ids(py, ids, num_blocks)? {
             return Ok(out);
         }
         let mut out = Vec::new();

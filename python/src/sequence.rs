@@ -242,7 +242,7 @@ impl PySequence {
 
     /// The number of tokens in the sequence.
     fn __len__(&self, py: Python<'_>) -> PyResult<usize> {
-        self.with(py, |seq| seq.len())
+        convert::py_len(self.with(py, |seq| seq.len())?)
     }
 
     /// The block table: the ids of the blocks holding positions
