@@ -432,7 +432,8 @@ class BlockPool:
         distinct ids, each with one reference.
 
         Raises `Full`, `NeverFits` (`n > num_blocks`) or `Closed`; nothing is
-        taken then. `n == 0` returns `[]`.
+        taken then. `n == 0` returns `[]` (and raises `Closed` on a closed
+        pool, as any `n`).
         """
     def alloc(self, n: _Int, timeout: Optional[float] = None) -> list[int]:
         """Takes exactly `n` blocks, all or none, waiting in arrival order
@@ -534,7 +535,9 @@ class Sequence:
         the kernel writes the new tokens."""
     def try_reserve(self, tokens: _Int, headroom: _Int = 0) -> None:
         """Takes the blocks `tokens` more tokens need, all or none, only if
-        `headroom` blocks stay free; `len(seq)` is unchanged.
+        `headroom` blocks stay free; `len(seq)` is unchanged. When the
+        blocks held already cover them, nothing is taken and nothing is
+        checked (neither `headroom` nor whether the pool is closed).
 
         Raises `Full`, `NeverFits` or `Closed`; nothing changes then.
         """

@@ -168,17 +168,17 @@ pub(crate) fn many_ids(
     Ok(Some(out))
 }
 
-/// Calls `f` on every item of `obj` (a list or tuple quickly, else any
-/// iterable).
+/// Calls `f` on every item of `obj` (an exact list or tuple quickly, else
+/// any iterable, through its `__iter__`: a subclass's own included).
 pub(crate) fn for_each<'py>(
     obj: &Bound<'py, PyAny>,
     mut f: impl FnMut(Bound<'py, PyAny>) -> PyResult<()>,
 ) -> PyResult<()> {
-    if let Ok(list) = obj.cast::<PyList>() {
+    if let Ok(list) = obj.cast_exact::<PyList>() {
         for item in list.iter() {
             f(item)?;
         }
-    } else if let Ok(tuple) = obj.cast::<PyTuple>() {
+    } else if let Ok(tuple) = obj.cast_exact::<PyTuple>() {
         for item in tuple.iter() {
             f(item)?;
         }

@@ -321,6 +321,9 @@ impl PySequence {
     /// the missing ones all or none, only if `headroom` blocks stay free
     /// afterwards; `len(seq)` is unchanged, and the appends of those tokens
     /// allocate nothing (whole-prompt admission, then chunked prefill).
+    /// When the blocks held already cover them, nothing is taken and
+    /// nothing is checked (neither `headroom` nor whether the pool is
+    /// closed).
     ///
     /// Raises `Full`, `NeverFits` or `Closed`; nothing changes then.
     #[pyo3(signature = (tokens, headroom = None), text_signature = "(self, tokens, headroom=0)")]

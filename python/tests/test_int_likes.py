@@ -1,8 +1,9 @@
-"""Int-like arguments (objects with `__index__`) and token buffers: what an
-int-like's `__index__` raises reaches the caller unchanged, a `KeyboardInterrupt`
-included, with nothing changed; a `memoryview` of `bytes` reads as the bytes
-do whatever its format; a sequence's length past `sys.maxsize` is an
-`OverflowError` that says so."""
+"""How arguments are read, at their edges: what an int-like's `__index__`
+raises reaches the caller unchanged (a `KeyboardInterrupt` included) with
+nothing changed; a `memoryview` of `bytes` reads as the bytes do whatever
+its format; a list subclass is read through its own `__iter__`; a
+sequence's length past `sys.maxsize` is an `OverflowError` that says so;
+a reservation the blocks held already cover checks nothing."""
 
 import struct
 import sys
@@ -125,3 +126,39 @@ def test_a_length_past_maxsize_is_an_overflow_error_that_says_so():
         len(hybrid)
     hybrid.truncate(5)
     assert len(hybrid) == 5
+
+
+def test_a_list_subclass_is_read_through_its_own_iter():
+    class Reversed(list):
+        def __iter__(self):
+            return iter(list(list.__iter__(self))[::-1])
+
+    tokens = list(range(8))
+    assert kvslots.hash_blocks(Reversed(tokens), 4) == kvslots.hash_blocks(tokens[::-1], 4)
+    pool = kvslots.BlockPool(8, 4)
+    ids = pool.try_alloc(3)
+    # Freed through the subclass's order: the refusal names the first bad
+    # id in that order.
+    free = [i for i in range(8) if i not in ids][:2]
+    with pytest.raises(kvslots.FreeError) as err:
+        pool.free(Reversed([ids[0]] + free))
+    assert (err.value.id, err.value.kind) == (free[1], "not_allocated")
+    assert pool.used_blocks == 3
+    pool.free(Reversed(ids))
+    assert pool.used_blocks == 0
+
+
+def test_a_reservation_already_covered_checks_nothing():
+    pool = kvslots.BlockPool(4, 4)
+    seq = kvslots.Sequence(pool)
+    seq.try_append(3)
+    pool.close()
+    before, seq_before = pool_state(pool), seq_state(seq)
+    # One more token fits the block held: no headroom or closed check.
+    assert seq.try_reserve(1, headroom=1000) is None
+    assert (pool_state(pool), seq_state(seq)) == (before, seq_before)
+    with pytest.raises(kvslots.Closed):
+        seq.try_reserve(2)
+    with pytest.raises(kvslots.Closed):
+        pool.try_alloc(0)
+    assert (pool_state(pool), seq_state(seq)) == (before, seq_before)
