@@ -1069,6 +1069,7 @@
 //! [`SlotCounter::reserve`](crate::SlotCounter::reserve),
 //! [`reserve_owned`](crate::SlotCounter::reserve_owned),
 //! [`reserve_blocking`](crate::SlotCounter::reserve_blocking),
+//! [`reserve_owned_blocking`](crate::SlotCounter::reserve_owned_blocking),
 //! [`BlockPool::alloc`](crate::BlockPool::alloc),
 //! [`alloc_blocking`](crate::BlockPool::alloc_blocking) and
 //! [`Sequence::reserve`](crate::Sequence::reserve) /
