@@ -890,7 +890,10 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         let mut pos = positions.start;
         while pos < positions.end {
             let base = self.blocks[pos / bs].index() * bs;
-            let block_end = (pos / bs + 1) * bs;
+            // Saturating: a sliding window's table can hold positions past
+            // `num_blocks * block_size`, up to `usize::MAX`, whose block
+            // ends past it.
+            let block_end = (pos - pos % bs).saturating_add(bs);
             let end = block_end.min(positions.end);
             out.extend((pos % bs..pos % bs + (end - pos)).map(|off| base + off));
             pos = end;
@@ -998,8 +1001,12 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // A partly filled tail that was once full may be shared by a fork
         // or a matcher, or cached.
         let bs = self.pool.block_size();
-        self.tail_may_be_shared =
-            len % bs != 0 && (self.tail_may_be_shared || self.len >= (len / bs + 1) * bs);
+        // Was the tail block ever full? (One that ends past `usize::MAX`,
+        // in a sliding window's table, never was.)
+        let was_full = (len - len % bs)
+            .checked_add(bs)
+            .is_some_and(|tail_end| self.len >= tail_end);
+        self.tail_may_be_shared = len % bs != 0 && (self.tail_may_be_shared || was_full);
         self.len = len;
         // A cached tail will be written: if we hold it alone, its key goes
         // now, so no matcher can take it while it changes (and the next

@@ -516,3 +516,137 @@ fn a_hybrid_match_over_a_long_prompt() {
     drop(m);
     assert_eq!(pool.used_blocks(), 0);
 }
+
+/// Blocks of `usize::MAX / 2` tokens, and keys that chain past the pool:
+/// a sequence publishes `k0, k1`, they are evicted from the pool's front,
+/// and another sequence takes `k1` as its first block and publishes
+/// `k1, k2` (keys are any 32 bytes). A drain that merges the two shards'
+/// records into one run of stores cuts it where its token count would pass
+/// `usize::MAX`: every event's `token_count` is its keys times the block
+/// size, and every key stored is in the events once.
+#[test]
+fn a_run_of_stored_keys_past_usize_max_tokens_is_cut() {
+    let bs = usize::MAX / 2;
+    let mut cut = 0;
+    for salt in 0u8..40 {
+        let pool = Arc::new(
+            BlockPool::builder(2, bs)
+                .shards(2)
+                .prefix_cache(true)
+                .kv_events(64)
+                .build()
+                .unwrap(),
+        );
+        let k = |i: u8| BlockHash([salt.wrapping_mul(7).wrapping_add(i.wrapping_mul(31)); 32]);
+        let mut a = Sequence::new(Arc::clone(&pool));
+        a.try_append(2 * bs).unwrap();
+        assert_eq!(a.publish(&[k(0), k(1)]), 2);
+        drop(a);
+        let mut c = Sequence::new(Arc::clone(&pool));
+        assert_eq!(c.try_match_prefix(&[k(1)]), 1);
+        c.try_append(bs).unwrap();
+        assert_eq!(c.publish(&[k(1), k(2)]), 1);
+        let mut events = Vec::new();
+        pool.drain_events(&mut events);
+        let mut stored = Vec::new();
+        let mut last: Option<BlockHash> = None;
+        for event in &events {
+            if let KvEvent::BlockStored {
+                keys,
+                parent,
+                token_count,
+                block_size,
+                ..
+            } = event
+            {
+                assert_eq!(
+                    Some(*token_count),
+                    keys.len().checked_mul(*block_size),
+                    "{events:?}"
+                );
+                if parent.is_some() && *parent == last {
+                    cut += 1;
+                }
+                last = keys.last().copied();
+                stored.extend_from_slice(keys);
+            }
+        }
+        stored.sort();
+        let mut want = vec![k(0), k(1), k(2)];
+        want.sort();
+        assert_eq!(stored, want, "salt {salt}: {events:?}");
+    }
+    assert!(cut > 0, "no salt merged a run past usize::MAX tokens");
+}
+
+/// A window of one token over blocks of `2^63 + 1` tokens: the sequence
+/// grows past `num_blocks * block_size` (the window gives its block back
+/// and reuses it), and its slots past that, read in a batch or truncated
+/// to, are the ones `slot` gives, with no overflow.
+#[test]
+fn slots_and_truncates_past_the_pool_in_a_window_of_one_token() {
+    let bs = (1usize << 63) + 1;
+    let pool = Arc::new(BlockPool::new(1, bs));
+    let groups = KvGroups::new([KvGroup::SlidingWindow { window_tokens: 1 }]).unwrap();
+    let mut h = HybridSequence::new(Arc::clone(&pool), groups);
+    h.try_append(bs).unwrap();
+    h.try_append(5).unwrap();
+    assert_eq!(h.len(), bs + 5);
+    let mut slots = Vec::new();
+    h.extend_slots(0, bs..bs + 5, &mut slots).unwrap();
+    let want: Vec<usize> = (bs..bs + 5).map(|p| h.slot(0, p).unwrap()).collect();
+    assert_eq!(slots, want);
+    assert_eq!(slots, [0, 1, 2, 3, 4]);
+    // To the end of `usize`: the last block ends past it.
+    h.try_append(usize::MAX - h.len()).unwrap();
+    assert_eq!(h.len(), usize::MAX);
+    slots.clear();
+    h.extend_slots(0, usize::MAX - 3..usize::MAX, &mut slots)
+        .unwrap();
+    let want: Vec<usize> = (usize::MAX - 3..usize::MAX)
+        .map(|p| h.slot(0, p).unwrap())
+        .collect();
+    assert_eq!(slots, want);
+    // No token more fits a length: a reservation never fits, as an
+    // append does, and changes nothing.
+    let before = hybrid_snap(&h);
+    // Beside the one block it holds, the pool has none.
+    let never = ReserveError::NeverFits {
+        requested: usize::MAX,
+        capacity: 0,
+    };
+    assert_eq!(h.try_append(1), Err(never));
+    assert_eq!(h.try_reserve(1, 0), Err(never));
+    assert_eq!(h.reserve_blocking(1, 0, None), Err(never));
+    assert_eq!(h.try_reserve(0, 0), Ok(()));
+    assert_eq!(hybrid_snap(&h), before);
+    h.truncate(bs + 2).unwrap();
+    assert_eq!(h.len(), bs + 2);
+    h.try_append(1).unwrap();
+    assert_eq!(h.slot(0, bs + 2), Some(2));
+}
+
+/// Sliding groups alone match null entries, not blocks, before their
+/// window: with blocks of `2^62` tokens and a window of one token (which
+/// at a block boundary reads no block held), 8 keys are more tokens than
+/// a length can count. The match takes at most `usize::MAX / block_size`
+/// of them (3), with no overflow; a window of two tokens needs the last
+/// matched block cached, and with none cached the match takes nothing and
+/// changes nothing.
+#[test]
+fn a_match_of_more_tokens_than_a_length_counts_is_capped() {
+    let bs = 1usize << 62;
+    let pool = Arc::new(BlockPool::new(2, bs));
+    let base: Vec<BlockHash> = (0..8u8).map(|i| BlockHash([i; 32])).collect();
+    let one = KvGroups::new([KvGroup::SlidingWindow { window_tokens: 1 }]).unwrap();
+    let mut h = HybridSequence::new(Arc::clone(&pool), one.clone());
+    assert_eq!(h.try_match_prefix(&one.keys(&base)), Ok(3));
+    assert_eq!((h.len(), h.held_blocks()), (3 * bs, 0));
+    assert_eq!(h.blocks(0).unwrap(), [BlockId::NULL; 3]);
+    let two = KvGroups::new([KvGroup::SlidingWindow { window_tokens: 2 }]).unwrap();
+    let mut h = HybridSequence::new(Arc::clone(&pool), two.clone());
+    let before = hybrid_snap(&h);
+    assert_eq!(h.try_match_prefix(&two.keys(&base)), Ok(0));
+    assert_eq!(hybrid_snap(&h), before);
+    assert_pool_whole(&pool);
+}

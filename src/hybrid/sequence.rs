@@ -759,7 +759,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     ///
     /// As [`Sequence::try_reserve`], counted in blocks of all the groups
     /// together (`NeverFits` beside the blocks the sequence holds in all
-    /// its tables); on error nothing changes.
+    /// its tables); also `NeverFits` (with `requested: usize::MAX`, as
+    /// [`try_append`](Self::try_append)) when `tokens` more would pass
+    /// `usize::MAX` tokens. On error nothing changes.
     ///
     /// # Examples
     ///
@@ -776,7 +778,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// assert_eq!(pool.used_blocks(), 6);
     /// ```
     pub fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
-        let missing = self.missing_for(tokens);
+        let missing = self.missing_within_len(tokens)?;
         if missing == 0 {
             return Ok(());
         }
@@ -828,7 +830,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         headroom: usize,
         timeout: Option<Duration>,
     ) -> Result<(), ReserveError> {
-        let missing = self.missing_for(tokens);
+        let missing = self.missing_within_len(tokens)?;
         if missing == 0 {
             return Ok(());
         }
@@ -844,6 +846,16 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         )?;
         self.distribute_reserved();
         Ok(())
+    }
+
+    /// [`missing_for`](Self::missing_for), once `tokens` more fit a length:
+    /// past `usize::MAX` tokens a reservation never fits, as an append's
+    /// does (the windows' give-backs let a length pass the pool's slots).
+    fn missing_within_len(&mut self, tokens: usize) -> Result<usize, ReserveError> {
+        if self.len().checked_add(tokens).is_none() {
+            return Err(self.never_fits(usize::MAX, self.room_beside_own(0)));
+        }
+        Ok(self.missing_for(tokens))
     }
 
     /// Plans the blocks every group needs for `tokens` more tokens (see
@@ -1185,7 +1197,10 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         }
         let pool = Arc::clone(self.pool());
         let bs = pool.block_size();
-        let mut k = keys.blocks();
+        // At most the blocks whose tokens a length can count: sliding
+        // groups alone can match more blocks than the pool has (their
+        // tables hold null entries), up to `usize::MAX` tokens.
+        let mut k = keys.blocks().min(usize::MAX / bs);
         let kinds = self.groups.clone();
         // The full groups: each matches the prefix the ones before it did.
         for (g, kind) in kinds.as_slice().iter().enumerate() {
@@ -1382,7 +1397,7 @@ impl HybridSequence<BlockPool> {
     /// assert_eq!(pool.used_blocks(), 6);
     /// ```
     pub async fn reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
-        let missing = self.missing_for(tokens);
+        let missing = self.missing_within_len(tokens)?;
         if missing == 0 {
             return Ok(());
         }

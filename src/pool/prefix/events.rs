@@ -159,7 +159,10 @@ pub enum KvEvent {
         /// The pool's block size: tokens per block.
         block_size: usize,
         /// The tokens the stored blocks hold: `keys.len() * block_size`
-        /// (only full blocks are cached).
+        /// (only full blocks are cached). It always fits: a run of stores
+        /// whose tokens would pass `usize::MAX` (keys are any bytes, so a
+        /// chain can name more blocks than a pool has) goes on in a next
+        /// event whose `parent` is this one's last key.
         token_count: usize,
         /// The group of layers the blocks belong to: the index of the
         /// [`HybridSequence`](crate::HybridSequence)'s group that
@@ -728,7 +731,8 @@ impl Drop for Ticket<'_> {
 
 /// Merges the rings' records of one drain into `out`, each ring's order
 /// kept but for one move: next comes a store whose parent is the key just
-/// stored (it joins that key's event), else the first ring's next record
+/// stored (it joins that key's event, unless the event's `token_count`
+/// would pass `usize::MAX`), else the first ring's next record
 /// that does not wait (a store waits while a store of its parent key is
 /// still to come in this drain), else, every ring's next record waiting,
 /// the parents' stores a next record waits for, up its chain as far as
@@ -1127,10 +1131,18 @@ fn emit(record: Record, block_size: usize, joinable: bool, out: &mut Vec<KvEvent
                 }),
             ) = (joinable, out.last_mut())
             {
-                if parent.is_some() && keys.last() == parent.as_ref() && *last_group == group {
+                // Keys are any 32 bytes, so a run can name more blocks than
+                // the pool holds: it is cut where its token count would
+                // pass `usize::MAX` (the next event's parent is this one's
+                // last key).
+                let joined = token_count.checked_add(block_size);
+                if let (true, Some(tokens)) = (
+                    parent.is_some() && keys.last() == parent.as_ref() && *last_group == group,
+                    joined,
+                ) {
                     keys.push(key);
                     block_ids.push(id);
-                    *token_count += block_size;
+                    *token_count = tokens;
                     return;
                 }
             }
