@@ -168,6 +168,33 @@ pub(crate) fn many_ids(
     Ok(Some(out))
 }
 
+/// Block ids as a list, through `array.array("I", ...).tolist()`: every
+/// allocation is a fallible C call, so that running out of memory is a
+/// `MemoryError`, as PyO3's conversion of each id is not.
+pub(crate) fn fallible_id_list<'py>(
+    py: Python<'py>,
+    ids: &[BlockId],
+) -> PyResult<Bound<'py, PyList>> {
+    let bytes = PyBytes::new_with(py, ids.len() * 4, |buf| {
+        for (chunk, id) in buf.chunks_exact_mut(4).zip(ids) {
+            chunk.copy_from_slice(&(id.index() as u32).to_ne_bytes());
+        }
+        Ok(())
+    })?;
+    let array = ARRAY.import(py, "array", "array")?.call1(("I", bytes))?;
+    if array
+        .getattr(pyo3::intern!(py, "itemsize"))?
+        .extract::<usize>()?
+        != 4
+    {
+        // An `unsigned int` of another size than 4 bytes.
+        return PyList::new(py, ids.iter().map(|id| id.index()));
+    }
+    Ok(array
+        .call_method0(pyo3::intern!(py, "tolist"))?
+        .cast_into::<PyList>()?)
+}
+
 /// Calls `f` on every item of `obj` (an exact list or tuple quickly, else
 /// any iterable, through its `__iter__`: a subclass's own included).
 pub(crate) fn for_each<'py>(

@@ -88,9 +88,33 @@ impl PyBlockPool {
     }
 }
 
+/// The fewest ids for which [`id_list`] builds its list through
+/// `array.array`, whose ints are made by fallible C calls: a list this long
+/// is where a `MemoryError` is to be met (PyO3's conversion of each id
+/// cannot report one; it panics).
+const FALLIBLE_LIST: usize = 4096;
+
 /// Block ids as a Python list.
 pub(crate) fn id_list<'py>(py: Python<'py>, ids: &[BlockId]) -> PyResult<Bound<'py, PyList>> {
-    PyList::new(py, ids.iter().map(|id| id.index()))
+    if ids.len() < FALLIBLE_LIST {
+        PyList::new(py, ids.iter().map(|id| id.index()))
+    } else {
+        convert::fallible_id_list(py, ids)
+    }
+}
+
+/// The list of `ids`, which this call has just allocated from `pool`: if
+/// the list cannot be built (`MemoryError`), they go back before the error
+/// is raised, so that the refused call holds nothing.
+fn allocated_list<'py>(
+    py: Python<'py>,
+    pool: &kvslots::BlockPool,
+    ids: &[BlockId],
+) -> PyResult<Bound<'py, PyList>> {
+    id_list(py, ids).inspect_err(|_| {
+        // Blocks this call holds alone: the free cannot be refused.
+        let _ = pool.free(ids);
+    })
 }
 
 #[pymethods]
@@ -291,7 +315,7 @@ impl PyBlockPool {
         let mut ids = Vec::new();
         detached(py, n, || pool.try_alloc(n, &mut ids))
             .map_err(|e| errors::reserve_error(py, e))?;
-        id_list(py, &ids)
+        allocated_list(py, pool, &ids)
     }
 
     /// Takes exactly `n` blocks, all or none, waiting in arrival order
@@ -320,7 +344,7 @@ impl PyBlockPool {
             None => pool.try_alloc(n, &mut ids),
         }
         .map_err(|e| errors::reserve_error(py, e))?;
-        id_list(py, &ids)
+        allocated_list(py, pool, &ids)
     }
 
     /// Drops one reference per listed id (a block listed twice loses two),

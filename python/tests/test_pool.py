@@ -3,12 +3,13 @@ input, each refusal checked for its exception and the unchanged state."""
 
 import pickle
 import signal
+import sys
 import threading
 
 import pytest
 
 import kvslots
-from conftest import Interrupted, alarm, pool_state, seq_state
+from conftest import Interrupted, alarm, pool_state, run_python, seq_state
 
 
 def test_construction_and_properties():
@@ -453,3 +454,37 @@ def test_a_pool_without_the_prefix_cache_caches_nothing():
     assert (pool.free_blocks, pool.cached_blocks) == (8, 0)
     with pytest.raises(ValueError):
         kvslots.BlockPool(8, 4, prefix_cache=False, kv_events=16)
+
+
+ALLOC_OUT_OF_MEMORY = """
+import resource
+import kvslots
+
+n = 1 << 24
+pool = kvslots.BlockPool(n, 1, prefix_cache=False)
+# The address space now, plus 400 MiB: room for the ids' three copies
+# (64 MiB each) and the list (128 MiB), not for its 16 million ints.
+with open("/proc/self/statm") as f:
+    pages = int(f.read().split()[0])
+now = pages * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (now + (400 << 20), resource.RLIM_INFINITY))
+for call in (pool.try_alloc, pool.alloc):
+    try:
+        call(n)
+        print("allocated")
+    except MemoryError:
+        print("MemoryError", pool.used_blocks, pool.free_blocks == n)
+"""
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc, limits RLIMIT_AS"
+)
+def test_an_id_list_that_does_not_fit_is_a_memory_error_that_keeps_no_block():
+    # The blocks are taken before the list of their ids is built: a list
+    # that does not fit gives them back. (A failed int made PyO3 panic, and
+    # the process aborted, out of memory for the panic itself.)
+    r = run_python(ALLOC_OUT_OF_MEMORY)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert r.stdout.splitlines() == ["MemoryError 0 True"] * 2, out
