@@ -168,27 +168,37 @@ pub(crate) fn many_ids(
     Ok(Some(out))
 }
 
-/// Block ids as a list, through `array.array("I", ...).tolist()`: every
-/// allocation is a fallible C call, so that running out of memory is a
-/// `MemoryError`, as PyO3's conversion of each id is not.
-pub(crate) fn fallible_id_list<'py>(
-    py: Python<'py>,
-    ids: &[BlockId],
-) -> PyResult<Bound<'py, PyList>> {
-    let bytes = PyBytes::new_with(py, ids.len() * 4, |buf| {
-        for (chunk, id) in buf.chunks_exact_mut(4).zip(ids) {
-            chunk.copy_from_slice(&(id.index() as u32).to_ne_bytes());
+/// The fewest items for which [`int_list`] builds its list through
+/// `array.array`, whose ints are made by fallible C calls: a list this long
+/// is where a `MemoryError` is to be met (PyO3's conversion of each item
+/// cannot report one; it panics).
+const FALLIBLE_LIST: usize = 4096;
+
+/// Non-negative ints (block ids, slots) as a Python list. A list of
+/// [`FALLIBLE_LIST`] items or more goes through
+/// `array.array("Q", ...).tolist()`, so that running out of memory is a
+/// `MemoryError`, as PyO3's conversion of each item is not.
+pub(crate) fn int_list<'py, I>(py: Python<'py>, values: I) -> PyResult<Bound<'py, PyList>>
+where
+    I: ExactSizeIterator<Item = u64> + Clone,
+{
+    if values.len() < FALLIBLE_LIST {
+        return PyList::new(py, values);
+    }
+    let bytes = PyBytes::new_with(py, values.len() * 8, |buf| {
+        for (chunk, v) in buf.chunks_exact_mut(8).zip(values.clone()) {
+            chunk.copy_from_slice(&v.to_ne_bytes());
         }
         Ok(())
     })?;
-    let array = ARRAY.import(py, "array", "array")?.call1(("I", bytes))?;
+    let array = ARRAY.import(py, "array", "array")?.call1(("Q", bytes))?;
     if array
         .getattr(pyo3::intern!(py, "itemsize"))?
         .extract::<usize>()?
-        != 4
+        != 8
     {
-        // An `unsigned int` of another size than 4 bytes.
-        return PyList::new(py, ids.iter().map(|id| id.index()));
+        // An `unsigned long long` of another size than 8 bytes.
+        return PyList::new(py, values);
     }
     Ok(array
         .call_method0(pyo3::intern!(py, "tolist"))?

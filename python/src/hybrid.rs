@@ -758,7 +758,7 @@ impl PyHybridSequence {
             let out = &mut out;
             detached(py, blocks, move || seq.extend_slots(g, positions, out)).map_err(hybrid_error)
         })??;
-        PyList::new(py, out)
+        convert::int_list(py, out.iter().map(|&slot| slot as u64))
     }
 
     /// Gives every block back now. Closing twice does nothing.

@@ -88,19 +88,10 @@ impl PyBlockPool {
     }
 }
 
-/// The fewest ids for which [`id_list`] builds its list through
-/// `array.array`, whose ints are made by fallible C calls: a list this long
-/// is where a `MemoryError` is to be met (PyO3's conversion of each id
-/// cannot report one; it panics).
-const FALLIBLE_LIST: usize = 4096;
-
-/// Block ids as a Python list.
+/// Block ids as a Python list (a `MemoryError` if it does not fit, see
+/// [`convert::int_list`]).
 pub(crate) fn id_list<'py>(py: Python<'py>, ids: &[BlockId]) -> PyResult<Bound<'py, PyList>> {
-    if ids.len() < FALLIBLE_LIST {
-        PyList::new(py, ids.iter().map(|id| id.index()))
-    } else {
-        convert::fallible_id_list(py, ids)
-    }
+    convert::int_list(py, ids.iter().map(|id| id.index() as u64))
 }
 
 /// The list of `ids`, which this call has just allocated from `pool`: if

@@ -533,7 +533,7 @@ impl PySequence {
         stop: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let slots = self.slots(py, start, stop)?;
-        PyList::new(py, slots)
+        convert::int_list(py, slots.iter().map(|&slot| slot as u64))
     }
 
     /// The slot mapping of `start..stop` as native-endian `int64`s in a

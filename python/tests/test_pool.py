@@ -460,31 +460,46 @@ ALLOC_OUT_OF_MEMORY = """
 import resource
 import kvslots
 
-n = 1 << 24
+n = 1 << 22
 pool = kvslots.BlockPool(n, 1, prefix_cache=False)
-# The address space now, plus 400 MiB: room for the ids' three copies
-# (64 MiB each) and the list (128 MiB), not for its 16 million ints.
+# The address space now, plus 200 MiB: room for the ids' copies (16 to 32
+# MiB each) and the list (32 MiB), not for its 4 million ints (128 MiB).
 with open("/proc/self/statm") as f:
     pages = int(f.read().split()[0])
 now = pages * resource.getpagesize()
-resource.setrlimit(resource.RLIMIT_AS, (now + (400 << 20), resource.RLIM_INFINITY))
+resource.setrlimit(resource.RLIMIT_AS, (now + (200 << 20), resource.RLIM_INFINITY))
 for call in (pool.try_alloc, pool.alloc):
     try:
         call(n)
         print("allocated")
     except MemoryError:
         print("MemoryError", pool.used_blocks, pool.free_blocks == n)
+# A sequence of every block: its slot mapping and block table, 4 million
+# ints each, do not fit either.
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+seq = kvslots.Sequence(pool)
+seq.try_append(n)
+with open("/proc/self/statm") as f:
+    pages = int(f.read().split()[0])
+now = pages * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (now + (200 << 20), resource.RLIM_INFINITY))
+for call in (seq.slot_mapping, lambda: seq.block_ids):
+    try:
+        call()
+        print("built")
+    except MemoryError:
+        print("MemoryError", len(seq) // n, pool.used_blocks // n)
 """
 
 
 @pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc, limits RLIMIT_AS"
 )
-def test_an_id_list_that_does_not_fit_is_a_memory_error_that_keeps_no_block():
+def test_int_lists_that_do_not_fit_are_memory_errors_that_keep_no_block():
     # The blocks are taken before the list of their ids is built: a list
     # that does not fit gives them back. (A failed int made PyO3 panic, and
     # the process aborted, out of memory for the panic itself.)
     r = run_python(ALLOC_OUT_OF_MEMORY)
     out = r.stdout + r.stderr
     assert r.returncode == 0, out
-    assert r.stdout.splitlines() == ["MemoryError 0 True"] * 2, out
+    assert r.stdout.splitlines() == ["MemoryError 0 True"] * 2 + ["MemoryError 1 1"] * 2, out
