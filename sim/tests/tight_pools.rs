@@ -155,3 +155,34 @@ fn eight_blocks_sixty_four_workers_speculative_finish() {
     t.cfg.watermark_blocks = 0;
     runs_finish(&t);
 }
+
+/// `--plant-fault leak` on a pool of 3 blocks, 1 and 4 workers: a dropped
+/// sequence's blocks never come back, so the request that holds priority
+/// is refused with nothing else running anywhere. The run must stall (and
+/// the final sweep name the leak) with few allocator calls in a row: the
+/// refused priority group waits instead of spinning, and its waits count
+/// toward the stall guard's limit on blocking waits, where each of its
+/// spins (taking the cores from the idle workers' own) counted once in
+/// `stall_limit` iterations.
+#[test]
+fn a_leak_on_a_tight_pool_stalls_the_run_after_waits() {
+    use kvslots_sim::cli::Fault;
+    use kvslots_sim::fault::Faulty;
+    let reqs = requests(10);
+    for workers in [1, 4] {
+        let t = tight(3, workers, Some(Admission::Reserve));
+        let backend = Faulty::new(KvslotsBackend::new(t.num_blocks, 16), Fault::Leak);
+        let s = engine::run(&backend, &reqs, &t.cfg, None);
+        assert!(backend.fired(), "{workers} workers: the leak never fired");
+        assert!(s.stalled, "{workers} workers: the run did not stall");
+        assert!(
+            !s.invariants().ok(),
+            "{workers} workers: the leak went unseen"
+        );
+        assert!(
+            s.longest_calls_without_progress <= CALLS_WITHOUT_PROGRESS,
+            "{workers} workers: {} allocator calls in a row with no request finishing",
+            s.longest_calls_without_progress
+        );
+    }
+}

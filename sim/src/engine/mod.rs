@@ -104,8 +104,9 @@
 //! does not look) is left behind the same way. As a guard against a livelock outside
 //! the allocator, a worker that sees no request finish anywhere for
 //! `stall_limit` of its own iterations (or `stall_limit / 1000` of its
-//! blocking waits in the allocator, whatever they ended in) stops the run
-//! too.
+//! blocking waits in the allocator, whatever they ended in, and of its
+//! waits while the request holding priority is refused with nothing else
+//! running anywhere) stops the run too.
 //!
 //! # What is measured
 //!
@@ -281,6 +282,7 @@ fn spawn_workers<B: KvBackend>(
             key_bufs: Vec::new(),
             copies: Vec::new(),
             device: Device::new(index, cfg.workers, cfg.async_depth),
+            lone_waits: 0,
         };
         let (rx, exits, shared) = (rx.clone(), exits.clone(), Arc::clone(shared));
         std::thread::Builder::new()

@@ -185,6 +185,10 @@ pub(super) struct Worker<B: KvBackend> {
     pub(super) copies: Copies<B::Id>,
     /// The steps in flight (`--async-depth`).
     pub(super) device: Device,
+    /// Waits of the priority group refused while nothing else ran
+    /// anywhere (see [`step_all`](Self::step_all)): the stall guard counts
+    /// them with the blocking waits.
+    pub(super) lone_waits: u64,
 }
 
 /// Stops the run if dropped by a panic's unwinding.
@@ -1030,7 +1034,22 @@ impl<B: KvBackend> Worker<B> {
                         // admits anything new until it goes on, and this
                         // worker tries it again at its next iteration.
                         self.shared.set_blocked(true);
-                        std::thread::yield_now();
+                        // Relaxed: a sampled count, as everywhere.
+                        if self.shared.running.load(Ordering::Relaxed) == 1 {
+                            // Nothing else runs anywhere, so no give-back
+                            // is coming but from a group being admitted
+                            // or released this moment: the blocks it lacks
+                            // are lost (a leak). It waits instead of
+                            // spinning, and the stall guard counts the
+                            // wait as a blocking one: a leak ends the run
+                            // after `stall_limit / 1000` waits, however
+                            // busy the machine, where spinning workers
+                            // made each of its iterations slow.
+                            self.lone_waits += 1;
+                            std::thread::sleep(IDLE_WAIT);
+                        } else {
+                            std::thread::yield_now();
+                        }
                         break;
                     }
                     // Preempt the most recently admitted group other than
@@ -1084,7 +1103,7 @@ impl<B: KvBackend> Worker<B> {
         let mut calls_at_progress = 0u64;
         let wait_limit = self.cfg.stall_limit / 1000;
         while !self.shared.aborted() {
-            let waits_before = self.stats.counts.idle_waits;
+            let waits_before = (self.stats.counts.idle_waits, self.lone_waits);
             let stepped = match self.admit_waiting(&mut q, &mut running) {
                 Ok(()) if running.is_empty() => match self.wait_for_blocks(&mut q, &mut running) {
                     Ok(true) => Ok(false),
@@ -1111,7 +1130,8 @@ impl<B: KvBackend> Worker<B> {
                 calls_at_progress = calls;
             } else {
                 busy_idle += u64::from(stepped);
-                waiting_idle += u64::from(self.stats.counts.idle_waits != waits_before);
+                waiting_idle +=
+                    u64::from((self.stats.counts.idle_waits, self.lone_waits) != waits_before);
                 let stretch = &mut self.stats.longest_calls_without_progress;
                 *stretch = (*stretch).max(calls - calls_at_progress);
             }
