@@ -9,7 +9,7 @@
 
 use std::ffi::OsString;
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
@@ -698,13 +698,23 @@ impl Cli {
     /// metrics file is replaced whole at each write (a file beside it,
     /// renamed over it), so it must be a regular file, and is returned as
     /// the file a link names (the rename replaces that file, not the
-    /// link). No export may be the trace or the other export: the events
-    /// file is emptied before the run, and each would overwrite the other.
+    /// link). No export may be the trace or the other export, by path or
+    /// as the same file (a hard link): the events file is emptied before
+    /// the run, and each would overwrite the other. Nor may the file the
+    /// metrics are written through (`FILE.tmp`, renamed over `FILE`) be
+    /// one of them, and it must be creatable (or writable) now.
     fn check_exports(&self) -> Result<(Option<PathBuf>, Option<PathBuf>), InputError> {
-        let mut seen: Vec<(&str, PathBuf)> = Vec::new();
+        let mut seen: Vec<(&str, PathBuf, Option<FileId>)> = Vec::new();
+        let find = |seen: &[(&'static str, PathBuf, Option<FileId>)], real: &Path| {
+            let id = file_id(real);
+            seen.iter()
+                .find(|(_, p, i)| p == real || (id.is_some() && *i == id))
+                .map(|(flag, _, _)| *flag)
+        };
         if let Some(trace) = &self.trace {
             if let Ok(real) = std::fs::canonicalize(trace) {
-                seen.push(("--trace", real));
+                let id = file_id(&real);
+                seen.push(("--trace", real, id));
             }
         }
         let mut real_paths = [None, None];
@@ -728,21 +738,26 @@ impl Cli {
             }
             let real = std::fs::canonicalize(path)
                 .map_err(|e| InputError(format!("{flag} {shown}: {e}")))?;
-            if let Some((other, _)) = seen.iter().find(|(_, p)| *p == real) {
+            if let Some(other) = find(&seen, &real) {
                 return Err(InputError(format!(
                     "{flag} {shown} is the file {other} names: give {flag} a file of its own"
                 )));
             }
-            seen.push((flag, real.clone()));
+            let id = file_id(&real);
+            seen.push((flag, real.clone(), id));
             // The events file is written through its path (a device or a
             // pipe is fine); the metrics file is renamed over, at the
             // path a link names.
             let link = std::fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink());
-            real_paths[i] = Some(if flag == "--metrics" && link {
+            let target = if flag == "--metrics" && link {
                 real
             } else {
                 path.clone()
-            });
+            };
+            if flag == "--metrics" {
+                check_metrics_tmp(&target, &seen, find)?;
+            }
+            real_paths[i] = Some(target);
         }
         let [events, metrics] = real_paths;
         Ok((events, metrics))
@@ -832,6 +847,66 @@ fn stall_limit(requests: &[Request]) -> u64 {
     EngineConfig::default()
         .stall_limit
         .max(longest.saturating_mul(2))
+}
+
+/// A file's identity (its device and inode on Unix), so that two paths
+/// naming one file (hard links) are caught as the same; `None` where the
+/// platform gives none (paths are then compared alone).
+type FileId = (u64, u64);
+
+fn file_id(path: &Path) -> Option<FileId> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        None
+    }
+}
+
+/// Checks the file the metrics are written through, `FILE.tmp` beside the
+/// metrics file `target` (see `export::write_whole`): not a file that
+/// `seen` holds (the trace or the events file), and creatable (or, if it
+/// is there, writable) now. A probe that creates it removes it again.
+fn check_metrics_tmp(
+    target: &Path,
+    seen: &[(&'static str, PathBuf, Option<FileId>)],
+    find: impl Fn(&[(&'static str, PathBuf, Option<FileId>)], &Path) -> Option<&'static str>,
+) -> Result<(), InputError> {
+    let tmp = crate::export::tmp_path(target);
+    let shown = tmp.display();
+    let existed = std::fs::symlink_metadata(&tmp).is_ok();
+    if existed {
+        if let Some(other) = std::fs::canonicalize(&tmp)
+            .ok()
+            .and_then(|real| find(seen, &real))
+        {
+            return Err(InputError(format!(
+                "--metrics {}: the metrics are written through {shown}, the file {other} \
+                 names: give --metrics another file",
+                target.display()
+            )));
+        }
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&tmp)
+        .map_err(|e| {
+            InputError(format!(
+                "--metrics {}: the metrics are written through {shown}, which cannot be \
+                 written: {e}",
+                target.display()
+            ))
+        })?;
+    if !existed {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    Ok(())
 }
 
 fn all_full_engine(hybrid: &EngineConfig) -> EngineConfig {

@@ -273,13 +273,20 @@ impl Metrics {
     }
 }
 
-/// Writes `text` to `path` whole: into a file beside it, renamed over it.
+/// Writes `text` to `path` whole: into a file beside it ([`tmp_path`]),
+/// renamed over it.
 pub fn write_whole(path: &Path, text: &str) -> io::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
+    let tmp = tmp_path(path);
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)
+}
+
+/// The file beside `path` that [`write_whole`] writes first: `path` with
+/// `.tmp` appended.
+pub fn tmp_path(path: &Path) -> PathBuf {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    PathBuf::from(tmp)
 }
 
 /// What the exports of a run wrote, for its report.
@@ -321,7 +328,7 @@ impl Exports {
     ) -> (R, io::Result<Exported>) {
         let events = match self.events.as_deref().map(File::create).transpose() {
             Ok(file) => file.map(BufWriter::new),
-            Err(e) => return (run(), Err(e)),
+            Err(e) => return (run(), Err(self.named_events(e))),
         };
         let done = crossbeam_channel::bounded::<()>(0);
         std::thread::scope(|scope| {
@@ -333,6 +340,11 @@ impl Exports {
                 .unwrap_or_else(|_| Err(io::Error::other("the exporter panicked")));
             (result, exported)
         })
+    }
+
+    /// `e`, an error writing the events file, naming it.
+    fn named_events(&self, e: io::Error) -> io::Error {
+        named("--events", self.events.as_deref(), e)
     }
 
     /// The exporter thread: drains and writes until `done` disconnects,
@@ -362,7 +374,7 @@ impl Exports {
                 if !batch.is_empty() {
                     line.clear();
                     push_batch(&mut line, seq, now_ts(), &batch);
-                    out.write_all(&line)?;
+                    out.write_all(&line).map_err(|e| self.named_events(e))?;
                     exported.event_batches += 1;
                     for event in &batch {
                         match event {
@@ -378,7 +390,8 @@ impl Exports {
             }
             if let Some((path, m)) = metrics.as_mut() {
                 if finished || Instant::now() >= next_metrics {
-                    write_whole(path, &m.render(&pool.stats()))?;
+                    write_whole(path, &m.render(&pool.stats()))
+                        .map_err(|e| named("--metrics", Some(path), e))?;
                     exported.metrics_writes += 1;
                     next_metrics += METRICS_EVERY;
                 }
@@ -388,8 +401,15 @@ impl Exports {
             }
         }
         if let Some(mut out) = events {
-            out.flush()?;
+            out.flush().map_err(|e| self.named_events(e))?;
         }
         Ok(exported)
     }
+}
+
+/// `e`, an error writing the export that `flag` names at `path`, with them
+/// in its message (its kind kept).
+fn named(flag: &str, path: Option<&Path>, e: io::Error) -> io::Error {
+    let path = path.map(|p| p.display().to_string()).unwrap_or_default();
+    io::Error::new(e.kind(), format!("{flag} {path}: {e}"))
 }

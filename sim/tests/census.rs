@@ -1047,6 +1047,83 @@ fn an_export_that_is_the_trace_is_refused() {
     }
 }
 
+/// An export that is the trace through another name is refused too: a
+/// hard link to the trace, or the trace (or the events file) as the file
+/// the metrics are written through (`FILE.tmp`, renamed over `FILE`).
+/// Nothing is touched.
+#[cfg(unix)]
+#[test]
+fn an_export_that_is_the_trace_by_another_name_is_refused() {
+    let text =
+        "{\"timestamp\": 0, \"input_length\": 16, \"output_length\": 4, \"hash_ids\": [0]}\n";
+    let trace = dir().join("export_by_another_name.jsonl");
+    std::fs::write(&trace, text).unwrap();
+    let link = dir().join("export_by_another_name.link.jsonl");
+    let _ = std::fs::remove_file(&link);
+    std::fs::hard_link(&trace, &link).unwrap();
+    let (trace_s, link_s) = (trace.display().to_string(), link.display().to_string());
+    for flag in ["--events", "--metrics"] {
+        let argv = [
+            "kvslots-sim",
+            "--trace",
+            trace_s.as_str(),
+            flag,
+            link_s.as_str(),
+        ];
+        let e = Cli::try_parse_from(argv).unwrap().plan().unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(&format!("{flag} {link_s} is the file --trace names")),
+            "{e}"
+        );
+    }
+    // The trace, and then the events file, at `METRICS.tmp`.
+    let metrics = dir().join("export_by_another_name.prom");
+    let tmp = dir().join("export_by_another_name.prom.tmp");
+    std::fs::copy(&trace, &tmp).unwrap();
+    let (metrics_s, tmp_s) = (metrics.display().to_string(), tmp.display().to_string());
+    let as_trace = vec!["kvslots-sim", "--trace", &tmp_s, "--metrics", &metrics_s];
+    let as_events = vec![
+        "kvslots-sim",
+        "--trace",
+        &trace_s,
+        "--events",
+        &tmp_s,
+        "--metrics",
+        &metrics_s,
+    ];
+    for (argv, names) in [(as_trace, "--trace"), (as_events, "--events")] {
+        let e = Cli::try_parse_from(argv).unwrap().plan().unwrap_err();
+        assert!(
+            e.to_string().contains(&format!(
+                "the metrics are written through {tmp_s}, the file {names} names"
+            )),
+            "{e}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&trace).unwrap(), text);
+    assert_eq!(std::fs::read_to_string(&tmp).unwrap(), text);
+}
+
+/// A metrics file that can be opened but not replaced (the file it is
+/// written through cannot be created beside it) is refused before any
+/// work, naming `--metrics`, not found unwritable after the run.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_metrics_file_that_cannot_be_replaced_is_refused() {
+    // `/proc/version` opens for writing as root (and not as another user:
+    // refused either way); nothing can be created beside it.
+    let argv = [
+        "kvslots-sim",
+        "--requests",
+        "10",
+        "--metrics",
+        "/proc/version",
+    ];
+    let e = Cli::try_parse_from(argv).unwrap().plan().unwrap_err();
+    assert!(e.to_string().starts_with("--metrics /proc/version"), "{e}");
+}
+
 /// The harness fails a row that does not hold.
 #[test]
 fn the_census_catches_a_wrong_row() {
@@ -1156,7 +1233,11 @@ fn an_unwritable_report_exits_3() {
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(EXIT_UNWRITTEN));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("cannot write the exports"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("cannot write the exports: --events /dev/full: "),
+            "{stderr}"
+        );
         let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(report["invariants_ok"], true);
     }
