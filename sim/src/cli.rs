@@ -648,7 +648,7 @@ impl Cli {
                 path.display()
             )));
         }
-        let engine = EngineConfig {
+        let mut engine = EngineConfig {
             admission: self.admission.unwrap_or(Admission::Reserve),
             workers,
             watermark_blocks,
@@ -671,9 +671,9 @@ impl Cli {
                 || EngineConfig::default().groups,
                 |h| h.layout.groups.clone(),
             ),
-            stall_limit: stall_limit(&requests),
             ..EngineConfig::default()
         };
+        engine.stall_limit = stall_limit(&sizing, &engine, &requests);
         check_runnable(&sizing, &engine, &requests)?;
         if let Some(h) = &hybrid {
             check_runnable(&h.all_full, &all_full_engine(&engine), &requests)?;
@@ -834,13 +834,16 @@ impl Cli {
 /// The engine's settings for the all-full-attention twin of a hybrid run:
 /// the same, with one full group.
 /// The stall guard's limit for `requests`: the engine's default, or twice
-/// the tokens of the longest request (prompt and output) if that is more.
-/// A worker may step through a request one iteration a token, so a long
-/// request's own steps between two finished requests are not taken for a
-/// livelock.
-fn stall_limit(requests: &[Request]) -> u64 {
+/// the tokens of the longest request that can run in the pool (prompt and
+/// output) if that is more. A worker may step through a request one
+/// iteration a token, so a long request's own steps between two finished
+/// requests are not taken for a livelock; a request that never fits is
+/// refused without a step, and does not lift the limit.
+fn stall_limit(sizing: &Sizing, engine: &EngineConfig, requests: &[Request]) -> u64 {
+    let (nb, bs) = (sizing.num_blocks, sizing.block_size);
     let longest = requests
         .iter()
+        .filter(|r| !engine::never_fits(r, &engine.profile(r.id, bs), engine, nb, bs))
         .map(|r| r.prompt.saturating_add(r.output) as u64)
         .max()
         .unwrap_or(0);

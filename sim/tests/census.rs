@@ -1024,6 +1024,23 @@ fn the_stall_limit_covers_the_longest_request() {
         let plan = plan.unwrap_or_else(|e| panic!("{e:?}"));
         assert_eq!(plan.engine.stall_limit, limit, "output {output}");
     }
+    // A request that can never run (refused without a step) does not lift
+    // it: with it beside a short one, the limit stays the default.
+    let path = dir().join("stall_limit_never_fits.csv");
+    std::fs::write(&path, format!("{TRACE_HEADER}\n0,1,5\n1,1,{}\n", u64::MAX)).unwrap();
+    let path = path.display().to_string();
+    let argv = [
+        "kvslots-sim",
+        "--trace",
+        path.as_str(),
+        "--kv-bytes-per-token",
+        "1",
+        "--memory-gib",
+        "0.03",
+    ];
+    let plan = Cli::try_parse_from(argv).unwrap().plan();
+    let plan = plan.unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(plan.engine.stall_limit, default);
 }
 
 /// An export that is the trace is refused before the trace is touched.
