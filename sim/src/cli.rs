@@ -195,7 +195,9 @@ pub struct Cli {
     )]
     pub async_depth: usize,
     /// The livelock watchdog: an allocator call running this long ends the
-    /// run as stuck.
+    /// run as stuck. An idle worker's blocking wait lasts up to 0.5 ms by
+    /// design, and a call whose thread the OS preempts lasts a time slice
+    /// or more: a limit of a few ms reports such calls as stuck.
     #[arg(
         long,
         default_value_t = 10_000,
