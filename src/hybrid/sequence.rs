@@ -761,7 +761,8 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// together (`NeverFits` beside the blocks the sequence holds in all
     /// its tables); also `NeverFits` (with `requested: usize::MAX`, as
     /// [`try_append`](Self::try_append)) when `tokens` more would pass
-    /// `usize::MAX` tokens. On error nothing changes.
+    /// `usize::MAX` tokens though the blocks held cover them. On error
+    /// nothing changes.
     ///
     /// # Examples
     ///
@@ -848,14 +849,18 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         Ok(())
     }
 
-    /// [`missing_for`](Self::missing_for), once `tokens` more fit a length:
-    /// past `usize::MAX` tokens a reservation never fits, as an append's
-    /// does (the windows' give-backs let a length pass the pool's slots).
+    /// [`missing_for`](Self::missing_for), refusing tokens that would pass
+    /// a length of `usize::MAX` even where the blocks held cover them (the
+    /// windows' give-backs let a length pass the pool's slots, and a
+    /// table's last block may end past `usize::MAX`): such a reservation
+    /// never fits, as an append's does. (Where blocks are missing, their
+    /// count is the refusal's, as for any reservation too large.)
     fn missing_within_len(&mut self, tokens: usize) -> Result<usize, ReserveError> {
-        if self.len().checked_add(tokens).is_none() {
+        let missing = self.missing_for(tokens);
+        if missing == 0 && self.len().checked_add(tokens).is_none() {
             return Err(self.never_fits(usize::MAX, self.room_beside_own(0)));
         }
-        Ok(self.missing_for(tokens))
+        Ok(missing)
     }
 
     /// Plans the blocks every group needs for `tokens` more tokens (see
