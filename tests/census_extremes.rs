@@ -549,7 +549,9 @@ fn a_run_of_stored_keys_past_usize_max_tokens_is_cut() {
         let mut events = Vec::new();
         pool.drain_events(&mut events);
         let mut stored = Vec::new();
-        let mut last: Option<BlockHash> = None;
+        // The last stored event's last key, and whether one more block
+        // would have passed `usize::MAX` tokens in it.
+        let mut last: Option<(BlockHash, bool)> = None;
         for event in &events {
             if let KvEvent::BlockStored {
                 keys,
@@ -564,10 +566,14 @@ fn a_run_of_stored_keys_past_usize_max_tokens_is_cut() {
                     keys.len().checked_mul(*block_size),
                     "{events:?}"
                 );
-                if parent.is_some() && *parent == last {
-                    cut += 1;
+                if let (Some(p), Some((key, full))) = (parent, last) {
+                    if *p == key && full {
+                        cut += 1;
+                    }
                 }
-                last = keys.last().copied();
+                last = keys
+                    .last()
+                    .map(|k| (*k, token_count.checked_add(*block_size).is_none()));
                 stored.extend_from_slice(keys);
             }
         }
@@ -624,6 +630,32 @@ fn slots_and_truncates_past_the_pool_in_a_window_of_one_token() {
     assert_eq!(h.len(), bs + 2);
     h.try_append(1).unwrap();
     assert_eq!(h.slot(0, bs + 2), Some(2));
+    drop(h);
+    // Tokens past `usize::MAX` whose blocks the pool has: refused all the
+    // same (an append of them never fits), taking nothing.
+    let bs = (1usize << 62) + 1;
+    let pool = Arc::new(BlockPool::new(3, bs));
+    let window = KvGroups::new([KvGroup::SlidingWindow { window_tokens: 1 }]).unwrap();
+    let mut h = HybridSequence::new(Arc::clone(&pool), window);
+    for _ in 0..3 {
+        h.try_append(bs).unwrap();
+    }
+    h.try_append(5).unwrap();
+    let before = (hybrid_snap(&h), pool_snap(&pool));
+    let never = ReserveError::NeverFits {
+        requested: usize::MAX,
+        capacity: 2,
+    };
+    assert!(matches!(
+        h.try_append(2 * bs + 5),
+        Err(ReserveError::NeverFits {
+            requested: usize::MAX,
+            ..
+        })
+    ));
+    assert_eq!(h.try_reserve(2 * bs + 5, 0), Err(never));
+    assert_eq!(h.reserve_blocking(2 * bs + 5, 0, None), Err(never));
+    assert_eq!((hybrid_snap(&h), pool_snap(&pool)), before);
 }
 
 /// Sliding groups alone match null entries, not blocks, before their

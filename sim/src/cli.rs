@@ -874,8 +874,10 @@ fn file_id(path: &Path) -> Option<FileId> {
 
 /// Checks the file the metrics are written through, `FILE.tmp` beside the
 /// metrics file `target` (see `export::write_whole`): not a file that
-/// `seen` holds (the trace or the events file), and creatable (or, if it
-/// is there, writable) now. A probe that creates it removes it again.
+/// `seen` holds (the trace or the events file), a regular file if it is
+/// there (a pipe would block the write, a link would be written through),
+/// and creatable (or writable) now. A probe that creates it removes it
+/// again.
 fn check_metrics_tmp(
     target: &Path,
     seen: &[(&'static str, PathBuf, Option<FileId>)],
@@ -883,8 +885,9 @@ fn check_metrics_tmp(
 ) -> Result<(), InputError> {
     let tmp = crate::export::tmp_path(target);
     let shown = tmp.display();
-    let existed = std::fs::symlink_metadata(&tmp).is_ok();
-    if existed {
+    let meta = std::fs::symlink_metadata(&tmp).ok();
+    let existed = meta.is_some();
+    if let Some(meta) = meta {
         if let Some(other) = std::fs::canonicalize(&tmp)
             .ok()
             .and_then(|real| find(seen, &real))
@@ -892,6 +895,13 @@ fn check_metrics_tmp(
             return Err(InputError(format!(
                 "--metrics {}: the metrics are written through {shown}, the file {other} \
                  names: give --metrics another file",
+                target.display()
+            )));
+        }
+        if !meta.is_file() {
+            return Err(InputError(format!(
+                "--metrics {}: the metrics are written through {shown}, which is there and \
+                 not a regular file: remove it, or give --metrics another file",
                 target.display()
             )));
         }

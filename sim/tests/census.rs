@@ -1122,14 +1122,38 @@ fn an_export_that_is_the_trace_by_another_name_is_refused() {
     assert_eq!(std::fs::read_to_string(&tmp).unwrap(), text);
 }
 
+/// A metrics file whose `FILE.tmp` is there and is not a regular file (a
+/// dangling link here; a pipe would block the write) is refused before any
+/// work, and the link is left as it was.
+#[cfg(unix)]
+#[test]
+fn a_metrics_tmp_that_is_not_a_regular_file_is_refused() {
+    let metrics = dir().join("metrics_tmp_link.prom");
+    let tmp = dir().join("metrics_tmp_link.prom.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::os::unix::fs::symlink(dir().join("metrics_tmp_link.nowhere"), &tmp).unwrap();
+    let metrics_s = metrics.display().to_string();
+    let argv = [
+        "kvslots-sim",
+        "--requests",
+        "10",
+        "--metrics",
+        metrics_s.as_str(),
+    ];
+    let e = Cli::try_parse_from(argv).unwrap().plan().unwrap_err();
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    assert!(std::fs::symlink_metadata(&tmp).unwrap().is_symlink());
+    assert!(!dir().join("metrics_tmp_link.nowhere").exists());
+}
+
 /// A metrics file that can be opened but not replaced (the file it is
 /// written through cannot be created beside it) is refused before any
 /// work, naming `--metrics`, not found unwritable after the run.
 #[cfg(target_os = "linux")]
 #[test]
 fn a_metrics_file_that_cannot_be_replaced_is_refused() {
-    // `/proc/version` opens for writing as root (and not as another user:
-    // refused either way); nothing can be created beside it.
+    // `/proc/version` opens for writing as root (as another user it is
+    // refused at the open); nothing can be created beside it.
     let argv = [
         "kvslots-sim",
         "--requests",
@@ -1139,6 +1163,17 @@ fn a_metrics_file_that_cannot_be_replaced_is_refused() {
     ];
     let e = Cli::try_parse_from(argv).unwrap().plan().unwrap_err();
     assert!(e.to_string().starts_with("--metrics /proc/version"), "{e}");
+    let opens = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/proc/version")
+        .is_ok();
+    if opens {
+        assert!(
+            e.to_string()
+                .contains("written through /proc/version.tmp, which cannot be written"),
+            "{e}"
+        );
+    }
 }
 
 /// The harness fails a row that does not hold.

@@ -160,9 +160,8 @@ fn eight_blocks_sixty_four_workers_speculative_finish() {
 /// sequence's blocks never come back, so the request that holds priority
 /// is refused with nothing else running anywhere. The run must stall (and
 /// the final sweep name the leak) with few allocator calls in a row: the
-/// refused priority group waits instead of spinning, and its waits count
-/// toward the stall guard's limit on blocking waits, where each of its
-/// spins (taking the cores from the idle workers' own) counted once in
+/// refused priority group waits, and its waits count toward the stall
+/// guard's limit on blocking waits (`stall_limit / 1000`), not toward its
 /// `stall_limit` iterations.
 #[test]
 fn a_leak_on_a_tight_pool_stalls_the_run_after_waits() {

@@ -759,10 +759,10 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     ///
     /// As [`Sequence::try_reserve`], counted in blocks of all the groups
     /// together (`NeverFits` beside the blocks the sequence holds in all
-    /// its tables); also `NeverFits` (with `requested: usize::MAX`, as
-    /// [`try_append`](Self::try_append)) when `tokens` more would pass
-    /// `usize::MAX` tokens though the blocks held cover them. On error
-    /// nothing changes.
+    /// its tables); also `NeverFits` when `tokens` more would pass
+    /// `usize::MAX` tokens (with `requested: usize::MAX`, as
+    /// [`try_append`](Self::try_append), unless the missing blocks do not
+    /// fit beside the sequence's own). On error nothing changes.
     ///
     /// # Examples
     ///
@@ -779,7 +779,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// assert_eq!(pool.used_blocks(), 6);
     /// ```
     pub fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
-        let missing = self.missing_within_len(tokens)?;
+        let missing = self.missing_within_len(tokens, headroom)?;
         if missing == 0 {
             return Ok(());
         }
@@ -831,7 +831,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         headroom: usize,
         timeout: Option<Duration>,
     ) -> Result<(), ReserveError> {
-        let missing = self.missing_within_len(tokens)?;
+        let missing = self.missing_within_len(tokens, headroom)?;
         if missing == 0 {
             return Ok(());
         }
@@ -850,14 +850,22 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     }
 
     /// [`missing_for`](Self::missing_for), refusing tokens that would pass
-    /// a length of `usize::MAX` even where the blocks held cover them (the
-    /// windows' give-backs let a length pass the pool's slots, and a
-    /// table's last block may end past `usize::MAX`): such a reservation
-    /// never fits, as an append's does. (Where blocks are missing, their
-    /// count is the refusal's, as for any reservation too large.)
-    fn missing_within_len(&mut self, tokens: usize) -> Result<usize, ReserveError> {
+    /// a length of `usize::MAX` (the windows' give-backs let a length pass
+    /// the pool's slots): such a reservation never fits, as an append's
+    /// does, whether or not the blocks held cover it. Missing blocks that
+    /// do not fit beside the sequence's own (with `headroom`) are the
+    /// refusal's count, as for any reservation too large; otherwise it is
+    /// `usize::MAX`, as an append's.
+    fn missing_within_len(
+        &mut self,
+        tokens: usize,
+        headroom: usize,
+    ) -> Result<usize, ReserveError> {
         let missing = self.missing_for(tokens);
-        if missing == 0 && self.len().checked_add(tokens).is_none() {
+        if self.len().checked_add(tokens).is_none() {
+            if missing > 0 {
+                self.never_fits_beside_own(missing, missing, headroom, 0)?;
+            }
             return Err(self.never_fits(usize::MAX, self.room_beside_own(0)));
         }
         Ok(missing)
@@ -1402,7 +1410,7 @@ impl HybridSequence<BlockPool> {
     /// assert_eq!(pool.used_blocks(), 6);
     /// ```
     pub async fn reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), ReserveError> {
-        let missing = self.missing_within_len(tokens)?;
+        let missing = self.missing_within_len(tokens, headroom)?;
         if missing == 0 {
             return Ok(());
         }

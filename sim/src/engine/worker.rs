@@ -1039,12 +1039,13 @@ impl<B: KvBackend> Worker<B> {
                             // Nothing else runs anywhere, so no give-back
                             // is coming but from a group being admitted
                             // or released this moment: the blocks it lacks
-                            // are lost (a leak). It waits instead of
-                            // spinning, and the stall guard counts the
-                            // wait as a blocking one: a leak ends the run
-                            // after `stall_limit / 1000` waits, however
-                            // busy the machine, where spinning workers
-                            // made each of its iterations slow.
+                            // are lost (a leak). It waits, and the stall
+                            // guard counts the wait as a blocking one: a
+                            // leak ends the run after `stall_limit / 1000`
+                            // waits, however busy the machine (a spin
+                            // would count once in `stall_limit`
+                            // iterations, each as slow as the machine is
+                            // busy).
                             self.lone_waits += 1;
                             std::thread::sleep(IDLE_WAIT);
                         } else {
