@@ -1001,14 +1001,22 @@ x,32,4
 }
 
 /// The stall guard leaves a long request the iterations it needs: the
-/// limit is at least twice the longest request's tokens (a worker may step
-/// through one a token an iteration), else the engine's default.
+/// limit is at least twice the longest runnable request's tokens (a worker
+/// may step through one a token an iteration), else the engine's default.
 #[test]
 fn the_stall_limit_covers_the_longest_request() {
     let default = kvslots_sim::engine::EngineConfig::default().stall_limit;
-    for (output, limit) in [(5, default), (25_000_000, 50_000_002)] {
-        let path = dir().join(format!("stall_limit_{output}.csv"));
-        std::fs::write(&path, format!("{TRACE_HEADER}\n0,1,{output}\n")).unwrap();
+    // A request that can never run (refused without a step) does not lift
+    // it: beside a short one, the limit stays the default.
+    let never = format!("0,1,5\n1,1,{}", u64::MAX);
+    let cases = [
+        ("short", "0,1,5".to_string(), default),
+        ("long", "0,1,25000000".to_string(), 50_000_002),
+        ("never_fits", never, default),
+    ];
+    for (name, rows, limit) in cases {
+        let path = dir().join(format!("stall_limit_{name}.csv"));
+        std::fs::write(&path, format!("{TRACE_HEADER}\n{rows}\n")).unwrap();
         let path = path.display().to_string();
         // A pool that holds the long request (1 byte a token).
         let argv = [
@@ -1022,25 +1030,8 @@ fn the_stall_limit_covers_the_longest_request() {
         ];
         let plan = Cli::try_parse_from(argv).unwrap().plan();
         let plan = plan.unwrap_or_else(|e| panic!("{e:?}"));
-        assert_eq!(plan.engine.stall_limit, limit, "output {output}");
+        assert_eq!(plan.engine.stall_limit, limit, "{name}");
     }
-    // A request that can never run (refused without a step) does not lift
-    // it: with it beside a short one, the limit stays the default.
-    let path = dir().join("stall_limit_never_fits.csv");
-    std::fs::write(&path, format!("{TRACE_HEADER}\n0,1,5\n1,1,{}\n", u64::MAX)).unwrap();
-    let path = path.display().to_string();
-    let argv = [
-        "kvslots-sim",
-        "--trace",
-        path.as_str(),
-        "--kv-bytes-per-token",
-        "1",
-        "--memory-gib",
-        "0.03",
-    ];
-    let plan = Cli::try_parse_from(argv).unwrap().plan();
-    let plan = plan.unwrap_or_else(|e| panic!("{e:?}"));
-    assert_eq!(plan.engine.stall_limit, default);
 }
 
 /// An export that is the trace is refused before the trace is touched.
