@@ -2,9 +2,10 @@
 //! is refused with `FreeError::TooManyRefs` and changes nothing, also when
 //! the list crosses it midway (the references the call added are dropped
 //! again), and the block comes back whole once every reference is freed.
-//! About half a billion reference adds and drops: seconds in release, a
-//! minute in debug, so the test runs in release only (`.ci/run` runs
-//! `cargo test --release --test too_many_refs`).
+//! About half a billion reference adds and drops, too long for the
+//! README's test command: with debug assertions on the test is ignored, so
+//! `cargo test --workspace --test too_many_refs -- --ignored` runs it (as
+//! `.ci/run` does) and a `--release` build runs it outright.
 
 use kvslots::{BlockId, BlockPool, FreeError};
 
