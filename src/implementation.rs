@@ -1206,6 +1206,22 @@
 //! new waker before it takes the lock, and a waker it does not keep is
 //! dropped after the lock, as every other.
 //!
+//! **What the caller of a step that unwinds finds.** Everything whole:
+//! no block lost, none listed by two holders. A pool's `try_*` call whose
+//! gather's wakes unwind has taken nothing (what it admitted goes back,
+//! and the waiters look again, before the panic goes on; loom model
+//! `gather_unwound_by_a_waker`, control `panic_keeps_admission`). A
+//! `Sequence` makes its own changes first and gives back last, with its
+//! table cut (or its window's entries made null) however the release
+//! ends: a `truncate` whose table's give-back unwinds still keeps its
+//! copy-on-write source (given back by its drop), and a drop gives its
+//! table back even if the source's give-back unwinds. Where a call gives
+//! back in several steps (a `HybridSequence`'s truncate, shrink, append
+//! or match, over its groups; a match's revivals and its give-back of
+//! what it admitted ahead; `BlockPool::complete_all`, over the fences),
+//! it catches the panic, finishes every step, and resumes it at its end
+//! (`tests/waker_panic.rs`).
+//!
 //! **No lost wake-up.** A waiter that finds the allocator short (or
 //! someone queued) queues (writing `owed` under the lock), makes a read-modify-write that changes
 //! nothing (`AcqRel`) on every word a release writes (the counter's state

@@ -17,6 +17,7 @@ use crate::hash::BlockHash;
 use crate::id::BlockId;
 use crate::pool::{Alloc, BlockPool, Holder};
 use crate::table;
+use crate::wait::Unwound;
 
 /// A device copy the caller must make: the first `tokens` slots of block
 /// `src` into block `dst` (a fork's private tail, or a copy-on-write).
@@ -417,29 +418,31 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     ) -> (Range<usize>, Option<BlockCopy>) {
         let old_len = self.len;
         let (tail_index, tail) = table::tail(old_len, self.pool.block_size());
-        // The caller's previous copy (if any) is done by now.
-        self.release_retired();
+        // The caller's previous copy (if any) is done by now: its source
+        // goes last, once the append is whole (a waker's panic can come
+        // out of a give-back).
+        let done = self.retired.take();
         // `total` blocks fitted in the pool, so the new length fits in its
         // `num_blocks * block_size` slots, which fit in usize.
         self.len = old_len + n;
         // The tail is ours alone now: checked, copied, or a new block.
         self.tail_may_be_shared = false;
-        if !cow {
-            return (old_len..self.len, None);
-        }
-        // Put the last block (new, or reserved and unused) in place of the
-        // shared tail.
-        let dst = self.blocks.pop().expect("a new or spare block");
-        let src = std::mem::replace(&mut self.blocks[tail_index], dst);
-        self.retired = Some(src);
-        (
-            old_len..self.len,
-            Some(BlockCopy {
+        let copy = cow.then(|| {
+            // Put the last block (new, or reserved and unused) in place of
+            // the shared tail.
+            let dst = self.blocks.pop().expect("a new or spare block");
+            let src = std::mem::replace(&mut self.blocks[tail_index], dst);
+            self.retired = Some(src);
+            BlockCopy {
                 src,
                 dst,
                 tokens: tail,
-            }),
-        )
+            }
+        });
+        if let Some(id) = done {
+            self.pool.release(&SequenceCall::new(), &[id]);
+        }
+        (old_len..self.len, copy)
     }
 
     /// Makes sure the table holds blocks for `tokens` more tokens, taking the
@@ -720,9 +723,17 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // panic) halfway.
         self.blocks
             .reserve(hashes.len().min(self.pool.num_blocks()));
-        let k = self
-            .pool
-            .match_prefix(&SequenceCall::new(), hashes, &mut self.blocks);
+        // The blocks matched are the table's however the match ends: a
+        // waker's panic out of it (an admission for a revival, or the
+        // give-back of what it admitted ahead; see "Wakers run after the
+        // lock" in `crate::implementation`) is resumed once the sequence
+        // counts them.
+        let mut unwound = Unwound::new();
+        unwound.catch(|| {
+            self.pool
+                .match_prefix(&SequenceCall::new(), hashes, &mut self.blocks);
+        });
+        let k = self.blocks.len();
         self.len = k * self.pool.block_size();
         self.tail_may_be_shared = false;
         self.matched = k;
@@ -913,6 +924,14 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// sequence holds it too, it keeps its key and the next append copies
     /// it ([`try_append_cow`](Self::try_append_cow)).
     ///
+    /// # Panics
+    ///
+    /// If the waker of an async waiter that the give-back grants panics
+    /// (see [Waiting](crate::implementation#waiting)): the panic comes
+    /// once the sequence is cut to `len` and the table's blocks are given
+    /// back; a copy-on-write source it keeps then stays kept, until its
+    /// drop.
+    ///
     /// # Examples
     ///
     /// ```
@@ -978,23 +997,6 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         }
         let keep = table::blocks_for(len, self.pool.block_size());
         let freed = self.blocks.len() - keep.max(self.null);
-        match fence {
-            None => {
-                self.release_retired();
-                self.give_back(keep);
-            }
-            Some(fence) => {
-                self.pool.retire(
-                    &SequenceCall::new(),
-                    fence,
-                    &self.blocks[keep.max(self.null)..],
-                );
-                self.retire_copy_source(fence);
-                self.blocks.truncate(keep);
-                self.null = self.null.min(keep);
-                self.matched = self.matched.min(keep);
-            }
-        }
         // Only whole blocks stay known to hold their keys: a cached tail
         // we hold alone loses its key below.
         self.published = self.published.min(len / self.pool.block_size());
@@ -1015,6 +1017,27 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         if self.tail_may_be_shared {
             self.pool
                 .uncache_if_sole(&SequenceCall::new(), self.blocks[len / bs]);
+        }
+        // The give-backs last, the table's first: a waker's panic out of
+        // one (see "Wakers run after the lock" in
+        // `crate::implementation`) leaves the sequence whole, the table
+        // cut and a copy-on-write source still kept.
+        match fence {
+            None => {
+                self.give_back(keep);
+                self.release_retired();
+            }
+            Some(fence) => {
+                self.pool.retire(
+                    &SequenceCall::new(),
+                    fence,
+                    &self.blocks[keep.max(self.null)..],
+                );
+                self.retire_copy_source(fence);
+                self.blocks.truncate(keep);
+                self.null = self.null.min(keep);
+                self.matched = self.matched.min(keep);
+            }
         }
         freed
     }
@@ -1236,16 +1259,23 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
 
     /// Gives back the references of `blocks[keep..]`.
     fn give_back(&mut self, keep: usize) {
+        let from = keep.max(self.null);
+        self.null = self.null.min(keep);
+        self.matched = self.matched.min(keep);
+        self.published = self.published.min(keep);
+        // The table is cut however the release ends: a waker's panic out
+        // of it (see "Wakers run after the lock" in
+        // `crate::implementation`) comes after every reference went.
+        let table = Cut {
+            blocks: &mut self.blocks,
+            keep,
+        };
         // A reference that a raw `BlockPool::free` of the same block (a
         // double free, which is misuse) dropped first is skipped: that block
         // was given back once, by the free, and every other reference here
         // is dropped all the same.
         self.pool
-            .release(&SequenceCall::new(), &self.blocks[keep.max(self.null)..]);
-        self.blocks.truncate(keep);
-        self.null = self.null.min(keep);
-        self.matched = self.matched.min(keep);
-        self.published = self.published.min(keep);
+            .release(&SequenceCall::new(), &table.blocks[from..]);
     }
 
     /// Whether the sequence is running: it holds a block beyond those it
@@ -1285,17 +1315,19 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 kept += 1;
             }
         }
+        self.null = upto;
+        // The entries become null however the release ends (a waker's
+        // panic out of it comes after every reference went).
+        let gone = Nulls(&mut self.blocks[from..upto]);
         match fence {
             None => self
                 .pool
-                .release(&SequenceCall::new(), &self.blocks[from..kept]),
+                .release(&SequenceCall::new(), &gone.0[..kept - from]),
             Some(fence) => {
                 self.pool
-                    .retire(&SequenceCall::new(), fence, &self.blocks[from..kept]);
+                    .retire(&SequenceCall::new(), fence, &gone.0[..kept - from]);
             }
         }
-        self.blocks[from..upto].fill(BlockId::NULL);
-        self.null = upto;
         upto - from
     }
 
@@ -1361,8 +1393,41 @@ impl Sequence<BlockPool> {
 
 impl<A: BlockAllocator + ?Sized> Drop for Sequence<A> {
     fn drop(&mut self) {
-        self.release_retired();
-        self.give_back(0);
+        // The table is given back even if a waker's panic comes out of the
+        // copy-on-write source's give-back (during that unwinding, the
+        // queue drops any second waker's panic).
+        let table = GiveBackAll(self);
+        table.0.release_retired();
+    }
+}
+
+/// Gives back every block of a sequence's table when dropped.
+struct GiveBackAll<'a, A: BlockAllocator + ?Sized>(&'a mut Sequence<A>);
+
+impl<A: BlockAllocator + ?Sized> Drop for GiveBackAll<'_, A> {
+    fn drop(&mut self) {
+        self.0.give_back(0);
+    }
+}
+
+/// Cuts a table to its first `keep` entries when dropped.
+struct Cut<'a> {
+    blocks: &'a mut Vec<BlockId>,
+    keep: usize,
+}
+
+impl Drop for Cut<'_> {
+    fn drop(&mut self) {
+        self.blocks.truncate(self.keep);
+    }
+}
+
+/// Makes table entries null when dropped.
+struct Nulls<'a>(&'a mut [BlockId]);
+
+impl Drop for Nulls<'_> {
+    fn drop(&mut self) {
+        self.0.fill(BlockId::NULL);
     }
 }
 

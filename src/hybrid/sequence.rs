@@ -13,6 +13,7 @@ use crate::id::BlockId;
 use crate::pool::{BlockPool, Holder};
 use crate::sequence::{BlockCopy, Sequence};
 use crate::sync::Faults;
+use crate::wait::Unwound;
 
 /// One sequence of a hybrid model: a block table per group of layers
 /// ([`KvGroups`]), all over one pool, with one length.
@@ -637,10 +638,17 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             self.admit(asked)?;
         }
         // Commit: the windows first (their reusable blocks join the
-        // admitted ones), then each group takes its share in order.
+        // admitted ones), then each group takes its share in order. A
+        // waker's panic out of a window's give-back is resumed once every
+        // table is committed.
+        let mut unwound = Unwound::new();
         for (t, kind) in self.tables.iter_mut().zip(self.groups.as_slice()) {
             let upto = kind.first_needed_block(old_len, bs);
-            t.skip_to(upto, fence, &mut self.scratch, &mut recycle, recycle_shared);
+            let scratch = &mut self.scratch;
+            let recycle = &mut recycle;
+            unwound.catch(|| {
+                t.skip_to(upto, fence, scratch, recycle, recycle_shared);
+            });
         }
         let mut next = 0;
         for (t, &(need, _, cow)) in self.tables.iter_mut().zip(self.plans.iter()) {
@@ -981,14 +989,19 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         if len != 0 && len < min_len {
             return Err(HybridError::TruncateOutsideWindow { len, min_len });
         }
-        Ok(self
-            .tables
-            .iter_mut()
-            .map(|t| match fence {
-                None => t.truncate(len),
-                Some(fence) => t.truncate_fenced(len, fence),
-            })
-            .sum())
+        // Every table is cut, also when a waker's panic comes out of one
+        // table's give-back: it is resumed once all agree on the length.
+        let mut unwound = Unwound::new();
+        let mut freed = 0;
+        for t in self.tables.iter_mut() {
+            unwound.catch(|| {
+                freed += match fence {
+                    None => t.truncate(len),
+                    Some(fence) => t.truncate_fenced(len, fence),
+                }
+            });
+        }
+        Ok(freed)
     }
 
     /// Hands every group's copy-on-write source, still kept, to `fence`
@@ -1061,7 +1074,13 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// assert_eq!(pool.used_blocks(), 4);
     /// ```
     pub fn shrink_to_fit(&mut self) -> usize {
-        self.tables.iter_mut().map(Sequence::shrink_to_fit).sum()
+        // Every table, as in `truncate_with`.
+        let mut unwound = Unwound::new();
+        let mut freed = 0;
+        for t in self.tables.iter_mut() {
+            unwound.catch(|| freed += t.shrink_to_fit());
+        }
+        freed
     }
 
     /// Forks a child for parallel sampling or beam search, in every group
@@ -1215,6 +1234,11 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         // tables hold null entries), up to `usize::MAX` tokens.
         let mut k = keys.blocks().min(usize::MAX / bs);
         let kinds = self.groups.clone();
+        // A waker's panic out of a match (an admission for a revival, or a
+        // give-back) or out of a give-back here is resumed once the match
+        // is whole: the tables then hold exactly the blocks of the `k`
+        // matched, and count them.
+        let mut unwound = Unwound::new();
         // The full groups: each matches the prefix the ones before it did.
         for (g, kind) in kinds.as_slice().iter().enumerate() {
             if *kind != KvGroup::Full {
@@ -1222,14 +1246,17 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             }
             let t = &mut self.tables[g];
             t.blocks.reserve(k.min(pool.num_blocks()));
-            let m = pool.match_prefix(
-                &SequenceCall::new(),
-                &keys.group(g).unwrap_or(&[])[..k],
-                &mut t.blocks,
-            );
+            unwound.catch(|| {
+                pool.match_prefix(
+                    &SequenceCall::new(),
+                    &keys.group(g).unwrap_or(&[])[..k],
+                    &mut t.blocks,
+                );
+            });
+            let m = t.blocks.len();
             if m < k {
                 k = m;
-                self.cut_full(k);
+                self.cut_full(k, &mut unwound);
             }
         }
         // The sliding groups, until every group agrees on `k`.
@@ -1239,7 +1266,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
                 let KvGroup::SlidingWindow { .. } = *kind else {
                     continue;
                 };
-                let served = self.settle(g, *kind, k, keys.group(g).unwrap_or(&[]));
+                let served = self.settle(g, *kind, k, keys.group(g).unwrap_or(&[]), &mut unwound);
                 if served < k {
                     k = served;
                     lowered = true;
@@ -1248,7 +1275,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             if !lowered || self.faults.unreconciled_match() {
                 break;
             }
-            self.cut_full(k);
+            self.cut_full(k, &mut unwound);
         }
         for t in self.tables.iter_mut() {
             t.len = k * bs;
@@ -1261,11 +1288,12 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         Ok(k)
     }
 
-    /// Shortens every full group's matched blocks to `k`.
-    fn cut_full(&mut self, k: usize) {
+    /// Shortens every full group's matched blocks to `k` (a waker's panic
+    /// out of a give-back goes to `unwound`).
+    fn cut_full(&mut self, k: usize, unwound: &mut Unwound) {
         for (t, kind) in self.tables.iter_mut().zip(self.groups.as_slice()) {
             if *kind == KvGroup::Full && t.blocks.len() > k {
-                t.pool().release(&SequenceCall::new(), &t.blocks[k..]);
+                unwound.catch(|| t.pool().release(&SequenceCall::new(), &t.blocks[k..]));
                 t.blocks.truncate(k);
             }
         }
@@ -1281,6 +1309,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         kind: KvGroup,
         k: usize,
         keys: &[crate::hash::BlockHash],
+        unwound: &mut Unwound,
     ) -> usize {
         let t = &mut self.tables[g];
         let pool = Arc::clone(t.pool());
@@ -1288,7 +1317,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         // Blocks past the candidate go back.
         if t.blocks.len() > k {
             let from = t.null.max(k);
-            pool.release(&SequenceCall::new(), &t.blocks[from..]);
+            unwound.catch(|| pool.release(&SequenceCall::new(), &t.blocks[from..]));
             t.blocks.truncate(k);
             t.null = t.null.min(k);
         }
@@ -1303,7 +1332,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             let need = kind.first_needed_block(end * bs, bs);
             if t.null <= need {
                 // The window is held; what lies before it goes back.
-                pool.release(&SequenceCall::new(), &t.blocks[t.null..need]);
+                unwound.catch(|| pool.release(&SequenceCall::new(), &t.blocks[t.null..need]));
                 t.blocks[t.null..need].fill(BlockId::NULL);
                 t.null = need;
                 return end;
@@ -1312,7 +1341,11 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             // list holds the blocks only until they are in the table.
             self.scratch.clear();
             self.scratch.reserve(t.null - need);
-            let m = pool.match_prefix(&SequenceCall::new(), &keys[need..t.null], &mut self.scratch);
+            let scratch = &mut self.scratch;
+            unwound.catch(|| {
+                pool.match_prefix(&SequenceCall::new(), &keys[need..t.null], scratch);
+            });
+            let m = self.scratch.len();
             if m == t.null - need {
                 t.blocks[need..t.null].copy_from_slice(&self.scratch);
                 self.scratch.clear();
@@ -1322,7 +1355,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             // Block `need + m` is missing: no window ending past it can be
             // served. The run above it goes back; the blocks matched below
             // it are the new run, ending at the new candidate.
-            pool.release(&SequenceCall::new(), &t.blocks[t.null..]);
+            unwound.catch(|| pool.release(&SequenceCall::new(), &t.blocks[t.null..]));
             t.blocks.truncate(need);
             t.blocks.extend_from_slice(&self.scratch);
             self.scratch.clear();

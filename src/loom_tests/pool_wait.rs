@@ -42,6 +42,7 @@
 //! | [`headroom_head_against_relay`] | 3, 4 | 2 | `owed_without_headroom` (head starved) |
 //! | [`panicking_waker_against_releases`] | 2, 2 | 2 | `wake_before_count` (blocks not conserved) |
 //! | [`panicking_waker_beside_a_granted_waiter`] | 2, 2 | 2 | `panic_cuts_batch` (lost wakeup) |
+//! | [`gather_unwound_by_a_waker`] | 3, 2 | 2 | `panic_keeps_admission` (blocks not conserved) |
 
 use std::future::Future;
 use std::sync::Arc;
@@ -49,7 +50,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use crate::loom_tests::pool_world::{
     check, Allocs, PoolWorld, GROWTH_WAITS, LATE_ENQUEUE, OWED_WITHOUT_HEADROOM, PANIC_CUTS_BATCH,
-    QUIET_GATHER, SOUND, UNFENCED_WAIT, WAKE_BEFORE_COUNT,
+    PANIC_KEEPS_ADMISSION, QUIET_GATHER, SOUND, UNFENCED_WAIT, WAKE_BEFORE_COUNT,
 };
 use crate::loom_tests::Flag;
 use crate::sync::{AtomicBool, Faults, Ordering};
@@ -566,4 +567,67 @@ fn panicking_waker_beside_a_granted_waiter_sound() {
 #[should_panic(expected = "lost wakeup: the second waiter was never woken")]
 fn panicking_waker_beside_a_granted_waiter_panic_cuts_batch_is_caught() {
     panicking_waker_beside_a_granted_waiter(PANIC_CUTS_BATCH);
+}
+
+/// A `try_alloc` whose gather runs the grant loop that wakes a waker that
+/// panics, over a pool of 2 over two shards, both blocks held by the main
+/// thread (home shard 0). An async waiter for 1 block is polled once with a
+/// waker that panics. A freer thread gives both blocks back while a
+/// gatherer thread (home shard 0 or 1) calls `try_alloc(1)`: leaving the
+/// waiter its block, it needs 2, more than one shard holds, so it
+/// gathers, and the grant loop it then runs may grant the waiter and
+/// unwind with the waker's panic. A call that unwinds must have taken
+/// nothing, one that returns `Ok` its block; once the waiter is dropped
+/// (what it was granted goes back), every block must be back.
+///
+/// Under `panic_keeps_admission` the gather keeps its admission when the
+/// grant loop unwinds: the call leaves with a block admitted and never
+/// taken, lost to every later admission.
+fn gather_unwound_by_a_waker(faults: Faults) {
+    quiet_waker_panics();
+    check(move || {
+        let world = new_world(2, faults);
+        let held = world.alloc(2).expect("a fresh pool of 2");
+        let mut waiter_ids = Vec::new();
+        let mut waiter = Box::pin(world.pool.alloc(1, &mut waiter_ids));
+        let panics = Waker::from(Arc::new(Panics));
+        assert!(poll_with(waiter.as_mut(), &panics).is_pending());
+        let freer = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || tolerate_waker_panic(|| world.give_back(&held)))
+        };
+        let gatherer = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || {
+                let mut ids = Vec::new();
+                let mut result = None;
+                tolerate_waker_panic(|| result = Some(world.pool.try_alloc(1, &mut ids)));
+                match result {
+                    Some(Ok(())) => {
+                        assert_eq!(ids.len(), 1, "partial grant");
+                        world.take(ids[0]);
+                        world.write(ids[0]);
+                        world.give_back(&ids);
+                    }
+                    // Refused, or unwound: nothing taken.
+                    _ => assert!(ids.is_empty(), "a refused call wrote ids"),
+                }
+            })
+        };
+        freer.join().unwrap();
+        gatherer.join().unwrap();
+        tolerate_waker_panic(|| drop(waiter));
+        assert_drained(&world);
+    });
+}
+
+#[test]
+fn gather_unwound_by_a_waker_sound() {
+    gather_unwound_by_a_waker(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn gather_unwound_by_a_waker_panic_keeps_admission_is_caught() {
+    gather_unwound_by_a_waker(PANIC_KEEPS_ADMISSION);
 }

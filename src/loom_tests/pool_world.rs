@@ -67,6 +67,7 @@ pub const SOUND: Faults = Faults {
     owed_without_headroom: false,
     wake_before_count: false,
     panic_cuts_batch: false,
+    panic_keeps_admission: false,
     late_removal_record: false,
     early_stored_record: false,
     early_group_tag: false,
@@ -332,6 +333,12 @@ pub const WAKE_BEFORE_COUNT: Faults = Faults {
 /// batch of wakes uncalled.
 pub const PANIC_CUTS_BATCH: Faults = Faults {
     panic_cuts_batch: true,
+    ..SOUND
+};
+/// The admission control of a waker's panic: a gather that admitted its
+/// blocks keeps them when the grant loop it runs after unwinds.
+pub const PANIC_KEEPS_ADMISSION: Faults = Faults {
+    panic_keeps_admission: true,
     ..SOUND
 };
 /// The KV events' order control for removals: an eviction (or a

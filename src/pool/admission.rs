@@ -32,7 +32,7 @@ use crate::error::ReserveError;
 use crate::sync::{
     self, AtomicBool, AtomicU64, AtomicUsize, Backoff, CachePadded, Divisor, Faults, Ordering,
 };
-use crate::wait::{Units, WaitQueue};
+use crate::wait::{Units, Unwound, WaitQueue};
 
 /// The low half of a shard's word: its free count.
 const FREE_MASK: u64 = u32::MAX as u64;
@@ -305,7 +305,12 @@ impl Admission {
         // all it held when refused) that a waiter failed to find while they
         // were in transit here: the waiters look again.
         if gathered && notify && !self.faults.quiet_gather() {
-            self.queue.notify(self);
+            match result {
+                Ok(()) if n > 0 && !self.faults.panic_keeps_admission() => {
+                    self.notify_or_give_back(home, n);
+                }
+                _ => self.queue.notify(self),
+            }
         }
         // Short of the request and its headroom, or only of what the
         // waiters are owed besides?
@@ -323,6 +328,21 @@ impl Admission {
                 }
             }
         })
+    }
+
+    /// Runs the grant loop after a slow path that admitted `n > 0` blocks
+    /// to shard `home`. A waker's panic out of it (resumed here: see
+    /// "Wakers run after the lock" in [`crate::implementation`]) would
+    /// leave the call with its blocks admitted and never taken: they are
+    /// given back first, and the waiters look again, so that a call that
+    /// panics has taken nothing.
+    fn notify_or_give_back(&self, home: usize, n: usize) {
+        let mut unwound = Unwound::new();
+        unwound.catch(|| self.queue.notify(self));
+        if unwound.caught() {
+            self.release_to(home, n);
+            unwound.catch(|| self.queue.notify(self));
+        }
     }
 
     /// The fast path: takes `n` from shard `home` if it has `needed`, in

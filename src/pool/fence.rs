@@ -20,6 +20,7 @@ use std::sync::PoisonError;
 use super::BlockPool;
 use crate::id::BlockId;
 use crate::sync::{AtomicUsize, CachePadded, Faults, Mutex, Ordering};
+use crate::wait::Unwound;
 
 /// How many maps the retirements are spread over: fences that complete
 /// on different worker threads at once rarely meet on one lock.
@@ -204,6 +205,12 @@ impl BlockPool {
     /// and whatever this thread did before this call, happens-before the
     /// allocation that hands one of the blocks to its next owner.
     ///
+    /// # Panics
+    ///
+    /// If the waker of an async waiter that the give-back grants panics
+    /// (see [Waiting](crate::implementation#waiting)): the panic comes
+    /// once every reference retired under `fence` is given back.
+    ///
     /// # Examples
     ///
     /// ```
@@ -223,8 +230,10 @@ impl BlockPool {
         let Some(ids) = self.fences.with_map(fence, |map| map.remove(&fence)) else {
             return 0;
         };
-        self.give_back_retired(&ids);
+        // Counted out first: a waker's panic out of the give-back comes
+        // after every reference went.
         self.fences.sub(ids.len());
+        self.give_back_retired(&ids);
         ids.len()
     }
 
@@ -232,6 +241,12 @@ impl BlockPool {
     /// the device is idle): gives back every reference retired so far and
     /// returns how many. Takes each map's lock in turn, as
     /// [`complete`](Self::complete) takes one.
+    ///
+    /// # Panics
+    ///
+    /// If the waker of an async waiter that a give-back grants panics
+    /// (see [Waiting](crate::implementation#waiting)): the panic comes
+    /// once every reference is given back (the first panic, if several).
     ///
     /// # Examples
     ///
@@ -249,12 +264,15 @@ impl BlockPool {
     /// assert_eq!(pool.free_blocks(), 4);
     /// ```
     pub fn complete_all(&self) -> usize {
+        // Every list is given back, also when a waker's panic comes out of
+        // one give-back: it is resumed once all of them are done.
+        let mut unwound = Unwound::new();
         let mut released = 0;
         for shard in 0..FENCE_SHARDS as u64 {
             let lists = self.fences.with_map(shard, std::mem::take);
             for ids in lists.into_values() {
-                self.give_back_retired(&ids);
                 self.fences.sub(ids.len());
+                unwound.catch(|| self.give_back_retired(&ids));
                 released += ids.len();
             }
         }

@@ -225,6 +225,12 @@ pub(crate) struct Faults {
     /// (or closed) beside it are never woken.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) panic_cuts_batch: bool,
+    /// A slow-path admission that gathered runs the wait queue's grant
+    /// loop after it admitted its blocks without guarding it: a waker's
+    /// panic out of that loop leaves the call with its blocks admitted and
+    /// never taken (lost to every later admission).
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) panic_keeps_admission: bool,
     /// An eviction (or a reset's, or a truncate's drop of a key) takes its
     /// place in the KV event ring after the CAS that drops the key instead
     /// of before it: a publish of the same key on another block, which
@@ -678,6 +684,18 @@ impl Faults {
     pub(crate) fn panic_cuts_batch(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.panic_cuts_batch {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a gather that admitted its blocks runs the grant loop
+    /// without giving them back if a waker's panic comes out of it:
+    /// `false`, or `true` under `panic_keeps_admission`.
+    #[inline]
+    pub(crate) fn panic_keeps_admission(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.panic_keeps_admission {
             return true;
         }
         false

@@ -15,10 +15,12 @@
 mod blocking;
 mod future;
 mod queue;
+mod unwound;
 
 pub(crate) use blocking::wait_blocking;
 pub(crate) use future::Waiter;
 pub(crate) use queue::{Status, WaitQueue, Wake};
+pub(crate) use unwound::Unwound;
 
 use crate::error::ReserveError;
 

@@ -710,7 +710,7 @@ fn catch(first: &mut Option<Box<dyn std::any::Any + Send>>, f: impl FnOnce()) ->
 /// code and may panic too: that panic is caught, and its own payload
 /// forgotten (a panic escaping here, in a drop during unwinding, would
 /// abort the process).
-fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
+pub(crate) fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
     if let Err(again) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(payload))) {
         std::mem::forget(again);
     }

@@ -416,18 +416,21 @@ impl BlockPool {
             out.push(id);
             hits += 1;
         }
-        if credits > 0 {
-            self.counter.give_back_ahead(credits);
-        }
-        if admitted_ahead {
-            self.counter.note_peak();
-        }
         let cell = cache.stats.mine();
         add(&cell.queried, hashes.len() as u64);
         if hits != 0 {
             // Release: a snapshot that sees these hits sees the queries
             // added above (see `Stats::sum`).
             cell.hit.fetch_add(hits as u64, Ordering::Release);
+        }
+        // Last, the give-back of what went unused: a waker's panic out of
+        // it (see "Wakers run after the lock" in `crate::implementation`)
+        // leaves the match counted and its blocks in `out`.
+        if credits > 0 {
+            self.counter.give_back_ahead(credits);
+        }
+        if admitted_ahead {
+            self.counter.note_peak();
         }
         hits
     }
