@@ -228,6 +228,7 @@ class PoolStats:
     def as_dict(self) -> dict[str, Any]:
         """The fields (and `usage`) as a dict."""
     def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
 
 @final
 class BlockStored:
@@ -269,6 +270,7 @@ class BlockStored:
         """The group of layers (a `HybridSequence`'s group index), or
         None for a `Sequence`'s blocks."""
     def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
 
 @final
 class BlockRemoved:
@@ -288,6 +290,7 @@ class BlockRemoved:
     def group_idx(self) -> Optional[int]:
         """The group of layers whose blocks held the keys, or None."""
     def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
 
 @final
 class AllBlocksCleared:
@@ -296,18 +299,22 @@ class AllBlocksCleared:
     worker."""
 
     def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
 
 @final
 class EventsDropped:
-    """`count` events were lost here because the pool's event rings were full
-    (drained too seldom). A router that must never believe a key is cached
-    when it is not treats this as `AllBlocksCleared`."""
+    """Events were lost here because the pool's event rings were full
+    (drained too seldom): `count` blocks' stores and removals, one each (a
+    drain reports a publish's run of stored blocks as one `BlockStored`). A
+    router that must never believe a key is cached when it is not treats
+    this as `AllBlocksCleared`."""
 
     __match_args__: ClassVar[Tuple[str, ...]]
     @property
     def count(self) -> int:
-        """How many events were lost."""
+        """How many blocks' stores and removals were lost (one each)."""
     def __eq__(self, other: object, /) -> bool: ...
+    __hash__: ClassVar[None]  # type: ignore[assignment]
 
 _KVEvent = Union[BlockStored, BlockRemoved, AllBlocksCleared, EventsDropped]
 
@@ -592,8 +599,9 @@ class Sequence:
         self, start: Optional[_Int] = None, stop: Optional[_Int] = None
     ) -> list[int]:
         """The flat slots of positions `start..stop` (`stop` defaults to
-        `len(seq)`). Raises `IndexError` past the end, `MemoryError` for a
-        range too long to hold (nothing changes)."""
+        `len(seq)`). Raises `IndexError` for a non-empty range that ends past
+        the end (an empty one, `start >= stop`, maps to `[]`), `MemoryError`
+        for a range too long to hold (nothing changes)."""
     def slot_mapping_buffer(
         self, start: Optional[_Int] = None, stop: Optional[_Int] = None
     ) -> memoryview:
@@ -645,6 +653,7 @@ class KvGroups:
         are `keys` (from `hash_blocks`). Raises `MemoryError` when the keys
         of every group (32 bytes a block and a group) do not fit."""
     def __eq__(self, other: object, /) -> bool: ...
+    def __hash__(self) -> int: ...
 
 @final
 class GroupKeys:
@@ -767,8 +776,9 @@ class HybridSequence:
         self, group: _Int, start: Optional[_Int] = None, stop: Optional[_Int] = None
     ) -> list[int]:
         """Group `group`'s flat slots of positions `start..stop`. Raises
-        `IndexError` past the last group or the end, or in a given-back
-        block; `MemoryError` for a range too long to hold."""
+        `IndexError` past the last group, for a non-empty range that ends
+        past the end (an empty one maps to `[]`), or in a given-back block;
+        `MemoryError` for a range too long to hold."""
     def close(self) -> None:
         """Gives every block back now. Closing twice does nothing."""
     def __enter__(self) -> Self: ...

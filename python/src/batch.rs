@@ -56,11 +56,11 @@ impl Target<'_> {
 /// The sequences are appended with the GIL released when there are at
 /// least 32 of them, or their appends take at least 32 blocks.
 #[pyfunction]
-#[pyo3(signature = (seqs, n = None), text_signature = "(seqs, n=1)")]
+#[pyo3(signature = (seqs, n = convert::Arg::Default), text_signature = "(seqs, n=1)")]
 pub(crate) fn try_append_each(
     py: Python<'_>,
     seqs: &Bound<'_, PyAny>,
-    n: Option<&Bound<'_, PyAny>>,
+    n: convert::Arg<'_>,
 ) -> PyResult<usize> {
     convert::ordered("seqs", seqs)?;
     not_a_dict("seqs", seqs)?;
@@ -79,7 +79,7 @@ pub(crate) fn try_append_each(
         };
         targets.push(target);
     }
-    let counts = Counts::new(n, targets.len())?;
+    let counts = Counts::new(n.given(), targets.len())?;
     // The work: a sequence each, and the blocks their appends walk (not
     // counted past the threshold, which the sequences alone reach).
     let work = if targets.len() >= DETACH_BLOCKS {

@@ -13,6 +13,35 @@ use pyo3::types::{
     PyByteArray, PyBytes, PyFrozenSet, PyList, PyMemoryView, PySet, PyTuple, PyType,
 };
 
+/// An optional argument whose default is not `None` (`headroom=0`,
+/// `n=1`): left out it is `Default`; passed, `None` included, it is
+/// `Given` and converted as any other value (so `None` is refused as no
+/// int), which an `Option` argument could not tell from leaving it out.
+pub(crate) enum Arg<'py> {
+    /// Left out.
+    Default,
+    /// Passed.
+    Given(Bound<'py, PyAny>),
+}
+
+impl<'py> Arg<'py> {
+    /// The value passed, if any.
+    pub(crate) fn given(&self) -> Option<&Bound<'py, PyAny>> {
+        match self {
+            Arg::Default => None,
+            Arg::Given(obj) => Some(obj),
+        }
+    }
+}
+
+impl<'a, 'py> FromPyObject<'a, 'py> for Arg<'py> {
+    type Error = PyErr;
+
+    fn extract(obj: Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Ok(Arg::Given(obj.to_owned()))
+    }
+}
+
 /// A non-negative integer argument (a count, a length, a position, a
 /// fence): any int or object with `__index__` (numpy integers included),
 /// but not a float.
@@ -491,8 +520,9 @@ pub(crate) fn timeout(seconds: Option<f64>) -> PyResult<Option<Duration>> {
 /// [`uint`]s named in their errors.
 pub(crate) fn reservation(
     tokens: &Bound<'_, PyAny>,
-    headroom: Option<&Bound<'_, PyAny>>,
+    headroom: &Arg<'_>,
 ) -> PyResult<(usize, usize)> {
+    let headroom = headroom.given();
     let tokens = uint(tokens, "tokens")?;
     let headroom = headroom.map_or(Ok(0), |h| uint(h, "headroom"))?;
     Ok((tokens, headroom))

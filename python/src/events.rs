@@ -290,15 +290,17 @@ impl PyAllBlocksCleared {
     }
 }
 
-/// `count` events were lost here because the pool's event rings were full
-/// (the consumer drained too seldom). A router that must never believe a
+/// Events were lost here because the pool's event rings were full (the
+/// consumer drained too seldom): `count` blocks' stores and removals, one
+/// each (a drain reports a publish's run of stored blocks as one
+/// `BlockStored`). A router that must never believe a
 /// key is cached when it is not treats this as `AllBlocksCleared`: the
 /// events after it rebuild a view that may miss keys, never hold a removed
 /// one.
 #[pyclass(name = "EventsDropped", module = "kvslots", frozen, eq)]
 #[derive(Clone, PartialEq)]
 pub(crate) struct PyEventsDropped {
-    /// How many events were lost.
+    /// How many blocks' stores and removals were lost (one each).
     #[pyo3(get)]
     count: u64,
 }

@@ -33,8 +33,8 @@ use crate::wait;
 /// Raises `ValueError` for no group, more than `MAX_GROUPS`, a window of
 /// 0 or an unknown kind; `TypeError` for an item that is neither, or for
 /// kinds given as one `str`, `bytes` or `bytearray`.
-#[pyclass(name = "KvGroups", module = "kvslots", frozen, eq)]
-#[derive(PartialEq, Eq)]
+#[pyclass(name = "KvGroups", module = "kvslots", frozen, eq, hash)]
+#[derive(PartialEq, Eq, Hash)]
 pub(crate) struct PyKvGroups {
     pub(crate) inner: kvslots::KvGroups,
 }
@@ -531,14 +531,14 @@ impl PyHybridSequence {
     ///
     /// Raises `Full`, `BehindWaiters`, `NeverFits` or `Closed`; nothing
     /// changes then.
-    #[pyo3(signature = (tokens, headroom = None), text_signature = "(self, tokens, headroom=0)")]
+    #[pyo3(signature = (tokens, headroom = convert::Arg::Default), text_signature = "(self, tokens, headroom=0)")]
     fn try_reserve(
         &self,
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
-        headroom: Option<&Bound<'_, PyAny>>,
+        headroom: convert::Arg<'_>,
     ) -> PyResult<()> {
-        let (tokens, headroom) = convert::reservation(tokens, headroom)?;
+        let (tokens, headroom) = convert::reservation(tokens, &headroom)?;
         let blocks = self.blocks_of(tokens);
         self.with(py, |seq| {
             detached(py, blocks, || seq.try_reserve(tokens, headroom))
@@ -558,17 +558,17 @@ impl PyHybridSequence {
     /// runs in this thread during the wait raises `RuntimeError` at once
     /// and changes nothing.
     #[pyo3(
-        signature = (tokens, headroom = None, timeout = None),
+        signature = (tokens, headroom = convert::Arg::Default, timeout = None),
         text_signature = "(self, tokens, headroom=0, timeout=None)"
     )]
     fn reserve(
         &self,
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
-        headroom: Option<&Bound<'_, PyAny>>,
+        headroom: convert::Arg<'_>,
         timeout: Option<f64>,
     ) -> PyResult<()> {
-        let (tokens, headroom) = convert::reservation(tokens, headroom)?;
+        let (tokens, headroom) = convert::reservation(tokens, &headroom)?;
         let deadline = wait::deadline(convert::timeout(timeout)?);
         let Some(mut guard) = self.inner.lock_until(py, deadline)? else {
             return Err(errors::busy_sequence(py, "HybridSequence"));
@@ -727,8 +727,9 @@ impl PyHybridSequence {
 
     /// Group `group`'s slot mapping of positions `start..stop` (`stop`
     /// defaults to `len(seq)`). Raises `IndexError` past the last group,
-    /// past the length, or for a position whose block the group's window
-    /// gave back.
+    /// for a non-empty range that ends past the length, or for a position
+    /// whose block the group's window gave back; an empty range
+    /// (`start >= stop`) maps to `[]`.
     #[pyo3(signature = (group, start = None, stop = None))]
     fn slot_mapping<'py>(
         &self,

@@ -326,14 +326,14 @@ impl PySequence {
     /// closed).
     ///
     /// Raises `Full`, `NeverFits` or `Closed`; nothing changes then.
-    #[pyo3(signature = (tokens, headroom = None), text_signature = "(self, tokens, headroom=0)")]
+    #[pyo3(signature = (tokens, headroom = convert::Arg::Default), text_signature = "(self, tokens, headroom=0)")]
     fn try_reserve(
         &self,
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
-        headroom: Option<&Bound<'_, PyAny>>,
+        headroom: convert::Arg<'_>,
     ) -> PyResult<()> {
-        let (tokens, headroom) = convert::reservation(tokens, headroom)?;
+        let (tokens, headroom) = convert::reservation(tokens, &headroom)?;
         let blocks = tokens / self.pool.get().inner.block_size();
         self.with(py, |seq| {
             detached(py, blocks, || seq.try_reserve(tokens, headroom))
@@ -354,17 +354,17 @@ impl PySequence {
     /// finalizer) that runs in this thread during the wait raises
     /// `RuntimeError` at once and changes nothing.
     #[pyo3(
-        signature = (tokens, headroom = None, timeout = None),
+        signature = (tokens, headroom = convert::Arg::Default, timeout = None),
         text_signature = "(self, tokens, headroom=0, timeout=None)"
     )]
     fn reserve(
         &self,
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
-        headroom: Option<&Bound<'_, PyAny>>,
+        headroom: convert::Arg<'_>,
         timeout: Option<f64>,
     ) -> PyResult<()> {
-        let (tokens, headroom) = convert::reservation(tokens, headroom)?;
+        let (tokens, headroom) = convert::reservation(tokens, &headroom)?;
         let deadline = wait::deadline(convert::timeout(timeout)?);
         let Some(mut guard) = self.inner.lock_until(py, deadline)? else {
             return Err(errors::busy_sequence(py, "Sequence"));
@@ -523,8 +523,8 @@ impl PySequence {
 
     /// The slot mapping of positions `start..stop` (`stop` defaults to
     /// `len(seq)`): the flat slot of each token, as attention kernels take
-    /// it. Raises `IndexError` if `stop > len(seq)` (for a non-empty
-    /// range).
+    /// it. Raises `IndexError` for a non-empty range that ends past
+    /// `len(seq)`; an empty range (`start >= stop`) maps to `[]`.
     #[pyo3(signature = (start = None, stop = None))]
     fn slot_mapping<'py>(
         &self,
