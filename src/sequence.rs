@@ -514,6 +514,15 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// or, when `timeout` runs out, `Full` or `BehindWaiters` (see
     /// [`BlockPool::alloc_blocking`]); on error the sequence is unchanged.
     ///
+    /// # Deadlocks
+    ///
+    /// As for [`BlockPool::alloc_blocking`]: with no `timeout`, a thread
+    /// that waits for blocks only it can give back sleeps for ever. This
+    /// sequence's own copy-on-write source is one: a reservation that fits
+    /// the pool only once the source is free is `Full`, not `NeverFits`,
+    /// so it waits; call [`retire_copy_source`](Self::retire_copy_source)
+    /// (and complete its fence) first.
+    ///
     /// # Panics
     ///
     /// If the waker of an async waiter that this call wakes panics: its

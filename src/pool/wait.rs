@@ -43,6 +43,11 @@ impl BlockPool {
     /// capacity may have grown). The future never resolves to `Full` or
     /// `BehindWaiters`.
     ///
+    /// Drop a future to leave the queue; never `mem::forget` it: a
+    /// forgotten waiter stays queued, owed what it asked, so every later
+    /// admission waits behind it (or is refused `BehindWaiters`) for the
+    /// pool's life.
+    ///
     /// # Examples
     ///
     /// ```
@@ -132,6 +137,14 @@ impl BlockPool {
     ///   queued), is returned.
     ///
     /// On error `out`'s contents and the pool are unchanged.
+    ///
+    /// # Deadlocks
+    ///
+    /// The wait cannot see what its own thread holds: with no `timeout`, a
+    /// thread that waits for blocks that only it can give back (blocks it
+    /// holds, a sequence's copy-on-write source it keeps, references
+    /// retired under a fence it has yet to complete) sleeps for ever. Give
+    /// those back first, or pass a timeout.
     ///
     /// # Panics
     ///
