@@ -234,6 +234,34 @@ where
         .cast_into::<PyList>()?)
 }
 
+/// A block key as a Python `bytes` object of 32 bytes; running out of
+/// memory is a `MemoryError` (PyO3's `PyBytes::new` panics).
+pub(crate) fn key_bytes<'py>(py: Python<'py>, key: &BlockHash) -> PyResult<Bound<'py, PyBytes>> {
+    PyBytes::new_with(py, key.0.len(), |buf| {
+        buf.copy_from_slice(&key.0);
+        Ok(())
+    })
+}
+
+/// Block keys as a Python list of 32-byte `bytes` objects. As in
+/// [`int_list`], a list of [`FALLIBLE_LIST`] keys or more is built by
+/// fallible calls only (appended to), so that running out of memory is a
+/// `MemoryError`.
+pub(crate) fn key_list<'py>(py: Python<'py>, keys: &[BlockHash]) -> PyResult<Bound<'py, PyList>> {
+    if keys.len() < FALLIBLE_LIST {
+        let items = keys
+            .iter()
+            .map(|key| key_bytes(py, key))
+            .collect::<PyResult<Vec<_>>>()?;
+        return PyList::new(py, items);
+    }
+    let list = PyList::empty(py);
+    for key in keys {
+        list.append(key_bytes(py, key)?)?;
+    }
+    Ok(list)
+}
+
 /// Calls `f` on every item of `obj` (an exact list or tuple quickly, else
 /// any iterable, through its `__iter__`: a subclass's own included).
 pub(crate) fn for_each<'py>(

@@ -7,11 +7,6 @@ use kvslots::{BlockHash, BlockId, KvEvent, PoolStats};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-/// Keys as a list of 32-byte `bytes`.
-fn key_list<'py>(py: Python<'py>, keys: &[BlockHash]) -> PyResult<Bound<'py, PyList>> {
-    PyList::new(py, keys.iter().map(|k| PyBytes::new(py, &k.0)))
-}
-
 /// A snapshot of a `BlockPool`'s gauges and counters, for metrics.
 ///
 /// Each field is read on its own while other threads may change the pool,
@@ -192,13 +187,16 @@ impl PyBlockStored {
     /// The blocks' keys (32 bytes each), in chain order.
     #[getter]
     fn block_hashes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        key_list(py, &self.keys)
+        crate::convert::key_list(py, &self.keys)
     }
 
     /// The key of the block before the first one, or `None`.
     #[getter]
-    fn parent_block_hash<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
-        self.parent.as_ref().map(|p| PyBytes::new(py, &p.0))
+    fn parent_block_hash<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        self.parent
+            .as_ref()
+            .map(|p| crate::convert::key_bytes(py, p))
+            .transpose()
     }
 
     /// The blocks now holding `block_hashes`, one per key.
@@ -259,7 +257,7 @@ impl PyBlockRemoved {
     /// The keys removed (32 bytes each).
     #[getter]
     fn block_hashes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        key_list(py, &self.keys)
+        crate::convert::key_list(py, &self.keys)
     }
 
     /// Always `None`.

@@ -13,7 +13,7 @@ use kvslots::{BlockCopy, HybridError, KvGroup};
 use pyo3::exceptions::{PyIndexError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::sync::MutexExt;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyList, PyString, PyTuple};
 
 use crate::convert;
 use crate::detached;
@@ -237,7 +237,7 @@ impl PyGroupKeys {
                 None => return Err(no_group(g, inner.groups())),
             }
         };
-        PyList::new(py, keys.iter().map(|k| PyBytes::new(py, &k.0)))
+        convert::key_list(py, &keys)
     }
 
     /// The groups the keys are for.

@@ -85,7 +85,7 @@ fn hash_blocks<'py>(
     parent: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
     let keys = block_keys(py, tokens, block_size, salt, parent)?;
-    PyList::new(py, keys.iter().map(|k| PyBytes::new(py, &k.0)))
+    convert::key_list(py, &keys)
 }
 
 /// `hash_blocks`'s keys laid end to end in one `bytes` object (key `i` is

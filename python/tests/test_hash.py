@@ -3,10 +3,12 @@ answers of the core crate's test, computed by an independent
 implementation), from every accepted form of tokens, and bad input."""
 
 import array
+import sys
 
 import pytest
 
 import kvslots
+from conftest import run_python
 
 # The core crate's known-answer vectors (src/hash.rs,
 # `known_answer_matches_an_independent_implementation`).
@@ -116,3 +118,40 @@ def test_packed_keys_are_the_keys_end_to_end():
     assert kvslots.hash_blocks_packed([], 16) == b""
     with pytest.raises(ValueError):
         kvslots.hash_blocks_packed([1], 0)
+
+
+KEYS_OUT_OF_MEMORY = """
+import array
+import resource
+import kvslots
+
+n = 1 << 21
+tokens = array.array("I", range(n)).tobytes()
+# The address space now, plus 110 MiB: room for the tokens' copy and the
+# keys on the Rust side (72 MiB), not for 2 million `bytes` objects of 32
+# bytes each (about 144 MiB).
+ROOM = 110 << 20
+with open("/proc/self/statm") as f:
+    pages = int(f.read().split()[0])
+now = pages * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (now + ROOM, resource.RLIM_INFINITY))
+try:
+    keys = kvslots.hash_blocks(tokens, 1)
+    print("built", len(keys))
+except MemoryError:
+    print("MemoryError")
+resource.setrlimit(resource.RLIMIT_AS, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+print(len(kvslots.hash_blocks(tokens[:4096 * 4], 1)))
+"""
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc, limits RLIMIT_AS"
+)
+def test_a_key_list_that_does_not_fit_is_a_memory_error():
+    # PyO3's `bytes` constructor panics when Python cannot allocate; each
+    # key is made by a call that reports it instead.
+    r = run_python(KEYS_OUT_OF_MEMORY, timeout=30)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert r.stdout.splitlines() == ["MemoryError", "4096"], out
