@@ -616,7 +616,8 @@ class Sequence:
         calls import nothing."""
     def close(self) -> None:
         """Gives every block back now. Closing twice does nothing."""
-    def __enter__(self) -> Self: ...
+    def __enter__(self) -> Self:
+        """Returns the sequence; raises `ValueError` if it is closed."""
     def __exit__(
         self,
         exc_type: Optional[Type[BaseException]],
@@ -781,7 +782,8 @@ class HybridSequence:
         `MemoryError` for a range too long to hold."""
     def close(self) -> None:
         """Gives every block back now. Closing twice does nothing."""
-    def __enter__(self) -> Self: ...
+    def __enter__(self) -> Self:
+        """Returns the sequence; raises `ValueError` if it is closed."""
     def __exit__(
         self,
         exc_type: Optional[Type[BaseException]],

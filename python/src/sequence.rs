@@ -578,8 +578,19 @@ impl PySequence {
         Ok(())
     }
 
-    fn __enter__(slf: Py<Self>) -> Py<Self> {
-        slf
+    /// Returns the sequence; raises `ValueError` if it is closed, as a
+    /// closed file does. Never waits: a sequence that another call holds
+    /// now is entered as it is.
+    fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        let closed = slf
+            .get()
+            .inner
+            .try_lock_as(ThreadToken::current())
+            .is_some_and(|guard| guard.is_none());
+        if closed {
+            return Err(errors::closed_sequence());
+        }
+        Ok(slf)
     }
 
     /// Closes the sequence; does not swallow the exception.

@@ -1,6 +1,6 @@
 """Arguments whose default is not None refuse an explicit None (a
-`TypeError`, nothing changed), the slot mappings' empty ranges, and which
-value classes hash."""
+`TypeError`, nothing changed), the slot mappings' empty ranges, which
+value classes hash, and a `with` on a closed sequence."""
 
 import pytest
 
@@ -91,3 +91,20 @@ def test_value_classes_that_compare_do_not_hash():
         assert type(obj).__hash__ is None
         with pytest.raises(TypeError, match="unhashable"):
             hash(obj)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [kvslots.Sequence, lambda pool: kvslots.HybridSequence(pool, kvslots.KvGroups(["full", 32]))],
+)
+def test_entering_a_closed_sequence_raises_as_a_closed_file_does(make):
+    pool = kvslots.BlockPool(8, 4)
+    seq = make(pool)
+    with seq as entered:
+        assert entered is seq
+        seq.try_append(5)
+    assert seq.closed and pool.used_blocks == 0
+    with pytest.raises(ValueError, match="closed"):
+        with seq:
+            raise AssertionError("the body of a with on a closed sequence ran")
+    assert seq.closed and pool.used_blocks == 0
