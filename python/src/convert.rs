@@ -530,9 +530,23 @@ fn buffer_tokens(view: &Bound<'_, PyMemoryView>, of_bytes: bool) -> PyResult<Vec
 /// number of seconds, at least 0. One past `Duration`'s range (over
 /// 584 billion years) is `Duration::MAX`, which no deadline can reach: no
 /// limit, as `None`.
-pub(crate) fn timeout(seconds: Option<f64>) -> PyResult<Option<Duration>> {
+pub(crate) fn timeout(seconds: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Duration>> {
     seconds
-        .map(|s| {
+        .map(|obj| {
+            let s = obj.extract::<f64>().map_err(|e| {
+                if e.is_instance_of::<PyTypeError>(obj.py()) {
+                    let ty = obj
+                        .get_type()
+                        .name()
+                        .map(|n| n.to_string())
+                        .unwrap_or_else(|_| "?".to_owned());
+                    PyTypeError::new_err(format!(
+                        "timeout must be None or a number of seconds, not {ty}"
+                    ))
+                } else {
+                    e
+                }
+            })?;
             if s.is_finite() && s >= 0.0 {
                 Ok(Duration::try_from_secs_f64(s).unwrap_or(Duration::MAX))
             } else {

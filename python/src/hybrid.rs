@@ -566,7 +566,7 @@ impl PyHybridSequence {
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
         headroom: convert::Arg<'_>,
-        timeout: Option<f64>,
+        timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let (tokens, headroom) = convert::reservation(tokens, &headroom)?;
         let deadline = wait::deadline(convert::timeout(timeout)?);

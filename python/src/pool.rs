@@ -322,7 +322,7 @@ impl PyBlockPool {
         &self,
         py: Python<'py>,
         n: &Bound<'py, PyAny>,
-        timeout: Option<f64>,
+        timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Bound<'py, PyList>> {
         let n: usize = convert::uint(n, "n")?;
         let deadline = wait::deadline(convert::timeout(timeout)?);

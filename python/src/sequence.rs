@@ -362,7 +362,7 @@ impl PySequence {
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
         headroom: convert::Arg<'_>,
-        timeout: Option<f64>,
+        timeout: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let (tokens, headroom) = convert::reservation(tokens, &headroom)?;
         let deadline = wait::deadline(convert::timeout(timeout)?);

@@ -108,3 +108,23 @@ def test_entering_a_closed_sequence_raises_as_a_closed_file_does(make):
         with seq:
             raise AssertionError("the body of a with on a closed sequence ran")
     assert seq.closed and pool.used_blocks == 0
+
+
+def test_a_timeout_that_is_no_number_is_named():
+    pool = kvslots.BlockPool(8, 4)
+    seq = kvslots.Sequence(pool)
+    h = hybrid(pool)
+    calls = [
+        lambda t: pool.alloc(1, timeout=t),
+        lambda t: seq.reserve(4, 0, t),
+        lambda t: h.reserve(4, timeout=t),
+    ]
+    for call in calls:
+        for bad in ("1", b"1", [1], object()):
+            with pytest.raises(TypeError, match="timeout must be None or a number of seconds, not"):
+                call(bad)
+    assert pool.used_blocks == 0 and seq.capacity == 0 and h.capacity == 0
+    # Ints and floats are seconds.
+    pool.free(pool.alloc(1, timeout=0))
+    seq.reserve(4, 0, 1.5)
+    assert seq.capacity == 4
