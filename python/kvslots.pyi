@@ -730,7 +730,9 @@ class HybridSequence:
         under `fence` (given back at `pool.complete(fence)`)."""
     def try_reserve(self, tokens: _Int, headroom: _Int = 0) -> None:
         """Takes every group's blocks for `tokens` more tokens with one
-        allocation, all or none, only if `headroom` blocks stay free."""
+        allocation, all or none, only if `headroom` blocks stay free. When
+        the blocks held already cover them, nothing is taken and nothing is
+        checked (neither `headroom` nor whether the pool is closed)."""
     def reserve(
         self, tokens: _Int, headroom: _Int = 0, timeout: Optional[float] = None
     ) -> None:

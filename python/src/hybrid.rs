@@ -527,7 +527,9 @@ impl PyHybridSequence {
 
     /// Makes sure every table holds blocks for `tokens` more tokens, taking
     /// the missing ones of all the groups with one allocation, all or none,
-    /// only if `headroom` blocks stay free afterwards.
+    /// only if `headroom` blocks stay free afterwards. When the blocks held
+    /// already cover them, nothing is taken and nothing is checked (neither
+    /// `headroom` nor whether the pool is closed).
     ///
     /// Raises `Full`, `BehindWaiters`, `NeverFits` or `Closed`; nothing
     /// changes then.
