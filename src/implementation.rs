@@ -1215,12 +1215,15 @@
 //! table cut (or its window's entries made null) however the release
 //! ends: a `truncate` whose table's give-back unwinds still keeps its
 //! copy-on-write source (given back by its drop), and a drop gives its
-//! table back even if the source's give-back unwinds. Where a call gives
-//! back in several steps (a `HybridSequence`'s truncate, shrink, append
-//! or match, over its groups; a match's revivals and its give-back of
-//! what it admitted ahead; `BlockPool::complete_all`, over the fences),
-//! it catches the panic, finishes every step, and resumes it at its end
-//! (`tests/waker_panic.rs`).
+//! table back even if the source's give-back unwinds; an append gives
+//! back its previous copy's source after it is whole (the caller then
+//! never gets the append's result, but the sequence holds it). Where a
+//! call gives back in several steps (a `HybridSequence`'s truncate,
+//! shrink, append or match, over its groups, with each group's copy
+//! made known before its previous source goes; a match's revivals and
+//! its give-back of what it admitted ahead; `BlockPool::complete_all`,
+//! over the fences), it catches the panic, finishes every step, and
+//! resumes it at its end (`tests/waker_panic.rs`).
 //!
 //! **No lost wake-up.** A waiter that finds the allocator short (or
 //! someone queued) queues (writing `owed` under the lock), makes a read-modify-write that changes

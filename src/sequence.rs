@@ -416,11 +416,25 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         n: usize,
         cow: bool,
     ) -> (Range<usize>, Option<BlockCopy>) {
+        let (positions, copy, done) = self.commit_append_keeping(n, cow);
+        if let Some(id) = done {
+            self.pool.release(&SequenceCall::new(), &[id]);
+        }
+        (positions, copy)
+    }
+
+    /// [`commit_append`](Self::commit_append) but for the give-back of the
+    /// previous copy's source, which it returns: the caller gives it back
+    /// once its own books are whole (a waker's panic can come out of a
+    /// give-back).
+    pub(crate) fn commit_append_keeping(
+        &mut self,
+        n: usize,
+        cow: bool,
+    ) -> (Range<usize>, Option<BlockCopy>, Option<BlockId>) {
         let old_len = self.len;
         let (tail_index, tail) = table::tail(old_len, self.pool.block_size());
-        // The caller's previous copy (if any) is done by now: its source
-        // goes last, once the append is whole (a waker's panic can come
-        // out of a give-back).
+        // The caller's previous copy (if any) is done by now.
         let done = self.retired.take();
         // `total` blocks fitted in the pool, so the new length fits in its
         // `num_blocks * block_size` slots, which fit in usize.
@@ -439,10 +453,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 tokens: tail,
             }
         });
-        if let Some(id) = done {
-            self.pool.release(&SequenceCall::new(), &[id]);
-        }
-        (old_len..self.len, copy)
+        (old_len..self.len, copy, done)
     }
 
     /// Makes sure the table holds blocks for `tokens` more tokens, taking the

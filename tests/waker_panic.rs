@@ -254,3 +254,57 @@ fn a_hybrid_shrink_unwound_by_a_waker_shrinks_every_group() {
     pool.free(&ids).unwrap();
     assert_eq!(pool.free_blocks(), 4);
 }
+
+/// A hybrid sequence (a full group and a sliding window of 4 tokens, blocks
+/// of 4) of 11 tokens whose groups each keep a copy-on-write source they
+/// hold alone, and a waiter (whose waker panics) for one block more than
+/// the pool has free. The append of 5 more reuses the window's blocks
+/// (no admission) and gives back each group's source: the first grants
+/// the waiter. Returns the sequence and the waiter's blocks.
+fn hybrid_append_unwound_by_a_waker(pool: &Arc<BlockPool>) -> (HybridSequence, Vec<BlockId>) {
+    let groups =
+        KvGroups::new([KvGroup::Full, KvGroup::SlidingWindow { window_tokens: 4 }]).unwrap();
+    let mut seq = HybridSequence::new(Arc::clone(pool), groups);
+    seq.try_append(8).unwrap();
+    let mut copies = Vec::new();
+    let child = seq.try_fork(&mut copies).unwrap();
+    seq.truncate(6).unwrap();
+    seq.try_append_cow(5, &mut copies).unwrap();
+    assert_eq!(copies.len(), 2);
+    drop(child);
+    let mut ids = Vec::new();
+    let waiter = Waiter::queue(pool, pool.free_blocks() + 1, &mut ids);
+    copies.clear();
+    unwinds_with_the_waker(|| {
+        seq.try_append_cow(5, &mut copies).unwrap();
+    });
+    waiter.finish();
+    assert_eq!(copies.len(), 0, "no copy in the second append");
+    (seq, ids)
+}
+
+#[test]
+fn a_hybrid_append_unwound_by_a_waker_commits_every_group() {
+    quiet();
+    let pool = Arc::new(BlockPool::new(16, 4));
+    let (mut seq, ids) = hybrid_append_unwound_by_a_waker(&pool);
+    assert_eq!(seq.len(), 16);
+    assert_eq!(seq.blocks(0).unwrap().len(), seq.blocks(1).unwrap().len());
+    assert_eq!(seq.capacity(), 16);
+    // No block is both the waiter's and the sequence's.
+    let mut held: Vec<BlockId> = [seq.blocks(0).unwrap(), seq.blocks(1).unwrap()]
+        .concat()
+        .into_iter()
+        .filter(|&id| id != BlockId::NULL)
+        .chain(ids.iter().copied())
+        .collect();
+    let listed = held.len();
+    held.sort_unstable();
+    held.dedup();
+    assert_eq!(held.len(), listed, "a block listed twice");
+    assert_eq!(pool.used_blocks(), listed);
+    seq.try_append_cow(1, &mut Vec::new()).unwrap();
+    drop(seq);
+    pool.free(&ids).unwrap();
+    assert_eq!(pool.used_blocks(), 0, "blocks lost");
+}

@@ -777,12 +777,7 @@ impl PyHybridSequence {
     /// closed file does. Never waits: a sequence that another call holds
     /// now is entered as it is.
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
-        let closed = slf
-            .get()
-            .inner
-            .try_lock_as(ThreadToken::current())
-            .is_some_and(|guard| guard.is_none());
-        if closed {
+        if slf.get().inner.closed_now() {
             return Err(closed_hybrid());
         }
         Ok(slf)

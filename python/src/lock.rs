@@ -64,6 +64,15 @@ pub(crate) struct SeqLock<T> {
     holder: AtomicU64,
 }
 
+impl<T: Send> SeqLock<Option<T>> {
+    /// Whether the value is gone (closed) now, read without waiting: a
+    /// value another call holds now reads as there.
+    pub(crate) fn closed_now(&self) -> bool {
+        self.try_lock_as(ThreadToken::current())
+            .is_some_and(|guard| guard.is_none())
+    }
+}
+
 /// The held mutex: the value, and the holder's mark, cleared on drop.
 pub(crate) struct SeqGuard<'a, T> {
     holder: &'a AtomicU64,

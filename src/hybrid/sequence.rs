@@ -639,8 +639,8 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         }
         // Commit: the windows first (their reusable blocks join the
         // admitted ones), then each group takes its share in order. A
-        // waker's panic out of a window's give-back is resumed once every
-        // table is committed.
+        // waker's panic out of a give-back (a window's blocks, a previous
+        // copy's source) is resumed once every table is committed.
         let mut unwound = Unwound::new();
         for (t, kind) in self.tables.iter_mut().zip(self.groups.as_slice()) {
             let upto = kind.first_needed_block(old_len, bs);
@@ -654,9 +654,12 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         for (t, &(need, _, cow)) in self.tables.iter_mut().zip(self.plans.iter()) {
             t.blocks.extend_from_slice(&self.scratch[next..next + need]);
             next += need;
-            let (_, copy) = t.commit_append(n, cow);
+            let (_, copy, done) = t.commit_append_keeping(n, cow);
             if let (Some(copy), Some(out)) = (copy, copies.as_deref_mut()) {
                 out.push(copy);
+            }
+            if let Some(id) = done {
+                unwound.catch(|| t.pool().release(&SequenceCall::new(), &[id]));
             }
         }
         debug_assert_eq!(next, self.scratch.len());
