@@ -1214,10 +1214,11 @@
 //! `Sequence` makes its own changes first and gives back last, with its
 //! table cut (or its window's entries made null) however the release
 //! ends: a `truncate` whose table's give-back unwinds still keeps its
-//! copy-on-write source (given back by its drop), and a drop gives its
-//! table back even if the source's give-back unwinds; an append gives
-//! back its previous copy's source after it is whole (the caller then
-//! never gets the append's result, but the sequence holds it). Where a
+//! copy-on-write source (as after a copy-on-write append), a drop gives
+//! its table back even if the source's give-back unwinds, and an append
+//! gives back its previous copy's source before it commits (unwound
+//! there, the append is undone, its new blocks reserved in the table, and
+//! no copy to make is lost). Where a
 //! call gives back in several steps (a `HybridSequence`'s truncate,
 //! shrink, append or match, over its groups, with each group's copy
 //! made known before its previous source goes; a match's revivals and
@@ -1295,7 +1296,8 @@
 //! clock: each completes exactly its own retirements, found by a lookup,
 //! so completing out of order costs nothing. `pending_release_blocks` is
 //! a `Relaxed` gauge, raised before a retirement is listed (so a racing
-//! complete never takes it below 0) and lowered after the references go.
+//! complete never takes it below 0) and lowered once a complete has taken
+//! the list out, before its references go.
 //!
 //! # Orderings
 //!

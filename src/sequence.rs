@@ -416,10 +416,12 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         n: usize,
         cow: bool,
     ) -> (Range<usize>, Option<BlockCopy>) {
-        let (positions, copy, done) = self.commit_append_keeping(n, cow);
-        if let Some(id) = done {
-            self.pool.release(&SequenceCall::new(), &[id]);
-        }
+        // The caller's previous copy (if any) is done by now: its source
+        // goes first. A waker's panic out of that give-back leaves the
+        // append undone, its new blocks reserved in the table (the next
+        // append plans it again), so no copy to make is lost.
+        self.release_retired();
+        let (positions, copy, _) = self.commit_append_keeping(n, cow);
         (positions, copy)
     }
 
@@ -949,8 +951,8 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// If the waker of an async waiter that the give-back grants panics
     /// (see [Waiting](crate::implementation#waiting)): the panic comes
     /// once the sequence is cut to `len` and the table's blocks are given
-    /// back; a copy-on-write source it keeps then stays kept, until its
-    /// drop.
+    /// back; a copy-on-write source it keeps then stays kept, as after
+    /// [`try_append_cow`](Self::try_append_cow).
     ///
     /// # Examples
     ///

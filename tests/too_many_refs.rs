@@ -33,7 +33,7 @@ fn free(pool: &BlockPool, chunk: &[BlockId], mut n: usize) {
 #[test]
 #[cfg_attr(
     debug_assertions,
-    ignore = "half a billion reference adds: run with --release"
+    ignore = "half a billion reference adds: run with --ignored (or --release)"
 )]
 fn add_refs_past_the_largest_count_is_refused_and_changes_nothing() {
     let pool = BlockPool::new(4, 16);

@@ -1,10 +1,10 @@
 //! A waker that panics loses no block (the crate docs' guarantee table):
 //! the panic comes out of whichever give-back granted its waiter, and the
-//! call it comes out of leaves everything whole. A sequence no longer
-//! lists what it gave back and still lists what it holds (so its drop
-//! gives back neither twice nor too little), a hybrid sequence's groups
-//! agree on its length, and a pool's `complete_all` gives back every
-//! fence's references. Each test parks an async waiter whose waker panics,
+//! call it comes out of leaves everything whole. A sequence lists exactly
+//! what it holds, none of what it gave back (so its drop gives back
+//! neither twice nor too little), a hybrid sequence's groups agree on its
+//! length, and a pool's `complete_all` gives back every fence's
+//! references. Each test parks an async waiter whose waker panics,
 //! makes the call whose give-back grants it, catches the panic, and checks
 //! the books once everything is dropped.
 
@@ -307,4 +307,27 @@ fn a_hybrid_append_unwound_by_a_waker_commits_every_group() {
     drop(seq);
     pool.free(&ids).unwrap();
     assert_eq!(pool.used_blocks(), 0, "blocks lost");
+}
+
+#[test]
+fn an_append_unwound_by_a_waker_is_undone() {
+    quiet();
+    let pool = Arc::new(BlockPool::new(3, 4));
+    let mut seq = holding_a_copy_source(&pool); // 3 tokens, the source kept
+    let mut other = Vec::new();
+    pool.try_alloc(1, &mut other).unwrap();
+    let mut ids = Vec::new();
+    let waiter = Waiter::queue(&pool, 1, &mut ids);
+    // The append fits in the block held; it gives back the source first,
+    // which grants the waiter.
+    unwinds_with_the_waker(|| {
+        seq.try_append(1).unwrap();
+    });
+    waiter.finish();
+    assert_eq!((seq.len(), seq.blocks().len(), seq.capacity()), (3, 1, 4));
+    assert_eq!(seq.try_append(1).unwrap(), 3..4);
+    drop(seq);
+    pool.free(&ids).unwrap();
+    pool.free(&other).unwrap();
+    assert_eq!(pool.free_blocks(), 3);
 }

@@ -243,18 +243,11 @@ pub(crate) fn key_bytes<'py>(py: Python<'py>, key: &BlockHash) -> PyResult<Bound
     })
 }
 
-/// Block keys as a Python list of 32-byte `bytes` objects. As in
-/// [`int_list`], a list of [`FALLIBLE_LIST`] keys or more is built by
-/// fallible calls only (appended to), so that running out of memory is a
-/// `MemoryError`.
+/// Block keys as a Python list of 32-byte `bytes` objects, appended one
+/// by one to an empty list, so that running out of memory is a
+/// `MemoryError` (each key costs a SHA-256 compression to make; an append
+/// is nothing beside it).
 pub(crate) fn key_list<'py>(py: Python<'py>, keys: &[BlockHash]) -> PyResult<Bound<'py, PyList>> {
-    if keys.len() < FALLIBLE_LIST {
-        let items = keys
-            .iter()
-            .map(|key| key_bytes(py, key))
-            .collect::<PyResult<Vec<_>>>()?;
-        return PyList::new(py, items);
-    }
     let list = PyList::empty(py);
     for key in keys {
         list.append(key_bytes(py, key)?)?;
@@ -540,9 +533,11 @@ pub(crate) fn timeout(seconds: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Dur
                         .name()
                         .map(|n| n.to_string())
                         .unwrap_or_else(|_| "?".to_owned());
-                    PyTypeError::new_err(format!(
+                    let err = PyTypeError::new_err(format!(
                         "timeout must be None or a number of seconds, not {ty}"
-                    ))
+                    ));
+                    err.set_cause(obj.py(), Some(e));
+                    err
                 } else {
                     e
                 }

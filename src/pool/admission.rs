@@ -335,7 +335,7 @@ impl Admission {
     /// "Wakers run after the lock" in [`crate::implementation`]) would
     /// leave the call with its blocks admitted and never taken: they are
     /// given back first, and the waiters look again, so that a call that
-    /// panics has taken nothing.
+    /// panics has taken nothing (the peak it raised, an estimate, stays).
     fn notify_or_give_back(&self, home: usize, n: usize) {
         let mut unwound = Unwound::new();
         unwound.catch(|| self.queue.notify(self));
