@@ -269,6 +269,12 @@ impl fmt::Debug for SequenceCall<'_> {
 ///   `try_alloc_with_headroom`, a new admission, where `BlockPool`'s own
 ///   is a running sequence's growth).
 ///
+/// A sequence checks the count of every allocation: one that succeeds
+/// with more or fewer ids than asked, or fails with some, breaks all or
+/// nothing, and the sequence panics before it changes (giving back the
+/// ids of a success first). It does not check the rest of the contract;
+/// a breach there is a logic error, as a double free is.
+///
 /// The prefix cache is optional: its methods have defaults that cache
 /// nothing (a match finds nothing, a publish caches nothing), which is
 /// correct for an allocator without one. Fenced release and waiting are
@@ -497,6 +503,60 @@ pub trait BlockAllocator {
     fn retire_owned(&self, by: &SequenceCall<'_>, fence: u64, ids: Vec<BlockId>) -> usize {
         self.retire(by, fence, &ids)
     }
+}
+
+/// Runs `alloc`, an allocation of `n` blocks that appends their ids to
+/// `out`, and holds the allocator to all or nothing: it appended `n` ids
+/// if it succeeded, none if it failed.
+///
+/// # Panics
+///
+/// If the allocator broke that rule, with `out` as it was: the ids of a
+/// success that appended too few or too many are given back first (they
+/// carry the caller's references), those of a failure are dropped from
+/// `out` only (a failure took nothing).
+#[inline]
+pub(crate) fn checked_alloc<A: BlockAllocator + ?Sized>(
+    pool: &A,
+    n: usize,
+    out: &mut Vec<BlockId>,
+    alloc: impl FnOnce(&A, &mut Vec<BlockId>) -> Result<(), ReserveError>,
+) -> Result<(), ReserveError> {
+    let before = out.len();
+    let result = alloc(pool, out);
+    let expected = if result.is_ok() { n } else { 0 };
+    if out.len().checked_sub(before) != Some(expected) {
+        not_all_or_nothing(pool, n, before, out, result.is_ok());
+    }
+    result
+}
+
+/// The panic of [`checked_alloc`].
+#[cold]
+#[inline(never)]
+fn not_all_or_nothing<A: BlockAllocator + ?Sized>(
+    pool: &A,
+    n: usize,
+    before: usize,
+    out: &mut Vec<BlockId>,
+    ok: bool,
+) -> ! {
+    let Some(appended) = out.len().checked_sub(before) else {
+        panic!(
+            "a BlockAllocator's allocation of {n} blocks removed {} ids from the list it was \
+             to append to",
+            before - out.len()
+        );
+    };
+    let taken: Vec<BlockId> = out.drain(before..).collect();
+    if ok {
+        pool.release(&SequenceCall::new(), &taken);
+    }
+    panic!(
+        "a BlockAllocator broke all or nothing: asked for {n} blocks, it {} and appended \
+         {appended} ids",
+        if ok { "succeeded" } else { "failed" }
+    );
 }
 
 /// `BlockPool`'s sealed calls with bad ids: only the crate can make them

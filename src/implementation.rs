@@ -1226,6 +1226,22 @@
 //! over the fences), it catches the panic, finishes every step, and
 //! resumes it at its end (`tests/waker_panic.rs`).
 //!
+//! The same holds when the panic is a custom allocator's
+//! (`tests/allocator_faults.rs`): a fenced truncate cuts its table however
+//! the allocator's `retire` ends; a sliding window picks the blocks it
+//! recycles into an append before it changes its table, so a `needs_copy`
+//! that unwinds there leaves it whole, and the append is undone with its
+//! blocks given back; blocks an allocation appended before it unwound,
+//! which a `HybridSequence` holds apart from its tables until it hands
+//! them out, are given back by its next call, its `retire` or its drop.
+//! A sequence also holds the allocator to all or nothing: an allocation
+//! that succeeds with more or fewer ids than asked, or fails with some, is
+//! a panic before the sequence changes (the ids of a success given back
+//! first), as is an `add_refs` that counts more blocks than it was given;
+//! and it asks `needs_copy` once for each decision, so an answer that
+//! turns from false to true (which the contract forbids) is followed as
+//! given, or is a panic, never a copy skipped.
+//!
 //! **No lost wake-up.** A waiter that finds the allocator short (or
 //! someone queued) queues (writing `owed` under the lock), makes a read-modify-write that changes
 //! nothing (`AcqRel`) on every word a release writes (the counter's state

@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::allocator::{BlockAllocator, SequenceCall};
+use crate::allocator::{checked_alloc, BlockAllocator, SequenceCall};
 use crate::error::{PositionError, ReserveError};
 use crate::hash::BlockHash;
 use crate::id::BlockId;
@@ -289,13 +289,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// assert_eq!(seq.len(), 8);
     /// ```
     pub fn try_append(&mut self, n: usize) -> Result<Range<usize>, ReserveError> {
-        assert!(
-            n == 0 || !self.tail_needs_copy(),
-            "Sequence::try_append: the last block is shared (with a fork or a match) or cached, and must be \
-             copied before it is written; append with Sequence::try_append_cow, which \
-             returns the BlockCopy to make"
-        );
-        self.try_append_cow(n).map(|(range, _)| range)
+        self.append(n, false).map(|(range, _)| range)
     }
 
     /// Appends `n` tokens as [`try_append`](Self::try_append) does, and
@@ -334,6 +328,18 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         &mut self,
         n: usize,
     ) -> Result<(Range<usize>, Option<BlockCopy>), ReserveError> {
+        self.append(n, true)
+    }
+
+    /// The body of both appends; one without `cow_allowed` panics, before
+    /// changing anything, where a copy is needed. (The plan asks the
+    /// allocator once whether the tail needs a copy, and that answer is
+    /// the one both the panic and the append follow.)
+    fn append(
+        &mut self,
+        n: usize,
+        cow_allowed: bool,
+    ) -> Result<(Range<usize>, Option<BlockCopy>), ReserveError> {
         let old_len = self.len;
         if n == 0 {
             return Ok((old_len..old_len, None));
@@ -343,6 +349,12 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             return Ok((old_len..self.len, None));
         }
         let (total, new_blocks, cow) = self.plan_append(n);
+        assert!(
+            cow_allowed || !cow,
+            "Sequence::try_append: the last block is shared (with a fork or a match) or cached, and must be \
+             copied before it is written; append with Sequence::try_append_cow, which \
+             returns the BlockCopy to make"
+        );
         // Nothing new needed? Then nothing to admit: the append only fills
         // blocks we hold (also on a closed pool, so workers can drain).
         if total > 0 {
@@ -353,17 +365,14 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             // running: its growth does not wait behind queued admissions;
             // an empty one, or one that holds only what it matched, is a
             // new admission.
-            if !self.is_running() {
-                self.pool.try_alloc_with_headroom(
-                    &SequenceCall::new(),
-                    total,
-                    0,
-                    &mut self.blocks,
-                )?;
-            } else {
-                self.pool
-                    .try_alloc_growth(&SequenceCall::new(), total, &mut self.blocks)?;
-            }
+            let running = self.is_running();
+            checked_alloc(&*self.pool, total, &mut self.blocks, |pool, out| {
+                if running {
+                    pool.try_alloc_growth(&SequenceCall::new(), total, out)
+                } else {
+                    pool.try_alloc_with_headroom(&SequenceCall::new(), total, 0, out)
+                }
+            })?;
         }
         Ok(self.commit_append(n, cow))
     }
@@ -511,8 +520,9 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             return Ok(());
         }
         self.never_fits_beside_own(missing, missing, headroom)?;
-        self.pool
-            .try_alloc_with_headroom(&SequenceCall::new(), missing, headroom, &mut self.blocks)
+        checked_alloc(&*self.pool, missing, &mut self.blocks, |pool, out| {
+            pool.try_alloc_with_headroom(&SequenceCall::new(), missing, headroom, out)
+        })
     }
 
     /// [`try_reserve`](Self::try_reserve), sleeping in the pool's queue
@@ -573,13 +583,9 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             return Ok(());
         }
         self.never_fits_beside_own(missing, missing, headroom)?;
-        self.pool.alloc_with_headroom_blocking(
-            &SequenceCall::new(),
-            missing,
-            headroom,
-            &mut self.blocks,
-            timeout,
-        )
+        checked_alloc(&*self.pool, missing, &mut self.blocks, |pool, out| {
+            pool.alloc_with_headroom_blocking(&SequenceCall::new(), missing, headroom, out, timeout)
+        })
     }
 
     /// `NeverFits` for a call that asks for `asked` blocks, of which
@@ -1050,15 +1056,20 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 self.release_retired();
             }
             Some(fence) => {
-                self.pool.retire(
-                    &SequenceCall::new(),
-                    fence,
-                    &self.blocks[keep.max(self.null)..],
-                );
-                self.retire_copy_source(fence);
-                self.blocks.truncate(keep);
+                let from = keep.max(self.null);
                 self.null = self.null.min(keep);
                 self.matched = self.matched.min(keep);
+                // The table is cut however the retire ends, as in
+                // `give_back`: an allocator's `retire` that unwinds has
+                // the blocks, which the table must not give back again.
+                let table = Cut {
+                    blocks: &mut self.blocks,
+                    keep,
+                };
+                self.pool
+                    .retire(&SequenceCall::new(), fence, &table.blocks[from..]);
+                drop(table);
+                self.retire_copy_source(fence);
             }
         }
         freed
@@ -1216,13 +1227,14 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             // sequence that holds only what it matched has no partly
             // filled tail).
             self.never_fits_beside_own(1, 1, 0)?;
-            if self.is_running() {
-                self.pool
-                    .try_alloc_growth(&SequenceCall::new(), 1, &mut child.blocks)?;
-            } else {
-                self.pool
-                    .try_alloc_with_headroom(&SequenceCall::new(), 1, 0, &mut child.blocks)?;
-            }
+            let running = self.is_running();
+            checked_alloc(&*self.pool, 1, &mut child.blocks, |pool, out| {
+                if running {
+                    pool.try_alloc_growth(&SequenceCall::new(), 1, out)
+                } else {
+                    pool.try_alloc_with_headroom(&SequenceCall::new(), 1, 0, out)
+                }
+            })?;
         }
         Ok(self.fork_into(child))
     }
@@ -1247,6 +1259,11 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         child.null = null;
         let shared = &self.blocks[null..full];
         let added = self.pool.add_refs(&SequenceCall::new(), shared);
+        assert!(
+            added <= shared.len(),
+            "a BlockAllocator's add_refs said it shared {added} of {} blocks",
+            shared.len()
+        );
         child.blocks.extend_from_slice(&shared[..added]);
         if let Some(&id) = shared.get(added) {
             panic!(
@@ -1325,14 +1342,34 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         if upto <= from {
             return 0;
         }
-        // Compact the blocks to give back to the front of the range.
+        // The blocks to recycle, in table order, move to `out` first,
+        // while the table is untouched: a `needs_copy` that unwinds (an
+        // allocator's) leaves `out` as it was.
+        let start = out.len();
+        {
+            let mut taken = Truncate {
+                list: out,
+                len: start,
+            };
+            for &id in &self.blocks[from..upto] {
+                if *recycle == 0 {
+                    break;
+                }
+                if recycle_shared || !self.pool.needs_copy(id) {
+                    taken.list.push(id);
+                    *recycle -= 1;
+                }
+            }
+            taken.len = taken.list.len();
+        }
+        // Then the rest are compacted to the front of the range: an entry
+        // is recycled if it is the next of those moved (the same entries,
+        // in the same order), else it is given back below.
+        let mut moved = out[start..].iter().peekable();
         let mut kept = from;
         for i in from..upto {
             let id = self.blocks[i];
-            if *recycle > 0 && (recycle_shared || !self.pool.needs_copy(id)) {
-                out.push(id);
-                *recycle -= 1;
-            } else {
+            if moved.next_if_eq(&&id).is_none() {
                 self.blocks[kept] = id;
                 kept += 1;
             }
@@ -1441,6 +1478,19 @@ struct Cut<'a> {
 impl Drop for Cut<'_> {
     fn drop(&mut self) {
         self.blocks.truncate(self.keep);
+    }
+}
+
+/// Truncates a list to `len` when dropped: what a step pushed goes
+/// again if the step unwinds before it sets `len` to the list's length.
+struct Truncate<'a> {
+    list: &'a mut Vec<BlockId>,
+    len: usize,
+}
+
+impl Drop for Truncate<'_> {
+    fn drop(&mut self) {
+        self.list.truncate(self.len);
     }
 }
 

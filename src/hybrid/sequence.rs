@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::groups::{GroupKeys, KvGroup, KvGroups};
-use crate::allocator::{BlockAllocator, SequenceCall};
+use crate::allocator::{checked_alloc, BlockAllocator, SequenceCall};
 use crate::error::{HybridError, ReserveError};
 use crate::id::BlockId;
 use crate::pool::{BlockPool, Holder};
@@ -633,7 +633,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         let Some(new_len) = old_len.checked_add(n) else {
             return Err(self.never_fits(usize::MAX, self.room_beside_own(leaving)));
         };
-        self.scratch.clear();
+        self.clear_scratch();
         if asked > 0 {
             self.admit(asked)?;
         }
@@ -650,10 +650,19 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
                 t.skip_to(upto, fence, scratch, recycle, recycle_shared);
             });
         }
-        let mut next = 0;
+        // The windows recycle what the plan counted unless a `needs_copy`
+        // unwound (an allocator's panic) or turned from false to true (a
+        // breach of the contract): then the append is undone, its blocks
+        // given back, and the windows stay moved on (what they gave back
+        // lay before the first block the old length needs).
+        let planned = self.plans.iter().map(|p| p.0).sum::<usize>();
+        if self.scratch.len() != planned {
+            self.undo_append(unwound);
+        }
         for (t, &(need, _, cow)) in self.tables.iter_mut().zip(self.plans.iter()) {
-            t.blocks.extend_from_slice(&self.scratch[next..next + need]);
-            next += need;
+            // Moved, so that each block is in one place when a panic
+            // comes.
+            t.blocks.extend(self.scratch.drain(..need));
             let (_, copy, done) = t.commit_append_keeping(n, cow);
             if let (Some(copy), Some(out)) = (copy, copies.as_deref_mut()) {
                 out.push(copy);
@@ -662,9 +671,42 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
                 unwound.catch(|| t.pool().release(&SequenceCall::new(), &[id]));
             }
         }
-        debug_assert_eq!(next, self.scratch.len());
-        self.scratch.clear();
+        debug_assert!(self.scratch.is_empty());
         Ok(old_len..new_len)
+    }
+
+    /// Gives back the blocks an append holds in the scratch list, whose
+    /// count is not the plan's, and resumes the panic `unwound` caught, or
+    /// panics for the breach of the contract.
+    #[cold]
+    #[inline(never)]
+    fn undo_append(&mut self, mut unwound: Unwound) -> ! {
+        let (planned, held) = (
+            self.plans.iter().map(|p| p.0).sum::<usize>(),
+            self.scratch.len(),
+        );
+        unwound.catch(|| self.clear_scratch());
+        // Resumes the panic caught, if any: the count is short for it.
+        drop(unwound);
+        panic!(
+            "a BlockAllocator's needs_copy turned from false to true: the append planned \
+             {planned} blocks and holds {held}"
+        );
+    }
+
+    /// Gives back the blocks in the scratch list, which holds some
+    /// between calls only when a panic interrupted one (an allocator's:
+    /// an allocation that appended and then unwound).
+    fn clear_scratch(&mut self) {
+        if self.scratch.is_empty() {
+            return;
+        }
+        let ids = std::mem::take(&mut self.scratch);
+        if let Some(t) = self.tables.first() {
+            t.pool().release(&SequenceCall::new(), &ids);
+        }
+        self.scratch = ids;
+        self.scratch.clear();
     }
 
     /// `NeverFits` for a call that asks the pool for `asked` blocks, of
@@ -726,11 +768,13 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         if self.faults.per_group_admission() {
             return self.admit_per_group(n, fresh);
         }
-        if fresh {
-            pool.try_alloc_with_headroom(&SequenceCall::new(), n, 0, &mut self.scratch)
-        } else {
-            pool.try_alloc_growth(&SequenceCall::new(), n, &mut self.scratch)
-        }
+        checked_alloc(&*pool, n, &mut self.scratch, |pool, out| {
+            if fresh {
+                pool.try_alloc_with_headroom(&SequenceCall::new(), n, 0, out)
+            } else {
+                pool.try_alloc_growth(&SequenceCall::new(), n, out)
+            }
+        })
     }
 
     /// The `per_group_admission` fault: one allocation per group (the
@@ -744,11 +788,13 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             if share == 0 {
                 continue;
             }
-            let taken = if fresh {
-                pool.try_alloc_with_headroom(&SequenceCall::new(), share, 0, &mut self.scratch)
-            } else {
-                pool.try_alloc_growth(&SequenceCall::new(), share, &mut self.scratch)
-            };
+            let taken = checked_alloc(&*pool, share, &mut self.scratch, |pool, out| {
+                if fresh {
+                    pool.try_alloc_with_headroom(&SequenceCall::new(), share, 0, out)
+                } else {
+                    pool.try_alloc_growth(&SequenceCall::new(), share, out)
+                }
+            });
             if let Err(e) = taken {
                 pool.release(&SequenceCall::new(), &self.scratch);
                 self.scratch.clear();
@@ -795,9 +841,11 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             return Ok(());
         }
         self.never_fits_beside_own(missing, missing, headroom, 0)?;
-        self.scratch.clear();
+        self.clear_scratch();
         let pool = Arc::clone(self.pool());
-        pool.try_alloc_with_headroom(&SequenceCall::new(), missing, headroom, &mut self.scratch)?;
+        checked_alloc(&*pool, missing, &mut self.scratch, |pool, out| {
+            pool.try_alloc_with_headroom(&SequenceCall::new(), missing, headroom, out)
+        })?;
         self.distribute_reserved();
         Ok(())
     }
@@ -847,15 +895,11 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             return Ok(());
         }
         self.never_fits_beside_own(missing, missing, headroom, 0)?;
-        self.scratch.clear();
+        self.clear_scratch();
         let pool = Arc::clone(self.pool());
-        pool.alloc_with_headroom_blocking(
-            &SequenceCall::new(),
-            missing,
-            headroom,
-            &mut self.scratch,
-            timeout,
-        )?;
+        checked_alloc(&*pool, missing, &mut self.scratch, |pool, out| {
+            pool.alloc_with_headroom_blocking(&SequenceCall::new(), missing, headroom, out, timeout)
+        })?;
         self.distribute_reserved();
         Ok(())
     }
@@ -897,12 +941,10 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// Hands the reserved blocks in the scratch list to the groups, as
     /// planned by [`missing_for`](Self::missing_for).
     fn distribute_reserved(&mut self) {
-        let mut next = 0;
         for (t, &(need, _, _)) in self.tables.iter_mut().zip(self.plans.iter()) {
-            t.blocks.extend_from_slice(&self.scratch[next..next + need]);
-            next += need;
+            t.blocks.extend(self.scratch.drain(..need));
         }
-        self.scratch.clear();
+        debug_assert!(self.scratch.is_empty());
     }
 
     /// The shortest length, besides 0, that the tables can be truncated to:
@@ -1055,6 +1097,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// assert_eq!(pool.complete(11), 5);
     /// ```
     pub fn retire(mut self, fence: u64) -> usize {
+        // Blocks a panic left in transit were never in a table: no step
+        // reads them.
+        self.clear_scratch();
         let tables = std::mem::take(&mut self.tables);
         tables.into_vec().into_iter().map(|t| t.retire(fence)).sum()
     }
@@ -1132,11 +1177,14 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             self.never_fits_beside_own(private, private, 0, 0)?;
             // Growth of a running sequence; new work's fork (after a
             // truncate into what it matched) is a new admission.
-            if self.is_new_work() {
-                pool.try_alloc_with_headroom(&SequenceCall::new(), private, 0, &mut child.scratch)?;
-            } else {
-                pool.try_alloc_growth(&SequenceCall::new(), private, &mut child.scratch)?;
-            }
+            let fresh = self.is_new_work();
+            checked_alloc(&*pool, private, &mut child.scratch, |pool, out| {
+                if fresh {
+                    pool.try_alloc_with_headroom(&SequenceCall::new(), private, 0, out)
+                } else {
+                    pool.try_alloc_growth(&SequenceCall::new(), private, out)
+                }
+            })?;
             // Popped in group order below.
             child.scratch.reverse();
         }
@@ -1230,6 +1278,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         if !empty || keys.blocks() == 0 {
             return Ok(0);
         }
+        self.clear_scratch();
         let pool = Arc::clone(self.pool());
         let bs = pool.block_size();
         // At most the blocks whose tokens a length can count: sliding
@@ -1455,8 +1504,8 @@ impl HybridSequence<BlockPool> {
         // The list travels with the future, so that a cancelled wait
         // leaves the sequence untouched (the pool's future gives back
         // anything granted to it).
+        self.clear_scratch();
         let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
         let granted = pool
             .alloc_with_headroom(missing, headroom, &mut scratch, Holder::Sequence)
             .await;
