@@ -675,3 +675,55 @@ fn a_chain_published_child_first_drains_parent_first() {
         assert_eq!(Some(stored.as_slice()), keys.group(0), "shards {shards}");
     }
 }
+
+/// A key whose four words fold to the same 64-bit value as `key`'s (bit 0
+/// of word 2 and bit 17 of word 3 flipped): the merge's maps hash keys by
+/// that fold, and must still tell the two apart.
+fn same_fold(key: &BlockHash) -> BlockHash {
+    let mut other = *key;
+    other.0[16] ^= 1;
+    let word = u64::from_le_bytes(other.0[24..32].try_into().unwrap()) ^ (1 << 17);
+    other.0[24..32].copy_from_slice(&word.to_le_bytes());
+    other
+}
+
+/// A parent's store recorded after its child's is moved ahead of it, even
+/// when an unrelated key that folds to the parent's hash lies between them
+/// in the ring.
+#[test]
+fn a_key_that_folds_as_the_parent_does_not_hide_it() {
+    let pool = Arc::new(
+        BlockPool::builder(8, 1)
+            .shards(1)
+            .prefix_cache(true)
+            .kv_events(64)
+            .build()
+            .unwrap(),
+    );
+    let groups = KvGroups::new([KvGroup::SlidingWindow { window_tokens: 1 }]).unwrap();
+    let keys = groups.keys(&keys_of(&[10, 11], 1));
+    let (parent, child) = (keys.group(0).unwrap()[0], keys.group(0).unwrap()[1]);
+    let other = same_fold(&parent);
+    assert_ne!(other, parent);
+    assert!(matches!(drained(&pool)[..], [KvEvent::AllBlocksCleared]));
+    // The child's store first: a 1-token window holds only block 1.
+    let mut first = HybridSequence::new(Arc::clone(&pool), groups.clone());
+    first.try_append(1).unwrap();
+    first.try_append(1).unwrap();
+    assert_eq!(first.publish(&keys).unwrap(), 1);
+    // The other key, then the parent's store.
+    let mut second = Sequence::new(Arc::clone(&pool));
+    second.try_append(1).unwrap();
+    assert_eq!(second.publish(&[other]), 1);
+    let mut third = HybridSequence::new(Arc::clone(&pool), groups);
+    third.try_append(1).unwrap();
+    assert_eq!(third.publish(&keys).unwrap(), 1);
+    let stores: Vec<BlockHash> = drained(&pool)
+        .into_iter()
+        .flat_map(|event| match event {
+            KvEvent::BlockStored { keys, .. } => keys,
+            other => panic!("only stores: {other:?}"),
+        })
+        .collect();
+    assert_eq!(stores, [parent, child, other]);
+}

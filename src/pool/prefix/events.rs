@@ -50,6 +50,7 @@
 
 use std::collections::{HashMap, TryReserveError};
 use std::fmt;
+use std::hash::{Hash, Hasher};
 
 use crate::array::{bytes_of, Room};
 use crate::hash::BlockHash;
@@ -286,9 +287,9 @@ struct Consumer {
     cursors: Vec<Cursor>,
     /// Per ring, the records read in this drain.
     scratch: Vec<Vec<Record>>,
-    /// The merge's count of stores still to come, by key fingerprint
-    /// (kept between drains for its room).
-    to_come: HashMap<u64, u32>,
+    /// The merge's count of stores still to come, by key (kept between
+    /// drains for its room).
+    to_come: HashMap<Key, u32>,
 }
 
 /// A record as the consumer reads it.
@@ -740,16 +741,14 @@ impl Drop for Ticket<'_> {
 /// records before them, the topmost first; else (a cycle) the first
 /// ring's next record. A removal joins the removals just before it.
 ///
-/// `to_come` counts the stores still to come by a 64-bit fingerprint of
-/// their keys: two keys that share one only make a store wait for the
-/// other's. Returns the number of parent lookups the climbs made (one
+/// `to_come` counts the stores still to come by key. Returns the number of parent lookups the climbs made (one
 /// hash lookup each): every lookup of a climb but its last moves a store,
 /// and a climb that moves nothing is not made again until a record it
 /// depends on is merged, so they stay within a few times the records and
 /// rings however the chains lie.
 fn merge(
     lists: &[Vec<Record>],
-    to_come: &mut HashMap<u64, u32>,
+    to_come: &mut HashMap<Key, u32>,
     block_size: usize,
     out: &mut Vec<KvEvent>,
 ) -> usize {
@@ -757,7 +756,7 @@ fn merge(
     to_come.clear();
     for record in lists.iter().flatten() {
         if let Record::Stored { key, .. } = record {
-            *to_come.entry(fingerprint(key)).or_default() += 1;
+            *to_come.entry(Key(*key)).or_default() += 1;
         }
     }
     let mut merge = Merge::new(lists);
@@ -769,7 +768,7 @@ fn merge(
             Record::Stored {
                 parent: Some(parent),
                 ..
-            } => to_come.get(&fingerprint(parent)).is_some_and(|&n| n > 0),
+            } => to_come.get(&Key(*parent)).is_some_and(|&n| n > 0),
             _ => false,
         };
         let picked = {
@@ -831,7 +830,7 @@ fn merge(
 struct Merging<'m, 'a> {
     merge: &'m mut Merge<'a>,
     live: &'m mut Vec<usize>,
-    to_come: &'m mut HashMap<u64, u32>,
+    to_come: &'m mut HashMap<Key, u32>,
     last_stored: &'m mut Option<BlockHash>,
     block_size: usize,
     /// Where this drain's events begin in `out`.
@@ -850,7 +849,7 @@ impl Merging<'_, '_> {
         let record = lists[r][j];
         *self.last_stored = None;
         if let Record::Stored { key, .. } = record {
-            if let Some(n) = self.to_come.get_mut(&fingerprint(&key)) {
+            if let Some(n) = self.to_come.get_mut(&Key(key)) {
                 *n -= 1;
             }
             *self.last_stored = Some(key);
@@ -878,12 +877,12 @@ struct Index {
     /// Per ring, whether each record is merged (before the index, a ring's
     /// records are merged in order: those before `next`).
     taken: Vec<Vec<bool>>,
-    /// Per key fingerprint, the ring that holds that key's records (a
-    /// key's records all go to one ring) and the first of them (a store or
-    /// a removal) not merged yet, [`NONE`] once all are. A fingerprint met
-    /// in two rings (two keys sharing it) has the ring [`NONE`]: it is
+    /// Per key, the ring that holds that key's records (a key's records
+    /// all go to one ring) and the first of them (a store or a removal)
+    /// not merged yet, [`NONE`] once all are. A key met in two rings (which
+    /// the rings' keyed hash rules out) would have the ring [`NONE`]: it is
     /// never looked up as a parent's.
-    first: HashMap<u64, (usize, usize)>,
+    first: HashMap<Key, (usize, usize)>,
     /// Per ring, per record of a key, the next record of that key in the
     /// ring ([`NONE`] for the last).
     next_of_key: Vec<Vec<usize>>,
@@ -895,8 +894,8 @@ struct Index {
     /// Per ring, the climb from its next record that found no store to
     /// move, kept until something it depends on is merged.
     blocked: Vec<Option<Blocked>>,
-    /// Per key fingerprint, the rings whose climb is blocked at that key.
-    blocked_on: HashMap<u64, Vec<usize>>,
+    /// Per key, the rings whose climb is blocked at that key.
+    blocked_on: HashMap<Key, Vec<usize>>,
     /// Per ring, per record, the climb that last put it on its path (a
     /// record met twice in one climb is a cycle).
     on_path: Vec<Vec<usize>>,
@@ -912,8 +911,8 @@ struct Index {
 struct Blocked {
     /// The ring's next record then.
     next: usize,
-    /// The parent key's fingerprint.
-    on: u64,
+    /// The parent key.
+    on: Key,
     /// The ring whose lost events were in the way, if they were.
     losses_in: Option<usize>,
 }
@@ -934,7 +933,7 @@ impl<'a> Merge<'a> {
     /// The index of the records not merged yet: those from each ring's
     /// next record on, none of them merged (no store was moved before).
     fn build_index(&self) -> Index {
-        let mut first: HashMap<u64, (usize, usize)> = HashMap::new();
+        let mut first: HashMap<Key, (usize, usize)> = HashMap::new();
         let mut in_ring = HashMap::new();
         let mut next_of_key = Vec::with_capacity(self.lists.len());
         let mut losses = Vec::with_capacity(self.lists.len());
@@ -946,7 +945,7 @@ impl<'a> Merge<'a> {
             for j in (self.next[r]..list.len()).rev() {
                 match record_key(&list[j]) {
                     Some(key) => {
-                        let later = in_ring.insert(fingerprint(key), j);
+                        let later = in_ring.insert(Key(*key), j);
                         links[j] = later.unwrap_or(NONE);
                     }
                     None => lost.push(j),
@@ -992,7 +991,7 @@ impl<'a> Merge<'a> {
         index.taken[r][j] = true;
         match record_key(&self.lists[r][j]) {
             Some(key) => {
-                let fp = fingerprint(key);
+                let fp = Key(*key);
                 if let Some(at) = index.first.get_mut(&fp) {
                     if at.0 == r {
                         debug_assert_eq!(at.1, j, "a key's records merge in order");
@@ -1054,7 +1053,7 @@ impl<'a> Merge<'a> {
             // store of that very key before any lost events not merged
             // yet in its ring.
             self.lookups += 1;
-            let fp = fingerprint(parent);
+            let fp = Key(*parent);
             let mut losses_in = None;
             let found = index.first.get(&fp).and_then(|&(q, j)| {
                 let record = lists.get(q)?.get(j)?;
@@ -1080,7 +1079,8 @@ impl<'a> Merge<'a> {
                 }
                 break;
             };
-            // A record met again is a cycle (keys sharing a fingerprint).
+            // A record met again is a cycle (a chain of keys that repeats
+            // one, which only keys a caller made up can form).
             if index.on_path[at.0][at.1] == index.climbs {
                 break;
             }
@@ -1102,9 +1102,17 @@ fn record_key(record: &Record) -> Option<&BlockHash> {
     }
 }
 
-/// The merge's fingerprint of a key: its four words folded into one.
-fn fingerprint(key: &BlockHash) -> u64 {
-    (0..4).fold(0, |h: u64, i| h.rotate_left(17) ^ key_word(key, i))
+/// A key in the merge's maps: equal as the whole key is, hashed by its
+/// four words folded into one (keys that share the fold only share a
+/// bucket).
+#[derive(Copy, Clone, PartialEq, Eq)]
+struct Key(BlockHash);
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let fold = (0..4).fold(0, |h: u64, i| h.rotate_left(17) ^ key_word(&self.0, i));
+        state.write_u64(fold);
+    }
 }
 
 /// Appends `record` to `out`, joining the last event if it is one this
