@@ -334,7 +334,9 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// The body of both appends; one without `cow_allowed` panics, before
     /// changing anything, where a copy is needed. (The plan asks the
     /// allocator once whether the tail needs a copy, and that answer is
-    /// the one both the panic and the append follow.)
+    /// the one both the panic and the append follow.) Inlined into each,
+    /// so that `try_append` builds no copy it drops.
+    #[inline(always)]
     fn append(
         &mut self,
         n: usize,
