@@ -1228,7 +1228,11 @@
 //!
 //! The same holds when the panic is a custom allocator's
 //! (`tests/allocator_faults.rs`): a fenced truncate cuts its table however
-//! the allocator's `retire` ends; a sliding window picks the blocks it
+//! the allocator's `retire` ends, and retires its copy-on-write source
+//! all the same, as a sequence's `retire` does (a `HybridSequence`'s
+//! retires every table), so that no block goes back before its fence; a
+//! sequence reads the block size once, when it is made, so no later call
+//! is cut short by it; a sliding window picks the blocks it
 //! recycles into an append before it changes its table, so a `needs_copy`
 //! that unwinds there leaves it whole, and the append is undone with its
 //! blocks given back; blocks an allocation appended before it unwound,

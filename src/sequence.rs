@@ -99,6 +99,10 @@ pub struct BlockCopy {
 /// ```
 pub struct Sequence<A: BlockAllocator + ?Sized = BlockPool> {
     pool: Arc<A>,
+    /// The pool's block size, read once: it never changes, and a call
+    /// that reads it again cannot be cut short by an allocator's
+    /// `block_size` that unwinds.
+    pub(crate) bs: usize,
     pub(crate) blocks: Vec<BlockId>,
     pub(crate) len: usize,
     /// The block a copy-on-write replaced: its reference is kept until the
@@ -162,10 +166,11 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // A table never holds more entries than the pool has blocks; one
         // spare entry lets a copy-on-write append pass its new block through
         // the table without reallocating.
-        let blocks =
-            Vec::with_capacity(table::entries(tokens, pool.block_size(), pool.num_blocks()));
+        let bs = pool.block_size();
+        let blocks = Vec::with_capacity(table::entries(tokens, bs, pool.num_blocks()));
         Sequence {
             pool,
+            bs,
             blocks,
             len: 0,
             retired: None,
@@ -390,7 +395,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         let room = self
             .blocks
             .len()
-            .checked_mul(self.pool.block_size())
+            .checked_mul(self.bs)
             .and_then(|slots| slots.checked_sub(self.len));
         room.is_some_and(|room| n <= room)
     }
@@ -446,7 +451,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         cow: bool,
     ) -> (Range<usize>, Option<BlockCopy>, Option<BlockId>) {
         let old_len = self.len;
-        let (tail_index, tail) = table::tail(old_len, self.pool.block_size());
+        let (tail_index, tail) = table::tail(old_len, self.bs);
         // The caller's previous copy (if any) is done by now.
         let done = self.retired.take();
         // `total` blocks fitted in the pool, so the new length fits in its
@@ -634,7 +639,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// For `n` more tokens: how many blocks must be added to the table, and
     /// how many of the blocks it holds they would leave wholly unused.
     fn blocks_for(&self, n: usize) -> (usize, usize) {
-        table::growth(self.len, self.blocks.len(), n, self.pool.block_size())
+        table::growth(self.len, self.blocks.len(), n, self.bs)
     }
 
     /// Whether an append of at least one token now needs a copy-on-write:
@@ -677,7 +682,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// it (no one else can drop it), so the answer cannot change from
     /// cached to not cached under us.
     fn tail_needs_copy(&self) -> bool {
-        let bs = self.pool.block_size();
+        let bs = self.bs;
         if !self.tail_may_be_shared || self.len % bs == 0 {
             return false;
         }
@@ -764,7 +769,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 .match_prefix(&SequenceCall::new(), hashes, &mut self.blocks);
         });
         let k = self.blocks.len();
-        self.len = k * self.pool.block_size();
+        self.len = k * self.bs;
         self.tail_may_be_shared = false;
         self.matched = k;
         self.published = k;
@@ -830,7 +835,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// [`HybridSequence`](crate::HybridSequence) (`Some`), or as a
     /// sequence of its own (`None`).
     pub(crate) fn publish_in(&mut self, group: Option<usize>, hashes: &[BlockHash]) -> usize {
-        let full = (self.len / self.pool.block_size()).min(hashes.len());
+        let full = (self.len / self.bs).min(hashes.len());
         // Past the null entries (a sliding window's) and the blocks known
         // to hold their keys (see `published`).
         let from = self.null.max(self.published).min(full);
@@ -864,7 +869,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// assert_eq!(seq.capacity(), 32);
     /// ```
     pub fn capacity(&self) -> usize {
-        self.blocks.len().saturating_mul(self.pool.block_size())
+        self.blocks.len().saturating_mul(self.bs)
     }
 
     /// The flat slot index of token `position`:
@@ -884,7 +889,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         if position >= self.len {
             return None;
         }
-        let bs = self.pool.block_size();
+        let bs = self.bs;
         Some(self.blocks[position / bs].index() * bs + position % bs)
     }
 
@@ -926,7 +931,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 len: self.len,
             });
         }
-        let bs = self.pool.block_size();
+        let bs = self.bs;
         out.reserve(positions.len());
         let mut pos = positions.start;
         while pos < positions.end {
@@ -1025,14 +1030,14 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         if len >= self.len {
             return 0;
         }
-        let keep = table::blocks_for(len, self.pool.block_size());
+        let keep = table::blocks_for(len, self.bs);
         let freed = self.blocks.len() - keep.max(self.null);
         // Only whole blocks stay known to hold their keys: a cached tail
         // we hold alone loses its key below.
-        self.published = self.published.min(len / self.pool.block_size());
+        self.published = self.published.min(len / self.bs);
         // A partly filled tail that was once full may be shared by a fork
         // or a matcher, or cached.
-        let bs = self.pool.block_size();
+        let bs = self.bs;
         // Was the tail block ever full? (One that ends past `usize::MAX`,
         // in a sliding window's table, never was.)
         let was_full = (len - len % bs)
@@ -1064,14 +1069,20 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 // The table is cut however the retire ends, as in
                 // `give_back`: an allocator's `retire` that unwinds has
                 // the blocks, which the table must not give back again.
-                let table = Cut {
-                    blocks: &mut self.blocks,
-                    keep,
-                };
-                self.pool
-                    .retire(&SequenceCall::new(), fence, &table.blocks[from..]);
-                drop(table);
-                self.retire_copy_source(fence);
+                // The copy's source is retired all the same: kept, it
+                // would go back unfenced at the next append.
+                let mut unwound = Unwound::new();
+                unwound.catch(|| {
+                    let table = Cut {
+                        blocks: &mut self.blocks,
+                        keep,
+                    };
+                    self.pool
+                        .retire(&SequenceCall::new(), fence, &table.blocks[from..]);
+                });
+                unwound.catch(|| {
+                    self.retire_copy_source(fence);
+                });
             }
         }
         freed
@@ -1153,8 +1164,14 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // The table first, then the copy-on-write's source, as
         // `truncate_fenced` lists them; `self` then holds nothing, and its
         // drop gives back nothing.
-        let n = self.pool.retire_owned(&SequenceCall::new(), fence, blocks);
-        n + self.retire_copy_source(fence)
+        // Both, however the first ends: the source must not go back
+        // unfenced at the drop (see "What the caller of a step that
+        // unwinds finds" in `crate::implementation`).
+        let mut unwound = Unwound::new();
+        let mut n = 0;
+        unwound.catch(|| n = self.pool.retire_owned(&SequenceCall::new(), fence, blocks));
+        unwound.catch(|| n += self.retire_copy_source(fence));
+        n
     }
 
     /// Gives back the reserved blocks that hold no token (those beyond
@@ -1178,7 +1195,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// assert_eq!(seq.shrink_to_fit(), 0);
     /// ```
     pub fn shrink_to_fit(&mut self) -> usize {
-        let keep = table::blocks_for(self.len, self.pool.block_size());
+        let keep = table::blocks_for(self.len, self.bs);
         let freed = self.blocks.len() - keep;
         self.give_back(keep);
         freed
@@ -1224,7 +1241,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     pub fn try_fork(&self) -> Result<(Sequence<A>, Option<BlockCopy>), ReserveError> {
         let mut child = Sequence::with_capacity(Arc::clone(&self.pool), self.len);
         // The fallible part first: a private block for a partly filled tail.
-        if self.len % self.pool.block_size() != 0 {
+        if self.len % self.bs != 0 {
             // Growth of a running sequence, as in `try_append_cow` (a
             // sequence that holds only what it matched has no partly
             // filled tail).
@@ -1245,7 +1262,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// sequence over the same pool whose table holds the private block for
     /// a partly filled tail (if this sequence has one) and nothing else.
     pub(crate) fn fork_into(&self, mut child: Sequence<A>) -> (Sequence<A>, Option<BlockCopy>) {
-        let bs = self.pool.block_size();
+        let bs = self.bs;
         let full = self.len / bs;
         let tail = self.len % bs;
         // Null entries (a sliding window's) stay null in the child.

@@ -42,6 +42,8 @@ enum Fault {
     NeedsCopyTurnsTrue,
     /// `add_refs` says it shared one block more than it was given.
     AddRefsLies,
+    /// `block_size` panics at every call.
+    BlockSizePanics,
 }
 
 #[derive(Default)]
@@ -147,6 +149,9 @@ impl BlockAllocator for Ledger {
     }
 
     fn block_size(&self) -> usize {
+        if self.fault() == Fault::BlockSizePanics {
+            panic!("{LEDGER_PANIC}");
+        }
         4
     }
 
@@ -535,4 +540,118 @@ fn a_fork_whose_add_refs_overcounts_panics() {
     // The shared block's added reference is the allocator's to explain;
     // the private block went back with the child.
     assert_eq!(pool.held(), 2);
+}
+
+/// Whether `id` waits for `fence` in the allocator's books.
+fn fenced(pool: &Ledger, fence: u64, id: BlockId) -> bool {
+    pool.books
+        .lock()
+        .unwrap()
+        .fenced
+        .get(&fence)
+        .is_some_and(|ids| ids.contains(&id))
+}
+
+/// A sequence whose last append copied a shared tail: it keeps the
+/// copy's source, which it alone holds now; returns the source.
+fn with_copy_source(pool: &Arc<Ledger>) -> (Sequence<Ledger>, BlockId) {
+    let mut seq = Sequence::new(Arc::clone(pool));
+    seq.try_append(4).unwrap();
+    let (child, _) = seq.try_fork().unwrap();
+    seq.truncate(2);
+    let copy = seq.try_append_cow(1).unwrap().1.expect("a copy");
+    drop(child);
+    (seq, copy.src)
+}
+
+/// A hybrid sequence's `retire` whose first table's retire unwinds still
+/// retires the others: none of its blocks goes back before the fence.
+#[test]
+fn a_hybrid_retire_that_unwinds_fences_every_table() {
+    let pool = Ledger::new(8);
+    let groups = KvGroups::new([KvGroup::Full, KvGroup::Full]).unwrap();
+    let mut seq = HybridSequence::new(Arc::clone(&pool), groups);
+    seq.try_append(8).unwrap();
+    pool.arm(Fault::RetireThenPanic);
+    let message = panic_of(|| {
+        seq.retire(7);
+    });
+    assert_eq!(message, LEDGER_PANIC);
+    assert_eq!(pool.held(), 4);
+    pool.assert_whole();
+}
+
+/// A sequence's `retire` whose table's retire unwinds still retires the
+/// copy-on-write source it keeps, which its drop would give back at once.
+#[test]
+fn a_retire_that_unwinds_fences_the_copy_source() {
+    let pool = Ledger::new(8);
+    let (seq, src) = with_copy_source(&pool);
+    pool.arm(Fault::RetireThenPanic);
+    let message = panic_of(|| {
+        seq.retire(7);
+    });
+    assert_eq!(message, LEDGER_PANIC);
+    assert_eq!(pool.held(), 2);
+    assert!(fenced(&pool, 7, src));
+    pool.assert_whole();
+}
+
+/// A fenced truncate whose table's retire unwinds still retires the
+/// copy-on-write source, which the next append would give back at once.
+#[test]
+fn a_fenced_truncate_that_unwinds_fences_the_copy_source() {
+    let pool = Ledger::new(8);
+    let (mut seq, src) = with_copy_source(&pool);
+    seq.try_reserve(4, 0).unwrap();
+    pool.arm(Fault::RetireThenPanic);
+    let message = panic_of(|| {
+        seq.truncate_fenced(2, 7);
+    });
+    assert_eq!(message, LEDGER_PANIC);
+    assert_eq!((seq.len(), seq.blocks().len()), (2, 1));
+    assert!(fenced(&pool, 7, src));
+    assert_eq!(seq.retire_copy_source(8), 0);
+    drop(seq);
+    pool.assert_whole();
+}
+
+/// A sequence reads its allocator's block size once, when it is made: a
+/// `block_size` that unwinds later cannot cut a call short (a hybrid
+/// sequence's groups would disagree on their length). Appends, truncates
+/// and copy-on-write never read it again.
+#[test]
+fn a_sequence_reads_the_block_size_once() {
+    let pool = Ledger::new(64);
+    let groups = KvGroups::new([
+        KvGroup::Full,
+        KvGroup::SlidingWindow { window_tokens: 4 },
+        KvGroup::Full,
+    ])
+    .unwrap();
+    let mut hybrid = HybridSequence::new(Arc::clone(&pool), groups);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    hybrid.try_append(6).unwrap();
+    seq.try_append(6).unwrap();
+    // A fork makes new sequences, which read it (before they change
+    // anything).
+    let mut copies = Vec::new();
+    let child = hybrid.try_fork(&mut copies).unwrap();
+    let (fork, _) = seq.try_fork().unwrap();
+    pool.arm(Fault::BlockSizePanics);
+    hybrid.truncate(5).unwrap();
+    hybrid.try_append_cow(2, &mut copies).unwrap();
+    seq.truncate(5);
+    seq.try_append_cow(2).unwrap();
+    for _ in 0..3 {
+        hybrid.try_append(3).unwrap();
+        seq.try_append(3).unwrap();
+    }
+    hybrid.truncate_fenced(14, 3).unwrap();
+    seq.truncate_fenced(14, 3);
+    assert_eq!((hybrid.len(), seq.len()), (14, 14));
+    assert!(hybrid.len() <= hybrid.capacity());
+    pool.arm(Fault::None);
+    drop((hybrid, child, seq, fork));
+    pool.assert_whole();
 }

@@ -320,7 +320,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// ```
     pub fn slot(&self, group: usize, position: usize) -> Option<usize> {
         let t = self.tables.get(group)?;
-        if position < t.null * t.pool().block_size() {
+        if position < t.null * t.bs {
             return None;
         }
         t.slot(position)
@@ -366,7 +366,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         if positions.is_empty() {
             return Ok(());
         }
-        let first_held = t.null * t.pool().block_size();
+        let first_held = t.null * t.bs;
         if positions.end <= t.len() && positions.start < first_held {
             return Err(HybridError::OutsideWindow {
                 group,
@@ -569,7 +569,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         if n == 0 {
             return Ok(old_len..old_len);
         }
-        let bs = self.pool().block_size();
+        let bs = self.tables[0].bs;
         // A decode step's usual case: every group's tokens fit in the
         // blocks it holds, no copy is pending or needed, and no window
         // moves past a block. Only the lengths change.
@@ -950,7 +950,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// The shortest length, besides 0, that the tables can be truncated to:
     /// one whose next token's window holds no null entry.
     fn min_truncate_len(&self) -> usize {
-        let bs = self.pool().block_size();
+        let bs = self.tables[0].bs;
         self.tables
             .iter()
             .zip(self.groups.as_slice())
@@ -1101,7 +1101,14 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         // reads them.
         self.clear_scratch();
         let tables = std::mem::take(&mut self.tables);
-        tables.into_vec().into_iter().map(|t| t.retire(fence)).sum()
+        // Every table, however one ends: a table dropped instead would
+        // give its blocks back before the fence.
+        let mut unwound = Unwound::new();
+        let mut n = 0;
+        for t in tables.into_vec() {
+            unwound.catch(|| n += t.retire(fence));
+        }
+        n
     }
 
     /// Gives back every group's reserved blocks that hold no token
@@ -1166,7 +1173,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     pub fn try_fork(&self, copies: &mut Vec<BlockCopy>) -> Result<HybridSequence<A>, ReserveError> {
         let len = self.len();
         let pool = Arc::clone(self.pool());
-        let private = if len % pool.block_size() == 0 {
+        let private = if len % self.tables[0].bs == 0 {
             0
         } else {
             self.tables.len()
@@ -1280,7 +1287,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         }
         self.clear_scratch();
         let pool = Arc::clone(self.pool());
-        let bs = pool.block_size();
+        let bs = self.tables[0].bs;
         // At most the blocks whose tokens a length can count: sliding
         // groups alone can match more blocks than the pool has (their
         // tables hold null entries), up to `usize::MAX` tokens.
@@ -1365,7 +1372,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     ) -> usize {
         let t = &mut self.tables[g];
         let pool = Arc::clone(t.pool());
-        let bs = pool.block_size();
+        let bs = t.bs;
         // Blocks past the candidate go back.
         if t.blocks.len() > k {
             let from = t.null.max(k);

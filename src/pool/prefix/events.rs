@@ -50,7 +50,6 @@
 
 use std::collections::{HashMap, TryReserveError};
 use std::fmt;
-use std::hash::{Hash, Hasher};
 
 use crate::array::{bytes_of, Room};
 use crate::hash::BlockHash;
@@ -289,7 +288,7 @@ struct Consumer {
     scratch: Vec<Vec<Record>>,
     /// The merge's count of stores still to come, by key (kept between
     /// drains for its room).
-    to_come: HashMap<Key, u32>,
+    to_come: HashMap<BlockHash, u32>,
 }
 
 /// A record as the consumer reads it.
@@ -748,7 +747,7 @@ impl Drop for Ticket<'_> {
 /// rings however the chains lie.
 fn merge(
     lists: &[Vec<Record>],
-    to_come: &mut HashMap<Key, u32>,
+    to_come: &mut HashMap<BlockHash, u32>,
     block_size: usize,
     out: &mut Vec<KvEvent>,
 ) -> usize {
@@ -756,7 +755,7 @@ fn merge(
     to_come.clear();
     for record in lists.iter().flatten() {
         if let Record::Stored { key, .. } = record {
-            *to_come.entry(Key(*key)).or_default() += 1;
+            *to_come.entry(*key).or_default() += 1;
         }
     }
     let mut merge = Merge::new(lists);
@@ -768,7 +767,7 @@ fn merge(
             Record::Stored {
                 parent: Some(parent),
                 ..
-            } => to_come.get(&Key(*parent)).is_some_and(|&n| n > 0),
+            } => to_come.get(parent).is_some_and(|&n| n > 0),
             _ => false,
         };
         let picked = {
@@ -830,7 +829,7 @@ fn merge(
 struct Merging<'m, 'a> {
     merge: &'m mut Merge<'a>,
     live: &'m mut Vec<usize>,
-    to_come: &'m mut HashMap<Key, u32>,
+    to_come: &'m mut HashMap<BlockHash, u32>,
     last_stored: &'m mut Option<BlockHash>,
     block_size: usize,
     /// Where this drain's events begin in `out`.
@@ -849,7 +848,7 @@ impl Merging<'_, '_> {
         let record = lists[r][j];
         *self.last_stored = None;
         if let Record::Stored { key, .. } = record {
-            if let Some(n) = self.to_come.get_mut(&Key(key)) {
+            if let Some(n) = self.to_come.get_mut(&key) {
                 *n -= 1;
             }
             *self.last_stored = Some(key);
@@ -882,7 +881,7 @@ struct Index {
     /// not merged yet, [`NONE`] once all are. A key met in two rings (which
     /// the rings' keyed hash rules out) would have the ring [`NONE`]: it is
     /// never looked up as a parent's.
-    first: HashMap<Key, (usize, usize)>,
+    first: HashMap<BlockHash, (usize, usize)>,
     /// Per ring, per record of a key, the next record of that key in the
     /// ring ([`NONE`] for the last).
     next_of_key: Vec<Vec<usize>>,
@@ -895,7 +894,7 @@ struct Index {
     /// move, kept until something it depends on is merged.
     blocked: Vec<Option<Blocked>>,
     /// Per key, the rings whose climb is blocked at that key.
-    blocked_on: HashMap<Key, Vec<usize>>,
+    blocked_on: HashMap<BlockHash, Vec<usize>>,
     /// Per ring, per record, the climb that last put it on its path (a
     /// record met twice in one climb is a cycle).
     on_path: Vec<Vec<usize>>,
@@ -912,7 +911,7 @@ struct Blocked {
     /// The ring's next record then.
     next: usize,
     /// The parent key.
-    on: Key,
+    on: BlockHash,
     /// The ring whose lost events were in the way, if they were.
     losses_in: Option<usize>,
 }
@@ -933,7 +932,7 @@ impl<'a> Merge<'a> {
     /// The index of the records not merged yet: those from each ring's
     /// next record on, none of them merged (no store was moved before).
     fn build_index(&self) -> Index {
-        let mut first: HashMap<Key, (usize, usize)> = HashMap::new();
+        let mut first: HashMap<BlockHash, (usize, usize)> = HashMap::new();
         let mut in_ring = HashMap::new();
         let mut next_of_key = Vec::with_capacity(self.lists.len());
         let mut losses = Vec::with_capacity(self.lists.len());
@@ -945,7 +944,7 @@ impl<'a> Merge<'a> {
             for j in (self.next[r]..list.len()).rev() {
                 match record_key(&list[j]) {
                     Some(key) => {
-                        let later = in_ring.insert(Key(*key), j);
+                        let later = in_ring.insert(*key, j);
                         links[j] = later.unwrap_or(NONE);
                     }
                     None => lost.push(j),
@@ -991,7 +990,7 @@ impl<'a> Merge<'a> {
         index.taken[r][j] = true;
         match record_key(&self.lists[r][j]) {
             Some(key) => {
-                let fp = Key(*key);
+                let fp = *key;
                 if let Some(at) = index.first.get_mut(&fp) {
                     if at.0 == r {
                         debug_assert_eq!(at.1, j, "a key's records merge in order");
@@ -1053,7 +1052,7 @@ impl<'a> Merge<'a> {
             // store of that very key before any lost events not merged
             // yet in its ring.
             self.lookups += 1;
-            let fp = Key(*parent);
+            let fp = *parent;
             let mut losses_in = None;
             let found = index.first.get(&fp).and_then(|&(q, j)| {
                 let record = lists.get(q)?.get(j)?;
@@ -1099,19 +1098,6 @@ fn record_key(record: &Record) -> Option<&BlockHash> {
     match record {
         Record::Stored { key, .. } | Record::Removed { key, .. } => Some(key),
         Record::Dropped { .. } => None,
-    }
-}
-
-/// A key in the merge's maps: equal as the whole key is, hashed by its
-/// four words folded into one (keys that share the fold only share a
-/// bucket).
-#[derive(Copy, Clone, PartialEq, Eq)]
-struct Key(BlockHash);
-
-impl Hash for Key {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        let fold = (0..4).fold(0, |h: u64, i| h.rotate_left(17) ^ key_word(&self.0, i));
-        state.write_u64(fold);
     }
 }
 
