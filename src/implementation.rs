@@ -1022,8 +1022,8 @@
 //! the chain the stores that one waits for in turn, are moved ahead of the
 //! records before them in their rings, the topmost first, as far as no
 //! removal of a store's key and no lost events come before it there, so
-//! that each key's records keep their order; failing that (a cycle only
-//! keys sharing the merge's 64-bit fingerprint can form), the first
+//! that each key's records keep their order; failing that (a cycle, which
+//! only a chain of made-up keys that repeats a key can form), the first
 //! ring's next record goes. An index of the records by key, built at the
 //! first such move, finds each parent's store in one lookup; every lookup
 //! of a climb but its last moves a store, and a climb that moves nothing
