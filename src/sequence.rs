@@ -1344,8 +1344,8 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
 
     /// Gives back the blocks before table entry `upto` (those a sliding
     /// window left behind), at once or, with a `fence`, when it completes,
-    /// and makes their entries [`BlockId::NULL`]; returns how many blocks
-    /// left the table. Before that, without a fence, up to `*recycle`
+    /// and makes their entries [`BlockId::NULL`]. Before that, without a
+    /// fence, up to `*recycle`
     /// blocks that this sequence holds alone and uncached move to the end
     /// of `out` instead (their references with them), and `*recycle`
     /// counts them down. `upto` is at most the table's length.
@@ -1356,10 +1356,10 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         out: &mut Vec<BlockId>,
         recycle: &mut usize,
         recycle_shared: bool,
-    ) -> usize {
+    ) {
         let from = self.null;
         if upto <= from {
-            return 0;
+            return;
         }
         // The blocks to recycle, in table order, move to `out` first,
         // while the table is untouched: a `needs_copy` that unwinds (an
@@ -1406,7 +1406,6 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                     .retire(&SequenceCall::new(), fence, &gone.0[..kept - from]);
             }
         }
-        upto - from
     }
 
     /// Drops the reference a copy-on-write kept for the caller's copy: the

@@ -581,6 +581,18 @@ fn a_hybrid_retire_that_unwinds_fences_every_table() {
     pool.assert_whole();
 }
 
+/// A sequence's `retire` retires the copy-on-write source it keeps with
+/// its table, and counts it.
+#[test]
+fn a_retire_fences_the_copy_source() {
+    let pool = Ledger::new(8);
+    let (seq, src) = with_copy_source(&pool);
+    assert_eq!(seq.retire(7), 2);
+    assert_eq!(pool.held(), 2);
+    assert!(fenced(&pool, 7, src));
+    pool.assert_whole();
+}
+
 /// A sequence's `retire` whose table's retire unwinds still retires the
 /// copy-on-write source it keeps, which its drop would give back at once.
 #[test]
