@@ -516,7 +516,8 @@ pub trait BlockAllocator {
 /// If the allocator broke that rule, with `out` as it was: the ids of a
 /// success that appended too few or too many are given back first (they
 /// carry the caller's references), those of a failure are dropped from
-/// `out` only (a failure took nothing).
+/// `out` only (a failure took nothing). An allocator that removed ids
+/// from `out` cannot be undone: the panic says so, and `out` stays short.
 #[inline]
 pub(crate) fn checked_alloc<A: BlockAllocator + ?Sized>(
     pool: &A,

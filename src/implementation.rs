@@ -1232,12 +1232,14 @@
 //! all the same, as a sequence's `retire` does (a `HybridSequence`'s
 //! retires every table), so that no block goes back before its fence; a
 //! sequence reads the block size once, when it is made, so no later call
-//! is cut short by it; a sliding window picks the blocks it
-//! recycles into an append before it changes its table, so a `needs_copy`
-//! that unwinds there leaves it whole, and the append is undone with its
-//! blocks given back; blocks an allocation appended before it unwound,
-//! which a `HybridSequence` holds apart from its tables until it hands
-//! them out, are given back by its next call, its `retire` or its drop.
+//! is cut short by it; a sliding window picks the blocks it recycles
+//! into an append before it changes its table, so a `needs_copy` that
+//! unwinds there leaves that window whole, and the append is undone with
+//! its blocks given back (the other windows stay moved on); blocks an
+//! allocation appended before it unwound, which a `HybridSequence` holds
+//! apart from its tables until it hands them out, are given back by its
+//! next call that allocates or matches (an append that takes blocks, a
+//! reservation, a match), its `retire` or its drop.
 //! A sequence also holds the allocator to all or nothing: an allocation
 //! that succeeds with more or fewer ids than asked, or fails with some, is
 //! a panic before the sequence changes (the ids of a success given back

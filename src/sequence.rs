@@ -995,7 +995,10 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// [`len`](Self::len) is a no-op. Every other rule of `truncate`
     /// holds: a cached block that leaves stays cached (evictable once its
     /// fence completes, if no one else holds it), and a cached tail this
-    /// sequence holds alone loses its key.
+    /// sequence holds alone loses its key. (A `BlockPool`'s retire wakes
+    /// no waiter, so no waker's panic comes out of it; an allocator whose
+    /// `retire` unwinds finds the table cut and the copy's source retired
+    /// all the same, and its panic resumes after both.)
     ///
     /// The blocks that stay in the table are not fenced: the next append
     /// writes into the tail's free slots, which the caller's next step
@@ -1278,12 +1281,14 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         child.null = null;
         let shared = &self.blocks[null..full];
         let added = self.pool.add_refs(&SequenceCall::new(), shared);
+        child
+            .blocks
+            .extend_from_slice(&shared[..added.min(shared.len())]);
         assert!(
             added <= shared.len(),
             "a BlockAllocator's add_refs said it shared {added} of {} blocks",
             shared.len()
         );
-        child.blocks.extend_from_slice(&shared[..added]);
         if let Some(&id) = shared.get(added) {
             panic!(
                 "{id} cannot take another reference: its count is at its maximum, or it has \
@@ -1345,10 +1350,12 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// Gives back the blocks before table entry `upto` (those a sliding
     /// window left behind), at once or, with a `fence`, when it completes,
     /// and makes their entries [`BlockId::NULL`]. Before that, without a
-    /// fence, up to `*recycle`
-    /// blocks that this sequence holds alone and uncached move to the end
-    /// of `out` instead (their references with them), and `*recycle`
-    /// counts them down. `upto` is at most the table's length.
+    /// fence, up to `*recycle` blocks that this sequence holds alone and
+    /// uncached move to the end of `out` instead (their references with
+    /// them), and `*recycle` counts them down; `*picked` is set once they
+    /// are picked (a `needs_copy` that unwinds before leaves the table
+    /// and `out` as they were, and `*picked` unset). `upto` is at most the
+    /// table's length.
     pub(crate) fn skip_to(
         &mut self,
         upto: usize,
@@ -1356,9 +1363,11 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         out: &mut Vec<BlockId>,
         recycle: &mut usize,
         recycle_shared: bool,
+        picked: &mut bool,
     ) {
         let from = self.null;
         if upto <= from {
+            *picked = true;
             return;
         }
         // The blocks to recycle, in table order, move to `out` first,
@@ -1381,6 +1390,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             }
             taken.len = taken.list.len();
         }
+        *picked = true;
         // Then the rest are compacted to the front of the range: an entry
         // is recycled if it is the next of those moved (the same entries,
         // in the same order), else it is given back below.

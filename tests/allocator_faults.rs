@@ -44,6 +44,8 @@ enum Fault {
     AddRefsLies,
     /// `block_size` panics at every call.
     BlockSizePanics,
+    /// `release` drops the references, then panics.
+    ReleaseThenPanic,
 }
 
 #[derive(Default)]
@@ -232,6 +234,9 @@ impl BlockAllocator for Ledger {
 
     fn release(&self, _: &SequenceCall<'_>, ids: &[BlockId]) {
         self.drop_refs(ids);
+        if self.fault() == Fault::ReleaseThenPanic {
+            self.fire();
+        }
     }
 
     fn needs_copy(&self, id: BlockId) -> bool {
@@ -263,19 +268,19 @@ impl BlockAllocator for Ledger {
     }
 }
 
-/// Keeps the default hook from printing the expected panics.
+thread_local! {
+    /// Whether this thread is inside `panic_of`, whose panics are expected.
+    static EXPECTED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Keeps the default hook from printing the panics `panic_of` expects;
+/// every other panic (a failed assertion) prints as usual.
 fn quiet() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         let previous = std::panic::take_hook();
         std::panic::set_hook(Box::new(move |info| {
-            let payload = info.payload();
-            let message = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or("");
-            if message != LEDGER_PANIC && !message.contains("a BlockAllocator") {
+            if !EXPECTED.with(|expected| expected.get()) {
                 previous(info);
             }
         }));
@@ -285,7 +290,10 @@ fn quiet() {
 /// Runs `f`, which must unwind, and returns its panic's message.
 fn panic_of(f: impl FnOnce()) -> String {
     quiet();
-    let payload = catch_unwind(AssertUnwindSafe(f)).expect_err("the call unwinds");
+    EXPECTED.with(|expected| expected.set(true));
+    let result = catch_unwind(AssertUnwindSafe(f));
+    EXPECTED.with(|expected| expected.set(false));
+    let payload = result.expect_err("the call unwinds");
     payload
         .downcast_ref::<String>()
         .cloned()
@@ -351,6 +359,49 @@ fn a_window_recycle_whose_needs_copy_unwinds_undoes_the_append() {
         assert_eq!(seq.len(), 12, "call {at}");
         // The sequence works on.
         assert_eq!(seq.try_append(8).unwrap(), 12..20, "call {at}");
+        drop(seq);
+        pool.assert_whole();
+    }
+}
+
+/// The same with two windows: a `needs_copy` that unwinds in the first
+/// window's picking, before it picks any block, while the second window
+/// could fill the plan alone, still undoes the append.
+#[test]
+fn a_needs_copy_that_unwinds_in_one_of_two_windows_undoes_the_append() {
+    // The plan asks `needs_copy` of both windows' two leaving blocks
+    // (calls 1 to 4), the first window's picking of its two (5 and 6);
+    // the second window then has nothing left to pick.
+    for at in 1..=6 {
+        let pool = Ledger::new(16);
+        let window = KvGroup::SlidingWindow { window_tokens: 4 };
+        let groups = KvGroups::new([window, window]).unwrap();
+        let mut seq = HybridSequence::new(Arc::clone(&pool), groups);
+        seq.try_append(12).unwrap();
+        let before = [
+            seq.blocks(0).unwrap().to_vec(),
+            seq.blocks(1).unwrap().to_vec(),
+        ];
+        pool.arm(Fault::NeedsCopyPanicAt(at));
+        assert_eq!(
+            panic_of(|| drop(seq.try_append(4))),
+            LEDGER_PANIC,
+            "call {at}"
+        );
+        assert_eq!(seq.len(), 12, "call {at}");
+        // A window is either as it was or moved on (its blocks before the
+        // old length's window given back): never holding another's block.
+        for (g, was) in before.iter().enumerate() {
+            let now = seq.blocks(g).unwrap();
+            assert_eq!(now.len(), was.len(), "call {at}, group {g}");
+            for (i, (&a, &b)) in now.iter().zip(was).enumerate() {
+                assert!(
+                    a == b || a == BlockId::NULL,
+                    "call {at}, group {g}, entry {i}"
+                );
+            }
+        }
+        assert_eq!(seq.try_append(4).unwrap(), 12..16, "call {at}");
         drop(seq);
         pool.assert_whole();
     }
@@ -537,9 +588,11 @@ fn a_fork_whose_add_refs_overcounts_panics() {
         "{message}"
     );
     assert_eq!((seq.len(), seq.blocks().len()), (6, 2));
-    // The shared block's added reference is the allocator's to explain;
-    // the private block went back with the child.
+    // The references it did add went back with the child, with its
+    // private block.
     assert_eq!(pool.held(), 2);
+    drop(seq);
+    pool.assert_whole();
 }
 
 /// Whether `id` waits for `fence` in the allocator's books.
@@ -578,6 +631,27 @@ fn a_hybrid_retire_that_unwinds_fences_every_table() {
     });
     assert_eq!(message, LEDGER_PANIC);
     assert_eq!(pool.held(), 4);
+    pool.assert_whole();
+}
+
+/// A hybrid sequence's `retire` whose give-back of blocks a panic left in
+/// transit unwinds still retires every table.
+#[test]
+fn a_hybrid_retire_whose_leftovers_release_unwinds_fences_every_table() {
+    let pool = Ledger::new(8);
+    let groups = KvGroups::new([KvGroup::Full, KvGroup::Full]).unwrap();
+    let mut seq = HybridSequence::new(Arc::clone(&pool), groups);
+    seq.try_append(4).unwrap();
+    pool.arm(Fault::AllocThenPanic);
+    assert_eq!(panic_of(|| drop(seq.try_append(4))), LEDGER_PANIC);
+    assert_eq!(pool.held(), 4);
+    pool.arm(Fault::ReleaseThenPanic);
+    let message = panic_of(|| {
+        seq.retire(7);
+    });
+    assert_eq!(message, LEDGER_PANIC);
+    // The 2 left in transit went back; the tables' 2 wait for the fence.
+    assert_eq!(pool.held(), 2);
     pool.assert_whole();
 }
 

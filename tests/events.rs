@@ -677,8 +677,8 @@ fn a_chain_published_child_first_drains_parent_first() {
 }
 
 /// A key whose four words fold to the same 64-bit value as `key`'s (bit 0
-/// of word 2 and bit 17 of word 3 flipped): the merge's maps hash keys by
-/// that fold, and must still tell the two apart.
+/// of word 2 and bit 17 of word 3 flipped): the merge once looked keys up
+/// by that fold, and must tell the two apart.
 fn same_fold(key: &BlockHash) -> BlockHash {
     let mut other = *key;
     other.0[16] ^= 1;

@@ -642,21 +642,25 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         // waker's panic out of a give-back (a window's blocks, a previous
         // copy's source) is resumed once every table is committed.
         let mut unwound = Unwound::new();
+        let mut picked = true;
         for (t, kind) in self.tables.iter_mut().zip(self.groups.as_slice()) {
             let upto = kind.first_needed_block(old_len, bs);
             let scratch = &mut self.scratch;
             let recycle = &mut recycle;
+            let mut done = false;
             unwound.catch(|| {
-                t.skip_to(upto, fence, scratch, recycle, recycle_shared);
+                t.skip_to(upto, fence, scratch, recycle, recycle_shared, &mut done);
             });
+            picked &= done;
         }
         // The windows recycle what the plan counted unless a `needs_copy`
-        // unwound (an allocator's panic) or turned from false to true (a
-        // breach of the contract): then the append is undone, its blocks
-        // given back, and the windows stay moved on (what they gave back
-        // lay before the first block the old length needs).
+        // unwound (an allocator's panic: that window is left as it was)
+        // or turned from false to true (a breach of the contract): then
+        // the append is undone, its blocks given back, and the other
+        // windows stay moved on (what they gave back lay before the first
+        // block the old length needs).
         let planned = self.plans.iter().map(|p| p.0).sum::<usize>();
-        if self.scratch.len() != planned {
+        if !picked || self.scratch.len() != planned {
             self.undo_append(unwound);
         }
         for (t, &(need, _, cow)) in self.tables.iter_mut().zip(self.plans.iter()) {
@@ -675,9 +679,10 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         Ok(old_len..new_len)
     }
 
-    /// Gives back the blocks an append holds in the scratch list, whose
-    /// count is not the plan's, and resumes the panic `unwound` caught, or
-    /// panics for the breach of the contract.
+    /// Gives back the blocks an append holds in the scratch list (a
+    /// window's `needs_copy` unwound, or their count is not the plan's),
+    /// and resumes the panic `unwound` caught, or panics for the breach of
+    /// the contract.
     #[cold]
     #[inline(never)]
     fn undo_append(&mut self, mut unwound: Unwound) -> ! {
@@ -1097,13 +1102,12 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// assert_eq!(pool.complete(11), 5);
     /// ```
     pub fn retire(mut self, fence: u64) -> usize {
-        // Blocks a panic left in transit were never in a table: no step
-        // reads them.
-        self.clear_scratch();
-        let tables = std::mem::take(&mut self.tables);
-        // Every table, however one ends: a table dropped instead would
-        // give its blocks back before the fence.
+        // Every step, however one ends: a table dropped instead would give
+        // its blocks back before the fence. Blocks a panic left in transit
+        // were never in a table (no step reads them): they go back now.
         let mut unwound = Unwound::new();
+        unwound.catch(|| self.clear_scratch());
+        let tables = std::mem::take(&mut self.tables);
         let mut n = 0;
         for t in tables.into_vec() {
             unwound.catch(|| n += t.retire(fence));

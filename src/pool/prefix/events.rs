@@ -740,8 +740,8 @@ impl Drop for Ticket<'_> {
 /// records before them, the topmost first; else (a cycle) the first
 /// ring's next record. A removal joins the removals just before it.
 ///
-/// `to_come` counts the stores still to come by key. Returns the number of parent lookups the climbs made (one
-/// hash lookup each): every lookup of a climb but its last moves a store,
+/// `to_come` counts the stores still to come by key. Returns the number
+/// of parent lookups the climbs made (one hash lookup each): every lookup of a climb but its last moves a store,
 /// and a climb that moves nothing is not made again until a record it
 /// depends on is merged, so they stay within a few times the records and
 /// rings however the chains lie.
@@ -950,9 +950,9 @@ impl<'a> Merge<'a> {
                     None => lost.push(j),
                 }
             }
-            for (&fp, &j) in &in_ring {
+            for (&key, &j) in &in_ring {
                 first
-                    .entry(fp)
+                    .entry(key)
                     .and_modify(|at| at.0 = NONE)
                     .or_insert((r, j));
             }
@@ -990,16 +990,16 @@ impl<'a> Merge<'a> {
         index.taken[r][j] = true;
         match record_key(&self.lists[r][j]) {
             Some(key) => {
-                let fp = *key;
-                if let Some(at) = index.first.get_mut(&fp) {
+                let key = *key;
+                if let Some(at) = index.first.get_mut(&key) {
                     if at.0 == r {
                         debug_assert_eq!(at.1, j, "a key's records merge in order");
                         at.1 = index.next_of_key[r][j];
                     }
                 }
                 // The climbs blocked at this key may move a store now.
-                for q in index.blocked_on.remove(&fp).unwrap_or_default() {
-                    if index.blocked[q].is_some_and(|b| b.on == fp) {
+                for q in index.blocked_on.remove(&key).unwrap_or_default() {
+                    if index.blocked[q].is_some_and(|b| b.on == key) {
                         index.blocked[q] = None;
                     }
                 }
@@ -1052,9 +1052,9 @@ impl<'a> Merge<'a> {
             // store of that very key before any lost events not merged
             // yet in its ring.
             self.lookups += 1;
-            let fp = *parent;
+            let key = *parent;
             let mut losses_in = None;
-            let found = index.first.get(&fp).and_then(|&(q, j)| {
+            let found = index.first.get(&key).and_then(|&(q, j)| {
                 let record = lists.get(q)?.get(j)?;
                 if !matches!(record, Record::Stored { key, .. } if key == parent) {
                     return None;
@@ -1071,10 +1071,10 @@ impl<'a> Merge<'a> {
                 if path.is_empty() {
                     index.blocked[r] = Some(Blocked {
                         next: head,
-                        on: fp,
+                        on: key,
                         losses_in,
                     });
-                    index.blocked_on.entry(fp).or_default().push(r);
+                    index.blocked_on.entry(key).or_default().push(r);
                 }
                 break;
             };
