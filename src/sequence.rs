@@ -1372,23 +1372,23 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         }
         // The blocks to recycle, in table order, move to `out` first,
         // while the table is untouched: a `needs_copy` that unwinds (an
-        // allocator's) leaves `out` as it was.
+        // allocator's) leaves `out` as it was (cut back to `start`).
         let start = out.len();
         {
-            let mut taken = Truncate {
-                list: out,
-                len: start,
+            let mut taken = Cut {
+                blocks: out,
+                keep: start,
             };
             for &id in &self.blocks[from..upto] {
                 if *recycle == 0 {
                     break;
                 }
                 if recycle_shared || !self.pool.needs_copy(id) {
-                    taken.list.push(id);
+                    taken.blocks.push(id);
                     *recycle -= 1;
                 }
             }
-            taken.len = taken.list.len();
+            taken.keep = taken.blocks.len();
         }
         *picked = true;
         // Then the rest are compacted to the front of the range: an entry
@@ -1497,7 +1497,8 @@ impl<A: BlockAllocator + ?Sized> Drop for GiveBackAll<'_, A> {
     }
 }
 
-/// Cuts a table to its first `keep` entries when dropped.
+/// Cuts a list of ids (a table, or a list a step appends to) to its
+/// first `keep` entries when dropped.
 struct Cut<'a> {
     blocks: &'a mut Vec<BlockId>,
     keep: usize,
@@ -1506,19 +1507,6 @@ struct Cut<'a> {
 impl Drop for Cut<'_> {
     fn drop(&mut self) {
         self.blocks.truncate(self.keep);
-    }
-}
-
-/// Truncates a list to `len` when dropped: what a step pushed goes
-/// again if the step unwinds before it sets `len` to the list's length.
-struct Truncate<'a> {
-    list: &'a mut Vec<BlockId>,
-    len: usize,
-}
-
-impl Drop for Truncate<'_> {
-    fn drop(&mut self) {
-        self.list.truncate(self.len);
     }
 }
 

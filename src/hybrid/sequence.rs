@@ -661,7 +661,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         // block the old length needs).
         let planned = self.plans.iter().map(|p| p.0).sum::<usize>();
         if !picked || self.scratch.len() != planned {
-            self.undo_append(unwound);
+            self.undo_append(unwound, planned);
         }
         for (t, &(need, _, cow)) in self.tables.iter_mut().zip(self.plans.iter()) {
             // Moved, so that each block is in one place when a panic
@@ -685,11 +685,8 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// the contract.
     #[cold]
     #[inline(never)]
-    fn undo_append(&mut self, mut unwound: Unwound) -> ! {
-        let (planned, held) = (
-            self.plans.iter().map(|p| p.0).sum::<usize>(),
-            self.scratch.len(),
-        );
+    fn undo_append(&mut self, mut unwound: Unwound, planned: usize) -> ! {
+        let held = self.scratch.len();
         unwound.catch(|| self.clear_scratch());
         // Resumes the panic caught, if any: the count is short for it.
         drop(unwound);
