@@ -414,7 +414,34 @@ pub trait BlockAllocator {
     /// cannot name the argument's type, so it cannot override this method,
     /// nor call it in safe code: a forwarder is never taken for the pool
     /// it forwards to (a publish through one claims with a CAS; see
-    /// [`SequenceCall`]).
+    /// [`SequenceCall`]). An implementation outside the crate that tries
+    /// to override it does not compile (without the override, it does):
+    ///
+    /// ```compile_fail
+    /// use std::time::Duration;
+    /// use kvslots::{BlockAllocator, BlockId, ReserveError, SequenceCall};
+    ///
+    /// struct Impostor;
+    ///
+    /// impl BlockAllocator for Impostor {
+    ///     fn is_block_pool(&self, _: kvslots::allocator::seal::Pool) -> bool {
+    ///         true
+    ///     }
+    /// #   fn num_blocks(&self) -> usize { 1 }
+    /// #   fn block_size(&self) -> usize { 1 }
+    /// #   fn try_alloc_with_headroom(
+    /// #       &self, _: &SequenceCall<'_>, _: usize, _: usize, _: &mut Vec<BlockId>,
+    /// #   ) -> Result<(), ReserveError> { unimplemented!() }
+    /// #   fn alloc_with_headroom_blocking(
+    /// #       &self, _: &SequenceCall<'_>, _: usize, _: usize, _: &mut Vec<BlockId>,
+    /// #       _: Option<Duration>,
+    /// #   ) -> Result<(), ReserveError> { unimplemented!() }
+    /// #   fn add_refs(&self, _: &SequenceCall<'_>, _: &[BlockId]) -> usize { 0 }
+    /// #   fn release(&self, _: &SequenceCall<'_>, _: &[BlockId]) {}
+    /// #   fn needs_copy(&self, _: BlockId) -> bool { false }
+    /// #   fn retire(&self, _: &SequenceCall<'_>, _: u64, _: &[BlockId]) -> usize { 0 }
+    /// }
+    /// ```
     #[doc(hidden)]
     fn is_block_pool(&self, _: seal::Pool) -> bool {
         false
