@@ -46,7 +46,7 @@ pub const EXIT_FAILED: i32 = 1;
 /// command line it cannot parse.
 pub const EXIT_BAD_INPUT: i32 = 2;
 /// The exit code of a run whose every invariant held but whose report could
-/// not be written (stdout closed or full), or whose exports (`--events`,
+/// not be written (a pipe whose reader has gone, a full device), or whose exports (`--events`,
 /// `--metrics`) could not (the report is written then, without them).
 pub const EXIT_UNWRITTEN: i32 = 3;
 

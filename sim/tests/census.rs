@@ -1286,6 +1286,43 @@ fn an_unwritable_report_exits_3() {
     }
 }
 
+/// A report to a pipe whose reader has gone (a `| head` that exited):
+/// exit 3. Standard output not open at all (`>&-`) is another case: Rust's
+/// runtime opens `/dev/null` there before `main`, so the report is
+/// written to it and the run exits 0 (sim/README.md says so).
+#[test]
+#[cfg(unix)]
+fn a_report_to_a_closed_pipe_exits_3() {
+    let args = ["--requests", "20", "--memory-gib", "0.25", "--workers", "2"];
+    for json in [false, true] {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .args(json.then_some("--json"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(EXIT_UNWRITTEN), "{stderr}");
+        assert!(
+            stderr.contains("cannot write the report: Broken pipe"),
+            "{stderr}"
+        );
+    }
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("exec \"$0\" \"$@\" >&-")
+        .arg(BIN)
+        .args(args)
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(EXIT_OK));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
+
 /// `/dev/zero` as a trace (a line that never ends) and a pool the
 /// allocator refuses, under an address-space limit of 1 GiB: refused with
 /// exit 2 naming the flag, never an abort.
