@@ -411,7 +411,7 @@ pub enum ConfigError {
     /// capacity of 0 records.
     ZeroEventCapacity,
     /// The allocator refused the pool's arrays (the heap memory of its
-    /// bookkeeping, 8 bytes and two bits a block for the core pool and 74 with
+    /// bookkeeping, 8 bytes and two bits a block for the core pool and 78 with
     /// the prefix cache, and the KV event rings if chosen; not the KV cache
     /// itself, which lives on the device). What had been allocated is
     /// freed.

@@ -83,7 +83,7 @@
 //! fresh bitmap), plus a few
 //! cache lines per shard. **The prefix cache** is a layer a pool is built with or without
 //! ([`BlockPoolBuilder::prefix_cache`](crate::BlockPoolBuilder::prefix_cache)):
-//! its storage (keys, index, eviction stamps and ring, 66 bytes a block;
+//! its storage (keys, index, eviction stamps and ring, 70 bytes a block;
 //! statistics' cells) is one boxed struct that a pool without it does not
 //! allocate. The core knows of it at two places only, both off the fast
 //! paths: the drop path's *last-reference hook* (a drop that takes a
@@ -230,9 +230,9 @@
 //! blocks looks through every word of every shard (and marks what it
 //! finds) before it looks again.
 //!
-//! Bookkeeping is about 74 bytes per block: a bit of each bitmap, an
+//! Bookkeeping is about 78 bytes per block: a bit of each bitmap, an
 //! 8-byte state word (reference count, flags, generation), and the prefix
-//! cache's 66 bytes (see [Prefix cache](#prefix-cache)), plus one
+//! cache's 70 bytes (see [Prefix cache](#prefix-cache)), plus one
 //! `CachePadded` slot (a cache line, 128 bytes on x86-64) per shard for its
 //! words, per shard summary, per shard admission count and per statistics
 //! cell, two for the closed flag and the peak, and a fixed minimum for tiny
@@ -765,10 +765,10 @@
 //! concurrency, and what fills a bucket is blocks that hold keys (or claim
 //! them) now.
 //!
-//! Bookkeeping per block: 8 (state) + 32 (key) + 20 (index) + 4 (release
+//! Bookkeeping per block: 8 (state) + 32 (key) + 20 (index) + 8 (release
 //! stamp) + 10 (eviction candidates: 1.25 slots of 8) + a bit (the free
 //! list's bitmap) + a bit (its map of fresh blocks) + a bit (the refill's
-//! map) = 74 bytes and three bits.
+//! map) = 78 bytes and three bits.
 //!
 //! ## Publishing
 //!

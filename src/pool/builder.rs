@@ -23,7 +23,7 @@ use crate::sync::Faults;
 /// | layer | option | per block | default |
 /// |---|---|---|---|
 /// | core pool, waiting, fenced release | always | 8 bytes and two bits | on |
-/// | prefix cache | [`prefix_cache`](Self::prefix_cache) | 66 bytes | off |
+/// | prefix cache | [`prefix_cache`](Self::prefix_cache) | 70 bytes | off |
 /// | KV events (with the prefix cache) | [`kv_events`](Self::kv_events) | 2 bytes, and 128 bytes a record of its rings | off |
 ///
 /// ([`BlockPool::new`] and [`BlockPool::with_shards`] build a pool with
@@ -131,7 +131,7 @@ impl BlockPoolBuilder {
     /// sequence's full blocks under their keys and
     /// [`Sequence::try_match_prefix`](crate::Sequence::try_match_prefix)
     /// takes them back (see [Prefix cache](BlockPool#prefix-cache)); it
-    /// takes 66 bytes a block (a key of 32 bytes, 2.5 index slots of 8, an
+    /// takes 70 bytes a block (a key of 32 bytes, 2.5 index slots of 8, an
     /// eviction stamp, 1.25 slots of 8 of the eviction ring and a bit of its
     /// refill's map) and a few cache lines per pool.
     ///
@@ -237,7 +237,7 @@ impl BlockPoolBuilder {
     /// The heap memory, in bytes, that [`build`](Self::build) allocates for
     /// the pool's bookkeeping, saturating at `usize::MAX`: per block, 8
     /// bytes and two bits for the core pool (a state word, and a bit of
-    /// the free list's bitmap and one of its fresh blocks' map) and 66 more with the prefix cache (a key, index
+    /// the free list's bitmap and one of its fresh blocks' map) and 70 more with the prefix cache (a key, index
     /// slots, an eviction stamp, a share of the eviction ring and a bit of
     /// its refill's map); per shard and per pool, a few cache lines; with
     /// KV events, 128 bytes a record of their rings and 2 bytes a block
@@ -254,7 +254,7 @@ impl BlockPoolBuilder {
     /// let core = BlockPool::builder(1 << 20, 16).memory_bytes();
     /// let cached = BlockPool::builder(1 << 20, 16).prefix_cache(true).memory_bytes();
     /// assert_eq!(core / (1 << 20), 8);
-    /// assert_eq!(cached / (1 << 20), 74);
+    /// assert_eq!(cached / (1 << 20), 78);
     /// ```
     pub fn memory_bytes(&self) -> usize {
         let n = self.num_blocks;

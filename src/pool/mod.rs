@@ -160,7 +160,7 @@ impl BlockPool {
     /// `num_blocks == 0` is a valid pool that refuses every allocation.
     /// [`builder`](Self::builder) is the fallible form, and picks the
     /// layers (a pool without a prefix cache takes about a ninth of the
-    /// memory: 8 bytes a block against 74).
+    /// memory: 8 bytes a block against 78).
     ///
     /// # Panics
     ///
@@ -171,7 +171,7 @@ impl BlockPool {
     /// [`BlockPool::MAX_BLOCKS`] ("num_blocks .. does not fit the block id
     /// type"), if `num_blocks * block_size` (the number of flat slot
     /// indices) overflows `usize` ("num_blocks * block_size overflows
-    /// usize"), or if the pool's bookkeeping (74 bytes a block) cannot be
+    /// usize"), or if the pool's bookkeeping (78 bytes a block) cannot be
     /// allocated ("out of memory: ..."). The arguments are checked before
     /// any memory is asked for.
     ///

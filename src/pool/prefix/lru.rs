@@ -3,13 +3,13 @@
 //! Each block has a release stamp, taken from a pool-wide clock when its
 //! last reference goes while it holds a key (a sequence takes one range of
 //! stamps per give-back, and stamps its blocks in release order). Stamps
-//! are 32 bits; a scan ranks them by their signed distance from the clock
-//! it read when it began, so that a block stamped while the scan runs
-//! ranks youngest, and a block released more than 2^31 stamps before
-//! looks young again.
+//! are 64 bits (the clock does not wrap); a scan ranks them by their
+//! signed distance from the clock it read when it began, so that a block
+//! stamped while the scan runs ranks youngest.
 //!
 //! Evictors take blocks from a ring of candidates, oldest first, as
-//! `(stamp << 32) | id` words at positions that only grow (position `p`
+//! `(stamp << 32) | id` words (the stamp's low 32 bits: a candidate is
+//! current while its block is evictable with a stamp of those bits) at positions that only grow (position `p`
 //! sits in slot `p % capacity`; the ring holds `num_blocks` and a quarter
 //! more, for stale candidates). An
 //! evictor copies up to [`POP_BATCH`] candidates and then claims their
@@ -118,9 +118,9 @@ const INSERTION_SORT: usize = 16;
 /// Stamps, the ring of candidates, the refill's map and the sweeps' hand.
 pub(super) struct Lru {
     /// Per block: the clock's value when it last became evictable.
-    stamps: Box<[AtomicU32]>,
+    stamps: Box<[AtomicU64]>,
     /// The release clock.
-    clock: CachePadded<AtomicU32>,
+    clock: CachePadded<AtomicU64>,
     /// The ring: `(stamp << 32) | id` words, oldest first; position `p`
     /// in slot `p % capacity`.
     candidates: Box<[AtomicU64]>,
@@ -153,7 +153,8 @@ pub(super) struct Lru {
 }
 
 /// The ring's head: the position of the next candidate to try, and the
-/// stamp of the last candidate taken (where a sweep looks first).
+/// low 32 bits of the stamp of the last candidate taken (where a sweep
+/// looks first).
 struct Head {
     next: AtomicU64,
     stamp: AtomicU32,
@@ -161,7 +162,7 @@ struct Head {
 
 /// The room of an [`Lru`]'s arrays, reserved by [`Lru::room`].
 pub(super) struct LruRoom {
-    stamps: Room<AtomicU32>,
+    stamps: Room<AtomicU64>,
     candidates: Room<AtomicU64>,
     in_ring: Room<AtomicU64>,
 }
@@ -171,7 +172,7 @@ fn id_of(word: u64) -> BlockId {
     BlockId::new(word as u32)
 }
 
-/// A candidate word's stamp.
+/// A candidate word's stamp (its low 32 bits).
 fn stamp_of(word: u64) -> u32 {
     (word >> 32) as u32
 }
@@ -181,8 +182,8 @@ impl Lru {
     /// `faults`.
     pub(super) fn new(room: LruRoom, faults: Faults) -> Lru {
         Lru {
-            stamps: room.stamps.fill(|_| AtomicU32::new(0)),
-            clock: CachePadded::new(AtomicU32::new(0)),
+            stamps: room.stamps.fill(|_| AtomicU64::new(0)),
+            clock: CachePadded::new(AtomicU64::new(0)),
             candidates: room.candidates.fill(|_| AtomicU64::new(0)),
             len: AtomicU64::new(0),
             next: CachePadded::new(Head {
@@ -214,7 +215,7 @@ impl Lru {
 
     /// The heap bytes [`room`](Self::room) asks for.
     pub(super) fn heap_bytes(num_blocks: usize) -> usize {
-        bytes_of::<AtomicU32>(num_blocks)
+        bytes_of::<AtomicU64>(num_blocks)
             .saturating_add(bytes_of::<AtomicU64>(Lru::capacity(num_blocks)))
             .saturating_add(bytes_of::<AtomicU64>(num_blocks.div_ceil(64)))
     }
@@ -245,19 +246,19 @@ impl Lru {
     }
 
     /// Takes `n` consecutive stamps; returns the first.
-    pub(super) fn stamps(&self, n: usize) -> u32 {
+    pub(super) fn stamps(&self, n: usize) -> u64 {
         // Relaxed: stamps only order evictions, a hint; uniqueness comes
         // from the read-modify-write.
-        self.clock.fetch_add(n as u32, Ordering::Relaxed)
+        self.clock.fetch_add(n as u64, Ordering::Relaxed)
     }
 
-    /// The candidate word of block `id` stamped `stamp`.
-    pub(super) fn word(id: BlockId, stamp: u32) -> u64 {
-        (u64::from(stamp) << 32) | id.index() as u64
+    /// The candidate word of block `id` stamped `stamp` (its low 32 bits).
+    pub(super) fn word(id: BlockId, stamp: u64) -> u64 {
+        (stamp << 32) | id.index() as u64
     }
 
     /// Records that block `id` became evictable at `stamp`.
-    pub(super) fn stamp(&self, id: BlockId, stamp: u32) {
+    pub(super) fn stamp(&self, id: BlockId, stamp: u64) {
         // Relaxed: a hint, re-checked by the evictor's CAS on the state.
         self.stamps[id.index()].store(stamp, Ordering::Relaxed);
     }
@@ -444,10 +445,11 @@ impl Lru {
         (p % self.candidates.len() as u64) as usize
     }
 
-    /// Whether `id` was last stamped `stamp`.
+    /// Whether `id` was last stamped with a stamp whose low 32 bits are
+    /// `stamp`.
     fn stamped(&self, id: BlockId, stamp: u32) -> bool {
         // Relaxed: a hint.
-        self.stamps[id.index()].load(Ordering::Relaxed) == stamp
+        self.stamps[id.index()].load(Ordering::Relaxed) as u32 == stamp
     }
 
     /// Finds up to `k` blocks to evict, least recently released first,
@@ -590,7 +592,8 @@ impl Lru {
                 }
                 if let Some(reach) = reach {
                     // Relaxed: a hint.
-                    let stamp = self.stamps[index].load(Ordering::Relaxed);
+                    // (Low 32 bits, as the head's: a hint.)
+                    let stamp = self.stamps[index].load(Ordering::Relaxed) as u32;
                     if i64::from(stamp.wrapping_sub(head) as i32) > reach {
                         continue;
                     }
@@ -783,7 +786,7 @@ impl Lru {
                 return None;
             }
             let stamp = self.stamps[index].load(Ordering::Relaxed);
-            Some((stamp, i64::from(stamp.wrapping_sub(now) as i32)))
+            Some((stamp, stamp.wrapping_sub(now) as i64))
         };
         let (mut seen, mut lo, mut hi) = (0usize, i64::MAX, i64::MIN);
         for index in 0..refs.len() {
@@ -801,7 +804,8 @@ impl Lru {
         let first_missed = seen.saturating_sub(room);
         // Bucket `b` holds the ranks `r` in `lo..=hi` with
         // `(r - lo) * BUCKETS / width == b`, `width` the power of two at or
-        // above the range's (a shift, where any width would divide).
+        // above the range's (a shift, where any width would divide; in
+        // u128, where the product may pass 64 bits).
         let mut counts = [0u32; BUCKETS];
         let mut width;
         // The buckets that hold kept blocks: `counts[..used]`.
@@ -809,7 +813,8 @@ impl Lru {
         loop {
             width = ((hi - lo + 1) as u64).next_power_of_two();
             let shift = width.trailing_zeros();
-            let bucket = |rank: i64| (((rank - lo) as u64 * BUCKETS as u64) >> shift) as usize;
+            let bucket =
+                |rank: i64| ((u128::from((rank - lo) as u64) * BUCKETS as u128) >> shift) as usize;
             counts.fill(0);
             for index in 0..refs.len() {
                 if let Some((_, rank)) = ranked(index) {
@@ -828,7 +833,9 @@ impl Lru {
             }
             // The top rank of bucket `b`: the largest `r` with
             // `(r - lo) * BUCKETS < (b + 1) * width`.
-            let top = |b: usize| lo + (((b + 1) as u64 * width - 1) / BUCKETS as u64) as i64;
+            let top = |b: usize| {
+                lo + (((b + 1) as u128 * u128::from(width) - 1) / BUCKETS as u128) as i64
+            };
             if fit > 0 {
                 // The oldest `fit` buckets fit the room together: they are
                 // placed on this pass's grid (ranks up to the top of the
@@ -849,7 +856,8 @@ impl Lru {
             }
         }
         let shift = width.trailing_zeros();
-        let bucket = |rank: i64| (((rank - lo) as u64 * BUCKETS as u64) >> shift) as usize;
+        let bucket =
+            |rank: i64| ((u128::from((rank - lo) as u64) * BUCKETS as u128) >> shift) as usize;
         // Each kept bucket's range: `ends[b]` is its end; `counts[b]`
         // becomes its cursor, from its start.
         let mut ends = [0u32; BUCKETS];
@@ -894,7 +902,17 @@ impl Lru {
                 counts[b] += 1;
             }
         }
-        let rank_of = |word: u64| stamp_of(word).wrapping_sub(now) as i32;
+        // The lowest rank of bucket `b`: the smallest `r` with
+        // `(r - lo) * BUCKETS >= b * width`.
+        let bottom =
+            |b: usize| lo + ((b as u128 * u128::from(width)).div_ceil(BUCKETS as u128)) as i64;
+        // A bucket's ranks span at most `width / BUCKETS` (rounded up). Its
+        // words' 32-bit stamps, measured from the stamp of its lowest rank,
+        // rank them exactly when that span is below 2^32; a wider bucket
+        // (evictable blocks released over 2^42 stamps apart) ranks them by
+        // their blocks' whole stamps, read again (a block restamped since
+        // the placing pass has a stale word, whatever its place).
+        let narrow = width.div_ceil(BUCKETS as u64) <= 1 << 32;
         let missed = |written: usize| {
             if self.faults.fill_counts_first_pass() {
                 first_missed
@@ -914,6 +932,16 @@ impl Lru {
                     set(written + i, get(start + i));
                 }
             }
+            let from = now.wrapping_add(bottom(b) as u64) as u32;
+            let rank_of = |word: u64| {
+                if narrow {
+                    i64::from(stamp_of(word).wrapping_sub(from))
+                } else {
+                    // Relaxed: as in `ranked`.
+                    let stamp = self.stamps[id_of(word).index()].load(Ordering::Relaxed);
+                    stamp.wrapping_sub(now) as i64
+                }
+            };
             sort(written, filled, &get, &set, &rank_of);
             written += filled;
             // The first nonempty bucket at once, then whenever the entries
@@ -941,7 +969,7 @@ fn sort(
     n: usize,
     get: &impl Fn(usize) -> u64,
     set: &impl Fn(usize, u64),
-    rank: &impl Fn(u64) -> i32,
+    rank: &impl Fn(u64) -> i64,
 ) {
     if n <= INSERTION_SORT {
         for i in 1..n {
@@ -1032,7 +1060,7 @@ mod tests {
     /// Gives the pool's blocks `stamps` and sets the clock to `now`. (The
     /// tests run on one thread: every `Relaxed` access here is ordered by
     /// the program's order alone.)
-    fn restamp(pool: &BlockPool, stamps: &[u32], now: u32) {
+    fn restamp(pool: &BlockPool, stamps: &[u64], now: u64) {
         let lru = lru(pool);
         for (i, &s) in stamps.iter().enumerate() {
             lru.stamps[i].store(s, Ordering::Relaxed);
@@ -1059,12 +1087,12 @@ mod tests {
     /// their stamps' signed distance from `now`, oldest first, as many as
     /// fit in `room`. Ties (equal stamps) may come in any order, so each
     /// is compared as a stamp.
-    fn expected(stamps: &[u32], now: u32, room: usize, skip: &[usize]) -> Vec<u32> {
-        let mut ranked: Vec<(i32, u32)> = stamps
+    fn expected(stamps: &[u64], now: u64, room: usize, skip: &[usize]) -> Vec<u64> {
+        let mut ranked: Vec<(i64, u64)> = stamps
             .iter()
             .enumerate()
             .filter(|(i, _)| !skip.contains(i))
-            .map(|(_, &s)| (s.wrapping_sub(now) as i32, s))
+            .map(|(_, &s)| (s.wrapping_sub(now) as i64, s))
             .collect();
         ranked.sort();
         ranked.into_iter().take(room).map(|(_, s)| s).collect()
@@ -1078,15 +1106,15 @@ mod tests {
         z ^ (z >> 31)
     }
 
-    /// Checks a fill against [`expected`]: the same stamps in the same
-    /// order, each word naming a block with that stamp, published in
+    /// Checks a fill against [`expected`]: blocks of the same stamps in
+    /// the same order, each word naming its block's stamp, published in
     /// growing counts up to all of them.
-    fn check_fill(pool: &BlockPool, stamps: &[u32], now: u32, room: usize, what: &str) {
+    fn check_fill(pool: &BlockPool, stamps: &[u64], now: u64, room: usize, what: &str) {
         restamp(pool, stamps, now);
         let base = 5 * stamps.len() as u64 + 3;
         let (words, missed, published) = fill(pool, base, room);
         assert_eq!(missed, stamps.len() - words.len(), "{what}");
-        let got: Vec<u32> = words.iter().map(|&w| stamp_of(w)).collect();
+        let got: Vec<u64> = words.iter().map(|&w| stamps[id_of(w).index()]).collect();
         let want = expected(stamps, now, room, &[]);
         if got.len() < want.len() {
             // Whole buckets only: what was written is the oldest of them.
@@ -1098,12 +1126,13 @@ mod tests {
         check_words(stamps, &words, &published, what);
     }
 
-    /// Checks what a fill wrote: each word names a block with that stamp,
-    /// no block twice, published in growing counts up to all of them.
-    fn check_words(stamps: &[u32], words: &[u64], published: &[usize], what: &str) {
+    /// Checks what a fill wrote: each word names a block with that stamp
+    /// (its low 32 bits), no block twice, published in growing counts up
+    /// to all of them.
+    fn check_words(stamps: &[u64], words: &[u64], published: &[usize], what: &str) {
         for &w in words {
             assert_eq!(
-                stamps[id_of(w).index()],
+                stamps[id_of(w).index()] as u32,
                 stamp_of(w),
                 "{what}: word of another block"
             );
@@ -1129,12 +1158,12 @@ mod tests {
         let pool = evictable_pool(n);
         let mut state = 7;
         // Distinct stamps in random order, all before `now`.
-        let mut stamps: Vec<u32> = (0..n as u32).map(|s| s * 3 + 11).collect();
+        let mut stamps: Vec<u64> = (0..n as u64).map(|s| s * 3 + 11).collect();
         for i in (1..n).rev() {
             let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
             stamps.swap(i, j);
         }
-        let now = 3 * n as u32 + 20;
+        let now = 3 * n as u64 + 20;
         for room in [1, 2, 17, 64, 1000, 1499, 1500, 2999, 3000] {
             check_fill(
                 &pool,
@@ -1144,15 +1173,15 @@ mod tests {
                 "shuffled",
             );
         }
-        // The clock wrapped: stamps just before and after zero.
-        let wrapped: Vec<u32> = stamps.iter().map(|s| s.wrapping_sub(5000)).collect();
-        check_fill(
-            &pool,
-            &wrapped,
-            now.wrapping_sub(5000),
-            700,
-            "across the wrap",
-        );
+        // Stamps far apart: over 2^31 (32-bit distances would wrap),
+        // buckets over 2^32 wide (the words' 32-bit stamps cannot rank
+        // them), and clocks past 2^32.
+        for (shift, offset) in [(20, 0), (21, 1 << 40), (33, 0), (40, 5)] {
+            let far: Vec<u64> = stamps.iter().map(|s| (s << shift) + offset).collect();
+            for room in [700, 3000] {
+                check_fill(&pool, &far, (now << shift) + offset, room, "far apart");
+            }
+        }
         // Stamps taken while the scan runs (ahead of its clock) rank
         // youngest, not oldest.
         let mut ahead = stamps.clone();
@@ -1168,22 +1197,52 @@ mod tests {
         check_fill(&pool, &ahead, now, 1500, "stamps ahead of the clock");
     }
 
+    /// A block released 2^31 stamps before the others is still the
+    /// oldest: after a churn that emptied and overflowed the ring, the
+    /// next eviction's refill ranks it first. (With 32-bit stamps it
+    /// ranked youngest.)
+    #[test]
+    fn a_block_released_over_2_pow_31_stamps_ago_is_evicted_first() {
+        let n = 64;
+        let pool = evictable_pool(n);
+        let lru = lru(&pool);
+        let young = (1u64 << 31) + 10;
+        // One thread: `Relaxed` ordered by the program, as in `restamp`.
+        for i in 0..n {
+            let stamp = if i == 0 { 3 } else { young + i as u64 };
+            lru.stamps[i].store(stamp as _, Ordering::Relaxed);
+        }
+        lru.clock.store((young + n as u64) as _, Ordering::Relaxed);
+        // The ring run dry and overflowed: every evictable block is
+        // ranked by the refill of the next eviction.
+        let len = lru.len.load(Ordering::Relaxed);
+        lru.next.next.store(len, Ordering::Relaxed);
+        lru.overflow.fetch_or(OVERFLOWED, Ordering::Relaxed);
+        let mut ids = Vec::new();
+        pool.try_alloc(1, &mut ids).unwrap();
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        assert_eq!(seq.try_match_prefix(&[key(0)]), 0, "block 0 evicted");
+        assert_eq!(seq.try_match_prefix(&[key(1)]), 1, "block 1 kept");
+        drop(seq);
+        pool.free(&ids).unwrap();
+    }
+
     #[test]
     fn a_fill_copes_with_skewed_and_repeated_stamps() {
         let n = 2000;
         let pool = evictable_pool(n);
         let cap = lru(&pool).candidates.len();
-        let now = 2_000_000_000u32;
+        let now = 2_000_000_000u64;
         // One block far older than the rest, which sit in a narrow range:
         // nearly all in one bucket of the first histogram.
-        let mut skewed: Vec<u32> = (0..n as u32).map(|i| now - 10_000 + i * 3).collect();
+        let mut skewed: Vec<u64> = (0..n as u64).map(|i| now - 10_000 + i * 3).collect();
         skewed[1234] = 5;
         for room in [1, 2, 300, cap] {
             check_fill(&pool, &skewed, now, room, "one outlier");
         }
         // The old half in one narrow range, the young half spread: the
         // oldest bucket alone overfills a small room (narrowed).
-        let clustered: Vec<u32> = (0..n as u32)
+        let clustered: Vec<u64> = (0..n as u64)
             .map(|i| {
                 if i % 2 == 0 {
                     1000 + i / 2
@@ -1201,9 +1260,9 @@ mod tests {
         let (words, missed, _) = fill(&pool, 0, 300);
         assert_eq!((words.len(), missed), (300, n - 300));
         // Few blocks, wide range.
-        let mut sparse = vec![0u32; n];
+        let mut sparse = vec![0u64; n];
         for (i, s) in sparse.iter_mut().enumerate() {
-            *s = (i as u32).wrapping_mul(2_654_435_761) % 1_000_000_000;
+            *s = (i as u32).wrapping_mul(2_654_435_761) as u64 % 1_000_000_000;
         }
         check_fill(&pool, &sparse, now, cap, "wide range");
     }
@@ -1212,8 +1271,8 @@ mod tests {
     fn a_fill_passes_over_marked_and_unevictable_blocks() {
         let n = 500;
         let pool = evictable_pool(n);
-        let stamps: Vec<u32> = (0..n as u32).rev().collect();
-        restamp(&pool, &stamps, n as u32);
+        let stamps: Vec<u64> = (0..n as u64).rev().collect();
+        restamp(&pool, &stamps, n as u64);
         let lru = lru(&pool);
         // Candidates for blocks 400..500 (the oldest), current, at
         // positions 0..100; and one for block 399 with a stale stamp.
@@ -1248,8 +1307,8 @@ mod tests {
     fn a_fill_stops_when_publishing_fails() {
         let n = 4000;
         let pool = evictable_pool(n);
-        let stamps: Vec<u32> = (0..n as u32).collect();
-        restamp(&pool, &stamps, n as u32);
+        let stamps: Vec<u64> = (0..n as u64).collect();
+        restamp(&pool, &stamps, n as u64);
         let mut calls = 0;
         let (written, missed) = lru(&pool).fill(&pool.refs, 0, 1000, |_| {
             calls += 1;
@@ -1267,7 +1326,7 @@ mod tests {
         let cap = lru.candidates.len() as u64;
         assert_eq!(cap, 10);
         for i in 0..8u64 {
-            let word = Lru::word(BlockId::new(i as u32), 100 + i as u32);
+            let word = Lru::word(BlockId::new(i as u32), 100 + i);
             lru.candidates[lru.slot(76 + i)].store(word, Ordering::Relaxed);
         }
         lru.next.next.store(76, Ordering::Relaxed);
@@ -1316,8 +1375,8 @@ mod tests {
     /// are missed.
     fn check_against_naive(
         pool: &BlockPool,
-        stamps: &[u32],
-        now: u32,
+        stamps: &[u64],
+        now: u64,
         room: usize,
         skip: &[usize],
         what: &str,
@@ -1332,13 +1391,13 @@ mod tests {
         for &i in skip {
             marked[i] = true;
         }
-        let mut want: Vec<(i32, u32)> = (0..stamps.len())
+        let mut want: Vec<(i64, u64)> = (0..stamps.len())
             .filter(|&i| !marked[i])
-            .map(|i| (stamps[i].wrapping_sub(now) as i32, stamps[i]))
+            .map(|i| (stamps[i].wrapping_sub(now) as i64, stamps[i]))
             .collect();
         want.sort_unstable();
-        let want: Vec<u32> = want.into_iter().map(|(_, s)| s).collect();
-        let got: Vec<u32> = words.iter().map(|&w| stamp_of(w)).collect();
+        let want: Vec<u64> = want.into_iter().map(|(_, s)| s).collect();
+        let got: Vec<u64> = words.iter().map(|&w| stamps[id_of(w).index()]).collect();
         let room = room.min(lru(pool).candidates.len());
         assert!(
             got.len() <= room,
@@ -1352,7 +1411,7 @@ mod tests {
             assert!(!got.is_empty(), "{what}: nothing written");
             // Whole ranks only, unless one rank alone overfills the room.
             let last = got.len() - 1;
-            let rank = |s: u32| s.wrapping_sub(now) as i32;
+            let rank = |s: u64| s.wrapping_sub(now) as i64;
             if got.len() < want.len() && rank(want[last + 1]) == rank(want[last]) {
                 let tied = want
                     .iter()
@@ -1419,14 +1478,15 @@ mod tests {
         let pool = evictable_pool(n);
         let cap = lru(&pool).candidates.len();
         let mut state = 0x5eed;
-        let min = i64::from(i32::MIN);
-        let max = i64::from(i32::MAX);
+        // Ranks from 2^50 stamps before the clock to 2^20 after it.
+        let min = -(1i64 << 50);
+        let max = 1i64 << 20;
         let mut widths: Vec<u64> = vec![1, 2, 3, 4, 5, 7, 8, 9, 1000];
-        for k in [10u32, 11, 12, 16, 20, 21, 30, 31, 32] {
+        for k in [10u32, 11, 12, 16, 20, 21, 30, 31, 32, 33, 42, 43, 50] {
             let p = 1u64 << k;
             widths.extend([p - 1, p, p + 1]);
         }
-        widths.retain(|w| (1..=1 << 32).contains(w));
+        widths.retain(|w| (1..=1 << 50).contains(w));
         let mut cases = 0;
         for &width in &widths {
             // Where the range sits: oldest possible, before the clock,
@@ -1448,17 +1508,15 @@ mod tests {
                     continue;
                 }
                 for shape in 0..5 {
-                    let now = splitmix(&mut state) as u32;
+                    // A clock past 2^51, so that every stamp is positive.
+                    let now = (1u64 << 51) + splitmix(&mut state) % (1 << 60);
                     let mut r = ranks(n, lo, width, shape, &mut state);
                     // Shuffle which block gets which rank.
                     for i in (1..n).rev() {
                         let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
                         r.swap(i, j);
                     }
-                    let stamps: Vec<u32> = r
-                        .iter()
-                        .map(|&x| now.wrapping_add(x as i32 as u32))
-                        .collect();
+                    let stamps: Vec<u64> = r.iter().map(|&x| now.wrapping_add(x as u64)).collect();
                     // Some blocks marked (their candidates in the ring), so
                     // that the eligible count varies around the room.
                     let marked = (splitmix(&mut state) % (n as u64 / 2 + 40)) as usize;
@@ -1494,13 +1552,16 @@ mod tests {
         assert!(cases > 1000, "{cases}");
     }
 
-    /// Stamps for the blocks of a pool of 300: around a few centres
-    /// anywhere on the clock, each spread over its own width (one rank to
-    /// the whole clock), so that ranks wrap, repeat, sit after the clock
-    /// and cluster in the oldest bucket.
-    fn clustered_stamps() -> impl proptest::strategy::Strategy<Value = Vec<u32>> {
+    /// Stamps for the blocks of a pool of 300, on a clock of 2^62: around a
+    /// few centres up to 2^56 stamps before it or after it, each spread
+    /// over its own width (one rank to 2^52), so that ranks repeat, sit
+    /// after the clock, lie over 2^32 apart and cluster in the oldest
+    /// bucket.
+    fn clustered_stamps() -> impl proptest::strategy::Strategy<Value = Vec<u64>> {
         use proptest::prelude::*;
-        prop::collection::vec((any::<u32>(), 0u32..=32), 1..=4).prop_flat_map(|centres| {
+        let centres =
+            (0u64..1 << 57, 0u32..=52).prop_map(|(c, log)| ((1 << 62) - (1 << 56) + c, log));
+        prop::collection::vec(centres, 1..=4).prop_flat_map(|centres| {
             let centres = std::sync::Arc::new(centres);
             prop::collection::vec((any::<prop::sample::Index>(), any::<u64>()), 300).prop_map(
                 move |picks| {
@@ -1508,12 +1569,7 @@ mod tests {
                         .into_iter()
                         .map(|(i, x)| {
                             let (centre, log) = *i.get(&centres);
-                            let off = if log == 32 {
-                                x as u32
-                            } else {
-                                (x % (1u64 << log)) as u32
-                            };
-                            centre.wrapping_add(off)
+                            centre + x % (1u64 << log)
                         })
                         .collect()
                 },
@@ -1529,7 +1585,7 @@ mod tests {
         #[test]
         fn a_fill_agrees_with_the_naive_selection_on_any_stamps(
             stamps in clustered_stamps(),
-            now in proptest::prelude::any::<u32>(),
+            now in (1u64 << 62) - 1000..(1 << 62) + 1000,
             room in 0usize..=150,
             marked in proptest::collection::btree_set(0usize..300, 0..=200),
         ) {

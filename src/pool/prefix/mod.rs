@@ -174,7 +174,7 @@ pub(super) struct Evictions {
     total: usize,
     /// The first stamp of the batch, and the batch, once a block is
     /// evictable (a give-back of uncached blocks clears no 256 bytes).
-    stamped: Option<(u32, [u64; STAMP_BATCH])>,
+    stamped: Option<(u64, [u64; STAMP_BATCH])>,
     batched: usize,
     /// Blocks made evictable so far.
     count: usize,
@@ -209,7 +209,7 @@ impl Evictions {
             // outgrows its range.
             *base = lru.stamps(STAMP_BATCH.min(self.total - i));
         }
-        let stamp = base.wrapping_add(self.batched as u32);
+        let stamp = *base + self.batched as u64;
         lru.stamp(id, stamp);
         batch[self.batched] = Lru::word(id, stamp);
         self.batched += 1;
