@@ -60,6 +60,9 @@ object of keys laid end to end, as `hash_blocks_packed` returns them (read
 in one copy instead of one conversion per key). Keys are a chain, in
 order: a set of them is refused with `TypeError`."""
 
+_Bytes = Union[bytes, bytearray, str]
+"""An extra key's bytes: `bytes`, `bytearray`, or `str` (taken as UTF-8)."""
+
 class ReserveError(Exception):
     """An allocation was refused; nothing changed. Subclasses: `Full` (and
     its subclass `BehindWaiters`), `NeverFits`, `Closed`, `SequenceBusy`."""
@@ -798,9 +801,15 @@ def hash_blocks(
     block_size: _Int,
     salt: bytes = b"",
     parent: Optional[bytes] = None,
+    *,
+    start: Optional[_Int] = None,
+    lora: Optional[_Bytes] = None,
+    cache_salt: Optional[_Bytes] = None,
+    multimodal: Iterable[Tuple[_Bytes, _Int, _Int]] = (),
+    custom: Iterable[Tuple[_Bytes, _Bytes, _Int, _Int]] = (),
 ) -> list[bytes]:
     """The 32-byte keys of the full blocks of `tokens`, identical to Rust's
-    `kvslots::hash_blocks`.
+    `kvslots::hash_blocks` (with extras, `kvslots::hash_blocks_with`).
 
     `tokens`: ints in `0..2**32`, `bytes` of little-endian uint32s (or a
     one-dimensional `memoryview` of them, read as the same bytes whatever
@@ -810,6 +819,27 @@ def hash_blocks(
     `TypeError` for a set, whose order is arbitrary). With
     `parent` (the key of the block before `tokens[0]`) the keys continue
     that chain; `salt` must then be empty.
+
+    Extras enter the keys of the blocks they apply to, so that the same
+    tokens under another adapter, salt or image never share cached blocks
+    (`bytes`, `bytearray` or `str`, taken as UTF-8): `lora` (an adapter's
+    name, for good) and `cache_salt` (vLLM's per-request `cache_salt`)
+    every block's; each `multimodal` item `(hash, offset, length)` (an
+    input's content hash and the prompt positions `offset..offset +
+    length` of its placeholder tokens, vLLM's `PlaceholderRange`) and
+    each `custom` item `(tag, bytes, offset, length)` the blocks that
+    overlap its positions. A block no extra applies to keeps its plain
+    key. With `parent` and extras, `start` is the prompt position of
+    `tokens[0]` (a positive multiple of `block_size`): the keys then equal
+    those of the whole prompt's call.
+
+    Raises `ValueError` for `block_size == 0`, a token outside `0..2**32`,
+    a `parent` that is not 32 bytes, a `salt` with a `parent`, a `start`
+    without a `parent` or not a positive multiple of `block_size`, a
+    `parent` with extras but no `start`, an extra of `length` 0, or an
+    item tuple of the wrong length; `TypeError` for tokens that are not
+    ints, an extra that is not bytes or str, or an item that is not a
+    tuple; `OverflowError` for a range past `2**64`.
     """
 
 def hash_blocks_packed(
@@ -817,6 +847,12 @@ def hash_blocks_packed(
     block_size: _Int,
     salt: bytes = b"",
     parent: Optional[bytes] = None,
+    *,
+    start: Optional[_Int] = None,
+    lora: Optional[_Bytes] = None,
+    cache_salt: Optional[_Bytes] = None,
+    multimodal: Iterable[Tuple[_Bytes, _Int, _Int]] = (),
+    custom: Iterable[Tuple[_Bytes, _Bytes, _Int, _Int]] = (),
 ) -> bytes:
     """`hash_blocks`'s keys laid end to end (key `i` is
     `packed[32 * i : 32 * i + 32]`), which `Sequence.match_prefix` and

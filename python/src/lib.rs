@@ -32,6 +32,7 @@ mod batch;
 mod convert;
 mod errors;
 mod events;
+mod extras;
 mod hybrid;
 mod lock;
 mod pool;
@@ -58,7 +59,8 @@ where
 
 /// The keys of the full blocks of `tokens`, cut into blocks of
 /// `block_size` tokens: `len(tokens) // block_size` keys of 32 bytes each,
-/// block 0's first, identical to Rust's `kvslots::hash_blocks`.
+/// block 0's first, identical to Rust's `kvslots::hash_blocks` (and, with
+/// extras, `kvslots::hash_blocks_with`).
 ///
 /// `tokens` is a list (or any iterable) of ints in `0..2**32`, `bytes` /
 /// `bytearray` of little-endian `uint32`s (or a `memoryview` of one), or a
@@ -69,22 +71,47 @@ where
 /// the blocks a sequence fills); `salt` must then be empty, since the
 /// chain already holds it.
 ///
+/// Extras (keyword only; `bytes`, `bytearray` or `str`, taken as UTF-8)
+/// enter the keys of the blocks they apply to: `lora` (an adapter's name)
+/// and `cache_salt` (a request's salt) every block's; `multimodal`, tuples
+/// `(hash, offset, length)` (an input's content hash, and the prompt
+/// positions `offset..offset + length` of its placeholder tokens), and
+/// `custom`, tuples `(tag, bytes, offset, length)`, the blocks that
+/// overlap their positions. With `parent` and extras, `start` is the
+/// prompt position of `tokens[0]` (a positive multiple of `block_size`).
+///
 /// Raises `ValueError` for `block_size == 0`, a token outside
-/// `0..2**32`, a `parent` that is not 32 bytes, or a `salt` with a
-/// `parent`; `TypeError` for tokens that are not ints.
+/// `0..2**32`, a `parent` that is not 32 bytes, a `salt` with a `parent`,
+/// a `start` without a `parent` (or, with extras, a `parent` without a
+/// `start`), a `start` that is not a positive multiple of `block_size`,
+/// an extra of no positions, or a tuple of the wrong length; `TypeError`
+/// for tokens that are not ints, an extra that is not bytes or str, or an
+/// item that is not a tuple; `OverflowError` for positions past
+/// `2**64`.
 #[pyfunction]
 #[pyo3(
-    signature = (tokens, block_size, salt = b"".as_slice(), parent = None),
-    text_signature = "(tokens, block_size, salt=b'', parent=None)"
+    signature = (
+        tokens, block_size, salt = b"".as_slice(), parent = None, *,
+        start = None, lora = None, cache_salt = None, multimodal = None, custom = None
+    ),
+    text_signature = "(tokens, block_size, salt=b'', parent=None, *, start=None, lora=None, \
+                      cache_salt=None, multimodal=(), custom=())"
 )]
+#[allow(clippy::too_many_arguments)]
 fn hash_blocks<'py>(
     py: Python<'py>,
     tokens: &Bound<'py, PyAny>,
     block_size: &Bound<'py, PyAny>,
     salt: &[u8],
     parent: Option<&Bound<'py, PyAny>>,
+    start: Option<&Bound<'py, PyAny>>,
+    lora: Option<&Bound<'py, PyAny>>,
+    cache_salt: Option<&Bound<'py, PyAny>>,
+    multimodal: Option<&Bound<'py, PyAny>>,
+    custom: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyList>> {
-    let keys = block_keys(py, tokens, block_size, salt, parent)?;
+    let extras = extras::extras(lora, cache_salt, multimodal, custom)?;
+    let keys = block_keys(py, tokens, block_size, salt, parent, start, &extras)?;
     convert::key_list(py, &keys)
 }
 
@@ -95,17 +122,28 @@ fn hash_blocks<'py>(
 /// `hash_blocks`.
 #[pyfunction]
 #[pyo3(
-    signature = (tokens, block_size, salt = b"".as_slice(), parent = None),
-    text_signature = "(tokens, block_size, salt=b'', parent=None)"
+    signature = (
+        tokens, block_size, salt = b"".as_slice(), parent = None, *,
+        start = None, lora = None, cache_salt = None, multimodal = None, custom = None
+    ),
+    text_signature = "(tokens, block_size, salt=b'', parent=None, *, start=None, lora=None, \
+                      cache_salt=None, multimodal=(), custom=())"
 )]
+#[allow(clippy::too_many_arguments)]
 fn hash_blocks_packed<'py>(
     py: Python<'py>,
     tokens: &Bound<'py, PyAny>,
     block_size: &Bound<'py, PyAny>,
     salt: &[u8],
     parent: Option<&Bound<'py, PyAny>>,
+    start: Option<&Bound<'py, PyAny>>,
+    lora: Option<&Bound<'py, PyAny>>,
+    cache_salt: Option<&Bound<'py, PyAny>>,
+    multimodal: Option<&Bound<'py, PyAny>>,
+    custom: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let keys = block_keys(py, tokens, block_size, salt, parent)?;
+    let extras = extras::extras(lora, cache_salt, multimodal, custom)?;
+    let keys = block_keys(py, tokens, block_size, salt, parent, start, &extras)?;
     PyBytes::new_with(py, keys.len() * 32, |buf| {
         for (dst, key) in buf.chunks_exact_mut(32).zip(&keys) {
             dst.copy_from_slice(&key.0);
@@ -121,35 +159,64 @@ fn block_keys<'py>(
     block_size: &Bound<'py, PyAny>,
     salt: &[u8],
     parent: Option<&Bound<'py, PyAny>>,
+    start: Option<&Bound<'py, PyAny>>,
+    extras: &[extras::Extra],
 ) -> PyResult<Vec<kvslots::BlockHash>> {
+    use pyo3::exceptions::PyValueError;
     let block_size: usize = convert::uint(block_size, "block_size")?;
     if block_size == 0 {
-        return Err(pyo3::exceptions::PyValueError::new_err(
-            "block_size must be at least 1",
-        ));
+        return Err(PyValueError::new_err("block_size must be at least 1"));
     }
     let parent = parent.map(convert::key).transpose()?;
     if parent.is_some() && !salt.is_empty() {
-        return Err(pyo3::exceptions::PyValueError::new_err(
+        return Err(PyValueError::new_err(
             "pass a salt or a parent, not both: a parent's chain already holds its salt",
         ));
+    }
+    let start: Option<usize> = start.map(|s| convert::uint(s, "start")).transpose()?;
+    match (parent, start) {
+        (None, Some(_)) => {
+            return Err(PyValueError::new_err(
+                "start is the prompt position of tokens[0] after a parent: pass it with parent",
+            ))
+        }
+        (Some(_), Some(start)) if start == 0 || start % block_size != 0 => {
+            return Err(PyValueError::new_err(format!(
+                "start must be a positive multiple of block_size ({block_size}), got {start}"
+            )))
+        }
+        (Some(_), None) if !extras.is_empty() => {
+            return Err(PyValueError::new_err(
+                "with a parent and extras, pass start: the prompt position of tokens[0]",
+            ))
+        }
+        _ => {}
     }
     let tokens = convert::tokens(tokens)?;
     let blocks = tokens.len() / block_size;
     let mut keys = convert::with_room(blocks, "block keys")?;
-    Ok(detached(py, blocks, || {
+    let extras: Vec<kvslots::ExtraKey<'_>> = extras.iter().map(extras::Extra::key).collect();
+    detached(py, blocks, || {
         match parent {
-            None => kvslots::hash_blocks(salt, &tokens, block_size, &mut keys),
+            None if extras.is_empty() => kvslots::hash_blocks(salt, &tokens, block_size, &mut keys),
+            None => kvslots::hash_blocks_with(salt, &tokens, block_size, &extras, &mut keys)?,
             Some(parent) => {
                 let mut key = parent;
+                let mut at = start.unwrap_or(0);
                 for block in tokens.chunks_exact(block_size) {
-                    key = key.next(block);
+                    key = if extras.is_empty() {
+                        key.next(block)
+                    } else {
+                        key.next_with(at, block, &extras)?
+                    };
                     keys.push(key);
+                    at = at.saturating_add(block_size);
                 }
             }
         }
-        keys
-    }))
+        Ok(keys)
+    })
+    .map_err(|e: kvslots::ExtraKeyError| PyValueError::new_err(e.to_string()))
 }
 
 /// Lock-free, all-or-nothing KV-cache block allocation with a prefix
