@@ -524,6 +524,11 @@ class Sequence:
     def block_ids(self) -> list[int]:
         """The ids of the blocks holding positions `0..len(seq)`, in order,
         then any reserved ahead."""
+    def block_ids_from(self, start: _Int) -> list[int]:
+        """`block_ids[start:]` without building the rest (`[]` from the end
+        of the table on). After an append, `block_ids_from(n)`, where `n`
+        was `capacity // block_size` before it, lists the blocks it took.
+        Raises `ValueError` for a negative `start`."""
     @property
     def capacity(self) -> int:
         """Tokens the blocks in the table can hold (at least `len(seq)`)."""
@@ -719,6 +724,10 @@ class HybridSequence:
     def block_ids(self, group: _Int) -> list[Optional[int]]:
         """Group `group`'s table: block ids, `None` where its window gave a
         block back. Raises `IndexError` past the last group."""
+    def block_ids_from(self, group: _Int, start: _Int) -> list[Optional[int]]:
+        """`block_ids(group)[start:]` without building the rest (`[]` from
+        the end of the table on). Raises `IndexError` past the last group,
+        `ValueError` for a negative `start`."""
     def null_blocks(self, group: _Int) -> int:
         """How many leading entries of group `group`'s table are `None`."""
     def try_append(self, n: _Int) -> range:

@@ -435,6 +435,30 @@ impl PyHybridSequence {
         PyList::new(py, items)
     }
 
+    /// Group `group`'s table from entry `start` on: `block_ids(group)[start:]`
+    /// without building the rest (`[]` from the end of the table on).
+    /// Raises `IndexError` past the last group.
+    fn block_ids_from<'py>(
+        &self,
+        py: Python<'py>,
+        group: &Bound<'py, PyAny>,
+        start: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let g = self.group(group)?;
+        let start: usize = convert::uint(start, "start")?;
+        let ids = self.with(py, |seq| {
+            seq.blocks(g)
+                .and_then(|table| table.get(start..))
+                .unwrap_or(&[])
+                .to_vec()
+        })?;
+        let items = ids
+            .iter()
+            .map(|id| (!id.is_null()).then(|| id.index()))
+            .collect::<Vec<_>>();
+        PyList::new(py, items)
+    }
+
     /// How many leading entries of group `group`'s table are `None`.
     fn null_blocks(&self, py: Python<'_>, group: &Bound<'_, PyAny>) -> PyResult<usize> {
         let g = self.group(group)?;

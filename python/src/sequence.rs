@@ -253,6 +253,21 @@ impl PySequence {
         id_list(py, &ids)
     }
 
+    /// The ids of the table's entries `start` and after: `block_ids[start:]`
+    /// without building the rest (`[]` from the end of the table on). After
+    /// an append, `block_ids_from(n)`, where `n` was `capacity //
+    /// block_size` before it, lists the blocks it took: what a scheduler
+    /// sends its workers each step.
+    fn block_ids_from<'py>(
+        &self,
+        py: Python<'py>,
+        start: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let start: usize = convert::uint(start, "start")?;
+        let ids = self.with(py, |seq| seq.blocks().get(start..).unwrap_or(&[]).to_vec())?;
+        id_list(py, &ids)
+    }
+
     /// How many tokens the blocks in the table can hold
     /// (`len(block_ids) * block_size`, at least `len(seq)`).
     #[getter]

@@ -365,3 +365,22 @@ def test_match_prefix_on_a_sequence_holding_only_reserved_blocks_matches_nothing
     b.shrink_to_fit()
     assert b.match_prefix(keys) == 2
     b.close()
+
+
+def test_block_ids_from_lists_a_groups_tail():
+    pool = kvslots.BlockPool(16, 4)
+    with kvslots.HybridSequence(pool, kvslots.KvGroups([4, "full"])) as seq:
+        seq.try_append(12)
+        seq.try_append(1)  # the window's table starts with 2 None entries
+        for g in range(2):
+            table = seq.block_ids(g)
+            for start in (0, 1, 2, 3, 4, 5, 2**40):
+                assert seq.block_ids_from(g, start) == table[start:]
+        assert seq.block_ids_from(0, 0)[:2] == [None, None]
+        state = hybrid_state(seq)
+        with pytest.raises(IndexError):
+            seq.block_ids_from(2, 0)
+        for bad, error in ((-1, ValueError), (1.0, TypeError), (2**64, OverflowError)):
+            with pytest.raises(error):
+                seq.block_ids_from(0, bad)
+        assert hybrid_state(seq) == state

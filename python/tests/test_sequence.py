@@ -473,3 +473,23 @@ def test_a_signal_handler_interrupts_a_call_waiting_for_a_busy_sequence(pool, hy
     assert len(seq) == 0 and seq.capacity == 4 and not seq.closed
     seq.close()
     assert pool.free_blocks == 16
+
+
+def test_block_ids_from_lists_the_tables_tail():
+    pool = kvslots.BlockPool(32, 4)
+    with kvslots.Sequence(pool) as seq:
+        assert seq.block_ids_from(0) == []
+        seq.try_append(10)  # 3 blocks
+        before = seq.capacity // pool.block_size
+        seq.try_append(7)  # 2 new blocks
+        table = seq.block_ids
+        assert seq.block_ids_from(before) == table[before:] and len(table[before:]) == 2
+        for start in (0, 1, 4, 5, 6, 2**40):
+            assert seq.block_ids_from(start) == table[start:]
+        state = seq_state(seq)
+        for bad, error in ((-1, ValueError), (1.0, TypeError), (2**64, OverflowError)):
+            with pytest.raises(error):
+                seq.block_ids_from(bad)
+        assert seq_state(seq) == state
+    with pytest.raises(ValueError):
+        seq.block_ids_from(0)  # closed
