@@ -862,13 +862,20 @@
 //! compare its key, and take a reference with a CAS from that state (on an
 //! evictable block, after admitting one block of capacity, given back if
 //! the CAS fails). A candidate whose state moved is read again; a miss ends
-//! the match. So does a key whose block this match already took (the
-//! first 32 hits are compared with the blocks taken directly; a longer
-//! match builds a 32,768-bit filter of block ids on the stack and scans
-//! the blocks taken only on a hit in it): a held block keeps its key and a key names one
-//! cached block at a time, so that is the first key repeating an earlier
-//! one, which chained hashes never do. The blocks a match takes are
-//! distinct, and a table never outgrows the pool.
+//! the match. So does a key whose block this match already took: a held
+//! block keeps its key and a key names one cached block at a time, so
+//! that is the first key repeating an earlier one, which chained hashes
+//! never do. The blocks a match takes are distinct, and a table never
+//! outgrows the pool. The first 32 hits are compared with the blocks taken
+//! directly; a longer match builds a filter of block ids on the stack,
+//! sized to the pool (32,768 bits in a pool of up to 32,768 blocks,
+//! 131,072 bits in a larger one), and scans the blocks taken only on a hit
+//! in it. In a pool of up to 131,072 blocks the filter has a bit per block,
+//! so a hit is a repeated key and the match costs time linear in its
+//! length. In a larger pool, ids that differ by a multiple of 131,072
+//! share a bit, and each hit on a shared bit scans the blocks taken: such
+//! a match (every one of more than 131,072 blocks) can cost up to its
+//! length squared.
 //!
 //! ## Eviction order
 //!

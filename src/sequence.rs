@@ -723,6 +723,18 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// earlier one, so the matched blocks are distinct and the table never
     /// outgrows the pool.
     ///
+    /// # Performance
+    ///
+    /// In a pool of up to 131,072 blocks, a match's cost is linear in the
+    /// number of blocks it matches: a lookup and a CAS per block, and a
+    /// filter of the blocks taken on the stack (zeroed once a match passes
+    /// 32 blocks: 4 KiB in a pool of up to 32,768 blocks, 16 KiB in a
+    /// larger one) that tells a repeated key apart without a scan. In a
+    /// larger pool, blocks whose ids differ by a multiple of 131,072 share
+    /// the filter's bit, and each later one of them scans the blocks the
+    /// match has taken: a match of many such blocks (every match of more
+    /// than 131,072 blocks) can cost up to its length squared.
+    ///
     /// # Memory ordering
     ///
     /// Whatever the publisher of a matched block wrote into it before

@@ -561,3 +561,42 @@ fn a_block_that_lost_its_key_to_another_is_offered_again() {
     drop(m);
     pool.free(&ids).unwrap();
 }
+
+/// A match longer than the filter of taken blocks a small pool uses
+/// (32,768 bits), in a pool of 65,536 blocks whose ids that filter would
+/// fold onto each other: a chain of 40,000 distinct keys matches whole,
+/// and a key repeated at its end, equal to one taken before the filter was
+/// built or after, ends the match there, its second reference given back.
+#[test]
+fn a_long_match_in_a_large_pool_takes_every_block_and_stops_at_a_repeat() {
+    const N: usize = 40_000;
+    let pool = Arc::new(BlockPool::new(65_536, 1));
+    let mut keys = Vec::new();
+    hash_blocks(b"", &(0..N as u32).collect::<Vec<u32>>(), 1, &mut keys);
+    let mut first = Sequence::new(Arc::clone(&pool));
+    first.try_append(N).unwrap();
+    assert_eq!(first.publish(&keys), N);
+    let blocks = first.blocks().to_vec();
+
+    let mut whole = Sequence::new(Arc::clone(&pool));
+    assert_eq!(whole.try_match_prefix(&keys), N);
+    assert_eq!(whole.blocks(), &blocks[..]);
+    drop(whole);
+
+    // Repeats of a key matched directly (7) and of one matched past the
+    // filter's start (35,000), at position N - 1.
+    for j in [7, 35_000] {
+        let mut query = keys[..N - 1].to_vec();
+        query.push(keys[j]);
+        let mut m = Sequence::new(Arc::clone(&pool));
+        assert_eq!(m.try_match_prefix(&query), N - 1, "repeat of {j}");
+        assert_eq!(m.blocks(), &blocks[..N - 1]);
+        assert_eq!(pool.ref_count(blocks[j]), Some(2), "repeat of {j}");
+        assert_eq!(pool.ref_count(blocks[N - 1]), Some(1));
+        drop(m);
+        assert_eq!(pool.ref_count(blocks[j]), Some(1));
+    }
+    assert_eq!(pool.used_blocks(), N);
+    drop(first);
+    assert_eq!((pool.used_blocks(), pool.evictable_blocks()), (0, N));
+}

@@ -549,11 +549,12 @@ fn a_repeated_key_matches_up_to_its_first_repetition() {
 
 /// A repeated key in a pool larger than the filter of taken ids (a match
 /// compares its first 32 hits directly, then screens through a filter of
-/// 32,768 bits): two blocks whose ids share a filter bit are both matched,
-/// and a real repetition is still caught, before and after the filter.
+/// 131,072 bits in a pool of more than 32,768 blocks): two blocks whose ids
+/// share a filter bit are both matched, and a real repetition is still
+/// caught, before and after the filter.
 #[test]
 fn a_repeated_key_is_caught_past_the_filter_of_taken_ids() {
-    const BITS: u32 = 32_768;
+    const BITS: u32 = 131_072;
     let pool = Arc::new(BlockPool::new(BITS as usize + 64, 1));
     let mut all = Vec::new();
     pool.try_alloc(pool.num_blocks(), &mut all).unwrap();

@@ -1246,6 +1246,13 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// matched block's key is exactly the one asked for, and what its
     /// publisher wrote happens-before the match returns it.
     ///
+    /// # Performance
+    ///
+    /// Each lookup of a group's keys (a full group's once, a sliding
+    /// group's once for each window it tries) costs as
+    /// [`Sequence::try_match_prefix`]'s: in a pool of up to 131,072
+    /// blocks, time linear in the number of blocks it matches.
+    ///
     /// # Errors
     ///
     /// [`HybridError::OtherGroups`] if `keys` were made for other groups

@@ -336,9 +336,16 @@ fn add(counter: &AtomicU64, n: u64) {
 /// Blocks a match compares each new hit against directly, before it
 /// builds its filter.
 const DIRECT: usize = 32;
-/// Words of the filter of block ids that one match has taken (32,768 bits,
-/// 4 KiB on the stack, zeroed only by matches longer than [`DIRECT`]).
+/// Words of the filter of block ids that one match has taken, in a pool of
+/// up to 32,768 blocks: a bit per block (4 KiB on the stack, zeroed only by
+/// matches longer than [`DIRECT`]).
 const TAKEN_WORDS: usize = 512;
+/// Words of the filter in a pool of more than 32,768 blocks (131,072 bits,
+/// 16 KiB on the stack, zeroed only by matches longer than [`DIRECT`]): a
+/// bit per block in a pool of up to 131,072 blocks. In a larger pool, ids
+/// that differ by a multiple of 131,072 share a bit, and a hit on a shared
+/// bit scans the blocks taken (see [`BlockPool::match_prefix`]).
+const TAKEN_WORDS_LARGE: usize = 2048;
 
 /// What one key's revival in a match may take: the blocks the match
 /// admitted ahead and has not used (`credits`), whether it ever admitted
@@ -349,10 +356,32 @@ struct Revival<'a> {
     ahead: usize,
 }
 
-/// The filter's word and bit for block `id`.
-fn filter_bit(id: BlockId) -> (usize, u64) {
-    let bit = id.index() % (TAKEN_WORDS * 64);
-    (bit / 64, 1u64 << (bit % 64))
+/// The blocks one match has taken, as a filter of `W` words on the stack:
+/// block `id` sets bit `id % (64 * W)`. Exact for ids below `64 * W` (a set
+/// bit is a block taken); ids that differ by a multiple of `64 * W` share a
+/// bit, so past that a set bit says only that the block may be taken.
+struct Taken<const W: usize> {
+    words: [u64; W],
+}
+
+impl<const W: usize> Taken<W> {
+    /// The filter of the blocks `taken`.
+    fn of(taken: &[BlockId]) -> Taken<W> {
+        let mut filter = Taken { words: [0; W] };
+        for &id in taken {
+            filter.insert(id);
+        }
+        filter
+    }
+
+    /// Sets the bit of block `id`; returns whether it was set already.
+    fn insert(&mut self, id: BlockId) -> bool {
+        let bit = id.index() % (W * 64);
+        let (word, mask) = (bit / 64, 1u64 << (bit % 64));
+        let set = self.words[word] & mask != 0;
+        self.words[word] |= mask;
+        set
+    }
 }
 
 impl BlockPool {
@@ -366,16 +395,39 @@ impl BlockPool {
     /// to an earlier one: a list of chained hashes never repeats a key, so
     /// only a list that is not one (misuse) is cut short there. So the
     /// blocks taken are distinct, at most `num_blocks` of them, and the
-    /// table cannot outgrow the pool. The first [`DIRECT`] hits are
-    /// compared with the blocks taken so far; a longer match builds a
-    /// filter of 32,768 bits over block ids (exact for pools of up to
-    /// 32,768 blocks), and only a hit in it scans the blocks taken.
+    /// table cannot outgrow the pool.
+    ///
+    /// The first [`DIRECT`] hits are compared with the blocks taken so
+    /// far; a longer match builds a filter of the block ids taken on the
+    /// stack, sized to the pool: [`TAKEN_WORDS`] words (32,768 bits) in a
+    /// pool of up to 32,768 blocks, [`TAKEN_WORDS_LARGE`] (131,072 bits)
+    /// in a larger one. Only a hit in the filter scans the blocks taken.
+    /// In a pool of up to 131,072 blocks the filter is exact: a hit is a
+    /// repeated key, which ends the match, so a match's cost is linear in
+    /// its length. In a larger pool, ids that differ by a multiple of
+    /// 131,072 share a bit, and each hit on a bit already set scans the
+    /// blocks taken: a match whose blocks share bits (every match of more
+    /// than 131,072 blocks does) costs up to its length times the blocks
+    /// taken.
     pub(crate) fn match_prefix(&self, hashes: &[BlockHash], out: &mut Vec<BlockId>) -> usize {
+        if self.refs.len() <= TAKEN_WORDS * 64 {
+            self.match_filtered::<TAKEN_WORDS>(hashes, out)
+        } else {
+            self.match_filtered::<TAKEN_WORDS_LARGE>(hashes, out)
+        }
+    }
+
+    /// [`match_prefix`](Self::match_prefix) with a filter of `W` words.
+    fn match_filtered<const W: usize>(
+        &self,
+        hashes: &[BlockHash],
+        out: &mut Vec<BlockId>,
+    ) -> usize {
         let Some(cache) = self.prefix.as_deref() else {
             return 0;
         };
         let base = out.len();
-        let mut filter: Option<[u64; TAKEN_WORDS]> = None;
+        let mut filter: Option<Taken<W>> = None;
         let mut hits = 0;
         // Blocks admitted ahead for the evictable blocks this match revives
         // (see `match_one`); what goes unused is given back at the end.
@@ -394,18 +446,8 @@ impl BlockPool {
             let repeated = if taken.len() < DIRECT {
                 taken.contains(&id)
             } else {
-                let filter = filter.get_or_insert_with(|| {
-                    let mut filter = [0u64; TAKEN_WORDS];
-                    for &t in taken {
-                        let (word, mask) = filter_bit(t);
-                        filter[word] |= mask;
-                    }
-                    filter
-                });
-                let (word, mask) = filter_bit(id);
-                let maybe = filter[word] & mask != 0;
-                filter[word] |= mask;
-                maybe && taken.contains(&id)
+                let filter = filter.get_or_insert_with(|| Taken::of(taken));
+                filter.insert(id) && taken.contains(&id)
             };
             if repeated {
                 // A repeated key: give back the second reference (we hold
@@ -705,5 +747,50 @@ impl BlockPool {
         self.prefix
             .as_deref()
             .map_or_else(PrefixStats::default, |cache| cache.stats.sum())
+    }
+}
+
+#[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
+mod tests {
+    use super::*;
+
+    /// Inserts ids `0..64 * W` twice: the first time no bit is set yet
+    /// (no false hit), the second time every one is; then the next id
+    /// shares the bit of id 0.
+    fn exact_up_to_its_bits<const W: usize>() {
+        let bits = (64 * W) as u32;
+        let mut filter = Taken::<W>::of(&[]);
+        for i in 0..bits {
+            assert!(!filter.insert(BlockId::new(i)), "a false hit on {i}");
+        }
+        for i in 0..bits {
+            assert!(filter.insert(BlockId::new(i)), "{i} lost its bit");
+        }
+        let mut fresh = Taken::<W>::of(&[BlockId::new(0)]);
+        assert!(fresh.insert(BlockId::new(bits)));
+    }
+
+    /// A match's filter has a bit of its own for each block of a pool of
+    /// up to 131,072 blocks: the small one up to 32,768 blocks, the large
+    /// one past that.
+    #[test]
+    fn the_filter_is_exact_for_pools_of_up_to_131072_blocks() {
+        assert_eq!(TAKEN_WORDS * 64, 32_768);
+        assert_eq!(TAKEN_WORDS_LARGE * 64, 131_072);
+        exact_up_to_its_bits::<TAKEN_WORDS>();
+        exact_up_to_its_bits::<TAKEN_WORDS_LARGE>();
+    }
+
+    /// A filter built from the blocks taken directly holds each of them.
+    #[test]
+    fn the_filter_of_the_direct_hits_holds_them() {
+        let taken: Vec<BlockId> = (0..DIRECT as u32)
+            .map(|i| BlockId::new(i * 4_099))
+            .collect();
+        let mut filter = Taken::<TAKEN_WORDS_LARGE>::of(&taken);
+        for &id in &taken {
+            assert!(filter.insert(id));
+        }
+        assert!(!filter.insert(BlockId::new(1)));
     }
 }
