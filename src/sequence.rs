@@ -163,11 +163,22 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// assert!(seq.is_empty());
     /// ```
     pub fn with_capacity(pool: Arc<A>, tokens: usize) -> Sequence<A> {
-        // A table never holds more entries than the pool has blocks; one
-        // spare entry lets a copy-on-write append pass its new block through
-        // the table without reallocating.
+        // A sequence's table holds each of its blocks once, so never more
+        // entries than the pool has blocks; one spare entry lets a
+        // copy-on-write append pass its new block through the table
+        // without reallocating. (A sliding window's table in a
+        // `HybridSequence` also keeps a null entry for each block the
+        // window has passed: the hybrid sequence sizes it.)
         let bs = pool.block_size();
         let blocks = Vec::with_capacity(table::entries(tokens, bs, pool.num_blocks()));
+        Sequence::with_table(pool, bs, blocks)
+    }
+
+    /// An empty sequence over `pool`, whose blocks hold `bs` tokens (the
+    /// pool's block size), with `blocks` as its table: an empty list,
+    /// whose capacity is the room set aside for the table.
+    pub(crate) fn with_table(pool: Arc<A>, bs: usize, blocks: Vec<BlockId>) -> Sequence<A> {
+        debug_assert!(blocks.is_empty());
         Sequence {
             pool,
             bs,

@@ -30,7 +30,12 @@ use crate::wait::Unwound;
 ///   in the append that moves past them, the blocks wholly before the
 ///   window of the append's first new token (they are never read again):
 ///   their entries become [`BlockId::NULL`], as vLLM's null block, so that
-///   a table keeps its shape (entry `i` is block `i` of the sequence).
+///   a table keeps its shape (entry `i` is block `i` of the sequence). So
+///   a sliding group's table grows with the sequence's length, not with
+///   the blocks it holds: one 4-byte entry per block the window has
+///   passed, in each sliding group, also past the pool's size in a model
+///   whose groups all slide ([`with_capacity`](Self::with_capacity) sets
+///   that room aside).
 ///   A block so given back that the sequence held alone and uncached is
 ///   reused, in the same call, for the blocks the append needs (in any
 ///   group) instead of going back to the pool: a sequence in steady
@@ -90,6 +95,30 @@ pub struct HybridSequence<A: BlockAllocator + ?Sized = BlockPool> {
     faults: Faults,
 }
 
+/// The room to set aside for the table of a group of kind `kind` that
+/// holds up to `tokens` tokens, over a pool of `num_blocks` blocks of `bs`
+/// tokens (an empty list with that capacity). A full group's table holds
+/// distinct blocks, so never more than the pool has, and a spare entry for
+/// a copy-on-write append ([`table::entries`](crate::table::entries)). A
+/// sliding window's table also keeps a null entry for each block the
+/// window has passed, so it grows with the length, not with the pool: room
+/// for `tokens`' blocks and the spare, or, if the allocator refuses that
+/// much, a full group's room (the table then grows as the sequence does).
+fn table_room(kind: KvGroup, tokens: usize, bs: usize, num_blocks: usize) -> Vec<BlockId> {
+    let capped = crate::table::entries(tokens, bs, num_blocks);
+    let KvGroup::SlidingWindow { .. } = kind else {
+        return Vec::with_capacity(capped);
+    };
+    let mut room = Vec::new();
+    if room
+        .try_reserve_exact(crate::table::entries(tokens, bs, usize::MAX))
+        .is_err()
+    {
+        room.reserve_exact(capped);
+    }
+    room
+}
+
 impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// An empty sequence over `pool`, with a table per group of `groups`.
     ///
@@ -110,6 +139,15 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// An empty sequence whose tables have room for `tokens` tokens each
     /// without reallocating, so that appends, reservations and matches up
     /// to that length allocate no heap memory.
+    ///
+    /// A full group's table is sized by the pool as well, since it holds
+    /// distinct blocks: at most one entry per block of the pool, and a
+    /// spare. A sliding group's table keeps a [`BlockId::NULL`] entry for
+    /// each block its window has passed, so it is sized by `tokens` alone:
+    /// 4 bytes per block of `tokens` (and a spare), even where that is more
+    /// blocks than the pool has. Where the allocator refuses that much
+    /// (`tokens` near `usize::MAX`), the sliding table is sized as a full
+    /// group's, and grows as the sequence does.
     ///
     /// # Examples
     ///
@@ -132,11 +170,25 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         tokens: usize,
         faults: Faults,
     ) -> HybridSequence<A> {
-        let tables: Box<[Sequence<A>]> = (0..groups.len())
-            .map(|_| Sequence::with_capacity(Arc::clone(&pool), tokens))
+        let bs = pool.block_size();
+        let num_blocks = pool.num_blocks();
+        let tables: Box<[Sequence<A>]> = groups
+            .as_slice()
+            .iter()
+            .map(|&kind| {
+                Sequence::with_table(
+                    Arc::clone(&pool),
+                    bs,
+                    table_room(kind, tokens, bs, num_blocks),
+                )
+            })
             .collect();
-        // One call takes at most a table's worth of blocks per group.
-        let per_group = crate::table::entries(tokens, pool.block_size(), pool.num_blocks());
+        // The scratch list holds one call's blocks in transit, distinct
+        // blocks of the pool: an append's or a reservation's for every
+        // group (at most a table's worth per group, and the pool's in
+        // all), a fork's private blocks, or a sliding group's match of the
+        // window's blocks it is missing (at most the pool's).
+        let per_group = crate::table::entries(tokens, bs, num_blocks);
         HybridSequence {
             scratch: Vec::with_capacity(per_group.saturating_mul(groups.len())),
             plans: vec![(0, 0, false); groups.len()].into_boxed_slice(),
@@ -1197,7 +1249,13 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             child.scratch.reverse();
         }
         for (g, t) in self.tables.iter().enumerate() {
-            let mut c = Sequence::with_capacity(Arc::clone(&pool), len);
+            // The child's own table, with the room `with_faults` set aside
+            // for the group (an empty one without room takes its place).
+            let bs = t.bs;
+            let mut c = std::mem::replace(
+                &mut child.tables[g],
+                Sequence::with_table(Arc::clone(&pool), bs, Vec::new()),
+            );
             // Moved out of the scratch list before the fork can panic, so
             // that each block is given back once (by the table or by the
             // child's drop).
@@ -1405,9 +1463,10 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
                 return end;
             }
             // Match the window's missing head, `need..null`. The scratch
-            // list holds the blocks only until they are in the table.
+            // list holds the blocks only until they are in the table: at
+            // most the pool's, as the match takes distinct blocks.
             self.scratch.clear();
-            self.scratch.reserve(t.null - need);
+            self.scratch.reserve((t.null - need).min(pool.num_blocks()));
             let scratch = &mut self.scratch;
             unwound.catch(|| {
                 pool.match_prefix(&SequenceCall::new(), &keys[need..t.null], scratch);

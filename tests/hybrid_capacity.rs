@@ -1,0 +1,205 @@
+//! `HybridSequence::with_capacity(pool, groups, tokens)` keeps its promise:
+//! appends, reservations and matches up to `tokens` allocate no heap
+//! memory, also where a sliding window's table, which keeps a null entry
+//! for each block the window has passed, outgrows the pool.
+//!
+//! Every allocation, reallocation and deallocation in this test binary goes
+//! through [`Counting`], which counts them per thread (the harness runs
+//! tests on parallel threads), as in `tests/zero_alloc.rs`. Each test
+//! makes its keys and the sequence first, then counts the heap operations
+//! of the calls the promise covers, from the first one on (no warm-up).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::sync::Arc;
+use std::thread::LocalKey;
+
+use kvslots::{hash_blocks, BlockId, BlockPool, HybridSequence, KvGroup, KvGroups};
+
+/// `System`, counting each thread's heap operations.
+struct Counting;
+
+thread_local! {
+    // `const` initialisers without a destructor: reading them never
+    // allocates or registers anything, so the allocator can use them.
+    static ALLOCS: Cell<u64> = const { Cell::new(0) };
+    static FREES: Cell<u64> = const { Cell::new(0) };
+}
+
+fn bump(counter: &'static LocalKey<Cell<u64>>) {
+    // `try_with`: a thread being torn down may still free memory.
+    let _ = counter.try_with(|c| c.set(c.get() + 1));
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments
+// unchanged, so `System`'s guarantees are ours; the counting touches only
+// thread-local `Cell`s and never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        bump(&ALLOCS);
+        // SAFETY: forwarded as is (see the impl).
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        bump(&ALLOCS);
+        // SAFETY: forwarded as is.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        bump(&ALLOCS);
+        // SAFETY: forwarded as is.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        bump(&FREES);
+        // SAFETY: forwarded as is.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// The heap operations (allocations and reallocations, deallocations) this
+/// thread makes while running `f`.
+fn heap_ops(f: impl FnOnce()) -> (u64, u64) {
+    let before = (ALLOCS.with(Cell::get), FREES.with(Cell::get));
+    f();
+    let after = (ALLOCS.with(Cell::get), FREES.with(Cell::get));
+    (after.0 - before.0, after.1 - before.1)
+}
+
+/// The count is real: a one-element `Vec` made in the measured region is
+/// counted.
+#[test]
+fn the_counter_counts() {
+    let ops = heap_ops(|| drop(std::hint::black_box(Vec::<u64>::with_capacity(1))));
+    assert_eq!(ops, (1, 1));
+}
+
+/// One-token appends, with a reservation of 8 more tokens every 64, up
+/// to `tokens`
+/// in a sequence made `with_capacity(.., tokens)`: no heap operation.
+fn appends_allocate_nothing(pool: &Arc<BlockPool>, groups: &KvGroups, tokens: usize) {
+    let mut seq = HybridSequence::with_capacity(Arc::clone(pool), groups.clone(), tokens);
+    let ops = heap_ops(|| {
+        for len in 0..tokens {
+            if len % 64 == 0 {
+                seq.try_reserve(8.min(tokens - len), 0).unwrap();
+            }
+            seq.try_append(1).unwrap();
+        }
+    });
+    assert_eq!(ops, (0, 0), "{groups:?}, {tokens} tokens");
+    assert_eq!(seq.len(), tokens);
+}
+
+/// A sliding window's table, 100,000 entries long, in a pool of 64
+/// blocks.
+#[test]
+fn a_sliding_table_longer_than_the_pool_grows_without_allocating() {
+    let pool = Arc::new(BlockPool::new(64, 1));
+    let groups = KvGroups::new([KvGroup::SlidingWindow { window_tokens: 32 }]).unwrap();
+    appends_allocate_nothing(&pool, &groups, 100_000);
+}
+
+/// Two windows, of different lengths, with blocks of 2 tokens.
+#[test]
+fn two_sliding_tables_grow_without_allocating() {
+    let pool = Arc::new(BlockPool::new(64, 2));
+    let groups = KvGroups::new([
+        KvGroup::SlidingWindow { window_tokens: 8 },
+        KvGroup::SlidingWindow { window_tokens: 40 },
+    ])
+    .unwrap();
+    appends_allocate_nothing(&pool, &groups, 20_000);
+}
+
+/// A full group beside a window: the full table holds distinct blocks, at
+/// most the pool's, and the length stays within what the pool holds.
+#[test]
+fn a_full_group_beside_a_window_grows_without_allocating() {
+    let pool = Arc::new(BlockPool::new(128, 4));
+    let groups =
+        KvGroups::new([KvGroup::SlidingWindow { window_tokens: 16 }, KvGroup::Full]).unwrap();
+    appends_allocate_nothing(&pool, &groups, 400);
+}
+
+/// A match of a window at the end of a prompt longer than the pool, then
+/// appends up to the capacity: the window's table takes its null entries
+/// and the match its blocks without allocating.
+#[test]
+fn a_sliding_match_longer_than_the_pool_allocates_nothing() {
+    const PROMPT: usize = 1_000;
+    const CAPACITY: usize = 2_000;
+    let pool = Arc::new(BlockPool::new(64, 1));
+    let groups = KvGroups::new([KvGroup::SlidingWindow { window_tokens: 32 }]).unwrap();
+    let mut base = Vec::new();
+    hash_blocks(b"", &(0..PROMPT as u32).collect::<Vec<u32>>(), 1, &mut base);
+    let keys = groups.keys(&base);
+    // A first request publishes each block as it fills; its window's last
+    // blocks stay cached once it is dropped.
+    let mut first = HybridSequence::new(Arc::clone(&pool), groups.clone());
+    for _ in 0..PROMPT {
+        first.try_append(1).unwrap();
+        first.publish(&keys).unwrap();
+    }
+    let window = first.blocks(0).unwrap()[first.null_blocks(0).unwrap()..].to_vec();
+    drop(first);
+
+    let mut seq = HybridSequence::with_capacity(Arc::clone(&pool), groups.clone(), CAPACITY);
+    let mut k = 0;
+    let ops = heap_ops(|| {
+        k = seq.try_match_prefix(&keys).unwrap();
+        for _ in PROMPT..CAPACITY {
+            seq.try_append(1).unwrap();
+        }
+    });
+    assert_eq!(ops, (0, 0));
+    assert_eq!(k, PROMPT);
+    assert_eq!(seq.len(), CAPACITY);
+    drop(seq);
+    // The match took the window the first request left.
+    let mut again = HybridSequence::new(Arc::clone(&pool), groups);
+    assert_eq!(again.try_match_prefix(&keys), Ok(PROMPT));
+    let table = again.blocks(0).unwrap();
+    assert!(table[..again.null_blocks(0).unwrap()]
+        .iter()
+        .all(|&id| id == BlockId::NULL));
+    assert!(window.ends_with(&table[again.null_blocks(0).unwrap()..]));
+}
+
+/// A match in a window of more blocks than the pool has: each window the
+/// match tries asks for more blocks than the pool can hold, and the list
+/// the matched blocks pass through is sized by the pool, not the window.
+#[test]
+fn a_match_in_a_window_wider_than_the_pool_allocates_nothing() {
+    const PROMPT: usize = 5_000;
+    let pool = Arc::new(BlockPool::new(64, 1));
+    let groups = KvGroups::new([KvGroup::SlidingWindow {
+        window_tokens: 1_000,
+    }])
+    .unwrap();
+    let mut base = Vec::new();
+    hash_blocks(b"", &(0..PROMPT as u32).collect::<Vec<u32>>(), 1, &mut base);
+    let keys = groups.keys(&base);
+    // The prompt's first 64 blocks are cached.
+    let mut first = HybridSequence::new(Arc::clone(&pool), groups.clone());
+    first.try_append(64).unwrap();
+    assert_eq!(first.publish(&keys), Ok(64));
+    drop(first);
+
+    let mut seq = HybridSequence::with_capacity(Arc::clone(&pool), groups.clone(), PROMPT);
+    let mut k = 0;
+    let ops = heap_ops(|| k = seq.try_match_prefix(&keys).unwrap());
+    assert_eq!(ops, (0, 0));
+    // The window ending at block 64 reaches back to block 0: all cached.
+    assert_eq!(k, 64);
+    drop(seq);
+    // The same match as a sequence without the room finds.
+    let mut again = HybridSequence::new(Arc::clone(&pool), groups);
+    assert_eq!(again.try_match_prefix(&keys), Ok(k));
+}
