@@ -418,6 +418,10 @@ impl BlockPool {
     }
 
     /// [`match_prefix`](Self::match_prefix) with a filter of `W` words.
+    /// Never inlined, so that a match in a pool of up to 32,768 blocks
+    /// takes the small filter's 4 KiB of stack, not both filters' 20 KiB
+    /// (small stacks matter: loom runs each model thread on 32 KiB).
+    #[inline(never)]
     fn match_filtered<const W: usize>(
         &self,
         hashes: &[BlockHash],
