@@ -880,7 +880,7 @@
 //! ## Eviction order
 //!
 //! When a cached block's last reference goes, it gets a release stamp from
-//! a pool-wide clock (a give-back takes a range of stamps for each batch of
+//! a pool-wide 64-bit clock (a give-back takes a range of stamps for each batch of
 //! up to 32 of its blocks and writes each block's stamp as soon as its drop
 //! returns; a sequence gives its blocks back last block first, so that a
 //! prompt's tail is evicted before its head). An allocation pops the free
@@ -889,7 +889,9 @@
 //! block's index entry before the block is handed out.
 //!
 //! Evictors take candidates from a ring of `num_blocks + num_blocks / 4`
-//! `(stamp, id)` words (every evictable block fits, with room for stale
+//! `(stamp, id)` words (the id in as many bits as the pool's largest one
+//! needs, at most 32; the stamp's low bits in the rest, at least 32; every
+//! evictable block fits, with room for stale
 //! candidates: those of blocks revived and released again since), oldest
 //! first, at positions that only grow. An evictor copies up to 32
 //! candidates and then claims their positions with one CAS (`Release`): a refill reads the position (`Acquire`) before it
@@ -947,8 +949,11 @@
 //! batch stamped early), a block left out of the ring by a miss waits for
 //! the next refill (the ring stays overflowed until one finds it), and
 //! a sweep takes roughly the oldest. Every candidate is re-checked against
-//! its stamp and its state's CAS, so the order is the only thing that is
-//! approximate.
+//! its block's stamp (the low bits its word holds) and its state's CAS, so
+//! the order is the only thing that is approximate. A stale candidate
+//! passes the stamp check only if its block was released again a multiple
+//! of `2^(64 - id_bits)` releases later (2^44 in a pool of a million
+//! blocks), and only while it still sits in the ring.
 //!
 //! `reset_prefix_cache` evicts every evictable block the same way (its
 //! capacity admitted first, also on a closed pool) and frees it.

@@ -26,13 +26,13 @@ use crate::wait;
 /// shards. `kv_events` (records in all, 128 bytes each, shared among the
 /// shards' rings: `kv_events / shards` each, rounded up, at least 2)
 /// turns KV events on. `prefix_cache=False` builds the core pool alone (8 bytes and two bits
-/// a block instead of 74): `Sequence.publish` and `match_prefix` then
+/// a block instead of 78): `Sequence.publish` and `match_prefix` then
 /// return 0 and change nothing. Raises `ValueError` for `block_size == 0`, `num_blocks`
 /// above `BlockPool.MAX_BLOCKS`, a `num_blocks * block_size` too large,
 /// `shards` outside `1..=BlockPool.MAX_SHARDS`, `kv_events == 0`, or
 /// `kv_events` without the prefix cache (and for any size of `2**64` or
 /// more), and
-/// `MemoryError` when the pool's bookkeeping (74 bytes a block, 76 with
+/// `MemoryError` when the pool's bookkeeping (78 bytes a block, 80 with
 /// `kv_events`, and the event rings) cannot be allocated; nothing is left
 /// allocated then.
 ///

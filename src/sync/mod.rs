@@ -47,7 +47,7 @@ mod seed;
 mod thread_index;
 
 pub(crate) use atomic::CachePadded;
-pub(crate) use atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use atomic::{AtomicBool, AtomicU16, AtomicU64, AtomicUsize, Ordering};
 pub(crate) use backoff::{stale_retry, yield_now, Backoff};
 pub(crate) use faults::Faults;
 pub(crate) use lock::{Condvar, Mutex, MutexGuard};

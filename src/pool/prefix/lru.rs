@@ -8,8 +8,10 @@
 //! stamped while the scan runs ranks youngest.
 //!
 //! Evictors take blocks from a ring of candidates, oldest first, as
-//! `(stamp << 32) | id` words (the stamp's low 32 bits: a candidate is
-//! current while its block is evictable with a stamp of those bits) at positions that only grow (position `p`
+//! `(stamp << id_bits) | id` words, `id_bits` the bits of the pool's
+//! largest id (at most 32): a word holds the stamp's low `64 - id_bits`
+//! bits (at least 32), and a candidate is current while its block is
+//! evictable with a stamp of those bits at positions that only grow (position `p`
 //! sits in slot `p % capacity`; the ring holds `num_blocks` and a quarter
 //! more, for stale candidates). An
 //! evictor copies up to [`POP_BATCH`] candidates and then claims their
@@ -68,17 +70,15 @@
 //! concurrency the order is approximate (the races above, the blocks left
 //! out of an overflowed ring until a refill finds them, and the sweeps'
 //! picks); every
-//! candidate is re-checked against the block's stamp and state before it
-//! is evicted.
+//! candidate is re-checked against the block's stamp (the low bits its
+//! word holds) and state before it is evicted.
 
 use std::collections::TryReserveError;
 
 use crate::array::{bytes_of, Room};
 
 use crate::id::BlockId;
-use crate::sync::{
-    self, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, CachePadded, Faults, Ordering,
-};
+use crate::sync::{self, AtomicBool, AtomicU64, AtomicUsize, CachePadded, Faults, Ordering};
 
 use crate::pool::refs::Refs;
 
@@ -110,7 +110,9 @@ const POP_BATCH: usize = 32;
 const REFILL_YIELDS: usize = 16;
 /// Buckets of a refill's histogram of ranks (two arrays of them on the
 /// refiller's stack, 8 KiB).
-const BUCKETS: usize = 1024;
+const BUCKETS: usize = 1 << BUCKET_BITS;
+/// `BUCKETS`, as a power of two.
+const BUCKET_BITS: u32 = 10;
 /// Buckets at most this long are sorted by insertion, longer ones by a
 /// heap sort.
 const INSERTION_SORT: usize = 16;
@@ -121,9 +123,13 @@ pub(super) struct Lru {
     stamps: Box<[AtomicU64]>,
     /// The release clock.
     clock: CachePadded<AtomicU64>,
-    /// The ring: `(stamp << 32) | id` words, oldest first; position `p`
-    /// in slot `p % capacity`.
+    /// The ring: `(stamp << id_bits) | id` words, oldest first; position
+    /// `p` in slot `p % capacity`.
     candidates: Box<[AtomicU64]>,
+    /// The bits of a candidate word that hold its block's id: those of the
+    /// pool's largest id, at least 1. The others hold the low bits of its
+    /// stamp.
+    id_bits: u32,
     /// The position after the youngest candidate. Positions only grow.
     len: AtomicU64,
     /// The position of the next candidate to try (`next <= len`, and
@@ -153,28 +159,19 @@ pub(super) struct Lru {
 }
 
 /// The ring's head: the position of the next candidate to try, and the
-/// low 32 bits of the stamp of the last candidate taken (where a sweep
-/// looks first).
+/// stamp of the block of the last candidate taken (where a sweep looks
+/// first).
 struct Head {
     next: AtomicU64,
-    stamp: AtomicU32,
+    stamp: AtomicU64,
 }
 
 /// The room of an [`Lru`]'s arrays, reserved by [`Lru::room`].
 pub(super) struct LruRoom {
+    num_blocks: usize,
     stamps: Room<AtomicU64>,
     candidates: Room<AtomicU64>,
     in_ring: Room<AtomicU64>,
-}
-
-/// A candidate word's block.
-fn id_of(word: u64) -> BlockId {
-    BlockId::new(word as u32)
-}
-
-/// A candidate word's stamp (its low 32 bits).
-fn stamp_of(word: u64) -> u32 {
-    (word >> 32) as u32
 }
 
 impl Lru {
@@ -185,10 +182,11 @@ impl Lru {
             stamps: room.stamps.fill(|_| AtomicU64::new(0)),
             clock: CachePadded::new(AtomicU64::new(0)),
             candidates: room.candidates.fill(|_| AtomicU64::new(0)),
+            id_bits: (usize::BITS - (room.num_blocks.max(2) - 1).leading_zeros()),
             len: AtomicU64::new(0),
             next: CachePadded::new(Head {
                 next: AtomicU64::new(0),
-                stamp: AtomicU32::new(0),
+                stamp: AtomicU64::new(0),
             }),
             refilling: AtomicBool::new(false),
             overflow: AtomicU64::new(0),
@@ -202,6 +200,7 @@ impl Lru {
     /// blocks.
     pub(super) fn room(num_blocks: usize) -> Result<LruRoom, TryReserveError> {
         Ok(LruRoom {
+            num_blocks,
             stamps: Room::reserve(num_blocks)?,
             candidates: Room::reserve(Lru::capacity(num_blocks))?,
             in_ring: Room::reserve(num_blocks.div_ceil(64))?,
@@ -252,9 +251,26 @@ impl Lru {
         self.clock.fetch_add(n as u64, Ordering::Relaxed)
     }
 
-    /// The candidate word of block `id` stamped `stamp` (its low 32 bits).
-    pub(super) fn word(id: BlockId, stamp: u64) -> u64 {
-        (stamp << 32) | id.index() as u64
+    /// The candidate word of block `id` stamped `stamp` (the low bits of
+    /// `stamp` that a word holds).
+    pub(super) fn word(&self, id: BlockId, stamp: u64) -> u64 {
+        (stamp << self.id_bits) | id.index() as u64
+    }
+
+    /// A candidate word's block.
+    fn id_of(&self, word: u64) -> BlockId {
+        BlockId::new((word & !(u64::MAX << self.id_bits)) as u32)
+    }
+
+    /// A candidate word's stamp: the low `64 - id_bits` bits of its
+    /// block's stamp when it was written.
+    fn stamp_of(&self, word: u64) -> u64 {
+        word >> self.id_bits
+    }
+
+    /// The low bits of `stamp` that a candidate word holds.
+    fn low(&self, stamp: u64) -> u64 {
+        stamp & (u64::MAX >> self.id_bits)
     }
 
     /// Records that block `id` became evictable at `stamp`.
@@ -416,11 +432,12 @@ impl Lru {
                         // loom's `claim_before_read` control.
                         self.copy(i, &mut batch[..n]);
                     }
-                    // Relaxed: a hint for the sweeps, on the line the CAS
-                    // above just took.
-                    self.next
-                        .stamp
-                        .store(stamp_of(batch[n - 1]), Ordering::Relaxed);
+                    // Relaxed (both): a hint for the sweeps (the last
+                    // block's stamp now), on the line the CAS above just
+                    // took.
+                    let last = self.id_of(batch[n - 1]).index();
+                    let stamp = self.stamps[last].load(Ordering::Relaxed);
+                    self.next.stamp.store(stamp, Ordering::Relaxed);
                     return n;
                 }
                 Err(actual) => i = actual,
@@ -445,11 +462,11 @@ impl Lru {
         (p % self.candidates.len() as u64) as usize
     }
 
-    /// Whether `id` was last stamped with a stamp whose low 32 bits are
-    /// `stamp`.
-    fn stamped(&self, id: BlockId, stamp: u32) -> bool {
+    /// Whether `id` was last stamped with a stamp whose low bits (those a
+    /// candidate word holds) are `stamp`.
+    fn stamped(&self, id: BlockId, stamp: u64) -> bool {
         // Relaxed: a hint.
-        self.stamps[id.index()].load(Ordering::Relaxed) as u32 == stamp
+        self.low(self.stamps[id.index()].load(Ordering::Relaxed)) == stamp
     }
 
     /// Finds up to `k` blocks to evict, least recently released first,
@@ -474,7 +491,7 @@ impl Lru {
                     break;
                 }
                 for &word in &batch[..n] {
-                    let (id, stamp) = (id_of(word), stamp_of(word));
+                    let (id, stamp) = (self.id_of(word), self.stamp_of(word));
                     // Acquire: the state's last writer (the last drop) is
                     // synchronised with by the eviction CAS itself; this
                     // load only chooses.
@@ -592,9 +609,8 @@ impl Lru {
                 }
                 if let Some(reach) = reach {
                     // Relaxed: a hint.
-                    // (Low 32 bits, as the head's: a hint.)
-                    let stamp = self.stamps[index].load(Ordering::Relaxed) as u32;
-                    if i64::from(stamp.wrapping_sub(head) as i32) > reach {
+                    let stamp = self.stamps[index].load(Ordering::Relaxed);
+                    if stamp.wrapping_sub(head) as i64 > reach {
                         continue;
                     }
                 }
@@ -711,13 +727,13 @@ impl Lru {
             // which the refill acquired.
             let word = self.candidates[slot].load(Ordering::Relaxed);
             slot = if slot + 1 == cap { 0 } else { slot + 1 };
-            let id = id_of(word);
+            let id = self.id_of(word);
             let (word_index, bit) = (id.index() / 64, 1u64 << (id.index() % 64));
             // Relaxed (all): the map is the refiller's alone (under the
             // refill flag, whose Acquire and Release order it between
             // refillers).
             let cell = &self.in_ring[word_index];
-            if self.stamped(id, stamp_of(word)) {
+            if self.stamped(id, self.stamp_of(word)) {
                 cell.store(cell.load(Ordering::Relaxed) | bit, Ordering::Relaxed);
             }
         }
@@ -804,8 +820,8 @@ impl Lru {
         let first_missed = seen.saturating_sub(room);
         // Bucket `b` holds the ranks `r` in `lo..=hi` with
         // `(r - lo) * BUCKETS / width == b`, `width` the power of two at or
-        // above the range's (a shift, where any width would divide; in
-        // u128, where the product may pass 64 bits).
+        // above the range's (shifts, where any width would divide). Ranks
+        // span less than 2^63: stamps count releases from 0.
         let mut counts = [0u32; BUCKETS];
         let mut width;
         // The buckets that hold kept blocks: `counts[..used]`.
@@ -813,8 +829,7 @@ impl Lru {
         loop {
             width = ((hi - lo + 1) as u64).next_power_of_two();
             let shift = width.trailing_zeros();
-            let bucket =
-                |rank: i64| ((u128::from((rank - lo) as u64) * BUCKETS as u128) >> shift) as usize;
+            let bucket = |rank: i64| bucket_of((rank - lo) as u64, shift);
             counts.fill(0);
             for index in 0..refs.len() {
                 if let Some((_, rank)) = ranked(index) {
@@ -856,8 +871,7 @@ impl Lru {
             }
         }
         let shift = width.trailing_zeros();
-        let bucket =
-            |rank: i64| ((u128::from((rank - lo) as u64) * BUCKETS as u128) >> shift) as usize;
+        let bucket = |rank: i64| bucket_of((rank - lo) as u64, shift);
         // Each kept bucket's range: `ends[b]` is its end; `counts[b]`
         // becomes its cursor, from its start.
         let mut ends = [0u32; BUCKETS];
@@ -897,7 +911,7 @@ impl Lru {
             if counts[b] < ends[b] {
                 set(
                     counts[b] as usize,
-                    Self::word(BlockId::new(index as u32), stamp),
+                    self.word(BlockId::new(index as u32), stamp),
                 );
                 counts[b] += 1;
             }
@@ -907,12 +921,14 @@ impl Lru {
         let bottom =
             |b: usize| lo + ((b as u128 * u128::from(width)).div_ceil(BUCKETS as u128)) as i64;
         // A bucket's ranks span at most `width / BUCKETS` (rounded up). Its
-        // words' 32-bit stamps, measured from the stamp of its lowest rank,
-        // rank them exactly when that span is below 2^32; a wider bucket
-        // (evictable blocks released over 2^42 stamps apart) ranks them by
-        // their blocks' whole stamps, read again (a block restamped since
-        // the placing pass has a stale word, whatever its place).
-        let narrow = width.div_ceil(BUCKETS as u64) <= 1 << 32;
+        // words' stamps (their low `64 - id_bits` bits, at least 32),
+        // measured from the stamp of its lowest rank, rank them exactly
+        // when that span is at most 2^(64 - id_bits); a wider bucket
+        // (evictable blocks released over 2^42 stamps apart, in the largest
+        // pools) ranks them by their blocks' whole stamps, read again (a
+        // block restamped since the placing pass has a stale word, whatever
+        // its place).
+        let narrow = width.div_ceil(BUCKETS as u64) <= (u64::MAX >> self.id_bits) + 1;
         let missed = |written: usize| {
             if self.faults.fill_counts_first_pass() {
                 first_missed
@@ -932,13 +948,13 @@ impl Lru {
                     set(written + i, get(start + i));
                 }
             }
-            let from = now.wrapping_add(bottom(b) as u64) as u32;
+            let from = self.low(now.wrapping_add(bottom(b) as u64));
             let rank_of = |word: u64| {
                 if narrow {
-                    i64::from(stamp_of(word).wrapping_sub(from))
+                    self.low(self.stamp_of(word).wrapping_sub(from)) as i64
                 } else {
                     // Relaxed: as in `ranked`.
-                    let stamp = self.stamps[id_of(word).index()].load(Ordering::Relaxed);
+                    let stamp = self.stamps[self.id_of(word).index()].load(Ordering::Relaxed);
                     stamp.wrapping_sub(now) as i64
                 }
             };
@@ -958,6 +974,16 @@ impl Lru {
             return (written, missed(written));
         }
         (written, missed(written))
+    }
+}
+
+/// The bucket of a rank `d` above the lowest, in a range of ranks `2^shift`
+/// wide (`d < 2^shift`): `d * BUCKETS / 2^shift`.
+fn bucket_of(d: u64, shift: u32) -> usize {
+    if shift >= BUCKET_BITS {
+        (d >> (shift - BUCKET_BITS)) as usize
+    } else {
+        (d << (BUCKET_BITS - shift)) as usize
     }
 }
 
@@ -1114,7 +1140,10 @@ mod tests {
         let base = 5 * stamps.len() as u64 + 3;
         let (words, missed, published) = fill(pool, base, room);
         assert_eq!(missed, stamps.len() - words.len(), "{what}");
-        let got: Vec<u64> = words.iter().map(|&w| stamps[id_of(w).index()]).collect();
+        let got: Vec<u64> = words
+            .iter()
+            .map(|&w| stamps[lru(pool).id_of(w).index()])
+            .collect();
         let want = expected(stamps, now, room, &[]);
         if got.len() < want.len() {
             // Whole buckets only: what was written is the oldest of them.
@@ -1123,21 +1152,28 @@ mod tests {
         } else {
             assert_eq!(got, want, "{what}");
         }
-        check_words(stamps, &words, &published, what);
+        check_words(pool, stamps, &words, &published, what);
     }
 
     /// Checks what a fill wrote: each word names a block with that stamp
-    /// (its low 32 bits), no block twice, published in growing counts up
-    /// to all of them.
-    fn check_words(stamps: &[u64], words: &[u64], published: &[usize], what: &str) {
+    /// (the low bits a word holds), no block twice, published in growing
+    /// counts up to all of them.
+    fn check_words(
+        pool: &BlockPool,
+        stamps: &[u64],
+        words: &[u64],
+        published: &[usize],
+        what: &str,
+    ) {
+        let lru = lru(pool);
         for &w in words {
             assert_eq!(
-                stamps[id_of(w).index()] as u32,
-                stamp_of(w),
+                lru.low(stamps[lru.id_of(w).index()]),
+                lru.stamp_of(w),
                 "{what}: word of another block"
             );
         }
-        let mut ids: Vec<usize> = words.iter().map(|&w| id_of(w).index()).collect();
+        let mut ids: Vec<usize> = words.iter().map(|&w| lru.id_of(w).index()).collect();
         ids.sort_unstable();
         ids.dedup();
         assert_eq!(ids.len(), words.len(), "{what}: a block written twice");
@@ -1191,7 +1227,7 @@ mod tests {
         restamp(&pool, &ahead, now);
         let (words, _, _) = fill(&pool, 0, 1400);
         assert!(
-            words.iter().all(|&w| id_of(w).index() >= 100),
+            words.iter().all(|&w| lru(&pool).id_of(w).index() >= 100),
             "a block stamped after the scan's clock read ranks youngest"
         );
         check_fill(&pool, &ahead, now, 1500, "stamps ahead of the clock");
@@ -1277,10 +1313,10 @@ mod tests {
         // Candidates for blocks 400..500 (the oldest), current, at
         // positions 0..100; and one for block 399 with a stale stamp.
         for (p, i) in (400..500).enumerate() {
-            let word = Lru::word(BlockId::new(i as u32), stamps[i]);
+            let word = lru.word(BlockId::new(i as u32), stamps[i]);
             lru.candidates[p].store(word, Ordering::Relaxed);
         }
-        let stale = Lru::word(BlockId::new(399), stamps[399] + 7);
+        let stale = lru.word(BlockId::new(399), stamps[399] + 7);
         lru.candidates[100].store(stale, Ordering::Relaxed);
         lru.mark(0, 101);
         assert!((400..500).all(|i| lru.marked(i)) && !lru.marked(399));
@@ -1288,7 +1324,7 @@ mod tests {
         let mut held = Sequence::new(Arc::clone(&pool));
         assert_eq!(held.try_match_prefix(&[key(398)]), 1);
         let (words, missed, _) = fill(&pool, 101, 50);
-        let ids: Vec<usize> = words.iter().map(|&w| id_of(w).index()).collect();
+        let ids: Vec<usize> = words.iter().map(|&w| lru.id_of(w).index()).collect();
         // Block 399 (its candidate is stale), then the oldest unmarked.
         let want: Vec<usize> = std::iter::once(399).chain((349..398).rev()).collect();
         assert_eq!(ids, want);
@@ -1297,7 +1333,7 @@ mod tests {
         // slot during the scan (its CAS then failed): the bit of the block
         // it displaced is cleared all the same. (Relaxed: one thread, as in
         // `restamp`.)
-        lru.candidates[7].store(Lru::word(BlockId::new(3), 9), Ordering::Relaxed);
+        lru.candidates[7].store(lru.word(BlockId::new(3), 9), Ordering::Relaxed);
         lru.unmark_all();
         assert!((0..n).all(|i| !lru.marked(i)));
         drop(held);
@@ -1321,12 +1357,14 @@ mod tests {
     #[test]
     fn a_pop_copies_before_it_claims_and_counts_positions() {
         let pool = evictable_pool(8);
+        let stamps: Vec<u64> = (100..108).collect();
+        restamp(&pool, &stamps, 108);
         let lru = lru(&pool);
         // Ring positions 76..84 (slots wrap at 10): blocks 0..8.
         let cap = lru.candidates.len() as u64;
         assert_eq!(cap, 10);
         for i in 0..8u64 {
-            let word = Lru::word(BlockId::new(i as u32), 100 + i);
+            let word = lru.word(BlockId::new(i as u32), 100 + i);
             lru.candidates[lru.slot(76 + i)].store(word, Ordering::Relaxed);
         }
         lru.next.next.store(76, Ordering::Relaxed);
@@ -1336,13 +1374,14 @@ mod tests {
         assert_eq!(
             batch[..3]
                 .iter()
-                .map(|&w| id_of(w).index())
+                .map(|&w| lru.id_of(w).index())
                 .collect::<Vec<_>>(),
             [0, 1, 2]
         );
+        // The head's stamp: the last block's (2's) whole stamp.
         assert_eq!(lru.next.stamp.load(Ordering::Relaxed), 102);
         assert_eq!(lru.pop(100, &mut batch), 5);
-        assert_eq!(id_of(batch[4]).index(), 7);
+        assert_eq!(lru.id_of(batch[4]).index(), 7);
         assert_eq!(lru.pop(1, &mut batch), 0);
         assert_eq!(lru.next.next.load(Ordering::Relaxed), 84);
     }
@@ -1397,7 +1436,10 @@ mod tests {
             .collect();
         want.sort_unstable();
         let want: Vec<u64> = want.into_iter().map(|(_, s)| s).collect();
-        let got: Vec<u64> = words.iter().map(|&w| stamps[id_of(w).index()]).collect();
+        let got: Vec<u64> = words
+            .iter()
+            .map(|&w| stamps[lru(pool).id_of(w).index()])
+            .collect();
         let room = room.min(lru(pool).candidates.len());
         assert!(
             got.len() <= room,
@@ -1426,9 +1468,12 @@ mod tests {
             assert!(got.is_empty(), "{what}: room 0");
         }
         for &w in &words {
-            assert!(!marked[id_of(w).index()], "{what}: a marked block written");
+            assert!(
+                !marked[lru(pool).id_of(w).index()],
+                "{what}: a marked block written"
+            );
         }
-        check_words(stamps, &words, &published, what);
+        check_words(pool, stamps, &words, &published, what);
         mark_only(pool, &[]);
     }
 
@@ -1596,6 +1641,211 @@ mod tests {
             POOL.with(|pool| {
                 check_against_naive(pool, &stamps, now, room, &skip, &format!("now {now} room {room}"));
             });
+        }
+    }
+
+    /// Eviction in exact least-recently-released order on one thread, with
+    /// stamps far apart (over 2^31, 2^32 and 2^42), taken by the sweeps and
+    /// through candidates whose stamps' low 32 bits recur.
+    mod far_stamps {
+        use super::*;
+
+        /// Empties the ring and marks it overflowed, as after a churn: the
+        /// next eviction's refill ranks every evictable block. (One thread:
+        /// `Relaxed` ordered by the program.)
+        fn empty_and_overflow(pool: &BlockPool) {
+            let lru = lru(pool);
+            let len = lru.len.load(Ordering::Relaxed);
+            lru.next.next.store(len, Ordering::Relaxed);
+            lru.overflow.fetch_or(OVERFLOWED, Ordering::Relaxed);
+        }
+
+        /// Evicts every block, one allocation at a time; returns the ids in
+        /// eviction order.
+        fn evict_all(pool: &BlockPool, n: usize) -> Vec<usize> {
+            let mut order = Vec::new();
+            let mut held = Vec::new();
+            for _ in 0..n {
+                let mut ids = Vec::new();
+                pool.try_alloc(1, &mut ids).unwrap();
+                assert_eq!(ids.len(), 1);
+                order.push(ids[0].index());
+                held.extend(ids);
+            }
+            pool.free(&held).unwrap();
+            order
+        }
+
+        fn check_exact_order(stamps: &[u64], now: u64, what: &str) {
+            let n = stamps.len();
+            let pool = evictable_pool(n);
+            restamp(&pool, stamps, now);
+            empty_and_overflow(&pool);
+            let order = evict_all(&pool, n);
+            let got: Vec<u64> = order.iter().map(|&i| stamps[i]).collect();
+            let mut want = stamps.to_vec();
+            want.sort_unstable();
+            assert_eq!(got, want, "{what}: eviction order");
+        }
+
+        /// One thread: exact LRU order with stamps spanning over 2^32 and
+        /// over 2^42 (buckets wider than 2^32), distinct stamps, some
+        /// sharing their low 32 bits.
+        #[test]
+        fn pool_evicts_in_exact_lru_order_far_stamps() {
+            let n = 512;
+            let mut state = 5;
+            let mut perm: Vec<u64> = (0..n as u64).collect();
+            for i in (1..n).rev() {
+                let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
+                perm.swap(i, j);
+            }
+            for (gap, what) in [
+                ((1u64 << 32) + 1, "span > 2^32"),
+                (1u64 << 32, "gaps of exactly 2^32 (same low bits)"),
+                ((1u64 << 33) + 3, "span > 2^41"),
+                ((1u64 << 40) + 17, "span > 2^48, buckets > 2^32"),
+                ((1u64 << 45) + 1, "span > 2^53"),
+            ] {
+                let base = 1u64 << 20;
+                let stamps: Vec<u64> = perm.iter().map(|&p| base + p * gap).collect();
+                let now = base + n as u64 * gap;
+                check_exact_order(&stamps, now, what);
+            }
+            // Clusters: dense runs far apart (2^43), and within each run
+            // stamps spread over 2^33 (one wide bucket holds many).
+            let stamps: Vec<u64> = (0..n as u64)
+                .map(|i| {
+                    let p = perm[i as usize];
+                    (1 << 30) + (p % 4) * (1 << 43) + (p / 4) * ((1 << 33) / 128 + 1)
+                })
+                .collect();
+            let now = *stamps.iter().max().unwrap() + 1;
+            check_exact_order(&stamps, now, "clusters");
+            // One outlier 2^60 before the rest.
+            let mut stamps: Vec<u64> = (0..n as u64)
+                .map(|i| (1 << 61) + perm[i as usize])
+                .collect();
+            stamps[100] = (1 << 61) - (1 << 60);
+            check_exact_order(&stamps, (1 << 61) + n as u64, "outlier 2^60");
+        }
+
+        /// Stamps taken by real releases, the clock jumped by a far
+        /// distance between them (as other releases would), and a ring
+        /// overflowed by revivals: eviction in release order.
+        #[test]
+        fn pool_evicts_in_release_order_after_far_clock_jumps() {
+            for jump in [
+                (1u64 << 31) + 1,
+                (1u64 << 32) + 1000,
+                (1u64 << 33) + 1,
+                (1 << 42) + 7,
+                1 << 43,
+            ] {
+                let n = 64;
+                let pool = evictable_pool(n);
+                let lru = lru(&pool);
+                let mut state = jump;
+                let mut order: Vec<usize> = (0..n).collect();
+                for i in (1..n).rev() {
+                    let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
+                    order.swap(i, j);
+                }
+                // Revive and release each block in `order`, jumping the
+                // clock before each: the ring (cap 80) overflows.
+                for &b in &order {
+                    lru.clock.fetch_add(jump, Ordering::Relaxed);
+                    let mut seq = Sequence::new(Arc::clone(&pool));
+                    assert_eq!(seq.try_match_prefix(&[key(b)]), 1);
+                    drop(seq);
+                }
+                let got = evict_all(&pool, n);
+                assert_eq!(got, order, "jump {jump}");
+            }
+        }
+
+        /// The sweep (an evictor's fallback while another refills) ranks
+        /// blocks by their whole stamps: a block released over 2^31 stamps
+        /// before the head is the oldest, and the first pass takes it.
+        #[test]
+        fn a_sweep_takes_a_block_over_2_pow_31_older_than_the_head_first() {
+            for (age, what) in [
+                (1u64 << 20, "2^20 older"),
+                ((1u64 << 31) + 5, "2^31 + 5 older"),
+            ] {
+                let n = 64;
+                let pool = evictable_pool(n);
+                let lru = lru(&pool);
+                let head = 1u64 << 40;
+                let mut stamps: Vec<u64> = (0..n as u64).map(|i| head + 1000 + i).collect();
+                stamps[10] = head - age;
+                restamp(&pool, &stamps, head + 5000);
+                lru.next.stamp.store(head, Ordering::Relaxed);
+                lru.hand.store(0, Ordering::Relaxed);
+                let mut got = Vec::new();
+                let taken = lru.sweep(&pool.refs, 1, &|_, _| true, &mut |id| got.push(id.index()));
+                assert_eq!(taken, 1);
+                assert_eq!(
+                    got,
+                    vec![10],
+                    "{what}: the sweep took block {got:?}, not the oldest (10)"
+                );
+            }
+        }
+
+        /// Release-driven stamps: 64 blocks revived and released once each,
+        /// in a shuffled order, 2^32 - 1 other stamps taken before each
+        /// release (so every new stamp shares its low 32 bits with the first
+        /// release's); the ring overflows with stale candidates of the first
+        /// releases. Eviction follows release order.
+        #[test]
+        fn a_stale_candidate_whose_low_32_bits_recur_is_passed_over() {
+            let n = 64;
+            let pool = evictable_pool(n);
+            let lru = lru(&pool);
+            let mut state = 1;
+            let mut order: Vec<usize> = (0..n).collect();
+            for i in (1..n).rev() {
+                let j = (splitmix(&mut state) % (i as u64 + 1)) as usize;
+                order.swap(i, j);
+            }
+            for &b in &order {
+                lru.clock.fetch_add((1 << 32) - 1, Ordering::Relaxed);
+                let mut seq = Sequence::new(Arc::clone(&pool));
+                assert_eq!(seq.try_match_prefix(&[key(b)]), 1);
+                drop(seq);
+            }
+            let got = evict_all(&pool, n);
+            assert_eq!(got, order, "eviction order against release order");
+        }
+
+        /// A block whose candidate is in the ring, released again exactly
+        /// 2^32 stamps later (its stamp's low 32 bits the same): it is the
+        /// youngest, evicted last.
+        #[test]
+        fn a_block_released_again_2_pow_32_stamps_later_goes_last() {
+            let n = 8;
+            let pool = evictable_pool(n);
+            let lru = lru(&pool);
+            // The ring holds blocks 0..8 by their first release; `old` is
+            // the oldest. Revive it and release it again exactly 2^32
+            // stamps after its first stamp.
+            let old = (0..n)
+                .min_by_key(|&i| lru.stamps[i].load(Ordering::Relaxed))
+                .unwrap();
+            let s0 = lru.stamps[old].load(Ordering::Relaxed);
+            lru.clock.store(s0 + (1 << 32), Ordering::Relaxed);
+            let mut seq = Sequence::new(Arc::clone(&pool));
+            assert_eq!(seq.try_match_prefix(&[key(old)]), 1);
+            drop(seq);
+            assert_eq!(lru.stamps[old].load(Ordering::Relaxed), s0 + (1 << 32));
+            // `old` is now the youngest: it must go last.
+            let got = evict_all(&pool, n);
+            assert_eq!(
+                *got.last().unwrap(),
+                old,
+                "eviction order {got:?} (block {old} released last)"
+            );
         }
     }
 }

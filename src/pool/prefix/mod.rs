@@ -211,7 +211,7 @@ impl Evictions {
         }
         let stamp = *base + self.batched as u64;
         lru.stamp(id, stamp);
-        batch[self.batched] = Lru::word(id, stamp);
+        batch[self.batched] = lru.word(id, stamp);
         self.batched += 1;
         if self.batched == STAMP_BATCH {
             lru.append_all(batch);
