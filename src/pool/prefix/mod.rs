@@ -488,6 +488,7 @@ impl BlockPool {
     /// with one read-modify-write (and sets its `admitted_ahead`: the peak
     /// is raised once the match is done), or else just one, as allocating
     /// a free block does; the caller gives back what goes unused.
+    #[inline(always)]
     fn match_one(&self, keys: &Keys, key: &BlockHash, revival: Revival<'_>) -> Option<BlockId> {
         let probe = keys.probe(key);
         for id in keys.candidates(probe) {
