@@ -24,6 +24,12 @@ thread_local! {
     // allocates or registers anything, so the allocator can use them.
     static ALLOCS: Cell<u64> = const { Cell::new(0) };
     static FREES: Cell<u64> = const { Cell::new(0) };
+    static BYTES: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Adds `n` to this thread's count of bytes asked for.
+fn add_bytes(n: usize) {
+    let _ = BYTES.try_with(|c| c.set(c.get() + n as u64));
 }
 
 fn bump(counter: &'static LocalKey<Cell<u64>>) {
@@ -37,18 +43,21 @@ fn bump(counter: &'static LocalKey<Cell<u64>>) {
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         bump(&ALLOCS);
+        add_bytes(layout.size());
         // SAFETY: forwarded as is (see the impl).
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         bump(&ALLOCS);
+        add_bytes(layout.size());
         // SAFETY: forwarded as is.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         bump(&ALLOCS);
+        add_bytes(new_size);
         // SAFETY: forwarded as is.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -202,4 +211,37 @@ fn a_match_in_a_window_wider_than_the_pool_allocates_nothing() {
     // The same match as a sequence without the room finds.
     let mut again = HybridSequence::new(Arc::clone(&pool), groups);
     assert_eq!(again.try_match_prefix(&keys), Ok(k));
+}
+
+/// The bytes this thread asks the allocator for while running `f`.
+fn heap_bytes<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    let before = BYTES.with(Cell::get);
+    let out = f();
+    (out, BYTES.with(Cell::get) - before)
+}
+
+/// A model with a full group never holds more tokens than the pool's
+/// blocks do, so `with_capacity` sizes its sliding tables by the pool too,
+/// however many tokens it is given; a model whose groups all slide sets
+/// aside room for the tokens' blocks.
+#[test]
+fn a_full_group_caps_every_tables_room_at_the_pool() {
+    let pool = Arc::new(BlockPool::new(64, 1));
+    let tokens = 1 << 20;
+    let mixed =
+        KvGroups::new([KvGroup::SlidingWindow { window_tokens: 16 }, KvGroup::Full]).unwrap();
+    let (seq, mixed_bytes) =
+        heap_bytes(|| HybridSequence::with_capacity(Arc::clone(&pool), mixed, tokens));
+    // Two tables of 65 entries, the scratch list and the plans: a few KiB.
+    assert!(
+        mixed_bytes < 4096,
+        "{mixed_bytes} bytes for a model capped at 64 blocks"
+    );
+    drop(seq);
+    let sliding = KvGroups::new([KvGroup::SlidingWindow { window_tokens: 16 }]).unwrap();
+    let (seq, sliding_bytes) =
+        heap_bytes(|| HybridSequence::with_capacity(Arc::clone(&pool), sliding, tokens));
+    // A null entry a block passed: 4 bytes a token at one token a block.
+    assert!(sliding_bytes >= 4 * tokens as u64, "{sliding_bytes} bytes");
+    drop(seq);
 }

@@ -97,18 +97,27 @@ pub struct HybridSequence<A: BlockAllocator + ?Sized = BlockPool> {
 
 /// The room to set aside for the table of a group of kind `kind` that
 /// holds up to `tokens` tokens, over a pool of `num_blocks` blocks of `bs`
-/// tokens (an empty list with that capacity). A full group's table holds
-/// distinct blocks, so never more than the pool has, and a spare entry for
-/// a copy-on-write append ([`table::entries`](crate::table::entries)). A
-/// sliding window's table also keeps a null entry for each block the
+/// tokens (an empty list with that capacity), in a model whose groups all
+/// slide (`all_sliding`) or not. A full group's table holds distinct
+/// blocks, so never more than the pool has, and a spare entry for a
+/// copy-on-write append ([`table::entries`](crate::table::entries)); so
+/// its sequence never holds more tokens than the pool's blocks do, and
+/// neither does any other table of a model with a full group. In a model
+/// whose groups all slide, a table keeps a null entry for each block the
 /// window has passed, so it grows with the length, not with the pool: room
 /// for `tokens`' blocks and the spare, or, if the allocator refuses that
 /// much, a full group's room (the table then grows as the sequence does).
-fn table_room(kind: KvGroup, tokens: usize, bs: usize, num_blocks: usize) -> Vec<BlockId> {
+fn table_room(
+    kind: KvGroup,
+    all_sliding: bool,
+    tokens: usize,
+    bs: usize,
+    num_blocks: usize,
+) -> Vec<BlockId> {
     let capped = crate::table::entries(tokens, bs, num_blocks);
-    let KvGroup::SlidingWindow { .. } = kind else {
+    if !all_sliding || !matches!(kind, KvGroup::SlidingWindow { .. }) {
         return Vec::with_capacity(capped);
-    };
+    }
     let mut room = Vec::new();
     if room
         .try_reserve_exact(crate::table::entries(tokens, bs, usize::MAX))
@@ -142,12 +151,13 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     ///
     /// A full group's table is sized by the pool as well, since it holds
     /// distinct blocks: at most one entry per block of the pool, and a
-    /// spare. A sliding group's table keeps a [`BlockId::NULL`] entry for
-    /// each block its window has passed, so it is sized by `tokens` alone:
-    /// 4 bytes per block of `tokens` (and a spare), even where that is more
-    /// blocks than the pool has. Where the allocator refuses that much
-    /// (`tokens` near `usize::MAX`), the sliding table is sized as a full
-    /// group's, and grows as the sequence does.
+    /// spare; a model with a full group never holds more tokens than that,
+    /// so its sliding tables are sized so too. In a model whose groups all
+    /// slide, a table keeps a [`BlockId::NULL`] entry for each block its
+    /// window has passed, so it is sized by `tokens` alone: 4 bytes per
+    /// block of `tokens` (and a spare), even where that is more blocks
+    /// than the pool has. Where the allocator refuses that much, it is
+    /// sized as a full group's, and grows as the sequence does.
     ///
     /// # Examples
     ///
@@ -172,6 +182,10 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     ) -> HybridSequence<A> {
         let bs = pool.block_size();
         let num_blocks = pool.num_blocks();
+        let all_sliding = groups
+            .as_slice()
+            .iter()
+            .all(|kind| matches!(kind, KvGroup::SlidingWindow { .. }));
         let tables: Box<[Sequence<A>]> = groups
             .as_slice()
             .iter()
@@ -179,7 +193,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
                 Sequence::with_table(
                     Arc::clone(&pool),
                     bs,
-                    table_room(kind, tokens, bs, num_blocks),
+                    table_room(kind, all_sliding, tokens, bs, num_blocks),
                 )
             })
             .collect();
