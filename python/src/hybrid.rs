@@ -295,6 +295,27 @@ impl PyHybridSequence {
         }
     }
 
+    /// Group `g`'s table from entry `start` on (`[]` past its end), as a
+    /// list of ids and `None`s.
+    fn table_from<'py>(
+        &self,
+        py: Python<'py>,
+        g: usize,
+        start: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let ids = self.with(py, |seq| {
+            seq.blocks(g)
+                .and_then(|table| table.get(start..))
+                .unwrap_or(&[])
+                .to_vec()
+        })?;
+        let items = ids
+            .iter()
+            .map(|id| (!id.is_null()).then(|| id.index()))
+            .collect::<Vec<_>>();
+        PyList::new(py, items)
+    }
+
     /// Runs `f` on the open sequence, under its mutex. `f` must not call
     /// into Python, except to detach.
     fn with<R>(
@@ -427,12 +448,7 @@ impl PyHybridSequence {
         group: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyList>> {
         let g = self.group(group)?;
-        let ids = self.with(py, |seq| seq.blocks(g).unwrap_or(&[]).to_vec())?;
-        let items = ids
-            .iter()
-            .map(|id| (!id.is_null()).then(|| id.index()))
-            .collect::<Vec<_>>();
-        PyList::new(py, items)
+        self.table_from(py, g, 0)
     }
 
     /// Group `group`'s table from entry `start` on: `block_ids(group)[start:]`
@@ -446,17 +462,7 @@ impl PyHybridSequence {
     ) -> PyResult<Bound<'py, PyList>> {
         let g = self.group(group)?;
         let start: usize = convert::uint(start, "start")?;
-        let ids = self.with(py, |seq| {
-            seq.blocks(g)
-                .and_then(|table| table.get(start..))
-                .unwrap_or(&[])
-                .to_vec()
-        })?;
-        let items = ids
-            .iter()
-            .map(|id| (!id.is_null()).then(|| id.index()))
-            .collect::<Vec<_>>();
-        PyList::new(py, items)
+        self.table_from(py, g, start)
     }
 
     /// How many leading entries of group `group`'s table are `None`.
