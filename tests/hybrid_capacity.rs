@@ -4,81 +4,23 @@
 //! for each block the window has passed, outgrows the pool.
 //!
 //! Every allocation, reallocation and deallocation in this test binary goes
-//! through [`Counting`], which counts them per thread (the harness runs
-//! tests on parallel threads), as in `tests/zero_alloc.rs`. Each test
+//! through the counting allocator of `tests/counting`, which counts them
+//! per thread, as `tests/zero_alloc.rs` does. Each test
 //! makes its keys and the sequence first, then counts the heap operations
 //! of the calls the promise covers, from the first one on (no warm-up).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::Arc;
-use std::thread::LocalKey;
 
+mod counting;
+
+use counting::heap_bytes;
 use kvslots::{hash_blocks, BlockId, BlockPool, HybridSequence, KvGroup, KvGroups};
-
-/// `System`, counting each thread's heap operations.
-struct Counting;
-
-thread_local! {
-    // `const` initialisers without a destructor: reading them never
-    // allocates or registers anything, so the allocator can use them.
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-    static FREES: Cell<u64> = const { Cell::new(0) };
-    static BYTES: Cell<u64> = const { Cell::new(0) };
-}
-
-/// Adds `n` to this thread's count of bytes asked for.
-fn add_bytes(n: usize) {
-    let _ = BYTES.try_with(|c| c.set(c.get() + n as u64));
-}
-
-fn bump(counter: &'static LocalKey<Cell<u64>>) {
-    // `try_with`: a thread being torn down may still free memory.
-    let _ = counter.try_with(|c| c.set(c.get() + 1));
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments
-// unchanged, so `System`'s guarantees are ours; the counting touches only
-// thread-local `Cell`s and never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        bump(&ALLOCS);
-        add_bytes(layout.size());
-        // SAFETY: forwarded as is (see the impl).
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        bump(&ALLOCS);
-        add_bytes(layout.size());
-        // SAFETY: forwarded as is.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        bump(&ALLOCS);
-        add_bytes(new_size);
-        // SAFETY: forwarded as is.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        bump(&FREES);
-        // SAFETY: forwarded as is.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
 
 /// The heap operations (allocations and reallocations, deallocations) this
 /// thread makes while running `f`.
 fn heap_ops(f: impl FnOnce()) -> (u64, u64) {
-    let before = (ALLOCS.with(Cell::get), FREES.with(Cell::get));
-    f();
-    let after = (ALLOCS.with(Cell::get), FREES.with(Cell::get));
-    (after.0 - before.0, after.1 - before.1)
+    let ops = counting::heap_ops(f);
+    (ops.allocs, ops.frees)
 }
 
 /// The count is real: a one-element `Vec` made in the measured region is
@@ -211,13 +153,6 @@ fn a_match_in_a_window_wider_than_the_pool_allocates_nothing() {
     // The same match as a sequence without the room finds.
     let mut again = HybridSequence::new(Arc::clone(&pool), groups);
     assert_eq!(again.try_match_prefix(&keys), Ok(k));
-}
-
-/// The bytes this thread asks the allocator for while running `f`.
-fn heap_bytes<T>(f: impl FnOnce() -> T) -> (T, u64) {
-    let before = BYTES.with(Cell::get);
-    let out = f();
-    (out, BYTES.with(Cell::get) - before)
 }
 
 /// A model with a full group never holds more tokens than the pool's

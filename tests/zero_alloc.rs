@@ -2,21 +2,21 @@
 //! allocator.
 //!
 //! Every allocation, reallocation and deallocation in this test binary goes
-//! through [`Counting`], which counts them per thread (the test harness runs
-//! tests on parallel threads, so a global count would mix them up). Each
-//! test sets its allocator-owning objects up first (counter, pool, buffers,
+//! through the counting allocator of `tests/counting`, which counts them
+//! per thread (the test harness runs tests on parallel threads). Each test
+//! sets its allocator-owning objects up first (counter, pool, buffers,
 //! sequences with a reserved table), warms up once, and then runs thousands
 //! of steady-state iterations, refused requests included, inside
-//! [`heap_ops`]: the count of heap operations there must be zero.
+//! `heap_ops`: the count of heap operations there must be zero.
 //!
 //! The control test shows the count is real: a one-element `Vec` made in
 //! the measured region is counted.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::sync::{Arc, Barrier};
-use std::thread::LocalKey;
 
+mod counting;
+
+use counting::{heap_ops, HeapOps, NONE};
 use kvslots::{
     hash_blocks, BlockHash, BlockId, BlockPool, FreeError, HybridSequence, KvGroup, KvGroups,
     PositionError, ReleaseError, ReserveError, Sequence, SlotCounter,
@@ -24,89 +24,6 @@ use kvslots::{
 
 /// Iterations of each measured loop.
 const ITERS: usize = 10_000;
-
-// ---------------------------------------------------------------------------
-// The counting allocator
-// ---------------------------------------------------------------------------
-
-/// `System`, counting each thread's heap operations.
-struct Counting;
-
-thread_local! {
-    // `const` initialisers without a destructor: reading them never
-    // allocates or registers anything, so the allocator can use them.
-    static ALLOCS: Cell<u64> = const { Cell::new(0) };
-    static FREES: Cell<u64> = const { Cell::new(0) };
-}
-
-fn bump(counter: &'static LocalKey<Cell<u64>>) {
-    // `try_with`: a thread being torn down may still free memory.
-    let _ = counter.try_with(|c| c.set(c.get() + 1));
-}
-
-// SAFETY: every method forwards to `System` with the caller's arguments
-// unchanged, so `System`'s guarantees are ours; the counting touches only
-// thread-local `Cell`s and never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        bump(&ALLOCS);
-        // SAFETY: forwarded as is (see the impl).
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        bump(&ALLOCS);
-        // SAFETY: forwarded as is.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        bump(&ALLOCS);
-        // SAFETY: forwarded as is.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        bump(&FREES);
-        // SAFETY: forwarded as is.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
-
-/// Heap operations made by this thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct HeapOps {
-    /// Allocations and reallocations.
-    allocs: u64,
-    /// Deallocations.
-    frees: u64,
-}
-
-const NONE: HeapOps = HeapOps {
-    allocs: 0,
-    frees: 0,
-};
-
-fn now() -> HeapOps {
-    HeapOps {
-        allocs: ALLOCS.with(Cell::get),
-        frees: FREES.with(Cell::get),
-    }
-}
-
-/// The heap operations this thread makes while running `f`.
-fn heap_ops(f: impl FnOnce()) -> HeapOps {
-    let before = now();
-    f();
-    let after = now();
-    HeapOps {
-        allocs: after.allocs - before.allocs,
-        frees: after.frees - before.frees,
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Control: the count is real
