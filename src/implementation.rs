@@ -22,7 +22,7 @@
 //! * [Hybrid models](#hybrid-models): a table per group of layers, one
 //!   admission, sliding windows, matches across groups.
 //! * [Prefix cache](#prefix-cache): the state word, keys and their index,
-//!   publishing, matching, eviction order, statistics.
+//!   publishing, matching, peeking, eviction order, statistics.
 //! * [KV events](#kv-events): the rings of the cache's stores and
 //!   removals, their order per key and across keys, losses, the consumer.
 //! * [Waiting](#waiting): the FIFO wait queue, grants on the waiter's
@@ -877,6 +877,44 @@
 //! a match (every one of more than 131,072 blocks) can cost up to its
 //! length squared.
 //!
+//! ## Peeking
+//!
+//! `BlockPool::peek_prefix` walks a match's path without its
+//! read-modify-writes: for each key, look it up and check each candidate,
+//! stopping at the first miss. It takes no reference, so it cannot hold a
+//! block's key still while it compares it, as a match's CAS from the state
+//! it read does; it reads the state twice instead, a seqlock whose
+//! sequence is the generation:
+//!
+//! 1. load the state (`Acquire`): cached, generation `g`; the commit of
+//!    its key (`Release`) happens-before, so the key words of `g` are
+//!    visible;
+//! 2. load the four key words (`Acquire`) and compare them;
+//! 3. load the state again: still cached in generation `g`.
+//!
+//! The block's key words change only after it has lost the key of `g` (an
+//! eviction, a reset or a truncate, each a new generation), and whoever
+//! writes them saw that loss first: a claim (a CAS on the state, which
+//! needs the block not cached) or a sole holder's `Acquire` load of its
+//! uncached state, then four `Release` stores. A word of a later key read
+//! in step 2 synchronises with its store, so step 3 sees the loss or a
+//! later state (coherence), and its generation is not `g`. So when step 3
+//! passes, every word compared was the key of `g`, and the block held
+//! that key from step 1 to step 3: each key a peek counts was cached at a
+//! moment of the call. A moved generation is read again. The stop at a
+//! repeated key is the match's, with a block id seen twice confirmed by
+//! comparing the keys (with nothing taken, a block may hold another key
+//! by its second sighting). The loom model `prefix::peek_vs_republish`
+//! checks the three steps against an eviction and a republish of the
+//! block, with the key words stored `Relaxed` and with step 3 left out as
+//! its controls.
+//!
+//! A hybrid peek (`BlockPool::peek_hybrid_prefix`) runs
+//! `HybridSequence::try_match_prefix`'s search with peeks in place of the
+//! group matches: the full groups' prefixes, then each sliding group's
+//! window ending at the candidate length, lowered until every group
+//! agrees.
+//!
 //! ## Eviction order
 //!
 //! When a cached block's last reference goes, it gets a release stamp from
@@ -1466,10 +1504,14 @@
 //!   `Acquire` CAS**: it sees the publisher's writes before it compares
 //!   the key, and a revival of an evictable block synchronises with the
 //!   last holder's drop (`AcqRel`), as an allocation does.
-//! * **The key words are `Relaxed`**: written while the block is claimed
-//!   (or just before a sole holder's claim), published by the arm or the
-//!   sole claim, the insert and the commit, and read after an `Acquire`;
-//!   a key rewritten since the read implies a new generation, which the
+//! * **The key words are stored `Release`**, written while the block is
+//!   claimed (or just before a sole holder's claim), after the claim or
+//!   the sole holder's `Acquire` load of the state: a peek's `Acquire`
+//!   loads of them order its second read of the state after the loss of
+//!   the key they replace (see [Peeking](#peeking)). For matches and
+//!   publishers the arm or the sole claim, the insert and the commit
+//!   publish them, and they read them `Relaxed` after an `Acquire`: a key
+//!   rewritten since the read implies a new generation, which the
 //!   reader's CAS on the exact state catches.
 //! * **An eviction is an `Acquire` CAS** on the state word: the last
 //!   holder's accesses happen-before the evictor's.

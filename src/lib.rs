@@ -54,9 +54,12 @@
 //!   LoRA adapters, cache salts, multimodal inputs) per block;
 //!   [`Sequence::publish`] caches a sequence's full blocks under them, and
 //!   [`Sequence::try_match_prefix`] takes the cached blocks of the longest
-//!   matching prefix into a new sequence. Unreferenced cached blocks count
-//!   as free and are evicted least recently released first;
-//!   [`BlockPool::prefix_stats`] reports hits and evictions.
+//!   matching prefix into a new sequence; [`BlockPool::peek_prefix`] (and
+//!   [`BlockPool::peek_hybrid_prefix`]) counts them without taking them,
+//!   for a scheduler that ranks or budgets waiting requests by their hits.
+//!   Unreferenced cached blocks count as free and are evicted least
+//!   recently released first; [`BlockPool::prefix_stats`] reports hits and
+//!   evictions.
 //! * KV events for KV-aware routers (a pool built with
 //!   [`BlockPoolBuilder::kv_events`]): the prefix cache's stores and
 //!   removals as [`KvEvent`]s in vLLM's shapes, recorded lock-free in

@@ -24,6 +24,8 @@
 //!   such that every full group's keys `0..k` and every sliding group's
 //!   keys `first_needed_block(k * bs)..k` are cached. The matched tables
 //!   must hold exactly the blocks the model's cache names.
+//!   `BlockPool::peek_hybrid_prefix` must find the same `k` first, and
+//!   change neither the statistics nor the evictable blocks.
 //! * **References.** After every operation the pool's reference count of
 //!   every block equals the number of live table entries holding it plus
 //!   the copy-on-write sources kept; new blocks an append writes into are
@@ -249,6 +251,11 @@ impl World {
         let mut seq = HybridSequence::new(Arc::clone(&self.pool), self.groups.clone());
         let keys = self.keys(family, prompt / BS);
         let want = self.expected_hit(&keys);
+        // A peek finds the same prefix and leaves the pool as it was.
+        let (stats, evictable) = (self.pool.prefix_stats(), self.pool.evictable_blocks());
+        prop_assert_eq!(self.pool.peek_hybrid_prefix(&keys), want, "peek");
+        prop_assert_eq!(self.pool.prefix_stats(), stats);
+        prop_assert_eq!(self.pool.evictable_blocks(), evictable);
         let k = seq.try_match_prefix(&keys).unwrap();
         prop_assert_eq!(k, want, "hit");
         prop_assert_eq!(seq.len(), k * BS);

@@ -1669,9 +1669,23 @@ impl PoolRun {
                 None => return Ok(()),
             },
         };
-        let PoolRun { seqs, m, .. } = self;
+        let PoolRun { seqs, m, pool, .. } = self;
         let numbers = family_keys(family, len);
         let keys: Vec<BlockHash> = numbers.iter().map(|&n| model_key(n)).collect();
+        // A peek counts the cached prefix, whatever the capacity, and
+        // changes nothing the model tracks (the check after every step
+        // compares the statistics and counts, later evictions the order).
+        let cached = numbers
+            .iter()
+            .take_while(|n| m.index.contains_key(n))
+            .count();
+        prop_assert_eq!(
+            pool.peek_prefix(&keys),
+            cached,
+            "step {}: peek_prefix({:?})",
+            step,
+            numbers
+        );
         let got = seqs[i].try_match_prefix(&keys);
         let sm = &m.seqs[i];
         let acts = sm.len == 0 && sm.blocks.is_empty() && sm.retired.is_none() && !keys.is_empty();

@@ -1,8 +1,9 @@
 //! The prefix cache's API, one method and one bad input at a time:
 //! `Sequence::try_match_prefix`, `Sequence::publish`, the pool's counts
 //! (`cached_blocks`, `evictable_blocks`, `free_blocks`, `used_blocks`),
-//! `reset_prefix_cache`, `prefix_stats`, eviction order on small cases, and
-//! what truncating into a cached block does to the next append.
+//! `reset_prefix_cache`, `prefix_stats`, eviction order on small cases,
+//! what truncating into a cached block does to the next append, and
+//! `BlockPool::peek_prefix`.
 
 use std::sync::Arc;
 
@@ -599,4 +600,104 @@ fn a_long_match_in_a_large_pool_takes_every_block_and_stops_at_a_repeat() {
     assert_eq!(pool.used_blocks(), N);
     drop(first);
     assert_eq!((pool.used_blocks(), pool.evictable_blocks()), (0, N));
+}
+
+#[test]
+fn a_peek_counts_the_cached_prefix_and_takes_nothing() {
+    let pool = pool(8);
+    let tokens = prompt(1, 3);
+    let (first, _) = published(&pool, b"", &tokens[..2 * BS]);
+    drop(first);
+    let all = keys(b"", &tokens);
+    let before = (counts(&pool), pool.prefix_stats());
+    assert_eq!(pool.peek_prefix(&all), 2);
+    assert_eq!(pool.peek_prefix(&all[..1]), 1);
+    assert_eq!(pool.peek_prefix(&all[2..]), 0);
+    assert_eq!(pool.peek_prefix(&[]), 0);
+    assert_eq!(pool.peek_prefix(&keys(b"other", &tokens)), 0);
+    assert_eq!((counts(&pool), pool.prefix_stats()), before);
+    let mut second = Sequence::new(Arc::clone(&pool));
+    assert_eq!(second.try_match_prefix(&all), 2);
+    // Held blocks peek as evictable ones do.
+    assert_eq!(pool.peek_prefix(&all), 2);
+}
+
+#[test]
+fn a_peek_leaves_the_eviction_order_alone() {
+    // Two cached blocks, the first released first: an allocation evicts
+    // it. A match and a release of it would move it behind the second; a
+    // peek does not.
+    let pool = pool(2);
+    let (a, _) = published(&pool, b"a", &prompt(1, 1));
+    let (b, _) = published(&pool, b"b", &prompt(2, 1));
+    let (ka, kb) = (keys(b"a", &prompt(1, 1)), keys(b"b", &prompt(2, 1)));
+    drop(a);
+    drop(b);
+    assert_eq!(pool.peek_prefix(&ka), 1);
+    let mut s = Sequence::new(Arc::clone(&pool));
+    s.try_append(BS).unwrap();
+    assert_eq!((pool.peek_prefix(&ka), pool.peek_prefix(&kb)), (0, 1));
+}
+
+#[test]
+fn a_peek_stops_where_a_match_does_at_a_repeated_key() {
+    let pool = pool(8);
+    let tokens = prompt(3, 2);
+    let (_held, _) = published(&pool, b"", &tokens);
+    let k = keys(b"", &tokens);
+    let repeated = [k[0], k[1], k[0], k[1]];
+    let mut m = Sequence::new(Arc::clone(&pool));
+    assert_eq!(pool.peek_prefix(&repeated), 2);
+    assert_eq!(m.try_match_prefix(&repeated), 2);
+}
+
+#[test]
+fn a_peek_ignores_the_capacity_that_stops_a_match() {
+    // Every block held but one evictable cached block: a closed pool
+    // refuses its revival, a peek still counts it.
+    let pool = pool(2);
+    let tokens = prompt(4, 1);
+    let (a, _) = published(&pool, b"", &tokens);
+    drop(a);
+    pool.close();
+    let k = keys(b"", &tokens);
+    assert_eq!(pool.peek_prefix(&k), 1);
+    assert_eq!(Sequence::new(Arc::clone(&pool)).try_match_prefix(&k), 0);
+}
+
+#[test]
+fn a_pool_without_a_prefix_cache_peeks_nothing() {
+    let pool = Arc::new(
+        BlockPool::builder(4, BS)
+            .prefix_cache(false)
+            .build()
+            .unwrap(),
+    );
+    let tokens = prompt(5, 2);
+    let (_seq, n) = published(&pool, b"", &tokens);
+    assert_eq!(n, 0);
+    assert_eq!(pool.peek_prefix(&keys(b"", &tokens)), 0);
+}
+
+#[test]
+fn a_long_peek_in_a_large_pool_counts_every_block() {
+    // Past the 32 blocks compared directly, the filter of ids seen: a
+    // match of 3,000 blocks, and a list that repeats its first key after
+    // them.
+    let pool = Arc::new(BlockPool::new(40_000, 1));
+    let tokens: Vec<u32> = (0..3_000).collect();
+    let mut k = Vec::new();
+    hash_blocks(b"", &tokens, 1, &mut k);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(tokens.len()).unwrap();
+    assert_eq!(seq.publish(&k), 3_000);
+    assert_eq!(pool.peek_prefix(&k), 3_000);
+    let mut repeated = k.clone();
+    repeated.push(k[0]);
+    repeated.push(k[1]);
+    assert_eq!(pool.peek_prefix(&repeated), 3_000);
+    assert_eq!(
+        Sequence::new(Arc::clone(&pool)).try_match_prefix(&repeated),
+        3_000
+    );
 }

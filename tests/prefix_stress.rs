@@ -187,3 +187,52 @@ fn a_tiny_pool_under_heavy_eviction() {
 fn concurrent_prefix_cache_heavy() {
     run(48, 16, 256, 2_000);
 }
+
+/// Peeks among the stress tasks: a prefix that one sequence holds all
+/// along (so it keeps its keys) peeks whole every time, alone and with
+/// keys never published after it, and keys never published peek 0, while
+/// the other tasks match, publish, evict and reset around it.
+#[test]
+fn peeks_count_a_held_prefix_and_no_unpublished_key_under_churn() {
+    let num_blocks = 24;
+    let world = World {
+        pool: Arc::new(BlockPool::with_shards(num_blocks, BS, 2)),
+        content: (0..num_blocks).map(|_| AtomicU64::new(0)).collect(),
+    };
+    let tokens: Vec<u32> = (0..3 * BS as u32).map(|t| 900_000 + t).collect();
+    let mut held_keys = Vec::new();
+    hash_blocks(b"held", &tokens, BS, &mut held_keys);
+    let mut held = Sequence::new(Arc::clone(&world.pool));
+    held.try_append(tokens.len()).unwrap();
+    assert_eq!(held.publish(&held_keys), 3);
+    let mut ghost = Vec::new();
+    hash_blocks(b"never published", &tokens, BS, &mut ghost);
+    let mut extended = held_keys.clone();
+    extended.extend_from_slice(&ghost);
+    let rayon = rayon::ThreadPoolBuilder::new()
+        .num_threads(8)
+        .build()
+        .unwrap();
+    let hits: u64 = rayon.install(|| {
+        (0..64u64)
+            .into_par_iter()
+            .map(|seed| {
+                if seed % 2 == 0 {
+                    return task(&world, seed, 500).0;
+                }
+                for _ in 0..2_000 {
+                    assert_eq!(world.pool.peek_prefix(&held_keys), 3);
+                    assert_eq!(world.pool.peek_prefix(&extended), 3);
+                    assert_eq!(world.pool.peek_prefix(&ghost), 0);
+                }
+                0
+            })
+            .sum()
+    });
+    assert!(hits > 0 && world.pool.prefix_stats().evictions > 0);
+    // The peeks counted nothing.
+    assert_eq!(world.pool.prefix_stats().hit_blocks, hits);
+    assert_eq!(world.pool.peek_prefix(&held_keys), 3);
+    drop(held);
+    assert_eq!(world.pool.used_blocks(), 0);
+}

@@ -437,8 +437,8 @@ fn kv_event_producers_allocate_nothing() {
     assert_eq!(reported, dropped);
 }
 
-/// Rounds of matches, appends, publishes, truncates and resets on `pool`
-/// (16 blocks of 4 tokens) allocate nothing once warmed up.
+/// Rounds of peeks, matches, appends, publishes, truncates and resets on
+/// `pool` (16 blocks of 4 tokens) allocate nothing once warmed up.
 fn prefix_rounds_allocate_nothing(pool: Arc<BlockPool>) {
     // A pool of 16 blocks of 4 tokens and 6 prompt families of 6 blocks
     // each, sharing their first 2: the cache holds at most 2 families, so
@@ -461,7 +461,10 @@ fn prefix_rounds_allocate_nothing(pool: Arc<BlockPool>) {
     let mut b = Sequence::with_capacity(Arc::clone(&pool), BLOCKS * BS);
     let round = |i: usize, a: &mut Sequence, b: &mut Sequence| {
         let keys = &families[i % families.len()];
+        // A peek first: what the match then takes (nothing runs between).
+        let peeked = pool.peek_prefix(keys);
         let k = a.try_match_prefix(keys);
+        assert_eq!(peeked, k);
         a.try_append(6 * BS - k * BS).unwrap();
         a.publish(keys);
         // A second sequence of the same prompt shares what is cached.
@@ -514,7 +517,9 @@ fn hybrid_appends_windows_matches_and_publishes_allocate_nothing() {
     let mut copies = Vec::with_capacity(4);
     let mut slots: Vec<usize> = Vec::with_capacity(TOKENS);
     let round = |seq: &mut HybridSequence, copies: &mut Vec<_>, slots: &mut Vec<usize>| {
+        let peeked = pool.peek_hybrid_prefix(&keys);
         let k = seq.try_match_prefix(&keys).unwrap();
+        assert_eq!(peeked, k);
         seq.try_append(prompt.len() - k * BS).unwrap();
         seq.publish(&keys).unwrap();
         for _ in 0..30 {

@@ -86,6 +86,8 @@ pub const SOUND: Faults = Faults {
     plain_shared_drop: false,
     relaxed_count_release: false,
     shared_sole_claim: false,
+    relaxed_key_words: false,
+    peek_trusts_first_read: false,
 };
 /// The free list's control: a take from a bitmap word with a load and a
 /// plain store, so that two takers can take the same block.
@@ -245,6 +247,20 @@ pub const ARMED_CLAIM: Faults = Faults {
 /// publish it at once both claim it.
 pub const SHARED_SOLE_CLAIM: Faults = Faults {
     shared_sole_claim: true,
+    ..SOUND
+};
+
+/// The key words' control: a publisher stores its key words `Relaxed`, so
+/// a peek that reads them need not see the state that came before them.
+pub const RELAXED_KEY_WORDS: Faults = Faults {
+    relaxed_key_words: true,
+    ..SOUND
+};
+
+/// The peek's control: a peek trusts the key words it compared without
+/// reading the block's state again.
+pub const PEEK_TRUSTS_FIRST_READ: Faults = Faults {
+    peek_trusts_first_read: true,
     ..SOUND
 };
 

@@ -1,6 +1,7 @@
-//! Loom models of the prefix cache: `Sequence::try_match_prefix` and
-//! `Sequence::publish` against evictions, releases, resets and each other,
-//! each with a negative control that loom must catch.
+//! Loom models of the prefix cache: `Sequence::try_match_prefix`,
+//! `Sequence::publish` and `BlockPool::peek_prefix`'s check of a block
+//! against evictions, releases, resets and each other, each with a
+//! negative control that loom must catch.
 //!
 //! Run with `scripts/loom prefix`.
 //!
@@ -38,6 +39,7 @@
 //! | [`publish_in_the_second_bucket_vs_match`] | 3, 3 | `relaxed_publish` (causality), `first_bucket_only` (not found) |
 //! | [`match_vs_evicting_republish_in_two_buckets`] | 2, 3 | `no_generation_check` (stale hit), `evict_referenced` (causality) |
 //! | [`two_holders_publish_one_block`] | 2, 1 | `shared_sole_claim` (first wins: both claims stored, both commit) |
+//! | [`peek_vs_republish`] | 2, 1 | `relaxed_key_words` (stale hit), `peek_trusts_first_read` (stale hit) |
 //!
 //! Blocks hold one token each, so every block is full.
 //!
@@ -62,10 +64,11 @@ use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{
     check, PoolWorld, EVICT_REFERENCED, FENCE_OWN_BUCKET, FIRST_BUCKET_ONLY, MATCH_KEEPS_CREDITS,
-    NO_GENERATION_CHECK, NO_KILL, RELAXED_PUBLISH, SHARED_SOLE_CLAIM, SOUND,
+    NO_GENERATION_CHECK, NO_KILL, PEEK_TRUSTS_FIRST_READ, RELAXED_KEY_WORDS, RELAXED_PUBLISH,
+    SHARED_SOLE_CLAIM, SOUND,
 };
 use crate::sync::{AtomicUsize, Faults, Ordering};
-use crate::{BlockHash, Sequence};
+use crate::{BlockHash, BlockId, Sequence};
 use loom::thread;
 
 /// A matched block whose content is another key's.
@@ -647,4 +650,50 @@ fn two_holders_publish_one_block_sound() {
 #[should_panic(expected = "first wins")]
 fn two_holders_publish_one_block_shared_sole_claim_is_caught() {
     two_holders_publish_one_block(SHARED_SOLE_CLAIM);
+}
+
+/// A peek of key 2 at block 0, which holds key 1, against an allocation
+/// that evicts key 1's block and publishes key 2 on it: a peek that finds
+/// key 2 there read the state of key 2's commit, never one of key 1's
+/// (as a lookup does through an index entry it read while key 1 or
+/// another key with key 2's fingerprint sat there).
+fn peek_vs_republish(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(1, faults);
+        let (a, _) = cache.filled(1).expect("one free block");
+        cache.let_go(a);
+        let block = BlockId::new(0);
+        let pool = &cache.world.pool;
+        let first = pool
+            .peek_block_of_model(block, &key(1))
+            .expect("key 1 is cached");
+        let peeker = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || cache.world.pool.peek_block_of_model(block, &key(2)))
+        };
+        if let Some((b, _)) = cache.filled(2) {
+            cache.let_go(b);
+        }
+        if let Some(seen) = peeker.join().unwrap() {
+            assert_ne!(seen, first, "{STALE}: key 1's state passed for key 2's");
+        }
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn peek_vs_republish_sound() {
+    peek_vs_republish(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "stale hit")]
+fn peek_vs_republish_relaxed_key_words_is_caught() {
+    peek_vs_republish(RELAXED_KEY_WORDS);
+}
+
+#[test]
+#[should_panic(expected = "stale hit")]
+fn peek_vs_republish_peek_trusts_first_read_is_caught() {
+    peek_vs_republish(PEEK_TRUSTS_FIRST_READ);
 }

@@ -313,6 +313,17 @@ pub(crate) struct Faults {
     /// count and key words.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) shared_sole_claim: bool,
+    /// A publisher writes its key words with `Relaxed` stores instead of
+    /// `Release`: a peek that reads a later key's words no longer sees
+    /// the state that came before them when it reads the state again, and
+    /// takes them for the key of the state it read first.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) relaxed_key_words: bool,
+    /// A peek trusts the key words it compared without reading the
+    /// block's state again: words of a later key, written by a publisher
+    /// that has not committed, pass for the key of the state it read.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) peek_trusts_first_read: bool,
 }
 
 // Outside the loom models' build a `Faults` holds nothing: the field that
@@ -350,6 +361,28 @@ impl Faults {
     pub(crate) fn fresh_store_any_word(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.fresh_store_any_word {
+            return true;
+        }
+        false
+    }
+
+    /// The ordering of a publisher's stores of its key words: `good`, or
+    /// `Relaxed` under `relaxed_key_words`.
+    #[inline]
+    pub(crate) fn key_word_ordering(self, good: Ordering) -> Ordering {
+        #[cfg(all(test, kvslots_loom))]
+        if self.relaxed_key_words {
+            return Ordering::Relaxed;
+        }
+        good
+    }
+
+    /// Whether a peek skips its second read of a block's state: `false`,
+    /// or `true` under `peek_trusts_first_read`.
+    #[inline]
+    pub(crate) fn peek_trusts_first_read(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.peek_trusts_first_read {
             return true;
         }
         false

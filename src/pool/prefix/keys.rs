@@ -243,10 +243,17 @@ impl Keys {
     /// or, a sequence, holds it alone and unclaimed, so no one else writes
     /// these words now.
     pub(super) fn write(&self, id: BlockId, key: &BlockHash) {
+        // Release: a peek that reads one of these words (`Acquire`, see
+        // `holds_acquired`) and then the block's state again sees the
+        // state that this writer read or wrote before them (its claim, or
+        // the sole holder's state): not cached, or a later generation than
+        // any state of the block's earlier keys. Matchers and publishers
+        // need less: the key is also published by the claim's arm (or a
+        // sole holder's claim), the index insert and the commit, all
+        // Release. (Relaxed under loom's `relaxed_key_words` control.)
+        let order = self.faults.key_word_ordering(Ordering::Release);
         for i in 0..4 {
-            // Relaxed: published by the claim's arm (or a sole holder's
-            // claim), the index insert and the commit, all Release.
-            self.words[id.index() * 4 + i].store(key_word(key, i), Ordering::Relaxed);
+            self.words[id.index() * 4 + i].store(key_word(key, i), order);
         }
     }
 
@@ -257,6 +264,17 @@ impl Keys {
         // rewritten since implies a new generation, which the caller's CAS
         // on the exact state catches.
         (0..4).all(|i| self.words[id.index() * 4 + i].load(Ordering::Relaxed) == key_word(key, i))
+    }
+
+    /// Whether block `id`'s key words read `key`, each word loaded with
+    /// `Acquire`: for a peek, which takes no reference and checks the
+    /// block's state again after these loads (see `BlockPool::peek_block`).
+    pub(super) fn holds_acquired(&self, id: BlockId, key: &BlockHash) -> bool {
+        // Acquire: a word written for a later key (a Release store, after
+        // its writer saw the block lose the key of the state the caller
+        // read first) makes the caller's next read of the state see that
+        // loss, or later.
+        (0..4).all(|i| self.words[id.index() * 4 + i].load(Ordering::Acquire) == key_word(key, i))
     }
 
     /// Block `id`'s key words, as a key. Only for a block the caller holds

@@ -37,7 +37,7 @@ use events::{Events, EventsRoom, Ticket};
 use keys::{Keys, KeysRoom};
 use lru::{Lru, LruRoom};
 pub(crate) use publish::Published;
-use state::is_evictable;
+use state::{is_evictable, kept_key};
 
 /// The prefix cache's storage: per block, its key (4 words) and a share of
 /// the index (2.5 slots), a release stamp, half a candidate slot of the
@@ -678,6 +678,145 @@ impl BlockPool {
             dropped += 1;
         }
         dropped
+    }
+
+    /// How many blocks of the longest cached prefix of `hashes` a match
+    /// would find, found without taking them: the number of tokens a
+    /// prompt would not have to prefill is this times the block size. For
+    /// a scheduler that ranks or budgets waiting requests by their cached
+    /// prefix (vLLM's `get_computed_blocks`, SGLang's longest-prefix-match
+    /// policy) before it admits any of them.
+    ///
+    /// It takes no reference, admits nothing, moves no block in the
+    /// eviction order and counts nothing in
+    /// [`prefix_stats`](Self::prefix_stats): peeking at many requests a
+    /// step leaves the cache as it was. Its answer can be out of date by
+    /// the time it returns: a block it found may be evicted before a
+    /// [`Sequence::try_match_prefix`](crate::Sequence::try_match_prefix)
+    /// takes it, which then matches fewer. With nothing running meanwhile
+    /// it is exactly what that match would return, unless the match would
+    /// stop short for the pool's capacity (reviving an evictable block
+    /// admits it, and a full or [closed](Self::close) pool refuses),
+    /// including its cut at the first key equal to an earlier one. A pool
+    /// without a prefix cache peeks 0.
+    ///
+    /// Each key it counts was cached at a moment during the call: its
+    /// block's state, read before and after its key, showed the same
+    /// cached key in between (`crate::implementation`, "Peeking").
+    /// Lock-free, with no heap allocation; its cost is a match's without
+    /// the read-modify-writes (see
+    /// [`Sequence::try_match_prefix`](crate::Sequence::try_match_prefix),
+    /// "Performance").
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use kvslots::{hash_blocks, BlockPool, Sequence};
+    ///
+    /// let pool = Arc::new(BlockPool::new(8, 4));
+    /// let mut keys = Vec::new();
+    /// hash_blocks(b"", &(0..12).collect::<Vec<u32>>(), 4, &mut keys); // 3 blocks
+    /// let mut first = Sequence::new(Arc::clone(&pool));
+    /// first.try_append(8)?;
+    /// assert_eq!(first.publish(&keys), 2);
+    /// drop(first); // its blocks stay cached, evictable
+    ///
+    /// assert_eq!(pool.peek_prefix(&keys), 2);
+    /// assert_eq!(pool.evictable_blocks(), 2); // nothing taken
+    /// let mut second = Sequence::new(Arc::clone(&pool));
+    /// assert_eq!(second.try_match_prefix(&keys), 2);
+    /// # Ok::<(), kvslots::ReserveError>(())
+    /// ```
+    pub fn peek_prefix(&self, hashes: &[BlockHash]) -> usize {
+        if self.refs.len() <= TAKEN_WORDS * 64 {
+            self.peek_filtered::<TAKEN_WORDS>(hashes)
+        } else {
+            self.peek_filtered::<TAKEN_WORDS_LARGE>(hashes)
+        }
+    }
+
+    /// [`peek_prefix`](Self::peek_prefix) with a filter of `W` words, as
+    /// [`match_filtered`](Self::match_filtered): a key whose block was
+    /// found for an earlier key ends the peek if it equals an earlier key
+    /// (a block holds one key at a time, so with nothing running meanwhile
+    /// that is the match's cut at a block it has taken already).
+    #[inline(never)]
+    fn peek_filtered<const W: usize>(&self, hashes: &[BlockHash]) -> usize {
+        let Some(cache) = self.prefix.as_deref() else {
+            return 0;
+        };
+        let mut direct = [BlockId::NULL; DIRECT];
+        let mut filter: Option<Taken<W>> = None;
+        for (i, key) in hashes.iter().enumerate() {
+            let Some((id, _)) = self.peek_one(&cache.keys, key) else {
+                return i;
+            };
+            let seen_before = if i < DIRECT {
+                let seen = direct[..i].contains(&id);
+                direct[i] = id;
+                seen
+            } else {
+                filter.get_or_insert_with(|| Taken::of(&direct)).insert(id)
+            };
+            if seen_before && hashes[..i].contains(key) {
+                return i;
+            }
+        }
+        hashes.len()
+    }
+
+    /// The block holding `key` now, if one does, found as
+    /// [`match_one`](Self::match_one) finds it, and the cached state that
+    /// [`peek_block`](Self::peek_block) read on both sides of its key.
+    #[inline(always)]
+    fn peek_one(&self, keys: &Keys, key: &BlockHash) -> Option<(BlockId, u64)> {
+        keys.candidates(keys.probe(key))
+            .find_map(|id| self.peek_block(keys, id, key).map(|seen| (id, seen)))
+    }
+
+    /// Whether block `id` holds `key`, read without taking it: `Some` of
+    /// the block's state (cached) when it did at a moment of the call.
+    ///
+    /// The state is read (`Acquire`), then the key words (`Acquire`), then
+    /// the state again. The key words of a cached state are written before
+    /// it (its commit is `Release`), and rewritten only after the block
+    /// has lost that key, which takes a new generation, by a writer that
+    /// saw the loss (its claim, or a sole holder's read of the state)
+    /// before its `Release` stores of the words. So a word read from a
+    /// later key makes the second read see the loss or a later state;
+    /// when it still shows the generation of the first and `CACHED`, every
+    /// word read was the first state's key, which the block held from the
+    /// first read to the second. A moved generation is read again.
+    fn peek_block(&self, keys: &Keys, id: BlockId, key: &BlockHash) -> Option<u64> {
+        let backoff = Backoff::new();
+        loop {
+            // Acquire: synchronises with the commit (Release) of the key
+            // the state holds, so its key words are visible.
+            let seen = self.refs.state(id.index(), Ordering::Acquire);
+            if seen & CACHED == 0 || !keys.holds_acquired(id, key) {
+                return None;
+            }
+            if self.refs.faults.peek_trusts_first_read() {
+                // loom's control: no second read.
+                return Some(seen);
+            }
+            // Relaxed: after the key words' Acquire loads, which order a
+            // later key's writer's view of the state before this load
+            // (see above).
+            let now = self.refs.state(id.index(), Ordering::Relaxed);
+            if kept_key(seen, now) {
+                return Some(seen);
+            }
+            sync::stale_retry(&backoff);
+        }
+    }
+
+    /// [`peek_block`](Self::peek_block) of block `id`, for the loom models
+    /// (which reach a block through no index entry of the key).
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) fn peek_block_of_model(&self, id: BlockId, key: &BlockHash) -> Option<u64> {
+        self.peek_block(&self.prefix.as_deref()?.keys, id, key)
     }
 
     /// A snapshot of the number of blocks holding a key, referenced or

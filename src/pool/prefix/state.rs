@@ -83,6 +83,14 @@ pub(super) enum Kill {
     Gone,
 }
 
+/// A peek's check: whether a block whose state read `seen` (cached) and,
+/// after its key words, `now`, kept the key of `seen` between the two
+/// reads. A block loses its key only with a new generation, and its key
+/// words are rewritten only after that (see `Keys::write`).
+pub(super) const fn kept_key(seen: u64, now: u64) -> bool {
+    now & CACHED != 0 && gen_of(now) == gen_of(seen)
+}
+
 impl Refs {
     /// Whether `id` holds a key now.
     pub(super) fn is_cached(&self, id: BlockId) -> bool {
