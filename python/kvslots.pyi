@@ -491,6 +491,16 @@ class BlockPool:
     def prefix_stats(self) -> dict[str, int]:
         """`queried_blocks`, `hit_blocks` (by `Sequence.match_prefix`) and
         `evictions` so far."""
+    def peek_prefix(self, keys: _Keys) -> int:
+        """How many blocks of the longest cached prefix of `keys` a
+        `Sequence.match_prefix` would take, found without taking any: no
+        reference, no admission, no change to the eviction order or
+        `prefix_stats`. May be out of date by the time it returns. Raises
+        `TypeError` / `ValueError` for a key that is not 32 bytes."""
+    def peek_hybrid_prefix(self, keys: GroupKeys) -> int:
+        """`peek_prefix` for a hybrid model: how many blocks of tokens a
+        `HybridSequence.match_prefix` with `keys` would match, found without
+        taking any block."""
 
 @final
 class Sequence:

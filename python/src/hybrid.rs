@@ -257,6 +257,15 @@ impl PyGroupKeys {
     }
 }
 
+/// `BlockPool.peek_hybrid_prefix`: the peek runs with the keys locked,
+/// detached from the interpreter for long lists.
+pub(crate) fn peek(py: Python<'_>, pool: &kvslots::BlockPool, keys: &PyGroupKeys) -> usize {
+    let keys = keys.lock(py);
+    let keys: &kvslots::GroupKeys = &keys;
+    let blocks = keys.blocks().saturating_mul(keys.groups().len());
+    detached(py, blocks, || pool.peek_hybrid_prefix(keys))
+}
+
 /// One sequence of a hybrid model: a block table per group of `groups`
 /// over one `BlockPool`, with one length.
 ///

@@ -10,6 +10,7 @@ use crate::convert;
 use crate::detached;
 use crate::errors::{self, FreeKind};
 use crate::events::{self, PyKVEventBatch, PyPoolStats};
+use crate::hybrid::{self, PyGroupKeys};
 use crate::wait;
 
 /// A lock-free pool of `num_blocks` KV-cache blocks of `block_size` token
@@ -415,6 +416,30 @@ impl PyBlockPool {
     fn reset_prefix_cache(&self, py: Python<'_>) -> usize {
         let pool = &*self.inner;
         detached(py, pool.num_blocks(), || pool.reset_prefix_cache())
+    }
+
+    /// How many blocks of the longest cached prefix of `keys` (from
+    /// `hash_blocks` with the pool's block size) a `Sequence.match_prefix`
+    /// would take, found without taking any: the tokens a prompt would not
+    /// prefill are this times `block_size`. Takes no reference, admits
+    /// nothing, leaves the eviction order and `prefix_stats` as they were:
+    /// for ranking or budgeting waiting requests by their cached prefix.
+    /// The answer can be out of date by the time it returns (a block it
+    /// counted may be evicted before a match). A pool without a prefix
+    /// cache peeks 0. Raises `TypeError` / `ValueError` for a key that is
+    /// not 32 bytes.
+    fn peek_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let keys = convert::keys(keys)?;
+        let pool = &*self.inner;
+        Ok(detached(py, keys.len(), || pool.peek_prefix(&keys)))
+    }
+
+    /// `peek_prefix` for a hybrid model: how many blocks of tokens a
+    /// `HybridSequence.match_prefix` with these `keys` would match (every
+    /// full group's prefix cached, each sliding group's window ending
+    /// there), found without taking any block.
+    fn peek_hybrid_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyGroupKeys>) -> usize {
+        hybrid::peek(py, &self.inner, keys.get())
     }
 
     /// The prefix cache's statistics so far: `queried_blocks` (keys passed
