@@ -5,6 +5,8 @@
 //! | id | one operation |
 //! |---|---|
 //! | `single/match_release/128` | a 128-block cached prefix matched into a sequence, then released |
+//! | `single/peek/128` | the same prefix counted by `BlockPool::peek_prefix`, nothing taken |
+//! | `single/peek_std_mutex/128` | the same count from the locked cache's index (a `HashMap` lookup a key) under a `std::sync::Mutex` |
 //! | `single/publish/128` | 128 full blocks of a sequence published (setup: the keys dropped, the blocks appended) |
 //! | `mixed/{kvslots,std_mutex,parking_lot}/{1,2,8}` | one request: match a prompt's cached prefix, append the rest, publish, drop; split over 1, 2 or 8 threads |
 //! | `match_cost/{1000,1000000}` | one cached block, picked across the whole cache, matched and released, in a pool whose every block is cached |
@@ -134,6 +136,22 @@ fn single(c: &mut Criterion) {
             seq.truncate(0);
         })
     });
+    group.bench_function(BenchmarkId::new("peek", 128), |b| {
+        b.iter(|| assert_eq!(pool.peek_prefix(black_box(&keys)), 128))
+    });
+    {
+        // The peer: the locked cache's index, behind one lock, holding the
+        // same 128 keys.
+        let locked = std::sync::Mutex::new(Cache::new(4096));
+        locked.with(|cache| {
+            let mut table = Vec::new();
+            assert!(cache.allocate(128, &mut table));
+            cache.publish(&table, &keys);
+        });
+        group.bench_function(BenchmarkId::new("peek_std_mutex", 128), |b| {
+            b.iter(|| assert_eq!(locked.with(|c| c.peek_prefix(black_box(&keys))), 128))
+        });
+    }
     group.bench_function(BenchmarkId::new("publish", 128), |b| {
         b.iter_batched(
             || {

@@ -102,6 +102,13 @@ impl Cache {
         k
     }
 
+    /// The blocks `match_prefix` would take, counted without taking them.
+    pub fn peek_prefix(&self, keys: &[BlockHash]) -> usize {
+        keys.iter()
+            .take_while(|key| self.index.contains_key(*key))
+            .count()
+    }
+
     pub fn allocate(&mut self, n: usize, table: &mut Vec<u32>) -> bool {
         let evictable =
             self.keys.len() - self.free.len() - self.refs.iter().filter(|&&r| r > 0).count();

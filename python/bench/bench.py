@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """kvslots from Python against Python block pools, on a scheduler's calls.
 
-Three workloads, each run on every pool in turn (one thread):
+Four workloads, each run on every pool in turn (one thread):
 
 * **trace**: the Mooncake conversation trace (traces/mooncake-conversation.jsonl)
   replayed request by request through the calls a scheduler makes: match
@@ -19,6 +19,10 @@ Three workloads, each run on every pool in turn (one thread):
   attention): `HybridSequence`s through `try_append_each`, against the
   Python pools' bookkeeping as vLLM's sliding-window manager keeps it (the
   blocks that leave the window freed, a block a group allocated).
+* **peek**: every request's cached prefix counted again, without taking
+  it, on the pool the trace's last replay left (kvslots'
+  `BlockPool.peek_prefix`; the Python pools' lookups until the first miss,
+  vLLM's `get_cached_block` as its `get_computed_blocks` makes them).
 * **alloc/free**: allocate k blocks and free them, for k in 1, 16, 128;
   beside the pools, the floor of any pool whose `alloc(k)` returns a list
   of ints (`floor_alloc_free`: the list of k new ints and two calls, no
@@ -150,6 +154,9 @@ class KvslotsPool:
         seq.close()
         return hit
 
+    def peek(self, keys, max_hit: int) -> int:
+        return self.pool.peek_prefix(keys[: max_hit * 32] if self.packed else keys[:max_hit])
+
     def alloc_free(self, k: int, rounds: int) -> None:
         alloc, free = self.pool.try_alloc, self.pool.free
         for _ in range(rounds):
@@ -255,6 +262,14 @@ class PythonLruPool:
             last.next, b.prev, b.next, self.tail.prev = b, last, self.tail, b
         self.num_free += len(front) + len(back)
 
+    def peek(self, keys: list[bytes], max_hit: int) -> int:
+        cache, hit = self.cache, 0
+        for key in keys[:max_hit]:
+            if key not in cache:
+                break
+            hit += 1
+        return hit
+
     def request(self, n_tokens: int, keys: list[bytes], max_hit: int) -> int:
         blocks = self.match(keys[:max_hit])
         hit = len(blocks)
@@ -281,6 +296,16 @@ class VllmPool:
         # vLLM keeps block 0 as its null block: one more for the same room.
         self.pool = block_pool_cls(num_blocks + 1, True, block_size)
         self.block_size = block_size
+
+    def peek(self, keys: list[bytes], max_hit: int) -> int:
+        # The lookup of vLLM's `get_computed_blocks` (`find_longest_cache_hit`
+        # for one full-attention group): cached blocks until the first miss.
+        pool, hit = self.pool, 0
+        for key in keys[:max_hit]:
+            if pool.get_cached_block(key, [0]) is None:
+                break
+            hit += 1
+        return hit
 
     def request(self, n_tokens: int, keys: list[bytes], max_hit: int) -> int:
         pool = self.pool
@@ -562,6 +587,26 @@ def replay(pool, batches, block_size: int) -> tuple[float, int, int, int]:
     return elapsed, served, hits, queried
 
 
+def peek_all(pool, batches, block_size: int) -> tuple[float, int, int]:
+    """Seconds spent peeking at every request's cached prefix on a pool
+    that has replayed the trace (nothing is admitted, so nothing changes),
+    peeks made, blocks counted."""
+    elapsed, peeks, hits = 0.0, 0, 0
+    packed = getattr(pool, "packed", False)
+    for batch in batches:
+        work = [
+            (keys if packed else unpack(keys), min(len(keys) // 32, (n - 1) // block_size))
+            for n, keys in batch
+        ]
+        gc.collect()
+        t0 = time.perf_counter()
+        for keys, max_hit in work:
+            hits += pool.peek(keys, max_hit)
+        elapsed += time.perf_counter() - t0
+        peeks += len(work)
+    return elapsed, peeks, hits
+
+
 def positive(text: str) -> int:
     """An option's value: an int of at least 1."""
     try:
@@ -633,6 +678,11 @@ def main() -> int:
             if best is None or elapsed < best[0]:
                 best = (elapsed, served, hits, queried, pool.evictions())
         elapsed, served, hits, queried, evictions = best
+        # Peeks at the pool the last replay left: every request's cached
+        # prefix counted, nothing taken.
+        peek_runs = [peek_all(pool, batches, args.block_size) for _ in range(args.repeats)]
+        peek_hits = {h for _, _, h in peek_runs}
+        peek_elapsed, peeks, _ = min(peek_runs)
         alloc_free = {}
         for k in () if name.endswith("(packed keys)") else ALLOC_FREE:
             runs = []
@@ -651,6 +701,8 @@ def main() -> int:
             "queried_blocks": queried,
             "evictions": evictions,
             "alloc_free_ns": alloc_free,
+            "us_per_peek": peek_elapsed / peeks * 1e6,
+            "peek_blocks": peek_hits.pop() if len(peek_hits) == 1 else None,
         }
 
     floor = {}
@@ -753,6 +805,16 @@ def main() -> int:
         "python-lru over the floor (the most any pool whose alloc returns a list can gain on it): "
         + ", ".join(f"{lru[k] / floor[k]:.1f}x (k = {k})" for k in ALLOC_FREE)
     )
+    print()
+    print("peek: every request's cached prefix counted on the pool the replay left, nothing taken")
+    print()
+    print("| pool | us / peek | peer / kvslots | blocks counted |")
+    print("|---|---:|---:|---:|")
+    for name, r in results.items():
+        ratio = r["us_per_peek"] / base["us_per_peek"]
+        print(f"| {name} | {r['us_per_peek']:.2f} | {ratio:.1f}x | {r['peek_blocks']} |")
+    peeked = {r["peek_blocks"] for r in results.values()}
+    print("peek counts equal" if len(peeked) == 1 else "peek counts DIFFER")
     for title, table in (
         ("decode", decode),
         (f"hybrid decode (a sliding window of {WINDOW} tokens and full attention)", decode_hybrid),

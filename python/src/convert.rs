@@ -337,6 +337,41 @@ fn packed_keys(bytes: &[u8]) -> PyResult<Vec<BlockHash>> {
     Ok(out)
 }
 
+/// A peek at keys laid end to end (`bytes`, as `hash_blocks_packed`
+/// returns them): `peek` counts the cached prefix of the keys it is given,
+/// first of the first 16, then of twice as many each time it counts all it
+/// was given, so a peek that stops early copies little more than it
+/// counts (a count's peek repeats at most as many keys again). The length
+/// is checked first, whole.
+pub(crate) fn peek_packed(
+    bytes: &[u8],
+    mut peek: impl FnMut(&[BlockHash]) -> usize,
+) -> PyResult<usize> {
+    if bytes.len() % 32 != 0 {
+        return Err(PyValueError::new_err(format!(
+            "packed block keys are 32 bytes each: the length {} is not a multiple of 32",
+            bytes.len()
+        )));
+    }
+    let total = bytes.len() / 32;
+    let mut keys: Vec<BlockHash> = Vec::new();
+    let mut want = total.min(16);
+    loop {
+        keys.try_reserve_exact(want - keys.len())
+            .map_err(|_| crate::errors::out_of_memory("block keys", want))?;
+        keys.extend(bytes[keys.len() * 32..want * 32].chunks_exact(32).map(|c| {
+            let mut key = [0; 32];
+            key.copy_from_slice(c);
+            BlockHash(key)
+        }));
+        let counted = peek(&keys);
+        if counted < keys.len() || keys.len() == total {
+            return Ok(counted);
+        }
+        want = total.min(want.saturating_mul(2));
+    }
+}
+
 /// One block key.
 pub(crate) fn key(item: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
     let bytes: Vec<u8>;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use kvslots::BlockId;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::convert;
 use crate::detached;
@@ -429,8 +429,15 @@ impl PyBlockPool {
     /// cache peeks 0. Raises `TypeError` / `ValueError` for a key that is
     /// not 32 bytes.
     fn peek_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let keys = convert::keys(keys)?;
         let pool = &*self.inner;
+        if let Ok(packed) = keys.cast::<PyBytes>() {
+            // Copied a growing prefix at a time: a peek that stops early
+            // copies little more than it counts.
+            return convert::peek_packed(packed.as_bytes(), |keys| {
+                detached(py, keys.len(), || pool.peek_prefix(keys))
+            });
+        }
+        let keys = convert::keys(keys)?;
         Ok(detached(py, keys.len(), || pool.peek_prefix(&keys)))
     }
 

@@ -147,3 +147,28 @@ def test_the_benchmark_refuses_a_bad_option(option):
     assert done.returncode == 2, done.stderr[-500:]
     assert option[0] in done.stderr
     assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+def test_peeks_count_alike_and_change_nothing(bench, batches):
+    # After the same replay, every pool's peeks count the same blocks
+    # request by request, and kvslots' pool is unchanged by them.
+    lru = bench.PythonLruPool(NUM_BLOCKS, BLOCK_SIZE)
+    kv = bench.KvslotsPool(NUM_BLOCKS, BLOCK_SIZE)
+    packed = bench.KvslotsPackedPool(NUM_BLOCKS, BLOCK_SIZE)
+    for pool in (lru, kv, packed):
+        per_request(bench, pool, batches)
+    before = (kv.pool.evictable_blocks, kv.pool.prefix_stats())
+    counts = {}
+    for pool in (lru, kv, packed):
+        got = []
+        for batch in batches:
+            for n, keys in batch:
+                max_hit = min(len(keys) // 32, (n - 1) // BLOCK_SIZE)
+                given = keys if getattr(pool, "packed", False) else bench.unpack(keys)
+                got.append(pool.peek(given, max_hit))
+        counts[pool.name] = got
+    assert counts["kvslots"] == counts["python-lru"] == counts["kvslots (packed keys)"]
+    assert sum(counts["kvslots"]) > 0
+    assert (kv.pool.evictable_blocks, kv.pool.prefix_stats()) == before
+    _, peeks, hits = bench.peek_all(kv, batches, BLOCK_SIZE)
+    assert (peeks, hits) == (REQUESTS, sum(counts["kvslots"]))

@@ -132,3 +132,22 @@ def test_threads_peek_a_held_prefix_while_others_churn():
     assert pool.prefix_stats()["evictions"] > 0
     held.close()
     assert pool.used_blocks == 0
+
+
+@pytest.mark.parametrize("cached", [0, 1, 15, 16, 17, 32, 33, 50])
+def test_packed_keys_peek_as_a_list_does(cached):
+    # Packed keys are copied a growing prefix at a time (16, 32, 64...):
+    # every length around those steps counts as the list form does.
+    pool = kvslots.BlockPool(128, 4)
+    tokens = list(range(50 * 4))
+    seq = kvslots.Sequence(pool)
+    seq.try_append(cached * 4)
+    keys = kvslots.hash_blocks(tokens, 4)
+    assert seq.publish(keys[:cached]) == cached
+    packed = kvslots.hash_blocks_packed(tokens, 4)
+    for n in (cached, cached + 1, 50):
+        assert pool.peek_prefix(packed[: n * 32]) == pool.peek_prefix(keys[:n]) == min(cached, n)
+    assert pool.peek_prefix(packed + packed) == cached  # the repeat ends it
+    with pytest.raises(ValueError, match="multiple of 32"):
+        pool.peek_prefix(packed + b"x")
+    seq.close()
