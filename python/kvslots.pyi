@@ -148,8 +148,8 @@ class CopyRequired(RuntimeError):
 
 class WindowError(ValueError):
     """`HybridSequence.truncate` (or `truncate_fenced`) refused: the window
-    of the token at the new length reaches blocks a sliding group gave
-    back. Nothing changed."""
+    of the token at the new length reaches blocks a sliding (or chunked
+    local) group gave back. Nothing changed."""
 
     len: int
     """The length asked for."""
@@ -646,24 +646,28 @@ class Sequence:
 @final
 class KvGroups:
     """A hybrid model's groups of layers, in order: each `"full"` (full
-    attention) or an int (or an object with `__index__`, such as a numpy
+    attention), an int (or an object with `__index__`, such as a numpy
     integer), a sliding window of that many tokens (a token
-    attends to itself and the tokens before it, that many in all).
+    attends to itself and the tokens before it, that many in all), or
+    `("chunked", chunk_tokens)`, chunked local attention (Llama 4's
+    `attention_chunk_size`: a token attends to the tokens of its own chunk
+    of `chunk_tokens` positions, itself included).
     `HybridSequence` keeps one block table per group over one pool.
 
-    Raises `ValueError` for no group, more than `MAX_GROUPS`, a window of 0
-    or another string; `TypeError` for an item that is neither, or for kinds
-    given as one `str`, `bytes` or `bytearray`, or as a set (the groups'
-    order is their indices).
+    Raises `ValueError` for no group, more than `MAX_GROUPS`, a window or
+    chunk of 0, another string or another tuple; `TypeError` for an item
+    that is none of these, or for kinds given as one `str`, `bytes` or
+    `bytearray`, or as a set (the groups' order is their indices).
     """
 
     MAX_GROUPS: ClassVar[int]
-    def __new__(cls, kinds: Iterable[Union[str, _Int]]) -> Self: ...
+    def __new__(cls, kinds: Iterable[Union[str, _Int, tuple[str, _Int]]]) -> Self: ...
     def __len__(self) -> int:
         """How many groups."""
     @property
-    def kinds(self) -> list[Union[str, int]]:
-        """The groups, in order: `"full"`, or a sliding window's tokens."""
+    def kinds(self) -> list[Union[str, int, tuple[str, int]]]:
+        """The groups, in order: `"full"`, a sliding window's tokens, or
+        `("chunked", chunk_tokens)`."""
     def first_needed_block(self, group: _Int, len: _Int, block_size: _Int) -> int:
         """The first block group `group` still needs after `len` tokens (0
         for a full group). Raises `IndexError` past the last group."""

@@ -543,6 +543,12 @@ pub enum KvGroupsError {
         /// The group's number.
         group: usize,
     },
+    /// A chunk of 0 tokens for chunked local attention: a chunk holds at
+    /// least one token.
+    ZeroChunk {
+        /// The group's number.
+        group: usize,
+    },
 }
 
 impl fmt::Display for KvGroupsError {
@@ -555,6 +561,11 @@ impl fmt::Display for KvGroupsError {
             KvGroupsError::ZeroWindow { group } => write!(
                 f,
                 "group {group}: a sliding window of 0 tokens (a token attends at least to itself)"
+            ),
+            KvGroupsError::ZeroChunk { group } => write!(
+                f,
+                "group {group}: chunked local attention in chunks of 0 tokens (a chunk holds at \
+                 least one token)"
             ),
         }
     }

@@ -32,9 +32,10 @@
 //!   ([`Sequence::try_append`] panics there rather than lose it).
 //! * [`HybridSequence`]: one sequence of a hybrid model (Gemma 2/3,
 //!   gpt-oss, Mistral's sliding-window models: sliding-window layers beside
-//!   full-attention ones), a [`Sequence`] table per group of layers
-//!   ([`KvGroups`] of [`KvGroup::Full`] and [`KvGroup::SlidingWindow`]) over
-//!   one pool. Its appends, reservations and forks take every group's
+//!   full-attention ones; Llama 4: chunked local attention beside full), a
+//!   [`Sequence`] table per group of layers ([`KvGroups`] of
+//!   [`KvGroup::Full`], [`KvGroup::SlidingWindow`] and
+//!   [`KvGroup::ChunkedLocal`]) over one pool. Its appends, reservations and forks take every group's
 //!   blocks with one admission, all or nothing across the groups; a
 //!   sliding group gives back, in the same append, the blocks wholly
 //!   before its window ([`BlockId::NULL`] entries in its table), reusing

@@ -899,6 +899,9 @@ fn hybrid_rows() -> Vec<Row> {
         "KvGroups::new: a window of 0 tokens", none,
             |_w| KvGroups::new([KvGroup::Full, KvGroup::SlidingWindow { window_tokens: 0 }]).map_or_else(Got::Groups, |g| value(g.len()))
             => Got::Groups(KvGroupsError::ZeroWindow { group: 1 });
+        "KvGroups::new: a chunk of 0 tokens", none,
+            |_w| KvGroups::new([KvGroup::Full, KvGroup::ChunkedLocal { chunk_tokens: 0 }]).map_or_else(Got::Groups, |g| value(g.len()))
+            => Got::Groups(KvGroupsError::ZeroChunk { group: 1 });
         "KvGroups::get: past the last group", none, |_w| value(hgroups().get(2)) => value(None::<KvGroup>);
         "KvGroups::key: past the last group", none,
             |_w| value(hgroups().key(usize::MAX, &BlockHash([1; 32]))) => value(None::<BlockHash>);

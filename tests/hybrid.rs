@@ -53,6 +53,10 @@ fn bad_group_lists_are_refused() {
         Err(KvGroupsError::ZeroWindow { group: 2 })
     );
     assert_eq!(
+        KvGroups::new([chunked(8), KvGroup::Full, chunked(0)]),
+        Err(KvGroupsError::ZeroChunk { group: 2 })
+    );
+    assert_eq!(
         KvGroups::new(std::iter::repeat(KvGroup::Full).take(KvGroups::MAX_GROUPS + 1)),
         Err(KvGroupsError::TooManyGroups {
             max: KvGroups::MAX_GROUPS
@@ -68,6 +72,110 @@ fn bad_group_lists_are_refused() {
     assert!(KvGroupsError::ZeroWindow { group: 2 }
         .to_string()
         .contains("group 2"));
+    assert!(KvGroupsError::ZeroChunk { group: 3 }
+        .to_string()
+        .contains("group 3: chunked local attention in chunks of 0 tokens"));
+}
+
+#[test]
+fn first_needed_block_follows_the_chunk() {
+    let c = chunked(10);
+    // Position `len` reads `len / 10 * 10..=len`, its chunk's positions.
+    for len in 0..60usize {
+        let first_read = len / 10 * 10;
+        assert_eq!(c.first_needed_block(len, BS), first_read / BS, "len {len}");
+    }
+    // A chunk of one token reads the token itself, as a window of one.
+    for len in [0, 7, 8, 9, usize::MAX - 1, usize::MAX] {
+        assert_eq!(
+            chunked(1).first_needed_block(len, BS),
+            sliding(1).first_needed_block(len, BS)
+        );
+    }
+    // The last position reads the last chunk, with no overflow.
+    assert_eq!(
+        chunked(usize::MAX).first_needed_block(usize::MAX, 1),
+        usize::MAX
+    );
+    assert_eq!(chunked(usize::MAX).first_needed_block(usize::MAX - 1, 1), 0);
+    assert_eq!(chunked(4).first_needed_block(usize::MAX, 1), usize::MAX - 3);
+    // A chunk of no token (which `KvGroups` refuses) counts as one.
+    assert_eq!(
+        chunked(0).first_needed_block(9, BS),
+        chunked(1).first_needed_block(9, BS)
+    );
+}
+
+#[test]
+fn a_chunked_group_keeps_its_chunk_and_truncates_within_it() {
+    // Chunks of 8 tokens over blocks of 4: the table keeps the blocks of
+    // the next token's chunk.
+    let pool = Arc::new(BlockPool::new(32, BS));
+    let groups = KvGroups::new([chunked(8), KvGroup::Full]).unwrap();
+    let mut seq = HybridSequence::new(Arc::clone(&pool), groups);
+    seq.try_append(11).unwrap(); // tokens 0..11: blocks 0, 1 and 2 of chunk 0 and 1
+                                 // The next append's first token (11) is in chunk 1 (8..16): blocks
+                                 // 0 and 1 go back.
+    seq.try_append(6).unwrap(); // 17 tokens
+    assert_eq!(seq.null_blocks(0), Some(2));
+    assert_eq!(seq.held_blocks(), 3 + 5);
+    // Position 16 is in chunk 2 (16..24), and truncating to 15 or less
+    // needs chunk 1 (blocks 2 and 3), which it holds; to 7 or less, chunk
+    // 0, which it gave back: refused, down to the chunk's start.
+    assert_eq!(
+        seq.truncate(7),
+        Err(HybridError::TruncateOutsideWindow { len: 7, min_len: 8 })
+    );
+    assert_eq!(seq.len(), 17);
+    seq.truncate(8).unwrap();
+    assert_eq!(seq.len(), 8);
+    seq.truncate(0).unwrap();
+    drop(seq);
+    assert_eq!(pool.used_blocks(), 0);
+}
+
+#[test]
+fn chunked_and_sliding_groups_of_one_size_have_their_own_keys() {
+    let groups = KvGroups::new([chunked(16), sliding(16)]).unwrap();
+    let base = BlockHash([5; 32]);
+    assert_ne!(groups.key(0, &base), groups.key(1, &base));
+}
+
+#[test]
+fn a_match_in_a_chunked_group_needs_the_hits_chunk_alone() {
+    // Llama 4's layout in small: chunked local attention in chunks of 8
+    // tokens beside full attention, blocks of 4.
+    let pool = Arc::new(BlockPool::new(64, BS));
+    let groups = KvGroups::new([chunked(8), KvGroup::Full]).unwrap();
+    let prompt: Vec<u32> = (0..24).collect();
+    let mut base = Vec::new();
+    hash_blocks(b"", &prompt, BS, &mut base); // 6 blocks
+    let keys = groups.keys(&base);
+    let mut first = HybridSequence::new(Arc::clone(&pool), groups.clone());
+    first.try_append(24).unwrap();
+    assert_eq!(first.publish(&keys), Ok(6 + 6));
+    drop(first);
+    let mut second = HybridSequence::new(Arc::clone(&pool), groups.clone());
+    assert_eq!(pool.peek_hybrid_prefix(&keys), 6);
+    assert_eq!(second.try_match_prefix(&keys), Ok(6));
+    // Position 24 starts chunk 3: the chunked group holds nothing.
+    assert_eq!(second.blocks(0).unwrap(), [BlockId::NULL; 6]);
+    assert_eq!(second.held_blocks(), 6);
+    drop(second);
+    // A prompt sharing 20 tokens: the full group has 5 blocks, and
+    // position 20 (chunk 2, 16..24) reads block 4 of the chunked group.
+    let mut other = Vec::new();
+    hash_blocks(b"", &[&prompt[..20], &[99; 4]].concat(), BS, &mut other);
+    let other = groups.keys(&other);
+    assert_eq!(pool.peek_hybrid_prefix(&other), 5);
+    let mut third = HybridSequence::new(Arc::clone(&pool), groups);
+    assert_eq!(third.try_match_prefix(&other), Ok(5));
+    assert_eq!(third.null_blocks(0), Some(4));
+    assert_eq!(third.held_blocks(), 1 + 5);
+}
+
+fn chunked(chunk_tokens: usize) -> KvGroup {
+    KvGroup::ChunkedLocal { chunk_tokens }
 }
 
 #[test]

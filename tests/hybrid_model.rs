@@ -2,20 +2,23 @@
 //! new requests (a prefix match, then the rest of the prompt), appends,
 //! truncates (good and too far back), forks, publishes, reservations,
 //! shrinks and drops on a few live sequences over one pool, for several
-//! layouts of groups (full, sliding windows of several sizes, mixed).
+//! layouts of groups (full, sliding windows of several sizes, chunked local
+//! attention, mixed).
 //!
 //! The model knows the rules, not the code:
 //!
 //! * **Shape.** Every group holds one entry per block of the sequence's
 //!   length (and any reserved ones), `BlockId::NULL` for the blocks its
-//!   window gave back: a sliding group's null entries are the blocks
-//!   wholly before the window of each append's first new token
-//!   (`(old_len + 1 - window) / block_size`); a truncate keeps them; a
+//!   window gave back: a sliding or chunked group's null entries are the
+//!   blocks wholly before the window (or chunk) of each append's first new
+//!   token (`first_needed_block(old_len)`, for a sliding window
+//!   `(old_len + 1 - window) / block_size`); a truncate keeps them; a
 //!   fork copies them.
 //! * **Truncate.** Refused, with `TruncateOutsideWindow { min_len }` and
 //!   nothing changed, exactly when the window of the token at the new
-//!   length reaches a null entry (`len != 0 && len < null * bs + window -
-//!   1` for some sliding group).
+//!   length reaches a null entry (`len != 0 && len < min_len`, `min_len`
+//!   the shortest length whose `first_needed_block` reaches no null
+//!   entry, found by counting up).
 //! * **The cache.** The model keeps which block holds which group key:
 //!   first publish wins; a truncate into a cached block that only the
 //!   truncating sequence holds drops its key. (The pool is large enough
@@ -92,12 +95,16 @@ fn op() -> impl Strategy<Value = Op> {
 
 fn layout() -> impl Strategy<Value = Vec<KvGroup>> {
     let w = |window_tokens| KvGroup::SlidingWindow { window_tokens };
+    let c = |chunk_tokens| KvGroup::ChunkedLocal { chunk_tokens };
     prop_oneof![
         Just(vec![KvGroup::Full]),
         Just(vec![w(6)]),
         Just(vec![w(5), KvGroup::Full]),
         Just(vec![KvGroup::Full, w(1), w(9)]),
         Just(vec![w(4), w(4), KvGroup::Full, w(13)]),
+        Just(vec![c(8), KvGroup::Full]),
+        Just(vec![c(6)]),
+        Just(vec![KvGroup::Full, c(1), c(10), w(7)]),
     ]
 }
 
@@ -322,14 +329,16 @@ impl World {
         let len = self.live[i].seq.len().saturating_sub(back);
         let l = &self.live[i];
         let old_len = l.seq.len();
+        // The shortest length whose next token reads no null entry, found
+        // by counting up.
         let min_len = kinds
             .iter()
             .enumerate()
-            .filter_map(|(g, kind)| match *kind {
-                KvGroup::SlidingWindow { window_tokens } if l.null[g] > 0 => {
-                    Some(l.null[g] * BS + window_tokens - 1)
-                }
-                _ => None,
+            .filter(|&(g, _)| l.null[g] > 0)
+            .map(|(g, kind)| {
+                (0..)
+                    .find(|&len| kind.first_needed_block(len, BS) >= l.null[g])
+                    .unwrap()
             })
             .max()
             .unwrap_or(0);

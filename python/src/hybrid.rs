@@ -52,7 +52,8 @@ impl PyKvGroups {
         // list (`KvGroups("full")`, `KvGroups(b"...")`).
         if kinds.is_instance_of::<PyString>() || convert::is_byte_string(kinds)? {
             return Err(PyTypeError::new_err(format!(
-                "kinds must be an iterable of groups (\"full\" or an int), not {}",
+                "kinds must be an iterable of groups (\"full\", an int or a (\"chunked\", n) pair), \
+                 not {}",
                 kinds.get_type().name()?
             )));
         }
@@ -66,11 +67,13 @@ impl PyKvGroups {
                     "full" => KvGroup::Full,
                     other => {
                         return Err(PyValueError::new_err(format!(
-                            "a group is \"full\" or a sliding window in tokens (an int), \
-                             not {other:?}"
+                            "a group is \"full\", a sliding window in tokens (an int) or \
+                             (\"chunked\", chunk_tokens), not {other:?}"
                         )))
                     }
                 }
+            } else if let Ok(pair) = item.cast::<PyTuple>() {
+                chunked(pair)?
             } else if item.hasattr(pyo3::intern!(item.py(), "__index__"))? {
                 // An int, or an int-like (a numpy integer from a model's
                 // config).
@@ -79,7 +82,8 @@ impl PyKvGroups {
                 }
             } else {
                 return Err(PyTypeError::new_err(format!(
-                    "a group is \"full\" or a sliding window in tokens (an int), not {}",
+                    "a group is \"full\", a sliding window in tokens (an int) or \
+                     (\"chunked\", chunk_tokens), not {}",
                     item.get_type().name()?
                 )));
             };
@@ -100,21 +104,29 @@ impl PyKvGroups {
         self.inner.len()
     }
 
-    /// The groups, in order: `"full"`, or a sliding window's tokens.
+    /// The groups, in order: `"full"`, a sliding window's tokens, or
+    /// `("chunked", chunk_tokens)`; `KvGroups(groups.kinds)` is an equal
+    /// `KvGroups`.
     #[getter]
     fn kinds<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        let items = self
-            .inner
-            .as_slice()
-            .iter()
-            .map(|g| match *g {
+        let mut items = Vec::with_capacity(self.inner.len());
+        for g in self.inner.as_slice() {
+            items.push(match *g {
                 KvGroup::SlidingWindow { window_tokens } => {
                     let Ok(window) = window_tokens.into_pyobject(py);
                     window.into_any()
                 }
+                KvGroup::ChunkedLocal { chunk_tokens } => {
+                    let Ok(chunk) = chunk_tokens.into_pyobject(py);
+                    PyTuple::new(
+                        py,
+                        [PyString::new(py, "chunked").into_any(), chunk.into_any()],
+                    )?
+                    .into_any()
+                }
                 _ => PyString::new(py, "full").into_any(),
-            })
-            .collect::<Vec<_>>();
+            });
+        }
         PyList::new(py, items)
     }
 
@@ -159,11 +171,35 @@ impl PyKvGroups {
             .iter()
             .map(|g| match *g {
                 KvGroup::SlidingWindow { window_tokens } => window_tokens.to_string(),
+                KvGroup::ChunkedLocal { chunk_tokens } => format!("('chunked', {chunk_tokens})"),
                 _ => "'full'".to_owned(),
             })
             .collect();
         format!("KvGroups([{}])", kinds.join(", "))
     }
+}
+
+/// A group given as a pair: `("chunked", chunk_tokens)`, chunked local
+/// attention in chunks of `chunk_tokens` positions (Llama 4's
+/// `attention_chunk_size`).
+fn chunked(pair: &Bound<'_, PyTuple>) -> PyResult<KvGroup> {
+    let refuse = || {
+        PyValueError::new_err(format!(
+            "a group given as a tuple is (\"chunked\", chunk_tokens), not {}",
+            pair.repr()
+                .map_or_else(|_| "that".to_owned(), |r| r.to_string())
+        ))
+    };
+    if pair.len() != 2 {
+        return Err(refuse());
+    }
+    let tag = pair.get_item(0)?;
+    if !tag.is_instance_of::<PyString>() || tag.extract::<String>()? != "chunked" {
+        return Err(refuse());
+    }
+    Ok(KvGroup::ChunkedLocal {
+        chunk_tokens: convert::uint(&pair.get_item(1)?, "chunk_tokens")?,
+    })
 }
 
 /// Room in `keys` for `blocks` more blocks' keys in every group, or

@@ -384,3 +384,52 @@ def test_block_ids_from_lists_a_groups_tail():
             with pytest.raises(error):
                 seq.block_ids_from(0, bad)
         assert hybrid_state(seq) == state
+
+
+def test_chunked_local_groups():
+    # Llama 4's layout in small: chunked local attention in chunks of 8
+    # tokens beside full attention, blocks of 4.
+    groups = kvslots.KvGroups([("chunked", 8), "full"])
+    assert groups.kinds == [("chunked", 8), "full"]
+    assert kvslots.KvGroups(groups.kinds) == groups
+    assert repr(groups) == "KvGroups([('chunked', 8), 'full'])"
+    assert groups != kvslots.KvGroups([8, "full"])
+    # Position 13 reads its chunk, 8..=13: blocks of 4 from 2 on.
+    assert groups.first_needed_block(0, 13, 4) == 2
+    assert groups.first_needed_block(0, 7, 4) == 0
+    for bad in ([("chunked", 0)], [("sliding", 8)], [("chunked",)], [("chunked", 8, 1)],
+                [("chunked", -1)]):
+        with pytest.raises(ValueError):
+            kvslots.KvGroups(bad)
+    for bad in ([("chunked", "8")], [("chunked", 1.5)], [(8, "chunked")]):
+        with pytest.raises((TypeError, ValueError)):
+            kvslots.KvGroups(bad)
+
+    pool = kvslots.BlockPool(32, 4)
+    seq = kvslots.HybridSequence(pool, groups)
+    seq.try_append(11)
+    seq.try_append(6)  # token 11 is in chunk 1: blocks 0 and 1 go back
+    assert seq.block_ids(0)[:2] == [None, None] and seq.held_blocks == 3 + 5
+    before = (hybrid_state(seq), pool_state(pool))
+    with pytest.raises(kvslots.WindowError) as e:
+        seq.truncate(7)
+    assert (e.value.len, e.value.min_len) == (7, 8)
+    assert (hybrid_state(seq), pool_state(pool)) == before
+    seq.truncate(8)
+    assert len(seq) == 8
+    seq.close()
+    assert pool.used_blocks == 0
+
+    # A prefix hit needs the blocks of the chunk it ends in.
+    prompt = list(range(24))
+    keys = groups.keys(kvslots.hash_blocks(prompt, 4))
+    with kvslots.HybridSequence(pool, groups) as first:
+        first.try_append(len(prompt))
+        assert first.publish(keys) == 12
+    other = groups.keys(kvslots.hash_blocks(prompt[:20] + [99] * 4, 4))
+    assert pool.peek_hybrid_prefix(other) == 5
+    second = kvslots.HybridSequence(pool, groups)
+    assert second.match_prefix(other) == 5
+    # Position 20 is in chunk 2 (16..24): the chunked group holds block 4.
+    assert second.block_ids(0)[:4] == [None] * 4 and second.held_blocks == 1 + 5
+    second.close()

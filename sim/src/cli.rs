@@ -94,7 +94,7 @@ pub enum Allocator {
 pub struct Cli {
     /// Model preset whose KV shape sizes the pool. A hybrid one
     /// (`gemma-3-27b`, `gpt-oss-20b`: sliding-window layers beside full
-    /// ones) runs its sequences as one block table per group of layers,
+    /// ones; `llama-4-scout`: chunked local attention beside full) runs its sequences as one block table per group of layers,
     /// and then the same model treated as all full attention, side by
     /// side.
     #[arg(long, value_enum, default_value_t = ModelPreset::Llama3_8b)]

@@ -4,8 +4,9 @@
 //! dimension x bytes per element; blocks = memory / (bytes per token x block
 //! size), rounded down.
 //!
-//! A hybrid preset (Gemma 3 27B, gpt-oss-20b) has sliding-window layers
-//! beside its full-attention ones. Its layers are grouped as vLLM groups
+//! A hybrid preset (Gemma 3 27B, gpt-oss-20b, Llama 4 Scout) has
+//! sliding-window or chunked local attention layers beside its
+//! full-attention ones. Its layers are grouped as vLLM groups
 //! them ([`layout`]): the smallest number of layers of one kind is the
 //! group size (the largest, if it is less than 1.5 times the smallest),
 //! each kind's layers are cut into groups of that size (the last one padded
@@ -41,6 +42,11 @@ pub enum ModelPreset {
     /// sliding-window (window 128) and full layers alternating, 12 and 12.
     #[value(name = "gpt-oss-20b")]
     GptOss20b,
+    /// Llama 4 Scout (17B-16E): 48 layers, 8 KV heads, head dim 128, 2-byte
+    /// KV; chunked local attention (chunks of 8192 tokens) in three layers
+    /// of four, full attention (without RoPE) in every fourth, 36 and 12.
+    #[value(name = "llama-4-scout")]
+    Llama4Scout,
 }
 
 /// The attention of one layer.
@@ -51,13 +57,16 @@ pub enum LayerKind {
     /// Sliding-window attention over this many tokens (the token itself
     /// included).
     Sliding(usize),
+    /// Chunked local attention in chunks of this many tokens (a token
+    /// attends to its own chunk).
+    Chunked(usize),
 }
 
 /// How a model's layers are grouped into one pool's block tables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     /// The groups, in order: the full ones, then the sliding ones (by
-    /// window).
+    /// window), then the chunked ones (by chunk).
     pub groups: kvslots::KvGroups,
     /// Layers a group (and so a block) holds.
     pub layers_per_group: u64,
@@ -80,10 +89,12 @@ pub fn layout(kinds: &[LayerKind]) -> Layout {
             None => counts.push((k, 1)),
         }
     }
-    // Full first, then sliding by window, as the groups are listed.
+    // Full first, then sliding by window, then chunked by chunk, as the
+    // groups are listed.
     counts.sort_by_key(|&(k, _)| match k {
-        LayerKind::Full => 0,
-        LayerKind::Sliding(w) => w.saturating_add(1),
+        LayerKind::Full => (0, 0),
+        LayerKind::Sliding(w) => (1, w),
+        LayerKind::Chunked(c) => (2, c),
     });
     let min = counts.iter().map(|&(_, n)| n).min().unwrap_or(1);
     let max = counts.iter().map(|&(_, n)| n).max().unwrap_or(1);
@@ -96,11 +107,13 @@ pub fn layout(kinds: &[LayerKind]) -> Layout {
         let kind = match k {
             LayerKind::Full => kvslots::KvGroup::Full,
             LayerKind::Sliding(window_tokens) => kvslots::KvGroup::SlidingWindow { window_tokens },
+            LayerKind::Chunked(chunk_tokens) => kvslots::KvGroup::ChunkedLocal { chunk_tokens },
         };
         groups.extend((0..g).map(|_| kind));
     }
     Layout {
-        groups: kvslots::KvGroups::new(groups).expect("a window of at least 1, few groups"),
+        groups: kvslots::KvGroups::new(groups)
+            .expect("windows and chunks of at least 1, few groups"),
         layers_per_group: size,
         padding_layers: padding,
     }
@@ -140,6 +153,7 @@ impl ModelPreset {
             ModelPreset::Qwen2_7b => (28, 4, 128),
             ModelPreset::Gemma3_27b => (62, 16, 128),
             ModelPreset::GptOss20b => (24, 8, 64),
+            ModelPreset::Llama4Scout => (48, 8, 128),
         };
         ModelShape {
             layers,
@@ -155,7 +169,10 @@ impl ModelPreset {
     /// Gemma 3 27B (`sliding_window` 1024, `sliding_window_pattern` 6):
     /// layers 6, 12, ..., 60 (counted from 1) are global, the others
     /// local. gpt-oss-20b (`sliding_window` 128, `layer_types`): the even
-    /// layers (counted from 0) slide, the odd ones are full.
+    /// layers (counted from 0) slide, the odd ones are full. Llama 4 Scout
+    /// (`attention_chunk_size` 8192, `no_rope_layers`): layers 4, 8, ...,
+    /// 48 (counted from 1) are full attention without RoPE, the others
+    /// chunked local attention.
     pub fn layer_kinds(self) -> Option<Vec<LayerKind>> {
         let layers = self.shape().layers as usize;
         match self {
@@ -181,6 +198,17 @@ impl ModelPreset {
                     })
                     .collect(),
             ),
+            ModelPreset::Llama4Scout => Some(
+                (0..layers)
+                    .map(|i| {
+                        if (i + 1) % 4 == 0 {
+                            LayerKind::Full
+                        } else {
+                            LayerKind::Chunked(8192)
+                        }
+                    })
+                    .collect(),
+            ),
             _ => None,
         }
     }
@@ -194,6 +222,7 @@ impl ModelPreset {
             ModelPreset::Qwen2_7b => "qwen2-7b",
             ModelPreset::Gemma3_27b => "gemma-3-27b",
             ModelPreset::GptOss20b => "gpt-oss-20b",
+            ModelPreset::Llama4Scout => "llama-4-scout",
         }
     }
 }
@@ -346,6 +375,26 @@ mod tests {
             (12, 0, 2)
         );
         assert!(ModelPreset::Llama3_8b.layer_kinds().is_none());
+
+        let scout = ModelPreset::Llama4Scout;
+        // 48 layers x 8 KV heads x head dim 128 x 2 (K and V) x 2 bytes.
+        assert_eq!(scout.shape().kv_bytes_per_token(), 48 * 4096);
+        let kinds = scout.layer_kinds().unwrap();
+        assert_eq!(kinds.iter().filter(|k| **k == LayerKind::Full).count(), 12);
+        assert_eq!(
+            (kinds[2], kinds[3]),
+            (LayerKind::Chunked(8192), LayerKind::Full)
+        );
+        let l = layout(&kinds);
+        // Groups of 12 layers: 1 full, 3 chunked.
+        assert_eq!(
+            (l.layers_per_group, l.padding_layers, l.groups.len()),
+            (12, 0, 4)
+        );
+        assert_eq!(
+            l.groups.get(3),
+            Some(kvslots::KvGroup::ChunkedLocal { chunk_tokens: 8192 })
+        );
     }
 
     #[test]

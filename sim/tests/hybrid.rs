@@ -330,6 +330,7 @@ fn the_presets_report_hybrid_and_all_full_runs() {
     for (model, groups) in [
         ("gpt-oss-20b", "1 full + 1 sliding 128"),
         ("gemma-3-27b", "1 full + 6 sliding 1024"),
+        ("llama-4-scout", "1 full + 3 chunked 8192"),
     ] {
         let (code, v, err) = json_of(&[
             "--model",

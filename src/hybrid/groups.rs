@@ -45,6 +45,19 @@ pub enum KvGroup {
         /// The tokens a token attends to, itself included; at least 1.
         window_tokens: usize,
     },
+    /// Chunked local attention (Llama 4's `attention_chunk_size`, vLLM's
+    /// `ChunkedLocalAttentionSpec`): the positions are cut into chunks of
+    /// `chunk_tokens`, and the token at position `p` attends to the
+    /// positions of its own chunk before it, `p / chunk_tokens *
+    /// chunk_tokens..=p`. The table gives back the blocks wholly before
+    /// the next token's chunk (as a sliding window's, they become
+    /// [`BlockId::NULL`](crate::BlockId::NULL) entries), and a prefix-cache
+    /// hit needs only the blocks of the chunk it ends in: none when it
+    /// ends on a chunk's first position.
+    ChunkedLocal {
+        /// The positions of a chunk; at least 1.
+        chunk_tokens: usize,
+    },
 }
 
 impl KvGroup {
@@ -53,8 +66,11 @@ impl KvGroup {
     /// the next token (position `len`) attends to. 0 for
     /// [`Full`](Self::Full); for [`SlidingWindow`](Self::SlidingWindow),
     /// `(len + 1 - window_tokens) / block_size` (0 while `len + 1` is
-    /// within the window). The blocks before it are the ones a
-    /// [`HybridSequence`](crate::HybridSequence) gives back.
+    /// within the window); for [`ChunkedLocal`](Self::ChunkedLocal),
+    /// `len / chunk_tokens * chunk_tokens / block_size` (a chunk of 0
+    /// tokens, which [`KvGroups`] refuses, counts as 1). The blocks before
+    /// it are the ones a [`HybridSequence`](crate::HybridSequence) gives
+    /// back. It never decreases as `len` grows.
     ///
     /// # Panics
     ///
@@ -69,6 +85,11 @@ impl KvGroup {
     /// assert_eq!(w.first_needed_block(3, 2), 0); // positions 0..3 all read
     /// assert_eq!(w.first_needed_block(5, 2), 1); // position 5 reads 2..=5
     /// assert_eq!(w.first_needed_block(6, 2), 1); // position 6 reads 3..=6
+    ///
+    /// let c = KvGroup::ChunkedLocal { chunk_tokens: 8 };
+    /// assert_eq!(c.first_needed_block(7, 2), 0); // position 7 reads 0..=7
+    /// assert_eq!(c.first_needed_block(8, 2), 4); // position 8 reads itself
+    /// assert_eq!(c.first_needed_block(13, 2), 4); // position 13 reads 8..=13
     /// ```
     pub const fn first_needed_block(&self, len: usize, block_size: usize) -> usize {
         match *self {
@@ -91,7 +112,45 @@ impl KvGroup {
                     (len / block_size).saturating_add((len % block_size + 1 == block_size) as usize)
                 }
             },
+            // The chunk's first position, `len - len % chunk`: no overflow.
+            KvGroup::ChunkedLocal { chunk_tokens } => {
+                let chunk = if chunk_tokens == 0 { 1 } else { chunk_tokens };
+                (len - len % chunk) / block_size
+            }
         }
+    }
+
+    /// The shortest length whose next token needs no block before `block`
+    /// (`first_needed_block(len, block_size) >= block`), saturating at
+    /// `usize::MAX`: the shortest a sequence whose table gave back the
+    /// blocks before `block` can be truncated to, besides 0.
+    pub(crate) const fn first_len_from(&self, block: usize, block_size: usize) -> usize {
+        if block == 0 {
+            return 0;
+        }
+        let start = block.saturating_mul(block_size);
+        match *self {
+            KvGroup::Full => 0,
+            // The first position whose window starts at `start` or later.
+            KvGroup::SlidingWindow { window_tokens } => {
+                start.saturating_add(window_tokens).saturating_sub(1)
+            }
+            // The first chunk boundary at `start` or later.
+            KvGroup::ChunkedLocal { chunk_tokens } => {
+                let chunk = if chunk_tokens == 0 { 1 } else { chunk_tokens };
+                match start.checked_next_multiple_of(chunk) {
+                    Some(len) => len,
+                    None => usize::MAX,
+                }
+            }
+        }
+    }
+
+    /// Whether the group gives back the blocks before those its next token
+    /// reads (a sliding window or chunked local attention), so that its
+    /// table can hold null entries.
+    pub(crate) const fn gives_back(&self) -> bool {
+        !matches!(self, KvGroup::Full)
     }
 
     /// The kind's tag and parameter in a group key.
@@ -100,6 +159,7 @@ impl KvGroup {
             KvGroup::Full => (1, 0),
             // A usize always fits a u64 on the platforms Rust supports.
             KvGroup::SlidingWindow { window_tokens } => (2, window_tokens as u64),
+            KvGroup::ChunkedLocal { chunk_tokens } => (3, chunk_tokens as u64),
         }
     }
 }
@@ -178,6 +238,12 @@ impl KvGroups {
             .position(|g| matches!(g, KvGroup::SlidingWindow { window_tokens: 0 }))
         {
             return Err(KvGroupsError::ZeroWindow { group });
+        }
+        if let Some(group) = groups
+            .iter()
+            .position(|g| matches!(g, KvGroup::ChunkedLocal { chunk_tokens: 0 }))
+        {
+            return Err(KvGroupsError::ZeroChunk { group });
         }
         Ok(KvGroups { groups })
     }

@@ -41,6 +41,13 @@ use crate::wait::Unwound;
 ///   group) instead of going back to the pool: a sequence in steady
 ///   decode makes no pool call for its sliding groups, and an append that
 ///   needs a block fits whenever its window frees one.
+///
+///   A [`KvGroup::ChunkedLocal`] group (Llama 4's chunked local
+///   attention) is a sliding group whose window is the token's chunk: its
+///   table gives back the blocks wholly before the next token's chunk, a
+///   truncate may not reach back past them, and a prefix hit needs the
+///   blocks of the chunk it ends in. What these docs say of a sliding
+///   group holds for it.
 /// * **Prefix caching across groups.** [`try_match_prefix`](Self::try_match_prefix)
 ///   takes the longest prefix that every group can serve: a full group
 ///   needs all its blocks, a sliding group only those inside the window
@@ -115,7 +122,7 @@ fn table_room(
     num_blocks: usize,
 ) -> Vec<BlockId> {
     let capped = crate::table::entries(tokens, bs, num_blocks);
-    if !all_sliding || !matches!(kind, KvGroup::SlidingWindow { .. }) {
+    if !all_sliding || !kind.gives_back() {
         return Vec::with_capacity(capped);
     }
     let mut room = Vec::new();
@@ -182,10 +189,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     ) -> HybridSequence<A> {
         let bs = pool.block_size();
         let num_blocks = pool.num_blocks();
-        let all_sliding = groups
-            .as_slice()
-            .iter()
-            .all(|kind| matches!(kind, KvGroup::SlidingWindow { .. }));
+        let all_sliding = groups.as_slice().iter().all(KvGroup::gives_back);
         let tables: Box<[Sequence<A>]> = groups
             .as_slice()
             .iter()
@@ -1022,12 +1026,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         self.tables
             .iter()
             .zip(self.groups.as_slice())
-            .map(|(t, kind)| match *kind {
-                KvGroup::SlidingWindow { window_tokens } if t.null > 0 => {
-                    (t.null * bs + window_tokens).saturating_sub(1)
-                }
-                _ => 0,
-            })
+            .map(|(t, kind)| kind.first_len_from(t.null, bs))
             .max()
             .unwrap_or(0)
     }
@@ -1402,9 +1401,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         loop {
             let mut lowered = false;
             for (g, kind) in kinds.as_slice().iter().enumerate() {
-                let KvGroup::SlidingWindow { .. } = *kind else {
+                if !kind.gives_back() {
                     continue;
-                };
+                }
                 let served = self.settle(g, *kind, k, keys.group(g).unwrap_or(&[]), &mut unwound);
                 if served < k {
                     k = served;

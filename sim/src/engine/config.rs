@@ -192,16 +192,22 @@ impl EngineConfig {
 
     /// The blocks a `tokens`-token prompt holds at once while it is
     /// prefilled in chunks (what a check-only admission checks): all of
-    /// its blocks in a full group; in a sliding group, at most the window
-    /// before a chunk and the chunk.
+    /// its blocks in a full group; in a sliding (or chunked local) group,
+    /// at most the window (or attention chunk) before a prefill chunk and
+    /// the prefill chunk.
     pub fn prefill_blocks(&self, tokens: usize, block_size: usize) -> usize {
         let all = tokens.div_ceil(block_size);
         self.groups
             .as_slice()
             .iter()
             .map(|g| match *g {
-                kvslots::KvGroup::SlidingWindow { window_tokens } => all.min(
-                    window_tokens
+                kvslots::KvGroup::SlidingWindow {
+                    window_tokens: window,
+                }
+                | kvslots::KvGroup::ChunkedLocal {
+                    chunk_tokens: window,
+                } => all.min(
+                    window
                         .saturating_add(self.chunk)
                         .div_ceil(block_size)
                         .saturating_add(1),

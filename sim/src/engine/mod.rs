@@ -476,6 +476,7 @@ pub fn layout_words(groups: &kvslots::KvGroups) -> String {
     for g in groups.as_slice() {
         let name = match g {
             kvslots::KvGroup::SlidingWindow { window_tokens } => format!("sliding {window_tokens}"),
+            kvslots::KvGroup::ChunkedLocal { chunk_tokens } => format!("chunked {chunk_tokens}"),
             _ => "full".to_string(),
         };
         match kinds.iter_mut().find(|(k, _)| *k == name) {

@@ -60,10 +60,15 @@ pub fn never_fits(
         .as_slice()
         .iter()
         .map(|g| match *g {
-            kvslots::KvGroup::SlidingWindow { window_tokens } => all.min(
+            kvslots::KvGroup::SlidingWindow {
+                window_tokens: window,
+            }
+            | kvslots::KvGroup::ChunkedLocal {
+                chunk_tokens: window,
+            } => all.min(
                 append
                     .saturating_mul(2)
-                    .saturating_add(window_tokens)
+                    .saturating_add(window)
                     .div_ceil(block_size)
                     .saturating_add(5)
                     .saturating_mul(profile.samples),
