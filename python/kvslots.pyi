@@ -496,7 +496,9 @@ class BlockPool:
         `Sequence.match_prefix` would take, found without taking any: no
         reference, no admission, no change to the eviction order or
         `prefix_stats`. May be out of date by the time it returns. Raises
-        `TypeError` / `ValueError` for a key that is not 32 bytes."""
+        as `Sequence.match_prefix` does: `TypeError` for keys that are no
+        list of `bytes` (a set included) or packed `bytes`, `ValueError`
+        for a key that is not 32 bytes."""
     def peek_hybrid_prefix(self, keys: GroupKeys) -> int:
         """`peek_prefix` for a hybrid model: how many blocks of tokens a
         `HybridSequence.match_prefix` with `keys` would match, found without

@@ -904,16 +904,22 @@
 //! moment of the call. A moved generation is read again. The stop at a
 //! repeated key is the match's, with a block id seen twice confirmed by
 //! comparing the keys (with nothing taken, a block may hold another key
-//! by its second sighting). The loom model `prefix::peek_vs_republish`
+//! by its second sighting). Each key's moment is its own: with publishes
+//! and evictions running, a repeated key that moved to another block
+//! between its two lookups counts twice, which no match does. The loom model `prefix::peek_vs_republish`
 //! checks the three steps against an eviction and a republish of the
 //! block, with the key words stored `Relaxed` and with step 3 left out as
 //! its controls.
 //!
 //! A hybrid peek (`BlockPool::peek_hybrid_prefix`) runs
 //! `HybridSequence::try_match_prefix`'s search with peeks in place of the
-//! group matches: the full groups' prefixes, then each sliding group's
-//! window ending at the candidate length, lowered until every group
-//! agrees.
+//! group matches: the full groups' prefixes, then each sliding (or
+//! chunked) group's window ending at the candidate length, lowered until
+//! every group agrees. Where the match keeps the blocks a group has found
+//! when another group lowers the length, the peek searches the window
+//! afresh (it keeps nothing, so it allocates nothing): for chained keys
+//! the two find the same length, for keys that repeat one they can
+//! differ.
 //!
 //! ## Eviction order
 //!

@@ -426,8 +426,10 @@ impl PyBlockPool {
     /// for ranking or budgeting waiting requests by their cached prefix.
     /// The answer can be out of date by the time it returns (a block it
     /// counted may be evicted before a match). A pool without a prefix
-    /// cache peeks 0. Raises `TypeError` / `ValueError` for a key that is
-    /// not 32 bytes.
+    /// cache peeks 0. Raises as `Sequence.match_prefix` does, before
+    /// peeking: `TypeError` for keys that are no list of `bytes` (a set
+    /// included) or packed `bytes`, `ValueError` for a key that is not 32
+    /// bytes.
     fn peek_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
         let pool = &*self.inner;
         if let Ok(packed) = keys.cast::<PyBytes>() {

@@ -11,12 +11,15 @@ impl BlockPool {
     /// would match, found without taking any block: the hybrid model's
     /// [`peek_prefix`](Self::peek_prefix).
     ///
+    /// Every [`Full`](KvGroup::Full) group needs the whole prefix cached
+    /// under its keys, each [`SlidingWindow`](KvGroup::SlidingWindow) (or
+    /// [`ChunkedLocal`](KvGroup::ChunkedLocal)) group only the blocks in
+    /// the window (or chunk) of the token after it; the answer is the
+    /// largest count that every group can serve, at most `keys.blocks()`.
     /// The search is the match's, with peeks in place of the group
-    /// matches: every [`Full`](KvGroup::Full) group needs the whole
-    /// prefix cached under its keys, each
-    /// [`SlidingWindow`](KvGroup::SlidingWindow) group only the blocks in
-    /// the window of the token after it; the answer is the largest count
-    /// that every group can serve, at most `keys.blocks()`.
+    /// matches, except that a lowered count searches each window afresh
+    /// where the match keeps the blocks it has found: for keys that
+    /// repeat a key (not chained hashes) the two can differ.
     ///
     /// As [`peek_prefix`](Self::peek_prefix): it takes no reference,
     /// admits nothing, moves no block in the eviction order and counts

@@ -40,6 +40,7 @@
 //! | [`match_vs_evicting_republish_in_two_buckets`] | 2, 3 | `no_generation_check` (stale hit), `evict_referenced` (causality) |
 //! | [`two_holders_publish_one_block`] | 2, 1 | `shared_sole_claim` (first wins: both claims stored, both commit) |
 //! | [`peek_vs_republish`] | 2, 1 | `relaxed_key_words` (stale hit), `peek_trusts_first_read` (stale hit) |
+//! | [`peek_ghost_vs_republish`] | 2, 1 | `relaxed_key_words` (stale hit: a torn key), `peek_trusts_first_read` (stale hit) |
 //!
 //! Blocks hold one token each, so every block is full.
 //!
@@ -696,4 +697,60 @@ fn peek_vs_republish_relaxed_key_words_is_caught() {
 #[should_panic(expected = "stale hit")]
 fn peek_vs_republish_peek_trusts_first_read_is_caught() {
     peek_vs_republish(PEEK_TRUSTS_FIRST_READ);
+}
+
+/// A key whose first two words are key 1's and last two key 2's: never
+/// published. A peek of it at block 0, while block 0 goes from key 1 to
+/// key 2, must never find it (a torn read of the key words); and a peek of
+/// key 1 that finds it read key 1's own state.
+fn peek_ghost_vs_republish(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(1, faults);
+        let (a, _) = cache.filled(1).expect("one free block");
+        cache.let_go(a);
+        let block = BlockId::new(0);
+        let pool = &cache.world.pool;
+        let first = pool
+            .peek_block_of_model(block, &key(1))
+            .expect("key 1 is cached");
+        let mut ghost = [1u8; 32];
+        ghost[16..].fill(2);
+        let ghost = BlockHash(ghost);
+        let peeker = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || {
+                let pool = &cache.world.pool;
+                (
+                    pool.peek_block_of_model(block, &ghost),
+                    pool.peek_block_of_model(block, &key(1)),
+                )
+            })
+        };
+        if let Some((b, _)) = cache.filled(2) {
+            cache.let_go(b);
+        }
+        let (g, one) = peeker.join().unwrap();
+        assert!(g.is_none(), "{STALE}: a torn key peeked");
+        if let Some(seen) = one {
+            assert_eq!(seen, first, "{STALE}: key 1 under another state");
+        }
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn peek_ghost_vs_republish_sound() {
+    peek_ghost_vs_republish(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "stale hit")]
+fn peek_ghost_vs_republish_relaxed_key_words_is_caught() {
+    peek_ghost_vs_republish(RELAXED_KEY_WORDS);
+}
+
+#[test]
+#[should_panic(expected = "stale hit")]
+fn peek_ghost_vs_republish_peek_trusts_first_read_is_caught() {
+    peek_ghost_vs_republish(PEEK_TRUSTS_FIRST_READ);
 }

@@ -702,11 +702,17 @@ impl BlockPool {
     ///
     /// Each key it counts was cached at a moment during the call: its
     /// block's state, read before and after its key, showed the same
-    /// cached key in between (`crate::implementation`, "Peeking").
-    /// Lock-free, with no heap allocation; its cost is a match's without
-    /// the read-modify-writes (see
+    /// cached key in between (`crate::implementation`, "Peeking"). The
+    /// moments differ from key to key, so with publishes and evictions
+    /// running meanwhile the count need not be one a match could return:
+    /// a list that repeats a key (misuse) may count the repeat when the
+    /// key moved to another block between its two lookups, and so count
+    /// more blocks than the pool has. Lock-free, with no heap allocation;
+    /// its cost is a match's without the read-modify-writes (see
     /// [`Sequence::try_match_prefix`](crate::Sequence::try_match_prefix),
-    /// "Performance").
+    /// "Performance"), plus, for a block found a second time under
+    /// another key (evicted and republished during the call), a scan of
+    /// the keys before it.
     ///
     /// # Examples
     ///
