@@ -309,6 +309,22 @@ pub(crate) fn keys(obj: &Bound<'_, PyAny>) -> PyResult<Vec<BlockHash>> {
         return packed_keys(bytes.cast::<PyBytes>()?.as_bytes());
     }
     ordered("keys", obj)?;
+    if let Ok(list) = obj.cast_exact::<PyList>() {
+        // The common form, from `hash_blocks`: room for every key at once,
+        // and an exact `bytes` item tested by its type alone.
+        let mut out = with_room(list.len(), "block keys")?;
+        for item in list.iter() {
+            let key = match item.cast_exact::<PyBytes>() {
+                Ok(b) => key_of_slice(b.as_bytes())?,
+                Err(_) => key(&item)?,
+            };
+            // The list may have grown meanwhile (another thread).
+            out.try_reserve(1)
+                .map_err(|_| crate::errors::out_of_memory("block keys", out.len() + 1))?;
+            out.push(key);
+        }
+        return Ok(out);
+    }
     let mut out = Vec::new();
     for_each(obj, |item| {
         let key = key(&item)?;
@@ -386,6 +402,12 @@ pub(crate) fn key(item: &Bound<'_, PyAny>) -> PyResult<BlockHash> {
             "a block key must be bytes, not {ty}"
         )));
     };
+    key_of_slice(slice)
+}
+
+/// A key of 32 bytes, or `ValueError`.
+#[inline]
+fn key_of_slice(slice: &[u8]) -> PyResult<BlockHash> {
     let key: [u8; 32] = slice.try_into().map_err(|_| {
         PyValueError::new_err(format!(
             "a block key is 32 bytes, got {} bytes",
