@@ -602,8 +602,8 @@ pub enum HybridError {
     },
     /// A position (or a range's end) at or past the sequence's length.
     Position(PositionError),
-    /// A position whose block a sliding window gave back: the group's
-    /// table holds a null entry there.
+    /// A position whose block a sliding window (or a chunked group) gave
+    /// back: the group's table holds a null entry there.
     OutsideWindow {
         /// The group.
         group: usize,
@@ -613,8 +613,9 @@ pub enum HybridError {
         first_held: usize,
     },
     /// A truncate to `len` tokens would need blocks that a sliding window
-    /// gave back (the window of the token at position `len` reaches before
-    /// them): the shortest length it accepts, besides 0, is `min_len`.
+    /// (or a chunked group) gave back (the window, or chunk, of the token
+    /// at position `len` reaches before them): the shortest length it
+    /// accepts, besides 0, is `min_len`.
     TruncateOutsideWindow {
         /// The length asked for.
         len: usize,
@@ -639,13 +640,13 @@ impl fmt::Display for HybridError {
                 first_held,
             } => write!(
                 f,
-                "group {group}: position {position} is outside the sliding window (its blocks \
-                 from position {first_held} on are held)"
+                "group {group}: position {position} is outside the window (its blocks from \
+                 position {first_held} on are held)"
             ),
             HybridError::TruncateOutsideWindow { len, min_len } => write!(
                 f,
-                "cannot truncate to {len} tokens: a sliding window gave back blocks that length \
-                 needs (the shortest length accepted besides 0 is {min_len})"
+                "cannot truncate to {len} tokens: a window gave back blocks that length needs \
+                 (the shortest length accepted besides 0 is {min_len})"
             ),
             HybridError::OtherGroups => {
                 f.write_str("the keys were made for other groups than the sequence's")

@@ -1296,3 +1296,245 @@ fn capacity_is_what_every_group_can_hold_with_a_copys_block_reserved_in_one() {
     assert_eq!(pool.used_blocks(), used);
     assert_eq!(a.capacity(), BS);
 }
+
+/// Chunked local attention groups in a `HybridSequence`, checked against
+/// references built from the attention pattern: truncate's `min_len`
+/// against brute force, refused appends, a hit on a chunk boundary, the
+/// kind's own keys.
+mod chunked_local {
+    use std::sync::Arc;
+
+    use kvslots::{
+        hash_blocks, BlockId, BlockPool, HybridError, HybridSequence, KvGroup, KvGroups,
+        ReserveError,
+    };
+
+    fn c(chunk_tokens: usize) -> KvGroup {
+        KvGroup::ChunkedLocal { chunk_tokens }
+    }
+    fn w(window_tokens: usize) -> KvGroup {
+        KvGroup::SlidingWindow { window_tokens }
+    }
+
+    /// Reference from the attention pattern: the block of the first position
+    /// the token at `len` reads.
+    fn need_ref(kind: KvGroup, len: usize, bs: usize) -> usize {
+        let first = match kind {
+            KvGroup::Full => 0,
+            KvGroup::SlidingWindow { window_tokens } => (len + 1).saturating_sub(window_tokens),
+            KvGroup::ChunkedLocal { chunk_tokens } => (0..=len)
+                .find(|&q| q / chunk_tokens == len / chunk_tokens)
+                .unwrap(),
+            _ => unreachable!(),
+        };
+        first / bs
+    }
+
+    type State = (usize, Vec<Vec<BlockId>>, usize, usize, Vec<Option<usize>>);
+
+    fn state(seq: &HybridSequence, pool: &BlockPool) -> State {
+        let n = seq.groups().len();
+        (
+            seq.len(),
+            (0..n).map(|g| seq.blocks(g).unwrap().to_vec()).collect(),
+            pool.free_blocks(),
+            pool.used_blocks(),
+            (0..n).map(|g| seq.null_blocks(g)).collect(),
+        )
+    }
+
+    /// For many layouts, block sizes and two-append histories, every truncate
+    /// target `x` in `1..len` is accepted exactly when no group's
+    /// `first_needed_block(x)` (from the reference) lies before its null
+    /// entries, and a refusal names the brute-force shortest accepted length
+    /// and changes nothing.
+    #[test]
+    fn truncate_min_len_is_the_brute_force_shortest() {
+        let layouts: Vec<Vec<KvGroup>> = vec![
+            vec![c(1)],
+            vec![c(2)],
+            vec![c(3)],
+            vec![c(5), KvGroup::Full],
+            vec![c(7), w(3)],
+            vec![c(8), c(3)],
+            vec![w(5), c(6)],
+            vec![c(12), KvGroup::Full, w(1)],
+        ];
+        let mut checked = 0;
+        for layout in &layouts {
+            let groups = KvGroups::new(layout.iter().copied()).unwrap();
+            for bs in 1..=6 {
+                for a in 1..=30 {
+                    for b in [1, 2, 5, 9] {
+                        let build = || {
+                            let pool = Arc::new(BlockPool::new(4096, bs));
+                            let mut seq = HybridSequence::new(Arc::clone(&pool), groups.clone());
+                            seq.try_append(a).unwrap();
+                            seq.try_append(b).unwrap();
+                            (pool, seq)
+                        };
+                        let (_, probe) = build();
+                        let len = probe.len();
+                        let nulls: Vec<usize> = (0..layout.len())
+                            .map(|g| probe.null_blocks(g).unwrap())
+                            .collect();
+                        // The model: nulls are the first_needed_block of the
+                        // second append's old length.
+                        for (g, kind) in layout.iter().enumerate() {
+                            assert_eq!(
+                                nulls[g],
+                                need_ref(*kind, a, bs),
+                                "{layout:?} bs {bs} a {a}"
+                            );
+                        }
+                        let accepted = |x: usize| {
+                            x == 0
+                                || layout
+                                    .iter()
+                                    .enumerate()
+                                    .all(|(g, k)| need_ref(*k, x, bs) >= nulls[g])
+                        };
+                        let min_len = (1..=len).find(|&x| accepted(x)).unwrap();
+                        for x in 0..len {
+                            let (pool, mut seq) = build();
+                            let before = state(&seq, &pool);
+                            let r = seq.truncate(x);
+                            if accepted(x) {
+                                assert!(r.is_ok(), "{layout:?} bs {bs} a {a} b {b} x {x}: {r:?}");
+                                assert_eq!(seq.len(), x);
+                            } else {
+                                assert_eq!(
+                                    r,
+                                    Err(HybridError::TruncateOutsideWindow { len: x, min_len }),
+                                    "{layout:?} bs {bs} a {a} b {b}"
+                                );
+                                assert_eq!(state(&seq, &pool), before);
+                            }
+                            // Truncating back into the last append's tokens is
+                            // never refused.
+                            if x >= a {
+                                assert!(r.is_ok());
+                            }
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 10_000);
+    }
+
+    /// A refused append (Full / NeverFits) of a chunked model changes nothing,
+    /// also when it would move the chunk.
+    #[test]
+    fn refused_appends_change_nothing() {
+        for bs in [1, 2, 3, 4] {
+            let pool = Arc::new(BlockPool::new(6, bs));
+            let groups = KvGroups::new([c(4), KvGroup::Full]).unwrap();
+            let mut seq = HybridSequence::new(Arc::clone(&pool), groups);
+            let mut refused = 0;
+            for step in 0..200 {
+                let n = 1 + step % 7;
+                let before = state(&seq, &pool);
+                match seq.try_append(n) {
+                    Ok(r) => assert_eq!(r, before.0..before.0 + n),
+                    Err(e) => {
+                        assert!(
+                            matches!(
+                                e,
+                                ReserveError::Full { .. } | ReserveError::NeverFits { .. }
+                            ),
+                            "{e:?}"
+                        );
+                        assert_eq!(state(&seq, &pool), before, "bs {bs} n {n}");
+                        refused += 1;
+                        if refused % 3 == 0 {
+                            seq.truncate(0).unwrap();
+                        }
+                    }
+                }
+            }
+            assert!(refused > 0);
+            drop(seq);
+            assert_eq!(pool.used_blocks(), 0);
+        }
+    }
+
+    /// An all-chunked model whose prompt's hit ends on a chunk boundary: the
+    /// match serves the whole prompt holding no block at all (the next token
+    /// reads only itself), with nothing cached; peek agrees.
+    #[test]
+    fn all_chunked_match_on_a_boundary_needs_nothing_cached() {
+        let pool = Arc::new(BlockPool::new(16, 4));
+        let groups = KvGroups::new([c(8), c(8)]).unwrap();
+        let mut base = Vec::new();
+        hash_blocks(b"", &(0..16u32).collect::<Vec<_>>(), 4, &mut base);
+        let keys = groups.keys(&base);
+        assert_eq!(pool.peek_hybrid_prefix(&keys), 4);
+        let mut seq = HybridSequence::new(Arc::clone(&pool), groups.clone());
+        assert_eq!(seq.try_match_prefix(&keys), Ok(4));
+        assert_eq!(seq.len(), 16);
+        assert_eq!(seq.held_blocks(), 0);
+        assert_eq!(seq.blocks(0).unwrap(), &[BlockId::NULL; 4]);
+        // 3 blocks (12 tokens, not on a boundary): the chunk 8..16 needs
+        // blocks 2 and 3 ... only 2 (position 12 reads 8..=12): not cached.
+        let k3 = groups.keys(&base[..3]);
+        assert_eq!(pool.peek_hybrid_prefix(&k3), 2);
+        let mut s3 = HybridSequence::new(Arc::clone(&pool), groups.clone());
+        assert_eq!(s3.try_match_prefix(&k3), Ok(2));
+        assert_eq!(s3.held_blocks(), 0);
+        // A truncate into the matched prefix is refused; 0 is fine.
+        let before = state(&seq, &pool);
+        assert_eq!(
+            seq.truncate(15),
+            Err(HybridError::TruncateOutsideWindow {
+                len: 15,
+                min_len: 16
+            })
+        );
+        assert_eq!(state(&seq, &pool), before);
+        // It appends as new work.
+        seq.try_append(1).unwrap();
+        assert_eq!(seq.held_blocks(), 2);
+        let child = seq.try_fork(&mut Vec::new()).unwrap();
+        assert_eq!(child.blocks(0).unwrap()[..4], [BlockId::NULL; 4]);
+        drop((seq, s3, child));
+        assert_eq!(pool.used_blocks(), 0);
+    }
+
+    /// The HybridSequence docs say of a sliding group "a sequence in steady
+    /// decode makes no pool call for its sliding groups", and "What these docs
+    /// say of a sliding group holds for [a chunked one]". A chunked group in
+    /// steady decode gives its whole previous chunk back to the pool at a
+    /// chunk boundary (free blocks go up in a one-token append), and takes a
+    /// new block from the pool at each block boundary inside a chunk.
+    #[test]
+    fn chunked_keys_are_their_own() {
+        let mut base = Vec::new();
+        hash_blocks(b"", &(0..64u32).collect::<Vec<_>>(), 4, &mut base);
+        let kc = KvGroups::new([c(8)]).unwrap();
+        let kw = KvGroups::new([w(8)]).unwrap();
+        let kc2 = KvGroups::new([c(9)]).unwrap();
+        for b in &base {
+            let a = kc.key(0, b).unwrap();
+            assert_ne!(a, kw.key(0, b).unwrap());
+            assert_ne!(a, kc2.key(0, b).unwrap());
+            assert_ne!(
+                a,
+                KvGroups::new([KvGroup::Full]).unwrap().key(0, b).unwrap()
+            );
+        }
+        let pool = Arc::new(BlockPool::new(64, 4));
+        let mut s = HybridSequence::new(Arc::clone(&pool), kc.clone());
+        s.try_append(62).unwrap();
+        assert_eq!(s.publish(&kc.keys(&base)), Ok(15)); // one append: nothing given back yet
+        drop(s);
+        // 15 blocks (60 tokens): position 60 reads 56..=60, block 14: cached.
+        assert_eq!(pool.peek_hybrid_prefix(&kc.keys(&base[..15])), 15);
+        // Under sliding keys (window 8: position 60 reads 53..=60, blocks 13..15): nothing.
+        let mut other = HybridSequence::new(Arc::clone(&pool), kw.clone());
+        assert_eq!(pool.peek_hybrid_prefix(&kw.keys(&base[..15])), 0);
+        assert_eq!(other.try_match_prefix(&kw.keys(&base[..15])), Ok(0));
+        assert_eq!(other.held_blocks(), 0);
+    }
+}

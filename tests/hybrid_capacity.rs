@@ -180,3 +180,129 @@ fn a_full_group_caps_every_tables_room_at_the_pool() {
     assert!(sliding_bytes >= 4 * tokens as u64, "{sliding_bytes} bytes");
     drop(seq);
 }
+
+/// The same promise for chunked local attention groups: all-chunked
+/// models whose tables outgrow the pool, multi-token steps, chunked
+/// groups beside sliding and full ones, and matches longer than the pool.
+mod chunked_local {
+    use std::sync::Arc;
+
+    use super::{heap_bytes, heap_ops};
+    use kvslots::{hash_blocks, BlockPool, HybridSequence, KvGroup, KvGroups};
+
+    fn c(chunk_tokens: usize) -> KvGroup {
+        KvGroup::ChunkedLocal { chunk_tokens }
+    }
+
+    fn appends_allocate_nothing(
+        pool: &Arc<BlockPool>,
+        groups: &KvGroups,
+        tokens: usize,
+        step: usize,
+    ) {
+        let mut seq = HybridSequence::with_capacity(Arc::clone(pool), groups.clone(), tokens);
+        let ops = heap_ops(|| {
+            let mut len = 0;
+            while len < tokens {
+                if len % 64 == 0 {
+                    seq.try_reserve(8.min(tokens - len), 0).unwrap();
+                }
+                let n = step.min(tokens - len);
+                seq.try_append(n).unwrap();
+                len += n;
+            }
+        });
+        assert_eq!(ops, (0, 0), "{groups:?}, {tokens} tokens, step {step}");
+        assert_eq!(seq.len(), tokens);
+    }
+
+    #[test]
+    fn all_chunked_tables_longer_than_the_pool_grow_without_allocating() {
+        let pool = Arc::new(BlockPool::new(64, 1));
+        appends_allocate_nothing(&pool, &KvGroups::new([c(32)]).unwrap(), 100_000, 1);
+        let pool = Arc::new(BlockPool::new(64, 2));
+        appends_allocate_nothing(&pool, &KvGroups::new([c(7), c(20)]).unwrap(), 20_000, 1);
+        appends_allocate_nothing(&pool, &KvGroups::new([c(7), c(20)]).unwrap(), 20_000, 5);
+        let pool = Arc::new(BlockPool::new(64, 3));
+        let mixed = KvGroups::new([c(10), KvGroup::SlidingWindow { window_tokens: 9 }]).unwrap();
+        appends_allocate_nothing(&pool, &mixed, 30_000, 3);
+    }
+
+    #[test]
+    fn chunked_beside_full_grows_without_allocating() {
+        let pool = Arc::new(BlockPool::new(128, 4));
+        appends_allocate_nothing(
+            &pool,
+            &KvGroups::new([c(16), KvGroup::Full]).unwrap(),
+            400,
+            1,
+        );
+    }
+
+    /// A match at the end of a prompt longer than the pool, in an
+    /// all-chunked model: the table takes its null entries and the chunk's
+    /// blocks without allocating, then appends to the capacity.
+    #[test]
+    fn a_chunked_match_longer_than_the_pool_allocates_nothing() {
+        const PROMPT: usize = 1_000;
+        const CAPACITY: usize = 2_000;
+        for chunk in [32usize, 30, 1000, 999, 1] {
+            let pool = Arc::new(BlockPool::new(64, 1));
+            let groups = KvGroups::new([c(chunk)]).unwrap();
+            let mut base = Vec::new();
+            hash_blocks(b"", &(0..PROMPT as u32).collect::<Vec<u32>>(), 1, &mut base);
+            let keys = groups.keys(&base);
+            let mut first = HybridSequence::new(Arc::clone(&pool), groups.clone());
+            for _ in 0..PROMPT {
+                if first.try_append(1).is_err() {
+                    break;
+                }
+                first.publish(&keys).unwrap();
+            }
+            drop(first);
+            let want = pool.peek_hybrid_prefix(&keys);
+            let mut seq =
+                HybridSequence::with_capacity(Arc::clone(&pool), groups.clone(), CAPACITY);
+            let mut k = 0;
+            let ops = heap_ops(|| {
+                k = seq.try_match_prefix(&keys).unwrap();
+            });
+            assert_eq!(ops, (0, 0), "chunk {chunk}");
+            assert_eq!(k, want, "chunk {chunk}");
+            let ops = heap_ops(|| {
+                for _ in k..CAPACITY {
+                    if seq.try_append(1).is_err() {
+                        break;
+                    }
+                }
+            });
+            assert_eq!(ops, (0, 0), "chunk {chunk}");
+        }
+    }
+
+    /// with_capacity sets aside a null entry per block for all-chunked models
+    /// (room for the tokens), and caps at the pool with a full group.
+    #[test]
+    fn room_for_all_chunked_models() {
+        let pool = Arc::new(BlockPool::new(64, 1));
+        let tokens = 1 << 20;
+        let (seq, bytes) = heap_bytes(|| {
+            HybridSequence::with_capacity(
+                Arc::clone(&pool),
+                KvGroups::new([c(16)]).unwrap(),
+                tokens,
+            )
+        });
+        assert!(bytes >= 4 * tokens as u64, "{bytes}");
+        drop(seq);
+        let (seq, bytes) = heap_bytes(|| {
+            HybridSequence::with_capacity(
+                Arc::clone(&pool),
+                KvGroups::new([c(16), KvGroup::Full]).unwrap(),
+                tokens,
+            )
+        });
+        assert!(bytes < 4096, "{bytes}");
+        drop(seq);
+    }
+}

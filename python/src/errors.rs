@@ -90,7 +90,8 @@ create_exception!(
     WindowError,
     PyValueError,
     "`HybridSequence.truncate` (or `truncate_fenced`) refused: the window of \
-     the token at the new length reaches blocks a sliding group gave back (their keys and values are \
+     the token at the new length reaches blocks a sliding (or chunked) group gave back (their keys \
+     and values are \
      gone). Nothing changed.\n\n\
      Attributes: `len` (the length asked for) and `min_len` (the shortest length \
      accepted besides 0)."

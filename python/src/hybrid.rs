@@ -1,6 +1,6 @@
 //! `kvslots.KvGroups`, `kvslots.GroupKeys` and `kvslots.HybridSequence`:
-//! hybrid models (sliding-window layers beside full-attention ones), a
-//! block table per group of layers over one pool.
+//! hybrid models (sliding-window or chunked local attention layers beside
+//! full-attention ones), a block table per group of layers over one pool.
 //!
 //! As `Sequence`, the core sequence sits behind a mutex (`lock.rs`), taken
 //! without blocking while attached, and nothing that can run Python code
@@ -662,8 +662,8 @@ impl PyHybridSequence {
 
     /// Rolls every group back to `len` tokens and returns how many blocks
     /// left the tables. Raises `WindowError` (nothing changed) if the
-    /// window of the token at `len` reaches blocks a sliding group gave
-    /// back; a truncate back into the last append, or to 0, never does.
+    /// window of the token at `len` reaches blocks a sliding (or chunked)
+    /// group gave back; a truncate back into the last append, or to 0, never does.
     fn truncate(&self, py: Python<'_>, len: &Bound<'_, PyAny>) -> PyResult<usize> {
         let len: usize = convert::uint(len, "len")?;
         self.with(py, |seq| {

@@ -132,9 +132,11 @@ impl KvGroup {
         match *self {
             KvGroup::Full => 0,
             // The first position whose window starts at `start` or later.
-            KvGroup::SlidingWindow { window_tokens } => {
-                start.saturating_add(window_tokens).saturating_sub(1)
-            }
+            KvGroup::SlidingWindow { window_tokens } => match start.checked_add(window_tokens) {
+                Some(end) => end.saturating_sub(1),
+                // Past `usize::MAX`: no length reaches `block`.
+                None => usize::MAX,
+            },
             // The first chunk boundary at `start` or later.
             KvGroup::ChunkedLocal { chunk_tokens } => {
                 let chunk = if chunk_tokens == 0 { 1 } else { chunk_tokens };
@@ -206,8 +208,9 @@ impl KvGroups {
     ///
     /// [`KvGroupsError::Empty`] for no group,
     /// [`KvGroupsError::TooManyGroups`] for more than
-    /// [`MAX_GROUPS`](Self::MAX_GROUPS), and [`KvGroupsError::ZeroWindow`]
-    /// for a sliding window of 0 tokens.
+    /// [`MAX_GROUPS`](Self::MAX_GROUPS), [`KvGroupsError::ZeroWindow`]
+    /// for a sliding window of 0 tokens, and [`KvGroupsError::ZeroChunk`]
+    /// for chunks of 0 tokens.
     ///
     /// # Examples
     ///
@@ -371,8 +374,8 @@ fn group_key(group: usize, kind: KvGroup, base: &BlockHash) -> BlockHash {
 /// | 0..16 | `"kvslots group v1"` |
 /// | 16..48 | block `i`'s content key |
 /// | 48..52 | `g`, a little-endian `u32` |
-/// | 52 | the group's kind: 1 full, 2 sliding window |
-/// | 53..61 | the kind's parameter (the window in tokens; 0 for full), a little-endian `u64` |
+/// | 52 | the group's kind: 1 full, 2 sliding window, 3 chunked local attention |
+/// | 53..61 | the kind's parameter (the window or the chunk in tokens; 0 for full), a little-endian `u64` |
 /// | 61..64 | zero |
 ///
 /// written as [`BlockHash`] writes a state. A content key's string starts

@@ -9,3 +9,6 @@ mod sequence;
 
 pub use groups::{GroupKeys, KvGroup, KvGroups};
 pub use sequence::HybridSequence;
+
+#[cfg(all(test, not(any(kvslots_loom, kvslots_shuttle))))]
+mod extremes;

@@ -47,7 +47,10 @@ use crate::wait::Unwound;
 ///   table gives back the blocks wholly before the next token's chunk, a
 ///   truncate may not reach back past them, and a prefix hit needs the
 ///   blocks of the chunk it ends in. What these docs say of a sliding
-///   group holds for it.
+///   group holds for it, except the steady decode: a chunked group's
+///   window grows with the chunk, so inside a chunk its appends take a
+///   block from the pool at each block boundary and give none back, and
+///   the first append past a chunk's end gives the whole chunk back.
 /// * **Prefix caching across groups.** [`try_match_prefix`](Self::try_match_prefix)
 ///   takes the longest prefix that every group can serve: a full group
 ///   needs all its blocks, a sliding group only those inside the window
@@ -490,9 +493,11 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// growing the tables and the sequence's list of blocks in transit
     /// (which [`with_capacity`](Self::with_capacity) sizes).
     ///
-    /// A sliding group's blocks wholly before `(old_len + 1 -
-    /// window_tokens) / block_size` blocks (the window of the first new
-    /// token, [`KvGroup::first_needed_block`]) are given back, as the call
+    /// A sliding (or chunked) group's blocks wholly before the window (or
+    /// chunk) of the first new token are given back
+    /// ([`KvGroup::first_needed_block`] of `old_len`: for a sliding window,
+    /// `(old_len + 1 - window_tokens) / block_size`; for chunks,
+    /// `old_len / chunk_tokens * chunk_tokens / block_size`), as the call
     /// also marks the point by which the device step that read them last
     /// has run (as for a copy-on-write's source, see
     /// [`Sequence::try_append_cow`]); with a step still in flight, use
@@ -1039,9 +1044,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// # Errors
     ///
     /// [`HybridError::TruncateOutsideWindow`] if `len` is not 0 and the
-    /// window of the token at position `len` reaches into blocks a sliding
-    /// group gave back (a truncate back into the last append's tokens
-    /// never does); nothing changes then.
+    /// window (or chunk) of the token at position `len` reaches into
+    /// blocks a sliding (or chunked) group gave back (a truncate back into
+    /// the last append's tokens never does); nothing changes then.
     ///
     /// # Examples
     ///
@@ -1286,10 +1291,12 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     ///
     /// * a [`Full`](KvGroup::Full) group needs its blocks `0..k`, all
     ///   cached;
-    /// * a [`SlidingWindow`](KvGroup::SlidingWindow) group needs only the
-    ///   blocks inside the window of the token at position `k *
+    /// * a [`SlidingWindow`](KvGroup::SlidingWindow) (or
+    ///   [`ChunkedLocal`](KvGroup::ChunkedLocal)) group needs only the
+    ///   blocks inside the window (or chunk) of the token at position `k *
     ///   block_size`, `first_needed_block(k * block_size)..k`; its entries
-    ///   before them are [`BlockId::NULL`].
+    ///   before them are [`BlockId::NULL`]. A chunked group needs none
+    ///   when `k * block_size` starts a chunk.
     ///
     /// So `k` is the largest count at most `keys.blocks()` for which every
     /// group holds those blocks, one reference each. The full groups match
