@@ -5,7 +5,13 @@
 //! layouts of groups (full, sliding windows of several sizes, chunked local
 //! attention, mixed).
 //!
-//! The model knows the rules, not the code:
+//! Block sizes of 1 to 8 tokens, windows and chunks that are no multiple of
+//! them, scripts of up to 120 operations and sequences of up to 160
+//! tokens.
+//!
+//! The model knows the rules, not the code (`first_needed_block` is
+//! counted from the attention pattern, and checked against the
+//! library's):
 //!
 //! * **Shape.** Every group holds one entry per block of the sequence's
 //!   length (and any reserved ones), `BlockId::NULL` for the blocks its
@@ -24,8 +30,8 @@
 //!   truncating sequence holds drops its key. (The pool is large enough
 //!   that nothing is evicted, which the test asserts.)
 //! * **Match.** The expected hit is found by brute force: the largest `k`
-//!   such that every full group's keys `0..k` and every sliding group's
-//!   keys `first_needed_block(k * bs)..k` are cached. The matched tables
+//!   such that every full group's keys `0..k` and every sliding or
+//!   chunked group's keys `first_needed_block(k * bs)..k` are cached. The matched tables
 //!   must hold exactly the blocks the model's cache names.
 //!   `BlockPool::peek_hybrid_prefix` must find the same `k` first, and
 //!   change neither the statistics nor the evictable blocks.
@@ -46,10 +52,43 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::TestCaseError;
 
-/// Tokens per block.
-const BS: usize = 4;
 /// Blocks in the pool: enough that no cached block is ever evicted.
-const BLOCKS: usize = 4096;
+const BLOCKS: usize = 16384;
+/// Longest sequence.
+const MAX_LEN: usize = 160;
+
+thread_local! {
+    static BS_CELL: std::cell::Cell<usize> = const { std::cell::Cell::new(4) };
+}
+
+/// Tokens per block: each case's own (1, 2, 3, 4, 5 or 8), set before it
+/// runs.
+fn bs() -> usize {
+    BS_CELL.with(|c| c.get())
+}
+
+/// `first_needed_block` from the attention pattern, counted position by
+/// position (the block of the first position the token at `len` reads),
+/// and checked against the library's.
+fn need(kind: KvGroup, len: usize, bs: usize) -> usize {
+    let first = match kind {
+        KvGroup::Full => 0,
+        KvGroup::SlidingWindow { window_tokens } => {
+            (0..=len).find(|&q| len - q < window_tokens).unwrap()
+        }
+        KvGroup::ChunkedLocal { chunk_tokens } => (0..=len)
+            .find(|&q| q / chunk_tokens == len / chunk_tokens)
+            .unwrap(),
+        _ => unreachable!(),
+    };
+    let got = kind.first_needed_block(len, bs);
+    assert_eq!(
+        got,
+        first / bs,
+        "first_needed_block({len}, {bs}) of {kind:?}"
+    );
+    first / bs
+}
 
 /// 256 cases, or `KVSLOTS_PROPTEST_CASES`.
 fn config() -> ProptestConfig {
@@ -82,9 +121,9 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        2 => (0u32..3, 1usize..48).prop_map(|(family, prompt)| Op::New { family, prompt }),
+        2 => (0u32..3, 1usize..100).prop_map(|(family, prompt)| Op::New { family, prompt }),
         4 => (any::<Index>(), 1usize..14).prop_map(|(i, n)| Op::Append(i, n)),
-        2 => (any::<Index>(), 0usize..30).prop_map(|(i, b)| Op::Truncate(i, b)),
+        2 => (any::<Index>(), 0usize..40).prop_map(|(i, b)| Op::Truncate(i, b)),
         1 => any::<Index>().prop_map(Op::Fork),
         2 => any::<Index>().prop_map(Op::Publish),
         1 => (any::<Index>(), 0usize..12).prop_map(|(i, t)| Op::Reserve(i, t)),
@@ -105,6 +144,16 @@ fn layout() -> impl Strategy<Value = Vec<KvGroup>> {
         Just(vec![c(8), KvGroup::Full]),
         Just(vec![c(6)]),
         Just(vec![KvGroup::Full, c(1), c(10), w(7)]),
+        Just(vec![c(3)]),
+        Just(vec![c(5), c(5)]),
+        Just(vec![c(7), KvGroup::Full]),
+        Just(vec![c(2), w(3)]),
+        Just(vec![c(13), w(13), KvGroup::Full]),
+        Just(vec![c(1)]),
+        Just(vec![c(1000), KvGroup::Full]),
+        Just(vec![c(1000)]),
+        Just(vec![w(2), c(12), c(16), KvGroup::Full]),
+        Just(vec![c(9), c(4)]),
     ]
 }
 
@@ -144,9 +193,9 @@ impl World {
 
     /// The group keys of the first `blocks` full blocks of `family`.
     fn keys(&self, family: u32, blocks: usize) -> GroupKeys {
-        let tokens: Vec<u32> = (0..blocks * BS).map(|i| token(family, i)).collect();
+        let tokens: Vec<u32> = (0..blocks * bs()).map(|i| token(family, i)).collect();
         let mut base = Vec::new();
-        hash_blocks(b"", &tokens, BS, &mut base);
+        hash_blocks(b"", &tokens, bs(), &mut base);
         self.groups.keys(&base)
     }
 
@@ -156,7 +205,7 @@ impl World {
             .rev()
             .find(|&k| {
                 self.kinds().iter().enumerate().all(|(g, kind)| {
-                    let from = kind.first_needed_block(k * BS, BS);
+                    let from = need(*kind, k * bs(), bs());
                     keys.group(g).unwrap()[from..k]
                         .iter()
                         .all(|key| self.cache.contains_key(key))
@@ -196,7 +245,7 @@ impl World {
             let len = l.seq.len();
             for (g, kind) in self.kinds().iter().enumerate() {
                 let table = l.seq.blocks(g).unwrap();
-                prop_assert!(table.len() >= len.div_ceil(BS), "group {} short", g);
+                prop_assert!(table.len() >= len.div_ceil(bs()), "group {} short", g);
                 prop_assert_eq!(
                     l.seq.null_blocks(g),
                     Some(l.null[g]),
@@ -207,15 +256,15 @@ impl World {
                     prop_assert_eq!(id.is_null(), i < l.null[g], "entry {} of group {}", i, g);
                 }
                 // The window of the next token is held.
-                prop_assert!(l.null[g] <= kind.first_needed_block(len, BS));
+                prop_assert!(l.null[g] <= need(*kind, len, bs()));
                 // Slot mapping of every held position agrees with the table.
-                let first = l.null[g] * BS;
+                let first = l.null[g] * bs();
                 let mut slots = Vec::new();
                 l.seq
                     .extend_slots(g, first..len, &mut slots)
                     .map_err(|e| TestCaseError::fail(format!("{e}")))?;
                 for (p, &slot) in (first..len).zip(&slots) {
-                    prop_assert_eq!(slot, table[p / BS].index() * BS + p % BS);
+                    prop_assert_eq!(slot, table[p / bs()].index() * bs() + p % bs());
                     prop_assert_eq!(l.seq.slot(g, p), Some(slot));
                 }
                 if first > 0 && len > 0 {
@@ -242,7 +291,7 @@ impl World {
         let refs = self.expected_refs();
         for g in 0..self.groups.len() {
             let table = l.seq.blocks(g).unwrap();
-            for &id in &table[old_len / BS..l.seq.len().div_ceil(BS)] {
+            for &id in &table[old_len / bs()..l.seq.len().div_ceil(bs())] {
                 prop_assert_eq!(refs[&id], 1, "{} written with another holder", id);
                 prop_assert!(
                     !self.cached.contains_key(&id),
@@ -256,7 +305,7 @@ impl World {
 
     fn new_request(&mut self, family: u32, prompt: usize) -> Result<(), TestCaseError> {
         let mut seq = HybridSequence::new(Arc::clone(&self.pool), self.groups.clone());
-        let keys = self.keys(family, prompt / BS);
+        let keys = self.keys(family, prompt / bs());
         let want = self.expected_hit(&keys);
         // A peek finds the same prefix and leaves the pool as it was.
         let (stats, evictable) = (self.pool.prefix_stats(), self.pool.evictable_blocks());
@@ -265,10 +314,10 @@ impl World {
         prop_assert_eq!(self.pool.evictable_blocks(), evictable);
         let k = seq.try_match_prefix(&keys).unwrap();
         prop_assert_eq!(k, want, "hit");
-        prop_assert_eq!(seq.len(), k * BS);
+        prop_assert_eq!(seq.len(), k * bs());
         let mut null = Vec::new();
         for (g, kind) in self.kinds().iter().enumerate() {
-            let from = kind.first_needed_block(k * BS, BS);
+            let from = need(*kind, k * bs(), bs());
             let table = seq.blocks(g).unwrap();
             prop_assert_eq!(table.len(), k, "matched table of group {}", g);
             for (i, &id) in table.iter().enumerate() {
@@ -290,7 +339,7 @@ impl World {
         });
         self.check()?;
         let i = self.live.len() - 1;
-        let rest = prompt - k * BS;
+        let rest = prompt - k * bs();
         self.append(i, rest)
     }
 
@@ -303,15 +352,15 @@ impl World {
         prop_assert_eq!(range, old_len..old_len + n);
         if n > 0 {
             for (g, kind) in kinds.iter().enumerate() {
-                l.null[g] = l.null[g].max(kind.first_needed_block(old_len, BS));
+                l.null[g] = l.null[g].max(need(*kind, old_len, bs()));
                 l.retired[g] = None;
             }
             l.tail_may_be_shared = false;
             for c in &self.copies {
                 let g = (0..kinds.len())
-                    .find(|&g| l.seq.blocks(g).unwrap().get(old_len / BS) == Some(&c.dst))
+                    .find(|&g| l.seq.blocks(g).unwrap().get(old_len / bs()) == Some(&c.dst))
                     .expect("a copy's destination is a group's tail");
-                prop_assert_eq!(c.tokens, old_len % BS);
+                prop_assert_eq!(c.tokens, old_len % bs());
                 l.retired[g] = Some(c.src);
             }
         } else {
@@ -337,7 +386,7 @@ impl World {
             .filter(|&(g, _)| l.null[g] > 0)
             .map(|(g, kind)| {
                 (0..)
-                    .find(|&len| kind.first_needed_block(len, BS) >= l.null[g])
+                    .find(|&len| need(*kind, len, bs()) >= l.null[g])
                     .unwrap()
             })
             .max()
@@ -363,7 +412,7 @@ impl World {
             prop_assert_eq!(freed, 0);
             return self.check();
         }
-        let keep = len.div_ceil(BS);
+        let keep = len.div_ceil(bs());
         let want: usize = before
             .iter()
             .enumerate()
@@ -378,11 +427,11 @@ impl World {
             *r = None;
         }
         l.tail_may_be_shared =
-            len % BS != 0 && (l.tail_may_be_shared || old_len >= (len / BS + 1) * BS);
+            len % bs() != 0 && (l.tail_may_be_shared || old_len >= (len / bs() + 1) * bs());
         if l.tail_may_be_shared {
             // A cached tail this sequence holds alone loses its key.
             let tails: Vec<BlockId> = (0..kinds.len())
-                .map(|g| l.seq.blocks(g).unwrap()[len / BS])
+                .map(|g| l.seq.blocks(g).unwrap()[len / bs()])
                 .collect();
             let refs = self.expected_refs();
             for id in tails {
@@ -403,7 +452,7 @@ impl World {
         let parent = &self.live[i];
         prop_assert_eq!(child.len(), len);
         let groups = self.groups.len();
-        if len % BS == 0 {
+        if len % bs() == 0 {
             prop_assert!(self.copies.is_empty());
         } else {
             prop_assert_eq!(self.copies.len(), groups);
@@ -411,16 +460,16 @@ impl World {
         for g in 0..groups {
             let (p, c) = (parent.seq.blocks(g).unwrap(), child.blocks(g).unwrap());
             prop_assert_eq!(
-                &c[..len / BS],
-                &p[..len / BS],
+                &c[..len / bs()],
+                &p[..len / bs()],
                 "shared blocks of group {}",
                 g
             );
-            if len % BS != 0 {
+            if len % bs() != 0 {
                 let copy = self.copies[g];
-                prop_assert_eq!(copy.src, p[len / BS]);
-                prop_assert_eq!(copy.dst, c[len / BS]);
-                prop_assert_eq!(copy.tokens, len % BS);
+                prop_assert_eq!(copy.src, p[len / bs()]);
+                prop_assert_eq!(copy.dst, c[len / bs()]);
+                prop_assert_eq!(copy.tokens, len % bs());
             }
         }
         let null = parent.null.clone();
@@ -437,7 +486,7 @@ impl World {
 
     fn publish(&mut self, i: usize) -> Result<(), TestCaseError> {
         let l = &self.live[i];
-        let full = l.seq.len() / BS;
+        let full = l.seq.len() / bs();
         let keys = self.keys(l.family, full);
         let mut want = 0;
         for g in 0..self.groups.len() {
@@ -459,7 +508,7 @@ impl World {
 
 fn run(layout: &[KvGroup], ops: &[Op]) -> Result<(), TestCaseError> {
     let mut w = World {
-        pool: Arc::new(BlockPool::new(BLOCKS, BS)),
+        pool: Arc::new(BlockPool::new(BLOCKS, bs())),
         groups: KvGroups::new(layout.iter().copied()).unwrap(),
         live: Vec::new(),
         cache: HashMap::new(),
@@ -479,7 +528,7 @@ fn run(layout: &[KvGroup], ops: &[Op]) -> Result<(), TestCaseError> {
             }
             Op::Append(i, n) => {
                 let i = pick(i);
-                if w.live[i].seq.len() + n <= 120 {
+                if w.live[i].seq.len() + n <= MAX_LEN {
                     w.append(i, *n)?;
                 }
             }
@@ -511,7 +560,7 @@ fn run(layout: &[KvGroup], ops: &[Op]) -> Result<(), TestCaseError> {
                 for g in 0..w.groups.len() {
                     prop_assert_eq!(
                         l.seq.blocks(g).unwrap().len(),
-                        l.seq.len().div_ceil(BS).max(l.null[g])
+                        l.seq.len().div_ceil(bs()).max(l.null[g])
                     );
                 }
                 w.check()?;
@@ -537,8 +586,10 @@ proptest! {
     #[test]
     fn hybrid_sequences_follow_the_model(
         layout in layout(),
-        ops in prop::collection::vec(op(), 1..60),
+        bs in prop_oneof![Just(1usize), Just(2), Just(3), Just(4), Just(5), Just(8)],
+        ops in prop::collection::vec(op(), 1..120),
     ) {
+        BS_CELL.with(|c| c.set(bs));
         run(&layout, &ops)?;
     }
 }
