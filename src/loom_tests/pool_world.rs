@@ -88,6 +88,7 @@ pub const SOUND: Faults = Faults {
     shared_sole_claim: false,
     relaxed_key_words: false,
     peek_trusts_first_read: false,
+    peek_skips_key: false,
 };
 /// The free list's control: a take from a bitmap word with a load and a
 /// plain store, so that two takers can take the same block.
@@ -261,6 +262,13 @@ pub const RELAXED_KEY_WORDS: Faults = Faults {
 /// reading the block's state again.
 pub const PEEK_TRUSTS_FIRST_READ: Faults = Faults {
     peek_trusts_first_read: true,
+    ..SOUND
+};
+
+/// The peek's key control: a peek counts a cached candidate without
+/// comparing its key words.
+pub const PEEK_SKIPS_KEY: Faults = Faults {
+    peek_skips_key: true,
     ..SOUND
 };
 

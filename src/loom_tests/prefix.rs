@@ -40,6 +40,7 @@
 //! | [`match_vs_evicting_republish_in_two_buckets`] | 2, 3 | `no_generation_check` (stale hit), `evict_referenced` (causality) |
 //! | [`two_holders_publish_one_block`] | 2, 1 | `shared_sole_claim` (first wins: both claims stored, both commit) |
 //! | [`peek_vs_republish`] | 2, 1 | `relaxed_key_words` (stale hit), `peek_trusts_first_read` (stale hit) |
+//! | [`peek_of_a_colliding_key`] | 2, 1 | `peek_skips_key` (stale hit: the other key's block counted) |
 //! | [`peek_ghost_vs_republish`] | 2, 1 | `relaxed_key_words` (stale hit: a torn key), `peek_trusts_first_read` (stale hit) |
 //!
 //! Blocks hold one token each, so every block is full.
@@ -65,8 +66,8 @@ use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{
     check, PoolWorld, EVICT_REFERENCED, FENCE_OWN_BUCKET, FIRST_BUCKET_ONLY, MATCH_KEEPS_CREDITS,
-    NO_GENERATION_CHECK, NO_KILL, PEEK_TRUSTS_FIRST_READ, RELAXED_KEY_WORDS, RELAXED_PUBLISH,
-    SHARED_SOLE_CLAIM, SOUND,
+    NO_GENERATION_CHECK, NO_KILL, PEEK_SKIPS_KEY, PEEK_TRUSTS_FIRST_READ, RELAXED_KEY_WORDS,
+    RELAXED_PUBLISH, SHARED_SOLE_CLAIM, SOUND,
 };
 use crate::sync::{AtomicUsize, Faults, Ordering};
 use crate::{BlockHash, BlockId, Sequence};
@@ -753,4 +754,53 @@ fn peek_ghost_vs_republish_relaxed_key_words_is_caught() {
 #[should_panic(expected = "stale hit")]
 fn peek_ghost_vs_republish_peek_trusts_first_read_is_caught() {
     peek_ghost_vs_republish(PEEK_TRUSTS_FIRST_READ);
+}
+
+/// Two keys with one probe under the model checkers' seed (the same
+/// buckets and fingerprint in a pool of 1 block; `keys.rs` checks it): a
+/// lookup of either finds the other's index entry. With `P` cached, a
+/// peek of `Q` (while another thread matches `P` and lets it go) counts
+/// nothing, and a peek of `P` counts it.
+fn peek_of_a_colliding_key(faults: Faults) {
+    check(move || {
+        let word = |n: u64| {
+            let mut key = [0u8; 32];
+            key[..8].copy_from_slice(&n.to_le_bytes());
+            BlockHash(key)
+        };
+        let (p, q) = (word(40_952), word(87_864));
+        let cache = Cache::new(1, faults);
+        let mut a = Sequence::new(Arc::clone(&cache.world.pool));
+        assert!(cache.append(&mut a, 1));
+        assert_eq!(a.publish(&[p]), 1);
+        cache.let_go(a);
+        let peeker = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || {
+                let pool = &cache.world.pool;
+                (pool.peek_prefix(&[q]), pool.peek_prefix(&[p]))
+            })
+        };
+        let mut m = Sequence::new(Arc::clone(&cache.world.pool));
+        assert_eq!(m.try_match_prefix(&[p]), 1);
+        for &id in m.blocks() {
+            cache.world.hold(id);
+        }
+        cache.let_go(m);
+        let (of_q, of_p) = peeker.join().unwrap();
+        assert_eq!(of_q, 0, "{STALE}: the other key's block");
+        assert_eq!(of_p, 1);
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn peek_of_a_colliding_key_sound() {
+    peek_of_a_colliding_key(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "stale hit")]
+fn peek_of_a_colliding_key_peek_skips_key_is_caught() {
+    peek_of_a_colliding_key(PEEK_SKIPS_KEY);
 }

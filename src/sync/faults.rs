@@ -324,6 +324,11 @@ pub(crate) struct Faults {
     /// that has not committed, pass for the key of the state it read.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) peek_trusts_first_read: bool,
+    /// A peek takes a cached candidate for its key without comparing the
+    /// key words: another key whose index entry has the same fingerprint
+    /// counts.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) peek_skips_key: bool,
 }
 
 // Outside the loom models' build a `Faults` holds nothing: the field that
@@ -383,6 +388,17 @@ impl Faults {
     pub(crate) fn peek_trusts_first_read(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.peek_trusts_first_read {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a peek skips the comparison of a candidate's key words:
+    /// `false`, or `true` under `peek_skips_key`.
+    #[inline]
+    pub(crate) fn peek_skips_key(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.peek_skips_key {
             return true;
         }
         false
