@@ -890,7 +890,8 @@
 //!    its key (`Release`) happens-before, so the key words of `g` are
 //!    visible;
 //! 2. load the four key words (`Acquire`) and compare them;
-//! 3. load the state again: still cached in generation `g`.
+//! 3. load the state again: still generation `g` (so still cached: the
+//!    loss of the key is a new generation).
 //!
 //! The block's key words change only after it has lost the key of `g` (an
 //! eviction, a reset or a truncate, each a new generation), and whoever

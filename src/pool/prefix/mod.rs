@@ -791,7 +791,8 @@ impl BlockPool {
     /// saw the loss (its claim, or a sole holder's read of the state)
     /// before its `Release` stores of the words. So a word read from a
     /// later key makes the second read see the loss or a later state;
-    /// when it still shows the generation of the first and `CACHED`, every
+    /// when it still shows the generation of the first (which no state
+    /// after the key's loss has), every
     /// word read was the first state's key, which the block held from the
     /// first read to the second. A moved generation is read again.
     fn peek_block(&self, keys: &Keys, id: BlockId, key: &BlockHash) -> Option<u64> {

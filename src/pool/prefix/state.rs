@@ -85,10 +85,11 @@ pub(super) enum Kill {
 
 /// A peek's check: whether a block whose state read `seen` (cached) and,
 /// after its key words, `now`, kept the key of `seen` between the two
-/// reads. A block loses its key only with a new generation, and its key
-/// words are rewritten only after that (see `Keys::write`).
+/// reads: the same generation. A block loses its key only with a new
+/// generation (so `now` is cached too), and its key words are rewritten
+/// only after that (see `Keys::write`).
 pub(super) const fn kept_key(seen: u64, now: u64) -> bool {
-    now & CACHED != 0 && gen_of(now) == gen_of(seen)
+    gen_of(now) == gen_of(seen)
 }
 
 impl Refs {
