@@ -37,6 +37,11 @@ What it shows, call by call:
 * **KV events** for a KV-aware router: the pool is built with `kv_events`,
   and a `Router` replays `drain_events()` into the set of keys it believes
   cached.
+* **Longest prefix first** (`--policy lpm`, SGLang's policy): before it
+  admits, the scheduler ranks the waiting requests by their cached
+  prefix, counted with `BlockPool.peek_prefix` (which takes nothing and
+  leaves the eviction order alone), longest first, arrival order among
+  equals. The default, `fcfs`, admits in arrival order.
 
 The "model" is a stand-in that checks the KV cache. Its KV at a position
 depends on every token up to it, as a transformer's does: the kernel
@@ -50,7 +55,8 @@ the outputs, which `run` compares with outputs computed from the true
 tokens.
 
 Run it: `python python/examples/continuous_batching.py` (or `--help`;
-`--spec-tokens 3` for speculative decoding).
+`--spec-tokens 3` for speculative decoding, `--policy lpm` for the longest
+cached prefix first).
 """
 
 from __future__ import annotations
@@ -171,6 +177,10 @@ class Router:
                 self.resyncs += 1
 
 
+# The admission orders: arrival order, or the longest cached prefix first.
+POLICIES = ("fcfs", "lpm")
+
+
 class Scheduler:
     """Continuous batching over one `BlockPool`, from one thread."""
 
@@ -181,8 +191,12 @@ class Scheduler:
         max_running: int = 64,
         headroom: int = 4,
         spec_tokens: int = 0,
+        policy: str = "fcfs",
     ) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
         self.pool = pool
+        self.policy = policy
         self.spec_tokens = spec_tokens
         self.drafted = 0
         self.accepted = 0
@@ -202,6 +216,24 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def matchable_keys(self, req: Request) -> List[bytes]:
+        """The keys of `req`'s full blocks before its last token: at least
+        that token is computed, to sample from."""
+        tokens = req.tokens
+        matchable = (len(tokens) - 1) // self.block_size
+        return kvslots.hash_blocks(tokens[: matchable * self.block_size], self.block_size)
+
+    def rank_waiting(self) -> None:
+        """Under `lpm`, orders the waiting requests by their cached prefix,
+        longest first (a stable sort: arrival order among equals). A peek
+        takes no block, so ranking every waiting request each step leaves
+        the cache and its eviction order as they were."""
+        if self.policy != "lpm" or len(self.waiting) < 2:
+            return
+        peek = self.pool.peek_prefix
+        ranked = sorted(self.waiting, key=lambda req: -peek(self.matchable_keys(req)))
+        self.waiting = deque(ranked)
 
     def _preempt(self, victim: Request) -> None:
         """Gives the victim's blocks back now; it recomputes from its cached
@@ -306,8 +338,11 @@ class Scheduler:
                 budget -= n
             start = running.index(req) + 1
 
-        # Then the waiting ones, first come first served, unless this step
-        # preempted (the blocks it freed are for the running requests).
+        # Then the waiting ones, first come first served (or, under `lpm`,
+        # longest cached prefix first), unless this step preempted (the
+        # blocks it freed are for the running requests).
+        if self.preemptions == preempted:
+            self.rank_waiting()
         while (
             self.waiting
             and budget > 0
@@ -317,10 +352,7 @@ class Scheduler:
             req = self.waiting[0]
             tokens = req.tokens
             seq = kvslots.Sequence(self.pool)
-            # Keys of the full blocks before the last token: at least that
-            # token is computed, to sample from.
-            matchable = (len(tokens) - 1) // self.block_size
-            keys = kvslots.hash_blocks(tokens[: matchable * self.block_size], self.block_size)
+            keys = self.matchable_keys(req)
             hit = seq.match_prefix(keys)
             n = min(len(tokens) - len(seq), budget)
             assert n >= 1
@@ -493,10 +525,11 @@ def run(
     headroom: int = 4,
     spec_tokens: int = 0,
     max_steps: int = 100_000,
+    policy: str = "fcfs",
 ) -> RunStats:
     """Serves `requests` (prompt, tokens to generate) to completion."""
     pool = kvslots.BlockPool(num_blocks, block_size, kv_events=1 << 16)
-    scheduler = Scheduler(pool, token_budget, max_running, headroom, spec_tokens)
+    scheduler = Scheduler(pool, token_budget, max_running, headroom, spec_tokens, policy)
     model = Model(pool)
     router = Router()
     reqs = [Request(rid, prompt, max_new) for rid, (prompt, max_new) in enumerate(requests)]
@@ -609,6 +642,13 @@ def main() -> int:
         " (default: %(default)s)",
     )
     ap.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="fcfs",
+        help="admission order: arrival (fcfs) or the longest cached prefix first (lpm)"
+        " (default: %(default)s)",
+    )
+    ap.add_argument(
         "--seed",
         type=int,
         default=0,
@@ -627,6 +667,7 @@ def main() -> int:
         max_running=args.max_running,
         headroom=args.headroom,
         spec_tokens=args.spec_tokens,
+        policy=args.policy,
     )
     if stats.finished == 0:
         # Every request was refused: nothing was served, so nothing was

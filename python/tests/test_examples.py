@@ -208,11 +208,12 @@ def test_the_script_help_describes_every_option():
         "--max-running",
         "--headroom",
         "--spec-tokens",
+        "--policy",
         "--seed",
     ]:
         assert option in done.stdout
     # A help string for each (argparse prints none without one).
-    assert done.stdout.count("(default: ") == 8
+    assert done.stdout.count("(default: ") == 9
 
 
 @pytest.mark.parametrize(
@@ -246,3 +247,47 @@ def test_the_example_type_checks_against_the_stubs(tmp_path):
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("num_blocks, headroom", [(1024, 4), (48, 0), (40, 0)])
+def test_longest_prefix_first_serves_every_request_correctly(example, num_blocks, headroom):
+    requests = example.workload(120, seed=5)
+    stats = example.run(
+        requests, num_blocks=num_blocks, headroom=headroom, max_running=32, policy="lpm"
+    )
+    assert stats.finished == 120
+    assert stats.outputs_correct
+    assert stats.router_in_sync
+    assert stats.used_blocks_after == 0
+    assert 0 < stats.hit_tokens < stats.prompt_tokens
+
+
+def test_longest_prefix_first_ranks_by_peek_and_changes_nothing(example):
+    import kvslots
+
+    pool = kvslots.BlockPool(64, 4)
+    scheduler = example.Scheduler(pool, policy="lpm")
+    short, none, long = (
+        example.Request(0, list(range(100, 113)), 1),
+        example.Request(1, list(range(500, 513)), 1),
+        example.Request(2, list(range(200, 213)), 1),
+    )
+    # Cache 1 block of `short`'s prompt and 3 of `long`'s.
+    for req, blocks in ((short, 1), (long, 3)):
+        seq = kvslots.Sequence(pool)
+        seq.try_append(blocks * 4)
+        assert seq.publish(scheduler.matchable_keys(req)[:blocks]) == blocks
+        seq.close()
+    for req in (short, none, long):
+        scheduler.add(req)
+    before = (pool.evictable_blocks, pool.prefix_stats())
+    scheduler.rank_waiting()
+    assert [req.rid for req in scheduler.waiting] == [2, 0, 1]
+    assert (pool.evictable_blocks, pool.prefix_stats()) == before
+    fcfs = example.Scheduler(pool)
+    for req in (short, none, long):
+        fcfs.add(req)
+    fcfs.rank_waiting()
+    assert [req.rid for req in fcfs.waiting] == [0, 1, 2]
+    with pytest.raises(ValueError):
+        example.Scheduler(pool, policy="random")
