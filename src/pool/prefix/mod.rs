@@ -694,10 +694,10 @@ impl BlockPool {
     /// the time it returns: a block it found may be evicted before a
     /// [`Sequence::try_match_prefix`](crate::Sequence::try_match_prefix)
     /// takes it, which then matches fewer. With nothing running meanwhile
-    /// it is exactly what that match would return, unless the match would
-    /// stop short for the pool's capacity (reviving an evictable block
-    /// admits it, and a full or [closed](Self::close) pool refuses),
-    /// including its cut at the first key equal to an earlier one. A pool
+    /// it is exactly what that match would return, its cut at the first
+    /// key equal to an earlier one included, unless the match would stop
+    /// short for the pool's capacity (reviving an evictable block admits
+    /// it, and a full or [closed](Self::close) pool refuses). A pool
     /// without a prefix cache peeks 0.
     ///
     /// Each key it counts was cached at a moment during the call: its
