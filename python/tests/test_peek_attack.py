@@ -63,16 +63,38 @@ def test_every_key_form_peeks_as_the_match_takes(seed):
     seq.close()
 
 
+def beside_a_mutator(mutate, peek, peekers=2):
+    """Runs `mutate(stop)` on one thread until `peekers` threads have each
+    run `peek()`; returns the exceptions the peekers raised."""
+    stop = threading.Event()
+    errors = []
+
+    def checked():
+        try:
+            peek()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    mutator = threading.Thread(target=mutate, args=(stop,))
+    threads = [threading.Thread(target=checked) for _ in range(peekers)]
+    mutator.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    mutator.join()
+    return errors
+
+
 def test_mutating_inputs_from_other_threads_during_long_peeks():
     pool = kvslots.BlockPool(256, 1)
     seq, keys = _published(pool, list(range(200)))
     packed = b"".join(keys)
     ba = bytearray(packed)
     lst = list(keys)
-    stop = threading.Event()
-    errors = []
 
-    def mutate():
+    def mutate(stop):
         r = random.Random(1)
         while not stop.is_set():
             i = r.randrange(len(lst))
@@ -86,21 +108,12 @@ def test_mutating_inputs_from_other_threads_during_long_peeks():
                 lst.pop()
 
     def peek():
-        try:
-            for _ in range(3000):
-                a = pool.peek_prefix(ba)
-                b = pool.peek_prefix(lst)
-                assert 0 <= a <= 200 and 0 <= b <= 200
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
+        for _ in range(3000):
+            a = pool.peek_prefix(ba)
+            b = pool.peek_prefix(lst)
+            assert 0 <= a <= 200 and 0 <= b <= 200
 
-    ts = [threading.Thread(target=mutate)] + [threading.Thread(target=peek) for _ in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts[1:]:
-        t.join()
-    stop.set()
-    ts[0].join()
+    errors = beside_a_mutator(mutate, peek)
     assert errors == []
     seq.close()
 
@@ -177,28 +190,17 @@ def test_peek_hybrid_while_another_thread_extends_and_truncates_the_keys():
     with kvslots.HybridSequence(pool, groups) as s:
         s.try_append(120)
         s.publish(keys)
-    stop = threading.Event()
-    errors = []
 
-    def mutate():
+    def mutate(stop):
         r = random.Random(3)
         while not stop.is_set():
             keys.truncate(r.randrange(0, 120))
             keys.extend(base[len(keys):])
 
     def peek():
-        try:
-            for _ in range(3000):
-                assert 0 <= pool.peek_hybrid_prefix(keys) <= 120
-        except Exception as e:  # noqa: BLE001
-            errors.append(e)
+        for _ in range(3000):
+            assert 0 <= pool.peek_hybrid_prefix(keys) <= 120
 
-    ts = [threading.Thread(target=mutate)] + [threading.Thread(target=peek) for _ in range(2)]
-    for t in ts:
-        t.start()
-    for t in ts[1:]:
-        t.join()
-    stop.set()
-    ts[0].join()
+    errors = beside_a_mutator(mutate, peek)
     assert errors == []
     assert pool.peek_hybrid_prefix(keys) == len(keys)
