@@ -501,6 +501,14 @@ fn assert_waited_in_the_allocator(s: &RunStats, reqs: &[Request]) {
         s.counts.idle_waits,
         s.ops[OpKind::Wait as usize].calls
     );
+    // A wait follows a refused admission, and a grant follows a wait.
+    let c = &s.counts;
+    assert!(c.waited_admissions <= c.idle_waits);
+    assert!(c.refused_full + c.refused_behind_waiters >= c.idle_waits);
+    if s.allocator == "mutex" {
+        // The baseline has no queue to be behind.
+        assert_eq!(c.refused_behind_waiters, 0);
+    }
 }
 
 /// Workers with nothing running wait on the allocator (the library's queue,

@@ -68,6 +68,15 @@ counts! {
     /// library's queue, or the baseline's condition variable) until the
     /// request is granted or the wait's timeout runs out.
     idle_waits,
+    /// Blocking admissions granted while waiting: each prefills its whole
+    /// prompt (a grant cannot be matched into, and the prefix was given
+    /// back before the wait).
+    waited_admissions,
+    /// Admissions refused because the pool owed its free blocks to queued
+    /// waiters (`BehindWaiters`; the library's queue only).
+    refused_behind_waiters,
+    /// Admissions refused for want of blocks (`Full`).
+    refused_full,
     /// With `--async-depth`: block references retired under a step's fence
     /// (given back when the step completed).
     blocks_retired,

@@ -733,6 +733,11 @@ impl<B: KvBackend> Worker<B> {
             Ok(()) => {}
             // Refused (short of blocks, or behind the allocator's waiters).
             Err(e) if e.is_retryable() && seq.table(0).len() == matched => {
+                if matches!(e, ReserveError::BehindWaiters { .. }) {
+                    self.stats.counts.refused_behind_waiters += 1;
+                } else {
+                    self.stats.counts.refused_full += 1;
+                }
                 // The sequence holds only what it matched; it gives that
                 // back (as a server would) and is kept empty.
                 if matched > 0 {
@@ -743,6 +748,7 @@ impl<B: KvBackend> Worker<B> {
                     return Ok(None);
                 }
                 // Granted while waiting: the whole prompt, no prefix.
+                self.stats.counts.waited_admissions += 1;
                 matched = 0;
                 if profile.admission == Admission::Check {
                     reserved = bs.min(req.prompt);
