@@ -28,7 +28,7 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Barrier, Mutex};
 use std::thread;
 
 use kvslots::{
@@ -230,12 +230,15 @@ fn worker(
 /// succeeds only on this thread's raw blocks. `Ok` on a listed id that
 /// is not ours would be a raw call that wrote a sequence's (or a free)
 /// block.
-fn raw_attacker(pool: &BlockPool, seed: u64, stop: &AtomicBool) -> usize {
+fn raw_attacker(pool: &BlockPool, seed: u64, start: &Barrier, stop: &AtomicBool) -> usize {
     let mut rng = Rng(seed | 1);
     let n = pool.num_blocks();
     let mut refused = 0;
     let mut mine: Vec<BlockId> = Vec::new();
-    while !stop.load(Ordering::SeqCst) {
+    start.wait();
+    // Runs until told to stop and refused at least once: a scheduler may
+    // hold this thread back until the workers are done.
+    while refused == 0 || !stop.load(Ordering::SeqCst) {
         if mine.is_empty() {
             let _ = pool.try_alloc(1 + rng.below(2), &mut mine);
         }
@@ -321,10 +324,13 @@ fn mixed_run(num_blocks: usize, shards: usize, seed: u64, rounds: usize) {
     let stop = AtomicBool::new(false);
     let resets = AtomicUsize::new(0);
     let (tx, rx) = mpsc::channel();
+    // The attacker, the resetter and the two workers start together.
+    let start = Barrier::new(4);
     thread::scope(|s| {
         let drain = s.spawn(|| drainer(&pool, &shadow, rx));
-        let attack = s.spawn(|| raw_attacker(&pool, seed ^ 0xA5A5, &stop));
+        let attack = s.spawn(|| raw_attacker(&pool, seed ^ 0xA5A5, &start, &stop));
         let reset = s.spawn(|| {
+            start.wait();
             while !stop.load(Ordering::SeqCst) {
                 resets.fetch_add(pool.reset_prefix_cache(), Ordering::Relaxed);
                 thread::yield_now();
@@ -333,8 +339,11 @@ fn mixed_run(num_blocks: usize, shards: usize, seed: u64, rounds: usize) {
         let workers: Vec<_> = (0..2u64)
             .map(|w| {
                 let tx = tx.clone();
-                let (pool, shadow, fences) = (&pool, &shadow, &fences);
-                s.spawn(move || worker(pool, shadow, seed + 7919 * w, rounds, &tx, fences))
+                let (pool, shadow, fences, start) = (&pool, &shadow, &fences, &start);
+                s.spawn(move || {
+                    start.wait();
+                    worker(pool, shadow, seed + 7919 * w, rounds, &tx, fences)
+                })
             })
             .collect();
         drop(tx);
