@@ -471,6 +471,31 @@ pub trait BlockAllocator {
         0
     }
 
+    /// [`match_prefix`](Self::match_prefix) for a caller whose `out` ends
+    /// with `lendable` blocks of a reservation: blocks it holds alone,
+    /// uncached, with no token written. The allocator may take them back,
+    /// the last first, each in place of an admission for a revival (the
+    /// block's place in the capacity pays for the cached block revived),
+    /// and adds one to `*lent` as it takes each: on return (or when a
+    /// panic unwinds out of the call) the caller no longer holds
+    /// `out[base - *lent..base]`, where `base` is the length of `out` on
+    /// entry, and keeps the rest. The caller gives back what it no longer
+    /// needs of the rest itself.
+    ///
+    /// The default lends nothing and calls `match_prefix` (its revivals
+    /// are admitted as usual).
+    fn match_prefix_lending(
+        &self,
+        by: &SequenceCall<'_>,
+        keys: &[BlockHash],
+        out: &mut Vec<BlockId>,
+        lendable: usize,
+        lent: &mut usize,
+    ) -> usize {
+        let _ = (lendable, lent);
+        self.match_prefix(by, keys, out)
+    }
+
     /// Makes `keys[i]` the key of `blocks[i]` (full blocks the caller
     /// holds, written) for each pair whose block holds no key yet and
     /// whose key no block holds (first wins), and returns how many became

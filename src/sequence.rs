@@ -717,9 +717,23 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// it. A block that
     /// another sequence holds is shared without touching the capacity.
     ///
-    /// On a sequence that is not empty (it holds tokens or reserved
-    /// blocks) this returns 0 and changes nothing. An empty `hashes`
-    /// returns 0. Under contention it may match fewer blocks than are
+    /// A sequence that holds only reserved blocks (a
+    /// [`try_reserve`](Self::try_reserve) or
+    /// [`reserve_blocking`](Self::reserve_blocking) with no token yet)
+    /// matches too: the `k` blocks matched take the place of its first `k`
+    /// reserved blocks, which go back to the pool, and the rest stay
+    /// reserved after them, so that [`capacity`](Self::capacity) stays at
+    /// least what it was and the prompt's other tokens need no
+    /// allocation. A reserved block pays for the revival of an evictable
+    /// block (it goes back in its place), so a match into a reservation
+    /// revives what is cached even when the pool's free blocks are owed
+    /// to queued waiters: a request granted a reservation after waiting
+    /// still gets its prefix. Blocks matched beyond the reservation are
+    /// admitted as for an empty sequence.
+    ///
+    /// On a sequence that holds tokens, or a copy-on-write source, this
+    /// returns 0 and changes nothing. An empty `hashes` returns 0. Under
+    /// contention it may match fewer blocks than are
     /// cached (a block evicted meanwhile is a miss); it never returns a
     /// block whose key is not the one asked for. The matched blocks are
     /// full and read-only: the next tokens go into new blocks. A sequence
@@ -771,31 +785,90 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// assert_eq!(second.try_match_prefix(&keys), 2);
     /// assert_eq!(second.len(), 8); // prefill only the last 2 tokens
     /// assert_eq!(second.blocks(), &first.blocks()[..2]);
+    ///
+    /// // Reserved first (granted after a wait, say), then matched: the
+    /// // 2 matched blocks replace 2 of the 3 reserved.
+    /// let mut third = Sequence::new(Arc::clone(&pool));
+    /// third.try_reserve(prompt.len(), 0).unwrap();
+    /// assert_eq!(third.blocks().len(), 3);
+    /// assert_eq!(third.try_match_prefix(&keys), 2);
+    /// assert_eq!((third.len(), third.capacity()), (8, 12));
+    /// assert_eq!(&third.blocks()[..2], &first.blocks()[..2]);
+    /// assert_eq!(pool.used_blocks(), 4); // first's 3 and third's 1 reserved
     /// ```
     pub fn try_match_prefix(&mut self, hashes: &[BlockHash]) -> usize {
-        if self.len != 0 || !self.blocks.is_empty() || self.retired.is_some() || hashes.is_empty() {
+        if self.len != 0 || self.retired.is_some() || hashes.is_empty() {
             return 0;
         }
+        // With `len == 0` every block in the table is reserved: held alone
+        // (a fork shares only blocks that hold tokens), uncached, empty.
+        let reserved = self.blocks.len();
         // Room for every block that can match (distinct blocks, so no more
-        // than the pool has), so that the pushes below cannot allocate (or
-        // panic) halfway.
+        // than the pool has), and one more for a reservation's lent block
+        // taken back (see `BlockAllocator::match_prefix_lending`), so that
+        // the pushes below cannot allocate (or panic) halfway.
         self.blocks
-            .reserve(hashes.len().min(self.pool.num_blocks()));
+            .reserve(hashes.len().min(self.pool.num_blocks()) + usize::from(reserved > 0));
         // The blocks matched are the table's however the match ends: a
         // waker's panic out of it (an admission for a revival, or the
         // give-back of what it admitted ahead; see "Wakers run after the
         // lock" in `crate::implementation`) is resumed once the sequence
         // counts them.
         let mut unwound = Unwound::new();
+        let mut lent = 0;
         unwound.catch(|| {
-            self.pool
-                .match_prefix(&SequenceCall::new(), hashes, &mut self.blocks);
+            let call = SequenceCall::new();
+            if reserved == 0 {
+                self.pool.match_prefix(&call, hashes, &mut self.blocks);
+            } else {
+                self.pool.match_prefix_lending(
+                    &call,
+                    hashes,
+                    &mut self.blocks,
+                    reserved,
+                    &mut lent,
+                );
+            }
         });
-        let k = self.blocks.len();
+        let k = if reserved == 0 {
+            self.blocks.len()
+        } else {
+            self.settle_reservation(reserved, lent, &mut unwound)
+        };
         self.len = k * self.bs;
         self.tail_may_be_shared = false;
         self.matched = k;
         self.published = k;
+        k
+    }
+
+    /// After a match into a reservation of `reserved` blocks, which lent
+    /// the last `lent` of them to the pool (the table holds the reserved
+    /// blocks, then the matched ones): drops the lent entries, gives back
+    /// the reserved blocks that the matched ones replace (those past the
+    /// first `reserved - k`), and moves the matched blocks to the front.
+    /// Returns `k`, the blocks matched. A waker's panic out of the
+    /// give-back goes to `unwound`, with the table whole.
+    fn settle_reservation(&mut self, reserved: usize, lent: usize, unwound: &mut Unwound) -> usize {
+        // An allocator that reports more than it was offered lent what it
+        // was offered (a breach of its contract; the table stays whole).
+        let lent = lent.min(reserved);
+        let k = self.blocks.len() - reserved;
+        let kept = reserved - lent;
+        self.blocks.drain(kept..reserved);
+        // The matched blocks stand for the first `k` reserved ones: the
+        // capacity stays at least what it was. The lent blocks paid for
+        // revivals, so `kept >= reserved - k` (an allocator that lent
+        // more leaves fewer).
+        let keep = reserved.saturating_sub(k).min(kept);
+        if keep < kept {
+            unwound.catch(|| {
+                self.pool
+                    .release(&SequenceCall::new(), &self.blocks[keep..kept]);
+            });
+            self.blocks.drain(keep..kept);
+        }
+        self.blocks.rotate_left(keep);
         k
     }
 

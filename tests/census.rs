@@ -738,12 +738,6 @@ fn sequence_rows() -> Vec<Row> {
             |w| { let mut s = Sequence::new(Arc::clone(&w.pool)); value(s.try_match_prefix(&[])) } => value(0usize);
         "Sequence::try_match_prefix: a sequence that holds tokens", none,
             |w| { let kc = w.kc.clone(); value(w.a.try_match_prefix(&kc)) } => value(0usize);
-        "Sequence::try_match_prefix: a sequence that holds reserved blocks", none,
-            |w| {
-                let mut s = Sequence::new(Arc::clone(&w.pool));
-                s.try_reserve(1, 0).unwrap();
-                value((s.try_match_prefix(&w.kc), s.len(), s.blocks().len()))
-            } => value((0usize, 0usize, 1usize));
         "Sequence::try_match_prefix: the evictable key, closed", close,
             |w| { let mut s = Sequence::new(Arc::clone(&w.pool)); value((s.try_match_prefix(&w.ke), s.blocks().len())) }
             => value((0usize, 0usize));

@@ -2,8 +2,8 @@
 //! `Sequence::try_match_prefix`, `Sequence::publish`, the pool's counts
 //! (`cached_blocks`, `evictable_blocks`, `free_blocks`, `used_blocks`),
 //! `reset_prefix_cache`, `prefix_stats`, eviction order on small cases,
-//! what truncating into a cached block does to the next append, and
-//! `BlockPool::peek_prefix`.
+//! what truncating into a cached block does to the next append, a match
+//! into a reservation, and `BlockPool::peek_prefix`.
 
 use std::sync::Arc;
 
@@ -122,14 +122,7 @@ fn a_sequence_that_is_not_empty_matches_nothing_and_changes_nothing() {
     let before = (counts(&pool), pool.prefix_stats());
     assert_eq!(busy.try_match_prefix(&keys), 0);
     assert_eq!((busy.len(), busy.blocks()), (1, &table[..]));
-    // Holding only reserved blocks.
-    let mut reserved = Sequence::new(Arc::clone(&pool));
-    reserved.try_reserve(BS, 0).unwrap();
-    let before_reserved = (counts(&pool), pool.prefix_stats());
-    assert_eq!(reserved.try_match_prefix(&keys), 0);
-    assert_eq!((reserved.len(), reserved.blocks().len()), (0, 1));
-    assert_eq!((counts(&pool), pool.prefix_stats()), before_reserved);
-    assert_eq!(before.1, pool.prefix_stats());
+    assert_eq!((counts(&pool), pool.prefix_stats()), before);
     // A sequence that matched once is not empty either.
     let mut matched = Sequence::new(Arc::clone(&pool));
     assert_eq!(matched.try_match_prefix(&keys[..1]), 1);
@@ -700,4 +693,145 @@ fn a_long_peek_in_a_large_pool_counts_every_block() {
         Sequence::new(Arc::clone(&pool)).try_match_prefix(&repeated),
         3_000
     );
+}
+
+mod into_a_reservation {
+    //! `try_match_prefix` on a sequence that holds only reserved blocks:
+    //! the matched blocks take the place of the first reserved ones, a
+    //! reserved block pays for each revival, and the capacity stays.
+
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::thread;
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn shared_blocks_replace_reserved_ones_and_the_capacity_stays() {
+        let pool = pool(12);
+        let tokens = prompt(1, 3);
+        let (owner, _) = published(&pool, b"", &tokens);
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        seq.try_reserve(5 * BS, 0).unwrap();
+        let reserved = seq.blocks().to_vec();
+        assert_eq!(pool.used_blocks(), 3 + 5);
+        assert_eq!(seq.try_match_prefix(&keys(b"", &tokens)), 3);
+        // The matched blocks first, then the first 2 reserved blocks.
+        assert_eq!(&seq.blocks()[..3], owner.blocks());
+        assert_eq!(&seq.blocks()[3..], &reserved[..2]);
+        assert_eq!((seq.len(), seq.capacity()), (3 * BS, 5 * BS));
+        // The 3 reserved blocks the match replaced went back.
+        assert_eq!(pool.used_blocks(), 3 + 2);
+        // The prompt's other 2 blocks need no allocation, even with the
+        // pool full.
+        let mut rest = Vec::new();
+        pool.try_alloc(pool.free_blocks(), &mut rest).unwrap();
+        seq.try_append(2 * BS).unwrap();
+        pool.free(&rest).unwrap();
+        drop((seq, owner));
+        assert_eq!(pool.used_blocks(), 0);
+    }
+
+    #[test]
+    fn a_match_longer_than_the_reservation_keeps_no_reserved_block() {
+        let pool = pool(12);
+        let tokens = prompt(2, 4);
+        let (owner, _) = published(&pool, b"", &tokens);
+        drop(owner); // 4 evictable blocks
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        seq.try_reserve(BS, 0).unwrap();
+        assert_eq!(counts(&pool), (11, 1, 4, 4));
+        // The first revival takes the reserved block's place; the other 3
+        // are admitted as for an empty sequence.
+        assert_eq!(seq.try_match_prefix(&keys(b"", &tokens)), 4);
+        assert_eq!((seq.len(), seq.capacity()), (4 * BS, 4 * BS));
+        assert_eq!(counts(&pool), (8, 4, 4, 0));
+        assert_eq!(pool.prefix_stats().hit_blocks, 4);
+        drop(seq);
+        assert_eq!(counts(&pool), (12, 0, 4, 4));
+    }
+
+    #[test]
+    fn a_miss_changes_only_the_statistics() {
+        let pool = pool(8);
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        seq.try_reserve(3 * BS, 0).unwrap();
+        let table = seq.blocks().to_vec();
+        let before = counts(&pool);
+        assert_eq!(seq.try_match_prefix(&keys(b"", &prompt(3, 2))), 0);
+        assert_eq!((seq.len(), seq.blocks()), (0, &table[..]));
+        assert_eq!(counts(&pool), before);
+        // A pool without a prefix cache matches nothing either.
+        let plain = Arc::new(
+            BlockPool::builder(8, BS)
+                .prefix_cache(false)
+                .build()
+                .unwrap(),
+        );
+        let mut seq = Sequence::new(Arc::clone(&plain));
+        seq.try_reserve(2 * BS, 0).unwrap();
+        let table = seq.blocks().to_vec();
+        assert_eq!(seq.try_match_prefix(&keys(b"", &prompt(3, 2))), 0);
+        assert_eq!(seq.blocks(), &table[..]);
+        assert_eq!(plain.used_blocks(), 2);
+    }
+
+    /// Evictable blocks are revived in the reserved blocks' places while
+    /// every free block is owed to a queued waiter: an empty sequence's
+    /// match stops before them, a reserved one's takes them all.
+    #[test]
+    fn a_reservation_pays_for_revivals_behind_queued_waiters() {
+        let pool = pool(8);
+        let tokens = prompt(4, 3);
+        let (owner, _) = published(&pool, b"", &tokens);
+        drop(owner); // 3 evictable, 5 free
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        seq.try_reserve(4 * BS, 0).unwrap(); // 4 reserved, 4 free (3 cached)
+        let waiting = AtomicBool::new(false);
+        thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                let mut big = Sequence::new(Arc::clone(&pool));
+                waiting.store(true, Ordering::SeqCst);
+                // A timeout, so that a failed assertion below (which
+                // keeps the blocks from it) ends the test.
+                big.reserve_blocking(8 * BS, 0, Some(Duration::from_secs(30)))
+                    .unwrap();
+                big.blocks().len()
+            });
+            // Until the waiter is queued (it asks for more than is free).
+            while pool.waiters() == 0 {
+                assert!(!waiter.is_finished(), "the waiter did not queue");
+                thread::yield_now();
+            }
+            let mut empty = Sequence::new(Arc::clone(&pool));
+            assert_eq!(empty.try_match_prefix(&keys(b"", &tokens)), 0);
+            assert_eq!(seq.try_match_prefix(&keys(b"", &tokens)), 3);
+            assert_eq!((seq.len(), seq.capacity()), (3 * BS, 4 * BS));
+            assert_eq!(pool.used_blocks(), 4);
+            assert_eq!(pool.evictable_blocks(), 0);
+            drop(seq);
+            assert_eq!(waiter.join().unwrap(), 8);
+        });
+        assert!(waiting.load(Ordering::SeqCst));
+        assert_eq!(pool.used_blocks(), 0);
+    }
+
+    #[test]
+    fn a_sequence_with_tokens_or_a_copy_source_still_matches_nothing() {
+        let pool = pool(12);
+        let tokens = prompt(5, 2);
+        let (_owner, _) = published(&pool, b"", &tokens);
+        let keys = keys(b"", &tokens);
+        // Tokens in a reserved block.
+        let mut seq = Sequence::new(Arc::clone(&pool));
+        seq.try_reserve(2 * BS, 0).unwrap();
+        seq.try_append(1).unwrap();
+        let before = (counts(&pool), seq.blocks().to_vec());
+        assert_eq!(seq.try_match_prefix(&keys), 0);
+        assert_eq!((counts(&pool), seq.blocks().to_vec()), before);
+        // Truncated to nothing: the table is empty, and matches as new.
+        seq.truncate(0);
+        assert!(seq.blocks().is_empty());
+        assert_eq!(seq.try_match_prefix(&keys), 2);
+    }
 }

@@ -64,6 +64,7 @@ pub const SOUND: Faults = Faults {
     recycle_shared: false,
     unreconciled_match: false,
     match_keeps_credits: false,
+    lend_releases: false,
     owed_without_headroom: false,
     wake_before_count: false,
     panic_cuts_batch: false,
@@ -205,6 +206,13 @@ pub const NO_KILL: Faults = Faults {
 /// not use.
 pub const MATCH_KEEPS_CREDITS: Faults = Faults {
     match_keeps_credits: true,
+    ..SOUND
+};
+
+/// The lending control: a match into a reservation gives back the
+/// admission of each reserved block it lends, and spends its credit too.
+pub const LEND_RELEASES: Faults = Faults {
+    lend_releases: true,
     ..SOUND
 };
 

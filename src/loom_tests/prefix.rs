@@ -35,6 +35,7 @@
 //! | [`reset_vs_match`] | 3, 2 | `evict_referenced` (conservation: the reset freed a block the matcher held) |
 //! | [`publish_then_match`] | 2, 1 | `relaxed_publish` (causality) |
 //! | [`match_ahead_vs_evicting_append`] | 2, 3 | `match_keeps_credits` (conservation: a revival admitted ahead and not used, kept) |
+//! | [`match_into_a_reservation_vs_evicting_append`] | 2, 3 | `lend_releases` (conservation: a lent block's admission counted twice) |
 //! | [`two_publishes_in_two_buckets`] | 2, 3 | `fence_own_bucket` (first wins), `first_bucket_only` (first wins) |
 //! | [`publish_in_the_second_bucket_vs_match`] | 3, 3 | `relaxed_publish` (causality), `first_bucket_only` (not found) |
 //! | [`match_vs_evicting_republish_in_two_buckets`] | 2, 3 | `no_generation_check` (stale hit), `evict_referenced` (causality) |
@@ -64,9 +65,9 @@
 use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{
-    check, PoolWorld, EVICT_REFERENCED, FENCE_OWN_BUCKET, FIRST_BUCKET_ONLY, MATCH_KEEPS_CREDITS,
-    NO_GENERATION_CHECK, NO_KILL, PEEK_SKIPS_KEY, PEEK_TRUSTS_FIRST_READ, RELAXED_KEY_WORDS,
-    RELAXED_PUBLISH, SHARED_SOLE_CLAIM, SOUND,
+    check, PoolWorld, EVICT_REFERENCED, FENCE_OWN_BUCKET, FIRST_BUCKET_ONLY, LEND_RELEASES,
+    MATCH_KEEPS_CREDITS, NO_GENERATION_CHECK, NO_KILL, PEEK_SKIPS_KEY, PEEK_TRUSTS_FIRST_READ,
+    RELAXED_KEY_WORDS, RELAXED_PUBLISH, SHARED_SOLE_CLAIM, SOUND,
 };
 use crate::sync::{AtomicUsize, Faults, Ordering};
 use crate::{BlockHash, BlockId, Sequence};
@@ -274,6 +275,60 @@ fn match_ahead_vs_evicting_append_sound() {
 #[should_panic(expected = "blocks not conserved")]
 fn match_ahead_vs_evicting_append_match_keeps_credits_is_caught() {
     match_ahead_vs_evicting_append(MATCH_KEEPS_CREDITS);
+}
+
+/// A match of key 1 into a sequence that holds one reserved block, against
+/// an allocation of two blocks in a pool of three (one free, key 1's block
+/// evictable): the revival is paid by the reserved block, which goes to
+/// the allocation, or the allocation evicts key 1's block first and the
+/// reservation stays (also when the eviction comes between the lend and
+/// the revival: the lent block's credit takes a block back). The match
+/// ends holding one block either way, a hit or the reservation; whoever
+/// gets a block holds it alone, and the pool is whole afterwards.
+fn match_into_a_reservation_vs_evicting_append(faults: Faults) {
+    check(move || {
+        let cache = Cache::new(3, faults);
+        let (b1, _) = cache.filled(1).expect("three free blocks");
+        cache.let_go(b1);
+        let matcher = {
+            let cache = Arc::clone(&cache);
+            thread::spawn(move || {
+                let mut m = Sequence::new(Arc::clone(&cache.world.pool));
+                m.try_reserve(1, 0).expect("two free blocks");
+                let k = m.try_match_prefix(&[key(1)]);
+                assert_eq!((m.blocks().len(), m.len()), (1, k));
+                let id = m.blocks()[0];
+                if k == 1 {
+                    cache.world.hold(id);
+                    cache.world.read(id);
+                    // Relaxed: see `Cache::append`.
+                    let tag = cache.tags[id.index()].load(Ordering::Relaxed);
+                    assert_eq!(tag, 1, "{STALE}: {id} holds key {tag}");
+                } else {
+                    // Still reserved: ours alone, and written now.
+                    cache.world.take(id);
+                    cache.world.write(id);
+                }
+                cache.let_go(m);
+            })
+        };
+        let mut s = Sequence::new(Arc::clone(&cache.world.pool));
+        let _ = cache.append(&mut s, 2);
+        cache.let_go(s);
+        matcher.join().unwrap();
+        cache.world.assert_conserved();
+    });
+}
+
+#[test]
+fn match_into_a_reservation_vs_evicting_append_sound() {
+    match_into_a_reservation_vs_evicting_append(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn match_into_a_reservation_vs_evicting_append_lend_releases_is_caught() {
+    match_into_a_reservation_vs_evicting_append(LEND_RELEASES);
 }
 
 /// Two matches revive the same evictable block while a third thread

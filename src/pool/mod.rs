@@ -940,9 +940,10 @@ impl BlockPool {
     /// reach zero and gives them back (one `fetch_or` per run of ids in one
     /// word of the free list).
     fn drop_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
-        self.drop_each(Give::new(), ids.iter().copied(), ids, |id| {
+        self.drop_each(Give::new(), ids.iter().copied(), ids, true, |id| {
             self.refs.drop(id)
         })
+        .1
     }
 
     /// Drops the references a [`Sequence`](crate::Sequence) holds in its
@@ -961,13 +962,36 @@ impl BlockPool {
     /// released first, so that of a cached prompt the tail is evicted
     /// before the head.
     pub(crate) fn drop_held_refs(&self, ids: &[BlockId]) -> Result<(), FreeError> {
+        self.drop_held(ids, true).1
+    }
+
+    /// Drops the references of `ids`, blocks the caller holds, as
+    /// [`drop_held_refs`](Self::drop_held_refs) does, but keeps the
+    /// admission of the blocks that go back (free, or evictable): the
+    /// counter still counts them as taken, and the caller owns their place
+    /// in the capacity (credits, as a match's revivals admitted ahead are:
+    /// spent on revivals, or given back with
+    /// [`give_back_ahead`](admission::Admission::give_back_ahead)).
+    /// Returns how many went back. Under loom's `lend_releases` control
+    /// the admission goes back too (the credits are then counted twice).
+    pub(crate) fn lend_held(&self, ids: &[BlockId]) -> usize {
+        let release = self.refs.faults.lend_releases();
+        self.drop_held(ids, release).0
+    }
+
+    /// The body of [`drop_held_refs`](Self::drop_held_refs) and
+    /// [`lend_held`](Self::lend_held): `release` says whether the blocks
+    /// that go back give their admission back. Returns how many went back.
+    fn drop_held(&self, ids: &[BlockId], release: bool) -> (usize, Result<(), FreeError>) {
         // One block counted and held alone (a decode step's block rolled
         // back, a copy-on-write's source): a load and a store, no runs.
         if let &[id] = ids {
             if self.refs.drop_sole(id) {
                 self.free.give(Give::new().add(&self.free, id));
-                self.counter.release_held(1);
-                return Ok(());
+                if release {
+                    self.counter.release_held(1);
+                }
+                return (1, Ok(()));
             }
         }
         // The usual case, a sequence's own blocks that it holds alone, in
@@ -979,7 +1003,7 @@ impl BlockPool {
         );
         if rest > 0 {
             let rest = &ids[..rest];
-            return self.drop_each(give, rest.iter().rev().copied(), rest, |id| {
+            return self.drop_each(give, rest.iter().rev().copied(), rest, release, |id| {
                 match self.refs.drop_held(id) {
                     // No counted reference: the block is fresh (the caller
                     // holds it), or (misuse) the caller lost it.
@@ -990,23 +1014,27 @@ impl BlockPool {
         }
         self.free.give(give);
         // Released after the give-back, as in `drop_each`.
-        if give.len() > 0 {
+        if release && give.len() > 0 {
             self.counter.release_held(give.len());
         }
-        Ok(())
+        (give.len(), Ok(()))
     }
 
     /// The body of both drops: `drop` takes one reference and says what
     /// became of the block (`Err` if no reference was left). `order` lists
     /// the ids of `ids` in the order of the drops; `give` holds free blocks
     /// that the caller has dropped already (returned with these).
+    /// `release` says whether the blocks that go back give their admission
+    /// back (see [`lend_held`](Self::lend_held)). Returns how many went
+    /// back, free or evictable (those in `give` included).
     fn drop_each(
         &self,
         mut give: Give,
         order: impl ExactSizeIterator<Item = BlockId>,
         ids: &[BlockId],
+        release: bool,
         drop: impl Fn(BlockId) -> Result<Dropped, ()>,
-    ) -> Result<(), FreeError> {
+    ) -> (usize, Result<(), FreeError>) {
         // A drop can fail here only if the caller does not hold what it
         // lists and another holder freed it meanwhile (a racing double
         // free). The other drops still go ahead: undoing them could add a
@@ -1031,7 +1059,7 @@ impl BlockPool {
                     // `blind_undo` control, which only `free` reaches, in
                     // list order.)
                     if self.refs.blind_undo(&ids[..i]) {
-                        return Err(FreeError::NotAllocated { id });
+                        return (0, Err(FreeError::NotAllocated { id }));
                     }
                     raced.get_or_insert(id);
                 }
@@ -1044,13 +1072,15 @@ impl BlockPool {
         self.free.give(give);
         // Released after the give-back, so that whoever admits these
         // blocks finds them (in the free list, or evictable).
-        if give.len() + evictable > 0 {
-            self.counter.release_held(give.len() + evictable);
+        let back = give.len() + evictable;
+        if release && back > 0 {
+            self.counter.release_held(back);
         }
-        match raced {
+        let done = match raced {
             None => Ok(()),
             Some(id) => Err(FreeError::Raced { id }),
-        }
+        };
+        (back, done)
     }
 
     /// Closes the pool: every later allocation fails with
@@ -1188,6 +1218,18 @@ impl BlockAllocator for BlockPool {
         out: &mut Vec<BlockId>,
     ) -> usize {
         BlockPool::match_prefix(self, keys, out)
+    }
+
+    fn match_prefix_lending(
+        &self,
+        _: &SequenceCall<'_>,
+        keys: &[BlockHash],
+        out: &mut Vec<BlockId>,
+        lendable: usize,
+        lent: &mut usize,
+    ) -> usize {
+        self.check_ids(&out[out.len() - lendable.min(out.len())..]);
+        BlockPool::match_prefix_lending(self, keys, out, lendable, lent)
     }
 
     fn publish(&self, by: &SequenceCall<'_>, blocks: &[BlockId], keys: &[BlockHash]) -> usize {

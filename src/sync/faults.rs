@@ -209,6 +209,12 @@ pub(crate) struct Faults {
     /// back: they are lost to every later admission.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) match_keeps_credits: bool,
+    /// A match into a reservation gives back the admission of each
+    /// reserved block it lends for a revival, and spends the block's
+    /// credit on the revival all the same: every lent block is counted
+    /// free twice.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) lend_releases: bool,
     /// The wait queue tells new admissions to leave free only what its
     /// head asks for, without the head's headroom and without the waiters
     /// behind it: a relay of small admissions starves a head that asks for
@@ -710,6 +716,17 @@ impl Faults {
     pub(crate) fn match_keeps_credits(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.match_keeps_credits {
+            return true;
+        }
+        false
+    }
+
+    /// Whether lending a reserved block gives its admission back:
+    /// `false`, or `true` under `lend_releases`.
+    #[inline]
+    pub(crate) fn lend_releases(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.lend_releases {
             return true;
         }
         false

@@ -354,6 +354,13 @@ struct Revival<'a> {
     credits: &'a mut usize,
     admitted_ahead: &'a mut bool,
     ahead: usize,
+    /// The caller's reserved blocks that a revival may lend (see
+    /// [`BlockPool::match_prefix_lending`]), and how many it has lent.
+    lendable: &'a [BlockId],
+    lent: &'a mut usize,
+    /// Whether `credits` is the one credit of the block lent last (a
+    /// block is lent only when no credit is left).
+    lent_credit: &'a mut bool,
 }
 
 /// The blocks one match has taken, as a filter of `W` words on the stack:
@@ -410,10 +417,28 @@ impl BlockPool {
     /// than 131,072 blocks does) costs up to its length times the blocks
     /// taken.
     pub(crate) fn match_prefix(&self, hashes: &[BlockHash], out: &mut Vec<BlockId>) -> usize {
+        self.match_prefix_lending(hashes, out, 0, &mut 0)
+    }
+
+    /// [`match_prefix`](Self::match_prefix) for a caller whose `out` ends
+    /// with `lendable` blocks of a reservation (held alone, holding no
+    /// token): a revival that finds no credit left lends the last of them
+    /// not lent yet ([`lend_held`](Self::lend_held)) and spends its credit
+    /// before it admits anything. `*lent` counts the entries lent, which
+    /// are `out[base - *lent..base]` (`base` the length of `out` on entry)
+    /// and no longer the caller's; it is counted as each goes, so that it
+    /// is right also when a waker's panic unwinds out of the match.
+    pub(crate) fn match_prefix_lending(
+        &self,
+        hashes: &[BlockHash],
+        out: &mut Vec<BlockId>,
+        lendable: usize,
+        lent: &mut usize,
+    ) -> usize {
         if self.refs.len() <= TAKEN_WORDS * 64 {
-            self.match_filtered::<TAKEN_WORDS>(hashes, out)
+            self.match_filtered::<TAKEN_WORDS>(hashes, out, lendable, lent)
         } else {
-            self.match_filtered::<TAKEN_WORDS_LARGE>(hashes, out)
+            self.match_filtered::<TAKEN_WORDS_LARGE>(hashes, out, lendable, lent)
         }
     }
 
@@ -426,22 +451,30 @@ impl BlockPool {
         &self,
         hashes: &[BlockHash],
         out: &mut Vec<BlockId>,
+        lendable: usize,
+        lent: &mut usize,
     ) -> usize {
         let Some(cache) = self.prefix.as_deref() else {
             return 0;
         };
         let base = out.len();
+        let lendable = lendable.min(base);
         let mut filter: Option<Taken<W>> = None;
         let mut hits = 0;
         // Blocks admitted ahead for the evictable blocks this match revives
         // (see `match_one`); what goes unused is given back at the end.
         let (mut credits, mut admitted_ahead) = (0, false);
+        // Whether the credit left is a lent block's (see `match_one`).
+        let mut lent_credit = false;
         for (i, key) in hashes.iter().enumerate() {
             let ahead = hashes.len() - i;
             let revival = Revival {
                 credits: &mut credits,
                 admitted_ahead: &mut admitted_ahead,
                 ahead,
+                lendable: &out[base - lendable..base],
+                lent: &mut *lent,
+                lent_credit: &mut lent_credit,
             };
             let Some(id) = self.match_one(&cache.keys, key, revival) else {
                 break;
@@ -469,6 +502,19 @@ impl BlockPool {
             // added above (see `Stats::sum`).
             cell.hit.fetch_add(hits as u64, Ordering::Release);
         }
+        // A lent block's credit left unused (its revival lost a race and
+        // the match ended) takes a block back for the entry, which the
+        // caller then still holds: the reservation loses nothing to a
+        // race. Through the end of `out`, which has room for one more id
+        // than the match can take.
+        if credits > 0 && lent_credit {
+            self.take_admitted(1, out, Holder::Sequence);
+            if let Some(id) = out.pop() {
+                out[base - *lent] = id;
+                *lent -= 1;
+                credits -= 1;
+            }
+        }
         // Last, the give-back of what went unused: a waker's panic out of
         // it (see "Wakers run after the lock" in `crate::implementation`)
         // leaves the match counted and its blocks in `out`.
@@ -483,7 +529,9 @@ impl BlockPool {
 
     /// One reference on the block holding `key`, if one does now. An
     /// evictable block takes one of the revival's credits, blocks of the
-    /// pool's capacity admitted ahead: when none is left, this admits the
+    /// pool's capacity admitted ahead: when none is left, this lends one of
+    /// the caller's reserved blocks if it has one left to lend (its credit
+    /// is the caller's place in the capacity), or else admits the
     /// revival's `ahead` (the keys left in the match, this one included)
     /// with one read-modify-write (and sets its `admitted_ahead`: the peak
     /// is raised once the match is done), or else just one, as allocating
@@ -504,6 +552,14 @@ impl BlockPool {
                 if count_of(seen) == 0 {
                     // An evictable block: reviving it takes a block of the
                     // pool's capacity, exactly as allocating a free one.
+                    if *revival.credits == 0 && *revival.lent < revival.lendable.len() {
+                        // Lent last first: the entries lent stay at the
+                        // end of the reservation.
+                        let i = revival.lendable.len() - 1 - *revival.lent;
+                        *revival.lent += 1;
+                        *revival.credits = self.lend_held(&revival.lendable[i..=i]);
+                        *revival.lent_credit = *revival.credits > 0;
+                    }
                     if *revival.credits == 0 {
                         let ahead = revival.ahead;
                         if ahead > 1 && self.counter.try_reserve_ahead(ahead).is_ok() {
@@ -514,9 +570,11 @@ impl BlockPool {
                         } else {
                             return None;
                         }
+                        *revival.lent_credit = false;
                     }
                     if self.refs.revive(id, seen) {
                         *revival.credits -= 1;
+                        *revival.lent_credit = false;
                         return Some(id);
                     }
                 } else if self.refs.revive(id, seen) {

@@ -251,7 +251,9 @@ impl BlockPool {
     /// cached it, with its capacity released.
     fn give_back_claim(&self, id: BlockId, dropped: Dropped) {
         if dropped != Dropped::Kept {
-            let _ = self.drop_each(Give::new(), std::iter::once(id), &[id], |_| Ok(dropped));
+            let _ = self.drop_each(Give::new(), std::iter::once(id), &[id], true, |_| {
+                Ok(dropped)
+            });
         }
     }
 }
