@@ -760,12 +760,17 @@ fn stale_raw_add_refs_round() {
     let pool = Arc::new(BlockPool::with_shards(N, 1, 1));
     let stop = AtomicBool::new(false);
     let hint = [AtomicU32::new(0), AtomicU32::new(1)];
+    // Set by the sharer once it has seen both outcomes: the raw thread
+    // goes on until then, however the threads are scheduled.
+    let seen = AtomicBool::new(false);
+    let start = Barrier::new(2);
     let (mut added, mut refused) = (0usize, 0usize);
     thread::scope(|s| {
         let raw = s.spawn(|| {
             let mut ids = Vec::new();
             let mut taken = 0;
-            while taken < 50_000 {
+            start.wait();
+            while taken < 50_000 || !(seen.load(Ordering::SeqCst) || stop.load(Ordering::SeqCst)) {
                 if pool.try_alloc(2, &mut ids).is_ok() {
                     taken += 1;
                     // A hint for the sharer (Relaxed: only which ids to try).
@@ -789,6 +794,7 @@ fn stale_raw_add_refs_round() {
         // Stops the sequences' thread also when an assertion below fails.
         let _stop = Stop(&stop);
         let mut rng = Rng(0xC0FFEE);
+        start.wait();
         while !raw.is_finished() {
             let x = BlockId::new(hint[0].load(Ordering::Relaxed));
             let y = BlockId::new(hint[1].load(Ordering::Relaxed));
@@ -809,6 +815,9 @@ fn stale_raw_add_refs_round() {
                     | FreeError::Raced { .. },
                 ) => refused += 1,
                 Err(e) => panic!("{e:?}"),
+            }
+            if added > 0 && refused > 0 {
+                seen.store(true, Ordering::SeqCst);
             }
         }
         drop(_stop);

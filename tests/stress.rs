@@ -750,7 +750,9 @@ fn run_mix(threads: usize, capacities: &[usize], ops_total: usize) -> Stats {
         );
         assert_eq!(s.refused_closed, 0);
         assert!(out.peak > capacity / 2, "peak {} of {capacity}", out.peak);
-        assert!(out.samples > 1);
+        // At least the observer's last sample (one taken while the work
+        // ran is up to the scheduler).
+        assert!(out.samples >= 1);
         for (kind, &done) in KINDS.iter().zip(&s.done) {
             assert!(done > 0, "{kind} never happened at capacity {capacity}");
         }
@@ -1257,7 +1259,9 @@ fn gathers_over_shards_stay_whole_and_exact_when_quiet() {
             Tally::get(&gathered),
             Tally::get(&refused)
         );
-        assert!(Tally::get(&gathered) > 0 && Tally::get(&refused) > 0);
+        // Refusals for want of blocks come only from the threads' overlap,
+        // which a scheduler may not give: not asserted.
+        assert!(Tally::get(&gathered) > 0);
         // Quiet now: exact counts, and an exact refusal.
         assert_eq!(pool.free_blocks(), num_blocks);
         let mut held = Vec::new();
