@@ -605,10 +605,13 @@ class Sequence:
         """
     def match_prefix(self, keys: _Keys) -> int:
         """Takes the cached blocks of the longest prefix of `keys` into this
-        empty sequence and returns how many (`len(seq)` becomes that times
-        `block_size`). A sequence that holds tokens or blocks (blocks a
-        `try_reserve` or `reserve` took, with `len(seq) == 0`, included)
-        matches nothing and returns 0."""
+        sequence and returns how many (`len(seq)` becomes that times
+        `block_size`). Into a sequence that holds only reserved blocks
+        (`try_reserve` or `reserve`, `len(seq) == 0`) the matched blocks
+        take the first reserved blocks' places, each paying for a cached
+        block revived (also while free blocks are owed to waiters), so
+        `capacity` stays. A sequence that holds tokens matches nothing and
+        returns 0."""
     def publish(self, keys: _Keys) -> int:
         """Caches the full blocks under `keys` (`keys[i]` for block `i`) and
         returns how many became cached. Publish only committed tokens."""

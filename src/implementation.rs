@@ -669,7 +669,16 @@
 //! evictable block it admits as many as it has keys left, with one
 //! read-modify-write (or else one), uses one per revival, and gives back
 //! what it did not use when it ends; the peak is raised then, from what it
-//! kept. Every change of
+//! kept. A match into a sequence that holds only reserved blocks
+//! ([`try_match_prefix`](crate::Sequence::try_match_prefix) after a
+//! reservation) lends a reserved block instead, while it has one left to
+//! lend: the block goes back to the free list with its admission kept, and
+//! that admission is the revival's. The count of free and evictable blocks
+//! never exceeds what the counter says is free: the lent block is free
+//! before the revival takes the evictable one. A lent block's credit that
+//! no revival used (the block was evicted between the lend and the CAS)
+//! takes a block back for the sequence, so the reservation loses nothing.
+//! Every change of
 //! a state that another thread may act on is a CAS from the exact value
 //! read, so a generation names one incarnation of a block's key.
 //!
@@ -1174,7 +1183,8 @@
 //! [`Sequence`](crate::Sequence) that holds no block beyond a prefix it
 //! matched (an empty one, or a new request whose prompt hit the prefix
 //! cache), a [`Sequence::try_reserve`](crate::Sequence::try_reserve),
-//! a revival by [`try_match_prefix`](crate::Sequence::try_match_prefix),
+//! a revival by [`try_match_prefix`](crate::Sequence::try_match_prefix)
+//! that no reserved block of the sequence pays for,
 //! a zero-block check with headroom) leaves `owed` free, so a large
 //! waiting request, with or without headroom, is never starved by a
 //! stream of small `try_*` requests; and a new waiter does not try the

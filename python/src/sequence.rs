@@ -506,12 +506,15 @@ impl PySequence {
     }
 
     /// Takes the longest prefix of `keys` (from `hash_blocks` with the
-    /// pool's block size) whose blocks are cached into this empty sequence,
-    /// one reference each; sets `len(seq)` to `k * block_size` and returns
-    /// `k`. A sequence that holds tokens or blocks (blocks a reservation
-    /// took, with a length of 0, included) matches nothing and returns 0.
-    /// Raises `TypeError` / `ValueError` for a key that is not 32 bytes
-    /// (nothing changes then).
+    /// pool's block size) whose blocks are cached into this sequence, one
+    /// reference each; sets `len(seq)` to `k * block_size` and returns
+    /// `k`. On a sequence that holds only reserved blocks (`try_reserve`
+    /// or `reserve` with `len(seq) == 0`) the matched blocks take the
+    /// first reserved blocks' places (those go back to the pool, and each
+    /// pays for a cached block revived, also while free blocks are owed to
+    /// waiters), so `capacity` stays. A sequence that holds tokens matches
+    /// nothing and returns 0. Raises `TypeError` / `ValueError` for a key
+    /// that is not 32 bytes (nothing changes then).
     fn match_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
         let keys = convert::keys(keys)?;
         self.with(py, |seq| {

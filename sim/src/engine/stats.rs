@@ -68,9 +68,9 @@ counts! {
     /// library's queue, or the baseline's condition variable) until the
     /// request is granted or the wait's timeout runs out.
     idle_waits,
-    /// Blocking admissions granted while waiting: each prefills its whole
-    /// prompt (a grant cannot be matched into, and the prefix was given
-    /// back before the wait).
+    /// Blocking admissions granted while waiting. The prefix was given
+    /// back before the wait; a sequence matches it into its grant after
+    /// (a hybrid sequence cannot, and prefills its whole prompt).
     waited_admissions,
     /// Admissions refused because the pool owed its free blocks to queued
     /// waiters (`BehindWaiters`; the library's queue only).

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crossbeam_channel::{Receiver, RecvError};
-use kvslots::{BlockHash, ReserveError};
+use kvslots::{BlockHash, KvGroup, ReserveError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
@@ -116,6 +116,10 @@ struct Group<B: KvBackend> {
     generated: Vec<usize>,
     /// Prompt tokens appended.
     prefilled: usize,
+    /// The tokens the parent's table holds room for ahead of its length
+    /// until the prompt is in: the whole prompt when reserved, the blocks
+    /// a check-only admission was granted after waiting, else 0.
+    reserved: usize,
     /// The next sample to step in this iteration (steps resume there after
     /// a refusal was resolved by preempting another group).
     cursor: usize,
@@ -390,13 +394,9 @@ impl<B: KvBackend> Worker<B> {
     /// One prefill chunk; `Ok(true)` when the group has completed.
     fn prefill(&mut self, g: &mut Group<B>) -> Result<bool, StepError> {
         let chunk = self.cfg.chunk.min(g.req.prompt - g.prefilled);
-        let reserved = match g.profile.admission {
-            Admission::Reserve => g.req.prompt,
-            Admission::Check => 0,
-        };
         // A prompt the cache held whole has nothing left to prefill.
         if chunk > 0 {
-            self.append(&mut g.seqs[0], chunk, reserved, "prefill")?;
+            self.append(&mut g.seqs[0], chunk, g.reserved, "prefill")?;
         }
         g.prefilled += chunk;
         self.stats.counts.tokens_prefilled += chunk as u64;
@@ -743,16 +743,29 @@ impl<B: KvBackend> Worker<B> {
                 if matched > 0 {
                     self.call(OpKind::Truncate, || seq.truncate(0));
                 }
-                if !wait || !self.admit_blocking(&req, profile, &mut seq)? {
+                if !wait || !self.admit_blocking(&req, profile, matched, &mut seq)? {
                     self.spare = Some((tokens, seq));
                     return Ok(None);
                 }
-                // Granted while waiting: the whole prompt, no prefix.
+                // Granted while waiting: the reservation, into which the
+                // prefix cached now is matched (its blocks take reserved
+                // blocks' places).
                 self.stats.counts.waited_admissions += 1;
-                matched = 0;
                 if profile.admission == Admission::Check {
-                    reserved = bs.min(req.prompt);
+                    let full = self
+                        .cfg
+                        .groups
+                        .as_slice()
+                        .iter()
+                        .all(|g| *g == KvGroup::Full);
+                    let ahead = if full { matched } else { 0 };
+                    reserved = ((ahead + 1) * bs).min(req.prompt);
                 }
+                matched = if caching {
+                    self.match_prefix(&req, &mut seq)
+                } else {
+                    0
+                };
             }
             Err(e) => return Err(StepError::Fatal(format!("admission: unexpected {e:?}"))),
         }
@@ -808,6 +821,7 @@ impl<B: KvBackend> Worker<B> {
             seqs,
             generated: vec![0; profile.samples],
             prefilled: matched * bs,
+            reserved,
             cursor: 0,
             rng,
             keys,
@@ -828,15 +842,17 @@ impl<B: KvBackend> Worker<B> {
     /// * Reserve: `reserve_blocking` of the whole prompt with the watermark
     ///   as headroom. The grant is the admission: the prompt's blocks, with
     ///   the watermark free besides.
-    /// * Check-only: `reserve_blocking` of the prompt's first block with
-    ///   the rest of the prompt and the watermark as headroom, granted
-    ///   exactly when the check passes. The block is kept as the prompt's
-    ///   first (the sequence holds it, so its prefill chunks take the rest
-    ///   as growth). Giving it back and taking the blocks again with the
-    ///   first chunk would hand them to the next waiter first: with
-    ///   workers queued behind it, every check-only grant would go back,
-    ///   every first chunk be refused and its group preempted, and no
-    ///   request finish.
+    /// * Check-only: `reserve_blocking` of the prompt's blocks up to the
+    ///   first one past the `matched` blocks its refused admission had
+    ///   matched, with the rest of the prompt and the watermark as
+    ///   headroom, granted exactly when the check passes. The blocks are
+    ///   kept: the prefix matched into them after the grant takes their
+    ///   first places, and the block past it stays (the sequence holds
+    ///   it, so its prefill chunks take the rest as growth). Giving it
+    ///   back and taking the blocks again with the first chunk would hand
+    ///   them to the next waiter first: with workers queued behind it,
+    ///   every check-only grant would go back, every first chunk be
+    ///   refused and its group preempted, and no request finish.
     ///
     /// In kvslots the wait is a place in the pool's FIFO queue: while it
     /// is queued, new admissions leave it all it asks for (headroom
@@ -847,23 +863,39 @@ impl<B: KvBackend> Worker<B> {
     /// The prefix is given back before waiting, not held: a worker holding
     /// matched blocks while it waits keeps them from the others, and when
     /// every idle worker does so the pool can be left with nobody able to
-    /// go on. A grant cannot be matched into afterwards (a match needs an
-    /// empty sequence), so a waited admission prefills its whole prompt.
+    /// go on. The caller matches the prefix into the grant (a reserved
+    /// block pays for each cached block revived, so the match is not
+    /// refused behind the waiters queued after it). A hybrid sequence
+    /// matches only when empty: there a waited admission prefills its
+    /// whole prompt.
     fn admit_blocking(
         &mut self,
         req: &Request,
         profile: Profile,
+        matched: usize,
         seq: &mut B::Seq,
     ) -> Result<bool, StepError> {
         let (wm, bs) = (self.cfg.watermark_blocks, self.block_size());
-        // A check-only admission waits for the prompt's first block (in
-        // every group) with the rest of what it needs as headroom.
+        // A check-only admission waits for the prompt's blocks up to the
+        // first past its prefix (in every group) with the rest of what it
+        // needs as headroom.
         let (tokens, headroom) = match profile.admission {
             Admission::Reserve => (req.prompt, wm),
             Admission::Check => {
-                let groups = self.cfg.groups.len();
                 let need = self.cfg.prefill_blocks(req.prompt, bs);
-                (bs.min(req.prompt), need.saturating_sub(groups) + wm)
+                // Past the prefix only where the grant is matched into
+                // (every group full: a sliding group's reservation is not
+                // one block per block of tokens).
+                let full = self
+                    .cfg
+                    .groups
+                    .as_slice()
+                    .iter()
+                    .all(|g| *g == KvGroup::Full);
+                let ahead = if full { matched } else { 0 };
+                let tokens = ((ahead + 1) * bs).min(req.prompt);
+                let first = self.cfg.reserve_blocks(tokens, bs);
+                (tokens, need.saturating_sub(first) + wm)
             }
         };
         self.stats.counts.idle_waits += 1;
