@@ -556,3 +556,53 @@ fn idle_workers_drain_their_fences_before_waiting_with_async_depth_two() {
         }
     }
 }
+
+/// A request refused while its prefix is cached waits with nothing held
+/// (it gives the prefix back), and its grant then matches the prefix into
+/// the blocks it was granted: a hit, on both allocators. One worker that
+/// runs one request at a time, a pool of 72 blocks of 16 tokens: request
+/// 0 (one trace block, 32 pool blocks) runs first and leaves its blocks
+/// cached; request 1 (the same trace block and another, 64 blocks) does
+/// not fit beside the 8 blocks the test holds, so the worker waits until
+/// they are given back.
+#[test]
+fn a_waited_admission_matches_its_prefix_into_its_grant() {
+    let reqs = [
+        Request {
+            hash_ids: Some(vec![11u64].into()),
+            ..Request::new(0, 512, 1)
+        },
+        Request {
+            hash_ids: Some(vec![11u64, 12].into()),
+            ..Request::new(1, 1024, 1)
+        },
+    ];
+    let cfg = EngineConfig {
+        workers: 1,
+        watermark_blocks: 2,
+        chunk: 512,
+        max_running: 1,
+        mix: false,
+        prefix_cache: true,
+        ..EngineConfig::default()
+    };
+    fn check(s: &RunStats) {
+        let inv = s.invariants();
+        assert!(inv.ok(), "{}: {inv:?}, {:?}", s.allocator, s.errors);
+        assert_eq!(s.counts.requests_completed, 2, "{}", s.allocator);
+        assert_eq!(s.counts.waited_admissions, 1, "{}", s.allocator);
+        // Only the second request can hit, and only after its wait. The
+        // grant took the free blocks first: some of the cached blocks are
+        // left for the match, at least one.
+        assert!(
+            s.counts.prefix_hit_tokens >= 16,
+            "{}: the waited admission hit {} tokens",
+            s.allocator,
+            s.counts.prefix_hit_tokens
+        );
+    }
+    let kv = KvslotsBackend::new(72, 16);
+    check(&run_held(&kv, || kv.pool().waiters(), &reqs, &cfg));
+    let mutex = MutexBackend::new(72, 16);
+    check(&run_held(&mutex, || mutex.pool().waiters(), &reqs, &cfg));
+}
