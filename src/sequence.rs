@@ -728,7 +728,8 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// block (it goes back in its place), so a match into a reservation
     /// revives what is cached even when the pool's free blocks are owed
     /// to queued waiters: a request granted a reservation after waiting
-    /// still gets its prefix. Blocks matched beyond the reservation are
+    /// still gets its prefix (a [closed](BlockPool::close) pool still
+    /// revives nothing). Blocks matched beyond the reservation are
     /// admitted as for an empty sequence.
     ///
     /// On a sequence that holds tokens, or a copy-on-write source, this

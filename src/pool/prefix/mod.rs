@@ -552,7 +552,11 @@ impl BlockPool {
                 if count_of(seen) == 0 {
                     // An evictable block: reviving it takes a block of the
                     // pool's capacity, exactly as allocating a free one.
-                    if *revival.credits == 0 && *revival.lent < revival.lendable.len() {
+                    // A closed pool revives nothing, paid for or not.
+                    if *revival.credits == 0
+                        && *revival.lent < revival.lendable.len()
+                        && !self.counter.is_closed()
+                    {
                         // Lent last first: the entries lent stay at the
                         // end of the reservation.
                         let i = revival.lendable.len() - 1 - *revival.lent;
