@@ -600,6 +600,7 @@ fn a_waited_admission_matches_its_prefix_into_its_grant() {
             s.allocator,
             s.counts.prefix_hit_tokens
         );
+        assert_eq!(s.counts.waited_hit_tokens, s.counts.prefix_hit_tokens);
     }
     let kv = KvslotsBackend::new(72, 16);
     check(&run_held(&kv, || kv.pool().waiters(), &reqs, &cfg));

@@ -72,6 +72,9 @@ counts! {
     /// back before the wait; a sequence matches it into its grant after
     /// (a hybrid sequence cannot, and prefills its whole prompt).
     waited_admissions,
+    /// Of the prefix hit tokens, those of admissions granted while
+    /// waiting.
+    waited_hit_tokens,
     /// Admissions refused because the pool owed its free blocks to queued
     /// waiters (`BehindWaiters`; the library's queue only).
     refused_behind_waiters,

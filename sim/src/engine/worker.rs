@@ -766,6 +766,7 @@ impl<B: KvBackend> Worker<B> {
                 } else {
                     0
                 };
+                self.stats.counts.waited_hit_tokens += (matched * bs) as u64;
             }
             Err(e) => return Err(StepError::Fatal(format!("admission: unexpected {e:?}"))),
         }
