@@ -854,7 +854,7 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         // An allocator that reports more than it was offered lent what it
         // was offered (a breach of its contract; the table stays whole).
         let lent = lent.min(reserved);
-        let k = self.blocks.len() - reserved;
+        let k = self.blocks.len().saturating_sub(reserved);
         let kept = reserved - lent;
         self.blocks.drain(kept..reserved);
         // The matched blocks stand for the first `k` reserved ones: the
