@@ -1317,8 +1317,11 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// the sequence is new work: its next append is a new admission (see
     /// [`try_append`](Self::try_append)).
     ///
-    /// As [`Sequence::try_match_prefix`]: on a sequence that holds tokens
-    /// or blocks it returns 0 and changes nothing; an evictable block taken
+    /// On a sequence that holds tokens or blocks it returns 0 and changes
+    /// nothing (reserved blocks included: unlike
+    /// [`Sequence::try_match_prefix`], a hybrid sequence does not match
+    /// into a reservation). As [`Sequence::try_match_prefix`]: an
+    /// evictable block taken
     /// counts against the pool's capacity, and a full or closed pool stops
     /// a group's match short; under contention fewer blocks may match; a
     /// matched block's key is exactly the one asked for, and what its
