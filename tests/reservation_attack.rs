@@ -16,9 +16,10 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
 use std::time::Duration;
 
-use kvslots::{
-    BlockAllocator, BlockHash, BlockId, BlockPool, KvEvent, ReserveError, Sequence, SequenceCall,
-};
+mod common;
+
+use common::Forward;
+use kvslots::{BlockAllocator, BlockHash, BlockId, BlockPool, KvEvent, ReserveError, Sequence};
 
 // ---------------------------------------------------------------------
 // Keys, tags, helpers
@@ -66,7 +67,7 @@ fn assert_whole(pool: &BlockPool) {
 }
 
 /// A sequence of `blocks` blocks published under `ts` (full blocks).
-fn published(pool: &Arc<BlockPool>, ts: &[u64]) -> Sequence {
+fn published<A: BlockAllocator + ?Sized>(pool: &Arc<A>, ts: &[u64]) -> Sequence<A> {
     let mut s = Sequence::new(Arc::clone(pool));
     s.try_append(ts.len() * pool.block_size()).unwrap();
     assert_eq!(s.publish(&keys(ts)), ts.len());
@@ -327,95 +328,6 @@ fn waker_panic_out_of_the_surplus_give_back() {
 // Custom allocators
 // ---------------------------------------------------------------------
 
-/// Forwards everything to a `BlockPool`; `lend` says whether it forwards
-/// `match_prefix_lending` too (else the trait's default).
-struct Fwd {
-    inner: Arc<BlockPool>,
-    lend: bool,
-    lends: AtomicUsize,
-}
-
-impl BlockAllocator for Fwd {
-    fn num_blocks(&self) -> usize {
-        self.inner.num_blocks()
-    }
-    fn block_size(&self) -> usize {
-        self.inner.block_size()
-    }
-    fn is_closed(&self) -> bool {
-        self.inner.is_closed()
-    }
-    fn try_alloc_with_headroom(
-        &self,
-        by: &SequenceCall<'_>,
-        n: usize,
-        headroom: usize,
-        out: &mut Vec<BlockId>,
-    ) -> Result<(), ReserveError> {
-        BlockAllocator::try_alloc_with_headroom(&*self.inner, by, n, headroom, out)
-    }
-    fn try_alloc_growth(
-        &self,
-        by: &SequenceCall<'_>,
-        n: usize,
-        out: &mut Vec<BlockId>,
-    ) -> Result<(), ReserveError> {
-        BlockAllocator::try_alloc_growth(&*self.inner, by, n, out)
-    }
-    fn alloc_with_headroom_blocking(
-        &self,
-        by: &SequenceCall<'_>,
-        n: usize,
-        headroom: usize,
-        out: &mut Vec<BlockId>,
-        timeout: Option<Duration>,
-    ) -> Result<(), ReserveError> {
-        BlockAllocator::alloc_with_headroom_blocking(&*self.inner, by, n, headroom, out, timeout)
-    }
-    fn add_refs(&self, by: &SequenceCall<'_>, ids: &[BlockId]) -> usize {
-        BlockAllocator::add_refs(&*self.inner, by, ids)
-    }
-    fn release(&self, by: &SequenceCall<'_>, ids: &[BlockId]) {
-        BlockAllocator::release(&*self.inner, by, ids)
-    }
-    fn needs_copy(&self, id: BlockId) -> bool {
-        BlockAllocator::needs_copy(&*self.inner, id)
-    }
-    fn match_prefix(
-        &self,
-        by: &SequenceCall<'_>,
-        ks: &[BlockHash],
-        out: &mut Vec<BlockId>,
-    ) -> usize {
-        BlockAllocator::match_prefix(&*self.inner, by, ks, out)
-    }
-    fn match_prefix_lending(
-        &self,
-        by: &SequenceCall<'_>,
-        ks: &[BlockHash],
-        out: &mut Vec<BlockId>,
-        lendable: usize,
-        lent: &mut usize,
-    ) -> usize {
-        if self.lend {
-            let r = BlockAllocator::match_prefix_lending(&*self.inner, by, ks, out, lendable, lent);
-            self.lends.fetch_add(*lent, SeqCst);
-            r
-        } else {
-            BlockAllocator::match_prefix(&*self.inner, by, ks, out)
-        }
-    }
-    fn publish(&self, by: &SequenceCall<'_>, blocks: &[BlockId], ks: &[BlockHash]) -> usize {
-        BlockAllocator::publish(&*self.inner, by, blocks, ks)
-    }
-    fn uncache_if_sole(&self, by: &SequenceCall<'_>, id: BlockId) {
-        BlockAllocator::uncache_if_sole(&*self.inner, by, id)
-    }
-    fn retire(&self, by: &SequenceCall<'_>, fence: u64, ids: &[BlockId]) -> usize {
-        BlockAllocator::retire(&*self.inner, by, fence, ids)
-    }
-}
-
 #[test]
 fn custom_allocator_with_and_without_lending() {
     for lend in [false, true] {
@@ -426,14 +338,11 @@ fn custom_allocator_with_and_without_lending() {
             (16, 9, 5, false),
             (16, 9, 12, false),
         ] {
-            let pool = Arc::new(BlockPool::new(n, 2));
-            let fwd = Arc::new(Fwd {
-                inner: Arc::clone(&pool),
-                lend,
-                lends: AtomicUsize::new(0),
-            });
+            let fwd = Forward::new(BlockPool::new(n, 2));
+            fwd.lend.store(lend, SeqCst);
+            let pool = &fwd.inner;
             let ts: Vec<u64> = (1..=cached as u64).collect();
-            let owner = published(&pool, &ts);
+            let owner = published(&fwd, &ts);
             let owner = if held {
                 Some(owner)
             } else {
@@ -454,7 +363,10 @@ fn custom_allocator_with_and_without_lending() {
             s.try_append(r * bs - (k * bs).min(r * bs)).unwrap();
             drop(s);
             drop(owner);
-            assert_whole(&pool);
+            assert_whole(pool);
+            if !lend {
+                assert_eq!(fwd.lent.load(SeqCst), 0);
+            }
         }
     }
 }
@@ -463,13 +375,10 @@ fn custom_allocator_with_and_without_lending() {
 /// reservation revives nothing, and still keeps the capacity.
 #[test]
 fn custom_allocator_without_lending_behind_waiters() {
-    let pool = Arc::new(BlockPool::new(8, 2));
-    let fwd = Arc::new(Fwd {
-        inner: Arc::clone(&pool),
-        lend: false,
-        lends: AtomicUsize::new(0),
-    });
-    drop(published(&pool, &[1, 2, 3]));
+    let fwd = Forward::new(BlockPool::new(8, 2));
+    fwd.lend.store(false, SeqCst);
+    let pool = &fwd.inner;
+    drop(published(&fwd, &[1, 2, 3]));
     let mut s = Sequence::new(Arc::clone(&fwd));
     s.try_reserve(4 * 2, 0).unwrap();
     let mut ids = Vec::new();
@@ -483,7 +392,7 @@ fn custom_allocator_without_lending_behind_waiters() {
     assert!(matches!(granted, Poll::Ready(Ok(()))));
     drop(fut);
     pool.free(&ids).unwrap();
-    assert_whole(&pool);
+    assert_whole(pool);
 }
 
 // ---------------------------------------------------------------------

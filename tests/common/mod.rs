@@ -416,6 +416,11 @@ pub struct Forward {
     /// reverse order, each with its own key (the same pairs, so the same
     /// effect on each block: a forward the contract allows).
     pub reorder: AtomicBool,
+    /// Whether `match_prefix_lending` is forwarded (the default: `true`);
+    /// `false` runs the trait's default, which lends nothing.
+    pub lend: AtomicBool,
+    /// The reserved blocks the pool lent through forwarded matches.
+    pub lent: AtomicUsize,
 }
 
 impl Forward {
@@ -425,6 +430,8 @@ impl Forward {
             groups: Mutex::new(Vec::new()),
             offered: Mutex::new(Vec::new()),
             reorder: AtomicBool::new(false),
+            lend: AtomicBool::new(true),
+            lent: AtomicUsize::new(0),
         })
     }
 }
@@ -479,6 +486,23 @@ impl BlockAllocator for Forward {
         out: &mut Vec<BlockId>,
     ) -> usize {
         BlockAllocator::match_prefix(&self.inner, by, keys, out)
+    }
+    fn match_prefix_lending(
+        &self,
+        by: &SequenceCall<'_>,
+        keys: &[BlockHash],
+        out: &mut Vec<BlockId>,
+        lendable: usize,
+        lent: &mut usize,
+    ) -> usize {
+        // Relaxed (both): a switch the test sets before the match, and a
+        // tally read after it on the same thread; they order nothing.
+        if !self.lend.load(Ordering::Relaxed) {
+            return BlockAllocator::match_prefix(&self.inner, by, keys, out);
+        }
+        let k = BlockAllocator::match_prefix_lending(&self.inner, by, keys, out, lendable, lent);
+        self.lent.fetch_add(*lent, Ordering::Relaxed);
+        k
     }
     fn publish(&self, by: &SequenceCall<'_>, blocks: &[BlockId], keys: &[BlockHash]) -> usize {
         BlockAllocator::publish(&self.inner, by, blocks, keys)
