@@ -752,14 +752,7 @@ impl<B: KvBackend> Worker<B> {
                 // blocks' places).
                 self.stats.counts.waited_admissions += 1;
                 if profile.admission == Admission::Check {
-                    let full = self
-                        .cfg
-                        .groups
-                        .as_slice()
-                        .iter()
-                        .all(|g| *g == KvGroup::Full);
-                    let ahead = if full { matched } else { 0 };
-                    reserved = ((ahead + 1) * bs).min(req.prompt);
+                    reserved = self.check_wait_tokens(&req, matched);
                 }
                 matched = if caching {
                     self.match_prefix(&req, &mut seq)
@@ -884,17 +877,7 @@ impl<B: KvBackend> Worker<B> {
             Admission::Reserve => (req.prompt, wm),
             Admission::Check => {
                 let need = self.cfg.prefill_blocks(req.prompt, bs);
-                // Past the prefix only where the grant is matched into
-                // (every group full: a sliding group's reservation is not
-                // one block per block of tokens).
-                let full = self
-                    .cfg
-                    .groups
-                    .as_slice()
-                    .iter()
-                    .all(|g| *g == KvGroup::Full);
-                let ahead = if full { matched } else { 0 };
-                let tokens = ((ahead + 1) * bs).min(req.prompt);
+                let tokens = self.check_wait_tokens(req, matched);
                 let first = self.cfg.reserve_blocks(tokens, bs);
                 (tokens, need.saturating_sub(first) + wm)
             }
@@ -910,6 +893,22 @@ impl<B: KvBackend> Worker<B> {
                 "blocking admission: unexpected {e:?}"
             ))),
         }
+    }
+
+    /// The tokens a check-only admission of `req` waits for, having
+    /// matched `matched` blocks before its refusal: the prompt's blocks up
+    /// to the first past that prefix, where the grant is matched into
+    /// (every group full: a sliding group's reservation is not one block
+    /// per block of tokens); else the first block only.
+    fn check_wait_tokens(&self, req: &Request, matched: usize) -> usize {
+        let full = self
+            .cfg
+            .groups
+            .as_slice()
+            .iter()
+            .all(|g| *g == KvGroup::Full);
+        let ahead = if full { matched } else { 0 };
+        ((ahead + 1) * self.block_size()).min(req.prompt)
     }
 
     /// Matches the prompt of `req` against the prefix cache into the empty
