@@ -21,7 +21,7 @@ use crate::backend::{
     HybridKvslotsBackend, HybridMutexBackend, KvBackend, KvslotsBackend, MutexBackend,
 };
 use crate::baseline::MutexPool;
-use crate::engine::{self, Admission, EngineConfig, MIX_SAMPLES};
+use crate::engine::{self, Admission, EngineConfig, IdleWait, MIX_SAMPLES};
 use crate::export::{Exported, Exports, DEFAULT_EVENTS_CAPACITY};
 pub use crate::fault::Fault;
 use crate::fault::Faulty;
@@ -157,6 +157,11 @@ pub struct Cli {
     /// that they are free (default: reserve).
     #[arg(long, value_enum)]
     pub admission: Option<Admission>,
+    /// How a worker with nothing running waits for a request that does not
+    /// fit: in the allocator (kvslots' FIFO queue, the baseline's condition
+    /// variable), or by retrying its admission every 100 µs on both.
+    #[arg(long, value_enum, default_value_t = IdleWait::Queue)]
+    pub idle_wait: IdleWait,
     /// Most requests one worker runs at once.
     #[arg(long, default_value_t = 64, allow_negative_numbers = true)]
     pub max_running: usize,
@@ -654,6 +659,7 @@ impl Cli {
             admission: self.admission.unwrap_or(Admission::Reserve),
             workers,
             watermark_blocks,
+            idle_wait: self.idle_wait,
             chunk: self.chunk,
             spec: self.spec.unwrap_or(0),
             accept,
@@ -1085,13 +1091,14 @@ fn profile_words(e: &EngineConfig, block_size: usize) -> String {
 fn settings_line(plan: &Plan) -> String {
     let e = &plan.engine;
     format!(
-        "workload: {}; {} workers, {}, prefix cache {}, async depth {}, watermark {} blocks, chunk {}, max running {}; kvslots free list: {} shards",
+        "workload: {}; {} workers, {}, prefix cache {}, async depth {}, watermark {} blocks, idle wait {}, chunk {}, max running {}; kvslots free list: {} shards",
         plan.workload,
         e.workers,
         profile_words(e, plan.sizing.block_size),
         if e.prefix_cache { "on" } else { "off" },
         e.async_depth,
         e.watermark_blocks,
+        e.idle_wait,
         e.chunk,
         e.max_running,
         plan.shards
@@ -1129,6 +1136,7 @@ fn settings_json(plan: &Plan) -> serde_json::Value {
         "admission": e.admission,
         "workers": e.workers,
         "watermark_blocks": e.watermark_blocks,
+        "idle_wait": e.idle_wait,
         "chunk": e.chunk,
         "spec": e.spec,
         "accept": e.accept,

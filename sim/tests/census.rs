@@ -1370,13 +1370,15 @@ fn memory_stays_bounded_under_an_address_space_limit() {
 /// the default).
 #[test]
 fn every_scheduler_flag_reaches_the_engine() {
-    use kvslots_sim::engine::{Admission, EngineConfig};
+    use kvslots_sim::engine::{Admission, EngineConfig, IdleWait};
     let argv = [
         "kvslots-sim",
         "--requests",
         "10",
         "--admission",
         "check",
+        "--idle-wait",
+        "poll",
         "--workers",
         "3",
         "--watermark",
@@ -1406,6 +1408,7 @@ fn every_scheduler_flag_reaches_the_engine() {
     let default = EngineConfig::default();
     let got = (
         e.admission,
+        e.idle_wait,
         e.workers,
         e.watermark_blocks,
         e.chunk,
@@ -1419,6 +1422,7 @@ fn every_scheduler_flag_reaches_the_engine() {
     );
     let want = (
         Admission::Check,
+        IdleWait::Poll,
         3,
         5,
         64,
@@ -1435,11 +1439,12 @@ fn every_scheduler_flag_reaches_the_engine() {
     assert_eq!(e.groups, default.groups);
     // The defaults this test's values differ from.
     assert_ne!(default.admission, want.0);
+    assert_ne!(default.idle_wait, want.1);
     assert_ne!(
         (default.chunk, default.max_running, default.async_depth),
         (64, 7, 2)
     );
-    assert_ne!(default.stuck_after, want.10);
+    assert_ne!(default.stuck_after, want.11);
 
     // The default mix, prefix caching, and a hybrid model's groups, which
     // publish every chunk.

@@ -2,7 +2,9 @@
 //! forks all happen, on both allocators; and on the shared code trace.
 
 use kvslots_sim::backend::{KvBackend, KvslotsBackend, MutexBackend};
-use kvslots_sim::engine::{self, group_blocks, Admission, EngineConfig, OpKind, RunStats};
+use kvslots_sim::engine::{
+    self, group_blocks, Admission, EngineConfig, IdleWait, OpKind, RunStats,
+};
 use kvslots_sim::workload::{read_trace, Request, Synthetic};
 
 /// Small requests (prompt ~ e^3.4 = 30 tokens, output ~ e^2.5 = 12), plus
@@ -453,9 +455,10 @@ fn one_at_a_time_config(admission: Admission, async_depth: usize) -> EngineConfi
 
 /// Runs `reqs` while the test holds 8 of the pool's blocks, so that no
 /// request fits and every worker, with nothing running, must wait; a
-/// helper gives the blocks back once `waiters` shows a worker waiting in
-/// the allocator (or once the run has ended without one, so that the test
-/// fails instead of hanging).
+/// helper gives the blocks back once `waiters` is above 0 (a worker seen
+/// waiting in the allocator, or another sign that one has waited), or
+/// once the run has ended without it, so that the test fails instead of
+/// hanging.
 fn run_held<B: KvBackend>(
     backend: &B,
     waiters: impl Fn() -> usize + Sync,
@@ -528,6 +531,72 @@ fn idle_workers_wait_in_the_allocator_on_both_allocators() {
         let s = run_held(&mutex, || mutex.pool().waiters(), &reqs, &cfg);
         assert_waited_in_the_allocator(&s, &reqs);
         assert_eq!(mutex.pool().waiters(), 0, "{admission}: a waiter was left");
+    }
+}
+
+/// With [`IdleWait::Poll`] an idle worker retries its admission instead
+/// of waiting in the allocator, on both allocators. One worker running
+/// one request at a time on 72 blocks of 16 tokens; each request names
+/// its 1,024-token prompt's content (64 keys, so that every admission
+/// attempt queries the prefix cache) and needs 65 blocks plus the
+/// watermark's 2, which do not fit beside the 8 blocks the test holds
+/// until the worker has made its third attempt at the first request (its
+/// second was refused with nothing running, so it waited). The run
+/// finishes whole, the waits are counted, none is a blocking call, and
+/// kvslots' queue never holds the worker (no admission is refused behind
+/// a waiter).
+#[test]
+fn idle_workers_poll_outside_the_allocator_with_idle_wait_poll() {
+    let reqs: Vec<Request> = (0..6)
+        .map(|id| Request {
+            hash_ids: Some(vec![2 * id as u64 + 100, 2 * id as u64 + 101].into()),
+            ..Request::new(id, 1024, 2)
+        })
+        .collect();
+    const KEYS: u64 = 1024 / 16;
+    for admission in [Admission::Reserve, Admission::Check] {
+        let cfg = EngineConfig {
+            admission,
+            idle_wait: IdleWait::Poll,
+            workers: 1,
+            watermark_blocks: 2,
+            chunk: 512,
+            max_running: 1,
+            mix: false,
+            prefix_cache: true,
+            ..EngineConfig::default()
+        };
+        let kv = KvslotsBackend::new(72, 16);
+        let most_waiters = std::sync::atomic::AtomicUsize::new(0);
+        let third_attempt = || {
+            // Relaxed: a maximum of snapshots, read after the run.
+            most_waiters.fetch_max(kv.pool().waiters(), std::sync::atomic::Ordering::Relaxed);
+            usize::from(kv.prefix_stats().queried_blocks >= 3 * KEYS)
+        };
+        let a = run_held(&kv, third_attempt, &reqs, &cfg);
+        assert_eq!(most_waiters.into_inner(), 0, "{admission}: a worker queued");
+        let mutex = MutexBackend::new(72, 16);
+        let b = run_held(
+            &mutex,
+            || usize::from(mutex.prefix_stats().queried_blocks >= 3 * KEYS),
+            &reqs,
+            &cfg,
+        );
+        for s in [&a, &b] {
+            let inv = s.invariants();
+            assert!(inv.ok(), "{}: {inv:?}, {:?}", s.allocator, s.errors);
+            assert_eq!(s.counts.requests_completed, reqs.len() as u64);
+            assert_eq!(s.final_used_blocks, 0);
+            assert!(s.counts.idle_waits > 0, "{}: no worker waited", s.allocator);
+            assert_eq!(
+                s.ops[OpKind::Wait as usize].calls,
+                0,
+                "{}: a blocking call",
+                s.allocator
+            );
+            assert_eq!(s.counts.refused_behind_waiters, 0, "{}", s.allocator);
+            assert!(s.counts.waited_admissions <= s.counts.idle_waits);
+        }
     }
 }
 

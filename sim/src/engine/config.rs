@@ -30,6 +30,33 @@ impl std::fmt::Display for Admission {
     }
 }
 
+/// How a worker with nothing running waits for a waiting request that
+/// does not fit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdleWait {
+    /// In the allocator: kvslots' FIFO queue (the grant is made, all or
+    /// nothing, by the thread whose give-back lets the head in, and new
+    /// admissions leave a queued request what it asks for), the baseline's
+    /// condition variable (the waiter retries when woken).
+    #[default]
+    Queue,
+    /// Outside it: the admission is retried every
+    /// [`POLL_TICK`](crate::engine::POLL_TICK), as a scheduler loop on a
+    /// timer would, on both allocators alike. Running groups' growth takes
+    /// what is given back first, as with a lock.
+    Poll,
+}
+
+impl std::fmt::Display for IdleWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            IdleWait::Queue => "queue",
+            IdleWait::Poll => "poll",
+        })
+    }
+}
+
 /// The scheduler's settings.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -39,6 +66,8 @@ pub struct EngineConfig {
     pub workers: usize,
     /// Blocks that admission keeps free (the watermark).
     pub watermark_blocks: usize,
+    /// How a worker with nothing running waits for blocks.
+    pub idle_wait: IdleWait,
     /// Prefill chunk, in tokens (at least 1).
     pub chunk: usize,
     /// Speculative draft tokens per decode step; 0 decodes one token a step.
@@ -94,6 +123,7 @@ impl Default for EngineConfig {
             admission: Admission::Reserve,
             workers: 4,
             watermark_blocks: 0,
+            idle_wait: IdleWait::Queue,
             chunk: 512,
             spec: 0,
             accept: 0.7,

@@ -79,7 +79,19 @@
 //! give-back. The allocator wakes it when another worker's give-back lets
 //! it in; each wait also times out after 500 µs, so that the worker sees a
 //! stop request and its queue again (so nothing is left waiting at the end
-//! of a run).
+//! of a run). That is [`IdleWait::Queue`], the default. With
+//! [`IdleWait::Poll`] the worker does not wait in the allocator: for up to
+//! the same 500 µs it retries the same all-or-nothing admission every
+//! [`POLL_TICK`], on both allocators alike.
+//!
+//! The two differ when the pool is short. kvslots' queue grants the head
+//! in the thread whose give-back lets it in, at that moment; a give-back
+//! is often a preemption, made so that a running group can grow, and the
+//! grant then takes those blocks first, so the running groups preempt
+//! again. A waiter that retries (the baseline's, woken by its condition
+//! variable, or any waiter with [`IdleWait::Poll`]) finds them taken by
+//! the running groups' growth, as vLLM's scheduler serves its running
+//! requests before its waiting ones.
 //!
 //! A refused step preempts the worker's most recently admitted group,
 //! except the *priority group* (see `Shared::hold_priority`): the first
@@ -138,7 +150,7 @@ use crate::backend::KvBackend;
 use crate::oracle::Oracle;
 use crate::workload::Request;
 
-pub use config::{Admission, EngineConfig, Profile, MIX_CLASSES, MIX_SAMPLES};
+pub use config::{Admission, EngineConfig, IdleWait, Profile, MIX_CLASSES, MIX_SAMPLES};
 pub use stats::{new_histogram, Counts, Invariants, OpKind, OpStats, RunStats};
 pub use worker::{group_blocks, never_fits};
 
@@ -149,6 +161,10 @@ use worker::Worker;
 
 /// Requests the shared queue holds at most.
 pub const QUEUE_CAPACITY: usize = 1024;
+
+/// With [`IdleWait::Poll`], the time between two attempts of an idle
+/// worker's admission.
+pub const POLL_TICK: std::time::Duration = std::time::Duration::from_micros(100);
 
 /// What the main thread hears about each worker.
 enum Exit {

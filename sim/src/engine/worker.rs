@@ -6,16 +6,18 @@ use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use crossbeam_channel::{Receiver, RecvError};
 use kvslots::{BlockHash, KvGroup, ReserveError};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-use super::config::{Admission, EngineConfig, Profile};
+use super::config::{Admission, EngineConfig, IdleWait, Profile};
 use super::device::Device;
 use super::shared::Shared;
 use super::stats::{OpKind, WorkerStats};
+use super::POLL_TICK;
 use crate::backend::{BlockCopy, Copies, KvBackend, KvSeq};
 use crate::oracle::{Tracked, Writer};
 use crate::prefix;
@@ -848,11 +850,16 @@ impl<B: KvBackend> Worker<B> {
     ///   every check-only grant would go back, every first chunk be
     ///   refused and its group preempted, and no request finish.
     ///
-    /// In kvslots the wait is a place in the pool's FIFO queue: while it
-    /// is queued, new admissions leave it all it asks for (headroom
-    /// included), and running groups' appends (growth of sequences that
-    /// hold blocks) do not wait behind it, so running groups are not
-    /// preempted for it. The baseline waits on its condition variable.
+    /// With [`IdleWait::Queue`], in kvslots the wait is a place in the
+    /// pool's FIFO queue: while it is queued, new admissions leave it all
+    /// it asks for (headroom included), and running groups' appends
+    /// (growth of sequences that hold blocks) do not wait behind it. The
+    /// grant is made at the give-back that lets it in, often a preemption
+    /// that another worker made for its running groups' growth, which the
+    /// grant then takes first. The baseline waits on its condition
+    /// variable and retries when woken. With [`IdleWait::Poll`], the same
+    /// admission is tried every [`POLL_TICK`] on both allocators, and
+    /// counted as an admission call each time.
     ///
     /// The prefix is given back before waiting, not held: a worker holding
     /// matched blocks while it waits keeps them from the others, and when
@@ -883,9 +890,23 @@ impl<B: KvBackend> Worker<B> {
             }
         };
         self.stats.counts.idle_waits += 1;
-        let waited = self.call(OpKind::Wait, || {
-            seq.reserve_blocking(tokens, headroom, Some(IDLE_WAIT))
-        });
+        let waited = match self.cfg.idle_wait {
+            IdleWait::Queue => self.call(OpKind::Wait, || {
+                seq.reserve_blocking(tokens, headroom, Some(IDLE_WAIT))
+            }),
+            IdleWait::Poll => {
+                let start = Instant::now();
+                loop {
+                    let tried = self.call(OpKind::Admit, || seq.try_reserve(tokens, headroom));
+                    match tried {
+                        Err(e) if e.is_retryable() && start.elapsed() < IDLE_WAIT => {
+                            std::thread::sleep(POLL_TICK);
+                        }
+                        done => break done,
+                    }
+                }
+            }
+        };
         match waited {
             Ok(()) => Ok(true),
             Err(ReserveError::Full { .. } | ReserveError::BehindWaiters { .. }) => Ok(false),
