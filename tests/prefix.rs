@@ -327,6 +327,40 @@ fn reviving_counts_against_capacity() {
     pool.free(&filler).unwrap();
 }
 
+/// A match reviving more evictable blocks than one admission ahead takes
+/// (several runs), on one shard and on many, with the pool nearly full
+/// besides: every block is revived, the counts are exact after the match
+/// and after its drop, and what went unused is back (the free blocks are
+/// whole again).
+#[test]
+fn a_long_revival_admits_in_runs_and_gives_back_what_it_did_not_use() {
+    for shards in [1, 4, 16] {
+        let pool = Arc::new(BlockPool::with_shards(256, BS, shards));
+        let tokens = prompt(7, 200);
+        let keys = keys(b"", &tokens);
+        let (a, n) = published(&pool, b"", &tokens);
+        assert_eq!(n, 200);
+        drop(a);
+        let mut held = Vec::new();
+        pool.try_alloc(40, &mut held).unwrap();
+        assert_eq!(counts(&pool), (216, 40, 200, 200), "{shards} shards");
+        let mut m = Sequence::new(Arc::clone(&pool));
+        // One key more than cached: the match ends at a miss, with credits
+        // admitted ahead for it that it does not use.
+        let mut longer = keys.clone();
+        longer.extend(self::keys(b"other", &prompt(8, 1)));
+        assert_eq!(m.try_match_prefix(&longer), 200, "{shards} shards");
+        assert_eq!(counts(&pool), (16, 240, 200, 0), "{shards} shards");
+        let mut rest = Vec::new();
+        pool.try_alloc(16, &mut rest).unwrap();
+        assert!(pool.try_alloc(1, &mut Vec::new()).is_err());
+        pool.free(&rest).unwrap();
+        drop(m);
+        pool.free(&held).unwrap();
+        assert_eq!(counts(&pool), (256, 0, 200, 200), "{shards} shards");
+    }
+}
+
 #[test]
 fn a_referenced_block_matches_on_a_closed_pool() {
     let pool = pool(4);

@@ -206,11 +206,27 @@ impl Admission {
     /// after a [`try_reserve_ahead`](Self::try_reserve_ahead) and the
     /// give-back of what went unused.
     pub(super) fn note_peak(&self) {
+        self.record_peak(self.home_view());
+    }
+
+    /// The free count as the calling thread's home shard sees it: its own,
+    /// plus the other shards' as its last slow path saw them. Two loads of
+    /// the home shard's line; an estimate that hands out nothing.
+    fn home_view(&self) -> usize {
         let home = &self.shards[self.home()];
-        // Relaxed (both): estimates for the peak, as in `try_reserve_inner`.
+        // Relaxed (both): estimates, as for the peak in `try_reserve_inner`.
         let free = free_of(home.word.load(Ordering::Relaxed));
         let others = home.others.load(Ordering::Relaxed);
-        self.record_peak(free.saturating_add(others));
+        free.saturating_add(others)
+    }
+
+    /// An estimate of what an admission could take now: the home shard's
+    /// view of the free count ([`home_view`](Self::home_view)) less what
+    /// the queued waiters are owed. It decides only how much a caller asks
+    /// for (a match's revivals admitted ahead): a request larger than what
+    /// is free is refused only after the slow path has scanned every shard.
+    pub(super) fn estimate_free(&self) -> usize {
+        self.home_view().saturating_sub(self.queue.owed())
     }
 
     /// Takes `n` blocks if `n` are free, ignoring what the queued waiters

@@ -336,6 +336,11 @@ fn add(counter: &AtomicU64, n: u64) {
 /// Blocks a match compares each new hit against directly, before it
 /// builds its filter.
 const DIRECT: usize = 32;
+/// The most blocks a match admits ahead for its revivals in one
+/// read-modify-write: a match of `k` evictable blocks makes
+/// `k / AHEAD_MAX` admissions or one more, and other callers miss at most
+/// `AHEAD_MAX - 1` blocks admitted and not used while it runs.
+const AHEAD_MAX: usize = 64;
 /// Words of the filter of block ids that one match has taken, in a pool of
 /// up to 32,768 blocks: a bit per block (4 KiB on the stack, zeroed only by
 /// matches longer than [`DIRECT`]).
@@ -532,7 +537,8 @@ impl BlockPool {
     /// pool's capacity admitted ahead: when none is left, this lends one of
     /// the caller's reserved blocks if it has one left to lend (its credit
     /// is the caller's place in the capacity), or else admits the
-    /// revival's `ahead` (the keys left in the match, this one included)
+    /// revival's `ahead` (the keys left in the match, this one included,
+    /// at most [`AHEAD_MAX`] and at most what the home shard sees free)
     /// with one read-modify-write (and sets its `admitted_ahead`: the peak
     /// is raised once the match is done), or else just one, as allocating
     /// a free block does; the caller gives back what goes unused.
@@ -565,7 +571,16 @@ impl BlockPool {
                         *revival.lent_credit = *revival.credits > 0;
                     }
                     if *revival.credits == 0 {
-                        let ahead = revival.ahead;
+                        // The keys left, but no more than `AHEAD_MAX` (what
+                        // is admitted ahead is missing to other callers until
+                        // the match gives back what it did not use) and no
+                        // more than the home shard sees free (a request that
+                        // cannot fit is refused only after a scan of every
+                        // shard, one per revival on a full pool).
+                        let ahead = revival
+                            .ahead
+                            .min(AHEAD_MAX)
+                            .min(self.counter.estimate_free());
                         if ahead > 1 && self.counter.try_reserve_ahead(ahead).is_ok() {
                             *revival.credits = ahead;
                             *revival.admitted_ahead = true;
