@@ -665,11 +665,14 @@
 //! above 0, cached or not) or *evictable* (count 0, cached: not in the free
 //! list). The admission counts count free and evictable blocks, which is
 //! what an allocation may take; a match admits a block before it revives
-//! an evictable one, exactly as an allocation would: at its first
-//! evictable block it admits as many as it has keys left, with one
-//! read-modify-write (or else one), uses one per revival, and gives back
-//! what it did not use when it ends; the peak is raised then, from what it
-//! kept. A match into a sequence that holds only reserved blocks
+//! an evictable one, exactly as an allocation would: at an evictable
+//! block with no admission left in hand it admits as many as it has keys
+//! left, at most 64 and at most what its home shard sees free (its own
+//! count and its view of the others', less what waiters are owed: a
+//! request larger than what is free would be refused only after the slow
+//! path's scan of every shard), with one read-modify-write (or else one),
+//! uses one per revival, and gives back what it did not use when it ends;
+//! the peak is raised then, from what it kept. A match into a sequence that holds only reserved blocks
 //! ([`try_match_prefix`](crate::Sequence::try_match_prefix) after a
 //! reservation) lends a reserved block instead, while it has one left to
 //! lend: the block goes back to the free list with its admission kept, and
