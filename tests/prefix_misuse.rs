@@ -547,11 +547,12 @@ fn a_repeated_key_matches_up_to_its_first_repetition() {
     assert_eq!(pool.prefix_stats().hit_blocks, 3);
 }
 
-/// A repeated key in a pool larger than the filter of taken ids (a match
-/// compares its first 32 hits directly, then screens through a filter of
-/// 131,072 bits in a pool of more than 32,768 blocks): two blocks whose ids
-/// share a filter bit are both matched, and a real repetition is still
-/// caught, before and after the filter.
+/// A repeated key in a pool larger than the filters of taken ids (a match
+/// screens its first 32 hits through a filter of 256 bits, then through
+/// one of 131,072 bits in a pool of more than 32,768 blocks, and compares
+/// a hit with the blocks taken only when its bit is set): two blocks whose
+/// ids share a bit of both filters are both matched, and a real repetition
+/// is still caught, among the first 32 hits and past them.
 #[test]
 fn a_repeated_key_is_caught_past_the_filter_of_taken_ids() {
     const BITS: u32 = 131_072;

@@ -409,8 +409,9 @@ impl BlockPool {
     /// blocks taken are distinct, at most `num_blocks` of them, and the
     /// table cannot outgrow the pool.
     ///
-    /// The first [`DIRECT`] hits are compared with the blocks taken so
-    /// far; a longer match builds a filter of the block ids taken on the
+    /// The first [`DIRECT`] hits are looked up in a filter of 256 bits of
+    /// the blocks taken so far, and compared with them only when their bit
+    /// is set; a longer match builds a filter of the block ids taken on the
     /// stack, sized to the pool: [`TAKEN_WORDS`] words (32,768 bits) in a
     /// pool of up to 32,768 blocks, [`TAKEN_WORDS_LARGE`] (131,072 bits)
     /// in a larger one. Only a hit in the filter scans the blocks taken.
@@ -465,6 +466,9 @@ impl BlockPool {
         let base = out.len();
         let lendable = lendable.min(base);
         let mut filter: Option<Taken<W>> = None;
+        // The first `DIRECT` blocks taken, as a filter of 256 bits: a hit
+        // scans them only when its bit is set.
+        let mut near = Taken::<4> { words: [0; 4] };
         let mut hits = 0;
         // Blocks admitted ahead for the evictable blocks this match revives
         // (see `match_one`); what goes unused is given back at the end.
@@ -486,7 +490,7 @@ impl BlockPool {
             };
             let taken = &out[base..];
             let repeated = if taken.len() < DIRECT {
-                taken.contains(&id)
+                near.insert(id) && taken.contains(&id)
             } else {
                 let filter = filter.get_or_insert_with(|| Taken::of(taken));
                 filter.insert(id) && taken.contains(&id)
