@@ -823,8 +823,8 @@ impl BlockPool {
         }
     }
 
-    /// [`peek_prefix`](Self::peek_prefix) with a filter of `W` words, as
-    /// [`match_filtered`](Self::match_filtered): a key whose block was
+    /// [`peek_prefix`](Self::peek_prefix) with filters of 256 bits and of
+    /// `W` words, as [`match_filtered`](Self::match_filtered): a key whose block was
     /// found for an earlier key ends the peek if it equals an earlier key
     /// (a block holds one key at a time, so with nothing running meanwhile
     /// that is the match's cut at a block it has taken already).
@@ -834,13 +834,14 @@ impl BlockPool {
             return 0;
         };
         let mut direct = [BlockId::NULL; DIRECT];
+        let mut near = Taken::<4> { words: [0; 4] };
         let mut filter: Option<Taken<W>> = None;
         for (i, key) in hashes.iter().enumerate() {
             let Some((id, _)) = self.peek_one(&cache.keys, key) else {
                 return i;
             };
             let seen_before = if i < DIRECT {
-                let seen = direct[..i].contains(&id);
+                let seen = near.insert(id) && direct[..i].contains(&id);
                 direct[i] = id;
                 seen
             } else {
