@@ -337,9 +337,11 @@ fn add(counter: &AtomicU64, n: u64) {
 /// builds its filter.
 const DIRECT: usize = 32;
 /// The most blocks a match admits ahead for its revivals in one
-/// read-modify-write: a match of `k` evictable blocks makes
-/// `k / AHEAD_MAX` admissions or one more, and other callers miss at most
-/// `AHEAD_MAX - 1` blocks admitted and not used while it runs.
+/// read-modify-write: with room to spare, a match of `k` evictable blocks
+/// makes `k / AHEAD_MAX` admissions or one more (on a nearly full pool, or
+/// with a stale view of the other shards, up to one a revival), and other
+/// callers miss at most `AHEAD_MAX - 1` blocks admitted and not used
+/// while it runs.
 const AHEAD_MAX: usize = 64;
 /// Words of the filter of block ids that one match has taken, in a pool of
 /// up to 32,768 blocks: a bit per block (4 KiB on the stack, zeroed only by
