@@ -333,8 +333,9 @@ fn add(counter: &AtomicU64, n: u64) {
     }
 }
 
-/// Blocks a match compares each new hit against directly, before it
-/// builds its filter.
+/// The hits a match screens through a filter of 256 bits (comparing a hit
+/// with the blocks taken when its bit is set) before it builds its filter
+/// sized to the pool.
 const DIRECT: usize = 32;
 /// The most blocks a match admits ahead for its revivals in one
 /// read-modify-write: with room to spare, a match of `k` evictable blocks
