@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Barrier};
 use std::task::{Context, Poll, Wake, Waker};
 use std::thread;
@@ -18,6 +18,7 @@ use std::time::Duration;
 
 mod common;
 
+use common::shadow::{tag_of, Shadow};
 use common::Forward;
 use kvslots::{BlockAllocator, BlockHash, BlockId, BlockPool, KvEvent, ReserveError, Sequence};
 
@@ -31,10 +32,6 @@ fn key(t: u64) -> BlockHash {
     b[..8].copy_from_slice(&t.to_le_bytes());
     b[8] = 0xA5;
     BlockHash(b)
-}
-
-fn tag_of(k: &BlockHash) -> u64 {
-    u64::from_le_bytes(k.0[..8].try_into().unwrap())
 }
 
 fn keys(ts: &[u64]) -> Vec<BlockHash> {
@@ -472,86 +469,32 @@ fn prompt(p: usize, len: usize) -> Vec<u64> {
         .collect()
 }
 
-/// The shadow: who holds which block, and what each block contains.
+/// The shadow of the pool's blocks, and what the attack counts.
 struct World {
     pool: Arc<BlockPool>,
-    /// Holders per block (exclusive holders add 1 and check 0 before).
-    held: Vec<AtomicI32>,
-    /// What the block contains: a key's tag once written for publishing,
-    /// an owner's stamp (high bit set) while written privately.
-    content: Vec<AtomicU64>,
-    stamp: AtomicU64,
+    shadow: Shadow,
     matches_into_reservations: AtomicUsize,
     matched_blocks: AtomicUsize,
     lent_paths: AtomicUsize,
 }
 
-const STAMP: u64 = 1 << 63;
+impl std::ops::Deref for World {
+    type Target = Shadow;
+    fn deref(&self) -> &Shadow {
+        &self.shadow
+    }
+}
 
 impl World {
     fn new(pool: Arc<BlockPool>) -> Arc<World> {
-        let n = pool.num_blocks();
+        let shadow = Shadow::new(pool.num_blocks());
         Arc::new(World {
             pool,
-            held: (0..n).map(|_| AtomicI32::new(0)).collect(),
-            content: (0..n).map(|_| AtomicU64::new(0)).collect(),
-            stamp: AtomicU64::new(STAMP),
+            shadow,
             matches_into_reservations: AtomicUsize::new(0),
             matched_blocks: AtomicUsize::new(0),
             lent_paths: AtomicUsize::new(0),
         })
-    }
-
-    fn take_fresh(&self, ids: &[BlockId], what: &str) -> u64 {
-        let stamp = self.stamp.fetch_add(1, SeqCst);
-        for id in ids {
-            let prev = self.held[id.index()].fetch_add(1, SeqCst);
-            assert_eq!(prev, 0, "{what}: {id} handed out while another holds it");
-            self.content[id.index()].store(stamp, SeqCst);
-        }
-        stamp
-    }
-
-    fn take_shared(&self, ids: &[BlockId]) {
-        for id in ids {
-            let prev = self.held[id.index()].fetch_add(1, SeqCst);
-            assert!(prev >= 0);
-        }
-    }
-
-    fn give(&self, ids: &[BlockId]) {
-        for id in ids {
-            let prev = self.held[id.index()].fetch_sub(1, SeqCst);
-            assert!(
-                prev >= 1,
-                "{id} given back by a sequence that did not hold it"
-            );
-        }
-    }
-
-    fn check_stamp(&self, ids: &[BlockId], stamp: u64, what: &str) {
-        for id in ids {
-            let c = self.content[id.index()].load(SeqCst);
-            assert_eq!(c, stamp, "{what}: {id} written by another holder");
-        }
-    }
-
-    /// Writes the tags of `ts` into `ids` (held alone) before a publish.
-    fn write_tags(&self, ids: &[BlockId], ts: &[u64]) {
-        for (id, t) in ids.iter().zip(ts) {
-            self.content[id.index()].store(*t, SeqCst);
-        }
-    }
-
-    fn check_tags(&self, ids: &[BlockId], ks: &[BlockHash], what: &str) {
-        for (id, k) in ids.iter().zip(ks) {
-            let c = self.content[id.index()].load(SeqCst);
-            assert_eq!(
-                c,
-                tag_of(k),
-                "{what}: matched {id} holds {c:#x}, not the key's tag"
-            );
-        }
     }
 }
 

@@ -21,6 +21,7 @@
 
 pub mod chains;
 pub mod lru_model;
+pub mod shadow;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
