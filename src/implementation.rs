@@ -672,7 +672,8 @@
 //! request larger than what is free would be refused only after the slow
 //! path's scan of every shard), with one read-modify-write (or else one),
 //! uses one per revival, and gives back what it did not use when it ends;
-//! the peak is raised then, from what it kept. A match into a sequence that holds only reserved blocks
+//! the peak is raised then, from what it kept. A match into a sequence
+//! that holds only reserved blocks
 //! ([`try_match_prefix`](crate::Sequence::try_match_prefix) after a
 //! reservation) lends a reserved block instead, while it has one left to
 //! lend: the block goes back to the free list with its admission kept, and
@@ -1441,7 +1442,9 @@
 //!   between passes are in the same total order as the takes; **failed
 //!   CASes are `Relaxed`** (only a retry follows).
 //! * **The peak, the other shards' estimate and the getters' sums are
-//!   `Relaxed`**: statistics and snapshots, ordering nothing.
+//!   `Relaxed`**: statistics and snapshots, ordering nothing (the estimate
+//!   also sizes a match's admission ahead, which the admission's CAS then
+//!   makes or refuses).
 //!
 //! ## The free list
 //!

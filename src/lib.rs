@@ -166,16 +166,18 @@
 //! where a lock is taken; `examples/async_worker.rs` and
 //! `examples/blocking_worker.rs` show a worker of each kind.
 //!
-//! The queue serves its head first: the release that lets the head in
-//! grants it there and then, before the thread that released can take
-//! the blocks back. When schedulers that share a pool preempt one of
-//! their sequences to grow another, a head queued by an idle scheduler
-//! takes what the preemption freed, and the growth preempts again. A
-//! scheduler that must not lose its running sequences' room to new
-//! admissions retries its admission (a `try_*` call on a timer) instead
-//! of queueing, as vLLM's scheduler serves its running requests before
-//! its waiting ones; the queue is for callers that must not be starved
-//! (`kvslots-sim --idle-wait` measures both, in `BENCHMARKS.md`).
+//! The growth of running sequences does not wait behind a queued head,
+//! but it cannot take back what the head was granted: the release that
+//! lets the head in grants it there and then, before the thread that
+//! released can take the blocks back. When schedulers that share a pool
+//! preempt one of their sequences to grow another, a head queued by an
+//! idle scheduler takes what the preemption freed, and the growth
+//! preempts again. A scheduler that must not lose its running sequences'
+//! room to new admissions retries its admission (a `try_*` call on a
+//! timer) instead of queueing, as vLLM's scheduler serves its running
+//! requests before its waiting ones; the queue is for callers that must
+//! not be starved (`kvslots-sim --idle-wait` measures both, in
+//! `BENCHMARKS.md`).
 //!
 //! ```
 //! use std::sync::Arc;

@@ -55,8 +55,9 @@ struct Shard {
     word: AtomicU64,
     /// The free counts of every other shard as this shard's last slow path
     /// (or the pool's creation) found them: with this shard's own count, an
-    /// estimate of the pool's free blocks for the peak, exact while one
-    /// thread uses the pool.
+    /// estimate of the pool's free blocks, exact while one thread uses the
+    /// pool, for the peak and for how many blocks a match admits ahead
+    /// (it hands out nothing: the admission's CAS decides).
     others: AtomicUsize,
 }
 

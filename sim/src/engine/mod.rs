@@ -116,7 +116,7 @@
 //! does not look) is left behind the same way. As a guard against a livelock outside
 //! the allocator, a worker that sees no request finish anywhere for
 //! `stall_limit` of its own iterations (or `stall_limit / 1000` of its
-//! blocking waits in the allocator, whatever they ended in, and of its
+//! idle waits, in the allocator or polling, whatever they ended in, and of its
 //! waits while the request holding priority is refused with nothing else
 //! running anywhere) stops the run too.
 //!

@@ -1,7 +1,7 @@
 //! What the workers, the producer and the monitor share: progress, the stop
 //! flag and the errors, the KV-memory oracle, and the call watch the
 //! livelock watchdog reads. (Idle workers wait in the allocator, which
-//! wakes them.)
+//! wakes them, or retry on a timer.)
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;

@@ -63,10 +63,11 @@ counts! {
     /// Completed requests whose samples did not each hold exactly their
     /// prompt and output.
     output_mismatches,
-    /// Blocking admissions made by a worker with nothing running whose
-    /// waiting request did not fit: each waits in the allocator (the
-    /// library's queue, or the baseline's condition variable) until the
-    /// request is granted or the wait's timeout runs out.
+    /// Waits of a worker with nothing running whose waiting request did
+    /// not fit: each waits in the allocator (the library's queue, or the
+    /// baseline's condition variable) or, with `--idle-wait poll`, retries
+    /// the admission, until the request is granted or the wait's time runs
+    /// out.
     idle_waits,
     /// Blocking admissions granted while waiting. The prefix was given
     /// back before the wait; a sequence matches it into its grant after

@@ -166,10 +166,11 @@ struct Queue<'a> {
     source_done: bool,
 }
 
-/// The longest one blocking admission of an idle worker waits in the
-/// allocator. A grant wakes it at once; the timeout is a safety net, so
-/// that the worker re-checks the stop flag (an abort wakes no waiter) and
-/// the stall guard counts its waits.
+/// The longest one wait of an idle worker lasts: a blocking admission in
+/// the allocator ([`IdleWait::Queue`]; a grant wakes it at once, and the
+/// timeout is a safety net), or a series of attempts every
+/// [`POLL_TICK`] ([`IdleWait::Poll`]). Then the worker re-checks the stop
+/// flag (an abort wakes no waiter) and the stall guard counts the wait.
 const IDLE_WAIT: std::time::Duration = std::time::Duration::from_micros(500);
 
 pub(super) struct Worker<B: KvBackend> {
@@ -682,7 +683,7 @@ impl<B: KvBackend> Worker<B> {
 
     /// Admits `req` if its whole prompt fits with the watermark; `Ok(None)`
     /// if it does not fit now. With `wait` (the worker has nothing
-    /// running), a refused admission then waits in the allocator (see
+    /// running), a refused admission then waits (see
     /// [`admit_blocking`](Self::admit_blocking)) for up to [`IDLE_WAIT`].
     fn admit(
         &mut self,
@@ -830,10 +831,11 @@ impl<B: KvBackend> Worker<B> {
         Ok(Some(g))
     }
 
-    /// The blocking form of a refused admission, for a worker with nothing
-    /// running: waits in the allocator, for up to [`IDLE_WAIT`], for the
-    /// admission itself, and keeps what it is granted; `Ok(false)` when
-    /// the wait timed out (`seq` is then empty).
+    /// The waiting form of a refused admission, for a worker with nothing
+    /// running: waits for up to [`IDLE_WAIT`] for the admission itself (in
+    /// the allocator, or retrying it: see [`IdleWait`]), and keeps what it
+    /// is granted; `Ok(false)` when the wait timed out (`seq` is then
+    /// empty).
     ///
     /// * Reserve: `reserve_blocking` of the whole prompt with the watermark
     ///   as headroom. The grant is the admission: the prompt's blocks, with
@@ -1027,11 +1029,13 @@ impl<B: KvBackend> Worker<B> {
     }
 
     /// Admission when nothing runs: done (`false`), or the waiting head's
-    /// blocking admission, which waits in the allocator until another
-    /// worker's give-back lets it in, or [`IDLE_WAIT`] runs out (`true`
-    /// either way; the caller's loop re-checks the stop flag and the stall
-    /// guard). The allocator wakes the waiter: the library's queue after
-    /// every release, the baseline's condition variable after every free.
+    /// waiting admission, which lasts until another worker's give-back
+    /// lets it in or [`IDLE_WAIT`] runs out (`true` either way; the
+    /// caller's loop re-checks the stop flag and the stall guard). With
+    /// [`IdleWait::Queue`] the allocator wakes the waiter: the library's
+    /// queue after every release, the baseline's condition variable after
+    /// every free; with [`IdleWait::Poll`] the worker retries every
+    /// [`POLL_TICK`].
     fn wait_for_blocks(
         &mut self,
         q: &mut Queue<'_>,

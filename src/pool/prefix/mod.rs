@@ -341,7 +341,7 @@ const DIRECT: usize = 32;
 /// read-modify-write: with room to spare, a match of `k` evictable blocks
 /// makes `k / AHEAD_MAX` admissions or one more (on a nearly full pool, or
 /// with a stale view of the other shards, up to one a revival), and other
-/// callers miss at most `AHEAD_MAX - 1` blocks admitted and not used
+/// callers miss at most `AHEAD_MAX` blocks admitted and not yet used
 /// while it runs.
 const AHEAD_MAX: usize = 64;
 /// Words of the filter of block ids that one match has taken, in a pool of
@@ -827,8 +827,9 @@ impl BlockPool {
     }
 
     /// [`peek_prefix`](Self::peek_prefix) with filters of 256 bits and of
-    /// `W` words, as [`match_filtered`](Self::match_filtered): a key whose block was
-    /// found for an earlier key ends the peek if it equals an earlier key
+    /// `W` words, as [`match_filtered`](Self::match_filtered): a key whose
+    /// block was found for an earlier key ends the peek if it equals an
+    /// earlier key
     /// (a block holds one key at a time, so with nothing running meanwhile
     /// that is the match's cut at a block it has taken already).
     #[inline(never)]
