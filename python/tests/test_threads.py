@@ -119,7 +119,7 @@ def test_eight_threads_conserve_blocks():
 
 
 FORKED_WAIT = """
-import os, signal, sys, threading, warnings
+import os, signal, sys, threading, time, warnings
 import pytest
 
 import kvslots
@@ -138,12 +138,20 @@ def worker():
     if pid == 0:
         # The child's only thread, so its main thread: Ctrl-C reaches it.
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGINT)).start()
-        # 0.8 s after the signal: is the wait still queued? The main thread
-        # looks for signals every 50 ms; any other thread once a second
-        # after its wait began, which is after this timer started, so not
-        # before 1 s from now.
-        later = threading.Timer(0.9, lambda: print("waiters", pool.waiters, flush=True))
+
+        def ctrl_c():
+            # The signal once the wait is queued (never before the main
+            # thread is inside the call, where it would not be caught).
+            while pool.waiters == 0:
+                time.sleep(0.001)
+            os.kill(os.getpid(), signal.SIGINT)
+            # 0.8 s after the signal: is the wait still queued? The main
+            # thread looks for signals every 50 ms; any other thread once a
+            # second after its wait began.
+            time.sleep(0.8)
+            print("waiters", pool.waiters, flush=True)
+
+        later = threading.Thread(target=ctrl_c)
         later.start()
         try:
             pool.alloc(1, timeout=2)
