@@ -101,6 +101,22 @@ fn published<A: BlockAllocator + ?Sized>(pool: &Arc<A>, ts: &[u64]) -> Sequence<
 }
 
 /// Runs `f` on a thread of its own (another home shard than the
+/// `count` prompts of `len` tags of their own (prompt `m`'s tag `i` is
+/// `base + 1000 * m + i`), published and let go: cached and evictable.
+fn published_prompts(pool: &Arc<BlockPool>, count: usize, len: usize, base: u64) -> Vec<Vec<u64>> {
+    let prompts: Vec<Vec<u64>> = (0..count)
+        .map(|m| {
+            (0..len as u64)
+                .map(|i| base + 1000 * m as u64 + i)
+                .collect()
+        })
+        .collect();
+    for ts in &prompts {
+        drop(published(pool, ts));
+    }
+    prompts
+}
+
 /// caller's, so that the shards' views of each other go stale).
 fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     thread::spawn(f).join().unwrap()
@@ -490,16 +506,7 @@ fn waiters_are_granted_in_order_while_long_matches_run() {
             let pool = Arc::new(build(n, 1, shards, events));
             let matchers = 3;
             let len = 130;
-            let prompts: Vec<Vec<u64>> = (0..matchers)
-                .map(|m| {
-                    (0..len as u64)
-                        .map(|i| 60_000 + 1000 * m as u64 + i)
-                        .collect()
-                })
-                .collect();
-            for ts in &prompts {
-                drop(published(&pool, ts));
-            }
+            let prompts = published_prompts(&pool, matchers, len, 60_000);
             let stop = Arc::new(AtomicBool::new(false));
             let barrier = Arc::new(Barrier::new(matchers + 1));
             let revived = Arc::new(AtomicUsize::new(0));
@@ -586,16 +593,7 @@ fn blocking_waiters_are_not_starved_by_long_matches() {
         let pool = Arc::new(build(n, 1, shards, false));
         let matchers = 4;
         let len = 200;
-        let prompts: Vec<Vec<u64>> = (0..matchers)
-            .map(|m| {
-                (0..len as u64)
-                    .map(|i| 70_000 + 1000 * m as u64 + i)
-                    .collect()
-            })
-            .collect();
-        for ts in &prompts {
-            drop(published(&pool, ts));
-        }
+        let prompts = published_prompts(&pool, matchers, len, 70_000);
         let stop = Arc::new(AtomicBool::new(false));
         let barrier = Arc::new(Barrier::new(matchers + 2));
         let mut hs: Vec<_> = prompts
@@ -659,16 +657,7 @@ fn matches_begun_after_a_close_revive_nothing() {
                 let pool = Arc::new(build(n, 1, shards, events));
                 let matchers = 3;
                 let len = 300;
-                let prompts: Vec<Vec<u64>> = (0..matchers)
-                    .map(|m| {
-                        (0..len as u64)
-                            .map(|i| 80_000 + 1000 * m as u64 + i)
-                            .collect()
-                    })
-                    .collect();
-                for ts in &prompts {
-                    drop(published(&pool, ts));
-                }
+                let prompts = published_prompts(&pool, matchers, len, 80_000);
                 let closed = Arc::new(AtomicBool::new(false));
                 let matched = Arc::new(AtomicUsize::new(0));
                 let barrier = Arc::new(Barrier::new(matchers + 2));
