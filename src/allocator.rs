@@ -10,11 +10,11 @@ use crate::error::ReserveError;
 use crate::hash::BlockHash;
 use crate::id::BlockId;
 
-/// The seal of [`BlockAllocator::is_block_pool`]: a type that code
+/// The seal of [`BlockAllocator::as_block_pool`]: a type that code
 /// outside the crate cannot name, so it cannot override that method (nor
 /// call it in safe code).
 mod seal {
-    /// The argument of `BlockAllocator::is_block_pool`.
+    /// The argument of `BlockAllocator::as_block_pool`.
     #[derive(Clone, Copy, Debug)]
     pub struct Pool(pub(crate) ());
 }
@@ -107,10 +107,10 @@ impl SequenceCall<'_> {
     /// This token, for a call that the sequence makes on `allocator`, its
     /// own: it names the allocator if that is a `BlockPool` (of that type,
     /// also behind a trait object; see
-    /// [`BlockAllocator::is_block_pool`]), and nothing otherwise.
+    /// [`BlockAllocator::as_block_pool`]), and nothing otherwise.
     #[inline]
     pub(crate) fn straight_to<A: BlockAllocator + ?Sized>(mut self, allocator: &A) -> Self {
-        if allocator.is_block_pool(seal::Pool(())) {
+        if allocator.as_block_pool(seal::Pool(())).is_some() {
             self.to = Some(allocator as *const A as *const () as usize);
         }
         self
@@ -409,12 +409,13 @@ pub trait BlockAllocator {
     /// gains no holder and no key without the caller.
     fn needs_copy(&self, id: BlockId) -> bool;
 
-    /// Whether this allocator is a [`BlockPool`](crate::BlockPool): `true`
-    /// only for `BlockPool`'s own implementation. Code outside the crate
+    /// This allocator as a [`BlockPool`](crate::BlockPool), if it is one:
+    /// `Some` only from `BlockPool`'s own implementation. Code outside the crate
     /// cannot name the argument's type, so it cannot override this method,
     /// nor call it in safe code: a forwarder is never taken for the pool
-    /// it forwards to (a publish through one claims with a CAS; see
-    /// [`SequenceCall`]). An implementation outside the crate that tries
+    /// it forwards to (a publish through one claims with a CAS, see
+    /// [`SequenceCall`]; a [`HybridSequence`](crate::HybridSequence) over
+    /// one does not match into a reservation). An implementation outside the crate that tries
     /// to override it does not compile (without the override, it does):
     ///
     /// ```compile_fail
@@ -424,8 +425,8 @@ pub trait BlockAllocator {
     /// struct Impostor;
     ///
     /// impl BlockAllocator for Impostor {
-    ///     fn is_block_pool(&self, _: kvslots::allocator::seal::Pool) -> bool {
-    ///         true
+    ///     fn as_block_pool(&self, _: kvslots::allocator::seal::Pool) -> Option<&kvslots::BlockPool> {
+    ///         None
     ///     }
     /// #   fn num_blocks(&self) -> usize { 1 }
     /// #   fn block_size(&self) -> usize { 1 }
@@ -443,8 +444,8 @@ pub trait BlockAllocator {
     /// }
     /// ```
     #[doc(hidden)]
-    fn is_block_pool(&self, _: seal::Pool) -> bool {
-        false
+    fn as_block_pool(&self, _: seal::Pool) -> Option<&crate::BlockPool> {
+        None
     }
 
     /// Takes the blocks of the longest prefix of `keys` that the allocator
@@ -577,7 +578,7 @@ pub(crate) fn checked_alloc<A: BlockAllocator + ?Sized>(
     out: &mut Vec<BlockId>,
     alloc: impl FnOnce(&A, &mut Vec<BlockId>) -> Result<(), ReserveError>,
 ) -> Result<(), ReserveError> {
-    if pool.is_block_pool(seal::Pool(())) {
+    if pool.as_block_pool(seal::Pool(())).is_some() {
         return alloc(pool, out);
     }
     let before = out.len();

@@ -253,6 +253,42 @@ fn a_forwarding_allocator_passes_the_token_through() {
     assert_eq!(pool.inner.evictable_blocks(), 2);
 }
 
+/// A hybrid sequence lends its reservation only to the pool itself: over
+/// a forwarder, a match into a reservation matches nothing and changes
+/// nothing (into an empty sequence it matches as over the pool).
+#[test]
+fn a_hybrid_match_into_a_reservation_through_a_forwarder_matches_nothing() {
+    let pool = Forward::new(
+        BlockPool::builder(16, 4)
+            .prefix_cache(true)
+            .build()
+            .unwrap(),
+    );
+    let groups =
+        KvGroups::new([KvGroup::SlidingWindow { window_tokens: 4 }, KvGroup::Full]).unwrap();
+    let mut base = Vec::new();
+    hash_blocks(b"", &(0..12).collect::<Vec<u32>>(), 4, &mut base);
+    let keys = groups.keys(&base);
+    let mut first = HybridSequence::new(Arc::clone(&pool), groups.clone());
+    first.try_append(12).unwrap();
+    assert_eq!(first.publish(&keys), Ok(6));
+    drop(first);
+    let mut seq = HybridSequence::new(Arc::clone(&pool), groups.clone());
+    seq.try_reserve(12, 0).unwrap();
+    let tables: Vec<Vec<BlockId>> = (0..2).map(|g| seq.blocks(g).unwrap().to_vec()).collect();
+    let before = (pool.inner.used_blocks(), pool.inner.prefix_stats());
+    assert_eq!(seq.try_match_prefix(&keys), Ok(0));
+    let after: Vec<Vec<BlockId>> = (0..2).map(|g| seq.blocks(g).unwrap().to_vec()).collect();
+    assert_eq!(after, tables);
+    assert_eq!(
+        (pool.inner.used_blocks(), pool.inner.prefix_stats()),
+        before
+    );
+    assert_eq!(pool.lent.load(std::sync::atomic::Ordering::Relaxed), 0);
+    let mut empty = HybridSequence::new(Arc::clone(&pool), groups);
+    assert_eq!(empty.try_match_prefix(&keys), Ok(3));
+}
+
 /// The token names the group of a hybrid sequence's publish, and nothing
 /// for a plain sequence's: a wrapper sees it, and the pool behind the
 /// wrapper names it in its KV events.

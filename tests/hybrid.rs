@@ -1155,6 +1155,167 @@ fn a_sliding_group_without_its_window_cuts_the_hit_and_gives_back_the_rest() {
     assert_eq!(pool.cached_blocks(), 8 + 4);
 }
 
+// ---------------------------------------------------------------------------
+// Matching into a reservation
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_match_into_a_reservation_replaces_reserved_blocks_and_keeps_the_capacity() {
+    let pool = pool(64);
+    let g = groups(&[sliding(6), KvGroup::Full]);
+    let tokens: Vec<u32> = (0..33).collect(); // 8 full blocks
+    let published = cache(&pool, &g, &tokens);
+    let keys = g.keys(&base_keys(&tokens));
+    let mut seq = HybridSequence::new(Arc::clone(&pool), g.clone());
+    seq.try_reserve(40, 0).unwrap(); // 10 blocks a group
+    assert_eq!((seq.len(), seq.capacity(), pool.used_blocks()), (0, 40, 20));
+    assert_eq!(seq.try_match_prefix(&keys), Ok(8));
+    assert_eq!((seq.len(), seq.capacity()), (32, 40));
+    // Position 32 reads 27..=32: the sliding group holds blocks 6 and 7,
+    // then 2 reserved blocks, as the full group after its 8.
+    let (t0, t1) = (seq.blocks(0).unwrap(), seq.blocks(1).unwrap());
+    assert_eq!((t0.len(), t1.len()), (10, 10));
+    assert_eq!(&t0[..6], &[BlockId::NULL; 6]);
+    assert_eq!(&t0[6..8], &published[0][6..8]);
+    assert_eq!(&t1[..8], &published[1][..8]);
+    for &id in t0[8..].iter().chain(&t1[8..]) {
+        assert_eq!(pool.ref_count(id), Some(1), "a reserved block, held alone");
+        assert!(!published.iter().any(|t| t[..8].contains(&id)));
+    }
+    assert_eq!(seq.held_blocks(), 2 + 8 + 4);
+    assert_eq!(
+        pool.used_blocks(),
+        14,
+        "the reserved blocks replaced went back"
+    );
+    // The rest of the prompt fits in what was reserved: no pool call.
+    let mut hog = Vec::new();
+    pool.try_alloc(pool.free_blocks(), &mut hog).unwrap();
+    assert_eq!(seq.try_append(8).unwrap(), 32..40);
+    pool.free(&hog).unwrap();
+    drop(seq);
+    assert_eq!(pool.used_blocks(), 0);
+}
+
+#[test]
+fn a_match_into_a_reservation_revives_with_the_reserved_blocks_when_the_rest_is_owed() {
+    // 16 blocks cached (8 a group, no holder), 20 free: the reservation
+    // takes the 20 free ones, and a waiter queued for 17 is owed the 16
+    // evictable ones, so no revival can be admitted: each is paid by a
+    // reserved block instead.
+    let pool = pool(36);
+    let g = groups(&[sliding(6), KvGroup::Full]);
+    let tokens: Vec<u32> = (0..33).collect();
+    let published = cache(&pool, &g, &tokens);
+    let keys = g.keys(&base_keys(&tokens));
+    let mut seq = HybridSequence::new(Arc::clone(&pool), g.clone());
+    seq.try_reserve(40, 0).unwrap();
+    assert_eq!(pool.cached_blocks(), 16, "the reservation evicted nothing");
+    let waiter = queued_waiter(&pool, 17);
+    // Into an empty sequence, nothing can be revived.
+    let mut other = HybridSequence::new(Arc::clone(&pool), g.clone());
+    assert_eq!(other.try_match_prefix(&keys), Ok(0));
+    assert_eq!(seq.try_match_prefix(&keys), Ok(8));
+    assert_eq!((seq.len(), seq.capacity()), (32, 40));
+    assert_eq!(&seq.blocks(0).unwrap()[6..8], &published[0][6..8]);
+    assert_eq!(&seq.blocks(1).unwrap()[..8], &published[1][..8]);
+    assert_eq!(seq.held_blocks(), 2 + 8 + 4);
+    // The 6 reserved blocks the match replaced went back: the waiter got
+    // its 17 (the 6, and 11 of the 6 cached blocks the match left).
+    let granted = waiter.join().unwrap().unwrap();
+    assert_eq!(granted.len(), 17);
+    assert_eq!(pool.used_blocks(), 14 + 17);
+    pool.free(&granted).unwrap();
+    drop(seq);
+    assert_eq!(pool.used_blocks(), 0);
+}
+
+#[test]
+fn a_match_into_a_reservation_keeps_the_places_of_the_blocks_a_shorter_group_lets_go() {
+    // The full group is cached for 8 blocks, the sliding group (window 6)
+    // for blocks 0..4 only; the reservation takes the 20 free blocks and a
+    // waiter queued for 15 is owed the 12 cached ones. The full group
+    // revives 8 blocks paid by reserved ones, the sliding group 2 (blocks
+    // 2 and 3), and the hit is 4: the full group's 4 blocks past the hit
+    // go back with their places in the capacity kept, so the reservation
+    // stays whole (12 blocks beyond the hit) and what is left over (2)
+    // does not let the waiter in.
+    let pool = pool(32);
+    let g = groups(&[KvGroup::Full, sliding(6)]);
+    let tokens: Vec<u32> = (0..32).collect();
+    let keys = g.keys(&base_keys(&tokens));
+    let published = cache(&pool, &g, &tokens);
+    for b in 4..8 {
+        uncache(&pool, &keys, 1, b);
+    }
+    assert_eq!((pool.cached_blocks(), pool.free_blocks()), (12, 32));
+    let mut seq = HybridSequence::new(Arc::clone(&pool), g.clone());
+    seq.try_reserve(40, 0).unwrap();
+    let waiter = queued_waiter(&pool, 15);
+    assert_eq!(seq.try_match_prefix(&keys), Ok(4));
+    assert_eq!((seq.len(), seq.capacity()), (16, 40));
+    assert_eq!(&seq.blocks(0).unwrap()[..4], &published[0][..4]);
+    assert_eq!(&seq.blocks(1).unwrap()[2..4], &published[1][2..4]);
+    assert_eq!(seq.held_blocks(), 4 + 2 + 2 * 6);
+    assert_eq!((pool.used_blocks(), pool.waiters()), (18, 1));
+    assert_eq!(pool.cached_blocks(), 12, "the blocks let go of stay cached");
+    // The 24 tokens left of the reservation need no pool call.
+    assert_eq!(seq.try_append(24).unwrap(), 16..40);
+    drop(seq);
+    let granted = waiter.join().unwrap().unwrap();
+    assert_eq!(granted.len(), 15);
+    pool.free(&granted).unwrap();
+    assert_eq!(pool.used_blocks(), 0);
+}
+
+#[test]
+fn a_reservation_smaller_than_the_hit_gives_all_its_blocks_back() {
+    let pool = pool(64);
+    let g = groups(&[sliding(6), KvGroup::Full]);
+    let tokens: Vec<u32> = (0..33).collect();
+    cache(&pool, &g, &tokens);
+    let keys = g.keys(&base_keys(&tokens));
+    let mut seq = HybridSequence::new(Arc::clone(&pool), g.clone());
+    seq.try_reserve(8, 0).unwrap(); // 2 blocks a group
+    assert_eq!(seq.try_match_prefix(&keys), Ok(8));
+    assert_eq!((seq.len(), seq.capacity()), (32, 32));
+    assert_eq!(seq.held_blocks(), 2 + 8);
+    assert_eq!(pool.used_blocks(), 10);
+}
+
+#[test]
+fn a_match_into_a_reservation_with_no_hit_keeps_the_reservation() {
+    let pool = pool(16);
+    let g = groups(&[sliding(4), KvGroup::Full]);
+    let keys = g.keys(&base_keys(&(0..16).collect::<Vec<u32>>()));
+    let mut seq = HybridSequence::new(Arc::clone(&pool), g.clone());
+    seq.try_reserve(12, 0).unwrap();
+    let before = (tables(&seq), pool.used_blocks());
+    assert_eq!(seq.try_match_prefix(&keys), Ok(0));
+    assert_eq!((tables(&seq), pool.used_blocks()), before);
+    assert_eq!((seq.len(), seq.capacity()), (0, 12));
+}
+
+#[test]
+fn a_closed_pool_revives_nothing_into_a_reservation() {
+    let pool = pool(36);
+    let g = groups(&[sliding(6), KvGroup::Full]);
+    let tokens: Vec<u32> = (0..33).collect();
+    cache(&pool, &g, &tokens);
+    let keys = g.keys(&base_keys(&tokens));
+    let mut seq = HybridSequence::new(Arc::clone(&pool), g.clone());
+    seq.try_reserve(40, 0).unwrap();
+    pool.close();
+    let before = (tables(&seq), pool.used_blocks(), pool.cached_blocks());
+    assert_eq!(seq.try_match_prefix(&keys), Ok(0));
+    assert_eq!(
+        (tables(&seq), pool.used_blocks(), pool.cached_blocks()),
+        before
+    );
+    drop(seq);
+    assert_eq!(pool.used_blocks(), 0);
+}
+
 #[test]
 fn keys_of_other_groups_are_refused_and_no_block_matches_in_another_group() {
     let pool = pool(32);

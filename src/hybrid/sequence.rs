@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::groups::{GroupKeys, KvGroup, KvGroups};
-use crate::allocator::{checked_alloc, BlockAllocator, SequenceCall};
+use crate::allocator::{checked_alloc, BlockAllocator, Seal, SequenceCall};
 use crate::error::{HybridError, ReserveError};
 use crate::id::BlockId;
 use crate::pool::{BlockPool, Holder};
@@ -1317,15 +1317,28 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// the sequence is new work: its next append is a new admission (see
     /// [`try_append`](Self::try_append)).
     ///
-    /// On a sequence that holds tokens or blocks it returns 0 and changes
-    /// nothing (reserved blocks included: unlike
-    /// [`Sequence::try_match_prefix`], a hybrid sequence does not match
-    /// into a reservation). As [`Sequence::try_match_prefix`]: an
-    /// evictable block taken
-    /// counts against the pool's capacity, and a full or closed pool stops
-    /// a group's match short; under contention fewer blocks may match; a
-    /// matched block's key is exactly the one asked for, and what its
-    /// publisher wrote happens-before the match returns it.
+    /// On a sequence that holds tokens it returns 0 and changes nothing.
+    /// A sequence that holds only reserved blocks (a reservation, granted
+    /// after a wait say) matches into them, as
+    /// [`Sequence::try_match_prefix`] does: each reserved block can pay
+    /// for a cached block revived (its place in the capacity is the
+    /// revival's, also when the rest of the pool is owed to waiters), and
+    /// a matched block that the final prefix does not need (a group that
+    /// serves a shorter prefix) goes back with its place kept for the
+    /// reservation. Once the groups agree on `k`, every group holds its
+    /// `k` entries of the match, then the blocks it reserved beyond them:
+    /// [`capacity`](Self::capacity) stays at least what it was, and what
+    /// is left over goes back to the pool. (Short only where another match
+    /// took one of the blocks let go of meanwhile and the pool has no
+    /// room: a group then holds fewer blocks beyond the match.) The
+    /// reserved blocks are lent only to a [`BlockPool`] itself: over
+    /// another allocator a sequence holding reserved blocks matches
+    /// nothing and returns 0. As [`Sequence::try_match_prefix`]: an
+    /// evictable block taken counts against the pool's capacity, and a
+    /// full or closed pool stops a group's match short; under contention
+    /// fewer blocks may match; a matched block's key is exactly the one
+    /// asked for, and what its publisher wrote happens-before the match
+    /// returns it.
     ///
     /// # Performance
     ///
@@ -1357,25 +1370,54 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// assert_eq!(first.publish(&keys), Ok(5 + 5));
     /// drop(first);
     ///
-    /// let mut second = HybridSequence::new(Arc::clone(&pool), groups);
+    /// let mut second = HybridSequence::new(Arc::clone(&pool), groups.clone());
     /// assert_eq!(second.try_match_prefix(&keys), Ok(5)); // 20 tokens
     /// // Position 20 reads 16..=20: the sliding group holds block 4 only.
     /// assert_eq!(second.blocks(0).unwrap()[..4], [BlockId::NULL; 4]);
     /// assert_eq!(second.held_blocks(), 1 + 5);
+    ///
+    /// // Reserved first (granted after a wait, say), then matched: 7
+    /// // blocks a group reserved, the 5 matched entries replace 5 of them.
+    /// let mut third = HybridSequence::new(Arc::clone(&pool), groups);
+    /// third.try_reserve(prompt.len() + 4, 0).unwrap();
+    /// assert_eq!(third.try_match_prefix(&keys), Ok(5));
+    /// assert_eq!((third.len(), third.capacity()), (20, 28));
+    /// assert_eq!(third.held_blocks(), 1 + 5 + 2 * 2);
     /// ```
     pub fn try_match_prefix(&mut self, keys: &GroupKeys) -> Result<usize, HybridError> {
         if keys.groups() != &self.groups {
             return Err(HybridError::OtherGroups);
         }
-        let empty = self
+        // New work: no token, nothing retired, no null entry. Its blocks,
+        // if any, are reserved: held alone (a fork shares only blocks that
+        // hold tokens), uncached, empty.
+        let new = self
             .tables
             .iter()
-            .all(|t| t.len == 0 && t.blocks.is_empty() && t.retired.is_none());
-        if !empty || keys.blocks() == 0 {
+            .all(|t| t.len == 0 && t.null == 0 && t.retired.is_none());
+        if !new || keys.blocks() == 0 {
+            return Ok(0);
+        }
+        let pool = Arc::clone(self.pool());
+        let reserved = self.tables.iter().any(|t| !t.blocks.is_empty());
+        // A reservation is lent only to the pool itself, whose credits the
+        // match keeps; over any other allocator the match needs an empty
+        // sequence.
+        let lender = pool.as_block_pool(Seal(()));
+        if reserved && lender.is_none() {
             return Ok(0);
         }
         self.clear_scratch();
-        let pool = Arc::clone(self.pool());
+        let mut lending = Lending {
+            pool: lender.filter(|_| reserved),
+            credits: 0,
+        };
+        // The reserved blocks wait in the scratch list, where the matches
+        // lend them from (see `match_run`); each group's count is planned.
+        for (t, plan) in self.tables.iter_mut().zip(self.plans.iter_mut()) {
+            *plan = (t.blocks.len(), 0, false);
+            self.scratch.append(&mut t.blocks);
+        }
         let bs = self.tables[0].bs;
         // At most the blocks whose tokens a length can count: sliding
         // groups alone can match more blocks than the pool has (their
@@ -1392,19 +1434,20 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             if *kind != KvGroup::Full {
                 continue;
             }
+            let from = match_run(
+                &*pool,
+                &lending,
+                &keys.group(g).unwrap_or(&[])[..k],
+                &mut self.scratch,
+                &mut unwound,
+            );
             let t = &mut self.tables[g];
-            t.blocks.reserve(k.min(pool.num_blocks()));
-            unwound.catch(|| {
-                pool.match_prefix(
-                    &SequenceCall::new(),
-                    &keys.group(g).unwrap_or(&[])[..k],
-                    &mut t.blocks,
-                );
-            });
+            t.blocks.extend_from_slice(&self.scratch[from..]);
+            self.scratch.truncate(from);
             let m = t.blocks.len();
             if m < k {
                 k = m;
-                self.cut_full(k, &mut unwound);
+                self.cut_full(k, &mut lending, &mut unwound);
             }
         }
         // The sliding groups, until every group agrees on `k`.
@@ -1414,7 +1457,8 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
                 if !kind.gives_back() {
                     continue;
                 }
-                let served = self.settle(g, *kind, k, keys.group(g).unwrap_or(&[]), &mut unwound);
+                let group_keys = keys.group(g).unwrap_or(&[]);
+                let served = self.settle(g, *kind, k, group_keys, &mut lending, &mut unwound);
                 if served < k {
                     k = served;
                     lowered = true;
@@ -1423,25 +1467,74 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             if !lowered || self.faults.unreconciled_match() {
                 break;
             }
-            self.cut_full(k, &mut unwound);
+            self.cut_full(k, &mut lending, &mut unwound);
         }
         for t in self.tables.iter_mut() {
             t.len = k * bs;
             t.tail_may_be_shared = false;
             // New work until it holds a block beyond the match; every
-            // block it holds is cached.
-            t.matched = t.blocks.len();
-            t.published = t.blocks.len();
+            // block of the match is cached.
+            t.matched = k;
+            t.published = k;
+        }
+        if reserved {
+            self.refill_reservation(k, &mut lending, &mut unwound);
         }
         Ok(k)
     }
 
-    /// Shortens every full group's matched blocks to `k` (a waker's panic
-    /// out of a give-back goes to `unwound`).
-    fn cut_full(&mut self, k: usize, unwound: &mut Unwound) {
+    /// After a match of `k` blocks into a reservation: gives each group the
+    /// blocks it reserved beyond the match (so that its capacity stays at
+    /// least what it was), from the reserved blocks the match did not
+    /// lend, then from the credits it kept, and gives back what is left
+    /// of both. Each table holds exactly its `k` entries of the match on
+    /// entry. A waker's panic out of the give-back goes to `unwound`, with
+    /// the tables whole.
+    fn refill_reservation(&mut self, k: usize, lending: &mut Lending<'_>, unwound: &mut Unwound) {
+        let pool = Arc::clone(self.pool());
+        // Taken from the front of the scratch list, where the blocks not
+        // lent keep their groups' order: with nothing lent, each group
+        // gets its own back.
+        let mut next = 0;
+        for (t, &(reserved, _, _)) in self.tables.iter_mut().zip(self.plans.iter()) {
+            let mut need = reserved.saturating_sub(k);
+            let kept = need.min(self.scratch.len() - next);
+            t.blocks.extend_from_slice(&self.scratch[next..next + kept]);
+            next += kept;
+            need -= kept;
+            let paid = need.min(lending.credits);
+            if let (Some(p), true) = (lending.pool, paid > 0) {
+                p.take_lent(paid, &mut t.blocks);
+                lending.credits -= paid;
+                need -= paid;
+            }
+            // Short only if another match took a block this one let go of
+            // (its place in the capacity went with it): taken from the
+            // pool if it has room, as a running sequence's growth.
+            if need > 0 {
+                let _ = checked_alloc(&*pool, need, &mut t.blocks, |pool, out| {
+                    pool.try_alloc_growth(&SequenceCall::new(), need, out)
+                });
+            }
+        }
+        if next < self.scratch.len() {
+            let left = &self.scratch[next..];
+            unwound.catch(|| pool.release(&SequenceCall::new(), left));
+        }
+        self.scratch.clear();
+        if let (Some(p), credits) = (lending.pool, std::mem::take(&mut lending.credits)) {
+            unwound.catch(|| p.give_back_lent(credits));
+        }
+    }
+
+    /// Shortens every full group's matched blocks to `k` (see
+    /// [`give_back_matched`]; a waker's panic out of a give-back goes to
+    /// `unwound`).
+    fn cut_full(&mut self, k: usize, lending: &mut Lending<'_>, unwound: &mut Unwound) {
+        let faults = self.faults;
         for (t, kind) in self.tables.iter_mut().zip(self.groups.as_slice()) {
             if *kind == KvGroup::Full && t.blocks.len() > k {
-                unwound.catch(|| t.pool().release(&SequenceCall::new(), &t.blocks[k..]));
+                give_back_matched(&**t.pool(), lending, &t.blocks[k..], faults, unwound);
                 t.blocks.truncate(k);
             }
         }
@@ -1457,15 +1550,17 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         kind: KvGroup,
         k: usize,
         keys: &[crate::hash::BlockHash],
+        lending: &mut Lending<'_>,
         unwound: &mut Unwound,
     ) -> usize {
+        let faults = self.faults;
         let t = &mut self.tables[g];
         let pool = Arc::clone(t.pool());
         let bs = t.bs;
         // Blocks past the candidate go back.
         if t.blocks.len() > k {
             let from = t.null.max(k);
-            unwound.catch(|| pool.release(&SequenceCall::new(), &t.blocks[from..]));
+            give_back_matched(&*pool, lending, &t.blocks[from..], faults, unwound);
             t.blocks.truncate(k);
             t.null = t.null.min(k);
         }
@@ -1480,34 +1575,34 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             let need = kind.first_needed_block(end * bs, bs);
             if t.null <= need {
                 // The window is held; what lies before it goes back.
-                unwound.catch(|| pool.release(&SequenceCall::new(), &t.blocks[t.null..need]));
+                give_back_matched(&*pool, lending, &t.blocks[t.null..need], faults, unwound);
                 t.blocks[t.null..need].fill(BlockId::NULL);
                 t.null = need;
                 return end;
             }
-            // Match the window's missing head, `need..null`. The scratch
-            // list holds the blocks only until they are in the table: at
-            // most the pool's, as the match takes distinct blocks.
-            self.scratch.clear();
-            self.scratch.reserve((t.null - need).min(pool.num_blocks()));
-            let scratch = &mut self.scratch;
-            unwound.catch(|| {
-                pool.match_prefix(&SequenceCall::new(), &keys[need..t.null], scratch);
-            });
-            let m = self.scratch.len();
+            // Match the window's missing head, `need..null`, into the
+            // scratch list, after the reserved blocks waiting there.
+            let from = match_run(
+                &*pool,
+                lending,
+                &keys[need..t.null],
+                &mut self.scratch,
+                unwound,
+            );
+            let m = self.scratch.len() - from;
             if m == t.null - need {
-                t.blocks[need..t.null].copy_from_slice(&self.scratch);
-                self.scratch.clear();
+                t.blocks[need..t.null].copy_from_slice(&self.scratch[from..]);
+                self.scratch.truncate(from);
                 t.null = need;
                 continue;
             }
             // Block `need + m` is missing: no window ending past it can be
             // served. The run above it goes back; the blocks matched below
             // it are the new run, ending at the new candidate.
-            unwound.catch(|| pool.release(&SequenceCall::new(), &t.blocks[t.null..]));
+            give_back_matched(&*pool, lending, &t.blocks[t.null..], faults, unwound);
             t.blocks.truncate(need);
-            t.blocks.extend_from_slice(&self.scratch);
-            self.scratch.clear();
+            t.blocks.extend_from_slice(&self.scratch[from..]);
+            self.scratch.truncate(from);
             t.null = need;
         }
     }
@@ -1610,6 +1705,79 @@ impl HybridSequence<BlockPool> {
         granted?;
         self.distribute_reserved();
         Ok(())
+    }
+}
+
+/// What a hybrid match into a reservation lends the pool and keeps (see
+/// [`HybridSequence::try_match_prefix`]).
+struct Lending<'p> {
+    /// The pool itself, when the sequence holds reserved blocks: they pay
+    /// for the match's revivals (see [`match_run`]), and the matched blocks
+    /// the match lets go of keep their places in the capacity (see
+    /// [`give_back_matched`]); `None` otherwise.
+    pool: Option<&'p BlockPool>,
+    /// Places in the capacity kept from matched blocks let go of: turned
+    /// into the reservation's fresh blocks at the end, or given back.
+    credits: usize,
+}
+
+/// Matches `keys` into the end of `scratch`, whose entries are reserved
+/// blocks (none in a match into an empty sequence) that a revival may
+/// lend to the pool (the last first), and returns the index in `scratch`
+/// of the first block matched: the reserved blocks not lent are
+/// `scratch[..index]`. A waker's panic out of the match goes to
+/// `unwound`, with `scratch` so arranged.
+fn match_run<A: BlockAllocator + ?Sized>(
+    pool: &A,
+    lending: &Lending<'_>,
+    keys: &[crate::hash::BlockHash],
+    scratch: &mut Vec<BlockId>,
+    unwound: &mut Unwound,
+) -> usize {
+    let lendable = scratch.len();
+    // Room for every block that can match (distinct blocks, so no more
+    // than the pool has) and for a lent block taken back, so that the
+    // pushes inside the match cannot allocate (or panic) halfway.
+    scratch.reserve(keys.len().min(pool.num_blocks()) + 1);
+    let mut lent = 0;
+    unwound.catch(|| match lending.pool {
+        Some(p) if lendable > 0 => {
+            p.match_prefix_lending(keys, scratch, lendable, &mut lent);
+        }
+        _ => {
+            pool.match_prefix(&SequenceCall::new(), keys, scratch);
+        }
+    });
+    // The lent entries, the last of the reserved ones, are the pool's now.
+    let lent = lent.min(lendable);
+    scratch.drain(lendable - lent..lendable);
+    lendable - lent
+}
+
+/// Gives back `ids`, matched blocks that the match's final prefix does not
+/// need: released, or, in a match into a reservation, let go of with their
+/// places in the capacity kept as `lending`'s credits (a block another
+/// holder keeps leaves none). Under loom's `cut_releases` control the
+/// places go back too. A waker's panic out of a release goes to `unwound`.
+fn give_back_matched<A: BlockAllocator + ?Sized>(
+    pool: &A,
+    lending: &mut Lending<'_>,
+    ids: &[BlockId],
+    faults: Faults,
+    unwound: &mut Unwound,
+) {
+    if ids.is_empty() {
+        return;
+    }
+    match lending.pool {
+        Some(p) => {
+            let kept = p.lend_held(ids);
+            if faults.cut_releases() {
+                unwound.catch(|| p.give_back_lent(kept));
+            }
+            lending.credits += kept;
+        }
+        None => unwound.catch(|| pool.release(&SequenceCall::new(), ids)),
     }
 }
 

@@ -63,6 +63,7 @@ pub const SOUND: Faults = Faults {
     per_group_admission: false,
     recycle_shared: false,
     unreconciled_match: false,
+    cut_releases: false,
     match_keeps_credits: false,
     lend_releases: false,
     owed_without_headroom: false,
@@ -347,6 +348,12 @@ pub const RECYCLE_SHARED: Faults = Faults {
 /// that matched more than a later one keeps it.
 pub const UNRECONCILED_MATCH: Faults = Faults {
     unreconciled_match: true,
+    ..SOUND
+};
+/// The hybrid lending control: a match into a reservation gives back the
+/// admission of the matched blocks it lets go of and keeps their credits.
+pub const CUT_RELEASES: Faults = Faults {
+    cut_releases: true,
     ..SOUND
 };
 /// The headroom control of waiting: new admissions leave free only what

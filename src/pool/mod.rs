@@ -979,6 +979,22 @@ impl BlockPool {
         self.drop_held(ids, release).0
     }
 
+    /// Appends to `out` the ids of `n` fresh blocks (one reference each,
+    /// a sequence's) paid by credits the caller holds: places in the
+    /// capacity kept by [`lend_held`](Self::lend_held).
+    pub(crate) fn take_lent(&self, n: usize, out: &mut Vec<BlockId>) {
+        self.take_admitted(n, out, Holder::Sequence);
+    }
+
+    /// Gives back `n` credits kept by [`lend_held`](Self::lend_held) and
+    /// not spent, as a release of that many blocks does (waking whom it
+    /// grants).
+    pub(crate) fn give_back_lent(&self, n: usize) {
+        if n > 0 {
+            self.counter.release_held(n);
+        }
+    }
+
     /// The body of [`drop_held_refs`](Self::drop_held_refs) and
     /// [`lend_held`](Self::lend_held): `release` says whether the blocks
     /// that go back give their admission back. Returns how many went back.
@@ -1207,8 +1223,8 @@ impl BlockAllocator for BlockPool {
         self.refs.needs_copy(id)
     }
 
-    fn is_block_pool(&self, _: crate::allocator::Seal) -> bool {
-        true
+    fn as_block_pool(&self, _: crate::allocator::Seal) -> Option<&BlockPool> {
+        Some(self)
     }
 
     fn match_prefix(

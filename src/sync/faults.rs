@@ -204,6 +204,13 @@ pub(crate) struct Faults {
     /// keeps it, so the groups' tables disagree with the length.
     #[cfg(all(test, kvslots_loom))]
     pub(crate) unreconciled_match: bool,
+    /// A [`HybridSequence`](crate::HybridSequence)'s match into a
+    /// reservation gives back the admission of each matched block it lets
+    /// go of (a group that serves a shorter prefix) and keeps the block's
+    /// place in the capacity as a credit all the same: the block is
+    /// counted free twice.
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) cut_releases: bool,
     /// A match keeps the blocks it admitted ahead for revivals and did not
     /// use (its key's block was evicted meanwhile) instead of giving them
     /// back: they are lost to every later admission.
@@ -963,6 +970,18 @@ impl Faults {
     pub(crate) fn recycle_shared(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.recycle_shared {
+            return true;
+        }
+        false
+    }
+
+    /// Whether a hybrid match into a reservation gives back the admission
+    /// of the matched blocks it lets go of and keeps their credits too:
+    /// `false`, or `true` under `cut_releases`.
+    #[inline]
+    pub(crate) fn cut_releases(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.cut_releases {
             return true;
         }
         false
