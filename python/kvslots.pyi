@@ -793,10 +793,12 @@ class HybridSequence:
         """A child sharing every group's full blocks, with a private copy of
         each partly filled last one: `(child, copies)`."""
     def match_prefix(self, keys: GroupKeys) -> int:
-        """Takes the longest prefix every group can serve into this empty
-        sequence; returns its blocks. A sequence that holds tokens or blocks
-        (a reservation's included) matches nothing and returns 0. Raises
-        `ValueError` for another `KvGroups`' keys."""
+        """Takes the longest prefix every group can serve into this new
+        sequence; returns its blocks. Into reserved blocks (length 0) the
+        match takes their places, each paying for a cached block revived,
+        and every group keeps what it reserved beyond the hit (`capacity`
+        does not shrink). A sequence that holds tokens matches nothing and
+        returns 0. Raises `ValueError` for another `KvGroups`' keys."""
     def publish(self, keys: GroupKeys) -> int:
         """Caches every group's full blocks; returns how many became
         cached. With `kv_events`, each group's stores are reported under

@@ -415,7 +415,7 @@ pub trait BlockAllocator {
     /// nor call it in safe code: a forwarder is never taken for the pool
     /// it forwards to (a publish through one claims with a CAS, see
     /// [`SequenceCall`]; a [`HybridSequence`](crate::HybridSequence) over
-    /// one does not match into a reservation). An implementation outside the crate that tries
+    /// one lends it no reserved block). An implementation outside the crate that tries
     /// to override it does not compile (without the override, it does):
     ///
     /// ```compile_fail

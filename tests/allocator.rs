@@ -254,10 +254,11 @@ fn a_forwarding_allocator_passes_the_token_through() {
 }
 
 /// A hybrid sequence lends its reservation only to the pool itself: over
-/// a forwarder, a match into a reservation matches nothing and changes
-/// nothing (into an empty sequence it matches as over the pool).
+/// a forwarder, a match into a reservation lends nothing (its revivals are
+/// admitted as into an empty sequence) and each group keeps the blocks it
+/// reserved beyond the hit.
 #[test]
-fn a_hybrid_match_into_a_reservation_through_a_forwarder_matches_nothing() {
+fn a_hybrid_match_into_a_reservation_through_a_forwarder_lends_nothing() {
     let pool = Forward::new(
         BlockPool::builder(16, 4)
             .prefix_cache(true)
@@ -272,21 +273,31 @@ fn a_hybrid_match_into_a_reservation_through_a_forwarder_matches_nothing() {
     let mut first = HybridSequence::new(Arc::clone(&pool), groups.clone());
     first.try_append(12).unwrap();
     assert_eq!(first.publish(&keys), Ok(6));
+    let published: Vec<Vec<BlockId>> = (0..2).map(|g| first.blocks(g).unwrap().to_vec()).collect();
     drop(first);
     let mut seq = HybridSequence::new(Arc::clone(&pool), groups.clone());
-    seq.try_reserve(12, 0).unwrap();
-    let tables: Vec<Vec<BlockId>> = (0..2).map(|g| seq.blocks(g).unwrap().to_vec()).collect();
-    let before = (pool.inner.used_blocks(), pool.inner.prefix_stats());
-    assert_eq!(seq.try_match_prefix(&keys), Ok(0));
-    let after: Vec<Vec<BlockId>> = (0..2).map(|g| seq.blocks(g).unwrap().to_vec()).collect();
-    assert_eq!(after, tables);
-    assert_eq!(
-        (pool.inner.used_blocks(), pool.inner.prefix_stats()),
-        before
-    );
+    seq.try_reserve(16, 0).unwrap(); // 4 blocks a group
+    let reserved: Vec<Vec<BlockId>> = (0..2).map(|g| seq.blocks(g).unwrap().to_vec()).collect();
+    assert_eq!(seq.try_match_prefix(&keys), Ok(3));
+    assert_eq!((seq.len(), seq.capacity()), (12, 16));
     assert_eq!(pool.lent.load(std::sync::atomic::Ordering::Relaxed), 0);
-    let mut empty = HybridSequence::new(Arc::clone(&pool), groups);
-    assert_eq!(empty.try_match_prefix(&keys), Ok(3));
+    // The sliding group holds block 2 (position 12 reads 9..=12), the
+    // full group all 3; then each keeps one of the reserved blocks.
+    let (s0, f) = (seq.blocks(0).unwrap(), seq.blocks(1).unwrap());
+    assert_eq!(
+        (&s0[..2], s0[2]),
+        (&[BlockId::NULL; 2][..], published[0][2])
+    );
+    assert_eq!(&f[..3], &published[1][..3]);
+    assert!(
+        s0[3] != f[3]
+            && [s0[3], f[3]]
+                .iter()
+                .all(|id| reserved.concat().contains(id))
+    );
+    assert_eq!(pool.inner.used_blocks(), 1 + 3 + 2);
+    drop(seq);
+    assert_eq!(pool.inner.used_blocks(), 0);
 }
 
 /// The token names the group of a hybrid sequence's publish, and nothing

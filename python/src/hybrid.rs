@@ -763,12 +763,15 @@ impl PyHybridSequence {
     }
 
     /// Takes the longest prefix every group can serve from the cache into
-    /// this empty sequence (a full group needs every block, a sliding group
+    /// this new sequence (a full group needs every block, a sliding group
     /// only the window ending at the hit), one reference each; sets
-    /// `len(seq)` to `k * block_size` and returns `k`. A sequence that
-    /// holds tokens or blocks (blocks a reservation took, with a length of
-    /// 0, included) matches nothing and returns 0. Raises `ValueError` for
-    /// keys made for other groups (nothing changes then).
+    /// `len(seq)` to `k * block_size` and returns `k`. Into a sequence that
+    /// holds only reserved blocks (length 0) the match takes their places:
+    /// each reserved block can pay for a cached block revived, and every
+    /// group keeps the blocks it reserved beyond the hit, so `capacity`
+    /// does not shrink. A sequence that holds tokens matches nothing and
+    /// returns 0. Raises `ValueError` for keys made for other groups
+    /// (nothing changes then).
     fn match_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyGroupKeys>) -> PyResult<usize> {
         let keys = self.keys_of(py, keys)?;
         let blocks = keys.blocks().saturating_mul(self.groups.len());

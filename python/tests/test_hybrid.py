@@ -337,25 +337,47 @@ def test_capacity_is_what_every_group_can_hold():
     b.close()
 
 
-def test_match_prefix_on_a_hybrid_sequence_holding_only_reserved_blocks_matches_nothing():
-    # From a helper's attack: the docstrings said "a non-empty sequence
-    # returns 0"; a hybrid sequence of length 0 holding reserved blocks
-    # does too (a `Sequence` matches into its reservation instead: see
-    # test_match_reserved.py).
+def test_match_prefix_into_a_hybrid_reservation_keeps_its_capacity():
+    # A hybrid sequence of length 0 holding reserved blocks matches into
+    # them, as a `Sequence` does (see test_match_reserved.py): the matched
+    # blocks take reserved blocks' places, and each group keeps what it
+    # reserved beyond the hit.
     pool = kvslots.BlockPool(32, 4)
-    groups = kvslots.KvGroups(["full"])
-    keys = groups.keys(kvslots.hash_blocks(list(range(8)), 4))
+    groups = kvslots.KvGroups([4, "full"])
+    keys = groups.keys(kvslots.hash_blocks(list(range(12)), 4))
     with kvslots.HybridSequence(pool, groups) as a:
-        a.try_append(8)
-        a.publish(keys)
+        a.try_append(12)
+        assert a.publish(keys) == 6
     b = kvslots.HybridSequence(pool, groups)
-    b.try_reserve(8)
-    assert len(b) == 0
-    before = (pool.free_blocks, pool.prefix_stats())
-    assert b.match_prefix(keys) == 0
-    assert len(b) == 0 and (pool.free_blocks, pool.prefix_stats()) == before
-    b.shrink_to_fit()
-    assert b.match_prefix(keys) == 2
+    b.try_reserve(20)
+    assert (len(b), b.capacity, pool.used_blocks) == (0, 20, 10)
+    assert b.match_prefix(keys) == 3
+    assert (len(b), b.capacity) == (12, 20)
+    # Position 12 reads 9..=12: the sliding group holds block 2, then 2
+    # reserved blocks; the full group its 3, then 2.
+    assert b.block_ids(0)[:2] == [None, None]
+    assert (len(b.block_ids(0)), len(b.block_ids(1))) == (5, 5)
+    assert pool.used_blocks == 1 + 3 + 2 * 2
+    assert b.match_prefix(keys) == 0  # it holds tokens now
+    b.try_append(8)  # within what was reserved: no block taken
+    # Token 12 (the append's first) reads 9..=12: the sliding group keeps
+    # blocks 2 to 4, the full group 5.
+    assert pool.used_blocks == 3 + 5
+    b.close()
+    assert pool.used_blocks == 0
+
+
+def test_match_prefix_into_a_hybrid_reservation_with_other_groups_keys_changes_nothing():
+    pool = kvslots.BlockPool(32, 4)
+    groups = kvslots.KvGroups([4, "full"])
+    other = kvslots.KvGroups(["full", "full"])
+    keys = other.keys(kvslots.hash_blocks(list(range(12)), 4))
+    b = kvslots.HybridSequence(pool, groups)
+    b.try_reserve(20)
+    before = ([b.block_ids(g) for g in range(2)], pool.used_blocks, pool.prefix_stats())
+    with pytest.raises(ValueError):
+        b.match_prefix(keys)
+    assert ([b.block_ids(g) for g in range(2)], pool.used_blocks, pool.prefix_stats()) == before
     b.close()
 
 

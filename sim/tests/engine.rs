@@ -1,7 +1,9 @@
 //! The engine on small pools, where preemption, speculative rollback and
 //! forks all happen, on both allocators; and on the shared code trace.
 
-use kvslots_sim::backend::{KvBackend, KvslotsBackend, MutexBackend};
+use kvslots_sim::backend::{
+    HybridKvslotsBackend, HybridMutexBackend, KvBackend, KvslotsBackend, MutexBackend,
+};
 use kvslots_sim::engine::{
     self, group_blocks, Admission, EngineConfig, IdleWait, OpKind, RunStats,
 };
@@ -628,7 +630,8 @@ fn idle_workers_drain_their_fences_before_waiting_with_async_depth_two() {
 
 /// A request refused while its prefix is cached waits with nothing held
 /// (it gives the prefix back), and its grant then matches the prefix into
-/// the blocks it was granted: a hit, on both allocators. One worker that
+/// the blocks it was granted: a hit, on both allocators, under plain and
+/// hybrid sequences. One worker that
 /// runs one request at a time, a pool of 72 blocks of 16 tokens: request
 /// 0 (one trace block, 32 pool blocks) runs first and leaves its blocks
 /// cached; request 1 (the same trace block and another, 64 blocks) does
@@ -674,5 +677,11 @@ fn a_waited_admission_matches_its_prefix_into_its_grant() {
     let kv = KvslotsBackend::new(72, 16);
     check(&run_held(&kv, || kv.pool().waiters(), &reqs, &cfg));
     let mutex = MutexBackend::new(72, 16);
+    check(&run_held(&mutex, || mutex.pool().waiters(), &reqs, &cfg));
+    // The same through hybrid sequences (one group of full attention).
+    let full = || kvslots::KvGroups::new([kvslots::KvGroup::Full]).unwrap();
+    let kv = HybridKvslotsBackend::hybrid(kvslots::BlockPool::new(72, 16), full());
+    check(&run_held(&kv, || kv.pool().waiters(), &reqs, &cfg));
+    let mutex = HybridMutexBackend::hybrid(kvslots_sim::baseline::MutexPool::new(72, 16), full());
     check(&run_held(&mutex, || mutex.pool().waiters(), &reqs, &cfg));
 }

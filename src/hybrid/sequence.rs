@@ -1332,8 +1332,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// took one of the blocks let go of meanwhile and the pool has no
     /// room: a group then holds fewer blocks beyond the match.) The
     /// reserved blocks are lent only to a [`BlockPool`] itself: over
-    /// another allocator a sequence holding reserved blocks matches
-    /// nothing and returns 0. As [`Sequence::try_match_prefix`]: an
+    /// another allocator they wait unlent (each revival is admitted by the
+    /// allocator, as into an empty sequence) and the capacity is never
+    /// short. As [`Sequence::try_match_prefix`]: an
     /// evictable block taken counts against the pool's capacity, and a
     /// full or closed pool stops a group's match short; under contention
     /// fewer blocks may match; a matched block's key is exactly the one
@@ -1400,16 +1401,12 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         }
         let pool = Arc::clone(self.pool());
         let reserved = self.tables.iter().any(|t| !t.blocks.is_empty());
-        // A reservation is lent only to the pool itself, whose credits the
-        // match keeps; over any other allocator the match needs an empty
-        // sequence.
-        let lender = pool.as_block_pool(Seal(()));
-        if reserved && lender.is_none() {
-            return Ok(0);
-        }
         self.clear_scratch();
+        // A reservation is lent only to the pool itself, whose credits the
+        // match keeps; over any other allocator the reserved blocks wait
+        // unlent, and revivals are admitted as usual.
         let mut lending = Lending {
-            pool: lender.filter(|_| reserved),
+            pool: pool.as_block_pool(Seal(())).filter(|_| reserved),
             credits: 0,
         };
         // The reserved blocks wait in the scratch list, where the matches
@@ -1429,14 +1426,33 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         // is whole: the tables then hold exactly the blocks of the `k`
         // matched, and count them.
         let mut unwound = Unwound::new();
+        // What the sliding groups' windows at `k` hold: reserved blocks set
+        // aside for their revivals, so that the full groups do not lend
+        // them all (each full group lends at most an even share of the
+        // rest), and every group can agree on a hit that the reservation
+        // pays for.
+        let windows: usize = kinds
+            .as_slice()
+            .iter()
+            .filter(|kind| kind.gives_back())
+            .map(|kind| k - kind.first_needed_block(k * bs, bs).min(k))
+            .fold(0, usize::saturating_add);
+        let mut full_left = kinds
+            .as_slice()
+            .iter()
+            .filter(|kind| **kind == KvGroup::Full)
+            .count();
         // The full groups: each matches the prefix the ones before it did.
         for (g, kind) in kinds.as_slice().iter().enumerate() {
             if *kind != KvGroup::Full {
                 continue;
             }
+            let share = self.scratch.len().saturating_sub(windows) / full_left;
+            full_left -= 1;
             let from = match_run(
                 &*pool,
                 &lending,
+                share,
                 &keys.group(g).unwrap_or(&[])[..k],
                 &mut self.scratch,
                 &mut unwound,
@@ -1508,9 +1524,10 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
                 lending.credits -= paid;
                 need -= paid;
             }
-            // Short only if another match took a block this one let go of
-            // (its place in the capacity went with it): taken from the
-            // pool if it has room, as a running sequence's growth.
+            // Short only if the match lent reserved blocks and another
+            // match took a block this one let go of (its place in the
+            // capacity went with it): taken from the pool if it has room,
+            // as a running sequence's growth.
             if need > 0 {
                 let _ = checked_alloc(&*pool, need, &mut t.blocks, |pool, out| {
                     pool.try_alloc_growth(&SequenceCall::new(), need, out)
@@ -1585,6 +1602,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             let from = match_run(
                 &*pool,
                 lending,
+                usize::MAX,
                 &keys[need..t.null],
                 &mut self.scratch,
                 unwound,
@@ -1722,19 +1740,21 @@ struct Lending<'p> {
 }
 
 /// Matches `keys` into the end of `scratch`, whose entries are reserved
-/// blocks (none in a match into an empty sequence) that a revival may
-/// lend to the pool (the last first), and returns the index in `scratch`
-/// of the first block matched: the reserved blocks not lent are
-/// `scratch[..index]`. A waker's panic out of the match goes to
+/// blocks (none in a match into an empty sequence) of which a revival may
+/// lend up to `cap` to the pool (the last first), and returns the index
+/// in `scratch` of the first block matched: the reserved blocks not lent
+/// are `scratch[..index]`. A waker's panic out of the match goes to
 /// `unwound`, with `scratch` so arranged.
 fn match_run<A: BlockAllocator + ?Sized>(
     pool: &A,
     lending: &Lending<'_>,
+    cap: usize,
     keys: &[crate::hash::BlockHash],
     scratch: &mut Vec<BlockId>,
     unwound: &mut Unwound,
 ) -> usize {
-    let lendable = scratch.len();
+    let base = scratch.len();
+    let lendable = base.min(cap);
     // Room for every block that can match (distinct blocks, so no more
     // than the pool has) and for a lent block taken back, so that the
     // pushes inside the match cannot allocate (or panic) halfway.
@@ -1750,8 +1770,8 @@ fn match_run<A: BlockAllocator + ?Sized>(
     });
     // The lent entries, the last of the reserved ones, are the pool's now.
     let lent = lent.min(lendable);
-    scratch.drain(lendable - lent..lendable);
-    lendable - lent
+    scratch.drain(base - lent..base);
+    base - lent
 }
 
 /// Gives back `ids`, matched blocks that the match's final prefix does not

@@ -23,6 +23,7 @@
 //! | [`admission_across_groups`]: two sequences of two groups append a block a group, with room for one | 2, 2 | `per_group_admission` (each group admitted alone, the earlier ones given back when a later one is refused) | both refused although one fits |
 //! | [`window_vs_match`]: a sequence's append moves its window past a published block while another sequence matches it | 2, 4 | `recycle_shared` (the window's block reused unchecked) | handed out twice |
 //! | [`match_vs_evicting_append`]: a match across a sliding and a full group while another sequence's append evicts the sliding group's block | 2, 5 | `unreconciled_match` (each group settled once) | a table that disagrees with the length |
+//! | [`match_into_a_reservation_vs_evicting_append`]: a match into a reservation whose sliding group serves a shorter prefix than its full group, while another sequence's append evicts | 2, 5 | `cut_releases` (the full group's block let go of gives its admission back and keeps its credit) | blocks not conserved (the admission counts) |
 //! | [`window_give_back_vs_append`]: a window gives a block back while another sequence's append can take it only then | 2, 3 | `relaxed_free` (the pool's give-back `Relaxed`) | causality |
 //! | [`window_vs_double_free`]: a window gives back, or reuses, a block it holds alone while a raw free lists it (a double free) and then takes a block | 2, 2 or 3 | `free_ignores_sequence` (the raw free takes the sequence's reference; the sequence's sole drop a plain store) | blocks not conserved |
 //!
@@ -38,8 +39,8 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use crate::loom_tests::pool_world::{
-    assert_double_free_answer, check, check_long, PoolWorld, FREE_IGNORES_SEQUENCE, LOST,
-    PER_GROUP_ADMISSION, RECYCLE_SHARED, RELAXED_FREE, SOUND, UNRECONCILED_MATCH,
+    assert_double_free_answer, check, check_long, PoolWorld, CUT_RELEASES, FREE_IGNORES_SEQUENCE,
+    LOST, PER_GROUP_ADMISSION, RECYCLE_SHARED, RELAXED_FREE, SOUND, UNRECONCILED_MATCH,
 };
 use crate::sync::Faults;
 use crate::{
@@ -343,6 +344,96 @@ fn match_vs_evicting_append_sound() {
 #[should_panic(expected = "a table disagrees with the length")]
 fn match_vs_evicting_append_unreconciled_match_is_caught() {
     match_vs_evicting_append(UNRECONCILED_MATCH);
+}
+
+/// A match into a reservation across a sliding and a full group whose
+/// sliding group serves a shorter prefix than the full group, while
+/// another sequence's append evicts, over a pool of 5 blocks of 2 slots.
+///
+/// Before the threads: the two blocks of each group (`s0`, `s1`, `f0`,
+/// `f1`) are published and let go of, and `s1` loses its key (free); the
+/// matcher `m` reserves a block a group, the two free ones (`s1` and the
+/// fifth), and the pool's other 3 are cached, no holder.
+///
+/// * Thread 1 appends 2 tokens to a new sequence `c` (one block a group):
+///   two of the cached blocks, evicted, unless the matcher holds them.
+/// * Thread 2 matches the 2 blocks' keys into `m`: the full group revives
+///   `f0` and `f1` paid by the reserved blocks (lent), the sliding group
+///   `s0` (admitted); the hit is 1 (`s1` is not cached), and `f1` goes
+///   back with its place in the capacity kept. Each group then holds its
+///   match entry, or, with no hit, a fresh block again: the capacity of
+///   the reservation. What is left over goes back.
+///
+/// Under `cut_releases` the match gives `f1`'s admission back and keeps
+/// its credit too: the credit, given back once more at the end, counts
+/// the block free twice.
+fn match_into_a_reservation_vs_evicting_append(faults: Faults) {
+    check_long(10_000, move || {
+        let world = PoolWorld::new(5, BS, SOUND, "sequence");
+        let groups = sliding_then_full(BS);
+        let keys = keys(&groups, 2);
+        let mut p = world.hybrid(&groups, SOUND);
+        world.append(&mut p, 2 * BS).expect("4 of 5 blocks");
+        assert_eq!(p.publish(&keys), Ok(4));
+        let published: Vec<Vec<BlockId>> = (0..2).map(|g| p.blocks(g).unwrap().to_vec()).collect();
+        world.drop_seq(p);
+        // `s1` loses its key: matched alone and truncated into (not seen
+        // by the shadow, which counts no holder of it before or after).
+        let mut u = crate::Sequence::new(Arc::clone(&world.pool));
+        assert_eq!(u.try_match_prefix(&keys.group(0).unwrap()[1..2]), 1);
+        // A truncate into the block drops its key.
+        u.truncate(1);
+        drop(u);
+        let mut m = world.hybrid(&groups, faults);
+        m.try_reserve(BS, 0).expect("the 2 free blocks");
+        for g in 0..2 {
+            let id = m.blocks(g).unwrap()[0];
+            world.take(id);
+            // Lendable: the shadow's reference goes before the match.
+            world.drop_ref(id);
+        }
+        let evictor = {
+            let world = Arc::clone(&world);
+            let groups = groups.clone();
+            thread::spawn(move || {
+                let mut c = world.hybrid(&groups, SOUND);
+                let _ = world.append(&mut c, BS);
+                c
+            })
+        };
+        let k = m.try_match_prefix(&keys).unwrap();
+        assert!(k <= 1, "the sliding group serves no window ending at 2");
+        assert_eq!((m.len(), m.capacity()), (k * BS, BS), "{DISAGREES}");
+        for (g, blocks) in published.iter().enumerate() {
+            let table = m.blocks(g).unwrap();
+            assert_eq!(table.len(), 1, "{DISAGREES}: group {g} holds {table:?}");
+            let id = table[0];
+            if k == 1 {
+                assert_eq!(id, blocks[0], "{DISAGREES}: group {g}");
+                world.hold(id);
+                world.read(id);
+            } else {
+                // Reserved again: ours alone, and written now.
+                world.take(id);
+                world.write(id);
+            }
+        }
+        let c = evictor.join().unwrap();
+        world.drop_seq(m);
+        world.drop_seq(c);
+        world.assert_conserved();
+    });
+}
+
+#[test]
+fn match_into_a_reservation_vs_evicting_append_sound() {
+    match_into_a_reservation_vs_evicting_append(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn match_into_a_reservation_vs_evicting_append_cut_releases_is_caught() {
+    match_into_a_reservation_vs_evicting_append(CUT_RELEASES);
 }
 
 /// A window gives a block back while another sequence's append needs it,
