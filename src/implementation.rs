@@ -682,6 +682,14 @@
 //! before the revival takes the evictable one. A lent block's credit that
 //! no revival used (the block was evicted between the lend and the CAS)
 //! takes a block back for the sequence, so the reservation loses nothing.
+//! A [`HybridSequence`](crate::HybridSequence)'s match into a reservation
+//! lends the same way, group by group (each full group at most an even
+//! share of the reserved blocks left, once the sliding groups' windows are
+//! set aside), and a matched block that the final prefix does not need
+//! goes back with its admission kept too, as a credit: at the end the
+//! credits pay for the fresh blocks each group reserved beyond the match
+//! (no admission, the free list's take or an eviction), and what is left
+//! is given back, so the admission count never counts a block twice.
 //! Every change of
 //! a state that another thread may act on is a CAS from the exact value
 //! read, so a generation names one incarnation of a block's key.

@@ -489,6 +489,27 @@ where
     counted_check(builder, f);
 }
 
+/// [`check_one_preemption`] for a model whose executions are long (see
+/// [`check_long`]): bound 1, loom's bound on the branches of one execution
+/// raised to at least `max_branches`; with `KVSLOTS_LOOM_FULL` set, as
+/// [`check_long`] (`KVSLOTS_LOOM_FULL=1 scripts/loom hybrid`).
+///
+/// # Panics
+///
+/// As [`check`].
+pub fn check_long_one_preemption<F>(max_branches: usize, f: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    if std::env::var_os("KVSLOTS_LOOM_FULL").is_some() {
+        return check_long(max_branches, f);
+    }
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(1);
+    builder.max_branches = builder.max_branches.max(max_branches);
+    counted_check(builder, f);
+}
+
 /// Runs `f` under `builder`, prints how many executions loom explored and
 /// checks that it explored more than one.
 fn counted_check<F>(builder: loom::model::Builder, f: F)

@@ -868,9 +868,8 @@ impl<B: KvBackend> Worker<B> {
     /// every idle worker does so the pool can be left with nobody able to
     /// go on. The caller matches the prefix into the grant (a reserved
     /// block pays for each cached block revived, so the match is not
-    /// refused behind the waiters queued after it). A hybrid sequence
-    /// matches only when empty: there a waited admission prefills its
-    /// whole prompt.
+    /// refused behind the waiters queued after it), plain and hybrid
+    /// sequences alike.
     fn admit_blocking(
         &mut self,
         req: &Request,
