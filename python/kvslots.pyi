@@ -795,10 +795,12 @@ class HybridSequence:
     def match_prefix(self, keys: GroupKeys) -> int:
         """Takes the longest prefix every group can serve into this new
         sequence; returns its blocks. Into reserved blocks (length 0) the
-        match takes their places, each paying for a cached block revived,
-        and every group keeps what it reserved beyond the hit (`capacity`
-        does not shrink). A sequence that holds tokens matches nothing and
-        returns 0. Raises `ValueError` for another `KvGroups`' keys."""
+        match takes their places, each can pay for a cached block revived,
+        and every group keeps as many blocks as it reserved beyond the hit
+        (`capacity` does not shrink, unless another thread's match takes a
+        block this one let go of while the pool is full). A sequence that
+        holds tokens matches nothing and returns 0. Raises `ValueError`
+        for another `KvGroups`' keys."""
     def publish(self, keys: GroupKeys) -> int:
         """Caches every group's full blocks; returns how many became
         cached. With `kv_events`, each group's stores are reported under

@@ -686,10 +686,12 @@
 //! lends the same way, group by group (each full group at most an even
 //! share of the reserved blocks left, once the sliding groups' windows are
 //! set aside), and a matched block that the final prefix does not need
-//! goes back with its admission kept too, as a credit: at the end the
-//! credits pay for the fresh blocks each group reserved beyond the match
-//! (no admission, the free list's take or an eviction), and what is left
-//! is given back, so the admission count never counts a block twice.
+//! goes back with its admission kept too, as a credit (none for a block
+//! another holder still holds): at the end each group gets as many blocks
+//! as it reserved beyond the match, first from the reserved blocks not
+//! lent, then paid by credits (no admission: the free list's take or an
+//! eviction), and what is left of both is given back, so the admission
+//! count never counts a block twice.
 //! Every change of
 //! a state that another thread may act on is a CAS from the exact value
 //! read, so a generation names one incarnation of a block's key.

@@ -255,8 +255,8 @@ fn a_forwarding_allocator_passes_the_token_through() {
 
 /// A hybrid sequence lends its reservation only to the pool itself: over
 /// a forwarder, a match into a reservation lends nothing (its revivals are
-/// admitted as into an empty sequence) and each group keeps the blocks it
-/// reserved beyond the hit.
+/// admitted as into an empty sequence) and each group keeps as many
+/// blocks as it reserved beyond the hit.
 #[test]
 fn a_hybrid_match_into_a_reservation_through_a_forwarder_lends_nothing() {
     let pool = Forward::new(

@@ -3,8 +3,8 @@
 //! `reserve_blocking` or the async `reserve`): the reserved blocks are
 //! lent to pay for revivals, the matched blocks a shorter group lets go of
 //! keep their places as credits, and `refill_reservation` gives every
-//! group its `k` match entries followed by the blocks it reserved beyond
-//! them.
+//! group its `k` match entries followed by as many blocks as it reserved
+//! beyond them.
 //!
 //! What is attacked, and how:
 //!
@@ -776,8 +776,8 @@ fn a_closed_pool_revives_nothing_into_a_reservation() {
 /// Over another allocator than `BlockPool` (a forwarding wrapper), a
 /// reservation lends nothing (with the forwarder's lending on or off): its
 /// revivals are admitted as into an empty sequence, so with room in the
-/// pool it hits what an empty sequence hits, and every group keeps the
-/// blocks it reserved beyond the hit.
+/// pool it hits what an empty sequence hits, and every group keeps as many
+/// blocks as it reserved beyond the hit.
 #[test]
 fn over_another_allocator_a_reservation_lends_nothing_and_keeps_its_capacity() {
     let bs = 4;

@@ -768,8 +768,10 @@ impl PyHybridSequence {
     /// `len(seq)` to `k * block_size` and returns `k`. Into a sequence that
     /// holds only reserved blocks (length 0) the match takes their places:
     /// each reserved block can pay for a cached block revived, and every
-    /// group keeps the blocks it reserved beyond the hit, so `capacity`
-    /// does not shrink. A sequence that holds tokens matches nothing and
+    /// group keeps as many blocks as it reserved beyond the hit, so
+    /// `capacity` does not shrink (unless another thread's match takes a
+    /// block this one let go of while the pool is full). A sequence that
+    /// holds tokens matches nothing and
     /// returns 0. Raises `ValueError` for keys made for other groups
     /// (nothing changes then).
     fn match_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyGroupKeys>) -> PyResult<usize> {

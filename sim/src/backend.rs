@@ -147,10 +147,13 @@ pub trait KvSeq: Send + Sized + 'static {
     fn key_blocks(keys: &Self::Keys) -> usize;
     /// Drops every key of `keys`, keeping its memory.
     fn clear_keys(keys: &mut Self::Keys);
-    /// On an empty sequence: takes the longest prefix of `keys` that every
-    /// group can serve from the cache (one reference each), puts the
-    /// blocks in the tables, sets the length to `k * block_size` and
-    /// returns `k`. On a non-empty one: 0, nothing changes.
+    /// On a sequence that holds no token (empty, or holding only a
+    /// reservation): takes the longest prefix of `keys` that every group
+    /// can serve from the cache (one reference each), puts the blocks in
+    /// the tables (in reserved blocks' places, which pay for revivals
+    /// where the allocator lends them), sets the length to `k *
+    /// block_size` and returns `k`. On one that holds tokens: 0, nothing
+    /// changes.
     fn try_match_prefix(&mut self, keys: &Self::Keys) -> usize;
     /// Makes each of its keys the key of the corresponding full block, in
     /// every group, for every one not cached yet (first wins); returns how

@@ -1286,7 +1286,8 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     }
 
     /// Takes the longest prefix of `keys` that every group can serve from
-    /// the pool's cache into this empty sequence, and returns its length
+    /// the pool's cache into this sequence, which holds no token, and
+    /// returns its length
     /// in blocks `k` ([`len`](Self::len) becomes `k * block_size`):
     ///
     /// * a [`Full`](KvGroup::Full) group needs its blocks `0..k`, all
@@ -1326,7 +1327,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// a matched block that the final prefix does not need (a group that
     /// serves a shorter prefix) goes back with its place kept for the
     /// reservation. Once the groups agree on `k`, every group holds its
-    /// `k` entries of the match, then the blocks it reserved beyond them:
+    /// `k` entries of the match, then as many blocks as it reserved beyond
+    /// them (reserved blocks not lent, or fresh ones paid by what the
+    /// match kept):
     /// [`capacity`](Self::capacity) stays at least what it was, and what
     /// is left over goes back to the pool. (Short only where another match
     /// took one of the blocks let go of meanwhile and the pool has no
@@ -1508,9 +1511,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// the tables whole.
     fn refill_reservation(&mut self, k: usize, lending: &mut Lending<'_>, unwound: &mut Unwound) {
         let pool = Arc::clone(self.pool());
-        // Taken from the front of the scratch list, where the blocks not
-        // lent keep their groups' order: with nothing lent, each group
-        // gets its own back.
+        // Taken in order from the front of the scratch list (reserved
+        // blocks are alike: held alone, uncached, empty); with nothing
+        // lent and no hit, each group gets its own back.
         let mut next = 0;
         for (t, &(reserved, _, _)) in self.tables.iter_mut().zip(self.plans.iter()) {
             let mut need = reserved.saturating_sub(k);
@@ -1729,7 +1732,8 @@ impl HybridSequence<BlockPool> {
 /// What a hybrid match into a reservation lends the pool and keeps (see
 /// [`HybridSequence::try_match_prefix`]).
 struct Lending<'p> {
-    /// The pool itself, when the sequence holds reserved blocks: they pay
+    /// The pool itself, when the sequence holds reserved blocks and its
+    /// allocator is a `BlockPool`: they pay
     /// for the match's revivals (see [`match_run`]), and the matched blocks
     /// the match lets go of keep their places in the capacity (see
     /// [`give_back_matched`]); `None` otherwise.
@@ -1775,7 +1779,8 @@ fn match_run<A: BlockAllocator + ?Sized>(
 }
 
 /// Gives back `ids`, matched blocks that the match's final prefix does not
-/// need: released, or, in a match into a reservation, let go of with their
+/// need: released, or, in a match into a reservation over a `BlockPool`,
+/// let go of with their
 /// places in the capacity kept as `lending`'s credits (a block another
 /// holder keeps leaves none). Under loom's `cut_releases` control the
 /// places go back too. A waker's panic out of a release goes to `unwound`.

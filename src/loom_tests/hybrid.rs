@@ -357,10 +357,13 @@ fn match_vs_evicting_append_unreconciled_match_is_caught() {
 /// fifth), and the pool's other 3 are cached, no holder.
 ///
 /// * Thread 1 appends 2 tokens to a new sequence `c` (one block a group):
-///   two of the cached blocks, evicted, unless the matcher holds them.
+///   a block the matcher lent, if free then, or cached ones, evicted
+///   unless the matcher holds them.
 /// * Thread 2 matches the 2 blocks' keys into `m`: the full group revives
-///   `f0` and `f1` paid by the reserved blocks (lent), the sliding group
-///   `s0` (admitted); the hit is 1 (`s1` is not cached), and `f1` goes
+///   `f0` paid by a reserved block (lent: its even share, the other set
+///   aside for the sliding group's window) and `f1` (admitted), the
+///   sliding group `s0` paid by the other reserved block (lent); the hit
+///   is 1 (`s1` is not cached), and `f1` goes
 ///   back with its place in the capacity kept. Each group then holds its
 ///   match entry, or, with no hit, a fresh block again: the capacity of
 ///   the reservation. What is left over goes back.

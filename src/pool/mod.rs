@@ -979,9 +979,10 @@ impl BlockPool {
         self.drop_held(ids, release).0
     }
 
-    /// Appends to `out` the ids of `n` fresh blocks (one reference each,
-    /// a sequence's) paid by credits the caller holds: places in the
-    /// capacity kept by [`lend_held`](Self::lend_held).
+    /// Appends to `out` the ids of `n` blocks (free ones first, then
+    /// evicted; one reference each, a sequence's) paid by credits the
+    /// caller holds: places in the capacity kept by
+    /// [`lend_held`](Self::lend_held).
     pub(crate) fn take_lent(&self, n: usize, out: &mut Vec<BlockId>) {
         self.take_admitted(n, out, Holder::Sequence);
     }

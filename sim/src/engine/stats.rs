@@ -70,8 +70,8 @@ counts! {
     /// out.
     idle_waits,
     /// Blocking admissions granted while waiting. The prefix was given
-    /// back before the wait; a sequence matches it into its grant after
-    /// (a hybrid sequence cannot, and prefills its whole prompt).
+    /// back before the wait; a sequence, plain or hybrid, matches it into
+    /// its grant after.
     waited_admissions,
     /// Of the prefix hit tokens, those of admissions granted while
     /// waiting.

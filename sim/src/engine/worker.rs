@@ -866,10 +866,10 @@ impl<B: KvBackend> Worker<B> {
     /// The prefix is given back before waiting, not held: a worker holding
     /// matched blocks while it waits keeps them from the others, and when
     /// every idle worker does so the pool can be left with nobody able to
-    /// go on. The caller matches the prefix into the grant (a reserved
-    /// block pays for each cached block revived, so the match is not
-    /// refused behind the waiters queued after it), plain and hybrid
-    /// sequences alike.
+    /// go on. The caller matches the prefix into the grant, plain and
+    /// hybrid sequences alike (over kvslots' pool a reserved block can pay
+    /// for a cached block revived, so the match is not refused behind the
+    /// waiters queued after it; the baseline admits its revivals).
     fn admit_blocking(
         &mut self,
         req: &Request,
