@@ -19,11 +19,10 @@ use std::time::Duration;
 
 mod common;
 
-use common::shadow::{tag_of, Shadow};
-use common::Forward;
+use common::shadow::{replay, tag_of, Done, Shadow};
+use common::{Forward, XorShift};
 use kvslots::{
-    BlockAllocator, BlockHash, BlockId, BlockPool, HybridSequence, KvEvent, KvGroup, KvGroups,
-    Sequence,
+    BlockAllocator, BlockHash, BlockId, BlockPool, HybridSequence, KvGroup, KvGroups, Sequence,
 };
 
 // ---------------------------------------------------------------------
@@ -120,39 +119,6 @@ fn published_prompts(pool: &Arc<BlockPool>, count: usize, len: usize, base: u64)
 /// caller's, so that the shards' views of each other go stale).
 fn on_thread<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
     thread::spawn(f).join().unwrap()
-}
-
-/// Replays KV events: each key stored once at a time, removals only of
-/// keys stored. Returns false if the ring dropped events (the view is
-/// lost then: the caller stops checking it).
-fn replay(view: &mut HashMap<BlockHash, BlockId>, events: &[KvEvent]) -> bool {
-    for e in events {
-        if let KvEvent::Dropped { .. } = e {
-            view.clear();
-            return false;
-        }
-        match e {
-            KvEvent::BlockStored {
-                keys, block_ids, ..
-            } => {
-                for (k, id) in keys.iter().zip(block_ids) {
-                    let prev = view.insert(*k, *id);
-                    assert!(prev.is_none(), "key {:#x} stored twice", tag_of(k));
-                }
-            }
-            KvEvent::BlockRemoved { keys, .. } => {
-                for k in keys {
-                    assert!(
-                        view.remove(k).is_some(),
-                        "key {:#x} removed, never stored",
-                        tag_of(k)
-                    );
-                }
-            }
-            _ => view.clear(),
-        }
-    }
-    true
 }
 
 fn check_events(pool: &BlockPool, view: &mut HashMap<BlockHash, BlockId>, what: &str) {
@@ -723,22 +689,6 @@ fn matches_begun_after_a_close_revive_nothing() {
 // Stress with a shadow of holders and contents
 // ---------------------------------------------------------------------
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn chance(&mut self, pct: u64) -> bool {
-        self.next() % 100 < pct
-    }
-}
-
 const PROMPTS: usize = 8;
 
 /// Prompt `p`: its first `(p % 3) * 40` blocks shared with the other
@@ -791,7 +741,7 @@ impl World {
     }
 }
 
-fn prompt_for(w: &World, rng: &mut Rng) -> Vec<u64> {
+fn prompt_for(w: &World, rng: &mut XorShift) -> Vec<u64> {
     let n = w.pool.num_blocks() / w.pool.block_size().max(1);
     let len = (100 + rng.below(401)).min(n);
     prompt(rng.below(PROMPTS), len)
@@ -799,7 +749,7 @@ fn prompt_for(w: &World, rng: &mut Rng) -> Vec<u64> {
 
 /// An empty sequence matches a long prompt; checks; maybe appends the
 /// rest (evicting) and publishes.
-fn matcher(w: &World, rng: &mut Rng) {
+fn matcher(w: &World, rng: &mut XorShift) {
     let pool = &w.pool;
     let bs = pool.block_size();
     let ts = prompt_for(w, rng);
@@ -832,7 +782,7 @@ fn matcher(w: &World, rng: &mut Rng) {
 }
 
 /// A reservation, then a match of a long prompt into it.
-fn reserving_matcher(w: &World, rng: &mut Rng) {
+fn reserving_matcher(w: &World, rng: &mut XorShift) {
     let pool = &w.pool;
     let bs = pool.block_size();
     let n = pool.num_blocks();
@@ -881,7 +831,7 @@ fn reserving_matcher(w: &World, rng: &mut Rng) {
 
 /// An evicting appender: a whole prompt's blocks, fresh (evicting cached
 /// ones), written and published.
-fn appender(w: &World, rng: &mut Rng) {
+fn appender(w: &World, rng: &mut XorShift) {
     let pool = &w.pool;
     let bs = pool.block_size();
     let ts = prompt_for(w, rng);
@@ -904,7 +854,7 @@ fn appender(w: &World, rng: &mut Rng) {
 /// A `HybridSequence` of two full-attention groups: matches a long
 /// prompt (two revivals a block), checks each group's blocks against its
 /// derived keys, maybe appends the rest (evicting) and publishes.
-fn hybrid_worker(w: &World, rng: &mut Rng) {
+fn hybrid_worker(w: &World, rng: &mut XorShift) {
     let pool = &w.pool;
     let bs = pool.block_size();
     let groups = KvGroups::new([KvGroup::Full, KvGroup::Full]).unwrap();
@@ -947,7 +897,7 @@ fn hybrid_worker(w: &World, rng: &mut Rng) {
 }
 
 /// A raw allocation: try (all or nothing) or a blocking wait.
-fn waiter(w: &World, rng: &mut Rng) {
+fn waiter(w: &World, rng: &mut XorShift) {
     let pool = &w.pool;
     let n = pool.num_blocks();
     let want = 1 + rng.below(n / 2);
@@ -957,15 +907,7 @@ fn waiter(w: &World, rng: &mut Rng) {
     } else {
         pool.try_alloc(want, &mut ids)
     };
-    if got.is_ok() {
-        assert_eq!(ids.len(), want);
-        let stamp = w.take_fresh(&ids, "waiter");
-        w.check_stamp(&ids, stamp, "waiter");
-        w.give(&ids);
-        pool.free(&ids).unwrap();
-    } else {
-        assert!(ids.is_empty(), "a refusal handed out blocks");
-    }
+    w.end_raw_alloc(pool, got, want, &ids);
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -983,13 +925,6 @@ struct Config {
     close_at: Option<usize>,
     rounds: usize,
     ops: usize,
-}
-
-struct Done<'a>(&'a AtomicUsize);
-impl Drop for Done<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, SeqCst);
-    }
 }
 
 fn stress(cfg: Config, seed: u64) {
@@ -1010,9 +945,10 @@ fn stress(cfg: Config, seed: u64) {
             let barrier = Arc::clone(&barrier);
             let done = Arc::clone(&done);
             hs.push(thread::spawn(move || {
-                let mut rng = Rng(seed
-                    ^ ((round as u64) << 24)
-                    ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                let mut rng = XorShift::from_state(
+                    seed ^ ((round as u64) << 24)
+                        ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                );
                 barrier.wait();
                 if t < workers {
                     let _done = Done(&done);

@@ -47,33 +47,16 @@ use std::time::Duration;
 
 mod common;
 
-use common::shadow::{tag_of, Shadow};
-use common::Forward;
+use common::shadow::{replay, tag_of, Done, Shadow};
+use common::{Forward, XorShift};
 use kvslots::{
     hash_blocks, BlockAllocator, BlockHash, BlockId, BlockPool, GroupKeys, HybridError,
-    HybridSequence, KvEvent, KvGroup, KvGroups, ReserveError,
+    HybridSequence, KvGroup, KvGroups, ReserveError,
 };
 
 // ---------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn chance(&mut self, pct: u64) -> bool {
-        self.next() % 100 < pct
-    }
-}
 
 fn rounds(default: usize) -> usize {
     std::env::var("HYBRID_RESERVATION_ATTACK_ROUNDS")
@@ -274,41 +257,10 @@ fn distinct_held(seqs: &[&HybridSequence]) -> usize {
         .len()
 }
 
-/// Replays KV events: each key stored once at a time, removals only of
-/// keys stored.
-fn replay(view: &mut HashMap<BlockHash, BlockId>, events: &[KvEvent]) {
-    for e in events {
-        match e {
-            KvEvent::BlockStored {
-                keys, block_ids, ..
-            } => {
-                for (k, id) in keys.iter().zip(block_ids) {
-                    let prev = view.insert(*k, *id);
-                    assert!(
-                        prev.is_none(),
-                        "key {:#x} stored twice (on {id} and {prev:?})",
-                        tag_of(k)
-                    );
-                }
-            }
-            KvEvent::BlockRemoved { keys, .. } => {
-                for k in keys {
-                    assert!(
-                        view.remove(k).is_some(),
-                        "key {:#x} removed, never stored",
-                        tag_of(k)
-                    );
-                }
-            }
-            _ => view.clear(),
-        }
-    }
-}
-
 fn check_events(pool: &BlockPool, view: &mut HashMap<BlockHash, BlockId>) {
     let mut evs = Vec::new();
     pool.drain_events(&mut evs);
-    replay(view, &evs);
+    assert!(replay(view, &evs), "events dropped");
     assert_eq!(view.len(), pool.cached_blocks(), "events' view vs cached");
 }
 
@@ -354,7 +306,7 @@ fn poll<F: Future + ?Sized>(fut: Pin<&mut F>, waker: Waker) -> Poll<F::Output> {
 }
 
 /// A group configuration drawn at random: 1 to 3 groups of every kind.
-fn random_groups(rng: &mut Rng, bs: usize) -> KvGroups {
+fn random_groups(rng: &mut XorShift, bs: usize) -> KvGroups {
     let count = 1 + rng.below(3);
     let kinds: Vec<KvGroup> = (0..count)
         .map(|_| match rng.below(3) {
@@ -383,7 +335,7 @@ struct Scene {
     events: bool,
 }
 
-fn scene(rng: &mut Rng, case: usize) -> Scene {
+fn scene(rng: &mut XorShift, case: usize) -> Scene {
     let bs = [1usize, 2, 4][rng.below(3)];
     let shards = [1usize, 2, 4][rng.below(3)];
     let events = rng.chance(50);
@@ -434,7 +386,7 @@ fn scene(rng: &mut Rng, case: usize) -> Scene {
 
 #[test]
 fn a_reservation_hits_what_an_empty_sequence_hits_block_for_block() {
-    let mut rng = Rng(0x5EED_1234_ABCD);
+    let mut rng = XorShift::from_state(0x5EED_1234_ABCD);
     let (mut lent_cases, mut hits) = (0, 0);
     for case in 0..rounds(400) {
         let Scene {
@@ -527,7 +479,7 @@ fn a_reservation_hits_what_an_empty_sequence_hits_block_for_block() {
 /// force's.
 #[test]
 fn behind_a_waiter_the_reservation_keeps_its_capacity_and_leaves_the_rest() {
-    let mut rng = Rng(0xBEEF_0042);
+    let mut rng = XorShift::from_state(0xBEEF_0042);
     let (mut granted_by_match, mut short) = (0, 0);
     for case in 0..rounds(300) {
         let Scene {
@@ -1113,7 +1065,12 @@ fn write_full(w: &World, s: &HybridSequence, keys: &GroupKeys, from: usize) {
 
 /// Reserves `r` blocks a group (try, blocking, or async polled a few
 /// times), or returns `None`.
-fn reserve(s: &mut HybridSequence, rng: &mut Rng, tokens: usize, blocking: bool) -> Option<()> {
+fn reserve(
+    s: &mut HybridSequence,
+    rng: &mut XorShift,
+    tokens: usize,
+    blocking: bool,
+) -> Option<()> {
     let got = if blocking && rng.chance(20) {
         s.reserve_blocking(tokens, 0, Some(Duration::from_micros(300)))
     } else if blocking && rng.chance(20) {
@@ -1144,7 +1101,7 @@ fn reserve(s: &mut HybridSequence, rng: &mut Rng, tokens: usize, blocking: bool)
 
 /// A matcher into a reservation: reserves, matches a prompt, checks every
 /// promise, appends up to the capacity, publishes, drops.
-fn matcher(w: &World, rng: &mut Rng, max_r: usize, max_tokens: usize, blocking: bool) {
+fn matcher(w: &World, rng: &mut XorShift, max_r: usize, max_tokens: usize, blocking: bool) {
     let pool = &w.pool;
     let bs = pool.block_size();
     let r = 1 + rng.below(max_r);
@@ -1203,7 +1160,7 @@ fn matcher(w: &World, rng: &mut Rng, max_r: usize, max_tokens: usize, blocking: 
 /// An evicting appender: an empty sequence (that may match first unless
 /// the world is strict) appends the rest of a prompt, writes it,
 /// publishes it.
-fn appender(w: &World, rng: &mut Rng, max_tokens: usize) {
+fn appender(w: &World, rng: &mut XorShift, max_tokens: usize) {
     let pool = &w.pool;
     let bs = pool.block_size();
     let tokens = prompt(rng.below(6), 1 + rng.below(max_tokens), bs);
@@ -1236,22 +1193,12 @@ fn appender(w: &World, rng: &mut Rng, max_tokens: usize) {
 }
 
 /// A raw allocation with a blocking wait (a waiter in the queue).
-fn waiter(w: &World, rng: &mut Rng) {
+fn waiter(w: &World, rng: &mut XorShift) {
     let pool = &w.pool;
     let want = 1 + rng.below(pool.num_blocks());
     let mut ids = Vec::new();
-    if pool
-        .alloc_blocking(want, &mut ids, Some(Duration::from_micros(300)))
-        .is_ok()
-    {
-        assert_eq!(ids.len(), want);
-        let stamp = w.take_fresh(&ids, "waiter");
-        w.check_stamp(&ids, stamp, "waiter");
-        w.give(&ids);
-        pool.free(&ids).unwrap();
-    } else {
-        assert!(ids.is_empty());
-    }
+    let got = pool.alloc_blocking(want, &mut ids, Some(Duration::from_micros(300)));
+    w.end_raw_alloc(pool, got, want, &ids);
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -1270,15 +1217,6 @@ struct Config {
     max_r: usize,
     max_tokens: usize,
     strict: bool,
-}
-
-/// Counts a worker done when dropped (also by a panic's unwinding).
-struct Done<'a>(&'a AtomicUsize);
-
-impl Drop for Done<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, SeqCst);
-    }
 }
 
 fn stress(cfg: Config, seed: u64) {
@@ -1310,9 +1248,10 @@ fn stress(cfg: Config, seed: u64) {
                 for t in 0..threads {
                     let (w, barrier, done) = (&w, &barrier, &done);
                     sc.spawn(move || {
-                        let mut rng = Rng(seed
-                            ^ ((round as u64) << 20)
-                            ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                        let mut rng = XorShift::from_state(
+                            seed ^ ((round as u64) << 20)
+                                ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                        );
                         barrier.wait();
                         if t < cfg.matchers {
                             // Counted also when the worker panics, so that

@@ -18,9 +18,9 @@ use std::time::Duration;
 
 mod common;
 
-use common::shadow::{tag_of, Shadow};
-use common::Forward;
-use kvslots::{BlockAllocator, BlockHash, BlockId, BlockPool, KvEvent, ReserveError, Sequence};
+use common::shadow::{replay, Done, Shadow};
+use common::{Forward, XorShift};
+use kvslots::{BlockAllocator, BlockHash, BlockId, BlockPool, ReserveError, Sequence};
 
 // ---------------------------------------------------------------------
 // Keys, tags, helpers
@@ -439,22 +439,6 @@ fn fork_and_fence_a_matched_reservation() {
 // Stress
 // ---------------------------------------------------------------------
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-    fn chance(&mut self, pct: u64) -> bool {
-        self.next() % 100 < pct
-    }
-}
-
 /// The prompt family: prompt `p`'s block `i` has tag `i + 1` for the
 /// first `p % 3` blocks (a shared prefix), else a tag of its own.
 fn prompt(p: usize, len: usize) -> Vec<u64> {
@@ -501,7 +485,7 @@ impl World {
 /// A matcher into a reservation: reserve `r` blocks, match a prompt,
 /// check every guarantee, append up to the old capacity, publish, maybe
 /// fork and fence, drop.
-fn matcher(w: &World, rng: &mut Rng, max_r: usize, blocking: bool, fence: &AtomicU64) {
+fn matcher(w: &World, rng: &mut XorShift, max_r: usize, blocking: bool, fence: &AtomicU64) {
     let pool = &w.pool;
     let bs = pool.block_size();
     let n = pool.num_blocks();
@@ -625,7 +609,7 @@ fn matcher(w: &World, rng: &mut Rng, max_r: usize, blocking: bool, fence: &Atomi
 
 /// An evicting appender: an empty sequence matches what it can, appends
 /// the rest of a prompt (evicting cached blocks), writes it, publishes.
-fn appender(w: &World, rng: &mut Rng) {
+fn appender(w: &World, rng: &mut XorShift) {
     let pool = &w.pool;
     let bs = pool.block_size();
     let n = pool.num_blocks();
@@ -654,23 +638,13 @@ fn appender(w: &World, rng: &mut Rng) {
 }
 
 /// A raw allocation with a blocking wait (a waiter in the queue).
-fn waiter(w: &World, rng: &mut Rng) {
+fn waiter(w: &World, rng: &mut XorShift) {
     let pool = &w.pool;
     let n = pool.num_blocks();
     let want = 1 + rng.below(n);
     let mut ids = Vec::new();
-    if pool
-        .alloc_blocking(want, &mut ids, Some(Duration::from_micros(300)))
-        .is_ok()
-    {
-        assert_eq!(ids.len(), want);
-        let stamp = w.take_fresh(&ids, "waiter");
-        w.check_stamp(&ids, stamp, "waiter");
-        w.give(&ids);
-        pool.free(&ids).unwrap();
-    } else {
-        assert!(ids.is_empty());
-    }
+    let got = pool.alloc_blocking(want, &mut ids, Some(Duration::from_micros(300)));
+    w.end_raw_alloc(pool, got, want, &ids);
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -687,47 +661,6 @@ struct Config {
     rounds: usize,
     ops: usize,
     max_r: usize,
-}
-
-/// Replays KV events: each key stored once at a time, removals only of
-/// keys stored.
-fn replay(view: &mut HashMap<BlockHash, BlockId>, events: &[KvEvent]) {
-    for e in events {
-        match e {
-            KvEvent::BlockStored {
-                keys, block_ids, ..
-            } => {
-                for (k, id) in keys.iter().zip(block_ids) {
-                    let prev = view.insert(*k, *id);
-                    assert!(
-                        prev.is_none(),
-                        "key {:#x} stored twice (on {id} and {prev:?})",
-                        tag_of(k)
-                    );
-                }
-            }
-            KvEvent::BlockRemoved { keys, .. } => {
-                for k in keys {
-                    assert!(
-                        view.remove(k).is_some(),
-                        "key {:#x} removed, never stored",
-                        tag_of(k)
-                    );
-                }
-            }
-            KvEvent::AllBlocksCleared | KvEvent::Dropped { .. } => view.clear(),
-            _ => view.clear(),
-        }
-    }
-}
-
-/// Counts a worker done when dropped (also by a panic's unwinding).
-struct Done<'a>(&'a AtomicUsize);
-
-impl Drop for Done<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, SeqCst);
-    }
 }
 
 fn stress(cfg: Config, seed: u64) {
@@ -767,9 +700,10 @@ fn stress(cfg: Config, seed: u64) {
             let done = Arc::clone(&done);
             let fence = Arc::clone(&fence);
             hs.push(thread::spawn(move || {
-                let mut rng = Rng(seed
-                    ^ ((round as u64) << 20)
-                    ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+                let mut rng = XorShift::from_state(
+                    seed ^ ((round as u64) << 20)
+                        ^ (t as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                );
                 barrier.wait();
                 if t < cfg.matchers {
                     // Counted also when the worker panics, so that the
@@ -816,7 +750,7 @@ fn stress(cfg: Config, seed: u64) {
         if cfg.events {
             evs.clear();
             pool.drain_events(&mut evs);
-            replay(&mut view, &evs);
+            assert!(replay(&mut view, &evs), "events dropped");
             assert_eq!(
                 view.len(),
                 pool.cached_blocks(),
@@ -836,7 +770,7 @@ fn stress(cfg: Config, seed: u64) {
             if cfg.events {
                 evs.clear();
                 pool.drain_events(&mut evs);
-                replay(&mut view, &evs);
+                assert!(replay(&mut view, &evs), "events dropped");
                 assert!(view.is_empty());
             }
         }
@@ -1044,7 +978,7 @@ fn async_waiters_granted_while_reservations_match() {
             for t in 0..2 {
                 let (w, barrier) = (&w, &barrier);
                 sc.spawn(move || {
-                    let mut rng = Rng(round as u64 * 77 + t + 1);
+                    let mut rng = XorShift::from_state(round as u64 * 77 + t + 1);
                     barrier.wait();
                     for _ in 0..20 {
                         let mut s = Sequence::new(Arc::clone(&w.pool));
@@ -1191,7 +1125,7 @@ fn race_lend_vs_evicting_allocation() {
                 if events {
                     evs.clear();
                     pool.drain_events(&mut evs);
-                    replay(&mut view, &evs);
+                    assert!(replay(&mut view, &evs), "events dropped");
                     assert_eq!(view.len(), pool.cached_blocks());
                 }
                 setup();

@@ -189,9 +189,21 @@ impl XorShift {
         x
     }
 
-    /// Uniform enough in `0..n` for a test's operation mix (`n > 0`).
+    /// A generator started at `state` as given (1 for 0, which the
+    /// generator never leaves): for a test that mixes its own seed.
+    pub fn from_state(state: u64) -> Self {
+        XorShift(state.max(1))
+    }
+
+    /// Uniform enough in `0..n` for a test's operation mix (0 for
+    /// `n == 0`).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next() % n.max(1) as u64) as usize
+    }
+
+    /// `true` with a chance of about `pct` in 100.
+    pub fn chance(&mut self, pct: u64) -> bool {
+        self.next() % 100 < pct
     }
 }
 

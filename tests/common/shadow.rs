@@ -3,9 +3,10 @@
 //! block, and what each contains (a key's tag once written for
 //! publishing, an owner's stamp while written privately).
 
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering::SeqCst};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering::SeqCst};
 
-use kvslots::{BlockHash, BlockId};
+use kvslots::{BlockHash, BlockId, BlockPool, KvEvent, ReserveError};
 
 /// The high bit of a private owner's stamp (no tag a test writes has it).
 pub const STAMP: u64 = 1 << 63;
@@ -71,6 +72,28 @@ impl Shadow {
         }
     }
 
+    /// The end of a raw waiter's allocation of `want` blocks into `ids`,
+    /// which returned `got`: blocks granted are taken alone (no one else
+    /// holds one), checked, given back and freed; a refusal handed out
+    /// nothing.
+    pub fn end_raw_alloc(
+        &self,
+        pool: &BlockPool,
+        got: Result<(), ReserveError>,
+        want: usize,
+        ids: &[BlockId],
+    ) {
+        if got.is_ok() {
+            assert_eq!(ids.len(), want);
+            let stamp = self.take_fresh(ids, "waiter");
+            self.check_stamp(ids, stamp, "waiter");
+            self.give(ids);
+            pool.free(ids).unwrap();
+        } else {
+            assert!(ids.is_empty(), "a refusal handed out blocks");
+        }
+    }
+
     /// Writes the tags `ts` into `ids` (held alone) before a publish.
     pub fn write_tags(&self, ids: &[BlockId], ts: &[u64]) {
         for (id, t) in ids.iter().zip(ts) {
@@ -89,5 +112,53 @@ impl Shadow {
                 "{what}: matched {id} holds {c:#x}, not the key's tag"
             );
         }
+    }
+}
+
+/// Replays KV events into `view` (key to block): each key stored once at
+/// a time, removals only of keys stored; a clear empties it. Returns
+/// false at events the ring dropped (the view is lost then, emptied, and
+/// the rest is not replayed).
+#[must_use]
+pub fn replay(view: &mut HashMap<BlockHash, BlockId>, events: &[KvEvent]) -> bool {
+    for e in events {
+        match e {
+            KvEvent::BlockStored {
+                keys, block_ids, ..
+            } => {
+                for (k, id) in keys.iter().zip(block_ids) {
+                    let prev = view.insert(*k, *id);
+                    assert!(
+                        prev.is_none(),
+                        "key {:#x} stored twice (on {id} and {prev:?})",
+                        tag_of(k)
+                    );
+                }
+            }
+            KvEvent::BlockRemoved { keys, .. } => {
+                for k in keys {
+                    assert!(
+                        view.remove(k).is_some(),
+                        "key {:#x} removed, never stored",
+                        tag_of(k)
+                    );
+                }
+            }
+            KvEvent::Dropped { .. } => {
+                view.clear();
+                return false;
+            }
+            _ => view.clear(),
+        }
+    }
+    true
+}
+
+/// Counts a worker done when dropped (also by a panic's unwinding).
+pub struct Done<'a>(pub &'a AtomicUsize);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, SeqCst);
     }
 }
