@@ -770,7 +770,9 @@ impl PyHybridSequence {
     /// each reserved block can pay for a cached block revived, and every
     /// group keeps as many blocks as it reserved beyond the hit, so
     /// `capacity` does not shrink (unless another thread's match takes a
-    /// block this one let go of while the pool is full). A sequence that
+    /// block this one let go of while the pool is full: a caller that needs
+    /// the whole reservation checks `capacity` and reserves the rest). A
+    /// sequence that
     /// holds tokens matches nothing and
     /// returns 0. Raises `ValueError` for keys made for other groups
     /// (nothing changes then).

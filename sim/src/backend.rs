@@ -152,7 +152,10 @@ pub trait KvSeq: Send + Sized + 'static {
     /// can serve from the cache (one reference each), puts the blocks in
     /// the tables (in reserved blocks' places, which pay for revivals
     /// where the allocator lends them), sets the length to `k *
-    /// block_size` and returns `k`. On one that holds tokens: 0, nothing
+    /// block_size` and returns `k`. The reservation's capacity stays,
+    /// unless a race lost some of it with the pool full (the library's
+    /// hybrid sequences only): the caller checks
+    /// [`capacity`](Self::capacity). On one that holds tokens: 0, nothing
     /// changes.
     fn try_match_prefix(&mut self, keys: &Self::Keys) -> usize;
     /// Makes each of its keys the key of the corresponding full block, in

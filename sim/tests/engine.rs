@@ -9,6 +9,10 @@ use kvslots_sim::engine::{
 };
 use kvslots_sim::workload::{read_trace, Request, Synthetic};
 
+mod common;
+
+use common::{Lie, Lying};
+
 /// Small requests (prompt ~ e^3.4 = 30 tokens, output ~ e^2.5 = 12), plus
 /// every 50th one too large for the pool, so that rejection happens too.
 fn small_workload(n: usize, seed: u64) -> Vec<Request> {
@@ -628,17 +632,10 @@ fn idle_workers_drain_their_fences_before_waiting_with_async_depth_two() {
     }
 }
 
-/// A request refused while its prefix is cached waits with nothing held
-/// (it gives the prefix back), and its grant then matches the prefix into
-/// the blocks it was granted: a hit, on both allocators, under plain and
-/// hybrid sequences. One worker that
-/// runs one request at a time, a pool of 72 blocks of 16 tokens: request
-/// 0 (one trace block, 32 pool blocks) runs first and leaves its blocks
-/// cached; request 1 (the same trace block and another, 64 blocks) does
-/// not fit beside the 8 blocks the test holds, so the worker waits until
-/// they are given back.
-#[test]
-fn a_waited_admission_matches_its_prefix_into_its_grant() {
+/// Request 0 (one trace block, 32 pool blocks) and request 1 (the same
+/// trace block and another, 64 blocks), run by one worker one at a time
+/// with prefix caching, in a pool of 72 blocks.
+fn waited_scene() -> ([Request; 2], EngineConfig) {
     let reqs = [
         Request {
             hash_ids: Some(vec![11u64].into()),
@@ -658,6 +655,21 @@ fn a_waited_admission_matches_its_prefix_into_its_grant() {
         prefix_cache: true,
         ..EngineConfig::default()
     };
+    (reqs, cfg)
+}
+
+/// A request refused while its prefix is cached waits with nothing held
+/// (it gives the prefix back), and its grant then matches the prefix into
+/// the blocks it was granted: a hit, on both allocators, under plain and
+/// hybrid sequences. One worker that
+/// runs one request at a time, a pool of 72 blocks of 16 tokens: request
+/// 0 (one trace block, 32 pool blocks) runs first and leaves its blocks
+/// cached; request 1 (the same trace block and another, 64 blocks) does
+/// not fit beside the 8 blocks the test holds, so the worker waits until
+/// they are given back.
+#[test]
+fn a_waited_admission_matches_its_prefix_into_its_grant() {
+    let (reqs, cfg) = waited_scene();
     fn check(s: &RunStats) {
         let inv = s.invariants();
         assert!(inv.ok(), "{}: {inv:?}, {:?}", s.allocator, s.errors);
@@ -684,4 +696,38 @@ fn a_waited_admission_matches_its_prefix_into_its_grant() {
     check(&run_held(&kv, || kv.pool().waiters(), &reqs, &cfg));
     let mutex = HybridMutexBackend::hybrid(kvslots_sim::baseline::MutexPool::new(72, 16), full());
     check(&run_held(&mutex, || mutex.pool().waiters(), &reqs, &cfg));
+}
+
+/// A grant that the match into it leaves short (as a race can: a block
+/// the match revived and let go of, shared meanwhile, with the pool full)
+/// is topped up before the prompt goes in; where the top-up is refused the
+/// grant goes back whole and the request is admitted later. Either way
+/// the oracle finds every table holding what its length and reservation
+/// need. The scene of the test above, with the matches' reserved blocks
+/// given back after each match into a grant.
+#[test]
+fn a_grant_the_match_leaves_short_is_topped_up_or_given_back() {
+    let (reqs, cfg) = waited_scene();
+    let full = || kvslots::KvGroups::new([kvslots::KvGroup::Full]).unwrap();
+    for (lie, refused) in [(Lie::ShortGrants, 0), (Lie::ShortGrantsRefused, 1)] {
+        let kv = HybridKvslotsBackend::hybrid(kvslots::BlockPool::new(72, 16), full());
+        let pool = kv.pool().clone();
+        let lying = Lying::new(lie, kv);
+        let s = run_held(&lying, || pool.waiters(), &reqs, &cfg);
+        let inv = s.invariants();
+        assert!(inv.ok(), "{lie:?}: {inv:?}, {:?}", s.errors);
+        assert_eq!(s.counts.requests_completed, 2, "{lie:?}");
+        assert_eq!(s.counts.waited_admissions, 1, "{lie:?}");
+        assert_eq!(s.counts.short_grants, 1, "{lie:?}");
+        assert_eq!(s.counts.refused_short_grants, refused, "{lie:?}");
+        assert!(s.counts.prefix_hit_tokens >= 16, "{lie:?}");
+        // A grant given back counts no hit: the request's hits are those
+        // of its admission after.
+        let waited = if refused == 0 {
+            s.counts.prefix_hit_tokens
+        } else {
+            0
+        };
+        assert_eq!(s.counts.waited_hit_tokens, waited, "{lie:?}");
+    }
 }

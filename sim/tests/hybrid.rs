@@ -7,14 +7,16 @@
 
 use std::process::Command;
 
-use kvslots::{BlockPool, HybridSequence, KvGroup, KvGroups};
-use kvslots_sim::backend::{
-    Copies, HybridKvslotsBackend, HybridMutexBackend, KvBackend, KvSeq, PrefixCounts,
-};
+use kvslots::{BlockPool, KvGroup, KvGroups};
+use kvslots_sim::backend::{HybridKvslotsBackend, HybridMutexBackend};
 use kvslots_sim::baseline::MutexPool;
 use kvslots_sim::cli::Fault;
 use kvslots_sim::engine::{self, EngineConfig, RunStats};
 use kvslots_sim::workload::{Request, SharedPrefixes, Synthetic};
+
+mod common;
+
+use common::{Lie, Lying};
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvslots-sim");
 
@@ -135,159 +137,6 @@ fn prefix_hits_happen_across_groups() {
 // A sequence whose windows lie to the engine
 // ---------------------------------------------------------------------------
 
-/// A backend whose sequences say their sliding windows start one block
-/// later than they do: the engine counts out a block the sequence keeps.
-#[derive(Clone)]
-struct LyingWindows(HybridKvslotsBackend);
-
-struct LyingSeq(HybridSequence);
-
-impl KvSeq for LyingSeq {
-    type Id = kvslots::BlockId;
-    type Keys = kvslots::GroupKeys;
-    fn index(id: Self::Id) -> usize {
-        id.index()
-    }
-    fn is_null(id: Self::Id) -> bool {
-        id.is_null()
-    }
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-    fn groups(&self) -> usize {
-        KvSeq::groups(&self.0)
-    }
-    fn table(&self, group: usize) -> &[Self::Id] {
-        KvSeq::table(&self.0, group)
-    }
-    fn first_needed_block(&self, group: usize, len: usize) -> usize {
-        let real = KvSeq::first_needed_block(&self.0, group, len);
-        if real > 0 {
-            real + 1
-        } else {
-            0
-        }
-    }
-    fn capacity(&self) -> usize {
-        self.0.capacity()
-    }
-    fn try_reserve(&mut self, tokens: usize, headroom: usize) -> Result<(), kvslots::ReserveError> {
-        self.0.try_reserve(tokens, headroom)
-    }
-    fn reserve_blocking(
-        &mut self,
-        tokens: usize,
-        headroom: usize,
-        timeout: Option<std::time::Duration>,
-    ) -> Result<(), kvslots::ReserveError> {
-        self.0.reserve_blocking(tokens, headroom, timeout)
-    }
-    fn try_append(
-        &mut self,
-        n: usize,
-        fence: Option<u64>,
-        copies: &mut Copies<Self::Id>,
-    ) -> Result<std::ops::Range<usize>, kvslots::ReserveError> {
-        KvSeq::try_append(&mut self.0, n, fence, copies)
-    }
-    fn truncate(&mut self, len: usize) -> usize {
-        KvSeq::truncate(&mut self.0, len)
-    }
-    fn truncate_fenced(&mut self, len: usize, fence: u64) -> usize {
-        KvSeq::truncate_fenced(&mut self.0, len, fence)
-    }
-    fn retire(self, fence: u64) -> usize {
-        self.0.retire(fence)
-    }
-    fn retire_copy_source(&mut self, fence: u64) -> usize {
-        self.0.retire_copy_source(fence)
-    }
-    fn try_fork(&self, copies: &mut Copies<Self::Id>) -> Result<Self, kvslots::ReserveError> {
-        KvSeq::try_fork(&self.0, copies).map(LyingSeq)
-    }
-    fn extend_slots(
-        &self,
-        group: usize,
-        positions: std::ops::Range<usize>,
-        out: &mut Vec<usize>,
-    ) -> Result<(), String> {
-        KvSeq::extend_slots(&self.0, group, positions, out)
-    }
-    fn key_blocks(keys: &Self::Keys) -> usize {
-        keys.blocks()
-    }
-    fn clear_keys(keys: &mut Self::Keys) {
-        keys.clear();
-    }
-    fn try_match_prefix(&mut self, keys: &Self::Keys) -> usize {
-        KvSeq::try_match_prefix(&mut self.0, keys)
-    }
-    fn publish(&mut self, keys: &Self::Keys) -> usize {
-        KvSeq::publish(&mut self.0, keys)
-    }
-}
-
-impl KvBackend for LyingWindows {
-    type Seq = LyingSeq;
-    type Id = kvslots::BlockId;
-    fn name(&self) -> &'static str {
-        "lying-windows"
-    }
-    fn num_blocks(&self) -> usize {
-        self.0.num_blocks()
-    }
-    fn block_size(&self) -> usize {
-        self.0.block_size()
-    }
-    fn used_blocks(&self) -> usize {
-        self.0.used_blocks()
-    }
-    fn peak_used_blocks(&self) -> usize {
-        self.0.peak_used_blocks()
-    }
-    fn ref_count(&self, index: usize) -> Option<usize> {
-        self.0.ref_count(index)
-    }
-    fn try_alloc_with_headroom(
-        &self,
-        n: usize,
-        headroom: usize,
-        out: &mut Vec<Self::Id>,
-    ) -> Result<(), kvslots::ReserveError> {
-        self.0.try_alloc_with_headroom(n, headroom, out)
-    }
-    fn free(&self, ids: &[Self::Id]) -> Result<(), String> {
-        self.0.free(ids)
-    }
-    fn new_seq(&self, tokens: usize) -> LyingSeq {
-        LyingSeq(self.0.new_seq(tokens))
-    }
-    fn new_keys(&self) -> kvslots::GroupKeys {
-        self.0.new_keys()
-    }
-    fn extend_keys(&self, keys: &mut kvslots::GroupKeys, base: &[kvslots::BlockHash]) {
-        self.0.extend_keys(keys, base);
-    }
-    fn kv_groups(&self) -> &KvGroups {
-        self.0.kv_groups()
-    }
-    fn complete(&self, fence: u64) -> usize {
-        self.0.complete(fence)
-    }
-    fn peak_pending_release_blocks(&self) -> usize {
-        self.0.peak_pending_release_blocks()
-    }
-    fn cached_blocks(&self) -> usize {
-        self.0.cached_blocks()
-    }
-    fn evictable_blocks(&self) -> usize {
-        self.0.evictable_blocks()
-    }
-    fn prefix_stats(&self) -> PrefixCounts {
-        self.0.prefix_stats()
-    }
-}
-
 /// The oracle counts out what a window leaves behind and requires those
 /// entries to be null afterwards: a sequence that keeps one fails the run,
 /// named.
@@ -295,10 +144,10 @@ impl KvBackend for LyingWindows {
 fn a_window_that_keeps_a_block_it_said_it_gave_back_fails_the_run() {
     let reqs = small_workload(200, 6);
     let cfg = config(layout(), 1, 0);
-    let backend = LyingWindows(HybridKvslotsBackend::hybrid(
-        BlockPool::new(160, BS),
-        layout(),
-    ));
+    let backend = Lying::new(
+        Lie::LateWindows,
+        HybridKvslotsBackend::hybrid(BlockPool::new(160, BS), layout()),
+    );
     let s = engine::run(&backend, &reqs, &cfg, None);
     assert!(!s.invariants().kv_memory_intact);
     assert!(

@@ -1323,17 +1323,23 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// after a wait say) matches into them, as
     /// [`Sequence::try_match_prefix`] does: each reserved block can pay
     /// for a cached block revived (its place in the capacity is the
-    /// revival's, also when the rest of the pool is owed to waiters), and
-    /// a matched block that the final prefix does not need (a group that
-    /// serves a shorter prefix) goes back with its place kept for the
-    /// reservation. Once the groups agree on `k`, every group holds its
-    /// `k` entries of the match, then as many blocks as it reserved beyond
-    /// them (reserved blocks not lent, or fresh ones paid by what the
-    /// match kept):
+    /// revival's, also when the rest of the pool is owed to waiters). Over
+    /// a [`BlockPool`] it first looks up, taking nothing, the prefix every
+    /// group serves (as [`BlockPool::peek_hybrid_prefix`]) and matches no
+    /// further; a matched block that the final prefix does not need (one
+    /// evicted meanwhile left a group serving a shorter prefix) goes back
+    /// with its place kept for the reservation. Once the groups agree on
+    /// `k`, every group holds its `k` entries of the match, then as many
+    /// blocks as it reserved beyond them (reserved blocks not lent, or
+    /// fresh ones paid by what the match kept):
     /// [`capacity`](Self::capacity) stays at least what it was, and what
-    /// is left over goes back to the pool. (Short only where another match
-    /// took one of the blocks let go of meanwhile and the pool has no
-    /// room: a group then holds fewer blocks beyond the match.) The
+    /// is left over goes back to the pool. It can come up short only in a
+    /// race: when a block this match revived and then let go of was
+    /// shared meanwhile by another match (the block stays that holder's,
+    /// with its place in the capacity) and the pool has no free block to
+    /// replace it. A group then holds fewer blocks beyond the match; a
+    /// caller that needs the whole reservation checks
+    /// [`capacity`](Self::capacity) and reserves the rest. The
     /// reserved blocks are lent only to a [`BlockPool`] itself: over
     /// another allocator they wait unlent (each revival is admitted by the
     /// allocator, as into an empty sequence) and the capacity is never
@@ -1423,6 +1429,15 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         // groups alone can match more blocks than the pool has (their
         // tables hold null entries), up to `usize::MAX` tokens.
         let mut k = keys.blocks().min(usize::MAX / bs);
+        // A match into a reservation first looks up how far every group
+        // agrees (taking nothing), and matches no further: a block it
+        // revives by lending a reserved one and then lets go of could be
+        // shared meanwhile by another match, whose block it then stays
+        // (its place in the capacity with it). With the plan the match
+        // lets go of a block only when one it needs was evicted since.
+        if let Some(p) = lending.pool {
+            k = k.min(p.peek_hybrid_prefix(keys));
+        }
         let kinds = self.groups.clone();
         // A waker's panic out of a match (an admission for a revival, or a
         // give-back) or out of a give-back here is resumed once the match

@@ -76,6 +76,15 @@ counts! {
     /// Of the prefix hit tokens, those of admissions granted while
     /// waiting.
     waited_hit_tokens,
+    /// Waited admissions whose grant the match into it left short of the
+    /// blocks it reserved (the library's hybrid sequences only, when a
+    /// concurrent match shares a block the match revived and let go of
+    /// and the pool has no room for its place): each is topped up as an
+    /// admission, or else refused.
+    short_grants,
+    /// Of those, the ones whose top-up was refused: the grant was given
+    /// back whole and the request waits again.
+    refused_short_grants,
     /// Admissions refused because the pool owed its free blocks to queued
     /// waiters (`BehindWaiters`; the library's queue only).
     refused_behind_waiters,

@@ -762,6 +762,24 @@ impl<B: KvBackend> Worker<B> {
                 } else {
                     0
                 };
+                // A match into a grant can leave it short (a block the
+                // match revived and let go of, shared meanwhile by another
+                // match, with the pool full: see
+                // `HybridSequence::try_match_prefix`): topped up as an
+                // admission, or else given back whole, as a refusal.
+                let grant = reserved.max(matched * bs);
+                if seq.capacity() < grant {
+                    self.stats.counts.short_grants += 1;
+                    let rest = grant - matched * bs;
+                    if self
+                        .call(OpKind::Admit, || seq.try_reserve(rest, 0))
+                        .is_err()
+                    {
+                        self.stats.counts.refused_short_grants += 1;
+                        self.call(OpKind::Truncate, move || drop(seq));
+                        return Ok(None);
+                    }
+                }
                 self.stats.counts.waited_hit_tokens += (matched * bs) as u64;
             }
             Err(e) => return Err(StepError::Fatal(format!("admission: unexpected {e:?}"))),
