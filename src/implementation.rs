@@ -683,14 +683,17 @@
 //! no revival used (the block was evicted between the lend and the CAS)
 //! takes a block back for the sequence, so the reservation loses nothing.
 //! A [`HybridSequence`](crate::HybridSequence)'s match into a reservation
-//! first looks up, taking nothing, how far every group agrees, and matches
-//! no further, so that it lets go of a block it revived only when a block
-//! it needs was evicted meanwhile: a block it let go of that another match
-//! took meanwhile stays that holder's with its admission, and the
-//! reservation is then short of it unless the pool has a free block.
+//! first plans, taking nothing, how far every group agrees with revivals
+//! that the reserved blocks and the pool's room beside the waiters pay for
+//! (each key looked up once, its block's count read to tell a revival from
+//! a share), and matches no further, so that it lets go of a block it
+//! revived only when the cache or the room changed since the plan: a block
+//! it let go of that another match took meanwhile stays that holder's with
+//! its admission, and the reservation is then short of it unless the pool
+//! has a free block.
 //! It lends the same way, group by group (each full group at most an even
-//! share of the reserved blocks left, once the sliding groups' windows are
-//! set aside), and a matched block that the final prefix does not need
+//! share of the reserved blocks left, once the revivals planned in the
+//! sliding groups' windows are set aside), and a matched block that the final prefix does not need
 //! goes back with its admission kept too, as a credit (none for a block
 //! another holder still holds): at the end each group gets as many blocks
 //! as it reserved beyond the match, first from the reserved blocks not

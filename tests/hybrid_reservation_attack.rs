@@ -47,11 +47,12 @@ use std::time::Duration;
 
 mod common;
 
+use common::hybrid::{assert_whole, flag, group_keys, groups, held, publisher, sliding, tables};
 use common::shadow::{replay, tag_of, Done, Shadow};
 use common::{Forward, XorShift};
 use kvslots::{
-    hash_blocks, BlockAllocator, BlockHash, BlockId, BlockPool, GroupKeys, HybridError,
-    HybridSequence, KvGroup, KvGroups, ReserveError,
+    BlockAllocator, BlockHash, BlockId, BlockPool, GroupKeys, HybridError, HybridSequence, KvGroup,
+    KvGroups, ReserveError,
 };
 
 // ---------------------------------------------------------------------
@@ -65,16 +66,8 @@ fn rounds(default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn sliding(window_tokens: usize) -> KvGroup {
-    KvGroup::SlidingWindow { window_tokens }
-}
-
 fn chunked(chunk_tokens: usize) -> KvGroup {
     KvGroup::ChunkedLocal { chunk_tokens }
-}
-
-fn groups(kinds: &[KvGroup]) -> KvGroups {
-    KvGroups::new(kinds.iter().copied()).unwrap()
 }
 
 fn build(n: usize, bs: usize, shards: usize, events: bool) -> Arc<BlockPool> {
@@ -98,37 +91,6 @@ fn prompt(p: usize, len: usize, bs: usize) -> Vec<u32> {
             }
         })
         .collect()
-}
-
-fn group_keys(g: &KvGroups, tokens: &[u32], bs: usize) -> GroupKeys {
-    let mut base = Vec::new();
-    hash_blocks(b"", tokens, bs, &mut base);
-    g.keys(&base)
-}
-
-/// Every table, for comparing a sequence before and after a call.
-fn tables<A: BlockAllocator + ?Sized>(seq: &HybridSequence<A>) -> Vec<Vec<BlockId>> {
-    (0..seq.groups().len())
-        .map(|g| seq.blocks(g).unwrap().to_vec())
-        .collect()
-}
-
-/// Every block a sequence's tables hold (null entries aside).
-fn held<A: BlockAllocator + ?Sized>(seq: &HybridSequence<A>) -> Vec<BlockId> {
-    tables(seq)
-        .into_iter()
-        .flatten()
-        .filter(|id| !id.is_null())
-        .collect()
-}
-
-/// A request of `tokens` prefilled and published, returned still held.
-fn publisher(pool: &Arc<BlockPool>, g: &KvGroups, tokens: &[u32]) -> HybridSequence {
-    let bs = pool.block_size();
-    let mut seq = HybridSequence::new(Arc::clone(pool), g.clone());
-    seq.try_append(tokens.len()).unwrap();
-    seq.publish(&group_keys(g, tokens, bs)).unwrap();
-    seq
 }
 
 /// The longest hit the cache can serve now, by brute force: the largest
@@ -228,27 +190,6 @@ fn check_layout(
     full
 }
 
-/// The books are whole: nothing used, every block free and takeable once.
-fn assert_whole(pool: &BlockPool) {
-    pool.complete_all();
-    assert_eq!(pool.used_blocks(), 0, "used after every holder let go");
-    assert_eq!(pool.free_blocks(), pool.num_blocks(), "free != num_blocks");
-    assert_eq!(pool.evictable_blocks(), pool.cached_blocks());
-    for i in 0..pool.num_blocks() as u32 {
-        assert_eq!(pool.ref_count(BlockId::new(i)), Some(0), "block {i}");
-    }
-    if !pool.is_closed() {
-        let mut all = Vec::new();
-        pool.try_alloc(pool.num_blocks(), &mut all)
-            .expect("every block can be taken");
-        let set: HashSet<_> = all.iter().collect();
-        assert_eq!(set.len(), pool.num_blocks(), "distinct ids");
-        assert!(pool.try_alloc(1, &mut Vec::new()).is_err());
-        pool.free(&all).unwrap();
-        assert_eq!(pool.used_blocks(), 0);
-    }
-}
-
 /// Distinct blocks held by these sequences.
 fn distinct_held(seqs: &[&HybridSequence]) -> usize {
     seqs.iter()
@@ -273,19 +214,6 @@ impl Wake for Panics {
     fn wake(self: Arc<Self>) {
         panic!("{WAKER_PANIC}");
     }
-}
-
-/// A waker that records its wake and unparks its thread.
-struct Flag(AtomicBool, thread::Thread);
-impl Wake for Flag {
-    fn wake(self: Arc<Self>) {
-        self.0.store(true, SeqCst);
-        self.1.unpark();
-    }
-}
-
-fn flag() -> Arc<Flag> {
-    Arc::new(Flag(AtomicBool::new(false), thread::current()))
 }
 
 fn quiet() {

@@ -118,3 +118,159 @@ impl BlockPool {
 fn group_keys(keys: &GroupKeys, g: usize) -> &[BlockHash] {
     keys.group(g).unwrap_or(&[])
 }
+
+/// A position not looked up yet, in [`BlockPool::plan_hybrid_match`]'s
+/// states.
+const UNKNOWN: u8 = 0;
+/// A position whose key no block holds.
+const MISS: u8 = 1;
+/// A position whose block someone holds (a match shares it).
+const HELD: u8 = 2;
+/// A position whose block no one holds (a match revives it).
+const EVICTABLE: u8 = 3;
+
+/// What [`BlockPool::plan_hybrid_match`] planned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MatchPlan {
+    /// The blocks of tokens to match.
+    pub(crate) k: usize,
+    /// The revivals the sliding groups' windows at `k` need.
+    pub(crate) window_revivals: usize,
+}
+
+impl BlockPool {
+    /// Plans a hybrid match into a reservation, taking nothing: the
+    /// largest `k`, at most `k`, that every group serves (as
+    /// [`peek_hybrid_prefix`](Self::peek_hybrid_prefix) searches it) and
+    /// whose revivals (the evictable blocks among the full groups' first
+    /// `k` and the sliding groups' windows at `k`) number at most
+    /// `payable`. `states` is the caller's buffer (each position of each
+    /// group looked up at most once). Its answer is as out of date as a
+    /// peek's by the time it returns.
+    pub(crate) fn plan_hybrid_match(
+        &self,
+        keys: &GroupKeys,
+        k: usize,
+        payable: usize,
+        states: &mut Vec<u8>,
+    ) -> MatchPlan {
+        let bs = self.block_size();
+        let kinds = keys.groups().as_slice();
+        let span = k;
+        states.clear();
+        states.resize(kinds.len().saturating_mul(span), UNKNOWN);
+        let mut k = k;
+        // The full groups' prefix: up to the first miss in any of them.
+        for (g, kind) in kinds.iter().enumerate() {
+            if *kind != KvGroup::Full {
+                continue;
+            }
+            let st = &mut states[g * span..(g + 1) * span];
+            for (i, key) in group_keys(keys, g)[..k].iter().enumerate() {
+                st[i] = self.state_of(key);
+                if st[i] == MISS {
+                    k = i;
+                    break;
+                }
+            }
+        }
+        // The full groups' revivals in their first `k` blocks, kept as `k`
+        // comes down.
+        let full_at = |states: &[u8], i: usize| -> usize {
+            kinds
+                .iter()
+                .enumerate()
+                .filter(|(g, kind)| **kind == KvGroup::Full && states[g * span + i] == EVICTABLE)
+                .count()
+        };
+        let mut full: usize = (0..k).map(|i| full_at(states, i)).sum();
+        loop {
+            // The sliding groups, until every group agrees on `k`.
+            let mut agreed = k;
+            loop {
+                let mut lowered = false;
+                for (g, kind) in kinds.iter().enumerate() {
+                    if *kind == KvGroup::Full {
+                        continue;
+                    }
+                    let st = &mut states[g * span..(g + 1) * span];
+                    let served = self.window_served(*kind, group_keys(keys, g), agreed, st);
+                    if served < agreed {
+                        agreed = served;
+                        lowered = true;
+                    }
+                }
+                if !lowered {
+                    break;
+                }
+            }
+            full -= (agreed..k).map(|i| full_at(states, i)).sum::<usize>();
+            k = agreed;
+            let windows: usize = kinds
+                .iter()
+                .enumerate()
+                .filter(|(_, kind)| **kind != KvGroup::Full)
+                .map(|(g, kind)| {
+                    let from = kind.first_needed_block(k * bs, bs).min(k);
+                    states[g * span + from..g * span + k]
+                        .iter()
+                        .filter(|s| **s == EVICTABLE)
+                        .count()
+                })
+                .sum();
+            if k == 0 || full.saturating_add(windows) <= payable {
+                return MatchPlan {
+                    k,
+                    window_revivals: windows,
+                };
+            }
+            // One block fewer, and fewer still while the full groups alone
+            // cost more than can be paid.
+            k -= 1;
+            full -= full_at(states, k);
+            while k > 0 && full > payable {
+                k -= 1;
+                full -= full_at(states, k);
+            }
+        }
+    }
+
+    /// The largest `j <= k` whose window a sliding group serves, searched
+    /// as [`peek_window`](Self::peek_window) does, with each position's
+    /// state looked up once into `states`.
+    fn window_served(
+        &self,
+        kind: KvGroup,
+        keys: &[BlockHash],
+        k: usize,
+        states: &mut [u8],
+    ) -> usize {
+        let bs = self.block_size();
+        let (mut end, mut found) = (k, k);
+        loop {
+            let need = kind.first_needed_block(end * bs, bs);
+            if found <= need {
+                return end;
+            }
+            for i in need..found {
+                if states[i] == UNKNOWN {
+                    states[i] = self.state_of(&keys[i]);
+                }
+                if states[i] == MISS {
+                    end = i;
+                    break;
+                }
+            }
+            found = need;
+        }
+    }
+
+    /// `key`'s state now, for a plan.
+    fn state_of(&self, key: &BlockHash) -> u8 {
+        match self.peek_evictable(key) {
+            None => MISS,
+            Some(false) => HELD,
+            Some(true) => EVICTABLE,
+        }
+    }
+}

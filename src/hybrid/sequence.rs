@@ -101,6 +101,10 @@ pub struct HybridSequence<A: BlockAllocator + ?Sized = BlockPool> {
     /// once, before the admission, since a tail's need for a copy may
     /// change meanwhile (another holder lets go).
     plans: Box<[(usize, usize, bool)]>,
+    /// What a match into a reservation found of each group's keys while
+    /// it planned (see `BlockPool::plan_hybrid_match`); kept for its
+    /// memory.
+    planned: Vec<u8>,
     /// The faults of loom's negative controls (none outside loom).
     faults: Faults,
 }
@@ -213,6 +217,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         HybridSequence {
             scratch: Vec::with_capacity(per_group.saturating_mul(groups.len())),
             plans: vec![(0, 0, false); groups.len()].into_boxed_slice(),
+            planned: Vec::new(),
             groups,
             tables,
             faults,
@@ -1324,11 +1329,14 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// [`Sequence::try_match_prefix`] does: each reserved block can pay
     /// for a cached block revived (its place in the capacity is the
     /// revival's, also when the rest of the pool is owed to waiters). Over
-    /// a [`BlockPool`] it first looks up, taking nothing, the prefix every
-    /// group serves (as [`BlockPool::peek_hybrid_prefix`]) and matches no
-    /// further; a matched block that the final prefix does not need (one
-    /// evicted meanwhile left a group serving a shorter prefix) goes back
-    /// with its place kept for the reservation. Once the groups agree on
+    /// a [`BlockPool`] it first plans, taking nothing, the longest prefix
+    /// that every group serves (as [`BlockPool::peek_hybrid_prefix`]
+    /// searches it) and whose revivals (the evictable blocks among its
+    /// blocks) the reserved blocks and the pool's room beside the waiters
+    /// pay for, and matches no further; a matched block that the final
+    /// prefix does not need (the cache or the pool's room changed since
+    /// the plan, and a group serves a shorter prefix) goes back with its
+    /// place kept for the reservation. Once the groups agree on
     /// `k`, every group holds its `k` entries of the match, then as many
     /// blocks as it reserved beyond them (reserved blocks not lent, or
     /// fresh ones paid by what the match kept):
@@ -1429,32 +1437,36 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         // groups alone can match more blocks than the pool has (their
         // tables hold null entries), up to `usize::MAX` tokens.
         let mut k = keys.blocks().min(usize::MAX / bs);
-        // A match into a reservation first looks up how far every group
-        // agrees (taking nothing), and matches no further: a block it
-        // revives by lending a reserved one and then lets go of could be
+        // A match into a reservation first plans, taking nothing, how far
+        // every group agrees with revivals it can pay for (the reserved
+        // blocks, and what the pool could admit beside them), and matches
+        // no further: a block it revives and then lets go of could be
         // shared meanwhile by another match, whose block it then stays
         // (its place in the capacity with it). With the plan the match
-        // lets go of a block only when one it needs was evicted since.
-        if let Some(p) = lending.pool {
-            k = k.min(p.peek_hybrid_prefix(keys));
-        }
+        // lets go of a block only when the cache or the pool's room
+        // changed since.
+        let planned = lending.pool.map(|p| {
+            let payable = self.scratch.len().saturating_add(p.admission_estimate());
+            p.plan_hybrid_match(keys, k, payable, &mut self.planned)
+        });
         let kinds = self.groups.clone();
         // A waker's panic out of a match (an admission for a revival, or a
         // give-back) or out of a give-back here is resumed once the match
         // is whole: the tables then hold exactly the blocks of the `k`
         // matched, and count them.
         let mut unwound = Unwound::new();
-        // What the sliding groups' windows at `k` hold: reserved blocks set
-        // aside for their revivals, so that the full groups do not lend
-        // them all (each full group lends at most an even share of the
-        // rest), and every group can agree on a hit that the reservation
-        // pays for.
-        let windows: usize = kinds
-            .as_slice()
-            .iter()
-            .filter(|kind| kind.gives_back())
-            .map(|kind| k - kind.first_needed_block(k * bs, bs).min(k))
-            .fold(0, usize::saturating_add);
+        // Reserved blocks set aside for the revivals planned in the
+        // sliding groups' windows at `k`, so that the full groups do not
+        // lend them all (each full group lends at most an even share of
+        // the rest), and every group can agree on a hit that the
+        // reservation pays for. (Without a plan nothing is lent.)
+        let windows = match planned {
+            Some(plan) => {
+                k = plan.k;
+                plan.window_revivals
+            }
+            None => 0,
+        };
         let mut full_left = kinds
             .as_slice()
             .iter()

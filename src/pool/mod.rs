@@ -400,6 +400,14 @@ impl BlockPool {
         self.counter.used()
     }
 
+    /// An estimate of how many blocks an admission could take now, less
+    /// what the queued waiters are owed (see
+    /// [`Admission::estimate_free`](admission::Admission::estimate_free)):
+    /// what a hybrid match into a reservation plans to admit beside it.
+    pub(crate) fn admission_estimate(&self) -> usize {
+        self.counter.estimate_free()
+    }
+
     /// The shards' free counts summed without the cap at `num_blocks`, for
     /// the loom models' conservation check.
     #[cfg(all(test, kvslots_loom))]

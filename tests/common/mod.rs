@@ -2,7 +2,7 @@
 //! about a counter, a pool and a sequence (what a refusal must leave
 //! unchanged), the check that a pool is whole again, a tiny deterministic
 //! PRNG, an exact-LRU reference of one thread's eviction order
-//! (`lru_model`), and for the real-thread tests the rendezvous of a
+//! (`lru_model`), the hybrid attacks' helpers (`hybrid`), and for the real-thread tests the rendezvous of a
 //! round's threads (`meet`, `wait_until`), the stop flag, the observer
 //! thread that samples a structure's invariants while the workers run,
 //! and the worker pool.
@@ -20,6 +20,7 @@
 #![allow(dead_code)]
 
 pub mod chains;
+pub mod hybrid;
 pub mod lru_model;
 pub mod shadow;
 

@@ -858,6 +858,17 @@ impl BlockPool {
         hashes.len()
     }
 
+    /// Whether a block holds `key` now (read as
+    /// [`peek_prefix`](Self::peek_prefix) reads it, taking nothing):
+    /// `None` if none does, `Some(true)` if no one holds that block (a
+    /// match would revive it, taking a place in the capacity),
+    /// `Some(false)` if someone does.
+    pub(crate) fn peek_evictable(&self, key: &BlockHash) -> Option<bool> {
+        let cache = self.prefix.as_deref()?;
+        self.peek_one(&cache.keys, key)
+            .map(|(_, seen)| count_of(seen) == 0)
+    }
+
     /// The block holding `key` now, if one does, found as
     /// [`match_one`](Self::match_one) finds it, and the cached state that
     /// [`peek_block`](Self::peek_block) read on both sides of its key.
