@@ -144,14 +144,15 @@ impl BlockPool {
     /// [`peek_hybrid_prefix`](Self::peek_hybrid_prefix) searches it) and
     /// whose revivals (the evictable blocks among the full groups' first
     /// `k` and the sliding groups' windows at `k`) number at most
-    /// `payable`. `states` is the caller's buffer (each position of each
-    /// group looked up at most once). Its answer is as out of date as a
-    /// peek's by the time it returns.
+    /// `payable(k)`, which must not grow as `k` comes down. `states` is
+    /// the caller's buffer (each position of each group looked up at most
+    /// once). Its answer is as out of date as a peek's by the time it
+    /// returns.
     pub(crate) fn plan_hybrid_match(
         &self,
         keys: &GroupKeys,
         k: usize,
-        payable: usize,
+        payable: impl Fn(usize) -> usize,
         states: &mut Vec<u8>,
     ) -> MatchPlan {
         let bs = self.block_size();
@@ -218,7 +219,7 @@ impl BlockPool {
                         .count()
                 })
                 .sum();
-            if k == 0 || full.saturating_add(windows) <= payable {
+            if k == 0 || full.saturating_add(windows) <= payable(k) {
                 return MatchPlan {
                     k,
                     window_revivals: windows,
@@ -228,7 +229,7 @@ impl BlockPool {
             // cost more than can be paid.
             k -= 1;
             full -= full_at(states, k);
-            while k > 0 && full > payable {
+            while k > 0 && full > payable(k) {
                 k -= 1;
                 full -= full_at(states, k);
             }

@@ -1446,7 +1446,17 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         // lets go of a block only when the cache or the pool's room
         // changed since.
         let planned = lending.pool.map(|p| {
-            let payable = self.scratch.len().saturating_add(p.admission_estimate());
+            // What pays for the revivals of a match of `j` blocks: each
+            // group's reserved blocks up to `j` (those beyond refill it),
+            // and the pool's room.
+            let room = p.admission_estimate();
+            let plans = &self.plans;
+            let payable = |j: usize| {
+                plans
+                    .iter()
+                    .map(|&(reserved, _, _)| reserved.min(j))
+                    .fold(room, usize::saturating_add)
+            };
             p.plan_hybrid_match(keys, k, payable, &mut self.planned)
         });
         let kinds = self.groups.clone();
