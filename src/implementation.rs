@@ -691,9 +691,9 @@
 //! it let go of that another match took meanwhile stays that holder's with
 //! its admission, and the reservation is then short of it unless the pool
 //! has a free block.
-//! It lends the same way, group by group (each full group at most an even
-//! share of the reserved blocks left, once the revivals planned in the
-//! sliding groups' windows are set aside), and a matched block that the final prefix does not need
+//! It lends the same way, group by group (each full group what the
+//! revivals planned in the sliding groups' windows and in the full groups
+//! after it leave of the reserved blocks), and a matched block that the final prefix does not need
 //! goes back with its admission kept too, as a credit (none for a block
 //! another holder still holds): at the end each group gets as many blocks
 //! as it reserved beyond the match, first from the reserved blocks not

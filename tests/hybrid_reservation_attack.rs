@@ -1617,9 +1617,9 @@ fn race_two_matchers_cut_by_a_sliding_group() {
 /// Behind a waiter, the reservation pays for every group's share of the
 /// hit. Two groups, 8 blocks cached a group (no holder), a reservation of
 /// 4 blocks a group, and the rest of the pool owed to a queued waiter:
-/// only the 8 reserved blocks can pay for revivals. A full group lends at
-/// most an even share of them, after the sliding groups' windows, so the
-/// first group cannot spend what the second needs: `[Full, Full]` hits 4
+/// only the 8 reserved blocks can pay for revivals. A full group lends
+/// what the revivals planned in the later groups leave, so the first
+/// group cannot spend what the second needs: `[Full, Full]` hits 4
 /// (4 revivals a group), `[Full, SlidingWindow]` with a window of 2 blocks
 /// 6 (6 and 2). (Found by this attack: the first full group lent all 8,
 /// the second could revive none, and the hit was 0.)

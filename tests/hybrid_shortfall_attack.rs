@@ -1379,3 +1379,38 @@ fn behind_a_waiter_the_window_set_aside_does_not_starve_the_full_group() {
     assert_whole(&pool);
     assert_eq!(k, 2, "the 4 reserved blocks pay for a hit of 2");
 }
+
+/// Behind a waiter, a full group lends what the full groups after it do
+/// not need: `[Full, Full]`, the first group's 8 blocks evictable and the
+/// second's held by another sequence, 3 blocks reserved a group (6 in
+/// all). The 6 reserved blocks pay for 6 revivals, all the first group's,
+/// so the plan is 6, and the match gets it (an even share, 3 a group,
+/// would stop the first group at 3).
+#[test]
+fn behind_a_waiter_a_full_group_lends_what_the_later_ones_do_not_need() {
+    let pool = build(64, 1, 1);
+    let g = groups(&[KvGroup::Full, KvGroup::Full]);
+    let tokens: Vec<u32> = (700..708).collect();
+    let keys = group_keys(&g, &tokens, 1);
+    drop(publisher(&pool, &g, &tokens));
+    let mut holder = Sequence::new(Arc::clone(&pool));
+    assert_eq!(holder.try_match_prefix(keys.group(1).unwrap()), 8);
+    let mut seq = HybridSequence::new(Arc::clone(&pool), g.clone());
+    seq.try_reserve(3, 0).unwrap();
+    let mut hog = Vec::new();
+    pool.try_alloc(pool.free_blocks() - pool.evictable_blocks(), &mut hog)
+        .unwrap();
+    let mut ids = Vec::new();
+    let mut fut = Box::pin(pool.alloc(pool.free_blocks() + 1, &mut ids));
+    assert!(poll(fut.as_mut(), Waker::from(flag())).is_pending());
+    let before = pool.prefix_stats();
+    let k = seq.try_match_prefix(&keys).unwrap();
+    assert_eq!(k, 6, "the hit the reservation pays for");
+    assert_eq!(pool.prefix_stats().hit_blocks - before.hit_blocks, 6 + 6);
+    assert_eq!(check_layout(&pool, &seq, &keys, 3, k, "later"), 0);
+    assert_eq!(pool.used_blocks(), hog.len() + 8 + 6);
+    drop(fut);
+    drop((seq, holder));
+    pool.free(&hog).unwrap();
+    assert_whole(&pool);
+}

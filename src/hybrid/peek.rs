@@ -136,6 +136,19 @@ pub(crate) struct MatchPlan {
     pub(crate) k: usize,
     /// The revivals the sliding groups' windows at `k` need.
     pub(crate) window_revivals: usize,
+    /// The revivals the full groups' first `k` blocks need.
+    pub(crate) full_revivals: usize,
+    /// The positions of each group in the plan's states.
+    span: usize,
+}
+
+impl MatchPlan {
+    /// The revivals that full group `group`'s first `k` blocks need, read
+    /// from the plan's `states`.
+    pub(crate) fn group_revivals(&self, states: &[u8], group: usize) -> usize {
+        let row = &states[group * self.span..(group + 1) * self.span];
+        row[..self.k].iter().filter(|s| **s == EVICTABLE).count()
+    }
 }
 
 impl BlockPool {
@@ -223,6 +236,8 @@ impl BlockPool {
                 return MatchPlan {
                     k,
                     window_revivals: windows,
+                    full_revivals: full,
+                    span,
                 };
             }
             // One block fewer, and fewer still while the full groups alone

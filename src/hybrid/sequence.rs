@@ -1466,29 +1466,29 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         // matched, and count them.
         let mut unwound = Unwound::new();
         // Reserved blocks set aside for the revivals planned in the
-        // sliding groups' windows at `k`, so that the full groups do not
-        // lend them all (each full group lends at most an even share of
-        // the rest), and every group can agree on a hit that the
-        // reservation pays for. (Without a plan nothing is lent.)
-        let windows = match planned {
+        // sliding groups' windows at `k` and in the full groups not
+        // matched yet, so that a full group does not lend what a later
+        // group's revivals need, and every group can agree on a hit that
+        // the reservation pays for. (Without a plan nothing is lent.)
+        let (windows, mut later) = match planned {
             Some(plan) => {
                 k = plan.k;
-                plan.window_revivals
+                (plan.window_revivals, plan.full_revivals)
             }
-            None => 0,
+            None => (0, 0),
         };
-        let mut full_left = kinds
-            .as_slice()
-            .iter()
-            .filter(|kind| **kind == KvGroup::Full)
-            .count();
         // The full groups: each matches the prefix the ones before it did.
         for (g, kind) in kinds.as_slice().iter().enumerate() {
             if *kind != KvGroup::Full {
                 continue;
             }
-            let share = self.scratch.len().saturating_sub(windows) / full_left;
-            full_left -= 1;
+            if let Some(plan) = planned {
+                later -= plan.group_revivals(&self.planned, g);
+            }
+            let share = self
+                .scratch
+                .len()
+                .saturating_sub(windows.saturating_add(later));
             let from = match_run(
                 &*pool,
                 &lending,

@@ -359,18 +359,20 @@ fn match_vs_evicting_append_unreconciled_match_is_caught() {
 /// * Thread 1 appends 2 tokens to a new sequence `c` (one block a group):
 ///   a block the matcher lent, if free then, or cached ones, evicted
 ///   unless the matcher holds them.
-/// * Thread 2 matches the 2 blocks' keys into `m`: the full group revives
-///   `f0` paid by a reserved block (lent: its even share, the other set
-///   aside for the sliding group's window) and `f1` (admitted), the
-///   sliding group `s0` paid by the other reserved block (lent); the hit
-///   is 1 (`s1` is not cached), and `f1` goes
-///   back with its place in the capacity kept. Each group then holds its
-///   match entry, or, with no hit, a fresh block again: the capacity of
-///   the reservation. What is left over goes back.
+/// * Thread 2 matches the 2 blocks' keys into `m`: it plans a hit of 1
+///   (`s1` is not cached), the full group revives `f0` paid by a reserved
+///   block (lent; the other is set aside for the sliding group's window)
+///   and the sliding group `s0` paid by the other (lent). Where thread 1
+///   evicts a block the plan counted on before the match takes it, the
+///   group that misses it serves nothing, the hit is 0, and a block
+///   revived already (`f0`) goes back with its place in the capacity
+///   kept. Each group then holds its match entry, or, with no hit, a
+///   fresh block again: the capacity of the reservation. What is left
+///   over goes back.
 ///
-/// Under `cut_releases` the match gives `f1`'s admission back and keeps
-/// its credit too: the credit, given back once more at the end, counts
-/// the block free twice.
+/// Under `cut_releases` the match gives the admission of a block it lets
+/// go of back and keeps its credit too: the credit, given back once more
+/// at the end, counts the block free twice.
 ///
 /// Searched at preemption bound 1 (the longest of these models: both
 /// threads walk two groups through the eviction ring), which holds the
