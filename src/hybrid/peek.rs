@@ -73,43 +73,64 @@ impl BlockPool {
                 k = self.peek_prefix(&group_keys(keys, g)[..k]);
             }
         }
-        loop {
-            let mut lowered = false;
-            for (g, kind) in kinds.iter().enumerate() {
-                if *kind == KvGroup::Full {
-                    continue;
-                }
-                let served = self.peek_window(*kind, group_keys(keys, g), k);
-                if served < k {
-                    k = served;
-                    lowered = true;
-                }
+        agree(kinds, k, |g, kind, k| {
+            let keys = group_keys(keys, g);
+            window_search(kind, bs, k, |run| run.start + self.peek_prefix(&keys[run]))
+        })
+    }
+}
+
+/// The largest `j <= k` whose window (the blocks that the token at
+/// position `j * bs` reads) a sliding (or chunked) group of kind `kind`
+/// finds cached, searched as the match's `settle` does: the window's keys
+/// from its first block up, a miss at block `i` making `i` the next
+/// candidate, the blocks found on the way kept as found. `found_until`
+/// looks a run of blocks up and returns where the first miss is (the
+/// run's end if none).
+fn window_search(
+    kind: KvGroup,
+    bs: usize,
+    k: usize,
+    mut found_until: impl FnMut(std::ops::Range<usize>) -> usize,
+) -> usize {
+    // Blocks `found..end` were found cached.
+    let (mut end, mut found) = (k, k);
+    loop {
+        let need = kind.first_needed_block(end * bs, bs);
+        if found <= need {
+            return end;
+        }
+        let miss = found_until(need..found);
+        if miss < found {
+            end = miss;
+        }
+        found = need;
+    }
+}
+
+/// The largest `j <= k` at which every sliding (or chunked) group of
+/// `kinds` serves its window, each lowering the candidate in turn
+/// (`served(g, kind, k)`: the largest `j <= k` group `g` serves) until
+/// none does.
+fn agree(
+    kinds: &[KvGroup],
+    mut k: usize,
+    mut served: impl FnMut(usize, KvGroup, usize) -> usize,
+) -> usize {
+    loop {
+        let mut lowered = false;
+        for (g, kind) in kinds.iter().enumerate() {
+            if *kind == KvGroup::Full {
+                continue;
             }
-            if !lowered {
-                return k;
+            let j = served(g, *kind, k);
+            if j < k {
+                k = j;
+                lowered = true;
             }
         }
-    }
-
-    /// The largest `j <= k` whose window (the blocks that the token at
-    /// position `j * block_size` reads) a sliding group finds cached under
-    /// its `keys`, searched as the match's `settle` does: the window's
-    /// keys from its first block up, a miss at block `i` making `i` the
-    /// next candidate, the blocks found on the way kept as found.
-    fn peek_window(&self, kind: KvGroup, keys: &[BlockHash], k: usize) -> usize {
-        let bs = self.block_size();
-        // Blocks `found..end` were found cached.
-        let (mut end, mut found) = (k, k);
-        loop {
-            let need = kind.first_needed_block(end * bs, bs);
-            if found <= need {
-                return end;
-            }
-            let m = self.peek_prefix(&keys[need..found]);
-            if m < found - need {
-                end = need + m;
-            }
-            found = need;
+        if !lowered {
+            return k;
         }
     }
 }
@@ -200,24 +221,21 @@ impl BlockPool {
         let mut full: usize = (0..k).map(|i| full_at(states, i)).sum();
         loop {
             // The sliding groups, until every group agrees on `k`.
-            let mut agreed = k;
-            loop {
-                let mut lowered = false;
-                for (g, kind) in kinds.iter().enumerate() {
-                    if *kind == KvGroup::Full {
-                        continue;
-                    }
-                    let st = &mut states[g * span..(g + 1) * span];
-                    let served = self.window_served(*kind, group_keys(keys, g), agreed, st);
-                    if served < agreed {
-                        agreed = served;
-                        lowered = true;
-                    }
-                }
-                if !lowered {
-                    break;
-                }
-            }
+            let agreed = agree(kinds, k, |g, kind, k| {
+                let keys = group_keys(keys, g);
+                let st = &mut states[g * span..(g + 1) * span];
+                window_search(kind, bs, k, |run| {
+                    let end = run.end;
+                    run.into_iter()
+                        .find(|&i| {
+                            if st[i] == UNKNOWN {
+                                st[i] = self.state_of(&keys[i]);
+                            }
+                            st[i] == MISS
+                        })
+                        .unwrap_or(end)
+                })
+            });
             full -= (agreed..k).map(|i| full_at(states, i)).sum::<usize>();
             k = agreed;
             let windows: usize = kinds
@@ -248,36 +266,6 @@ impl BlockPool {
                 k -= 1;
                 full -= full_at(states, k);
             }
-        }
-    }
-
-    /// The largest `j <= k` whose window a sliding group serves, searched
-    /// as [`peek_window`](Self::peek_window) does, with each position's
-    /// state looked up once into `states`.
-    fn window_served(
-        &self,
-        kind: KvGroup,
-        keys: &[BlockHash],
-        k: usize,
-        states: &mut [u8],
-    ) -> usize {
-        let bs = self.block_size();
-        let (mut end, mut found) = (k, k);
-        loop {
-            let need = kind.first_needed_block(end * bs, bs);
-            if found <= need {
-                return end;
-            }
-            for i in need..found {
-                if states[i] == UNKNOWN {
-                    states[i] = self.state_of(&keys[i]);
-                }
-                if states[i] == MISS {
-                    end = i;
-                    break;
-                }
-            }
-            found = need;
         }
     }
 
