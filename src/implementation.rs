@@ -1203,8 +1203,8 @@
 //! [`admit`](crate::SlotCounter::admit),
 //! [`try_alloc`](crate::BlockPool::try_alloc), an append to a
 //! [`Sequence`](crate::Sequence) that holds no block beyond a prefix it
-//! matched (an empty one, or a new request whose prompt hit the prefix
-//! cache), a [`Sequence::try_reserve`](crate::Sequence::try_reserve),
+//! matched with no reservation (an empty one, or a new request whose
+//! prompt hit the prefix cache), a [`Sequence::try_reserve`](crate::Sequence::try_reserve),
 //! a revival by [`try_match_prefix`](crate::Sequence::try_match_prefix)
 //! that no reserved block of the sequence pays for,
 //! a zero-block check with headroom) leaves `owed` free, so a large
@@ -1214,7 +1214,8 @@
 //! serves it after them. Growth of what a caller already holds
 //! ([`Sequence::try_append`](crate::Sequence::try_append) and
 //! `try_append_cow` on a sequence that holds a block beyond its matched
-//! prefix, [`try_fork`](crate::Sequence::try_fork) of one, the
+//! prefix, or that matched into a reservation, which admitted it;
+//! [`try_fork`](crate::Sequence::try_fork) of one, the
 //! `try_grow` of a guard that holds slots) does not
 //! wait behind the queue: it takes any free unit, as a scheduler lets its
 //! running sequences decode before it admits waiting ones. That delays the

@@ -120,10 +120,11 @@ pub struct Sequence<A: BlockAllocator + ?Sized = BlockPool> {
     /// [`HybridSequence`](crate::HybridSequence)'s tables; 0 otherwise).
     pub(crate) null: usize,
     /// How many entries at the front of the table `try_match_prefix` took
-    /// (at most the table's length; a hybrid match's null entries count).
-    /// A sequence that holds no block beyond them is new work, not a
-    /// running sequence: its allocations are new admissions, which leave
-    /// the queued waiters what they are owed.
+    /// into an empty table (at most the table's length; a hybrid match's
+    /// null entries count); 0 after a match into a reservation, which was
+    /// the sequence's admission. A sequence that holds no block beyond
+    /// them is new work, not a running sequence: its allocations are new
+    /// admissions, which leave the queued waiters what they are owed.
     pub(crate) matched: usize,
     /// How many entries at the front of the table are known to hold a key
     /// (null entries aside): blocks this sequence matched, or that a
@@ -283,11 +284,12 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     ///   append takes, the copy's included, as `Full`'s is;
     /// * `Full` if not enough blocks are free now;
     /// * `BehindWaiters` for the first append of a sequence that holds no
-    ///   block beyond the prefix it matched (an empty one, or a new request
-    ///   whose prompt hit the prefix cache: a new admission) when the
-    ///   blocks are free but owed to queued waiters; the append of a
-    ///   sequence that holds a block beyond its matched prefix is growth,
-    ///   which takes free blocks even while others wait;
+    ///   block beyond the prefix it matched with no reservation (an empty
+    ///   one, or a new request whose prompt hit the prefix cache: a new
+    ///   admission) when the blocks are free but owed to queued waiters;
+    ///   the append of a sequence that holds a block beyond its matched
+    ///   prefix, or that matched into a reservation (its admission), is
+    ///   growth, which takes free blocks even while others wait;
     /// * `Closed` after [`BlockPool::close`].
     ///
     /// On error nothing changes.
@@ -379,10 +381,11 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
             // Only the new blocks can never come: a copy of a shared tail
             // is not needed any more once its other holders let go.
             self.never_fits_beside_own(total, new_blocks, 0)?;
-            // A sequence that holds blocks beyond a matched prefix is
-            // running: its growth does not wait behind queued admissions;
-            // an empty one, or one that holds only what it matched, is a
-            // new admission.
+            // A sequence that holds blocks beyond a matched prefix (or
+            // matched into a reservation) is running: its growth does not
+            // wait behind queued admissions; an empty one, or one that
+            // holds only what it matched with no reservation, is a new
+            // admission.
             let running = self.is_running();
             checked_alloc(&*self.pool, total, &mut self.blocks, |pool, out| {
                 if running {
@@ -730,7 +733,11 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// to queued waiters: a request granted a reservation after waiting
     /// still gets its prefix (a [closed](BlockPool::close) pool still
     /// revives nothing). Blocks matched beyond the reservation are
-    /// admitted as for an empty sequence.
+    /// admitted as for an empty sequence. The reservation was the
+    /// sequence's admission, so after a match into it the sequence is
+    /// running, even when the match took the place of every reserved
+    /// block: its appends are growth, which does not wait behind queued
+    /// waiters.
     ///
     /// On a sequence that holds tokens, or a copy-on-write source, this
     /// returns 0 and changes nothing. An empty `hashes` returns 0. Under
@@ -738,7 +745,8 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// cached (a block evicted meanwhile is a miss); it never returns a
     /// block whose key is not the one asked for. The matched blocks are
     /// full and read-only: the next tokens go into new blocks. A sequence
-    /// that holds only what it matched is still new work: its next
+    /// that holds only what it matched into an empty table is still new
+    /// work: its next
     /// allocation (an append, a fork's, a reservation) is a new admission,
     /// which leaves queued waiters what they are owed (see
     /// [Waiting](crate::implementation#waiting)). No heap
@@ -838,7 +846,9 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         };
         self.len = k * self.bs;
         self.tail_may_be_shared = false;
-        self.matched = k;
+        // Into a reservation the sequence was admitted already: it stays
+        // running whatever the match took (see `matched`).
+        self.matched = if reserved == 0 { k } else { 0 };
         self.published = k;
         k
     }

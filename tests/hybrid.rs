@@ -438,6 +438,51 @@ fn a_prefix_hit_appends_as_a_new_admission() {
     assert_eq!(pool.used_blocks(), 0);
 }
 
+/// A request admitted by a reservation (a grant after a wait, a check-only
+/// admission's first block) whose match takes the place of every reserved
+/// block was admitted all the same: its appends are growth, not refused
+/// behind the waiters queued after its admission. The same match with no
+/// reservation is new work.
+#[test]
+fn a_match_into_a_reservation_appends_as_growth() {
+    let pool = pool(12);
+    let g = groups(&[KvGroup::Full, sliding(4)]);
+    let keys = g.keys(&base_keys(&[0, 1, 2, 3]));
+    let mut running = HybridSequence::new(Arc::clone(&pool), g.clone());
+    running.try_append(4).unwrap();
+    assert_eq!(running.publish(&keys), Ok(2));
+    // Admitted first: a block a group.
+    let mut admitted = HybridSequence::new(Arc::clone(&pool), g.clone());
+    admitted.try_reserve(4, 0).unwrap();
+    let mut hog = Vec::new();
+    pool.try_alloc(5, &mut hog).unwrap(); // 3 free
+    let waiter = queued_waiter(&pool, 6);
+    // The cached blocks take the reserved ones' places (5 free: the
+    // waiter still waits).
+    assert_eq!(admitted.try_match_prefix(&keys), Ok(1));
+    assert_eq!((admitted.len(), admitted.capacity()), (4, 4));
+    assert_eq!(pool.free_blocks(), 5);
+    assert_eq!(
+        admitted.try_append(4),
+        Ok(4..8),
+        "growth, not a new admission"
+    );
+    assert_eq!(pool.free_blocks(), 3);
+    let mut newcomer = HybridSequence::new(Arc::clone(&pool), g);
+    assert_eq!(newcomer.try_match_prefix(&keys), Ok(1));
+    let before = tables(&newcomer);
+    assert!(matches!(
+        newcomer.try_append(4),
+        Err(ReserveError::BehindWaiters { .. })
+    ));
+    assert_eq!((newcomer.len(), tables(&newcomer)), (4, before));
+    drop((newcomer, admitted, running));
+    pool.free(&hog).unwrap();
+    let granted = waiter.join().unwrap().unwrap();
+    pool.free(&granted).unwrap();
+    assert_eq!(pool.used_blocks(), 0);
+}
+
 /// `NeverFits` counts the blocks in the tables, not the copy-on-write
 /// sources kept for the caller's copies: they go back once the copies are
 /// made, and the append refused meanwhile is `Full`, then fits.

@@ -169,6 +169,53 @@ fn a_new_request_with_a_prefix_hit_does_not_pass_a_queued_head() {
     assert_eq!(wakes(&head_wakes), 1);
 }
 
+/// `Sequence::try_match_prefix`: "The reservation was the sequence's
+/// admission, so after a match into it the sequence is running, even when
+/// the match took the place of every reserved block". A request granted
+/// one block (a check-only admission's first block, after a wait say)
+/// whose prefix match takes that block's place is not refused behind the
+/// waiters queued after it: it was admitted. The same match with no
+/// reservation is new work, as above.
+#[test]
+fn a_match_into_a_reservation_leaves_the_sequence_admitted() {
+    let pool = Arc::new(BlockPool::new(8, 4));
+    let system: Vec<u32> = (0..8).collect();
+    let mut keys = Vec::new();
+    hash_blocks(b"", &system, 4, &mut keys);
+    let mut running = Sequence::new(Arc::clone(&pool));
+    running.try_append(8).unwrap();
+    assert_eq!(running.publish(&keys), 2);
+    // Admitted first: one block.
+    let mut admitted = Sequence::new(Arc::clone(&pool));
+    admitted.try_reserve(4, 0).unwrap();
+    let mut hog = Vec::new();
+    pool.try_alloc(3, &mut hog).unwrap(); // 2 free
+    let (w, head_wakes) = waker();
+    let mut head_ids = Vec::new();
+    let mut head = pin!(pool.alloc(4, &mut head_ids));
+    assert!(poll_once(head.as_mut(), &w).is_pending());
+    // The two cached blocks take the reserved one's place (3 free: the
+    // head still waits).
+    assert_eq!(admitted.try_match_prefix(&keys), 2);
+    assert_eq!((admitted.len(), admitted.capacity()), (8, 8));
+    assert_eq!((pool.free_blocks(), wakes(&head_wakes)), (3, 0));
+    let appended = admitted.try_append(4);
+    assert_eq!(
+        appended,
+        Ok(8..12),
+        "an admitted request's growth was refused"
+    );
+    let mut newcomer = Sequence::new(Arc::clone(&pool));
+    assert_eq!(newcomer.try_match_prefix(&keys), 2);
+    assert!(matches!(
+        newcomer.try_append(4),
+        Err(ReserveError::BehindWaiters { .. })
+    ));
+    assert_eq!((newcomer.len(), newcomer.blocks().len()), (8, 2));
+    pool.free(&hog).unwrap();
+    assert_eq!(wakes(&head_wakes), 1);
+}
+
 /// The relay form of the test above: each new request matches the cached
 /// prefix and appends 2 blocks before the previous one finishes, so the
 /// free count never climbs back to what the head waits for. Deterministic

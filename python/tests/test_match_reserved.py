@@ -68,3 +68,43 @@ def test_a_reservation_pays_for_revivals_behind_a_queued_waiter():
     assert got == [None] and len(big.block_ids) == 8
     big.close()
     assert pool.used_blocks == 0
+
+
+def test_a_sequence_that_matched_into_a_reservation_stays_admitted():
+    """The reservation was the admission: after a match that took every
+    reserved block's place, the appends are growth, not refused behind a
+    waiter queued since; the same match with no reservation is new work."""
+    pool = kvslots.BlockPool(8, 4)
+    owner, keys = _published(pool, list(range(8)))
+    seq = kvslots.Sequence(pool)
+    seq.try_reserve(4)  # admitted: one block
+    hog = pool.try_alloc(3)  # 2 free
+    got = []
+    big = kvslots.Sequence(pool)
+    waiter = threading.Thread(target=lambda: got.append(big.reserve(16, timeout=30)))
+    waiter.start()
+    while pool.waiters == 0:
+        assert waiter.is_alive(), "the waiter did not queue"
+    try:
+        assert seq.match_prefix(keys) == 2
+        assert (len(seq), seq.capacity, pool.free_blocks) == (8, 8, 3)
+        seq.try_append(4)  # growth
+        assert (len(seq), pool.free_blocks) == (12, 2)
+        newcomer = kvslots.Sequence(pool)
+        assert newcomer.match_prefix(keys) == 2
+        try:
+            newcomer.try_append(4)
+        except kvslots.BehindWaiters:
+            pass
+        else:
+            raise AssertionError("a new request's append passed the queued waiter")
+        assert (len(newcomer), len(newcomer.block_ids)) == (8, 2)
+        newcomer.close()
+    finally:
+        seq.close()
+        owner.close()
+        pool.free(hog)
+        waiter.join()
+    assert got == [None] and len(big.block_ids) == 4
+    big.close()
+    assert pool.used_blocks == 0

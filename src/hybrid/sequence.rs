@@ -529,9 +529,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// keeps are not counted, and its `requested` is every block the append
     /// takes, the copies' included, as `Full`'s is); `Full`; `BehindWaiters` for new work (a
     /// sequence whose tables hold no block beyond the prefix
-    /// [`try_match_prefix`](Self::try_match_prefix) took: an empty one, or
-    /// a new request whose prompt hit the cache; its append is a new
-    /// admission) while the free blocks are owed to queued waiters;
+    /// [`try_match_prefix`](Self::try_match_prefix) took with no
+    /// reservation: an empty one, or a new request whose prompt hit the
+    /// cache; its append is a new admission) while the free blocks are owed to queued waiters;
     /// `Closed`. A length past `usize::MAX`, which the windows'
     /// give-backs let a hybrid sequence reach with the blocks it holds, is
     /// `NeverFits` with `requested: usize::MAX`. On error nothing changes:
@@ -835,8 +835,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     }
 
     /// Whether the sequence is new work: no table holds a block beyond the
-    /// prefix a match took (an empty sequence, or a new request whose
-    /// prompt hit the prefix cache), as for [`Sequence`]: its allocations
+    /// prefix a match took with no reservation (an empty sequence, or a
+    /// new request whose prompt hit the prefix cache), as for
+    /// [`Sequence`]: its allocations
     /// are new admissions, which leave queued waiters what they are owed.
     fn is_new_work(&self) -> bool {
         !self.tables.iter().any(Sequence::is_running)
@@ -1320,8 +1321,10 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// pool hands it, also those given back because another group serves
     /// a shorter prefix. The prefix a hybrid request gets is what this
     /// returns (`k` blocks of tokens). Until it holds a block beyond them,
-    /// the sequence is new work: its next append is a new admission (see
-    /// [`try_append`](Self::try_append)).
+    /// a sequence that matched with no reservation is new work: its next
+    /// append is a new admission (see [`try_append`](Self::try_append)).
+    /// One that matched into a reservation was admitted by it, and stays
+    /// running: its appends are growth.
     ///
     /// On a sequence that holds tokens it returns 0 and changes nothing.
     /// A sequence that holds only reserved blocks (a reservation, granted
@@ -1528,9 +1531,10 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         for t in self.tables.iter_mut() {
             t.len = k * bs;
             t.tail_may_be_shared = false;
-            // New work until it holds a block beyond the match; every
-            // block of the match is cached.
-            t.matched = k;
+            // Into an empty table, new work until it holds a block beyond
+            // the match; into a reservation, which was its admission,
+            // running. Every block of the match is cached.
+            t.matched = if reserved { 0 } else { k };
             t.published = k;
         }
         if reserved {
