@@ -197,7 +197,7 @@ pub trait KvBackend: Clone + Send + Sync + 'static {
     /// the pool.
     fn ref_count(&self, index: usize) -> Option<usize>;
     /// Takes `n` blocks, all or nothing, only if `headroom` more stay free
-    /// (with `n == 0`, the check-only admission's atomic headroom check).
+    /// (with `n == 0`, an atomic check that `headroom` blocks are free).
     fn try_alloc_with_headroom(
         &self,
         n: usize,

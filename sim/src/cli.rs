@@ -153,8 +153,8 @@ pub struct Cli {
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     pub samples: Option<usize>,
     /// How a waiting request is admitted: reserve its whole prompt's blocks
-    /// (with the watermark's headroom) in one allocation, or only check
-    /// that they are free (default: reserve).
+    /// (with the watermark's headroom) in one allocation, or check that they
+    /// are free and take only the first (default: reserve).
     #[arg(long, value_enum)]
     pub admission: Option<Admission>,
     /// How a worker with nothing running waits for a request that does not

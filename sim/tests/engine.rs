@@ -731,3 +731,29 @@ fn a_grant_the_match_leaves_short_is_topped_up_or_given_back() {
         assert_eq!(s.counts.waited_hit_tokens, waited, "{lie:?}");
     }
 }
+
+/// A check-only admission keeps the prompt's block past its cached prefix,
+/// so that its prefill chunks are the growth of a running sequence: a
+/// first chunk that were a new admission would be refused behind any
+/// waiter queued since the check (this backend refuses every new
+/// admission's append so), and its group preempted, again and again.
+#[test]
+fn a_check_only_admission_keeps_its_first_block() {
+    let reqs: Vec<Request> = (0..6).map(|i| Request::new(i, 300, 20)).collect();
+    let cfg = EngineConfig {
+        workers: 1,
+        admission: Admission::Check,
+        chunk: 64,
+        max_running: 2,
+        mix: false,
+        stall_limit: 10_000,
+        ..EngineConfig::default()
+    };
+    let full = || kvslots::KvGroups::new([kvslots::KvGroup::Full]).unwrap();
+    let kv = HybridKvslotsBackend::hybrid(kvslots::BlockPool::new(128, 16), full());
+    let s = run(&Lying::new(Lie::NewWorkBehindWaiters, kv), &reqs, &cfg);
+    let inv = s.invariants();
+    assert!(inv.ok(), "{inv:?}, {:?}", s.errors);
+    assert_eq!(s.counts.requests_completed, 6);
+    assert_eq!(s.counts.preemptions, 0);
+}

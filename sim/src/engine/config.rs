@@ -13,11 +13,13 @@ pub enum Admission {
     /// length); the prefill chunks then fill those blocks without taking
     /// any from the pool. Nobody can take an admitted prompt's blocks.
     Reserve,
-    /// Only check, atomically, that the whole prompt plus the watermark is
-    /// free (a zero-block allocation with headroom), as vLLM's
-    /// `can_allocate` does; the chunks are then appended without a
-    /// reservation, so another worker may take the blocks first (and a
-    /// chunk may then preempt).
+    /// Check, atomically, that the whole prompt plus the watermark is free,
+    /// as vLLM's `can_allocate` does, taking only the prompt's block past
+    /// its cached prefix (a `try_reserve` of that block with the rest as
+    /// headroom), so that the sequence is running and its chunks are
+    /// growth; the chunks then take the rest without a reservation, so
+    /// another worker may take the blocks first (and a chunk may then
+    /// preempt).
     Check,
 }
 

@@ -16,9 +16,13 @@
 //!    the watermark's headroom: with [`Admission::Reserve`], one
 //!    all-or-nothing `try_reserve(seq, prompt tokens, watermark)` that puts
 //!    the prompt's blocks straight into the new sequence's table, ahead of
-//!    its length; with [`Admission::Check`], only an atomic check (a
-//!    zero-block allocation with the prompt plus the watermark as
-//!    headroom). If the head does not fit, admission stops for this
+//!    its length; with [`Admission::Check`], an atomic check that keeps
+//!    the prompt's block past its cached prefix (a `try_reserve` of that
+//!    block, with the rest of the prompt plus the watermark as headroom),
+//!    so that the sequence is running and its prefill chunks are growth
+//!    (a check that kept nothing would leave its first chunk a new
+//!    admission, which kvslots refuses behind any waiter queued since, and
+//!    the group would be preempted). If the head does not fit, admission stops for this
 //!    iteration (first come, first served). A request whose prompt plus
 //!    output (times its samples) can never fit the pool is rejected
 //!    (`NeverFits`), counted, and never retried. With prefix caching
@@ -30,7 +34,7 @@
 //!    * *prefill*: one chunk of up to `chunk` tokens, one multi-token
 //!      append; with a reservation it only fills blocks the sequence
 //!      already holds; with check-only admission it takes the chunk's
-//!      blocks;
+//!      blocks (growth);
 //!    * *fork*: once the prompt is in, `samples - 1` children are forked
 //!      from it (sharing its full blocks; a partly filled last block is
 //!      copied, and counted);
@@ -85,13 +89,16 @@
 //! [`POLL_TICK`], on both allocators alike.
 //!
 //! The two differ when the pool is short. kvslots' queue grants the head
-//! in the thread whose give-back lets it in, at that moment; a give-back
-//! is often a preemption, made so that a running group can grow, and the
-//! grant then takes those blocks first, so the running groups preempt
-//! again. A waiter that retries (the baseline's, woken by its condition
-//! variable, or any waiter with [`IdleWait::Poll`]) finds them taken by
-//! the running groups' growth, as vLLM's scheduler serves its running
-//! requests before its waiting ones.
+//! in the thread whose give-back lets it in, at that moment, and while
+//! anyone is queued the other workers' new admissions leave it what it is
+//! owed. A waiter that retries (the baseline's, woken by its condition
+//! variable, or any waiter with [`IdleWait::Poll`]) finds the blocks given
+//! back taken by the running groups' growth first, as vLLM's scheduler
+//! serves its running requests before its waiting ones. So with the
+//! queue the requests that waited are admitted sooner, and the running
+//! groups find less room to grow: the prefill chunks of groups admitted
+//! check-only, which take their blocks as growth, and decode steps are
+//! refused, and preempt, more often.
 //!
 //! A refused step preempts the worker's most recently admitted group,
 //! except the *priority group* (see `Shared::hold_priority`): the first

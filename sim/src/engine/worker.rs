@@ -713,24 +713,26 @@ impl<B: KvBackend> Worker<B> {
         let rest = req.prompt - matched * bs;
         let admitted = match profile.admission {
             Admission::Reserve => self.call(OpKind::Admit, || seq.try_reserve(rest, wm)),
+            // The check keeps the block past the prefix (in every group),
+            // so that the prefill chunks are growth: a check that kept
+            // nothing would leave the first chunk a new admission, refused
+            // behind any waiter queued in between (and its group preempted).
             Admission::Check => {
-                let prompt_blocks = self.cfg.prefill_blocks(rest, bs);
-                // A zero-block allocation pushes nothing: `none` stays empty
-                // and never allocates.
-                let mut none = Vec::new();
-                let (backend, watch) = (&self.backend, &self.shared.watch[self.index]);
-                self.stats
-                    .call((watch, self.shared.start), OpKind::Admit, || {
-                        backend.try_alloc_with_headroom(0, prompt_blocks + wm, &mut none)
-                    })
+                let first = rest.min(bs);
+                let headroom = self
+                    .cfg
+                    .prefill_blocks(rest, bs)
+                    .saturating_sub(self.cfg.reserve_blocks(first, bs))
+                    + wm;
+                self.call(OpKind::Admit, || seq.try_reserve(first, headroom))
             }
         };
         // What the sequence holds ahead of its length once admitted: the
-        // prompt's blocks when reserved, and the prompt's first block when
-        // a check-only admission waited for it.
+        // prompt's blocks when reserved, and the prompt's block past its
+        // prefix when checked.
         let mut reserved = match profile.admission {
             Admission::Reserve => req.prompt,
-            Admission::Check => 0,
+            Admission::Check => (matched * bs + bs).min(req.prompt),
         };
         match admitted {
             Ok(()) => {}
@@ -874,12 +876,12 @@ impl<B: KvBackend> Worker<B> {
     /// pool's FIFO queue: while it is queued, new admissions leave it all
     /// it asks for (headroom included), and running groups' appends
     /// (growth of sequences that hold blocks) do not wait behind it. The
-    /// grant is made at the give-back that lets it in, often a preemption
-    /// that another worker made for its running groups' growth, which the
-    /// grant then takes first. The baseline waits on its condition
-    /// variable and retries when woken. With [`IdleWait::Poll`], the same
-    /// admission is tried every [`POLL_TICK`] on both allocators, and
-    /// counted as an admission call each time.
+    /// grant is made at the give-back that lets it in, before the running
+    /// groups' next steps can grow into those blocks. The baseline waits
+    /// on its condition variable and retries when woken. With
+    /// [`IdleWait::Poll`], the same admission is tried every
+    /// [`POLL_TICK`] on both allocators, and counted as an admission call
+    /// each time.
     ///
     /// The prefix is given back before waiting, not held: a worker holding
     /// matched blocks while it waits keeps them from the others, and when

@@ -22,6 +22,10 @@ pub enum Lie {
     /// As `ShortGrants`, and the first top-up of a grant left short is
     /// refused.
     ShortGrantsRefused,
+    /// Every append of a sequence that no reservation or earlier append
+    /// admitted (new work) is refused `BehindWaiters`, as the library
+    /// refuses it while a waiter is queued.
+    NewWorkBehindWaiters,
 }
 
 /// A backend over the library's hybrid sequences whose sequences lie to
@@ -52,6 +56,20 @@ pub struct LyingSeq {
     refused: Arc<AtomicBool>,
     /// Whether its last match into a reservation left it short.
     short: bool,
+    /// Whether a reservation or an append admitted it
+    /// (`NewWorkBehindWaiters`).
+    admitted: bool,
+}
+
+impl LyingSeq {
+    /// Notes an admission: the sequence holds blocks past its length, or
+    /// appended.
+    fn note_admitted<T, E>(&mut self, done: Result<T, E>, appended: bool) -> Result<T, E> {
+        if done.is_ok() && (appended || self.seq.capacity() > self.seq.len()) {
+            self.admitted = true;
+        }
+        done
+    }
 }
 
 impl KvSeq for LyingSeq {
@@ -94,7 +112,8 @@ impl KvSeq for LyingSeq {
                 available: 0,
             });
         }
-        self.seq.try_reserve(tokens, headroom)
+        let done = self.seq.try_reserve(tokens, headroom);
+        self.note_admitted(done, false)
     }
     fn reserve_blocking(
         &mut self,
@@ -102,7 +121,8 @@ impl KvSeq for LyingSeq {
         headroom: usize,
         timeout: Option<std::time::Duration>,
     ) -> Result<(), kvslots::ReserveError> {
-        self.seq.reserve_blocking(tokens, headroom, timeout)
+        let done = self.seq.reserve_blocking(tokens, headroom, timeout);
+        self.note_admitted(done, false)
     }
     fn try_append(
         &mut self,
@@ -110,7 +130,15 @@ impl KvSeq for LyingSeq {
         fence: Option<u64>,
         copies: &mut Copies<Self::Id>,
     ) -> Result<std::ops::Range<usize>, kvslots::ReserveError> {
-        KvSeq::try_append(&mut self.seq, n, fence, copies)
+        if self.lie == Lie::NewWorkBehindWaiters && !self.admitted && n > 0 {
+            return Err(kvslots::ReserveError::BehindWaiters {
+                requested: 1,
+                available: 1,
+                owed: 1,
+            });
+        }
+        let done = KvSeq::try_append(&mut self.seq, n, fence, copies);
+        self.note_admitted(done, true)
     }
     fn truncate(&mut self, len: usize) -> usize {
         KvSeq::truncate(&mut self.seq, len)
@@ -130,6 +158,7 @@ impl KvSeq for LyingSeq {
             lie: self.lie,
             refused: Arc::clone(&self.refused),
             short: false,
+            admitted: self.admitted,
         })
     }
     fn extend_slots(
@@ -166,6 +195,7 @@ impl KvBackend for Lying {
         match self.lie {
             Lie::LateWindows => "lying-windows",
             Lie::ShortGrants | Lie::ShortGrantsRefused => "short-grants",
+            Lie::NewWorkBehindWaiters => "behind-waiters",
         }
     }
     fn num_blocks(&self) -> usize {
@@ -200,6 +230,7 @@ impl KvBackend for Lying {
             lie: self.lie,
             refused: Arc::clone(&self.refused),
             short: false,
+            admitted: false,
         }
     }
     fn new_keys(&self) -> kvslots::GroupKeys {
