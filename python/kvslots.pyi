@@ -610,9 +610,10 @@ class Sequence:
         (`try_reserve` or `reserve`, `len(seq) == 0`) the matched blocks
         take the first reserved blocks' places, each paying for a cached
         block revived (also while free blocks are owed to waiters), so
-        `capacity` stays, and the sequence stays admitted: its appends are
-        growth, which does not wait behind queued waiters. A sequence that
-        holds tokens matches nothing and returns 0."""
+        `capacity` stays, and the sequence stays admitted while it holds a
+        block: its appends are growth, which does not wait behind queued
+        waiters. A sequence that holds tokens matches nothing and returns
+        0."""
     def publish(self, keys: _Keys) -> int:
         """Caches the full blocks under `keys` (`keys[i]` for block `i`) and
         returns how many became cached. Publish only committed tokens."""
@@ -801,8 +802,9 @@ class HybridSequence:
         (`capacity` does not shrink, unless another thread's match takes a
         block this one let go of while the pool is full: a caller that needs
         the whole reservation checks `capacity` and reserves the rest); the
-        sequence stays admitted: its appends are growth, which does not wait
-        behind queued waiters. A sequence that holds tokens matches nothing
+        sequence stays admitted while it holds a block: its appends are
+        growth, which does not wait behind queued waiters. A sequence that
+        holds tokens matches nothing
         and returns 0. Raises `ValueError`
         for another `KvGroups`' keys."""
     def publish(self, keys: GroupKeys) -> int:

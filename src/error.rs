@@ -62,8 +62,8 @@ pub enum ReserveError {
     /// admit something new get it; the growth of what a caller already
     /// holds (the `try_grow` of a guard that holds slots, an append to a
     /// [`Sequence`](crate::Sequence) that holds a block beyond the prefix
-    /// it matched, a fork of one) does not
-    /// wait behind the queue. A future never resolves to it; a blocking
+    /// it matched or that matched into a reservation and holds a block, a
+    /// fork of one) does not wait behind the queue. A future never resolves to it; a blocking
     /// call whose timeout runs out returns its last attempt's refusal,
     /// which may be this one.
     BehindWaiters {

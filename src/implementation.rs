@@ -1214,14 +1214,19 @@
 //! serves it after them. Growth of what a caller already holds
 //! ([`Sequence::try_append`](crate::Sequence::try_append) and
 //! `try_append_cow` on a sequence that holds a block beyond its matched
-//! prefix, or that matched into a reservation, which admitted it;
+//! prefix, or that matched into a reservation, which admitted it, and
+//! holds a block;
 //! [`try_fork`](crate::Sequence::try_fork) of one, the
 //! `try_grow` of a guard that holds slots) does not
 //! wait behind the queue: it takes any free unit, as a scheduler lets its
 //! running sequences decode before it admits waiting ones. That delays the
 //! head only while running work grows, which ends when it finishes (and
-//! gives back) or is preempted; new work cannot overtake the head. The
-//! head's headroom (a [`Sequence::reserve`](crate::Sequence::reserve)
+//! gives back) or is preempted; new work cannot overtake the head. An
+//! admission is the reservation, not a block kept: a request whose match
+//! took the place of every reserved block runs on shared blocks alone,
+//! so (as with forks) the running sequences are not bounded by the
+//! pool's blocks, and while nobody waits one free block can admit such
+//! requests one after another. The head's headroom (a [`Sequence::reserve`](crate::Sequence::reserve)
 //! admission's watermark) is left free at its grant, for that growth:
 //!
 //! | situation | a new admission for `k` (headroom `h`) | growth by `k` | the head (`n`, headroom `H`) | a waiter behind the head |

@@ -288,8 +288,9 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     ///   one, or a new request whose prompt hit the prefix cache: a new
     ///   admission) when the blocks are free but owed to queued waiters;
     ///   the append of a sequence that holds a block beyond its matched
-    ///   prefix, or that matched into a reservation (its admission), is
-    ///   growth, which takes free blocks even while others wait;
+    ///   prefix, or that matched into a reservation (its admission) and
+    ///   holds a block, is growth, which takes free blocks even while
+    ///   others wait;
     /// * `Closed` after [`BlockPool::close`].
     ///
     /// On error nothing changes.
@@ -735,9 +736,12 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// revives nothing). Blocks matched beyond the reservation are
     /// admitted as for an empty sequence. The reservation was the
     /// sequence's admission, so after a match into it the sequence is
-    /// running, even when the match took the place of every reserved
-    /// block: its appends are growth, which does not wait behind queued
-    /// waiters.
+    /// running while it holds a block, even when the match took the place
+    /// of every reserved block: its appends (and its forks') are growth,
+    /// which does not wait behind queued waiters. Emptied (a
+    /// [`truncate`](Self::truncate) to 0), it is new work again; a
+    /// [`shrink_to_fit`](Self::shrink_to_fit) that leaves the matched
+    /// blocks leaves it admitted.
     ///
     /// On a sequence that holds tokens, or a copy-on-write source, this
     /// returns 0 and changes nothing. An empty `hashes` returns 0. Under
@@ -1352,9 +1356,9 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
         let mut child = Sequence::with_capacity(Arc::clone(&self.pool), self.len);
         // The fallible part first: a private block for a partly filled tail.
         if self.len % self.bs != 0 {
-            // Growth of a running sequence, as in `try_append_cow` (a
-            // sequence that holds only what it matched has no partly
-            // filled tail).
+            // Growth of a running sequence, as in `try_append_cow`; new
+            // work's fork (after a truncate into what it matched) is a new
+            // admission.
             self.never_fits_beside_own(1, 1, 0)?;
             let running = self.is_running();
             checked_alloc(&*self.pool, 1, &mut child.blocks, |pool, out| {

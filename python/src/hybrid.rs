@@ -772,9 +772,9 @@ impl PyHybridSequence {
     /// `capacity` does not shrink (unless another thread's match takes a
     /// block this one let go of while the pool is full: a caller that needs
     /// the whole reservation checks `capacity` and reserves the rest); the
-    /// sequence stays admitted: its appends are growth, which does not wait
-    /// behind queued waiters. A sequence that holds tokens matches nothing
-    /// and returns 0. Raises `ValueError` for keys made for other groups
+    /// sequence stays admitted while it holds a block: its appends are
+    /// growth, which does not wait behind queued waiters. A sequence that
+    /// holds tokens matches nothing and returns 0. Raises `ValueError` for keys made for other groups
     /// (nothing changes then).
     fn match_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyGroupKeys>) -> PyResult<usize> {
         let keys = self.keys_of(py, keys)?;

@@ -512,10 +512,11 @@ impl PySequence {
     /// or `reserve` with `len(seq) == 0`) the matched blocks take the
     /// first reserved blocks' places (those go back to the pool, and each
     /// pays for a cached block revived, also while free blocks are owed to
-    /// waiters), so `capacity` stays, and the sequence stays admitted: its
-    /// appends are growth, which does not wait behind queued waiters. A
-    /// sequence that holds tokens matches nothing and returns 0. Raises `TypeError` / `ValueError` for a key
-    /// that is not 32 bytes (nothing changes then).
+    /// waiters), so `capacity` stays, and the sequence stays admitted while
+    /// it holds a block: its appends are growth, which does not wait
+    /// behind queued waiters. A sequence that holds tokens matches nothing
+    /// and returns 0. Raises `TypeError` / `ValueError` for a key that is
+    /// not 32 bytes (nothing changes then).
     fn match_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyAny>) -> PyResult<usize> {
         let keys = convert::keys(keys)?;
         self.with(py, |seq| {

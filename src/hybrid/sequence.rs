@@ -1324,7 +1324,7 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// a sequence that matched with no reservation is new work: its next
     /// append is a new admission (see [`try_append`](Self::try_append)).
     /// One that matched into a reservation was admitted by it, and stays
-    /// running: its appends are growth.
+    /// running while it holds a block: its appends are growth.
     ///
     /// On a sequence that holds tokens it returns 0 and changes nothing.
     /// A sequence that holds only reserved blocks (a reservation, granted
@@ -1409,9 +1409,9 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
         if keys.groups() != &self.groups {
             return Err(HybridError::OtherGroups);
         }
-        // New work: no token, nothing retired, no null entry. Its blocks,
-        // if any, are reserved: held alone (a fork shares only blocks that
-        // hold tokens), uncached, empty.
+        // Nothing in it yet: no token, nothing retired, no null entry. Its
+        // blocks, if any, are reserved: held alone (a fork shares only
+        // blocks that hold tokens), uncached, empty.
         let new = self
             .tables
             .iter()
