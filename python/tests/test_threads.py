@@ -178,3 +178,37 @@ def test_ctrl_c_interrupts_a_wait_in_a_child_forked_from_a_thread():
     run = run_python(FORKED_WAIT)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split() == ["interrupted", "waiters", "0"], run.stdout + run.stderr
+
+
+AT_EXIT = r"""
+import sys, threading, kvslots
+pool = kvslots.BlockPool(4, 16)
+if sys.argv[1] == "granted":
+    # Given back as the interpreter tears down (with the module's
+    # globals), which grants both waiters then.
+    owner = kvslots.Sequence(pool)
+    owner.try_append(64)
+else:
+    held = pool.try_alloc(4)  # never given back: nobody is granted
+seq = kvslots.Sequence(pool)
+def raw():
+    pool.alloc(2)
+def reserve():
+    seq.reserve(32)
+for f in (raw, reserve):
+    threading.Thread(target=f, daemon=True).start()
+while pool.waiters < 2:
+    pass
+print("exiting", pool.waiters, flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["granted", "waiting"])
+def test_daemon_threads_waiting_in_the_pool_at_exit(case):
+    """Daemon threads blocked in `alloc` and `reserve` (the GIL detached)
+    when the interpreter exits, left waiting or granted by the teardown's
+    give-backs: the process exits cleanly."""
+    r = run_python(AT_EXIT, case, timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    assert r.stdout == "exiting 2\n", (r.stdout, r.stderr)
+    assert r.stderr == "", r.stderr
