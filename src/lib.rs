@@ -168,13 +168,18 @@
 //!
 //! The growth of running sequences does not wait behind a queued head,
 //! but it cannot take back what the head was granted: the release that
-//! lets the head in grants it there and then, before the thread that
-//! released can take the blocks back. When schedulers that share a pool
-//! preempt one of their sequences to grow another, a head queued by an
-//! idle scheduler takes what the preemption freed, and the growth
-//! preempts again. A scheduler that must not lose its running sequences'
-//! room to new admissions retries its admission (a `try_*` call on a
-//! timer) instead of queueing, as vLLM's scheduler serves its running
+//! lets the head in grants it there and then, before the running
+//! sequences' next steps can grow into the blocks. Schedulers that share
+//! a pool and queue their idle workers' admissions there give those
+//! admissions the room their running sequences would have grown into,
+//! and preempt more. A sequence that holds nothing (or only what it
+//! matched with no reservation) is new work, whose first append waits
+//! behind the queue: a scheduler that admits a prompt by a check rather
+//! than a reservation keeps its first block (a
+//! [`Sequence::try_reserve`] of it, the rest of the prompt as headroom),
+//! so that its chunks are growth. A scheduler that must not lose its
+//! running sequences' room to new admissions retries its admission (a
+//! `try_*` call on a timer) instead of queueing, as vLLM's scheduler serves its running
 //! requests before its waiting ones; the queue is for callers that must
 //! not be starved (`kvslots-sim --idle-wait` measures both, in
 //! `BENCHMARKS.md`).
