@@ -750,11 +750,10 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
     /// block whose key is not the one asked for. The matched blocks are
     /// full and read-only: the next tokens go into new blocks. A sequence
     /// that holds only what it matched into an empty table is still new
-    /// work: its next
-    /// allocation (an append, a fork's, a reservation) is a new admission,
-    /// which leaves queued waiters what they are owed (see
-    /// [Waiting](crate::implementation#waiting)). No heap
-    /// allocation happens here beyond growing the block table.
+    /// work: its next allocation (an append, a fork's, a reservation) is a
+    /// new admission, which leaves queued waiters what they are owed (see
+    /// [Waiting](crate::implementation#waiting)). No heap allocation
+    /// happens here beyond growing the block table.
     ///
     /// A list of chained hashes never repeats a key; a list that does (not
     /// from `hash_blocks`: misuse) matches up to the first key equal to an

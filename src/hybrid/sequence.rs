@@ -527,12 +527,12 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// can never fit beside the blocks the sequence keeps (the pool's
     /// blocks less those, the error's capacity; copy-on-write sources it
     /// keeps are not counted, and its `requested` is every block the append
-    /// takes, the copies' included, as `Full`'s is); `Full`; `BehindWaiters` for new work (a
-    /// sequence whose tables hold no block beyond the prefix
-    /// [`try_match_prefix`](Self::try_match_prefix) took with no
-    /// reservation: an empty one, or a new request whose prompt hit the
-    /// cache; its append is a new admission) while the free blocks are owed to queued waiters;
-    /// `Closed`. A length past `usize::MAX`, which the windows'
+    /// takes, the copies' included, as `Full`'s is); `Full`;
+    /// `BehindWaiters` for new work (a sequence whose tables hold no block
+    /// beyond the prefix [`try_match_prefix`](Self::try_match_prefix) took
+    /// with no reservation: an empty one, or a new request whose prompt
+    /// hit the cache; its append is a new admission) while the free blocks
+    /// are owed to queued waiters; `Closed`. A length past `usize::MAX`, which the windows'
     /// give-backs let a hybrid sequence reach with the blocks it holds, is
     /// `NeverFits` with `requested: usize::MAX`. On error nothing changes:
     /// no table, no window.
@@ -837,8 +837,8 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
     /// Whether the sequence is new work: no table holds a block beyond the
     /// prefix a match took with no reservation (an empty sequence, or a
     /// new request whose prompt hit the prefix cache), as for
-    /// [`Sequence`]: its allocations
-    /// are new admissions, which leave queued waiters what they are owed.
+    /// [`Sequence`]: its allocations are new admissions, which leave
+    /// queued waiters what they are owed.
     fn is_new_work(&self) -> bool {
         !self.tables.iter().any(Sequence::is_running)
     }
