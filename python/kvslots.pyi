@@ -804,9 +804,8 @@ class HybridSequence:
         the whole reservation checks `capacity` and reserves the rest); the
         sequence stays admitted while it holds a block: its appends are
         growth, which does not wait behind queued waiters. A sequence that
-        holds tokens matches nothing
-        and returns 0. Raises `ValueError`
-        for another `KvGroups`' keys."""
+        holds tokens matches nothing and returns 0. Raises `ValueError` for
+        another `KvGroups`' keys."""
     def publish(self, keys: GroupKeys) -> int:
         """Caches every group's full blocks; returns how many became
         cached. With `kv_events`, each group's stores are reported under

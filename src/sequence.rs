@@ -1423,8 +1423,8 @@ impl<A: BlockAllocator + ?Sized> Sequence<A> {
                 }
             });
         child.len = self.len;
-        // The child of a sequence that holds only what it matched is new
-        // work too.
+        // The child of a sequence that holds only what it matched into an
+        // empty table is new work too.
         child.matched = self.matched.min(full);
         child.published = self.published.min(full);
         (child, copy)

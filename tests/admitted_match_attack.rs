@@ -388,7 +388,7 @@ fn threads_new_work_never_passes_the_head_beside_an_admitted_match() {
                                 s.try_match_prefix(&keys);
                                 match s.try_fork() {
                                     Ok((mut c, _)) => c.try_append(4).is_ok(),
-                                    Err(_) => true,
+                                    Err(_) => false,
                                 }
                             }
                             _ => {
@@ -410,7 +410,8 @@ fn threads_new_work_never_passes_the_head_beside_an_admitted_match() {
         assert_eq!(a.capacity(), 16);
         assert!(a.try_append(4).is_ok(), "an admitted sequence's growth");
         // Growth: 1 block left free.
-        let _ = a.try_append(4);
+        assert_eq!(a.try_append(4), Ok(20..24));
+        assert_eq!(pool.free_blocks(), 1);
         // Let the newcomers try while the head waits with blocks free.
         let seen = tries.load(Ordering::SeqCst);
         common::wait_until(|| tries.load(Ordering::SeqCst) >= seen + 200);
@@ -544,9 +545,9 @@ fn hybrid_sliding_match_into_a_reservation() {
 }
 
 /// A hybrid match into a reservation that the cache pays whole (every
-/// matched block shared): each group's reservation goes back, the
-/// sequence holds only shared blocks and stays running; a second match
-/// returns 0 and changes nothing.
+/// matched block shared): after `shrink_to_fit` gives each group's
+/// reservation back, the sequence holds only shared blocks and stays
+/// running; a second match returns 0 and changes nothing.
 #[test]
 fn hybrid_rematch_and_shrink_after_a_match_into_a_reservation() {
     let pool = Arc::new(BlockPool::new(16, BS));

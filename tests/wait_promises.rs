@@ -170,8 +170,9 @@ fn a_new_request_with_a_prefix_hit_does_not_pass_a_queued_head() {
 }
 
 /// `Sequence::try_match_prefix`: "The reservation was the sequence's
-/// admission, so after a match into it the sequence is running, even when
-/// the match took the place of every reserved block". A request granted
+/// admission, so after a match into it the sequence is running while it
+/// holds a block, even when the match took the place of every reserved
+/// block". A request granted
 /// one block (a check-only admission's first block, after a wait say)
 /// whose prefix match takes that block's place is not refused behind the
 /// waiters queued after it: it was admitted. The same match with no

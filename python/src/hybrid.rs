@@ -774,8 +774,8 @@ impl PyHybridSequence {
     /// the whole reservation checks `capacity` and reserves the rest); the
     /// sequence stays admitted while it holds a block: its appends are
     /// growth, which does not wait behind queued waiters. A sequence that
-    /// holds tokens matches nothing and returns 0. Raises `ValueError` for keys made for other groups
-    /// (nothing changes then).
+    /// holds tokens matches nothing and returns 0. Raises `ValueError` for
+    /// keys made for other groups (nothing changes then).
     fn match_prefix(&self, py: Python<'_>, keys: &Bound<'_, PyGroupKeys>) -> PyResult<usize> {
         let keys = self.keys_of(py, keys)?;
         let blocks = keys.blocks().saturating_mul(self.groups.len());

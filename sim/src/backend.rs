@@ -233,8 +233,7 @@ pub trait KvBackend: Clone + Send + Sync + 'static {
 
 /// What the engine and the oracle read of a pool besides what its
 /// sequences call ([`BlockAllocator`]): its name, counts and statistics,
-/// the raw allocation and free of a check-only admission, and the fences'
-/// completion.
+/// the raw allocation and free, and the fences' completion.
 pub trait Pool: BlockAllocator + Send + Sync + 'static {
     /// The name shown in reports.
     const NAME: &'static str;

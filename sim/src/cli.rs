@@ -154,7 +154,8 @@ pub struct Cli {
     pub samples: Option<usize>,
     /// How a waiting request is admitted: reserve its whole prompt's blocks
     /// (with the watermark's headroom) in one allocation, or check that they
-    /// are free and take only the first (default: reserve).
+    /// are free and take only the one past its cached prefix (default:
+    /// reserve).
     #[arg(long, value_enum)]
     pub admission: Option<Admission>,
     /// How a worker with nothing running waits for a request that does not

@@ -142,8 +142,9 @@ fn mutex_small_pool_preempts_rolls_back_forks_and_conserves() {
     assert_all_happened(&s, &reqs, &cfg);
 }
 
-/// Check-only admission (no reservation) keeps every invariant too; the
-/// prompt's blocks are then taken chunk by chunk.
+/// Check-only admission (one block kept, the rest checked) keeps every
+/// invariant too; the prompt's other blocks are then taken chunk by
+/// chunk.
 #[test]
 fn check_admission_conserves_on_both_allocators() {
     let reqs = small_workload(400, 6);
@@ -756,4 +757,52 @@ fn a_check_only_admission_keeps_its_first_block() {
     assert!(inv.ok(), "{inv:?}, {:?}", s.errors);
     assert_eq!(s.counts.requests_completed, 6);
     assert_eq!(s.counts.preemptions, 0);
+}
+
+/// A check-only admission after a prefix hit on a hybrid layout checks
+/// what the prompt holds at once beside what the match put in its tables:
+/// a sliding group's matched window counts toward the window and chunk
+/// its prefill holds, not on top of them. Pool of 96 blocks of 16 tokens,
+/// a full group and a 256-token window, 64-token chunks: request 1
+/// matches request 0's 512 tokens (32 blocks in the full group, the
+/// window's 16 in the sliding one) and then holds at most 32 + 5 more at
+/// once, which fit beside its 48; counted twice, the window made it 53,
+/// more than the 48 left, and the check `NeverFits` (a failed run).
+#[test]
+fn a_check_after_a_hybrid_hit_counts_the_matched_window_once() {
+    let reqs = [
+        Request {
+            hash_ids: Some(vec![11u64].into()),
+            ..Request::new(0, 512, 1)
+        },
+        Request {
+            hash_ids: Some(vec![11u64, 12].into()),
+            ..Request::new(1, 1024, 1)
+        },
+    ];
+    let cfg = EngineConfig {
+        workers: 1,
+        admission: Admission::Check,
+        chunk: 64,
+        max_running: 1,
+        mix: false,
+        prefix_cache: true,
+        ..EngineConfig::default()
+    };
+    let groups = kvslots::KvGroups::new([
+        kvslots::KvGroup::Full,
+        kvslots::KvGroup::SlidingWindow { window_tokens: 256 },
+    ])
+    .unwrap();
+    let cfg = EngineConfig {
+        groups: groups.clone(),
+        ..cfg
+    };
+    let kv = HybridKvslotsBackend::hybrid(kvslots::BlockPool::new(96, 16), groups);
+    let s = run(&kv, &reqs, &cfg);
+    let inv = s.invariants();
+    assert!(inv.ok(), "{inv:?}, {:?}", s.errors);
+    assert_eq!(s.counts.requests_rejected, 0, "{:?}", s.counts);
+    assert_eq!(s.counts.requests_completed, 2);
+    assert_eq!(s.counts.prefix_hit_tokens, 512);
 }

@@ -696,8 +696,8 @@ impl<A: BlockAllocator + ?Sized> HybridSequence<A> {
             }
         }
         let mut recycle = reusable.min(total);
-        // One admission for every group (growth, unless the sequence holds
-        // no block: then a new admission).
+        // One admission for every group (growth, unless the sequence is
+        // new work: then a new admission).
         let asked = total - recycle;
         if asked > 0 {
             // Only the new blocks can never come (a copy of a shared tail

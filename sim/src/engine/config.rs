@@ -15,8 +15,8 @@ pub enum Admission {
     Reserve,
     /// Check, atomically, that the whole prompt plus the watermark is free,
     /// as vLLM's `can_allocate` does, taking only the prompt's block past
-    /// its cached prefix (a `try_reserve` of that block with the rest as
-    /// headroom), so that the sequence is running and its chunks are
+    /// its cached prefix (a `try_reserve` of that block with the rest and
+    /// the watermark as headroom), so that the sequence is running and its chunks are
     /// growth; the chunks then take the rest without a reservation, so
     /// another worker may take the blocks first (and a chunk may then
     /// preempt).
@@ -228,22 +228,39 @@ impl EngineConfig {
     /// at most the window (or attention chunk) before a prefill chunk and
     /// the prefill chunk.
     pub fn prefill_blocks(&self, tokens: usize, block_size: usize) -> usize {
+        self.prefill_blocks_beside(tokens, block_size, |_| 0)
+    }
+
+    /// [`prefill_blocks`](Self::prefill_blocks) of the `tokens` a prompt
+    /// has left, beside the blocks its sequence holds already, `held(g)`
+    /// in group `g` (a matched prefix): the blocks it takes at once while
+    /// those tokens are prefilled. A sliding (or chunked local) group's
+    /// held blocks count toward its window and chunk, not on top of them.
+    pub fn prefill_blocks_beside(
+        &self,
+        tokens: usize,
+        block_size: usize,
+        held: impl Fn(usize) -> usize,
+    ) -> usize {
         let all = tokens.div_ceil(block_size);
         self.groups
             .as_slice()
             .iter()
-            .map(|g| match *g {
+            .enumerate()
+            .map(|(g, kind)| match *kind {
                 kvslots::KvGroup::SlidingWindow {
                     window_tokens: window,
                 }
                 | kvslots::KvGroup::ChunkedLocal {
                     chunk_tokens: window,
-                } => all.min(
-                    window
+                } => {
+                    let at_once = window
                         .saturating_add(self.chunk)
                         .div_ceil(block_size)
-                        .saturating_add(1),
-                ),
+                        .saturating_add(1);
+                    let held = held(g);
+                    held.saturating_add(all).min(at_once).saturating_sub(held)
+                }
                 _ => all,
             })
             .fold(0, usize::saturating_add)

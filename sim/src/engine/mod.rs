@@ -74,9 +74,10 @@
 //! waits in the allocator ([`KvSeq::reserve_blocking`]) for the admission
 //! itself, keeping what it is granted: reserve admission waits for the
 //! whole prompt with the watermark as headroom; check-only for the
-//! prompt's first block with the rest of the prompt plus the watermark as
-//! headroom (granted exactly when the check passes), and keeps it as the
-//! prompt's first block, so that its prefill chunks are growth. kvslots
+//! prompt's blocks up to the first past the prefix its refused admission
+//! had matched (every group full; else the first block) with the rest of
+//! the prompt plus the watermark as headroom (granted exactly when the
+//! check passes), and keeps them, so that its prefill chunks are growth. kvslots
 //! queues the waiter in the pool's FIFO wait queue (new admissions leave
 //! it all it asks for, headroom included; running groups' growth does not
 //! wait behind it); the baseline waits on a `Condvar` notified by every

@@ -172,8 +172,8 @@ pub struct RunStats {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpKind {
     /// Admission: `try_reserve` of the prompt's blocks into the new
-    /// sequence (or, check-only, the zero-block headroom check), failed
-    /// attempts included.
+    /// sequence (check-only: of its block past the prefix, the rest as
+    /// headroom), failed attempts included.
     Admit,
     /// `try_append`: prefill chunks, decode tokens, speculative drafts.
     Append,

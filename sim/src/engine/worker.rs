@@ -119,8 +119,9 @@ struct Group<B: KvBackend> {
     /// Prompt tokens appended.
     prefilled: usize,
     /// The tokens the parent's table holds room for ahead of its length
-    /// until the prompt is in: the whole prompt when reserved, the blocks
-    /// a check-only admission was granted after waiting, else 0.
+    /// until the prompt is in: the whole prompt when reserved, up to the
+    /// block a check-only admission kept (past its prefix, or granted
+    /// after waiting).
     reserved: usize,
     /// The next sample to step in this iteration (steps resume there after
     /// a refusal was resolved by preempting another group).
@@ -240,9 +241,8 @@ impl<B: KvBackend> Worker<B> {
     /// A refused step: preempt and retry when the refusal is retryable
     /// (`Full`; or `BehindWaiters`, which only a new admission meets: the
     /// first append of a group that holds no block beyond the prefix it
-    /// matched, i.e. a check-only group's first prefill chunk, or the
-    /// first decode of a prompt the cache held whole), a failed run
-    /// otherwise.
+    /// matched with no reservation, i.e. the first decode of a prompt the
+    /// cache held whole), a failed run otherwise.
     fn refused(e: ReserveError, what: &str) -> StepError {
         if e.is_retryable() {
             StepError::Refused
@@ -719,9 +719,15 @@ impl<B: KvBackend> Worker<B> {
             // behind any waiter queued in between (and its group preempted).
             Admission::Check => {
                 let first = rest.min(bs);
+                // What the rest of the prompt takes at once beside the
+                // blocks the match put in the tables.
+                let held = |g: usize| {
+                    let t = seq.table(g);
+                    t.iter().filter(|&&id| !B::Seq::is_null(id)).count()
+                };
                 let headroom = self
                     .cfg
-                    .prefill_blocks(rest, bs)
+                    .prefill_blocks_beside(rest, bs, held)
                     .saturating_sub(self.cfg.reserve_blocks(first, bs))
                     + wm;
                 self.call(OpKind::Admit, || seq.try_reserve(first, headroom))

@@ -141,7 +141,12 @@ impl KvSeq for LyingSeq {
         self.note_admitted(done, true)
     }
     fn truncate(&mut self, len: usize) -> usize {
-        KvSeq::truncate(&mut self.seq, len)
+        let gone = KvSeq::truncate(&mut self.seq, len);
+        if self.seq.capacity() == 0 {
+            // Emptied: new work again, as in the library.
+            self.admitted = false;
+        }
+        gone
     }
     fn truncate_fenced(&mut self, len: usize, fence: u64) -> usize {
         KvSeq::truncate_fenced(&mut self.seq, len, fence)
