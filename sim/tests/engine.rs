@@ -762,39 +762,24 @@ fn a_check_only_admission_keeps_its_first_block() {
 /// A check-only admission after a prefix hit on a hybrid layout checks
 /// what the prompt holds at once beside what the match put in its tables:
 /// a sliding group's matched window counts toward the window and chunk
-/// its prefill holds, not on top of them. Pool of 96 blocks of 16 tokens,
-/// a full group and a 256-token window, 64-token chunks: request 1
-/// matches request 0's 512 tokens (32 blocks in the full group, the
-/// window's 16 in the sliding one) and then holds at most 32 + 5 more at
-/// once, which fit beside its 48; counted twice, the window made it 53,
-/// more than the 48 left, and the check `NeverFits` (a failed run).
+/// its prefill holds, not on top of them. The waited-admission scene
+/// (watermark 2) in a pool of 96 blocks, a full group and a 256-token
+/// window, 64-token chunks: request 1 matches request 0's 512 tokens (32
+/// blocks in the full group, the window's 16 in the sliding one) and then
+/// holds at most 32 + 5 more at once, which fit with the watermark beside
+/// its 48; counted twice, the window made it 53, more than the 48 left,
+/// and the check `NeverFits` (a failed run).
 #[test]
 fn a_check_after_a_hybrid_hit_counts_the_matched_window_once() {
-    let reqs = [
-        Request {
-            hash_ids: Some(vec![11u64].into()),
-            ..Request::new(0, 512, 1)
-        },
-        Request {
-            hash_ids: Some(vec![11u64, 12].into()),
-            ..Request::new(1, 1024, 1)
-        },
-    ];
-    let cfg = EngineConfig {
-        workers: 1,
-        admission: Admission::Check,
-        chunk: 64,
-        max_running: 1,
-        mix: false,
-        prefix_cache: true,
-        ..EngineConfig::default()
-    };
+    let (reqs, cfg) = waited_scene();
     let groups = kvslots::KvGroups::new([
         kvslots::KvGroup::Full,
         kvslots::KvGroup::SlidingWindow { window_tokens: 256 },
     ])
     .unwrap();
     let cfg = EngineConfig {
+        admission: Admission::Check,
+        chunk: 64,
         groups: groups.clone(),
         ..cfg
     };
