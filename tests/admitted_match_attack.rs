@@ -8,17 +8,18 @@
 
 mod common;
 
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{Poll, Waker};
 use std::time::Duration;
 
 use kvslots::{
-    hash_blocks, BlockHash, BlockId, BlockPool, HybridSequence, KvGroup, KvGroups, ReserveError,
-    Sequence,
+    hash_blocks, Alloc, BlockHash, BlockId, BlockPool, HybridSequence, KvGroup, KvGroups,
+    ReserveError, Sequence,
 };
 
-use common::{assert_pool_whole, poll_once, waker, wakes};
+use common::{assert_pool_whole, poll_once, waker, wakes, Counting};
 
 const BS: usize = 4;
 
@@ -35,6 +36,20 @@ fn owner(pool: &Arc<BlockPool>, keys: &[BlockHash]) -> Sequence {
     s.try_append(keys.len() * BS).unwrap();
     assert_eq!(s.publish(keys), keys.len());
     s
+}
+
+/// The free of `hog` grants the queued `head`: its waker runs once, and
+/// its next poll is ready.
+fn head_granted_at_free(
+    pool: &BlockPool,
+    hog: &[BlockId],
+    head: Pin<&mut Alloc<'_>>,
+    w: &Waker,
+    head_wakes: &Counting,
+) {
+    pool.free(hog).unwrap();
+    assert_eq!(wakes(head_wakes), 1);
+    assert!(matches!(poll_once(head, w), Poll::Ready(Ok(()))));
 }
 
 fn behind(r: Result<std::ops::Range<usize>, ReserveError>) -> bool {
@@ -85,9 +100,7 @@ fn a_zero_token_reservation_then_a_match_is_still_new_work() {
     assert!(behind(t.try_append(1)));
     assert_eq!(wakes(&head_wakes), 0);
     drop((s, t, child));
-    pool.free(&hog).unwrap();
-    assert_eq!(wakes(&head_wakes), 1);
-    assert!(matches!(poll_once(head.as_mut(), &w), Poll::Ready(Ok(()))));
+    head_granted_at_free(&pool, &hog, head.as_mut(), &w, &head_wakes);
     drop(head);
     pool.free(&head_ids).unwrap();
     drop(own);
@@ -201,9 +214,7 @@ fn forks_follow_their_parent_admission() {
     assert!(copy.is_some());
     assert_eq!(wakes(&head_wakes), 0);
     drop((c1, c2, c3, c4, matched_in, appended, fresh));
-    pool.free(&hog).unwrap();
-    assert_eq!(wakes(&head_wakes), 1);
-    assert!(matches!(poll_once(head.as_mut(), &w), Poll::Ready(Ok(()))));
+    head_granted_at_free(&pool, &hog, head.as_mut(), &w, &head_wakes);
     drop(head);
     pool.free(&head_ids).unwrap();
     drop(own);
@@ -285,9 +296,7 @@ fn truncate_shrink_and_rematch_after_a_match_into_a_reservation() {
     assert!(behind(d.try_append(1)));
     assert_eq!(wakes(&head_wakes), 0);
     drop((a, b, c, d, fresh));
-    pool.free(&hog).unwrap();
-    assert_eq!(wakes(&head_wakes), 1);
-    assert!(matches!(poll_once(head.as_mut(), &w), Poll::Ready(Ok(()))));
+    head_granted_at_free(&pool, &hog, head.as_mut(), &w, &head_wakes);
     drop(head);
     pool.free(&head_ids).unwrap();
     drop(own);
@@ -579,9 +588,7 @@ fn hybrid_rematch_and_shrink_after_a_match_into_a_reservation() {
         Err(ReserveError::BehindWaiters { .. })
     ));
     drop((a, fresh, running));
-    pool.free(&hog).unwrap();
-    assert_eq!(wakes(&head_wakes), 1);
-    assert!(matches!(poll_once(head.as_mut(), &w), Poll::Ready(Ok(()))));
+    head_granted_at_free(&pool, &hog, head.as_mut(), &w, &head_wakes);
     drop(head);
     pool.free(&head_ids).unwrap();
     assert_pool_whole(&pool);
