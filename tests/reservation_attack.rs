@@ -368,6 +368,47 @@ fn custom_allocator_with_and_without_lending() {
     }
 }
 
+/// A forwarding allocator that hands the pool a lendable id the pool never
+/// handed out (past its end, in the first reserved block's place, which a
+/// match lends last): the match panics naming it, before anything
+/// changes, and the sequence is whole after it.
+#[test]
+fn a_foreign_lendable_id_panics_before_anything_changes() {
+    let fwd = Forward::new(BlockPool::new(8, 2));
+    let pool = &fwd.inner;
+    drop(published(&fwd, &[1, 2]));
+    let mut s = Sequence::new(Arc::clone(&fwd));
+    s.try_reserve(3 * 2, 0).unwrap();
+    let reserved = s.blocks().to_vec();
+    let books = |pool: &BlockPool| {
+        (
+            pool.free_blocks(),
+            pool.evictable_blocks(),
+            pool.cached_blocks(),
+        )
+    };
+    let before = books(pool);
+    fwd.foreign_lendable.store(true, SeqCst);
+    let panic = catch_unwind(AssertUnwindSafe(|| s.try_match_prefix(&keys(&[1, 2]))))
+        .expect_err("a foreign id");
+    fwd.foreign_lendable.store(false, SeqCst);
+    let msg = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        msg.contains("8 is out of range for a pool of 8 blocks"),
+        "{msg}"
+    );
+    assert_eq!(books(pool), before);
+    assert_eq!((s.blocks(), s.len()), (&reserved[..], 0));
+    for &id in &reserved {
+        assert_eq!(pool.ref_count(id), Some(1));
+    }
+    assert_eq!(fwd.lent.load(SeqCst), 0);
+    // With the pool's own ids, the same match.
+    assert_eq!(s.try_match_prefix(&keys(&[1, 2])), 2);
+    drop(s);
+    assert_whole(pool);
+}
+
 /// Over the default (no lending), behind a queued waiter, a match into a
 /// reservation revives nothing, and still keeps the capacity.
 #[test]

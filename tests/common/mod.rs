@@ -435,6 +435,10 @@ pub struct Forward {
     pub lend: AtomicBool,
     /// The reserved blocks the pool lent through forwarded matches.
     pub lent: AtomicUsize,
+    /// Whether `match_prefix_lending` hands the pool an id it never
+    /// handed out (past its end) in the first lendable block's place, and
+    /// puts the caller's id back after the call (or its panic).
+    pub foreign_lendable: AtomicBool,
 }
 
 impl Forward {
@@ -446,6 +450,7 @@ impl Forward {
             reorder: AtomicBool::new(false),
             lend: AtomicBool::new(true),
             lent: AtomicUsize::new(0),
+            foreign_lendable: AtomicBool::new(false),
         })
     }
 }
@@ -514,7 +519,18 @@ impl BlockAllocator for Forward {
         if !self.lend.load(Ordering::Relaxed) {
             return BlockAllocator::match_prefix(&self.inner, by, keys, out);
         }
-        let k = BlockAllocator::match_prefix_lending(&self.inner, by, keys, out, lendable, lent);
+        let swapped = (self.foreign_lendable.load(Ordering::Relaxed) && lendable > 0).then(|| {
+            let i = out.len() - lendable.min(out.len());
+            let foreign = BlockId::new(self.inner.num_blocks() as u32);
+            (i, std::mem::replace(&mut out[i], foreign))
+        });
+        let matched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            BlockAllocator::match_prefix_lending(&self.inner, by, keys, out, lendable, lent)
+        }));
+        if let Some((i, own)) = swapped {
+            out[i] = own;
+        }
+        let k = matched.unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         self.lent.fetch_add(*lent, Ordering::Relaxed);
         k
     }
