@@ -514,8 +514,9 @@ impl BlockAllocator for Forward {
         lendable: usize,
         lent: &mut usize,
     ) -> usize {
-        // Relaxed (both): a switch the test sets before the match, and a
-        // tally read after it on the same thread; they order nothing.
+        // Relaxed (all three): switches the test sets before the match,
+        // and a tally read after it on the same thread; they order
+        // nothing.
         if !self.lend.load(Ordering::Relaxed) {
             return BlockAllocator::match_prefix(&self.inner, by, keys, out);
         }
