@@ -12,10 +12,13 @@
 //! The control test shows the count is real: a one-element `Vec` made in
 //! the measured region is counted.
 
+use std::cell::Cell;
 use std::sync::{Arc, Barrier};
 
+mod common;
 mod counting;
 
+use common::Forward;
 use counting::{heap_ops, HeapOps, NONE};
 use kvslots::{
     hash_blocks, BlockHash, BlockId, BlockPool, FreeError, HybridSequence, KvGroup, KvGroups,
@@ -435,6 +438,61 @@ fn kv_event_producers_allocate_nothing() {
         })
         .sum();
     assert_eq!(reported, dropped);
+}
+
+thread_local! {
+    /// The heap operations of this thread's last match into a reservation
+    /// made inside the pool (see `inside_the_pool`).
+    static INSIDE: Cell<HeapOps> = const { Cell::new(NONE) };
+}
+
+/// Runs a forwarded match into a reservation, counting its heap
+/// operations into `INSIDE` (`Forward::around_lending`).
+fn inside_the_pool(call: &mut dyn FnMut()) {
+    let ops = heap_ops(call);
+    INSIDE.with(|inside| inside.set(ops));
+}
+
+/// A match into a reservation makes room in the table first, for every
+/// block it can take and one more (a lent block's credit that a race left
+/// unused takes a block back through the end of the table): inside the
+/// pool, where it holds blocks revived and admissions made ahead, nothing
+/// allocates. Reservations of 1 to 9 blocks in tables sized by them, each
+/// matching 16 cached blocks, revivals paid by the blocks lent and by
+/// admissions ahead.
+#[test]
+fn a_match_into_a_reservation_allocates_nothing_inside_the_pool() {
+    let fwd = Forward::new(BlockPool::new(64, 4));
+    assert!(fwd.around_lending.set(inside_the_pool).is_ok());
+    let tokens: Vec<u32> = (0..64).collect();
+    let mut keys = Vec::new();
+    hash_blocks(b"", &tokens, 4, &mut keys);
+    let mut owner = Sequence::new(Arc::clone(&fwd));
+    owner.try_append(64).unwrap();
+    assert_eq!(owner.publish(&keys), 16);
+    drop(owner);
+    // Warm up once (a thread's first match may set up its own state).
+    let mut s = Sequence::new(Arc::clone(&fwd));
+    s.try_reserve(4, 0).unwrap();
+    assert_eq!(s.try_match_prefix(&keys), 16);
+    drop(s);
+    for reserved in 1..=9 {
+        let mut s = Sequence::new(Arc::clone(&fwd));
+        s.try_reserve(reserved * 4, 0).unwrap();
+        // A mark that the measure replaces: a match that never reached the
+        // pool's lending call leaves it, and fails.
+        INSIDE.with(|inside| {
+            inside.set(HeapOps {
+                allocs: 1,
+                frees: 1,
+            })
+        });
+        assert_eq!(s.try_match_prefix(&keys), 16, "reserved {reserved}");
+        assert_eq!(INSIDE.with(Cell::get), NONE, "reserved {reserved}");
+        assert_eq!(s.blocks().len(), 16);
+        drop(s);
+        assert_eq!(fwd.inner.used_blocks(), 0);
+    }
 }
 
 /// Rounds of peeks, matches, appends, publishes, truncates and resets on

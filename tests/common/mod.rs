@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Barrier;
 use std::thread;
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use kvslots::{
     BlockAllocator, BlockHash, BlockId, BlockPool, ReserveError, Sequence, SequenceCall,
@@ -439,6 +439,9 @@ pub struct Forward {
     /// handed out (past its end) in the first lendable block's place, and
     /// puts the caller's id back after the call (or its panic).
     pub foreign_lendable: AtomicBool,
+    /// What runs the pool's `match_prefix_lending` when set (it calls the
+    /// function it is given once): a test's measure of the call.
+    pub around_lending: OnceLock<fn(&mut dyn FnMut())>,
 }
 
 impl Forward {
@@ -451,6 +454,7 @@ impl Forward {
             lend: AtomicBool::new(true),
             lent: AtomicUsize::new(0),
             foreign_lendable: AtomicBool::new(false),
+            around_lending: OnceLock::new(),
         })
     }
 }
@@ -526,7 +530,22 @@ impl BlockAllocator for Forward {
             (i, std::mem::replace(&mut out[i], foreign))
         });
         let matched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            BlockAllocator::match_prefix_lending(&self.inner, by, keys, out, lendable, lent)
+            let mut k = 0;
+            let mut call = || {
+                k = BlockAllocator::match_prefix_lending(
+                    &self.inner,
+                    by,
+                    keys,
+                    out,
+                    lendable,
+                    lent,
+                );
+            };
+            match self.around_lending.get() {
+                Some(around) => around(&mut call),
+                None => call(),
+            }
+            k
         }));
         if let Some((i, own)) = swapped {
             out[i] = own;
