@@ -193,7 +193,8 @@ enum Exit {
 ///
 /// Panics if `cfg` has no worker, a zero `chunk`, `samples` or
 /// `max_running`, or an `accept` outside `[0, 1]` (the command line
-/// refuses these first), or if a thread cannot be spawned.
+/// refuses these first), if its groups of layers are not `backend`'s, or
+/// if a thread cannot be spawned.
 pub fn run<B: KvBackend>(
     backend: &B,
     requests: &[Request],
@@ -225,6 +226,13 @@ pub fn run_with_oracle<B: KvBackend>(
     assert!(
         (0.0..=1.0).contains(&cfg.accept),
         "accept must be a probability"
+    );
+    // The admission counts blocks in the config's groups, the sequences
+    // take them in the backend's.
+    assert_eq!(
+        &cfg.groups,
+        backend.kv_groups(),
+        "the engine's groups of layers must be the backend's"
     );
     let cfg = Arc::new(cfg.clone());
     let shared = Arc::new(Shared::new(cfg.workers, oracle));
