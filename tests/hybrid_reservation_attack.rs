@@ -1655,3 +1655,48 @@ fn behind_a_waiter_the_reservation_pays_for_every_groups_share_of_the_hit() {
         assert_whole(&pool);
     }
 }
+
+/// A plan whose full group's revivals alone cost more than can be paid
+/// comes down to the longest match they can pay, no shorter: one group of
+/// full attention, 6 cached blocks, 2 reserved, and a waiter queued for
+/// more than the pool's other places, so that the pool's room is none.
+/// The match pays 2 revivals with the reserved blocks it lends: it
+/// matches 2 blocks (revivals exactly the payable).
+#[test]
+fn a_plan_comes_down_to_the_revivals_it_can_pay_exactly() {
+    struct Quiet;
+    impl Wake for Quiet {
+        fn wake(self: Arc<Self>) {}
+    }
+    let pool = Arc::new(
+        BlockPool::builder(16, 4)
+            .shards(1)
+            .prefix_cache(true)
+            .build()
+            .unwrap(),
+    );
+    let groups = KvGroups::new([KvGroup::Full]).unwrap();
+    let tokens: Vec<u32> = (0..24).collect();
+    let mut base = Vec::new();
+    kvslots::hash_blocks(b"", &tokens, 4, &mut base);
+    let keys = groups.keys(&base);
+    let mut owner = HybridSequence::new(Arc::clone(&pool), groups.clone());
+    owner.try_append(24).unwrap();
+    assert_eq!(owner.publish(&keys).unwrap(), 6);
+    drop(owner);
+    let mut filler = Vec::new();
+    pool.try_alloc(8, &mut filler).unwrap();
+    let mut s = HybridSequence::new(Arc::clone(&pool), groups);
+    s.try_reserve(8, 0).unwrap();
+    // The 6 evictable blocks are the pool's places left; the waiter asks
+    // for 7.
+    let mut ids = Vec::new();
+    let mut fut = Box::pin(pool.alloc(7, &mut ids));
+    assert!(poll(fut.as_mut(), Waker::from(Arc::new(Quiet))).is_pending());
+    assert_eq!(s.try_match_prefix(&keys).unwrap(), 2);
+    assert_eq!(s.len(), 8);
+    drop(s);
+    drop(fut);
+    pool.free(&filler).unwrap();
+    assert_eq!(pool.used_blocks(), 0);
+}
