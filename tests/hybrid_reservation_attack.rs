@@ -1664,10 +1664,6 @@ fn behind_a_waiter_the_reservation_pays_for_every_groups_share_of_the_hit() {
 /// matches 2 blocks (revivals exactly the payable).
 #[test]
 fn a_plan_comes_down_to_the_revivals_it_can_pay_exactly() {
-    struct Quiet;
-    impl Wake for Quiet {
-        fn wake(self: Arc<Self>) {}
-    }
     let pool = Arc::new(
         BlockPool::builder(16, 4)
             .shards(1)
@@ -1692,7 +1688,7 @@ fn a_plan_comes_down_to_the_revivals_it_can_pay_exactly() {
     // for 7.
     let mut ids = Vec::new();
     let mut fut = Box::pin(pool.alloc(7, &mut ids));
-    assert!(poll(fut.as_mut(), Waker::from(Arc::new(Quiet))).is_pending());
+    assert!(poll(fut.as_mut(), Waker::from(flag())).is_pending());
     assert_eq!(s.try_match_prefix(&keys).unwrap(), 2);
     assert_eq!(s.len(), 8);
     drop(s);
