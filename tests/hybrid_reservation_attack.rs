@@ -1696,3 +1696,66 @@ fn a_plan_comes_down_to_the_revivals_it_can_pay_exactly() {
     pool.free(&filler).unwrap();
     assert_eq!(pool.used_blocks(), 0);
 }
+
+/// A plan counts a sliding group's revivals in its window at `k`, from
+/// the first block that the next token reads, with blocks of one token
+/// too: one group of full attention and a 3-token window, every block of
+/// a 6-token prompt cached in both (prompts of 6, 5, 4, 3 and 2 tokens,
+/// the longest released first), 3 tokens reserved (6 blocks, 3 a group)
+/// and the pool's room none. A match of 6 would revive 8 blocks (6 and
+/// 2 for the window), of 5 7: the plan comes down to 4 (4 and 2), whose
+/// revivals the reservation pays exactly, and the match revives nothing
+/// it then lets go of: the longest prompt's blocks beyond the match stay
+/// the least recently used of the cache, the full group's first.
+#[test]
+fn a_plan_counts_a_windows_revivals_with_one_token_blocks() {
+    let bs = 1;
+    let pool = Arc::new(
+        BlockPool::builder(32, bs)
+            .shards(1)
+            .prefix_cache(true)
+            .build()
+            .unwrap(),
+    );
+    let g = groups(&[KvGroup::Full, sliding(3)]);
+    let tokens: Vec<u32> = (0..6).collect();
+    let keys = group_keys(&g, &tokens, bs);
+    for len in (2..=6).rev() {
+        drop(publisher(&pool, &g, &tokens[..len]));
+    }
+    let (full, window) = (keys.group(0).unwrap(), keys.group(1).unwrap());
+    let cached = |keys: &[BlockHash]| -> Vec<bool> {
+        keys.iter()
+            .map(|k| pool.peek_prefix(std::slice::from_ref(k)) == 1)
+            .collect()
+    };
+    assert_eq!(cached(full), [true; 6]);
+    assert_eq!(cached(window), [true; 6]);
+    let mut s = HybridSequence::new(Arc::clone(&pool), g.clone());
+    s.try_reserve(3, 0).unwrap();
+    let mut hog = Vec::new();
+    pool.try_alloc(pool.free_blocks() - pool.evictable_blocks(), &mut hog)
+        .unwrap();
+    // The 12 evictable blocks are owed to a waiter for 13.
+    let mut ids = Vec::new();
+    let mut fut = Box::pin(pool.alloc(pool.free_blocks() + 1, &mut ids));
+    assert!(poll(fut.as_mut(), Waker::from(flag())).is_pending());
+    assert_eq!(s.try_match_prefix(&keys).unwrap(), 4);
+    let t = tables(&s);
+    assert_eq!(t[0].len(), 4);
+    assert_eq!(t[1][2..].len(), 2, "the window's 2 blocks at 4 tokens");
+    assert!(s.capacity() >= 4);
+    drop(fut);
+    // The lent blocks went back to the pool: take them, then evict the 4
+    // least recently used blocks.
+    pool.try_alloc(pool.free_blocks() - pool.evictable_blocks(), &mut hog)
+        .unwrap();
+    pool.try_alloc(2, &mut hog).unwrap();
+    assert_eq!(cached(full), [true, true, true, true, false, false]);
+    assert_eq!(cached(window), [true; 6]);
+    pool.try_alloc(2, &mut hog).unwrap();
+    assert_eq!(cached(window), [true, true, true, true, false, false]);
+    drop(s);
+    pool.free(&hog).unwrap();
+    assert_whole(&pool);
+}
