@@ -123,6 +123,35 @@ fn a_script_reports_each_store_and_removal_exactly() {
     assert_eq!(pool.stats().events_dropped, Some(0));
 }
 
+/// A drain appends its batch to what `out` holds: a store that continues
+/// the chain of `out`'s last event, stored since the drain that reported
+/// it, is a new event of its own, and the events already there are left
+/// as they were.
+#[test]
+fn a_drain_appends_its_batch_and_joins_nothing_already_in_out() {
+    let pool = events_pool(4, 2, 1, 64);
+    let keys = keys_of(&[1, 2, 3, 4], 2);
+    let mut seq = Sequence::new(Arc::clone(&pool));
+    seq.try_append(4).unwrap();
+    let blocks = seq.blocks().to_vec();
+    assert_eq!(seq.publish(&keys[..1]), 1);
+    let mut out = Vec::new();
+    assert_eq!(pool.drain_events(&mut out), 0);
+    let first = [
+        KvEvent::AllBlocksCleared,
+        stored(&keys[..1], None, &blocks[..1], 2),
+    ];
+    assert_eq!(out, first);
+    // The second block's key, its parent the first's.
+    assert_eq!(seq.publish(&keys), 1);
+    assert_eq!(pool.drain_events(&mut out), 1);
+    assert_eq!(out[..2], first);
+    assert_eq!(
+        out[2..],
+        [stored(&keys[1..], Some(keys[0]), &blocks[1..], 2)]
+    );
+}
+
 /// A hybrid sequence's publish reports the keys the index stores, each
 /// group's own (`GroupKeys`), never the content keys: a chain per group,
 /// a sliding group's starting after the blocks its window gave back with

@@ -1472,6 +1472,35 @@ mod tests {
     }
 
     #[test]
+    fn merge_moves_no_store_while_a_head_does_not_wait() {
+        // Ring 1's first and third stores wait for key 0 until ring 2
+        // stores it; stored, it no longer holds them back, and the third
+        // goes before key 4's store behind it, for which ring 0's head
+        // waits: no store is moved, since a head did not wait.
+        let lists = vec![
+            vec![stored(3, Some(4))],
+            vec![
+                stored(2, Some(0)),
+                removed(7),
+                stored(1, Some(0)),
+                stored(4, None),
+            ],
+            vec![stored(0, None)],
+        ];
+        assert_eq!(
+            merged_keys(&lists),
+            [
+                (true, 0),
+                (true, 2),
+                (false, 7),
+                (true, 1),
+                (true, 4),
+                (true, 3)
+            ]
+        );
+    }
+
+    #[test]
     fn merge_moves_a_parent_ahead_within_one_ring() {
         // A sliding window's chain published before its first block, then
         // that block (its parent none): one ring, one chain.
