@@ -1501,6 +1501,77 @@ mod tests {
     }
 
     #[test]
+    fn merge_looks_past_a_moved_store_for_its_keys_next_record() {
+        // Key 0's first store is moved ahead for key 1; then every head
+        // waits again, ring 0's for key 0's second store, behind its
+        // removal: a climb from there finds the removal, not the store
+        // merged already, and the climb from ring 1 moves key 3's store.
+        let lists = vec![
+            vec![stored(1, Some(0)), stored(3, Some(0))],
+            vec![
+                stored(2, Some(1)),
+                stored(0, None),
+                stored(4, Some(3)),
+                removed(0),
+                stored(0, None),
+            ],
+        ];
+        assert_eq!(
+            merged_keys(&lists),
+            [
+                (true, 0),
+                (true, 1),
+                (true, 2),
+                (true, 3),
+                (true, 4),
+                (false, 0),
+                (true, 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn merge_climbs_again_once_what_blocked_a_climb_is_merged() {
+        // Every head waits: ring 0's climb for key 0's store is blocked by
+        // a removal of key 0 (or lost events) before it in ring 1, and
+        // ring 1's climb moves key 9's store. Once the removal (or the
+        // loss) is merged and every head waits again, ring 0 climbs again
+        // and moves key 0's store ahead of its child; ring 1's climb, for
+        // key 11 behind its removal, is blocked, and its head goes next.
+        for (before, merged) in [
+            (removed(0), (false, 0)),
+            (Record::Dropped { count: 1 }, (false, u8::MAX)),
+        ] {
+            let lists = vec![
+                vec![stored(1, Some(0))],
+                vec![
+                    stored(5, Some(9)),
+                    before,
+                    stored(6, Some(11)),
+                    removed(11),
+                    stored(11, None),
+                    stored(0, None),
+                ],
+                vec![stored(12, Some(5)), stored(9, None)],
+            ];
+            assert_eq!(
+                merged_keys(&lists),
+                [
+                    (true, 9),
+                    (true, 5),
+                    (true, 12),
+                    merged,
+                    (true, 0),
+                    (true, 1),
+                    (true, 6),
+                    (false, 11),
+                    (true, 11)
+                ]
+            );
+        }
+    }
+
+    #[test]
     fn merge_moves_a_parent_ahead_within_one_ring() {
         // A sliding window's chain published before its first block, then
         // that block (its parent none): one ring, one chain.
