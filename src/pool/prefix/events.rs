@@ -1618,8 +1618,9 @@ mod tests {
             .collect::<Vec<_>>()];
         let mut out = Vec::new();
         let lookups = merge(&lists, &mut HashMap::new(), 4, &mut out);
+        // A lookup for each of the `n - 1` stores moved, at least.
         assert!(
-            lookups <= 2 * n as usize,
+            (n as usize - 1..=2 * n as usize).contains(&lookups),
             "{lookups} lookups for {n} records"
         );
         // One chain, parent first.
