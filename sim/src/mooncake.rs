@@ -13,8 +13,11 @@
 
 use std::sync::Arc;
 
+use std::collections::HashMap;
+
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde_json::{Map, Value};
+use serde_json::value::RawValue;
+use serde_json::Value;
 
 use crate::prefix::TRACE_BLOCK;
 use crate::workload::{Request, TraceError};
@@ -35,7 +38,7 @@ pub(crate) fn parse_line(line: usize, raw: &str, id: usize) -> Result<Option<Req
     if row.is_empty() {
         return Ok(None);
     }
-    let obj = match serde_json::from_str::<Object>(row) {
+    let obj = match serde_json::from_str::<Object<'_>>(row) {
         Ok(Object::Fields(obj)) => obj,
         Ok(Object::Duplicate(key)) => return Err(TraceError::DuplicateKey { line, key }),
         Err(e) => {
@@ -51,21 +54,19 @@ pub(crate) fn parse_line(line: usize, raw: &str, id: usize) -> Result<Option<Req
     if prompt == 0 {
         return Err(TraceError::ZeroPrompt { line });
     }
-    let ids = match obj.get("hash_ids") {
-        None => {
-            return Err(TraceError::MissingField {
-                line,
-                field: "hash_ids",
-            })
-        }
-        Some(Value::Array(ids)) => ids,
-        Some(other) => {
-            return Err(TraceError::BadNumber {
-                line,
-                column: "hash_ids",
-                value: shown(other),
-            })
-        }
+    let Some(raw_ids) = obj.get("hash_ids") else {
+        return Err(TraceError::MissingField {
+            line,
+            field: "hash_ids",
+        });
+    };
+    // The ids' own texts: each is checked, and shown, as written.
+    let Ok(ids) = serde_json::from_str::<Vec<&RawValue>>(raw_ids.get()) else {
+        return Err(TraceError::BadNumber {
+            line,
+            column: "hash_ids",
+            value: shown(raw_ids),
+        });
     };
     let expected = prompt.div_ceil(TRACE_BLOCK);
     if ids.len() != expected {
@@ -87,15 +88,16 @@ pub(crate) fn parse_line(line: usize, raw: &str, id: usize) -> Result<Option<Req
     }))
 }
 
-/// A line's JSON object, or the first key it gives twice (JSON allows it;
-/// which value counts is the parser's choice, so a trace must not).
-enum Object {
-    Fields(Map<String, Value>),
+/// A line's JSON object, each field's value as written, or the first key
+/// it gives twice (JSON allows it; which value counts is the parser's
+/// choice, so a trace must not).
+enum Object<'a> {
+    Fields(HashMap<String, &'a RawValue>),
     Duplicate(String),
 }
 
-impl<'de> Deserialize<'de> for Object {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Object, D::Error> {
+impl<'de> Deserialize<'de> for Object<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Object<'de>, D::Error> {
         d.deserialize_any(ObjectVisitor)
     }
 }
@@ -103,14 +105,14 @@ impl<'de> Deserialize<'de> for Object {
 struct ObjectVisitor;
 
 impl<'de> Visitor<'de> for ObjectVisitor {
-    type Value = Object;
+    type Value = Object<'de>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("a JSON object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Object, A::Error> {
-        let mut obj = Map::new();
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Object<'de>, A::Error> {
+        let mut obj = HashMap::new();
         while let Some(key) = map.next_key::<String>()? {
             if obj.contains_key(&key) {
                 // The rest of the object is read (and checked as JSON), not
@@ -119,7 +121,7 @@ impl<'de> Visitor<'de> for ObjectVisitor {
                 while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
                 return Ok(Object::Duplicate(key.chars().take(40).collect()));
             }
-            let value = map.next_value::<Value>()?;
+            let value = map.next_value::<&RawValue>()?;
             obj.insert(key, value);
         }
         Ok(Object::Fields(obj))
@@ -127,7 +129,11 @@ impl<'de> Visitor<'de> for ObjectVisitor {
 }
 
 /// A field that must be a non-negative whole number.
-fn count(obj: &Map<String, Value>, line: usize, field: &'static str) -> Result<u64, TraceError> {
+fn count(
+    obj: &HashMap<String, &RawValue>,
+    line: usize,
+    field: &'static str,
+) -> Result<u64, TraceError> {
     match obj.get(field) {
         None => Err(TraceError::MissingField { line, field }),
         Some(v) => whole(v, line, field),
@@ -135,23 +141,36 @@ fn count(obj: &Map<String, Value>, line: usize, field: &'static str) -> Result<u
 }
 
 /// A non-negative whole number (that fits a `usize`), or a typed error
-/// naming it.
-fn whole(v: &Value, line: usize, column: &'static str) -> Result<u64, TraceError> {
+/// naming it as written.
+fn whole(raw: &RawValue, line: usize, column: &'static str) -> Result<u64, TraceError> {
+    let text = raw.get();
+    // The common case, digits alone (JSON writes no leading zero).
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        if let Some(n) = text
+            .parse::<u64>()
+            .ok()
+            .filter(|&n| usize::try_from(n).is_ok())
+        {
+            return Ok(n);
+        }
+    }
+    // The text is valid JSON: the line parsed.
+    let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
     if let Some(n) = v.as_u64() {
         if usize::try_from(n).is_ok() {
             return Ok(n);
         }
     }
-    let value = shown(v);
     let negative = match v {
         Value::Number(n) => n.as_f64().is_some_and(|f| f < 0.0),
         _ => false,
     };
-    Err(TraceError::number(negative, line, column, value))
+    Err(TraceError::number(negative, line, column, shown(raw)))
 }
 
-fn shown(v: &Value) -> String {
-    v.to_string().chars().take(40).collect()
+/// A value as written, its first 40 characters.
+fn shown(raw: &RawValue) -> String {
+    raw.get().chars().take(40).collect()
 }
 
 #[cfg(test)]

@@ -794,7 +794,22 @@ fn jsonl_rows() -> Vec<Row> {
         bad(
             "a count past 2^64",
             obj("\"timestamp\": 1, \"input_length\": 1e30, \"output_length\": 2, \"hash_ids\": [4]"),
-            &["bad number in input_length"],
+            &["bad number in input_length", "`1e30`"],
+        ),
+        bad(
+            "a whole count in a float's form, shown as written",
+            obj("\"timestamp\": 1, \"input_length\": 5.12E2, \"output_length\": 2, \"hash_ids\": [4]"),
+            &["bad number in input_length", "`5.12E2`"],
+        ),
+        bad(
+            "a hash id in a float's form, shown as written",
+            obj("\"timestamp\": 1, \"input_length\": 512, \"output_length\": 2, \"hash_ids\": [4e0]"),
+            &["bad number in hash_ids", "`4e0`"],
+        ),
+        bad(
+            "a negative count in a float's form, shown as written",
+            obj("\"timestamp\": 1, \"input_length\": -5e2, \"output_length\": 2, \"hash_ids\": [4]"),
+            &["negative input_length", "`-5e2`"],
         ),
         bad(
             "a quoted number",
