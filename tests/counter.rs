@@ -752,6 +752,21 @@ fn debug_shows_the_state() {
     assert!(s.contains("used: 3"), "{s:?}");
 }
 
+#[test]
+fn debug_of_a_wait_shows_what_it_asks_and_of_which_counter() {
+    let c = Arc::new(counter_with(8, 3, 5));
+    let borrowed = c.reserve(4);
+    let owned = Arc::clone(&c).reserve_owned(6);
+    for (s, name, n) in [
+        (format!("{borrowed:?}"), "Reserve {", "n: 4"),
+        (format!("{owned:?}"), "ReserveOwned {", "n: 6"),
+    ] {
+        for part in [name, n, "SlotCounter", "capacity: 8", "used: 3"] {
+            assert!(s.contains(part), "{s:?} lacks {part:?}");
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The error types
 // ---------------------------------------------------------------------------

@@ -86,21 +86,16 @@ impl Fences {
 
 impl BlockPool {
     /// Keeps a sequence's references to `ids` (its own table, moved in)
-    /// and `extra` (a copy-on-write's source) until `fence` completes;
-    /// returns how many references that is. The first retirement under a
-    /// fence moves the table in as the fence's list; later ones append.
-    pub(crate) fn retire_owned(
-        &self,
-        fence: u64,
-        ids: Vec<BlockId>,
-        extra: Option<BlockId>,
-    ) -> usize {
-        let n = ids.len() + usize::from(extra.is_some());
+    /// until `fence` completes; returns how many references that is. The
+    /// first retirement under a fence moves the table in as the fence's
+    /// list; later ones append.
+    pub(crate) fn retire_owned(&self, fence: u64, ids: Vec<BlockId>) -> usize {
+        let n = ids.len();
         if n == 0 {
             return 0;
         }
         if self.fences.faults.early_release() {
-            self.release_now(&ids, extra);
+            self.release_now(&ids);
             return n;
         }
         self.fences.add(n);
@@ -108,40 +103,31 @@ impl BlockPool {
         // the lock is released) when it was appended to an existing list.
         let _spent = self.fences.with_map(fence, |map| {
             let list = map.entry(fence).or_default();
-            let spent = if list.is_empty() {
+            if list.is_empty() {
                 std::mem::replace(list, ids)
             } else {
                 list.extend_from_slice(&ids);
                 ids
-            };
-            list.extend(extra);
-            spent
+            }
         });
         n
     }
 
-    /// Keeps a truncate's references to `ids` and `extra` until `fence`
-    /// completes, as [`retire_owned`](Self::retire_owned) does, copying
-    /// the ids; returns how many references that is.
-    pub(crate) fn retire_slice(
-        &self,
-        fence: u64,
-        ids: &[BlockId],
-        extra: Option<BlockId>,
-    ) -> usize {
-        let n = ids.len() + usize::from(extra.is_some());
+    /// Keeps a truncate's references to `ids` until `fence` completes, as
+    /// [`retire_owned`](Self::retire_owned) does, copying the ids;
+    /// returns how many references that is.
+    pub(crate) fn retire_slice(&self, fence: u64, ids: &[BlockId]) -> usize {
+        let n = ids.len();
         if n == 0 {
             return 0;
         }
         if self.fences.faults.early_release() {
-            self.release_now(ids, extra);
+            self.release_now(ids);
             return n;
         }
         self.fences.add(n);
         self.fences.with_map(fence, |map| {
-            let list = map.entry(fence).or_default();
-            list.extend_from_slice(ids);
-            list.extend(extra);
+            map.entry(fence).or_default().extend_from_slice(ids);
         });
         n
     }
@@ -162,13 +148,10 @@ impl BlockPool {
     }
 
     /// Loom's `early_release` control: the references go at once.
-    fn release_now(&self, ids: &[BlockId], extra: Option<BlockId>) {
+    fn release_now(&self, ids: &[BlockId]) {
         // As in `Sequence::give_back`: `Err` only after a racing double
         // free, and the other references are dropped all the same.
         let _ = self.drop_held_refs(ids);
-        if let Some(id) = extra {
-            let _ = self.drop_held_refs(&[id]);
-        }
     }
 
     /// Declares `fence` complete: gives back every reference retired under

@@ -1282,12 +1282,12 @@ impl BlockAllocator for BlockPool {
 
     fn retire(&self, _: &SequenceCall<'_>, fence: u64, ids: &[BlockId]) -> usize {
         self.check_ids(ids);
-        self.retire_slice(fence, ids, None)
+        self.retire_slice(fence, ids)
     }
 
     fn retire_owned(&self, _: &SequenceCall<'_>, fence: u64, ids: Vec<BlockId>) -> usize {
         self.check_ids(&ids);
-        BlockPool::retire_owned(self, fence, ids, None)
+        BlockPool::retire_owned(self, fence, ids)
     }
 }
 
