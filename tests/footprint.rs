@@ -153,3 +153,31 @@ fn kv_events_take_their_rings_and_nothing_when_off() {
     );
     assert_eq!(on - off, on_predicted - off_predicted);
 }
+
+/// `memory_bytes` is what `build` allocates, to the byte: the core pool,
+/// the prefix cache and KV events, with few and many shards, down to a
+/// pool of one block (where the per-pool parts are most of it).
+#[test]
+fn memory_bytes_is_what_build_takes() {
+    for num_blocks in [1, 7, 64, 1000, BLOCKS] {
+        for shards in [1, 4, 64] {
+            for (prefix, events) in [(false, None), (true, None), (true, Some(256))] {
+                let mut builder = BlockPool::builder(num_blocks, 16)
+                    .shards(shards)
+                    .prefix_cache(prefix);
+                if let Some(capacity) = events {
+                    builder = builder.kv_events(capacity);
+                }
+                let predicted = builder.memory_bytes();
+                let before = live();
+                let pool = builder.build().unwrap();
+                let taken = (live() - before) as usize;
+                drop(pool);
+                assert_eq!(
+                    taken, predicted,
+                    "{num_blocks} blocks, {shards} shards, prefix {prefix}, events {events:?}"
+                );
+            }
+        }
+    }
+}

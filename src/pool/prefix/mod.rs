@@ -99,13 +99,15 @@ impl PrefixCache {
     }
 
     /// The heap bytes [`room`](Self::room) and [`new`](Self::new) ask for
-    /// with `num_blocks` blocks, `cells` cells and `events`' rings.
+    /// with `num_blocks` blocks, `cells` cells and `events`' rings, and
+    /// the pool's box of the cache itself.
     pub(super) fn heap_bytes(
         num_blocks: usize,
         cells: usize,
         events: Option<EventsShape>,
     ) -> usize {
-        Keys::heap_bytes(num_blocks)
+        std::mem::size_of::<PrefixCache>()
+            .saturating_add(Keys::heap_bytes(num_blocks))
             .saturating_add(Lru::heap_bytes(num_blocks))
             .saturating_add(Stats::heap_bytes(cells))
             .saturating_add(events.map_or(0, |shape| {
