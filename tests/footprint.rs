@@ -1,8 +1,9 @@
 //! The heap a pool takes, per block, with and without the prefix cache,
 //! measured with a counting global allocator: the figures the builder's
-//! docs give (`BlockPoolBuilder`: 8 bytes and two bits a block for the core pool, 60
-//! more for the prefix cache) must hold, and a layer not chosen must take
-//! nothing.
+//! docs give (`BlockPoolBuilder::memory_bytes`: 8 bytes and two bits a
+//! block for the core pool, 70 more for the prefix cache) must hold,
+//! `memory_bytes` must be what `build` allocates, and a layer not chosen
+//! must take nothing.
 //!
 //! The count is of bytes live on this thread: every allocation adds its
 //! size, every deallocation subtracts it. Each test runs on its own thread
