@@ -171,6 +171,14 @@ fn debug_shows_the_counts() {
     ] {
         assert!(text.contains(part), "{text:?} lacks {part:?}");
     }
+    // A wait shows what it asks, and of which pool.
+    let mut more = Vec::new();
+    let wait = pool.alloc(2, &mut more);
+    let text = format!("{wait:?}");
+    for part in ["Alloc {", "n: 2", "BlockPool", "used_blocks: 3"] {
+        assert!(text.contains(part), "{text:?} lacks {part:?}");
+    }
+    drop(wait);
     pool.free(&ids).unwrap();
 }
 
