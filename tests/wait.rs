@@ -1086,3 +1086,26 @@ fn a_waker_may_poll_inline() {
     assert_eq!(*task.got.lock().unwrap(), Some(2));
     assert_eq!((counter.used(), counter.waiters()), (0, 0));
 }
+
+/// A grant pays the head what it was owed: once it is granted (its slots
+/// taken for it, not collected yet), an admission that fits what is left
+/// free is not held back for it.
+#[test]
+fn a_granted_wait_is_owed_nothing_before_it_is_collected() {
+    let counter = SlotCounter::new(5);
+    let mut held = counter.try_reserve(4).unwrap();
+    let (w, count) = waker();
+    let mut fut = Box::pin(counter.reserve(2));
+    assert!(poll_once(fut.as_mut(), &w).is_pending());
+    // Three slots free: the head is granted two of them.
+    held.shrink_to(2);
+    assert_eq!(wakes(&count), 1);
+    // The third is free to anyone.
+    let one = counter.try_reserve(1).unwrap();
+    let Poll::Ready(Ok(granted)) = poll_once(fut.as_mut(), &w) else {
+        panic!("the granted wait collects its slots");
+    };
+    assert_eq!(counter.used(), 5);
+    drop((granted, one, held));
+    assert_eq!(counter.used(), 0);
+}
