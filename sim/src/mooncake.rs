@@ -11,9 +11,8 @@
 //! refused. The first problem found is returned with its 1-based line
 //! number.
 
-use std::sync::Arc;
-
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
