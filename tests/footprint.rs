@@ -12,7 +12,7 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use kvslots::BlockPool;
+use kvslots::{BlockPool, BlockPoolBuilder};
 
 /// `System`, counting each thread's live heap bytes.
 struct Counting;
@@ -77,6 +77,18 @@ fn footprint(num_blocks: usize, prefix_cache: bool) -> (usize, isize) {
     (taken as usize, live() - before)
 }
 
+/// The heap bytes `builder`'s pool takes while it lives, and what
+/// `memory_bytes` says it takes; a dropped pool leaves nothing behind.
+fn built(builder: BlockPoolBuilder) -> (usize, usize) {
+    let predicted = builder.memory_bytes();
+    let before = live();
+    let pool = builder.build().unwrap();
+    let taken = (live() - before) as usize;
+    drop(pool);
+    assert_eq!(live(), before, "a dropped pool left heap behind");
+    (taken, predicted)
+}
+
 /// Blocks in the measured pools: large enough that the per-pool parts
 /// (shards' cache lines, the fences' maps, the statistics' cells: a few
 /// KiB) are under 0.1 byte a block.
@@ -130,17 +142,11 @@ fn new_takes_what_a_pool_with_every_layer_takes() {
 #[test]
 fn kv_events_take_their_rings_and_nothing_when_off() {
     let with = |events: Option<usize>| {
-        let mut builder = BlockPool::builder(BLOCKS, 16).shards(16).prefix_cache(true);
-        if let Some(capacity) = events {
-            builder = builder.kv_events(capacity);
-        }
-        let predicted = builder.memory_bytes();
-        let before = live();
-        let pool = builder.build().unwrap();
-        let taken = (live() - before) as usize;
-        drop(pool);
-        assert_eq!(live(), before, "a dropped pool left heap behind");
-        (taken, predicted)
+        let builder = BlockPool::builder(BLOCKS, 16).shards(16).prefix_cache(true);
+        built(match events {
+            Some(capacity) => builder.kv_events(capacity),
+            None => builder,
+        })
     };
     let (off, off_predicted) = with(None);
     assert_eq!(off, footprint(BLOCKS, true).0);
@@ -169,11 +175,7 @@ fn memory_bytes_is_what_build_takes() {
                 if let Some(capacity) = events {
                     builder = builder.kv_events(capacity);
                 }
-                let predicted = builder.memory_bytes();
-                let before = live();
-                let pool = builder.build().unwrap();
-                let taken = (live() - before) as usize;
-                drop(pool);
+                let (taken, predicted) = built(builder);
                 assert_eq!(
                     taken, predicted,
                     "{num_blocks} blocks, {shards} shards, prefix {prefix}, events {events:?}"
