@@ -297,6 +297,17 @@ mod tests {
     }
 
     #[test]
+    fn ids_at_the_top_of_the_id_range_are_screened_and_checked() {
+        // Indices far past the screen's 4096 bits: the screen wraps them.
+        let top = u32::MAX - 1;
+        let mut list: Vec<BlockId> = (0..20).map(|i| BlockId::new(top - 2 * i)).collect();
+        assert_eq!(first_over_freed(&list, |_| 1), None);
+        list.push(BlockId::new(top - 4));
+        assert_eq!(first_over_freed(&list, |_| 1), Some(BlockId::new(top - 4)));
+        assert_eq!(first_over_freed(&list, |_| 2), None);
+    }
+
+    #[test]
     fn ids_sharing_a_screen_bit_are_checked_exactly() {
         // 7 and 7 + 4096 share a bit of the screen but are different ids.
         let mut list: Vec<BlockId> = (100..120).map(BlockId::new).collect();
@@ -368,6 +379,25 @@ mod tests {
                     "refs {refs}, over {over:?}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn a_deferred_id_at_its_windows_first_index_is_counted() {
+        // 40 ids listed 300 times each, highest first: the table keeps the
+        // 32 highest, and the lowest listed index (the window's first)
+        // is among the 8 deferred.
+        let list: Vec<BlockId> = (0..300)
+            .flat_map(|_| (0..40).rev().map(|i| BlockId::new(100 + i)))
+            .collect();
+        for over in [100, 107, 108] {
+            let count = |id: BlockId| if id.index() == over { 299 } else { 300 };
+            assert_eq!(
+                first_over_freed(&list, count),
+                Some(BlockId::new(over as u32)),
+                "over {over}"
+            );
+            assert_eq!(naive(&list, count), Some(BlockId::new(over as u32)));
         }
     }
 
