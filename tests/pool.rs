@@ -304,6 +304,32 @@ fn peak_used_blocks_is_the_high_water_mark() {
     assert_eq!((pool.used_blocks(), pool.peak_used_blocks()), (0, 8));
 }
 
+/// On several shards the peak stays exact for one thread: a refused
+/// allocation that gathered from every shard leaves its home shard's view
+/// of the others right, and the fast-path allocations after it raise the
+/// peak from that view.
+#[test]
+fn peak_used_blocks_is_exact_for_one_thread_after_a_refused_gather() {
+    for shards in [2, 4] {
+        let pool = BlockPool::with_shards(64, 4, shards);
+        let mut a = Vec::new();
+        pool.try_alloc(8, &mut a).unwrap();
+        // 56 free: this takes them all from every shard and gives them back
+        // to its home shard.
+        assert!(matches!(
+            pool.try_alloc(57, &mut Vec::new()),
+            Err(ReserveError::Full { available: 56, .. })
+        ));
+        assert_eq!((pool.used_blocks(), pool.peak_used_blocks()), (8, 8));
+        let mut b = Vec::new();
+        pool.try_alloc(50, &mut b).unwrap();
+        assert_eq!(pool.peak_used_blocks(), 58, "{shards} shards");
+        pool.free(&b).unwrap();
+        pool.free(&a).unwrap();
+        assert_eq!((pool.used_blocks(), pool.peak_used_blocks()), (0, 58));
+    }
+}
+
 // ---------------------------------------------------------------------------
 // try_alloc: refusals
 // ---------------------------------------------------------------------------

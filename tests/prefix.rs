@@ -329,9 +329,9 @@ fn reviving_counts_against_capacity() {
 
 /// A match reviving more evictable blocks than one admission ahead takes
 /// (several runs), on one shard and on many, with the pool nearly full
-/// besides: every block is revived, the counts are exact after the match
-/// and after its drop, and what went unused is back (the free blocks are
-/// whole again).
+/// besides: every block is revived, the counts and the peak are exact
+/// after the match, the counts after its drop, and what went unused is
+/// back (the free blocks are whole again).
 #[test]
 fn a_long_revival_admits_in_runs_and_gives_back_what_it_did_not_use() {
     for shards in [1, 4, 16] {
@@ -351,6 +351,8 @@ fn a_long_revival_admits_in_runs_and_gives_back_what_it_did_not_use() {
         longer.extend(self::keys(b"other", &prompt(8, 1)));
         assert_eq!(m.try_match_prefix(&longer), 200, "{shards} shards");
         assert_eq!(counts(&pool), (16, 240, 200, 0), "{shards} shards");
+        // The revivals raise the high-water mark as allocations would.
+        assert_eq!(pool.peak_used_blocks(), 240, "{shards} shards");
         let mut rest = Vec::new();
         pool.try_alloc(16, &mut rest).unwrap();
         assert!(pool.try_alloc(1, &mut Vec::new()).is_err());
