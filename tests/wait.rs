@@ -529,9 +529,10 @@ fn running_growth_does_not_wait_behind_a_queued_admission() {
     let (w, _) = waker();
     let mut fut = pin!(seq.reserve(32, 2)); // 2 blocks, 2 kept free
     assert!(poll_once(fut.as_mut(), &w).is_pending());
-    running.truncate(16); // 3 free: the head needs 2 + 2
-                          // A new admission leaves the head what it is owed, its headroom
-                          // included...
+    // 3 free: the head needs 2 + 2.
+    running.truncate(16);
+    // A new admission leaves the head what it is owed, its headroom
+    // included...
     let mut fresh = Sequence::new(Arc::clone(&pool));
     assert_eq!(
         fresh.try_append(32).unwrap_err(),
@@ -549,6 +550,19 @@ fn running_growth_does_not_wait_behind_a_queued_admission() {
             owed: 4
         }
     );
+    // As many as are free: short only of what the head is owed besides.
+    assert_eq!(
+        pool.try_alloc(3, &mut Vec::new()).unwrap_err(),
+        ReserveError::BehindWaiters {
+            requested: 3,
+            available: 3,
+            owed: 4
+        }
+    );
+    // A request for nothing asks nothing of the head.
+    let mut none = Vec::new();
+    pool.try_alloc(0, &mut none).unwrap();
+    assert!(none.is_empty());
     assert_eq!(
         (fresh.len(), fresh.blocks().len(), pool.used_blocks()),
         (0, 0, 1)
