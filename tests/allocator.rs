@@ -146,8 +146,9 @@ impl BlockAllocator for Plain {
 fn a_sequence_keeps_its_rules_over_another_allocator() {
     let pool = Plain::new(4, 4);
     let mut seq = Sequence::new(Arc::clone(&pool));
-    assert_eq!(seq.try_append(6).unwrap(), 0..6); // 2 blocks
-                                                  // Never beside its own 2 blocks: the rest of the pool is the capacity.
+    // 2 blocks.
+    assert_eq!(seq.try_append(6).unwrap(), 0..6);
+    // Never beside its own 2 blocks: the rest of the pool is the capacity.
     assert_eq!(
         seq.try_append(100),
         Err(ReserveError::NeverFits {

@@ -136,8 +136,9 @@ fn publish_covers_only_full_blocks() {
     let tokens = prompt(1, 4);
     let keys = keys(b"", &tokens);
     let mut seq = Sequence::new(Arc::clone(&pool));
-    seq.try_append(2 * BS + 1).unwrap(); // 2 full blocks and 1 token
-                                         // More hashes than full blocks: the extra ones are ignored.
+    // 2 full blocks and 1 token.
+    seq.try_append(2 * BS + 1).unwrap();
+    // More hashes than full blocks: the extra ones are ignored.
     assert_eq!(seq.publish(&keys), 2);
     assert_eq!(pool.cached_blocks(), 2);
     // Fewer hashes than full blocks: only those.
