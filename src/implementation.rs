@@ -343,7 +343,11 @@
 //! second read, which precedes the close's store, so the call was admitted
 //! before the close; a call that reads the flag set fails `Closed`, giving
 //! back what it took (transit again). A call that starts after `close`
-//! returned reads the flag set in its first read and touches nothing.
+//! returned reads the flag set in its first read and touches nothing. The
+//! loom model `admission::alloc_vs_close` races a close against a fast-path
+//! allocation and a refused gather; its control, `close_keeps_admission`
+//! (a call that finds the flag set after its take keeps what it took), is
+//! caught as blocks not conserved.
 //!
 //! `free_blocks()` and `used_blocks()` sum the shards' counts, read one
 //! after another: exact when no call runs, capped at `num_blocks`

@@ -2,7 +2,7 @@
 //! admission: the fast path (one CAS on the home shard's count) racing a
 //! gather that takes from that shard, and two gathers racing each other,
 //! where each can hold counts in transit while the other looks (the
-//! transit window). The checks are those of `pool.rs` (shadow holder
+//! transit window), and a close racing an allocation. The checks are those of `pool.rs` (shadow holder
 //! counts, conservation, which now also sums the shards' counts without
 //! the cap of `free_blocks`, and a happens-before witness per block; see
 //! `crate::loom_tests::pool_world`), plus a check that every `Full` is justified.
@@ -17,10 +17,15 @@
 //! |---|---|---|---|
 //! | [`fast_vs_gather`] | 2, 4, 2 | caught: not conserved | |
 //! | [`gather_vs_gather`] | 2, 2, 2 | | caught: unjustified `Full` |
+//!
+//! [`alloc_vs_close`] (2 threads, 2 blocks, 2 shards) has its own control,
+//! `close_keeps_admission`: caught, not conserved.
 
 use std::sync::Arc;
 
-use crate::loom_tests::pool_world::{check, Allocs, PoolWorld, KEEP_REFUSED, RACY_TAKE, SOUND};
+use crate::loom_tests::pool_world::{
+    check, Allocs, PoolWorld, CLOSE_KEEPS_ADMISSION, KEEP_REFUSED, RACY_TAKE, SOUND,
+};
 use crate::sync::{AtomicUsize, Faults, Ordering};
 use crate::ReserveError;
 use loom::thread;
@@ -181,4 +186,62 @@ fn gather_vs_gather_sound() {
 #[should_panic(expected = "unjustified Full")]
 fn gather_vs_gather_keep_refused_is_caught() {
     gather_vs_gather(KEEP_REFUSED);
+}
+
+/// Allocations vs a close, over 2 blocks (1 counted in each shard). One
+/// thread closes the pool. The other allocates 1 block (its home shard's,
+/// on the fast path) and then 2 more, which it cannot have while it holds
+/// the first: a gather over both shards, refused. Each call reads the
+/// closed flag before its take and again after it, so it either took its
+/// blocks before the close or fails `Closed` and gives back what it took,
+/// and a refusal gives back all it gathered, whether or not the close
+/// came meanwhile. Once both are done and the first block (if any) is
+/// freed, every count is whole again: nothing admitted stays behind, and
+/// nothing is given back twice (the shards' counts, uncapped, sum to 2;
+/// a give-back past the capacity also trips the pool's debug assertion).
+///
+/// Under `close_keeps_admission`, a call whose re-check finds the close
+/// that came after its take reports `Closed` and keeps the block it took:
+/// caught, not conserved.
+fn alloc_vs_close(faults: Faults) {
+    check(move || {
+        let world = new_world(2, faults);
+        let closer = {
+            let world = Arc::clone(&world);
+            thread::spawn(move || world.pool.close())
+        };
+        let mut ids = Vec::new();
+        let first = world.pool.try_alloc(1, &mut ids);
+        match first {
+            Ok(()) => assert_eq!(ids.len(), 1, "partial allocation"),
+            Err(ReserveError::Closed) => assert!(ids.is_empty(), "a refusal changed `out`"),
+            Err(e) => panic!("1 of 2: unexpected {e:?}"),
+        }
+        for &id in &ids {
+            world.take(id);
+            world.write(id);
+        }
+        let mut out = Vec::new();
+        let more = world.pool.try_alloc(2, &mut out);
+        assert!(
+            matches!(more, Err(ReserveError::Full { .. } | ReserveError::Closed)),
+            "2 more beside {first:?}: {more:?}"
+        );
+        assert!(out.is_empty(), "a refusal changed `out`");
+        world.give_back(&ids);
+        closer.join().unwrap();
+        assert!(world.pool.is_closed());
+        world.assert_counts_whole();
+    });
+}
+
+#[test]
+fn alloc_vs_close_sound() {
+    alloc_vs_close(SOUND);
+}
+
+#[test]
+#[should_panic(expected = "blocks not conserved")]
+fn alloc_vs_close_close_keeps_admission_is_caught() {
+    alloc_vs_close(CLOSE_KEEPS_ADMISSION);
 }

@@ -70,6 +70,7 @@ pub const SOUND: Faults = Faults {
     wake_before_count: false,
     panic_cuts_batch: false,
     panic_keeps_admission: false,
+    close_keeps_admission: false,
     late_removal_record: false,
     early_stored_record: false,
     early_group_tag: false,
@@ -380,6 +381,12 @@ pub const PANIC_KEEPS_ADMISSION: Faults = Faults {
     panic_keeps_admission: true,
     ..SOUND
 };
+/// The close control of admission: an admission that finds the pool
+/// closed after its take keeps what it took.
+pub const CLOSE_KEEPS_ADMISSION: Faults = Faults {
+    close_keeps_admission: true,
+    ..SOUND
+};
 /// The KV events' order control for removals: an eviction (or a
 /// truncate's drop of a key) takes its place in the ring after its CAS.
 pub const LATE_REMOVAL_RECORD: Faults = Faults {
@@ -663,7 +670,14 @@ impl PoolWorld {
         self.conserved(true);
     }
 
-    fn conserved(&self, bounded: bool) {
+    /// The counts of the conservation check, which need no allocation (a
+    /// closed pool allocates nothing): every block free and unreferenced,
+    /// and the shards' admission counts summing to `num_blocks`.
+    ///
+    /// # Panics
+    ///
+    /// Panics with [`LOST`] otherwise.
+    pub fn assert_counts_whole(&self) {
         let n = self.pool.num_blocks();
         assert_eq!(self.pool.free_blocks(), n, "{LOST}: free_blocks");
         // The shards' admission counts, without the cap that `free_blocks`
@@ -682,6 +696,11 @@ impl PoolWorld {
                 "{LOST}: {id} still referenced"
             );
         }
+    }
+
+    fn conserved(&self, bounded: bool) {
+        self.assert_counts_whole();
+        let n = self.pool.num_blocks();
         let mut all = Vec::new();
         self.pool
             .try_alloc(n, &mut all)

@@ -310,7 +310,7 @@ impl Admission {
         // Closed meanwhile? Read after the take (see `close`); a refusal is
         // then reported as Closed too, as it would have been before.
         if honor_close && self.is_closed() {
-            if result.is_ok() && n > 0 {
+            if result.is_ok() && n > 0 && !self.faults.close_keeps_admission() {
                 self.release_to(home, n);
             }
             if notify {

@@ -244,6 +244,12 @@ pub(crate) struct Faults {
     /// never taken (lost to every later admission).
     #[cfg(all(test, kvslots_loom))]
     pub(crate) panic_keeps_admission: bool,
+    /// An admission that took its blocks and then finds the pool closed
+    /// (a `close` between its take and its re-check of the flag) reports
+    /// `Closed` and keeps them instead of giving them back: admitted and
+    /// never handed out (lost to every later admission).
+    #[cfg(all(test, kvslots_loom))]
+    pub(crate) close_keeps_admission: bool,
     /// An eviction (or a reset's, or a truncate's drop of a key) takes its
     /// place in the KV event ring after the CAS that drops the key instead
     /// of before it: a publish of the same key on another block, which
@@ -769,6 +775,18 @@ impl Faults {
     pub(crate) fn panic_keeps_admission(self) -> bool {
         #[cfg(all(test, kvslots_loom))]
         if self.panic_keeps_admission {
+            return true;
+        }
+        false
+    }
+
+    /// Whether an admission that finds the pool closed after its take
+    /// keeps what it took: `false`, or `true` under
+    /// `close_keeps_admission`.
+    #[inline]
+    pub(crate) fn close_keeps_admission(self) -> bool {
+        #[cfg(all(test, kvslots_loom))]
+        if self.close_keeps_admission {
             return true;
         }
         false
