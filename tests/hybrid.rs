@@ -1744,3 +1744,30 @@ mod chunked_local {
         assert_eq!(other.held_blocks(), 0);
     }
 }
+
+#[test]
+fn groups_and_their_keys_print_their_kinds_and_blocks() {
+    let groups = groups(&[KvGroup::Full, sliding(8)]);
+    assert_eq!(
+        format!("{groups:?}"),
+        "[Full, SlidingWindow { window_tokens: 8 }]"
+    );
+    let keys = groups.keys(&base_keys(&[1; 3 * BS]));
+    assert_eq!(
+        format!("{keys:?}"),
+        "GroupKeys { groups: [Full, SlidingWindow { window_tokens: 8 }], blocks: 3 }"
+    );
+}
+
+#[test]
+fn group_keys_refuse_a_reservation_past_memory_and_keep_their_keys() {
+    let groups = groups(&[KvGroup::Full, sliding(8)]);
+    let mut keys = GroupKeys::new(&groups);
+    keys.try_reserve(4).unwrap();
+    keys.extend(&base_keys(&[2; 2 * BS]));
+    let before = format!("{keys:?}");
+    assert!(keys.try_reserve(usize::MAX).is_err());
+    assert_eq!(keys.blocks(), 2);
+    assert_eq!(format!("{keys:?}"), before);
+    assert_eq!(keys.group(1).unwrap().len(), 2);
+}
