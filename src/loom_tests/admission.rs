@@ -1,11 +1,12 @@
 //! Loom models of a [`BlockPool`](crate::BlockPool)'s per-shard
 //! admission: the fast path (one CAS on the home shard's count) racing a
-//! gather that takes from that shard, and two gathers racing each other,
+//! gather that takes from that shard, two gathers racing each other,
 //! where each can hold counts in transit while the other looks (the
-//! transit window), and a close racing an allocation. The checks are those of `pool.rs` (shadow holder
-//! counts, conservation, which now also sums the shards' counts without
-//! the cap of `free_blocks`, and a happens-before witness per block; see
-//! `crate::loom_tests::pool_world`), plus a check that every `Full` is justified.
+//! transit window), and a close racing an allocation. The checks are
+//! those of `pool.rs` (shadow holder counts, conservation, which also sums
+//! the shards' counts without the cap of `free_blocks`, and a
+//! happens-before witness per block; see `crate::loom_tests::pool_world`),
+//! plus a check that every `Full` is justified.
 //!
 //! Run with `scripts/loom admission`.
 //!
@@ -197,8 +198,7 @@ fn gather_vs_gather_keep_refused_is_caught() {
 /// and a refusal gives back all it gathered, whether or not the close
 /// came meanwhile. Once both are done and the first block (if any) is
 /// freed, every count is whole again: nothing admitted stays behind, and
-/// nothing is given back twice (the shards' counts, uncapped, sum to 2;
-/// a give-back past the capacity also trips the pool's debug assertion).
+/// nothing is given back twice (the shards' counts, uncapped, sum to 2).
 ///
 /// Under `close_keeps_admission`, a call whose re-check finds the close
 /// that came after its take reports `Closed` and keeps the block it took:
